@@ -1,0 +1,186 @@
+"""Command line: `python -m specdemo {prepare,generate,bench}`.
+
+A thin layer: argparse builds one RunSettings, the engine does the work, this file prints. Errors a
+user can fix are printed as one line (exit status 2), never as a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from specdemo import sources
+from specdemo.events import ACCEPTED, BONUS, CORRECTED, Summary, TokenEvent
+from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET, DRAFTERS, PRECISIONS, GenerationSettings, ModelSettings, RunSettings
+
+# Terminal colours chosen to stay distinguishable for red-green colour blindness.
+_COLOURS = {ACCEPTED: "\033[34m", CORRECTED: "\033[33;1m", BONUS: "\033[35m"}
+_STRIKE, _RESET = "\033[9;2m", "\033[0m"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m specdemo", description="Speculative decoding on OpenVINO, measured.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    prepare = commands.add_parser("prepare", help="assemble and convert the models once (shows progress)")
+    _add_model_flags(prepare)
+
+    generate = commands.add_parser("generate", help="run autoregressive and speculative generation on one instruction")
+    generate.add_argument("instruction", help="what to ask the model")
+    _add_model_flags(generate)
+    _add_generation_flags(generate)
+    generate.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
+    bench = commands.add_parser("bench", help="median autoregressive vs speculative time on code instructions")
+    _add_model_flags(bench)
+    _add_generation_flags(bench, max_new_tokens=100)
+    bench.add_argument("--repeats", type=int, default=1, help="runs of each instruction after the warm-up")
+    bench.add_argument("--json", action="store_true", help="print the results as JSON")
+    return parser
+
+
+def _add_model_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", default=DEFAULT_TARGET.source, help="preset, HF model id, local folder or .gguf file")
+    parser.add_argument("--draft", default=DEFAULT_DRAFT.source, help="preset, HF model id, local folder or .gguf file")
+    parser.add_argument("--target-precision", default=DEFAULT_TARGET.precision, choices=PRECISIONS)
+    parser.add_argument("--draft-precision", default=DEFAULT_DRAFT.precision, choices=PRECISIONS)
+    parser.add_argument("--device", default="CPU", help="OpenVINO device of the target (and of the draft unless --draft-device)")
+    parser.add_argument("--draft-device", default=None, help="OpenVINO device of the draft model")
+    parser.add_argument("--kv-cache-precision", default="", help="OpenVINO KV_CACHE_PRECISION for both models (u8, f16, bf16, f32)")
+
+
+def _add_generation_flags(parser: argparse.ArgumentParser, max_new_tokens: int = 128) -> None:
+    defaults = GenerationSettings()
+    parser.add_argument("--k", type=int, default=defaults.k, help="draft tokens per round (the start value with --adaptive)")
+    parser.add_argument("--adaptive", action="store_true", help="adapt K: longer after a fully accepted round, shorter after a rejection")
+    parser.add_argument("--drafter", default=defaults.drafter, choices=DRAFTERS)
+    parser.add_argument("--temperature", type=float, default=defaults.temperature, help="0 is greedy")
+    parser.add_argument("--top-p", type=float, default=defaults.top_p)
+    parser.add_argument("--top-k", type=int, default=defaults.top_k)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
+
+
+def settings_from(args: argparse.Namespace) -> RunSettings:
+    """One RunSettings from parsed flags. Raises ValueError with a user-facing message."""
+    target = ModelSettings(args.target, args.target_precision, args.device, args.kv_cache_precision)
+    draft = ModelSettings(args.draft, args.draft_precision, args.draft_device or args.device, args.kv_cache_precision)
+    generation = GenerationSettings()
+    if hasattr(args, "k"):
+        generation = GenerationSettings(
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            seed=args.seed,
+            k=args.k,
+            adaptive=args.adaptive,
+            k_max=max(args.k, GenerationSettings.k_max),
+            drafter=args.drafter,
+        )
+    return RunSettings(target, draft, generation)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = settings_from(args)
+        _check_devices(settings)
+        if args.command == "prepare":
+            return _prepare(settings)
+        if args.command == "generate":
+            return _generate(args, settings)
+        from specdemo import bench
+
+        return bench.main(settings, repeats=args.repeats, as_json=args.json)
+    except (ValueError, sources.ModelSourceError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _check_devices(settings: RunSettings) -> None:
+    import openvino as ov
+
+    available = ov.Core().available_devices
+    for model in (settings.target, settings.draft):
+        if model.device.split(".")[0].split(":")[0] not in {d.split(".")[0] for d in available} | {"AUTO", "HETERO", "MULTI"}:
+            raise ValueError(f"device {model.device!r} is not available; OpenVINO lists {', '.join(available)}")
+
+
+def _prepare(settings: RunSettings) -> int:
+    for model in (settings.target, settings.draft):
+        folder = sources.prepare(model)
+        print(f"{model.source} ({model.precision}): {folder}")
+    return 0
+
+
+def _generate(args: argparse.Namespace, settings: RunSettings) -> int:
+    from specdemo.engine import Engine
+
+    need_draft = settings.generation.drafter == "model"
+    engine = Engine.load(settings, with_draft=need_draft)
+    engine.prompt_ids(args.instruction, settings.generation)  # refuse bad input before any output
+    lanes = {}
+    for mode, run in (("autoregressive", engine.autoregressive), ("speculative", engine.speculative)):
+        if not args.json:
+            print(f"\n== {mode} ==", flush=True)
+        lanes[mode] = _consume(run(args.instruction, settings.generation), show=not args.json)
+    if args.json:
+        print(json.dumps(lanes, indent=None))
+    else:
+        _print_summaries(lanes)
+    return 0
+
+
+def _consume(events, show: bool) -> dict:
+    """Drain one lane's events into the JSON shape, printing text as it streams when `show`."""
+    colour = show and sys.stdout.isatty()
+    tokens, text = [], []
+    summary = None
+    for event in events:
+        if isinstance(event, Summary):
+            summary = event
+            continue
+        tokens.append({"id": event.id, "text": event.text, "source": event.source, "step": event.step, "t": round(event.t, 6)})
+        text.append(event.text)
+        if show:
+            print(_render(event, colour), end="", flush=True)
+    if show:
+        print()
+    return {"token_ids": [t["id"] for t in tokens], "text": "".join(text), "tokens": tokens, "summary": summary.to_dict()}
+
+
+def _render(event: TokenEvent, colour: bool) -> str:
+    if not colour:
+        return event.text
+    rejected = f"{_STRIKE}{event.rejected_text}{_RESET}" if event.rejected_text else ""
+    start = _COLOURS.get(event.source, "")
+    return f"{rejected}{start}{event.text}{_RESET if start else ''}"
+
+
+def _print_summaries(lanes: dict) -> None:
+    ar, spec = lanes["autoregressive"]["summary"], lanes["speculative"]["summary"]
+    print("\n== summary ==")
+    rows = [
+        ("tokens", "tokens", "{:d}"),
+        ("wall time (s)", "wall_s", "{:.2f}"),
+        ("time to first token (s)", "ttft_s", "{:.3f}"),
+        ("tokens/s", "tokens_per_s", "{:.1f}"),
+        ("target calls", "target_calls", "{:d}"),
+    ]
+    print(f"{'':28}{'autoregressive':>16}{'speculative':>16}")
+    for label, key, fmt in rows:
+        print(f"{label:28}{fmt.format(ar[key]):>16}{fmt.format(spec[key]):>16}")
+    speedup = ar["wall_s"] / spec["wall_s"] if spec["wall_s"] else 0.0
+    print(f"\nspeedup {speedup:.2f}x   acceptance rate {spec['acceptance_rate']:.0%}   "
+          f"tokens per target call {spec['tokens_per_call']:.2f}   cost ratio c {spec['cost_ratio']:.2f}   "
+          f"expected speedup (Leviathan) {spec['expected_speedup']:.2f}x")
+    print(f"accepted drafts per round: {spec['accepted_histogram']}   near-ties: {ar['near_ties']} / {spec['near_ties']}")
+    if lanes["autoregressive"]["token_ids"] != lanes["speculative"]["token_ids"]:
+        print("note: the two outputs differ (expected when sampling; with greedy decoding only at near-ties)")
+    print(f"legend: {_COLOURS[ACCEPTED]}accepted draft{_RESET}  {_COLOURS[CORRECTED]}corrected by target{_RESET}  "
+          f"{_COLOURS[BONUS]}bonus{_RESET}  {_STRIKE}rejected draft{_RESET}" if sys.stdout.isatty() else "")

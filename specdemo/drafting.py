@@ -1,0 +1,120 @@
+"""Drafting strategies: whatever proposes the next few tokens for the target to check.
+
+Every drafter answers two calls (the shape of transformers' candidate generators):
+- propose(seq, k): up to k candidate tokens to follow `seq` (prompt + generated so far), with the
+  distributions they were drawn from when drafting was random;
+- keep(length): the first `length` tokens of `seq` are confirmed; forget anything after them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from specdemo.runtime import OVModel
+from specdemo.settings import GenerationSettings
+from specdemo.verification import process_logits, sample
+
+
+@dataclass
+class Proposal:
+    tokens: list[int]  # up to k draft token ids
+    q: np.ndarray | None  # (len(tokens), V) draft distributions when sampled; None when deterministic
+
+
+class Drafter(Protocol):
+    calls: int  # proposals made (model calls for a draft model)
+    busy_s: float  # seconds spent proposing
+
+    def reset(self) -> None: ...
+
+    def propose(self, seq: list[int], k: int) -> Proposal: ...
+
+    def keep(self, length: int) -> None: ...
+
+
+class ModelDrafter:
+    """A small LLM drafts token by token with its own KV cache.
+
+    Invariant between rounds: the draft's cache holds a prefix of `seq`; propose() first feeds the
+    part it has not seen (the whole prompt on the first round, then one or two tokens).
+    """
+
+    def __init__(self, model: OVModel, settings: GenerationSettings, rng: np.random.Generator):
+        self.model = model
+        self.settings = settings
+        self.rng = rng
+
+    @property
+    def calls(self) -> int:
+        return self.model.calls
+
+    @property
+    def busy_s(self) -> float:
+        return self.model.infer_s
+
+    def reset(self) -> None:
+        self.model.reset()
+
+    def propose(self, seq: list[int], k: int) -> Proposal:
+        tokens: list[int] = []
+        rows: list[np.ndarray] = []
+        feed = seq[self.model.length :]
+        for _ in range(k):
+            logits = self.model.forward(feed)  # (1, V): scores for the token after `feed`
+            if self.settings.greedy:
+                token = int(logits[0].argmax())
+            else:
+                q = process_logits(logits, self.settings)[0]
+                token = sample(q, self.rng)
+                rows.append(q)
+            tokens.append(token)
+            feed = [token]
+        # The last token is not fed: if it is accepted, the next round feeds it together with the target's.
+        return Proposal(tokens, np.stack(rows) if rows else None)
+
+    def keep(self, length: int) -> None:
+        self.model.rollback(min(length, self.model.length))
+
+
+class PromptLookupDrafter:
+    """No draft model: find the latest earlier occurrence of the text's last n-gram and propose what followed.
+
+    Shines when the output repeats the input (summaries, edits, code refactors). Proposals are
+    deterministic, so under sampling q is one-hot on the proposed token.
+    """
+
+    def __init__(self, max_ngram: int = 3):
+        self.max_ngram = max_ngram
+        self.calls = 0
+        self.busy_s = 0.0
+
+    def reset(self) -> None:
+        self.calls = 0
+        self.busy_s = 0.0
+
+    def propose(self, seq: list[int], k: int) -> Proposal:
+        start = time.perf_counter()
+        tokens = lookup_continuation(seq, k, self.max_ngram)
+        self.calls += 1
+        self.busy_s += time.perf_counter() - start
+        return Proposal(tokens, None)
+
+    def keep(self, length: int) -> None:
+        pass  # no state to roll back
+
+
+def lookup_continuation(seq: list[int], k: int, max_ngram: int) -> list[int]:
+    """Up to k tokens that followed the most recent earlier match of seq's last n-gram (longest n first)."""
+    for n in range(min(max_ngram, len(seq) - 1), 0, -1):
+        tail = seq[-n:]
+        # Scan right to left so the most recent occurrence wins; it starts at most at len(seq) - n - 1.
+        for start in range(len(seq) - n - 1, -1, -1):
+            if seq[start : start + n] == tail:
+                follow = seq[start + n : start + n + k]
+                if follow:
+                    return follow
+    return []

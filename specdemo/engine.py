@@ -1,0 +1,193 @@
+"""The engine: a loaded model pair and the two ways to run it on one instruction.
+
+    engine = Engine.load(RunSettings())           # prepares (converts once) and compiles both models
+    for event in engine.speculative("Write a function ...", GenerationSettings()):
+        ...                                       # TokenEvents, then one Summary
+
+The engine yields plain events and knows nothing of how they are shown (CLI, app, benchmark).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from specdemo import decoding, sources
+from specdemo.drafting import ModelDrafter, PromptLookupDrafter
+from specdemo.runtime import OVModel
+from specdemo.settings import GenerationSettings, ModelSettings, RunSettings
+
+# Encodings compared when checking that a draft tokenizer matches the target's.
+_PROBE_TEXTS = ["def fibonacci(n):\n    return n", "Hello, world! Ünïcödé 你好 🙂", "<|im_start|>user\nhi<|im_end|>"]
+
+
+class IncompatibleModelsError(ValueError):
+    """The draft cannot draft for the target (different tokenizers)."""
+
+
+@dataclass
+class LoadedModel:
+    """A compiled model with its tokenizer and facts for display."""
+
+    settings: ModelSettings
+    folder: Path
+    runtime: OVModel
+    tokenizer: object  # a transformers tokenizer
+    config: dict  # the model's config.json
+
+    @property
+    def name(self) -> str:
+        source = self.settings.source
+        title = sources.PRESETS[source].title if source in sources.PRESETS else Path(source).name or source
+        return title
+
+    @property
+    def context_length(self) -> int:
+        return int(self.config.get("max_position_embeddings", 2048))
+
+    def describe(self) -> dict:
+        """Facts for the model panel: name, parameters, precision, size on disk, device, KV cache."""
+        c = self.config
+        return {
+            "name": self.name,
+            "source": self.settings.source,
+            "parameters": _count_parameters(c),
+            "precision": self.settings.precision,
+            "size_on_disk_bytes": sum(f.stat().st_size for f in self.folder.glob("openvino_model.*")),
+            "device": self.settings.device,
+            "kv_cache_precision": self.runtime.kv_cache_precision,
+            "layers": c.get("num_hidden_layers"),
+            "context_length": self.context_length,
+        }
+
+
+def load_model(settings: ModelSettings, progress: sources.Progress | None = None) -> LoadedModel:
+    sources._hide_broken_torchvision()
+    from transformers import AutoTokenizer
+
+    folder = sources.prepare(settings, progress)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
+    runtime = OVModel(folder, settings, cache_dir=sources.specdemo_home() / "ov_cache")
+    return LoadedModel(settings, folder, runtime, tokenizer, config)
+
+
+def check_same_tokenizer(target, draft) -> None:
+    """Raise IncompatibleModelsError unless both tokenizers map text to the same ids."""
+    if len(target) != len(draft):
+        raise IncompatibleModelsError(
+            f"the draft model's tokenizer has {len(draft):,} tokens and the target's {len(target):,}: "
+            "draft tokens would not be target tokens; pick a draft from the same model family"
+        )
+    for text in _PROBE_TEXTS:
+        if target.encode(text) != draft.encode(text):
+            raise IncompatibleModelsError(
+                f"the draft model's tokenizer encodes {text!r} differently from the target's; "
+                "pick a draft from the same model family"
+            )
+
+
+class Engine:
+    """A target model, optionally a draft model, and the decoding loops over them."""
+
+    def __init__(self, target: LoadedModel, draft: LoadedModel | None):
+        if draft is not None:
+            check_same_tokenizer(target.tokenizer, draft.tokenizer)
+        self.target = target
+        self.draft = draft
+        self.tokenizer = target.tokenizer
+        self.eos_ids = _eos_ids(target)
+        self.lock = threading.Lock()  # one generation at a time: the KV caches are shared state
+
+    @classmethod
+    def load(cls, settings: RunSettings, progress: sources.Progress | None = None, with_draft: bool = True) -> "Engine":
+        target = load_model(settings.target, progress)
+        draft = load_model(settings.draft, progress) if with_draft else None
+        return cls(target, draft)
+
+    def prompt_ids(self, instruction: str, settings: GenerationSettings) -> list[int]:
+        """The instruction wrapped in the target's chat template, as token ids.
+
+        Raises ValueError for an empty instruction or one that leaves no room in the context.
+        """
+        if not instruction or not instruction.strip():
+            raise ValueError("the instruction is empty")
+        messages = [{"role": "user", "content": instruction}]
+        if settings.system_prompt:
+            messages.insert(0, {"role": "system", "content": settings.system_prompt})
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        # split_special_tokens keeps markup typed by the user as plain text; the template's own
+        # markers are re-inserted as special tokens below.
+        ids = self._encode_template(text, instruction)
+        limit = self.target.context_length
+        if self.draft is not None:
+            limit = min(limit, self.draft.context_length)
+        if len(ids) + settings.max_new_tokens > limit:
+            raise ValueError(
+                f"the prompt is {len(ids):,} tokens; with max_new_tokens={settings.max_new_tokens:,} that "
+                f"exceeds the model's context of {limit:,} tokens"
+            )
+        return ids
+
+    def _encode_template(self, text: str, instruction: str) -> list[int]:
+        head, _, tail = text.partition(instruction)
+        encode = self.tokenizer.encode
+        return encode(head, add_special_tokens=False) + self._encode_plain(instruction) + encode(tail, add_special_tokens=False)
+
+    def _encode_plain(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+
+    def autoregressive(
+        self, instruction: str, settings: GenerationSettings, cancel: threading.Event | None = None
+    ) -> Iterator[decoding.Event]:
+        ids = self.prompt_ids(instruction, settings)
+        with self.lock:
+            yield from decoding.autoregressive(
+                self.target.runtime, self.tokenizer, ids, settings, self.eos_ids, cancel
+            )
+
+    def speculative(
+        self, instruction: str, settings: GenerationSettings, cancel: threading.Event | None = None
+    ) -> Iterator[decoding.Event]:
+        ids = self.prompt_ids(instruction, settings)
+        rng = np.random.default_rng(settings.seed)
+        if settings.drafter == "prompt-lookup":
+            drafter = PromptLookupDrafter(settings.lookup_ngram)
+        elif self.draft is None:
+            raise ValueError("no draft model is loaded; use the prompt-lookup drafter")
+        else:
+            drafter = ModelDrafter(self.draft.runtime, settings, rng)
+        with self.lock:
+            yield from decoding.speculative(
+                self.target.runtime, drafter, self.tokenizer, ids, settings, self.eos_ids, cancel, rng
+            )
+
+
+def _eos_ids(model: LoadedModel) -> set[int]:
+    """End-of-sequence ids: the tokenizer's and generation_config's (chat models end turns with another)."""
+    ids = {model.tokenizer.eos_token_id} - {None}
+    path = model.folder / "generation_config.json"
+    if path.is_file():
+        eos = json.loads(path.read_text()).get("eos_token_id")
+        ids |= set(eos if isinstance(eos, list) else [eos]) - {None}
+    return ids
+
+
+def _count_parameters(config: dict) -> int:
+    """Approximate parameter count of a decoder-only transformer from its config."""
+    h = config.get("hidden_size", 0)
+    layers = config.get("num_hidden_layers", 0)
+    vocab = config.get("vocab_size", 0)
+    inter = config.get("intermediate_size", 4 * h)
+    heads = config.get("num_attention_heads", 1) or 1
+    kv = config.get("num_key_value_heads", heads)
+    head_dim = config.get("head_dim", h // heads)
+    attention = h * heads * head_dim + 2 * h * kv * head_dim + heads * head_dim * h
+    per_layer = attention + 3 * h * inter + 2 * h
+    embeddings = vocab * h * (1 if config.get("tie_word_embeddings", False) else 2)
+    return int(layers * per_layer + embeddings)

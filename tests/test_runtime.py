@@ -1,0 +1,94 @@
+"""The OpenVINO runtime and its KV cache, on tiny random models (fast, exact)."""
+
+import numpy as np
+import pytest
+
+from specdemo.runtime import OVModel
+from specdemo.settings import ModelSettings
+
+PROMPT = [5, 17, 99, 3, 250, 42, 7]
+
+
+def _model(folder, kv="f32", inference="f32"):
+    """Exact arithmetic by default: f32 activations and KV cache, so comparisons can be tight."""
+    settings = ModelSettings(str(folder), precision="fp16", kv_cache_precision=kv, inference_precision=inference)
+    return OVModel(folder, settings)
+
+
+def _greedy(model, feed, steps):
+    """Greedy tokens and their logit rows, continuing from whatever the cache holds."""
+    tokens, rows = [], []
+    for _ in range(steps):
+        row = model.forward(feed)[0]
+        rows.append(row)
+        tokens.append(int(row.argmax()))
+        feed = [tokens[-1]]
+    return tokens, np.stack(rows)
+
+
+def test_rollback_continues_exactly_like_plain_decoding(tiny_target):
+    model = _model(tiny_target)
+    plain, plain_rows = _greedy(model, PROMPT, 20)
+
+    model.reset()
+    _greedy(model, PROMPT, 15)  # go further than we keep...
+    model.rollback(len(PROMPT) + 8)  # ...then keep the prompt and the first 8 generated tokens
+    again, again_rows = _greedy(model, [plain[8]], 11)
+
+    assert again == plain[9:]
+    np.testing.assert_allclose(again_rows, plain_rows[9:], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kv, inference", [("u8", "f32"), ("f16", "f32"), ("", "")])
+def test_rollback_is_exact_with_compressed_caches_and_default_precisions(tiny_target, kv, inference):
+    model = _model(tiny_target, kv, inference)
+    plain, plain_rows = _greedy(model, PROMPT, 16)
+    model.reset()
+    _greedy(model, PROMPT, 12)
+    model.rollback(len(PROMPT) + 4)
+    again, again_rows = _greedy(model, [plain[4]], 11)
+    assert again == plain[5:]
+    np.testing.assert_allclose(again_rows, plain_rows[5:], rtol=1e-4, atol=1e-4)
+
+
+def test_rollback_to_zero_is_a_fresh_start(tiny_target):
+    model = _model(tiny_target)
+    first, _ = _greedy(model, PROMPT, 6)
+    model.rollback(0)
+    assert model.length == 0
+    second, _ = _greedy(model, PROMPT, 6)
+    assert first == second
+
+
+def test_rollback_refuses_to_grow_the_cache(tiny_target):
+    model = _model(tiny_target)
+    model.forward(PROMPT)
+    with pytest.raises(ValueError, match="cannot roll back"):
+        model.rollback(len(PROMPT) + 1)
+
+
+def test_scoring_many_tokens_in_one_call_equals_one_at_a_time(tiny_target):
+    model = _model(tiny_target)
+    tokens, rows = _greedy(model, PROMPT, 6)
+    model.reset()
+    model.forward(PROMPT[:-1])
+    batched = model.forward([PROMPT[-1]] + tokens[:5], logits_to_keep=6)  # (6, V)
+    assert batched.argmax(-1).tolist() == tokens
+    np.testing.assert_allclose(batched, rows, rtol=1e-4, atol=1e-4)
+
+
+def test_only_the_requested_logit_rows_come_back(tiny_target):
+    model = _model(tiny_target)
+    assert model.sliced_logits
+    assert model.forward(PROMPT).shape == (1, 512)
+    model.reset()
+    assert model.forward(PROMPT, logits_to_keep=3).shape == (3, 512)
+
+
+def test_kv_cache_size_is_reported_in_bytes(tiny_target):
+    model = _model(tiny_target, "f16")
+    assert model.kv_cache_bytes() == 0
+    model.forward(PROMPT)
+    # 2 layers x (keys + values) x 2 kv heads x 7 tokens x 16 head dims x 2 bytes
+    assert model.kv_cache_precision == "f16"
+    assert model.kv_cache_bytes() == 2 * 2 * 2 * len(PROMPT) * 16 * 2

@@ -1,0 +1,108 @@
+"""The acceptance rule, on small synthetic distributions (p = target, q = draft)."""
+
+import numpy as np
+import pytest
+from scipy.stats import chisquare
+
+from specdemo.settings import GenerationSettings
+from specdemo.verification import process_logits, sample, top2_gap, verify_greedy, verify_sampled
+
+P = np.array([0.05, 0.40, 0.10, 0.25, 0.20])  # the target's distribution
+Q = np.array([0.30, 0.10, 0.35, 0.05, 0.20])  # a draft that disagrees with it a lot
+DRAWS = 60_000
+
+
+def _speculative_first_token(p, q, rng, k=1):
+    """One speculative round with a context-free draft and target; returns the first emitted token."""
+    drafts = [sample(q, rng) for _ in range(k)]
+    n, token = verify_sampled(drafts, np.tile(q, (k, 1)), np.tile(p, (k + 1, 1)), rng)
+    return drafts[0] if n > 0 else token
+
+
+def test_sampled_speculation_follows_the_target_distribution():
+    rng = np.random.default_rng(1234)
+    counts = np.bincount([_speculative_first_token(P, Q, rng) for _ in range(DRAWS)], minlength=P.size)
+    assert chisquare(counts, P * DRAWS).pvalue > 0.001
+
+
+def test_sampled_speculation_does_not_follow_the_draft_distribution():
+    # The same test must be able to fail: the draft's own samples are rejected by it.
+    rng = np.random.default_rng(1234)
+    counts = np.bincount([sample(Q, rng) for _ in range(DRAWS)], minlength=P.size)
+    assert chisquare(counts, P * DRAWS).pvalue < 1e-6
+
+
+def test_every_token_of_a_long_round_follows_the_target_distribution():
+    # With K = 3 and position-independent p and q, each emitted position must still be distributed as p.
+    rng = np.random.default_rng(99)
+    k = 3
+    seconds = []
+    for _ in range(DRAWS):
+        drafts = [sample(Q, rng) for _ in range(k)]
+        n, token = verify_sampled(drafts, np.tile(Q, (k, 1)), np.tile(P, (k + 1, 1)), rng)
+        emitted = drafts[:n] + [token]
+        if len(emitted) >= 2:
+            seconds.append(emitted[1])
+    counts = np.bincount(seconds, minlength=P.size)
+    assert chisquare(counts, P * len(seconds)).pvalue > 0.001
+
+
+def test_deterministic_proposals_follow_the_target_distribution():
+    # Prompt lookup proposes a fixed token (q is one-hot): the output must still be distributed as p.
+    rng = np.random.default_rng(7)
+    counts = np.bincount([_lookup_first(rng) for _ in range(DRAWS)], minlength=P.size)
+    assert chisquare(counts, P * DRAWS).pvalue > 0.001
+
+
+def _lookup_first(rng):
+    """Draft token 3 proposed deterministically; returns the first emitted token."""
+    n, token = verify_sampled([3], None, np.tile(P, (2, 1)), rng)
+    return 3 if n else token
+
+
+def test_acceptance_rate_equals_the_overlap_of_p_and_q():
+    # Leviathan et al.: a draft token is accepted with probability sum_x min(p(x), q(x)).
+    rng = np.random.default_rng(5)
+    accepted = sum(verify_sampled([sample(Q, rng)], Q[None, :], np.tile(P, (2, 1)), rng)[0] for _ in range(DRAWS))
+    assert accepted / DRAWS == pytest.approx(np.minimum(P, Q).sum(), abs=0.01)
+
+
+def test_greedy_accepts_the_prefix_that_matches_the_target_argmax():
+    logits = np.array([[0, 5, 0], [9, 0, 0], [0, 0, 7], [0, 3, 0]], dtype=np.float32)  # argmax 1, 0, 2, 1
+    assert verify_greedy([1, 0, 1], logits) == (2, 2)  # third draft rejected; the target says 2
+
+
+def test_greedy_gives_a_bonus_when_every_draft_is_accepted():
+    logits = np.array([[0, 5, 0], [9, 0, 0], [0, 4, 0]], dtype=np.float32)
+    assert verify_greedy([1, 0], logits) == (2, 1)
+
+
+def test_greedy_with_no_drafts_is_a_plain_target_step():
+    assert verify_greedy([], np.array([[0.0, 1.0, 0.5]])) == (0, 1)
+
+
+def test_temperature_sharpens_and_flattens():
+    logits = np.array([[1.0, 2.0, 3.0]])
+    cold = process_logits(logits, GenerationSettings(temperature=0.1))
+    hot = process_logits(logits, GenerationSettings(temperature=10.0))
+    assert cold[0, 2] > 0.99
+    assert hot.max() - hot.min() < 0.1
+
+
+def test_top_k_keeps_only_the_k_best():
+    probs = process_logits(np.array([[1.0, 4.0, 3.0, 2.0]]), GenerationSettings(temperature=1.0, top_k=2))
+    assert (probs[0] > 0).tolist() == [False, True, True, False]
+    assert probs.sum() == pytest.approx(1.0)
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    logits = np.log(np.array([[0.5, 0.3, 0.15, 0.05]]))
+    probs = process_logits(logits, GenerationSettings(temperature=1.0, top_p=0.7))
+    assert (probs[0] > 0).tolist() == [True, True, False, False]
+    assert probs[0, 0] == pytest.approx(0.5 / 0.8)
+
+
+def test_top2_gap_measures_near_ties_and_leaves_the_row_unchanged():
+    row = np.array([1.0, 3.0, 2.99, 0.0])
+    assert top2_gap(row) == pytest.approx(0.01)
+    assert row.tolist() == [1.0, 3.0, 2.99, 0.0]
