@@ -39,6 +39,7 @@ class _Emitter:
         self.ids: list[int] = []
         self.stop_reason = ""
         self.first_t = 0.0
+        self.near_ties = 0
 
     @property
     def remaining(self) -> int:
@@ -51,6 +52,8 @@ class _Emitter:
         self.ids.append(token)
         if "rejected" in extra:
             extra["rejected_text"] = self.tokenizer.decode(extra["rejected"], skip_special_tokens=True)
+        if extra.get("margin") is not None and extra["margin"] < NEAR_TIE_LOGIT_GAP:
+            self.near_ties += 1
         if token in self.eos_ids:
             self.stop_reason = "eos"
         elif self.remaining <= 0:
@@ -66,16 +69,17 @@ class _Emitter:
             ttft_s=self.first_t,
             tokens_per_s=len(self.ids) / wall if wall > 0 else 0.0,
             stop_reason=self.stop_reason or "cancelled",
+            near_ties=self.near_ties,
         )
 
 
-def _choose(logits_row: np.ndarray, settings: GenerationSettings, rng: np.random.Generator) -> tuple[int, float | None]:
-    """The target's own next token from one row of logits (V,), with its probability when sampling."""
+def _choose(logits_row: np.ndarray, settings: GenerationSettings, rng: np.random.Generator) -> tuple[int, dict]:
+    """The target's own next token from one row of logits (V,), with its margin (greedy) or probability."""
     if settings.greedy:
-        return int(logits_row.argmax()), None
+        return int(logits_row.argmax()), {"margin": top2_gap(logits_row)}
     p = process_logits(logits_row[None, :], settings)[0]
     token = sample(p, rng)
-    return token, float(p[token])
+    return token, {"p_target": float(p[token])}
 
 
 def _cancelled(cancel: threading.Event | None) -> bool:
@@ -95,19 +99,14 @@ def autoregressive(
     target.reset()
     rng = np.random.default_rng(settings.seed)
     out = _Emitter(tokenizer, prompt_ids, settings, eos_ids, start)
-    near_ties = 0
     feed = prompt_ids
     while not out.stop_reason and not _cancelled(cancel):
-        row = target.forward(feed)[0]
-        if settings.greedy and top2_gap(row) < NEAR_TIE_LOGIT_GAP:
-            near_ties += 1
-        token, p = _choose(row, settings, rng)
-        yield out.emit(token, TARGET, step=target.calls - 1, p_target=p)
+        token, extra = _choose(target.forward(feed)[0], settings, rng)
+        yield out.emit(token, TARGET, step=target.calls - 1, **extra)
         feed = [token]
     summary = out.summary("autoregressive")
     summary.target_calls = target.calls
     summary.target_s = target.infer_s
-    summary.near_ties = near_ties
     summary.kv_cache_bytes = {"target": target.kv_cache_bytes()}
     yield summary
 
@@ -130,14 +129,14 @@ def speculative(
     out = _Emitter(tokenizer, prompt_ids, settings, eos_ids, start)
     seq = list(prompt_ids)
     histogram = [0] * (max(settings.k, settings.k_max if settings.adaptive else settings.k) + 1)
-    proposed = accepted = rounds = near_ties = 0
+    proposed = accepted = rounds = 0
     k_total = 0
 
     # Prefill: the first token is the target's own.
     row = target.forward(prompt_ids)[0]
-    token, p = _choose(row, settings, rng)
+    token, extra = _choose(row, settings, rng)
     seq.append(token)
-    yield out.emit(token, TARGET, step=0, p_target=p)
+    yield out.emit(token, TARGET, step=0, **extra)
 
     k = settings.k
     while not out.stop_reason and not _cancelled(cancel):
@@ -149,7 +148,7 @@ def speculative(
         logits = target.forward([seq[-1]] + drafts, logits_to_keep=len(drafts) + 1)  # (K+1, V)
         if settings.greedy:
             n, token = verify_greedy(drafts, logits)
-            near_ties += sum(top2_gap(logits[i]) < NEAR_TIE_LOGIT_GAP for i in range(n + 1))
+            margins = [top2_gap(logits[i]) for i in range(n + 1)]
             p_rows = None
         else:
             p_rows = process_logits(logits, settings)
@@ -166,7 +165,7 @@ def speculative(
         step = target.calls - 1
         for i, draft in enumerate(drafts[:n]):
             seq.append(draft)
-            extra = {} if p_rows is None else {"p_target": float(p_rows[i, draft])}
+            extra = {"margin": margins[i]} if p_rows is None else {"p_target": float(p_rows[i, draft])}
             if proposal.q is not None:
                 extra["p_draft"] = float(proposal.q[i, draft])
             yield out.emit(draft, ACCEPTED, step, **extra)
@@ -177,7 +176,9 @@ def speculative(
         seq.append(token)
         source = TARGET if not drafts else (BONUS if n == len(drafts) else CORRECTED)
         extra = {"rejected": drafts[n:]} if n < len(drafts) else {}
-        if p_rows is not None:
+        if p_rows is None:
+            extra["margin"] = margins[n]
+        else:
             extra["p_target"] = float(p_rows[n, token])
         yield out.emit(token, source, step, **extra)
 
@@ -205,7 +206,6 @@ def speculative(
     summary.cost_ratio = summary.draft_step_s / summary.target_step_s if summary.target_step_s else 0.0
     summary.mean_k = k_total / rounds if rounds else 0.0
     summary.expected_speedup = expected_speedup(summary.acceptance_rate, summary.mean_k, summary.cost_ratio)
-    summary.near_ties = near_ties
     summary.kv_cache_bytes = {"target": target.kv_cache_bytes()}
     if draft_model is not None:
         summary.kv_cache_bytes["draft"] = draft_model.kv_cache_bytes()

@@ -29,6 +29,7 @@ class TokenEvent:
     rejected_text: str = ""  # those proposals decoded, for display
     p_target: float | None = None  # p(token) under the target's processed distribution (sampling)
     p_draft: float | None = None  # q(token) under the draft's distribution, if it was a draft token
+    margin: float | None = None  # greedy: the target's top-2 logit gap where it chose this token
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -58,7 +59,7 @@ class Summary:
     cost_ratio: float = 0.0  # c = draft step / target step (Leviathan's c)
     expected_speedup: float = 0.0  # (1 - a^(K+1)) / ((1 - a)(cK + 1)) from the measured a and c
     mean_k: float = 0.0  # mean draft length per round (differs from K when adaptive)
-    near_ties: int = 0  # greedy tokens whose top-2 target logits were closer than NEAR_TIE_LOGIT_GAP
+    near_ties: int = 0  # greedy tokens whose margin was below NEAR_TIE_LOGIT_GAP (the choice could flip)
     stop_reason: str = ""  # "eos", "max_new_tokens" or "cancelled"
     kv_cache_bytes: dict[str, int] = field(default_factory=dict)  # per model, at the end
 

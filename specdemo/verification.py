@@ -16,7 +16,10 @@ from specdemo.settings import GenerationSettings
 
 # Two logits closer than this are a near-tie: batched and single-token kernels may order them
 # differently, so greedy speculative output may legitimately differ from autoregressive there.
-NEAR_TIE_LOGIT_GAP = 0.05
+# Measured on the INT8 target: the same position scored in a 5-token call and in a 1-token call
+# differs by up to 0.27 in its logits, and with bf16 inference logits near 20 are rounded to steps
+# of 0.125, so exact ties happen.
+NEAR_TIE_LOGIT_GAP = 0.5
 
 
 def process_logits(logits: np.ndarray, settings: GenerationSettings) -> np.ndarray:

@@ -6,18 +6,19 @@ import pytest
 
 from specdemo import sources
 
+TINY_VOCAB = 512
 
-def export_tiny_model(folder: Path, seed: int) -> Path:
-    """A 2-layer Qwen2 with random weights, exported to a stateful OpenVINO IR (about 10 s)."""
+
+def make_tiny_hf_model(folder: Path, seed: int) -> Path:
+    """A 2-layer Qwen2 with random weights and a word-level tokenizer, saved as a Hugging Face folder."""
     sources._hide_broken_torchvision()
     import torch
-    from optimum.exporters.openvino import main_export
-    from optimum.intel import OVConfig
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
     config = Qwen2Config(
-        vocab_size=512,
+        vocab_size=TINY_VOCAB,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
@@ -25,9 +26,24 @@ def export_tiny_model(folder: Path, seed: int) -> Path:
         num_key_value_heads=2,
         max_position_embeddings=256,
         initializer_range=0.4,  # large weights spread the logits: fewer accidental near-ties
+        eos_token_id=1,
     )
-    hf = folder / "hf"
-    Qwen2ForCausalLM(config).eval().save_pretrained(hf)
+    Qwen2ForCausalLM(config).eval().save_pretrained(folder)
+    vocab = {"<unk>": 0, "<eos>": 1} | {f"w{i}": i for i in range(2, TINY_VOCAB)}
+    words = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, unk_token="<unk>", eos_token="<eos>")
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def export_tiny_model(folder: Path, seed: int) -> Path:
+    """The tiny model exported to a stateful OpenVINO IR folder (about 10 s)."""
+    from optimum.exporters.openvino import main_export
+    from optimum.intel import OVConfig
+
+    hf = make_tiny_hf_model(folder / "hf", seed)
     main_export(str(hf), folder / "ov", task="text-generation-with-past", ov_config=OVConfig())
     return folder / "ov"
 

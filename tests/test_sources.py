@@ -1,0 +1,116 @@
+"""Model sources: conversion once into an atomic cache, and clear refusals of bad sources."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from specdemo import sources
+from specdemo.settings import ModelSettings
+from tests.conftest import make_tiny_hf_model
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("SPECDEMO_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+@pytest.fixture(scope="module")
+def tiny_hf(tmp_path_factory) -> Path:
+    return make_tiny_hf_model(tmp_path_factory.mktemp("tiny-hf") / "model", seed=3)
+
+
+def _quiet(fraction, message):
+    pass
+
+
+def test_a_local_hugging_face_folder_is_converted_once_and_cached(home, tiny_hf, monkeypatch):
+    settings = ModelSettings(str(tiny_hf), precision="int8")
+    folder = sources.prepare(settings, _quiet)
+    assert folder.is_relative_to(home / "models" / sources.CACHE_VERSION)
+    assert (folder / "openvino_model.xml").is_file() and (folder / sources.COMPLETE_MARKER).is_file()
+    assert sources.is_prepared(settings)
+
+    def must_not_convert(*args):
+        raise AssertionError("converted again")
+
+    monkeypatch.setattr(sources, "_convert", must_not_convert)
+    assert sources.prepare(settings, _quiet) == folder
+
+
+def test_an_interrupted_conversion_leaves_nothing_half_made(home, tiny_hf, monkeypatch):
+    settings = ModelSettings(str(tiny_hf), precision="int4")
+
+    def interrupt(folder, precision):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sources, "_compress", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        sources.prepare(settings, _quiet)
+    parent = sources.cached_folder(settings).parent
+    assert not sources.is_prepared(settings)
+    assert list(parent.iterdir()) == []  # no scratch folder left behind either
+
+    monkeypatch.undo()
+    monkeypatch.setenv("SPECDEMO_HOME", str(home))
+    assert (sources.prepare(settings, _quiet) / sources.COMPLETE_MARKER).is_file()  # the next start redoes it
+
+
+def test_weights_are_compressed_to_the_requested_precision(home, tiny_hf):
+    import openvino as ov
+
+    def weight_types(precision):
+        model = ov.Core().read_model(sources.prepare(ModelSettings(str(tiny_hf), precision=precision), _quiet) / "openvino_model.xml")
+        return {op.get_element_type().to_string() for op in model.get_ops() if op.get_type_name() == "Constant"}
+
+    assert "u4" in weight_types("int4")
+    assert "u8" in weight_types("int8") and "u4" not in weight_types("int8")
+    assert not {"u4", "u8"} & weight_types("fp16")
+
+
+def test_an_openvino_ir_folder_is_used_as_it_is(home, tiny_target):
+    assert sources.prepare(ModelSettings(str(tiny_target)), _quiet) == tiny_target
+
+
+def test_a_missing_part_package_is_named(home, tmp_path):
+    model = sources.EmbeddedModel("Nothing-1B", "specdemo-no-such-part", "0.0.1", parts=2, size=10, sha256="0" * 64)
+    with pytest.raises(sources.ModelSourceError, match=r"specdemo-no-such-part1==0\.0\.1 is not installed"):
+        sources.assemble_parts(model, tmp_path / "model.gguf", _quiet)
+
+
+def test_a_corrupted_part_is_refused_by_its_checksum(home, tmp_path, monkeypatch):
+    for i in (1, 2):  # two fake part packages on sys.path
+        package = tmp_path / "pkgs" / f"fakepart{i}"
+        (package / "data").mkdir(parents=True)
+        (package / "data" / "part.bin").write_bytes(b"corrupted bytes")
+        (package / "__init__.py").write_text(
+            "import os\ndef get_part_path():\n    return os.path.join(os.path.dirname(__file__), 'data', 'part.bin')\n"
+        )
+    monkeypatch.syspath_prepend(str(tmp_path / "pkgs"))
+    model = sources.EmbeddedModel("Fake-1B", "fakepart", "1.0", parts=2, size=30, sha256="0" * 64)
+    with pytest.raises(sources.ModelSourceError, match="does not match its checksum.*reinstall fakepart1..2==1.0"):
+        sources.assemble_parts(model, tmp_path / "model.gguf", _quiet)
+
+
+def test_the_embedded_parts_are_installed_and_pinned():
+    for preset in sources.PRESETS.values():
+        for i in range(1, preset.parts + 1):
+            assert sources._part_path(preset, i).is_file()
+    requirements = (Path(__file__).parents[1] / "requirements.txt").read_text()
+    assert f"{preset.package}{preset.parts}=={preset.version}" in requirements
+
+
+def test_a_missing_local_path_is_refused(home):
+    with pytest.raises(sources.ModelSourceError, match="no such model folder or file"):
+        sources.prepare(ModelSettings("./no/such/model"), _quiet)
+
+
+def test_a_folder_without_a_model_is_refused(home, tmp_path):
+    with pytest.raises(sources.ModelSourceError, match="neither an OpenVINO IR"):
+        sources.prepare(ModelSettings(str(tmp_path)), _quiet)
+
+
+def test_a_hub_model_without_network_gives_one_clear_sentence(home):
+    with pytest.raises(sources.ModelSourceError, match="could not fetch someone-specdemo/no-such-model"):
+        sources.prepare(ModelSettings("someone-specdemo/no-such-model"), _quiet)
