@@ -114,8 +114,14 @@ def _compile_config(settings: ModelSettings, cache_dir: Path | None) -> dict:
     config = {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": "1"}
     if settings.kv_cache_precision:
         config["KV_CACHE_PRECISION"] = settings.kv_cache_precision
-    if settings.inference_precision:
-        config["INFERENCE_PRECISION_HINT"] = settings.inference_precision
+    precision = settings.inference_precision
+    if not precision and settings.device.upper().startswith("CPU"):
+        # Measured on a 2-core AVX-512/BF16 CPU: with INT8/INT4 weights, f32 activations made a
+        # 1-token step ~30% faster and a 5-token verify call ~2x faster than the bf16 default, and
+        # batched and single-token logits agree more closely (bf16 rounds logits near 20 to 0.125).
+        precision = "f32"
+    if precision:
+        config["INFERENCE_PRECISION_HINT"] = precision
     if settings.num_threads:
         config["INFERENCE_NUM_THREADS"] = settings.num_threads
     if cache_dir is not None:

@@ -24,7 +24,7 @@ class ModelSettings:
     device: str = "CPU"  # any device OpenVINO lists in Core().available_devices
     kv_cache_precision: str = ""  # OpenVINO KV_CACHE_PRECISION; "" keeps the plugin's default
     num_threads: int = 0  # INFERENCE_NUM_THREADS; 0 lets OpenVINO use every core
-    inference_precision: str = ""  # INFERENCE_PRECISION_HINT (f32, bf16, f16); "" keeps the plugin's default
+    inference_precision: str = ""  # INFERENCE_PRECISION_HINT (f32, bf16, f16); "" = f32 on CPU, else the plugin's default
 
     def __post_init__(self):
         if self.precision not in PRECISIONS:

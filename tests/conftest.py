@@ -8,10 +8,11 @@ from specdemo import sources
 
 TINY_VOCAB = 512
 
+sources._hide_broken_torchvision()  # before anything here imports transformers or optimum
+
 
 def make_tiny_hf_model(folder: Path, seed: int) -> Path:
     """A 2-layer Qwen2 with random weights and a word-level tokenizer, saved as a Hugging Face folder."""
-    sources._hide_broken_torchvision()
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
