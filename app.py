@@ -1,0 +1,32 @@
+"""The specdemo page: `python app.py [--host HOST] [--port PORT] [--share]`, then open http://127.0.0.1:7860.
+
+Binds 127.0.0.1 unless told otherwise (--host, or GRADIO_SERVER_NAME as on Hugging Face Spaces) and
+creates no public link unless --share. The page itself lives in specdemo/ui.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from specdemo import ui
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Autoregressive and speculative generation side by side, live.")
+    parser.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
+                        help="address to bind (default 127.0.0.1 or $GRADIO_SERVER_NAME; 0.0.0.0 for every interface)")
+    parser.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),
+                        help="port to serve on (default 7860 or $GRADIO_SERVER_PORT)")
+    parser.add_argument("--share", action="store_true", help="also create a public gradio.live link")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    ui.prepare()  # convert (first start only) and compile the models while the page comes up
+    ui.launch(ui.build(), args.host, args.port, args.share)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""The page in a real browser: `python app.py` on a free loopback port, driven by Playwright with
+Debian's chromium. A run on an example finishes with coloured tokens and figures, Stop cancels a
+second run, and a third run completes normally. Saves assets/screenshot.png on the way.
+"""
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update"]
+ROOT = Path(__file__).resolve().parent.parent
+STARTUP_S = 600  # a cold machine converts the models first (about 5 minutes on 2 cores)
+RUN_MS = 300_000  # one run of both lanes, generously, on a shared 2-core machine
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until_up(url: str, app: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + STARTUP_S
+    while time.monotonic() < deadline:
+        if app.poll() is not None:
+            pytest.fail(f"the app exited with status {app.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            urllib.request.urlopen(url, timeout=5)
+            return
+        except OSError:
+            time.sleep(1)
+    pytest.fail(f"the app did not answer within {STARTUP_S} s:\n{log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory):
+    port = free_port()
+    log = tmp_path_factory.mktemp("app") / "app.log"
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
+    with open(log, "w") as out:
+        app = subprocess.Popen([sys.executable, "app.py", "--host", "127.0.0.1", "--port", str(port)],
+                               cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        url = f"http://127.0.0.1:{port}/"
+        wait_until_up(url, app, log)
+        yield url
+    finally:
+        app.terminate()
+        try:
+            app.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            app.kill()
+            app.wait()
+
+
+@pytest.fixture
+def page():
+    if not CHROMIUM.exists():
+        pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield browser.new_page(viewport={"width": 1440, "height": 900})
+        finally:
+            browser.close()
+
+
+def set_max_new_tokens(page, n: int) -> None:
+    box = page.locator("#max-new-tokens input[type=number]")
+    box.fill(str(n))
+    box.press("Enter")
+
+
+def test_a_run_shows_coloured_tokens_and_figures_and_stop_cancels_cleanly(app_url, page):
+    from playwright.sync_api import expect
+
+    page.goto(app_url)
+    status = page.locator("#status")
+    expect(status).to_contain_text("Ready", timeout=STARTUP_S * 1000)
+    expect(page.locator("#models")).to_contain_text("Qwen2.5-Coder-1.5B-Instruct")
+
+    # A bad instruction is refused with a sentence, and the text box keeps what was typed.
+    instruction = page.locator("#instruction textarea")
+    instruction.fill("   ")
+    page.locator("#generate").click()
+    expect(status).to_contain_text("The instruction is empty")
+    expect(instruction).to_have_value("   ")
+
+    # A short run on an example: both lanes finish, with provenance colours and figures.
+    page.get_by_role("button", name="Code: a prime checker").click()
+    expect(instruction).to_have_value("Write a Python function that checks whether a number is prime. "
+                                      "Include a docstring and three doctests.")
+    set_max_new_tokens(page, 48)
+    page.locator("#generate").click()
+    expect(status).to_contain_text("Finished (one after another", timeout=RUN_MS)
+    assert page.locator("#ar-text .sd-tok").count() > 0
+    assert page.locator("#spec-text .sd-accepted").count() > 0
+    title = page.locator("#spec-text .sd-accepted").first.get_attribute("title")
+    assert title.startswith("step ") and "accepted draft" in title
+    expect(page.locator("#ar-figures")).to_contain_text("tokens/s")
+    expect(page.locator("#spec-figures")).to_contain_text("48")
+    results = page.locator("#results")
+    for figure in ("speedup, measured", "expected (Leviathan)", "acceptance rate", "tokens per target call",
+                   "target calls saved", "Measured one after another"):
+        expect(results).to_contain_text(figure)
+    expect(page.locator("#models")).to_contain_text("MB")  # KV cache sizes after a run
+    page.locator("#legend input[type=checkbox]").uncheck()
+    expect(page.locator("body")).to_have_class(re.compile("sd-hide-rejected"))
+    page.locator("#legend input[type=checkbox]").check()
+    page.wait_for_timeout(800)  # let the charts finish drawing
+    page.screenshot(path=str(ROOT / "assets" / "screenshot.png"), full_page=True)
+
+    # Stop during a second run: both lanes stop and the page says so.
+    set_max_new_tokens(page, 64)
+    page.locator("#generate").click()
+    expect(status).to_contain_text("Running the autoregressive lane", timeout=RUN_MS)
+    expect(page.locator("#ar-text .sd-tok").first).to_be_visible(timeout=RUN_MS)
+    page.locator("#stop").click()
+    expect(status).to_contain_text("Stopped")
+
+    # The next run works normally.
+    set_max_new_tokens(page, 16)
+    page.locator("#generate").click()
+    expect(status).to_contain_text("Finished (one after another", timeout=RUN_MS)
+    expect(page.locator("#spec-figures")).to_contain_text("16")
+    expect(results).to_contain_text("speedup, measured")
