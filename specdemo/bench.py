@@ -93,9 +93,16 @@ def _drain(events) -> tuple[list[int], Summary]:
     raise RuntimeError("the decoding loop ended without a summary")
 
 
-def main(settings: RunSettings, repeats: int = 1, as_json: bool = False) -> int:
+def add_arguments(parser) -> None:
+    """The bench command's own flags (model and generation flags come from the CLI)."""
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each instruction after the warm-up")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+
+
+def main(args, settings: RunSettings) -> int:
     from specdemo.engine import Engine
 
+    repeats, as_json = args.repeats, args.json
     if repeats < 1:
         raise ValueError("--repeats must be at least 1")
     engine = Engine.load(settings, with_draft=settings.generation.drafter == "model")

@@ -35,8 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="median autoregressive vs speculative time on code instructions")
     _add_model_flags(bench)
     _add_generation_flags(bench, max_new_tokens=100)
-    bench.add_argument("--repeats", type=int, default=1, help="runs of each instruction after the warm-up")
-    bench.add_argument("--json", action="store_true", help="print the results as JSON")
+    from specdemo import bench as bench_module
+
+    bench_module.add_arguments(bench)
     return parser
 
 
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             return _generate(args, settings)
         from specdemo import bench
 
-        return bench.main(settings, repeats=args.repeats, as_json=args.json)
+        return bench.main(args, settings)
     except (ValueError, sources.ModelSourceError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
