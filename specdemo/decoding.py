@@ -128,9 +128,8 @@ def speculative(
     rng = rng if rng is not None else np.random.default_rng(settings.seed)
     out = _Emitter(tokenizer, prompt_ids, settings, eos_ids, start)
     seq = list(prompt_ids)
-    histogram = [0] * (max(settings.k, settings.k_max if settings.adaptive else settings.k) + 1)
+    histogram = [0] * ((settings.k_max if settings.adaptive else settings.k) + 1)  # rounds by drafts kept
     proposed = accepted = rounds = 0
-    k_total = 0
 
     # Prefill: the first token is the target's own.
     row = target.forward(prompt_ids)[0]
@@ -160,7 +159,6 @@ def speculative(
         rounds += 1
         proposed += len(drafts)
         accepted += n
-        k_total += len(drafts)
         histogram[n] += 1
         step = target.calls - 1
         for i, draft in enumerate(drafts[:n]):
@@ -204,7 +202,7 @@ def speculative(
         # The draft's first call is its prefill; leave it out of the per-step cost.
         summary.draft_step_s = _mean_step_without_first(draft_model)
     summary.cost_ratio = summary.draft_step_s / summary.target_step_s if summary.target_step_s else 0.0
-    summary.mean_k = k_total / rounds if rounds else 0.0
+    summary.mean_k = proposed / rounds if rounds else 0.0
     summary.expected_speedup = expected_speedup(summary.acceptance_rate, summary.mean_k, summary.cost_ratio)
     summary.kv_cache_bytes = {"target": target.kv_cache_bytes()}
     if draft_model is not None:

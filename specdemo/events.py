@@ -56,7 +56,7 @@ class Summary:
     rollback_s: float = 0.0  # time spent trimming KV caches
     target_step_s: float = 0.0  # mean time of one target call after the prefill
     draft_step_s: float = 0.0  # mean time of one draft call after the prefill
-    cost_ratio: float = 0.0  # c = draft step / target step (Leviathan's c)
+    cost_ratio: float = 0.0  # c = draft step / target verify call (Leviathan's c; he assumes a verify call costs one step)
     expected_speedup: float = 0.0  # (1 - a^(K+1)) / ((1 - a)(cK + 1)) from the measured a and c
     mean_k: float = 0.0  # mean draft length per round (differs from K when adaptive)
     near_ties: int = 0  # greedy tokens whose margin was below NEAR_TIE_LOGIT_GAP (the choice could flip)
