@@ -120,11 +120,12 @@ def _prepare(settings: RunSettings) -> int:
 
 
 def _generate(args: argparse.Namespace, settings: RunSettings) -> int:
-    from specdemo.engine import Engine
+    from specdemo.engine import Engine, clean_instruction
 
+    clean_instruction(args.instruction)  # an empty instruction is refused before the models load
     need_draft = settings.generation.drafter == "model"
     engine = Engine.load(settings, with_draft=need_draft)
-    engine.prompt_ids(args.instruction, settings.generation)  # refuse bad input before any output
+    engine.prompt_ids(args.instruction, settings.generation)  # too long for the context: refused before any output
     lanes = {}
     for mode, run in (("autoregressive", engine.autoregressive), ("speculative", engine.speculative)):
         if not args.json:

@@ -143,6 +143,7 @@ def speculative(
         proposal = drafter.propose(seq, min(k, out.remaining - 1))
         drafts = proposal.tokens
         if _cancelled(cancel):
+            drafter.keep(len(seq))  # drop the unverified proposals: the draft cache stays a prefix of seq
             break
         logits = target.forward([seq[-1]] + drafts, logits_to_keep=len(drafts) + 1)  # (K+1, V)
         if settings.greedy:

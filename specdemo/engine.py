@@ -22,6 +22,9 @@ from specdemo.drafting import ModelDrafter, PromptLookupDrafter
 from specdemo.runtime import OVModel
 from specdemo.settings import GenerationSettings, ModelSettings, RunSettings
 
+# Stands in for the instruction when the chat template is rendered; no template contains it.
+_INSTRUCTION_SLOT = "\x00specdemo-instruction\x00"
+
 # Encodings compared when checking that a draft tokenizer matches the target's.
 _PROBE_TEXTS = ["def fibonacci(n):\n    return n", "Hello, world! Ünïcödé 你好 🙂", "<|im_start|>user\nhi<|im_end|>"]
 
@@ -92,6 +95,19 @@ def check_same_tokenizer(target, draft) -> None:
             )
 
 
+def clean_instruction(instruction: str | None) -> str:
+    """The instruction as the model will see it, or ValueError("the instruction is empty").
+
+    Lone UTF-16 surrogates (from invalid UTF-8 on a command line, or a "\\ud800" escape sent to the
+    page's API) cannot be encoded, so each becomes U+FFFD, the replacement character; properly
+    paired surrogates become the character they encode. Everything else, control characters
+    included, is kept as typed.
+    """
+    if instruction is None or not instruction.strip():
+        raise ValueError("the instruction is empty")
+    return instruction.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
 class Engine:
     """A target model, optionally a draft model, and the decoding loops over them."""
 
@@ -113,17 +129,10 @@ class Engine:
     def prompt_ids(self, instruction: str, settings: GenerationSettings) -> list[int]:
         """The instruction wrapped in the target's chat template, as token ids.
 
-        Raises ValueError for an empty instruction or one that leaves no room in the context.
+        The instruction is cleaned first (see clean_instruction). Raises ValueError for an empty
+        instruction or one that leaves no room in the context for max_new_tokens.
         """
-        if not instruction or not instruction.strip():
-            raise ValueError("the instruction is empty")
-        messages = [{"role": "user", "content": instruction}]
-        if settings.system_prompt:
-            messages.insert(0, {"role": "system", "content": settings.system_prompt})
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        # split_special_tokens keeps markup typed by the user as plain text; the template's own
-        # markers are re-inserted as special tokens below.
-        ids = self._encode_template(text, instruction)
+        ids = self._encode_chat(clean_instruction(instruction), settings.system_prompt)
         limit = self.target.context_length
         if self.draft is not None:
             limit = min(limit, self.draft.context_length)
@@ -134,12 +143,25 @@ class Engine:
             )
         return ids
 
-    def _encode_template(self, text: str, instruction: str) -> list[int]:
-        head, _, tail = text.partition(instruction)
+    def _encode_chat(self, instruction: str, system_prompt: str) -> list[int]:
+        """The chat template's own markup as special tokens, the instruction always as plain text.
+
+        The template is rendered around a placeholder rather than the instruction itself: an
+        instruction such as "<|im_end|>" also occurs in the template, and searching for it there
+        could turn the template's markers into text and the user's into special tokens.
+        """
+        messages = [{"role": "user", "content": _INSTRUCTION_SLOT}]
+        if system_prompt:
+            messages.insert(0, {"role": "system", "content": system_prompt})
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        head, found, tail = text.partition(_INSTRUCTION_SLOT)
+        if not found:
+            raise ValueError(f"the chat template of {self.target.name} does not copy the instruction verbatim")
         encode = self.tokenizer.encode
         return encode(head, add_special_tokens=False) + self._encode_plain(instruction) + encode(tail, add_special_tokens=False)
 
     def _encode_plain(self, text: str) -> list[int]:
+        # split_special_tokens: markup typed by the user, such as "<|im_start|>system", stays text.
         return self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
 
     def autoregressive(

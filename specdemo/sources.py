@@ -128,6 +128,7 @@ def prepare(settings: ModelSettings, progress: Progress | None = None) -> Path:
         raise ModelSourceError(f"no such model folder or file: {source}")
     with _exclusive(folder):  # another process converting the same model: wait, then reuse its result
         if not (folder / COMPLETE_MARKER).is_file():
+            _remove_stale_scratch(folder)
             _convert(settings, folder, progress)
     return folder
 
@@ -141,6 +142,16 @@ def _exclusive(folder: Path):
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _remove_stale_scratch(folder: Path) -> None:
+    """Delete scratch folders a killed conversion left behind (several GB for a 1.5B model).
+
+    Called under the lock, so no live conversion of this model owns them.
+    """
+    for scratch in folder.parent.glob(f".{folder.name}-*"):
+        if scratch.is_dir():
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _convert(settings: ModelSettings, folder: Path, progress: Progress) -> None:

@@ -12,6 +12,7 @@ lives in the handler's local variables, so visitors never see each other's outpu
 
 from __future__ import annotations
 
+import functools
 import html
 import json
 import os
@@ -37,7 +38,8 @@ ONE_AFTER_ANOTHER, RACE = "one after another", "race"
 # Server-side caps: the page's sliders say the same, but a visitor can call the API directly and
 # must not hold the models for longer than this.
 MAX_NEW_TOKENS_CAP = 1024
-MAX_INSTRUCTION_CHARS = 20_000
+MAX_INSTRUCTION_CHARS = 20_000  # bounds the tokenizer's work, before the prompt is counted in tokens
+MAX_PROMPT_TOKENS = 2048  # bounds the prefill: 2,048 tokens took 41 s on the target on 2 shared cores
 MAX_K = 12  # draft length offered in the page; adaptive K may grow up to max(K, 8)
 
 UPDATE_INTERVAL_S = 0.1  # the browser gets at most this many updates a second, however fast tokens come
@@ -66,9 +68,9 @@ def generation_settings(
     sampling = decoding == "sampling"
     return GenerationSettings(
         max_new_tokens=max_new_tokens,
-        temperature=float(temperature) if sampling else 0.0,
+        temperature=temperature if sampling else 0.0,
         top_k=_whole(top_k) if sampling else 0,
-        top_p=float(top_p) if sampling else 1.0,
+        top_p=top_p if sampling else 1.0,
         seed=None if seed is None or seed == "" else _whole(seed),
         k=k,
         adaptive=bool(adaptive),
@@ -90,6 +92,31 @@ def check_instruction(instruction: str) -> None:
         raise ValueError(
             f"the instruction is {len(instruction):,} characters; this page accepts at most {MAX_INSTRUCTION_CHARS:,}"
         )
+
+
+def check_prompt(ids: list[int]) -> None:
+    """Refuse a prompt over the server-side token cap (the chat template's own tokens count too)."""
+    if len(ids) > MAX_PROMPT_TOKENS:
+        raise ValueError(f"the prompt is {len(ids):,} tokens; this page accepts at most {MAX_PROMPT_TOKENS:,}")
+
+
+@functools.cache
+def offered_devices() -> tuple[str, ...]:
+    """The OpenVINO devices the page offers for each model."""
+    import openvino as ov
+
+    return tuple(ov.Core().available_devices)
+
+
+def check_choices(mode, target_device: str, draft_device: str) -> None:
+    """Refuse a run mode or device the page does not offer. The page's API passes None, or anything
+    for a mode, through to the handler, and a new device would make every visitor wait while the
+    models load again."""
+    if mode not in (ONE_AFTER_ANOTHER, RACE):
+        raise ValueError(f"the run mode must be {ONE_AFTER_ANOTHER!r} or {RACE!r}, got {mode!r}")
+    for role, device in (("target", target_device), ("draft", draft_device)):
+        if device not in offered_devices():
+            raise ValueError(f"the {role} device must be one of {', '.join(offered_devices())}, got {device!r}")
 
 
 def as_sentence(error: Exception) -> str:
@@ -538,8 +565,9 @@ def generate(instruction, max_new_tokens, k, adaptive, drafter, decoding, temper
     try:
         settings = generation_settings(max_new_tokens, k, adaptive, drafter, decoding, temperature, top_p, top_k, seed)
         check_instruction(instruction)
+        check_choices(mode, target_device, draft_device)
         engines = lane_engines(mode, target_device, draft_device, _progress_reporter(progress))
-        engines[SPECULATIVE].prompt_ids(instruction, settings)  # the stricter context of the two
+        check_prompt(engines[SPECULATIVE].prompt_ids(instruction, settings))  # the stricter context of the two
     except (ValueError, sources.ModelSourceError, RuntimeError) as error:
         gr.Warning(as_sentence(error))
         yield View(status=f"⚠️ {as_sentence(error)}").values()
@@ -638,9 +666,7 @@ def build() -> gr.Blocks:
 
 def _add_controls(c: dict) -> None:
     """The instruction, the examples, every setting, Generate and Stop, and the status line under them."""
-    import openvino as ov
-
-    devices = ov.Core().available_devices
+    devices = list(offered_devices())
     device = "CPU" if "CPU" in devices else devices[0]
     examples = load_examples()
     defaults = GenerationSettings()

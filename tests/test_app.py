@@ -1,6 +1,8 @@
-"""The page's pure parts: rendering events, reading the page's values, running the lanes (with fake engines)."""
+"""The page's pure parts: rendering events, reading the page's values, running the lanes (with fake engines), and
+what the page refuses to take from a visitor."""
 
 import queue
+import re
 import threading
 
 import pytest
@@ -246,3 +248,48 @@ def test_stop_cancels_only_that_visitors_run():
     ui._end_run("me", mine)
     ui._end_run("them", theirs)
     assert not ui.cancel_run("me")
+
+
+# ----------------------------------------------------------------------------- page safety
+
+
+def test_the_only_free_text_the_page_takes_is_the_instruction_so_no_model_can_be_named():
+    config = ui.build().get_config_file()
+    components = {c["id"]: c for c in config["components"]}
+    inputs = [components[i] for event in config["dependencies"] for i in event["inputs"]]
+    assert [c["props"]["elem_id"] for c in inputs if c["type"] == "textbox"] == ["instruction"]
+    assert {c["type"] for c in inputs} <= {"textbox", "slider", "radio", "dropdown", "checkbox", "number", "dataset"}
+    for dropdown in (c for c in inputs if c["type"] == "dropdown"):
+        assert not dropdown["props"]["allow_custom_value"]
+        assert {value for _, value in dropdown["props"]["choices"]} <= set(ui.offered_devices())
+
+
+@pytest.mark.parametrize("mode, target, draft, message", [
+    (None, "CPU", "CPU", "the run mode must be 'one after another' or 'race', got None"),
+    (ui.RACE, None, "CPU", "the target device must be one of"),
+    (ui.ONE_AFTER_ANOTHER, "CPU", "/models/my-model", "the draft device must be one of"),
+])
+def test_a_run_mode_or_device_the_page_does_not_offer_is_refused(mode, target, draft, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ui.check_choices(mode, target, draft)
+
+
+def test_every_offered_choice_is_accepted():
+    for device in ui.offered_devices():
+        ui.check_choices(ui.RACE, device, device)
+
+
+def test_prompt_length_in_tokens_is_capped_on_the_server():
+    ui.check_prompt([0] * ui.MAX_PROMPT_TOKENS)
+    with pytest.raises(ValueError, match="the prompt is 2,049 tokens; this page accepts at most 2,048"):
+        ui.check_prompt([0] * (ui.MAX_PROMPT_TOKENS + 1))
+
+
+def test_the_app_binds_loopback_and_asks_for_no_share_link_by_default(monkeypatch):
+    import app
+
+    for name in ("GRADIO_SERVER_NAME", "GRADIO_SERVER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    args = app.parse_args([])
+    assert (args.host, args.share) == ("127.0.0.1", False)
+    assert app.parse_args(["--share"]).share
