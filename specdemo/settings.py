@@ -22,7 +22,7 @@ class ModelSettings:
     source: str  # preset name ("qwen2.5-coder-1.5b"), HF model id, local folder or .gguf file
     precision: str = "int8"  # weight compression applied at conversion: fp16 | int8 | int4
     device: str = "CPU"  # any device OpenVINO lists in Core().available_devices
-    kv_cache_precision: str = ""  # OpenVINO KV_CACHE_PRECISION; "" keeps the plugin's default
+    kv_cache_precision: str = ""  # OpenVINO KV_CACHE_PRECISION; "" = f32 on CPU, else the plugin's default
     num_threads: int = 0  # INFERENCE_NUM_THREADS; 0 lets OpenVINO use every core
     inference_precision: str = ""  # INFERENCE_PRECISION_HINT (f32, bf16, f16); "" = f32 on CPU, else the plugin's default
 
