@@ -1,0 +1,170 @@
+"""The peers the benchmark measures us against, on the same prompts (token ids) and the same K.
+
+- OpenVINO GenAI: `openvino_genai.LLMPipeline` on the very IR folders specdemo converted, plain
+  (autoregressive), with `draft_model=` (its C++ speculative decoding) or with `prompt_lookup=True`.
+- transformers on PyTorch CPU: `generate()` plain and with `assistant_model=` (assisted generation),
+  on the weights our IRs were converted from (the GGUF dequantized to float32), before NNCF
+  compression; so its text may differ from ours where int8 rounding flips a near-tie.
+
+Every runner takes prompt token ids, so no side applies a chat template of its own, and returns the
+new token ids with the wall time of the whole generate call.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from specdemo import runtime, sources
+from specdemo.settings import ModelSettings
+
+
+@dataclass
+class PeerRun:
+    """One generation by a peer."""
+
+    ids: list[int]  # new token ids (the stop token included, as in our lanes)
+    wall_s: float  # seconds of the whole generate call
+    proposed: int = 0  # draft tokens offered for verification (speculative peers that report it)
+    accepted: int = 0  # of those, tokens the target kept
+
+
+class GenAIPipeline:
+    """openvino_genai.LLMPipeline on specdemo's IR folders: plain, with a draft model, or prompt lookup.
+
+    All three run GenAI's continuous-batching (paged attention) backend, its default on CPU.
+
+    `properties` are OpenVINO compile properties; `compile_properties()` gives ours, so both sides
+    run the same kernels (precision hint, KV cache precision). An empty dict keeps GenAI's defaults.
+    """
+
+    def __init__(
+        self,
+        target: Path,
+        target_device: str,
+        properties: dict,
+        draft: Path | None = None,
+        draft_device: str = "",
+        prompt_lookup: bool = False,
+    ):
+        import openvino_genai as genai
+
+        kwargs = dict(properties)
+        # Prefix caching (on by default) keeps a prompt's KV blocks for the next request with the same
+        # prompt, so a benchmark that repeats its prompts would time GenAI without a prefill. Off;
+        # the rest as GenAI's latency-oriented default (no limit on tokens per batch).
+        scheduler = genai.SchedulerConfig()
+        scheduler.enable_prefix_caching = False
+        scheduler.max_num_batched_tokens = 1 << 32
+        kwargs["scheduler_config"] = scheduler
+        if draft is not None:
+            kwargs["draft_model"] = genai.draft_model(str(draft), draft_device or target_device, **properties)
+        if prompt_lookup:
+            kwargs["prompt_lookup"] = True
+        self.speculative = draft is not None or prompt_lookup
+        self.pipeline = genai.LLMPipeline(str(target), target_device, **kwargs)
+
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, eos_ids: set[int], k: int = 4, ngram: int = 3) -> PeerRun:
+        import openvino as ov
+        import openvino_genai as genai
+
+        # A fresh config: the folder's generation_config.json would add Qwen's sampling defaults.
+        config = genai.GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, stop_token_ids=set(eos_ids))
+        config.apply_chat_template = False  # the ids already carry our chat template
+        if self.speculative:
+            config.num_assistant_tokens = k
+            config.max_ngram_size = ngram
+        prompt = ov.Tensor(np.asarray([prompt_ids], dtype=np.int64))
+        start = time.perf_counter()
+        result = self.pipeline.generate(prompt, config)
+        wall = time.perf_counter() - start
+        run = PeerRun(ids=[int(t) for t in result.tokens[0]], wall_s=wall)
+        metrics = result.extended_perf_metrics
+        if self.speculative and hasattr(metrics, "get_num_draft_tokens"):
+            run.proposed = metrics.get_num_draft_tokens()
+            run.accepted = metrics.get_num_accepted_tokens()
+        return run
+
+
+def compile_properties(settings: ModelSettings) -> dict:
+    """Our runtime's compile properties for `settings`, for a GenAI pipeline to use too."""
+    config = runtime._compile_config(settings, sources.specdemo_home() / "ov_cache")
+    # GenAI's continuous-batching pipeline schedules its own streams; keep what changes the kernels.
+    return {key: value for key, value in config.items() if key in ("INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION", "CACHE_DIR")}
+
+
+class TransformersPair:
+    """A transformers target, optionally with an assistant, in float32 on the CPU."""
+
+    def __init__(self, target: Path, draft: Path | None):
+        sources._hide_broken_torchvision()
+        import torch
+        import transformers
+        from transformers import AutoModelForCausalLM
+
+        # Quiet: per-tensor loading bars, and a deprecation notice assisted generation triggers itself.
+        transformers.logging.set_verbosity_error()
+        transformers.logging.disable_progress_bar()
+        self.torch = torch
+        self.target = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+        self.draft = AutoModelForCausalLM.from_pretrained(draft, dtype=torch.float32).eval() if draft else None
+
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, eos_ids: set[int], k: int | None = None) -> PeerRun:
+        """Greedy; with `k`, assisted generation with exactly k assistant tokens per round."""
+        from transformers import GenerationConfig
+
+        torch = self.torch
+        config = GenerationConfig(
+            max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=sorted(eos_ids), pad_token_id=min(eos_ids)
+        )
+        kwargs = {}
+        if k is not None:
+            # The assistant's own generation config steers drafting: a constant K, and no early stop
+            # on low confidence (its default 0.4 would cut rounds short, so K would not be K).
+            assistant = self.draft.generation_config
+            assistant.num_assistant_tokens = k
+            assistant.num_assistant_tokens_schedule = "constant"
+            assistant.assistant_confidence_threshold = 0.0
+            kwargs["assistant_model"] = self.draft
+        ids = torch.tensor([prompt_ids], dtype=torch.long)
+        with torch.inference_mode():
+            start = time.perf_counter()
+            out = self.target.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config, **kwargs)
+            wall = time.perf_counter() - start
+        return PeerRun(ids=out[0, len(prompt_ids) :].tolist(), wall_s=wall)
+
+
+def hf_weights(source: str, progress: sources.Progress | None = None) -> Path | None:
+    """A Hugging Face folder holding the weights `source` is converted from, or None if there is none.
+
+    Presets: the GGUF dequantized once into SPECDEMO_HOME/bench/hf/<preset> (a bench-only artifact,
+    float32 safetensors: ~6 GB for the 1.5B, ~2 GB for the 0.5B; ~1 min on first use). A local
+    Hugging Face folder is used as it is.
+    """
+    path = Path(source).expanduser()
+    if source not in sources.PRESETS:
+        return path if (path / "config.json").is_file() else None
+    folder = sources.specdemo_home() / "bench" / "hf" / source
+    if not (folder / "config.json").is_file():
+        _dequantize_preset(source, folder, progress or (lambda fraction, message: None))
+    return folder
+
+
+def _dequantize_preset(preset: str, folder: Path, progress: sources.Progress) -> None:
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    try:
+        sources.assemble_parts(sources.PRESETS[preset], scratch / "model.gguf", progress)
+        sources._hide_broken_torchvision()
+        sources._gguf_to_hf_folder(str(scratch), "model.gguf", str(scratch / "hf"))
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(scratch / "hf", folder)  # atomic: complete or absent
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

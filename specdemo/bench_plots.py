@@ -1,0 +1,171 @@
+"""PNG plots of the benchmark results (matplotlib, no display needed).
+
+Each plot reads the results dict bench.py writes as JSON; a section that did not run draws nothing.
+Error bars span min to max over the instructions, around the median.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specdemo.bench_stats import COMPONENTS
+
+_OURS, _GENAI, _PAPER, _HF = "#1f77b4", "#ff7f0e", "#7f7f7f", "#2ca02c"
+
+
+def draw(results: dict, out: Path) -> dict[str, str]:
+    """Write every plot the results allow into `out`; return {name: file name}."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    sections = results["sections"]
+    drawn = {}
+    for name, painter, data in (
+        ("paper", _paper, sections.get("paper")),
+        ("peers", _peers, sections.get("paper") or sections.get("transformers")),
+        ("k", _k, sections.get("k")),
+        ("precision", _precision, sections.get("precision")),
+        ("breakdown", _breakdown, sections.get("paper")),
+    ):
+        if data:
+            file = f"benchmarks-{name}.png"
+            figure = painter(results)
+            figure.savefig(out / file, dpi=110, bbox_inches="tight")
+            _close(figure)
+            drawn[name] = file
+    return drawn
+
+
+def _close(figure) -> None:
+    import matplotlib.pyplot as plt
+
+    plt.close(figure)
+
+
+def _errors(spreads: list[dict]) -> list[list[float]]:
+    """matplotlib's yerr/xerr: distances from the median down to min and up to max."""
+    return [[s["median"] - s["min"] for s in spreads], [s["max"] - s["median"] for s in spreads]]
+
+
+def _paper(results: dict):
+    import matplotlib.pyplot as plt
+
+    by_n = results["sections"]["paper"]["by_tokens"]
+    ns = list(by_n)
+    groups = [("ours", "ours speculative", _OURS), ("OpenVINO GenAI", "GenAI speculative", _GENAI)]
+    width = 0.8 / (len(groups) + 1)
+    figure, ax = plt.subplots(figsize=(7, 4))
+    for i, (label, lane, colour) in enumerate(groups):
+        spreads = [by_n[n]["speedup"][lane] for n in ns]
+        xs = [j + i * width for j in range(len(ns))]
+        ax.bar(xs, [s["median"] for s in spreads], width, yerr=_errors(spreads), capsize=3, label=label, color=colour)
+    papers = [by_n[n].get("paper", {}).get("speedup", 0) for n in ns]
+    ax.bar([j + len(groups) * width for j in range(len(ns))], papers, width, label="paper (Dolly v2 12B / 3B)", color=_PAPER)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([j + width * len(groups) / 2 for j in range(len(ns))], [f"N = {n}" for n in ns])
+    ax.set_ylabel("speedup over autoregressive (×)")
+    ax.set_ylim(0, 1.3 * max([by_n[n]["speedup"]["ours speculative"]["max"] for n in ns] + papers))
+    ax.set_title(f"Speculative vs autoregressive, K = {results['sections']['paper']['k']}")
+    ax.legend(fontsize=8, ncol=3, loc="upper left")
+    return figure
+
+
+def _peers(results: dict):
+    import matplotlib.pyplot as plt
+
+    bars = []  # (label, spread of seconds per token, colour)
+    paper = results["sections"].get("paper")
+    if paper:
+        n = max(paper["by_tokens"], key=int)
+        for lane, figures in paper["by_tokens"][n]["lanes"].items():
+            bars.append((f"{lane} (N={n})", figures["per_token_s"], _OURS if lane.startswith("ours") else _GENAI))
+        defaults = paper.get("genai_defaults", {}).get("lanes", {})
+        for lane, figures in defaults.items():
+            if lane.startswith("GenAI"):
+                bars.append((f"{lane} (N={n})", figures["per_token_s"], "#ffbb78"))
+    hf = results["sections"].get("transformers")
+    if hf and "lanes" in hf:
+        for lane, figures in hf["lanes"].items():
+            colour = _OURS if lane.startswith("ours") else _HF
+            bars.append((f"{lane} (N={hf['max_new_tokens']})", figures["per_token_s"], colour))
+    scaled = [{key: s[key] * 1000 for key in ("median", "min", "max")} for _, s, _ in bars]
+    figure, ax = plt.subplots(figsize=(7, 0.4 * len(bars) + 1.2))
+    ys = range(len(bars))
+    ax.barh(ys, [s["median"] for s in scaled], xerr=_errors(scaled), capsize=3, color=[c for _, _, c in bars])
+    ax.set_yticks(ys, [label for label, _, _ in bars], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("milliseconds per new token (lower is faster)")
+    ax.set_title("Ours, OpenVINO GenAI and transformers on the same prompts")
+    return figure
+
+
+def _k(results: dict):
+    import matplotlib.pyplot as plt
+
+    rows = results["sections"]["k"]["rows"]
+    fixed = [r for r in rows if r["label"].startswith("K=")]
+    ks = [int(r["label"][2:]) for r in fixed]
+    figure, ax = plt.subplots(figsize=(7, 4))
+    measured = [r["measured_speedup"] for r in fixed]
+    ax.errorbar(ks, [s["median"] for s in measured], yerr=_errors(measured), marker="o", capsize=3, color=_OURS, label="ours, measured")
+    ax.plot(ks, [r["predicted_speedup"] for r in fixed], "--", marker="x", color=_OURS, alpha=0.6, label="ours, Leviathan's prediction")
+    genai = [(k, r["genai_speedup"]) for k, r in zip(ks, fixed) if "genai_speedup" in r]
+    if genai:
+        spreads = [s for _, s in genai]
+        ax.errorbar([k for k, _ in genai], [s["median"] for s in spreads], yerr=_errors(spreads), marker="s", capsize=3, color=_GENAI, label="GenAI, measured")
+    adaptive = [r for r in rows if r["label"] == "adaptive K"]
+    if adaptive:
+        ax.axhline(adaptive[0]["measured_speedup"]["median"], color=_OURS, linestyle=":", label=f"ours, adaptive K (mean {adaptive[0]['mean_k']:.1f})")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xlabel("draft tokens per round K")
+    ax.set_ylabel("speedup over autoregressive (×)")
+    twin = ax.twinx()
+    twin.plot(ks, [r["alpha"] for r in fixed], color=_PAPER, marker=".", linewidth=0.8, label="acceptance α")
+    twin.set_ylim(0, 1.05)
+    twin.set_ylabel("acceptance rate α", color=_PAPER)
+    lines, labels = ax.get_legend_handles_labels()
+    more, more_labels = twin.get_legend_handles_labels()
+    ax.legend(lines + more, labels + more_labels, fontsize=8, loc="lower right")
+    ax.set_title(f"Draft length K, N = {results['sections']['k']['max_new_tokens']}")
+    return figure
+
+
+def _precision(results: dict):
+    import matplotlib.pyplot as plt
+
+    rows = results["sections"]["precision"]["rows"]
+    labels = [f"{r['target']} / {r['draft']}" for r in rows]
+    measured = [r["measured_speedup"] for r in rows]
+    figure, ax = plt.subplots(figsize=(7, 4))
+    xs = range(len(rows))
+    ax.bar([x - 0.2 for x in xs], [s["median"] for s in measured], 0.4, yerr=_errors(measured), capsize=3, color=_OURS, label="measured")
+    ax.bar([x + 0.2 for x in xs], [r["predicted_speedup"] for r in rows], 0.4, color=_OURS, alpha=0.4, label="Leviathan's prediction")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(list(xs), labels, fontsize=8)
+    ax.set_xlabel("target / draft weight precision")
+    ax.set_ylabel("speedup over the same target alone (×)")
+    ax.legend(fontsize=8)
+    return figure
+
+
+def _breakdown(results: dict):
+    import matplotlib.pyplot as plt
+
+    by_n = results["sections"]["paper"]["by_tokens"]
+    shares = by_n[max(by_n, key=int)]["time_shares"]
+    lanes = list(shares)
+    colours = ["#aec7e8", "#1f77b4", "#ffbb78", "#ff7f0e", "#9467bd", "#d62728"]
+    figure, ax = plt.subplots(figsize=(7, 2.2))
+    for lane_index, lane in enumerate(lanes):
+        left = 0.0
+        for component, colour in zip(COMPONENTS, colours):
+            width = shares[lane][component] * 100
+            ax.barh(lane_index, width, left=left, color=colour, label=component if lane_index == 0 else None)
+            if width >= 4:
+                ax.text(left + width / 2, lane_index, f"{width:.0f}%", ha="center", va="center", fontsize=7)
+            left += width
+    ax.set_yticks(range(len(lanes)), lanes)
+    ax.set_xlim(0, 100)
+    ax.set_xlabel("share of wall time (%)")
+    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.35))
+    return figure

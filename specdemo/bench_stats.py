@@ -1,0 +1,170 @@
+"""Statistics of benchmark runs: spreads, paired ratios, pooled speculative figures, time shares.
+
+Pure functions over `Run` records, so they can be tested without a model. Conventions:
+- a *spread* is the median with min, max, mean, std and n of a list of numbers;
+- ratios are *paired*: computed per (repeat, instruction) between two lanes that ran back to back,
+  so a slow moment of the shared machine hits both sides, and only then summarised;
+- cross-lane comparisons use seconds per new token, because two lanes may stop at different lengths.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+
+from specdemo.events import expected_speedup
+
+
+@dataclass
+class Run:
+    """One generation in one lane of the benchmark."""
+
+    lane: str  # e.g. "ours speculative", "GenAI speculative", "K=3"
+    instruction: int  # index into the section's instructions
+    repeat: int  # pass over the instructions, from 0
+    max_new_tokens: int
+    wall_s: float  # seconds of the whole call, prompt ids in hand to last token
+    tokens: int  # new tokens produced
+    same_as_reference: bool = True  # token ids equal to the section's reference lane (our autoregressive)
+    summary: dict = field(default_factory=dict)  # our Summary as a dict; a peer's own figures
+    ids: list[int] = field(default_factory=list, repr=False)  # new token ids (not written to JSON)
+
+    @property
+    def per_token_s(self) -> float:
+        return self.wall_s / self.tokens if self.tokens else math.nan
+
+    def to_dict(self) -> dict:
+        record = asdict(self)
+        del record["ids"]
+        return record
+
+
+def spread(values: list[float]) -> dict:
+    """Median, min, max, mean, std (0 for one value) and n of `values`, NaNs dropped."""
+    values = [v for v in values if not math.isnan(v)]
+    if not values:
+        return {"median": math.nan, "min": math.nan, "max": math.nan, "mean": math.nan, "std": math.nan, "n": 0}
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "mean": statistics.fmean(values),
+        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "n": len(values),
+    }
+
+
+def lane_runs(runs: list[Run], lane: str) -> list[Run]:
+    return [r for r in runs if r.lane == lane]
+
+
+def paired_ratios(runs: list[Run], numerator: str, denominator: str) -> list[float]:
+    """Per (repeat, instruction): numerator lane's seconds per token / denominator lane's.
+
+    With numerator = autoregressive and denominator = speculative this is the speedup.
+    """
+    by_key = {(r.repeat, r.instruction): r for r in lane_runs(runs, denominator)}
+    ratios = []
+    for run in lane_runs(runs, numerator):
+        other = by_key.get((run.repeat, run.instruction))
+        if other is not None and other.tokens and run.tokens:
+            ratios.append(run.per_token_s / other.per_token_s)
+    return ratios
+
+
+def lane_figures(runs: list[Run], lane: str) -> dict:
+    """Times of one lane: wall seconds, seconds per token and tokens as spreads; identical outputs."""
+    mine = lane_runs(runs, lane)
+    return {
+        "wall_s": spread([r.wall_s for r in mine]),
+        "per_token_s": spread([r.per_token_s for r in mine]),
+        "tokens": spread([float(r.tokens) for r in mine]),
+        "same_as_reference": f"{sum(r.same_as_reference for r in mine)}/{len(mine)}",
+    }
+
+
+def speculative_figures(runs: list[Run]) -> dict:
+    """Pooled acceptance rate alpha, cost ratio c, mean K, and Leviathan's predicted speedup.
+
+    alpha pools every round (accepted / proposed over all runs), so long runs weigh more than
+    short ones; c is the median of the per-run ratios (a draft step / a target verify step).
+    """
+    proposed = sum(r.summary.get("proposed", 0) for r in runs)
+    accepted = sum(r.summary.get("accepted", 0) for r in runs)
+    rounds = sum(sum(r.summary.get("accepted_histogram", [])) for r in runs)
+    alpha = accepted / proposed if proposed else 0.0
+    mean_k = proposed / rounds if rounds else 0.0
+    c = statistics.median([r.summary.get("cost_ratio", 0.0) for r in runs]) if runs else 0.0
+    histogram: list[int] = []
+    for r in runs:
+        row = r.summary.get("accepted_histogram", [])
+        histogram = [a + b for a, b in zip(_pad(histogram, len(row)), _pad(row, len(histogram)))]
+    return {
+        "alpha": alpha,
+        "c": c,
+        "mean_k": mean_k,
+        "predicted_speedup": expected_speedup(alpha, mean_k, c),
+        "tokens_per_call": spread([r.summary.get("tokens_per_call", math.nan) for r in runs]),
+        "accepted_histogram": histogram,
+        "target_step_s": spread([r.summary.get("target_step_s", math.nan) for r in runs]),
+        "draft_step_s": spread([r.summary.get("draft_step_s", math.nan) for r in runs]),
+    }
+
+
+def _pad(row: list[int], n: int) -> list[int]:
+    return row + [0] * (n - len(row))
+
+
+def step_seconds(runs: list[Run]) -> float:
+    """Median seconds of one target call after the prefill (an autoregressive step, or a verify call)."""
+    steps = [r.summary["target_step_s"] for r in runs if r.summary.get("target_step_s")]
+    if not steps:  # autoregressive summaries carry only totals: derive the step from them
+        steps = [_target_step(r.summary) for r in runs if r.summary.get("target_calls", 0) > 1]
+    return statistics.median(steps) if steps else math.nan
+
+
+def _target_step(summary: dict) -> float:
+    """Mean target call after the first, for a summary without target_step_s: total minus the prefill's share."""
+    calls = summary["target_calls"]
+    ttft = min(summary.get("ttft_s", 0.0), summary["target_s"])  # the prefill is most of the first token's time
+    return (summary["target_s"] - ttft) / (calls - 1)
+
+
+# Where a speculative run's wall time goes, in the order the report lists it.
+COMPONENTS = ("target prefill", "target verify", "draft prefill", "draft steps", "rollback", "our Python")
+
+
+def time_shares(runs: list[Run]) -> dict[str, float]:
+    """Fractions of the summed wall time of `runs` spent in each of COMPONENTS (they sum to 1).
+
+    Prefills are split off with the per-step means the summary gives: a model's calls after the
+    first cost `step_s` each, so its first call cost total - step_s * (calls - 1). "our Python" is
+    everything outside model calls and rollbacks: the loop, acceptance, logits copies, detokenizing.
+    """
+    wall = sum(r.wall_s for r in runs)
+    seconds = dict.fromkeys(COMPONENTS, 0.0)
+    for r in runs:
+        s = r.summary
+        target_steps = s.get("target_calls", 0) - 1
+        target_step = s.get("target_step_s") or (_target_step(s) if target_steps > 0 else 0.0)
+        target_prefill = s.get("target_s", 0.0) - target_step * max(target_steps, 0)
+        draft_steps = s.get("draft_calls", 0) - 1
+        draft_prefill = s.get("draft_s", 0.0) - s.get("draft_step_s", 0.0) * max(draft_steps, 0)
+        seconds["target prefill"] += target_prefill
+        seconds["target verify"] += s.get("target_s", 0.0) - target_prefill
+        seconds["draft prefill"] += draft_prefill
+        seconds["draft steps"] += s.get("draft_s", 0.0) - draft_prefill
+        seconds["rollback"] += s.get("rollback_s", 0.0)
+    seconds["our Python"] = wall - sum(seconds.values())
+    return {name: value / wall if wall else 0.0 for name, value in seconds.items()}
+
+
+def call_speedup(tokens_per_round: float, k: float, draft_step_s: float, verify_s: float, step_s: float) -> float:
+    """Speedup from model calls alone: a round of k draft steps and one verify call emits
+    `tokens_per_round` tokens, which autoregressive decoding pays one `step_s` each for.
+
+    With verify_s == step_s and c = draft_step_s / step_s this is Leviathan's formula for the same
+    tokens per round; a verify call that costs more than a step is what the formula leaves out.
+    """
+    return tokens_per_round * step_s / (k * draft_step_s + verify_s)

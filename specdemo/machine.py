@@ -1,0 +1,60 @@
+"""What machine a benchmark ran on: CPU, cores, memory, load, and the versions of what was measured.
+
+A figure without its machine cannot be compared with anything, so every bench report starts here.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from importlib import metadata
+
+# CPU features that decide which kernels OpenVINO and PyTorch pick for these models.
+_NOTABLE_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_bf16", "amx_int8")
+_PACKAGES = ("openvino", "openvino-genai", "openvino-tokenizers", "transformers", "torch", "optimum-intel", "nncf")
+
+
+def describe() -> dict:
+    """CPU model and features, logical and physical cores, RAM (bytes), OS, package versions, load now."""
+    import psutil
+
+    cpuinfo = _cpuinfo()
+    flags = set(cpuinfo.get("flags", "").split())
+    return {
+        "cpu": cpuinfo.get("model name", platform.processor() or "unknown"),
+        "cpu_features": [flag for flag in _NOTABLE_FLAGS if flag in flags],
+        "logical_cores": os.cpu_count(),
+        "physical_cores": psutil.cpu_count(logical=False),
+        "ram_bytes": psutil.virtual_memory().total,
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "packages": {name: _version(name) for name in _PACKAGES},
+        "load_average": load_average(),
+    }
+
+
+def load_average() -> list[float]:
+    """The 1, 5 and 15 minute load averages (runnable processes); above the core count means queueing."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo (empty off Linux)."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if not line.strip():
+                    break  # end of the first processor
+                key, _, value = line.partition(":")
+                fields[key.strip()] = value.strip()
+    except OSError:
+        pass
+    return fields
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
