@@ -85,6 +85,7 @@ def set_max_new_tokens(page, n: int) -> None:
 def test_a_run_shows_coloured_tokens_and_figures_and_stop_cancels_cleanly(app_url, page):
     from playwright.sync_api import expect
 
+    expect.set_options(timeout=30_000)  # a shared 2-core machine may take seconds to answer a click
     page.goto(app_url)
     status = page.locator("#status")
     expect(status).to_contain_text("Ready", timeout=STARTUP_S * 1000)
