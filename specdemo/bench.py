@@ -719,6 +719,7 @@ def main(args, settings: RunSettings) -> int:
         log(f"== {name}")
         results["sections"][name] = _RUNNERS[name](ctx)
         results["sections"][name]["seconds"] = time.perf_counter() - section_start
+        results["sections"][name]["load_average_end"] = machine.load_average()
         if not _USES_GENAI & set(bench.sections[bench.sections.index(name) + 1 :]):
             ctx.genai.clear()  # free GenAI's copies of the models once no later section needs them
         gc.collect()

@@ -108,7 +108,7 @@ def _k(results: dict):
     figure, ax = plt.subplots(figsize=(7, 4))
     measured = [r["measured_speedup"] for r in fixed]
     ax.errorbar(ks, [s["median"] for s in measured], yerr=_errors(measured), marker="o", capsize=3, color=_OURS, label="ours, measured")
-    ax.plot(ks, [r["predicted_speedup"] for r in fixed], "--", marker="x", color=_OURS, alpha=0.6, label="ours, Leviathan's prediction")
+    ax.plot(ks, [r["leviathan_speedup"] for r in fixed], "--", marker="x", color=_OURS, alpha=0.6, label="ours, Leviathan's prediction")
     genai = [(k, r["genai_speedup"]) for k, r in zip(ks, fixed) if "genai_speedup" in r]
     if genai:
         spreads = [s for _, s in genai]
@@ -139,7 +139,7 @@ def _precision(results: dict):
     figure, ax = plt.subplots(figsize=(7, 4))
     xs = range(len(rows))
     ax.bar([x - 0.2 for x in xs], [s["median"] for s in measured], 0.4, yerr=_errors(measured), capsize=3, color=_OURS, label="measured")
-    ax.bar([x + 0.2 for x in xs], [r["predicted_speedup"] for r in rows], 0.4, color=_OURS, alpha=0.4, label="Leviathan's prediction")
+    ax.bar([x + 0.2 for x in xs], [r["leviathan_speedup"] for r in rows], 0.4, color=_OURS, alpha=0.4, label="Leviathan's prediction")
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(list(xs), labels, fontsize=8)
     ax.set_xlabel("target / draft weight precision")

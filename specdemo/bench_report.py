@@ -90,7 +90,10 @@ def _header(results: dict) -> str:
         "the paper's figures, OpenVINO GenAI's own pipelines and transformers, in one run on one machine. "
         "Every figure below comes from that run; ratios were measured back to back on the same instructions.\n\n"
         f"* command: `{results['command']}` ({bench['mode']} mode, {minutes:.1f} min, started {results['started']})\n"
-        f"* load average (1, 5, 15 min) at start {results['machine']['load_average']}, at end {results.get('load_average_end')}\n"
+        f"* load average (1, 5, 15 min) at start {results['machine']['load_average']}, at end {results.get('load_average_end')}; "
+        "1-minute load after each section: "
+        + ", ".join(f"{name} {s['load_average_end'][0]}" for name, s in results["sections"].items() if "load_average_end" in s)
+        + "\n"
         "* reproduce: `python -m specdemo bench --out docs` (full, ~25 min) or `python -m specdemo bench --quick` "
         "(~3 min); the raw runs are in `benchmarks.json`"
     )
@@ -144,7 +147,7 @@ def _headlines(sections: dict) -> str:
         fixed = [r for r in k["rows"] if r["label"].startswith("K=")]
         best = max(fixed, key=lambda r: r["measured_speedup"]["median"])
         adaptive = [r for r in k["rows"] if r["label"] == "adaptive K"]
-        text = f"Best fixed K: {best['label'][2:]} at {best['measured_speedup']['median']:.2f}× (Leviathan: {best['predicted_speedup']:.2f}×)"
+        text = f"Best fixed K: {best['label'][2:]} at {best['measured_speedup']['median']:.2f}× (Leviathan: {best['leviathan_speedup']:.2f}×)"
         text += f"; adaptive K: {adaptive[0]['measured_speedup']['median']:.2f}×" if adaptive else ""
         lines.append(text + " (§3).")
     precision = sections.get("precision")
@@ -227,7 +230,7 @@ def _round_costs(spec: dict, step_s: float, target: dict) -> str:
         f"{step_s * 1000:.1f} ms per autoregressive step, {call_speedup(tokens, k, draft_s, verify_s, step_s):.2f}× from "
         f"model calls alone (measured {target['measured']:.2f}× with prefills and Python). {target['goal']:g}× needs a round "
         f"of ≤ {budget_s * 1000:.1f} ms, {(round_s - budget_s) * 1000:.1f} ms less. Leviathan's formula predicts "
-        f"{spec['predicted_speedup']:.2f}× from α = {spec['alpha']:.2f} and c = {spec['c']:.3f} because it prices a verify "
+        f"{spec['leviathan_speedup']:.2f}× from α = {spec['alpha']:.2f} and c = {spec['c']:.3f} because it prices a verify "
         f"call at one autoregressive step; here it costs {verify_s / step_s:.2f}×; at 1× the calls would give "
         f"{call_speedup(tokens, k, draft_s, step_s, step_s):.2f}×."
     )
@@ -327,7 +330,7 @@ def _sweep_rows(rows: list[dict], first: list[str]) -> list[list[str]]:
             "–" if math.isnan(r["alpha"]) else f"{r['alpha']:.2f}",
             f"{r['c']:.3f}" if r["c"] else "–",
             f"{r['mean_k']:.1f}" if r["mean_k"] else "–",
-            f"{r['predicted_speedup']:.2f}×" if r["c"] else "–",
+            f"{r['leviathan_speedup']:.2f}×" if r["c"] else "–",
             times(r["measured_speedup"]),
             ms(r["per_token_s"]),
             r["same_as_reference"],

@@ -14,6 +14,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 
 from specdemo.events import expected_speedup
+from specdemo.planner import estimate_alpha
 
 
 @dataclass
@@ -85,15 +86,18 @@ def lane_figures(runs: list[Run], lane: str) -> dict:
 
 
 def speculative_figures(runs: list[Run]) -> dict:
-    """Pooled acceptance rate alpha, cost ratio c, mean K, and Leviathan's predicted speedup.
+    """Pooled α̂ and draft acceptance rate, cost ratio c, mean K, and the predictions.
 
-    alpha pools every round (accepted / proposed over all runs), so long runs weigh more than
-    short ones; c is the median of the per-run ratios (a draft step / a target verify step).
+    α̂ pools every round: accepted / (accepted + rounds that ended in a rejection); the draft
+    acceptance rate is accepted / proposed. Long runs weigh more than short ones. c is the median of
+    the per-run ratios (a draft step / a target verify step). Two predictions: Leviathan's eq. 1 from
+    α̂, mean K and c, and specdemo's own from this machine's measured costs (the median over runs).
     """
     proposed = sum(r.summary.get("proposed", 0) for r in runs)
     accepted = sum(r.summary.get("accepted", 0) for r in runs)
+    rejections = sum(r.summary.get("rejections", 0) for r in runs)
     rounds = sum(sum(r.summary.get("accepted_histogram", [])) for r in runs)
-    alpha = accepted / proposed if proposed else 0.0
+    alpha = estimate_alpha(accepted, rejections, prior=0.0, weight=0.0)
     mean_k = proposed / rounds if rounds else 0.0
     c = statistics.median([r.summary.get("cost_ratio", 0.0) for r in runs]) if runs else 0.0
     histogram: list[int] = []
@@ -102,9 +106,11 @@ def speculative_figures(runs: list[Run]) -> dict:
         histogram = [a + b for a, b in zip(_pad(histogram, len(row)), _pad(row, len(histogram)))]
     return {
         "alpha": alpha,
+        "draft_acceptance_rate": accepted / proposed if proposed else 0.0,
         "c": c,
         "mean_k": mean_k,
-        "predicted_speedup": expected_speedup(alpha, mean_k, c),
+        "leviathan_speedup": expected_speedup(alpha, mean_k, c),
+        "predicted_speedup": spread([r.summary.get("predicted_speedup", math.nan) for r in runs]),
         "tokens_per_call": spread([r.summary.get("tokens_per_call", math.nan) for r in runs]),
         "accepted_histogram": histogram,
         "target_step_s": spread([r.summary.get("target_step_s", math.nan) for r in runs]),

@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import asdict
 
 from specdemo import sources
-from specdemo.events import ACCEPTED, BONUS, CORRECTED, Summary, TokenEvent
+from specdemo.events import ACCEPTED, BONUS, CORRECTED, Summary, TokenEvent, measured_speedup
 from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET, DRAFTERS, PRECISIONS, GenerationSettings, ModelSettings, RunSettings
 
 # Terminal colours chosen to stay distinguishable for red-green colour blindness.
@@ -53,7 +54,9 @@ def _add_model_flags(parser: argparse.ArgumentParser) -> None:
 
 def _add_generation_flags(parser: argparse.ArgumentParser, max_new_tokens: int = 128) -> None:
     defaults = GenerationSettings()
-    parser.add_argument("--k", type=int, default=defaults.k, help="draft tokens per round (the start value with --adaptive)")
+    parser.add_argument("--k", type=_k_value, default="auto",
+                        help="draft tokens per round, or auto (default): the planner picks K from this machine's measured costs")
+    parser.add_argument("--remeasure", action="store_true", help="measure this machine's call costs again instead of using the cached ones")
     parser.add_argument("--adaptive", action="store_true", help="adapt K: longer after a fully accepted round, shorter after a rejection")
     parser.add_argument("--drafter", default=defaults.drafter, choices=DRAFTERS)
     parser.add_argument("--temperature", type=float, default=defaults.temperature, help="0 is greedy")
@@ -61,6 +64,15 @@ def _add_generation_flags(parser: argparse.ArgumentParser, max_new_tokens: int =
     parser.add_argument("--top-k", type=int, default=defaults.top_k)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
+
+
+def _k_value(text: str):
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"K must be a whole number or auto, got {text!r}") from None
 
 
 def settings_from(args: argparse.Namespace) -> RunSettings:
@@ -75,9 +87,10 @@ def settings_from(args: argparse.Namespace) -> RunSettings:
             top_k=args.top_k,
             top_p=args.top_p,
             seed=args.seed,
-            k=args.k,
+            k=GenerationSettings.k if args.k == "auto" else args.k,
+            k_auto=args.k == "auto" and not args.adaptive,
             adaptive=args.adaptive,
-            k_max=max(args.k, GenerationSettings.k_max),
+            k_max=max(GenerationSettings.k if args.k == "auto" else args.k, GenerationSettings.k_max),
             drafter=args.drafter,
         )
     return RunSettings(target, draft, generation)
@@ -126,12 +139,21 @@ def _generate(args: argparse.Namespace, settings: RunSettings) -> int:
     need_draft = settings.generation.drafter == "model"
     engine = Engine.load(settings, with_draft=need_draft)
     engine.prompt_ids(args.instruction, settings.generation)  # too long for the context: refused before any output
+    log = (lambda message: None) if args.json else (lambda message: print(f"warm-up: {message}", file=sys.stderr, flush=True))
+    engine.warm_up(settings.generation.k_max, fresh=args.remeasure, log=log)
+    plan = engine.plan(args.instruction, settings.generation)
+    if not args.json:
+        print(f"warm-up {engine.warm_up_s:.1f} s (not part of any lane's time). {engine.costs.sentence()}")
+        print(plan.reason)
     lanes = {}
     for mode, run in (("autoregressive", engine.autoregressive), ("speculative", engine.speculative)):
         if not args.json:
             print(f"\n== {mode} ==", flush=True)
         lanes[mode] = _consume(run(args.instruction, settings.generation), show=not args.json)
     if args.json:
+        lanes["warm_up_s"] = engine.warm_up_s
+        lanes["costs"] = engine.costs.to_dict()
+        lanes["plan"] = asdict(plan)
         print(json.dumps(lanes, indent=None))
     else:
         _print_summaries(lanes)
@@ -177,10 +199,12 @@ def _print_summaries(lanes: dict) -> None:
     print(f"{'':28}{'autoregressive':>16}{'speculative':>16}")
     for label, key, fmt in rows:
         print(f"{label:28}{fmt.format(ar[key]):>16}{fmt.format(spec[key]):>16}")
-    speedup = ar["wall_s"] / spec["wall_s"] if spec["wall_s"] else 0.0
-    print(f"\nspeedup {speedup:.2f}x   acceptance rate {spec['acceptance_rate']:.0%}   "
-          f"tokens per target call {spec['tokens_per_call']:.2f}   cost ratio c {spec['cost_ratio']:.2f}   "
-          f"expected speedup (Leviathan) {spec['expected_speedup']:.2f}x")
+    speedup = measured_speedup(Summary(**ar), Summary(**spec))
+    print(f"\nspeedup {speedup:.2f}x measured, {spec['predicted_speedup']:.2f}x predicted from this machine's costs "
+          f"(Leviathan's formula, which assumes a verify call costs one step: {spec['expected_speedup']:.2f}x)")
+    print(f"α̂ {spec['alpha']:.2f}   draft acceptance rate {spec['draft_acceptance_rate']:.0%}   mean K {spec['mean_k']:.1f}   "
+          f"tokens per target call {spec['tokens_per_call']:.2f}   verify call {spec['target_step_s'] * 1e3:.0f} ms   "
+          f"AR step {ar['target_step_s'] * 1e3:.0f} ms   draft step {spec['draft_step_s'] * 1e3:.0f} ms")
     print(f"accepted drafts per round: {spec['accepted_histogram']}   near-ties: {ar['near_ties']} / {spec['near_ties']}")
     if lanes["autoregressive"]["token_ids"] != lanes["speculative"]["token_ids"]:
         print("note: the two outputs differ (expected when sampling; with greedy decoding only at near-ties)")

@@ -26,8 +26,13 @@ class Proposal:
 
 
 class Drafter(Protocol):
+    kind: str  # "model" or "prompt-lookup", as in GenerationSettings.drafter
     calls: int  # proposals made (model calls for a draft model)
     busy_s: float  # seconds spent proposing
+    step_s: float  # mean seconds of one drafting step, a draft model's prompt prefill left out
+    rollback_s: float  # seconds spent trimming the drafter's own cache
+
+    def kv_cache_bytes(self) -> dict[str, int]: ...
 
     def reset(self) -> None: ...
 
@@ -43,6 +48,8 @@ class ModelDrafter:
     part it has not seen (the whole prompt on the first round, then one or two tokens).
     """
 
+    kind = "model"
+
     def __init__(self, model: OVModel, settings: GenerationSettings, rng: np.random.Generator):
         self.model = model
         self.settings = settings
@@ -56,6 +63,17 @@ class ModelDrafter:
     def busy_s(self) -> float:
         return self.model.infer_s
 
+    @property
+    def step_s(self) -> float:
+        return self.model.mean_step_s
+
+    @property
+    def rollback_s(self) -> float:
+        return self.model.rollback_s
+
+    def kv_cache_bytes(self) -> dict[str, int]:
+        return {"draft": self.model.kv_cache_bytes()}
+
     def reset(self) -> None:
         self.model.reset()
 
@@ -63,12 +81,18 @@ class ModelDrafter:
         tokens: list[int] = []
         rows: list[np.ndarray] = []
         feed = seq[self.model.length :]
+        head = self.model.head_ids  # (V',) token ids of the LM head's rows when it was trimmed, else None
         for _ in range(k):
-            logits = self.model.forward(feed)  # (1, V): scores for the token after `feed`
+            logits = self.model.forward(feed)  # (1, V or V'): scores for the token after `feed`
             if self.settings.greedy:
-                token = int(logits[0].argmax())
+                best = int(logits[0].argmax())
+                token = best if head is None else int(head[best])
             else:
                 q = process_logits(logits, self.settings)[0]
+                if head is not None:  # a proper distribution over the whole vocabulary, zero off the head
+                    full = np.zeros(self.model.vocab_size, dtype=q.dtype)
+                    full[head] = q
+                    q = full
                 token = sample(q, self.rng)
                 rows.append(q)
             tokens.append(token)
@@ -87,10 +111,20 @@ class PromptLookupDrafter:
     deterministic, so under sampling q is one-hot on the proposed token.
     """
 
+    kind = "prompt-lookup"
+    rollback_s = 0.0  # no cache
+
     def __init__(self, max_ngram: int = 3):
         self.max_ngram = max_ngram
         self.calls = 0
         self.busy_s = 0.0
+
+    @property
+    def step_s(self) -> float:
+        return self.busy_s / self.calls if self.calls else 0.0
+
+    def kv_cache_bytes(self) -> dict[str, int]:
+        return {}
 
     def reset(self) -> None:
         self.calls = 0
@@ -118,3 +152,12 @@ def lookup_continuation(seq: list[int], k: int, max_ngram: int) -> list[int]:
                 if follow:
                     return follow
     return []
+
+
+def make_drafter(kind: str, draft_model: OVModel | None, settings: GenerationSettings, rng: np.random.Generator) -> Drafter:
+    """The drafter `kind` names ("model" needs the draft model, "prompt-lookup" needs nothing)."""
+    if kind == "prompt-lookup":
+        return PromptLookupDrafter(settings.lookup_ngram)
+    if draft_model is None:
+        raise ValueError("no draft model is loaded; use the prompt-lookup drafter")
+    return ModelDrafter(draft_model, settings, rng)

@@ -9,16 +9,21 @@ The engine yields plain events and knows nothing of how they are shown (CLI, app
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
-from specdemo import decoding, sources
-from specdemo.drafting import ModelDrafter, PromptLookupDrafter
+from specdemo import costs, decoding, planner, sources, vocab
+from specdemo.costs import CostModel
+from specdemo.drafting import make_drafter
+from specdemo.events import Summary
+from specdemo.planner import AlphaHistory, Plan, make_plan
 from specdemo.runtime import OVModel
 from specdemo.settings import GenerationSettings, ModelSettings, RunSettings
 
@@ -76,7 +81,11 @@ def load_model(settings: ModelSettings, progress: sources.Progress | None = None
     folder = sources.prepare(settings, progress)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
-    runtime = OVModel(folder, settings, cache_dir=sources.specdemo_home() / "ov_cache")
+    head = None
+    if settings.head_tokens:
+        vocab_size = int(config.get("vocab_size", len(tokenizer)))
+        head = vocab.head_ids(tokenizer, settings.head_tokens, vocab_size, sources.specdemo_home() / "vocab")
+    runtime = OVModel(folder, settings, cache_dir=sources.specdemo_home() / "ov_cache", head_ids=head)
     return LoadedModel(settings, folder, runtime, tokenizer, config)
 
 
@@ -119,6 +128,49 @@ class Engine:
         self.tokenizer = target.tokenizer
         self.eos_ids = _eos_ids(target)
         self.lock = threading.Lock()  # one generation at a time: the KV caches are shared state
+        self.costs: CostModel | None = None  # this machine's measured call costs, after warm_up()
+        self.warm_up_s = 0.0  # seconds the last warm_up() took (compilation, first calls, measuring)
+        self.alphas = AlphaHistory(self._costs_dir() / f"alpha-{self._pair_key()}.json")
+
+    def _costs_dir(self) -> Path:
+        return sources.specdemo_home() / "costs"
+
+    def _pair_key(self) -> str:
+        names = [str(self.target.folder), str(self.draft.folder) if self.draft else "", str(self.draft.settings.head_tokens) if self.draft else ""]
+        return hashlib.sha256("|".join(names).encode()).hexdigest()[:12]
+
+    def warm_up(self, k_max: int = GenerationSettings.k_max, fresh: bool = False, log=lambda message: None) -> float:
+        """Pay every first-call cost before anything is timed, and know this machine's call costs.
+
+        Runs each shape a generation uses (the prompt's prefill, one token, and up to k_max + 1 tokens)
+        on both models; the first time for these models on this machine it also times them (a few
+        seconds) and caches the cost model under SPECDEMO_HOME/costs; `fresh` re-measures. Returns the
+        seconds it took, also kept in `warm_up_s`; no lane's figures include them.
+        """
+        start = time.perf_counter()
+        with self.lock:
+            draft = self.draft.runtime if self.draft else None
+            self.costs = costs.measure(self.target.runtime, draft, k_max + 1, self._costs_dir(), fresh, log)
+        self.warm_up_s = time.perf_counter() - start
+        return self.warm_up_s
+
+    def plan(self, instruction: str, settings: GenerationSettings) -> Plan:
+        """How the speculative lane will run this instruction: which drafter, which K, and why.
+
+        With k_auto the planner also picks prompt lookup when the instruction quotes text for the answer
+        to copy and lookup is predicted to be faster; a fixed K keeps the drafter the settings name.
+        """
+        if self.costs is None or self.costs.n_max < settings.k_max + 1:
+            self.warm_up(settings.k_max)
+        greedy = settings.greedy
+        drafter = settings.drafter if self.draft is not None else "prompt-lookup"
+        plan = make_plan(self.costs, drafter, self.alphas.prior(drafter, greedy), settings.k_max, settings.k_auto, settings.k)
+        if settings.k_auto and drafter == "model" and planner.quotes_text(instruction):
+            lookup = make_plan(self.costs, "prompt-lookup", self.alphas.prior("prompt-lookup", greedy), settings.k_max,
+                               True, settings.k)
+            if lookup.predicted_speedup > plan.predicted_speedup:
+                plan = replace(lookup, reason=lookup.reason + " The instruction quotes text to copy, so prompt lookup drafts.")
+        return plan
 
     @classmethod
     def load(cls, settings: RunSettings, progress: sources.Progress | None = None, with_draft: bool = True) -> "Engine":
@@ -176,18 +228,24 @@ class Engine:
     def speculative(
         self, instruction: str, settings: GenerationSettings, cancel: threading.Event | None = None
     ) -> Iterator[decoding.Event]:
+        """The speculative lane. With settings.k_auto the planner chooses the drafter and each round's K."""
         ids = self.prompt_ids(instruction, settings)
-        rng = np.random.default_rng(settings.seed)
-        if settings.drafter == "prompt-lookup":
-            drafter = PromptLookupDrafter(settings.lookup_ngram)
-        elif self.draft is None:
+        if settings.drafter == "model" and self.draft is None:
             raise ValueError("no draft model is loaded; use the prompt-lookup drafter")
-        else:
-            drafter = ModelDrafter(self.draft.runtime, settings, rng)
+        plan = self.plan(instruction, settings) if settings.k_auto or self.costs is not None else None
+        rng = np.random.default_rng(settings.seed)
+        kind = plan.drafter if plan is not None else settings.drafter
+        drafter = make_drafter(kind, self.draft.runtime if self.draft else None, settings, rng)
+        policy = planner.AutoK(self.costs, plan, settings.k_max) if settings.k_auto else None
         with self.lock:
-            yield from decoding.speculative(
-                self.target.runtime, drafter, self.tokenizer, ids, settings, self.eos_ids, cancel, rng
-            )
+            for event in decoding.speculative(self.target.runtime, drafter, self.tokenizer, ids, settings,
+                                              self.eos_ids, cancel, rng, policy, self.costs):
+                if isinstance(event, Summary):
+                    event.drafter = kind
+                    event.plan = plan.reason if plan is not None else ""
+                    if event.stop_reason != "cancelled":
+                        self.alphas.record(kind, settings.greedy, event.accepted, event.rejections)
+                yield event
 
 
 def _eos_ids(model: LoadedModel) -> set[int]:

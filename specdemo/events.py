@@ -48,23 +48,39 @@ class Summary:
     draft_calls: int = 0  # inference calls on the draft model, prefill included
     proposed: int = 0  # draft tokens proposed to the target
     accepted: int = 0  # draft tokens the target accepted
-    acceptance_rate: float = 0.0  # accepted / proposed
+    rounds: int = 0  # speculative rounds that drafted (plain target steps at K = 0 not counted)
+    rejections: int = 0  # rounds that ended in a rejected draft
+    alpha: float = 0.0  # α̂ = accepted / (accepted + rejections): the per-token acceptance estimate
+    draft_acceptance_rate: float = 0.0  # accepted / proposed: drafts after a rejection count as failures too
     tokens_per_call: float = 0.0  # tokens emitted per target call after the prefill
     accepted_histogram: list[int] = field(default_factory=list)  # rounds by how many drafts were kept
     target_s: float = 0.0  # time inside target calls
     draft_s: float = 0.0  # time inside draft calls (or in the lookup for prompt lookup)
     rollback_s: float = 0.0  # time spent trimming KV caches
-    target_step_s: float = 0.0  # mean time of one target call after the prefill
+    target_step_s: float = 0.0  # mean time of one target call after the prefill (a verify call when speculative)
     draft_step_s: float = 0.0  # mean time of one draft call after the prefill
     cost_ratio: float = 0.0  # c = draft step / target verify call (Leviathan's c; he assumes a verify call costs one step)
-    expected_speedup: float = 0.0  # (1 - a^(K+1)) / ((1 - a)(cK + 1)) from the measured a and c
+    expected_speedup: float = 0.0  # Leviathan's eq. 1 from α̂, mean K and c (assumes a verify call costs one step)
+    predicted_speedup: float = 0.0  # from this machine's measured call costs, α̂, mean K, N and the prompt (planner.py)
     mean_k: float = 0.0  # mean draft length per round (differs from K when adaptive)
     near_ties: int = 0  # greedy tokens whose margin was below NEAR_TIE_LOGIT_GAP (the choice could flip)
     stop_reason: str = ""  # "eos", "max_new_tokens" or "cancelled"
+    drafter: str = ""  # speculative: "model" or "prompt-lookup", as the run used it
+    plan: str = ""  # speculative: the planner's sentence on the drafter and K it chose, and why
     kv_cache_bytes: dict[str, int] = field(default_factory=dict)  # per model, at the end
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def measured_speedup(autoregressive: Summary, speculative: Summary) -> float:
+    """The one definition of speedup used by the CLI, the page and the benchmark: speculative tokens/s over
+    autoregressive tokens/s, each lane timed from its prompt in hand to its last token (warm-up excluded).
+
+    It equals the wall-time ratio when both lanes emit the same number of tokens (greedy), and stays
+    fair when sampling makes their lengths differ.
+    """
+    return speculative.tokens_per_s / autoregressive.tokens_per_s if autoregressive.tokens_per_s else 0.0
 
 
 def expected_speedup(alpha: float, k: float, c: float) -> float:

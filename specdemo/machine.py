@@ -5,6 +5,7 @@ A figure without its machine cannot be compared with anything, so every bench re
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 from importlib import metadata
@@ -18,11 +19,9 @@ def describe() -> dict:
     """CPU model and features, logical and physical cores, RAM (bytes), OS, package versions, load now."""
     import psutil
 
-    cpuinfo = _cpuinfo()
-    flags = set(cpuinfo.get("flags", "").split())
     return {
-        "cpu": cpuinfo.get("model name", platform.processor() or "unknown"),
-        "cpu_features": [flag for flag in _NOTABLE_FLAGS if flag in flags],
+        "cpu": cpu_name(),
+        "cpu_features": cpu_features(),
         "logical_cores": os.cpu_count(),
         "physical_cores": psutil.cpu_count(logical=False),
         "ram_bytes": psutil.virtual_memory().total,
@@ -33,11 +32,22 @@ def describe() -> dict:
     }
 
 
+def cpu_name() -> str:
+    return _cpuinfo().get("model name", platform.processor() or "unknown")
+
+
+def cpu_features() -> list[str]:
+    """The notable instruction-set flags of this CPU, e.g. ["avx2", "avx512f", "amx_int8"]."""
+    flags = set(_cpuinfo().get("flags", "").split())
+    return [flag for flag in _NOTABLE_FLAGS if flag in flags]
+
+
 def load_average() -> list[float]:
     """The 1, 5 and 15 minute load averages (runnable processes); above the core count means queueing."""
     return [round(x, 2) for x in os.getloadavg()]
 
 
+@functools.cache
 def _cpuinfo() -> dict[str, str]:
     """The first processor's fields of /proc/cpuinfo (empty off Linux)."""
     fields: dict[str, str] = {}

@@ -25,6 +25,7 @@ class ModelSettings:
     kv_cache_precision: str = ""  # OpenVINO KV_CACHE_PRECISION; "" = f32 on CPU, else the plugin's default
     num_threads: int = 0  # INFERENCE_NUM_THREADS; 0 lets OpenVINO use every core
     inference_precision: str = ""  # INFERENCE_PRECISION_HINT (f32, bf16, f16); "" = f32 on CPU, else the plugin's default
+    head_tokens: int = 0  # keep only the ~N most frequent tokens in the LM head (a cheaper draft; specdemo/vocab.py); 0 keeps all
 
     def __post_init__(self):
         if self.precision not in PRECISIONS:
@@ -41,6 +42,8 @@ class ModelSettings:
             )
         if self.num_threads < 0:
             raise ValueError(f"num_threads must be >= 0, got {self.num_threads}")
+        if self.head_tokens < 0:
+            raise ValueError(f"head_tokens must be >= 0 (0 keeps the whole vocabulary), got {self.head_tokens}")
 
 
 # The embedded default pair: both ship on PyPI as GGUF parts (see specdemo/sources.py). INT8 for the
@@ -59,7 +62,8 @@ class GenerationSettings:
     top_k: int = 0  # keep the k most likely tokens before sampling; 0 keeps all
     top_p: float = 1.0  # keep the smallest set with this much probability mass; 1.0 keeps all
     seed: int | None = None  # seeds sampling so a run can be repeated exactly
-    k: int = 4  # draft tokens proposed per round (the starting value when adaptive)
+    k: int = 4  # draft tokens proposed per round (the starting value when adaptive); ignored when k_auto
+    k_auto: bool = False  # the planner picks K each round from this machine's costs and the running α̂ (specdemo/planner.py)
     adaptive: bool = False  # grow K after a fully accepted round, shrink it after a rejection
     k_min: int = 1  # adaptive K never goes below this
     k_max: int = 8  # adaptive K never goes above this

@@ -28,7 +28,7 @@ import pandas as pd
 
 from specdemo import sources
 from specdemo.engine import Engine
-from specdemo.events import ACCEPTED, BONUS, CORRECTED, Summary, TokenEvent
+from specdemo.events import ACCEPTED, BONUS, CORRECTED, Summary, TokenEvent, measured_speedup
 from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET, GenerationSettings, RunSettings
 
 AUTOREGRESSIVE, SPECULATIVE = "autoregressive", "speculative"
@@ -52,13 +52,14 @@ EXAMPLES_PATH = ASSETS / "examples.json"
 # (Okabe-Ito colours, readable with red-green colour blindness, plus an underline style per source).
 PROVENANCE = {ACCEPTED: "accepted draft", CORRECTED: "corrected by target", BONUS: "bonus"}
 LANE_COLOURS = {AUTOREGRESSIVE: "#7f7f7f", SPECULATIVE: "#0072B2"}  # the timeline chart's series
+COST_COLOURS = {"this machine": "#0072B2", "n steps (no gain from batching)": "#D55E00", "1 step (free verification)": "#009E73"}
 
 
 # ----------------------------------------------------------------------------- settings from the page
 
 
 def generation_settings(
-    max_new_tokens, k, adaptive, drafter, decoding, temperature, top_p, top_k, seed
+    max_new_tokens, k, adaptive, drafter, decoding, temperature, top_p, top_k, seed, k_auto=False
 ) -> GenerationSettings:
     """GenerationSettings from the page's values. Raises ValueError with a sentence for a user."""
     max_new_tokens = _whole(max_new_tokens)
@@ -73,6 +74,7 @@ def generation_settings(
         top_p=top_p if sampling else 1.0,
         seed=None if seed is None or seed == "" else _whole(seed),
         k=k,
+        k_auto=bool(k_auto) and not adaptive,
         adaptive=bool(adaptive),
         k_max=max(k, GenerationSettings.k_max) if isinstance(k, int) else GenerationSettings.k_max,
         drafter=drafter,
@@ -148,8 +150,8 @@ class _Loading:
     def _load(self, settings: RunSettings, with_draft: bool) -> None:
         try:
             engine = Engine.load(settings, progress=self._report, with_draft=with_draft)
-            self._report(None, "warming up")
-            warm_up(engine)
+            self._report(None, "warming up and measuring this machine's call costs (once per machine)")
+            engine.warm_up(MAX_K)  # every K the page offers
             self.engine = engine
         except Exception as error:  # raised again in every handler that waits for this engine
             self.error = error
@@ -173,16 +175,6 @@ _LOADING_LOCK = threading.Lock()
 
 def _engine_key(settings: RunSettings, with_draft: bool) -> tuple:
     return settings.target, settings.draft if with_draft else None
-
-
-def warm_up(engine: Engine) -> None:
-    """Run each loop once, briefly. A model's first inferences (and the first of each new input length)
-    cost much more than later ones; without this the first run's first lane would pay for them and
-    the speedup would lie. Six tokens take the speculative loop through one full round of K = 4."""
-    settings = GenerationSettings(max_new_tokens=6)
-    for run in (engine.autoregressive, engine.speculative) if engine.draft else (engine.autoregressive,):
-        for _ in run("Hello", settings):
-            pass
 
 
 def engine_for(role: str, settings: RunSettings, with_draft: bool = True, report=lambda fraction, message: None) -> Engine:
@@ -390,12 +382,6 @@ def render_lane_figures(lane: LaneRun, now: float) -> str:
     ])
 
 
-def measured_speedup(ar: Summary, spec: Summary) -> float:
-    """Speculative over autoregressive throughput: equals the wall-time ratio when both emit the same
-    number of tokens, and stays fair when sampling makes their lengths differ."""
-    return spec.tokens_per_s / ar.tokens_per_s if ar.tokens_per_s else 0.0
-
-
 def describe_mode(mode: str) -> str:
     if mode == RACE:
         return f"race: both lanes at once, each with {race_threads()} inference thread(s)"
@@ -414,22 +400,29 @@ def render_results(ar: LaneRun, spec: LaneRun, mode: str, settings: GenerationSe
     saved = a.target_calls - s.target_calls
     tiles = _tiles([
         ("speedup, measured", f"{measured_speedup(a, s):.2f}×"),
-        ("expected (Leviathan)", f"{s.expected_speedup:.2f}×"),
-        ("acceptance rate", f"{s.acceptance_rate:.0%}"),
+        ("predicted for this machine", f"{s.predicted_speedup:.2f}×" if s.predicted_speedup else "–"),
+        ("acceptance α̂", f"{s.alpha:.2f}" if s.rounds else "–"),
         ("tokens per target call", f"{s.tokens_per_call:.2f}"),
         ("target calls saved", f"{saved} of {a.target_calls}"),
     ], "sd-results")
-    drafter = "prompt lookup" if settings.drafter == "prompt-lookup" else "draft model"
-    k = f"K adaptive (mean {s.mean_k:.1f})" if settings.adaptive else f"K = {settings.k}"
+    drafter = "prompt lookup" if (s.drafter or settings.drafter) == "prompt-lookup" else "draft model"
+    if settings.k_auto:
+        k = f"K chosen by the planner (mean {s.mean_k:.1f})"
+    else:
+        k = f"K adaptive (mean {s.mean_k:.1f})" if settings.adaptive else f"K = {settings.k}"
     lines = [
         f"<b>Measured {_escape(describe_mode(mode))}.</b> Speedup = speculative tokens/s ÷ autoregressive tokens/s "
         f"({s.tokens_per_s:.1f} ÷ {a.tokens_per_s:.1f}); {drafter}, {k}.",
-        f"Expected speedup from Leviathan et al. (2023), eq. 1, with the measured acceptance rate α = {s.acceptance_rate:.2f}, "
-        f"mean K = {s.mean_k:.1f} and cost ratio c = {s.cost_ratio:.2f} (one draft step ÷ one target step).",
-        f"Speculative time: target {s.target_s:.2f} s, drafting {s.draft_s:.2f} s, KV cache rollback {s.rollback_s:.3f} s.",
+        _escape(s.plan) if s.plan else "",
+        f"Predicted from this machine's measured call costs with α̂ = {s.alpha:.2f} (accepted ÷ (accepted + rounds "
+        f"that ended in a rejection)), mean K = {s.mean_k:.1f}, {a.tokens} tokens and the prompt's prefill. "
+        f"Leviathan et al.'s eq. 1, which prices a verify call at one step, would say {s.expected_speedup:.2f}×; "
+        f"draft acceptance rate (accepted ÷ proposed) {s.draft_acceptance_rate:.0%}.",
+        f"Speculative time: target {s.target_s:.2f} s (a verify call {s.target_step_s * 1e3:.0f} ms, an autoregressive "
+        f"step {a.target_step_s * 1e3:.0f} ms), drafting {s.draft_s:.2f} s, KV cache rollback {s.rollback_s:.3f} s.",
         _compare_outputs(ar.events, spec.events, settings, a, s),
     ]
-    notes = "".join(f"<p>{line}</p>" for line in lines)
+    notes = "".join(f"<p>{line}</p>" for line in lines if line)
     return f'{tiles}<div class="sd-notes">{notes}</div>'
 
 
@@ -459,6 +452,27 @@ def timeline_frame(lanes: dict[str, LaneRun]) -> pd.DataFrame:
         rows.extend((event.t, i + 1, name) for i, event in enumerate(events))
     # Explicit types: an empty frame would otherwise make the chart treat the axes as categories.
     return pd.DataFrame(rows, columns=["seconds", "tokens", "lane"]).astype({"seconds": float, "tokens": int, "lane": str})
+
+
+def cost_frame(costs) -> pd.DataFrame:
+    """The cost of scoring n tokens in one target call, in single steps, beside the two extremes."""
+    rows = []
+    if costs is not None:
+        for n in range(1, costs.n_max + 1):
+            rows.append((n, costs.verify_steps(n), "this machine"))
+            rows.append((n, float(n), "n steps (no gain from batching)"))
+            rows.append((n, 1.0, "1 step (free verification)"))
+    frame = pd.DataFrame(rows, columns=["tokens scored at once", "cost in single steps", "curve"])
+    return frame.astype({"tokens scored at once": int, "cost in single steps": float, "curve": str})
+
+
+def render_costs(costs, warm_up_s: float) -> str:
+    """The sentence under the cost chart: what the curve means for speculation here."""
+    if costs is None:
+        return _note("The cost of each call is measured once this machine has warmed up.")
+    source = f"measured in {costs.seconds:.1f} s" if costs.seconds else "from the cache of an earlier measurement"
+    return _note(f"{costs.sentence()} One target step is {costs.t(1) * 1e3:.0f} ms on {costs.cpu} ({source}; "
+                 f"warm-up {warm_up_s:.1f} s, never counted in a lane's time).")
 
 
 def histogram_frame(summary: Summary | None) -> pd.DataFrame:
@@ -545,25 +559,27 @@ def _progress_reporter(progress: gr.Progress):
 
 
 def wait_for_models(progress=gr.Progress()):
-    """Page load: wait for the default pair, with a progress bar, then fill in the model panel."""
+    """Page load: wait for the default pair, with a progress bar, then fill in the model panel and the cost chart."""
     try:
         engine = engine_for("pair", RunSettings(), True, _progress_reporter(progress))
     except Exception as error:
-        return f"⚠️ The models could not be prepared: {as_sentence(error)}", gr.skip()
+        return f"⚠️ The models could not be prepared: {as_sentence(error)}", gr.skip(), gr.skip(), gr.skip()
     ready = "Ready. Pick an example or type an instruction, then press **Generate**."
-    return ready, render_models(engine.target.describe(), engine.draft.describe())
+    models = render_models(engine.target.describe(), engine.draft.describe())
+    return ready, models, cost_frame(engine.costs), render_costs(engine.costs, engine.warm_up_s)
 
 
 # The page's values generate() takes, in its parameter order.
-GENERATE_INPUTS = ("instruction", "max_new_tokens", "k", "adaptive", "drafter", "decoding", "temperature", "top_p",
+GENERATE_INPUTS = ("instruction", "max_new_tokens", "k", "k_auto", "adaptive", "drafter", "decoding", "temperature", "top_p",
                    "top_k", "seed", "target_device", "draft_device", "mode")
 
 
-def generate(instruction, max_new_tokens, k, adaptive, drafter, decoding, temperature, top_p, top_k, seed,
+def generate(instruction, max_new_tokens, k, k_auto, adaptive, drafter, decoding, temperature, top_p, top_k, seed,
              target_device, draft_device, mode, request: gr.Request, progress=gr.Progress()):
     """Run both lanes on one instruction and stream the page's outputs."""
     try:
-        settings = generation_settings(max_new_tokens, k, adaptive, drafter, decoding, temperature, top_p, top_k, seed)
+        settings = generation_settings(max_new_tokens, k, adaptive, drafter, decoding, temperature, top_p, top_k, seed,
+                                       k_auto)
         check_instruction(instruction)
         check_choices(mode, target_device, draft_device)
         engines = lane_engines(mode, target_device, draft_device, _progress_reporter(progress))
@@ -659,8 +675,10 @@ def build() -> gr.Blocks:
         run = page["generate"].click(generate, inputs, outputs, concurrency_limit=1, concurrency_id="models",
                                      show_progress_on=[status])
         page["stop"].click(stop, None, [status, page["results"]], cancels=[run], queue=False)
+        page["k_auto"].change(lambda auto: gr.Slider(interactive=not auto), page["k_auto"], page["k"], queue=False)
         page["decoding"].change(lambda d: gr.Row(visible=d == "sampling"), page["decoding"], page["sampling"], queue=False)
-        demo.load(wait_for_models, None, [status, page["models"]], concurrency_limit=None, show_progress_on=[status])
+        demo.load(wait_for_models, None, [status, page["models"], page["costs"], page["costs_note"]],
+                  concurrency_limit=None, show_progress_on=[status])
     return demo
 
 
@@ -687,7 +705,10 @@ def _add_controls(c: dict) -> None:
                              label="Run mode", elem_id="mode", min_width=300)
         c["max_new_tokens"] = gr.Slider(1, MAX_NEW_TOKENS_CAP, value=defaults.max_new_tokens, step=1,
                                         label="Max new tokens", elem_id="max-new-tokens", min_width=200)
-        c["k"] = gr.Slider(1, MAX_K, value=defaults.k, step=1, label="K: drafts per round", elem_id="k", min_width=200)
+        with gr.Column(min_width=200):
+            c["k_auto"] = gr.Checkbox(value=True, label="Auto K: the planner picks K for this machine", elem_id="k-auto")
+            c["k"] = gr.Slider(1, MAX_K, value=defaults.k, step=1, label="K: drafts per round (when not auto)",
+                               elem_id="k", min_width=200)
     gr.Examples([[e["instruction"], e["drafter"]] for e in examples], [c["instruction"], c["drafter"]],
                 example_labels=[e["label"] for e in examples], label="Examples")
     with gr.Accordion("Adaptive K, sampling and devices", open=False):
@@ -723,8 +744,15 @@ def _add_lanes_and_results(o: dict) -> None:
                                     y_lim=[0, None], height=280, elem_id="timeline")
         o["histogram"] = gr.BarPlot(None, x="accepted draft tokens", y="rounds", sort=None, y_lim=[0, None],
                                     title="Accepted draft tokens per round", height=280, elem_id="histogram")
-    with gr.Accordion("Models", open=True):
-        o["models"] = gr.HTML("<p>Loading…</p>", elem_id="models")
+    with gr.Row():
+        with gr.Column():
+            o["costs"] = gr.LinePlot(cost_frame(None), x="tokens scored at once", y="cost in single steps", color="curve",
+                                     color_map=COST_COLOURS, title="Cost of scoring n tokens in one target call, in single steps",
+                                     y_lim=[0, None], height=260, elem_id="costs")
+            o["costs_note"] = gr.HTML(render_costs(None, 0.0), elem_id="costs-note")
+        with gr.Column():
+            with gr.Accordion("Models", open=True):
+                o["models"] = gr.HTML("<p>Loading…</p>", elem_id="models")
 
 
 # Hiding rejected drafts is pure presentation: a class on the page, no round trip, kept across runs.

@@ -27,11 +27,14 @@ def process_logits(logits: np.ndarray, settings: GenerationSettings) -> np.ndarr
 
     Both models go through this same function, so p and q are comparable.
     """
-    scores = logits.astype(np.float64) / settings.temperature
+    # Subtract the maximum before dividing: with a tiny temperature (1e-308) the quotient of raw logits
+    # overflows to inf and inf - inf is NaN, while (logit - max) / T is 0 at the maximum and -inf elsewhere.
+    scores = logits.astype(np.float64)
+    with np.errstate(over="ignore"):
+        scores = (scores - scores.max(axis=-1, keepdims=True)) / settings.temperature
     if 0 < settings.top_k < scores.shape[-1]:
         kth = np.partition(scores, -settings.top_k, axis=-1)[:, -settings.top_k][:, None]
         scores = np.where(scores < kth, -np.inf, scores)
-    scores -= scores.max(axis=-1, keepdims=True)
     probs = np.exp(scores)
     probs /= probs.sum(axis=-1, keepdims=True)
     if settings.top_p < 1.0:

@@ -114,7 +114,7 @@ def test_speedup_compares_throughput():
 
 def test_results_say_which_mode_produced_the_numbers():
     ar = lane_with([token("a", TARGET)], mode="autoregressive", tokens_per_s=5.0, target_calls=48, stop_reason="eos")
-    spec = lane_with([token("a", TARGET)], mode="speculative", tokens_per_s=10.0, target_calls=12, acceptance_rate=0.75,
+    spec = lane_with([token("a", TARGET)], mode="speculative", tokens_per_s=10.0, target_calls=12, draft_acceptance_rate=0.75, alpha=0.8,
                      tokens_per_call=4.0, expected_speedup=2.5, stop_reason="eos")
     one = ui.render_results(ar, spec, ui.ONE_AFTER_ANOTHER, GenerationSettings())
     assert "2.00×" in one and "2.50×" in one and "75%" in one and "36 of 48" in one

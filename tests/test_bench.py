@@ -50,15 +50,16 @@ def test_speedups_are_paired_by_instruction_and_repeat_per_token():
 
 def test_acceptance_is_pooled_over_rounds_and_fed_to_leviathans_formula():
     runs = [
-        _run("spec", 0, 1.0, proposed=40, accepted=36, accepted_histogram=[1, 0, 0, 1, 8], cost_ratio=0.2),
-        _run("spec", 1, 1.0, proposed=8, accepted=0, accepted_histogram=[2], cost_ratio=0.3),
+        _run("spec", 0, 1.0, proposed=40, accepted=36, rejections=2, accepted_histogram=[1, 0, 0, 1, 8], cost_ratio=0.2),
+        _run("spec", 1, 1.0, proposed=8, accepted=0, rejections=2, accepted_histogram=[2], cost_ratio=0.3),
     ]
     figures = speculative_figures(runs)
-    assert figures["alpha"] == pytest.approx(36 / 48)
+    assert figures["alpha"] == pytest.approx(36 / 40)  # accepted / (accepted + rounds that ended in a rejection)
+    assert figures["draft_acceptance_rate"] == pytest.approx(36 / 48)
     assert figures["mean_k"] == pytest.approx(48 / 12)  # draft tokens per round, over every round
     assert figures["c"] == pytest.approx(0.25)
     assert figures["accepted_histogram"] == [3, 0, 0, 1, 8]
-    assert figures["predicted_speedup"] == pytest.approx(expected_speedup(0.75, 4.0, 0.25))
+    assert figures["leviathan_speedup"] == pytest.approx(expected_speedup(0.9, 4.0, 0.25))
 
 
 def test_time_shares_split_prefills_and_leave_the_rest_to_python():

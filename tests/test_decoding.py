@@ -5,6 +5,7 @@ almost every round.
 """
 
 import threading
+import time
 
 import pytest
 
@@ -51,7 +52,7 @@ def test_greedy_speculative_equals_autoregressive(engine, k, adaptive):
 def test_a_draft_identical_to_the_target_is_always_accepted(self_engine):
     settings = GenerationSettings(max_new_tokens=26, k=4)  # the first token, then 5 rounds of 4 + bonus
     spec, summary = _run(self_engine.speculative(PROMPT, settings))
-    assert summary.acceptance_rate == 1.0
+    assert summary.alpha == 1.0 and summary.draft_acceptance_rate == 1.0
     assert {t.source for t in spec} == {TARGET, ACCEPTED, BONUS}
     assert summary.accepted_histogram[4] == summary.target_calls - 1  # every round kept all 4
 
@@ -114,7 +115,8 @@ def test_the_summary_adds_up(engine):
     spec, s = _run(engine.speculative(PROMPT, GenerationSettings(max_new_tokens=30, k=4)))
     assert s.tokens == len(spec) == 30
     assert s.accepted == sum(t.source == ACCEPTED for t in spec)
-    assert s.acceptance_rate == pytest.approx(s.accepted / s.proposed)
+    assert s.draft_acceptance_rate == pytest.approx(s.accepted / s.proposed)
+    assert s.alpha == pytest.approx(s.accepted / (s.accepted + s.rejections))
     assert sum(n * rounds for n, rounds in enumerate(s.accepted_histogram)) == s.accepted
     assert 0 < s.ttft_s <= s.wall_s and s.target_s + s.draft_s <= s.wall_s
     assert s.cost_ratio > 0 and s.expected_speedup > 0
@@ -131,3 +133,78 @@ def test_sampling_with_a_seed_repeats_exactly(engine):
 def test_an_empty_instruction_is_refused(engine):
     with pytest.raises(ValueError, match="the instruction is empty"):
         next(engine.speculative("   \n", GenerationSettings()))
+
+
+def test_accepted_drafts_after_an_eos_are_neither_emitted_nor_counted(self_engine):
+    settings = GenerationSettings(max_new_tokens=26, k=4)
+    ar, _ = _run(self_engine.autoregressive(PROMPT, settings))
+    eos = ar[7].id  # pretend the 8th token ends the text: with a self-draft it arrives as an accepted draft
+    saved = self_engine.eos_ids
+    self_engine.eos_ids = {eos}
+    try:
+        spec, s = _run(self_engine.speculative(PROMPT, settings))
+    finally:
+        self_engine.eos_ids = saved
+    assert spec[-1].id == eos and s.stop_reason == "eos"
+    assert s.accepted == sum(t.source == ACCEPTED for t in spec)
+    assert sum(n * rounds for n, rounds in enumerate(s.accepted_histogram)) == s.accepted
+
+
+def test_auto_k_keeps_greedy_output_exact_and_reports_its_plan(engine):
+    engine.warm_up(k_max=8)
+    settings = GenerationSettings(max_new_tokens=40, k_auto=True)
+    ar, _ = _run(engine.autoregressive(PROMPT, settings))
+    spec, s = _run(engine.speculative(PROMPT, settings))
+    assert [t.id for t in spec] == [t.id for t in ar]
+    assert s.plan and s.drafter in ("model", "prompt-lookup")
+    assert s.predicted_speedup > 0
+
+
+def test_warm_up_is_not_part_of_a_lanes_time(tiny_target, monkeypatch):
+    """A model whose very first call is slow (as a CPU plugin's first call of a shape is): after warm-up,
+    no lane's figures may contain it."""
+    from specdemo.runtime import OVModel
+
+    engine = Engine(load_model(_exact(tiny_target)), None)
+    forward = OVModel.forward
+    first = {"done": False}
+
+    def slow_first_forward(self, *args, **kwargs):
+        if not first["done"]:
+            first["done"] = True
+            time.sleep(1.0)
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(OVModel, "forward", slow_first_forward)
+    warm = engine.warm_up(k_max=4)
+    _, s = _run(engine.autoregressive(PROMPT, GenerationSettings(max_new_tokens=8)))
+    assert warm >= 1.0 and engine.warm_up_s == warm
+    assert s.wall_s < 1.0 and s.ttft_s < 1.0
+
+
+def test_a_trimmed_draft_head_keeps_greedy_speculation_exact(tiny_target, tiny_draft):
+    draft = load_model(ModelSettings(str(tiny_draft), precision="fp16", kv_cache_precision="f32",
+                                     inference_precision="f32", head_tokens=100))
+    assert draft.runtime.head_tokens < draft.runtime.vocab_size
+    engine = Engine(load_model(_exact(tiny_target)), draft)
+    settings = GenerationSettings(max_new_tokens=40, k=4)
+    ar, _ = _run(engine.autoregressive(PROMPT, settings))
+    spec, s = _run(engine.speculative(PROMPT, settings))
+    assert [t.id for t in spec] == [t.id for t in ar]
+    head = set(draft.runtime.head_ids.tolist())
+    assert all(t.id in head for t in spec if t.source == ACCEPTED)  # drafts come from the head alone
+
+
+def test_a_trimmed_draft_head_samples_from_a_proper_distribution(tiny_draft):
+    import numpy as np
+
+    from specdemo.drafting import ModelDrafter
+
+    draft = load_model(ModelSettings(str(tiny_draft), precision="fp16", kv_cache_precision="f32",
+                                     inference_precision="f32", head_tokens=100))
+    settings = GenerationSettings(temperature=1.0, seed=3)
+    drafter = ModelDrafter(draft.runtime, settings, np.random.default_rng(3))
+    proposal = drafter.propose([5, 17, 99, 3], 3)
+    off_head = np.setdiff1d(np.arange(draft.runtime.vocab_size), draft.runtime.head_ids)
+    assert proposal.q.shape == (3, draft.runtime.vocab_size)
+    assert np.allclose(proposal.q.sum(axis=1), 1.0) and not proposal.q[:, off_head].any()

@@ -23,7 +23,7 @@ from tests.test_browser import free_port, wait_until_up
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN_S = 300  # one short run of both lanes, generously, on a shared 2-core machine
-PAGE = dict(instruction="", max_new_tokens=16, k=4, adaptive=False, drafter="model", decoding="greedy", temperature=0.7,
+PAGE = dict(instruction="", max_new_tokens=16, k=4, k_auto=False, adaptive=False, drafter="model", decoding="greedy", temperature=0.7,
             top_p=0.95, top_k=50, seed=None, target_device="CPU", draft_device="CPU", mode=ui.ONE_AFTER_ANOTHER)
 OUTPUTS = [f.name for f in fields(ui.View)]
 INSTRUCTIONS = [  # three questions whose answers cannot be mistaken for each other
