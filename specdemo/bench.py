@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import os
 import sys
 import time
@@ -74,7 +75,7 @@ EDIT_INSTRUCTIONS = [
 # The paper's measurements: new tokens N -> (autoregressive s, speculative s), Dolly v2 12B target, 3B draft.
 PAPER = {40: (19.87, 13.61), 100: (44.25, 26.97)}
 
-SECTIONS = ("paper", "k", "lookup", "transformers", "precision", "kv", "memory")  # in the order they run
+SECTIONS = ("paper", "k", "vocab", "lookup", "transformers", "precision", "kv", "memory")  # in the order they run
 _USES_GENAI = {"paper", "k", "lookup"}
 
 # The issue's targets: what "as fast as the best" means here.
@@ -82,6 +83,8 @@ TARGET_GENAI_RATIO = 1.0  # our speculative time / GenAI's C++ speculative time,
 TARGET_SPEEDUP = 2.0  # speculative over autoregressive on code instructions, at least
 TARGET_TRANSFORMERS = 3.0  # transformers assisted time / our speculative time, at least
 TARGET_OVERHEAD = 0.05  # our loop's time outside model calls and rollbacks, at most (share of wall)
+TARGET_AUTO_SPEEDUP = 2.2  # auto K over autoregressive on an AVX-512/AMX CPU (issue 8; 1.3 on an AVX2-only CPU)
+TARGET_PREDICTION_ERROR = 0.10  # predicted vs measured speedup, per instruction median
 
 
 @dataclass(frozen=True)
@@ -93,7 +96,8 @@ class BenchSettings:
     repeats: int = 1  # passes over the instructions after the warm-up
     paper_tokens: tuple[int, ...] = (40, 100)  # N of the paper experiment
     sweep_tokens: int = 100  # N of the sweeps (capped by --max-new-tokens)
-    k_values: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)  # fixed K of the sweep, plus adaptive
+    k_values: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)  # fixed K of the sweep, plus adaptive and auto
+    head_tokens: tuple[int, ...] = (8000, 16000, 32000, 64000, 0)  # draft LM head sizes of the vocab section (0 = full)
     genai_k_values: tuple[int, ...] = (2, 4, 6, 8)  # K at which GenAI's speculative pipeline joins the sweep
     genai_defaults_instructions: int = 3  # a pass with GenAI on its own compile defaults (0 = none)
     target_precisions: tuple[str, ...] = ("int8", "int4")
@@ -123,6 +127,7 @@ QUICK = BenchSettings(
     paper_tokens=(40,),
     sweep_tokens=40,
     k_values=(1, 2, 4, 8),
+    head_tokens=(16000, 0),
     genai_k_values=(),
     genai_defaults_instructions=0,
     target_precisions=(),
@@ -220,6 +225,18 @@ class Context:
         return self.settings.generation
 
     @property
+    def k(self) -> int:
+        """The K of fixed-K lanes and of GenAI's pipeline: the flag's K, or the planner's first K when auto."""
+        if not self.generation.k_auto:
+            return self.generation.k
+        plan = self.engine.plan(CODE_INSTRUCTIONS[0], self.generation)
+        return plan.k or self.generation.k
+
+    def fixed(self, k: int) -> GenerationSettings:
+        """The run's generation settings with a fixed K."""
+        return replace(self.generation, k=k, k_auto=False, adaptive=False, k_max=max(k, self.generation.k_max))
+
+    @property
     def eos_ids(self) -> set[int]:
         return self.engine.eos_ids
 
@@ -262,7 +279,7 @@ class Context:
 
     def genai_lane(self, lane: str, pipeline: str, k: int | None = None) -> Lane:
         generate = self.genai_pipeline(pipeline).generate
-        return peer_lane(lane, generate, eos_ids=self.eos_ids, k=k or self.generation.k, ngram=self.generation.lookup_ngram)
+        return peer_lane(lane, generate, eos_ids=self.eos_ids, k=k or self.k, ngram=self.generation.lookup_ngram)
 
 
 def run_paper(ctx: Context) -> dict:
@@ -270,7 +287,7 @@ def run_paper(ctx: Context) -> dict:
 
     Then, if asked, a shorter pass with GenAI on its own compile defaults instead of ours.
     """
-    generation, k = ctx.generation, ctx.generation.k
+    generation, k = ctx.generation, ctx.k
     ours = [
         our_lane("ours autoregressive", ctx.engine, "autoregressive", generation),
         our_lane("ours speculative", ctx.engine, "speculative", generation),
@@ -282,7 +299,7 @@ def run_paper(ctx: Context) -> dict:
         ctx.log(f"paper: N={n}, K={k}, {len(lanes)} lanes")
         runs = measure(lanes, instructions, prompts, n, ctx.bench, ctx.log)
         by_n[str(n)] = paper_figures(runs, n)
-    figures = {"k": k, "adaptive": generation.adaptive, "by_tokens": by_n}
+    figures = {"k": k, "k_auto": generation.k_auto, "adaptive": generation.adaptive, "by_tokens": by_n}
     if ctx.bench.genai_defaults_instructions:
         n = max(ctx.bench.paper_tokens)
         del lanes  # let the pipelines above go before two more copies of the target load
@@ -372,15 +389,16 @@ def run_k(ctx: Context) -> dict:
     generation = ctx.generation
     lanes = [our_lane("autoregressive", ctx.engine, "autoregressive", generation)]
     for k in ctx.bench.k_values:
-        lanes.append(our_lane(f"K={k}", ctx.engine, "speculative", replace(generation, k=k, adaptive=False, k_max=max(k, 8))))
-    adaptive = replace(generation, k=min(max(generation.k, 1), 8), adaptive=True, k_min=1, k_max=8)
+        lanes.append(our_lane(f"K={k}", ctx.engine, "speculative", ctx.fixed(k)))
+    adaptive = replace(ctx.fixed(min(max(generation.k, 1), 8)), adaptive=True, k_min=1, k_max=8)
     lanes.append(our_lane("adaptive K", ctx.engine, "speculative", adaptive))
+    lanes.append(our_lane("auto K", ctx.engine, "speculative", replace(generation, k_auto=True, adaptive=False, k_max=8)))
     if ctx.bench.genai_k_values:
         lanes.append(ctx.genai_lane("GenAI autoregressive", "plain"))
         lanes += [ctx.genai_lane(f"GenAI K={k}", "speculative", k=k) for k in ctx.bench.genai_k_values]
     n = min(ctx.bench.sweep_tokens, generation.max_new_tokens)
     instructions, prompts = ctx.code_instructions()
-    ctx.log(f"K sweep: N={n}, K in {list(ctx.bench.k_values)} and adaptive")
+    ctx.log(f"K sweep: N={n}, K in {list(ctx.bench.k_values)}, adaptive and auto")
     runs = measure(lanes, instructions, prompts, n, ctx.bench, ctx.log)
     rows = []
     for lane in lanes[1:]:
@@ -404,6 +422,7 @@ def sweep_row(runs: list[Run], reference: str, lane: str) -> dict:
         "per_token_s": stats.spread([r.per_token_s for r in mine]),
         "reference_per_token_s": stats.spread([r.per_token_s for r in stats.lane_runs(runs, reference)]),
         "same_as_reference": stats.lane_figures(runs, lane)["same_as_reference"],
+        "prediction_error": stats.spread(stats.prediction_errors(runs, reference, lane)),
     }
 
 
@@ -490,17 +509,18 @@ def run_kv(ctx: Context) -> dict:
 def run_lookup(ctx: Context) -> dict:
     """Prompt lookup vs the draft model on edits that repeat their input; GenAI's prompt lookup beside."""
     generation = ctx.generation
-    lookup = replace(generation, drafter="prompt-lookup")
+    lookup = replace(ctx.fixed(ctx.k), drafter="prompt-lookup")
     lanes = [
         our_lane("ours autoregressive", ctx.engine, "autoregressive", generation),
-        our_lane("ours draft model", ctx.engine, "speculative", generation),
+        our_lane("ours draft model", ctx.engine, "speculative", ctx.fixed(ctx.k)),
         our_lane("ours prompt lookup", ctx.engine, "speculative", lookup),
+        our_lane("ours planner (auto)", ctx.engine, "speculative", replace(generation, k_auto=True, adaptive=False)),
         ctx.genai_lane("GenAI autoregressive", "plain"),
         ctx.genai_lane("GenAI prompt lookup", "lookup"),
     ]
     instructions = EDIT_INSTRUCTIONS[: ctx.bench.lookup_instructions]
     n = min(ctx.bench.sweep_tokens, generation.max_new_tokens)
-    ctx.log(f"prompt lookup vs draft model: N={n}, K={generation.k}, {len(instructions)} edit instructions")
+    ctx.log(f"prompt lookup vs draft model: N={n}, K={ctx.k}, {len(instructions)} edit instructions")
     runs = measure(lanes, instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log)
     rows = []
     for lane in lanes[1:]:
@@ -514,7 +534,33 @@ def run_lookup(ctx: Context) -> dict:
             row["alpha"] = sum(r.summary.get("accepted", 0) for r in mine) / proposed if proposed else float("nan")
             row["vs_ours_autoregressive"] = stats.spread(stats.paired_ratios(runs, "ours autoregressive", lane.name))
         rows.append(row)
-    return {"max_new_tokens": n, "k": generation.k, "rows": rows, "runs": [r.to_dict() for r in runs]}
+    return {"max_new_tokens": n, "k": ctx.k, "rows": rows, "runs": [r.to_dict() for r in runs]}
+
+
+def run_vocab(ctx: Context) -> dict:
+    """The draft's LM head trimmed to its N most frequent tokens: draft step, α̂ and speedup for each N."""
+    from specdemo.engine import Engine, load_model
+
+    generation = replace(ctx.generation, k_auto=True, adaptive=False, k_max=8)
+    lanes = [our_lane("autoregressive", ctx.engine, "autoregressive", generation)]
+    labels = []
+    for n_head in ctx.bench.head_tokens:
+        label = f"head {n_head // 1000}k" if n_head else "full head"
+        if n_head == ctx.engine.draft.settings.head_tokens:
+            engine = ctx.engine
+        else:
+            draft = load_model(replace(ctx.engine.draft.settings, head_tokens=n_head))
+            engine = Engine(ctx.engine.target, draft)
+            engine.warm_up(8, log=lambda m: ctx.log(f"  {label}: {m}"))
+        labels.append((label, n_head, engine.draft.runtime.head_tokens, engine.costs.d(1) if engine.costs else math.nan))
+        lanes.append(our_lane(label, engine, "speculative", generation))
+    n = min(ctx.bench.sweep_tokens, generation.max_new_tokens)
+    instructions, prompts = ctx.code_instructions()
+    ctx.log(f"draft head sweep: N={n}, auto K, heads {[label for label, *_ in labels]}")
+    runs = measure(lanes, instructions, prompts, n, ctx.bench, ctx.log)
+    rows = [{"label": label, "head_tokens": n_head, "rows_kept": kept, "draft_step_costed_s": step,
+             **sweep_row(runs, "autoregressive", label)} for label, n_head, kept, step in labels]
+    return {"max_new_tokens": n, "rows": rows, "runs": [r.to_dict() for r in runs]}
 
 
 def run_memory(ctx: Context) -> dict:
@@ -600,6 +646,7 @@ _RUNNERS = {
     "paper": run_paper,
     "transformers": run_transformers,
     "k": run_k,
+    "vocab": run_vocab,
     "precision": run_precision,
     "kv": run_kv,
     "lookup": run_lookup,
@@ -648,6 +695,14 @@ def judge_targets(sections: dict) -> list[dict]:
                 "≥",
             )
         )
+    auto = next((row for row in k_rows if row["label"] == "auto K"), None)
+    if auto:
+        targets.append(_target("auto K speedup over autoregressive (code)", "auto K", auto["measured_speedup"]["median"],
+                               TARGET_AUTO_SPEEDUP, "≥"))
+        error = auto.get("prediction_error")
+        if error and error["n"]:
+            targets.append(_target("|predicted − measured| / measured, auto K, median", "auto K", abs(error["median"]),
+                                   TARGET_PREDICTION_ERROR, "≤", "share"))
     hf = sections.get("transformers", {}).get("ratios", {}).get("transformers assisted / ours speculative")
     if hf and hf["n"]:
         where = f"N={sections['transformers']['max_new_tokens']}"
@@ -712,7 +767,14 @@ def main(args, settings: RunSettings) -> int:
     }
     log(f"load average {results['machine']['load_average']} on {results['machine']['logical_cores']} cores")
     engine = Engine.load(settings)
+    engine.warm_up(max(8, settings.generation.k_max), log=lambda m: log(f"warm-up: {m}"))
+    log(f"warm-up {engine.warm_up_s:.1f} s. {engine.costs.sentence()}")
     results["models"] = {"target": engine.target.describe(), "draft": engine.draft.describe()}
+    results["costs"] = engine.costs.to_dict()
+    results["warm_up_s"] = engine.warm_up_s
+    plan = engine.plan(CODE_INSTRUCTIONS[0], settings.generation)
+    results["plan"] = asdict(plan)
+    log(plan.reason)
     ctx = Context(engine, settings, bench, log)
     for name in bench.sections:
         section_start = time.perf_counter()

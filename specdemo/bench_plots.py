@@ -21,6 +21,7 @@ def draw(results: dict, out: Path) -> dict[str, str]:
     sections = results["sections"]
     drawn = {}
     for name, painter, data in (
+        ("costs", _costs, results.get("costs")),
         ("paper", _paper, sections.get("paper")),
         ("peers", _peers, sections.get("paper") or sections.get("transformers")),
         ("k", _k, sections.get("k")),
@@ -45,6 +46,22 @@ def _close(figure) -> None:
 def _errors(spreads: list[dict]) -> list[list[float]]:
     """matplotlib's yerr/xerr: distances from the median down to min and up to max."""
     return [[s["median"] - s["min"] for s in spreads], [s["max"] - s["median"] for s in spreads]]
+
+
+def _costs(results: dict):
+    import matplotlib.pyplot as plt
+
+    c = results["costs"]
+    ns = list(range(1, len(c["target_s"]) + 1))
+    figure, ax = plt.subplots(figsize=(6, 3.6))
+    ax.plot(ns, [s / c["target_s"][0] for s in c["target_s"]], marker="o", color=_OURS, label="this machine")
+    ax.plot(ns, ns, "--", color=_GENAI, label="n steps (no gain from batching)")
+    ax.plot(ns, [1] * len(ns), ":", color=_HF, label="1 step (free verification)")
+    ax.set_xlabel("tokens scored in one target call")
+    ax.set_ylabel("cost in single steps")
+    ax.set_title(f"Cost of scoring n tokens ({c['cpu']})", fontsize=9)
+    ax.legend(fontsize=8)
+    return figure
 
 
 def _paper(results: dict):

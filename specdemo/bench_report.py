@@ -66,11 +66,13 @@ def render(results: dict, plots: dict[str, str]) -> str:
     parts = [
         _header(results),
         _machine(results),
+        _costs(results, plots),
         _headlines(sections),
         _targets(results),
         _paper(sections.get("paper"), plots),
         _peers(sections.get("paper"), sections.get("transformers"), plots),
         _k(sections.get("k"), plots),
+        _vocab(sections.get("vocab")),
         _precision(sections.get("precision"), plots),
         _kv(sections.get("kv")),
         _lookup(sections.get("lookup")),
@@ -117,6 +119,45 @@ def _machine(results: dict) -> str:
             d = models[role]
             rows.append([role, f"{d['name']}, {d['precision']} weights ({size(d['size_on_disk_bytes'])}), KV cache {d['kv_cache_precision']}, {d['device']}"])
     return "## Machine and models\n\n" + table(["", ""], rows)
+
+
+def _costs(results: dict, plots: dict) -> str:
+    """This machine's cost curve and the plan the planner made from it."""
+    c = results.get("costs")
+    if not c:
+        return ""
+    t1 = c["target_s"][0]
+    rows = [[str(n), f"{s * 1e3:.1f} ms", f"{s / t1:.2f}"] for n, s in enumerate(c["target_s"], start=1)]
+    draft = ", ".join(f"{s * 1e3:.1f} ms" for s in c.get("draft_s", []))
+    plan = results.get("plan", {})
+    text = (
+        "## This machine's cost curve and the plan\n\n"
+        f"Measured at warm-up ({results.get('warm_up_s', 0):.1f} s, not part of any lane's time) on {c['cpu']}: one target "
+        "call scoring n tokens after a 64-token prompt (median of 5), in milliseconds and in single steps. A draft step "
+        f"(1 and 2 tokens): {draft or '–'}; prefill {c['target_prefill_tps']:.0f} tokens/s (target), "
+        f"{c.get('draft_prefill_tps', 0):.0f} tokens/s (draft); a KV-cache rollback {c['target_rollback_s'] * 1e3:.1f} ms "
+        f"(target), {c.get('draft_rollback_s', 0) * 1e3:.1f} ms (draft).\n\n"
+        + table(["n", "t(n)", "t(n) / t(1)"], rows)
+    )
+    if plan:
+        text += f"\n\n**The plan** for the first code instruction (α prior {plan['alpha']:.2f}): {plan['reason']}"
+    return text + _image(plots, "costs", "Cost of scoring n tokens in one target call, in single steps")
+
+
+def _vocab(vocab: dict | None) -> str:
+    if not vocab:
+        return ""
+    rows = _sweep_rows(vocab["rows"], [[r["label"], f"{r['rows_kept']:,}", ms_value(r["draft_step_costed_s"])] for r in vocab["rows"]])
+    return (
+        f"### A cheaper draft: its LM head trimmed to the most frequent tokens\n\nN = {vocab['max_new_tokens']}, auto K. "
+        "The head keeps the N most frequent tokens of Python's standard library and the examples, plus every special "
+        "and single-byte token; the target still checks every token, so greedy output is unchanged.\n\n"
+        + table(["draft head", "rows kept", "draft step (warm-up)", *_SWEEP_HEADER], rows)
+    )
+
+
+def ms_value(seconds: float) -> str:
+    return "–" if seconds is None or math.isnan(seconds) else f"{seconds * 1e3:.1f} ms"
 
 
 def _headlines(sections: dict) -> str:
@@ -331,7 +372,9 @@ def _sweep_rows(rows: list[dict], first: list[str]) -> list[list[str]]:
             f"{r['c']:.3f}" if r["c"] else "–",
             f"{r['mean_k']:.1f}" if r["mean_k"] else "–",
             f"{r['leviathan_speedup']:.2f}×" if r["c"] else "–",
+            times(r["predicted_speedup"]) if r.get("predicted_speedup", {}).get("n") else "–",
             times(r["measured_speedup"]),
+            _error(r.get("prediction_error")),
             ms(r["per_token_s"]),
             r["same_as_reference"],
         ]
@@ -339,7 +382,14 @@ def _sweep_rows(rows: list[dict], first: list[str]) -> list[list[str]]:
     ]
 
 
-_SWEEP_HEADER = ["α", "c", "mean K", "predicted (Leviathan)", "measured speedup", "per token", "same tokens as AR"]
+_SWEEP_HEADER = ["α̂", "c", "mean K", "Leviathan", "predicted (this machine)", "measured speedup", "prediction error",
+                 "per token", "same tokens as AR"]
+
+
+def _error(spread: dict | None) -> str:
+    if not spread or not spread.get("n"):
+        return "–"
+    return f"{spread['median']:+.0%} ({spread['min']:+.0%} to {spread['max']:+.0%})"
 
 
 def _k(k: dict | None, plots: dict) -> str:
@@ -349,9 +399,12 @@ def _k(k: dict | None, plots: dict) -> str:
     for row, r in zip(rows, k["rows"]):
         row += [times(r["genai_speedup"]) if "genai_speedup" in r else "–", times(r["ours_over_genai"], 3) if "ours_over_genai" in r else "–"]
     text = (
-        f"## 3. Sweeps\n\n### Draft length K\n\nN = {k['max_new_tokens']}, the default pair. α = accepted / proposed "
-        "draft tokens over all rounds; c = draft step / target verify call; predicted = (1 − α^(K+1)) / ((1 − α)(cK + 1)) "
-        "with the measured α and c (mean K when adaptive); measured = AR time / speculative time per instruction.\n\n"
+        f"## 3. Sweeps\n\n### Draft length K\n\nN = {k['max_new_tokens']}, the default pair. α̂ = accepted / (accepted + "
+        "rounds that ended in a rejection), over all rounds; c = draft step / target verify call; Leviathan = "
+        "(1 − α^(K+1)) / ((1 − α)(cK + 1)) with the measured α̂ and c, which prices a verify call at one step; predicted "
+        "(this machine) = the planner's prediction from the measured cost curve, α̂, mean K, N and the prompt; measured = "
+        "AR time / speculative time per instruction; prediction error = (predicted − measured) / measured. Auto K: the "
+        "planner picks each round's K.\n\n"
         + table(["K", *_SWEEP_HEADER, "GenAI speedup", "ours / GenAI time"], rows)
     )
     return text + _image(plots, "k", "Measured and predicted speedup against K")

@@ -74,6 +74,20 @@ def paired_ratios(runs: list[Run], numerator: str, denominator: str) -> list[flo
     return ratios
 
 
+def prediction_errors(runs: list[Run], reference: str, lane: str) -> list[float]:
+    """(predicted − measured) / measured speedup of `lane` over `reference`, per instruction and repeat."""
+    by_key = {(r.instruction, r.repeat): r for r in lane_runs(runs, reference)}
+    errors = []
+    for run in lane_runs(runs, lane):
+        partner = by_key.get((run.instruction, run.repeat))
+        predicted = run.summary.get("predicted_speedup", 0.0)
+        if partner is None or not predicted or not run.per_token_s:
+            continue
+        measured = partner.per_token_s / run.per_token_s
+        errors.append((predicted - measured) / measured)
+    return errors
+
+
 def lane_figures(runs: list[Run], lane: str) -> dict:
     """Times of one lane: wall seconds, seconds per token and tokens as spreads; identical outputs."""
     mine = lane_runs(runs, lane)

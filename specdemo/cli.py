@@ -15,6 +15,10 @@ from specdemo import sources
 from specdemo.events import ACCEPTED, BONUS, CORRECTED, Summary, TokenEvent, measured_speedup
 from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET, DRAFTERS, PRECISIONS, GenerationSettings, ModelSettings, RunSettings
 
+# The page's cap: a 2,048-token prompt takes ~15 s to prefill on 2 cores; 12,500 tokens ran for over 10 minutes.
+MAX_PROMPT_TOKENS = 2048
+LONG_PROMPT_TOKENS = 300  # above this, say up front how long the prefill will take
+
 # Terminal colours chosen to stay distinguishable for red-green colour blindness.
 _COLOURS = {ACCEPTED: "\033[34m", CORRECTED: "\033[33;1m", BONUS: "\033[35m"}
 _STRIKE, _RESET = "\033[9;2m", "\033[0m"
@@ -32,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_flags(generate)
     _add_generation_flags(generate)
     generate.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    generate.add_argument("--max-prompt-tokens", type=int, default=MAX_PROMPT_TOKENS,
+                          help=f"refuse longer prompts (default {MAX_PROMPT_TOKENS:,}, as in the page); 0 allows up to the model's context")
 
     bench = commands.add_parser("bench", help="median autoregressive vs speculative time on code instructions")
     _add_model_flags(bench)
@@ -138,13 +144,18 @@ def _generate(args: argparse.Namespace, settings: RunSettings) -> int:
     clean_instruction(args.instruction)  # an empty instruction is refused before the models load
     need_draft = settings.generation.drafter == "model"
     engine = Engine.load(settings, with_draft=need_draft)
-    engine.prompt_ids(args.instruction, settings.generation)  # too long for the context: refused before any output
+    prompt = engine.prompt_ids(args.instruction, settings.generation)  # too long for the context: refused before any output
+    if args.max_prompt_tokens and len(prompt) > args.max_prompt_tokens:
+        raise ValueError(f"the prompt is {len(prompt):,} tokens and the command line accepts at most {args.max_prompt_tokens:,}; "
+                         "--max-prompt-tokens 0 allows up to the model's context")
     log = (lambda message: None) if args.json else (lambda message: print(f"warm-up: {message}", file=sys.stderr, flush=True))
     engine.warm_up(settings.generation.k_max, fresh=args.remeasure, log=log)
     plan = engine.plan(args.instruction, settings.generation)
     if not args.json:
         print(f"warm-up {engine.warm_up_s:.1f} s (not part of any lane's time). {engine.costs.sentence()}")
         print(plan.reason)
+        if len(prompt) > LONG_PROMPT_TOKENS:
+            print(_prefill_estimate(engine, len(prompt), settings.generation.max_new_tokens), flush=True)
     lanes = {}
     for mode, run in (("autoregressive", engine.autoregressive), ("speculative", engine.speculative)):
         if not args.json:
@@ -158,6 +169,18 @@ def _generate(args: argparse.Namespace, settings: RunSettings) -> int:
     else:
         _print_summaries(lanes)
     return 0
+
+
+def _prefill_estimate(engine, prompt_tokens: int, new_tokens: int) -> str:
+    """What a long prompt will cost, from this machine's measured prefill rates and the models' cache sizes."""
+    costs = engine.costs
+    seconds = prompt_tokens / costs.target_prefill_tps
+    draft = prompt_tokens / costs.draft_prefill_tps if costs.draft_prefill_tps else 0.0
+    tokens = prompt_tokens + new_tokens
+    cache = engine.target.kv_bytes_per_token() * tokens + (engine.draft.kv_bytes_per_token() * tokens if engine.draft else 0)
+    return (f"a {prompt_tokens:,}-token prompt: its prefill takes about {seconds:.0f} s in each lane"
+            + (f" (+{draft:.0f} s for the draft)" if draft else "") + f" on this machine; the KV caches will hold about "
+            f"{cache / 2**20:,.0f} MiB. Ctrl-C stops cleanly.")
 
 
 def _consume(events, show: bool) -> dict:

@@ -31,6 +31,7 @@ COSTS_VERSION = 1  # bump when what is measured changes, so old caches are not r
 CONTEXT_TOKENS = 64  # the prompt every timed call follows (a short instruction in the chat template)
 PREFILL_TOKENS = 128  # the prompt whose prefill gives the prompt rate
 REPEATS = 5  # timings per shape; the median is kept
+N_MAX = 13  # calls of up to this many tokens are always timed (K up to 12, the page's largest), so one cache serves all
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,7 @@ def measure(target: OVModel, draft: OVModel | None, n_max: int, cache: Path | No
     Both models' caches are left empty. Every shape a run will use (prefill, 1 and up to n_max tokens)
     has run at least once when this returns, so the first timed lane pays no first-call costs.
     """
+    n_max = max(n_max, N_MAX)
     path = cache / f"{cost_key(target, draft, n_max)}.json" if cache is not None else None
     if path is not None and path.is_file() and not fresh:
         costs = CostModel.from_dict(json.loads(path.read_text())["costs"])

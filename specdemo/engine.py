@@ -58,6 +58,14 @@ class LoadedModel:
     def context_length(self) -> int:
         return int(self.config.get("max_position_embeddings", 2048))
 
+    def kv_bytes_per_token(self) -> int:
+        """Bytes the KV cache grows by per token: keys and values of every layer, at the cache's precision."""
+        c = self.config
+        heads = c.get("num_attention_heads", 1) or 1
+        head_dim = c.get("head_dim", c.get("hidden_size", 0) // heads)
+        kv_heads = c.get("num_key_value_heads", heads)
+        return 2 * c.get("num_hidden_layers", 0) * kv_heads * head_dim * self.runtime.kv_cache_element_bytes
+
     def describe(self) -> dict:
         """Facts for the model panel: name, parameters, precision, size on disk, device, KV cache."""
         c = self.config

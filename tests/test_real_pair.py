@@ -149,6 +149,9 @@ def test_cli_generate_prints_both_lanes_as_json():
         assert out[lane]["text"] == "".join(t["text"] for t in out[lane]["tokens"])
         assert out[lane]["summary"]["wall_s"] > 0
     assert np.isclose(out["speculative"]["summary"]["tokens"], 16)
+    # Warm-up and the machine's cost model are reported apart from the lanes.
+    assert out["warm_up_s"] > 0 and len(out["costs"]["target_s"]) >= 9
+    assert out["plan"]["auto"] is True and out["plan"]["reason"]
 
 
 def test_cli_bad_arguments_give_one_line_not_a_traceback():
@@ -156,3 +159,29 @@ def test_cli_bad_arguments_give_one_line_not_a_traceback():
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert result.returncode == 2
     assert result.stderr.strip() == "error: k must be between 1 and 64, got 0"
+
+
+def test_auto_k_on_the_real_pair_keeps_greedy_output_and_predicts_its_speedup(engine):
+    engine.warm_up(8)
+    settings = GenerationSettings(max_new_tokens=48, k_auto=True)
+    ar, _ = _run(engine.autoregressive(INSTRUCTIONS[0], settings))
+    spec, summary = _run(engine.speculative(INSTRUCTIONS[0], settings))
+    i = _first_difference([t.id for t in ar], [t.id for t in spec])
+    assert i is None or max(ar[i].margin, spec[i].margin) < NEAR_TIE_LOGIT_GAP
+    assert summary.plan and summary.predicted_speedup > 0
+
+
+def test_a_trimmed_draft_head_keeps_greedy_output_on_the_real_pair(engine):
+    from dataclasses import replace
+
+    from specdemo.engine import load_model
+
+    draft = load_model(replace(engine.draft.settings, head_tokens=16_000))
+    assert 16_000 <= draft.runtime.head_tokens < draft.runtime.vocab_size
+    trimmed = Engine(engine.target, draft)
+    for instruction in INSTRUCTIONS[:2]:
+        ar, _ = _run(trimmed.autoregressive(instruction, GREEDY))
+        spec, summary = _run(trimmed.speculative(instruction, GREEDY))
+        i = _first_difference([t.id for t in ar], [t.id for t in spec])
+        assert i is None or max(ar[i].margin, spec[i].margin) < NEAR_TIE_LOGIT_GAP
+        assert summary.alpha > 0.3  # the trimmed head still drafts code well

@@ -92,3 +92,24 @@ def test_kv_cache_size_is_reported_in_bytes(tiny_target):
     # 2 layers x (keys + values) x 2 kv heads x 7 tokens x 16 head dims x 2 bytes
     assert model.kv_cache_precision == "f16"
     assert model.kv_cache_bytes() == 2 * 2 * 2 * len(PROMPT) * 16 * 2
+
+
+def test_a_long_input_fed_in_pieces_scores_like_one_call(tiny_target, monkeypatch):
+    from specdemo import runtime
+
+    model = _model(tiny_target)
+    whole = model.forward(PROMPT * 3, logits_to_keep=2)
+    monkeypatch.setattr(runtime, "PREFILL_CHUNK", 4)  # 21 tokens in pieces of 4, 4, 4, 4 and 5
+    model.reset()
+    pieces = model.forward(PROMPT * 3, logits_to_keep=2)
+    assert model.length == 21 and model.calls == 1  # one call, however many pieces
+    np.testing.assert_allclose(pieces, whole, rtol=1e-5, atol=1e-5)
+
+
+def test_a_trimmed_head_scores_exactly_its_rows_of_the_full_head(tiny_target):
+    ids = np.array([2, 5, 17, 99, 250, 300], dtype=np.int64)
+    full = _model(tiny_target).forward(PROMPT)[0]
+    settings = ModelSettings(str(tiny_target), precision="fp16", kv_cache_precision="f32", inference_precision="f32")
+    trimmed = OVModel(tiny_target, settings, head_ids=ids)
+    assert trimmed.head_tokens == len(ids) and trimmed.vocab_size == full.size
+    np.testing.assert_allclose(trimmed.forward(PROMPT)[0], full[ids], rtol=1e-5, atol=1e-5)

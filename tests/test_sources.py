@@ -94,11 +94,11 @@ def test_a_corrupted_part_is_refused_by_its_checksum(home, tmp_path, monkeypatch
 
 
 def test_the_embedded_parts_are_installed_and_pinned():
-    for preset in sources.PRESETS.values():
+    requirements = (Path(__file__).parents[1] / "requirements.txt").read_text().splitlines()
+    for preset in sources.PRESETS.values():  # every part of both models, 22 + 6
         for i in range(1, preset.parts + 1):
             assert sources._part_path(preset, i).is_file()
-    requirements = (Path(__file__).parents[1] / "requirements.txt").read_text()
-    assert f"{preset.package}{preset.parts}=={preset.version}" in requirements
+            assert f"{preset.package}{i}=={preset.version}" in requirements
 
 
 def test_a_missing_local_path_is_refused(home):
