@@ -456,12 +456,14 @@ def timeline_frame(lanes: dict[str, LaneRun]) -> pd.DataFrame:
 
 def cost_frame(costs) -> pd.DataFrame:
     """The cost of scoring n tokens in one target call, in single steps, beside the two extremes."""
-    rows = []
-    if costs is not None:
-        for n in range(1, costs.n_max + 1):
-            rows.append((n, costs.verify_steps(n), "this machine"))
-            rows.append((n, float(n), "n steps (no gain from batching)"))
-            rows.append((n, 1.0, "1 step (free verification)"))
+    # Every series is there from the first frame (the chart fixes its series then): before the machine is
+    # measured, "this machine" is the one point every curve shares, (1, 1).
+    n_max = costs.n_max if costs is not None else 13
+    rows = [(n, costs.verify_steps(n) if costs is not None else 1.0, "this machine") for n in range(1, n_max + 1)
+            if costs is not None or n == 1]
+    for n in range(1, n_max + 1):
+        rows.append((n, float(n), "n steps (no gain from batching)"))
+        rows.append((n, 1.0, "1 step (free verification)"))
     frame = pd.DataFrame(rows, columns=["tokens scored at once", "cost in single steps", "curve"])
     return frame.astype({"tokens scored at once": int, "cost in single steps": float, "curve": str})
 
