@@ -106,3 +106,10 @@ def test_top2_gap_measures_near_ties_and_leaves_the_row_unchanged():
     row = np.array([1.0, 3.0, 2.99, 0.0])
     assert top2_gap(row) == pytest.approx(0.01)
     assert row.tolist() == [1.0, 3.0, 2.99, 0.0]
+
+
+def test_a_tiny_temperature_is_greedy_in_the_limit_not_nan():
+    logits = np.array([[1.0, 3.0, 2.0, 3.0]])
+    p = process_logits(logits, GenerationSettings(temperature=1e-308))
+    assert not np.isnan(p).any()
+    np.testing.assert_allclose(p, [[0.0, 0.5, 0.0, 0.5]])  # the mass splits between the tied maxima
