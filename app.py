@@ -9,7 +9,11 @@ from __future__ import annotations
 import argparse
 import os
 
-from specdemo import ui
+from specdemo import sources
+
+sources.keep_torch_out()  # the server never needs torch: conversion runs in a child process
+
+from specdemo import ui  # noqa: E402 - after keep_torch_out, so transformers does not load torch
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

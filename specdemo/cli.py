@@ -39,6 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--max-prompt-tokens", type=int, default=MAX_PROMPT_TOKENS,
                           help=f"refuse longer prompts (default {MAX_PROMPT_TOKENS:,}, as in the page); 0 allows up to the model's context")
 
+    clean = commands.add_parser("clean", help="list what specdemo keeps on disk, and remove what can go")
+    clean.add_argument("--remove", default="", help="comma-separated kinds to delete: compiled, bench, other-models, "
+                       "old-versions, scratch (the default pair and the measurements are never removed)")
+
     bench = commands.add_parser("bench", help="median autoregressive vs speculative time on code instructions")
     _add_model_flags(bench)
     _add_generation_flags(bench, max_new_tokens=100)
@@ -105,11 +109,14 @@ def settings_from(args: argparse.Namespace) -> RunSettings:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.command == "clean":
+            return _clean(args)
         settings = settings_from(args)
         _check_devices(settings)
         if args.command == "prepare":
             return _prepare(settings)
         if args.command == "generate":
+            sources.keep_torch_out()  # generating needs no torch; conversion, if any, runs in a child process
             return _generate(args, settings)
         from specdemo import bench
 
@@ -129,6 +136,29 @@ def _check_devices(settings: RunSettings) -> None:
     for model in (settings.target, settings.draft):
         if model.device.split(".")[0].split(":")[0] not in {d.split(".")[0] for d in available} | {"AUTO", "HETERO", "MULTI"}:
             raise ValueError(f"device {model.device!r} is not available; OpenVINO lists {', '.join(available)}")
+
+
+def _clean(args: argparse.Namespace) -> int:
+    from specdemo import disk
+
+    items = disk.inventory()
+    home = sources.specdemo_home()
+    if not items:
+        print(f"{home} holds nothing of specdemo's")
+        return 0
+    kinds = {kind.strip() for kind in args.remove.split(",") if kind.strip()}
+    gone = disk.remove(items, kinds) if kinds else []
+    print(f"{home}: {disk.size(sum(item.bytes for item in items))} in all")
+    for item in items:
+        state = "removed" if item in gone else item.kind
+        print(f"  {disk.size(item.bytes):>11}  {state:<15} {item.path.relative_to(home)}  ({item.what})")
+    if gone:
+        print(f"freed {disk.size(sum(item.bytes for item in gone))}")
+    else:
+        removable = sorted({item.kind for item in items} & set(disk.KINDS))
+        if removable:
+            print(f"to free space: python -m specdemo clean --remove {','.join(removable)}")
+    return 0
 
 
 def _prepare(settings: RunSettings) -> int:

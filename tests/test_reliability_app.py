@@ -18,7 +18,7 @@ import psutil
 import pytest
 from gradio_client import Client
 
-from specdemo import ui
+from specdemo import sources, ui
 from tests.test_browser import free_port, wait_until_up
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -170,3 +170,12 @@ def test_the_app_serves_loopback_only_and_makes_no_public_link(server):
     log = server.log.read_text()
     assert re.findall(r"Running on \S+ URL: +(\S+)", log) == [server.url.rstrip("/")]
     assert not re.search(r"https://\S+\.gradio\.live", log)
+
+
+def test_the_serving_process_keeps_torch_out_and_stays_lean(server):
+    """Conversion ran in a child process; the server itself never loads torch (nor NNCF, nor optimum)."""
+    maps = Path(f"/proc/{server.process.pid}/maps").read_text()
+    assert "libtorch" not in maps
+    model_files = sum(f.stat().st_size for name in ("qwen2.5-coder-1.5b-int8", "qwen2.5-coder-0.5b-int4")
+                      for f in (sources.specdemo_home() / "models" / sources.CACHE_VERSION / name).glob("openvino_model.*"))
+    print(f"serving process RSS {server.rss() / 2**30:.2f} GiB for {model_files / 2**30:.2f} GiB of model files")

@@ -35,7 +35,7 @@ def test_a_local_hugging_face_folder_is_converted_once_and_cached(home, tiny_hf,
     def must_not_convert(*args):
         raise AssertionError("converted again")
 
-    monkeypatch.setattr(sources, "_convert", must_not_convert)
+    monkeypatch.setattr(sources, "_convert_in_child", must_not_convert)
     assert sources.prepare(settings, _quiet) == folder
 
 
@@ -46,6 +46,7 @@ def test_an_interrupted_conversion_leaves_nothing_half_made(home, tiny_hf, monke
         raise KeyboardInterrupt
 
     monkeypatch.setattr(sources, "_compress", interrupt)
+    monkeypatch.setattr(sources, "_convert_in_child", sources.convert)  # in this process, where the patch applies
     with pytest.raises(KeyboardInterrupt):
         sources.prepare(settings, _quiet)
     parent = sources.cached_folder(settings).parent
@@ -114,3 +115,33 @@ def test_a_folder_without_a_model_is_refused(home, tmp_path):
 def test_a_hub_model_without_network_gives_one_clear_sentence(home):
     with pytest.raises(sources.ModelSourceError, match="could not fetch someone-specdemo/no-such-model"):
         sources.prepare(ModelSettings("someone-specdemo/no-such-model"), _quiet)
+
+
+def test_the_terminal_shows_one_line_per_stage_with_time_and_estimate():
+    import io
+
+    out = io.StringIO()
+    report = sources.terminal_progress("m", out)
+    for i in range(1, 23):
+        report(0.1 * i / 22, f"M: assembling and checking 22 parts ({i}/22)")
+    report(0.35, "m: exporting to OpenVINO IR with optimum-intel")
+    report(1.0, "m: ready")
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 3
+    assert lines[0].endswith("M: assembling and checking 22 parts (0%)")
+    assert "exporting to OpenVINO IR with optimum-intel (35%, about" in lines[1] and "left)" in lines[1]
+    assert lines[2].endswith("m: ready (100%)")
+
+
+def test_conversion_runs_in_a_child_that_keeps_torch_out_of_this_process(home, tiny_hf):
+    import subprocess
+
+    script = ("import sys; from specdemo import sources; from specdemo.settings import ModelSettings; "
+              "sources.prepare(ModelSettings(sys.argv[1], precision='int8'), lambda f, m: None); "
+              "print('torch' in sys.modules, 'nncf' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", script, str(tiny_hf)], capture_output=True, text=True, timeout=600,
+                            cwd=Path(__file__).parents[1])  # SPECDEMO_HOME comes from the `home` fixture
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["False", "False"]  # neither torch nor NNCF was imported here
+    assert result.stderr == ""  # the converters' own output went to the log, not to the terminal
+    assert sources.log_path(sources.cached_folder(ModelSettings(str(tiny_hf), precision="int8"))).is_file()
