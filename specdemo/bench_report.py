@@ -9,9 +9,8 @@ from __future__ import annotations
 import math
 
 from specdemo.bench_stats import COMPONENTS, call_speedup
+from specdemo.disk import size
 
-_GB = 1024**3
-_MB = 1024**2
 
 
 # ---- cells
@@ -46,8 +45,6 @@ def percent(fraction: float, digits: int = 1) -> str:
     return "–" if fraction is None or math.isnan(fraction) else f"{fraction * 100:.{digits}f} %"
 
 
-def size(n_bytes: float) -> str:
-    return f"{n_bytes / _GB:.2f} GiB" if n_bytes >= _GB else f"{n_bytes / _MB:.1f} MiB"
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:

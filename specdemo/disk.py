@@ -83,9 +83,9 @@ def remove(items: list[Item], kinds: set[str]) -> list[Item]:
 
 
 def size(n_bytes: float) -> str:
-    """Bytes in binary units, as everywhere in specdemo: "1.6 GiB", "314.7 MiB"."""
-    for unit in ("bytes", "KiB", "MiB", "GiB"):
-        if n_bytes < 1024 or unit == "GiB":
+    """Bytes in binary units, the one way specdemo writes sizes (page, CLI, report): "1.66 GiB", "314.7 MiB"."""
+    for unit in ("bytes", "KiB", "MiB"):
+        if n_bytes < 1024:
             return f"{n_bytes:.0f} {unit}" if unit == "bytes" else f"{n_bytes:.1f} {unit}"
         n_bytes /= 1024
-    return ""
+    return f"{n_bytes:.2f} GiB"

@@ -27,6 +27,7 @@ import gradio as gr
 import pandas as pd
 
 from specdemo import sources
+from specdemo.disk import size
 from specdemo.engine import Engine
 from specdemo.events import ACCEPTED, BONUS, CORRECTED, Summary, TokenEvent, measured_speedup
 from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET, GenerationSettings, RunSettings
@@ -52,7 +53,7 @@ EXAMPLES_PATH = ASSETS / "examples.json"
 # (Okabe-Ito colours, readable with red-green colour blindness, plus an underline style per source).
 PROVENANCE = {ACCEPTED: "accepted draft", CORRECTED: "corrected by target", BONUS: "bonus"}
 LANE_COLOURS = {AUTOREGRESSIVE: "#7f7f7f", SPECULATIVE: "#0072B2"}  # the timeline chart's series
-COST_COLOURS = {"this machine": "#0072B2", "n steps (no gain from batching)": "#D55E00", "1 step (free verification)": "#009E73"}
+COST_COLOURS = {"this machine": "#0072B2", "n steps": "#D55E00", "1 step": "#009E73"}  # the cost chart's series
 
 
 # ----------------------------------------------------------------------------- settings from the page
@@ -177,13 +178,19 @@ def _engine_key(settings: RunSettings, with_draft: bool) -> tuple:
     return settings.target, settings.draft if with_draft else None
 
 
-def engine_for(role: str, settings: RunSettings, with_draft: bool = True, report=lambda fraction, message: None) -> Engine:
-    """The engine for `role`, loading it on first use. Other settings for a role replace its engine."""
+def loading_for(role: str, settings: RunSettings, with_draft: bool = True) -> _Loading:
+    """The (possibly finished) loading of the engine for `role`, started on first use. Other settings for a
+    role replace its engine."""
     with _LOADING_LOCK:
         loading = _LOADING.get(role)
         if loading is None or loading.key != _engine_key(settings, with_draft) or loading.error is not None:
             loading = _LOADING[role] = _Loading(settings, with_draft)
-    return loading.wait(report)
+    return loading
+
+
+def engine_for(role: str, settings: RunSettings, with_draft: bool = True, report=lambda fraction, message: None) -> Engine:
+    """The engine for `role`, waiting for it to load (reporting progress) on first use."""
+    return loading_for(role, settings, with_draft).wait(report)
 
 
 def prepare(settings: RunSettings = RunSettings()) -> None:
@@ -462,8 +469,8 @@ def cost_frame(costs) -> pd.DataFrame:
     rows = [(n, costs.verify_steps(n) if costs is not None else 1.0, "this machine") for n in range(1, n_max + 1)
             if costs is not None or n == 1]
     for n in range(1, n_max + 1):
-        rows.append((n, float(n), "n steps (no gain from batching)"))
-        rows.append((n, 1.0, "1 step (free verification)"))
+        rows.append((n, float(n), "n steps"))  # no gain from batching: speculation cannot pay
+        rows.append((n, 1.0, "1 step"))  # free verification: Leviathan's assumption
     frame = pd.DataFrame(rows, columns=["tokens scored at once", "cost in single steps", "curve"])
     return frame.astype({"tokens scored at once": int, "cost in single steps": float, "curve": str})
 
@@ -474,7 +481,8 @@ def render_costs(costs, warm_up_s: float) -> str:
         return _note("The cost of each call is measured once this machine has warmed up.")
     source = f"measured in {costs.seconds:.1f} s" if costs.seconds else "from the cache of an earlier measurement"
     return _note(f"{costs.sentence()} One target step is {costs.t(1) * 1e3:.0f} ms on {costs.cpu} ({source}; "
-                 f"warm-up {warm_up_s:.1f} s, never counted in a lane's time).")
+                 f"warm-up {warm_up_s:.1f} s, never counted in a lane's time). Near the orange line (n steps) "
+                 "speculation cannot pay; the green line (1 step) is what Leviathan et al.'s formula assumes.")
 
 
 def histogram_frame(summary: Summary | None) -> pd.DataFrame:
@@ -482,13 +490,6 @@ def histogram_frame(summary: Summary | None) -> pd.DataFrame:
     counts = summary.accepted_histogram if summary is not None else []
     frame = pd.DataFrame({"accepted draft tokens": [str(n) for n in range(len(counts))], "rounds": counts})
     return frame.astype({"accepted draft tokens": str, "rounds": int})
-
-
-def _size(n_bytes: float) -> str:
-    for unit in ("bytes", "KB", "MB", "GB"):
-        if n_bytes < 1000 or unit == "GB":
-            return f"{n_bytes:.0f} {unit}" if unit == "bytes" else f"{n_bytes:.1f} {unit}"
-        n_bytes /= 1000
 
 
 def _count(n: int) -> str:
@@ -502,12 +503,12 @@ def _model_cells(facts: dict | None, kv_cache_bytes: int | None, threads: int) -
     """One column of the model panel, in MODEL_ROWS order, from LoadedModel.describe()."""
     if facts is None:
         return ["–"] * len(MODEL_ROWS)
-    kv_size = _size(kv_cache_bytes) if kv_cache_bytes is not None else "– until a run"
+    kv_size = size(kv_cache_bytes) if kv_cache_bytes is not None else "– until a run"
     return [
         facts["name"],
         _count(facts["parameters"]),
         facts["precision"].upper(),
-        _size(facts["size_on_disk_bytes"]),
+        size(facts["size_on_disk_bytes"]),
         f'{facts["kv_cache_precision"]}, {kv_size}',
         facts["device"],
         str(threads) if threads else "all cores",
@@ -517,14 +518,12 @@ def _model_cells(facts: dict | None, kv_cache_bytes: int | None, threads: int) -
 
 def render_disk(items) -> str:
     """One line under the model panel: how much specdemo keeps on disk, and the command that lists it."""
-    from specdemo import disk
-
     total = sum(item.bytes for item in items)
     by_kind = {}
     for item in items:
         by_kind[item.kind] = by_kind.get(item.kind, 0) + item.bytes
-    parts = ", ".join(f"{kind.replace('-', ' ')} {disk.size(n)}" for kind, n in sorted(by_kind.items(), key=lambda kv: -kv[1]))
-    return (f'<p class="sd-disk">On disk: {_escape(disk.size(total))} ({_escape(parts)}). '
+    parts = ", ".join(f"{kind.replace('-', ' ')} {size(n)}" for kind, n in sorted(by_kind.items(), key=lambda kv: -kv[1]))
+    return (f'<p class="sd-disk">On disk: {_escape(size(total))} ({_escape(parts)}). '
             "<code>python -m specdemo clean</code> lists it and removes what can go.</p>")
 
 
@@ -575,17 +574,31 @@ def _progress_reporter(progress: gr.Progress):
     return report
 
 
-def wait_for_models(progress=gr.Progress()):
-    """Page load: wait for the default pair, with a progress bar, then fill in the model panel and the cost chart."""
-    try:
-        engine = engine_for("pair", RunSettings(), True, _progress_reporter(progress))
-    except Exception as error:
-        return f"⚠️ The models could not be prepared: {as_sentence(error)}", gr.skip(), gr.skip(), gr.skip()
-    ready = "Ready. Pick an example or type an instruction, then press **Generate**."
+def preparing_status(fraction: float | None, message: str) -> str:
+    """The status line while the default pair is prepared: the stage, how far, and what to expect."""
+    done = f" ({fraction:.0%})" if fraction is not None else ""
+    return (f"**Preparing the models:** {message}{done}. The first start converts them once (about 6 minutes on a "
+            "2-core AMX Xeon, 10 on an AVX2-only one); later starts take seconds.")
+
+
+def wait_for_models():
+    """Page load: the preparation's progress in the status line, then the model panel and the cost chart.
+
+    The status line is written by this handler alone (no progress overlay drawn over it), so two
+    messages never sit on top of each other.
+    """
     from specdemo import disk
 
+    loading = loading_for("pair", RunSettings(), True)
+    while not loading.done.wait(0.5):
+        yield preparing_status(loading.fraction, loading.message), gr.skip(), gr.skip(), gr.skip()
+    if loading.error is not None:
+        yield f"⚠️ The models could not be prepared: {as_sentence(loading.error)}", gr.skip(), gr.skip(), gr.skip()
+        return
+    engine = loading.engine
+    ready = "Ready. Pick an example or type an instruction, then press **Generate**."
     models = render_models(engine.target.describe(), engine.draft.describe(), disk_note=render_disk(disk.inventory()))
-    return ready, models, cost_frame(engine.costs), render_costs(engine.costs, engine.warm_up_s)
+    yield ready, models, cost_frame(engine.costs), render_costs(engine.costs, engine.warm_up_s)
 
 
 # The page's values generate() takes, in its parameter order.
@@ -697,7 +710,7 @@ def build() -> gr.Blocks:
         page["k_auto"].change(lambda auto: gr.Slider(interactive=not auto), page["k_auto"], page["k"], queue=False)
         page["decoding"].change(lambda d: gr.Row(visible=d == "sampling"), page["decoding"], page["sampling"], queue=False)
         demo.load(wait_for_models, None, [status, page["models"], page["costs"], page["costs_note"]],
-                  concurrency_limit=None, show_progress_on=[status])
+                  concurrency_limit=None, show_progress="hidden")
     return demo
 
 
@@ -714,9 +727,8 @@ def _add_controls(c: dict) -> None:
             with gr.Row():
                 c["generate"] = gr.Button("Generate", variant="primary", elem_id="generate", min_width=100)
                 c["stop"] = gr.Button("Stop", variant="stop", elem_id="stop", min_width=80)
-            c["status"] = gr.Markdown("Preparing the models. The first start converts them to OpenVINO once (about "
-                                      "5 minutes on 2 cores); later starts take seconds.", elem_id="status",
-                                      elem_classes="sd-status", container=True, min_height=96)
+            c["status"] = gr.Markdown(preparing_status(None, "starting"), elem_id="status", elem_classes="sd-status",
+                                      container=True, min_height=96)
     with gr.Row(equal_height=True):
         c["drafter"] = gr.Radio([("Draft model", "model"), ("Prompt lookup", "prompt-lookup")], value=defaults.drafter,
                                 label="Drafting", elem_id="drafter", min_width=300)
@@ -758,7 +770,7 @@ def _add_lanes_and_results(o: dict) -> None:
                 o[f"{prefix}_text"] = gr.HTML(render_tokens([]), elem_id=f"{prefix}-text", js_on_load=FOLLOW_JS)
     o["results"] = gr.HTML(_note("Press Generate to run both lanes."), elem_id="results")
     with gr.Row():
-        o["timeline"] = gr.LinePlot(timeline_frame({}), x="seconds", y="tokens", color="lane", color_map=LANE_COLOURS,
+        o["timeline"] = gr.LinePlot(None, x="seconds", y="tokens", color="lane", color_map=LANE_COLOURS,
                                     title="Tokens generated over time", x_title="seconds since the lane began",
                                     y_lim=[0, None], height=280, elem_id="timeline")
         o["histogram"] = gr.BarPlot(None, x="accepted draft tokens", y="rounds", sort=None, y_lim=[0, None],
@@ -766,7 +778,7 @@ def _add_lanes_and_results(o: dict) -> None:
     with gr.Row():
         with gr.Column():
             o["costs"] = gr.LinePlot(cost_frame(None), x="tokens scored at once", y="cost in single steps", color="curve",
-                                     color_map=COST_COLOURS, title="Cost of scoring n tokens in one target call, in single steps",
+                                     color_map=COST_COLOURS, title="Cost of scoring n tokens at once, in single steps",
                                      y_lim=[0, None], height=260, elem_id="costs")
             o["costs_note"] = gr.HTML(render_costs(None, 0.0), elem_id="costs-note")
         with gr.Column():

@@ -150,7 +150,7 @@ def test_model_panel_shows_sizes_precisions_devices_and_kv_cache():
     model = dict(name="Tiny", parameters=1_777_029_120, precision="int8", size_on_disk_bytes=1_782_835_973, device="CPU",
                  kv_cache_precision="f16", layers=28, context_length=32768)
     html = ui.render_models(model, {**model, "precision": "int4"}, threads=1, kv_cache_bytes={"target": 2_800_000})
-    for text in ("1.78 B", "INT8", "INT4", "1.8 GB", "f16, 2.8 MB", "f16, – until a run", "CPU", "32,768 tokens"):
+    for text in ("1.78 B", "INT8", "INT4", "1.66 GiB", "f16, 2.7 MiB", "f16, – until a run", "CPU", "32,768 tokens"):
         assert text in html
 
 

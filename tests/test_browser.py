@@ -119,7 +119,7 @@ def test_a_run_shows_coloured_tokens_and_figures_and_stop_cancels_cleanly(app_ur
     for figure in ("speedup, measured", "predicted for this machine", "acceptance α̂", "tokens per target call",
                    "target calls saved", "Measured one after another", "Leviathan"):
         expect(results).to_contain_text(figure)
-    expect(page.locator("#models")).to_contain_text("MB")  # KV cache sizes after a run
+    expect(page.locator("#models")).to_contain_text("MiB")  # KV cache sizes after a run
     page.locator("#legend input[type=checkbox]").uncheck()
     expect(page.locator("body")).to_have_class(re.compile("sd-hide-rejected"))
     page.locator("#legend input[type=checkbox]").check()
