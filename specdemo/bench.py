@@ -767,7 +767,8 @@ def main(args, settings: RunSettings) -> int:
     }
     log(f"load average {results['machine']['load_average']} on {results['machine']['logical_cores']} cores")
     engine = Engine.load(settings)
-    engine.warm_up(max(8, settings.generation.k_max), log=lambda m: log(f"warm-up: {m}"))
+    # Always measured afresh: the report's cost curve and plan must come from this run's machine state.
+    engine.warm_up(max(8, settings.generation.k_max), fresh=True, log=lambda m: log(f"warm-up: {m}"))
     log(f"warm-up {engine.warm_up_s:.1f} s. {engine.costs.sentence()}")
     results["models"] = {"target": engine.target.describe(), "draft": engine.draft.describe()}
     results["costs"] = engine.costs.to_dict()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -251,7 +252,7 @@ class Engine:
                 if isinstance(event, Summary):
                     event.drafter = kind
                     event.plan = plan.reason if plan is not None else ""
-                    if event.stop_reason != "cancelled":
+                    if event.stop_reason != "cancelled" and os.environ.get("SPECDEMO_LEARN_ALPHA", "1") != "0":
                         self.alphas.record(kind, settings.greedy, event.accepted, event.rejections)
                 yield event
 

@@ -1,5 +1,6 @@
 """Shared fixtures: tiny random-weight models exported with optimum-intel, made inside the tests."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,10 @@ from specdemo import sources
 TINY_VOCAB = 512
 
 sources._hide_broken_torchvision()  # before anything here imports transformers or optimum
+
+# Test runs (tiny random models, short answers, odd instructions) must not teach the planner's α prior
+# what to expect of the user's runs; subprocesses inherit this too.
+os.environ["SPECDEMO_LEARN_ALPHA"] = "0"
 
 
 def make_tiny_hf_model(folder: Path, seed: int) -> Path:

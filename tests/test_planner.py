@@ -134,3 +134,9 @@ def test_an_instruction_that_quotes_code_is_recognised():
 def test_the_cost_model_survives_a_round_trip_through_json():
     assert CostModel.from_dict(MEMORY_BOUND.to_dict()) == MEMORY_BOUND
     assert MEMORY_BOUND.verify_steps(1) == 1.0 and MEMORY_BOUND.t(12) > MEMORY_BOUND.t(9)
+
+
+def test_a_dip_in_a_measured_cost_curve_is_noise_and_is_levelled():
+    from specdemo.costs import monotone
+
+    assert monotone([1.0, 1.2, 1.1, 1.5]) == (1.0, 1.2, 1.2, 1.5)
