@@ -102,7 +102,7 @@ class BenchSettings:
     genai_defaults_instructions: int = 3  # a pass with GenAI on its own compile defaults (0 = none)
     target_precisions: tuple[str, ...] = ("int8", "int4")
     draft_precisions: tuple[str, ...] = ("int4", "int8", "fp16")
-    kv_cache_precisions: tuple[str, ...] = ("u8", "", "f32")  # "" = the plugin's default for our config
+    kv_cache_precisions: tuple[str, ...] = ("u8", "f16", "")  # "" = our default (f32 on CPU)
     transformers_instructions: int = 3  # transformers is slow on CPU: fewer instructions
     transformers_tokens: int = 40
     lookup_instructions: int = 3  # of EDIT_INSTRUCTIONS
@@ -232,6 +232,11 @@ class Context:
         plan = self.engine.plan(CODE_INSTRUCTIONS[0], self.generation)
         return plan.k or self.generation.k
 
+    def k_label(self, peers: bool = False) -> str:
+        """How our lanes chose K in a section that runs the run's own settings ("auto K" or "K = 4")."""
+        ours = "auto K (the planner's choice each round)" if self.generation.k_auto else f"K = {self.generation.k}"
+        return f"ours {ours}, GenAI K = {self.k}" if peers and self.generation.k_auto else ours
+
     def fixed(self, k: int) -> GenerationSettings:
         """The run's generation settings with a fixed K."""
         return replace(self.generation, k=k, k_auto=False, adaptive=False, k_max=max(k, self.generation.k_max))
@@ -299,7 +304,8 @@ def run_paper(ctx: Context) -> dict:
         ctx.log(f"paper: N={n}, K={k}, {len(lanes)} lanes")
         runs = measure(lanes, instructions, prompts, n, ctx.bench, ctx.log)
         by_n[str(n)] = paper_figures(runs, n)
-    figures = {"k": k, "k_auto": generation.k_auto, "adaptive": generation.adaptive, "by_tokens": by_n}
+    figures = {"k": k, "k_label": ctx.k_label(peers=True), "k_auto": generation.k_auto, "adaptive": generation.adaptive,
+               "by_tokens": by_n}
     if ctx.bench.genai_defaults_instructions:
         n = max(ctx.bench.paper_tokens)
         del lanes  # let the pipelines above go before two more copies of the target load
@@ -449,7 +455,7 @@ def run_precision(ctx: Context) -> dict:
     for tp, dp, ar, name in pairs:
         draft = models[("draft", dp)]
         rows.append({"target": tp, "draft": dp, "draft_bytes": draft.describe()["size_on_disk_bytes"], **sweep_row(runs, ar, name)})
-    return {"max_new_tokens": n, "k": generation.k, "rows": rows, "runs": [r.to_dict() for r in runs]}
+    return {"max_new_tokens": n, "k": generation.k, "k_label": ctx.k_label(), "rows": rows, "runs": [r.to_dict() for r in runs]}
 
 
 def _models_by_precision(ctx: Context) -> dict:
@@ -503,7 +509,7 @@ def run_kv(ctx: Context) -> dict:
                 "kv_cache_bytes": stats.spread([float(b) for b in kv_bytes]),
             }
         )
-    return {"max_new_tokens": n, "k": generation.k, "rows": rows, "runs": [r.to_dict() for r in runs]}
+    return {"max_new_tokens": n, "k": generation.k, "k_label": ctx.k_label(), "rows": rows, "runs": [r.to_dict() for r in runs]}
 
 
 def run_lookup(ctx: Context) -> dict:

@@ -82,7 +82,8 @@ def _paper(results: dict):
     ax.set_xticks([j + width * len(groups) / 2 for j in range(len(ns))], [f"N = {n}" for n in ns])
     ax.set_ylabel("speedup over autoregressive (×)")
     ax.set_ylim(0, 1.3 * max([by_n[n]["speedup"]["ours speculative"]["max"] for n in ns] + papers))
-    ax.set_title(f"Speculative vs autoregressive, K = {results['sections']['paper']['k']}")
+    paper = results["sections"]["paper"]
+    ax.set_title(f"Speculative vs autoregressive, {paper.get('k_label') or 'K = ' + str(paper['k'])}", fontsize=9)
     ax.legend(fontsize=8, ncol=3, loc="upper left")
     return figure
 

@@ -93,7 +93,7 @@ def _header(results: dict) -> str:
         "1-minute load after each section: "
         + ", ".join(f"{name} {s['load_average_end'][0]}" for name, s in results["sections"].items() if "load_average_end" in s)
         + "\n"
-        "* reproduce: `python -m specdemo bench --out docs` (full, ~25 min) or `python -m specdemo bench --quick` "
+        "* reproduce: `python -m specdemo bench --out docs` (full, ~45 min on 2 cores, first run longer) or `python -m specdemo bench --quick` "
         "(~3 min); the raw runs are in `benchmarks.json`"
     )
 
@@ -130,7 +130,7 @@ def _costs(results: dict, plots: dict) -> str:
     text = (
         "## This machine's cost curve and the plan\n\n"
         f"Measured at warm-up ({results.get('warm_up_s', 0):.1f} s, not part of any lane's time) on {c['cpu']}: one target "
-        "call scoring n tokens after a 64-token prompt (median of 5), in milliseconds and in single steps. A draft step "
+        "call scoring n tokens after a 64-token prompt (fastest of 7), in milliseconds and in single steps. A draft step "
         f"(1 and 2 tokens): {draft or '–'}; prefill {c['target_prefill_tps']:.0f} tokens/s (target), "
         f"{c.get('draft_prefill_tps', 0):.0f} tokens/s (draft); a KV-cache rollback {c['target_rollback_s'] * 1e3:.1f} ms "
         f"(target), {c.get('draft_rollback_s', 0) * 1e3:.1f} ms (draft).\n\n"
@@ -153,6 +153,11 @@ def _vocab(vocab: dict | None) -> str:
     )
 
 
+def k_text(section: dict) -> str:
+    """How a section's lanes chose K: its label when the run let the planner choose, else "K = n"."""
+    return section.get("k_label") or f"K = {section['k']}"
+
+
 def ms_value(seconds: float) -> str:
     return "–" if seconds is None or math.isnan(seconds) else f"{seconds * 1e3:.1f} ms"
 
@@ -165,7 +170,7 @@ def _headlines(sections: dict) -> str:
         n = max(paper["by_tokens"], key=int)
         f = paper["by_tokens"][n]
         speedup = f["speedup"]
-        text = f"Speculative decoding (K = {paper['k']}, N = {n}) is **{speedup['ours speculative']['median']:.2f}×** faster than autoregressive"
+        text = f"Speculative decoding ({k_text(paper)}, N = {n}) is **{speedup['ours speculative']['median']:.2f}×** faster than autoregressive"
         text += f" (GenAI's C++ pipeline: {speedup['GenAI speculative']['median']:.2f}×"
         text += f"; the paper: {f['paper']['speedup']:.2f}×)" if "paper" in f else ")"
         lines.append(text + " (§1).")
@@ -293,10 +298,9 @@ def _paper(paper: dict | None, plots: dict) -> str:
         row += [f"{p['autoregressive_s']:.2f} s", f"{p['speculative_s']:.2f} s", f"{p['speedup']:.2f}×"] if p else ["–"] * 3
         rows.append(row)
     header = ["N", "ours AR", "ours spec", "ours speedup", "GenAI AR", "GenAI spec", "GenAI speedup", "paper AR", "paper spec", "paper speedup"]
-    k = paper["k"]
     text = (
         f"## 1. The paper's experiment\n\nDecode time for N new tokens, autoregressive (AR) vs speculative (spec, "
-        f"K = {k}{', adaptive' if paper['adaptive'] else ''}), median (min–max) over the code instructions. The paper "
+        f"{k_text(paper)}{', adaptive' if paper['adaptive'] else ''}), median (min–max) over the code instructions. The paper "
         "ran Dolly v2 12B with a 3B draft on other hardware: compare speedups, not seconds.\n\n" + table(header, rows)
     )
     return text + _image(plots, "paper", "Speedup over autoregressive: ours, GenAI, the paper")
@@ -324,7 +328,7 @@ def _peers(paper: dict | None, hf: dict | None, plots: dict) -> str:
             )
         text += (
             f"OpenVINO GenAI `LLMPipeline` on our converted IR folders, fed the same prompt token ids "
-            f"(chat template applied once, by us), greedy, N = {n}, K = {paper['k']}, its default continuous-batching "
+            f"(chat template applied once, by us), greedy, N = {n}, {k_text(paper)}, its default continuous-batching "
             "backend with prefix caching off (it would skip the prefill of a prompt seen before), and our compile "
             "properties (f32 inference precision, our KV cache precision).\n\n"
             + table(["lane", "wall time", "per token", "tokens", "acceptance", "same tokens as ours AR"], rows)
@@ -414,7 +418,7 @@ def _precision(precision: dict | None, plots: dict) -> str:
     for row, r in zip(rows, precision["rows"]):
         row.insert(3, ms(r["reference_per_token_s"]))
     text = (
-        f"### Weight precision\n\nN = {precision['max_new_tokens']}, K = {precision['k']}. Each speedup is over the same "
+        f"### Weight precision\n\nN = {precision['max_new_tokens']}, {k_text(precision)}. Each speedup is over the same "
         "target decoding alone (AR per token shown); \"same tokens\" compares with that target's own AR output.\n\n"
         + table(["target", "draft", "draft size", "AR per token", *_SWEEP_HEADER], rows)
     )
@@ -430,7 +434,7 @@ def _kv(kv: dict | None) -> str:
         row.insert(2, size(r["kv_cache_bytes"]["median"]))
     return (
         f"### KV cache precision\n\nBoth models' KV cache in the given element type (OpenVINO `KV_CACHE_PRECISION`), "
-        f"N = {kv['max_new_tokens']}, K = {kv['k']}; KV bytes are both caches at the end of a speculative run.\n\n"
+        f"N = {kv['max_new_tokens']}, {k_text(kv)}; KV bytes are both caches at the end of a speculative run.\n\n"
         + table(["KV cache", "AR step", "KV bytes", *_SWEEP_HEADER], rows)
     )
 
