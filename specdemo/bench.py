@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Callable
 
 from specdemo import bench_stats as stats
-from specdemo import machine
+from specdemo import machine, sources
 from specdemo.bench_stats import Run
 from specdemo.events import Summary
 from specdemo.settings import GenerationSettings, ModelSettings, RunSettings
@@ -354,14 +354,20 @@ def paper_figures(runs: list[Run], n: int) -> dict:
 def run_transformers(ctx: Context) -> dict:
     """transformers generate() and assisted generation beside ours, same prompts, same K."""
     from specdemo import bench_peers
+    from specdemo.disk import size
 
+    missing = [m for m in (ctx.engine.target, ctx.engine.draft) if bench_peers.hf_weights_missing(m.settings.source)]
+    if missing:  # say what it costs on disk before writing it
+        need = sum(m.describe()["parameters"] * 4 for m in missing)
+        ctx.log(f"transformers runs on float32 copies of the weights: about {size(need)} more under "
+                f"{sources.specdemo_home() / 'bench' / 'hf'} (python -m specdemo clean --remove bench frees it)")
     target_hf = bench_peers.hf_weights(ctx.settings.target.source, _log_progress(ctx.log, "dequantizing target"))
     draft_hf = bench_peers.hf_weights(ctx.settings.draft.source, _log_progress(ctx.log, "dequantizing draft"))
     if target_hf is None or draft_hf is None:
         return {"skipped": "transformers needs the Hugging Face weights: use preset models or local Hugging Face folders"}
     ctx.log(f"loading transformers models (float32) from {target_hf.parent}")
     pair = bench_peers.TransformersPair(target_hf, draft_hf)
-    generation, k, n = ctx.generation, ctx.generation.k, min(ctx.bench.transformers_tokens, ctx.generation.max_new_tokens)
+    generation, k, n = ctx.generation, ctx.k, min(ctx.bench.transformers_tokens, ctx.generation.max_new_tokens)
     lanes = [
         our_lane("ours autoregressive", ctx.engine, "autoregressive", generation),
         our_lane("ours speculative", ctx.engine, "speculative", generation),

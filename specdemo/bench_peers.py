@@ -156,6 +156,11 @@ def hf_weights(source: str, progress: sources.Progress | None = None) -> Path | 
     return folder
 
 
+def hf_weights_missing(source: str) -> bool:
+    """Whether hf_weights(source) would first have to dequantize a preset (and write gigabytes)."""
+    return source in sources.PRESETS and not (sources.specdemo_home() / "bench" / "hf" / source / "config.json").is_file()
+
+
 def _dequantize_preset(preset: str, folder: Path, progress: sources.Progress) -> None:
     folder.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
