@@ -139,16 +139,7 @@ def _pad(row: list[int], n: int) -> list[int]:
 def step_seconds(runs: list[Run]) -> float:
     """Median seconds of one target call after the prefill (an autoregressive step, or a verify call)."""
     steps = [r.summary["target_step_s"] for r in runs if r.summary.get("target_step_s")]
-    if not steps:  # autoregressive summaries carry only totals: derive the step from them
-        steps = [_target_step(r.summary) for r in runs if r.summary.get("target_calls", 0) > 1]
     return statistics.median(steps) if steps else math.nan
-
-
-def _target_step(summary: dict) -> float:
-    """Mean target call after the first, for a summary without target_step_s: total minus the prefill's share."""
-    calls = summary["target_calls"]
-    ttft = min(summary.get("ttft_s", 0.0), summary["target_s"])  # the prefill is most of the first token's time
-    return (summary["target_s"] - ttft) / (calls - 1)
 
 
 # Where a speculative run's wall time goes, in the order the report lists it.
@@ -167,7 +158,7 @@ def time_shares(runs: list[Run]) -> dict[str, float]:
     for r in runs:
         s = r.summary
         target_steps = s.get("target_calls", 0) - 1
-        target_step = s.get("target_step_s") or (_target_step(s) if target_steps > 0 else 0.0)
+        target_step = s.get("target_step_s", 0.0)
         target_prefill = s.get("target_s", 0.0) - target_step * max(target_steps, 0)
         draft_steps = s.get("draft_calls", 0) - 1
         draft_prefill = s.get("draft_s", 0.0) - s.get("draft_step_s", 0.0) * max(draft_steps, 0)

@@ -126,7 +126,7 @@ def make_plan(costs: CostModel, drafter: str, alpha: float, k_max: int, auto: bo
     if k == 0:
         best = max(predicted_speedup(costs, alpha, j, drafter) for j in range(1, k_max + 1))
         reason = (f"No K pays on this machine (best predicted {best:.2f}× at α = {alpha:.2f}: scoring "
-                  f"{2} tokens costs {costs.verify_steps(2):.1f} steps), so the speculative lane runs the target alone.")
+                  f"2 tokens costs {costs.verify_steps(2):.1f} steps), so the speculative lane runs the target alone.")
     else:
         reason = (f"K = {k} chosen for this machine: predicted {speedup:.2f}× at α = {alpha:.2f} "
                   f"(scoring {k + 1} tokens costs {costs.verify_steps(k + 1):.1f} steps, a draft step "
