@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import os
 
-from specdemo import sources
+from specdemo import compat
 
-sources.keep_torch_out()  # the server never needs torch: conversion runs in a child process
+compat.keep_torch_out()  # the server never needs torch: conversion runs in a child process
 
 from specdemo import ui  # noqa: E402 - after keep_torch_out, so transformers does not load torch
 

@@ -35,7 +35,7 @@ from typing import Callable
 from specdemo import bench_stats as stats
 from specdemo import machine, sources
 from specdemo.bench_stats import Run
-from specdemo.events import Summary
+from specdemo.events import Summary, drain
 from specdemo.settings import GenerationSettings, ModelSettings, RunSettings
 
 CODE_INSTRUCTIONS = [
@@ -156,7 +156,8 @@ def our_lane(name: str, engine, mode: str, generation: GenerationSettings, refer
     def run(instruction: str, prompt_ids: list[int], n: int) -> Run:
         settings = replace(generation, max_new_tokens=n)
         start = time.perf_counter()
-        ids, summary = _drain(getattr(engine, mode)(instruction, settings))
+        result = drain(getattr(engine, mode)(instruction, settings))
+        ids, summary = result.ids, result.summary
         wall = time.perf_counter() - start
         return Run(name, 0, 0, n, wall, len(ids), summary=summary.to_dict(), ids=ids)
 
@@ -172,15 +173,6 @@ def peer_lane(name: str, generate: Callable, reference: str | None = None, **opt
         return Run(name, 0, 0, n, peer.wall_s, len(peer.ids), summary=summary, ids=peer.ids)
 
     return Lane(name, run, reference)
-
-
-def _drain(events) -> tuple[list[int], Summary]:
-    ids = []
-    for event in events:
-        if isinstance(event, Summary):
-            return ids, event
-        ids.append(event.id)
-    raise RuntimeError("the decoding loop ended without a summary")
 
 
 def measure(lanes: list[Lane], instructions: list[str], prompts: list[list[int]], n: int, bench: BenchSettings, log) -> list[Run]:
@@ -239,7 +231,7 @@ class Context:
 
     def fixed(self, k: int) -> GenerationSettings:
         """The run's generation settings with a fixed K."""
-        return replace(self.generation, k=k, k_auto=False, adaptive=False, k_max=max(k, self.generation.k_max))
+        return replace(self.generation, k=k, k_auto=False, adaptive=False)
 
     @property
     def eos_ids(self) -> set[int]:
@@ -635,10 +627,10 @@ def measure_memory(settings: RunSettings, mode: str, instruction: str, n: int) -
     try:
         engine = Engine.load(settings, with_draft=mode == "speculative")
         generation = replace(settings.generation, max_new_tokens=n)
-        _drain(getattr(engine, mode)(instruction, replace(generation, max_new_tokens=8)))
+        drain(getattr(engine, mode)(instruction, replace(generation, max_new_tokens=8)))
         loaded = process.memory_info().rss
         peak["generating"] = loaded
-        _, summary = _drain(getattr(engine, mode)(instruction, generation))
+        summary = drain(getattr(engine, mode)(instruction, generation)).summary
     finally:
         done.set()
         sampler.join()

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdemo import runtime, sources
+from specdemo import compat, sources
 from specdemo.settings import ModelSettings
 
 
@@ -94,7 +94,7 @@ class GenAIPipeline:
 
 def compile_properties(settings: ModelSettings) -> dict:
     """Our runtime's compile properties for `settings`, for a GenAI pipeline to use too."""
-    config = runtime._compile_config(settings, sources.specdemo_home() / "ov_cache")
+    config = compat.compile_config(settings, sources.specdemo_home() / "ov_cache")
     # GenAI's continuous-batching pipeline schedules its own streams; keep what changes the kernels.
     return {key: value for key, value in config.items() if key in ("INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION", "CACHE_DIR")}
 
@@ -103,7 +103,7 @@ class TransformersPair:
     """A transformers target, optionally with an assistant, in float32 on the CPU."""
 
     def __init__(self, target: Path, draft: Path | None):
-        sources._hide_broken_torchvision()
+        compat.hide_broken_torchvision()
         import torch
         import transformers
         from transformers import AutoModelForCausalLM
@@ -166,7 +166,7 @@ def _dequantize_preset(preset: str, folder: Path, progress: sources.Progress) ->
     scratch = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     try:
         sources.assemble_parts(sources.PRESETS[preset], scratch / "model.gguf", progress)
-        sources._hide_broken_torchvision()
+        compat.hide_broken_torchvision()
         sources._gguf_to_hf_folder(str(scratch), "model.gguf", str(scratch / "hf"))
         if folder.exists():
             shutil.rmtree(folder)

@@ -11,8 +11,8 @@ import json
 import sys
 from dataclasses import asdict
 
-from specdemo import sources
-from specdemo.events import ACCEPTED, BONUS, CORRECTED, Summary, TokenEvent, measured_speedup
+from specdemo import compat, sources
+from specdemo.events import ACCEPTED, BONUS, CORRECTED, Summary, TokenEvent, drain, measured_speedup
 from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET, DRAFTERS, PRECISIONS, GenerationSettings, ModelSettings, RunSettings
 
 # The page's cap: a 2,048-token prompt takes ~15 s to prefill on 2 cores; 12,500 tokens ran for over 10 minutes.
@@ -100,7 +100,6 @@ def settings_from(args: argparse.Namespace) -> RunSettings:
             k=GenerationSettings.k if args.k == "auto" else args.k,
             k_auto=args.k == "auto" and not args.adaptive,
             adaptive=args.adaptive,
-            k_max=max(GenerationSettings.k if args.k == "auto" else args.k, GenerationSettings.k_max),
             drafter=args.drafter,
         )
     return RunSettings(target, draft, generation)
@@ -116,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "prepare":
             return _prepare(settings)
         if args.command == "generate":
-            sources.keep_torch_out()  # generating needs no torch; conversion, if any, runs in a child process
+            compat.keep_torch_out()  # generating needs no torch; conversion, if any, runs in a child process
             return _generate(args, settings)
         from specdemo import bench
 
@@ -216,19 +215,16 @@ def _prefill_estimate(engine, prompt_tokens: int, new_tokens: int) -> str:
 def _consume(events, show: bool) -> dict:
     """Drain one lane's events into the JSON shape, printing text as it streams when `show`."""
     colour = show and sys.stdout.isatty()
-    tokens, text = [], []
-    summary = None
-    for event in events:
-        if isinstance(event, Summary):
-            summary = event
-            continue
-        tokens.append({"id": event.id, "text": event.text, "source": event.source, "step": event.step, "t": round(event.t, 6)})
-        text.append(event.text)
-        if show:
-            print(_render(event, colour), end="", flush=True)
+    result = drain(events, on_token=(lambda event: print(_render(event, colour), end="", flush=True)) if show else None)
     if show:
         print()
-    return {"token_ids": [t["id"] for t in tokens], "text": "".join(text), "tokens": tokens, "summary": summary.to_dict()}
+    return {"token_ids": result.ids, "text": result.text, "tokens": [_token_dict(t) for t in result.tokens],
+            "summary": result.summary.to_dict()}
+
+
+def _token_dict(event: TokenEvent) -> dict:
+    keep = ("id", "text", "source", "step", "t")  # the JSON keeps what a reader of one run needs
+    return {key: round(value, 6) if key == "t" else value for key, value in event.to_dict().items() if key in keep}
 
 
 def _render(event: TokenEvent, colour: bool) -> str:

@@ -20,13 +20,13 @@ from typing import Iterator
 
 import numpy as np
 
-from specdemo import costs, decoding, planner, sources, vocab
+from specdemo import compat, costs, decoding, planner, sources, vocab
 from specdemo.costs import CostModel
 from specdemo.drafting import make_drafter
 from specdemo.events import Summary
 from specdemo.planner import AlphaHistory, Plan, make_plan
 from specdemo.runtime import OVModel
-from specdemo.settings import GenerationSettings, ModelSettings, RunSettings
+from specdemo.settings import K_MAX, GenerationSettings, ModelSettings, RunSettings
 
 # Stands in for the instruction when the chat template is rendered; no template contains it.
 _INSTRUCTION_SLOT = "\x00specdemo-instruction\x00"
@@ -84,7 +84,7 @@ class LoadedModel:
 
 
 def load_model(settings: ModelSettings, progress: sources.Progress | None = None) -> LoadedModel:
-    sources._hide_broken_torchvision()
+    compat.hide_broken_torchvision()
     from transformers import AutoTokenizer
 
     folder = sources.prepare(settings, progress)
@@ -148,7 +148,7 @@ class Engine:
         names = [str(self.target.folder), str(self.draft.folder) if self.draft else "", str(self.draft.settings.head_tokens) if self.draft else ""]
         return hashlib.sha256("|".join(names).encode()).hexdigest()[:12]
 
-    def warm_up(self, k_max: int = GenerationSettings.k_max, fresh: bool = False, log=lambda message: None) -> float:
+    def warm_up(self, k_max: int = K_MAX, fresh: bool = False, log=lambda message: None) -> float:
         """Pay every first-call cost before anything is timed, and know this machine's call costs.
 
         Runs each shape a generation uses (the prompt's prefill, one token, and up to k_max + 1 tokens)

@@ -6,6 +6,7 @@ are shown. Times are seconds from `time.perf_counter()`, relative to the start o
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 
 # Where a token came from.
@@ -71,6 +72,35 @@ class Summary:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass
+class Result:
+    """One lane's events, drained: the tokens in order and the closing summary."""
+
+    tokens: list[TokenEvent]
+    summary: Summary
+
+    @property
+    def ids(self) -> list[int]:
+        return [t.id for t in self.tokens]
+
+    @property
+    def text(self) -> str:
+        return "".join(t.text for t in self.tokens)
+
+
+def drain(events: Iterable[TokenEvent | Summary], on_token: Callable[[TokenEvent], None] | None = None) -> Result:
+    """The one way to consume a decoding loop: collect its tokens (calling `on_token` for each as it comes)
+    until its summary. A loop that ends without a summary is a bug in the loop, not a user error."""
+    tokens = []
+    for event in events:
+        if isinstance(event, Summary):
+            return Result(tokens, event)
+        tokens.append(event)
+        if on_token is not None:
+            on_token(event)
+    raise RuntimeError("the decoding loop ended without a summary")
 
 
 def measured_speedup(autoregressive: Summary, speculative: Summary) -> float:

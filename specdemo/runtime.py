@@ -16,6 +16,7 @@ import numpy as np
 import openvino as ov
 from openvino import opset13 as ops
 
+from specdemo.compat import compile_config
 from specdemo.settings import ModelSettings
 
 
@@ -38,7 +39,7 @@ class OVModel:
         self.head_ids = head_ids if head_ids is not None and _trim_lm_head(model, head_ids) else None
         self.sliced_logits = _keep_only_last_logits(model)
         self._seq_axis = _sequence_axis(model)
-        self.compiled = core.compile_model(model, settings.device, _compile_config(settings, cache_dir))
+        self.compiled = core.compile_model(model, settings.device, compile_config(settings, cache_dir))
         self.request = self.compiled.create_infer_request()
         self._kv_type = _kv_cache_type(self.compiled)
         self.length = 0
@@ -138,28 +139,6 @@ class OVModel:
             return 0
         elements = sum(int(np.prod(state.state.shape)) for state in self.request.query_state())
         return elements * self._kv_type.size
-
-
-def _compile_config(settings: ModelSettings, cache_dir: Path | None) -> dict:
-    config = {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": "1"}
-    precision, kv = settings.inference_precision, settings.kv_cache_precision
-    if settings.device.upper().startswith("CPU"):
-        # Measured on a 2-core AVX-512/BF16 CPU with INT8/INT4 weights: f32 activations are as fast as
-        # the bf16 default and keep batched and single-token logits close (bf16 rounds logits near 20 to
-        # steps of 0.125, so exact ties flip). With f32 activations the plugin would store the KV cache
-        # in f16, which made a decode step ~12% slower than an f32 (or u8) cache; f32 also rolls back
-        # exactly and costs 57 KB per token for the 1.5B target.
-        precision = precision or "f32"
-        kv = kv or "f32"
-    if precision:
-        config["INFERENCE_PRECISION_HINT"] = precision
-    if kv:
-        config["KV_CACHE_PRECISION"] = kv
-    if settings.num_threads:
-        config["INFERENCE_NUM_THREADS"] = settings.num_threads
-    if cache_dir is not None:
-        config["CACHE_DIR"] = str(cache_dir)
-    return config
 
 
 def _kv_cache_type(compiled: ov.CompiledModel) -> ov.Type:

@@ -13,6 +13,7 @@ PRECISIONS = ("fp16", "int8", "int4")
 KV_CACHE_PRECISIONS = ("", "u8", "f16", "bf16", "f32")
 INFERENCE_PRECISIONS = ("", "f32", "bf16", "f16")
 DRAFTERS = ("model", "prompt-lookup")
+K_MAX = 8  # the default ceiling for adaptive and auto K: the cost curve is measured up to K_MAX + 1 tokens
 
 
 @dataclass(frozen=True)
@@ -66,20 +67,24 @@ class GenerationSettings:
     k_auto: bool = False  # the planner picks K each round from this machine's costs and the running α̂ (specdemo/planner.py)
     adaptive: bool = False  # grow K after a fully accepted round, shrink it after a rejection
     k_min: int = 1  # adaptive K never goes below this
-    k_max: int = 8  # adaptive K never goes above this
+    k_max: int | None = None  # adaptive and auto K never go above this; None: max(k, K_MAX) (see __post_init__)
     drafter: str = "model"  # "model" (draft LLM) or "prompt-lookup" (n-gram match, no draft model)
     lookup_ngram: int = 3  # prompt lookup: longest n-gram to match at the end of the text
     system_prompt: str = ""  # optional system message for the chat template
 
     def __post_init__(self):
         check = _Checker()
+        check.int_in("k", self.k, 1, 64)
+        # One rule for the ceiling, here rather than in every caller: by default it is K_MAX or K if larger,
+        # and a fixed K always lifts it, so warm-up measures every shape the run will use.
+        if self.k_max is None or (not self.adaptive and isinstance(self.k_max, int) and self.k > self.k_max):
+            object.__setattr__(self, "k_max", max(self.k, K_MAX if self.k_max is None else self.k_max))
         check.int_in("max_new_tokens", self.max_new_tokens, 1, 100_000)
         check.number_in("temperature", self.temperature, 0.0, 100.0)
         check.int_in("top_k", self.top_k, 0, 10_000_000)
         check.number_in("top_p", self.top_p, 0.0, 1.0, low_open=True)
         if self.seed is not None:
             check.int_in("seed", self.seed, 0, 2**63 - 1)
-        check.int_in("k", self.k, 1, 64)
         check.int_in("k_min", self.k_min, 1, 64)
         check.int_in("k_max", self.k_max, self.k_min, 64)
         if self.adaptive and not self.k_min <= self.k <= self.k_max:

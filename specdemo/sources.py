@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
+from specdemo import compat
 from specdemo.settings import ModelSettings
 
 CACHE_VERSION = "v2"  # bump when the conversion changes, so old caches are not reused
@@ -101,13 +102,6 @@ def cached_folder(settings: ModelSettings) -> Path:
             name = source
     slug = re.sub(r"[^A-Za-z0-9._-]+", "--", name).strip("-.")
     return specdemo_home() / "models" / CACHE_VERSION / f"{slug}-{settings.precision}"
-
-
-def is_prepared(settings: ModelSettings) -> bool:
-    path = Path(settings.source).expanduser()
-    if settings.source not in PRESETS and path.is_dir() and is_ir_folder(path):
-        return True
-    return (cached_folder(settings) / COMPLETE_MARKER).is_file()
 
 
 def prepare(settings: ModelSettings, progress: Progress | None = None) -> Path:
@@ -253,7 +247,7 @@ def _part_path(model: EmbeddedModel, i: int) -> Path:
 
 def _export(source: str, hf_source: str, gguf_file: str | None, out: Path, progress: Progress) -> None:
     """Export a transformers model (folder, hub id, or GGUF inside a folder) to a stateful OpenVINO IR."""
-    _hide_broken_torchvision()
+    compat.hide_broken_torchvision()
     from optimum.exporters.openvino import main_export
     from optimum.intel import OVConfig
 
@@ -320,34 +314,6 @@ def _compress(folder: Path, precision: str) -> None:
     del model
     os.replace(folder / "compressed.xml", xml)
     os.replace(folder / "compressed.bin", folder / "openvino_model.bin")
-
-
-def keep_torch_out() -> None:
-    """For a process that only serves the models: make `import torch` fail from now on.
-
-    transformers imports torch whenever it is installed, which costs a serving process ~6 s of start-up
-    and ~350 MB it never uses (tokenizers and chat templates need no torch). Conversion, which does
-    need it, runs in a child process (see _convert_in_child). Call this before transformers is imported.
-    """
-    if "torch" not in sys.modules:
-        sys.modules["torch"] = None  # importlib then answers "not installed"
-
-
-def _hide_broken_torchvision() -> None:
-    """Make transformers run without torchvision when torchvision cannot load.
-
-    optimum-intel depends on torchvision, but the only torchvision built for torch 2.13 on PyPI
-    links CUDA libraries the CPU-only torch lacks; importing it then raises, and transformers
-    imports it whenever it is installed. Text models never need it, so hide it.
-    """
-    if "torchvision" in sys.modules:
-        return
-    try:
-        import torchvision  # noqa: F401
-    except (ImportError, RuntimeError, OSError):
-        for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
-            del sys.modules[name]
-        sys.modules["torchvision"] = None  # importlib.util.find_spec now answers None
 
 
 def terminal_progress(source: str, stream=None) -> Progress:

@@ -77,7 +77,6 @@ def generation_settings(
         k=k,
         k_auto=bool(k_auto) and not adaptive,
         adaptive=bool(adaptive),
-        k_max=max(k, GenerationSettings.k_max) if isinstance(k, int) else GenerationSettings.k_max,
         drafter=drafter,
     )
 

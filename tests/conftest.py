@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from specdemo import sources
+from specdemo import compat, sources
 
 TINY_VOCAB = 512
 
-sources._hide_broken_torchvision()  # before anything here imports transformers or optimum
+compat.hide_broken_torchvision()  # before anything here imports transformers or optimum
 
 # Test runs (tiny random models, short answers, odd instructions) must not teach the planner's α prior
 # what to expect of the user's runs; subprocesses inherit this too.

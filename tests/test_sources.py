@@ -30,7 +30,6 @@ def test_a_local_hugging_face_folder_is_converted_once_and_cached(home, tiny_hf,
     folder = sources.prepare(settings, _quiet)
     assert folder.is_relative_to(home / "models" / sources.CACHE_VERSION)
     assert (folder / "openvino_model.xml").is_file() and (folder / sources.COMPLETE_MARKER).is_file()
-    assert sources.is_prepared(settings)
 
     def must_not_convert(*args):
         raise AssertionError("converted again")
@@ -50,7 +49,7 @@ def test_an_interrupted_conversion_leaves_nothing_half_made(home, tiny_hf, monke
     with pytest.raises(KeyboardInterrupt):
         sources.prepare(settings, _quiet)
     parent = sources.cached_folder(settings).parent
-    assert not sources.is_prepared(settings)
+    assert not sources.cached_folder(settings).exists()
     assert [p.name for p in parent.iterdir() if p.suffix != ".lock"] == []  # no scratch folder left either
 
     monkeypatch.undo()
