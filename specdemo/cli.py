@@ -46,9 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="median autoregressive vs speculative time on code instructions")
     _add_model_flags(bench)
     _add_generation_flags(bench, max_new_tokens=100)
-    from specdemo import bench as bench_module
-
-    bench_module.add_arguments(bench)
+    _add_benchmark_flags(bench)
     return parser
 
 
@@ -74,6 +72,17 @@ def _add_generation_flags(parser: argparse.ArgumentParser, max_new_tokens: int =
     parser.add_argument("--top-k", type=int, default=defaults.top_k)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
+
+
+def _add_benchmark_flags(parser: argparse.ArgumentParser) -> None:
+    """The bench command's own flags (model and generation flags are shared with generate)."""
+    from specdemo.bench import SECTIONS
+
+    parser.add_argument("--quick", action="store_true", help="a couple of minutes: default pair only, 2 instructions, short outputs")
+    parser.add_argument("--only", default="", help=f"comma-separated sections to run, of: {', '.join(SECTIONS)}")
+    parser.add_argument("--repeats", type=int, default=1, help="passes over the instructions after the warm-up")
+    parser.add_argument("--out", default="bench-results", help="folder for benchmarks.md, benchmarks.json and the plots")
+    parser.add_argument("--json", action="store_true", help="also print the results as JSON on stdout")
 
 
 def _k_value(text: str):
@@ -117,15 +126,46 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "generate":
             compat.keep_torch_out()  # generating needs no torch; conversion, if any, runs in a child process
             return _generate(args, settings)
-        from specdemo import bench
-
-        return bench.main(args, settings)
+        return _bench(args, settings)
     except (ValueError, sources.ModelSourceError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def benchmark_settings(args: argparse.Namespace):
+    """BenchSettings from the bench command's flags. Raises ValueError with a message for users."""
+    from dataclasses import replace
+
+    from specdemo.bench import FULL, QUICK, SECTIONS
+
+    preset = QUICK if args.quick else FULL
+    asked = {s.strip() for s in args.only.split(",") if s.strip()}
+    # In the order of SECTIONS; unknown names go last, for BenchSettings to refuse.
+    sections = tuple(s for s in SECTIONS if s in asked) + tuple(sorted(asked - set(SECTIONS)))
+    return replace(preset, repeats=args.repeats, sections=sections or preset.sections)
+
+
+def _bench(args: argparse.Namespace, settings: RunSettings) -> int:
+    import time
+    from pathlib import Path
+
+    from specdemo import bench
+
+    measure = benchmark_settings(args)  # refused flags and settings end here, before the models load
+    bench.check_generation(settings.generation)
+    started = time.perf_counter()
+    stream = sys.stderr if args.json else sys.stdout
+
+    def log(message: str) -> None:
+        print(f"[{time.perf_counter() - started:6.0f} s] {message}", file=stream, flush=True)
+
+    results = bench.run(settings, measure, Path(args.out), log, command="python -m specdemo " + " ".join(sys.argv[1:]))
+    if args.json:
+        print(json.dumps(results, indent=2, default=str))
+    return 0
 
 
 def _check_devices(settings: RunSettings) -> None:

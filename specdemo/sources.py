@@ -256,7 +256,7 @@ def _export(source: str, hf_source: str, gguf_file: str | None, out: Path, progr
         # optimum-intel exports from a folder or a hub id, so dequantize the GGUF into a plain folder first.
         progress(0.12, f"{source}: dequantizing the GGUF weights")
         from_model = str(out.parent / "hf")
-        _gguf_to_hf_folder(hf_source, gguf_file, from_model)
+        gguf_to_hf_folder(hf_source, gguf_file, from_model)
     progress(0.35, f"{source}: exporting to OpenVINO IR with optimum-intel")
     try:
         # An OVConfig without quantization stops optimum from compressing on its own; NNCF does it next.
@@ -270,7 +270,8 @@ def _export(source: str, hf_source: str, gguf_file: str | None, out: Path, progr
         raise ModelSourceError(f"could not export {source} to OpenVINO: {type(error).__name__}: {error}") from error
 
 
-def _gguf_to_hf_folder(folder: str, gguf_file: str, dest: str) -> None:
+def gguf_to_hf_folder(folder: str, gguf_file: str, dest: str) -> None:
+    """Dequantize `folder`/`gguf_file` into a plain Hugging Face folder `dest` (weights and tokenizer)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:

@@ -1,22 +1,30 @@
 """The benchmark: its statistics, its report and its flags on synthetic runs; one short real run."""
 
 import math
+from dataclasses import asdict
 
 import pytest
 
-from specdemo import bench, bench_report
-from specdemo.bench_stats import (
+from specdemo import bench
+from specdemo.bench import machine, report, report_tables
+from specdemo.bench.harness import Context, Lane, Output, Run, measure
+from specdemo.bench.sections import paper_figures
+from specdemo.bench.stats import (
     COMPONENTS,
-    Run,
-    paired_ratios,
     call_speedup,
+    paired_ratios,
     speculative_figures,
     spread,
     time_shares,
 )
-from specdemo.cli import build_parser
+from specdemo.bench.sweeps import sweep
+from specdemo.bench.targets import judge_targets
+from specdemo.cli import benchmark_settings, build_parser
 from specdemo.events import expected_speedup
-from specdemo.settings import GenerationSettings
+from specdemo.settings import GenerationSettings, RunSettings
+
+AR = Lane("ar", "specdemo", "autoregressive")
+SPEC = Lane("spec", "specdemo", "speculative", baseline=AR)
 
 
 def _run(lane, instruction, wall_s, tokens=100, repeat=0, **summary):
@@ -39,19 +47,19 @@ def test_spread_of_one_value_has_no_deviation_and_nans_are_dropped():
 
 def test_speedups_are_paired_by_instruction_and_repeat_per_token():
     runs = [
-        _run("ar", 0, 10.0),
-        _run("spec", 0, 5.0),
-        _run("ar", 1, 8.0, repeat=0),
-        _run("spec", 1, 2.0, tokens=50),  # stopped early: compared per token, 8/100 over 2/50
-        _run("ar", 0, 9.0, repeat=1),  # no speculative partner: left out
+        _run(AR, 0, 10.0),
+        _run(SPEC, 0, 5.0),
+        _run(AR, 1, 8.0, repeat=0),
+        _run(SPEC, 1, 2.0, tokens=50),  # stopped early: compared per token, 8/100 over 2/50
+        _run(AR, 0, 9.0, repeat=1),  # no speculative partner: left out
     ]
-    assert sorted(paired_ratios(runs, "ar", "spec")) == pytest.approx([2.0, 2.0])
+    assert sorted(paired_ratios(runs, AR, SPEC)) == pytest.approx([2.0, 2.0])
 
 
 def test_acceptance_is_pooled_over_rounds_and_fed_to_leviathans_formula():
     runs = [
-        _run("spec", 0, 1.0, proposed=40, accepted=36, rejections=2, accepted_histogram=[1, 0, 0, 1, 8], cost_ratio=0.2),
-        _run("spec", 1, 1.0, proposed=8, accepted=0, rejections=2, accepted_histogram=[2], cost_ratio=0.3),
+        _run(SPEC, 0, 1.0, proposed=40, accepted=36, rejections=2, accepted_histogram=[1, 0, 0, 1, 8], cost_ratio=0.2),
+        _run(SPEC, 1, 1.0, proposed=8, accepted=0, rejections=2, accepted_histogram=[2], cost_ratio=0.3),
     ]
     figures = speculative_figures(runs)
     assert figures["alpha"] == pytest.approx(36 / 40)  # accepted / (accepted + rounds that ended in a rejection)
@@ -68,7 +76,7 @@ def test_time_shares_split_prefills_and_leave_the_rest_to_python():
         draft_calls=41, draft_s=1.0, draft_step_s=0.02,  # prefill 0.2 s, 40 steps of 0.02 s
         rollback_s=0.1,
     )
-    shares = time_shares([_run("spec", 0, 2.5, **summary)])
+    shares = time_shares([_run(SPEC, 0, 2.5, **summary)])
     assert list(shares) == list(COMPONENTS)
     assert shares["target prefill"] == pytest.approx(0.2 / 2.5)
     assert shares["target verify"] == pytest.approx(1.0 / 2.5)
@@ -92,14 +100,14 @@ def test_call_speedup_is_leviathans_formula_when_a_verify_call_costs_one_step():
 
 def test_cells_show_median_then_min_to_max():
     s = spread([4.05, 4.21, 4.60])
-    assert bench_report.seconds(s) == "4.21 s (4.05–4.60)"
-    assert bench_report.times(spread([1.8])) == "1.80×"
-    assert bench_report.ms(spread([0.0421, 0.0403, 0.045])) == "42.1 ms (40.3–45.0)"
-    assert bench_report.seconds(spread([])) == "–"
+    assert report_tables.seconds(s) == "4.21 s (4.05–4.60)"
+    assert report_tables.times(spread([1.8])) == "1.80×"
+    assert report_tables.ms(spread([0.0421, 0.0403, 0.045])) == "42.1 ms (40.3–45.0)"
+    assert report_tables.seconds(spread([])) == "–"
 
 
 def test_markdown_table_has_header_alignment_and_rows():
-    text = bench_report.table(["lane", "time"], [["ours", "1.0 s"]])
+    text = report_tables.table(["lane", "time"], [["ours", "1.0 s"]])
     assert text.splitlines() == ["| lane | time |", "| --- | ---: |", "| ours | 1.0 s |"]
 
 
@@ -108,14 +116,22 @@ def test_targets_are_judged_with_their_gap():
         "paper": {
             "by_tokens": {
                 "100": {
-                    "ratios": {"ours speculative / GenAI speculative": spread([0.9])},
+                    "lanes": {
+                        "ours speculative": {"framework": "specdemo", "kind": "speculative"},
+                        "GenAI speculative": {"framework": "genai", "kind": "speculative"},
+                    },
+                    "ratios": {
+                        "ours speculative / GenAI speculative": {
+                            "numerator": "ours speculative", "denominator": "GenAI speculative", **spread([0.9])
+                        }
+                    },
                     "speedup": {"ours speculative": spread([1.8])},
                     "time_shares": {"ours speculative": dict.fromkeys(COMPONENTS, 0.0) | {"our Python": 0.01}},
                 }
             }
         }
     }
-    targets = {t["target"]: t for t in bench.judge_targets(sections)}
+    targets = {t["target"]: t for t in judge_targets(sections)}
     assert targets["our speculative / GenAI speculative time"]["met"]
     speedup = targets["speculative speedup over autoregressive (code)"]
     assert not speedup["met"] and speedup["gap"] == pytest.approx(-0.1)
@@ -130,27 +146,27 @@ def _args(*flags):
 
 
 def test_quick_flag_selects_the_quick_preset():
-    settings = bench.bench_settings(_args("--quick"))
+    settings = benchmark_settings(_args("--quick"))
     assert settings == bench.QUICK
     assert "precision" not in settings.sections and settings.instructions == 2
 
 
 def test_default_is_the_full_preset_with_every_section():
-    assert bench.bench_settings(_args()).sections == bench.SECTIONS
+    assert benchmark_settings(_args()).sections == bench.SECTIONS
 
 
 def test_only_runs_the_named_sections_in_the_standard_order():
-    assert bench.bench_settings(_args("--only", "memory, paper")).sections == ("paper", "memory")
+    assert benchmark_settings(_args("--only", "memory, paper")).sections == ("paper", "memory")
 
 
 def test_unknown_section_is_refused_with_the_choices():
     with pytest.raises(ValueError, match="unknown bench section speed; choose from paper"):
-        bench.bench_settings(_args("--only", "speed"))
+        benchmark_settings(_args("--only", "speed"))
 
 
 def test_repeats_below_one_are_refused():
     with pytest.raises(ValueError, match="--repeats must be at least 1"):
-        bench.bench_settings(_args("--repeats", "0"))
+        benchmark_settings(_args("--repeats", "0"))
 
 
 def test_sampling_is_refused_because_peers_are_compared_token_for_token():
@@ -158,22 +174,32 @@ def test_sampling_is_refused_because_peers_are_compared_token_for_token():
         bench.check_generation(GenerationSettings(temperature=0.7))
 
 
+def test_a_speculative_lane_without_a_baseline_is_refused():
+    with pytest.raises(ValueError, match="needs the autoregressive baseline"):
+        Lane("spec", "specdemo", "speculative")
+
+
 # ---- measuring
+
+
+def _output(wall_s, ids=(1, 2, 3, 4), **summary):
+    """A lane's generate() that always gives `ids` in `wall_s` seconds."""
+    return lambda instruction, prompt_ids, n: Output(list(ids), wall_s, summary)
 
 
 def test_lanes_are_warmed_up_then_interleaved_per_instruction():
     calls = []
 
-    def lane(name, ids):
-        def run(instruction, prompt_ids, n):
+    def lane(name, ids, kind="autoregressive"):
+        def generate(instruction, prompt_ids, n):
             calls.append((name, instruction, n))
-            return Run(name, 0, 0, n, 1.0, len(ids), ids=ids)
+            return Output(ids, 1.0, {})
 
-        return bench.Lane(name, run)
+        return Lane(name, "specdemo", kind, baseline=AR if kind == "speculative" else None, generate=generate)
 
-    lanes = [lane("ar", [1, 2]), lane("spec", [1, 2]), lane("other", [1, 3])]
+    lanes = [lane("ar", [1, 2]), lane("spec", [1, 2], "speculative"), lane("other", [1, 3], "speculative")]
     settings = bench.BenchSettings(warmup_tokens=4)
-    runs = bench.measure(lanes, ["a", "b"], [[0], [0]], 10, settings, log=lambda m: None)
+    runs = measure(lanes, ["a", "b"], [[0], [0]], 10, settings, log=lambda m: None)
     assert calls[:3] == [("ar", "a", 4), ("spec", "a", 4), ("other", "a", 4)]  # warm-up, short
     assert [(name, instruction) for name, instruction, _ in calls[3:]] == [
         ("ar", "a"), ("spec", "a"), ("other", "a"), ("ar", "b"), ("spec", "b"), ("other", "b")
@@ -182,25 +208,88 @@ def test_lanes_are_warmed_up_then_interleaved_per_instruction():
     assert [r.instruction for r in runs] == [0, 0, 0, 1, 1, 1]
 
 
+class _PromptsOnly:
+    """An engine stand-in for lanes that do not call it: it only turns instructions into prompt ids."""
+
+    def prompt_ids(self, instruction, generation):
+        return [len(instruction)]
+
+
+def test_one_sweep_rows_every_speculative_lane_against_its_own_baseline():
+    small = bench.BenchSettings(instructions=2, sweep_tokens=8, warmup_tokens=2)
+    ctx = Context(_PromptsOnly(), RunSettings(), small, log=lambda m: None)
+    ours_ar = Lane("plain", "specdemo", "autoregressive", generate=_output(2.0))
+    ours = Lane("quick one", "specdemo", "speculative", ours_ar, k=2, k_policy="fixed", drafter="model",
+                generate=_output(0.5, proposed=4, accepted=3, rejections=1, accepted_histogram=[0, 1, 0]))
+    theirs_ar = Lane("their plain", "genai", "autoregressive", generate=_output(1.0))
+    theirs = Lane("their quick one", "genai", "speculative", theirs_ar, k=2, k_policy="fixed", drafter="model",
+                  generate=_output(0.5, ids=(1, 2, 3, 5)))
+    section = sweep(ctx, "a test sweep", [ours_ar, ours, theirs_ar, theirs], extra=lambda lane, runs: {"seen": lane.label})
+    rows = {row["label"]: row for row in section["rows"]}
+    assert list(rows) == ["quick one", "their quick one"]  # autoregressive lanes are baselines, not rows
+    assert rows["quick one"]["measured_speedup"]["median"] == pytest.approx(4.0)  # over "plain"
+    assert rows["their quick one"]["measured_speedup"]["median"] == pytest.approx(2.0)  # over "their plain"
+    assert rows["quick one"]["alpha"] == pytest.approx(0.75)  # 3 accepted, 1 rejection
+    assert rows["their quick one"]["same_as_reference"] == "0/2"  # checked against the section's first lane
+    assert (rows["quick one"]["framework"], rows["quick one"]["baseline"], rows["quick one"]["k"]) == ("specdemo", "plain", 2)
+    assert rows["quick one"]["seen"] == "quick one"
+    assert section["max_new_tokens"] == 8 and len(section["runs"]) == 8  # 4 lanes x 2 instructions
+    assert section["runs"][1]["lane"] == "quick one" and section["runs"][1]["kind"] == "speculative"
+
+
+def test_renamed_lanes_are_still_paired_by_their_fields_in_figures_targets_and_report():
+    """No label the report knew before: speedups, ratios, targets and tables still find their lanes."""
+    mine_ar = Lane("mine, one token at a time", "specdemo", "autoregressive")
+    mine = Lane("mine, drafting", "specdemo", "speculative", mine_ar, k=4, k_policy="fixed", drafter="model")
+    their_ar = Lane("their plain pipeline", "genai", "autoregressive")
+    theirs = Lane("their drafting pipeline", "genai", "speculative", their_ar, k=4, k_policy="fixed", drafter="model")
+    spec_summary = dict(proposed=40, accepted=36, rejections=2, accepted_histogram=[0, 0, 1, 1, 8], cost_ratio=0.2,
+                        target_calls=11, target_s=1.0, target_step_s=0.09, draft_calls=41, draft_s=0.8,
+                        draft_step_s=0.019, rollback_s=0.01, tokens_per_call=3.6)
+    runs = []
+    for i in range(2):
+        runs += [_run(mine_ar, i, 10.0, target_step_s=0.1), _run(mine, i, 4.0, **spec_summary),
+                 _run(their_ar, i, 9.0), _run(theirs, i, 5.0, proposed=40, accepted=30)]
+    figures = paper_figures([mine_ar, mine, their_ar, theirs], runs, 100)
+    assert figures["speedup"]["mine, drafting"]["median"] == pytest.approx(2.5)
+    assert figures["speedup"]["their drafting pipeline"]["median"] == pytest.approx(1.8)
+    assert figures["ratios"]["mine, drafting / their drafting pipeline"]["median"] == pytest.approx(0.8)
+    assert figures["genai_acceptance"] == {"their drafting pipeline": 0.75}
+
+    k_rows = [
+        {"label": "four drafts", "k": 4, "k_policy": "fixed", "measured_speedup": spread([2.1])},
+        {"label": "the planner's", "k": None, "k_policy": "auto", "measured_speedup": spread([2.3]),
+         "prediction_error": spread([0.04])},
+    ]
+    sections = {"paper": {"k": 4, "k_label": "K = 4", "adaptive": False, "by_tokens": {"100": figures}}, "k": {"rows": k_rows}}
+    targets = {t["id"]: t for t in judge_targets(sections)}
+    assert targets["genai_ratio"]["measured"] == pytest.approx(0.8) and targets["genai_ratio"]["met"]
+    assert targets["speedup"]["measured"] == pytest.approx(2.5)
+    assert targets["speedup_best_k"]["where"] == "the planner's"
+    assert targets["auto_speedup"]["measured"] == pytest.approx(2.3) and targets["prediction_error"]["met"]
+
+    results = {"command": "test", "started": "now", "seconds": 1.0, "machine": machine.describe(),
+               "bench": asdict(bench.BenchSettings()), "sections": {"paper": sections["paper"]},
+               "targets": list(targets.values())}
+    text = report.render(results, plots={})
+    assert "is **2.50×** faster than autoregressive (GenAI's C++ pipeline: 1.80×" in text
+    assert "Our speculative loop takes **0.80×** the time of GenAI's speculative pipeline" in text
+    assert "| mine, drafting / their drafting pipeline | 0.800× |" in text
+    assert "| 100 | 10.00 s | 4.00 s | 2.50× | 9.00 s | 5.00 s | 1.80× |" in text
+
+
 # ---- one short real run
 
 
 def test_a_short_real_run_writes_the_report_json_and_plots(tmp_path):
-    """Ours and GenAI on the default pair, one instruction, 8 tokens: tables, JSON and plots are written."""
-    from specdemo.engine import Engine
-    from specdemo.settings import RunSettings
-
+    """The whole benchmark, ours and GenAI on the default pair, one instruction, 8 tokens: tables, JSON and plots."""
     settings = RunSettings(generation=GenerationSettings(max_new_tokens=8))
-    small = bench.BenchSettings(mode="test", instructions=1, paper_tokens=(8,), genai_defaults_instructions=0, warmup_tokens=2, sections=("paper",))
-    ctx = bench.Context(Engine.load(settings), settings, small, log=lambda m: None)
-    results = {
-        "command": "test", "started": "now", "seconds": 1.0, "machine": bench.machine.describe(),
-        "bench": bench.asdict(small), "sections": {"paper": bench.run_paper(ctx)},
-    }
-    results["targets"] = bench.judge_targets(results["sections"])
-    bench.write(results, tmp_path, log=lambda m: None)
+    small = bench.BenchSettings(mode="test", instructions=1, paper_tokens=(8,), genai_defaults_instructions=0, warmup_tokens=2,
+                                sections=("paper",))
+    results = bench.run(settings, small, tmp_path, log=lambda m: None, command="test")
     figures = results["sections"]["paper"]["by_tokens"]["8"]
     assert figures["lanes"]["GenAI speculative"]["same_as_reference"] == "1/1"  # GenAI saw the same prompt tokens
-    report = (tmp_path / "benchmarks.md").read_text()
-    assert "## 1. The paper's experiment" in report and "ours speculative / GenAI speculative" in report
+    assert figures["lanes"]["GenAI speculative"]["baseline"] == "GenAI autoregressive"
+    text = (tmp_path / "benchmarks.md").read_text()
+    assert "## 1. The paper's experiment" in text and "ours speculative / GenAI speculative" in text
     assert (tmp_path / "benchmarks.json").is_file() and (tmp_path / "benchmarks-paper.png").is_file()

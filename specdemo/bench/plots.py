@@ -1,14 +1,17 @@
 """PNG plots of the benchmark results (matplotlib, no display needed).
 
-Each plot reads the results dict bench.py writes as JSON; a section that did not run draws nothing.
-Error bars span min to max over the instructions, around the median.
+Each plot reads the results the run writes as JSON (keys: schema.py), finding lanes by their fields;
+a section that did not run draws nothing. Error bars span min to max over the instructions, around
+the median.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from specdemo.bench_stats import COMPONENTS
+from specdemo.bench import schema
+from specdemo.bench.schema import GENAI_SPEC, OURS_SPEC
+from specdemo.bench.stats import COMPONENTS
 
 _OURS, _GENAI, _PAPER, _HF = "#1f77b4", "#ff7f0e", "#7f7f7f", "#2ca02c"
 
@@ -69,7 +72,8 @@ def _paper(results: dict):
 
     by_n = results["sections"]["paper"]["by_tokens"]
     ns = list(by_n)
-    groups = [("ours", "ours speculative", _OURS), ("OpenVINO GenAI", "GenAI speculative", _GENAI)]
+    lanes = next(iter(by_n.values()))["lanes"]
+    groups = [("ours", schema.label(lanes, OURS_SPEC), _OURS), ("OpenVINO GenAI", schema.label(lanes, GENAI_SPEC), _GENAI)]
     width = 0.8 / (len(groups) + 1)
     figure, ax = plt.subplots(figsize=(7, 4))
     for i, (label, lane, colour) in enumerate(groups):
@@ -81,7 +85,7 @@ def _paper(results: dict):
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([j + width * len(groups) / 2 for j in range(len(ns))], [f"N = {n}" for n in ns])
     ax.set_ylabel("speedup over autoregressive (×)")
-    ax.set_ylim(0, 1.3 * max([by_n[n]["speedup"]["ours speculative"]["max"] for n in ns] + papers))
+    ax.set_ylim(0, 1.3 * max([by_n[n]["speedup"][groups[0][1]]["max"] for n in ns] + papers))
     paper = results["sections"]["paper"]
     ax.set_title(f"Speculative vs autoregressive, {paper.get('k_label') or 'K = ' + str(paper['k'])}", fontsize=9)
     ax.legend(fontsize=8, ncol=3, loc="upper left")
@@ -96,15 +100,15 @@ def _peers(results: dict):
     if paper:
         n = max(paper["by_tokens"], key=int)
         for lane, figures in paper["by_tokens"][n]["lanes"].items():
-            bars.append((f"{lane} (N={n})", figures["per_token_s"], _OURS if lane.startswith("ours") else _GENAI))
+            bars.append((f"{lane} (N={n})", figures["per_token_s"], _OURS if figures["framework"] == "specdemo" else _GENAI))
         defaults = paper.get("genai_defaults", {}).get("lanes", {})
         for lane, figures in defaults.items():
-            if lane.startswith("GenAI"):
+            if figures["framework"] == "genai":
                 bars.append((f"{lane} (N={n})", figures["per_token_s"], "#ffbb78"))
     hf = results["sections"].get("transformers")
     if hf and "lanes" in hf:
         for lane, figures in hf["lanes"].items():
-            colour = _OURS if lane.startswith("ours") else _HF
+            colour = _OURS if figures["framework"] == "specdemo" else _HF
             bars.append((f"{lane} (N={hf['max_new_tokens']})", figures["per_token_s"], colour))
     scaled = [{key: s[key] * 1000 for key in ("median", "min", "max")} for _, s, _ in bars]
     figure, ax = plt.subplots(figsize=(7, 0.4 * len(bars) + 1.2))
@@ -121,8 +125,8 @@ def _k(results: dict):
     import matplotlib.pyplot as plt
 
     rows = results["sections"]["k"]["rows"]
-    fixed = [r for r in rows if r["label"].startswith("K=")]
-    ks = [int(r["label"][2:]) for r in fixed]
+    fixed = schema.rows_with(rows, k_policy="fixed")
+    ks = [r["k"] for r in fixed]
     figure, ax = plt.subplots(figsize=(7, 4))
     measured = [r["measured_speedup"] for r in fixed]
     ax.errorbar(ks, [s["median"] for s in measured], yerr=_errors(measured), marker="o", capsize=3, color=_OURS, label="ours, measured")
@@ -131,7 +135,7 @@ def _k(results: dict):
     if genai:
         spreads = [s for _, s in genai]
         ax.errorbar([k for k, _ in genai], [s["median"] for s in spreads], yerr=_errors(spreads), marker="s", capsize=3, color=_GENAI, label="GenAI, measured")
-    adaptive = [r for r in rows if r["label"] == "adaptive K"]
+    adaptive = schema.rows_with(rows, k_policy="adaptive")
     if adaptive:
         ax.axhline(adaptive[0]["measured_speedup"]["median"], color=_OURS, linestyle=":", label=f"ours, adaptive K (mean {adaptive[0]['mean_k']:.1f})")
     ax.axhline(1.0, color="black", linewidth=0.8)

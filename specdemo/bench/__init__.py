@@ -1,0 +1,103 @@
+"""`python -m specdemo bench`: one run that measures speedup over autoregressive decoding beside its peers.
+
+Sections, in the order they run (BenchSettings.sections picks some):
+- paper:        autoregressive vs speculative at N = 40 and 100 new tokens, beside the paper's figures
+                (Dolly v2 12B target / 3B draft), with OpenVINO GenAI's own pipelines in the same loop,
+                and where our speculative loop's wall time goes;
+- k:            K = 1..8 fixed, adaptive and auto: acceptance alpha, cost ratio c, Leviathan's prediction
+                (1 - alpha^(K+1)) / ((1 - alpha)(cK + 1)), ours and the measured speedup; GenAI at some K;
+- vocab:        the draft's LM head trimmed to its most frequent tokens;
+- lookup:       prompt lookup vs the draft model on edits, where the output repeats the input;
+- transformers: transformers generate() and assisted generation on the same weights, same prompts;
+- precision:    draft int4 / int8 / fp16 x target int8 / int4;
+- kv:           KV cache precision;
+- memory:       peak RSS and KV cache bytes, autoregressive vs speculative, each in its own process.
+
+Method: every lane is warmed up first (compilation, first-call allocations); then for each
+instruction every lane of a section runs back to back, so the shared machine's noise hits them
+alike; ratios are taken per instruction and summarised as median with min-max. Output: a markdown
+report, a JSON file (keys: schema.py) and PNG plots.
+
+The modules: settings (what a run measures), harness (lanes, measuring, the shared Context),
+sections and sweeps (what each section runs), memory, peers (GenAI, transformers), stats,
+targets, report and report_tables, plots, machine.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import time
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from specdemo.bench import machine
+from specdemo.bench.settings import FULL, QUICK, SECTIONS, USES_GENAI, BenchSettings, check_generation
+from specdemo.settings import RunSettings
+
+# The measuring modules are imported in run(), not here: specdemo.costs imports machine from this
+# package, and the measuring modules import the planner, which imports specdemo.costs.
+
+__all__ = ["FULL", "QUICK", "SECTIONS", "BenchSettings", "check_generation", "run", "write"]
+
+
+def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Callable[[str], None], command: str = "") -> dict:
+    """The whole benchmark: load and warm up the pair in `settings`, run `bench.sections`,
+    judge the targets, and write the report, JSON and plots into `out` (None: write nothing).
+    `command` is recorded for the report's "reproduce" line. Returns the results (keys: schema.py). Raises ValueError for settings the benchmark cannot measure."""
+    from specdemo.bench.harness import Context
+    from specdemo.bench.sections import RUNNERS
+    from specdemo.bench.settings import CODE_INSTRUCTIONS
+    from specdemo.bench.targets import judge_targets
+    from specdemo.engine import Engine
+
+    check_generation(settings.generation)
+    started = time.perf_counter()
+    results = {
+        "command": command,
+        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine.describe(),
+        "bench": asdict(bench),
+        "run_settings": asdict(settings),
+        "sections": {},
+    }
+    log(f"load average {results['machine']['load_average']} on {results['machine']['logical_cores']} cores")
+    engine = Engine.load(settings)
+    # Always measured afresh: the report's cost curve and plan must come from this run's machine state.
+    engine.warm_up(max(8, settings.generation.k_max), fresh=True, log=lambda m: log(f"warm-up: {m}"))
+    log(f"warm-up {engine.warm_up_s:.1f} s. {engine.costs.sentence()}")
+    results["models"] = {"target": engine.target.describe(), "draft": engine.draft.describe()}
+    results["costs"] = engine.costs.to_dict()
+    results["warm_up_s"] = engine.warm_up_s
+    plan = engine.plan(CODE_INSTRUCTIONS[0], settings.generation)
+    results["plan"] = asdict(plan)
+    log(plan.reason)
+    ctx = Context(engine, settings, bench, log)
+    for i, name in enumerate(bench.sections):
+        section_start = time.perf_counter()
+        log(f"== {name}")
+        section = results["sections"][name] = RUNNERS[name](ctx)
+        section["seconds"] = time.perf_counter() - section_start
+        section["load_average_end"] = machine.load_average()
+        if not USES_GENAI & set(bench.sections[i + 1 :]):
+            ctx.genai.clear()  # free GenAI's copies of the models once no later section needs them
+        gc.collect()
+    results["targets"] = judge_targets(results["sections"])
+    results["seconds"] = time.perf_counter() - started
+    results["load_average_end"] = machine.load_average()
+    if out is not None:
+        write(results, out, log)
+    return results
+
+
+def write(results: dict, out: Path, log: Callable[[str], None]) -> None:
+    """benchmarks.json, the PNG plots and benchmarks.md (which links the plots) into `out`."""
+    from specdemo.bench import plots, report
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "benchmarks.json").write_text(json.dumps(results, indent=1, default=str))
+    drawn = plots.draw(results, out)
+    (out / "benchmarks.md").write_text(report.render(results, drawn))
+    log(f"wrote {out / 'benchmarks.md'}, {out / 'benchmarks.json'} and {len(drawn)} plots")

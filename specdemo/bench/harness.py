@@ -1,0 +1,248 @@
+"""Lanes and how they are measured: every way of generating (ours, GenAI's, transformers') becomes a
+Lane, described by typed fields, and `measure` runs a section's lanes the same way.
+
+A lane's label is for people only. What a lane is (framework, autoregressive or speculative, which
+lane its speedup is over, K) lives in fields, and the statistics, the report and the plots pair
+lanes by those fields, so renaming a label changes a table's text and nothing else.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
+from typing import Callable, Literal
+
+from specdemo.bench.settings import CODE_INSTRUCTIONS, BenchSettings
+from specdemo.events import drain
+from specdemo.settings import GenerationSettings, RunSettings
+
+Framework = Literal["specdemo", "genai", "transformers"]
+Kind = Literal["autoregressive", "speculative"]
+KPolicy = Literal["fixed", "adaptive", "auto"]
+
+
+@dataclass
+class Output:
+    """What a lane's one generation gives back."""
+
+    ids: list[int]  # new token ids (the stop token included)
+    wall_s: float  # seconds of the whole call, prompt ids in hand to last token
+    summary: dict  # our Summary as a dict; a peer's own figures ({"proposed", "accepted"}) or {}
+
+
+@dataclass(frozen=True)
+class Lane:
+    """One way of generating in a section, and what it is compared with."""
+
+    label: str  # for people only: "ours speculative", "K=3", "GenAI K=4", "head 16k"
+    framework: Framework
+    kind: Kind
+    baseline: Lane | None = None  # the autoregressive lane a speculative lane's speedup is over
+    reference: Lane | None = None  # the lane whose token ids this one should reproduce; None = the section's first
+    k: int | None = None  # draft tokens per round (fixed K; adaptive K's start); None when autoregressive or auto
+    k_policy: KPolicy | None = None  # how a speculative lane picks K; None when autoregressive
+    drafter: str | None = None  # "model" or "prompt-lookup"; None when autoregressive
+    # (instruction, prompt ids, max new tokens) -> Output; None in runs built by hand (tests)
+    generate: Callable[[str, list[int], int], Output] | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self):
+        if self.framework not in ("specdemo", "genai", "transformers") or self.kind not in ("autoregressive", "speculative"):
+            raise ValueError(f"lane {self.label!r}: unknown framework {self.framework!r} or kind {self.kind!r}")
+        if self.kind == "speculative" and self.baseline is None:
+            raise ValueError(f"speculative lane {self.label!r} needs the autoregressive baseline its speedup is over")
+
+    def fields(self) -> dict:
+        """The typed fields as JSON: lanes are named there by their labels."""
+        return {
+            "framework": self.framework,
+            "kind": self.kind,
+            "baseline": self.baseline.label if self.baseline else None,
+            "reference": self.reference.label if self.reference else None,
+            "k": self.k,
+            "k_policy": self.k_policy,
+            "drafter": self.drafter,
+        }
+
+
+@dataclass
+class Run:
+    """One generation in one lane of the benchmark."""
+
+    lane: Lane
+    instruction: int  # index into the section's instructions
+    repeat: int  # pass over the instructions, from 0
+    max_new_tokens: int
+    wall_s: float  # seconds of the whole call, prompt ids in hand to last token
+    tokens: int  # new tokens produced
+    same_as_reference: bool = True  # token ids equal to the lane's reference (by default the section's first lane)
+    summary: dict = field(default_factory=dict)  # our Summary as a dict; a peer's own figures
+    ids: list[int] = field(default_factory=list, repr=False)  # new token ids (not written to JSON)
+
+    @property
+    def per_token_s(self) -> float:
+        return self.wall_s / self.tokens if self.tokens else float("nan")
+
+    def to_dict(self) -> dict:
+        """The JSON record: the lane's label and fields, then this run's figures (token ids left out)."""
+        return {"lane": self.lane.label, **self.lane.fields(), "instruction": self.instruction, "repeat": self.repeat,
+                "max_new_tokens": self.max_new_tokens, "wall_s": self.wall_s, "tokens": self.tokens,
+                "same_as_reference": self.same_as_reference, "summary": self.summary}
+
+
+def our_lane(label: str, engine, mode: Kind, generation: GenerationSettings, baseline: Lane | None = None,
+             reference: Lane | None = None) -> Lane:
+    """specdemo's autoregressive or speculative loop on `engine`, timed from the call to its summary."""
+
+    def generate(instruction: str, prompt_ids: list[int], n: int) -> Output:
+        settings = replace(generation, max_new_tokens=n)
+        start = time.perf_counter()
+        result = drain(getattr(engine, mode)(instruction, settings))
+        return Output(result.ids, time.perf_counter() - start, result.summary.to_dict())
+
+    if mode == "autoregressive":
+        return Lane(label, "specdemo", mode, baseline, reference, generate=generate)
+    policy = "auto" if generation.k_auto else "adaptive" if generation.adaptive else "fixed"
+    k = None if policy == "auto" else generation.k
+    return Lane(label, "specdemo", mode, baseline, reference, k, policy, generation.drafter, generate)
+
+
+def peer_lane(lane: Lane, generate: Callable, **options) -> Lane:
+    """`lane` generating with a peer's generate(prompt_ids, max_new_tokens, **options) -> PeerRun."""
+
+    def run(instruction: str, prompt_ids: list[int], n: int) -> Output:
+        peer = generate(prompt_ids, n, **options)
+        summary = {"proposed": peer.proposed, "accepted": peer.accepted} if peer.proposed else {}
+        return Output(peer.ids, peer.wall_s, summary)
+
+    return replace(lane, generate=run)
+
+
+def measure(lanes: list[Lane], instructions: list[str], prompts: list[list[int]], n: int, bench: BenchSettings,
+            log) -> list[Run]:
+    """Warm every lane up, then run all lanes back to back on each instruction, `bench.repeats` times.
+
+    A lane's reference must come before it in `lanes`: its output is checked against the reference's
+    on the same instruction.
+    """
+    for lane in lanes:
+        lane.generate(instructions[0], prompts[0], min(n, bench.warmup_tokens))
+    runs = []
+    total = bench.repeats * len(instructions)
+    for r in range(bench.repeats):
+        for i, (instruction, prompt) in enumerate(zip(instructions, prompts)):
+            ids_of: dict[Lane, list[int]] = {}
+            line = []
+            for lane in lanes:
+                out = lane.generate(instruction, prompt, n)
+                ids_of[lane] = out.ids
+                same = out.ids == ids_of[lane.reference or lanes[0]]
+                runs.append(Run(lane, i, r, n, out.wall_s, len(out.ids), same, out.summary, out.ids))
+                line.append(f"{lane.label} {out.wall_s:.2f}s")
+            log(f"  [{r * len(instructions) + i + 1}/{total}] N={n}: " + ", ".join(line))
+    return runs
+
+
+def find(lanes: list[Lane], framework: Framework, kind: Kind) -> Lane:
+    """The first lane of `framework` and `kind` (a section has one autoregressive lane per framework)."""
+    return next(lane for lane in lanes if lane.framework == framework and lane.kind == kind)
+
+
+def log_progress(log, what: str):
+    """A sources.Progress that logs each new message once."""
+    seen = set()
+
+    def report(fraction: float, message: str) -> None:
+        if message not in seen:
+            seen.add(message)
+            log(f"  {what}: {message}")
+
+    return report
+
+
+GENAI_PIPELINES = 2  # GenAI pipelines kept loaded at once
+
+
+@dataclass
+class Context:
+    """What every section needs: the loaded default pair, the settings, and where to log."""
+
+    engine: object  # specdemo.engine.Engine with the default pair
+    settings: RunSettings
+    bench: BenchSettings
+    log: Callable[[str], None]
+    genai: OrderedDict = field(default_factory=OrderedDict)  # GenAI pipelines by name, least recently used first
+
+    @property
+    def generation(self) -> GenerationSettings:
+        return self.settings.generation
+
+    @property
+    def k(self) -> int:
+        """The K of fixed-K lanes and of GenAI's pipeline: the flag's K, or the planner's first K when auto."""
+        if not self.generation.k_auto:
+            return self.generation.k
+        plan = self.engine.plan(CODE_INSTRUCTIONS[0], self.generation)
+        return plan.k or self.generation.k
+
+    def k_label(self, peers: bool = False) -> str:
+        """How our lanes chose K in a section that runs the run's own settings ("auto K" or "K = 4")."""
+        ours = "auto K (the planner's choice each round)" if self.generation.k_auto else f"K = {self.generation.k}"
+        return f"ours {ours}, GenAI K = {self.k}" if peers and self.generation.k_auto else ours
+
+    def fixed(self, k: int) -> GenerationSettings:
+        """The run's generation settings with a fixed K."""
+        return replace(self.generation, k=k, k_auto=False, adaptive=False)
+
+    @property
+    def sweep_tokens(self) -> int:
+        """N of the sweeps: the bench's, capped by --max-new-tokens."""
+        return min(self.bench.sweep_tokens, self.generation.max_new_tokens)
+
+    def code_instructions(self, count: int | None = None) -> list[str]:
+        return CODE_INSTRUCTIONS[: count or self.bench.instructions]
+
+    def prompts(self, instructions: list[str]) -> list[list[int]]:
+        return [self.engine.prompt_ids(text, self.generation) for text in instructions]
+
+    def genai_pipeline(self, name: str):
+        """GenAI pipelines on our IR folders: "plain", "speculative", "lookup", and "... (defaults)".
+
+        Each holds its own copy of the target (~3 GiB RSS here), so at most GENAI_PIPELINES stay
+        loaded; loading another drops the least recently used one.
+        """
+        if name in self.genai:
+            self.genai.move_to_end(name)
+        else:
+            from specdemo.bench.peers import GenAIPipeline, compile_properties
+
+            while len(self.genai) >= GENAI_PIPELINES:
+                self.genai.popitem(last=False)
+                gc.collect()
+
+            target, draft = self.engine.target, self.engine.draft
+            properties = {} if name.endswith("(defaults)") else compile_properties(target.settings)
+            kind = name.split()[0]
+            self.log(f"loading OpenVINO GenAI pipeline: {name}")
+            self.genai[name] = GenAIPipeline(
+                target.folder,
+                target.settings.device,
+                properties,
+                draft=draft.folder if kind == "speculative" else None,
+                draft_device=draft.settings.device if draft else "",
+                prompt_lookup=kind == "lookup",
+            )
+        return self.genai[name]
+
+    def genai_lane(self, label: str, pipeline: str, baseline: Lane | None = None, k: int | None = None) -> Lane:
+        """A lane on GenAI pipeline `pipeline` (see genai_pipeline); speculative ones need their `baseline`."""
+        kind = pipeline.split()[0]
+        k = k or self.k
+        if kind == "plain":
+            lane = Lane(label, "genai", "autoregressive")
+        else:
+            lane = Lane(label, "genai", "speculative", baseline, k=k, k_policy="fixed",
+                        drafter="prompt-lookup" if kind == "lookup" else "model")
+        generate = self.genai_pipeline(pipeline).generate
+        return peer_lane(lane, generate, eos_ids=self.engine.eos_ids, k=k, ngram=self.generation.lookup_ngram)

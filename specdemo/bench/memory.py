@@ -1,0 +1,94 @@
+"""The memory section: peak RSS of autoregressive vs speculative decoding, each in a fresh process.
+
+A fresh process per mode: RSS never shrinks back, and one process holding both models would charge
+the draft to autoregressive decoding too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from specdemo.bench.harness import Context
+from specdemo.bench.settings import CODE_INSTRUCTIONS
+from specdemo.events import drain
+from specdemo.settings import GenerationSettings, ModelSettings, RunSettings
+
+
+def run_memory(ctx: Context) -> dict:
+    """Peak RSS of a process that only decodes autoregressively vs one that decodes speculatively."""
+    import specdemo
+
+    n = ctx.sweep_tokens
+    figures = {"max_new_tokens": n}
+    root = str(Path(specdemo.__file__).resolve().parent.parent)
+    for mode in ("autoregressive", "speculative"):
+        ctx.log(f"memory: {mode} in a fresh process")
+        request = json.dumps({"settings": asdict(ctx.settings), "mode": mode, "instruction": CODE_INSTRUCTIONS[0], "n": n})
+        child = subprocess.run(
+            [sys.executable, "-c", "import sys; from specdemo.bench import memory; memory.child(sys.argv[1])", request],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))},
+        )
+        if child.returncode != 0:
+            raise RuntimeError(f"the {mode} memory probe failed:\n{child.stderr[-2000:]}")
+        figures[mode] = json.loads(child.stdout.strip().splitlines()[-1])
+    return figures
+
+
+def child(request: str) -> None:
+    """The memory probe's process: measure, then print one JSON line on stdout."""
+    r = json.loads(request)
+    s = r["settings"]
+    settings = RunSettings(ModelSettings(**s["target"]), ModelSettings(**s["draft"]), GenerationSettings(**s["generation"]))
+    print(json.dumps(measure_memory(settings, r["mode"], r["instruction"], r["n"])))
+
+
+def measure_memory(settings: RunSettings, mode: str, instruction: str, n: int) -> dict:
+    """In this process: load, warm up, generate `n` tokens, sampling RSS every 5 ms throughout (bytes).
+
+    Sampled rather than read from getrusage: on Linux a child inherits its parent's peak RSS.
+    """
+    import threading
+
+    import psutil
+
+    from specdemo.engine import Engine
+
+    process = psutil.Process()
+    peak = {"process": 0, "generating": 0}
+    done = threading.Event()
+
+    def sample():
+        while not done.wait(0.005):
+            rss = process.memory_info().rss
+            peak["process"] = max(peak["process"], rss)
+            peak["generating"] = max(peak["generating"], rss)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        engine = Engine.load(settings, with_draft=mode == "speculative")
+        generation = replace(settings.generation, max_new_tokens=n)
+        drain(getattr(engine, mode)(instruction, replace(generation, max_new_tokens=8)))
+        loaded = process.memory_info().rss
+        peak["generating"] = loaded
+        summary = drain(getattr(engine, mode)(instruction, generation)).summary
+    finally:
+        done.set()
+        sampler.join()
+    memory = process.memory_info()
+    return {
+        "rss_loaded_bytes": loaded,  # after loading and a short warm-up
+        "peak_rss_generating_bytes": peak["generating"],
+        "peak_rss_process_bytes": peak["process"],  # loading and compiling included
+        # RSS counts the memory-mapped IR weights too (file pages the kernel may drop); this does not.
+        "private_bytes": memory.rss - memory.shared,
+        "kv_cache_bytes": summary.kv_cache_bytes,
+        "tokens": summary.tokens,
+    }

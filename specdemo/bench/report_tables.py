@@ -1,0 +1,218 @@
+"""Cells and tables of the benchmark report, and the report's later sections: the sweeps, prompt lookup,
+memory, the time breakdown and the method. Cells read "median (min–max)": seconds for whole runs,
+milliseconds per new token for cross-lane comparisons, "×" for speedups and time ratios."""
+
+from __future__ import annotations
+
+import math
+
+from specdemo.bench import schema
+from specdemo.bench.schema import OURS_AR, OURS_SPEC
+from specdemo.bench.stats import COMPONENTS
+from specdemo.disk import size
+
+
+def seconds(spread: dict, digits: int = 2) -> str:
+    """A spread of seconds: '4.21 s (4.05–4.60)'; one value: '4.21 s'."""
+    return _cell(spread, digits, " s")
+
+
+def ms(spread: dict, digits: int = 1) -> str:
+    """A spread of seconds shown in milliseconds: '42.1 ms (40.3–45.0)'."""
+    scaled = {key: spread[key] * 1000 for key in ("median", "min", "max")} | {"n": spread["n"]}
+    return _cell(scaled, digits, " ms")
+
+
+def times(spread: dict, digits: int = 2) -> str:
+    """A spread of ratios: '1.82× (1.70–1.95)'."""
+    return _cell(spread, digits, "×")
+
+
+def _cell(spread: dict, digits: int, unit: str) -> str:
+    if not spread.get("n"):
+        return "–"
+    median = f"{spread['median']:.{digits}f}{unit}"
+    if spread["n"] == 1 or spread["min"] == spread["max"]:
+        return median
+    return f"{median} ({spread['min']:.{digits}f}–{spread['max']:.{digits}f})"
+
+
+def percent(fraction: float, digits: int = 1) -> str:
+    return "–" if fraction is None or math.isnan(fraction) else f"{fraction * 100:.{digits}f} %"
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    """A GitHub markdown table; the first column left-aligned, the others right-aligned."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join([" --- "] + [" ---: "] * (len(header) - 1)) + "|"]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def k_text(section: dict) -> str:
+    """How a section's lanes chose K: its label when the run let the planner choose, else "K = n"."""
+    return section.get("k_label") or f"K = {section['k']}"
+
+
+def ms_value(seconds: float) -> str:
+    return "–" if seconds is None or math.isnan(seconds) else f"{seconds * 1e3:.1f} ms"
+
+
+def image(plots: dict, name: str, alt: str) -> str:
+    """A markdown image of plot `name`, if it was drawn."""
+    return f"\n\n![{alt}]({plots[name]})" if name in plots else ""
+
+
+# ---- the sweeps (section 3), prompt lookup (4), memory (5), the time breakdown (6), the method
+
+
+def _sweep_rows(rows: list[dict], first: list[str]) -> list[list[str]]:
+    return [
+        [
+            *first_cells,
+            "–" if math.isnan(r["alpha"]) else f"{r['alpha']:.2f}",
+            f"{r['c']:.3f}" if r["c"] else "–",
+            f"{r['mean_k']:.1f}" if r["mean_k"] else "–",
+            f"{r['leviathan_speedup']:.2f}×" if r["c"] else "–",
+            times(r["predicted_speedup"]) if r.get("predicted_speedup", {}).get("n") else "–",
+            times(r["measured_speedup"]),
+            _error(r.get("prediction_error")),
+            ms(r["per_token_s"]),
+            r["same_as_reference"],
+        ]
+        for first_cells, r in zip(first, rows)
+    ]
+
+
+_SWEEP_HEADER = ["α̂", "c", "mean K", "Leviathan", "predicted (this machine)", "measured speedup", "prediction error",
+                 "per token", "same tokens as AR"]
+
+
+def _error(spread: dict | None) -> str:
+    if not spread or not spread.get("n"):
+        return "–"
+    return f"{spread['median']:+.0%} ({spread['min']:+.0%} to {spread['max']:+.0%})"
+
+
+def k_section(k: dict | None, plots: dict) -> str:
+    if not k:
+        return ""
+    rows = _sweep_rows(k["rows"], [[r["label"]] for r in k["rows"]])
+    for row, r in zip(rows, k["rows"]):
+        row += [times(r["genai_speedup"]) if "genai_speedup" in r else "–", times(r["ours_over_genai"], 3) if "ours_over_genai" in r else "–"]
+    text = (
+        f"## 3. Sweeps\n\n### Draft length K\n\nN = {k['max_new_tokens']}, the default pair. α̂ = accepted / (accepted + "
+        "rounds that ended in a rejection), over all rounds; c = draft step / target verify call; Leviathan = "
+        "(1 − α^(K+1)) / ((1 − α)(cK + 1)) with the measured α̂ and c, which prices a verify call at one step; predicted "
+        "(this machine) = the planner's prediction from the measured cost curve, α̂, mean K, N and the prompt; measured = "
+        "AR time / speculative time per instruction; prediction error = (predicted − measured) / measured. Auto K: the "
+        "planner picks each round's K.\n\n"
+        + table(["K", *_SWEEP_HEADER, "GenAI speedup", "ours / GenAI time"], rows)
+    )
+    return text + image(plots, "k", "Measured and predicted speedup against K")
+
+
+def precision_section(precision: dict | None, plots: dict) -> str:
+    if not precision:
+        return ""
+    rows = _sweep_rows(precision["rows"], [[r["target"], r["draft"], size(r["draft_bytes"])] for r in precision["rows"]])
+    for row, r in zip(rows, precision["rows"]):
+        row.insert(3, ms(r["reference_per_token_s"]))
+    text = (
+        f"### Weight precision\n\nN = {precision['max_new_tokens']}, {k_text(precision)}. Each speedup is over the same "
+        "target decoding alone (AR per token shown); \"same tokens\" compares with that target's own AR output.\n\n"
+        + table(["target", "draft", "draft size", "AR per token", *_SWEEP_HEADER], rows)
+    )
+    return text + image(plots, "precision", "Measured and predicted speedup by weight precision")
+
+
+def kv_section(kv: dict | None) -> str:
+    if not kv:
+        return ""
+    rows = _sweep_rows(kv["rows"], [[r["kv_cache_precision"]] for r in kv["rows"]])
+    for row, r in zip(rows, kv["rows"]):
+        row.insert(1, f"{r['autoregressive_step_s'] * 1000:.1f} ms")
+        row.insert(2, size(r["kv_cache_bytes"]["median"]))
+    return (
+        f"### KV cache precision\n\nBoth models' KV cache in the given element type (OpenVINO `KV_CACHE_PRECISION`), "
+        f"N = {kv['max_new_tokens']}, {k_text(kv)}; KV bytes are both caches at the end of a speculative run.\n\n"
+        + table(["KV cache", "AR step", "KV bytes", *_SWEEP_HEADER], rows)
+    )
+
+
+def lookup_section(lookup: dict | None) -> str:
+    if not lookup:
+        return ""
+    rows = _sweep_rows(lookup["rows"], [[r["label"]] for r in lookup["rows"]])
+    for row, r in zip(rows, lookup["rows"]):
+        row.append(times(r["vs_ours_autoregressive"]) if "vs_ours_autoregressive" in r else times(r["measured_speedup"]))
+    return (
+        "## 4. Prompt lookup vs draft model\n\nEdits whose answer repeats the code in the prompt (add type hints, rename "
+        f"a parameter, add docstrings), N = {lookup['max_new_tokens']}, K = {lookup['k']}. Speedups are over the same "
+        "framework's autoregressive lane; the last column is over ours. Prompt lookup has no draft model, so c is ~0.\n\n"
+        + table(["drafter", *_SWEEP_HEADER, "speedup over ours AR"], rows)
+    )
+
+
+def vocab_section(vocab: dict | None) -> str:
+    if not vocab:
+        return ""
+    rows = _sweep_rows(vocab["rows"], [[r["label"], f"{r['rows_kept']:,}", ms_value(r["draft_step_costed_s"])] for r in vocab["rows"]])
+    return (
+        f"### A cheaper draft: its LM head trimmed to the most frequent tokens\n\nN = {vocab['max_new_tokens']}, auto K. "
+        "The head keeps the N most frequent tokens of Python's standard library and the examples, plus every special "
+        "and single-byte token; the target still checks every token, so greedy output is unchanged.\n\n"
+        + table(["draft head", "rows kept", "draft step (warm-up)", *_SWEEP_HEADER], rows)
+    )
+
+
+def memory_section(memory: dict | None) -> str:
+    if not memory:
+        return ""
+    rows = []
+    for mode in ("autoregressive", "speculative"):
+        m = memory[mode]
+        kv = ", ".join(f"{model} {size(b)}" for model, b in m["kv_cache_bytes"].items())
+        rows.append(
+            [mode, size(m["rss_loaded_bytes"]), size(m["peak_rss_generating_bytes"]), size(m["peak_rss_process_bytes"]), size(m["private_bytes"]), kv]
+        )
+    return (
+        f"## 5. Memory\n\nEach mode in a fresh process (the autoregressive one loads no draft), {memory['max_new_tokens']} "
+        "new tokens. Peak while generating is sampled every 5 ms; the process peak includes loading and compiling. "
+        "RSS includes the memory-mapped IR weight files; \"private\" (RSS minus file-backed pages, at the end) does not.\n\n"
+        + table(["mode", "RSS after load", "peak RSS generating", "peak RSS of process", "private", "KV cache at end"], rows)
+    )
+
+
+def breakdown_section(paper: dict | None, plots: dict) -> str:
+    if not paper:
+        return ""
+    n = max(paper["by_tokens"], key=int)
+    f = paper["by_tokens"][n]
+    shares = f["time_shares"]
+    spec, ar = schema.label(f["lanes"], OURS_SPEC), schema.label(f["lanes"], OURS_AR)
+    rows = [[name, percent(shares[spec][name]), percent(shares[ar][name])] for name in COMPONENTS]
+    spec = f["speculative"]
+    return (
+        f"## 6. Where the time goes\n\nShares of wall time summed over the N = {n} runs of section 1. \"our Python\" is "
+        "everything outside model calls and cache rollbacks: the loop, acceptance, copying logits out of the plugin, "
+        f"incremental detokenizing. Verify call {ms(spec['target_step_s'])}, draft step {ms(spec['draft_step_s'])}, "
+        f"autoregressive step {f['autoregressive_step_s'] * 1000:.1f} ms; tokens per verify call "
+        f"{spec['tokens_per_call']['median']:.2f}; accepted drafts per round (0..K): {spec['accepted_histogram']}.\n\n"
+        + table(["component", "speculative", "autoregressive"], rows)
+        + image(plots, "breakdown", "Shares of wall time")
+    )
+
+
+def method_section(results: dict) -> str:
+    b = results["bench"]
+    return (
+        "## Method\n\n"
+        f"* Instructions: the first {b['instructions']} code instructions of `specdemo/bench/settings.py` (transformers: the "
+        f"first {b['transformers_instructions']}; prompt lookup: {b['lookup_instructions']} edit instructions), "
+        f"{b['repeats']} pass(es), greedy decoding, our chat template applied once and the same token ids given to every lane.\n"
+        f"* Warm-up: every lane generates {b['warmup_tokens']} tokens before anything is timed.\n"
+        "* Interleaving: for each instruction all lanes of a section run back to back, so the shared machine's load "
+        "affects them alike; ratios are computed per instruction, then summarised as median (min–max).\n"
+        "* Times are wall-clock seconds of the whole generate call, prompt ids in hand to the last token (prefill included).\n"
+        "* α, c and the time breakdown come from our own per-call timers (`Summary` in `specdemo/events.py`)."
+    )

@@ -1,0 +1,72 @@
+"""The results of a bench run (benchmarks.json), and how the report, the plots and the targets find
+lanes in them: by the lanes' typed fields, never by their labels.
+
+Top level:
+    command, started (ISO time), seconds, machine (machine.describe()), load_average_end,
+    bench (BenchSettings), run_settings (RunSettings), models {target, draft: LoadedModel.describe()},
+    costs (CostModel.to_dict()), warm_up_s, plan (Plan), sections {name: section}, targets [target].
+
+A lane's fields (Lane.fields() in harness.py), wherever a lane is described:
+    framework  "specdemo" | "genai" | "transformers"
+    kind       "autoregressive" | "speculative"
+    baseline   label of the autoregressive lane a speculative lane's speedup is over (null otherwise)
+    reference  label of the lane whose token ids it should reproduce (null: the section's first lane)
+    k          draft tokens per round (null when autoregressive or auto K); k_policy "fixed" | "adaptive" | "auto"
+    drafter    "model" | "prompt-lookup" (null when autoregressive)
+
+A spread is {median, min, max, mean, std, n}. A ratio is a spread of paired per-token time ratios
+plus {numerator, denominator}: the two lanes' labels; ratios are keyed "numerator / denominator".
+A run record is {lane (label), the lane's fields, instruction, repeat, max_new_tokens, wall_s, tokens,
+same_as_reference, summary (our Summary, or a peer's {proposed, accepted})}.
+
+Every section has seconds and load_average_end, and:
+    paper         k, k_label, k_auto, adaptive, by_tokens {N: figures}, genai_defaults (figures + max_new_tokens)
+                  figures: lanes {label: fields + wall_s, per_token_s, tokens, same_as_reference},
+                  speedup {label: spread}, ratios {key: ratio}, speculative (our speculative lane's pooled
+                  figures, stats.speculative_figures), genai_acceptance {label: accepted / proposed},
+                  time_shares {label: {component: share}}, autoregressive_step_s, runs, paper (if N in PAPER)
+    transformers  k, max_new_tokens, dtype, lanes, ratios, speedup {ours, transformers}, runs; or skipped
+    k, vocab, lookup, precision, kv
+                  max_new_tokens, rows, runs (precision, kv: k, k_label; lookup: k). A row: label, the
+                  lane's fields, stats.sweep_row's figures, and the section's own: k (GenAI at the same K:
+                  genai_speedup, ours_over_genai), vocab (head_tokens, rows_kept, draft_step_costed_s),
+                  precision (target, draft, draft_bytes), kv (kv_cache_precision, autoregressive_step_s,
+                  kv_cache_bytes), lookup (GenAI rows: alpha, vs_ours_autoregressive)
+    memory        max_new_tokens, autoregressive and speculative {rss_loaded_bytes, peak_rss_generating_bytes,
+                  peak_rss_process_bytes, private_bytes, kv_cache_bytes {model: bytes}, tokens}
+
+A target: id, target (a sentence), where, goal, sense ("≤" | "≥"), unit ("ratio" | "share"), measured, met, gap.
+"""
+
+from __future__ import annotations
+
+# (framework, kind) of the lanes the report names.
+OURS_AR = ("specdemo", "autoregressive")
+OURS_SPEC = ("specdemo", "speculative")
+GENAI_AR = ("genai", "autoregressive")
+GENAI_SPEC = ("genai", "speculative")
+HF_AR = ("transformers", "autoregressive")
+HF_SPEC = ("transformers", "speculative")
+
+
+def is_lane(figures: dict, framework_kind: tuple[str, str]) -> bool:
+    return (figures["framework"], figures["kind"]) == framework_kind
+
+
+def label(lanes: dict, framework_kind: tuple[str, str]) -> str:
+    """The label of the first lane of `framework_kind` in `lanes` ({label: fields and figures})."""
+    return next(name for name, figures in lanes.items() if is_lane(figures, framework_kind))
+
+
+def ratio(figures: dict, numerator: tuple[str, str], denominator: tuple[str, str]) -> dict | None:
+    """The ratio in figures["ratios"] of a `numerator` lane over a `denominator` lane, or None."""
+    lanes = figures["lanes"]
+    for entry in figures.get("ratios", {}).values():
+        if is_lane(lanes[entry["numerator"]], numerator) and is_lane(lanes[entry["denominator"]], denominator):
+            return entry
+    return None
+
+
+def rows_with(rows: list[dict], **fields) -> list[dict]:
+    """The sweep rows whose fields equal `fields`, e.g. rows_with(rows, k_policy="fixed")."""
+    return [row for row in rows if all(row.get(key) == value for key, value in fields.items())]

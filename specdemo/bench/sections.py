@@ -1,0 +1,124 @@
+"""The sections that put us beside others: the paper's experiment (with OpenVINO GenAI in the same
+loop) and transformers. The sweeps are in sweeps.py, the memory probe in memory.py; RUNNERS names
+them all. Each section returns the dict the report reads (keys: schema.py)."""
+
+from __future__ import annotations
+
+from specdemo import sources
+from specdemo.bench import memory, stats, sweeps
+from specdemo.bench.harness import Context, Lane, Run, find, log_progress, measure, our_lane, peer_lane
+from specdemo.bench.settings import PAPER
+
+
+def run_paper(ctx: Context) -> dict:
+    """Autoregressive vs speculative at the paper's N, with GenAI's pipelines in the same loop.
+
+    Then, if asked, a shorter pass with GenAI on its own compile defaults instead of ours.
+    """
+    generation, k = ctx.generation, ctx.k
+    ours_ar = our_lane("ours autoregressive", ctx.engine, "autoregressive", generation)
+    ours = [ours_ar, our_lane("ours speculative", ctx.engine, "speculative", generation, baseline=ours_ar)]
+    genai_ar = ctx.genai_lane("GenAI autoregressive", "plain")
+    lanes = ours + [genai_ar, ctx.genai_lane("GenAI speculative", "speculative", baseline=genai_ar)]
+    instructions = ctx.code_instructions()
+    by_n = {}
+    for n in ctx.bench.paper_tokens:
+        ctx.log(f"paper: N={n}, K={k}, {len(lanes)} lanes")
+        runs = measure(lanes, instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log)
+        by_n[str(n)] = paper_figures(lanes, runs, n)
+    figures = {"k": k, "k_label": ctx.k_label(peers=True), "k_auto": generation.k_auto, "adaptive": generation.adaptive,
+               "by_tokens": by_n}
+    if ctx.bench.genai_defaults_instructions:
+        n = max(ctx.bench.paper_tokens)
+        del lanes, genai_ar  # let the pipelines above go before two more copies of the target load
+        genai_ar = ctx.genai_lane("GenAI autoregressive (its defaults)", "plain (defaults)")
+        lanes = ours + [genai_ar, ctx.genai_lane("GenAI speculative (its defaults)", "speculative (defaults)", baseline=genai_ar)]
+        instructions = ctx.code_instructions(ctx.bench.genai_defaults_instructions)
+        ctx.log(f"paper: GenAI on its own compile defaults, N={n}")
+        runs = measure(lanes, instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log)
+        figures["genai_defaults"] = {"max_new_tokens": n, **paper_figures(lanes, runs, n)}
+    return figures
+
+
+def paper_figures(lanes: list[Lane], runs: list[Run], n: int) -> dict:
+    """Figures of one paper pass: every lane's times, each speculative lane's speedup over its baseline,
+    each GenAI lane's time against our lane of the same kind, and where our loops' time goes."""
+    ar, spec = find(lanes, "specdemo", "autoregressive"), find(lanes, "specdemo", "speculative")
+    genai = [lane for lane in lanes if lane.framework == "genai"]
+    figures = {
+        "lanes": {lane.label: {**lane.fields(), **stats.lane_figures(runs, lane)} for lane in lanes},
+        "speedup": {
+            lane.label: stats.spread(stats.paired_ratios(runs, lane.baseline, lane)) for lane in lanes if lane.kind == "speculative"
+        },
+        "ratios": stats.ratios(runs, [(find(lanes, "specdemo", lane.kind), lane) for lane in genai]),
+        "speculative": stats.speculative_figures(stats.lane_runs(runs, spec)),
+        "genai_acceptance": {},
+        "time_shares": {
+            spec.label: stats.time_shares(stats.lane_runs(runs, spec)),
+            ar.label: stats.time_shares(stats.lane_runs(runs, ar)),
+        },
+        "autoregressive_step_s": stats.step_seconds(stats.lane_runs(runs, ar)),
+        "runs": [r.to_dict() for r in runs],
+    }
+    for lane in genai:
+        peer = stats.lane_runs(runs, lane)
+        proposed = sum(r.summary.get("proposed", 0) for r in peer)
+        if lane.kind == "speculative" and proposed:
+            figures["genai_acceptance"][lane.label] = sum(r.summary.get("accepted", 0) for r in peer) / proposed
+    if n in PAPER:
+        paper_ar, paper_spec = PAPER[n]
+        figures["paper"] = {"autoregressive_s": paper_ar, "speculative_s": paper_spec, "speedup": paper_ar / paper_spec}
+    return figures
+
+
+def run_transformers(ctx: Context) -> dict:
+    """transformers generate() and assisted generation beside ours, same prompts, same K."""
+    from specdemo.bench import peers
+    from specdemo.disk import size
+
+    missing = [m for m in (ctx.engine.target, ctx.engine.draft) if peers.hf_weights_missing(m.settings.source)]
+    if missing:  # say what it costs on disk before writing it
+        need = sum(m.describe()["parameters"] * 4 for m in missing)
+        ctx.log(f"transformers runs on float32 copies of the weights: about {size(need)} more under "
+                f"{sources.specdemo_home() / 'bench' / 'hf'} (python -m specdemo clean --remove bench frees it)")
+    target_hf = peers.hf_weights(ctx.settings.target.source, log_progress(ctx.log, "dequantizing target"))
+    draft_hf = peers.hf_weights(ctx.settings.draft.source, log_progress(ctx.log, "dequantizing draft"))
+    if target_hf is None or draft_hf is None:
+        return {"skipped": "transformers needs the Hugging Face weights: use preset models or local Hugging Face folders"}
+    ctx.log(f"loading transformers models (float32) from {target_hf.parent}")
+    pair = peers.TransformersPair(target_hf, draft_hf)
+    generation, k, n = ctx.generation, ctx.k, min(ctx.bench.transformers_tokens, ctx.generation.max_new_tokens)
+    ours_ar = our_lane("ours autoregressive", ctx.engine, "autoregressive", generation)
+    ours_spec = our_lane("ours speculative", ctx.engine, "speculative", generation, baseline=ours_ar)
+    hf_ar = peer_lane(Lane("transformers autoregressive", "transformers", "autoregressive"), pair.generate, eos_ids=ctx.engine.eos_ids)
+    assisted = Lane("transformers assisted", "transformers", "speculative", baseline=hf_ar, reference=hf_ar, k=k,
+                    k_policy="fixed", drafter="model")
+    hf_spec = peer_lane(assisted, pair.generate, eos_ids=ctx.engine.eos_ids, k=k)
+    lanes = [ours_ar, ours_spec, hf_ar, hf_spec]
+    instructions = ctx.code_instructions(ctx.bench.transformers_instructions)
+    ctx.log(f"transformers: N={n}, K={k}, {len(instructions)} instructions")
+    runs = measure(lanes, instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log)
+    return {
+        "k": k,
+        "max_new_tokens": n,
+        "dtype": "float32",
+        "lanes": {lane.label: {**lane.fields(), **stats.lane_figures(runs, lane)} for lane in lanes},
+        "ratios": stats.ratios(runs, [(hf_spec, ours_spec), (hf_ar, ours_ar)]),
+        "speedup": {
+            "ours": stats.spread(stats.paired_ratios(runs, ours_ar, ours_spec)),
+            "transformers": stats.spread(stats.paired_ratios(runs, hf_ar, hf_spec)),
+        },
+        "runs": [r.to_dict() for r in runs],
+    }
+
+
+RUNNERS = {
+    "paper": run_paper,
+    "transformers": run_transformers,
+    "k": sweeps.run_k,
+    "vocab": sweeps.run_vocab,
+    "precision": sweeps.run_precision,
+    "kv": sweeps.run_kv,
+    "lookup": sweeps.run_lookup,
+    "memory": memory.run_memory,
+}

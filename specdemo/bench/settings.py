@@ -1,0 +1,117 @@
+"""What a bench run measures: the instructions, the paper's figures, the targets, and BenchSettings
+with its two presets (FULL and QUICK)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specdemo.settings import GenerationSettings
+
+CODE_INSTRUCTIONS = [
+    "Write a Python function that checks whether a string is a palindrome.",
+    "Write a Python function that returns the n-th Fibonacci number iteratively.",
+    "Write a Python function that merges two sorted lists into one sorted list.",
+    "Write a Python class for a stack with push, pop and peek methods.",
+    "Write a Python function that counts the words in a text file.",
+    "Write a Python function that performs binary search on a sorted list.",
+]
+
+# Edits whose answer repeats most of the input: where prompt lookup finds its drafts.
+_SNIPPET = '''def average(values):
+    total = 0
+    count = 0
+    for value in values:
+        total = total + value
+        count = count + 1
+    if count == 0:
+        return 0
+    return total / count
+
+
+def largest(values):
+    best = values[0]
+    for value in values:
+        if value > best:
+            best = value
+    return best
+'''
+EDIT_INSTRUCTIONS = [
+    f"Add type hints to both functions. Reply with the complete code only.\n\n```python\n{_SNIPPET}```",
+    f"Rename the parameter `values` to `numbers` everywhere. Reply with the complete code only.\n\n```python\n{_SNIPPET}```",
+    f"Add a one-line docstring to each function. Reply with the complete code only.\n\n```python\n{_SNIPPET}```",
+]
+
+# The paper's measurements: new tokens N -> (autoregressive s, speculative s), Dolly v2 12B target, 3B draft.
+PAPER = {40: (19.87, 13.61), 100: (44.25, 26.97)}
+
+SECTIONS = ("paper", "k", "vocab", "lookup", "transformers", "precision", "kv", "memory")  # in the order they run
+USES_GENAI = {"paper", "k", "lookup"}  # sections that load OpenVINO GenAI pipelines
+
+# The issue's targets: what "as fast as the best" means here (judged in targets.py).
+TARGET_GENAI_RATIO = 1.0  # our speculative time / GenAI's C++ speculative time, at most
+TARGET_SPEEDUP = 2.0  # speculative over autoregressive on code instructions, at least
+TARGET_TRANSFORMERS = 3.0  # transformers assisted time / our speculative time, at least
+TARGET_OVERHEAD = 0.05  # our loop's time outside model calls and rollbacks, at most (share of wall)
+TARGET_AUTO_SPEEDUP = 2.2  # auto K over autoregressive on an AVX-512/AMX CPU (issue 8; 1.3 on an AVX2-only CPU)
+TARGET_PREDICTION_ERROR = 0.10  # predicted vs measured speedup, per instruction median
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """What one bench run measures. QUICK and FULL are the two presets."""
+
+    mode: str = "full"  # a name for the report
+    instructions: int = 5  # code instructions per section (the first n of CODE_INSTRUCTIONS)
+    repeats: int = 1  # passes over the instructions after the warm-up
+    paper_tokens: tuple[int, ...] = (40, 100)  # N of the paper experiment
+    sweep_tokens: int = 100  # N of the sweeps (capped by --max-new-tokens)
+    k_values: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)  # fixed K of the sweep, plus adaptive and auto
+    head_tokens: tuple[int, ...] = (8000, 16000, 32000, 64000, 0)  # draft LM head sizes of the vocab section (0 = full)
+    genai_k_values: tuple[int, ...] = (2, 4, 6, 8)  # K at which GenAI's speculative pipeline joins the sweep
+    genai_defaults_instructions: int = 3  # a pass with GenAI on its own compile defaults (0 = none)
+    target_precisions: tuple[str, ...] = ("int8", "int4")
+    draft_precisions: tuple[str, ...] = ("int4", "int8", "fp16")
+    kv_cache_precisions: tuple[str, ...] = ("u8", "f16", "")  # "" = our default (f32 on CPU)
+    transformers_instructions: int = 3  # transformers is slow on CPU: fewer instructions
+    transformers_tokens: int = 40
+    lookup_instructions: int = 3  # of EDIT_INSTRUCTIONS
+    warmup_tokens: int = 16  # tokens of each lane's warm-up run
+    sections: tuple[str, ...] = SECTIONS
+
+    def __post_init__(self):
+        unknown = set(self.sections) - set(SECTIONS)
+        if unknown:
+            raise ValueError(f"unknown bench section {', '.join(sorted(unknown))}; choose from {', '.join(SECTIONS)}")
+        if not 1 <= self.instructions <= len(CODE_INSTRUCTIONS):
+            raise ValueError(f"instructions must be between 1 and {len(CODE_INSTRUCTIONS)}, got {self.instructions}")
+        if self.repeats < 1:
+            raise ValueError(f"--repeats must be at least 1, got {self.repeats}")
+
+
+FULL = BenchSettings()
+# A couple of minutes: the default pair only (no conversions), two instructions, short outputs.
+QUICK = BenchSettings(
+    mode="quick",
+    instructions=2,
+    paper_tokens=(40,),
+    sweep_tokens=40,
+    k_values=(1, 2, 4, 8),
+    head_tokens=(16000, 0),
+    genai_k_values=(),
+    genai_defaults_instructions=0,
+    target_precisions=(),
+    draft_precisions=(),
+    kv_cache_precisions=(),
+    transformers_instructions=1,
+    transformers_tokens=16,
+    lookup_instructions=1,
+    sections=tuple(s for s in SECTIONS if s not in ("precision", "kv", "memory")),
+)
+
+
+def check_generation(generation: GenerationSettings) -> None:
+    """The bench compares greedy outputs token for token with its peers; refuse what would break that."""
+    if not generation.greedy:
+        raise ValueError("the benchmark measures greedy decoding (its peers are compared token for token); drop --temperature")
+    if generation.drafter != "model":
+        raise ValueError("the benchmark's speculative lanes use the draft model; prompt lookup has its own section (--only lookup)")

@@ -1,0 +1,170 @@
+"""The sweeps: one setting varied at a time (K, the draft's LM head, weight precision, KV cache
+precision, the drafter), each measured by `sweep` into one row per speculative lane."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Callable
+
+from specdemo.bench import stats
+from specdemo.bench.harness import Context, Lane, Run, log_progress, measure, our_lane
+from specdemo.bench.settings import EDIT_INSTRUCTIONS
+
+
+def sweep(ctx: Context, what: str, lanes: list[Lane], extra: Callable[[Lane, list[Run]], dict] | None = None,
+          rows: list[Lane] | None = None, instructions: list[str] | None = None) -> dict:
+    """Measure `lanes` at the sweep's N on `instructions` (default: the code instructions), then one row
+    per lane of `rows` (default: every speculative lane): its label and fields, α̂, c, the predictions
+    and the measured speedup over its baseline, then what `extra(lane, runs)` adds."""
+    n = ctx.sweep_tokens
+    instructions = instructions or ctx.code_instructions()
+    ctx.log(f"{what}: N={n}, {len(lanes)} lanes, {len(instructions)} instructions")
+    runs = measure(lanes, instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log)
+    rows = rows if rows is not None else [lane for lane in lanes if lane.kind == "speculative"]
+    table = [{"label": lane.label, **lane.fields(), **stats.sweep_row(runs, lane), **(extra(lane, runs) if extra else {})}
+             for lane in rows]
+    return {"max_new_tokens": n, "rows": table, "runs": [r.to_dict() for r in runs]}
+
+
+def run_k(ctx: Context) -> dict:
+    """Fixed K = 1..8 and adaptive K against one autoregressive baseline; GenAI at a few K."""
+    generation = ctx.generation
+    ar = our_lane("autoregressive", ctx.engine, "autoregressive", generation)
+    ours = [our_lane(f"K={k}", ctx.engine, "speculative", ctx.fixed(k), baseline=ar) for k in ctx.bench.k_values]
+    adaptive = replace(ctx.fixed(min(max(generation.k, 1), 8)), adaptive=True, k_min=1, k_max=8)
+    ours.append(our_lane("adaptive K", ctx.engine, "speculative", adaptive, baseline=ar))
+    auto = replace(generation, k_auto=True, adaptive=False, k_max=8)
+    ours.append(our_lane("auto K", ctx.engine, "speculative", auto, baseline=ar))
+    genai = []
+    if ctx.bench.genai_k_values:
+        genai_ar = ctx.genai_lane("GenAI autoregressive", "plain")
+        genai = [genai_ar] + [ctx.genai_lane(f"GenAI K={k}", "speculative", baseline=genai_ar, k=k) for k in ctx.bench.genai_k_values]
+
+    def beside_genai(lane: Lane, runs: list[Run]) -> dict:
+        """GenAI's speedup at the same fixed K, and our time over its."""
+        same_k = [g for g in genai if g.kind == "speculative" and lane.k_policy == "fixed" and g.k == lane.k]
+        if not same_k:
+            return {}
+        return {"genai_speedup": stats.spread(stats.paired_ratios(runs, same_k[0].baseline, same_k[0])),
+                "ours_over_genai": stats.spread(stats.paired_ratios(runs, lane, same_k[0]))}
+
+    return sweep(ctx, f"K sweep, K in {list(ctx.bench.k_values)}, adaptive and auto", [ar, *ours, *genai], beside_genai, rows=ours)
+
+
+def run_vocab(ctx: Context) -> dict:
+    """The draft's LM head trimmed to its N most frequent tokens: draft step, α̂ and speedup for each N."""
+    from specdemo.engine import Engine, load_model
+
+    generation = replace(ctx.generation, k_auto=True, adaptive=False, k_max=8)
+    ar = our_lane("autoregressive", ctx.engine, "autoregressive", generation)
+    lanes, heads = [ar], {}
+    for n_head in ctx.bench.head_tokens:
+        label = f"head {n_head // 1000}k" if n_head else "full head"
+        if n_head == ctx.engine.draft.settings.head_tokens:
+            engine = ctx.engine
+        else:
+            engine = Engine(ctx.engine.target, load_model(replace(ctx.engine.draft.settings, head_tokens=n_head)))
+            engine.warm_up(8, log=lambda m: ctx.log(f"  {label}: {m}"))
+        lane = our_lane(label, engine, "speculative", generation, baseline=ar)
+        heads[lane] = {"head_tokens": n_head, "rows_kept": engine.draft.runtime.head_tokens,
+                       "draft_step_costed_s": engine.costs.d(1) if engine.costs else math.nan}
+        lanes.append(lane)
+    return sweep(ctx, f"draft head sweep, auto K, heads {[lane.label for lane in heads]}", lanes, lambda lane, runs: heads[lane])
+
+
+def run_precision(ctx: Context) -> dict:
+    """Every draft precision with every target precision; each speedup is over the same target alone."""
+    from specdemo.engine import Engine
+
+    models = _models_by_precision(ctx)
+    generation = ctx.generation
+    lanes, pairs = [], {}
+    for tp in ctx.bench.target_precisions:
+        target = models[("target", tp)]
+        ar = our_lane(f"target {tp} autoregressive", Engine(target, None), "autoregressive", generation)
+        lanes.append(ar)
+        for dp in ctx.bench.draft_precisions:
+            draft = models[("draft", dp)]
+            lane = our_lane(f"target {tp} + draft {dp}", Engine(target, draft), "speculative", generation, baseline=ar, reference=ar)
+            pairs[lane] = {"target": tp, "draft": dp, "draft_bytes": draft.describe()["size_on_disk_bytes"]}
+            lanes.append(lane)
+    figures = sweep(ctx, f"precision sweep, K={generation.k}, {len(pairs)} pairs", lanes, lambda lane, runs: pairs[lane])
+    return {**figures, "k": generation.k, "k_label": ctx.k_label()}
+
+
+def _models_by_precision(ctx: Context) -> dict:
+    """("target"|"draft", precision) -> LoadedModel, reusing the engine's own and converting on first use."""
+    from specdemo.engine import load_model
+
+    models = {("target", ctx.engine.target.settings.precision): ctx.engine.target, ("draft", ctx.engine.draft.settings.precision): ctx.engine.draft}
+    for role, precisions, base in (
+        ("target", ctx.bench.target_precisions, ctx.settings.target),
+        ("draft", ctx.bench.draft_precisions, ctx.settings.draft),
+    ):
+        for precision in precisions:
+            if (role, precision) not in models:
+                ctx.log(f"loading the {role} at {precision} (converted once on first use, ~2 min)")
+                models[(role, precision)] = load_model(replace(base, precision=precision), log_progress(ctx.log, role))
+    return models
+
+
+def run_kv(ctx: Context) -> dict:
+    """KV cache precision of both models: time, acceptance and cache bytes."""
+    from specdemo.engine import Engine, load_model
+
+    generation = ctx.generation
+    lanes, precisions = [], {}
+    for kv in ctx.bench.kv_cache_precisions:
+        if kv == ctx.settings.target.kv_cache_precision:
+            engine = ctx.engine
+        else:
+            ctx.log(f"compiling both models with KV cache precision {kv or 'default'}")
+            engine = Engine(
+                load_model(replace(ctx.settings.target, kv_cache_precision=kv)),
+                load_model(replace(ctx.settings.draft, kv_cache_precision=kv)),
+            )
+        label = engine.target.runtime.kv_cache_precision + ("" if kv else " (default)")
+        ar = our_lane(f"KV {label} autoregressive", engine, "autoregressive", generation)
+        spec = our_lane(f"KV {label} speculative", engine, "speculative", generation, baseline=ar, reference=ar)
+        lanes += [ar, spec]
+        precisions[spec] = label
+
+    def cache(lane: Lane, runs: list[Run]) -> dict:
+        kv_bytes = [sum(r.summary["kv_cache_bytes"].values()) for r in stats.lane_runs(runs, lane)]
+        return {"kv_cache_precision": precisions[lane],
+                "autoregressive_step_s": stats.step_seconds(stats.lane_runs(runs, lane.baseline)),
+                "kv_cache_bytes": stats.spread([float(b) for b in kv_bytes])}
+
+    figures = sweep(ctx, f"KV cache precision sweep, K={generation.k}, {len(precisions)} precisions", lanes, cache)
+    return {**figures, "k": generation.k, "k_label": ctx.k_label()}
+
+
+def run_lookup(ctx: Context) -> dict:
+    """Prompt lookup vs the draft model on edits that repeat their input; GenAI's prompt lookup beside."""
+    generation = ctx.generation
+    ar = our_lane("ours autoregressive", ctx.engine, "autoregressive", generation)
+    lookup = replace(ctx.fixed(ctx.k), drafter="prompt-lookup")
+    planner = replace(generation, k_auto=True, adaptive=False)
+    genai_ar = ctx.genai_lane("GenAI autoregressive", "plain")
+    lanes = [
+        ar,
+        our_lane("ours draft model", ctx.engine, "speculative", ctx.fixed(ctx.k), baseline=ar),
+        our_lane("ours prompt lookup", ctx.engine, "speculative", lookup, baseline=ar),
+        our_lane("ours planner (auto)", ctx.engine, "speculative", planner, baseline=ar),
+        genai_ar,
+        ctx.genai_lane("GenAI prompt lookup", "lookup", baseline=genai_ar),
+    ]
+
+    def against_ours(lane: Lane, runs: list[Run]) -> dict:
+        """A GenAI lane: its own acceptance, and its speedup over our autoregressive lane."""
+        if lane.framework == "specdemo":
+            return {}
+        mine = stats.lane_runs(runs, lane)
+        proposed = sum(r.summary.get("proposed", 0) for r in mine)
+        alpha = sum(r.summary.get("accepted", 0) for r in mine) / proposed if proposed else float("nan")
+        return {"alpha": alpha, "vs_ours_autoregressive": stats.spread(stats.paired_ratios(runs, ar, lane))}
+
+    instructions = EDIT_INSTRUCTIONS[: ctx.bench.lookup_instructions]
+    what = f"prompt lookup vs draft model, K={ctx.k}, edit instructions"
+    return {**sweep(ctx, what, lanes, against_ours, instructions=instructions), "k": ctx.k}
