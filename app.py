@@ -1,7 +1,7 @@
 """The specdemo page: `python app.py [--host HOST] [--port PORT] [--share]`, then open http://127.0.0.1:7860.
 
 Binds 127.0.0.1 unless told otherwise (--host, or GRADIO_SERVER_NAME as on Hugging Face Spaces) and
-creates no public link unless --share. The page itself lives in specdemo/ui.py.
+creates no public link unless --share. The page itself lives in specdemo/ui/.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from specdemo import compat
 
 compat.keep_torch_out()  # the server never needs torch: conversion runs in a child process
 
-from specdemo import ui  # noqa: E402 - after keep_torch_out, so transformers does not load torch
+from specdemo.ui import engines, page  # noqa: E402 - after keep_torch_out, so transformers does not load torch
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -28,8 +28,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    ui.prepare()  # convert (first start only) and compile the models while the page comes up
-    ui.launch(ui.build(), args.host, args.port, args.share)
+    engines.prepare()  # convert (first start only) and compile the models while the page comes up
+    page.launch(page.build(), args.host, args.port, args.share)
 
 
 if __name__ == "__main__":

@@ -123,11 +123,7 @@ def test_a_run_shows_coloured_tokens_and_figures_and_stop_cancels_cleanly(app_ur
     page.locator("#legend input[type=checkbox]").uncheck()
     expect(page.locator("body")).to_have_class(re.compile("sd-hide-rejected"))
     page.locator("#legend input[type=checkbox]").check()
-    page.wait_for_timeout(800)  # let the charts finish drawing
-    shot = tmp_path / "screenshot.png"
-    page.screenshot(path=str(shot), full_page=True)
-    if os.environ.get("SPECDEMO_REFRESH_SCREENSHOT") == "1":
-        shutil.copy(shot, ROOT / "assets" / "screenshot.png")
+    save_screenshot(page, tmp_path, "screenshot.png")
 
     # Stop during a second run: both lanes stop and the page says so.
     set_max_new_tokens(page, 64)
@@ -147,3 +143,76 @@ def test_a_run_shows_coloured_tokens_and_figures_and_stop_cancels_cleanly(app_ur
     expect(page.locator("#spec-figures")).to_contain_text("16")
     expect(results).to_contain_text("speedup, measured")
     expect(results).to_contain_text(re.compile("chosen for this machine|No K pays"))
+
+
+def status_overlaps(page) -> list[str]:
+    """Pairs of visible boxes with text inside the status block that intersect (two messages on top of each other)."""
+    return page.evaluate("""() => {
+      const block = document.querySelector('#status');
+      const boxes = [...block.querySelectorAll('*')]
+        .filter(e => e.children.length === 0 && e.textContent.trim() && e.getClientRects().length)
+        .map(e => [e.textContent.trim().slice(0, 40), e.getBoundingClientRect()])
+        .filter(([, r]) => r.width > 0 && r.height > 0);
+      const hits = [];
+      for (let i = 0; i < boxes.length; i++)
+        for (let j = i + 1; j < boxes.length; j++) {
+          const [a, r] = boxes[i], [b, s] = boxes[j];
+          if (r.left < s.right - 1 && s.left < r.right - 1 && r.top < s.bottom - 1 && s.top < r.bottom - 1)
+            hits.push(a + ' / ' + b);
+        }
+      return hits;
+    }""")
+
+
+def save_screenshot(page, tmp_path, name: str) -> None:
+    """To the test's folder; with SPECDEMO_REFRESH_SCREENSHOT=1 also over assets/<name>."""
+    page.wait_for_timeout(800)  # let the charts finish drawing
+    shot = tmp_path / name
+    page.screenshot(path=str(shot), full_page=True)
+    if os.environ.get("SPECDEMO_REFRESH_SCREENSHOT") == "1":
+        shutil.copy(shot, ROOT / "assets" / name)
+
+
+def test_genai_runs_as_a_third_lane_and_the_status_never_overlaps(app_url, page, tmp_path):
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=30_000)
+    page.goto(app_url)
+    status = page.locator("#status")
+    expect(status).to_contain_text("Ready", timeout=STARTUP_S * 1000)
+    assert status_overlaps(page) == []
+    expect(page.locator("#genai-lane")).to_be_hidden()
+    page.get_by_text("OpenVINO GenAI, adaptive K, sampling and devices").click()
+    page.locator("#genai input[type=checkbox]").check()
+    expect(page.locator("#genai-lane")).to_be_visible()
+    page.locator("#k-auto input[type=checkbox]").uncheck()
+    set_max_new_tokens(page, 24)
+    page.locator("#generate").click()
+    seen = set()
+    deadline = time.monotonic() + RUN_MS / 1000
+    while "Finished" not in (text := status.inner_text()) and time.monotonic() < deadline:
+        seen.add(text.split(":")[0][:40])
+        assert status_overlaps(page) == [], text  # while loading GenAI's pipeline, running, and after
+        page.wait_for_timeout(200)
+    expect(status).to_contain_text("Finished", timeout=1000)
+    assert any("GenAI" in text for text in seen), seen  # the status said when GenAI's lane ran
+    assert page.locator("#genai-text .sd-tok").count() > 0
+    expect(page.locator("#genai-figures")).to_contain_text("tokens/s")
+    expect(page.locator("#genai-figures")).to_contain_text("24")
+    results = page.locator("#results")
+    expect(results).to_contain_text("OpenVINO GenAI's speculative pipeline (draft model, K = 4 in every round")
+    expect(results).to_contain_text(re.compile(r"tokens equal our speculative lane's|part from ours at token"))
+    expect(results).to_contain_text("× our speculative lane")
+    save_screenshot(page, tmp_path, "screenshot-genai.png")
+
+
+def test_the_page_fits_a_phone(app_url, page, tmp_path):
+    from playwright.sync_api import expect
+
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.goto(app_url)
+    expect(page.locator("#status")).to_contain_text("Ready", timeout=STARTUP_S * 1000)
+    page.wait_for_timeout(800)  # let the charts finish drawing
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390  # nothing sticks out sideways
+    assert status_overlaps(page) == []
+    save_screenshot(page, tmp_path, "screenshot-phone.png")

@@ -11,21 +11,21 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from dataclasses import fields
 from pathlib import Path
 
 import psutil
 import pytest
 from gradio_client import Client
 
-from specdemo import sources, ui
+from specdemo import sources
+from specdemo.ui.handlers import OUTPUTS
+from specdemo.ui.page import INPUTS
+from specdemo.ui.values import PageValues
 from tests.test_browser import free_port, wait_until_up
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN_S = 300  # one short run of both lanes, generously, on a shared 2-core machine
-PAGE = dict(instruction="", max_new_tokens=16, k=4, k_auto=False, adaptive=False, drafter="model", decoding="greedy", temperature=0.7,
-            top_p=0.95, top_k=50, seed=None, target_device="CPU", draft_device="CPU", mode=ui.ONE_AFTER_ANOTHER)
-OUTPUTS = [f.name for f in fields(ui.View)]
+PAGE = vars(PageValues(max_new_tokens=16, k_auto=False))  # the page's defaults, shorter, with a fixed K
 INSTRUCTIONS = [  # three questions whose answers cannot be mistaken for each other
     "Write a Python function that adds two numbers.",
     "Name the three primary colours, one per line.",
@@ -67,7 +67,7 @@ def server(tmp_path_factory):
 
 def _arguments(instruction: str, **change) -> list:
     values = {**PAGE, "instruction": instruction, **change}
-    return [values[name] for name in ui.GENERATE_INPUTS]
+    return [values[name] for name in INPUTS]
 
 
 def generate(client: Client, instruction: str, **change) -> dict:

@@ -1,0 +1,130 @@
+"""OpenVINO GenAI's own pipeline as a lane beside ours.
+
+`openvino_genai.LLMPipeline` on the very IR folders our engine loaded: plain, with `draft_model=`
+(its C++ speculative decoding) or with `prompt_lookup=True`. `stream()` feeds it the same prompt
+token ids, K and decoding settings as our lanes and turns what its streamer receives into our
+TokenEvents and its performance metrics into our Summary, so the page shows it like our lanes.
+GenAI does not say which of its tokens were drafted, so every token is marked as the target's; the
+streamer call it arrived in is its step (one call per verify round).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from specdemo.events import TARGET, Detokenizer, Summary, TokenEvent
+from specdemo.settings import GenerationSettings
+
+_DONE = object()  # the generate thread's last word
+
+
+def make_pipeline(target: Path, device: str, properties: dict, draft: Path | None = None, draft_device: str = "",
+                  prompt_lookup: bool = False):
+    """An LLMPipeline on specdemo's IR folders. `properties` are OpenVINO compile properties (ours, from
+    compat.compile_config, so both sides run the same kernels); GenAI's continuous-batching backend (its
+    default on CPU) schedules its own streams."""
+    import openvino_genai as genai
+
+    kwargs = dict(properties)
+    # Prefix caching (on by default) keeps a prompt's KV blocks for the next request with the same prompt,
+    # so repeating a prompt would time GenAI without a prefill. Off; no limit on tokens per batch.
+    scheduler = genai.SchedulerConfig()
+    scheduler.enable_prefix_caching = False
+    scheduler.max_num_batched_tokens = 1 << 32
+    kwargs["scheduler_config"] = scheduler
+    if draft is not None:
+        kwargs["draft_model"] = genai.draft_model(str(draft), draft_device or device, **properties)
+    if prompt_lookup:
+        kwargs["prompt_lookup"] = True
+    return genai.LLMPipeline(str(target), device, **kwargs)
+
+
+def generation_config(settings: GenerationSettings, eos_ids: set[int], k: int | None):
+    """GenAI's config for our settings; `k` drafts per round when speculative (GenAI keeps K fixed)."""
+    import openvino_genai as genai
+
+    # A fresh config: the folder's generation_config.json would add Qwen's sampling defaults.
+    config = genai.GenerationConfig(max_new_tokens=settings.max_new_tokens, stop_token_ids=set(eos_ids))
+    config.apply_chat_template = False  # the ids already carry our chat template
+    config.do_sample = not settings.greedy
+    if not settings.greedy:
+        config.temperature = settings.temperature
+        config.top_p = settings.top_p
+        config.top_k = settings.top_k or 0
+        if settings.seed is not None:
+            config.rng_seed = settings.seed
+    if k is not None:
+        config.num_assistant_tokens = k
+        config.max_ngram_size = settings.lookup_ngram
+    return config
+
+
+def stream(pipeline, tokenizer, prompt_ids: list[int], settings: GenerationSettings, eos_ids: set[int], k: int | None,
+           cancel: threading.Event | None = None, drafter: str = "model") -> Iterator[TokenEvent | Summary]:
+    """Run GenAI on `prompt_ids` and yield a TokenEvent per token as its streamer receives them, then a Summary.
+
+    generate() blocks, so it runs on its own thread; its streamer hands token ids over a queue.
+    `cancel` stops it at its next streamer call.
+    """
+    import openvino as ov
+    import openvino_genai as genai
+
+    inbox: queue.SimpleQueue = queue.SimpleQueue()
+    cancel = cancel or threading.Event()
+
+    class Streamer(genai.StreamerBase):
+        def write(self, token):
+            inbox.put((time.perf_counter(), [token] if isinstance(token, int) else list(token)))
+            return genai.StreamingStatus.CANCEL if cancel.is_set() else genai.StreamingStatus.RUNNING
+
+        def end(self):
+            pass
+
+    def run():
+        try:
+            prompt = ov.Tensor(np.asarray([prompt_ids], dtype=np.int64))
+            result = pipeline.generate(prompt, generation_config(settings, eos_ids, k), Streamer())
+            inbox.put((time.perf_counter(), result))
+        except Exception as error:  # raised again below, in the caller's thread
+            inbox.put((time.perf_counter(), error))
+        inbox.put((time.perf_counter(), _DONE))
+
+    detokenizer, events, step = Detokenizer(tokenizer, prompt_ids), [], 0
+    start = time.perf_counter()
+    threading.Thread(target=run, daemon=True, name="specdemo-genai").start()
+    result = None
+    while (item := inbox.get())[1] is not _DONE:
+        at, payload = item
+        if isinstance(payload, Exception):
+            raise payload
+        if isinstance(payload, list):
+            step += 1
+            for token_id in payload:
+                events.append(TokenEvent(token_id, detokenizer.add(token_id), TARGET, step, at - start))
+                yield events[-1]
+        else:
+            result, end = payload, at
+    ids = [int(t) for t in result.tokens[0]]
+    for token_id in ids[len(events):]:  # what the streamer was not given (a stop token)
+        events.append(TokenEvent(token_id, detokenizer.add(token_id), TARGET, step, end - start))
+        yield events[-1]
+    yield _summary(result, events, end - start, k, drafter, cancel.is_set())
+
+
+def _summary(result, events: list[TokenEvent], wall_s: float, k: int | None, drafter: str, cancelled: bool) -> Summary:
+    summary = Summary(mode="speculative" if k is not None else "autoregressive", tokens=len(events), wall_s=wall_s,
+                      ttft_s=events[0].t if events else 0.0, tokens_per_s=len(events) / wall_s if wall_s > 0 else 0.0,
+                      stop_reason="cancelled" if cancelled else "", mean_k=float(k or 0), drafter=drafter if k else "")
+    metrics = result.extended_perf_metrics
+    if k is not None and hasattr(metrics, "get_num_draft_tokens"):
+        summary.proposed, summary.accepted = metrics.get_num_draft_tokens(), metrics.get_num_accepted_tokens()
+        summary.draft_acceptance_rate = summary.accepted / summary.proposed if summary.proposed else 0.0
+    kind = "prompt lookup" if drafter == "prompt-lookup" else "draft model"
+    summary.plan = f"{kind}, K = {k} in every round" if k is not None else "no drafting"
+    return summary

@@ -1,0 +1,9 @@
+"""The page, in layers that each own one thing:
+
+- values.py: the page's values (PageValues), the server-side checks and caps;
+- engines.py: engines and GenAI's pipeline, loaded once per process in the background and shared;
+- lanes.py: one run's worker threads, the events they send, Stop;
+- render.py: pure renderers (events and summaries to HTML and chart frames);
+- handlers.py: what Generate, Stop and page load do, as generators of whole page updates;
+- page.py: the Gradio layout and glue, the only module that imports gradio.
+"""

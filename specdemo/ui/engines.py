@@ -1,0 +1,141 @@
+"""The engines behind the page: loaded once per process, in the background, shared by every visitor.
+
+A `Loading` is one engine being prepared on its own thread; any number of handlers wait on it and
+show its progress. Per-run state never lives here, so visitors never see each other's outputs.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import replace
+from typing import Callable
+
+from specdemo import compat, genai, sources
+from specdemo.engine import Engine
+from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET, GenerationSettings, RunSettings
+from specdemo.ui.lanes import AUTOREGRESSIVE, GENAI, SPECULATIVE
+from specdemo.ui.values import MAX_K, ONE_AFTER_ANOTHER
+
+GENAI_WARM_UP_TOKENS = 8  # GenAI compiles its kernels on its first generate: done at load, never in a lane's time
+
+
+class Loading:
+    """Something slow being loaded on a background thread (an Engine or a GenAI pipeline), with its progress."""
+
+    def __init__(self, key, load: Callable):
+        self.key = key
+        # Conversion reports fractions; compiling and warming up do not (None: no bar, just the message).
+        self.fraction, self.message = None, "loading and compiling the models"
+        self.value = None
+        self.error: Exception | None = None
+        self.done = threading.Event()
+        threading.Thread(target=self._load, args=(load,), daemon=True, name="specdemo-load").start()
+
+    def _load(self, load: Callable) -> None:
+        try:
+            self.value = load(self.report)
+        except Exception as error:  # raised again in every handler that waits for it
+            self.error = error
+        finally:
+            self.done.set()
+
+    def report(self, fraction: float | None, message: str) -> None:
+        self.fraction, self.message = fraction, message
+
+    def wait(self):
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+def _load_engine(settings: RunSettings, with_draft: bool):
+    def load(report) -> Engine:
+        engine = Engine.load(settings, progress=report, with_draft=with_draft)
+        report(None, "warming up and measuring this machine's call costs (once per machine)")
+        engine.warm_up(MAX_K)  # every K the page offers
+        return engine
+    return load
+
+
+def _load_genai(settings: RunSettings, prompt_lookup: bool):
+    def load(report):
+        report(None, "loading OpenVINO GenAI's pipeline on the same model folders")
+        target = sources.prepare(settings.target, report)
+        draft = None if prompt_lookup else sources.prepare(settings.draft, report)
+        properties = genai_properties(settings)
+        pipeline = genai.make_pipeline(target, settings.target.device, properties, draft, settings.draft.device, prompt_lookup)
+        report(None, "warming up OpenVINO GenAI's pipeline")
+        pipeline.generate("Hello", max_new_tokens=GENAI_WARM_UP_TOKENS)
+        return pipeline
+    return load
+
+
+def genai_properties(settings: RunSettings) -> dict:
+    """Our compile properties for GenAI's pipeline too, so both sides run the same kernels; GenAI's
+    continuous-batching backend schedules its own streams, so only what changes the kernels is passed."""
+    config = compat.compile_config(settings.target, sources.specdemo_home() / "ov_cache")
+    return {key: value for key, value in config.items() if key in ("INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION", "CACHE_DIR")}
+
+
+_LOADING: dict[str, Loading] = {}  # by role: "pair", "race-autoregressive", "race-speculative", "genai"
+_LOADING_LOCK = threading.Lock()
+
+
+def loading_for(role: str, settings: RunSettings, with_draft: bool = True) -> Loading:
+    """The (possibly finished) loading of the engine for `role`, started on first use. Other settings for a
+    role replace its engine; a failed loading is tried again."""
+    key = (settings.target, settings.draft if with_draft else None)
+    return _loading(role, key, lambda: _load_engine(settings, with_draft))
+
+
+def genai_loading_for(settings: RunSettings, prompt_lookup: bool) -> Loading:
+    """The loading of GenAI's speculative pipeline (draft model or prompt lookup) for the third lane."""
+    return _loading(GENAI, (settings.target, settings.draft, prompt_lookup), lambda: _load_genai(settings, prompt_lookup))
+
+
+def _loading(role: str, key, make_load: Callable) -> Loading:
+    with _LOADING_LOCK:
+        loading = _LOADING.get(role)
+        if loading is None or loading.key != key or loading.error is not None:
+            loading = _LOADING[role] = Loading(key, make_load())
+    return loading
+
+
+def prepare(settings: RunSettings = RunSettings()) -> None:
+    """Start preparing the default pair now, so it is ready (or converting) before the first visitor."""
+    loading_for("pair", settings, True)
+
+
+def race_threads() -> int:
+    """Inference threads per lane in a race: half the cores this process may use."""
+    return max(1, len(os.sched_getaffinity(0)) // 2)
+
+
+def lane_loadings(mode: str, target_device: str, draft_device: str) -> dict[str, Loading]:
+    """The loading of each lane's engine. One after another: one pair with every core. Race: one engine per
+    lane, each compiled for half the cores, because an engine runs one generation at a time."""
+    settings = device_settings(target_device, draft_device)
+    if mode == ONE_AFTER_ANOTHER:
+        pair = loading_for("pair", settings, True)
+        return {AUTOREGRESSIVE: pair, SPECULATIVE: pair}
+    threads = race_threads()
+    half = RunSettings(replace(settings.target, num_threads=threads), replace(settings.draft, num_threads=threads))
+    return {
+        AUTOREGRESSIVE: loading_for("race-autoregressive", half, False),
+        SPECULATIVE: loading_for("race-speculative", half, True),
+    }
+
+
+def device_settings(target_device: str, draft_device: str) -> RunSettings:
+    return RunSettings(replace(DEFAULT_TARGET, device=target_device), replace(DEFAULT_DRAFT, device=draft_device))
+
+
+def genai_plan(engine: Engine, instruction: str, settings: GenerationSettings) -> tuple[str, int]:
+    """GenAI's drafter and K for this run. GenAI keeps K fixed: ours when fixed; when auto, the planner's first
+    choice of drafter and K for this instruction (its K = 0, "the target alone", becomes our default K)."""
+    if not settings.k_auto:
+        return settings.drafter, settings.k
+    plan = engine.plan(instruction, settings)
+    return plan.drafter, plan.k or GenerationSettings.k

@@ -1,0 +1,169 @@
+"""What the page's buttons do, as generators of whole page updates. No gradio here: page.py binds these
+to the components and turns SKIP into "leave this output as it is".
+
+Per-run state (events, timers) lives in the handler's local variables, so visitors never see each
+other's outputs; engines come from engines.py, shared by every visitor.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from dataclasses import dataclass, fields
+from typing import Iterator
+
+from specdemo import genai, sources
+from specdemo.disk import inventory
+from specdemo.engine import Engine
+from specdemo.settings import GenerationSettings, RunSettings
+from specdemo.ui import render
+from specdemo.ui.engines import Loading, device_settings, genai_loading_for, genai_plan, lane_loadings, loading_for, race_threads
+from specdemo.ui.lanes import (AUTOREGRESSIVE, GENAI, LANES, SPECULATIVE, LaneRun, begin_run, cancel_run, end_run, follow,
+                               start_lanes)
+from specdemo.ui.values import RACE, PageValues, as_sentence, check_prompt
+
+PLOT_INTERVAL_S = 0.5  # redrawing a chart costs more than appending text
+SKIP = object()  # an output this update leaves as it is
+
+
+@dataclass
+class View:
+    """One update of the page's outputs, in the order of the handlers' `outputs`."""
+
+    status: object = SKIP
+    ar_figures: object = SKIP
+    ar_text: object = SKIP
+    spec_figures: object = SKIP
+    spec_text: object = SKIP
+    genai_figures: object = SKIP
+    genai_text: object = SKIP
+    results: object = SKIP
+    timeline: object = SKIP
+    histogram: object = SKIP
+    models: object = SKIP
+
+    def values(self) -> tuple:
+        return tuple(getattr(self, f.name) for f in fields(self))
+
+
+OUTPUTS = tuple(f.name for f in fields(View))
+
+
+def wait_for_models() -> Iterator[tuple]:
+    """Page load: the preparation's progress in the status line, then the model panel and the cost chart,
+    as (status, models, costs frame, costs note). The status line is written by this handler alone
+    (no progress overlay drawn over it), so two messages never sit on top of each other."""
+    loading = loading_for("pair", RunSettings(), True)
+    while not loading.done.wait(0.5):
+        yield render.preparing_status(loading.fraction, loading.message), SKIP, SKIP, SKIP
+    if loading.error is not None:
+        yield f"⚠️ The models could not be prepared: {as_sentence(loading.error)}", SKIP, SKIP, SKIP
+        return
+    engine = loading.value
+    ready = "Ready. Pick an example or type an instruction, then press **Generate**."
+    models = render.render_models(engine.target.describe(), engine.draft.describe(), disk_note=render.render_disk(inventory()))
+    yield ready, models, render.cost_frame(engine.costs), render.render_costs(engine.costs, engine.warm_up_s)
+
+
+def generate(values: PageValues, session: str) -> Iterator[View]:
+    """Run the lanes on one instruction and stream the page's outputs. A refused run yields one View whose
+    status starts with ⚠️ and raises nothing."""
+    try:
+        settings = values.check()
+        engines = yield from _wait_for(lane_loadings(values.mode, values.target_device, values.draft_device))
+        check_prompt(engines[SPECULATIVE].prompt_ids(values.instruction, settings))  # the stricter context of the two
+        jobs = _jobs(engines, values.instruction, settings)
+        if values.genai:
+            jobs[GENAI] = yield from _genai_job(engines[SPECULATIVE], values, settings)
+    except (ValueError, sources.ModelSourceError, RuntimeError) as error:
+        yield View(status=f"⚠️ {as_sentence(error)}")
+        return
+
+    lanes = {name: LaneRun() for name in jobs}
+    cancel = begin_run(session)
+    inbox = queue.SimpleQueue()
+    threads = start_lanes(jobs, values.mode, cancel, inbox)
+    try:  # Stop (or a closed page) closes this generator at a yield; the finally stops the workers
+        first = live_view(lanes, values.mode, plot=True, whole=True)
+        first.results, first.histogram = render.note("Running…"), None
+        yield first
+        last_plot = time.perf_counter()
+        for _ in follow(lanes, threads, inbox):
+            plot = time.perf_counter() - last_plot >= PLOT_INTERVAL_S
+            last_plot = time.perf_counter() if plot else last_plot
+            yield live_view(lanes, values.mode, plot)
+    finally:
+        end_run(session, cancel)
+    yield final_view(lanes, values.mode, settings, engines[SPECULATIVE])
+
+
+def _wait_for(loadings: dict[str, Loading]):
+    """Wait for every loading, writing its progress in the status line; the loaded values by lane."""
+    for loading in set(loadings.values()):
+        while not loading.done.wait(0.25):
+            yield View(status=render.preparing_status(loading.fraction, loading.message))
+    return {lane: loading.wait() for lane, loading in loadings.items()}
+
+
+def _jobs(engines: dict[str, Engine], instruction: str, settings: GenerationSettings) -> dict:
+    return {
+        AUTOREGRESSIVE: lambda cancel: engines[AUTOREGRESSIVE].autoregressive(instruction, settings, cancel),
+        SPECULATIVE: lambda cancel: engines[SPECULATIVE].speculative(instruction, settings, cancel),
+    }
+
+
+def _genai_job(engine: Engine, values: PageValues, settings: GenerationSettings):
+    """GenAI's lane: its pipeline for the drafter and K our speculative lane starts with, on the same prompt ids."""
+    drafter, k = genai_plan(engine, values.instruction, settings)
+    pipeline = yield from _wait_for({GENAI: genai_loading_for(device_settings(values.target_device, values.draft_device),
+                                                                 drafter == "prompt-lookup")})
+    ids = engine.prompt_ids(values.instruction, settings)
+    return lambda cancel: genai.stream(pipeline[GENAI], engine.tokenizer, ids, settings, engine.eos_ids, k, cancel, drafter)
+
+
+def live_view(lanes: dict[str, LaneRun], mode: str, plot: bool, whole: bool = False) -> View:
+    """The lanes' figures, their texts when new tokens came (or `whole`), the chart when `plot`."""
+    now = time.perf_counter()
+    view = View(status=running_status(lanes, mode))
+    for name, lane in lanes.items():
+        prefix = {AUTOREGRESSIVE: "ar", SPECULATIVE: "spec", GENAI: "genai"}[name]
+        setattr(view, f"{prefix}_figures", render.render_lane_figures(lane, now))
+        if lane.changed or whole:
+            setattr(view, f"{prefix}_text", render.render_tokens(lane.events))
+            lane.changed = False
+    if plot:
+        view.timeline = render.timeline_frame(lanes)
+    return view
+
+
+def running_status(lanes: dict[str, LaneRun], mode: str) -> str:
+    ours_done = all(lanes[name].done for name in LANES)
+    if ours_done and GENAI in lanes:
+        return "Running OpenVINO GenAI's speculative pipeline, third, with the whole machine."
+    if mode == RACE:
+        return f"Racing: both lanes run at once, each with {race_threads()} inference thread(s)."
+    if not lanes[AUTOREGRESSIVE].done:
+        return "Running the autoregressive lane; the speculative lane waits so each has the whole machine."
+    return "Running the speculative lane; the autoregressive lane is done."
+
+
+def final_view(lanes: dict[str, LaneRun], mode: str, settings: GenerationSettings, engine: Engine) -> View:
+    """The last update: final texts and figures, the results, the histogram and the model panel with KV sizes."""
+    spec = lanes[SPECULATIVE]
+    errors = [f"The {name} lane failed: {lane.error}" for name, lane in lanes.items() if lane.error]
+    status = " ".join(errors) if errors else f"Finished ({render.describe_mode(mode)}). Hover a token for its step."
+    view = live_view(lanes, mode, plot=True, whole=True)
+    view.status = ("⚠️ " if errors else "") + status
+    view.results = render.render_results(lanes, mode, settings)
+    view.histogram = render.histogram_frame(spec.summary)
+    kv = spec.summary.kv_cache_bytes if spec.summary else {}
+    view.models = render.render_models(engine.target.describe(), engine.draft.describe() if engine.draft else None,
+                                       engine.target.settings.num_threads, kv)
+    return view
+
+
+def stop(session: str) -> tuple | None:
+    """Stop button: every lane stops after its current step; (status, results), or None if nothing ran."""
+    if not cancel_run(session):
+        return None
+    return "Stopped. The lanes show what was generated before Stop.", render.note(render.STOPPED_NOTE)

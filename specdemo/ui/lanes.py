@@ -1,0 +1,137 @@
+"""Running the lanes of one press of Generate: worker threads, the events they send, and Stop.
+
+Workers run each lane's event generator to its end and put (lane, item) pairs in an inbox; `follow`
+applies them to the LaneRuns and paces the page's updates. A registry of cancel Events, one per
+visitor session, lets Stop reach only that visitor's run.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from specdemo.events import Summary, TokenEvent
+from specdemo.ui.values import ONE_AFTER_ANOTHER, as_sentence
+
+UPDATE_INTERVAL_S = 0.1  # the browser gets at most this many updates a second, however fast tokens come
+
+_STARTED = object()  # a worker's marker: this lane's generation begins now
+
+AUTOREGRESSIVE, SPECULATIVE, GENAI = "autoregressive", "speculative", "genai"
+LANES = (AUTOREGRESSIVE, SPECULATIVE)  # our two lanes; GENAI is the optional third
+
+# One lane's work: given the run's cancel Event, the lane's events (TokenEvents, then a Summary).
+Run = Callable[[threading.Event], Iterator]
+
+
+@dataclass
+class LaneRun:
+    """What one lane of one run has produced so far."""
+
+    events: list[TokenEvent] = field(default_factory=list)
+    summary: Summary | None = None
+    started: float | None = None  # time.perf_counter() when the lane began, for the live timer
+    error: str = ""
+    changed: bool = False  # events arrived since the text was last rendered
+
+    def take(self, item) -> None:
+        if item is _STARTED:
+            self.started = time.perf_counter()
+        elif isinstance(item, TokenEvent):
+            self.events.append(item)
+            self.changed = True
+        elif isinstance(item, Summary):
+            self.summary = item
+        else:
+            self.error = as_sentence(item)
+
+    @property
+    def done(self) -> bool:
+        return self.summary is not None or bool(self.error)
+
+    def elapsed(self, now: float) -> float:
+        if self.summary is not None:
+            return self.summary.wall_s
+        if self.started is None:
+            return 0.0
+        return max(now - self.started, self.events[-1].t if self.events else 0.0)
+
+
+def start_lanes(jobs: dict[str, Run], mode: str, cancel: threading.Event, inbox: queue.SimpleQueue) -> list[threading.Thread]:
+    """Start the workers for `jobs` (by lane). One after another: one thread runs our lanes in turn. Race: one
+    thread per lane of ours. GenAI's lane, if any, runs last, when ours are done, with the whole machine."""
+    ours = [(lane, jobs[lane]) for lane in LANES]
+    groups = [ours] if mode == ONE_AFTER_ANOTHER else [[job] for job in ours]
+    threads = [threading.Thread(target=_work, args=(group, cancel, inbox), daemon=True, name="specdemo-lanes")
+               for group in groups]
+    if GENAI in jobs:
+        def last() -> None:
+            for thread in threads[: len(groups)]:
+                thread.join()
+            _work([(GENAI, jobs[GENAI])], cancel, inbox)
+        threads.append(threading.Thread(target=last, daemon=True, name="specdemo-genai-lane"))
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+def _work(jobs: list[tuple[str, Run]], cancel: threading.Event, inbox: queue.SimpleQueue) -> None:
+    # Each engine generator is run to its end here, even after the page has gone away: that is what
+    # releases the engine's lock. `cancel` makes that end come after the current step.
+    for lane, run in jobs:
+        if cancel.is_set():
+            return
+        inbox.put((lane, _STARTED))
+        try:
+            for event in run(cancel):
+                inbox.put((lane, event))
+        except Exception as error:  # shown in the page as a sentence; the other lanes carry on
+            inbox.put((lane, error))
+
+
+def follow(lanes: dict[str, LaneRun], threads: list[threading.Thread], inbox: queue.SimpleQueue) -> Iterator[None]:
+    """Apply the workers' events to `lanes`; yield every UPDATE_INTERVAL_S until the workers are done."""
+    deadline = time.perf_counter() + UPDATE_INTERVAL_S
+    while True:
+        finished = not any(thread.is_alive() for thread in threads)
+        try:
+            lane, item = inbox.get(timeout=max(0.0, deadline - time.perf_counter()))
+            lanes[lane].take(item)
+        except queue.Empty:
+            if finished:
+                return
+        if time.perf_counter() >= deadline:
+            yield
+            deadline = time.perf_counter() + UPDATE_INTERVAL_S
+
+
+_RUNS: dict[str, threading.Event] = {}  # the cancel Event of each visitor's current run, by session
+_RUNS_LOCK = threading.Lock()
+
+
+def begin_run(session: str) -> threading.Event:
+    """A new cancel Event for this visitor's run (Stop sets it)."""
+    cancel = threading.Event()
+    with _RUNS_LOCK:
+        _RUNS[session] = cancel
+    return cancel
+
+
+def end_run(session: str, cancel: threading.Event) -> None:
+    cancel.set()  # stops the workers if the page went away mid-run
+    with _RUNS_LOCK:
+        if _RUNS.get(session) is cancel:
+            del _RUNS[session]
+
+
+def cancel_run(session: str) -> bool:
+    """Ask this visitor's run to stop after the current step. False if nothing was running."""
+    with _RUNS_LOCK:
+        cancel = _RUNS.get(session)
+    if cancel is None:
+        return False
+    cancel.set()
+    return True

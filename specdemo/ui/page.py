@@ -1,0 +1,183 @@
+"""The Gradio page: the layout, and the glue binding handlers.py's generators to the components. This is the
+only module under specdemo/ that imports gradio."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+import gradio as gr
+
+from specdemo.ui import handlers, render
+from specdemo.ui.handlers import OUTPUTS, SKIP
+from specdemo.ui.lanes import LaneRun
+from specdemo.ui.values import (ASSETS, MAX_INSTRUCTION_CHARS, MAX_K, MAX_NEW_TOKENS_CAP, ONE_AFTER_ANOTHER, RACE,
+                                PageValues, load_examples, offered_devices)
+
+INPUTS = tuple(f.name for f in fields(PageValues))  # the page's inputs, in the order generate() receives them
+
+
+def _gradio(values: tuple) -> tuple:
+    return tuple(gr.skip() if value is SKIP else value for value in values)
+
+
+def _warn(status) -> None:
+    if isinstance(status, str) and status.startswith("⚠️"):
+        gr.Warning(status.removeprefix("⚠️").strip())
+
+
+def generate(request: gr.Request, *values):
+    """Generate: the page's values (INPUTS order) in, whole page updates (OUTPUTS order) out."""
+    for view in handlers.generate(PageValues(*values), request.session_hash):
+        _warn(view.status)
+        yield _gradio(view.values())
+
+
+def stop(request: gr.Request):
+    """Stop: this visitor's lanes stop after their current step."""
+    update = handlers.stop(request.session_hash)
+    return (gr.skip(), gr.skip()) if update is None else update
+
+
+def wait_for_models():
+    for update in handlers.wait_for_models():
+        yield _gradio(update)
+
+
+def build() -> gr.Blocks:
+    """The Blocks page. Call engines.prepare() first so the models load before the first visitor."""
+    with gr.Blocks(title="specdemo: speculative decoding, live", analytics_enabled=False) as demo:
+        gr.Markdown(
+            "# Speculative decoding, live\n"
+            "One instruction, two lanes on OpenVINO: the **target** model alone, and a small **draft** model proposing "
+            "K tokens that the target checks in one call. Watch where the speedup comes from.",
+        )
+        page: dict[str, gr.components.Component] = {}  # every component the handlers use, by name
+        _add_controls(page)
+        _add_lanes_and_results(page)
+        status = page["status"]
+        run = page["generate"].click(generate, [page[name] for name in INPUTS], [page[name] for name in OUTPUTS],
+                                     concurrency_limit=1, concurrency_id="models", show_progress="hidden")
+        page["stop"].click(stop, None, [status, page["results"]], cancels=[run], queue=False)
+        page["k_auto"].change(lambda auto: gr.Slider(interactive=not auto), page["k_auto"], page["k"], queue=False)
+        page["decoding"].change(lambda d: gr.Row(visible=d == "sampling"), page["decoding"], page["sampling"], queue=False)
+        page["genai"].change(lambda on: gr.Column(visible=on), page["genai"], page["genai_lane"], queue=False)
+        demo.load(wait_for_models, None, [status, page["models"], page["costs"], page["costs_note"]],
+                  concurrency_limit=None, show_progress="hidden")
+    return demo
+
+
+def _add_controls(c: dict) -> None:
+    """The instruction, the examples, every setting, Generate and Stop, and the status line under them."""
+    devices = list(offered_devices())
+    device = "CPU" if "CPU" in devices else devices[0]
+    examples = load_examples()
+    defaults = PageValues()
+    with gr.Row(equal_height=True):
+        c["instruction"] = gr.Textbox(label="Instruction", lines=3, max_lines=12, value=examples[0]["instruction"],
+                                      max_length=MAX_INSTRUCTION_CHARS, elem_id="instruction", scale=3)
+        with gr.Column(scale=1, min_width=240):
+            with gr.Row():
+                c["generate"] = gr.Button("Generate", variant="primary", elem_id="generate", min_width=100)
+                c["stop"] = gr.Button("Stop", variant="stop", elem_id="stop", min_width=80)
+            c["status"] = gr.Markdown(render.preparing_status(None, "starting"), elem_id="status", elem_classes="sd-status",
+                                      container=True, min_height=96)
+    with gr.Row(equal_height=True):
+        c["drafter"] = gr.Radio([("Draft model", "model"), ("Prompt lookup", "prompt-lookup")], value=defaults.drafter,
+                                label="Drafting", elem_id="drafter", min_width=300)
+        c["mode"] = gr.Radio([("One after another", ONE_AFTER_ANOTHER), ("Race", RACE)], value=defaults.mode,
+                             label="Run mode", elem_id="mode", min_width=300)
+        c["max_new_tokens"] = gr.Slider(1, MAX_NEW_TOKENS_CAP, value=defaults.max_new_tokens, step=1,
+                                        label="Max new tokens", elem_id="max-new-tokens", min_width=200)
+        with gr.Column(min_width=200):
+            c["k_auto"] = gr.Checkbox(value=defaults.k_auto, label="Auto K: the planner picks K for this machine",
+                                      elem_id="k-auto")
+            c["k"] = gr.Slider(1, MAX_K, value=defaults.k, step=1, label="K: drafts per round (when not auto)",
+                               elem_id="k", min_width=200, interactive=not defaults.k_auto)
+    gr.Examples([[e["instruction"], e["drafter"]] for e in examples], [c["instruction"], c["drafter"]],
+                example_labels=[e["label"] for e in examples], label="Examples")
+    with gr.Accordion("OpenVINO GenAI, adaptive K, sampling and devices", open=False):
+        gr.Markdown("Prompt lookup drafts by matching the last few tokens against the prompt, so it needs no draft "
+                    "model and shines when the answer copies from the instruction. A race runs both lanes at once, "
+                    "each on half the cores; the headline speedup is best measured one after another.")
+        c["genai"] = gr.Checkbox(value=defaults.genai, elem_id="genai",
+                                 label="Also run OpenVINO GenAI's speculative pipeline (a third lane, run last)",
+                                 info="The same model folders, prompt tokens and K; loads a second copy of the models.")
+        with gr.Row():
+            c["adaptive"] = gr.Checkbox(value=defaults.adaptive, label="Adaptive K", elem_id="adaptive",
+                                        info="K grows after a fully accepted round and shrinks after a rejection.")
+            c["decoding"] = gr.Radio([("Greedy", "greedy"), ("Sampling", "sampling")], value=defaults.decoding,
+                                     label="Decoding")
+            c["target_device"] = gr.Dropdown(devices, value=device, label="Target device")
+            c["draft_device"] = gr.Dropdown(devices, value=device, label="Draft device")
+        with gr.Row(visible=False) as c["sampling"]:
+            c["temperature"] = gr.Slider(0.05, 2.0, value=defaults.temperature, step=0.05, label="Temperature")
+            c["top_p"] = gr.Slider(0.05, 1.0, value=defaults.top_p, step=0.05, label="Top-p")
+            c["top_k"] = gr.Slider(0, 200, value=defaults.top_k, step=1, label="Top-k (0 keeps all)")
+            c["seed"] = gr.Number(value=defaults.seed, precision=0, label="Seed (empty: random)")
+
+
+LANE_TITLES = (("ar", "Autoregressive — target only"), ("spec", "Speculative — draft + target"),
+               ("genai", "OpenVINO GenAI — its speculative pipeline"))
+
+
+def _add_lanes_and_results(o: dict) -> None:
+    """The legend, the lanes with their live figures, the headline results, the charts and the models."""
+    gr.HTML(render.render_legend(), elem_id="legend", js_on_load=TOGGLE_REJECTED_JS, elem_classes="sd-legend-row")
+    with gr.Row(equal_height=True):
+        for prefix, title in LANE_TITLES:
+            with gr.Column(elem_classes="sd-lane", visible=prefix != "genai", elem_id=f"{prefix}-lane") as column:
+                gr.HTML(f"<h3 class='sd-lane-title'>{title}</h3>")
+                o[f"{prefix}_figures"] = gr.HTML(render.render_lane_figures(LaneRun(), 0.0), elem_id=f"{prefix}-figures")
+                o[f"{prefix}_text"] = gr.HTML(render.render_tokens([]), elem_id=f"{prefix}-text", js_on_load=FOLLOW_JS)
+            o[f"{prefix}_lane"] = column
+    o["results"] = gr.HTML(render.note("Press Generate to run both lanes."), elem_id="results")
+    with gr.Row():
+        o["timeline"] = gr.LinePlot(None, x="seconds", y="tokens", color="lane", color_map=render.LANE_COLOURS,
+                                    title="Tokens generated over time", x_title="seconds since the lane began",
+                                    y_lim=[0, None], height=280, elem_id="timeline")
+        o["histogram"] = gr.BarPlot(None, x="accepted draft tokens", y="rounds", sort=None, y_lim=[0, None],
+                                    title="Accepted draft tokens per round", height=280, elem_id="histogram")
+    with gr.Row():
+        with gr.Column():
+            o["costs"] = gr.LinePlot(render.cost_frame(None), x="tokens scored at once", y="cost in single steps",
+                                     color="curve", color_map=render.COST_COLOURS, y_lim=[0, None], height=260,
+                                     title="Cost of scoring n tokens at once, in single steps", elem_id="costs")
+            o["costs_note"] = gr.HTML(render.render_costs(None, 0.0), elem_id="costs-note")
+        with gr.Column():
+            with gr.Accordion("Models", open=True):
+                o["models"] = gr.HTML("<p>Loading…</p>", elem_id="models")
+
+
+# Hiding rejected drafts is pure presentation: a class on the page, no round trip, kept across runs.
+TOGGLE_REJECTED_JS = """
+element.addEventListener('change', (e) => document.body.classList.toggle('sd-hide-rejected', !e.target.checked));
+"""
+
+# The lane text scrolls inside its box. Each update replaces the box, so follow the newest tokens
+# unless the visitor has scrolled up to read, in which case keep their place.
+FOLLOW_JS = """
+let stick = true, top = 0;
+element.addEventListener('scroll', (e) => {
+  const box = e.target;
+  top = box.scrollTop;
+  stick = box.scrollTop + box.clientHeight >= box.scrollHeight - 24;
+}, true);
+watch('value', () => {
+  const box = element.querySelector('.sd-text');
+  if (!box) return;
+  if (box.scrollHeight <= box.clientHeight + 24) stick = true;
+  box.scrollTop = stick ? box.scrollHeight : top;
+});
+"""
+
+
+# Gradio 6.31's SourceSansPro-SemiBold.woff2 holds only 55 glyphs, so semibold text mixes fonts; with
+# only the regular and bold faces declared, semibold text uses the complete bold face instead.
+THEME = gr.themes.Default(primary_hue="blue",
+                          font=[gr.themes.GoogleFont("Source Sans Pro", weights=(400, 700)), "ui-sans-serif", "sans-serif"])
+
+
+def launch(demo: gr.Blocks, host: str, port: int, share: bool) -> None:
+    """Serve the page: queued runs (one at a time per model pair), no share link unless asked."""
+    demo.queue(max_size=64).launch(server_name=host, server_port=port, share=share, css_paths=[ASSETS / "style.css"],
+                                   theme=THEME)

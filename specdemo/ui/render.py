@@ -1,0 +1,265 @@
+"""Pure renderers: events and summaries in, HTML strings and chart frames out. No gradio here, so tests
+check what the page shows without a browser."""
+
+from __future__ import annotations
+
+import html
+
+import pandas as pd
+
+from specdemo.disk import size
+from specdemo.events import ACCEPTED, BONUS, CORRECTED, Summary, TokenEvent, measured_speedup
+from specdemo.settings import GenerationSettings
+from specdemo.ui.engines import race_threads
+from specdemo.ui.lanes import AUTOREGRESSIVE, GENAI, LANES, SPECULATIVE, LaneRun
+from specdemo.ui.values import RACE
+
+# How the speculative lane names each provenance; each has a CSS class sd-<source> in assets/style.css
+# (Okabe-Ito colours, readable with red-green colour blindness, plus an underline style per source).
+PROVENANCE = {ACCEPTED: "accepted draft", CORRECTED: "corrected by target", BONUS: "bonus"}
+LANE_COLOURS = {AUTOREGRESSIVE: "#7f7f7f", SPECULATIVE: "#0072B2", GENAI: "#E69F00"}  # the timeline chart's series
+COST_COLOURS = {"this machine": "#0072B2", "n steps": "#D55E00", "1 step": "#009E73"}  # the cost chart's series
+STOPPED_NOTE = "Stopped before both lanes finished: no speedup figures for this run."
+
+
+def escape(text: str) -> str:
+    # gr.HTML runs its value through a template engine: braces and dollars become entities so model
+    # output such as f"{x}" or `${y}` shows literally.
+    return html.escape(text, quote=True).replace("{", "&#123;").replace("}", "&#125;").replace("$", "&#36;")
+
+
+def note(text: str) -> str:
+    return f'<div class="sd-notes"><p>{escape(text)}</p></div>'
+
+
+def token_title(event: TokenEvent) -> str:
+    """The hover text of one token: its step, its provenance and, when sampling, p_target and p_draft."""
+    parts = [f"step {event.step}", PROVENANCE.get(event.source, "target")]
+    if event.p_target is not None:
+        parts.append(f"p_target {event.p_target:.3f}")
+    if event.p_draft is not None:
+        parts.append(f"p_draft {event.p_draft:.3f}")
+    return " · ".join(parts)
+
+
+def render_tokens(events: list[TokenEvent]) -> str:
+    """A lane's text as HTML: one span per token, coloured by provenance, with rejected drafts struck
+    through where the target rejected them (the CSS class sd-rejected; the page can hide them)."""
+    parts = []
+    for event in events:
+        if event.rejected_text:
+            title = f"step {event.step} · {len(event.rejected)} draft token(s) rejected"
+            parts.append(f'<del class="sd-rejected" title="{escape(title)}">{escape(event.rejected_text)}</del>')
+        if event.text:
+            parts.append(f'<span class="sd-tok sd-{event.source}" title="{escape(token_title(event))}">{escape(event.text)}</span>')
+    return f'<div class="sd-text">{"".join(parts)}</div>'
+
+
+def tiles(cells: list[tuple[str, str]], extra_class: str = "") -> str:
+    body = "".join(
+        f'<div class="sd-tile"><div class="sd-value">{escape(value)}</div><div class="sd-label">{escape(label)}</div></div>'
+        for label, value in cells
+    )
+    return f'<div class="sd-tiles {extra_class}">{body}</div>'
+
+
+def render_lane_figures(lane: LaneRun, now: float) -> str:
+    """Elapsed time, tokens, tokens/s and time to first token of one lane, live or final."""
+    elapsed = lane.elapsed(now)
+    tokens = len(lane.events)
+    if lane.summary is not None:
+        rate, ttft = lane.summary.tokens_per_s, lane.summary.ttft_s
+    else:
+        rate = tokens / elapsed if elapsed > 0 else 0.0
+        ttft = lane.events[0].t if lane.events else None
+    return tiles([
+        ("elapsed", f"{elapsed:.1f} s"),
+        ("tokens", f"{tokens}"),
+        ("tokens/s", f"{rate:.1f}" if tokens else "–"),
+        ("first token", f"{ttft:.2f} s" if ttft is not None else "–"),
+    ])
+
+
+def describe_mode(mode: str) -> str:
+    if mode == RACE:
+        return f"race: both lanes at once, each with {race_threads()} inference thread(s)"
+    return "one after another: each lane had the whole machine"
+
+
+def render_results(lanes: dict[str, LaneRun], mode: str, settings: GenerationSettings) -> str:
+    """The headline figures once both lanes are done: measured against expected speedup, acceptance,
+    tokens per target call and target calls saved, which run mode produced them, and GenAI's lane if it ran."""
+    ar, spec = lanes[AUTOREGRESSIVE], lanes[SPECULATIVE]
+    a, s = ar.summary, spec.summary
+    if a is None or s is None or "cancelled" in (a.stop_reason, s.stop_reason):
+        return note(STOPPED_NOTE)
+    saved = a.target_calls - s.target_calls
+    headline = tiles([
+        ("speedup, measured", f"{measured_speedup(a, s):.2f}×"),
+        ("predicted for this machine", f"{s.predicted_speedup:.2f}×" if s.predicted_speedup else "–"),
+        ("acceptance α̂", f"{s.alpha:.2f}" if s.rounds else "–"),
+        ("tokens per target call", f"{s.tokens_per_call:.2f}"),
+        ("target calls saved", f"{saved} of {a.target_calls}"),
+    ], "sd-results")
+    drafter = "prompt lookup" if (s.drafter or settings.drafter) == "prompt-lookup" else "draft model"
+    if settings.k_auto:
+        k = f"K chosen by the planner (mean {s.mean_k:.1f})"
+    else:
+        k = f"K adaptive (mean {s.mean_k:.1f})" if settings.adaptive else f"K = {settings.k}"
+    lines = [
+        f"<b>Measured {escape(describe_mode(mode))}.</b> Speedup = speculative tokens/s ÷ autoregressive tokens/s "
+        f"({s.tokens_per_s:.1f} ÷ {a.tokens_per_s:.1f}); {drafter}, {k}.",
+        escape(s.plan) if s.plan else "",
+        f"Predicted from this machine's measured call costs with α̂ = {s.alpha:.2f} (accepted ÷ (accepted + rounds "
+        f"that ended in a rejection)), mean K = {s.mean_k:.1f}, {a.tokens} tokens and the prompt's prefill. "
+        f"Leviathan et al.'s eq. 1, which prices a verify call at one step, would say {s.expected_speedup:.2f}×; "
+        f"draft acceptance rate (accepted ÷ proposed) {s.draft_acceptance_rate:.0%}.",
+        f"Speculative time: target {s.target_s:.2f} s (a verify call {s.target_step_s * 1e3:.0f} ms, an autoregressive "
+        f"step {a.target_step_s * 1e3:.0f} ms), drafting {s.draft_s:.2f} s, KV cache rollback {s.rollback_s:.3f} s.",
+        compare_outputs(ar.events, spec.events, settings, a, s),
+        render_genai_line(lanes[GENAI], spec, settings) if GENAI in lanes else "",
+    ]
+    notes = "".join(f"<p>{line}</p>" for line in lines if line)
+    return f'{headline}<div class="sd-notes">{notes}</div>'
+
+
+def compare_outputs(ar: list[TokenEvent], spec: list[TokenEvent], settings: GenerationSettings, a: Summary, s: Summary) -> str:
+    ar_ids, spec_ids = [e.id for e in ar], [e.id for e in spec]
+    if not settings.greedy:
+        return "Sampling: the two lanes draw different samples from the same distribution, so their texts differ."
+    if ar_ids == spec_ids:
+        return f"Both lanes produced the same {len(ar_ids)} tokens: speculation changed the speed, not the text."
+    first = _first_difference(ar_ids, spec_ids)
+    return (f"The texts part at token {first + 1}: at a near-tie the batched and single-token kernels can order two "
+            f"almost equal logits differently (near-ties: {a.near_ties} autoregressive, {s.near_ties} speculative).")
+
+
+def _first_difference(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def render_genai_line(genai: LaneRun, spec: LaneRun, settings: GenerationSettings) -> str:
+    """One paragraph on GenAI's lane: its speed against our speculative lane, its acceptance, and whether its
+    tokens equal ours."""
+    if genai.error:
+        return f"<b>OpenVINO GenAI's pipeline</b> failed: {escape(genai.error)}"
+    g, s = genai.summary, spec.summary
+    if g is None or g.stop_reason == "cancelled":
+        return "<b>OpenVINO GenAI's pipeline</b> was stopped before it finished."
+    ours, theirs = [e.id for e in spec.events], [e.id for e in genai.events]
+    if not settings.greedy:
+        same = "sampling, so its text is a different sample from the same distribution"
+    elif ours == theirs:
+        same = f"its {len(theirs)} tokens equal our speculative lane's, token for token"
+    else:
+        same = f"its tokens part from ours at token {_first_difference(ours, theirs) + 1} (a near-tie decided differently)"
+    accepted = (f"accepted {g.accepted} of {g.proposed} drafts ({g.draft_acceptance_rate:.0%}); " if g.proposed else "")
+    ratio = g.tokens_per_s / s.tokens_per_s if s.tokens_per_s else 0.0
+    return (f"<b>OpenVINO GenAI's speculative pipeline</b> ({escape(g.plan)}; run last, with the whole machine): "
+            f"{g.tokens_per_s:.1f} tokens/s, {ratio:.2f}× our speculative lane; {accepted}{same}.")
+
+
+def timeline_frame(lanes: dict[str, LaneRun]) -> pd.DataFrame:
+    """Tokens generated against seconds since each lane began, one series per lane, from (0, 0)."""
+    # Every lane starts at (0, 0) even before it runs: the chart fixes its series from the first
+    # data it sees, so all must be there from the start.
+    rows = []
+    for name in [*LANES, *([GENAI] if GENAI in lanes else [])]:
+        rows.append((0.0, 0, name))
+        events = lanes[name].events if name in lanes else []
+        rows.extend((event.t, i + 1, name) for i, event in enumerate(events))
+    # Explicit types: an empty frame would otherwise make the chart treat the axes as categories.
+    return pd.DataFrame(rows, columns=["seconds", "tokens", "lane"]).astype({"seconds": float, "tokens": int, "lane": str})
+
+
+def cost_frame(costs) -> pd.DataFrame:
+    """The cost of scoring n tokens in one target call, in single steps, beside the two extremes."""
+    # Every series is there from the first frame (the chart fixes its series then): before the machine is
+    # measured, "this machine" is the one point every curve shares, (1, 1).
+    n_max = costs.n_max if costs is not None else 13
+    rows = [(n, costs.verify_steps(n) if costs is not None else 1.0, "this machine") for n in range(1, n_max + 1)
+            if costs is not None or n == 1]
+    for n in range(1, n_max + 1):
+        rows.append((n, float(n), "n steps"))  # no gain from batching: speculation cannot pay
+        rows.append((n, 1.0, "1 step"))  # free verification: Leviathan's assumption
+    frame = pd.DataFrame(rows, columns=["tokens scored at once", "cost in single steps", "curve"])
+    return frame.astype({"tokens scored at once": int, "cost in single steps": float, "curve": str})
+
+
+def render_costs(costs, warm_up_s: float) -> str:
+    """The sentence under the cost chart: what the curve means for speculation here."""
+    if costs is None:
+        return note("The cost of each call is measured once this machine has warmed up.")
+    source = f"measured in {costs.seconds:.1f} s" if costs.seconds else "from the cache of an earlier measurement"
+    return note(f"{costs.sentence()} One target step is {costs.t(1) * 1e3:.0f} ms on {costs.cpu} ({source}; "
+                f"warm-up {warm_up_s:.1f} s, never counted in a lane's time). Near the orange line (n steps) "
+                "speculation cannot pay; the green line (1 step) is what Leviathan et al.'s formula assumes.")
+
+
+def histogram_frame(summary: Summary | None) -> pd.DataFrame:
+    """Speculative rounds by how many of their draft tokens the target accepted."""
+    counts = summary.accepted_histogram if summary is not None else []
+    frame = pd.DataFrame({"accepted draft tokens": [str(n) for n in range(len(counts))], "rounds": counts})
+    return frame.astype({"accepted draft tokens": str, "rounds": int})
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.0f} M"
+
+
+MODEL_ROWS = ("model", "parameters", "weights", "size on disk", "KV cache", "device", "inference threads", "layers · context")
+
+
+def _model_cells(facts: dict | None, kv_cache_bytes: int | None, threads: int) -> list[str]:
+    """One column of the model panel, in MODEL_ROWS order, from LoadedModel.describe()."""
+    if facts is None:
+        return ["–"] * len(MODEL_ROWS)
+    kv_size = size(kv_cache_bytes) if kv_cache_bytes is not None else "– until a run"
+    return [
+        facts["name"],
+        _count(facts["parameters"]),
+        facts["precision"].upper(),
+        size(facts["size_on_disk_bytes"]),
+        f'{facts["kv_cache_precision"]}, {kv_size}',
+        facts["device"],
+        str(threads) if threads else "all cores",
+        f'{facts["layers"]} · {facts["context_length"]:,} tokens',
+    ]
+
+
+def render_disk(items) -> str:
+    """One line under the model panel: how much specdemo keeps on disk, and the command that lists it."""
+    total = sum(item.bytes for item in items)
+    by_kind = {}
+    for item in items:
+        by_kind[item.kind] = by_kind.get(item.kind, 0) + item.bytes
+    parts = ", ".join(f"{kind.replace('-', ' ')} {size(n)}" for kind, n in sorted(by_kind.items(), key=lambda kv: -kv[1]))
+    return (f'<p class="sd-disk">On disk: {escape(size(total))} ({escape(parts)}). '
+            "<code>python -m specdemo clean</code> lists it and removes what can go.</p>")
+
+
+def render_models(target: dict, draft: dict | None, threads: int = 0, kv_cache_bytes: dict | None = None,
+                  disk_note: str = "") -> str:
+    """The model panel: target and draft side by side, with KV cache sizes once a run has filled them."""
+    kv = kv_cache_bytes or {}
+    columns = [_model_cells(target, kv.get("target"), threads), _model_cells(draft, kv.get("draft"), threads)]
+    body = "".join(
+        f"<tr><th>{label}</th>" + "".join(f"<td>{escape(column[i])}</td>" for column in columns) + "</tr>"
+        for i, label in enumerate(MODEL_ROWS)
+    )
+    table = f'<table class="sd-models"><thead><tr><th></th><th>target</th><th>draft</th></tr></thead><tbody>{body}</tbody></table>'
+    return table + disk_note
+
+
+def render_legend() -> str:
+    swatches = "".join(f'<span class="sd-tok sd-{source}">{label}</span>' for source, label in PROVENANCE.items())
+    return (f'<div class="sd-legend">{swatches}<del class="sd-rejected">rejected draft</del>'
+            '<span class="sd-hint">hover a token for its step and probabilities</span>'
+            '<label class="sd-toggle"><input type="checkbox" checked> show rejected drafts</label></div>')
+
+
+def preparing_status(fraction: float | None, message: str) -> str:
+    """The status line while models are prepared: the stage, how far, and what to expect."""
+    done = f" ({fraction:.0%})" if fraction is not None else ""
+    return (f"**Preparing the models:** {message}{done}. The first start converts them once (about 6 minutes on a "
+            "2-core AMX Xeon, 10 on an AVX2-only one); later starts take seconds.")

@@ -1,0 +1,119 @@
+"""What the page shows, from events and summaries: pure renderers checked without a browser."""
+
+from specdemo.events import ACCEPTED, BONUS, CORRECTED, TARGET, Summary, TokenEvent, measured_speedup
+from specdemo.settings import GenerationSettings
+from specdemo.ui import render
+from specdemo.ui.lanes import AUTOREGRESSIVE, GENAI, SPECULATIVE, LaneRun
+from specdemo.ui.values import ONE_AFTER_ANOTHER, RACE
+
+
+def token(text, source=ACCEPTED, step=1, t=0.1, **extra):
+    return TokenEvent(id=len(text), text=text, source=source, step=step, t=t, **extra)
+
+
+def lane_with(events, **summary):
+    lane = LaneRun(events=list(events))
+    lane.summary = Summary(tokens=len(events), **summary)
+    return lane
+
+
+# ----------------------------------------------------------------------------- tokens
+
+
+def test_tokens_are_coloured_by_provenance():
+    html = render.render_tokens([token("a", TARGET, 0), token("b", ACCEPTED), token("c", CORRECTED), token("d", BONUS)])
+    for source in (TARGET, ACCEPTED, CORRECTED, BONUS):
+        assert f'class="sd-tok sd-{source}"' in html
+
+
+def test_token_text_is_escaped_so_model_output_shows_literally():
+    html = render.render_tokens([token('<script>alert("x")</script> & f"{name}" `${total}`')])
+    assert "<script>" not in html
+    assert "&lt;script&gt;" in html and "&amp;" in html
+    assert "{" not in html and "$" not in html  # the HTML component's templating never sees them
+
+
+def test_rejected_drafts_stay_struck_through_where_they_were_rejected():
+    html = render.render_tokens([token(" the"), token(" sky", CORRECTED, rejected=[7, 8], rejected_text=" sea is")])
+    assert html.index(" the") < html.index('<del class="sd-rejected"') < html.index(" sky")
+    assert "2 draft token(s) rejected" in html
+
+
+def test_hover_title_gives_step_and_probabilities_when_sampling():
+    title = render.token_title(token("x", ACCEPTED, step=3, p_target=0.8125, p_draft=0.5))
+    assert title == "step 3 · accepted draft · p_target 0.812 · p_draft 0.500"
+
+
+def test_greedy_hover_title_gives_step_and_provenance_only():
+    assert render.token_title(token("x", CORRECTED, step=2)) == "step 2 · corrected by target"
+    assert render.token_title(token("x", TARGET, step=0)) == "step 0 · target"
+
+
+# ----------------------------------------------------------------------------- figures and charts
+
+
+def test_speedup_compares_throughput():
+    assert measured_speedup(Summary(mode="autoregressive", tokens_per_s=5.0), Summary(mode="speculative", tokens_per_s=9.0)) == 1.8
+
+
+def test_results_say_which_mode_produced_the_numbers():
+    ar = lane_with([token("a", TARGET)], mode="autoregressive", tokens_per_s=5.0, target_calls=48, stop_reason="eos")
+    spec = lane_with([token("a", TARGET)], mode="speculative", tokens_per_s=10.0, target_calls=12, draft_acceptance_rate=0.75, alpha=0.8,
+                     tokens_per_call=4.0, expected_speedup=2.5, stop_reason="eos")
+    one = render.render_results({AUTOREGRESSIVE: ar, SPECULATIVE: spec}, ONE_AFTER_ANOTHER, GenerationSettings())
+    assert "2.00×" in one and "2.50×" in one and "75%" in one and "36 of 48" in one
+    assert "one after another" in one and "same 1 tokens" in one
+    assert "race" in render.render_results({AUTOREGRESSIVE: ar, SPECULATIVE: spec}, RACE, GenerationSettings())
+
+
+def test_results_of_a_stopped_run_give_no_speedup():
+    ar = lane_with([], mode="autoregressive", stop_reason="eos")
+    spec = lane_with([], mode="speculative", stop_reason="cancelled")
+    assert "Stopped" in render.render_results({AUTOREGRESSIVE: ar, SPECULATIVE: spec}, ONE_AFTER_ANOTHER, GenerationSettings())
+    assert "Stopped" in render.render_results({AUTOREGRESSIVE: ar, SPECULATIVE: LaneRun()}, ONE_AFTER_ANOTHER, GenerationSettings())
+
+
+def test_lane_figures_show_elapsed_tokens_rate_and_first_token():
+    html = render.render_lane_figures(lane_with([token("a", t=0.25), token("b", t=0.5)], mode="speculative", wall_s=1.0, tokens_per_s=2.0, ttft_s=0.25), 0.0)
+    assert "1.0 s" in html and ">2<" in html and "2.0" in html and "0.25 s" in html
+
+
+def test_timeline_has_both_lanes_from_the_origin_even_before_they_run():
+    frame = render.timeline_frame({AUTOREGRESSIVE: LaneRun(events=[token("a", t=0.5), token("b", t=0.75)]),
+                               SPECULATIVE: LaneRun()})
+    assert frame.values.tolist() == [[0.0, 0, "autoregressive"], [0.5, 1, "autoregressive"], [0.75, 2, "autoregressive"],
+                                     [0.0, 0, "speculative"]]
+
+
+def test_histogram_counts_rounds_by_accepted_draft_tokens():
+    frame = render.histogram_frame(Summary(mode="speculative", accepted_histogram=[2, 0, 1, 0, 5]))
+    assert frame.values.tolist() == [["0", 2], ["1", 0], ["2", 1], ["3", 0], ["4", 5]]
+
+
+def test_model_panel_shows_sizes_precisions_devices_and_kv_cache():
+    model = dict(name="Tiny", parameters=1_777_029_120, precision="int8", size_on_disk_bytes=1_782_835_973, device="CPU",
+                 kv_cache_precision="f16", layers=28, context_length=32768)
+    html = render.render_models(model, {**model, "precision": "int4"}, threads=1, kv_cache_bytes={"target": 2_800_000})
+    for text in ("1.78 B", "INT8", "INT4", "1.66 GiB", "f16, 2.7 MiB", "f16, – until a run", "CPU", "32,768 tokens"):
+        assert text in html
+
+
+def test_results_say_how_genai_compares_and_whether_its_tokens_equal_ours():
+    spec = lane_with([token("a"), token("bb")], mode="speculative", tokens_per_s=10.0, stop_reason="eos")
+    plan = "draft model, K = 4 in every round"
+    same = lane_with([token("a", TARGET), token("bb", TARGET)], mode="speculative", tokens_per_s=8.0, proposed=10,
+                     accepted=8, draft_acceptance_rate=0.8, plan=plan, stop_reason="eos")
+    line = render.render_genai_line(same, spec, GenerationSettings())
+    assert "K = 4" in line and "0.80× our speculative lane" in line and "8 of 10 drafts (80%)" in line
+    assert "its 2 tokens equal our speculative lane's" in line
+    other = lane_with([token("a", TARGET), token("ccc", TARGET)], mode="speculative", tokens_per_s=8.0, plan=plan)
+    assert "part from ours at token 2" in render.render_genai_line(other, spec, GenerationSettings())
+    failed = LaneRun(error="The pipeline could not load.")
+    assert "failed: The pipeline could not load." in render.render_genai_line(failed, spec, GenerationSettings())
+
+
+def test_the_timeline_shows_genai_only_when_it_ran():
+    lanes = {AUTOREGRESSIVE: LaneRun(), SPECULATIVE: LaneRun()}
+    assert set(render.timeline_frame(lanes)["lane"]) == {AUTOREGRESSIVE, SPECULATIVE}
+    lanes[GENAI] = LaneRun(events=[token("a", TARGET, t=0.5)])
+    assert render.timeline_frame(lanes).values.tolist()[-2:] == [[0.0, 0, GENAI], [0.5, 1, GENAI]]
