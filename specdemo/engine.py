@@ -25,7 +25,7 @@ from specdemo.costs import CostModel
 from specdemo.drafting import make_drafter
 from specdemo.events import Summary
 from specdemo.planner import AlphaHistory, Plan, make_plan
-from specdemo.runtime import OVModel
+from specdemo.runtime import OVModel, release_weight_pages
 from specdemo.settings import K_MAX, GenerationSettings, ModelSettings, RunSettings
 
 # Stands in for the instruction when the chat template is rendered; no template contains it.
@@ -160,6 +160,7 @@ class Engine:
         with self.lock:
             draft = self.draft.runtime if self.draft else None
             self.costs = costs.measure(self.target.runtime, draft, k_max + 1, self._costs_dir(), fresh, log)
+            release_weight_pages()  # every shape has run: the plugin works from its own copies of the weights now
         self.warm_up_s = time.perf_counter() - start
         return self.warm_up_s
 

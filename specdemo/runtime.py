@@ -9,6 +9,8 @@ back to a length; nobody else touches the state.
 
 from __future__ import annotations
 
+import ctypes
+import sys
 import time
 from pathlib import Path
 
@@ -139,6 +141,35 @@ class OVModel:
             return 0
         elements = sum(int(np.prod(state.state.shape)) for state in self.request.query_state())
         return elements * self._kv_type.size
+
+
+_MADV_DONTNEED = 4
+_WEIGHT_FILES = (".bin", ".blob")  # an IR's weights; OpenVINO's compiled-model cache entries
+
+
+def release_weight_pages() -> int:
+    """Drop the resident pages of the model files this process maps read-only; returns the bytes of mappings released.
+
+    OpenVINO maps a model's weights file, and on the first inference of a shape the CPU plugin repacks the
+    weights into buffers of its own; the mapped pages stay resident though nothing reads them again, which
+    made the serving process hold the model files twice (RSS 3.9 GiB for 2.0 GiB of files on the AMX Xeon,
+    2.2 GiB after this). MADV_DONTNEED on a read-only file mapping loses nothing: a page read later faults
+    back in from the file (from the page cache, usually). Linux only; elsewhere a no-op.
+    """
+    if not sys.platform.startswith("linux"):
+        return 0
+    madvise = ctypes.CDLL(None, use_errno=True).madvise
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    released = 0
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            if len(fields) < 6 or not fields[1].startswith("r--") or not fields[5].rstrip().endswith(_WEIGHT_FILES):
+                continue
+            start, end = (int(address, 16) for address in fields[0].split("-"))
+            if madvise(start, end - start, _MADV_DONTNEED) == 0:
+                released += end - start
+    return released
 
 
 def _kv_cache_type(compiled: ov.CompiledModel) -> ov.Type:

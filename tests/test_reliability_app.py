@@ -178,4 +178,6 @@ def test_the_serving_process_keeps_torch_out_and_stays_lean(server):
     assert "libtorch" not in maps
     model_files = sum(f.stat().st_size for name in ("qwen2.5-coder-1.5b-int8", "qwen2.5-coder-0.5b-int4")
                       for f in (sources.specdemo_home() / "models" / sources.CACHE_VERSION / name).glob("openvino_model.*"))
-    print(f"serving process RSS {server.rss() / 2**30:.2f} GiB for {model_files / 2**30:.2f} GiB of model files")
+    rss = server.rss()
+    print(f"serving process RSS {rss / 2**30:.2f} GiB for {model_files / 2**30:.2f} GiB of model files")
+    assert rss < model_files + 2**30  # the plugin's own copy of the weights, and a little more; not the files twice

@@ -13,6 +13,7 @@ from typing import Callable
 
 from specdemo import compat, genai, sources
 from specdemo.engine import Engine
+from specdemo.runtime import release_weight_pages
 from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET, GenerationSettings, RunSettings
 from specdemo.ui.lanes import AUTOREGRESSIVE, GENAI, SPECULATIVE
 from specdemo.ui.values import MAX_K, ONE_AFTER_ANOTHER
@@ -68,6 +69,7 @@ def _load_genai(settings: RunSettings, prompt_lookup: bool):
         pipeline = genai.make_pipeline(target, settings.target.device, properties, draft, settings.draft.device, prompt_lookup)
         report(None, "warming up OpenVINO GenAI's pipeline")
         pipeline.generate("Hello", max_new_tokens=GENAI_WARM_UP_TOKENS)
+        release_weight_pages()  # as after our warm-up: the plugin works from its own copies of the weights
         return pipeline
     return load
 
