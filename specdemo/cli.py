@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from dataclasses import asdict
 
 from specdemo import compat, sources
@@ -225,6 +226,7 @@ def _generate(args: argparse.Namespace, settings: RunSettings) -> int:
         print(plan.reason)
         if len(prompt) > LONG_PROMPT_TOKENS:
             print(_prefill_estimate(engine, len(prompt), settings.generation.max_new_tokens), flush=True)
+            _show_prefill_progress(engine)
     lanes = {}
     for mode, run in (("autoregressive", engine.autoregressive), ("speculative", engine.speculative)):
         if not args.json:
@@ -238,6 +240,23 @@ def _generate(args: argparse.Namespace, settings: RunSettings) -> int:
     else:
         _print_summaries(lanes)
     return 0
+
+
+def _show_prefill_progress(engine) -> None:
+    """A line on stderr per piece of a long prompt's prefill, on each model, with the time so far."""
+    for role, model in (("target", engine.target), ("draft", engine.draft)):
+        if model is None:
+            continue
+        began = [0.0]
+
+        def show(done: int, total: int, role=role, began=began) -> None:
+            if done == 0:
+                began[0] = time.perf_counter()
+                return
+            print(f"prefill ({role}): {done:,} of {total:,} tokens, {time.perf_counter() - began[0]:.1f} s",
+                  file=sys.stderr, flush=True)
+
+        model.runtime.on_piece = show
 
 
 def _prefill_estimate(engine, prompt_tokens: int, new_tokens: int) -> str:

@@ -13,6 +13,7 @@ import ctypes
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import openvino as ov
@@ -50,6 +51,9 @@ class OVModel:
         self.infer_s = 0.0  # seconds inside those calls
         self.rollback_s = 0.0  # seconds spent trimming the cache
         self._beam = np.zeros(1, dtype=np.int32)
+        # For an input longer than PREFILL_CHUNK: called as on_piece(tokens fed, of n) before the first piece
+        # (0) and after each piece, so a long prefill can show its progress; None: silent.
+        self.on_piece: Callable[[int, int], None] | None = None
 
     # ---- decoding
     def forward(self, ids: list[int], logits_to_keep: int = 1) -> np.ndarray:
@@ -64,8 +68,12 @@ class OVModel:
         keep = min(logits_to_keep, n)
         cuts = list(range(0, n - keep, PREFILL_CHUNK))[1:]  # the last piece always holds the kept positions
         start = time.perf_counter()
+        if cuts and self.on_piece is not None:
+            self.on_piece(0, n)
         for begin, end in zip([0] + cuts, cuts + [n]):
             self._infer(ids[begin:end], keep if end == n else 1)
+            if cuts and self.on_piece is not None:
+                self.on_piece(end, n)
         elapsed = time.perf_counter() - start
         if self.calls == 0:
             self.first_call_s = elapsed
