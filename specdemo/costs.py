@@ -23,7 +23,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from specdemo.bench import machine
+from specdemo import machine
 from specdemo.runtime import OVModel
 
 COSTS_VERSION = 1  # bump when what is measured changes, so old caches are not reused

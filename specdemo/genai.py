@@ -18,8 +18,9 @@ from typing import Iterator
 
 import numpy as np
 
+from specdemo import compat, sources
 from specdemo.events import TARGET, Detokenizer, Summary, TokenEvent
-from specdemo.settings import GenerationSettings
+from specdemo.settings import GenerationSettings, ModelSettings
 
 _DONE = object()  # the generate thread's last word
 
@@ -43,6 +44,13 @@ def make_pipeline(target: Path, device: str, properties: dict, draft: Path | Non
     if prompt_lookup:
         kwargs["prompt_lookup"] = True
     return genai.LLMPipeline(str(target), device, **kwargs)
+
+
+def compile_properties(settings: ModelSettings) -> dict:
+    """Our compile properties for GenAI's pipeline too, so both sides run the same kernels (precision hint, KV
+    cache precision); GenAI's continuous-batching backend schedules its own streams, so only these pass."""
+    config = compat.compile_config(settings, sources.specdemo_home() / "ov_cache")
+    return {key: value for key, value in config.items() if key in ("INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION", "CACHE_DIR")}
 
 
 def generation_config(settings: GenerationSettings, eos_ids: set[int], k: int | None):

@@ -6,7 +6,8 @@ from dataclasses import asdict
 import pytest
 
 from specdemo import bench
-from specdemo.bench import machine, report, report_tables
+from specdemo import machine
+from specdemo.bench import report, report_tables
 from specdemo.bench.harness import Context, Lane, Output, Run, measure
 from specdemo.bench.sections import paper_figures
 from specdemo.bench.stats import (

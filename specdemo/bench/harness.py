@@ -215,7 +215,8 @@ class Context:
         if name in self.genai:
             self.genai.move_to_end(name)
         else:
-            from specdemo.bench.peers import GenAIPipeline, compile_properties
+            from specdemo.bench.peers import GenAIPipeline
+            from specdemo.genai import compile_properties
 
             while len(self.genai) >= GENAI_PIPELINES:
                 self.genai.popitem(last=False)

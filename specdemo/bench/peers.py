@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from specdemo import compat, sources
-from specdemo.settings import ModelSettings
+from specdemo import compat, genai, sources
+from specdemo.settings import GenerationSettings
 
 
 @dataclass
@@ -36,50 +36,23 @@ class PeerRun:
 
 
 class GenAIPipeline:
-    """openvino_genai.LLMPipeline on specdemo's IR folders: plain, with a draft model, or prompt lookup.
+    """openvino_genai.LLMPipeline on specdemo's IR folders (specdemo/genai.py): plain, with a draft model, or
+    prompt lookup, all on GenAI's continuous-batching (paged attention) backend, its default on CPU.
 
-    All three run GenAI's continuous-batching (paged attention) backend, its default on CPU.
-
-    `properties` are OpenVINO compile properties; `compile_properties()` gives ours, so both sides
-    run the same kernels (precision hint, KV cache precision). An empty dict keeps GenAI's defaults.
+    `properties` are OpenVINO compile properties; genai.compile_properties() gives ours, so both sides
+    run the same kernels. An empty dict keeps GenAI's defaults.
     """
 
-    def __init__(
-        self,
-        target: Path,
-        target_device: str,
-        properties: dict,
-        draft: Path | None = None,
-        draft_device: str = "",
-        prompt_lookup: bool = False,
-    ):
-        import openvino_genai as genai
-
-        kwargs = dict(properties)
-        # Prefix caching (on by default) keeps a prompt's KV blocks for the next request with the same
-        # prompt, so a benchmark that repeats its prompts would time GenAI without a prefill. Off;
-        # the rest as GenAI's latency-oriented default (no limit on tokens per batch).
-        scheduler = genai.SchedulerConfig()
-        scheduler.enable_prefix_caching = False
-        scheduler.max_num_batched_tokens = 1 << 32
-        kwargs["scheduler_config"] = scheduler
-        if draft is not None:
-            kwargs["draft_model"] = genai.draft_model(str(draft), draft_device or target_device, **properties)
-        if prompt_lookup:
-            kwargs["prompt_lookup"] = True
+    def __init__(self, target: Path, target_device: str, properties: dict, draft: Path | None = None,
+                 draft_device: str = "", prompt_lookup: bool = False):
         self.speculative = draft is not None or prompt_lookup
-        self.pipeline = genai.LLMPipeline(str(target), target_device, **kwargs)
+        self.pipeline = genai.make_pipeline(target, target_device, properties, draft, draft_device, prompt_lookup)
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int, eos_ids: set[int], k: int = 4, ngram: int = 3) -> PeerRun:
         import openvino as ov
-        import openvino_genai as genai
 
-        # A fresh config: the folder's generation_config.json would add Qwen's sampling defaults.
-        config = genai.GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, stop_token_ids=set(eos_ids))
-        config.apply_chat_template = False  # the ids already carry our chat template
-        if self.speculative:
-            config.num_assistant_tokens = k
-            config.max_ngram_size = ngram
+        settings = GenerationSettings(max_new_tokens=max_new_tokens, lookup_ngram=ngram)  # greedy
+        config = genai.generation_config(settings, eos_ids, k if self.speculative else None)
         prompt = ov.Tensor(np.asarray([prompt_ids], dtype=np.int64))
         start = time.perf_counter()
         result = self.pipeline.generate(prompt, config)
@@ -90,13 +63,6 @@ class GenAIPipeline:
             run.proposed = metrics.get_num_draft_tokens()
             run.accepted = metrics.get_num_accepted_tokens()
         return run
-
-
-def compile_properties(settings: ModelSettings) -> dict:
-    """Our runtime's compile properties for `settings`, for a GenAI pipeline to use too."""
-    config = compat.compile_config(settings, sources.specdemo_home() / "ov_cache")
-    # GenAI's continuous-batching pipeline schedules its own streams; keep what changes the kernels.
-    return {key: value for key, value in config.items() if key in ("INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION", "CACHE_DIR")}
 
 
 class TransformersPair:

@@ -11,7 +11,7 @@ import threading
 from dataclasses import replace
 from typing import Callable
 
-from specdemo import compat, genai, sources
+from specdemo import genai, sources
 from specdemo.engine import Engine
 from specdemo.runtime import release_weight_pages
 from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET, GenerationSettings, RunSettings
@@ -65,20 +65,13 @@ def _load_genai(settings: RunSettings, prompt_lookup: bool):
         report(None, "loading OpenVINO GenAI's pipeline on the same model folders")
         target = sources.prepare(settings.target, report)
         draft = None if prompt_lookup else sources.prepare(settings.draft, report)
-        properties = genai_properties(settings)
+        properties = genai.compile_properties(settings.target)
         pipeline = genai.make_pipeline(target, settings.target.device, properties, draft, settings.draft.device, prompt_lookup)
         report(None, "warming up OpenVINO GenAI's pipeline")
         pipeline.generate("Hello", max_new_tokens=GENAI_WARM_UP_TOKENS)
         release_weight_pages()  # as after our warm-up: the plugin works from its own copies of the weights
         return pipeline
     return load
-
-
-def genai_properties(settings: RunSettings) -> dict:
-    """Our compile properties for GenAI's pipeline too, so both sides run the same kernels; GenAI's
-    continuous-batching backend schedules its own streams, so only what changes the kernels is passed."""
-    config = compat.compile_config(settings.target, sources.specdemo_home() / "ov_cache")
-    return {key: value for key, value in config.items() if key in ("INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION", "CACHE_DIR")}
 
 
 _LOADING: dict[str, Loading] = {}  # by role: "pair", "race-autoregressive", "race-speculative", "genai"
