@@ -51,9 +51,25 @@ class Loading:
         return self.value
 
 
+def _also_in_the_terminal(report: Callable) -> Callable:
+    """`report` for the page, and one line per stage in the server's terminal. Each model's conversion reports
+    fractions from 0 to 1, so a fraction lower than the last starts the next model's clock."""
+    state = {"fraction": 1.0, "terminal": None}
+
+    def both(fraction: float | None, message: str) -> None:
+        report(fraction, message)
+        if fraction is None:
+            return
+        if fraction < state["fraction"] or state["terminal"] is None:
+            state["terminal"] = sources.terminal_progress(message.split(":")[0])
+        state["fraction"] = fraction
+        state["terminal"](fraction, message)
+    return both
+
+
 def _load_engine(settings: RunSettings, with_draft: bool):
     def load(report) -> Engine:
-        engine = Engine.load(settings, progress=report, with_draft=with_draft)
+        engine = Engine.load(settings, progress=_also_in_the_terminal(report), with_draft=with_draft)
         report(None, "warming up and measuring this machine's call costs (once per machine)")
         engine.warm_up(MAX_K)  # every K the page offers
         return engine
