@@ -131,8 +131,7 @@ def test_a_run_shows_coloured_tokens_and_figures_and_stop_cancels_cleanly(app_ur
     expect(status).to_contain_text("Running the autoregressive lane", timeout=RUN_MS)
     expect(page.locator("#ar-text .sd-tok").first).to_be_visible(timeout=RUN_MS)
     page.locator("#stop").click()
-    # The results panel says so for certain; the status line usually too, but a live update already in
-    # flight when Stop lands can arrive after Stop's own message and overwrite it.
+    expect(status).to_contain_text("Stopped. The lanes show what was generated before Stop.")
     expect(page.locator("#results")).to_contain_text("Stopped before both lanes finished")
 
     # The next run works normally, with the planner choosing K and saying why.

@@ -83,7 +83,9 @@ def generate(values: PageValues, session: str) -> Iterator[View]:
     cancel = begin_run(session)
     inbox = queue.SimpleQueue()
     threads = start_lanes(jobs, values.mode, cancel, inbox)
-    try:  # Stop (or a closed page) closes this generator at a yield; the finally stops the workers
+    # Stop sets `cancel`: the workers end after their current step and this generator ends normally, so the
+    # last update is always the final view (a closed page instead closes it at a yield; the finally stops the workers).
+    try:
         first = live_view(lanes, values.mode, plot=True, whole=True)
         first.results, first.histogram = render.note("Running…"), None
         yield first
@@ -92,9 +94,10 @@ def generate(values: PageValues, session: str) -> Iterator[View]:
             plot = time.perf_counter() - last_plot >= PLOT_INTERVAL_S
             last_plot = time.perf_counter() if plot else last_plot
             yield live_view(lanes, values.mode, plot)
+        stopped = cancel.is_set()  # Stop was pressed (end_run sets it too, below)
     finally:
         end_run(session, cancel)
-    yield final_view(lanes, values.mode, settings, engines[SPECULATIVE])
+    yield final_view(lanes, values.mode, settings, engines[SPECULATIVE], stopped)
 
 
 def _wait_for(loadings: dict[str, Loading]):
@@ -147,11 +150,18 @@ def running_status(lanes: dict[str, LaneRun], mode: str) -> str:
     return "Running the speculative lane; the autoregressive lane is done."
 
 
-def final_view(lanes: dict[str, LaneRun], mode: str, settings: GenerationSettings, engine: Engine) -> View:
+STOPPED_STATUS = "Stopped. The lanes show what was generated before Stop."
+
+
+def final_view(lanes: dict[str, LaneRun], mode: str, settings: GenerationSettings, engine: Engine,
+               stopped: bool = False) -> View:
     """The last update: final texts and figures, the results, the histogram and the model panel with KV sizes."""
     spec = lanes[SPECULATIVE]
     errors = [f"The {name} lane failed: {lane.error}" for name, lane in lanes.items() if lane.error]
-    status = " ".join(errors) if errors else f"Finished ({render.describe_mode(mode)}). Hover a token for its step."
+    if errors:
+        status = " ".join(errors)
+    else:
+        status = STOPPED_STATUS if stopped else f"Finished ({render.describe_mode(mode)}). Hover a token for its step."
     view = live_view(lanes, mode, plot=True, whole=True)
     view.status = ("⚠️ " if errors else "") + status
     view.results = render.render_results(lanes, mode, settings)
@@ -162,8 +172,9 @@ def final_view(lanes: dict[str, LaneRun], mode: str, settings: GenerationSetting
     return view
 
 
-def stop(session: str) -> tuple | None:
-    """Stop button: every lane stops after its current step; (status, results), or None if nothing ran."""
+def stop(session: str) -> str | None:
+    """Stop button: every lane of this visitor's run stops after its current step, and the run's own last update
+    says so. The status line until then, or None if nothing was running."""
     if not cancel_run(session):
         return None
-    return "Stopped. The lanes show what was generated before Stop.", render.note(render.STOPPED_NOTE)
+    return "Stopping after the current step…"

@@ -33,9 +33,9 @@ def generate(request: gr.Request, *values):
 
 
 def stop(request: gr.Request):
-    """Stop: this visitor's lanes stop after their current step."""
+    """Stop: this visitor's lanes stop after their current step; generate's last update shows the result."""
     update = handlers.stop(request.session_hash)
-    return (gr.skip(), gr.skip()) if update is None else update
+    return gr.skip() if update is None else update
 
 
 def wait_for_models():
@@ -55,9 +55,11 @@ def build() -> gr.Blocks:
         _add_controls(page)
         _add_lanes_and_results(page)
         status = page["status"]
-        run = page["generate"].click(generate, [page[name] for name in INPUTS], [page[name] for name in OUTPUTS],
+        page["generate"].click(generate, [page[name] for name in INPUTS], [page[name] for name in OUTPUTS],
                                      concurrency_limit=1, concurrency_id="models", show_progress="hidden")
-        page["stop"].click(stop, None, [status, page["results"]], cancels=[run], queue=False)
+        # No `cancels=[run]`: closing the generator mid-update let a live update already in flight land after
+        # Stop's message. Stop sets the run's cancel flag and the run ends itself with a final update.
+        page["stop"].click(stop, None, status, queue=False, show_progress="hidden")
         page["k_auto"].change(lambda auto: gr.Slider(interactive=not auto), page["k_auto"], page["k"], queue=False)
         page["decoding"].change(lambda d: gr.Row(visible=d == "sampling"), page["decoding"], page["sampling"], queue=False)
         page["genai"].change(lambda on: gr.Column(visible=on), page["genai"], page["genai_lane"], queue=False)
