@@ -1,11 +1,21 @@
-"""Shared fixtures: tiny random-weight models exported with optimum-intel, made inside the tests."""
+"""Shared fixtures: tiny random-weight models exported with optimum-intel (made inside the tests), an
+engine over them, and an engine over the real default pair; the markers that sort tests by cost.
+
+Markers (`python -m pytest -q tests -m "not real_models and not browser and not slow"` is the fast loop):
+    real_models  uses the embedded Qwen2.5-Coder pair (converted once, minutes, on a fresh machine)
+    browser      drives chromium against the running app
+    slow         takes more than about 20 s on a 2-core machine
+"""
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from specdemo import compat, sources
+from specdemo import compat
+from specdemo.engine import Engine, LoadedModel, load_model
+from specdemo.settings import ModelSettings, RunSettings
 
 TINY_VOCAB = 512
 
@@ -64,7 +74,61 @@ def tiny_draft(tmp_path_factory) -> Path:
     return export_tiny_model(tmp_path_factory.mktemp("tiny-draft"), seed=1)
 
 
+@pytest.fixture(scope="session")
+def tiny_hf(tmp_path_factory) -> Path:
+    """A tiny model as a Hugging Face folder, for tests of conversion (which only read it)."""
+    return make_tiny_hf_model(tmp_path_factory.mktemp("tiny-hf") / "model", seed=3)
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    """An empty SPECDEMO_HOME of this test's own (subprocesses inherit it)."""
+    monkeypatch.setenv("SPECDEMO_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def exact(folder: Path, **change) -> ModelSettings:
+    """Settings that compute exactly: unquantized weights, f32 activations and KV cache."""
+    return ModelSettings(str(folder), precision="fp16", kv_cache_precision="f32", inference_precision="f32", **change)
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tiny_target, tiny_draft) -> tuple[LoadedModel, LoadedModel]:
+    """The tiny target and draft, compiled once for the session (the loops reset their caches per run)."""
+    return load_model(exact(tiny_target)), load_model(exact(tiny_draft))
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tiny_pair) -> Engine:
+    """An engine over the tiny pair, fresh for each test module: warm-up, costs and eos_ids set by one
+    module's tests stay in that module. Two differently seeded random models disagree often, which
+    exercises rejection and rollback on almost every round."""
+    return Engine(*tiny_pair)
+
+
+@pytest.fixture(scope="session")
+def real_engine() -> Engine:
+    """The embedded default pair (Qwen2.5-Coder 1.5B target, 0.5B draft) as the app loads it."""
+    return Engine.load(RunSettings())
+
+
+def watch_forward(monkeypatch, model, before_call: Callable[[list[int]], None]) -> None:
+    """Call before_call(ids) at the start of every model.forward(ids), until monkeypatch undoes it."""
+    forward = model.forward
+
+    def spy(ids, logits_to_keep=1):
+        before_call(ids)
+        return forward(ids, logits_to_keep)
+
+    # Into the instance's __dict__, so that undoing it removes the spy rather than leaving a bound method behind
+    # (the models are shared by the session, and a later test may patch OVModel.forward itself).
+    monkeypatch.setitem(vars(model), "forward", spy)
+
+
 def pytest_configure(config):
+    config.addinivalue_line("markers", "real_models: uses the real embedded Qwen2.5-Coder pair (converted on first use)")
+    config.addinivalue_line("markers", "browser: drives chromium against the running app")
+    config.addinivalue_line("markers", "slow: takes more than about 20 s on a 2-core machine")
     # torch.jit tracing during optimum-intel export warns about every traced shape check.
     config.addinivalue_line("filterwarnings", "ignore::torch.jit.TracerWarning")
     config.addinivalue_line("filterwarnings", "ignore::DeprecationWarning")

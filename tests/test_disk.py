@@ -59,8 +59,8 @@ def test_clean_refuses_an_unknown_kind_in_one_line(tmp_path, monkeypatch, capsys
 
 
 def test_the_page_says_how_much_is_on_disk(tmp_path, monkeypatch):
-    from specdemo import ui
+    from specdemo.ui import render
 
     _home(tmp_path, monkeypatch)
-    line = ui.render_disk(disk.inventory())
+    line = render.render_disk(disk.inventory())
     assert "On disk: 555 bytes" in line and "default models 400 bytes" in line and "specdemo clean" in line
