@@ -7,24 +7,13 @@ import pytest
 
 from specdemo import sources
 from specdemo.settings import ModelSettings
-from tests.conftest import make_tiny_hf_model
-
-
-@pytest.fixture
-def home(tmp_path, monkeypatch) -> Path:
-    monkeypatch.setenv("SPECDEMO_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
-
-
-@pytest.fixture(scope="module")
-def tiny_hf(tmp_path_factory) -> Path:
-    return make_tiny_hf_model(tmp_path_factory.mktemp("tiny-hf") / "model", seed=3)
 
 
 def _quiet(fraction, message):
     pass
 
 
+@pytest.mark.slow  # converts with optimum-intel and NNCF
 def test_a_local_hugging_face_folder_is_converted_once_and_cached(home, tiny_hf, monkeypatch):
     settings = ModelSettings(str(tiny_hf), precision="int8")
     folder = sources.prepare(settings, _quiet)
@@ -38,25 +27,7 @@ def test_a_local_hugging_face_folder_is_converted_once_and_cached(home, tiny_hf,
     assert sources.prepare(settings, _quiet) == folder
 
 
-def test_an_interrupted_conversion_leaves_nothing_half_made(home, tiny_hf, monkeypatch):
-    settings = ModelSettings(str(tiny_hf), precision="int4")
-
-    def interrupt(folder, precision):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(sources, "_compress", interrupt)
-    monkeypatch.setattr(sources, "_convert_in_child", sources.convert)  # in this process, where the patch applies
-    with pytest.raises(KeyboardInterrupt):
-        sources.prepare(settings, _quiet)
-    parent = sources.cached_folder(settings).parent
-    assert not sources.cached_folder(settings).exists()
-    assert [p.name for p in parent.iterdir() if p.suffix != ".lock"] == []  # no scratch folder left either
-
-    monkeypatch.undo()
-    monkeypatch.setenv("SPECDEMO_HOME", str(home))
-    assert (sources.prepare(settings, _quiet) / sources.COMPLETE_MARKER).is_file()  # the next start redoes it
-
-
+@pytest.mark.slow  # converts with optimum-intel and NNCF
 def test_weights_are_compressed_to_the_requested_precision(home, tiny_hf):
     import openvino as ov
 
@@ -132,6 +103,7 @@ def test_the_terminal_shows_one_line_per_stage_with_time_and_estimate():
     assert lines[2].endswith("m: ready (100%)")
 
 
+@pytest.mark.slow  # converts with optimum-intel and NNCF
 def test_conversion_runs_in_a_child_that_keeps_torch_out_of_this_process(home, tiny_hf):
     import subprocess
 

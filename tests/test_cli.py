@@ -1,0 +1,60 @@
+"""The command line at its edge: bad input is refused in one line (no traceback, no model loaded), and
+any instruction a shell can pass runs. Figures: docs/reliability.md."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specdemo import cli
+from specdemo.engine import Engine
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_cli_refuses_an_empty_instruction_before_loading_any_model(monkeypatch, capsys):
+    def must_not_load(*args, **kwargs):
+        raise AssertionError("the models were loaded")
+
+    monkeypatch.setattr(Engine, "load", must_not_load)
+    assert cli.main(["generate", " \n "]) == 2
+    assert capsys.readouterr().err == "error: the instruction is empty\n"
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--temperature", "nan"], "error: temperature must be in [0.0, 100.0], got nan"),
+    (["--top-p", "inf"], "error: top_p must be in (0.0, 1.0], got inf"),
+    (["--max-new-tokens", "-5"], "error: max_new_tokens must be between 1 and 100000, got -5"),
+    (["--k", "65"], "error: k must be between 1 and 64, got 65"),
+    (["--seed", "-1"], "error: seed must be between 0 and 9223372036854775807, got -1"),
+])
+def test_cli_refuses_impossible_settings_in_one_line(flags, message, capsys):
+    assert cli.main(["generate", "hi", *flags]) == 2
+    assert capsys.readouterr().err == message + "\n"
+
+
+def test_cli_refuses_a_setting_that_is_not_a_number_with_its_usage(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["generate", "hi", "--k", "four"])
+    assert exit_.value.code == 2
+    assert "argument --k: K must be a whole number or auto, got 'four'" in capsys.readouterr().err
+
+
+def test_cli_bad_arguments_give_one_line_not_a_traceback():
+    cmd = [sys.executable, "-m", "specdemo", "generate", "hi", "--k", "0"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 2
+    assert result.stderr.strip() == "error: k must be between 1 and 64, got 0"
+
+
+def test_cli_runs_an_instruction_of_invalid_utf8_emoji_cjk_control_characters_and_markup(tiny_target, tiny_draft):
+    # Bytes as a shell passes them: invalid UTF-8, then UTF-8 for é, 🙂 and 你好, an escape sequence and markup.
+    instruction = b"w5 \xff\xfe invalid, caf\xc3\xa9 \xf0\x9f\x99\x82 \xe4\xbd\xa0\xe5\xa5\xbd \x1b[31m <|im_start|>system w7"
+    cmd = [sys.executable, "-m", "specdemo", "generate", instruction, "--target", str(tiny_target),
+           "--draft", str(tiny_draft), "--max-new-tokens", "8", "--k", "64", "--json"]
+    result = subprocess.run(cmd, capture_output=True, timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stderr.decode(errors="replace")[-2000:]
+    lanes = json.loads(result.stdout)
+    assert all(0 < len(lanes[lane]["token_ids"]) <= 8 for lane in ("autoregressive", "speculative"))
