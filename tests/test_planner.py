@@ -2,9 +2,13 @@
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from specdemo import decoding
 from specdemo.costs import CostModel
-from specdemo.events import expected_speedup
+from specdemo.drafting import ModelDrafter
+from specdemo.events import ACCEPTED, drain, expected_speedup
 from specdemo.planner import (
     AlphaHistory,
     AutoK,
@@ -17,6 +21,8 @@ from specdemo.planner import (
     predicted_speedup,
     quotes_text,
 )
+from specdemo.settings import GenerationSettings
+from tests.fake_models import FakeModel, FakeTokenizer
 
 STEP = 0.1  # seconds of one target step in the synthetic machines below
 
@@ -103,10 +109,59 @@ def test_the_prior_gives_way_to_evidence():
     assert estimate_alpha(900, 100, prior=0.2) == pytest.approx(0.9, abs=0.02)
 
 
-def test_grow_shrink_k_stays_in_its_bounds():
+def test_grow_shrink_k_grows_after_a_full_round_and_shrinks_after_a_rejection_within_its_bounds():
     policy = GrowShrinkK(k=3, k_min=2, k_max=5)
     ks = [policy.next_k(0, 0, full) for full in (None, True, True, True, True, False, False, False, False)]
     assert ks == [3, 4, 5, 5, 5, 4, 3, 2, 2]
+
+
+@given(k_min=st.integers(1, 8), span=st.integers(0, 8), start=st.integers(0, 8),
+       rounds=st.lists(st.one_of(st.none(), st.booleans()), max_size=40))
+def test_grow_shrink_k_moves_one_step_a_round_and_never_leaves_its_bounds(k_min, span, start, rounds):
+    k_max = k_min + span
+    k = k_min + min(start, span)
+    policy = GrowShrinkK(k, k_min, k_max)
+    for full in rounds:  # None: the first round, nothing to learn from yet
+        expected = k if full is None else min(k + 1, k_max) if full else max(k - 1, k_min)
+        k = policy.next_k(0, 0, full)
+        assert k == expected and k_min <= k <= k_max
+
+
+def _adaptive_rounds(draft: FakeModel, settings: GenerationSettings) -> list[tuple[int, int, int]]:
+    """Run the real loop with an adaptive K on fake models: (K drafted, drafts kept, tokens left) per round."""
+    prompt, drafted = [0, 1, 2], []
+    drafter = ModelDrafter(draft, settings, np.random.default_rng(0))
+    propose = drafter.propose
+
+    def spy(seq, k):
+        drafted.append((k, settings.max_new_tokens - (len(seq) - len(prompt))))
+        return propose(seq, k)
+
+    drafter.propose = spy
+    run = drain(decoding.speculative(FakeModel(3, "target"), drafter, FakeTokenizer(), prompt, settings, set()))
+    kept = [sum(t.source == ACCEPTED and t.step == step for t in run.tokens) for step in range(1, len(drafted) + 1)]
+    return [(k, n, left) for (k, left), n in zip(drafted, kept)]
+
+
+@pytest.mark.parametrize("draft, outcome", [
+    (FakeModel(3, "target"), "every draft kept"),  # the target's own function: K grows to k_max and stays
+    (FakeModel(3, "target", scale=-1.0), "every round rejects"),  # its argmin: K shrinks to k_min and stays
+    (FakeModel(3, "draft"), "both"),
+])
+def test_the_loop_drafts_as_many_tokens_as_grow_shrink_k_asks(draft, outcome):
+    settings = GenerationSettings(max_new_tokens=80, k=3, adaptive=True, k_min=2, k_max=6)
+    rounds = _adaptive_rounds(draft, settings)
+    k = settings.k
+    for drafted, kept, left in rounds:
+        assert drafted == min(k, left - 1)  # never past max_new_tokens
+        if drafted:  # a round with one token left drafts nothing and teaches nothing
+            k = min(k + 1, settings.k_max) if kept == drafted else max(k - 1, settings.k_min)
+    fulls = {kept == drafted for drafted, kept, _ in rounds if drafted}
+    assert fulls == {"every draft kept": {True}, "every round rejects": {False}, "both": {True, False}}[outcome]
+    if outcome == "every draft kept":
+        assert [drafted for drafted, _, _ in rounds[:4]] == [3, 4, 5, 6]
+    if outcome == "every round rejects":
+        assert [drafted for drafted, _, _ in rounds[:3]] == [3, 2, 2]
 
 
 def test_alpha_history_remembers_runs_and_fades(tmp_path):

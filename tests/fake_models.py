@@ -1,0 +1,71 @@
+"""Stand-ins for a compiled model and a tokenizer, for running the real decoding loops in microseconds.
+
+A FakeModel has OVModel's interface as the loops and ModelDrafter use it (forward, rollback, reset,
+length and the counters) and keeps the tokens of its "KV cache" themselves, so a test can check what
+the cache holds, not only how long it is. Its logits for the token after a prefix are a fixed
+pseudo-random function of the *whole* prefix: every position of a round gets its own distribution,
+so a loop that verified a draft against the wrong row would sample from the wrong one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+
+class FakeModel:
+    """A causal LM over `vocab_size` tokens whose next-token logits are a hash of the prefix and `salt`."""
+
+    head_ids = None  # the whole vocabulary in the LM head, as OVModel without a trimmed head
+
+    def __init__(self, vocab_size: int, salt: str, scale: float = 1.0):
+        self.vocab_size = vocab_size
+        self.salt = salt
+        self.scale = scale  # spread of the logits: larger is more peaked
+        self.cache: list[int] = []  # the tokens whose keys and values the model holds
+        self.calls = 0
+        self.infer_s = self.rollback_s = self.mean_step_s = 0.0
+        self._rows: dict[tuple[int, ...], np.ndarray] = {}
+
+    @property
+    def length(self) -> int:
+        return len(self.cache)
+
+    def logits(self, prefix: tuple[int, ...]) -> np.ndarray:
+        """Scores (V,) float32 for the token that follows `prefix`."""
+        row = self._rows.get(prefix)
+        if row is None:
+            digest = hashlib.blake2b(repr((self.salt, prefix)).encode(), digest_size=8).digest()
+            rng = np.random.default_rng(int.from_bytes(digest, "little"))
+            row = (self.scale * rng.standard_normal(self.vocab_size)).astype(np.float32)
+            self._rows[prefix] = row
+        return row
+
+    def forward(self, ids: list[int], logits_to_keep: int = 1) -> np.ndarray:
+        """Feed `ids` after the cached tokens; rows (logits_to_keep, V) for the last positions, as OVModel."""
+        if not ids:
+            raise ValueError("forward() needs at least one token")
+        self.cache.extend(int(i) for i in ids)
+        self.calls += 1
+        n, keep = len(self.cache), min(logits_to_keep, len(ids))
+        return np.stack([self.logits(tuple(self.cache[: j + 1])) for j in range(n - keep, n)])
+
+    def rollback(self, length: int) -> None:
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot roll back a {self.length}-token cache to {length} tokens")
+        del self.cache[length:]
+
+    def reset(self) -> None:
+        self.cache.clear()
+        self.calls = 0
+
+    def kv_cache_bytes(self) -> int:
+        return len(self.cache)
+
+
+class FakeTokenizer:
+    """Token i is the text "<i>"."""
+
+    def decode(self, ids, **kwargs) -> str:
+        return "".join(f"<{int(i)}>" for i in ids)
