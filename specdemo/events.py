@@ -94,12 +94,19 @@ def drain(events: Iterable[TokenEvent | Summary], on_token: Callable[[TokenEvent
     """The one way to consume a decoding loop: collect its tokens (calling `on_token` for each as it comes)
     until its summary. A loop that ends without a summary is a bug in the loop, not a user error."""
     tokens = []
-    for event in events:
-        if isinstance(event, Summary):
-            return Result(tokens, event)
-        tokens.append(event)
-        if on_token is not None:
-            on_token(event)
+    try:
+        for event in events:
+            if isinstance(event, Summary):
+                return Result(tokens, event)
+            tokens.append(event)
+            if on_token is not None:
+                on_token(event)
+    finally:
+        # An engine yields its summary while still holding its lock; closing the generator now releases it,
+        # whoever keeps a reference to the generator (a caller's frame, a traceback) and for however long.
+        close = getattr(events, "close", None)
+        if close is not None:
+            close()
     raise RuntimeError("the decoding loop ended without a summary")
 
 

@@ -1,5 +1,6 @@
 """Shared fixtures: tiny random-weight models exported with optimum-intel (made inside the tests), an
-engine over them, and an engine over the real default pair; the markers that sort tests by cost.
+engine over them, an engine over the real default pair, the real app on a free port; the markers that
+sort tests by cost.
 
 Markers (`python -m pytest -q tests -m "not real_models and not browser and not slow"` is the fast loop):
     real_models  uses the embedded Qwen2.5-Coder pair (converted once, minutes, on a fresh machine)
@@ -8,6 +9,11 @@ Markers (`python -m pytest -q tests -m "not real_models and not browser and not 
 """
 
 import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +24,7 @@ from specdemo.engine import Engine, LoadedModel, load_model
 from specdemo.settings import ModelSettings, RunSettings
 
 TINY_VOCAB = 512
+ROOT = Path(__file__).resolve().parent.parent
 
 compat.hide_broken_torchvision()  # before anything here imports transformers or optimum
 
@@ -123,6 +130,61 @@ def watch_forward(monkeypatch, model, before_call: Callable[[list[int]], None]) 
     # Into the instance's __dict__, so that undoing it removes the spy rather than leaving a bound method behind
     # (the models are shared by the session, and a later test may patch OVModel.forward itself).
     monkeypatch.setitem(vars(model), "forward", spy)
+
+
+STARTUP_S = 600  # a cold machine converts the models first (about 6 minutes on 2 cores)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class AppServer:
+    """`python app.py` on a free loopback port: its url, process and log file."""
+
+    def __init__(self, url: str, process: subprocess.Popen, log: Path):
+        self.url, self.process, self.log = url, process, log
+
+    def rss(self) -> int:
+        import psutil
+
+        return psutil.Process(self.process.pid).memory_info().rss
+
+    def wait_until_up(self) -> None:
+        deadline = time.monotonic() + STARTUP_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                pytest.fail(f"the app exited with status {self.process.returncode}:\n{self.log.read_text()[-3000:]}")
+            try:
+                urllib.request.urlopen(self.url, timeout=5)
+                return
+            except OSError:
+                time.sleep(1)
+        pytest.fail(f"the app did not answer within {STARTUP_S} s:\n{self.log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def app_server(tmp_path_factory):
+    """The real app, one per test module (a module's runs may load more into it, such as GenAI's pipeline)."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("app") / "app.log"
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
+    with open(log, "w") as out:
+        process = subprocess.Popen([sys.executable, "app.py", "--host", "127.0.0.1", "--port", str(port)],
+                                   cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
+    server = AppServer(f"http://127.0.0.1:{port}/", process, log)
+    try:
+        server.wait_until_up()
+        yield server
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def pytest_configure(config):

@@ -282,6 +282,8 @@ def test_renamed_lanes_are_still_paired_by_their_fields_in_figures_targets_and_r
 # ---- one short real run
 
 
+@pytest.mark.real_models
+@pytest.mark.slow
 def test_a_short_real_run_writes_the_report_json_and_plots(tmp_path):
     """The whole benchmark, ours and GenAI on the default pair, one instruction, 8 tokens: tables, JSON and plots."""
     settings = RunSettings(generation=GenerationSettings(max_new_tokens=8))

@@ -7,61 +7,24 @@ second run, and a third run, with the planner choosing K, completes normally. Sa
 import os
 import re
 import shutil
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import ROOT, STARTUP_S
+
+pytestmark = [pytest.mark.browser, pytest.mark.real_models, pytest.mark.slow]
+
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update"]
-ROOT = Path(__file__).resolve().parent.parent
-STARTUP_S = 600  # a cold machine converts the models first (about 5 minutes on 2 cores)
 RUN_MS = 300_000  # one run of both lanes, generously, on a shared 2-core machine
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until_up(url: str, app: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + STARTUP_S
-    while time.monotonic() < deadline:
-        if app.poll() is not None:
-            pytest.fail(f"the app exited with status {app.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            urllib.request.urlopen(url, timeout=5)
-            return
-        except OSError:
-            time.sleep(1)
-    pytest.fail(f"the app did not answer within {STARTUP_S} s:\n{log.read_text()[-3000:]}")
-
-
 @pytest.fixture(scope="module")
-def app_url(tmp_path_factory):
-    port = free_port()
-    log = tmp_path_factory.mktemp("app") / "app.log"
-    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
-    with open(log, "w") as out:
-        app = subprocess.Popen([sys.executable, "app.py", "--host", "127.0.0.1", "--port", str(port)],
-                               cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
-    try:
-        url = f"http://127.0.0.1:{port}/"
-        wait_until_up(url, app, log)
-        yield url
-    finally:
-        app.terminate()
-        try:
-            app.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            app.kill()
-            app.wait()
+def app_url(app_server):
+    return app_server.url
 
 
 @pytest.fixture

@@ -1,8 +1,10 @@
-"""Events: incremental text, and Leviathan's expected speedup."""
+"""Events: incremental text, draining a loop, and Leviathan's expected speedup."""
+
+import threading
 
 import pytest
 
-from specdemo.events import Detokenizer, expected_speedup
+from specdemo.events import TARGET, Detokenizer, Summary, TokenEvent, drain, expected_speedup
 
 
 class ByteTokenizer:
@@ -32,3 +34,24 @@ def test_expected_speedup_with_every_draft_accepted():
 
 def test_expected_speedup_with_nothing_accepted_is_a_slowdown():
     assert expected_speedup(0.0, 4, 0.2) == pytest.approx(1 / 1.8)
+
+
+def test_drain_collects_tokens_until_the_summary_and_closes_the_loop():
+    lock = threading.Lock()
+
+    def loop():  # like an engine: the summary is yielded while the lock is still held
+        with lock:
+            yield TokenEvent(5, "a", TARGET, 0, 0.1)
+            yield TokenEvent(6, "b", TARGET, 1, 0.2)
+            yield Summary(mode="autoregressive", tokens=2)
+
+    events = loop()
+    seen = []
+    result = drain(events, on_token=seen.append)
+    assert result.ids == [5, 6] and result.text == "ab" and result.summary.tokens == 2 and seen == result.tokens
+    assert lock.acquire(blocking=False)  # released although `events` is still referenced here
+
+
+def test_drain_refuses_a_loop_that_ends_without_a_summary():
+    with pytest.raises(RuntimeError, match="without a summary"):
+        drain(iter([TokenEvent(5, "a", TARGET, 0, 0.1)]))

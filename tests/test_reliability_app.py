@@ -5,15 +5,11 @@ or a lone surrogate). Figures: docs/reliability.md.
 
 import html
 import json
-import os
 import re
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
 
-import psutil
 import pytest
 from gradio_client import Client
 
@@ -21,9 +17,9 @@ from specdemo import sources
 from specdemo.ui.handlers import OUTPUTS
 from specdemo.ui.page import INPUTS
 from specdemo.ui.values import PageValues
-from tests.test_browser import free_port, wait_until_up
+from tests.conftest import ROOT, AppServer
 
-ROOT = Path(__file__).resolve().parent.parent
+pytestmark = [pytest.mark.real_models, pytest.mark.slow]
 RUN_S = 300  # one short run of both lanes, generously, on a shared 2-core machine
 PAGE = vars(PageValues(max_new_tokens=16, k_auto=False))  # the page's defaults, shorter, with a fixed K
 INSTRUCTIONS = [  # three questions whose answers cannot be mistaken for each other
@@ -33,36 +29,10 @@ INSTRUCTIONS = [  # three questions whose answers cannot be mistaken for each ot
 ]
 
 
-class Server:
-    def __init__(self, url: str, process: subprocess.Popen, log: Path):
-        self.url, self.process, self.log = url, process, log
-        self.memory = psutil.Process(process.pid)
-
-    def rss(self) -> int:
-        return self.memory.memory_info().rss
-
-
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    port = free_port()
-    log = tmp_path_factory.mktemp("app") / "app.log"
-    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
-    with open(log, "w") as out:
-        process = subprocess.Popen([sys.executable, "app.py", "--host", "127.0.0.1", "--port", str(port)],
-                                   cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
-    try:
-        url = f"http://127.0.0.1:{port}/"
-        wait_until_up(url, process, log)
-        server = Server(url, process, log)
-        generate(Client(url, verbose=False), "Say hi.", max_new_tokens=2)  # waits until the models are ready
-        yield server
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+def server(app_server):
+    generate(Client(app_server.url, verbose=False), "Say hi.", max_new_tokens=2)  # waits until the models are ready
+    return app_server
 
 
 def _arguments(instruction: str, **change) -> list:
@@ -86,7 +56,7 @@ def texts(outputs: dict) -> tuple[str, str]:
     return lane_text(outputs["ar_text"]), lane_text(outputs["spec_text"])
 
 
-def call_raw(server: Server, body: str) -> tuple[str, str]:
+def call_raw(server: AppServer, body: str) -> tuple[str, str]:
     """POST a hand-written JSON body to the generate endpoint, as curl would; (last event, its data)."""
     base = server.url + "gradio_api/call/generate"
     request = urllib.request.Request(base, body.encode(), {"Content-Type": "application/json"})
