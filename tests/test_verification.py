@@ -113,3 +113,32 @@ def test_a_tiny_temperature_is_greedy_in_the_limit_not_nan():
     p = process_logits(logits, GenerationSettings(temperature=1e-308))
     assert not np.isnan(p).any()
     np.testing.assert_allclose(p, [[0.0, 0.5, 0.0, 0.5]])  # the mass splits between the tied maxima
+
+
+def reference_distribution(logits: np.ndarray, settings: GenerationSettings) -> np.ndarray:
+    """The definition, over the whole vocabulary: softmax(logits / T) with everything below the k-th best
+    removed, then the smallest most-likely set holding top_p of the mass, renormalized."""
+    scores = (logits - logits.max()) / settings.temperature
+    if 0 < settings.top_k < scores.size:
+        scores = np.where(scores < np.sort(scores)[-settings.top_k], -np.inf, scores)
+    probs = np.exp(scores) / np.exp(scores).sum()
+    if settings.top_p >= 1.0:
+        return probs
+    order = np.argsort(-probs, kind="stable")  # equal probabilities: the lower token id first
+    before = np.cumsum(probs[order]) - probs[order]
+    keep = np.zeros(probs.size, dtype=bool)
+    keep[order[before < settings.top_p]] = True
+    kept = np.where(keep, probs, 0.0)
+    return kept / kept.sum()
+
+
+@pytest.mark.parametrize("spread", [0.5, 3.0, 12.0])  # flat (top-p reaches past the first 1,024 tokens) to peaked
+@pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (50, 1.0), (0, 0.9), (40, 0.8), (3000, 0.95), (0, 0.999)])
+def test_processing_only_the_candidates_gives_the_distribution_of_the_definition(spread, top_k, top_p):
+    rng = np.random.default_rng(int(spread * 10) + top_k)
+    logits = rng.standard_normal((3, 20_000)) * spread
+    logits[1, :40] = logits[1].max()  # ties at the top, across the k-th place
+    settings = GenerationSettings(temperature=0.7, top_k=top_k, top_p=top_p)
+    fast = process_logits(logits, settings)
+    for row, expected in zip(fast, (reference_distribution(r, settings) for r in logits)):
+        np.testing.assert_allclose(row, expected, rtol=1e-9, atol=1e-15)
