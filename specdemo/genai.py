@@ -64,7 +64,8 @@ def generation_config(settings: GenerationSettings, eos_ids: set[int], k: int | 
     if not settings.greedy:
         config.temperature = settings.temperature
         config.top_p = settings.top_p
-        config.top_k = settings.top_k or 0
+        if settings.top_k:  # our 0 keeps every token; GenAI's default (the largest size_t) does, its 0 does not
+            config.top_k = settings.top_k
         if settings.seed is not None:
             config.rng_seed = settings.seed
     if k is not None:
