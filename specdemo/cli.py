@@ -14,10 +14,8 @@ from dataclasses import asdict
 
 from specdemo import compat, sources
 from specdemo.events import ACCEPTED, BONUS, CORRECTED, Summary, TokenEvent, drain, measured_speedup
-from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET, DRAFTERS, PRECISIONS, GenerationSettings, ModelSettings, RunSettings
+from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET, DRAFTERS, MAX_PROMPT_TOKENS, PRECISIONS, GenerationSettings, ModelSettings, RunSettings
 
-# The page's cap: a 2,048-token prompt takes ~15 s to prefill on 2 cores; 12,500 tokens ran for over 10 minutes.
-MAX_PROMPT_TOKENS = 2048
 LONG_PROMPT_TOKENS = 300  # above this, say up front how long the prefill will take
 
 # Terminal colours chosen to stay distinguishable for red-green colour blindness.
@@ -150,7 +148,6 @@ def benchmark_settings(args: argparse.Namespace):
 
 
 def _bench(args: argparse.Namespace, settings: RunSettings) -> int:
-    import time
     from pathlib import Path
 
     from specdemo import bench

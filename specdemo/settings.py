@@ -13,6 +13,7 @@ PRECISIONS = ("fp16", "int8", "int4")
 KV_CACHE_PRECISIONS = ("", "u8", "f16", "bf16", "f32")
 INFERENCE_PRECISIONS = ("", "f32", "bf16", "f16")
 DRAFTERS = ("model", "prompt-lookup")
+MAX_PROMPT_TOKENS = 2048  # the page's and the CLI's default prompt cap: 2,048 tokens take ~15-40 s to prefill on 2 cores
 K_MAX = 8  # the default ceiling for adaptive and auto K: the cost curve is measured up to K_MAX + 1 tokens
 
 

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdemo.settings import GenerationSettings
+from specdemo.settings import MAX_PROMPT_TOKENS, GenerationSettings
 
 ONE_AFTER_ANOTHER, RACE = "one after another", "race"
 MODES = (ONE_AFTER_ANOTHER, RACE)
@@ -20,7 +20,6 @@ MODES = (ONE_AFTER_ANOTHER, RACE)
 # must not hold the models for longer than this.
 MAX_NEW_TOKENS_CAP = 1024
 MAX_INSTRUCTION_CHARS = 20_000  # bounds the tokenizer's work, before the prompt is counted in tokens
-MAX_PROMPT_TOKENS = 2048  # bounds the prefill: 2,048 tokens took 41 s on the target on 2 shared cores
 MAX_K = 12  # draft length offered in the page; adaptive K may grow up to max(K, 8)
 
 ASSETS = Path(__file__).resolve().parent.parent.parent / "assets"
