@@ -13,7 +13,9 @@ import time
 from dataclasses import asdict
 
 from specdemo import compat, sources
-from specdemo.events import ACCEPTED, BONUS, CORRECTED, Summary, TokenEvent, drain, measured_speedup
+from specdemo.events import ACCEPTED, BONUS, CORRECTED, Result, TokenEvent, drain
+from specdemo.metrics import measured_speedup
+from specdemo.planner import Plan
 from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET, DRAFTERS, MAX_PROMPT_TOKENS, PRECISIONS, GenerationSettings, ModelSettings, RunSettings
 
 LONG_PROMPT_TOKENS = 300  # above this, say up front how long the prefill will take
@@ -217,10 +219,9 @@ def _generate(args: argparse.Namespace, settings: RunSettings) -> int:
                          "--max-prompt-tokens 0 allows up to the model's context")
     log = (lambda message: None) if args.json else (lambda message: print(f"warm-up: {message}", file=sys.stderr, flush=True))
     engine.warm_up(settings.generation.k_max, fresh=args.remeasure, log=log)
-    plan = engine.plan(args.instruction, settings.generation)
     if not args.json:
         print(f"warm-up {engine.warm_up_s:.1f} s (not part of any lane's time). {engine.costs.sentence()}")
-        print(plan.reason)
+        print(f"cost model: {engine.costs.standing()}")
         if len(prompt) > LONG_PROMPT_TOKENS:
             print(_prefill_estimate(engine, len(prompt), settings.generation.max_new_tokens), flush=True)
             _show_prefill_progress(engine)
@@ -229,13 +230,19 @@ def _generate(args: argparse.Namespace, settings: RunSettings) -> int:
         if not args.json:
             print(f"\n== {mode} ==", flush=True)
         lanes[mode] = _consume(run(args.instruction, settings.generation), show=not args.json)
+    would = engine.would_have_given(args.instruction, settings.generation, lanes["speculative"].ids)
+    plan = lanes["speculative"].plan
     if args.json:
-        lanes["warm_up_s"] = engine.warm_up_s
-        lanes["costs"] = engine.costs.to_dict()
-        lanes["plan"] = asdict(plan)
-        print(json.dumps(lanes, indent=None))
+        print(json.dumps({
+            **{mode: _lane_dict(result) for mode, result in lanes.items()},
+            "warm_up_s": engine.warm_up_s,
+            "costs": engine.costs.to_dict(),
+            "plan": asdict(plan) if plan is not None else None,
+            "counterfactual": would.to_dict() if would is not None else None,
+        }))
     else:
-        _print_summaries(lanes)
+        _print_summaries(lanes["autoregressive"], lanes["speculative"])
+        _print_counterfactual(would, lanes["speculative"])
     return 0
 
 
@@ -268,14 +275,26 @@ def _prefill_estimate(engine, prompt_tokens: int, new_tokens: int) -> str:
             f"{cache / 2**20:,.0f} MiB. Ctrl-C stops cleanly.")
 
 
-def _consume(events, show: bool) -> dict:
-    """Drain one lane's events into the JSON shape, printing text as it streams when `show`."""
+def _consume(events, show: bool) -> Result:
+    """Drain one lane, printing its plan and its text as it streams when `show`."""
     colour = show and sys.stdout.isatty()
-    result = drain(events, on_token=(lambda event: print(_render(event, colour), end="", flush=True)) if show else None)
+
+    def print_event(event) -> None:
+        if isinstance(event, Plan):
+            print(event.reason, flush=True)
+        elif isinstance(event, TokenEvent):
+            print(_render(event, colour), end="", flush=True)
+
+    result = drain(events, on_event=print_event if show else None)
     if show:
         print()
+    return result
+
+
+def _lane_dict(result: Result) -> dict:
+    """A lane in `generate --json`: its ids and text, its tokens, its round records and its summary."""
     return {"token_ids": result.ids, "text": result.text, "tokens": [_token_dict(t) for t in result.tokens],
-            "summary": result.summary.to_dict()}
+            "rounds": [r.to_dict() for r in result.rounds], "summary": result.summary.to_dict()}
 
 
 def _token_dict(event: TokenEvent) -> dict:
@@ -291,8 +310,8 @@ def _render(event: TokenEvent, colour: bool) -> str:
     return f"{rejected}{start}{event.text}{_RESET if start else ''}"
 
 
-def _print_summaries(lanes: dict) -> None:
-    ar, spec = lanes["autoregressive"]["summary"], lanes["speculative"]["summary"]
+def _print_summaries(ar_result: Result, spec_result: Result) -> None:
+    ar, spec = ar_result.summary, spec_result.summary
     print("\n== summary ==")
     rows = [
         ("tokens", "tokens", "{:d}"),
@@ -303,15 +322,34 @@ def _print_summaries(lanes: dict) -> None:
     ]
     print(f"{'':28}{'autoregressive':>16}{'speculative':>16}")
     for label, key, fmt in rows:
-        print(f"{label:28}{fmt.format(ar[key]):>16}{fmt.format(spec[key]):>16}")
-    speedup = measured_speedup(Summary(**ar), Summary(**spec))
-    print(f"\nspeedup {speedup:.2f}x measured, {spec['predicted_speedup']:.2f}x predicted from this machine's costs "
-          f"(Leviathan's formula, which assumes a verify call costs one step: {spec['expected_speedup']:.2f}x)")
-    print(f"α̂ {spec['alpha']:.2f}   draft acceptance rate {spec['draft_acceptance_rate']:.0%}   mean K {spec['mean_k']:.1f}   "
-          f"tokens per target call {spec['tokens_per_call']:.2f}   verify call {spec['target_step_s'] * 1e3:.0f} ms   "
-          f"AR step {ar['target_step_s'] * 1e3:.0f} ms   draft step {spec['draft_step_s'] * 1e3:.0f} ms")
-    print(f"accepted drafts per round: {spec['accepted_histogram']}   near-ties: {ar['near_ties']} / {spec['near_ties']}")
-    if lanes["autoregressive"]["token_ids"] != lanes["speculative"]["token_ids"]:
+        print(f"{label:28}{fmt.format(getattr(ar, key)):>16}{fmt.format(getattr(spec, key)):>16}")
+    print(f"\nspeedup {measured_speedup(ar, spec):.2f}x measured, {spec.predicted_speedup:.2f}x predicted from this "
+          f"machine's costs at the run's acceptance (Leviathan's formula, which prices a verify call at one step: "
+          f"{spec.leviathan_speedup:.2f}x)")
+    by_position = " ".join(f"{rate:.2f}" for rate in spec.acceptance_by_position if rate) or "–"
+    print(f"α̂ {spec.alpha_hat:.2f}   mean acceptance length {spec.mean_acceptance_length:.2f}   draft acceptance rate "
+          f"{spec.draft_acceptance_rate:.0%}   mean K {spec.mean_k:.1f}   acceptance by position {by_position}")
+    print(f"verify call {spec.verify_call_s * 1e3:.0f} ms   AR step {ar.target_step_s * 1e3:.0f} ms   "
+          f"draft step {spec.draft_step_s * 1e3:.1f} ms   near-ties: {ar.near_ties} / {spec.near_ties}")
+    if ar_result.ids != spec_result.ids:
         print("note: the two outputs differ (expected when sampling; with greedy decoding only at near-ties)")
     print(f"legend: {_COLOURS[ACCEPTED]}accepted draft{_RESET}  {_COLOURS[CORRECTED]}corrected by target{_RESET}  "
           f"{_COLOURS[BONUS]}bonus{_RESET}  {_STRIKE}rejected draft{_RESET}" if sys.stdout.isatty() else "")
+
+
+def _print_counterfactual(would, spec: Result) -> None:
+    """What every K would have given on this answer (greedy), beside what the run did."""
+    if would is None:
+        print("\nwhat each K would have given: greedy decoding only (a sampled answer has no counterfactual)")
+        return
+    print("\n== what each K would have given on this answer (greedy; predicted from this machine's costs) ==")
+    if would.fixed:
+        print("K          " + "".join(f"{w.k:>7d}" for w in would.fixed))
+        print("calls      " + "".join(f"{w.target_calls:>7d}" for w in would.fixed))
+        print("speedup    " + "".join(f"{w.speedup:>6.2f}x" for w in would.fixed))
+        best = would.best_fixed()
+        print(f"best fixed K = {best.k}: {best.speedup:.2f}x; the oracle (best K each round): {would.oracle.speedup:.2f}x "
+              f"in {would.oracle.target_calls} target calls; this run: {spec.summary.target_calls} target calls, "
+              f"mean K {spec.summary.mean_k:.1f}")
+    lookup = max(would.lookup, key=lambda w: w.speedup)
+    print(f"prompt lookup would have given {lookup.speedup:.2f}x at K = {lookup.k} (no draft model)")

@@ -1,41 +1,61 @@
-"""What a call costs on this machine: the measured cost model the planner and the predictions use.
+"""What a call costs on this machine: the cost model the planner and the predictions use, measured the way the
+loop makes its calls and corrected by every run.
 
 Leviathan et al. assume scoring K+1 tokens in one target call costs one single-token step. That holds
 where the target is memory-bound (an AMX Xeon: a 5-token call costs ~1.2 steps) and fails where it
-is compute-bound (an AVX2-only CPU: ~2.4 steps), so nothing here assumes it: we time
+is compute-bound (an AVX2-only CPU: ~2.4 steps), so nothing here assumes it:
 
-    t(n)     one target call scoring n tokens after a short prompt, n = 1 .. n_max   (seconds)
+    t(n)     one target call scoring n tokens (n logits rows kept), n = 1 .. n_max   (seconds)
     d(n)     one draft call on n tokens, n = 1, 2 (a round after a full accept feeds two)
     prefill  the prompt rate of each model (tokens per second)
     rollback one KV-cache trim of each model (seconds)
 
-for the models, precisions, device and thread count in use, and cache the result under
-SPECDEMO_HOME/costs keyed by those and the CPU, so a machine is measured once (a few seconds) and
-`measure(..., fresh=True)` re-measures on request. Measuring also warms every shape up, so it
-doubles as the warm-up.
+**Measured like the loop.** A single step is timed as the autoregressive lane makes it, again and again
+on one shape; t(n), n ≥ 2, as a round makes it: a few draft steps, then one target call on n tokens with
+n rows of logits, both caches rolled back; each shape repeated before the next, at a context answers
+reach. (Timing the sizes interleaved, one after another, made every call a change of shape, which the
+CPU plugin pays for: t(1) came out 40 % above what the loop pays on an AVX-512 EPYC.)
+
+**Corrected by every run.** Each lane's records give what its calls really cost (metrics.call_seconds);
+`fold` adds that observation, and the model is re-estimated from the measurement and the last WINDOW
+observations: t(1) and d(1) as the low median of what runs paid, the curve's shape t(n) / t(1) as the low
+median of the ratios runs paid (a run's t(n) over the same moment's t(1)), and sizes no run used by the
+measured shape scaled like their nearest neighbours. One run under load moves none of these; two runs
+that agree move them all. A shared machine drifts (the same target step was 47 ms and 35 ms an hour
+apart), so the model follows what runs pay now.
+
+Cached under SPECDEMO_HOME/costs keyed by the models, precisions, device, threads, CPU and OpenVINO,
+so a machine is measured once; `measure(..., fresh=True)` measures again and forgets the corrections.
+Measuring also runs every shape, so it doubles as the warm-up.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from specdemo import machine
 from specdemo.runtime import OVModel
+from specdemo.settings import K_MAX
 
-COSTS_VERSION = 1  # bump when what is measured changes, so old caches are not reused
-CONTEXT_TOKENS = 64  # the prompt every timed call follows (a short instruction in the chat template)
+COSTS_VERSION = 3  # bump when what is measured changes, so old caches are not reused
+CONTEXT_TOKENS = 160  # the context every timed call follows: a short prompt and part of an answer
 PREFILL_TOKENS = 128  # the prompt whose prefill gives the prompt rate
-REPEATS = 7  # timings per shape; the fastest is kept (another process can only add time, never take it away)
-N_MAX = 13  # calls of up to this many tokens are always timed (K up to 12, the page's largest), so one cache serves all
+REPEATS = 5  # timed calls per shape, after UNTIMED calls of that shape; the median is kept
+UNTIMED = 2  # the first calls after a change of shape are slow (seen: 66, 54, then 45 ms for one step)
+ROUND_DRAFT_STEPS = 3  # draft steps before each timed target call (the round's pattern; more would only cost time)
+N_MAX = K_MAX + 1  # calls of up to this many tokens are always timed, so one cache serves every K
+WINDOW = 5  # the latest observations a correction considers
+PAIR_WINDOW_S = 30 * 60  # a run's t(n) is compared with a t(1) observed at most this long before or after it
 
 
 @dataclass(frozen=True)
 class CostModel:
-    """Measured seconds per call for one target (and draft) on this machine."""
+    """Seconds per call for one target (and draft) on this machine: as measured, corrected by the runs since."""
 
     target_s: tuple[float, ...]  # target_s[n - 1] = t(n): one target call on n tokens, n = 1 .. n_max
     target_prefill_tps: float  # target prompt tokens per second (a 128-token prefill)
@@ -44,8 +64,20 @@ class CostModel:
     draft_prefill_tps: float = 0.0  # draft prompt tokens per second
     draft_rollback_s: float = 0.0
     cpu: str = ""  # what it was measured on, for display
-    measured_at: str = ""  # ISO date and time
+    measured_at: str = ""  # ISO date and time of the measurement
     seconds: float = 0.0  # how long measuring took (0 when read from the cache)
+    measured_target_s: tuple[float, ...] = ()  # t(n) as measured, before any correction (= target_s until a run)
+    measured_draft_s: tuple[float, ...] = ()  # d(n) as measured
+    observations: tuple[dict, ...] = ()  # the latest runs' observations: {"at": epoch s, "target": {n: s}, "draft": {n: s}}
+    runs: int = 0  # runs folded in since the measurement
+    corrected_at: str = ""  # ISO date and time of the last fold that changed something
+    last_change: str = ""  # what that fold changed, for people ("t(1) 51.0 → 36.8 ms, t(5)/t(1) 1.04 → 1.45")
+
+    def __post_init__(self):
+        if not self.measured_target_s:
+            object.__setattr__(self, "measured_target_s", tuple(self.target_s))
+        if not self.measured_draft_s:
+            object.__setattr__(self, "measured_draft_s", tuple(self.draft_s))
 
     @property
     def n_max(self) -> int:
@@ -74,8 +106,9 @@ class CostModel:
     @classmethod
     def from_dict(cls, data: dict) -> "CostModel":
         data = dict(data)
-        data["target_s"] = tuple(data["target_s"])
-        data["draft_s"] = tuple(data.get("draft_s", ()))
+        for key in ("target_s", "draft_s", "measured_target_s", "measured_draft_s"):
+            data[key] = tuple(data.get(key, ()))
+        data["observations"] = tuple(_observation(o) for o in data.get("observations", ()))
         return cls(**data)
 
     def sentence(self, k: int = 4) -> str:
@@ -90,6 +123,113 @@ class CostModel:
         draft = f"; a draft step costs {self.d(1) / self.t(1):.2f} target steps" if self.draft_s else ""
         return f"Scoring {k + 1} tokens costs {steps:.1f} single steps here ({kind}){draft}."
 
+    def standing(self) -> str:
+        """Where the model stands: when it was measured, how many runs corrected it, and the last change."""
+        text = f"measured {self.measured_at.replace('T', ' ')}"
+        if not self.runs:
+            return text + "; no run has corrected it yet"
+        text += f", corrected by {self.runs} run{'s' if self.runs != 1 else ''}"
+        if self.last_change:
+            text += f"; last change {self.corrected_at.replace('T', ' ')}: {self.last_change}"
+        return text
+
+
+def _observation(o: dict) -> dict:
+    """An observation with integer call sizes (JSON keeps keys as strings)."""
+    return {"at": float(o.get("at", 0.0)),
+            "target": {int(n): float(s) for n, s in o.get("target", {}).items()},
+            "draft": {int(n): float(s) for n, s in o.get("draft", {}).items()}}
+
+
+# ---- correction by runs
+
+
+def fold(costs: CostModel, observation: dict, at: float | None = None) -> CostModel:
+    """The cost model re-estimated with one more run's observation ({"target": {n: s}, "draft": {n: s}}, the
+    medians metrics.call_seconds gives). Pure: the caller saves the result."""
+    observed = _observation({**observation, "at": time.time() if at is None else at})
+    if not observed["target"] and not observed["draft"]:
+        return costs
+    observations = (*costs.observations, observed)[-4 * WINDOW:]
+    target = _estimate_curve(costs.measured_target_s, [o["target"] for o in observations], [o["at"] for o in observations])
+    draft = _estimate_curve(costs.measured_draft_s, [o["draft"] for o in observations], None) if costs.measured_draft_s else ()
+    change = _describe_change(costs, target, draft)
+    return replace(costs, target_s=target, draft_s=draft, observations=observations, runs=costs.runs + 1,
+                   corrected_at=time.strftime("%Y-%m-%dT%H:%M:%S") if change else costs.corrected_at,
+                   last_change=change or costs.last_change)
+
+
+def _low_median(values: list[float], base: float) -> float:
+    """The low median of the latest WINDOW values, with the measurement counted too while there are fewer than 3:
+    one run under load (only ever slower) cannot move it, two runs that agree do."""
+    values = values[-WINDOW:]
+    if len(values) < 3:
+        values = [base, *values]
+    return statistics.median_low(values)
+
+
+def _estimate_curve(measured: tuple[float, ...], observed: list[dict[int, float]], at: list[float] | None) -> tuple[float, ...]:
+    """One model's curve (seconds by call size) from its measurement and the runs' observations.
+
+    The level, size 1, is what runs paid for it. The shape, size n over size 1, is what runs paid for n over
+    what the same moment paid for 1 (the run's own size-1 calls, or with `at`, the nearest run's within
+    PAIR_WINDOW_S); sizes no run used keep the measured shape, scaled by the correction of the nearest sizes
+    that were used.
+    """
+    ones = [o[1] for o in observed if 1 in o]
+    level = _low_median(ones, measured[0])
+    corrections: dict[int, float] = {}
+    for n in range(2, len(measured) + 1):
+        ratios = []
+        for i, o in enumerate(observed):
+            one = o.get(1) or (_nearest_one(observed, at, i) if at is not None else None)
+            if n in o and one:
+                ratios.append(o[n] / one)
+        if ratios:
+            corrections[n] = _low_median(ratios, measured[n - 1] / measured[0]) / (measured[n - 1] / measured[0])
+    curve = [level]
+    for n in range(2, len(measured) + 1):
+        curve.append(level * measured[n - 1] / measured[0] * _interpolate(corrections, n))
+    return monotone(curve)
+
+
+def _nearest_one(observed: list[dict[int, float]], at: list[float], i: int) -> float | None:
+    """The size-1 seconds of the run nearest in time to run i, within PAIR_WINDOW_S; None if there is none."""
+    near = [(abs(at[j] - at[i]), o[1]) for j, o in enumerate(observed) if 1 in o and abs(at[j] - at[i]) <= PAIR_WINDOW_S]
+    return min(near)[1] if near else None
+
+
+def _interpolate(corrections: dict[int, float], n: int) -> float:
+    """The correction at size n: its own, else linear between the nearest corrected sizes, else the nearest one's
+    (1.0 where no size was corrected)."""
+    if n in corrections or not corrections:
+        return corrections.get(n, 1.0)
+    below = [m for m in corrections if m < n]
+    above = [m for m in corrections if m > n]
+    if below and above:
+        lo, hi = max(below), min(above)
+        w = (n - lo) / (hi - lo)
+        return (1 - w) * corrections[lo] + w * corrections[hi]
+    return corrections[max(below)] if below else corrections[min(above)]
+
+
+def _describe_change(old: CostModel, target: tuple[float, ...], draft: tuple[float, ...]) -> str:
+    """What a fold changed by more than 2 %, in words ("" if nothing did)."""
+    parts = []
+    if abs(target[0] / old.target_s[0] - 1) > 0.02:
+        parts.append(f"t(1) {old.target_s[0] * 1e3:.1f} → {target[0] * 1e3:.1f} ms")
+    for n in (3, 5, 9):
+        if n <= len(target):
+            before, after = old.target_s[n - 1] / old.target_s[0], target[n - 1] / target[0]
+            if abs(after / before - 1) > 0.02:
+                parts.append(f"t({n})/t(1) {before:.2f} → {after:.2f}")
+    if draft and old.draft_s and abs(draft[0] / old.draft_s[0] - 1) > 0.02:
+        parts.append(f"d(1) {old.draft_s[0] * 1e3:.1f} → {draft[0] * 1e3:.1f} ms")
+    return ", ".join(parts)
+
+
+# ---- measuring
+
 
 def measure(target: OVModel, draft: OVModel | None, n_max: int, cache: Path | None = None, fresh: bool = False,
             log=lambda message: None) -> CostModel:
@@ -99,30 +239,44 @@ def measure(target: OVModel, draft: OVModel | None, n_max: int, cache: Path | No
     has run at least once when this returns, so the first timed lane pays no first-call costs.
     """
     n_max = max(n_max, N_MAX)
-    path = cache / f"{cost_key(target, draft, n_max)}.json" if cache is not None else None
+    path = cache_path(cache, target, draft, n_max)
     if path is not None and path.is_file() and not fresh:
-        costs = CostModel.from_dict(json.loads(path.read_text())["costs"])
-        log("cost model from the cache; warming up")
-        _warm_up(target, n_max)
-        if draft is not None:
-            _warm_up(draft, 2)
-        return costs
-    log(f"measuring this machine: target calls on 1..{n_max} tokens" + (", draft steps" if draft else ""))
+        try:
+            costs = CostModel.from_dict(json.loads(path.read_text())["costs"])
+        except (OSError, ValueError, KeyError, TypeError):
+            costs = None  # a damaged cache is measured again
+        if costs is not None:
+            log(f"cost model from the cache ({costs.standing()}); warming up")
+            _warm_up(target, n_max)
+            if draft is not None:
+                _warm_up(draft, 2)
+            return costs
+    log(f"measuring this machine the way the loop calls it: single steps, then rounds scoring 2..{n_max} tokens"
+        + (" after draft steps" if draft else ""))
     start = time.perf_counter()
-    target_s, target_prefill, target_rollback = _time_model(target, range(1, n_max + 1))
-    fields = {}
-    if draft is not None:
-        draft_s, draft_prefill, draft_rollback = _time_model(draft, (1, 2))
-        fields = {"draft_s": draft_s, "draft_prefill_tps": draft_prefill, "draft_rollback_s": draft_rollback}
-    costs = CostModel(target_s=target_s, target_prefill_tps=target_prefill, target_rollback_s=target_rollback,
-                      cpu=machine.cpu_name(), measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"),
-                      seconds=time.perf_counter() - start, **fields)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        scratch = path.with_suffix(".tmp")
-        scratch.write_text(json.dumps({"key": describe_key(target, draft, n_max), "costs": costs.to_dict()}, indent=2))
-        scratch.replace(path)
+    costs = _time_loop(target, draft, n_max)
+    costs = replace(costs, seconds=time.perf_counter() - start)
+    save(costs, path, describe_key(target, draft, n_max))
     return costs
+
+
+def cache_path(cache: Path | None, target: OVModel, draft: OVModel | None, n_max: int) -> Path | None:
+    return cache / f"{cost_key(target, draft, max(n_max, N_MAX))}.json" if cache is not None else None
+
+
+def save(costs: CostModel, path: Path | None, key: dict | None = None) -> None:
+    """Write the cost model (with its observations) to its cache file, atomically; None: nowhere."""
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if key is None and path.is_file():
+        try:
+            key = json.loads(path.read_text()).get("key")
+        except (OSError, ValueError):
+            key = None
+    scratch = path.with_suffix(".tmp")
+    scratch.write_text(json.dumps({"key": key, "costs": costs.to_dict()}, indent=1))
+    scratch.replace(path)
 
 
 def _warm_up(model: OVModel, n_max: int) -> None:
@@ -130,39 +284,73 @@ def _warm_up(model: OVModel, n_max: int) -> None:
     model.reset()
     model.forward(_ids(CONTEXT_TOKENS))
     for n in range(1, n_max + 1):
-        model.forward(_ids(n))
+        model.forward(_ids(n), logits_to_keep=n)
         model.rollback(CONTEXT_TOKENS)
     model.reset()
 
 
-def _time_model(model: OVModel, sizes) -> tuple[tuple[float, ...], float, float]:
-    """(fastest seconds per call for each size, prompt tokens per second, fastest rollback seconds).
+def _time_loop(target: OVModel, draft: OVModel | None, n_max: int) -> CostModel:
+    """Time every call shape the way the decoding loop makes it (see the module's docstring)."""
+    _warm_up(target, n_max)
+    target_prefill, target_rollback = _time_prefill(target), []
+    fields = {}
+    if draft is not None:
+        _warm_up(draft, 2)
+        fields["draft_prefill_tps"] = _time_prefill(draft)
+        draft.forward(_ids(CONTEXT_TOKENS))
+    target.forward(_ids(CONTEXT_TOKENS))
 
-    The fastest of REPEATS timings, not the median: on a shared machine other processes only ever add
-    time, and a cost model measured during a burst of load would mislead every later plan.
-    """
-    sizes = list(sizes)
-    _warm_up(model, max(sizes))
-    prefills = []
+    steps = []  # t(1): the autoregressive lane's pattern, one shape again and again, the context growing
+    for i in range(UNTIMED + REPEATS):
+        target.forward(_ids(1))
+        if i >= UNTIMED:
+            steps.append(target.last_call_s)
+    target_rollback.append(_timed_rollback(target, CONTEXT_TOKENS))
+    calls, draft_steps, draft_pairs, draft_rollback = [statistics.median(steps)], [], [], []
+    for n in range(2, n_max + 1):  # t(n): a round's pattern, a few draft steps then the verify call
+        timed = []
+        for i in range(UNTIMED + REPEATS):
+            if draft is not None:
+                for _ in range(min(n - 1, ROUND_DRAFT_STEPS)):
+                    draft.forward(_ids(1))
+                    if i >= UNTIMED:
+                        draft_steps.append(draft.last_call_s)
+            target.forward(_ids(n), logits_to_keep=n)
+            if i >= UNTIMED:
+                timed.append(target.last_call_s)
+            target_rollback.append(_timed_rollback(target, CONTEXT_TOKENS))
+            if draft is not None:
+                draft_rollback.append(_timed_rollback(draft, CONTEXT_TOKENS))
+                if n == 2 and i >= UNTIMED:  # after a fully accepted round the draft is fed two tokens
+                    draft.forward(_ids(2))
+                    draft_pairs.append(draft.last_call_s)
+                    draft.rollback(CONTEXT_TOKENS)
+        calls.append(statistics.median(timed))
+    target.reset()
+    if draft is not None:
+        draft.reset()
+        fields.update(draft_s=(statistics.median(draft_steps), statistics.median(draft_pairs)),
+                      draft_rollback_s=statistics.median(draft_rollback))
+    return CostModel(target_s=monotone(calls), target_prefill_tps=target_prefill,
+                     target_rollback_s=statistics.median(target_rollback), cpu=machine.cpu_name(),
+                     measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"), **fields)
+
+
+def _time_prefill(model: OVModel) -> float:
+    """Prompt tokens per second: the fastest of REPEATS prefills of PREFILL_TOKENS."""
+    rates = []
     for _ in range(REPEATS):
         model.reset()
-        start = time.perf_counter()
         model.forward(_ids(PREFILL_TOKENS))
-        prefills.append(time.perf_counter() - start)
+        rates.append(PREFILL_TOKENS / model.last_call_s)
     model.reset()
-    model.forward(_ids(CONTEXT_TOKENS))
-    calls = {n: [] for n in sizes}
-    rollbacks = []
-    for _ in range(REPEATS):
-        for n in sizes:  # sizes interleaved, so a burst of load on the machine touches them all alike
-            start = time.perf_counter()
-            model.forward(_ids(n))
-            calls[n].append(time.perf_counter() - start)
-            start = time.perf_counter()
-            model.rollback(CONTEXT_TOKENS)
-            rollbacks.append(time.perf_counter() - start)
-    model.reset()
-    return monotone([min(calls[n]) for n in sizes]), PREFILL_TOKENS / min(prefills), min(rollbacks)
+    return max(rates)
+
+
+def _timed_rollback(model: OVModel, length: int) -> float:
+    start = time.perf_counter()
+    model.rollback(length)
+    return time.perf_counter() - start
 
 
 def monotone(seconds: list[float]) -> tuple[float, ...]:

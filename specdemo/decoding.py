@@ -1,4 +1,6 @@
-"""The two decoding loops. Both yield TokenEvents as tokens are decided, then one Summary.
+"""The two decoding loops. Both yield a TokenEvent per token as it is decided and a Round per target call (what
+was drafted, accepted and emitted, and what each call cost), then one End. They record and count nothing else:
+specdemo/metrics.py derives every figure from the records.
 
 Cache invariant shared by both loops (as in gpt-fast): every model's KV cache holds the sequence
 *except its last token*, whose logits are still to be computed. A step therefore feeds the last
@@ -14,23 +16,19 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Iterator, Protocol
+from typing import Iterator
 
 import numpy as np
 
 from specdemo.costs import CostModel
 from specdemo.drafting import Drafter, Proposal
-from specdemo.events import ACCEPTED, BONUS, CORRECTED, TARGET, Detokenizer, Summary, TokenEvent, expected_speedup
-from specdemo.planner import FixedK, GrowShrinkK, estimate_alpha, predicted_lane_speedup
+from specdemo.events import ACCEPTED, BONUS, CORRECTED, TARGET, Detokenizer, End, Round, TokenEvent
+from specdemo.planner import KPolicy, policy_for
 from specdemo.runtime import OVModel
 from specdemo.settings import GenerationSettings
-from specdemo.verification import NEAR_TIE_LOGIT_GAP, process_logits, sample, top2_gap, verify_greedy, verify_sampled
+from specdemo.verification import process_logits, sample, top2_gap, verify_greedy, verify_sampled
 
-Event = TokenEvent | Summary
-
-
-class KPolicy(Protocol):
-    def next_k(self, accepted: int, rejections: int, last_full: bool | None) -> int: ...
+Event = TokenEvent | Round | End
 
 
 class _Emitter:
@@ -44,39 +42,27 @@ class _Emitter:
         self.start = start
         self.ids: list[int] = []
         self.stop_reason = ""
-        self.first_t = 0.0
-        self.near_ties = 0
 
     @property
     def remaining(self) -> int:
         return self.settings.max_new_tokens - len(self.ids)
 
+    def now(self) -> float:
+        return time.perf_counter() - self.start
+
     def emit(self, token: int, source: str, step: int, **extra) -> TokenEvent:
-        t = time.perf_counter() - self.start
-        if not self.ids:
-            self.first_t = t
         self.ids.append(token)
         if "rejected" in extra:
             extra["rejected_text"] = self.tokenizer.decode(extra["rejected"], skip_special_tokens=True)
-        if extra.get("margin") is not None and extra["margin"] < NEAR_TIE_LOGIT_GAP:
-            self.near_ties += 1
         if token in self.eos_ids:
             self.stop_reason = "eos"
         elif self.remaining <= 0:
             self.stop_reason = "max_new_tokens"
-        return TokenEvent(id=token, text=self.detokenizer.add(token), source=source, step=step, t=t, **extra)
+        return TokenEvent(id=token, text=self.detokenizer.add(token), source=source, step=step, t=self.now(), **extra)
 
-    def summary(self, mode: str) -> Summary:
-        wall = time.perf_counter() - self.start
-        return Summary(
-            mode=mode,
-            tokens=len(self.ids),
-            wall_s=wall,
-            ttft_s=self.first_t,
-            tokens_per_s=len(self.ids) / wall if wall > 0 else 0.0,
-            stop_reason=self.stop_reason or "cancelled",
-            near_ties=self.near_ties,
-        )
+    def end(self, mode: str, prompt_tokens: int, kv_cache_bytes: dict[str, int], **fields) -> End:
+        return End(mode=mode, stop_reason=self.stop_reason or "cancelled", wall_s=self.now(), prompt_tokens=prompt_tokens,
+                   kv_cache_bytes=kv_cache_bytes, **fields)
 
 
 def _choose(logits_row: np.ndarray, settings: GenerationSettings, rng: np.random.Generator) -> tuple[int, dict]:
@@ -92,6 +78,12 @@ def _cancelled(cancel: threading.Event | None) -> bool:
     return cancel is not None and cancel.is_set()
 
 
+def _step(index: int, context: int, tokens: int, seconds: float, t: float) -> Round:
+    """The record of a plain target call (the prefill, an autoregressive step, a round at K = 0)."""
+    return Round(index=index, context=context, k=0, drafter="", draft_calls=[], draft_s=0.0, verify_tokens=tokens,
+                 verify_s=seconds, drafted=0, accepted=0, emitted=1, rollback_s=0.0, t=t)
+
+
 def autoregressive(
     target: OVModel,
     tokenizer,
@@ -100,22 +92,19 @@ def autoregressive(
     eos_ids: set[int],
     cancel: threading.Event | None = None,
 ) -> Iterator[Event]:
-    """Target-only decoding with its KV cache: one target call per token."""
+    """Target-only decoding with its KV cache: one target call per token, each recorded as a Round."""
     start = time.perf_counter()
     target.reset()
     rng = np.random.default_rng(settings.seed)
     out = _Emitter(tokenizer, prompt_ids, settings, eos_ids, start)
     feed = prompt_ids
     while not out.stop_reason and not _cancelled(cancel):
+        context = target.length
         token, extra = _choose(target.forward(feed)[0], settings, rng)
         yield out.emit(token, TARGET, step=target.calls - 1, **extra)
+        yield _step(target.calls - 1, context, len(feed), target.last_call_s, out.now())
         feed = [token]
-    summary = out.summary("autoregressive")
-    summary.target_calls = target.calls
-    summary.target_s = target.infer_s
-    summary.target_step_s = target.mean_step_s
-    summary.kv_cache_bytes = {"target": target.kv_cache_bytes()}
-    yield summary
+    yield out.end("autoregressive", len(prompt_ids), {"target": target.kv_cache_bytes()})
 
 
 def speculative(
@@ -132,28 +121,30 @@ def speculative(
 ) -> Iterator[Event]:
     """Draft K tokens, score them all with one target call, keep the accepted prefix, repeat.
 
-    `policy` gives each round's K (default: settings.k, or the grow/shrink rule when adaptive); K = 0
-    makes a round one plain target step. With `costs` the summary predicts the speedup from this
-    machine's measured call times.
+    `policy` gives each round's K from the rounds so far (default: the settings' fixed or grow/shrink
+    rule); K = 0 makes a round one plain target step. `costs`, the cost model the lane was planned with,
+    is handed on in the End so the summary can predict the speedup for this machine.
     """
     start = time.perf_counter()
     target.reset()
     drafter.reset()
     rng = rng if rng is not None else np.random.default_rng(settings.seed)
-    policy = policy or default_policy(settings)
+    policy = policy or policy_for(settings)
     out = _Emitter(tokenizer, prompt_ids, settings, eos_ids, start)
     seq = list(prompt_ids)
-    tally = _Tally(settings.k_max if settings.adaptive or settings.k_auto else settings.k)
+    rounds: list[Round] = []
 
     # Prefill: the first token is the target's own.
     row = target.forward(prompt_ids)[0]
     token, extra = _choose(row, settings, rng)
     seq.append(token)
     yield out.emit(token, TARGET, step=0, **extra)
+    rounds.append(_step(0, 0, len(prompt_ids), target.last_call_s, out.now()))
+    yield rounds[-1]
 
-    last_full = None
     while not out.stop_reason and not _cancelled(cancel):
-        k = policy.next_k(tally.accepted, tally.rejections, last_full)
+        k = policy.next_k(rounds)
+        context = len(seq) - 1  # the target's cache holds seq but its last token
         # Never draft past max_new_tokens: a round emits at most k + 1 tokens.
         proposal = drafter.propose(seq, min(k, out.remaining - 1)) if k else Proposal([], None)
         if _cancelled(cancel):
@@ -161,35 +152,33 @@ def speculative(
             break
         drafts = proposal.tokens
         n, token, extras = _verify_round(target, seq, proposal, settings, rng)
+        verify_s = target.last_call_s
+        began = time.perf_counter()
         target.rollback(len(seq) + n)
         drafter.keep(len(seq) + n)
+        rollback_s = time.perf_counter() - began
         step = target.calls - 1
-        emitted = 0
+        emitted = []
         for i, draft in enumerate(drafts[:n]):
             seq.append(draft)
-            emitted += 1
-            yield out.emit(draft, ACCEPTED, step, **extras[i])
+            emitted.append(out.emit(draft, ACCEPTED, step, **extras[i]))
             if out.stop_reason:  # an EOS among the accepted drafts ends the text there
                 break
-        if drafts:
-            tally.add(len(drafts), emitted, rejected=emitted == n and n < len(drafts))
-            last_full = n == len(drafts)
-        if out.stop_reason:
-            break
-        seq.append(token)
-        source = TARGET if not drafts else (BONUS if n == len(drafts) else CORRECTED)
-        if n < len(drafts):
-            extras[n]["rejected"] = drafts[n:]
-        yield out.emit(token, source, step, **extras[n])
+        if not out.stop_reason:
+            seq.append(token)
+            source = TARGET if not drafts else (BONUS if n == len(drafts) else CORRECTED)
+            if n < len(drafts):
+                extras[n]["rejected"] = drafts[n:]
+            emitted.append(out.emit(token, source, step, **extras[n]))
+        yield from emitted
+        rounds.append(Round(index=step, context=context, k=k, drafter=drafter.kind if drafts else "",
+                            draft_calls=proposal.calls, draft_s=proposal.seconds, verify_tokens=len(drafts) + 1,
+                            verify_s=verify_s, drafted=len(drafts), accepted=n, emitted=len(emitted),
+                            rollback_s=rollback_s, t=out.now()))
+        yield rounds[-1]
 
-    yield _speculative_summary(out, target, drafter, tally, costs, len(prompt_ids))
-
-
-def default_policy(settings: GenerationSettings) -> KPolicy:
-    """The K policy the settings ask for when no planner gives one: fixed K, or grow/shrink when adaptive."""
-    if settings.adaptive:
-        return GrowShrinkK(settings.k, settings.k_min, settings.k_max)
-    return FixedK(settings.k)
+    kv = {"target": target.kv_cache_bytes(), **drafter.kv_cache_bytes()}
+    yield out.end("speculative", len(prompt_ids), kv, k_max=settings.k_max, drafter=drafter.kind, costs=costs)
 
 
 def _verify_round(target: OVModel, seq: list[int], proposal: Proposal, settings: GenerationSettings,
@@ -213,48 +202,3 @@ def _verify_round(target: OVModel, seq: list[int], proposal: Proposal, settings:
         for i, x in enumerate(drafts[:n]):
             extras[i]["p_draft"] = float(proposal.q[i, x])
     return n, token, extras
-
-
-class _Tally:
-    """The speculative lane's counts: drafts proposed and accepted, rounds, rejections, the histogram."""
-
-    def __init__(self, k_max: int):
-        self.proposed = self.accepted = self.rounds = self.rejections = 0
-        self.histogram = [0] * (k_max + 1)  # rounds by how many of their drafts were kept
-
-    def add(self, proposed: int, accepted: int, rejected: bool) -> None:
-        self.rounds += 1
-        self.proposed += proposed
-        self.accepted += accepted
-        self.rejections += rejected
-        self.histogram[accepted] += 1
-
-
-def _speculative_summary(out: _Emitter, target: OVModel, drafter: Drafter, tally: _Tally, costs: CostModel | None,
-                         prompt_tokens: int) -> Summary:
-    summary = out.summary("speculative")
-    target_steps = target.calls - 1
-    summary.target_calls = target.calls
-    summary.draft_calls = drafter.calls
-    summary.proposed = tally.proposed
-    summary.accepted = tally.accepted
-    summary.rounds = tally.rounds
-    summary.rejections = tally.rejections
-    summary.draft_acceptance_rate = tally.accepted / tally.proposed if tally.proposed else 0.0
-    summary.alpha = estimate_alpha(tally.accepted, tally.rejections, prior=0.0, weight=0.0)
-    summary.tokens_per_call = (summary.tokens - 1) / target_steps if target_steps else 0.0
-    summary.accepted_histogram = tally.histogram
-    summary.target_s = target.infer_s
-    summary.draft_s = drafter.busy_s
-    summary.rollback_s = target.rollback_s + drafter.rollback_s
-    summary.target_step_s = target.mean_step_s
-    summary.draft_step_s = drafter.step_s
-    summary.cost_ratio = summary.draft_step_s / summary.target_step_s if summary.target_step_s else 0.0
-    summary.mean_k = tally.proposed / tally.rounds if tally.rounds else 0.0
-    summary.expected_speedup = expected_speedup(summary.alpha, summary.mean_k, summary.cost_ratio)
-    if costs is not None:
-        summary.predicted_speedup = predicted_lane_speedup(
-            costs, summary.alpha, summary.mean_k, summary.tokens, prompt_tokens, drafter.kind
-        )
-    summary.kv_cache_bytes = {"target": target.kv_cache_bytes(), **drafter.kv_cache_bytes()}
-    return summary

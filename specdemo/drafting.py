@@ -9,7 +9,7 @@ Every drafter answers two calls (the shape of transformers' candidate generators
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -23,14 +23,12 @@ from specdemo.verification import process_logits, sample
 class Proposal:
     tokens: list[int]  # up to k draft token ids
     q: np.ndarray | None  # (len(tokens), V) draft distributions when sampled; None when deterministic
+    calls: list[tuple[int, float]] = field(default_factory=list)  # (tokens fed, seconds) of each draft-model call
+    seconds: float = 0.0  # the whole proposal's time (model calls, or the lookup)
 
 
 class Drafter(Protocol):
     kind: str  # "model" or "prompt-lookup", as in GenerationSettings.drafter
-    calls: int  # proposals made (model calls for a draft model)
-    busy_s: float  # seconds spent proposing
-    step_s: float  # mean seconds of one drafting step, a draft model's prompt prefill left out
-    rollback_s: float  # seconds spent trimming the drafter's own cache
 
     def kv_cache_bytes(self) -> dict[str, int]: ...
 
@@ -55,22 +53,6 @@ class ModelDrafter:
         self.settings = settings
         self.rng = rng
 
-    @property
-    def calls(self) -> int:
-        return self.model.calls
-
-    @property
-    def busy_s(self) -> float:
-        return self.model.infer_s
-
-    @property
-    def step_s(self) -> float:
-        return self.model.mean_step_s
-
-    @property
-    def rollback_s(self) -> float:
-        return self.model.rollback_s
-
     def kv_cache_bytes(self) -> dict[str, int]:
         return {"draft": self.model.kv_cache_bytes()}
 
@@ -78,12 +60,15 @@ class ModelDrafter:
         self.model.reset()
 
     def propose(self, seq: list[int], k: int) -> Proposal:
+        start = time.perf_counter()
         tokens: list[int] = []
         rows: list[np.ndarray] = []
+        calls: list[tuple[int, float]] = []
         feed = seq[self.model.length :]
         head = self.model.head_ids  # (V',) token ids of the LM head's rows when it was trimmed, else None
         for _ in range(k):
             logits = self.model.forward(feed)  # (1, V or V'): scores for the token after `feed`
+            calls.append((len(feed), self.model.last_call_s))
             if self.settings.greedy:
                 best = int(logits[0].argmax())
                 token = best if head is None else int(head[best])
@@ -98,7 +83,7 @@ class ModelDrafter:
             tokens.append(token)
             feed = [token]
         # The last token is not fed: if it is accepted, the next round feeds it together with the target's.
-        return Proposal(tokens, np.stack(rows) if rows else None)
+        return Proposal(tokens, np.stack(rows) if rows else None, calls, time.perf_counter() - start)
 
     def keep(self, length: int) -> None:
         self.model.rollback(min(length, self.model.length))
@@ -112,30 +97,20 @@ class PromptLookupDrafter:
     """
 
     kind = "prompt-lookup"
-    rollback_s = 0.0  # no cache
 
     def __init__(self, max_ngram: int = 3):
         self.max_ngram = max_ngram
-        self.calls = 0
-        self.busy_s = 0.0
-
-    @property
-    def step_s(self) -> float:
-        return self.busy_s / self.calls if self.calls else 0.0
 
     def kv_cache_bytes(self) -> dict[str, int]:
         return {}
 
     def reset(self) -> None:
-        self.calls = 0
-        self.busy_s = 0.0
+        pass  # no state
 
     def propose(self, seq: list[int], k: int) -> Proposal:
         start = time.perf_counter()
         tokens = lookup_continuation(seq, k, self.max_ngram)
-        self.calls += 1
-        self.busy_s += time.perf_counter() - start
-        return Proposal(tokens, None)
+        return Proposal(tokens, None, [], time.perf_counter() - start)
 
     def keep(self, length: int) -> None:
         pass  # no state to roll back

@@ -20,16 +20,20 @@ from typing import Iterator
 
 import numpy as np
 
-from specdemo import compat, costs, decoding, planner, sources, vocab
+from specdemo import compat, costs, decoding, metrics, planner, sources, vocab
 from specdemo.costs import CostModel
+from specdemo.counterfactual import Counterfactual, agreement_mask, counterfactual, lookup_counts, mask_counts, match_mask
 from specdemo.drafting import make_drafter
-from specdemo.events import Summary
-from specdemo.planner import AlphaHistory, Plan, make_plan
+from specdemo.events import End, Round
+from specdemo.planner import AcceptanceHistory, Plan, make_plan
 from specdemo.runtime import OVModel, release_weight_pages
 from specdemo.settings import K_MAX, GenerationSettings, ModelSettings, RunSettings
 
 # Stands in for the instruction when the chat template is rendered; no template contains it.
 _INSTRUCTION_SLOT = "\x00specdemo-instruction\x00"
+
+# Built-in instructions with the default target's greedy answers: a new machine's first evidence of acceptance.
+CALIBRATION = Path(__file__).resolve().parent.parent / "assets" / "calibration.json"
 
 # Encodings compared when checking that a draft tokenizer matches the target's.
 _PROBE_TEXTS = ["def fibonacci(n):\n    return n", "Hello, world! Ünïcödé 你好 🙂", "<|im_start|>user\nhi<|im_end|>"]
@@ -137,9 +141,10 @@ class Engine:
         self.tokenizer = target.tokenizer
         self.eos_ids = _eos_ids(target)
         self.lock = threading.Lock()  # one generation at a time: the KV caches are shared state
-        self.costs: CostModel | None = None  # this machine's measured call costs, after warm_up()
+        self.costs: CostModel | None = None  # this machine's call costs, after warm_up(); every run corrects them
+        self.costs_path: Path | None = None  # where they are kept
         self.warm_up_s = 0.0  # seconds the last warm_up() took (compilation, first calls, measuring)
-        self.alphas = AlphaHistory(self._costs_dir() / f"alpha-{self._pair_key()}.json")
+        self.acceptance = AcceptanceHistory(self._costs_dir() / f"acceptance-{self._pair_key()}.json")
 
     def _costs_dir(self) -> Path:
         return sources.specdemo_home() / "costs"
@@ -160,9 +165,28 @@ class Engine:
         with self.lock:
             draft = self.draft.runtime if self.draft else None
             self.costs = costs.measure(self.target.runtime, draft, k_max + 1, self._costs_dir(), fresh, log)
+            self.costs_path = costs.cache_path(self._costs_dir(), self.target.runtime, draft, k_max + 1)
+            if draft is not None and _learning() and not self.acceptance.has_evidence("model", True):
+                log("learning how often the draft agrees with the target, on built-in answers (once per machine)")
+                self._calibrate(k_max)
             release_weight_pages()  # every shape has run: the plugin works from its own copies of the weights now
         self.warm_up_s = time.perf_counter() - start
         return self.warm_up_s
+
+    def _calibrate(self, k_max: int) -> None:
+        """The acceptance prior's first evidence, before any run: where the draft's greedy token equals the target's on
+        a few built-in answers (teacher forced, a couple of seconds). Without it a new machine would plan its first run
+        on a guessed α, and a guess that says no K pays would draft nothing and so teach nothing."""
+        examples = json.loads(CALIBRATION.read_text(encoding="utf-8")) if CALIBRATION.is_file() else []
+        tested, accepted = [0] * k_max, [0] * k_max
+        for example in examples:
+            prompt = self._encode_chat(example["instruction"], "")
+            text = self.tokenizer.encode(example["answer"], add_special_tokens=False)
+            mask = agreement_mask(self.target.runtime, self.draft.runtime, prompt, text)
+            for totals, counts in zip((tested, accepted), mask_counts(mask, k_max)):
+                for i, n in enumerate(counts):
+                    totals[i] += n
+        self.acceptance.record("model", True, tested, accepted)
 
     def plan(self, instruction: str, settings: GenerationSettings) -> Plan:
         """How the speculative lane will run this instruction: which drafter, which K, and why.
@@ -174,11 +198,12 @@ class Engine:
             self.warm_up(settings.k_max)
         greedy = settings.greedy
         drafter = settings.drafter if self.draft is not None else "prompt-lookup"
-        plan = make_plan(self.costs, drafter, self.alphas.prior(drafter, greedy), settings.k_max, settings.k_auto, settings.k)
+        plan = make_plan(self.costs, drafter, self.acceptance.prior(drafter, greedy), settings.k_max, settings.k_auto,
+                         settings.k)
         if settings.k_auto and drafter == "model" and planner.quotes_text(instruction):
-            lookup = make_plan(self.costs, "prompt-lookup", self.alphas.prior("prompt-lookup", greedy), settings.k_max,
-                               True, settings.k)
-            if lookup.predicted_speedup > plan.predicted_speedup:
+            lookup = make_plan(self.costs, "prompt-lookup", self.acceptance.prior("prompt-lookup", greedy),
+                               settings.k_max, True, settings.k)
+            if lookup.planned_speedup > plan.planned_speedup:
                 plan = replace(lookup, reason=lookup.reason + " The instruction quotes text to copy, so prompt lookup drafts.")
         return plan
 
@@ -231,14 +256,19 @@ class Engine:
     ) -> Iterator[decoding.Event]:
         ids = self.prompt_ids(instruction, settings)
         with self.lock:
-            yield from decoding.autoregressive(
-                self.target.runtime, self.tokenizer, ids, settings, self.eos_ids, cancel
-            )
+            rounds = []
+            for event in decoding.autoregressive(self.target.runtime, self.tokenizer, ids, settings, self.eos_ids, cancel):
+                if isinstance(event, Round):
+                    rounds.append(event)
+                elif isinstance(event, End):
+                    self._fold_costs(rounds)
+                yield event
 
     def speculative(
         self, instruction: str, settings: GenerationSettings, cancel: threading.Event | None = None
-    ) -> Iterator[decoding.Event]:
-        """The speculative lane. With settings.k_auto the planner chooses the drafter and each round's K."""
+    ) -> Iterator:
+        """The speculative lane: its Plan first (when the planner made one), then the loop's events.
+        With settings.k_auto the planner chooses the drafter and each round's K."""
         ids = self.prompt_ids(instruction, settings)
         if settings.drafter == "model" and self.draft is None:
             raise ValueError("no draft model is loaded; use the prompt-lookup drafter")
@@ -246,16 +276,52 @@ class Engine:
         rng = np.random.default_rng(settings.seed)
         kind = plan.drafter if plan is not None else settings.drafter
         drafter = make_drafter(kind, self.draft.runtime if self.draft else None, settings, rng)
-        policy = planner.AutoK(self.costs, plan, settings.k_max) if settings.k_auto else None
+        policy = planner.policy_for(settings, self.costs, plan)
+        if plan is not None:
+            yield plan
         with self.lock:
+            rounds = []
             for event in decoding.speculative(self.target.runtime, drafter, self.tokenizer, ids, settings,
                                               self.eos_ids, cancel, rng, policy, self.costs):
-                if isinstance(event, Summary):
-                    event.drafter = kind
-                    event.plan = plan.reason if plan is not None else ""
-                    if event.stop_reason != "cancelled" and os.environ.get("SPECDEMO_LEARN_ALPHA", "1") != "0":
-                        self.alphas.record(kind, settings.greedy, event.accepted, event.rejections)
+                if isinstance(event, Round):
+                    rounds.append(event)
+                elif isinstance(event, End):
+                    self._fold_costs(rounds)
+                    if not settings.greedy and event.stop_reason != "cancelled" and _learning():
+                        # Sampled runs teach by their rounds; greedy ones by their match mask (would_have_given).
+                        self.acceptance.record(kind, False, *metrics.evidence_by_position(rounds, settings.k_max))
                 yield event
+
+    def would_have_given(self, instruction: str, settings: GenerationSettings, answer_ids: list[int]) -> Counterfactual | None:
+        """What every K, the per-round oracle and prompt lookup would have given on this greedy answer (None when
+        sampling: a sampled answer has no such counterfactual). One teacher-forced draft pass; it also teaches the
+        planner the draft's acceptance at every position, even after a run that drafted nothing."""
+        if not settings.greedy or not answer_ids:
+            return None
+        if self.costs is None:
+            self.warm_up(settings.k_max)
+        ids = self.prompt_ids(instruction, settings)
+        with self.lock:
+            mask = match_mask(self.draft.runtime, ids, answer_ids) if self.draft is not None else None
+        result = counterfactual(mask, ids, answer_ids, self.costs, settings.k_max, settings.max_new_tokens,
+                                settings.lookup_ngram)
+        if _learning():
+            if mask is not None:
+                self.acceptance.record("model", True, *mask_counts(mask, settings.k_max))
+            self.acceptance.record("prompt-lookup", True, *lookup_counts(ids, answer_ids, settings.k_max, settings.lookup_ngram))
+        return result
+
+    def _fold_costs(self, rounds: list[Round]) -> None:
+        """Correct this machine's cost model by what the lane's calls really cost, and keep it."""
+        if self.costs is None or not _learning():
+            return
+        self.costs = costs.fold(self.costs, metrics.call_seconds(rounds))
+        costs.save(self.costs, self.costs_path)
+
+
+def _learning() -> bool:
+    """Whether runs teach the planner and correct the cost model (SPECDEMO_LEARN=0 freezes both, as the tests do)."""
+    return os.environ.get("SPECDEMO_LEARN", "1") != "0"
 
 
 def _eos_ids(model: LoadedModel) -> set[int]:

@@ -1,13 +1,18 @@
-"""What the decoding loops yield: one event per emitted token, then one summary.
+"""What the decoding loops yield: a TokenEvent per emitted token, a Round per target call, then an End.
 
-The CLI, the app and the benchmark all consume these plain objects; nothing here knows how they
-are shown. Times are seconds from `time.perf_counter()`, relative to the start of generation.
+The CLI, the app and the benchmark all consume these plain objects through LaneLog (drain is its
+short form); nothing here knows how they are shown, and nothing here computes a figure: the
+summary is derived from the records by specdemo/metrics.py. Times are seconds from
+`time.perf_counter()`, relative to the start of generation.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
+
+from specdemo.metrics import Summary, summarize
+from specdemo.planner import Plan
 
 # Where a token came from.
 TARGET = "target"  # the target's own choice: every autoregressive token, and speculation's first
@@ -37,49 +42,74 @@ class TokenEvent:
 
 
 @dataclass
-class Summary:
-    """Figures for one finished generation."""
+class Round:
+    """One target call and the drafting that led to it: the loops' record of what happened and what it cost.
 
-    mode: str  # "autoregressive" or "speculative"
-    tokens: int = 0  # new tokens emitted
-    wall_s: float = 0.0  # from the start (prompt in hand) to the last token
-    ttft_s: float = 0.0  # time to the first token
-    tokens_per_s: float = 0.0
-    target_calls: int = 0  # inference calls on the target, prefill included
-    draft_calls: int = 0  # inference calls on the draft model, prefill included
-    proposed: int = 0  # draft tokens proposed to the target
-    accepted: int = 0  # draft tokens the target accepted
-    rounds: int = 0  # speculative rounds that drafted (plain target steps at K = 0 not counted)
-    rejections: int = 0  # rounds that ended in a rejected draft
-    alpha: float = 0.0  # α̂ = accepted / (accepted + rejections): the per-token acceptance estimate
-    draft_acceptance_rate: float = 0.0  # accepted / proposed: drafts after a rejection count as failures too
-    tokens_per_call: float = 0.0  # tokens emitted per target call after the prefill
-    accepted_histogram: list[int] = field(default_factory=list)  # rounds by how many drafts were kept
-    target_s: float = 0.0  # time inside target calls
-    draft_s: float = 0.0  # time inside draft calls (or in the lookup for prompt lookup)
-    rollback_s: float = 0.0  # time spent trimming KV caches
-    target_step_s: float = 0.0  # mean time of one target call after the prefill (a verify call when speculative)
-    draft_step_s: float = 0.0  # mean time of one draft call after the prefill
-    cost_ratio: float = 0.0  # c = draft step / target verify call (Leviathan's c; he assumes a verify call costs one step)
-    expected_speedup: float = 0.0  # Leviathan's eq. 1 from α̂, mean K and c (assumes a verify call costs one step)
-    predicted_speedup: float = 0.0  # from this machine's measured call costs, α̂, mean K, N and the prompt (planner.py)
-    mean_k: float = 0.0  # mean draft length per round (differs from K when adaptive)
-    near_ties: int = 0  # greedy tokens whose margin was below NEAR_TIE_LOGIT_GAP (the choice could flip)
-    stop_reason: str = ""  # "eos", "max_new_tokens" or "cancelled"
-    drafter: str = ""  # speculative: "model" or "prompt-lookup", as the run used it
-    plan: str = ""  # speculative: the planner's sentence on the drafter and K it chose, and why
-    kv_cache_bytes: dict[str, int] = field(default_factory=dict)  # per model, at the end
+    The speculative lane records its prefill (index 0), then one Round per verify call; the autoregressive
+    lane one per step (k = 0, nothing drafted). Every figure of a run is derived from these by
+    specdemo/metrics.py; the loops themselves count nothing.
+    """
+
+    index: int  # 0 is the prefill
+    context: int  # tokens in the target's KV cache before this call
+    k: int  # drafts asked for (0: a plain target step)
+    drafter: str  # what drafted: "model", "prompt-lookup", or "" when nothing was drafted
+    draft_calls: list[tuple[int, float]]  # (tokens fed, seconds) of each draft-model call; a draft prefill feeds the prompt
+    draft_s: float  # seconds spent drafting: the draft calls, or the n-gram lookup
+    verify_tokens: int  # tokens fed to the target call: the prompt at the prefill, K + 1 in a round
+    verify_s: float  # seconds of the target call
+    drafted: int  # draft tokens the target scored
+    accepted: int  # of them, kept by the acceptance rule
+    emitted: int  # tokens this round added to the text (fewer than accepted + 1 when an EOS or the budget ended it)
+    rollback_s: float  # seconds trimming both KV caches after the call
+    t: float  # seconds since the lane began, when the round's last token was emitted
+
+    @property
+    def kept(self) -> int:
+        """Accepted drafts that reached the text: all of them, unless an EOS (or the budget) ended it among them."""
+        return min(self.accepted, self.emitted)
+
+    @property
+    def cut(self) -> bool:
+        """Whether the text ended among the accepted drafts (the drafts after the end were never part of it)."""
+        return self.emitted <= self.accepted and self.drafted > 0
+
+    @property
+    def rejected(self) -> bool:
+        """Whether the round ended in a rejected draft (not counting a text that ended before the rejection)."""
+        return self.accepted < self.drafted and not self.cut
+
+    def tested(self) -> tuple[int, int]:
+        """(drafts tested, of them accepted) in the sense of the acceptance model: drafts 1 … kept were tested and
+        accepted, and a rejected draft right after them was tested too; later drafts were never tested."""
+        return self.kept + self.rejected, self.kept
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 @dataclass
+class End:
+    """A loop's last word: how it ended and what the figures need beside the rounds."""
+
+    mode: str  # "autoregressive" or "speculative"
+    stop_reason: str  # "eos", "max_new_tokens" or "cancelled"
+    wall_s: float  # from the prompt in hand to the last token
+    prompt_tokens: int
+    kv_cache_bytes: dict[str, int] = field(default_factory=dict)  # per model, at the end
+    k_max: int = 0  # the largest K the lane could ask for (the length of its per-position figures)
+    drafter: str = ""  # speculative: the drafter the lane ran with ("model", "prompt-lookup", "hybrid")
+    costs: object = None  # the CostModel the lane was planned with (for this machine's prediction), or None
+
+
+@dataclass
 class Result:
-    """One lane's events, drained: the tokens in order and the closing summary."""
+    """One lane, drained: its tokens, rounds and summary, and the plan it ran under (speculative, with a planner)."""
 
     tokens: list[TokenEvent]
-    summary: Summary
+    summary: "Summary"
+    rounds: list[Round] = field(default_factory=list)
+    plan: Plan | None = None  # yielded by the engine before a speculative lane's first token
 
     @property
     def ids(self) -> list[int]:
@@ -90,43 +120,55 @@ class Result:
         return "".join(t.text for t in self.tokens)
 
 
-def drain(events: Iterable[TokenEvent | Summary], on_token: Callable[[TokenEvent], None] | None = None) -> Result:
-    """The one way to consume a decoding loop: collect its tokens (calling `on_token` for each as it comes)
-    until its summary. A loop that ends without a summary is a bug in the loop, not a user error."""
-    tokens = []
+class LaneLog:
+    """What one lane has yielded so far, and its summary once it ends: the one consumer of a loop's stream,
+    used by `drain` and by the page. A loop ends with an End (the summary is then derived from its records
+    by metrics.summarize) or, for a peer that keeps its own figures (GenAI), with a ready Summary."""
+
+    def __init__(self):
+        self.events: list[TokenEvent] = []
+        self.rounds: list[Round] = []
+        self.plan = None
+        self.end: End | None = None
+        self.summary: Summary | None = None
+
+    def take(self, event) -> None:
+        if isinstance(event, TokenEvent):
+            self.events.append(event)
+        elif isinstance(event, Round):
+            self.rounds.append(event)
+        elif isinstance(event, End):
+            self.end = event
+            self.summary = summarize(self.events, self.rounds, event)
+        elif isinstance(event, Summary):
+            self.summary = event
+        elif isinstance(event, Plan):
+            self.plan = event
+        else:
+            raise TypeError(f"a decoding loop yielded {type(event).__name__}, which no consumer knows")
+
+    def result(self) -> Result:
+        return Result(self.events, self.summary, self.rounds, self.plan)
+
+
+def drain(events: Iterable, on_event: Callable[[object], None] | None = None) -> Result:
+    """The one way to consume a decoding loop: collect its plan, tokens and rounds (calling `on_event` with each as
+    it comes) until it ends. A loop that ends without an End or a Summary is a bug in the loop."""
+    log = LaneLog()
     try:
         for event in events:
-            if isinstance(event, Summary):
-                return Result(tokens, event)
-            tokens.append(event)
-            if on_token is not None:
-                on_token(event)
+            log.take(event)
+            if log.summary is not None:
+                return log.result()
+            if on_event is not None:
+                on_event(event)
     finally:
-        # An engine yields its summary while still holding its lock; closing the generator now releases it,
+        # An engine yields its end while holding its lock; closing the generator now releases it,
         # whoever keeps a reference to the generator (a caller's frame, a traceback) and for however long.
         close = getattr(events, "close", None)
         if close is not None:
             close()
     raise RuntimeError("the decoding loop ended without a summary")
-
-
-def measured_speedup(autoregressive: Summary, speculative: Summary) -> float:
-    """The one definition of speedup used by the CLI, the page and the benchmark: speculative tokens/s over
-    autoregressive tokens/s, each lane timed from its prompt in hand to its last token (warm-up excluded).
-
-    It equals the wall-time ratio when both lanes emit the same number of tokens (greedy), and stays
-    fair when sampling makes their lengths differ.
-    """
-    return speculative.tokens_per_s / autoregressive.tokens_per_s if autoregressive.tokens_per_s else 0.0
-
-
-def expected_speedup(alpha: float, k: float, c: float) -> float:
-    """Leviathan et al. eq. 1: expected walltime improvement for acceptance rate alpha, K drafts, cost c."""
-    if k <= 0:
-        return 1.0
-    if alpha >= 1.0:
-        return (k + 1) / (c * k + 1)
-    return (1 - alpha ** (k + 1)) / ((1 - alpha) * (c * k + 1))
 
 
 class Detokenizer:

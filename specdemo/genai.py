@@ -19,7 +19,9 @@ from typing import Iterator
 import numpy as np
 
 from specdemo import compat, sources
-from specdemo.events import TARGET, Detokenizer, Summary, TokenEvent
+from specdemo import metrics
+from specdemo.events import TARGET, Detokenizer, TokenEvent
+from specdemo.metrics import Summary
 from specdemo.settings import GenerationSettings, ModelSettings
 
 _DONE = object()  # the generate thread's last word
@@ -127,13 +129,18 @@ def stream(pipeline, tokenizer, prompt_ids: list[int], settings: GenerationSetti
 
 
 def _summary(result, events: list[TokenEvent], wall_s: float, k: int | None, drafter: str, cancelled: bool) -> Summary:
+    """GenAI's figures, by our names (specdemo/metrics.py): it reports totals only, so no per-round figures."""
     summary = Summary(mode="speculative" if k is not None else "autoregressive", tokens=len(events), wall_s=wall_s,
-                      ttft_s=events[0].t if events else 0.0, tokens_per_s=len(events) / wall_s if wall_s > 0 else 0.0,
+                      ttft_s=events[0].t if events else 0.0, tokens_per_s=metrics.tokens_per_s(len(events), wall_s),
                       stop_reason="cancelled" if cancelled else "", mean_k=float(k or 0), drafter=drafter if k else "")
-    metrics = result.extended_perf_metrics
-    if k is not None and hasattr(metrics, "get_num_draft_tokens"):
-        summary.proposed, summary.accepted = metrics.get_num_draft_tokens(), metrics.get_num_accepted_tokens()
-        summary.draft_acceptance_rate = summary.accepted / summary.proposed if summary.proposed else 0.0
-    kind = "prompt lookup" if drafter == "prompt-lookup" else "draft model"
-    summary.plan = f"{kind}, K = {k} in every round" if k is not None else "no drafting"
+    perf = result.extended_perf_metrics
+    if k is not None and hasattr(perf, "get_num_draft_tokens"):
+        summary.proposed, summary.accepted = perf.get_num_draft_tokens(), perf.get_num_accepted_tokens()
+        summary.draft_acceptance_rate = metrics.draft_acceptance_rate(summary.accepted, summary.proposed)
     return summary
+
+
+def describe(k: int | None, drafter: str) -> str:
+    """How GenAI's pipeline drafted, in words: it keeps K fixed."""
+    kind = "prompt lookup" if drafter == "prompt-lookup" else "draft model"
+    return f"{kind}, K = {k} in every round" if k is not None else "no drafting"

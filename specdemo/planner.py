@@ -1,88 +1,137 @@
-"""Choosing how to speculate on this machine: the prediction, the α estimate and the K policies.
+"""Choosing how to speculate on this machine: the acceptance model, the prediction and the K policies.
 
-A round drafts K tokens and scores them in one target call. With per-token acceptance α (the
-drafts are accepted independently, each with probability α, until the first rejection):
+A round drafts K tokens and scores them in one target call. The i-th draft is accepted with probability
+a(i) given that drafts 1 .. i-1 were (a(i) = α for every i is the geometric model of Leviathan et al.):
 
-    tokens per round      E(K) = (1 - α^(K+1)) / (1 - α)            (Leviathan et al. 2023, eq. 1's numerator)
-    seconds per round     R(K) = K·d(1) + t(K+1) + rollbacks       (measured costs, specdemo/costs.py)
-    predicted speedup     S(K) = E(K) · t(1) / R(K)                 (the autoregressive lane pays t(1) a token)
+    tokens per round      E(K) = 1 + Σ_{i=1..K} a(1)·…·a(i)            (the target's own token, plus accepted drafts)
+    seconds per round     R(K) = K·d(1) + t(K+1) + rollbacks            (measured costs, specdemo/costs.py)
+    predicted speedup     S(K) = E(K) · t(1) / R(K)                      (the autoregressive lane pays t(1) a token)
 
-Leviathan's eq. 1 is the special case t(K+1) = t(1) and d(1) = c·t(1). K = 0 means "no drafting":
-the speculative lane then runs at the target's own speed, S = 1.
+Leviathan's eq. 1 is the special case a(i) = α, t(K+1) = t(1) and d(1) = c·t(1). K = 0 means "no
+drafting": the speculative lane then runs at the target's own speed, S = 1.
 
-α is estimated the standard way, from rounds: every accepted draft is a success and every round that
-ended in a rejection one failure, so α̂ = accepted / (accepted + rejections). (Accepted / proposed
-also counts the drafts after a rejection, which were never tested, as failures; it is reported
-separately as the draft acceptance rate.)
+The acceptance model is learnt per drafter and decoding mode (AcceptanceHistory): from the
+teacher-forced match masks of greedy runs (every position of an answer is evidence, even when the run
+drafted nothing; specdemo/counterfactual.py) and from the rounds of sampled runs. Positions with little
+evidence lean on the pooled rate, so the model is geometric unless the data say otherwise.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, Sequence
 
 from specdemo.costs import CostModel
+from specdemo.settings import GenerationSettings
 
 MIN_GAIN = 1.03  # speculate only where the prediction beats the target alone by this much (noise margin)
-PRIOR_WEIGHT = 20.0  # the prior α counts as this many tested drafts against the run's own evidence
-DEFAULT_ALPHA = {"model": 0.8, "prompt-lookup": 0.5}  # before any run on this machine
+PRIOR_WEIGHT = 20.0  # the prior counts as this many tested drafts at each position against the run's own evidence
+POOL_WEIGHT = 10.0  # a position's own evidence against the pooled rate of all positions, in tested drafts
+DEFAULT_ALPHA = {"model": 0.8, "prompt-lookup": 0.5, "hybrid": 0.8}  # before any evidence on this machine
 
 
-def expected_tokens(alpha: float, k: int) -> float:
-    """Tokens one round emits on average: accepted drafts plus the target's own token."""
-    if alpha >= 1.0:
-        return k + 1.0
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+@dataclass(frozen=True)
+class Acceptance:
+    """The chance that draft i of a round is accepted, given that drafts 1 .. i-1 were: rates[i - 1].
+    Positions past the last rate take the last rate."""
+
+    rates: tuple[float, ...]
+
+    @classmethod
+    def geometric(cls, alpha: float) -> "Acceptance":
+        return cls((alpha,))
+
+    @classmethod
+    def from_counts(cls, tested: Sequence[float], accepted: Sequence[float], prior: "Acceptance",
+                    weight: float = PRIOR_WEIGHT) -> "Acceptance":
+        """Rates from drafts tested and accepted at each position (1, 2, …). Each position is pulled towards the
+        pooled rate of all positions, so a position with few trials follows the others (geometric unless the data
+        say otherwise); the pooled rate is pulled towards `prior`, which counts as `weight` tested drafts."""
+        total_tested, total_accepted = sum(tested), sum(accepted)
+        rates = []
+        for i, (n, a) in enumerate(zip(tested, accepted), start=1):
+            pooled = (total_accepted + weight * prior.rate(i)) / (total_tested + weight)
+            rates.append((a + POOL_WEIGHT * pooled) / (n + POOL_WEIGHT))
+        return cls(tuple(rates)) if rates else prior
+
+    def rate(self, i: int) -> float:
+        return self.rates[min(i, len(self.rates)) - 1]
+
+    def all_accepted(self, k: int) -> float:
+        """The chance that every one of K drafts is accepted."""
+        chance = 1.0
+        for i in range(1, k + 1):
+            chance *= self.rate(i)
+        return chance
+
+    def expected_tokens(self, k: int) -> float:
+        """Tokens one round of K drafts emits on average: the accepted drafts plus the target's own token."""
+        tokens, chance = 1.0, 1.0
+        for i in range(1, k + 1):
+            chance *= self.rate(i)
+            tokens += chance
+        return tokens
+
+    def describe(self) -> str:
+        """"α 0.92" for one rate; "acceptance 0.95 at the first draft … 0.81 at the 6th" for several."""
+        if len(set(round(r, 2) for r in self.rates)) <= 1:
+            return f"α = {self.rates[0]:.2f}"
+        return f"acceptance {self.rates[0]:.2f} at the first draft … {self.rates[-1]:.2f} at the {_ordinal(len(self.rates))}"
 
 
-def round_seconds(costs: CostModel, alpha: float, k: int, drafter: str = "model") -> float:
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+def round_seconds(costs: CostModel, acceptance: Acceptance, k: int, drafter: str = "model") -> float:
     """Expected seconds of one round with K drafts (K = 0: one plain target step)."""
     if k == 0:
         return costs.t(1)
     seconds = costs.t(k + 1) + costs.target_rollback_s
     if drafter == "model":
         # K draft calls; after a fully accepted round the first one feeds two tokens.
-        seconds += (k - 1) * costs.d(1) + alpha**k * costs.d(2) + (1 - alpha**k) * costs.d(1) + costs.draft_rollback_s
+        full = acceptance.all_accepted(k)
+        seconds += (k - 1) * costs.d(1) + full * costs.d(2) + (1 - full) * costs.d(1) + costs.draft_rollback_s
     return seconds
 
 
-def predicted_speedup(costs: CostModel, alpha: float, k: int, drafter: str = "model") -> float:
+def predicted_speedup(costs: CostModel, acceptance: Acceptance, k: int, drafter: str = "model") -> float:
     """Tokens per second of speculation with K drafts over the target alone, after the prompt."""
-    return expected_tokens(alpha, k) * costs.t(1) / round_seconds(costs, alpha, k, drafter)
+    return acceptance.expected_tokens(k) * costs.t(1) / round_seconds(costs, acceptance, k, drafter)
 
 
-def predicted_lane_speedup(costs: CostModel, alpha: float, k: float, tokens: int, prompt_tokens: int,
+def predicted_lane_speedup(costs: CostModel, acceptance: Acceptance, k: float, tokens: int, prompt_tokens: int,
                            drafter: str = "model") -> float:
     """Whole-lane wall-time ratio for `tokens` new tokens after a `prompt_tokens` prompt.
 
-    Both lanes prefill the target; the speculative lane also prefills the draft (when it drafts at
-    all) and then runs rounds; the autoregressive lane runs single steps. A fractional k (the mean of
-    an adaptive run) is interpolated between its neighbours.
+    Both lanes prefill the target; the speculative lane also prefills the draft (when it drafts at all)
+    and then runs rounds; the autoregressive lane runs single steps. A fractional k (the mean of an
+    adaptive or automatic run) is interpolated between its neighbours.
     """
     if tokens <= 1 or k <= 0:
         return 1.0
-    low, high = math.floor(k), math.ceil(k)
-    if low != high:
+    low = int(k)
+    if low != k:
         w = k - low
-        return (1 - w) * predicted_lane_speedup(costs, alpha, low, tokens, prompt_tokens, drafter) + w * \
-            predicted_lane_speedup(costs, alpha, high, tokens, prompt_tokens, drafter)
+        return (1 - w) * predicted_lane_speedup(costs, acceptance, low, tokens, prompt_tokens, drafter) + w * \
+            predicted_lane_speedup(costs, acceptance, low + 1, tokens, prompt_tokens, drafter)
     k = int(k)
     prefill = prompt_tokens / costs.target_prefill_tps
     autoregressive = prefill + (tokens - 1) * costs.t(1)
-    draft_prefill = prompt_tokens / costs.draft_prefill_tps if drafter == "model" and k else 0.0
-    rounds = (tokens - 1) / expected_tokens(alpha, k)
-    speculative = prefill + draft_prefill + rounds * round_seconds(costs, alpha, k, drafter)
+    draft_prefill = prompt_tokens / costs.draft_prefill_tps if drafter != "prompt-lookup" and costs.draft_prefill_tps else 0.0
+    rounds = (tokens - 1) / acceptance.expected_tokens(k)
+    speculative = prefill + draft_prefill + rounds * round_seconds(costs, acceptance, k, drafter)
     return autoregressive / speculative
 
 
-def best_k(costs: CostModel, alpha: float, k_max: int, drafter: str = "model") -> tuple[int, float]:
+def best_k(costs: CostModel, acceptance: Acceptance, k_max: int, drafter: str = "model") -> tuple[int, float]:
     """(K, predicted speedup) maximising tokens per second; (0, 1.0) when no K beats the target by MIN_GAIN."""
     best, best_speedup = 0, 1.0
     for k in range(1, k_max + 1):
-        speedup = predicted_speedup(costs, alpha, k, drafter)
+        speedup = predicted_speedup(costs, acceptance, k, drafter)
         if speedup > best_speedup:
             best, best_speedup = k, speedup
     if best_speedup < MIN_GAIN:
@@ -90,53 +139,45 @@ def best_k(costs: CostModel, alpha: float, k_max: int, drafter: str = "model") -
     return best, best_speedup
 
 
-def estimate_alpha(accepted: int, rejections: int, prior: float, weight: float = PRIOR_WEIGHT) -> float:
-    """α̂ from a run's rounds, pulled towards `prior` while the run has little evidence of its own.
-
-    accepted: draft tokens accepted; rejections: rounds that ended in a rejection. With weight 0 this is
-    the maximum-likelihood estimate accepted / (accepted + rejections).
-    """
-    total = accepted + rejections + weight
-    if total <= 0:
-        return prior
-    return (accepted + weight * prior) / total
-
-
 # ---- the plan for one run
 
 
 @dataclass(frozen=True)
 class Plan:
-    """How the speculative lane will run, and why."""
+    """How the speculative lane will run, and why. It travels beside the lane's result, never inside it:
+    its figures are what the planner expected before the run, the summary's what the run measured."""
 
-    drafter: str  # "model" or "prompt-lookup"
+    drafter: str  # "model", "prompt-lookup" or "hybrid"
     k: int  # drafts in the first round; 0 = the target alone (speculation would not pay here)
-    alpha: float  # the α the plan assumed (the prior for this machine and drafter)
-    predicted_speedup: float  # S(K) after the prompt, at that α
-    auto: bool  # True: K is re-chosen every round from the running α̂
+    acceptance_prior: Acceptance  # the acceptance the plan assumed (what earlier runs on this machine taught)
+    planned_speedup: float  # S(K) after the prompt, at that acceptance
+    auto: bool  # True: K is re-chosen every round from the run's own evidence
     reason: str  # one sentence for the page and the CLI
 
 
-def make_plan(costs: CostModel, drafter: str, alpha: float, k_max: int, auto: bool, k: int) -> Plan:
-    """The plan: the best K for this machine at this α when `auto`, else the fixed K with its prediction."""
+def make_plan(costs: CostModel, drafter: str, acceptance: Acceptance, k_max: int, auto: bool, k: int) -> Plan:
+    """The plan: the best K for this machine at this acceptance when `auto`, else the fixed K with its prediction."""
+    said = acceptance.describe()
     if not auto:
-        speedup = predicted_speedup(costs, alpha, k, drafter)
-        return Plan(drafter, k, alpha, speedup, False, f"Fixed K = {k}: predicted {speedup:.2f}× at α = {alpha:.2f}.")
-    k, speedup = best_k(costs, alpha, k_max, drafter)
+        speedup = predicted_speedup(costs, acceptance, k, drafter)
+        return Plan(drafter, k, acceptance, speedup, False, f"Fixed K = {k}: predicted {speedup:.2f}× at {said}.")
+    k, speedup = best_k(costs, acceptance, k_max, drafter)
     if k == 0:
-        best = max(predicted_speedup(costs, alpha, j, drafter) for j in range(1, k_max + 1))
-        reason = (f"No K pays on this machine (best predicted {best:.2f}× at α = {alpha:.2f}: scoring "
+        best = max(predicted_speedup(costs, acceptance, j, drafter) for j in range(1, k_max + 1))
+        reason = (f"No K pays on this machine (best predicted {best:.2f}× at {said}: scoring "
                   f"2 tokens costs {costs.verify_steps(2):.1f} steps), so the speculative lane runs the target alone.")
     else:
-        reason = (f"K = {k} chosen for this machine: predicted {speedup:.2f}× at α = {alpha:.2f} "
+        reason = (f"K = {k} chosen for this machine: predicted {speedup:.2f}× at {said} "
                   f"(scoring {k + 1} tokens costs {costs.verify_steps(k + 1):.1f} steps, a draft step "
                   f"{costs.d(1) / costs.t(1):.2f}).")
-    return Plan(drafter, k, alpha, speedup, True, reason)
+    return Plan(drafter, k, acceptance, speedup, True, reason)
 
 
-# ---- K policies: the decoding loop asks one for each round's K, telling it the run's evidence so far.
-# next_k(accepted, rejections, last_full) -> K; accepted = drafts accepted so far, rejections = rounds
-# that ended in a rejection, last_full = whether the previous round accepted every draft.
+# ---- K policies: the loop asks one for each round's K, showing it the run's rounds so far (events.Round).
+
+
+class KPolicy(Protocol):
+    def next_k(self, rounds: list) -> int: ...
 
 
 class FixedK:
@@ -145,7 +186,7 @@ class FixedK:
     def __init__(self, k: int):
         self.k = k
 
-    def next_k(self, accepted: int, rejections: int, last_full: bool | None) -> int:
+    def next_k(self, rounds: list) -> int:
         return self.k
 
 
@@ -154,28 +195,49 @@ class GrowShrinkK:
 
     def __init__(self, k: int, k_min: int, k_max: int):
         self.k, self.k_min, self.k_max = k, k_min, k_max
+        self.seen = 0  # rounds already looked at
 
-    def next_k(self, accepted: int, rejections: int, last_full: bool | None) -> int:
-        if last_full is not None:
-            self.k = min(self.k + 1, self.k_max) if last_full else max(self.k - 1, self.k_min)
+    def next_k(self, rounds: list) -> int:
+        for r in rounds[self.seen:]:
+            if r.drafted:
+                self.k = max(self.k - 1, self.k_min) if r.rejected else min(self.k + 1, self.k_max)
+        self.seen = len(rounds)
         return self.k
 
 
 class AutoK:
-    """The best K at the running α̂ (the plan's α as the prior, the run's rounds as evidence).
+    """The best K at the running acceptance: the plan's prior, corrected by the run's own rounds, position by position.
 
-    When the plan found no K that pays, every round is a plain target step: without drafts there is no
-    new evidence, and the lane runs at the target's own speed.
+    When the plan found no K that pays, every round is a plain target step: the lane runs at the target's own
+    speed, and the run teaches the planner through its match mask afterwards (greedy decoding).
     """
 
     def __init__(self, costs: CostModel, plan: Plan, k_max: int):
         self.costs, self.plan, self.k_max = costs, plan, k_max
+        self.tested = [0] * k_max
+        self.accepted = [0] * k_max
+        self.seen = 0
 
-    def next_k(self, accepted: int, rejections: int, last_full: bool | None) -> int:
+    def next_k(self, rounds: list) -> int:
         if self.plan.k == 0:
             return 0
-        alpha = estimate_alpha(accepted, rejections, self.plan.alpha)
-        return best_k(self.costs, alpha, self.k_max, self.plan.drafter)[0]
+        for r in rounds[self.seen:]:
+            n_tested, n_accepted = r.tested()  # positions 1 .. accepted, and the rejected one
+            for i in range(min(n_tested, self.k_max)):
+                self.tested[i] += 1
+                self.accepted[i] += i < n_accepted
+        self.seen = len(rounds)
+        acceptance = Acceptance.from_counts(self.tested, self.accepted, self.plan.acceptance_prior)
+        return best_k(self.costs, acceptance, self.k_max, self.plan.drafter)[0]
+
+
+def policy_for(settings: GenerationSettings, costs: CostModel | None = None, plan: Plan | None = None) -> KPolicy:
+    """The one place that turns settings (and a plan) into the K policy a run uses."""
+    if settings.k_auto and costs is not None and plan is not None:
+        return AutoK(costs, plan, settings.k_max)
+    if settings.adaptive:
+        return GrowShrinkK(settings.k, settings.k_min, settings.k_max)
+    return FixedK(settings.k)
 
 
 def quotes_text(instruction: str, min_chars: int = 80) -> bool:
@@ -193,41 +255,52 @@ def quotes_text(instruction: str, min_chars: int = 80) -> bool:
     return len(code_lines) >= 3 and len(instruction) >= min_chars
 
 
-# ---- what earlier runs on this machine taught: the α prior
+# ---- what earlier runs on this machine taught: the acceptance prior
 
 
-class AlphaHistory:
-    """Accepted drafts and rejections of earlier runs, per drafter and decoding mode, in one JSON file.
-
-    Older evidence fades (each run scales the totals by DECAY first) so the prior follows what the
-    user actually runs.
-    """
+class AcceptanceHistory:
+    """Drafts tested and accepted at each draft position in earlier runs, per drafter and decoding mode, in one
+    JSON file. Older evidence fades (each run scales the totals by DECAY first) so the prior follows what the
+    user actually runs."""
 
     DECAY = 0.9
+    PRIOR_WEIGHT = 5.0  # the built-in default counts as this many tested drafts
 
     def __init__(self, path: Path | None):
         self.path = path
-        self.counts: dict[str, list[float]] = {}
+        self.counts: dict[str, dict[str, list[float]]] = {}
         if path is not None and path.is_file():
             try:
-                self.counts = json.loads(path.read_text())
-            except (OSError, ValueError):
+                self.counts = {key: value for key, value in json.loads(path.read_text()).items()
+                               if isinstance(value, dict) and {"tested", "accepted"} <= value.keys()}
+            except (OSError, ValueError, AttributeError):
                 self.counts = {}  # a damaged file only loses the prior
 
     @staticmethod
     def key(drafter: str, greedy: bool) -> str:
         return f"{drafter}/{'greedy' if greedy else 'sampling'}"
 
-    def prior(self, drafter: str, greedy: bool) -> float:
-        accepted, rejections = self.counts.get(self.key(drafter, greedy), (0.0, 0.0))
-        default = DEFAULT_ALPHA.get(drafter, 0.5)
-        return estimate_alpha(accepted, rejections, default, weight=5.0)
+    def has_evidence(self, drafter: str, greedy: bool) -> bool:
+        return sum(self.counts.get(self.key(drafter, greedy), {}).get("tested", [])) > 0
 
-    def record(self, drafter: str, greedy: bool, accepted: int, rejections: int) -> None:
-        if accepted + rejections == 0:
+    def prior(self, drafter: str, greedy: bool) -> Acceptance:
+        default = Acceptance.geometric(DEFAULT_ALPHA.get(drafter, 0.5))
+        counts = self.counts.get(self.key(drafter, greedy))
+        if not counts:
+            return default
+        return Acceptance.from_counts(counts["tested"], counts["accepted"], default, weight=self.PRIOR_WEIGHT)
+
+    def record(self, drafter: str, greedy: bool, tested: Sequence[int], accepted: Sequence[int]) -> None:
+        """Fold one run's drafts tested and accepted at each position (1, 2, …) into the history, and save it."""
+        if not sum(tested):
             return
-        old = self.counts.get(self.key(drafter, greedy), (0.0, 0.0))
-        self.counts[self.key(drafter, greedy)] = [old[0] * self.DECAY + accepted, old[1] * self.DECAY + rejections]
+        old = self.counts.get(self.key(drafter, greedy), {"tested": [], "accepted": []})
+        size = max(len(old["tested"]), len(tested))
+        pad = lambda xs: list(xs) + [0.0] * (size - len(xs))  # noqa: E731
+        self.counts[self.key(drafter, greedy)] = {
+            "tested": [o * self.DECAY + n for o, n in zip(pad(old["tested"]), pad(tested))],
+            "accepted": [o * self.DECAY + n for o, n in zip(pad(old["accepted"]), pad(accepted))],
+        }
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             scratch = self.path.with_suffix(".tmp")

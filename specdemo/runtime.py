@@ -47,9 +47,7 @@ class OVModel:
         self._kv_type = _kv_cache_type(self.compiled)
         self.length = 0
         self.calls = 0  # inference calls since the last reset
-        self.first_call_s = 0.0  # seconds of the first of them (the prefill)
-        self.infer_s = 0.0  # seconds inside those calls
-        self.rollback_s = 0.0  # seconds spent trimming the cache
+        self.last_call_s = 0.0  # seconds of the latest call (the loops record it; specdemo/metrics.py sums)
         self._beam = np.zeros(1, dtype=np.int32)
         # For an input longer than PREFILL_CHUNK: called as on_piece(tokens fed, of n) before the first piece
         # (0) and after each piece, so a long prefill can show its progress; None: silent.
@@ -74,10 +72,7 @@ class OVModel:
             self._infer(ids[begin:end], keep if end == n else 1)
             if cuts and self.on_piece is not None:
                 self.on_piece(end, n)
-        elapsed = time.perf_counter() - start
-        if self.calls == 0:
-            self.first_call_s = elapsed
-        self.infer_s += elapsed
+        self.last_call_s = time.perf_counter() - start
         self.calls += 1
         logits = self.request.get_tensor("logits").data[0]  # (kept or n, V), a view into plugin memory
         return np.array(logits[-keep:], dtype=np.float32)  # copy: the next call overwrites it
@@ -101,7 +96,6 @@ class OVModel:
             raise ValueError(f"cannot roll back a {self.length}-token cache to {length} tokens")
         if length == self.length:
             return
-        start = time.perf_counter()
         if length == 0:
             self.request.reset_state()
         else:
@@ -112,16 +106,13 @@ class OVModel:
                 # A contiguous copy: setting a region-of-interest view of the old tensor is not safe.
                 state.state = ov.Tensor(np.ascontiguousarray(kept))
         self.length = length
-        self.rollback_s += time.perf_counter() - start
 
     def reset(self) -> None:
         """Empty the cache and the counters, ready for a new prompt."""
         self.request.reset_state()
         self.length = 0
         self.calls = 0
-        self.first_call_s = 0.0
-        self.infer_s = 0.0
-        self.rollback_s = 0.0
+        self.last_call_s = 0.0
 
     @property
     def head_tokens(self) -> int:
@@ -129,11 +120,6 @@ class OVModel:
         return len(self.head_ids) if self.head_ids is not None else self.vocab_size
 
     # ---- reporting
-    @property
-    def mean_step_s(self) -> float:
-        """Mean seconds of one call after the first (the first is the prompt's prefill); 0 before two calls."""
-        return (self.infer_s - self.first_call_s) / (self.calls - 1) if self.calls > 1 else 0.0
-
     @property
     def kv_cache_precision(self) -> str:
         """The element type the plugin stores the KV cache in, e.g. "u8" or "f16"."""

@@ -14,7 +14,7 @@ KV_CACHE_PRECISIONS = ("", "u8", "f16", "bf16", "f32")
 INFERENCE_PRECISIONS = ("", "f32", "bf16", "f16")
 DRAFTERS = ("model", "prompt-lookup")
 MAX_PROMPT_TOKENS = 2048  # the page's and the CLI's default prompt cap: 2,048 tokens take ~15-40 s to prefill on 2 cores
-K_MAX = 8  # the default ceiling for adaptive and auto K: the cost curve is measured up to K_MAX + 1 tokens
+K_MAX = 12  # the largest K anything offers (the page's slider, adaptive and auto K by default); the cost curve spans K_MAX + 1 tokens
 
 
 @dataclass(frozen=True)

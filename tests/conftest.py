@@ -28,9 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 compat.hide_broken_torchvision()  # before anything here imports transformers or optimum
 
-# Test runs (tiny random models, short answers, odd instructions) must not teach the planner's α prior
-# what to expect of the user's runs; subprocesses inherit this too.
-os.environ["SPECDEMO_LEARN_ALPHA"] = "0"
+# Test runs (tiny random models, short answers, odd instructions, a loaded machine) must not teach the planner
+# or correct the cost model of the user's machine; subprocesses inherit this too.
+os.environ["SPECDEMO_LEARN"] = "0"
 
 
 def make_tiny_hf_model(folder: Path, seed: int) -> Path:

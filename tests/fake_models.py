@@ -19,13 +19,15 @@ class FakeModel:
 
     head_ids = None  # the whole vocabulary in the LM head, as OVModel without a trimmed head
 
-    def __init__(self, vocab_size: int, salt: str, scale: float = 1.0):
+    def __init__(self, vocab_size: int, salt: str, scale: float = 1.0, seconds=None):
+        """seconds(n): what a call on n tokens is reported to take (last_call_s); None: 0."""
         self.vocab_size = vocab_size
         self.salt = salt
         self.scale = scale  # spread of the logits: larger is more peaked
+        self.seconds = seconds
         self.cache: list[int] = []  # the tokens whose keys and values the model holds
         self.calls = 0
-        self.infer_s = self.rollback_s = self.mean_step_s = 0.0
+        self.last_call_s = 0.0
         self._rows: dict[tuple[int, ...], np.ndarray] = {}
 
     @property
@@ -48,6 +50,7 @@ class FakeModel:
             raise ValueError("forward() needs at least one token")
         self.cache.extend(int(i) for i in ids)
         self.calls += 1
+        self.last_call_s = self.seconds(len(ids)) if self.seconds is not None else 0.0
         n, keep = len(self.cache), min(logits_to_keep, len(ids))
         return np.stack([self.logits(tuple(self.cache[: j + 1])) for j in range(n - keep, n)])
 

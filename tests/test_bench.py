@@ -12,7 +12,6 @@ from specdemo.bench.harness import Context, Lane, Output, Run, measure
 from specdemo.bench.sections import paper_figures
 from specdemo.bench.stats import (
     COMPONENTS,
-    call_speedup,
     paired_ratios,
     speculative_figures,
     spread,
@@ -21,15 +20,23 @@ from specdemo.bench.stats import (
 from specdemo.bench.sweeps import sweep
 from specdemo.bench.targets import judge_targets
 from specdemo.cli import benchmark_settings, build_parser
-from specdemo.events import expected_speedup
+from specdemo.events import Round
+from specdemo.metrics import leviathan_speedup, speedup_from_calls
 from specdemo.settings import GenerationSettings, RunSettings
 
 AR = Lane("ar", "specdemo", "autoregressive")
 SPEC = Lane("spec", "specdemo", "speculative", baseline=AR)
 
 
-def _run(lane, instruction, wall_s, tokens=100, repeat=0, **summary):
-    return Run(lane, instruction, repeat, 100, wall_s, tokens, summary=summary)
+def _run(lane, instruction, wall_s, tokens=100, repeat=0, rounds=(), **summary):
+    return Run(lane, instruction, repeat, 100, wall_s, tokens, summary=summary, rounds=list(rounds))
+
+
+def _round(index, verify_tokens, verify_s, draft_calls=(), rollback_s=0.0):
+    drafted = verify_tokens - 1 if index else 0
+    return Round(index=index, context=0, k=drafted, drafter="model" if drafted else "", draft_calls=list(draft_calls),
+                 draft_s=sum(s for _, s in draft_calls), verify_tokens=verify_tokens, verify_s=verify_s, drafted=drafted,
+                 accepted=drafted, emitted=drafted + 1, rollback_s=rollback_s, t=0.0)
 
 
 # ---- statistics
@@ -59,41 +66,42 @@ def test_speedups_are_paired_by_instruction_and_repeat_per_token():
 
 def test_acceptance_is_pooled_over_rounds_and_fed_to_leviathans_formula():
     runs = [
-        _run(SPEC, 0, 1.0, proposed=40, accepted=36, rejections=2, accepted_histogram=[1, 0, 0, 1, 8], cost_ratio=0.2),
-        _run(SPEC, 1, 1.0, proposed=8, accepted=0, rejections=2, accepted_histogram=[2], cost_ratio=0.3),
+        _run(SPEC, 0, 1.0, proposed=40, accepted=36, rejections=2, accepted_histogram=[1, 0, 0, 1, 8], draft_cost=0.2),
+        _run(SPEC, 1, 1.0, proposed=8, accepted=0, rejections=2, accepted_histogram=[2], draft_cost=0.3),
     ]
     figures = speculative_figures(runs)
-    assert figures["alpha"] == pytest.approx(36 / 40)  # accepted / (accepted + rounds that ended in a rejection)
+    assert figures["alpha_hat"] == pytest.approx(36 / 40)  # accepted / (accepted + rounds that ended in a rejection)
     assert figures["draft_acceptance_rate"] == pytest.approx(36 / 48)
     assert figures["mean_k"] == pytest.approx(48 / 12)  # draft tokens per round, over every round
-    assert figures["c"] == pytest.approx(0.25)
+    assert figures["draft_cost"] == pytest.approx(0.25)
     assert figures["accepted_histogram"] == [3, 0, 0, 1, 8]
-    assert figures["leviathan_speedup"] == pytest.approx(expected_speedup(0.9, 4.0, 0.25))
+    assert figures["leviathan_speedup"] == pytest.approx(leviathan_speedup(0.9, 4.0, 0.25))
 
 
 def test_time_shares_split_prefills_and_leave_the_rest_to_python():
-    summary = dict(
-        target_calls=11, target_s=1.2, target_step_s=0.1,  # prefill 0.2 s, 10 verify calls of 0.1 s
-        draft_calls=41, draft_s=1.0, draft_step_s=0.02,  # prefill 0.2 s, 40 steps of 0.02 s
-        rollback_s=0.1,
-    )
-    shares = time_shares([_run(SPEC, 0, 2.5, **summary)])
+    # The prefill (0.2 s), then 10 rounds of 4 draft steps (0.02 s each; the first round's first call is the draft's
+    # prefill, 0.2 s) and a verify call of 0.1 s, with 0.01 s of rollback each.
+    rounds = [_round(0, 30, 0.2)]
+    rounds += [_round(i, 5, 0.1, [(31 if i == 1 else 1, 0.2 if i == 1 else 0.02)] + [(1, 0.02)] * 3, rollback_s=0.01)
+               for i in range(1, 11)]
+    shares = time_shares([_run(SPEC, 0, 2.5, rounds=rounds)])
     assert list(shares) == list(COMPONENTS)
     assert shares["target prefill"] == pytest.approx(0.2 / 2.5)
     assert shares["target verify"] == pytest.approx(1.0 / 2.5)
     assert shares["draft prefill"] == pytest.approx(0.2 / 2.5)
-    assert shares["draft steps"] == pytest.approx(0.8 / 2.5)
-    assert shares["our Python"] == pytest.approx(0.2 / 2.5)
+    assert shares["draft steps"] == pytest.approx(0.78 / 2.5)
+    assert shares["rollback"] == pytest.approx(0.1 / 2.5)
+    assert shares["our Python"] == pytest.approx(0.22 / 2.5)  # 2.5 s of wall time, 2.28 s in calls and trims
     assert sum(shares.values()) == pytest.approx(1.0)
 
 
-def test_call_speedup_is_leviathans_formula_when_a_verify_call_costs_one_step():
+def test_speedup_from_calls_is_leviathans_formula_when_a_verify_call_costs_one_step():
     alpha, k, c = 0.9, 4, 0.25
     tokens_per_round = (1 - alpha ** (k + 1)) / (1 - alpha)
-    assert call_speedup(tokens_per_round, k, draft_step_s=c * 0.08, verify_s=0.08, step_s=0.08) == pytest.approx(
-        expected_speedup(alpha, k, c)
+    assert speedup_from_calls(tokens_per_round, k, c * 0.08, verify_call=0.08, target_step=0.08) == pytest.approx(
+        leviathan_speedup(alpha, k, c)
     )
-    assert call_speedup(tokens_per_round, k, c * 0.08, verify_s=0.1, step_s=0.08) < expected_speedup(alpha, k, c)
+    assert speedup_from_calls(tokens_per_round, k, c * 0.08, verify_call=0.1, target_step=0.08) < leviathan_speedup(alpha, k, c)
 
 
 # ---- report
@@ -230,7 +238,7 @@ def test_one_sweep_rows_every_speculative_lane_against_its_own_baseline():
     assert list(rows) == ["quick one", "their quick one"]  # autoregressive lanes are baselines, not rows
     assert rows["quick one"]["measured_speedup"]["median"] == pytest.approx(4.0)  # over "plain"
     assert rows["their quick one"]["measured_speedup"]["median"] == pytest.approx(2.0)  # over "their plain"
-    assert rows["quick one"]["alpha"] == pytest.approx(0.75)  # 3 accepted, 1 rejection
+    assert rows["quick one"]["alpha_hat"] == pytest.approx(0.75)  # 3 accepted, 1 rejection
     assert rows["their quick one"]["same_as_reference"] == "0/2"  # checked against the section's first lane
     assert (rows["quick one"]["framework"], rows["quick one"]["baseline"], rows["quick one"]["k"]) == ("specdemo", "plain", 2)
     assert rows["quick one"]["seen"] == "quick one"
@@ -244,9 +252,9 @@ def test_renamed_lanes_are_still_paired_by_their_fields_in_figures_targets_and_r
     mine = Lane("mine, drafting", "specdemo", "speculative", mine_ar, k=4, k_policy="fixed", drafter="model")
     their_ar = Lane("their plain pipeline", "genai", "autoregressive")
     theirs = Lane("their drafting pipeline", "genai", "speculative", their_ar, k=4, k_policy="fixed", drafter="model")
-    spec_summary = dict(proposed=40, accepted=36, rejections=2, accepted_histogram=[0, 0, 1, 1, 8], cost_ratio=0.2,
-                        target_calls=11, target_s=1.0, target_step_s=0.09, draft_calls=41, draft_s=0.8,
-                        draft_step_s=0.019, rollback_s=0.01, tokens_per_call=3.6)
+    spec_summary = dict(proposed=40, accepted=36, rejections=2, accepted_histogram=[0, 0, 1, 1, 8], draft_cost=0.2,
+                        target_calls=11, target_s=1.0, verify_call_s=0.09, draft_calls=41, draft_s=0.8,
+                        draft_step_s=0.019, rollback_s=0.01, mean_acceptance_length=3.6)
     runs = []
     for i in range(2):
         runs += [_run(mine_ar, i, 10.0, target_step_s=0.1), _run(mine, i, 4.0, **spec_summary),

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from specdemo.engine import Engine
-from specdemo.events import Summary, drain
+from specdemo.events import End, LaneLog, drain
 from specdemo.runtime import OVModel
 from specdemo.settings import GenerationSettings
 from tests.conftest import watch_forward
@@ -21,13 +21,13 @@ STOPPED_SETTINGS = [GenerationSettings(max_new_tokens=40, k=3),
 def test_cancel_stops_between_steps_and_the_next_run_is_exact(tiny_engine):
     settings = GenerationSettings(max_new_tokens=40, k=3)
     cancel = threading.Event()
-    summaries = []
+    log, ends = LaneLog(), []
     for i, event in enumerate(tiny_engine.speculative(PROMPT, settings, cancel)):
         if i == 5:
             cancel.set()
-        if isinstance(event, Summary):
-            summaries.append(event)
-    assert len(summaries) == 1 and summaries[0].stop_reason == "cancelled" and summaries[0].tokens < 40
+        log.take(event)
+        ends += [event] if isinstance(event, End) else []
+    assert len(ends) == 1 and log.summary.stop_reason == "cancelled" and log.summary.tokens < 40
     ar = drain(tiny_engine.autoregressive(PROMPT, settings))
     assert drain(tiny_engine.speculative(PROMPT, settings)).ids == ar.ids
 

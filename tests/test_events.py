@@ -1,10 +1,12 @@
-"""Events: incremental text, draining a loop, and Leviathan's expected speedup."""
+"""Events: incremental text, and draining a loop (its plan, tokens and rounds, then the summary metrics.py derives)."""
 
 import threading
 
 import pytest
 
-from specdemo.events import TARGET, Detokenizer, Summary, TokenEvent, drain, expected_speedup
+from specdemo.events import TARGET, Detokenizer, End, Round, TokenEvent, drain
+from specdemo.metrics import Summary
+from specdemo.planner import Acceptance, Plan
 
 
 class ByteTokenizer:
@@ -23,19 +25,6 @@ def test_detokenizer_never_splits_a_multibyte_character():
     assert pieces[:2] == ["a", ""]  # the first byte of ñ waits for the second
 
 
-def test_expected_speedup_matches_leviathan_equation_one():
-    # alpha = 0.8, K = 4, c = 0.1: (1 - 0.8^5) / (0.2 * 1.4) = 2.3834...
-    assert expected_speedup(0.8, 4, 0.1) == pytest.approx((1 - 0.8**5) / (0.2 * 1.4))
-
-
-def test_expected_speedup_with_every_draft_accepted():
-    assert expected_speedup(1.0, 4, 0.25) == pytest.approx(5 / 2)
-
-
-def test_expected_speedup_with_nothing_accepted_is_a_slowdown():
-    assert expected_speedup(0.0, 4, 0.2) == pytest.approx(1 / 1.8)
-
-
 def test_drain_collects_tokens_until_the_summary_and_closes_the_loop():
     lock = threading.Lock()
 
@@ -43,11 +32,11 @@ def test_drain_collects_tokens_until_the_summary_and_closes_the_loop():
         with lock:
             yield TokenEvent(5, "a", TARGET, 0, 0.1)
             yield TokenEvent(6, "b", TARGET, 1, 0.2)
-            yield Summary(mode="autoregressive", tokens=2)
+            yield Summary(mode="autoregressive", tokens=2)  # a peer (GenAI) ends with its own summary
 
     events = loop()
     seen = []
-    result = drain(events, on_token=seen.append)
+    result = drain(events, on_event=seen.append)
     assert result.ids == [5, 6] and result.text == "ab" and result.summary.tokens == 2 and seen == result.tokens
     assert lock.acquire(blocking=False)  # released although `events` is still referenced here
 
@@ -55,3 +44,22 @@ def test_drain_collects_tokens_until_the_summary_and_closes_the_loop():
 def test_drain_refuses_a_loop_that_ends_without_a_summary():
     with pytest.raises(RuntimeError, match="without a summary"):
         drain(iter([TokenEvent(5, "a", TARGET, 0, 0.1)]))
+
+
+def test_drain_derives_the_summary_from_the_records_and_keeps_the_plan_beside_it():
+    plan = Plan("model", 2, Acceptance.geometric(0.8), 1.5, True, "K = 2 chosen")
+
+    def loop():
+        yield plan
+        yield TokenEvent(5, "a", TARGET, 0, 0.1)
+        yield Round(0, 0, 0, "", [], 0.0, 12, 0.05, 0, 0, 1, 0.0, 0.1)
+        for i, token in enumerate((6, 7, 8)):
+            yield TokenEvent(token, "x", "accepted" if i < 2 else "bonus", 1, 0.2)
+        yield Round(1, 12, 2, "model", [(13, 0.02), (1, 0.01)], 0.03, 3, 0.06, 2, 2, 3, 0.001, 0.2)
+        yield End("speculative", "max_new_tokens", 0.25, 12, k_max=2, drafter="model")
+
+    seen = []
+    result = drain(loop(), on_event=seen.append)
+    assert result.plan is plan and seen[0] is plan  # the plan travels beside the result, not inside its summary
+    assert result.ids == [5, 6, 7, 8] and len(result.rounds) == 2
+    assert result.summary.tokens == 4 and result.summary.accepted == 2 and result.summary.mean_acceptance_length == 3.0

@@ -1,6 +1,7 @@
 """What the page shows, from events and summaries: pure renderers checked without a browser."""
 
-from specdemo.events import ACCEPTED, BONUS, CORRECTED, TARGET, Summary, TokenEvent, measured_speedup
+from specdemo.events import ACCEPTED, BONUS, CORRECTED, TARGET, TokenEvent
+from specdemo.metrics import Summary, measured_speedup
 from specdemo.settings import GenerationSettings
 from specdemo.ui import render
 from specdemo.ui.lanes import AUTOREGRESSIVE, GENAI, SPECULATIVE, LaneRun
@@ -58,8 +59,8 @@ def test_speedup_compares_throughput():
 
 def test_results_say_which_mode_produced_the_numbers():
     ar = lane_with([token("a", TARGET)], mode="autoregressive", tokens_per_s=5.0, target_calls=48, stop_reason="eos")
-    spec = lane_with([token("a", TARGET)], mode="speculative", tokens_per_s=10.0, target_calls=12, draft_acceptance_rate=0.75, alpha=0.8,
-                     tokens_per_call=4.0, expected_speedup=2.5, stop_reason="eos")
+    spec = lane_with([token("a", TARGET)], mode="speculative", tokens_per_s=10.0, target_calls=12, draft_acceptance_rate=0.75,
+                     alpha_hat=0.8, rounds=11, mean_acceptance_length=4.0, leviathan_speedup=2.5, stop_reason="eos")
     one = render.render_results({AUTOREGRESSIVE: ar, SPECULATIVE: spec}, ONE_AFTER_ANOTHER, GenerationSettings())
     assert "2.00×" in one and "2.50×" in one and "75%" in one and "36 of 48" in one
     assert "one after another" in one and "same 1 tokens" in one
@@ -100,13 +101,12 @@ def test_model_panel_shows_sizes_precisions_devices_and_kv_cache():
 
 def test_results_say_how_genai_compares_and_whether_its_tokens_equal_ours():
     spec = lane_with([token("a"), token("bb")], mode="speculative", tokens_per_s=10.0, stop_reason="eos")
-    plan = "draft model, K = 4 in every round"
     same = lane_with([token("a", TARGET), token("bb", TARGET)], mode="speculative", tokens_per_s=8.0, proposed=10,
-                     accepted=8, draft_acceptance_rate=0.8, plan=plan, stop_reason="eos")
+                     accepted=8, draft_acceptance_rate=0.8, mean_k=4.0, drafter="model", stop_reason="eos")
     line = render.render_genai_line(same, spec, GenerationSettings())
     assert "K = 4" in line and "0.80× our speculative lane" in line and "8 of 10 drafts (80%)" in line
     assert "its 2 tokens equal our speculative lane's" in line
-    other = lane_with([token("a", TARGET), token("ccc", TARGET)], mode="speculative", tokens_per_s=8.0, plan=plan)
+    other = lane_with([token("a", TARGET), token("ccc", TARGET)], mode="speculative", tokens_per_s=8.0, mean_k=4.0)
     assert "part from ours at token 2" in render.render_genai_line(other, spec, GenerationSettings())
     failed = LaneRun(error="The pipeline could not load.")
     assert "failed: The pipeline could not load." in render.render_genai_line(failed, spec, GenerationSettings())

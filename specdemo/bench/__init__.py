@@ -74,7 +74,8 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
     plan = engine.plan(CODE_INSTRUCTIONS[0], settings.generation)
     results["plan"] = asdict(plan)
     log(plan.reason)
-    ctx = Context(engine, settings, bench, log)
+    k = (plan.k or settings.generation.k) if settings.generation.k_auto else settings.generation.k
+    ctx = Context(engine, settings, bench, log, k)
     for i, name in enumerate(bench.sections):
         section_start = time.perf_counter()
         log(f"== {name}")

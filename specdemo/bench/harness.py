@@ -20,7 +20,7 @@ from specdemo.settings import GenerationSettings, RunSettings
 
 Framework = Literal["specdemo", "genai", "transformers"]
 Kind = Literal["autoregressive", "speculative"]
-KPolicy = Literal["fixed", "adaptive", "auto"]
+KMode = Literal["fixed", "adaptive", "auto"]
 
 
 @dataclass
@@ -30,6 +30,7 @@ class Output:
     ids: list[int]  # new token ids (the stop token included)
     wall_s: float  # seconds of the whole call, prompt ids in hand to last token
     summary: dict  # our Summary as a dict; a peer's own figures ({"proposed", "accepted"}) or {}
+    rounds: list = field(default_factory=list)  # our loops' round records (events.Round); [] for a peer
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class Lane:
     baseline: Lane | None = None  # the autoregressive lane a speculative lane's speedup is over
     reference: Lane | None = None  # the lane whose token ids this one should reproduce; None = the section's first
     k: int | None = None  # draft tokens per round (fixed K; adaptive K's start); None when autoregressive or auto
-    k_policy: KPolicy | None = None  # how a speculative lane picks K; None when autoregressive
+    k_policy: KMode | None = None  # how a speculative lane picks K; None when autoregressive
     drafter: str | None = None  # "model" or "prompt-lookup"; None when autoregressive
     # (instruction, prompt ids, max new tokens) -> Output; None in runs built by hand (tests)
     generate: Callable[[str, list[int], int], Output] | None = field(default=None, compare=False, repr=False)
@@ -79,6 +80,7 @@ class Run:
     same_as_reference: bool = True  # token ids equal to the lane's reference (by default the section's first lane)
     summary: dict = field(default_factory=dict)  # our Summary as a dict; a peer's own figures
     ids: list[int] = field(default_factory=list, repr=False)  # new token ids (not written to JSON)
+    rounds: list = field(default_factory=list, repr=False)  # our round records (events.Round; not written to JSON)
 
     @property
     def per_token_s(self) -> float:
@@ -99,7 +101,7 @@ def our_lane(label: str, engine, mode: Kind, generation: GenerationSettings, bas
         settings = replace(generation, max_new_tokens=n)
         start = time.perf_counter()
         result = drain(getattr(engine, mode)(instruction, settings))
-        return Output(result.ids, time.perf_counter() - start, result.summary.to_dict())
+        return Output(result.ids, time.perf_counter() - start, result.summary.to_dict(), result.rounds)
 
     if mode == "autoregressive":
         return Lane(label, "specdemo", mode, baseline, reference, generate=generate)
@@ -138,7 +140,7 @@ def measure(lanes: list[Lane], instructions: list[str], prompts: list[list[int]]
                 out = lane.generate(instruction, prompt, n)
                 ids_of[lane] = out.ids
                 same = out.ids == ids_of[lane.reference or lanes[0]]
-                runs.append(Run(lane, i, r, n, out.wall_s, len(out.ids), same, out.summary, out.ids))
+                runs.append(Run(lane, i, r, n, out.wall_s, len(out.ids), same, out.summary, out.ids, out.rounds))
                 line.append(f"{lane.label} {out.wall_s:.2f}s")
             log(f"  [{r * len(instructions) + i + 1}/{total}] N={n}: " + ", ".join(line))
     return runs
@@ -172,19 +174,14 @@ class Context:
     settings: RunSettings
     bench: BenchSettings
     log: Callable[[str], None]
+    # The K of fixed-K lanes and of GenAI's pipeline: the flag's K, or, when auto, the planner's first K for the first
+    # code instruction, taken once when the bench starts (the acceptance prior moves as lanes run).
+    k: int = GenerationSettings.k
     genai: OrderedDict = field(default_factory=OrderedDict)  # GenAI pipelines by name, least recently used first
 
     @property
     def generation(self) -> GenerationSettings:
         return self.settings.generation
-
-    @property
-    def k(self) -> int:
-        """The K of fixed-K lanes and of GenAI's pipeline: the flag's K, or the planner's first K when auto."""
-        if not self.generation.k_auto:
-            return self.generation.k
-        plan = self.engine.plan(CODE_INSTRUCTIONS[0], self.generation)
-        return plan.k or self.generation.k
 
     def k_label(self, peers: bool = False) -> str:
         """How our lanes chose K in a section that runs the run's own settings ("auto K" or "K = 4")."""

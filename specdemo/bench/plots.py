@@ -142,7 +142,7 @@ def _k(results: dict):
     ax.set_xlabel("draft tokens per round K")
     ax.set_ylabel("speedup over autoregressive (×)")
     twin = ax.twinx()
-    twin.plot(ks, [r["alpha"] for r in fixed], color=_PAPER, marker=".", linewidth=0.8, label="acceptance α")
+    twin.plot(ks, [r["alpha_hat"] for r in fixed], color=_PAPER, marker=".", linewidth=0.8, label="acceptance α")
     twin.set_ylim(0, 1.05)
     twin.set_ylabel("acceptance rate α", color=_PAPER)
     lines, labels = ax.get_legend_handles_labels()

@@ -14,7 +14,8 @@ from specdemo.bench import report_tables as tables
 from specdemo.bench import schema
 from specdemo.bench.report_tables import image, k_text, ms, percent, seconds, table, times
 from specdemo.bench.schema import GENAI_AR, GENAI_SPEC, HF_SPEC, OURS_AR, OURS_SPEC
-from specdemo.bench.stats import COMPONENTS, call_speedup
+from specdemo.bench.stats import COMPONENTS
+from specdemo.metrics import speedup_from_calls
 from specdemo.bench.targets import fastest
 from specdemo.disk import size
 
@@ -99,7 +100,7 @@ def _costs(results: dict, plots: dict) -> str:
         + table(["n", "t(n)", "t(n) / t(1)"], rows)
     )
     if plan:
-        text += f"\n\n**The plan** for the first code instruction (α prior {plan['alpha']:.2f}): {plan['reason']}"
+        text += f"\n\n**The plan** for the first code instruction: {plan['reason']}"
     return text + image(plots, "costs", "Cost of scoring n tokens in one target call, in single steps")
 
 
@@ -201,19 +202,19 @@ def diagnose(target: dict, sections: dict) -> str:
 
 def _round_costs(spec: dict, step_s: float, target: dict) -> str:
     """One speculative round's model calls against autoregressive steps, and what the goal needs."""
-    k, tokens = spec["mean_k"], spec["tokens_per_call"]["median"]
-    draft_s, verify_s = spec["draft_step_s"]["median"], spec["target_step_s"]["median"]
+    k, tokens = spec["mean_k"], spec["mean_acceptance_length"]["median"]
+    draft_s, verify_s = spec["draft_step_s"]["median"], spec["verify_call_s"]["median"]
     round_s = k * draft_s + verify_s
     budget_s = tokens * step_s / target["goal"]
     return (
         f"a round drafts {k:.1f} tokens ({k:.1f} × {draft_s * 1000:.1f} ms) and verifies them in one call "
         f"({verify_s * 1000:.1f} ms), emitting {tokens:.2f} tokens: {round_s / tokens * 1000:.1f} ms per token against "
-        f"{step_s * 1000:.1f} ms per autoregressive step, {call_speedup(tokens, k, draft_s, verify_s, step_s):.2f}× from "
+        f"{step_s * 1000:.1f} ms per autoregressive step, {speedup_from_calls(tokens, k, draft_s, verify_s, step_s):.2f}× from "
         f"model calls alone (measured {target['measured']:.2f}× with prefills and Python). {target['goal']:g}× needs a round "
         f"of ≤ {budget_s * 1000:.1f} ms, {(round_s - budget_s) * 1000:.1f} ms less. Leviathan's formula predicts "
-        f"{spec['leviathan_speedup']:.2f}× from α = {spec['alpha']:.2f} and c = {spec['c']:.3f} because it prices a verify "
+        f"{spec['leviathan_speedup']:.2f}× from α̂ = {spec['alpha_hat']:.2f} and c = {spec['draft_cost']:.3f} because it prices a verify "
         f"call at one autoregressive step; here it costs {verify_s / step_s:.2f}×; at 1× the calls would give "
-        f"{call_speedup(tokens, k, draft_s, step_s, step_s):.2f}×."
+        f"{speedup_from_calls(tokens, k, draft_s, step_s, step_s):.2f}×."
     )
 
 
@@ -254,7 +255,8 @@ def _peers(paper: dict | None, hf: dict | None, plots: dict) -> str:
         f = paper["by_tokens"][n]
         rows = []
         for lane, figures in f["lanes"].items():
-            acceptance = f["speculative"]["alpha"] if schema.is_lane(figures, OURS_SPEC) else f["genai_acceptance"].get(lane)
+            acceptance = (f["speculative"]["draft_acceptance_rate"] if schema.is_lane(figures, OURS_SPEC)
+                          else f["genai_acceptance"].get(lane))
             rows.append(
                 [
                     lane,
@@ -270,7 +272,7 @@ def _peers(paper: dict | None, hf: dict | None, plots: dict) -> str:
             f"(chat template applied once, by us), greedy, N = {n}, {k_text(paper)}, its default continuous-batching "
             "backend with prefix caching off (it would skip the prefill of a prompt seen before), and our compile "
             "properties (f32 inference precision, our KV cache precision).\n\n"
-            + table(["lane", "wall time", "per token", "tokens", "acceptance", "same tokens as ours AR"], rows)
+            + table(["lane", "wall time", "per token", "tokens", "draft acceptance rate", "same tokens as ours AR"], rows)
         )
         ratio_rows = [[name, times(spread, 3)] for name, spread in f["ratios"].items()]
         defaults = paper.get("genai_defaults")

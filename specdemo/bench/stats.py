@@ -14,8 +14,7 @@ import math
 import statistics
 
 from specdemo.bench.harness import Lane, Run
-from specdemo.events import expected_speedup
-from specdemo.planner import estimate_alpha
+from specdemo import metrics
 
 
 def spread(values: list[float]) -> dict:
@@ -85,34 +84,34 @@ def lane_figures(runs: list[Run], lane: Lane) -> dict:
 
 
 def speculative_figures(runs: list[Run]) -> dict:
-    """Pooled α̂ and draft acceptance rate, cost ratio c, mean K, and the predictions.
+    """Pooled α̂ and draft acceptance rate, draft cost c, mean K, and the predictions, by metrics.py's names.
 
     α̂ pools every round: accepted / (accepted + rounds that ended in a rejection); the draft
     acceptance rate is accepted / proposed. Long runs weigh more than short ones. c is the median of
-    the per-run ratios (a draft step / a target verify step). Two predictions: Leviathan's eq. 1 from
-    α̂, mean K and c, and specdemo's own from this machine's measured costs (the median over runs).
+    the per-run draft costs (a draft step in single target steps). Two predictions: Leviathan's eq. 1
+    from α̂, mean K and c, and this machine's from its call costs (the median over runs).
     """
     proposed = sum(r.summary.get("proposed", 0) for r in runs)
     accepted = sum(r.summary.get("accepted", 0) for r in runs)
     rejections = sum(r.summary.get("rejections", 0) for r in runs)
     rounds = sum(sum(r.summary.get("accepted_histogram", [])) for r in runs)
-    alpha = estimate_alpha(accepted, rejections, prior=0.0, weight=0.0)
+    alpha = accepted / (accepted + rejections) if accepted + rejections else 0.0
     mean_k = proposed / rounds if rounds else 0.0
-    c = statistics.median([r.summary.get("cost_ratio", 0.0) for r in runs]) if runs else 0.0
+    c = statistics.median([r.summary.get("draft_cost", 0.0) for r in runs]) if runs else 0.0
     histogram: list[int] = []
     for r in runs:
         row = r.summary.get("accepted_histogram", [])
         histogram = [a + b for a, b in zip(_pad(histogram, len(row)), _pad(row, len(histogram)))]
     return {
-        "alpha": alpha,
-        "draft_acceptance_rate": accepted / proposed if proposed else 0.0,
-        "c": c,
+        "alpha_hat": alpha,
+        "draft_acceptance_rate": metrics.draft_acceptance_rate(accepted, proposed),
+        "draft_cost": c,
         "mean_k": mean_k,
-        "leviathan_speedup": expected_speedup(alpha, mean_k, c),
+        "leviathan_speedup": metrics.leviathan_speedup(alpha, mean_k, c),
         "predicted_speedup": spread([r.summary.get("predicted_speedup", math.nan) for r in runs]),
-        "tokens_per_call": spread([r.summary.get("tokens_per_call", math.nan) for r in runs]),
+        "mean_acceptance_length": spread([r.summary.get("mean_acceptance_length", math.nan) for r in runs]),
         "accepted_histogram": histogram,
-        "target_step_s": spread([r.summary.get("target_step_s", math.nan) for r in runs]),
+        "verify_call_s": spread([r.summary.get("verify_call_s", math.nan) for r in runs]),
         "draft_step_s": spread([r.summary.get("draft_step_s", math.nan) for r in runs]),
     }
 
@@ -141,39 +140,17 @@ def step_seconds(runs: list[Run]) -> float:
 
 
 # Where a speculative run's wall time goes, in the order the report lists it.
-COMPONENTS = ("target prefill", "target verify", "draft prefill", "draft steps", "rollback", "our Python")
+COMPONENTS = (*metrics.TIME_PARTS, "our Python")
 
 
 def time_shares(runs: list[Run]) -> dict[str, float]:
-    """Fractions of the summed wall time of `runs` spent in each of COMPONENTS (they sum to 1).
-
-    Prefills are split off with the per-step means the summary gives: a model's calls after the
-    first cost `step_s` each, so its first call cost total - step_s * (calls - 1). "our Python" is
-    everything outside model calls and rollbacks: the loop, acceptance, logits copies, detokenizing.
-    """
+    """Fractions of the summed wall time of `runs` spent in each of COMPONENTS (they sum to 1), from the runs'
+    round records (metrics.time_split). "our Python" is everything outside model calls and rollbacks: the loop,
+    acceptance, logits copies, detokenizing."""
     wall = sum(r.wall_s for r in runs)
     seconds = dict.fromkeys(COMPONENTS, 0.0)
     for r in runs:
-        s = r.summary
-        target_steps = s.get("target_calls", 0) - 1
-        target_step = s.get("target_step_s", 0.0)
-        target_prefill = s.get("target_s", 0.0) - target_step * max(target_steps, 0)
-        draft_steps = s.get("draft_calls", 0) - 1
-        draft_prefill = s.get("draft_s", 0.0) - s.get("draft_step_s", 0.0) * max(draft_steps, 0)
-        seconds["target prefill"] += target_prefill
-        seconds["target verify"] += s.get("target_s", 0.0) - target_prefill
-        seconds["draft prefill"] += draft_prefill
-        seconds["draft steps"] += s.get("draft_s", 0.0) - draft_prefill
-        seconds["rollback"] += s.get("rollback_s", 0.0)
+        for part, value in metrics.time_split(r.rounds).items():
+            seconds[part] += value
     seconds["our Python"] = wall - sum(seconds.values())
     return {name: value / wall if wall else 0.0 for name, value in seconds.items()}
-
-
-def call_speedup(tokens_per_round: float, k: float, draft_step_s: float, verify_s: float, step_s: float) -> float:
-    """Speedup from model calls alone: a round of k draft steps and one verify call emits
-    `tokens_per_round` tokens, which autoregressive decoding pays one `step_s` each for.
-
-    With verify_s == step_s and c = draft_step_s / step_s this is Leviathan's formula for the same
-    tokens per round; a verify call that costs more than a step is what the formula leaves out.
-    """
-    return tokens_per_round * step_s / (k * draft_step_s + verify_s)

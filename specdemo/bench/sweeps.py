@@ -162,8 +162,8 @@ def run_lookup(ctx: Context) -> dict:
             return {}
         mine = stats.lane_runs(runs, lane)
         proposed = sum(r.summary.get("proposed", 0) for r in mine)
-        alpha = sum(r.summary.get("accepted", 0) for r in mine) / proposed if proposed else float("nan")
-        return {"alpha": alpha, "vs_ours_autoregressive": stats.spread(stats.paired_ratios(runs, ar, lane))}
+        rate = sum(r.summary.get("accepted", 0) for r in mine) / proposed if proposed else float("nan")
+        return {"draft_acceptance_rate": rate, "vs_ours_autoregressive": stats.spread(stats.paired_ratios(runs, ar, lane))}
 
     instructions = EDIT_INSTRUCTIONS[: ctx.bench.lookup_instructions]
     what = f"prompt lookup vs draft model, K={ctx.k}, edit instructions"

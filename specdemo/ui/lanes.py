@@ -10,10 +10,9 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from specdemo.events import Summary, TokenEvent
+from specdemo.events import LaneLog, TokenEvent
 from specdemo.ui.values import ONE_AFTER_ANOTHER, as_sentence
 
 UPDATE_INTERVAL_S = 0.1  # the browser gets at most this many updates a second, however fast tokens come
@@ -27,26 +26,25 @@ LANES = (AUTOREGRESSIVE, SPECULATIVE)  # our two lanes; GENAI is the optional th
 Run = Callable[[threading.Event], Iterator]
 
 
-@dataclass
-class LaneRun:
-    """What one lane of one run has produced so far."""
+class LaneRun(LaneLog):
+    """What one lane of one run has produced so far (its plan, tokens, rounds and summary: events.LaneLog), with
+    when it started and its error, if any."""
 
-    events: list[TokenEvent] = field(default_factory=list)
-    summary: Summary | None = None
-    started: float | None = None  # time.perf_counter() when the lane began, for the live timer
-    error: str = ""
-    changed: bool = False  # events arrived since the text was last rendered
+    def __init__(self, events: list[TokenEvent] | None = None, error: str = ""):
+        super().__init__()
+        self.events = list(events or [])
+        self.started: float | None = None  # time.perf_counter() when the lane began, for the live timer
+        self.error = error
+        self.changed = False  # tokens arrived since the text was last rendered
 
     def take(self, item) -> None:
         if item is _STARTED:
             self.started = time.perf_counter()
-        elif isinstance(item, TokenEvent):
-            self.events.append(item)
-            self.changed = True
-        elif isinstance(item, Summary):
-            self.summary = item
-        else:
+        elif isinstance(item, Exception):
             self.error = as_sentence(item)
+        else:
+            super().take(item)
+            self.changed = self.changed or isinstance(item, TokenEvent)
 
     @property
     def done(self) -> bool:

@@ -8,7 +8,9 @@ import html
 import pandas as pd
 
 from specdemo.disk import size
-from specdemo.events import ACCEPTED, BONUS, CORRECTED, Summary, TokenEvent, measured_speedup
+from specdemo import genai
+from specdemo.events import ACCEPTED, BONUS, CORRECTED, TokenEvent
+from specdemo.metrics import Summary, measured_speedup
 from specdemo.settings import GenerationSettings
 from specdemo.ui.engines import race_threads
 from specdemo.ui.lanes import AUTOREGRESSIVE, GENAI, LANES, SPECULATIVE, LaneRun
@@ -94,11 +96,13 @@ def render_results(lanes: dict[str, LaneRun], mode: str, settings: GenerationSet
     if a is None or s is None or "cancelled" in (a.stop_reason, s.stop_reason):
         return note(STOPPED_NOTE)
     saved = a.target_calls - s.target_calls
+    drafted = s.rounds > 0
+    alpha = f"{s.alpha_hat:.2f}" if drafted else "–"
     headline = tiles([
         ("speedup, measured", f"{measured_speedup(a, s):.2f}×"),
         ("predicted for this machine", f"{s.predicted_speedup:.2f}×" if s.predicted_speedup else "–"),
-        ("acceptance α̂", f"{s.alpha:.2f}" if s.rounds else "–"),
-        ("tokens per target call", f"{s.tokens_per_call:.2f}"),
+        ("mean acceptance length", f"{s.mean_acceptance_length:.2f}"),
+        ("acceptance α̂", alpha),
         ("target calls saved", f"{saved} of {a.target_calls}"),
     ], "sd-results")
     drafter = "prompt lookup" if (s.drafter or settings.drafter) == "prompt-lookup" else "draft model"
@@ -106,21 +110,33 @@ def render_results(lanes: dict[str, LaneRun], mode: str, settings: GenerationSet
         k = f"K chosen by the planner (mean {s.mean_k:.1f})"
     else:
         k = f"K adaptive (mean {s.mean_k:.1f})" if settings.adaptive else f"K = {settings.k}"
+    plan = spec.plan
+    if drafted:
+        prediction = (f"Predicted from this machine's call costs at the run's own acceptance (α̂ = {alpha}; by draft "
+                      f"position {_rates(s.acceptance_by_position)}), mean K = {s.mean_k:.1f}, {a.tokens} tokens and the "
+                      f"prompt's prefill; the plan expected {plan.planned_speedup:.2f}× before the run. " if plan else
+                      f"Predicted from this machine's call costs at the run's own acceptance (α̂ = {alpha}). ")
+        prediction += (f"Leviathan et al.'s eq. 1, which prices a verify call at one step, would say "
+                       f"{s.leviathan_speedup:.2f}×; draft acceptance rate (accepted ÷ proposed) {s.draft_acceptance_rate:.0%}.")
+    else:
+        prediction = "Nothing was drafted, so there is no acceptance to report (α̂ –)."
     lines = [
         f"<b>Measured {escape(describe_mode(mode))}.</b> Speedup = speculative tokens/s ÷ autoregressive tokens/s "
         f"({s.tokens_per_s:.1f} ÷ {a.tokens_per_s:.1f}); {drafter}, {k}.",
-        escape(s.plan) if s.plan else "",
-        f"Predicted from this machine's measured call costs with α̂ = {s.alpha:.2f} (accepted ÷ (accepted + rounds "
-        f"that ended in a rejection)), mean K = {s.mean_k:.1f}, {a.tokens} tokens and the prompt's prefill. "
-        f"Leviathan et al.'s eq. 1, which prices a verify call at one step, would say {s.expected_speedup:.2f}×; "
-        f"draft acceptance rate (accepted ÷ proposed) {s.draft_acceptance_rate:.0%}.",
-        f"Speculative time: target {s.target_s:.2f} s (a verify call {s.target_step_s * 1e3:.0f} ms, an autoregressive "
+        escape(plan.reason) if plan else "",
+        escape(prediction),
+        f"Speculative time: target {s.target_s:.2f} s (a verify call {s.verify_call_s * 1e3:.0f} ms, an autoregressive "
         f"step {a.target_step_s * 1e3:.0f} ms), drafting {s.draft_s:.2f} s, KV cache rollback {s.rollback_s:.3f} s.",
         compare_outputs(ar.events, spec.events, settings, a, s),
         render_genai_line(lanes[GENAI], spec, settings) if GENAI in lanes else "",
     ]
     notes = "".join(f"<p>{line}</p>" for line in lines if line)
     return f'{headline}<div class="sd-notes">{notes}</div>'
+
+
+def _rates(rates: list[float]) -> str:
+    shown = [f"{r:.2f}" for r in rates if r]
+    return " ".join(shown) if shown else "–"
 
 
 def compare_outputs(ar: list[TokenEvent], spec: list[TokenEvent], settings: GenerationSettings, a: Summary, s: Summary) -> str:
@@ -138,15 +154,15 @@ def _first_difference(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def render_genai_line(genai: LaneRun, spec: LaneRun, settings: GenerationSettings) -> str:
+def render_genai_line(lane: LaneRun, spec: LaneRun, settings: GenerationSettings) -> str:
     """One paragraph on GenAI's lane: its speed against our speculative lane, its acceptance, and whether its
     tokens equal ours."""
-    if genai.error:
-        return f"<b>OpenVINO GenAI's pipeline</b> failed: {escape(genai.error)}"
-    g, s = genai.summary, spec.summary
+    if lane.error:
+        return f"<b>OpenVINO GenAI's pipeline</b> failed: {escape(lane.error)}"
+    g, s = lane.summary, spec.summary
     if g is None or g.stop_reason == "cancelled":
         return "<b>OpenVINO GenAI's pipeline</b> was stopped before it finished."
-    ours, theirs = [e.id for e in spec.events], [e.id for e in genai.events]
+    ours, theirs = [e.id for e in spec.events], [e.id for e in lane.events]
     if not settings.greedy:
         same = "sampling, so its text is a different sample from the same distribution"
     elif ours == theirs:
@@ -155,7 +171,8 @@ def render_genai_line(genai: LaneRun, spec: LaneRun, settings: GenerationSetting
         same = f"its tokens part from ours at token {_first_difference(ours, theirs) + 1} (a near-tie decided differently)"
     accepted = (f"accepted {g.accepted} of {g.proposed} drafts ({g.draft_acceptance_rate:.0%}); " if g.proposed else "")
     ratio = g.tokens_per_s / s.tokens_per_s if s.tokens_per_s else 0.0
-    return (f"<b>OpenVINO GenAI's speculative pipeline</b> ({escape(g.plan)}; run last, with the whole machine): "
+    return (f"<b>OpenVINO GenAI's speculative pipeline</b> ({escape(genai.describe(int(g.mean_k), g.drafter or 'model'))}; "
+            "run last, with the whole machine): "
             f"{g.tokens_per_s:.1f} tokens/s, {ratio:.2f}× our speculative lane; {accepted}{same}.")
 
 

@@ -1,0 +1,218 @@
+"""What each K would have given on this very answer: exact for greedy decoding, priced by this machine's costs.
+
+After a greedy run, one teacher-forced draft pass over prompt + answer gives, for every position j of the
+answer, whether the draft's greedy token there (given the answer before j) equals the answer's token:
+the match mask m. A greedy round that starts at position j with K drafts proposes exactly the draft's
+greedy tokens given the answer so far, so it accepts the run of matches m[j], m[j+1], … capped at K,
+and the target's token follows. Walking the answer round by round gives, for any K, the rounds, the
+target and draft calls and, with the cost model, the time; for every round the best K (the oracle, by
+dynamic programming); and, with no model at all, what prompt lookup would have drafted.
+
+Sampled runs have no such mask (a sampled draft is not a function of the text), so none of this applies
+to them. The same masks are the planner's evidence of acceptance by draft position (mask_counts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from specdemo.costs import CostModel
+from specdemo.drafting import lookup_continuation
+from specdemo.runtime import OVModel
+
+PIECE = 64  # answer tokens per teacher-forced call: 64 rows of logits (~39 MB for a 151,936-token vocabulary)
+
+
+@dataclass
+class Walk:
+    """One way of drafting walked over the answer: what it would have called and paid."""
+
+    k: int  # drafts asked per round (the oracle: 0, its K varies)
+    rounds: int  # target calls after the prefill
+    target_calls: int  # the prefill included
+    draft_calls: int  # draft-model calls (the first feeds the prompt); 0 for prompt lookup
+    seconds: float  # predicted seconds of the lane, prefills included
+    speedup: float  # predicted autoregressive seconds ÷ these
+    accepted: list[int] = field(default_factory=list)  # drafts accepted in each round
+    ks: list[int] = field(default_factory=list)  # the oracle's K of each round
+
+
+@dataclass
+class Counterfactual:
+    """What the speculative lane would have given on one greedy answer, for every K and drafter."""
+
+    tokens: int  # the answer's length N
+    matches: list[int]  # m[j] for j = 0 … N-1 (1: the draft's greedy token equals the answer's; m[0] is the prefill's)
+    autoregressive_s: float  # predicted seconds of the autoregressive lane on this answer
+    fixed: list[Walk]  # the draft model at K = 1 … k_max
+    oracle: Walk  # the best K for every round
+    lookup: list[Walk]  # prompt lookup at K = 1 … k_max
+    greedy_only: bool = True  # a reminder for readers of the JSON: sampled runs have no counterfactual
+
+    def best_fixed(self) -> Walk:
+        return max(self.fixed, key=lambda w: w.speedup)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def greedy_choices(model: OVModel, prompt_ids: list[int], text_ids: list[int]) -> np.ndarray:
+    """The model's greedy token after prompt + text[:j] for j = 1 … len(text) - 1 (what it would choose in place of
+    text[j]), by teacher forcing in pieces of PIECE tokens. Leaves the model's cache empty."""
+    model.reset()
+    model.forward(prompt_ids)
+    head = model.head_ids  # (V',) token ids of a trimmed LM head's rows, else None
+    choices = []
+    for start in range(0, len(text_ids) - 1, PIECE):
+        piece = text_ids[start : min(start + PIECE, len(text_ids) - 1)]  # the last token predicts nothing we need
+        best = model.forward(piece, logits_to_keep=len(piece)).argmax(axis=-1)  # row r chooses for text[start + r + 1]
+        choices.append(best if head is None else head[best])
+    model.reset()
+    return np.concatenate(choices) if choices else np.zeros(0, dtype=np.int64)
+
+
+def match_mask(draft: OVModel, prompt_ids: list[int], answer_ids: list[int]) -> list[int]:
+    """m[j] for every position of the answer: does the draft's greedy token after prompt + answer[:j] equal answer[j]?
+    m[0] is 1 by convention (the first token is the target's prefill, never drafted)."""
+    choices = greedy_choices(draft, prompt_ids, answer_ids)
+    return [1] + [int(x) for x in choices == np.asarray(answer_ids[1:])]
+
+
+def agreement_mask(target: OVModel, draft: OVModel, prompt_ids: list[int], text_ids: list[int]) -> list[int]:
+    """Like match_mask on any text, not only the target's own answer: does the draft's greedy token equal the
+    target's at every position? (On the target's greedy answer the two are the same.)"""
+    ours, theirs = greedy_choices(draft, prompt_ids, text_ids), greedy_choices(target, prompt_ids, text_ids)
+    return [1] + [int(x) for x in ours == theirs]
+
+
+def accepted_run(mask: list[int], j: int, cap: int) -> int:
+    """Drafts a greedy round starting at answer position j accepts with at most `cap` drafts."""
+    n = 0
+    while n < cap and j + n < len(mask) and mask[j + n]:
+        n += 1
+    return n
+
+
+def mask_counts(mask: list[int], k_max: int) -> tuple[list[int], list[int]]:
+    """(tested, accepted) at draft positions 1 … k_max over every round start: position i is tested where the
+    i - 1 drafts before it matched. The acceptance model's evidence (planner.AcceptanceHistory)."""
+    tested, accepted = [0] * k_max, [0] * k_max
+    for j in range(1, len(mask)):
+        for i in range(k_max):
+            if j + i >= len(mask):
+                break
+            tested[i] += 1
+            if not mask[j + i]:
+                break
+            accepted[i] += 1
+    return tested, accepted
+
+
+def lookup_counts(prompt_ids: list[int], answer_ids: list[int], k_max: int, ngram: int) -> tuple[list[int], list[int]]:
+    """(tested, accepted) at draft positions 1 … k_max for prompt lookup on this answer, over every position where
+    it found a proposal: its evidence for the planner, as mask_counts is the draft model's."""
+    tested, accepted = [0] * k_max, [0] * k_max
+    seq = list(prompt_ids) + answer_ids[:1]
+    for j in range(1, len(answer_ids)):
+        for i, token in enumerate(lookup_continuation(seq, k_max, ngram)):
+            if j + i >= len(answer_ids):
+                break
+            tested[i] += 1
+            if token != answer_ids[j + i]:
+                break
+            accepted[i] += 1
+        seq.append(answer_ids[j])
+    return tested, accepted
+
+
+def _round_seconds(costs: CostModel, k: int, full_before: bool, drafter: str) -> float:
+    if k == 0:
+        return costs.t(1)
+    seconds = costs.t(k + 1) + costs.target_rollback_s
+    if drafter == "model":
+        seconds += k * costs.d(1) + (costs.d(2) - costs.d(1) if full_before else 0.0) + costs.draft_rollback_s
+    return seconds
+
+
+def _prefills(costs: CostModel, prompt_tokens: int, drafter: str) -> float:
+    draft = prompt_tokens / costs.draft_prefill_tps if drafter == "model" and costs.draft_prefill_tps else 0.0
+    return prompt_tokens / costs.target_prefill_tps + draft
+
+
+def walk_fixed(mask: list[int], k: int, costs: CostModel, prompt_tokens: int, max_new_tokens: int,
+               autoregressive_s: float) -> Walk:
+    """The draft model at a fixed K, round by round over the answer, as the loop would have run it."""
+    j, accepted, draft_calls, seconds, full = 1, [], 0, _prefills(costs, prompt_tokens, "model"), False
+    while j < len(mask):
+        cap = min(k, max_new_tokens - j - 1)  # the loop never drafts past max_new_tokens
+        n = accepted_run(mask, j, cap)
+        seconds += _round_seconds(costs, cap, full, "model")
+        accepted.append(n)
+        draft_calls += cap
+        full = cap > 0 and n == cap
+        j += n + 1
+    return Walk(k, len(accepted), len(accepted) + 1, draft_calls, seconds, autoregressive_s / seconds, accepted)
+
+
+def walk_oracle(mask: list[int], k_max: int, costs: CostModel, prompt_tokens: int, max_new_tokens: int,
+                autoregressive_s: float) -> Walk:
+    """The best K for every round (K = 0, a plain target step, included), by dynamic programming from the end."""
+    size = len(mask)
+    best = np.zeros((size + 1, 2))  # best[j, full]: seconds from position j on; full: the round before accepted all
+    choice = np.zeros((size + 1, 2), dtype=int)
+    for j in range(size - 1, 0, -1):
+        for full in (0, 1):
+            options = []
+            for k in range(0, min(k_max, max(max_new_tokens - j - 1, 0)) + 1):
+                n = accepted_run(mask, j, k)
+                after = min(j + n + 1, size)
+                options.append(_round_seconds(costs, k, bool(full), "model") + best[after, int(k > 0 and n == k)])
+            choice[j, full] = int(np.argmin(options))
+            best[j, full] = min(options)
+    ks, accepted, j, full = [], [], 1, 0
+    while j < size:
+        k = int(choice[j, full])
+        n = accepted_run(mask, j, k)
+        ks.append(k)
+        accepted.append(n)
+        full = int(k > 0 and n == k)
+        j += n + 1
+    drafts = sum(ks)
+    seconds = float(best[1, 0]) + _prefills(costs, prompt_tokens, "model" if drafts else "")
+    return Walk(0, len(ks), len(ks) + 1, drafts, seconds, autoregressive_s / seconds, accepted, ks)
+
+
+def walk_lookup(prompt_ids: list[int], answer_ids: list[int], k: int, ngram: int, costs: CostModel,
+                max_new_tokens: int, autoregressive_s: float) -> Walk:
+    """Prompt lookup at a fixed K: its proposals need no model, only the text so far."""
+    seq = list(prompt_ids) + answer_ids[:1]
+    j, accepted, seconds = 1, [], _prefills(costs, len(prompt_ids), "prompt-lookup")
+    while j < len(answer_ids):
+        cap = min(k, max_new_tokens - j - 1)
+        drafts = lookup_continuation(seq, cap, ngram) if cap > 0 else []
+        n = 0
+        while n < len(drafts) and j + n < len(answer_ids) and drafts[n] == answer_ids[j + n]:
+            n += 1
+        seconds += _round_seconds(costs, len(drafts), False, "prompt-lookup")
+        accepted.append(n)
+        seq.extend(answer_ids[j : j + n + 1])
+        j += n + 1
+    return Walk(k, len(accepted), len(accepted) + 1, 0, seconds, autoregressive_s / seconds, accepted)
+
+
+def autoregressive_seconds(costs: CostModel, prompt_tokens: int, tokens: int) -> float:
+    """Predicted seconds of the autoregressive lane: the prefill, then one step per further token."""
+    return prompt_tokens / costs.target_prefill_tps + max(tokens - 1, 0) * costs.t(1)
+
+
+def counterfactual(mask: list[int] | None, prompt_ids: list[int], answer_ids: list[int], costs: CostModel,
+                   k_max: int, max_new_tokens: int, ngram: int) -> Counterfactual:
+    """Every fixed K, the oracle and prompt lookup on this answer; `mask` None (no draft model): lookup only."""
+    ar = autoregressive_seconds(costs, len(prompt_ids), len(answer_ids))
+    args = (costs, len(prompt_ids), max_new_tokens, ar)
+    fixed = [walk_fixed(mask, k, *args) for k in range(1, k_max + 1)] if mask is not None else []
+    oracle = walk_oracle(mask, k_max, *args) if mask is not None else Walk(0, 0, 0, 0, 0.0, 0.0)
+    lookup = [walk_lookup(prompt_ids, answer_ids, k, ngram, costs, max_new_tokens, ar) for k in range(1, k_max + 1)]
+    return Counterfactual(len(answer_ids), mask or [], ar, fixed, oracle, lookup)

@@ -1,0 +1,119 @@
+"""What each K would have given: the counterfactual walks of a greedy answer, checked against real runs of the loop on
+fake models, and the planner learning from the match masks."""
+
+import numpy as np
+import pytest
+
+from specdemo import decoding
+from specdemo.costs import CostModel
+from specdemo.counterfactual import (
+    accepted_run,
+    counterfactual,
+    lookup_counts,
+    mask_counts,
+    match_mask,
+    walk_fixed,
+    walk_lookup,
+    walk_oracle,
+)
+from specdemo.drafting import ModelDrafter, PromptLookupDrafter
+from specdemo.engine import Engine
+from specdemo.events import drain
+from specdemo.planner import AcceptanceHistory
+from specdemo.settings import GenerationSettings
+from tests.fake_models import FakeModel, FakeTokenizer
+
+PROMPT = [0, 1, 2, 1, 0, 2, 2]
+N = 70
+COSTS = CostModel(target_s=tuple(0.05 * (1 + 0.1 * n) for n in range(13)), target_prefill_tps=1000.0,
+                  target_rollback_s=0.001, draft_s=(0.01, 0.012), draft_prefill_tps=4000.0, draft_rollback_s=0.001)
+
+
+def answer_of(target: FakeModel, n: int = N) -> list[int]:
+    return drain(decoding.autoregressive(target, FakeTokenizer(), PROMPT, GenerationSettings(max_new_tokens=n), set())).ids
+
+
+def test_every_fixed_k_accepts_round_by_round_what_a_real_run_accepts():
+    target, draft = FakeModel(3, "target"), FakeModel(3, "draft")
+    answer = answer_of(target)
+    mask = match_mask(draft, PROMPT, answer)
+    assert 0.2 < sum(mask) / len(mask) < 0.9  # the draft agrees sometimes: rejections and accepted runs both happen
+    for k in range(1, 9):
+        settings = GenerationSettings(max_new_tokens=N, k=k)
+        drafter = ModelDrafter(draft, settings, np.random.default_rng(0))
+        run = drain(decoding.speculative(target, drafter, FakeTokenizer(), PROMPT, settings, set()))
+        assert run.ids == answer
+        walk = walk_fixed(mask, k, COSTS, len(PROMPT), N, 1.0)
+        assert walk.accepted == [r.accepted for r in run.rounds[1:]], f"K = {k}"
+        assert walk.target_calls == run.summary.target_calls and walk.draft_calls == run.summary.draft_calls
+
+
+def test_prompt_lookup_accepts_round_by_round_what_a_real_lookup_run_accepts():
+    target = FakeModel(3, "target", scale=3.0)  # peaked: the answer repeats itself, so lookup finds drafts
+    answer = answer_of(target)
+    for k in (1, 3, 6):
+        settings = GenerationSettings(max_new_tokens=N, k=k, drafter="prompt-lookup")
+        run = drain(decoding.speculative(target, PromptLookupDrafter(3), FakeTokenizer(), PROMPT, settings, set()))
+        walk = walk_lookup(PROMPT, answer, k, 3, COSTS, N, 1.0)
+        assert walk.accepted == [r.accepted for r in run.rounds[1:]] and sum(walk.accepted) > 0
+
+
+def test_a_round_accepts_the_run_of_matches_from_its_start_capped_at_k():
+    mask = [1, 1, 1, 0, 1, 1, 1, 1]
+    assert accepted_run(mask, 1, 8) == 2 and accepted_run(mask, 4, 2) == 2 and accepted_run(mask, 4, 9) == 4
+    assert accepted_run(mask, 3, 5) == 0
+
+
+def test_the_oracle_is_never_slower_than_any_fixed_k_and_may_skip_drafting():
+    target, draft = FakeModel(3, "target"), FakeModel(3, "draft")
+    answer = answer_of(target)
+    mask = match_mask(draft, PROMPT, answer)
+    ar = 0.05 * N
+    oracle = walk_oracle(mask, 8, COSTS, len(PROMPT), N, ar)
+    assert all(oracle.seconds <= walk_fixed(mask, k, COSTS, len(PROMPT), N, ar).seconds + 1e-9 for k in range(1, 9))
+    assert 0 in oracle.ks  # where the next draft would be rejected anyway, a plain step is cheaper
+    assert sum(oracle.accepted) + oracle.rounds == N - 1
+
+
+def test_mask_counts_test_each_position_only_after_matches():
+    tested, accepted = mask_counts([1, 1, 0, 1, 1], 3)
+    # starts 1..4: from 1, the 1st matches and the 2nd fails; from 2, the 1st fails; from 3, two match and the answer
+    # ends; from 4, one matches and the answer ends
+    assert tested == [4, 2, 0] and accepted == [3, 1, 0]
+
+
+def test_lookup_counts_come_from_proposals_alone():
+    prompt, answer = [5, 6, 7, 8], [5, 6, 7, 9]
+    tested, accepted = lookup_counts(prompt, answer, 3, 2)
+    assert tested[0] >= 1 and accepted[0] >= 1 and accepted[2] == 0
+
+
+def test_without_a_draft_model_only_prompt_lookup_is_walked():
+    answer = answer_of(FakeModel(3, "target"), 20)
+    result = counterfactual(None, PROMPT, answer, COSTS, 4, 20, 3)
+    assert result.fixed == [] and len(result.lookup) == 4 and result.greedy_only
+
+
+def test_the_planner_moves_off_k_zero_after_one_run_whose_masks_say_drafts_match(tiny_pair, tiny_target, tmp_path,
+                                                                                  monkeypatch):
+    """A new machine whose prior says nothing pays runs K = 0 at first; the greedy run's match mask (a draft identical
+    to the target matches everywhere) teaches the planner, and the next plan drafts."""
+    from specdemo.engine import load_model
+    from tests.conftest import exact
+
+    monkeypatch.setenv("SPECDEMO_LEARN", "1")
+    engine = Engine(tiny_pair[0], load_model(exact(tiny_target)))
+    engine.acceptance = AcceptanceHistory(tmp_path / "acceptance.json")  # no history: the default prior, α = 0.8
+    # A compute-bound machine: a verify call of 2 tokens costs 1.35 steps, a draft step 0.45: at α = 0.8 nothing pays.
+    machine = CostModel(target_s=tuple(0.1 * (1 + 0.35 * n) for n in range(13)), target_prefill_tps=1000.0,
+                        target_rollback_s=0.0, draft_s=(0.045, 0.05), draft_prefill_tps=4000.0)
+    engine.costs = machine
+    settings = GenerationSettings(max_new_tokens=40, k_auto=True)
+    prompt = "w5 w17 w99 w3 w250 w42 w7"
+    assert engine.plan(prompt, settings).k == 0
+    run = drain(engine.speculative(prompt, settings))
+    assert run.summary.rounds == 0  # K = 0: nothing drafted, nothing learnt from the rounds
+    engine.costs = machine  # the run corrected the costs by the tiny models' real timings: back to the synthetic machine
+    would = engine.would_have_given(prompt, settings, run.ids)
+    assert min(w.speedup for w in would.fixed) > 1.0  # every K would have paid on this answer
+    assert engine.plan(prompt, settings).k > 0
