@@ -139,6 +139,26 @@ def best_k(costs: CostModel, acceptance: Acceptance, k_max: int, drafter: str = 
     return best, best_speedup
 
 
+def break_even_alpha(costs: CostModel, k: int, drafter: str = "model") -> float | None:
+    """The α at which K drafts a round exactly pay for themselves on this machine (S(K) = 1, geometric acceptance);
+    None when even α = 1 does not pay."""
+    if predicted_speedup(costs, Acceptance.geometric(1.0), k, drafter) < 1.0:
+        return None
+    low, high = 0.0, 1.0  # S grows with α, so bisect
+    for _ in range(40):
+        middle = (low + high) / 2
+        if predicted_speedup(costs, Acceptance.geometric(middle), k, drafter) < 1.0:
+            low = middle
+        else:
+            high = middle
+    return high
+
+
+def cost_surface(costs: CostModel, ks: Sequence[int], alphas: Sequence[float], drafter: str = "model") -> list[list[float]]:
+    """This machine's predicted speedup S(K) for every α (rows) and K (columns): where speculation pays, and how much."""
+    return [[predicted_speedup(costs, Acceptance.geometric(a), k, drafter) for k in ks] for a in alphas]
+
+
 # ---- the plan for one run
 
 

@@ -79,9 +79,15 @@ def test_a_run_shows_coloured_tokens_and_figures_and_stop_cancels_cleanly(app_ur
     expect(page.locator("#ar-figures")).to_contain_text("tokens/s")
     expect(page.locator("#spec-figures")).to_contain_text("48")
     results = page.locator("#results")
-    for figure in ("speedup, measured", "predicted for this machine", "acceptance α̂", "tokens per target call",
-                   "target calls saved", "Measured one after another", "Leviathan"):
+    for figure in ("speedup, measured", "predicted for this machine", "acceptance α̂", "mean acceptance length",
+                   "target calls saved", "Measured one after another", "Leviathan", "the best fixed K ="):
         expect(results).to_contain_text(figure)
+    # The run's charts: what each K would have given (a point per K and this run's mark), acceptance by position,
+    # and this machine's cost surface with the run's point.
+    assert page.locator("#would svg circle").count() >= 12 and page.locator("#would svg path").count() == 1
+    assert page.locator("#positions svg rect title").count() >= 1
+    expect(page.locator("#surface")).to_contain_text("drafts pay when α is above")
+    assert page.locator("#surface svg circle").count() == 1
     expect(page.locator("#models")).to_contain_text("MiB")  # KV cache sizes after a run
     page.locator("#legend input[type=checkbox]").uncheck()
     expect(page.locator("body")).to_have_class(re.compile("sd-hide-rejected"))

@@ -86,11 +86,6 @@ def test_timeline_has_both_lanes_from_the_origin_even_before_they_run():
                                      [0.0, 0, "speculative"]]
 
 
-def test_histogram_counts_rounds_by_accepted_draft_tokens():
-    frame = render.histogram_frame(Summary(mode="speculative", accepted_histogram=[2, 0, 1, 0, 5]))
-    assert frame.values.tolist() == [["0", 2], ["1", 0], ["2", 1], ["3", 0], ["4", 5]]
-
-
 def test_model_panel_shows_sizes_precisions_devices_and_kv_cache():
     model = dict(name="Tiny", parameters=1_777_029_120, precision="int8", size_on_disk_bytes=1_782_835_973, device="CPU",
                  kv_cache_precision="f16", layers=28, context_length=32768)

@@ -12,15 +12,15 @@ import time
 from dataclasses import dataclass, fields
 from typing import Iterator
 
-from specdemo import genai, sources
+from specdemo import genai, metrics, sources
 from specdemo.disk import inventory
 from specdemo.engine import Engine
 from specdemo.settings import GenerationSettings, RunSettings
-from specdemo.ui import render
+from specdemo.ui import charts, render
 from specdemo.ui.engines import Loading, device_settings, genai_loading_for, genai_plan, lane_loadings, loading_for, race_threads
 from specdemo.ui.lanes import (AUTOREGRESSIVE, GENAI, LANES, SPECULATIVE, LaneRun, begin_run, cancel_run, end_run, follow,
                                start_lanes)
-from specdemo.ui.values import RACE, PageValues, as_sentence, check_prompt
+from specdemo.ui.values import MAX_K, RACE, PageValues, as_sentence, check_prompt
 
 PLOT_INTERVAL_S = 0.5  # redrawing a chart costs more than appending text
 SKIP = object()  # an output this update leaves as it is
@@ -39,7 +39,10 @@ class View:
     genai_text: object = SKIP
     results: object = SKIP
     timeline: object = SKIP
-    histogram: object = SKIP
+    positions: object = SKIP
+    would: object = SKIP
+    surface: object = SKIP
+    costs_note: object = SKIP
     models: object = SKIP
 
     def values(self) -> tuple:
@@ -50,19 +53,20 @@ OUTPUTS = tuple(f.name for f in fields(View))
 
 
 def wait_for_models() -> Iterator[tuple]:
-    """Page load: the preparation's progress in the status line, then the model panel and the cost chart,
-    as (status, models, costs frame, costs note). The status line is written by this handler alone
+    """Page load: the preparation's progress in the status line, then the model panel, the cost chart and the cost
+    surface, as (status, models, costs frame, costs note, surface). The status line is written by this handler alone
     (no progress overlay drawn over it), so two messages never sit on top of each other."""
     loading = loading_for("pair", RunSettings(), True)
     while not loading.done.wait(0.5):
-        yield render.preparing_status(loading.fraction, loading.message), SKIP, SKIP, SKIP
+        yield render.preparing_status(loading.fraction, loading.message), SKIP, SKIP, SKIP, SKIP
     if loading.error is not None:
-        yield f"⚠️ The models could not be prepared: {as_sentence(loading.error)}", SKIP, SKIP, SKIP
+        yield f"⚠️ The models could not be prepared: {as_sentence(loading.error)}", SKIP, SKIP, SKIP, SKIP
         return
     engine = loading.value
     ready = "Ready. Pick an example or type an instruction, then press **Generate**."
     models = render.render_models(engine.target.describe(), engine.draft.describe(), disk_note=render.render_disk(inventory()))
-    yield ready, models, render.cost_frame(engine.costs), render.render_costs(engine.costs, engine.warm_up_s)
+    yield (ready, models, render.cost_frame(engine.costs), render.render_costs(engine.costs, engine.warm_up_s),
+           charts.cost_surface(engine.costs, MAX_K))
 
 
 def generate(values: PageValues, session: str) -> Iterator[View]:
@@ -87,7 +91,9 @@ def generate(values: PageValues, session: str) -> Iterator[View]:
     # last update is always the final view (a closed page instead closes it at a yield; the finally stops the workers).
     try:
         first = live_view(lanes, values.mode, plot=True, whole=True)
-        first.results, first.histogram = render.note("Running…"), None
+        first.results = render.note("Running…")
+        first.positions = charts.placeholder("Acceptance by draft position", "Drawn when the run ends.")
+        first.would = charts.placeholder("What each K would have given on this answer", "Drawn when the run ends.")
         yield first
         last_plot = time.perf_counter()
         for _ in follow(lanes, threads, inbox):
@@ -97,7 +103,16 @@ def generate(values: PageValues, session: str) -> Iterator[View]:
         stopped = cancel.is_set()  # Stop was pressed (end_run sets it too, below)
     finally:
         end_run(session, cancel)
-    yield final_view(lanes, values.mode, settings, engines[SPECULATIVE], stopped)
+    would = None
+    if not stopped and settings.greedy and finished(lanes):
+        yield View(status="Working out what each K would have given on this answer (one pass of the draft model)…")
+        would = engines[SPECULATIVE].would_have_given(values.instruction, settings, [e.id for e in lanes[SPECULATIVE].events])
+    yield final_view(lanes, values.mode, settings, engines[SPECULATIVE], stopped, would)
+
+
+def finished(lanes: dict[str, LaneRun]) -> bool:
+    """Whether our two lanes ran to their end (no error, no Stop)."""
+    return all(lanes[name].summary is not None and lanes[name].summary.stop_reason != "cancelled" for name in LANES)
 
 
 def _wait_for(loadings: dict[str, Loading]):
@@ -154,8 +169,9 @@ STOPPED_STATUS = "Stopped. The lanes show what was generated before Stop."
 
 
 def final_view(lanes: dict[str, LaneRun], mode: str, settings: GenerationSettings, engine: Engine,
-               stopped: bool = False) -> View:
-    """The last update: final texts and figures, the results, the histogram and the model panel with KV sizes."""
+               stopped: bool = False, would=None) -> View:
+    """The last update: final texts and figures, the results, the run's charts (what each K would have given, acceptance
+    by position, the cost surface with the run's point), the cost note and the model panel with KV sizes."""
     spec = lanes[SPECULATIVE]
     errors = [f"The {name} lane failed: {lane.error}" for name, lane in lanes.items() if lane.error]
     if errors:
@@ -164,8 +180,20 @@ def final_view(lanes: dict[str, LaneRun], mode: str, settings: GenerationSetting
         status = STOPPED_STATUS if stopped else f"Finished ({render.describe_mode(mode)}). Hover a token for its step."
     view = live_view(lanes, mode, plot=True, whole=True)
     view.status = ("⚠️ " if errors else "") + status
-    view.results = render.render_results(lanes, mode, settings)
-    view.histogram = render.histogram_frame(spec.summary)
+    view.results = render.render_results(lanes, mode, settings, would)
+    s = spec.summary
+    done = finished(lanes)
+    # The prior's chance that draft i is kept when drafted: drafts 1 … i all accepted (the bars' quantity).
+    prior = [spec.plan.acceptance_prior.all_accepted(i) for i in range(1, settings.k_max + 1)] if spec.plan else None
+    view.positions = charts.acceptance_by_position(s.acceptance_by_position if s else [], prior if done else None)
+    speedup = render.lane_speedup(lanes) if done else 0.0
+    view.would = charts.would_have_given(would, s.mean_k if s else 0.0, speedup) if done else charts.placeholder(
+        "What each K would have given on this answer", "The run did not finish.")
+    drafted = done and s.rounds > 0
+    view.surface = charts.cost_surface(engine.costs, settings.k_max, s.alpha_hat if drafted else None,
+                                       s.mean_k if drafted else None,
+                                       metrics.run_acceptance(spec.rounds, settings.k_max) if drafted else None)
+    view.costs_note = render.render_costs(engine.costs, engine.warm_up_s)
     kv = spec.summary.kv_cache_bytes if spec.summary else {}
     view.models = render.render_models(engine.target.describe(), engine.draft.describe() if engine.draft else None,
                                        engine.target.settings.num_threads, kv)

@@ -7,7 +7,7 @@ from dataclasses import fields
 
 import gradio as gr
 
-from specdemo.ui import handlers, render
+from specdemo.ui import charts, handlers, render
 from specdemo.ui.handlers import OUTPUTS, SKIP
 from specdemo.ui.lanes import LaneRun
 from specdemo.ui.values import (ASSETS, MAX_INSTRUCTION_CHARS, MAX_K, MAX_NEW_TOKENS_CAP, ONE_AFTER_ANOTHER, RACE,
@@ -63,7 +63,7 @@ def build() -> gr.Blocks:
         page["k_auto"].change(lambda auto: gr.Slider(interactive=not auto), page["k_auto"], page["k"], queue=False)
         page["decoding"].change(lambda d: gr.Row(visible=d == "sampling"), page["decoding"], page["sampling"], queue=False)
         page["genai"].change(lambda on: gr.Column(visible=on), page["genai"], page["genai_lane"], queue=False)
-        demo.load(wait_for_models, None, [status, page["models"], page["costs"], page["costs_note"]],
+        demo.load(wait_for_models, None, [status, page["models"], page["costs"], page["costs_note"], page["surface"]],
                   concurrency_limit=None, show_progress="hidden")
     return demo
 
@@ -133,12 +133,16 @@ def _add_lanes_and_results(o: dict) -> None:
                 o[f"{prefix}_text"] = gr.HTML(render.render_tokens([]), elem_id=f"{prefix}-text", js_on_load=FOLLOW_JS)
             o[f"{prefix}_lane"] = column
     o["results"] = gr.HTML(render.note("Press Generate to run both lanes."), elem_id="results")
-    with gr.Row():
+    with gr.Row(equal_height=True):
         o["timeline"] = gr.LinePlot(None, x="seconds", y="tokens", color="lane", color_map=render.LANE_COLOURS,
                                     title="Tokens generated over time", x_title="seconds since the lane began",
                                     y_lim=[0, None], height=280, elem_id="timeline")
-        o["histogram"] = gr.BarPlot(None, x="accepted draft tokens", y="rounds", sort=None, y_lim=[0, None],
-                                    title="Accepted draft tokens per round", height=280, elem_id="histogram")
+        o["would"] = gr.HTML(charts.placeholder("What each K would have given on this answer", "Drawn after a run."),
+                             elem_id="would", elem_classes="sd-chart-box")
+    with gr.Row(equal_height=True):
+        o["positions"] = gr.HTML(charts.placeholder("Acceptance by draft position", "Drawn after a run."),
+                                 elem_id="positions", elem_classes="sd-chart-box")
+        o["surface"] = gr.HTML(charts.cost_surface(None, MAX_K), elem_id="surface", elem_classes="sd-chart-box")
     with gr.Row():
         with gr.Column():
             o["costs"] = gr.LinePlot(render.cost_frame(None), x="tokens scored at once", y="cost in single steps",

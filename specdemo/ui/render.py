@@ -88,9 +88,15 @@ def describe_mode(mode: str) -> str:
     return "one after another: each lane had the whole machine"
 
 
-def render_results(lanes: dict[str, LaneRun], mode: str, settings: GenerationSettings) -> str:
-    """The headline figures once both lanes are done: measured against expected speedup, acceptance,
-    tokens per target call and target calls saved, which run mode produced them, and GenAI's lane if it ran."""
+def lane_speedup(lanes: dict[str, LaneRun]) -> float:
+    """The measured speedup of a finished run (metrics.measured_speedup), 0 before both lanes have a summary."""
+    a, s = lanes[AUTOREGRESSIVE].summary, lanes[SPECULATIVE].summary
+    return measured_speedup(a, s) if a is not None and s is not None else 0.0
+
+
+def render_results(lanes: dict[str, LaneRun], mode: str, settings: GenerationSettings, would=None) -> str:
+    """The headline figures once both lanes are done: measured against predicted speedup, mean acceptance length and
+    α̂, target calls saved, which run mode produced them, what each K would have given, and GenAI's lane if it ran."""
     ar, spec = lanes[AUTOREGRESSIVE], lanes[SPECULATIVE]
     a, s = ar.summary, spec.summary
     if a is None or s is None or "cancelled" in (a.stop_reason, s.stop_reason):
@@ -128,10 +134,24 @@ def render_results(lanes: dict[str, LaneRun], mode: str, settings: GenerationSet
         f"Speculative time: target {s.target_s:.2f} s (a verify call {s.verify_call_s * 1e3:.0f} ms, an autoregressive "
         f"step {a.target_step_s * 1e3:.0f} ms), drafting {s.draft_s:.2f} s, KV cache rollback {s.rollback_s:.3f} s.",
         compare_outputs(ar.events, spec.events, settings, a, s),
+        escape(would_line(would, s)),
         render_genai_line(lanes[GENAI], spec, settings) if GENAI in lanes else "",
     ]
     notes = "".join(f"<p>{line}</p>" for line in lines if line)
     return f'{headline}<div class="sd-notes">{notes}</div>'
+
+
+def would_line(would, s: Summary) -> str:
+    """One sentence on what each K would have given on this answer (greedy only)."""
+    if would is None:
+        return "What each K would have given: greedy decoding only (a sampled answer has no such counterfactual)."
+    if not would.fixed:
+        best = max(would.lookup, key=lambda w: w.speedup)
+        return f"On this answer prompt lookup would have given {best.speedup:.2f}× at K = {best.k} (predicted)."
+    best = would.best_fixed()
+    return (f"On this very answer (predicted from this machine's costs): the best fixed K = {best.k} would have given "
+            f"{best.speedup:.2f}× in {best.target_calls} target calls, the best K for every round {would.oracle.speedup:.2f}× "
+            f"in {would.oracle.target_calls}; this run took {s.target_calls}. Greedy decoding only.")
 
 
 def _rates(rates: list[float]) -> str:
@@ -204,20 +224,12 @@ def cost_frame(costs) -> pd.DataFrame:
 
 
 def render_costs(costs, warm_up_s: float) -> str:
-    """The sentence under the cost chart: what the curve means for speculation here."""
+    """The sentence under the cost chart: what the curve means for speculation here, and where the model stands."""
     if costs is None:
         return note("The cost of each call is measured once this machine has warmed up.")
-    source = f"measured in {costs.seconds:.1f} s" if costs.seconds else "from the cache of an earlier measurement"
-    return note(f"{costs.sentence()} One target step is {costs.t(1) * 1e3:.0f} ms on {costs.cpu} ({source}; "
-                f"warm-up {warm_up_s:.1f} s, never counted in a lane's time). Near the orange line (n steps) "
-                "speculation cannot pay; the green line (1 step) is what Leviathan et al.'s formula assumes.")
-
-
-def histogram_frame(summary: Summary | None) -> pd.DataFrame:
-    """Speculative rounds by how many of their draft tokens the target accepted."""
-    counts = summary.accepted_histogram if summary is not None else []
-    frame = pd.DataFrame({"accepted draft tokens": [str(n) for n in range(len(counts))], "rounds": counts})
-    return frame.astype({"accepted draft tokens": str, "rounds": int})
+    return note(f"{costs.sentence()} One target step is {costs.t(1) * 1e3:.0f} ms on {costs.cpu}. The cost model was "
+                f"{costs.standing()} (warm-up {warm_up_s:.1f} s, never counted in a lane's time). Near the orange line "
+                "(n steps) speculation cannot pay; the green line (1 step) is what Leviathan et al.'s formula assumes.")
 
 
 def _count(n: int) -> str:

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdemo.settings import MAX_PROMPT_TOKENS, GenerationSettings
+from specdemo.settings import K_MAX, MAX_PROMPT_TOKENS, GenerationSettings
 
 ONE_AFTER_ANOTHER, RACE = "one after another", "race"
 MODES = (ONE_AFTER_ANOTHER, RACE)
@@ -20,7 +20,7 @@ MODES = (ONE_AFTER_ANOTHER, RACE)
 # must not hold the models for longer than this.
 MAX_NEW_TOKENS_CAP = 1024
 MAX_INSTRUCTION_CHARS = 20_000  # bounds the tokenizer's work, before the prompt is counted in tokens
-MAX_K = 12  # draft length offered in the page; adaptive K may grow up to max(K, 8)
+MAX_K = K_MAX  # draft length offered in the page (the one ceiling, settings.K_MAX)
 
 ASSETS = Path(__file__).resolve().parent.parent.parent / "assets"
 EXAMPLES_PATH = ASSETS / "examples.json"
