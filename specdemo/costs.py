@@ -300,13 +300,9 @@ def _time_loop(target: OVModel, draft: OVModel | None, n_max: int) -> CostModel:
         draft.forward(_ids(CONTEXT_TOKENS))
     target.forward(_ids(CONTEXT_TOKENS))
 
-    steps = []  # t(1): the autoregressive lane's pattern, one shape again and again, the context growing
-    for i in range(UNTIMED + REPEATS):
-        target.forward(_ids(1))
-        if i >= UNTIMED:
-            steps.append(target.last_call_s)
+    steps = [_time_steps(target)]  # t(1), once now and once after the rounds: the lower is kept (load only adds time)
     target_rollback.append(_timed_rollback(target, CONTEXT_TOKENS))
-    calls, draft_steps, draft_pairs, draft_rollback = [statistics.median(steps)], [], [], []
+    calls, draft_steps, draft_pairs, draft_rollback = [], [], [], []
     for n in range(2, n_max + 1):  # t(n): a round's pattern, a few draft steps then the verify call
         timed = []
         for i in range(UNTIMED + REPEATS):
@@ -326,6 +322,8 @@ def _time_loop(target: OVModel, draft: OVModel | None, n_max: int) -> CostModel:
                     draft_pairs.append(draft.last_call_s)
                     draft.rollback(CONTEXT_TOKENS)
         calls.append(statistics.median(timed))
+    steps.append(_time_steps(target))
+    calls.insert(0, min(steps))
     target.reset()
     if draft is not None:
         draft.reset()
@@ -334,6 +332,17 @@ def _time_loop(target: OVModel, draft: OVModel | None, n_max: int) -> CostModel:
     return CostModel(target_s=monotone(calls), target_prefill_tps=target_prefill,
                      target_rollback_s=statistics.median(target_rollback), cpu=machine.cpu_name(),
                      measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"), **fields)
+
+
+def _time_steps(model: OVModel) -> float:
+    """Median seconds of a single-token call made as the autoregressive lane makes them: one after another, the
+    context growing (the first UNTIMED are left out: a change of shape makes them slow)."""
+    steps = []
+    for i in range(UNTIMED + REPEATS):
+        model.forward(_ids(1))
+        if i >= UNTIMED:
+            steps.append(model.last_call_s)
+    return statistics.median(steps)
 
 
 def _time_prefill(model: OVModel) -> float:

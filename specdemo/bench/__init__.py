@@ -85,6 +85,7 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
         if not USES_GENAI & set(bench.sections[i + 1 :]):
             ctx.genai.clear()  # free GenAI's copies of the models once no later section needs them
         gc.collect()
+    results["costs_end"] = engine.costs.to_dict()  # as the sections' runs corrected it
     results["targets"] = judge_targets(results["sections"])
     results["seconds"] = time.perf_counter() - started
     results["load_average_end"] = machine.load_average()

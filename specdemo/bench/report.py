@@ -17,6 +17,7 @@ from specdemo.bench.schema import GENAI_AR, GENAI_SPEC, HF_SPEC, OURS_AR, OURS_S
 from specdemo.bench.stats import COMPONENTS
 from specdemo.metrics import speedup_from_calls
 from specdemo.bench.targets import fastest
+from specdemo.costs import CostModel
 from specdemo.disk import size
 
 
@@ -92,8 +93,11 @@ def _costs(results: dict, plots: dict) -> str:
     plan = results.get("plan", {})
     text = (
         "## This machine's cost curve and the plan\n\n"
-        f"Measured at warm-up ({results.get('warm_up_s', 0):.1f} s, not part of any lane's time) on {c['cpu']}: one target "
-        "call scoring n tokens after a 64-token prompt (fastest of 7), in milliseconds and in single steps. A draft step "
+        f"Measured at warm-up ({results.get('warm_up_s', 0):.1f} s, not part of any lane's time) on {c['cpu']}, the way "
+        "the loop calls: single steps one after another, and rounds of draft steps then one target call scoring n tokens "
+        "(n rows of logits), after a 160-token context, median of 5; in milliseconds and in single steps. Every lane's "
+        "records then correct it (`costs.fold`); at the end of the run it stood: "
+        f"{CostModel.from_dict(results['costs_end']).standing() if results.get('costs_end') else 'not corrected'}. A draft step "
         f"(1 and 2 tokens): {draft or '–'}; prefill {c['target_prefill_tps']:.0f} tokens/s (target), "
         f"{c.get('draft_prefill_tps', 0):.0f} tokens/s (draft); a KV-cache rollback {c['target_rollback_s'] * 1e3:.1f} ms "
         f"(target), {c.get('draft_rollback_s', 0) * 1e3:.1f} ms (draft).\n\n"

@@ -101,14 +101,43 @@ def k_section(k: dict | None, plots: dict) -> str:
         row += [times(r["genai_speedup"]) if "genai_speedup" in r else "–", times(r["ours_over_genai"], 3) if "ours_over_genai" in r else "–"]
     text = (
         f"## 3. Sweeps\n\n### Draft length K\n\nN = {k['max_new_tokens']}, the default pair. α̂ = accepted / (accepted + "
-        "rounds that ended in a rejection), over all rounds; c = draft step / target verify call; Leviathan = "
+        "rounds that ended in a rejection), over all rounds; c = a draft step in single target steps; Leviathan = "
         "(1 − α^(K+1)) / ((1 − α)(cK + 1)) with the measured α̂ and c, which prices a verify call at one step; predicted "
         "(this machine) = the planner's prediction from the measured cost curve, α̂, mean K, N and the prompt; measured = "
         "AR time / speculative time per instruction; prediction error = (predicted − measured) / measured. Auto K: the "
         "planner picks each round's K.\n\n"
         + table(["K", *_SWEEP_HEADER, "GenAI speedup", "ours / GenAI time"], rows)
     )
-    return text + image(plots, "k", "Measured and predicted speedup against K")
+    return text + _counterfactual_table(k["rows"]) + image(plots, "k", "Measured and predicted speedup against K")
+
+
+def _counterfactual_table(rows: list[dict]) -> str:
+    """Measured, predicted and counterfactual speedup per fixed K, and auto K against the best fixed K."""
+    fixed = [r for r in rows if r.get("k_policy") == "fixed" and r.get("counterfactual_speedup", {}).get("n")]
+    if not fixed:
+        return ""
+    cells = [[r["label"], times(r["measured_speedup"]), times(r["predicted_speedup"]) if r["predicted_speedup"].get("n") else "–",
+              _error(r.get("prediction_error")), times(r["counterfactual_speedup"]), _error(r.get("counterfactual_error")),
+              f"±{r['counterfactual_calls_off']}"] for r in fixed]
+    text = (
+        "\n\n#### What each K would have given\n\nAfter every instruction, one teacher-forced draft pass over the "
+        "autoregressive lane's greedy answer gives, at every position, whether the draft's greedy token equals the answer's; "
+        "a round starting there with K drafts accepts exactly the run of matches, capped at K. Walking the answer round by "
+        "round with this machine's cost model (as corrected by the section's runs) gives each fixed K's speedup on that very "
+        "answer (the counterfactual), the best fixed K and the best K for every round (the oracle). Greedy decoding only. "
+        "Error = (counterfactual − measured) / measured; calls: the largest gap between the target calls the counterfactual "
+        "said and the run made.\n\n"
+        + table(["K", "measured", "predicted (this machine)", "its error", "counterfactual", "its error", "target calls"], cells)
+    )
+    for r in rows:
+        if r.get("k_policy") in ("auto", "adaptive") and r.get("oracle_speedup", {}).get("n"):
+            ks = ", ".join(str(k) for k in r["best_fixed_k"])
+            over = (f"; measured against the measured lane at that K: {times(r['over_best_fixed'])}"
+                    if r["over_best_fixed"].get("n") else "")
+            text += (f"\n\n**{r['label']}**: measured {times(r['measured_speedup'])}. On the same answers the counterfactual's "
+                     f"best fixed K was {ks} ({times(r['best_fixed_counterfactual'])} predicted){over}; the oracle, the best K "
+                     f"for every round, {times(r['oracle_speedup'])}.")
+    return text
 
 
 def precision_section(precision: dict | None, plots: dict) -> str:

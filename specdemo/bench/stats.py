@@ -129,6 +129,43 @@ def sweep_row(runs: list[Run], lane: Lane) -> dict:
     }
 
 
+def counterfactual_figures(runs: list[Run], lane: Lane, would: dict) -> dict:
+    """What the counterfactual (by (instruction, repeat), on the baseline's greedy answer) said of `lane`, beside what
+    the lane measured on the same instructions.
+
+    A fixed-K lane: the counterfactual's speedup at its K, its error against the measured speedup, and how many target
+    calls it was off by. Any other lane: the per-round oracle, the best fixed K the counterfactual finds, and the lane's
+    measured speedup over the measured speedup of the fixed-K lane at that K (when the sweep ran it).
+    """
+    baseline = {(r.instruction, r.repeat): r for r in lane_runs(runs, lane.baseline)}
+    fixed = {(r.lane.k, r.instruction, r.repeat): r for r in runs if r.lane.k_policy == "fixed" and r.lane.framework == "specdemo"}
+    said, errors, calls, oracle, best_k, best, over_best = [], [], [], [], [], [], []
+    for run in lane_runs(runs, lane):
+        key = (run.instruction, run.repeat)
+        w, base = would.get(key), baseline.get(key)
+        if w is None or base is None or not w.fixed or not run.tokens:
+            continue
+        measured = base.per_token_s / run.per_token_s
+        if lane.k_policy == "fixed" and lane.k <= len(w.fixed):
+            walk = w.fixed[lane.k - 1]
+            said.append(walk.speedup)
+            errors.append((walk.speedup - measured) / measured)
+            calls.append(walk.target_calls - run.summary.get("target_calls", 0))
+            continue
+        top = w.best_fixed()
+        oracle.append(w.oracle.speedup)
+        best_k.append(top.k)
+        best.append(top.speedup)
+        partner = fixed.get((top.k, *key))
+        if partner is not None and partner.tokens:
+            over_best.append(measured / (base.per_token_s / partner.per_token_s))
+    if lane.k_policy == "fixed":
+        return {"counterfactual_speedup": spread(said), "counterfactual_error": spread(errors),
+                "counterfactual_calls_off": max((abs(c) for c in calls), default=0), "counterfactual_calls": calls}
+    return {"oracle_speedup": spread(oracle), "best_fixed_k": best_k, "best_fixed_counterfactual": spread(best),
+            "over_best_fixed": spread(over_best)}
+
+
 def _pad(row: list[int], n: int) -> list[int]:
     return row + [0] * (n - len(row))
 

@@ -10,6 +10,7 @@ from typing import Callable
 from specdemo.bench import stats
 from specdemo.bench.harness import Context, Lane, Run, log_progress, measure, our_lane
 from specdemo.bench.settings import EDIT_INSTRUCTIONS
+from specdemo.settings import K_MAX
 
 
 def sweep(ctx: Context, what: str, lanes: list[Lane], extra: Callable[[Lane, list[Run]], dict] | None = None,
@@ -28,35 +29,52 @@ def sweep(ctx: Context, what: str, lanes: list[Lane], extra: Callable[[Lane, lis
 
 
 def run_k(ctx: Context) -> dict:
-    """Fixed K = 1..8 and adaptive K against one autoregressive baseline; GenAI at a few K."""
+    """Fixed K = 1..8, adaptive and auto K against one autoregressive baseline; GenAI at a few K; and on every answer,
+    what each K would have given (the counterfactual, greedy), beside what each lane measured."""
     generation = ctx.generation
     ar = our_lane("autoregressive", ctx.engine, "autoregressive", generation)
     ours = [our_lane(f"K={k}", ctx.engine, "speculative", ctx.fixed(k), baseline=ar) for k in ctx.bench.k_values]
-    adaptive = replace(ctx.fixed(min(max(generation.k, 1), 8)), adaptive=True, k_min=1, k_max=8)
+    adaptive = replace(ctx.fixed(min(max(generation.k, 1), K_MAX)), adaptive=True, k_min=1, k_max=K_MAX)
     ours.append(our_lane("adaptive K", ctx.engine, "speculative", adaptive, baseline=ar))
-    auto = replace(generation, k_auto=True, adaptive=False, k_max=8)
+    auto = replace(generation, k_auto=True, adaptive=False, k_max=K_MAX)
     ours.append(our_lane("auto K", ctx.engine, "speculative", auto, baseline=ar))
     genai = []
     if ctx.bench.genai_k_values:
         genai_ar = ctx.genai_lane("GenAI autoregressive", "plain")
         genai = [genai_ar] + [ctx.genai_lane(f"GenAI K={k}", "speculative", baseline=genai_ar, k=k) for k in ctx.bench.genai_k_values]
 
-    def beside_genai(lane: Lane, runs: list[Run]) -> dict:
-        """GenAI's speedup at the same fixed K, and our time over its."""
-        same_k = [g for g in genai if g.kind == "speculative" and lane.k_policy == "fixed" and g.k == lane.k]
-        if not same_k:
-            return {}
-        return {"genai_speedup": stats.spread(stats.paired_ratios(runs, same_k[0].baseline, same_k[0])),
-                "ours_over_genai": stats.spread(stats.paired_ratios(runs, lane, same_k[0]))}
+    would: dict = {}  # (instruction, repeat) -> the counterfactual on the autoregressive lane's answer
 
-    return sweep(ctx, f"K sweep, K in {list(ctx.bench.k_values)}, adaptive and auto", [ar, *ours, *genai], beside_genai, rows=ours)
+    def extra(lane: Lane, runs: list[Run]) -> dict:
+        """GenAI's speedup at the same fixed K and our time over its; what the counterfactual said for this lane."""
+        if not would:
+            would.update(counterfactuals(ctx, runs, ar))
+        figures = stats.counterfactual_figures(runs, lane, would)
+        same_k = [g for g in genai if g.kind == "speculative" and lane.k_policy == "fixed" and g.k == lane.k]
+        if same_k:
+            figures.update(genai_speedup=stats.spread(stats.paired_ratios(runs, same_k[0].baseline, same_k[0])),
+                           ours_over_genai=stats.spread(stats.paired_ratios(runs, lane, same_k[0])))
+        return figures
+
+    section = sweep(ctx, f"K sweep, K in {list(ctx.bench.k_values)}, adaptive and auto", [ar, *ours, *genai], extra, rows=ours)
+    section["counterfactuals"] = [{"instruction": i, "repeat": r, **w.to_dict()} for (i, r), w in sorted(would.items())]
+    return section
+
+
+def counterfactuals(ctx: Context, runs: list[Run], ar: Lane) -> dict:
+    """What each K would have given on each autoregressive answer, by (instruction, repeat): greedy, with the cost
+    model as it stands after the section's runs corrected it."""
+    instructions = ctx.code_instructions()
+    settings = replace(ctx.fixed(1), max_new_tokens=ctx.sweep_tokens, k_max=K_MAX)
+    return {(run.instruction, run.repeat): ctx.engine.would_have_given(instructions[run.instruction], settings, run.ids)
+            for run in stats.lane_runs(runs, ar)}
 
 
 def run_vocab(ctx: Context) -> dict:
     """The draft's LM head trimmed to its N most frequent tokens: draft step, α̂ and speedup for each N."""
     from specdemo.engine import Engine, load_model
 
-    generation = replace(ctx.generation, k_auto=True, adaptive=False, k_max=8)
+    generation = replace(ctx.generation, k_auto=True, adaptive=False, k_max=K_MAX)
     ar = our_lane("autoregressive", ctx.engine, "autoregressive", generation)
     lanes, heads = [ar], {}
     for n_head in ctx.bench.head_tokens:
@@ -65,7 +83,7 @@ def run_vocab(ctx: Context) -> dict:
             engine = ctx.engine
         else:
             engine = Engine(ctx.engine.target, load_model(replace(ctx.engine.draft.settings, head_tokens=n_head)))
-            engine.warm_up(8, log=lambda m: ctx.log(f"  {label}: {m}"))
+            engine.warm_up(K_MAX, log=lambda m: ctx.log(f"  {label}: {m}"))
         lane = our_lane(label, engine, "speculative", generation, baseline=ar)
         heads[lane] = {"head_tokens": n_head, "rows_kept": engine.draft.runtime.head_tokens,
                        "draft_step_costed_s": engine.costs.d(1) if engine.costs else math.nan}
