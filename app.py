@@ -28,7 +28,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    engines.prepare()  # convert (first start only) and compile the models while the page comes up
+    url = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::', '') else args.host}:{args.port}"
+    # Convert (first start only), compile and measure the models while the page comes up; say when runs can start.
+    engines.prepare(on_ready=lambda engine: print(f"ready: {url} (models loaded, this machine measured)", flush=True))
     page.launch(page.build(), args.host, args.port, args.share)
 
 

@@ -3,6 +3,7 @@ a serving process, and the OpenVINO compile configuration shared by every lane."
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -18,6 +19,17 @@ def keep_torch_out() -> None:
     """
     if "torch" not in sys.modules:
         sys.modules["torch"] = None  # importlib then answers "not installed"
+    # transformers says "PyTorch was not found. Models won't be available …" when imported without torch, which reads
+    # like a broken install; here it is the plan. Import it now with its advisory warnings off, and turn them on again.
+    previous = os.environ.get("TRANSFORMERS_NO_ADVISORY_WARNINGS")
+    os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"
+    try:
+        import transformers  # noqa: F401
+    finally:
+        if previous is None:
+            del os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"]
+        else:
+            os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = previous
 
 
 def hide_broken_torchvision() -> None:

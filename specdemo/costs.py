@@ -251,9 +251,14 @@ def measure(target: OVModel, draft: OVModel | None, n_max: int, cache: Path | No
             if draft is not None:
                 _warm_up(draft, 2)
             return costs
-    log(f"measuring this machine the way the loop calls it: single steps, then rounds scoring 2..{n_max} tokens"
-        + (" after draft steps" if draft else ""))
     start = time.perf_counter()
+    _warm_up(target, n_max)
+    if draft is not None:
+        _warm_up(draft, 2)
+    # Measuring makes each call shape UNTIMED + REPEATS times where warming up made it once.
+    estimate = (UNTIMED + REPEATS) * (time.perf_counter() - start)
+    log(f"measuring this machine the way the loop calls it (about {estimate:.0f} s, once per machine): single steps, "
+        f"then rounds scoring 2..{n_max} tokens" + (" after draft steps" if draft else ""))
     costs = _time_loop(target, draft, n_max)
     costs = replace(costs, seconds=time.perf_counter() - start)
     save(costs, path, describe_key(target, draft, n_max))
@@ -290,12 +295,11 @@ def _warm_up(model: OVModel, n_max: int) -> None:
 
 
 def _time_loop(target: OVModel, draft: OVModel | None, n_max: int) -> CostModel:
-    """Time every call shape the way the decoding loop makes it (see the module's docstring)."""
-    _warm_up(target, n_max)
+    """Time every call shape the way the decoding loop makes it (see the module's docstring); every shape has run
+    once already (_warm_up)."""
     target_prefill, target_rollback = _time_prefill(target), []
     fields = {}
     if draft is not None:
-        _warm_up(draft, 2)
         fields["draft_prefill_tps"] = _time_prefill(draft)
         draft.forward(_ids(CONTEXT_TOKENS))
     target.forward(_ids(CONTEXT_TOKENS))

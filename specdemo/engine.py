@@ -92,6 +92,8 @@ def load_model(settings: ModelSettings, progress: sources.Progress | None = None
     from transformers import AutoTokenizer
 
     folder = sources.prepare(settings, progress)
+    if progress is not None:
+        progress(None, f"compiling {folder.name} for {settings.device}")
     tokenizer = AutoTokenizer.from_pretrained(folder)
     config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
     head = None

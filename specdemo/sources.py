@@ -38,7 +38,7 @@ from specdemo.settings import ModelSettings
 CACHE_VERSION = "v2"  # bump when the conversion changes, so old caches are not reused
 COMPLETE_MARKER = "specdemo.json"  # written last: a folder without it is not a finished conversion
 
-Progress = Callable[[float, str], None]  # (fraction done 0..1, what is happening)
+Progress = Callable[[float | None, str], None]  # (fraction done 0..1, or None for a stage without one; what is happening)
 
 
 class ModelSourceError(Exception):

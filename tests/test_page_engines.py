@@ -17,5 +17,5 @@ def test_preparing_reports_to_the_page_and_prints_one_terminal_line_per_stage(ca
     lines = capsys.readouterr().err.splitlines()
     stages = [re.sub(r", about .* left\)$", ")", line.split("] ", 1)[1]) for line in lines]  # without the estimate
     assert stages == [
-        "Big: assembling and checking 3 parts (0%)", "big: exporting to OpenVINO IR (35%)", "big: ready (100%)",
+        "Big: assembling and checking 3 parts (0%)", "big: exporting to OpenVINO IR (35%)", "compiling", "big: ready (100%)",
         "Small: assembling and checking 1 parts (0%)", "small: ready (100%)"]

@@ -7,7 +7,9 @@ show its progress. Per-run state never lives here, so visitors never see each ot
 from __future__ import annotations
 
 import os
+import sys
 import threading
+import time
 from dataclasses import replace
 from typing import Callable
 
@@ -22,10 +24,12 @@ GENAI_WARM_UP_TOKENS = 8  # GenAI compiles its kernels on its first generate: do
 
 
 class Loading:
-    """Something slow being loaded on a background thread (an Engine or a GenAI pipeline), with its progress."""
+    """Something slow being loaded on a background thread (an Engine or a GenAI pipeline), with its progress;
+    `on_done(value)` is called once it has loaded."""
 
-    def __init__(self, key, load: Callable):
+    def __init__(self, key, load: Callable, on_done: Callable | None = None):
         self.key = key
+        self.on_done = on_done
         # Conversion reports fractions; compiling and warming up do not (None: no bar, just the message).
         self.fraction, self.message = None, "loading and compiling the models"
         self.value = None
@@ -40,6 +44,8 @@ class Loading:
             self.error = error
         finally:
             self.done.set()
+        if self.error is None and self.on_done is not None:
+            self.on_done(self.value)
 
     def report(self, fraction: float | None, message: str) -> None:
         self.fraction, self.message = fraction, message
@@ -53,12 +59,14 @@ class Loading:
 
 def _also_in_the_terminal(report: Callable) -> Callable:
     """`report` for the page, and one line per stage in the server's terminal. Each model's conversion reports
-    fractions from 0 to 1, so a fraction lower than the last starts the next model's clock."""
-    state = {"fraction": 1.0, "terminal": None}
+    fractions from 0 to 1, so a fraction lower than the last starts the next model's clock; a stage without a fraction
+    (compiling, measuring) is one line with the time since loading began."""
+    state = {"fraction": 1.0, "terminal": None, "start": time.perf_counter()}
 
     def both(fraction: float | None, message: str) -> None:
         report(fraction, message)
         if fraction is None:
+            print(f"[{time.perf_counter() - state['start']:5.0f} s] {message}", file=sys.stderr, flush=True)
             return
         if fraction < state["fraction"] or state["terminal"] is None:
             state["terminal"] = sources.terminal_progress(message.split(":")[0])
@@ -69,9 +77,10 @@ def _also_in_the_terminal(report: Callable) -> Callable:
 
 def _load_engine(settings: RunSettings, with_draft: bool):
     def load(report) -> Engine:
-        engine = Engine.load(settings, progress=_also_in_the_terminal(report), with_draft=with_draft)
-        report(None, "warming up and measuring this machine's call costs (once per machine)")
-        engine.warm_up(MAX_K)  # every K the page offers
+        both = _also_in_the_terminal(report)
+        engine = Engine.load(settings, progress=both, with_draft=with_draft)
+        both(None, "warming up")
+        engine.warm_up(MAX_K, log=lambda message: both(None, message))  # every K the page offers
         return engine
     return load
 
@@ -94,11 +103,11 @@ _LOADING: dict[str, Loading] = {}  # by role: "pair", "race-autoregressive", "ra
 _LOADING_LOCK = threading.Lock()
 
 
-def loading_for(role: str, settings: RunSettings, with_draft: bool = True) -> Loading:
+def loading_for(role: str, settings: RunSettings, with_draft: bool = True, on_done: Callable | None = None) -> Loading:
     """The (possibly finished) loading of the engine for `role`, started on first use. Other settings for a
     role replace its engine; a failed loading is tried again."""
     key = (settings.target, settings.draft if with_draft else None)
-    return _loading(role, key, lambda: _load_engine(settings, with_draft))
+    return _loading(role, key, lambda: _load_engine(settings, with_draft), on_done)
 
 
 def genai_loading_for(settings: RunSettings, prompt_lookup: bool) -> Loading:
@@ -106,17 +115,18 @@ def genai_loading_for(settings: RunSettings, prompt_lookup: bool) -> Loading:
     return _loading(GENAI, (settings.target, settings.draft, prompt_lookup), lambda: _load_genai(settings, prompt_lookup))
 
 
-def _loading(role: str, key, make_load: Callable) -> Loading:
+def _loading(role: str, key, make_load: Callable, on_done: Callable | None = None) -> Loading:
     with _LOADING_LOCK:
         loading = _LOADING.get(role)
         if loading is None or loading.key != key or loading.error is not None:
-            loading = _LOADING[role] = Loading(key, make_load())
+            loading = _LOADING[role] = Loading(key, make_load(), on_done)
     return loading
 
 
-def prepare(settings: RunSettings = RunSettings()) -> None:
-    """Start preparing the default pair now, so it is ready (or converting) before the first visitor."""
-    loading_for("pair", settings, True)
+def prepare(settings: RunSettings = RunSettings(), on_ready: Callable | None = None) -> None:
+    """Start preparing the default pair now, so it is ready (or converting) before the first visitor; `on_ready(engine)`
+    once it is."""
+    loading_for("pair", settings, True, on_ready)
 
 
 def race_threads() -> int:
