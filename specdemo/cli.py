@@ -1,4 +1,4 @@
-"""Command line: `python -m specdemo {prepare,generate,bench}`.
+"""Command line: `python -m specdemo {prepare,generate,show,bench,clean}`.
 
 A thin layer: argparse builds one RunSettings, the engine does the work, this file prints. Errors a
 user can fix are printed as one line (exit status 2), never as a traceback.
@@ -10,9 +10,9 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import asdict
+from pathlib import Path
 
-from specdemo import compat, sources
+from specdemo import compat, runfile, sources
 from specdemo.events import ACCEPTED, BONUS, CORRECTED, Result, TokenEvent, drain
 from specdemo.metrics import measured_speedup
 from specdemo.planner import Plan
@@ -36,9 +36,14 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("instruction", help="what to ask the model")
     _add_model_flags(generate)
     _add_generation_flags(generate)
-    generate.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    generate.add_argument("--json", action="store_true", help="print the run as one JSON object instead of text")
+    generate.add_argument("--save", default=None, metavar="FILE", help="also write the run to FILE as JSON (show it again "
+                          "with `python -m specdemo show FILE`)")
     generate.add_argument("--max-prompt-tokens", type=int, default=MAX_PROMPT_TOKENS,
                           help=f"refuse longer prompts (default {MAX_PROMPT_TOKENS:,}, as in the page); 0 allows up to the model's context")
+
+    show = commands.add_parser("show", help="render saved runs again, several side by side (from generate --save or the page)")
+    show.add_argument("files", nargs="+", help="JSON files of saved runs")
 
     clean = commands.add_parser("clean", help="list what specdemo keeps on disk, and remove what can go")
     clean.add_argument("--remove", default="", help="comma-separated kinds to delete: compiled, bench, other-models, "
@@ -120,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "clean":
             return _clean(args)
+        if args.command == "show":
+            return _show(args)
         settings = settings_from(args)
         _check_devices(settings)
         if args.command == "prepare":
@@ -150,8 +157,6 @@ def benchmark_settings(args: argparse.Namespace):
 
 
 def _bench(args: argparse.Namespace, settings: RunSettings) -> int:
-    from pathlib import Path
-
     from specdemo import bench
 
     measure = benchmark_settings(args)  # refused flags and settings end here, before the models load
@@ -231,18 +236,23 @@ def _generate(args: argparse.Namespace, settings: RunSettings) -> int:
             print(f"\n== {mode} ==", flush=True)
         lanes[mode] = _consume(run(args.instruction, settings.generation), show=not args.json)
     would = engine.would_have_given(args.instruction, settings.generation, lanes["speculative"].ids)
-    plan = lanes["speculative"].plan
+    run = runfile.run_dict(args.instruction, settings, engine, lanes["autoregressive"], lanes["speculative"], would)
+    if args.save:
+        runfile.save(run, Path(args.save))
     if args.json:
-        print(json.dumps({
-            **{mode: _lane_dict(result) for mode, result in lanes.items()},
-            "warm_up_s": engine.warm_up_s,
-            "costs": engine.costs.to_dict(),
-            "plan": asdict(plan) if plan is not None else None,
-            "counterfactual": would.to_dict() if would is not None else None,
-        }))
+        print(json.dumps(run, ensure_ascii=False))
     else:
         _print_summaries(lanes["autoregressive"], lanes["speculative"])
         _print_counterfactual(would, lanes["speculative"])
+        _print_failures(run["failures"])
+        if args.save:
+            print(f"saved to {args.save} (show it again: python -m specdemo show {args.save})")
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    runs = [runfile.load(Path(name)) for name in args.files]
+    print(runfile.compare(runs, list(args.files)))
     return 0
 
 
@@ -291,17 +301,6 @@ def _consume(events, show: bool) -> Result:
     return result
 
 
-def _lane_dict(result: Result) -> dict:
-    """A lane in `generate --json`: its ids and text, its tokens, its round records and its summary."""
-    return {"token_ids": result.ids, "text": result.text, "tokens": [_token_dict(t) for t in result.tokens],
-            "rounds": [r.to_dict() for r in result.rounds], "summary": result.summary.to_dict()}
-
-
-def _token_dict(event: TokenEvent) -> dict:
-    keep = ("id", "text", "source", "step", "t")  # the JSON keeps what a reader of one run needs
-    return {key: round(value, 6) if key == "t" else value for key, value in event.to_dict().items() if key in keep}
-
-
 def _render(event: TokenEvent, colour: bool) -> str:
     if not colour:
         return event.text
@@ -335,6 +334,16 @@ def _print_summaries(ar_result: Result, spec_result: Result) -> None:
         print("note: the two outputs differ (expected when sampling; with greedy decoding only at near-ties)")
     print(f"legend: {_COLOURS[ACCEPTED]}accepted draft{_RESET}  {_COLOURS[CORRECTED]}corrected by target{_RESET}  "
           f"{_COLOURS[BONUS]}bonus{_RESET}  {_STRIKE}rejected draft{_RESET}" if sys.stdout.isatty() else "")
+
+
+def _print_failures(failures: list[dict]) -> None:
+    """Where the drafts failed: the rejections by what the target wanted there, with examples."""
+    if not failures:
+        return
+    print("\n== where the drafts failed (what the target wanted at each rejection) ==")
+    for failure in failures:
+        examples = ", ".join(f"{drafted!r} → {wanted!r}" for drafted, wanted in failure["examples"])
+        print(f"{failure['kind']:26} {failure['count']:>4}   e.g. {examples}")
 
 
 def _print_counterfactual(would, spec: Result) -> None:

@@ -39,6 +39,7 @@ class Summary:
     tokens: int = 0  # new tokens emitted
     wall_s: float = 0.0  # from the start (prompt in hand) to the last token
     ttft_s: float = 0.0  # time to the first token
+    tpot_s: float = 0.0  # time per output token after the first: (wall - TTFT) / (tokens - 1)
     tokens_per_s: float = 0.0
     target_calls: int = 0  # inference calls on the target, prefill included
     draft_calls: int = 0  # inference calls on the draft model, prefill included
@@ -70,6 +71,57 @@ class Summary:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class Term:
+    """One figure of the glossary: our name and field, its formula, and what other tools call the same quantity
+    ("–": they report none; a note says where a definition differs)."""
+
+    name: str  # as the page and the CLI say it
+    field: str  # the Summary field that holds it (or, for the measured speedup of two lanes, the function here)
+    formula: str
+    genai: str = "–"  # OpenVINO GenAI (extended_perf_metrics / perf_metrics)
+    vllm: str = "–"  # vLLM's spec-decode metrics
+    llamacpp: str = "–"  # llama.cpp (server timings, speculative examples)
+    sglang: str = "–"
+    papers: str = "–"  # Spec-Bench, EAGLE, Leviathan et al.
+
+
+GLOSSARY = (
+    Term("α̂ (acceptance)", "alpha_hat", "accepted ÷ (accepted + rounds that ended in a rejection)",
+         papers="α, Leviathan et al. (its maximum-likelihood estimate)"),
+    Term("draft acceptance rate", "draft_acceptance_rate", "accepted ÷ proposed",
+         genai="get_num_accepted_tokens() ÷ get_num_draft_tokens()", vllm="num_accepted_tokens ÷ num_draft_tokens",
+         llamacpp="draft_n_accepted ÷ draft_n", sglang="spec_accept_rate"),
+    Term("mean acceptance length", "mean_acceptance_length",
+         "tokens ÷ target calls, after the prefill (the target's own token included; a round at K = 0 counts as 1)",
+         vllm="1 + num_accepted_tokens ÷ num_drafts (rounds that drafted only)", sglang="spec_accept_length",
+         papers="τ (EAGLE), mean accepted tokens (Spec-Bench)"),
+    Term("acceptance by position", "acceptance_by_position",
+         "for i = 1 … K: rounds that kept their i-th draft ÷ rounds that drafted one",
+         vllm="num_accepted_tokens_per_pos ÷ num_drafts", llamacpp="#acc rate/pos"),
+    Term("draft cost c", "draft_cost", "a draft step ÷ a single target step", papers="c, Leviathan et al."),
+    Term("Leviathan's speedup", "leviathan_speedup", "(1 − α̂^(K+1)) ÷ ((1 − α̂)(c·K + 1)), K = mean K",
+         papers="eq. 1, Leviathan et al. (a verify call priced at one step)"),
+    Term("predicted speedup", "predicted_speedup",
+         "this machine's measured call costs at the run's acceptance by position, mean K, N and prompt (planner.py)"),
+    Term("measured speedup", "measured_speedup", "speculative tokens/s ÷ autoregressive tokens/s, each lane from prompt to last token",
+         papers="speedup (Spec-Bench: walltime ratio)"),
+    Term("time to first token", "ttft_s", "seconds from the prompt in hand to the first token", genai="get_ttft()",
+         vllm="time_to_first_token", llamacpp="prompt_ms (prefill only)"),
+    Term("time per output token", "tpot_s", "(wall time − TTFT) ÷ (tokens − 1)", genai="get_tpot()",
+         vllm="time_per_output_token", llamacpp="predicted_per_token_ms"),
+)
+
+
+def glossary_markdown() -> str:
+    """The glossary as a markdown table (the README carries it; the page shows it behind an info control)."""
+    rows = ["| figure | formula | OpenVINO GenAI | vLLM | llama.cpp | SGLang | papers |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
+    for t in GLOSSARY:
+        rows.append(f"| {t.name} (`{t.field}`) | {t.formula} | {t.genai} | {t.vllm} | {t.llamacpp} | {t.sglang} | {t.papers} |")
+    return "\n".join(rows)
+
+
 def summarize(tokens: Sequence["TokenEvent"], rounds: Sequence["Round"], end: "End") -> Summary:
     """The lane's Summary from its tokens, its rounds and its End."""
     drafting = drafting_rounds(rounds)
@@ -86,6 +138,7 @@ def summarize(tokens: Sequence["TokenEvent"], rounds: Sequence["Round"], end: "E
         tokens=len(tokens),
         wall_s=end.wall_s,
         ttft_s=tokens[0].t if tokens else 0.0,
+        tpot_s=(end.wall_s - tokens[0].t) / (len(tokens) - 1) if len(tokens) > 1 else 0.0,
         tokens_per_s=tokens_per_s(len(tokens), end.wall_s),
         target_calls=len(rounds),
         draft_calls=sum(len(r.draft_calls) for r in rounds),
@@ -240,6 +293,57 @@ def measured_speedup(autoregressive: Summary, speculative: Summary) -> float:
     fair when sampling makes their lengths differ.
     """
     return speculative.tokens_per_s / autoregressive.tokens_per_s if autoregressive.tokens_per_s else 0.0
+
+
+FAILURE_KINDS = ("indentation / whitespace", "identifier", "keyword", "punctuation", "number", "word", "special token")
+
+
+@dataclass
+class Failure:
+    """Rejected drafts whose correction was of one kind: how many, and a few examples (the draft's token, the target's)."""
+
+    kind: str  # one of FAILURE_KINDS: what the target wanted there
+    count: int
+    examples: list[tuple[str, str]]  # (what the draft proposed, what the target chose), at most 3
+
+
+def where_drafts_fail(tokens: Sequence["TokenEvent"], decode, special_ids: set[int]) -> list[Failure]:
+    """The rejections of a run, grouped by what the target wanted at the rejected position, most frequent first.
+
+    `decode(ids)` turns token ids into text, special tokens included. Each corrected token is one rejection: its
+    first rejected draft is what the draft proposed there."""
+    groups: dict[str, Failure] = {}
+    for t in tokens:
+        if t.source != "corrected" or not t.rejected:
+            continue
+        wanted, drafted = decode([t.id]), decode([t.rejected[0]])
+        kind = "special token" if t.id in special_ids else token_kind(wanted)
+        group = groups.setdefault(kind, Failure(kind, 0, []))
+        group.count += 1
+        if len(group.examples) < 3:
+            group.examples.append((drafted, wanted))
+    return sorted(groups.values(), key=lambda g: -g.count)
+
+
+def token_kind(text: str) -> str:
+    """What a token's text is, in code and prose: whitespace (indentation, newlines), a number, punctuation, a Python
+    keyword, an identifier (snake_case, CamelCase, a piece glued to the previous token) or a word (a letter run after
+    a space)."""
+    import keyword
+
+    bare = text.strip()
+    if not bare:
+        return "indentation / whitespace"
+    if bare.replace(".", "", 1).isdigit():
+        return "number"
+    if not any(ch.isalnum() for ch in bare):
+        return "punctuation"
+    if keyword.iskeyword(bare) or keyword.issoftkeyword(bare):
+        return "keyword"
+    glued = not text[:1].isspace()
+    if bare.isidentifier() and ("_" in bare or any(ch.isupper() for ch in bare[1:]) or any(ch.isdigit() for ch in bare) or glued):
+        return "identifier"
+    return "word"
 
 
 def speedup_from_calls(tokens_per_round: float, k: float, draft_step: float, verify_call: float, target_step: float) -> float:

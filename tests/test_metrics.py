@@ -110,3 +110,66 @@ def test_measured_speedup_compares_throughput():
     ar = summarize(TOKENS, [step(0, 20)] + [step(i) for i in range(1, 12)], End("autoregressive", "eos", 2.0, 20))
     spec = summarize(TOKENS, ROUNDS, End("speculative", "eos", 1.0, 20, k_max=4))
     assert measured_speedup(ar, spec) == pytest.approx(2.0)
+
+
+# ---- the glossary: each figure's formula, checked against the field it names
+
+RECOMPUTED = {  # the glossary's formulas, recomputed from the summary's counts
+    "alpha_hat": lambda s: s.accepted / (s.accepted + s.rejections),
+    "draft_acceptance_rate": lambda s: s.accepted / s.proposed,
+    "mean_acceptance_length": lambda s: (s.tokens - 1) / (s.target_calls - 1),
+    "acceptance_by_position": lambda s: acceptance_by_position(ROUNDS, 5),
+    "draft_cost": lambda s: s.draft_step_s / 0.04,
+    "leviathan_speedup": lambda s: leviathan_speedup(s.alpha_hat, s.mean_k, s.draft_cost),
+    "ttft_s": lambda s: TOKENS[0].t,
+    "tpot_s": lambda s: (s.wall_s - s.ttft_s) / (s.tokens - 1),
+}
+
+
+def test_every_glossary_formula_gives_the_field_it_names():
+    from dataclasses import fields
+
+    from specdemo import metrics
+
+    costs = CostModel(target_s=(0.04,) * 13, target_prefill_tps=500.0, target_rollback_s=0.001, draft_s=(0.01, 0.012),
+                      draft_prefill_tps=2000.0)
+    s = summarize(TOKENS, ROUNDS, End("speculative", "eos", 1.0, 20, k_max=5, drafter="model", costs=costs))
+    names = {f.name for f in fields(s)}
+    for term in metrics.GLOSSARY:
+        assert term.field in names or callable(getattr(metrics, term.field, None)), term.field
+        if term.field in RECOMPUTED:
+            assert getattr(s, term.field) == pytest.approx(RECOMPUTED[term.field](s)), term.name
+
+
+def test_the_readme_carries_the_glossary_as_the_code_defines_it():
+    from pathlib import Path
+
+    from specdemo.metrics import glossary_markdown
+
+    assert glossary_markdown() in (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+
+
+# ---- where the drafts fail
+
+def test_token_kinds_tell_code_from_prose():
+    kinds = {text: __import__("specdemo.metrics", fromlist=["token_kind"]).token_kind(text)
+             for text in ("    ", "\n", " 42", " (", "):", " return", " merge_lists", "Count", "ing", " sorted", " the")}
+    assert kinds == {"    ": "indentation / whitespace", "\n": "indentation / whitespace", " 42": "number", " (": "punctuation",
+                     "):": "punctuation", " return": "keyword", " merge_lists": "identifier", "Count": "identifier",
+                     "ing": "identifier", " sorted": "word", " the": "word"}
+
+
+def test_rejections_are_grouped_by_what_the_target_wanted_with_examples():
+    from specdemo.metrics import where_drafts_fail
+
+    vocab = {1: "    ", 2: "  ", 3: " def", 4: " class", 5: "<|im_end|>", 6: " x", 7: " total_sum", 8: " sum", 9: "        "}
+    decode = lambda ids: "".join(vocab[i] for i in ids)  # noqa: E731
+    tokens = [TokenEvent(1, "", "corrected", 1, 0.1, rejected=[2]), TokenEvent(9, "", "corrected", 2, 0.2, rejected=[1, 3]),
+              TokenEvent(7, "", "corrected", 3, 0.3, rejected=[8]), TokenEvent(5, "", "corrected", 4, 0.4, rejected=[6]),
+              TokenEvent(3, "", "accepted", 4, 0.4), TokenEvent(4, "", "corrected", 5, 0.5, rejected=[3])]
+    failures = where_drafts_fail(tokens, decode, special_ids={5})
+    assert [(f.kind, f.count) for f in failures][:1] == [("indentation / whitespace", 2)]
+    by_kind = {f.kind: f for f in failures}
+    assert by_kind["indentation / whitespace"].examples == [("  ", "    "), ("    ", "        ")]
+    assert by_kind["identifier"].examples == [(" sum", " total_sum")]
+    assert by_kind["special token"].count == 1 and by_kind["keyword"].examples == [(" def", " class")]

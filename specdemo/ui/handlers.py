@@ -8,11 +8,13 @@ other's outputs; engines come from engines.py, shared by every visitor.
 from __future__ import annotations
 
 import queue
+import tempfile
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
 from typing import Iterator
 
-from specdemo import genai, metrics, sources
+from specdemo import genai, metrics, runfile, sources
 from specdemo.disk import inventory
 from specdemo.engine import Engine
 from specdemo.settings import GenerationSettings, RunSettings
@@ -43,6 +45,7 @@ class View:
     would: object = SKIP
     surface: object = SKIP
     costs_note: object = SKIP
+    download: object = SKIP  # the path of the finished run's JSON file (runfile.py), or None
     models: object = SKIP
 
     def values(self) -> tuple:
@@ -107,7 +110,24 @@ def generate(values: PageValues, session: str) -> Iterator[View]:
     if not stopped and settings.greedy and finished(lanes):
         yield View(status="Working out what each K would have given on this answer (one pass of the draft model)…")
         would = engines[SPECULATIVE].would_have_given(values.instruction, settings, [e.id for e in lanes[SPECULATIVE].events])
-    yield final_view(lanes, values.mode, settings, engines[SPECULATIVE], stopped, would)
+    view = final_view(lanes, values.mode, settings, engines[SPECULATIVE], stopped, would)
+    if finished(lanes) and not stopped:
+        run_settings = replace(device_settings(values.target_device, values.draft_device), generation=settings)
+        run = runfile.run_dict(values.instruction, run_settings, engines[SPECULATIVE], lanes[AUTOREGRESSIVE].result(),
+                               lanes[SPECULATIVE].result(), would)
+        view.download = save_run(run, session)
+        view.results += render.render_failures(run["failures"])
+    yield view
+
+
+def save_run(run: dict, session: str) -> str:
+    """Write a finished run for the page's download; returns the file's path (in the system's temporary folder,
+    which the page may serve)."""
+    folder = Path(tempfile.gettempdir()) / "specdemo-runs"
+    folder.mkdir(exist_ok=True)
+    path = folder / f"specdemo-run-{time.strftime('%Y%m%d-%H%M%S')}-{session[:8] or 'api'}.json"
+    runfile.save(run, path)
+    return str(path)
 
 
 def finished(lanes: dict[str, LaneRun]) -> bool:

@@ -7,6 +7,7 @@ from dataclasses import fields
 
 import gradio as gr
 
+from specdemo import metrics
 from specdemo.ui import charts, handlers, render
 from specdemo.ui.handlers import OUTPUTS, SKIP
 from specdemo.ui.lanes import LaneRun
@@ -29,6 +30,8 @@ def generate(request: gr.Request, *values):
     """Generate: the page's values (INPUTS order) in, whole page updates (OUTPUTS order) out."""
     for view in handlers.generate(PageValues(*values), request.session_hash):
         _warn(view.status)
+        if view.download is not SKIP:  # the button offers the file once there is one
+            view.download = gr.DownloadButton(value=view.download, interactive=view.download is not None)
         yield _gradio(view.values())
 
 
@@ -133,6 +136,11 @@ def _add_lanes_and_results(o: dict) -> None:
                 o[f"{prefix}_text"] = gr.HTML(render.render_tokens([]), elem_id=f"{prefix}-text", js_on_load=FOLLOW_JS)
             o[f"{prefix}_lane"] = column
     o["results"] = gr.HTML(render.note("Press Generate to run both lanes."), elem_id="results")
+    with gr.Row():
+        with gr.Accordion("ⓘ What the figures mean, and what other tools call them", open=False, elem_id="glossary"):
+            gr.Markdown(metrics.glossary_markdown())
+        o["download"] = gr.DownloadButton("Download this run (JSON)", value=None, interactive=False, elem_id="download",
+                                          size="sm", scale=0, min_width=220)
     with gr.Row(equal_height=True):
         o["timeline"] = gr.LinePlot(None, x="seconds", y="tokens", color="lane", color_map=render.LANE_COLOURS,
                                     title="Tokens generated over time", x_title="seconds since the lane began",

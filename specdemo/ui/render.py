@@ -154,6 +154,18 @@ def would_line(would, s: Summary) -> str:
             f"in {would.oracle.target_calls}; this run took {s.target_calls}. Greedy decoding only.")
 
 
+def render_failures(failures: list[dict]) -> str:
+    """Where the drafts failed: a small table of rejections by what the target wanted there, with examples."""
+    if not failures:
+        return ""
+    rows = "".join(f"<tr><td>{escape(f['kind'])}</td><td>{f['count']}</td><td>"
+                   + ", ".join(f"<code>{escape(repr(d))}</code> → <code>{escape(repr(w))}</code>" for d, w in f["examples"])
+                   + "</td></tr>" for f in failures)
+    return ('<div class="sd-notes"><p><b>Where the drafts failed</b>: each rejection, by what the target wanted '
+            f'there (the draft\'s token → the target\'s).</p><table class="sd-failures"><thead><tr><th>the target wanted</th>'
+            f"<th>rejections</th><th>examples</th></tr></thead><tbody>{rows}</tbody></table></div>")
+
+
 def _rates(rates: list[float]) -> str:
     shown = [f"{r:.2f}" for r in rates if r]
     return " ".join(shown) if shown else "–"

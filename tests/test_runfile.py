@@ -1,0 +1,57 @@
+"""A run to take home: a finished run saved in the schema of `generate --json`, read back and rendered again, several
+side by side; bad files are refused with a sentence."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from specdemo import runfile
+from specdemo.events import drain
+from specdemo.settings import GenerationSettings, RunSettings
+from tests.conftest import ROOT, exact
+
+PROMPT = "w5 w17 w99 w3 w250 w42 w7"
+
+
+@pytest.fixture(scope="module")
+def saved(tiny_engine, tiny_target, tiny_draft, tmp_path_factory):
+    settings = GenerationSettings(max_new_tokens=24, k=3)
+    ar = drain(tiny_engine.autoregressive(PROMPT, settings))
+    spec = drain(tiny_engine.speculative(PROMPT, settings))
+    would = tiny_engine.would_have_given(PROMPT, settings, spec.ids)
+    run = runfile.run_dict(PROMPT, RunSettings(exact(tiny_target), exact(tiny_draft), settings), tiny_engine, ar, spec, would)
+    path = tmp_path_factory.mktemp("runs") / "run.json"
+    runfile.save(run, path)
+    return path, run
+
+
+def test_a_saved_run_holds_both_lanes_their_records_the_machine_and_what_each_k_would_have_given(saved):
+    path, run = saved
+    again = runfile.load(path)
+    assert again == json.loads(json.dumps(run))  # JSON all the way down
+    for lane in ("autoregressive", "speculative"):
+        assert again[lane]["summary"]["tokens"] == len(again[lane]["token_ids"]) == 24
+        assert sum(r["emitted"] for r in again[lane]["rounds"]) == 24
+    assert again["machine"]["cpu"] and again["models"]["target"]["compile_properties"]["INFERENCE_PRECISION_HINT"] == "f32"
+    assert again["counterfactual"]["greedy_only"] and again["settings"]["generation"]["k"] == 3
+    assert {f["kind"] for f in again["failures"]} <= set(__import__("specdemo.metrics").metrics.FAILURE_KINDS)
+
+
+def test_saved_runs_render_again_side_by_side(saved):
+    path, run = saved
+    text = runfile.compare([run, run], [str(path), "other.json"])
+    header, *rows = text.splitlines()
+    assert "run.json" in header and "other.json" in header
+    speedup = next(row for row in rows if row.startswith("measured speedup"))
+    assert speedup.count(f"{run['measured_speedup']:.2f}x") == 2
+
+
+def test_show_refuses_a_file_that_is_not_a_run_with_one_line(tmp_path):
+    bad = tmp_path / "notes.json"
+    bad.write_text('{"hello": 1}')
+    result = subprocess.run([sys.executable, "-m", "specdemo", "show", str(bad)], capture_output=True, text=True,
+                            cwd=ROOT, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"error: {bad} is not a specdemo run (schema 1): save one with `generate --save FILE`"
