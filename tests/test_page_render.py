@@ -80,10 +80,16 @@ def test_lane_figures_show_elapsed_tokens_rate_and_first_token():
 
 
 def test_timeline_has_both_lanes_from_the_origin_even_before_they_run():
-    frame = render.timeline_frame({AUTOREGRESSIVE: LaneRun(events=[token("a", t=0.5), token("b", t=0.75)]),
-                               SPECULATIVE: LaneRun()})
-    assert frame.values.tolist() == [[0.0, 0, "autoregressive"], [0.5, 1, "autoregressive"], [0.75, 2, "autoregressive"],
-                                     [0.0, 0, "speculative"]]
+    series = render.timeline_series({AUTOREGRESSIVE: LaneRun(events=[token("a", t=0.5), token("b", t=0.75)]),
+                                     SPECULATIVE: LaneRun()})
+    assert series == {AUTOREGRESSIVE: [(0.0, 0), (0.5, 1), (0.75, 2)], SPECULATIVE: [(0.0, 0)]}
+
+
+def test_a_lane_text_update_carries_only_the_new_tokens_and_where_they_start():
+    events = [token("a", TARGET, 0), token("b"), token("c")]
+    html = render.render_stream(events[1:], 1, reset=False)
+    assert 'data-from="1" data-to="3" data-reset="0"' in html and html.count("sd-tok") == 2
+    assert 'data-from="0" data-to="3" data-reset="1"' in render.render_stream(events, 0, reset=True)
 
 
 def test_model_panel_shows_sizes_precisions_devices_and_kv_cache():
@@ -109,6 +115,6 @@ def test_results_say_how_genai_compares_and_whether_its_tokens_equal_ours():
 
 def test_the_timeline_shows_genai_only_when_it_ran():
     lanes = {AUTOREGRESSIVE: LaneRun(), SPECULATIVE: LaneRun()}
-    assert set(render.timeline_frame(lanes)["lane"]) == {AUTOREGRESSIVE, SPECULATIVE}
+    assert set(render.timeline_series(lanes)) == {AUTOREGRESSIVE, SPECULATIVE}
     lanes[GENAI] = LaneRun(events=[token("a", TARGET, t=0.5)])
-    assert render.timeline_frame(lanes).values.tolist()[-2:] == [[0.0, 0, GENAI], [0.5, 1, GENAI]]
+    assert render.timeline_series(lanes)[GENAI] == [(0.0, 0), (0.5, 1)]

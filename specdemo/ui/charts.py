@@ -97,6 +97,25 @@ def placeholder(title: str, text: str) -> str:
     return _svg([_text(WIDTH / 2, HEIGHT / 2, text, 13, opacity="0.7")], title, text)
 
 
+def timeline(series: dict[str, list[tuple[float, int]]], colours: dict[str, str]) -> str:
+    """Tokens generated against seconds since each lane began, a line per lane (a run is drawn as it goes)."""
+    title = "Tokens generated over time"
+    points = [p for line in series.values() for p in line]
+    if len(points) <= len(series):  # only the origins
+        return placeholder(title, "Drawn as the lanes run.")
+    right = max(max(t for t, _ in points), 0.5) * 1.05
+    top = max(max(n for _, n in points), 1) * 1.1
+    axes = Axes(0.0, right, 0.0, top)
+    parts = _axes(axes, _nice_ticks(0.0, right), _nice_ticks(0.0, top), "seconds since the lane began", "tokens")
+    legend = []
+    for name, line in series.items():
+        dash = {"genai": "4 3"}.get(name, "")
+        parts.append(_line(axes, [(t, n) for t, n in line], colours.get(name, GREY), dash))
+        legend.append((name, colours.get(name, GREY), dash))
+    parts += _legend(legend)
+    return _svg(parts, title, "; ".join(f"{name}: {line[-1][1]} tokens in {line[-1][0]:.1f} s" for name, line in series.items()))
+
+
 def would_have_given(would: Counterfactual | None, run_k: float, run_speedup: float) -> str:
     """Predicted speedup of every fixed K on this very answer, the per-round oracle, prompt lookup, and this run."""
     title = "What each K would have given on this answer"

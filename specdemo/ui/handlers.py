@@ -18,7 +18,7 @@ from specdemo import genai, metrics, runfile, sources
 from specdemo.disk import inventory
 from specdemo.engine import Engine
 from specdemo.settings import GenerationSettings, RunSettings
-from specdemo.ui import charts, render
+from specdemo.ui import charts, render, waiting
 from specdemo.ui.engines import Loading, device_settings, genai_loading_for, genai_plan, lane_loadings, loading_for, race_threads
 from specdemo.ui.lanes import (AUTOREGRESSIVE, GENAI, LANES, SPECULATIVE, LaneRun, begin_run, cancel_run, end_run, follow,
                                start_lanes)
@@ -26,6 +26,8 @@ from specdemo.ui.values import MAX_K, RACE, PageValues, as_sentence, check_promp
 
 PLOT_INTERVAL_S = 0.5  # redrawing a chart costs more than appending text
 SKIP = object()  # an output this update leaves as it is
+MAX_WAITING_RUNS = 32  # runs that may wait for the machine; one more is refused with a sentence
+LINE = waiting.RunQueue(MAX_WAITING_RUNS)  # every visitor's runs take turns on this machine
 
 
 @dataclass
@@ -73,10 +75,36 @@ def wait_for_models() -> Iterator[tuple]:
 
 
 def generate(values: PageValues, session: str) -> Iterator[View]:
-    """Run the lanes on one instruction and stream the page's outputs. A refused run yields one View whose
-    status starts with ⚠️ and raises nothing."""
+    """Take a turn on the machine, run the lanes on one instruction and stream the page's outputs. While runs ahead
+    hold the machine, the status says how many and for about how long. A refused run yields one View whose status
+    starts with ⚠️ and raises nothing."""
     try:
         settings = values.check()
+        ticket = LINE.join(settings.max_new_tokens)
+    except ValueError as error:  # QueueFull too
+        yield View(status=f"⚠️ {as_sentence(error)}")
+        return
+    cancel = begin_run(session)  # from now on Stop reaches this run, waiting or running
+    ran = False
+    try:
+        for ahead, seconds in LINE.wait(ticket, cancel):
+            yield View(status=waiting.describe_place(ahead, seconds))
+        if cancel.is_set():
+            yield View(status=LEFT_QUEUE_STATUS)
+            return
+        ran = True
+        yield from _run(values, settings, session, cancel)
+    finally:
+        LINE.leave(ticket, finished=ran and not cancel.is_set())
+        end_run(session, cancel)
+
+
+LEFT_QUEUE_STATUS = "You left the queue; nothing was run."
+
+
+def _run(values: PageValues, settings: GenerationSettings, session: str, cancel) -> Iterator[View]:
+    """The run itself, once it is this visitor's turn."""
+    try:
         engines = yield from _wait_for(lane_loadings(values.mode, values.target_device, values.draft_device))
         check_prompt(engines[SPECULATIVE].prompt_ids(values.instruction, settings))  # the stricter context of the two
         jobs = _jobs(engines, values.instruction, settings)
@@ -87,25 +115,21 @@ def generate(values: PageValues, session: str) -> Iterator[View]:
         return
 
     lanes = {name: LaneRun() for name in jobs}
-    cancel = begin_run(session)
     inbox = queue.SimpleQueue()
     threads = start_lanes(jobs, values.mode, cancel, inbox)
-    # Stop sets `cancel`: the workers end after their current step and this generator ends normally, so the
-    # last update is always the final view (a closed page instead closes it at a yield; the finally stops the workers).
-    try:
-        first = live_view(lanes, values.mode, plot=True, whole=True)
-        first.results = render.note("Running…")
-        first.positions = charts.placeholder("Acceptance by draft position", "Drawn when the run ends.")
-        first.would = charts.placeholder("What each K would have given on this answer", "Drawn when the run ends.")
-        yield first
-        last_plot = time.perf_counter()
-        for _ in follow(lanes, threads, inbox):
-            plot = time.perf_counter() - last_plot >= PLOT_INTERVAL_S
-            last_plot = time.perf_counter() if plot else last_plot
-            yield live_view(lanes, values.mode, plot)
-        stopped = cancel.is_set()  # Stop was pressed (end_run sets it too, below)
-    finally:
-        end_run(session, cancel)
+    # Stop sets `cancel`: the workers end after their current step and the run ends normally, so the last update is
+    # always the final view (a closed page instead closes the generator at a yield; generate's finally stops the workers).
+    first = live_view(lanes, values.mode, plot=True, whole=True)
+    first.results = render.note("Running…")
+    first.positions = charts.placeholder("Acceptance by draft position", "Drawn when the run ends.")
+    first.would = charts.placeholder("What each K would have given on this answer", "Drawn when the run ends.")
+    yield first
+    last_plot = time.perf_counter()
+    for _ in follow(lanes, threads, inbox):
+        plot = time.perf_counter() - last_plot >= PLOT_INTERVAL_S
+        last_plot = time.perf_counter() if plot else last_plot
+        yield live_view(lanes, values.mode, plot)
+    stopped = cancel.is_set()
     would = None
     if not stopped and settings.greedy and finished(lanes):
         yield View(status="Working out what each K would have given on this answer (one pass of the draft model)…")
@@ -160,17 +184,19 @@ def _genai_job(engine: Engine, values: PageValues, settings: GenerationSettings)
 
 
 def live_view(lanes: dict[str, LaneRun], mode: str, plot: bool, whole: bool = False) -> View:
-    """The lanes' figures, their texts when new tokens came (or `whole`), the chart when `plot`."""
+    """The lanes' figures, their new tokens (all of them when `whole`), the timeline when `plot`. Only what changed is
+    sent: a text box appends the tokens it receives (render.render_stream)."""
     now = time.perf_counter()
     view = View(status=running_status(lanes, mode))
     for name, lane in lanes.items():
         prefix = {AUTOREGRESSIVE: "ar", SPECULATIVE: "spec", GENAI: "genai"}[name]
         setattr(view, f"{prefix}_figures", render.render_lane_figures(lane, now))
         if lane.changed or whole:
-            setattr(view, f"{prefix}_text", render.render_tokens(lane.events))
-            lane.changed = False
+            start = 0 if whole else lane.sent
+            setattr(view, f"{prefix}_text", render.render_stream(lane.events[start:], start, reset=whole))
+            lane.sent, lane.changed = len(lane.events), False
     if plot:
-        view.timeline = render.timeline_frame(lanes)
+        view.timeline = charts.timeline(render.timeline_series(lanes), render.LANE_COLOURS)
     return view
 
 
@@ -221,8 +247,8 @@ def final_view(lanes: dict[str, LaneRun], mode: str, settings: GenerationSetting
 
 
 def stop(session: str) -> str | None:
-    """Stop button: every lane of this visitor's run stops after its current step, and the run's own last update
-    says so. The status line until then, or None if nothing was running."""
+    """Stop button: every lane of this visitor's run stops after its current step (a run still waiting leaves the
+    queue), and the run's own last update says so. The status line until then, or None if nothing was running."""
     if not cancel_run(session):
         return None
     return "Stopping after the current step…"

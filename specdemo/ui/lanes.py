@@ -36,6 +36,7 @@ class LaneRun(LaneLog):
         self.started: float | None = None  # time.perf_counter() when the lane began, for the live timer
         self.error = error
         self.changed = False  # tokens arrived since the text was last rendered
+        self.sent = 0  # tokens the page has been sent (the next update sends the rest)
 
     def take(self, item) -> None:
         if item is _STARTED:

@@ -9,7 +9,7 @@ import gradio as gr
 
 from specdemo import metrics
 from specdemo.ui import charts, handlers, render
-from specdemo.ui.handlers import OUTPUTS, SKIP
+from specdemo.ui.handlers import MAX_WAITING_RUNS, OUTPUTS, SKIP
 from specdemo.ui.lanes import LaneRun
 from specdemo.ui.values import (ASSETS, MAX_INSTRUCTION_CHARS, MAX_K, MAX_NEW_TOKENS_CAP, ONE_AFTER_ANOTHER, RACE,
                                 PageValues, load_examples, offered_devices)
@@ -58,8 +58,9 @@ def build() -> gr.Blocks:
         _add_controls(page)
         _add_lanes_and_results(page)
         status = page["status"]
+        # No concurrency limit here: runs wait in our own queue (ui/waiting.py), which tells each visitor their place.
         page["generate"].click(generate, [page[name] for name in INPUTS], [page[name] for name in OUTPUTS],
-                                     concurrency_limit=1, concurrency_id="models", show_progress="hidden")
+                               concurrency_limit=None, show_progress="hidden")
         # No `cancels=[run]`: closing the generator mid-update let a live update already in flight land after
         # Stop's message. Stop sets the run's cancel flag and the run ends itself with a final update.
         page["stop"].click(stop, None, status, queue=False, show_progress="hidden")
@@ -133,7 +134,8 @@ def _add_lanes_and_results(o: dict) -> None:
             with gr.Column(elem_classes="sd-lane", visible=prefix != "genai", elem_id=f"{prefix}-lane") as column:
                 gr.HTML(f"<h3 class='sd-lane-title'>{title}</h3>")
                 o[f"{prefix}_figures"] = gr.HTML(render.render_lane_figures(LaneRun(), 0.0), elem_id=f"{prefix}-figures")
-                o[f"{prefix}_text"] = gr.HTML(render.render_tokens([]), elem_id=f"{prefix}-text", js_on_load=FOLLOW_JS)
+                o[f"{prefix}_text"] = gr.HTML(render.render_stream([], 0, reset=True), elem_id=f"{prefix}-text",
+                                              js_on_load=STREAM_JS)
             o[f"{prefix}_lane"] = column
     o["results"] = gr.HTML(render.note("Press Generate to run both lanes."), elem_id="results")
     with gr.Row():
@@ -142,9 +144,8 @@ def _add_lanes_and_results(o: dict) -> None:
         o["download"] = gr.DownloadButton("Download this run (JSON)", value=None, interactive=False, elem_id="download",
                                           size="sm", scale=0, min_width=220)
     with gr.Row(equal_height=True):
-        o["timeline"] = gr.LinePlot(None, x="seconds", y="tokens", color="lane", color_map=render.LANE_COLOURS,
-                                    title="Tokens generated over time", x_title="seconds since the lane began",
-                                    y_lim=[0, None], height=280, elem_id="timeline")
+        o["timeline"] = gr.HTML(charts.placeholder("Tokens generated over time", "Drawn as the lanes run."),
+                                elem_id="timeline", elem_classes="sd-chart-box")
         o["would"] = gr.HTML(charts.placeholder("What each K would have given on this answer", "Drawn after a run."),
                              elem_id="would", elem_classes="sd-chart-box")
     with gr.Row(equal_height=True):
@@ -167,21 +168,30 @@ TOGGLE_REJECTED_JS = """
 element.addEventListener('change', (e) => document.body.classList.toggle('sd-hide-rejected', !e.target.checked));
 """
 
-# The lane text scrolls inside its box. Each update replaces the box, so follow the newest tokens
-# unless the visitor has scrolled up to read, in which case keep their place.
-FOLLOW_JS = """
-let stick = true, top = 0;
-element.addEventListener('scroll', (e) => {
-  const box = e.target;
-  top = box.scrollTop;
-  stick = box.scrollTop + box.clientHeight >= box.scrollHeight - 24;
-}, true);
-watch('value', () => {
-  const box = element.querySelector('.sd-text');
-  if (!box) return;
+# A lane's text box receives only the tokens new since the last update (render.render_stream: a hidden div with
+# data-from / data-to, data-reset at the start and the end of a run) and appends them to a box of its own beside the
+# component's re-rendered content, so an update costs the new tokens, not the whole text again. The box follows the
+# newest tokens unless the visitor has scrolled up to read, in which case it keeps their place.
+STREAM_JS = """
+const box = document.createElement('div');
+box.className = 'sd-text';
+box.dataset.count = '0';
+element.parentNode.insertBefore(box, element.nextSibling);
+let stick = true;
+box.addEventListener('scroll', () => { stick = box.scrollTop + box.clientHeight >= box.scrollHeight - 24; });
+const take = () => {
+  const delta = element.querySelector('.sd-delta');
+  if (!delta) return;
+  const from = +delta.dataset.from, to = +delta.dataset.to, have = +box.dataset.count;
+  if (delta.dataset.reset === '1') { box.innerHTML = delta.innerHTML; stick = true; }
+  else if (from === have) box.insertAdjacentHTML('beforeend', delta.innerHTML);
+  else return;  // already shown, or a gap: the run's last update resets the whole text
+  box.dataset.count = String(to);
   if (box.scrollHeight <= box.clientHeight + 24) stick = true;
-  box.scrollTop = stick ? box.scrollHeight : top;
-});
+  if (stick) box.scrollTop = box.scrollHeight;
+};
+take();
+watch('value', take);
 """
 
 
@@ -192,6 +202,8 @@ THEME = gr.themes.Default(primary_hue="blue",
 
 
 def launch(demo: gr.Blocks, host: str, port: int, share: bool) -> None:
-    """Serve the page: queued runs (one at a time per model pair), no share link unless asked."""
-    demo.queue(max_size=64).launch(server_name=host, server_port=port, share=share, css_paths=[ASSETS / "style.css"],
-                                   theme=THEME)
+    """Serve the page: runs take turns in our queue (each waiting one holds a worker thread, hence the threads), no share
+    link unless asked."""
+    demo.queue(max_size=2 * MAX_WAITING_RUNS).launch(server_name=host, server_port=port, share=share,
+                                                     css_paths=[ASSETS / "style.css"], theme=THEME,
+                                                     max_threads=2 * MAX_WAITING_RUNS + 16)

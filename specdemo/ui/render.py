@@ -45,8 +45,8 @@ def token_title(event: TokenEvent) -> str:
 
 
 def render_tokens(events: list[TokenEvent]) -> str:
-    """A lane's text as HTML: one span per token, coloured by provenance, with rejected drafts struck
-    through where the target rejected them (the CSS class sd-rejected; the page can hide them)."""
+    """Tokens as HTML: one span per token, coloured by provenance, with rejected drafts struck through where the
+    target rejected them (the CSS class sd-rejected; the page can hide them)."""
     parts = []
     for event in events:
         if event.rejected_text:
@@ -54,7 +54,14 @@ def render_tokens(events: list[TokenEvent]) -> str:
             parts.append(f'<del class="sd-rejected" title="{escape(title)}">{escape(event.rejected_text)}</del>')
         if event.text:
             parts.append(f'<span class="sd-tok sd-{event.source}" title="{escape(token_title(event))}">{escape(event.text)}</span>')
-    return f'<div class="sd-text">{"".join(parts)}</div>'
+    return "".join(parts)
+
+
+def render_stream(events: list[TokenEvent], start: int, reset: bool) -> str:
+    """What a lane's text box receives in one update: the tokens from `start` on (all of them when `reset`), which the
+    page appends to what it shows (page.STREAM_JS), so an update costs the new tokens, not the whole text again."""
+    return (f'<div class="sd-delta" data-from="{start}" data-to="{start + len(events)}" data-reset="{int(reset)}">'
+            f"{render_tokens(events)}</div>")
 
 
 def tiles(cells: list[tuple[str, str]], extra_class: str = "") -> str:
@@ -208,17 +215,11 @@ def render_genai_line(lane: LaneRun, spec: LaneRun, settings: GenerationSettings
             f"{g.tokens_per_s:.1f} tokens/s, {ratio:.2f}× our speculative lane; {accepted}{same}.")
 
 
-def timeline_frame(lanes: dict[str, LaneRun]) -> pd.DataFrame:
-    """Tokens generated against seconds since each lane began, one series per lane, from (0, 0)."""
-    # Every lane starts at (0, 0) even before it runs: the chart fixes its series from the first
-    # data it sees, so all must be there from the start.
-    rows = []
-    for name in [*LANES, *([GENAI] if GENAI in lanes else [])]:
-        rows.append((0.0, 0, name))
-        events = lanes[name].events if name in lanes else []
-        rows.extend((event.t, i + 1, name) for i, event in enumerate(events))
-    # Explicit types: an empty frame would otherwise make the chart treat the axes as categories.
-    return pd.DataFrame(rows, columns=["seconds", "tokens", "lane"]).astype({"seconds": float, "tokens": int, "lane": str})
+def timeline_series(lanes: dict[str, LaneRun]) -> dict[str, list[tuple[float, int]]]:
+    """Each lane's tokens against seconds since it began, from (0, 0): the timeline chart's lines."""
+    names = [*LANES, *([GENAI] if GENAI in lanes else [])]
+    return {name: [(0.0, 0)] + [(event.t, i + 1) for i, event in enumerate(lanes[name].events if name in lanes else [])]
+            for name in names}
 
 
 def cost_frame(costs) -> pd.DataFrame:

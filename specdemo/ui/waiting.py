@@ -1,0 +1,114 @@
+"""A visible queue: runs take turns on the shared machine, first come first served, and whoever waits sees their
+place and an estimate ("3 runs ahead of you, about 40 s").
+
+One run at a time is what makes the figures honest: two runs at once would share the cores and slow each other.
+The page's Generate handler joins the line, waits its turn yielding its place, and leaves when done; Stop while
+waiting leaves the line at once, and the runs behind move up. Estimates come from how long recent runs took per
+requested token.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterator
+
+DEFAULT_SECONDS_PER_TOKEN = 0.12  # before any run finished: both lanes of a 2-core machine, roughly
+POLL_S = 0.25  # how often a waiting visitor's place is re-read
+
+
+class QueueFull(ValueError):
+    """More runs are waiting than the page accepts."""
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One run's place in the line."""
+
+    tokens: int  # new tokens it asked for (what its run will take scales with them)
+    joined: float = field(default_factory=time.perf_counter)
+    started: float | None = None  # when its turn came
+
+
+class RunQueue:
+    """The line of runs for one machine. The first ticket is the run in progress."""
+
+    def __init__(self, max_waiting: int):
+        self.max_waiting = max_waiting
+        self._line: list[Ticket] = []
+        self._changed = threading.Condition()
+        self._seconds_per_token: deque[float] = deque(maxlen=8)  # of recent runs
+
+    def join(self, tokens: int) -> Ticket:
+        """A place at the end of the line, or QueueFull with a sentence."""
+        with self._changed:
+            if len(self._line) > self.max_waiting:
+                raise QueueFull(f"{len(self._line) - 1} runs are already waiting, the most this page takes; "
+                                "try again in a minute")
+            ticket = Ticket(max(tokens, 1))
+            self._line.append(ticket)
+            if len(self._line) == 1:
+                ticket.started = time.perf_counter()
+            return ticket
+
+    def ahead(self, ticket: Ticket) -> int:
+        """How many runs are before this one (0: its turn)."""
+        with self._changed:
+            return self._line.index(ticket) if ticket in self._line else 0
+
+    def estimate_s(self, ticket: Ticket) -> float:
+        """Seconds until this ticket's turn: what the runs ahead asked for at the recent pace, less what the
+        running one has already done."""
+        pace = statistics.median(self._seconds_per_token) if self._seconds_per_token else DEFAULT_SECONDS_PER_TOKEN
+        with self._changed:
+            ahead = self._line[: self._line.index(ticket)] if ticket in self._line else []
+            seconds = sum(t.tokens * pace for t in ahead)
+            if ahead and ahead[0].started is not None:
+                seconds -= min(time.perf_counter() - ahead[0].started, ahead[0].tokens * pace)
+        return max(seconds, 0.0)
+
+    def wait(self, ticket: Ticket, cancel: threading.Event) -> Iterator[tuple[int, float]]:
+        """Until this ticket's turn, yield (runs ahead, seconds estimated) now and whenever the line moves or every
+        POLL_S; returns at its turn. If `cancel` is set while waiting, the ticket leaves the line and this returns."""
+        last = None
+        while True:
+            with self._changed:
+                if cancel.is_set():
+                    self._remove(ticket)
+                    return
+                if self._line and self._line[0] is ticket:
+                    return
+            place = (self.ahead(ticket), self.estimate_s(ticket))
+            yield place
+            if place[0] == last:
+                with self._changed:
+                    self._changed.wait(POLL_S)
+            last = place[0]
+
+    def leave(self, ticket: Ticket, finished: bool = True) -> None:
+        """This run is done (or gave up): the next one's turn. A finished run teaches the pace."""
+        with self._changed:
+            if finished and ticket.started is not None and self._line and self._line[0] is ticket:
+                self._seconds_per_token.append((time.perf_counter() - ticket.started) / ticket.tokens)
+            self._remove(ticket)
+
+    def _remove(self, ticket: Ticket) -> None:
+        if ticket in self._line:
+            self._line.remove(ticket)
+            if self._line and self._line[0].started is None:
+                self._line[0].started = time.perf_counter()
+            self._changed.notify_all()
+
+    def __len__(self) -> int:
+        with self._changed:
+            return len(self._line)
+
+
+def describe_place(ahead: int, seconds: float) -> str:
+    """The waiting visitor's status line."""
+    runs = "1 run" if ahead == 1 else f"{ahead} runs"
+    when = f"about {seconds:.0f} s" if seconds >= 1.5 else "any moment"
+    return f"Waiting for the machine: {runs} ahead of you, {when}. Runs take turns so each has the whole machine; Stop leaves the queue."
