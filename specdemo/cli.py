@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--max-prompt-tokens", type=int, default=MAX_PROMPT_TOKENS,
                           help=f"refuse longer prompts (default {MAX_PROMPT_TOKENS:,}, as in the page); 0 allows up to the model's context")
 
+    tune = commands.add_parser("tune", help="choose the compile settings of both models for this machine, by measurement")
+    _add_model_flags(tune)
+
     show = commands.add_parser("show", help="render saved runs again, several side by side (from generate --save or the page)")
     show.add_argument("files", nargs="+", help="JSON files of saved runs")
 
@@ -131,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         _check_devices(settings)
         if args.command == "prepare":
             return _prepare(settings)
+        if args.command == "tune":
+            return _tune(settings)
         if args.command == "generate":
             compat.keep_torch_out()  # generating needs no torch; conversion, if any, runs in a child process
             return _generate(args, settings)
@@ -202,6 +207,45 @@ def _clean(args: argparse.Namespace) -> int:
         removable = sorted({item.kind for item in items} & set(disk.KINDS))
         if removable:
             print(f"to free space: python -m specdemo clean --remove {','.join(removable)}")
+    return 0
+
+
+def _tune(settings: RunSettings) -> int:
+    """Measure the candidate compile settings, keep the fastest faithful one per model, print the table, check that greedy
+    speculative output stays exact under the choice, and measure the cost model again under it."""
+    import json as json_
+
+    from specdemo import tune
+    from specdemo.engine import CALIBRATION, Engine
+
+    started = time.perf_counter()
+
+    def log(message: str) -> None:
+        print(f"[{time.perf_counter() - started:5.0f} s] {message}", flush=True)
+
+    trials = tune.tune(settings.target, settings.draft, log)
+    path = tune.path_for()
+    tune.save(trials, {"target": settings.target, "draft": settings.draft}, path)
+    log("checking that greedy speculative output equals autoregressive output under the choice")
+    engine = Engine.load(settings)
+    problem = tune.check_exact(engine, json_.loads(CALIBRATION.read_text(encoding="utf-8")))
+    if problem:
+        for trial in trials:  # keep the defaults: a faster setting that changes the text is no setting
+            trial.chosen = trial.setting == tune.DEFAULT
+        tune.save(trials, {"target": settings.target, "draft": settings.draft}, path)
+        log(f"not kept: {problem}; the defaults stay")
+        engine = Engine.load(settings)
+    engine.warm_up(fresh=True, log=log)  # the cost model, measured again under the chosen settings
+    print(f"\n{'model':8}{'setting':44}{'greedy kept':>12}{'time':>10}{'vs default':>12}")
+    for role in ("target", "draft"):
+        default = next((t.seconds for t in trials if t.role == role and t.setting == tune.DEFAULT), float("nan"))
+        for t in (t for t in trials if t.role == role):
+            time_ = f"{t.seconds * 1e3:.1f} ms" if t.faithful else "–"
+            ratio = f"{t.seconds / default:.2f}x" if t.faithful and default == default else "–"
+            mark = "  <- chosen" if t.chosen else ("" if t.faithful else "  (not faithful)")
+            print(f"{role:8}{t.setting.describe():44}{t.agreement:>12.1%}{time_:>10}{ratio:>12}{mark}")
+    print(f"\nkept in {path}; every compile of these models on this machine uses it (ours, GenAI's lane, the bench).")
+    print(f"{engine.costs.sentence()} (the cost model, measured again under it)")
     return 0
 
 

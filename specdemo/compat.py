@@ -68,6 +68,8 @@ def compile_config(settings: ModelSettings, cache_dir: Path | None) -> dict:
         config["KV_CACHE_PRECISION"] = kv
     if settings.num_threads:
         config["INFERENCE_NUM_THREADS"] = settings.num_threads
+    if settings.dynamic_quantization_group_size >= 0:
+        config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = settings.dynamic_quantization_group_size
     if cache_dir is not None:
         config["CACHE_DIR"] = str(cache_dir)
     return config

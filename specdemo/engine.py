@@ -20,7 +20,7 @@ from typing import Iterator
 
 import numpy as np
 
-from specdemo import compat, costs, decoding, metrics, planner, sources, vocab
+from specdemo import compat, costs, decoding, metrics, planner, sources, tune, vocab
 from specdemo.costs import CostModel
 from specdemo.counterfactual import Counterfactual, agreement_mask, counterfactual, lookup_counts, mask_counts, match_mask
 from specdemo.drafting import make_drafter
@@ -84,13 +84,18 @@ class LoadedModel:
             "kv_cache_precision": self.runtime.kv_cache_precision,
             "layers": c.get("num_hidden_layers"),
             "context_length": self.context_length,
+            "compile_settings": _describe_compile(self.settings),
+            "tuned": tune.gain(self.settings),
         }
 
 
 def load_model(settings: ModelSettings, progress: sources.Progress | None = None) -> LoadedModel:
+    """Prepare (convert once) and compile one model, with this machine's tuned compile settings where `settings` leave
+    them open (specdemo/tune.py)."""
     compat.hide_broken_torchvision()
     from transformers import AutoTokenizer
 
+    settings = tune.apply(settings)
     folder = sources.prepare(settings, progress)
     if progress is not None:
         progress(None, f"compiling {folder.name} for {settings.device}")
@@ -334,6 +339,13 @@ def _eos_ids(model: LoadedModel) -> set[int]:
         eos = json.loads(path.read_text()).get("eos_token_id")
         ids |= set(eos if isinstance(eos, list) else [eos]) - {None}
     return ids
+
+
+def _describe_compile(settings: ModelSettings) -> str:
+    """The compile settings that decide the kernels, in words ("group 128, f32, KV f32")."""
+    group = settings.dynamic_quantization_group_size
+    group_text = "dyn. quant. default" if group == -1 else f"group {group}" if group else "no dyn. quant."
+    return f"{group_text}, {settings.inference_precision or 'f32'}, KV {settings.kv_cache_precision or 'f32'}"
 
 
 def _count_parameters(config: dict) -> int:

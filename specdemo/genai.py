@@ -18,7 +18,7 @@ from typing import Iterator
 
 import numpy as np
 
-from specdemo import compat, sources
+from specdemo import compat, sources, tune
 from specdemo import metrics
 from specdemo.events import TARGET, Detokenizer, TokenEvent
 from specdemo.metrics import Summary
@@ -28,10 +28,10 @@ _DONE = object()  # the generate thread's last word
 
 
 def make_pipeline(target: Path, device: str, properties: dict, draft: Path | None = None, draft_device: str = "",
-                  prompt_lookup: bool = False):
-    """An LLMPipeline on specdemo's IR folders. `properties` are OpenVINO compile properties (ours, from
-    compat.compile_config, so both sides run the same kernels); GenAI's continuous-batching backend (its
-    default on CPU) schedules its own streams."""
+                  prompt_lookup: bool = False, draft_properties: dict | None = None):
+    """An LLMPipeline on specdemo's IR folders. `properties` (and `draft_properties`, else the same) are OpenVINO
+    compile properties (ours, from compile_properties, so both sides run the same kernels, tuned ones included);
+    GenAI's continuous-batching backend (its default on CPU) schedules its own streams."""
     import openvino_genai as genai
 
     kwargs = dict(properties)
@@ -42,17 +42,19 @@ def make_pipeline(target: Path, device: str, properties: dict, draft: Path | Non
     scheduler.max_num_batched_tokens = 1 << 32
     kwargs["scheduler_config"] = scheduler
     if draft is not None:
-        kwargs["draft_model"] = genai.draft_model(str(draft), draft_device or device, **properties)
+        kwargs["draft_model"] = genai.draft_model(str(draft), draft_device or device, **(draft_properties or properties))
     if prompt_lookup:
         kwargs["prompt_lookup"] = True
     return genai.LLMPipeline(str(target), device, **kwargs)
 
 
 def compile_properties(settings: ModelSettings) -> dict:
-    """Our compile properties for GenAI's pipeline too, so both sides run the same kernels (precision hint, KV
-    cache precision); GenAI's continuous-batching backend schedules its own streams, so only these pass."""
-    config = compat.compile_config(settings, sources.specdemo_home() / "ov_cache")
-    return {key: value for key, value in config.items() if key in ("INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION", "CACHE_DIR")}
+    """Our compile properties for GenAI's pipeline too, so both sides run the same kernels (precision hint, KV cache
+    precision, dynamic quantization, as tuned for this machine); GenAI's continuous-batching backend schedules its own
+    streams, so only these pass."""
+    config = compat.compile_config(tune.apply(settings), sources.specdemo_home() / "ov_cache")
+    kept = ("INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION", "DYNAMIC_QUANTIZATION_GROUP_SIZE", "CACHE_DIR")
+    return {key: value for key, value in config.items() if key in kept}
 
 
 def generation_config(settings: GenerationSettings, eos_ids: set[int], k: int | None):

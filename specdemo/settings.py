@@ -28,6 +28,9 @@ class ModelSettings:
     num_threads: int = 0  # INFERENCE_NUM_THREADS; 0 lets OpenVINO use every core
     inference_precision: str = ""  # INFERENCE_PRECISION_HINT (f32, bf16, f16); "" = f32 on CPU, else the plugin's default
     head_tokens: int = 0  # keep only the ~N most frequent tokens in the LM head (a cheaper draft; specdemo/vocab.py); 0 keeps all
+    # DYNAMIC_QUANTIZATION_GROUP_SIZE: activations quantized in groups of this many for the int8/int4 kernels; 0 turns
+    # it off; -1 leaves the plugin's default (32) or what `python -m specdemo tune` chose for this machine
+    dynamic_quantization_group_size: int = -1
 
     def __post_init__(self):
         if self.precision not in PRECISIONS:
@@ -46,6 +49,9 @@ class ModelSettings:
             raise ValueError(f"num_threads must be >= 0, got {self.num_threads}")
         if self.head_tokens < 0:
             raise ValueError(f"head_tokens must be >= 0 (0 keeps the whole vocabulary), got {self.head_tokens}")
+        if self.dynamic_quantization_group_size < -1:
+            raise ValueError("the dynamic quantization group size must be -1 (default), 0 (off) or a group size, "
+                             f"got {self.dynamic_quantization_group_size}")
 
 
 # The embedded default pair: both ship on PyPI as GGUF parts (see specdemo/sources.py). INT8 for the

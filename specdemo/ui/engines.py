@@ -91,7 +91,8 @@ def _load_genai(settings: RunSettings, prompt_lookup: bool):
         target = sources.prepare(settings.target, report)
         draft = None if prompt_lookup else sources.prepare(settings.draft, report)
         properties = genai.compile_properties(settings.target)
-        pipeline = genai.make_pipeline(target, settings.target.device, properties, draft, settings.draft.device, prompt_lookup)
+        pipeline = genai.make_pipeline(target, settings.target.device, properties, draft, settings.draft.device, prompt_lookup,
+                                       draft_properties=genai.compile_properties(settings.draft))
         report(None, "warming up OpenVINO GenAI's pipeline")
         pipeline.generate("Hello", max_new_tokens=GENAI_WARM_UP_TOKENS)
         release_weight_pages()  # as after our warm-up: the plugin works from its own copies of the weights

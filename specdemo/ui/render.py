@@ -249,7 +249,8 @@ def _count(n: int) -> str:
     return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.0f} M"
 
 
-MODEL_ROWS = ("model", "parameters", "weights", "size on disk", "KV cache", "device", "inference threads", "layers · context")
+MODEL_ROWS = ("model", "parameters", "weights", "size on disk", "KV cache", "device", "inference threads", "compile settings",
+              "layers · context")
 
 
 def _model_cells(facts: dict | None, kv_cache_bytes: int | None, threads: int) -> list[str]:
@@ -265,6 +266,7 @@ def _model_cells(facts: dict | None, kv_cache_bytes: int | None, threads: int) -
         f'{facts["kv_cache_precision"]}, {kv_size}',
         facts["device"],
         str(threads) if threads else "all cores",
+        facts.get("compile_settings", "–") + (f' ({facts["tuned"]})' if facts.get("tuned") else " (not tuned: python -m specdemo tune)"),
         f'{facts["layers"]} · {facts["context_length"]:,} tokens',
     ]
 

@@ -1,0 +1,97 @@
+"""Tuning the compile settings per machine: on fake models whose speed and fidelity depend on the setting, the tuner
+picks the fastest faithful setting and refuses an unfaithful one; a choice that breaks greedy equality is caught; the
+chosen settings reach every compile (ours and GenAI's)."""
+
+from dataclasses import replace
+
+import pytest
+
+from specdemo import compat, genai, tune
+from specdemo.events import TokenEvent
+from specdemo.settings import DEFAULT_TARGET
+from specdemo.tune import DEFAULT, Setting
+
+AVX512_BF16 = ["avx2", "avx512f", "avx512_vnni", "avx512_bf16"]
+
+
+def fake_seconds(settings, other) -> float:
+    """A fake machine: group 128 is fastest, then 64; bf16 is faster still but (below) unfaithful; u8 KV is slower."""
+    group = {0: 0.060, 32: 0.048, 64: 0.042, 128: 0.038, 256: 0.052}[settings.dynamic_quantization_group_size]
+    return group * (0.8 if settings.inference_precision == "bf16" else 1.0) * (1.1 if settings.kv_cache_precision == "u8" else 1.0)
+
+
+def fake_fidelity(settings, probes) -> float:
+    return 0.93 if settings.inference_precision == "bf16" else 1.0  # bf16 rounds logits: greedy choices flip
+
+
+def search(flags=AVX512_BF16, cores=2):
+    log = []
+    trials = tune.search("target", DEFAULT_TARGET, None, [], log.append, flags, cores,
+                         compile=lambda settings: settings, fidelity=fake_fidelity, timer=fake_seconds)
+    return trials, log
+
+
+def test_the_tuner_keeps_the_fastest_faithful_setting():
+    trials, _ = search()
+    chosen = [t for t in trials if t.chosen]
+    assert len(chosen) == 1 and chosen[0].setting == Setting(128, "f32", "f32")
+
+
+def test_a_faster_setting_that_changes_greedy_choices_is_refused():
+    trials, log = search()
+    bf16 = next(t for t in trials if t.setting.inference_precision == "bf16")
+    assert not bf16.faithful and not bf16.chosen and bf16.agreement == pytest.approx(0.93)
+    assert any("keeps 93.0% of the reference's greedy choices" in line for line in log)
+
+
+def test_a_cpu_without_bf16_is_not_offered_bf16_and_a_small_one_keeps_every_core():
+    trials, _ = search(flags=["avx2"], cores=2)
+    assert {t.setting.inference_precision for t in trials} == {"f32"} and {t.setting.num_threads for t in trials} == {0}
+
+
+class StubEngine:
+    """Autoregressive and speculative lanes that part at token 3, the target having been sure there (margin 4)."""
+
+    def __init__(self, margin: float):
+        self.margin = margin
+
+    def autoregressive(self, instruction, settings):
+        from specdemo.events import End
+
+        for i in (1, 2, 3, 4):
+            yield TokenEvent(i, "x", "target", 0, 0.1, margin=self.margin)
+        yield End("autoregressive", "eos", 1.0, 5)
+
+    def speculative(self, instruction, settings):
+        from specdemo.events import End
+
+        for i in (1, 2, 9, 4):
+            yield TokenEvent(i, "x", "target", 0, 0.1, margin=self.margin)
+        yield End("speculative", "eos", 1.0, 5)
+
+
+def test_a_choice_that_breaks_greedy_equality_is_caught_unless_at_a_near_tie():
+    examples = [{"instruction": "Write a function.", "answer": ""}]
+    assert "parts from autoregressive output at token 3" in tune.check_exact(StubEngine(margin=4.0), examples)
+    assert tune.check_exact(StubEngine(margin=0.1), examples) == ""
+
+
+def test_the_chosen_settings_reach_our_compiles_and_genais(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEMO_HOME", str(tmp_path))
+    trials = [tune.Trial("target", Setting(128, "f32", "u8"), seconds=0.03, faithful=True, chosen=True),
+              tune.Trial("target", DEFAULT, seconds=0.04, faithful=True)]
+    tune.save(trials, {"target": DEFAULT_TARGET}, tune.path_for())
+    tuned = tune.apply(DEFAULT_TARGET)
+    assert (tuned.dynamic_quantization_group_size, tuned.kv_cache_precision) == (128, "u8")
+    assert compat.compile_config(tuned, None)["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 128
+    assert genai.compile_properties(DEFAULT_TARGET)["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 128  # GenAI's lane too
+    assert tune.apply(replace(DEFAULT_TARGET, kv_cache_precision="f16")).kv_cache_precision == "f16"  # explicit wins
+    assert tune.gain(DEFAULT_TARGET) == "tuned: 25% faster than the defaults"
+
+    from specdemo import engine
+
+    seen = []
+    monkeypatch.setattr(engine.sources, "prepare", lambda settings, progress=None: seen.append(settings) or 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        engine.load_model(DEFAULT_TARGET)
+    assert seen[0].dynamic_quantization_group_size == 128  # what our engine compiles with
