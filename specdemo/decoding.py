@@ -171,7 +171,7 @@ def speculative(
                 extras[n]["rejected"] = drafts[n:]
             emitted.append(out.emit(token, source, step, **extras[n]))
         yield from emitted
-        rounds.append(Round(index=step, context=context, k=k, drafter=drafter.kind if drafts else "",
+        rounds.append(Round(index=step, context=context, k=k, drafter=(proposal.drafter or drafter.kind) if drafts else "",
                             draft_calls=proposal.calls, draft_s=proposal.seconds, verify_tokens=len(drafts) + 1,
                             verify_s=verify_s, drafted=len(drafts), accepted=n, emitted=len(emitted),
                             rollback_s=rollback_s, t=out.now()))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 
@@ -25,10 +25,11 @@ class Proposal:
     q: np.ndarray | None  # (len(tokens), V) draft distributions when sampled; None when deterministic
     calls: list[tuple[int, float]] = field(default_factory=list)  # (tokens fed, seconds) of each draft-model call
     seconds: float = 0.0  # the whole proposal's time (model calls, or the lookup)
+    drafter: str = ""  # who drafted it ("model" or "prompt-lookup"), where a drafter has several ways
 
 
 class Drafter(Protocol):
-    kind: str  # "model" or "prompt-lookup", as in GenerationSettings.drafter
+    kind: str  # "model", "prompt-lookup" or "hybrid", as in GenerationSettings.drafter
 
     def kv_cache_bytes(self) -> dict[str, int]: ...
 
@@ -83,7 +84,7 @@ class ModelDrafter:
             tokens.append(token)
             feed = [token]
         # The last token is not fed: if it is accepted, the next round feeds it together with the target's.
-        return Proposal(tokens, np.stack(rows) if rows else None, calls, time.perf_counter() - start)
+        return Proposal(tokens, np.stack(rows) if rows else None, calls, time.perf_counter() - start, self.kind)
 
     def keep(self, length: int) -> None:
         self.model.rollback(min(length, self.model.length))
@@ -110,10 +111,40 @@ class PromptLookupDrafter:
     def propose(self, seq: list[int], k: int) -> Proposal:
         start = time.perf_counter()
         tokens = lookup_continuation(seq, k, self.max_ngram)
-        return Proposal(tokens, None, [], time.perf_counter() - start)
+        return Proposal(tokens, None, [], time.perf_counter() - start, self.kind)
 
     def keep(self, length: int) -> None:
         pass  # no state to roll back
+
+
+class HybridDrafter:
+    """Free drafts where the text repeats: where an n-gram of the text so far has a continuation, it is drafted from
+    there without a model call; elsewhere the draft model drafts. Each round goes to whichever `price(drafter, k)`
+    (this machine's predicted speedup of a round, planner.py) rates higher. Lossless like every drafter: a lookup
+    proposal is deterministic (q one-hot), a model proposal carries its q.
+
+    The draft model's cache may fall behind by the tokens of lookup rounds; its next proposal feeds them first.
+    """
+
+    kind = "hybrid"
+
+    def __init__(self, model: ModelDrafter, lookup: PromptLookupDrafter, price: Callable[[str, int], float]):
+        self.model, self.lookup, self.price = model, lookup, price
+
+    def kv_cache_bytes(self) -> dict[str, int]:
+        return self.model.kv_cache_bytes()
+
+    def reset(self) -> None:
+        self.model.reset()
+
+    def propose(self, seq: list[int], k: int) -> Proposal:
+        found = self.lookup.propose(seq, k)
+        if found.tokens and self.price("prompt-lookup", len(found.tokens)) > self.price("model", k):
+            return found
+        return self.model.propose(seq, k)
+
+    def keep(self, length: int) -> None:
+        self.model.keep(length)
 
 
 def lookup_continuation(seq: list[int], k: int, max_ngram: int) -> list[int]:
@@ -129,10 +160,15 @@ def lookup_continuation(seq: list[int], k: int, max_ngram: int) -> list[int]:
     return []
 
 
-def make_drafter(kind: str, draft_model: OVModel | None, settings: GenerationSettings, rng: np.random.Generator) -> Drafter:
-    """The drafter `kind` names ("model" needs the draft model, "prompt-lookup" needs nothing)."""
+def make_drafter(kind: str, draft_model: OVModel | None, settings: GenerationSettings, rng: np.random.Generator,
+                 price: Callable[[str, int], float] | None = None) -> Drafter:
+    """The drafter `kind` names ("model" and "hybrid" need the draft model, "prompt-lookup" needs nothing; "hybrid"
+    needs `price` too)."""
     if kind == "prompt-lookup":
         return PromptLookupDrafter(settings.lookup_ngram)
     if draft_model is None:
         raise ValueError("no draft model is loaded; use the prompt-lookup drafter")
+    if kind == "hybrid":
+        return HybridDrafter(ModelDrafter(draft_model, settings, rng), PromptLookupDrafter(settings.lookup_ngram),
+                             price or (lambda drafter, k: float(k)))
     return ModelDrafter(draft_model, settings, rng)

@@ -198,21 +198,28 @@ class Engine:
     def plan(self, instruction: str, settings: GenerationSettings) -> Plan:
         """How the speculative lane will run this instruction: which drafter, which K, and why.
 
-        With k_auto the planner also picks prompt lookup when the instruction quotes text for the answer
-        to copy and lookup is predicted to be faster; a fixed K keeps the drafter the settings name.
+        With k_auto, when the instruction quotes text for the answer to copy, the planner drafts by lookup there and by
+        the draft model elsewhere (the hybrid drafter); a fixed K keeps the drafter the settings name.
         """
         if self.costs is None or self.costs.n_max < settings.k_max + 1:
             self.warm_up(settings.k_max)
-        greedy = settings.greedy
         drafter = settings.drafter if self.draft is not None else "prompt-lookup"
-        plan = make_plan(self.costs, drafter, self.acceptance.prior(drafter, greedy), settings.k_max, settings.k_auto,
-                         settings.k)
         if settings.k_auto and drafter == "model" and planner.quotes_text(instruction):
-            lookup = make_plan(self.costs, "prompt-lookup", self.acceptance.prior("prompt-lookup", greedy),
-                               settings.k_max, True, settings.k)
-            if lookup.planned_speedup > plan.planned_speedup:
-                plan = replace(lookup, reason=lookup.reason + " The instruction quotes text to copy, so prompt lookup drafts.")
+            drafter = "hybrid"
+        plan = make_plan(self.costs, drafter, self._prior(drafter, settings.greedy), settings.k_max, settings.k_auto,
+                         settings.k)
+        if drafter == "hybrid" and settings.drafter == "model":
+            plan = replace(plan, reason=plan.reason + " (The instruction quotes text for the answer to copy.)")
         return plan
+
+    def _prior(self, drafter: str, greedy: bool) -> planner.Acceptance:
+        """The acceptance a drafter's plan assumes: a hybrid's K is the draft model's."""
+        return self.acceptance.prior("model" if drafter == "hybrid" else drafter, greedy)
+
+    def _price(self, greedy: bool):
+        """price(drafter, k): this machine's predicted speedup of one round, for the hybrid drafter's choice each round."""
+        priors = {name: self.acceptance.prior(name, greedy) for name in ("model", "prompt-lookup")}
+        return lambda drafter, k: planner.predicted_speedup(self.costs, priors[drafter], k, drafter)
 
     @classmethod
     def load(cls, settings: RunSettings, progress: sources.Progress | None = None, with_draft: bool = True) -> "Engine":
@@ -277,12 +284,13 @@ class Engine:
         """The speculative lane: its Plan first (when the planner made one), then the loop's events.
         With settings.k_auto the planner chooses the drafter and each round's K."""
         ids = self.prompt_ids(instruction, settings)
-        if settings.drafter == "model" and self.draft is None:
+        if settings.drafter in ("model", "hybrid") and self.draft is None:
             raise ValueError("no draft model is loaded; use the prompt-lookup drafter")
         plan = self.plan(instruction, settings) if settings.k_auto or self.costs is not None else None
         rng = np.random.default_rng(settings.seed)
         kind = plan.drafter if plan is not None else settings.drafter
-        drafter = make_drafter(kind, self.draft.runtime if self.draft else None, settings, rng)
+        price = self._price(settings.greedy) if self.costs is not None else None
+        drafter = make_drafter(kind, self.draft.runtime if self.draft else None, settings, rng, price)
         policy = planner.policy_for(settings, self.costs, plan)
         if plan is not None:
             yield plan
@@ -296,7 +304,9 @@ class Engine:
                     self._fold_costs(rounds)
                     if not settings.greedy and event.stop_reason != "cancelled" and _learning():
                         # Sampled runs teach by their rounds; greedy ones by their match mask (would_have_given).
-                        self.acceptance.record(kind, False, *metrics.evidence_by_position(rounds, settings.k_max))
+                        for name in ("model", "prompt-lookup"):
+                            mine = [r for r in rounds if r.drafter == name]
+                            self.acceptance.record(name, False, *metrics.evidence_by_position(mine, settings.k_max))
                 yield event
 
     def would_have_given(self, instruction: str, settings: GenerationSettings, answer_ids: list[int]) -> Counterfactual | None:

@@ -87,11 +87,12 @@ def _ordinal(n: int) -> str:
 
 
 def round_seconds(costs: CostModel, acceptance: Acceptance, k: int, drafter: str = "model") -> float:
-    """Expected seconds of one round with K drafts (K = 0: one plain target step)."""
+    """Expected seconds of one round with K drafts (K = 0: one plain target step). A hybrid round is priced as the
+    draft model's (its lookup rounds are the free exceptions)."""
     if k == 0:
         return costs.t(1)
     seconds = costs.t(k + 1) + costs.target_rollback_s
-    if drafter == "model":
+    if drafter in ("model", "hybrid"):
         # K draft calls; after a fully accepted round the first one feeds two tokens.
         full = acceptance.all_accepted(k)
         seconds += (k - 1) * costs.d(1) + full * costs.d(2) + (1 - full) * costs.d(1) + costs.draft_rollback_s
@@ -178,9 +179,11 @@ class Plan:
 def make_plan(costs: CostModel, drafter: str, acceptance: Acceptance, k_max: int, auto: bool, k: int) -> Plan:
     """The plan: the best K for this machine at this acceptance when `auto`, else the fixed K with its prediction."""
     said = acceptance.describe()
+    lookup = (" Where the text so far repeats, drafts come from it by lookup instead, without a model call."
+              if drafter == "hybrid" else "")
     if not auto:
         speedup = predicted_speedup(costs, acceptance, k, drafter)
-        return Plan(drafter, k, acceptance, speedup, False, f"Fixed K = {k}: predicted {speedup:.2f}× at {said}.")
+        return Plan(drafter, k, acceptance, speedup, False, f"Fixed K = {k}: predicted {speedup:.2f}× at {said}.{lookup}")
     k, speedup = best_k(costs, acceptance, k_max, drafter)
     if k == 0:
         best = max(predicted_speedup(costs, acceptance, j, drafter) for j in range(1, k_max + 1))
@@ -189,7 +192,7 @@ def make_plan(costs: CostModel, drafter: str, acceptance: Acceptance, k_max: int
     else:
         reason = (f"K = {k} chosen for this machine: predicted {speedup:.2f}× at {said} "
                   f"(scoring {k + 1} tokens costs {costs.verify_steps(k + 1):.1f} steps, a draft step "
-                  f"{costs.d(1) / costs.t(1):.2f}).")
+                  f"{costs.d(1) / costs.t(1):.2f}).{lookup}")
     return Plan(drafter, k, acceptance, speedup, True, reason)
 
 
@@ -242,6 +245,8 @@ class AutoK:
         if self.plan.k == 0:
             return 0
         for r in rounds[self.seen:]:
+            if self.plan.drafter == "hybrid" and r.drafter != "model":
+                continue  # the K is the draft model's: its lookup rounds say nothing of the model's acceptance
             n_tested, n_accepted = r.tested()  # positions 1 .. accepted, and the rejected one
             for i in range(min(n_tested, self.k_max)):
                 self.tested[i] += 1

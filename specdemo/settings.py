@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 PRECISIONS = ("fp16", "int8", "int4")
 KV_CACHE_PRECISIONS = ("", "u8", "f16", "bf16", "f32")
 INFERENCE_PRECISIONS = ("", "f32", "bf16", "f16")
-DRAFTERS = ("model", "prompt-lookup")
+DRAFTERS = ("model", "prompt-lookup", "hybrid")
 MAX_PROMPT_TOKENS = 2048  # the page's and the CLI's default prompt cap: 2,048 tokens take ~15-40 s to prefill on 2 cores
 K_MAX = 12  # the largest K anything offers (the page's slider, adaptive and auto K by default); the cost curve spans K_MAX + 1 tokens
 
@@ -75,7 +75,7 @@ class GenerationSettings:
     adaptive: bool = False  # grow K after a fully accepted round, shrink it after a rejection
     k_min: int = 1  # adaptive K never goes below this
     k_max: int | None = None  # adaptive and auto K never go above this; None: max(k, K_MAX) (see __post_init__)
-    drafter: str = "model"  # "model" (draft LLM) or "prompt-lookup" (n-gram match, no draft model)
+    drafter: str = "model"  # "model" (draft LLM), "prompt-lookup" (n-gram match, no draft model) or "hybrid" (lookup where the text repeats, else the model)
     lookup_ngram: int = 3  # prompt lookup: longest n-gram to match at the end of the text
     system_prompt: str = ""  # optional system message for the chat template
 

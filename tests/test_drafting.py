@@ -34,3 +34,26 @@ def test_prompt_lookup_drafter_times_its_lookup_calls_no_model_and_has_no_cache_
     drafter.keep(3)
     assert proposal.tokens == [3, 1] and proposal.q is None
     assert proposal.calls == [] and proposal.seconds > 0
+
+
+def test_the_hybrid_drafter_drafts_from_the_text_without_a_model_call_where_it_repeats_and_stays_lossless():
+    import numpy as np
+
+    from specdemo import decoding
+    from specdemo.drafting import HybridDrafter, ModelDrafter
+    from specdemo.events import drain
+    from specdemo.settings import GenerationSettings
+    from tests.fake_models import FakeModel, FakeTokenizer
+
+    settings = GenerationSettings(max_new_tokens=60, k=4)
+    target, draft = FakeModel(5, "target", scale=3.0), FakeModel(5, "draft")  # a small vocabulary: the text repeats
+    prompt = [0, 1, 2, 0, 1]
+    alone = drain(decoding.autoregressive(target, FakeTokenizer(), prompt, settings, set())).ids
+    hybrid = HybridDrafter(ModelDrafter(draft, settings, np.random.default_rng(0)), PromptLookupDrafter(3),
+                           price=lambda name, k: 0.6 * k if name == "prompt-lookup" else 1.0)  # lookup from 2 tokens
+    run = drain(decoding.speculative(target, hybrid, FakeTokenizer(), prompt, settings, set()))
+    assert run.ids == alone  # lossless
+    lookup = [r for r in run.rounds if r.drafter == "prompt-lookup"]
+    assert lookup and all(r.draft_calls == [] for r in lookup) and sum(r.accepted for r in lookup) > 0
+    assert any(r.drafter == "model" and r.draft_calls for r in run.rounds)  # the model drafts where nothing repeats
+    assert draft.cache == (prompt + run.ids)[: draft.length]  # behind by the lookup rounds, never wrong

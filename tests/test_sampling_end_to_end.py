@@ -16,7 +16,7 @@ import pytest
 from scipy.stats import chisquare
 
 from specdemo import decoding
-from specdemo.drafting import ModelDrafter
+from specdemo.drafting import HybridDrafter, ModelDrafter, PromptLookupDrafter
 from specdemo.events import drain
 from specdemo.settings import GenerationSettings
 from specdemo.verification import process_logits
@@ -40,10 +40,14 @@ def target_probability(target: FakeModel, settings: GenerationSettings, tokens: 
     return probability
 
 
-def speculative_runs(target: FakeModel, draft: FakeModel, settings: GenerationSettings, runs: int, seed: int):
-    """The token ids of `runs` speculative runs, drafts and verification sharing one seeded generator as the engine's do."""
+def speculative_runs(target: FakeModel, draft: FakeModel, settings: GenerationSettings, runs: int, seed: int,
+                     hybrid: bool = False):
+    """The token ids of `runs` speculative runs, drafts and verification sharing one seeded generator as the engine's do.
+    `hybrid`: the hybrid drafter, taking every lookup proposal of two tokens or more (the draft model elsewhere)."""
     rng = np.random.default_rng(seed)
     drafter = ModelDrafter(draft, settings, rng)
+    if hybrid:
+        drafter = HybridDrafter(drafter, PromptLookupDrafter(2), price=lambda name, k: 0.6 * k if name == "prompt-lookup" else 1.0)
     for _ in range(runs):
         yield drain(decoding.speculative(target, drafter, FakeTokenizer(), PROMPT, settings, set(), rng=rng))
 
@@ -76,6 +80,20 @@ def test_the_first_tokens_of_speculative_sampling_follow_the_targets_distributio
     assert not [cell for cell in observed if exact[cell] == 0], "a sequence the target can never produce was emitted"
     # Both branches of the rule run often: rejections in the first round's slots, and its bonus slot.
     assert bonus > 0.2 * runs and rejected > 0.2 * runs
+    assert pooled_chisquare(observed, {cell: e for cell, e in exact.items() if e > 0}) > 0.001
+
+
+def test_the_hybrid_drafter_follows_the_targets_distribution_too():
+    """Rounds drafted by lookup (deterministic: q one-hot) and by the model (q sampled) mix in one run."""
+    vocab, settings, runs = CASES["temperature"]
+    target, draft = FakeModel(vocab, "target"), FakeModel(vocab, "draft")
+    observed, kinds = {}, {"model": 0, "prompt-lookup": 0}
+    for run in speculative_runs(target, draft, replace(settings, k=2), runs, seed=11, hybrid=True):
+        observed[tuple(run.ids)] = observed.get(tuple(run.ids), 0) + 1
+        for r in run.rounds[1:]:
+            kinds[r.drafter] = kinds.get(r.drafter, 0) + 1
+    assert kinds["prompt-lookup"] > 0.2 * runs and kinds["model"] > 0.2 * runs  # both kinds of round, often
+    exact = {cell: runs * target_probability(target, settings, cell) for cell in itertools.product(range(vocab), repeat=TOKENS)}
     assert pooled_chisquare(observed, {cell: e for cell, e in exact.items() if e > 0}) > 0.001
 
 

@@ -158,6 +158,11 @@ def genai_plan(engine: Engine, instruction: str, settings: GenerationSettings) -
     """GenAI's drafter and K for this run. GenAI keeps K fixed: ours when fixed; when auto, the planner's first
     choice of drafter and K for this instruction (its K = 0, "the target alone", becomes our default K)."""
     if not settings.k_auto:
-        return settings.drafter, settings.k
+        return _genai_drafter(settings.drafter), settings.k
     plan = engine.plan(instruction, settings)
-    return plan.drafter, plan.k or GenerationSettings.k
+    return _genai_drafter(plan.drafter), plan.k or GenerationSettings.k
+
+
+def _genai_drafter(drafter: str) -> str:
+    """GenAI drafts with a draft model or by prompt lookup; our hybrid's counterpart there is its draft model."""
+    return "model" if drafter == "hybrid" else drafter

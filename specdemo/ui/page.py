@@ -88,8 +88,8 @@ def _add_controls(c: dict) -> None:
             c["status"] = gr.Markdown(render.preparing_status(None, "starting"), elem_id="status", elem_classes="sd-status",
                                       container=True, min_height=96)
     with gr.Row(equal_height=True):
-        c["drafter"] = gr.Radio([("Draft model", "model"), ("Prompt lookup", "prompt-lookup")], value=defaults.drafter,
-                                label="Drafting", elem_id="drafter", min_width=300)
+        c["drafter"] = gr.Radio([("Draft model", "model"), ("Prompt lookup", "prompt-lookup"), ("Hybrid", "hybrid")],
+                                value=defaults.drafter, label="Drafting", elem_id="drafter", min_width=300)
         c["mode"] = gr.Radio([("One after another", ONE_AFTER_ANOTHER), ("Race", RACE)], value=defaults.mode,
                              label="Run mode", elem_id="mode", min_width=300)
         c["max_new_tokens"] = gr.Slider(1, MAX_NEW_TOKENS_CAP, value=defaults.max_new_tokens, step=1,
@@ -102,9 +102,11 @@ def _add_controls(c: dict) -> None:
     gr.Examples([[e["instruction"], e["drafter"]] for e in examples], [c["instruction"], c["drafter"]],
                 example_labels=[e["label"] for e in examples], label="Examples")
     with gr.Accordion("OpenVINO GenAI, adaptive K, sampling and devices", open=False):
-        gr.Markdown("Prompt lookup drafts by matching the last few tokens against the prompt, so it needs no draft "
-                    "model and shines when the answer copies from the instruction. A race runs both lanes at once, "
-                    "each on half the cores; the headline speedup is best measured one after another.")
+        gr.Markdown("Prompt lookup drafts by matching the last few tokens against the text so far, so it needs no draft "
+                    "model and shines when the answer copies from the instruction; hybrid drafts by lookup where the text "
+                    "repeats and by the draft model elsewhere, whichever this machine's costs favour each round. A race "
+                    "runs both lanes at once, each on half the cores; the headline speedup is best measured one after "
+                    "another.")
         c["genai"] = gr.Checkbox(value=defaults.genai, elem_id="genai",
                                  label="Also run OpenVINO GenAI's speculative pipeline (a third lane, run last)",
                                  info="The same model folders, prompt tokens and K; loads a second copy of the models.")
