@@ -5,6 +5,12 @@ input_ids / attention_mask / position_ids (1, n) and beam_idx (1,), output logit
 state variable per layer for keys and another for values, shaped (1, kv_heads, tokens, head_dim).
 The KV cache lives in the plugin; this class is its only owner. Callers feed tokens and ask to roll
 back to a length; nobody else touches the state.
+
+Rolling back forgets positions by masking them: the attention mask we pass with every call marks them 0, so no
+later token attends to them, exactly as if they were gone (positions are passed explicitly, so the text's positions
+stay right). Copying every layer's kept keys and values out of the plugin and back cost 2-4 ms a round, most of a
+round's time outside the model calls; masking costs nothing. Forgotten positions stay in the plugin's memory until
+they exceed COMPACT_AFTER, when the cache is compacted by one such copy.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from specdemo.settings import ModelSettings
 # Inputs longer than this are fed in pieces: the activations of one call grow with its length (a
 # 4,096-token prompt in one call took 5.9 GB), while the KV cache makes pieces cost the same in total.
 PREFILL_CHUNK = 512
+COMPACT_AFTER = 256  # forgotten positions kept in the plugin's cache before it is compacted
 
 
 class OVModel:
@@ -45,7 +52,8 @@ class OVModel:
         self.compiled = core.compile_model(model, settings.device, compile_config(settings, cache_dir))
         self.request = self.compiled.create_infer_request()
         self._kv_type = _kv_cache_type(self.compiled)
-        self.length = 0
+        self._mask = np.zeros(0, dtype=np.int64)  # per position in the plugin's cache: 1 kept, 0 forgotten
+        self.length = 0  # tokens kept (the cache as callers see it)
         self.calls = 0  # inference calls since the last reset
         self.last_call_s = 0.0  # seconds of the latest call (the loops record it; specdemo/metrics.py sums)
         self._beam = np.zeros(1, dtype=np.int32)
@@ -79,15 +87,17 @@ class OVModel:
 
     def _infer(self, ids: list[int], keep: int) -> None:
         n = len(ids)
+        mask = np.concatenate([self._mask, np.ones(n, dtype=np.int64)])
         inputs = {
             "input_ids": np.asarray([ids], dtype=np.int64),
-            "attention_mask": np.ones((1, self.length + n), dtype=np.int64),
+            "attention_mask": mask[None, :],  # the forgotten positions are 0
             "position_ids": np.arange(self.length, self.length + n, dtype=np.int64)[None, :],
             "beam_idx": self._beam,
         }
         if self.sliced_logits:
             inputs["logits_to_keep"] = np.asarray([keep], dtype=np.int64)
         self.request.infer(inputs, share_inputs=True)
+        self._mask = mask
         self.length += n
 
     def rollback(self, length: int) -> None:
@@ -97,20 +107,36 @@ class OVModel:
         if length == self.length:
             return
         if length == 0:
-            self.request.reset_state()
-        else:
-            index = [slice(None)] * 4
-            index[self._seq_axis] = slice(0, length)
-            for state in self.request.query_state():
-                kept = state.state.data[tuple(index)]
-                # A contiguous copy: setting a region-of-interest view of the old tensor is not safe.
-                state.state = ov.Tensor(np.ascontiguousarray(kept))
+            self.reset_cache()
+            return
+        kept = np.flatnonzero(self._mask)
+        self._mask = self._mask.copy()  # the last call's inputs may still share the old one
+        self._mask[kept[length:]] = 0
         self.length = length
+        if self.forgotten > COMPACT_AFTER:
+            self._compact()
+
+    @property
+    def forgotten(self) -> int:
+        """Positions the plugin's cache still holds but every call masks (rolled back, not yet compacted)."""
+        return len(self._mask) - self.length
+
+    def _compact(self) -> None:
+        """Drop the forgotten positions from the plugin's cache: one copy of every layer's kept keys and values."""
+        kept = np.flatnonzero(self._mask)
+        for state in self.request.query_state():
+            state.state = ov.Tensor(np.ascontiguousarray(np.take(state.state.data, kept, axis=self._seq_axis)))
+        self._mask = np.ones(len(kept), dtype=np.int64)
+
+    def reset_cache(self) -> None:
+        """Empty the cache (the counters stay)."""
+        self.request.reset_state()
+        self._mask = np.zeros(0, dtype=np.int64)
+        self.length = 0
 
     def reset(self) -> None:
         """Empty the cache and the counters, ready for a new prompt."""
-        self.request.reset_state()
-        self.length = 0
+        self.reset_cache()
         self.calls = 0
         self.last_call_s = 0.0
 

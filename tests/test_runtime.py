@@ -51,6 +51,26 @@ def test_rollback_is_exact_with_compressed_caches_and_default_precisions(tiny_ta
     np.testing.assert_allclose(again_rows, plain_rows[5:], rtol=1e-4, atol=1e-4)
 
 
+def test_rounds_of_drafts_and_rollbacks_past_compaction_score_like_plain_decoding(tiny_target, monkeypatch):
+    """Rollback masks the forgotten positions; when they pile up the cache is compacted. Either way the next scores are
+    those of a cache that never held them."""
+    from specdemo import runtime
+
+    monkeypatch.setattr(runtime, "COMPACT_AFTER", 12)
+    plain, plain_rows = _greedy(_model(tiny_target), PROMPT, 40)
+    model = _model(tiny_target)
+    model.forward(PROMPT[:-1])  # the loops' invariant: the cache holds the text but its last token
+    compactions = 0
+    for i in range(40):
+        last = PROMPT[-1] if i == 0 else plain[i - 1]
+        rows = model.forward([last, 1, 2, 3], logits_to_keep=4)  # the true token, then three drafts never kept
+        np.testing.assert_allclose(rows[0], plain_rows[i], rtol=1e-5, atol=1e-5)
+        before = model.forgotten
+        model.rollback(len(PROMPT) + i)
+        compactions += model.forgotten < before
+    assert compactions >= 5 and model.length == len(PROMPT) + 39
+
+
 def test_rollback_to_zero_is_a_fresh_start(tiny_target):
     model = _model(tiny_target)
     first, _ = _greedy(model, PROMPT, 6)
