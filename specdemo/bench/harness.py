@@ -12,13 +12,13 @@ import gc
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
-from typing import Callable, Literal
+from typing import Callable, Literal, get_args
 
 from specdemo.bench.settings import CODE_INSTRUCTIONS, BenchSettings
 from specdemo.events import drain
 from specdemo.settings import GenerationSettings, RunSettings
 
-Framework = Literal["specdemo", "genai", "transformers"]
+Framework = Literal["specdemo", "genai", "transformers", "llamacpp"]
 Kind = Literal["autoregressive", "speculative"]
 KMode = Literal["fixed", "adaptive", "auto"]
 
@@ -49,7 +49,7 @@ class Lane:
     generate: Callable[[str, list[int], int], Output] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
-        if self.framework not in ("specdemo", "genai", "transformers") or self.kind not in ("autoregressive", "speculative"):
+        if self.framework not in get_args(Framework) or self.kind not in get_args(Kind):
             raise ValueError(f"lane {self.label!r}: unknown framework {self.framework!r} or kind {self.kind!r}")
         if self.kind == "speculative" and self.baseline is None:
             raise ValueError(f"speculative lane {self.label!r} needs the autoregressive baseline its speedup is over")

@@ -245,3 +245,38 @@ def method_section(results: dict) -> str:
         "* Times are wall-clock seconds of the whole generate call, prompt ids in hand to the last token (prefill included).\n"
         "* α̂, c and the time breakdown come from the loops' per-round records (`specdemo/events.py`), derived by `specdemo/metrics.py`."
     )
+
+
+def llamacpp_section(cpp: dict | None) -> str:
+    """llama.cpp on the same GGUF files: each lane's tokens/s, and our speculative tokens/s over each llama.cpp mode's."""
+    if not cpp:
+        return ""
+    title = "## 7. llama.cpp on the same GGUF files\n\n"
+    if "skipped" in cpp:
+        return title + cpp["skipped"]
+    lanes = cpp["lanes"]
+    rows = [
+        [label, _cell(f["tokens_per_s"], 1, " tokens/s"), ms(f["per_token_s"]), seconds(f["wall_s"]), f"{f['tokens']['median']:.0f}",
+         percent(cpp["acceptance"].get(label, math.nan), 0),
+         times(cpp["speedup"][label]) if label in cpp["speedup"] else "–", f["same_as_reference"]]
+        for label, f in lanes.items()
+    ]
+    ratio_rows = []
+    for entry in cpp["ratios"].values():  # found by the lanes' fields: which of ours is over which llama.cpp lane
+        ours, theirs = lanes[entry["denominator"]], lanes[entry["numerator"]]
+        if theirs["framework"] == "llamacpp" and ours["framework"] == "specdemo":
+            ratio_rows.append([f"{entry['denominator']} ÷ {entry['numerator']}", times(entry)])
+    return (
+        title
+        + f"llama-cpp-python {cpp['version']} (`llama_cpp.Llama`) on the GGUF files our IRs are converted from (Q4_K_M, "
+        f"run as they are; ours run them converted to OpenVINO INT8 target / INT4 draft), fed the same prompt token ids, "
+        f"greedy, {cpp['threads']} threads, N = {cpp['max_new_tokens']}; ours {k_text(cpp)}, llama.cpp K = {cpp['k']}: prompt "
+        "lookup is the bindings' `LlamaPromptLookupDecoding`, the draft model the 0.5B GGUF behind the bindings' "
+        "`draft_model` interface (`specdemo/bench/llamacpp.py`). Different weights give different tokens, so ratios use "
+        "time per token; \"same tokens\" compares llama.cpp's speculative lanes with its autoregressive one, the others "
+        f"with ours AR. llama.cpp's CPU features: `{cpp['system_info']}`.\n\n"
+        + table(["lane", "tokens/s", "per token", "wall time", "tokens", "draft acceptance rate", "speedup over own AR",
+                 "same tokens as reference"], rows)
+        + "\n\nOur tokens/s over llama.cpp's, per instruction then median (above 1 means ours is faster):\n\n"
+        + table(["ratio", "median (min–max)"], ratio_rows)
+    )

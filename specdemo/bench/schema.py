@@ -7,7 +7,7 @@ Top level:
     costs (CostModel.to_dict()), warm_up_s, plan (Plan), sections {name: section}, targets [target].
 
 A lane's fields (Lane.fields() in harness.py), wherever a lane is described:
-    framework  "specdemo" | "genai" | "transformers"
+    framework  "specdemo" | "genai" | "transformers" | "llamacpp"
     kind       "autoregressive" | "speculative"
     baseline   label of the autoregressive lane a speculative lane's speedup is over (null otherwise)
     reference  label of the lane whose token ids it should reproduce (null: the section's first lane)
@@ -26,6 +26,10 @@ Every section has seconds and load_average_end, and:
                   figures, stats.speculative_figures), genai_acceptance {label: accepted / proposed},
                   time_shares {label: {component: share}}, autoregressive_step_s, runs, paper (if N in PAPER)
     transformers  k, max_new_tokens, dtype, lanes, ratios, speedup {ours, transformers}, runs; or skipped
+    llamacpp      k, k_label, max_new_tokens, threads, version, system_info (llama.cpp's CPU features), lanes (+ tokens_per_s),
+                  ratios (each llama.cpp lane over ours speculative, llama.cpp AR over ours AR: per-token time, which is
+                  our tokens/s over theirs), speedup {label: spread}, acceptance {label: accepted / proposed}, runs;
+                  or skipped (a sentence: llama_cpp not installed, or models that are no GGUF)
     k, vocab, lookup, precision, kv
                   max_new_tokens, rows, runs (precision, kv: k, k_label; lookup: k). A row: label, the
                   lane's fields, stats.sweep_row's figures, and the section's own: k (GenAI at the same K:

@@ -1,5 +1,5 @@
 """The sections that put us beside others: the paper's experiment (with OpenVINO GenAI in the same
-loop) and transformers. The sweeps are in sweeps.py, the memory probe in memory.py; RUNNERS names
+loop), transformers and llama.cpp. The sweeps are in sweeps.py, the memory probe in memory.py; RUNNERS names
 them all. Each section returns the dict the report reads (keys: schema.py)."""
 
 from __future__ import annotations
@@ -112,9 +112,64 @@ def run_transformers(ctx: Context) -> dict:
     }
 
 
+def run_llamacpp(ctx: Context) -> dict:
+    """llama.cpp (llama-cpp-python) on the GGUF files our IRs are converted from: autoregressive, prompt lookup and
+    draft model at the same K, beside our autoregressive and speculative loops; skipped in one line without it."""
+    from specdemo.bench import llamacpp
+
+    skipped = llamacpp.missing()
+    if skipped:
+        ctx.log(skipped)
+        return {"skipped": skipped}
+    target = llamacpp.gguf_path(ctx.settings.target.source, log_progress(ctx.log, "target GGUF"))
+    if target is None:
+        return {"skipped": "llama.cpp: skipped (it runs GGUF files: use a preset target or a local .gguf file)"}
+    draft = llamacpp.gguf_path(ctx.settings.draft.source, log_progress(ctx.log, "draft GGUF"))
+    peer = llamacpp.LlamaCppPeer(target, draft)
+    generation, k, eos_ids = ctx.generation, ctx.k, ctx.engine.eos_ids
+    ours_ar = our_lane("ours autoregressive", ctx.engine, "autoregressive", generation)
+    lanes = [ours_ar, our_lane("ours speculative", ctx.engine, "speculative", generation, baseline=ours_ar)]
+    cpp_ar = peer_lane(Lane("llama.cpp autoregressive", "llamacpp", "autoregressive"), peer.generate, eos_ids=eos_ids)
+    lanes.append(cpp_ar)
+    for drafter, label in (("prompt-lookup", "llama.cpp prompt lookup"), ("model", "llama.cpp draft model")):
+        if drafter == "model" and draft is None:
+            continue  # a draft that is no GGUF: llama.cpp cannot run it
+        lane = Lane(label, "llamacpp", "speculative", baseline=cpp_ar, reference=cpp_ar, k=k, k_policy="fixed", drafter=drafter)
+        lanes.append(peer_lane(lane, peer.generate, eos_ids=eos_ids, drafter=drafter, k=k, ngram=generation.lookup_ngram))
+    n, instructions = ctx.sweep_tokens, ctx.code_instructions()
+    ctx.log(f"llama.cpp {peer.version}: N={n}, K={k}, {peer.threads} threads, {len(instructions)} instructions")
+    runs = measure(lanes, instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log)
+    return {"k": k, "k_label": ctx.k_label(), "max_new_tokens": n, "threads": peer.threads, "version": peer.version,
+            "system_info": peer.system_info, **llamacpp_figures(lanes, runs)}
+
+
+def llamacpp_figures(lanes: list[Lane], runs: list[Run]) -> dict:
+    """Every lane's times and tokens/s; our speculative tokens/s over each llama.cpp lane's (and our autoregressive
+    over llama.cpp's), paired per instruction; each speculative lane's speedup and llama.cpp's acceptance."""
+    ours_ar, ours_spec = find(lanes, "specdemo", "autoregressive"), find(lanes, "specdemo", "speculative")
+    cpp = [lane for lane in lanes if lane.framework == "llamacpp"]
+    figures = {
+        "lanes": {lane.label: {**lane.fields(), **stats.lane_figures(runs, lane),
+                               "tokens_per_s": stats.spread([r.tokens / r.wall_s for r in stats.lane_runs(runs, lane) if r.wall_s])}
+                  for lane in lanes},
+        # A time ratio per token of llama.cpp over ours is our tokens/s over llama.cpp's.
+        "ratios": stats.ratios(runs, [(lane, ours_spec) for lane in cpp] + [(find(lanes, "llamacpp", "autoregressive"), ours_ar)]),
+        "speedup": {lane.label: stats.spread(stats.paired_ratios(runs, lane.baseline, lane)) for lane in lanes if lane.kind == "speculative"},
+        "acceptance": {},
+        "runs": [r.to_dict() for r in runs],
+    }
+    for lane in cpp:
+        mine = stats.lane_runs(runs, lane)
+        proposed = sum(r.summary.get("proposed", 0) for r in mine)
+        if proposed:
+            figures["acceptance"][lane.label] = sum(r.summary.get("accepted", 0) for r in mine) / proposed
+    return figures
+
+
 RUNNERS = {
     "paper": run_paper,
     "transformers": run_transformers,
+    "llamacpp": run_llamacpp,
     "k": sweeps.run_k,
     "vocab": sweeps.run_vocab,
     "precision": sweeps.run_precision,

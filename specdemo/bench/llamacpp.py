@@ -1,0 +1,176 @@
+"""llama.cpp as a peer: llama-cpp-python's `Llama` on the very GGUF files specdemo ships, fed our prompt token ids.
+
+Three ways of generating, each greedy, on the cores this process may use:
+- autoregressive: the target alone, one llama_decode per token;
+- prompt lookup: the bindings' `LlamaPromptLookupDecoding` as `draft_model`, up to K tokens a round;
+- draft model: the 0.5B GGUF proposing K greedy tokens a round. The bindings ship no drafter that runs a
+  second model, only the `draft_model` interface (ids so far -> draft ids); `DraftLlama` below fills it
+  with a second `Llama`.
+
+With a drafter, `Llama.generate` verifies a round the way our loop does: one llama_decode of [last token]
++ drafts with logits at every position, drafts kept while they equal the target's greedy token, the KV
+cache cut at the first mismatch. llama-cpp-python is optional (requirements-llamacpp.txt): `missing()`
+gives the one line the benchmark prints instead of running it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from specdemo import sources
+from specdemo.bench.peers import PeerRun
+
+SKIPPED = "llama.cpp: skipped (pip install -r requirements-llamacpp.txt)"
+N_CTX = 4096  # tokens of context per llama.cpp model: the longest prompt the CLI takes (2,048) plus 1,024 new, and more
+
+
+def missing() -> str | None:
+    """None when llama_cpp loads; otherwise the one line saying why the llama.cpp peer is skipped."""
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return SKIPPED
+    except (OSError, RuntimeError) as error:  # installed, but its shared library does not load here
+        return (f"llama.cpp: skipped (llama_cpp is installed but does not load: {error}; rebuild it here with "
+                "pip install --force-reinstall --no-cache-dir -r requirements-llamacpp.txt)")
+    return None
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask, which a container or taskset can narrow)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def gguf_path(source: str, progress: sources.Progress | None = None) -> Path | None:
+    """The GGUF file of model `source`, or None if it has none (an IR folder, a Hugging Face model).
+
+    A preset is assembled once from its part packages into SPECDEMO_HOME/bench/gguf/<preset>.gguf
+    (sha256-checked, renamed into place only when complete); a local .gguf file is used as it is.
+    """
+    if source not in sources.PRESETS:
+        path = Path(source).expanduser()
+        return path if path.is_file() and path.suffix == ".gguf" else None
+    path = sources.specdemo_home() / "bench" / "gguf" / f"{source}.gguf"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        scratch = path.with_name(f".{path.name}.{os.getpid()}")
+        try:
+            sources.assemble_parts(sources.PRESETS[source], scratch, progress or (lambda fraction, message: None))
+            os.replace(scratch, path)
+        finally:
+            scratch.unlink(missing_ok=True)
+    return path
+
+
+class DraftLlama:
+    """The bindings' draft-model interface (`LlamaDraftModel`: ids so far -> draft ids) on a second `Llama`.
+
+    Each call drafts K greedy tokens. The draft's KV cache follows the text: `Llama.generate` keeps the
+    longest prefix it shares with the ids it is given and evaluates only the rest, so a round costs the
+    target's new tokens plus K draft steps, as in our loop.
+    """
+
+    def __init__(self, llm, k: int):
+        self.llm, self.k = llm, k
+
+    def __call__(self, input_ids: np.ndarray, /, **kwargs) -> np.ndarray:
+        drafts = []
+        for token in self.llm.generate(input_ids.tolist(), temp=0.0, repeat_penalty=1.0):
+            drafts.append(token)
+            if len(drafts) == self.k:
+                break
+        return np.array(drafts, dtype=np.intc)
+
+    def reset(self) -> None:
+        """Forget the cached text, so the next run prefills the draft from its prompt again."""
+        self.llm.reset()
+
+
+class Tally:
+    """A drafter that counts what the target kept of its drafts.
+
+    `Llama.generate` calls the drafter with the ids so far after every round; they end with the drafts the
+    target accepted and then the target's own token, so a round's accepted count is how many ids the next
+    call brings beyond the previous call's, less one. The last round of a run is left uncounted.
+    """
+
+    def __init__(self, drafter):
+        self.drafter, self.proposed, self.accepted = drafter, 0, 0
+        self._last: tuple[int, int] | None = None  # (ids given, drafts returned) of the previous call
+
+    def __call__(self, input_ids: np.ndarray, /, **kwargs) -> np.ndarray:
+        if self._last is not None:
+            given, drafted = self._last
+            self.proposed += drafted
+            self.accepted += len(input_ids) - given - 1
+        drafts = self.drafter(input_ids)
+        self._last = (len(input_ids), len(drafts))
+        return drafts
+
+
+class LlamaCppPeer:
+    """llama.cpp on a target GGUF, and optionally a draft GGUF, each model loaded on first use.
+
+    Two copies of the target: an autoregressive step needs the logits of the last position only, while
+    verifying drafts needs them at every position (`logits_all`, which also costs a prefill a logits row
+    per prompt token), so each mode runs the way it is fastest.
+    """
+
+    def __init__(self, target: Path, draft: Path | None = None, threads: int | None = None, n_ctx: int = N_CTX):
+        import llama_cpp
+
+        self.target, self.draft, self.n_ctx = target, draft, n_ctx
+        self.threads = threads or usable_cores()
+        self.version = llama_cpp.__version__
+        self.system_info = llama_cpp.llama_print_system_info().decode().strip()
+        self._models: dict[str, object] = {}
+
+    def _model(self, role: str):
+        """A model by role: the target as "plain" (last logits only) or "verifier" (logits everywhere), or the "draft"."""
+        if role not in self._models:
+            from llama_cpp import Llama
+
+            path = self.draft if role == "draft" else self.target
+            self._models[role] = Llama(str(path), n_ctx=self.n_ctx, n_threads=self.threads, n_threads_batch=self.threads,
+                                       logits_all=role == "verifier", verbose=False)
+        return self._models[role]
+
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, eos_ids: set[int], drafter: str | None = None,
+                 k: int = 4, ngram: int = 3) -> PeerRun:
+        """Greedy; `drafter` None (autoregressive), "prompt-lookup" (n-grams of up to `ngram` tokens) or "model",
+        with up to `k` drafts a round. Timed from the prompt ids in hand to the last token, prefill included."""
+        if len(prompt_ids) + max_new_tokens + k + 1 > self.n_ctx:
+            raise ValueError(f"llama.cpp's context is {self.n_ctx:,} tokens: a {len(prompt_ids):,}-token prompt and "
+                             f"{max_new_tokens:,} new tokens do not fit")
+        drafts = self._drafter(drafter, k, ngram) if drafter else None
+        llm = self._model("plain" if drafts is None else "verifier")
+        tally = None if drafts is None else Tally(drafts)
+        if tally is not None:
+            llm.draft_model = tally
+        ids: list[int] = []
+        start = time.perf_counter()
+        if isinstance(drafts, DraftLlama):
+            drafts.reset()
+        llm.reset()  # no prefix cache: every run prefills its whole prompt, as ours do
+        for token in llm.generate(prompt_ids, temp=0.0, repeat_penalty=1.0):
+            ids.append(token)
+            if token in eos_ids or len(ids) == max_new_tokens:
+                break
+        wall = time.perf_counter() - start
+        run = PeerRun(ids=ids, wall_s=wall)
+        if tally is not None:
+            run.proposed, run.accepted = tally.proposed, tally.accepted
+        return run
+
+    def _drafter(self, drafter: str, k: int, ngram: int):
+        if drafter == "prompt-lookup":
+            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+            return LlamaPromptLookupDecoding(max_ngram_size=ngram, num_pred_tokens=k)
+        if drafter == "model" and self.draft is not None:
+            return DraftLlama(self._model("draft"), k)
+        raise ValueError(f"llama.cpp drafts by prompt-lookup or model (with a draft GGUF), not {drafter!r}")
