@@ -184,3 +184,51 @@ def test_the_page_fits_a_phone(app_url, page, tmp_path):
     assert page.evaluate("document.documentElement.scrollWidth") <= 390  # nothing sticks out sideways
     assert status_overlaps(page) == []
     save_screenshot(page, tmp_path, "screenshot-phone.png")
+
+
+def test_a_visitor_queued_behind_api_clients_sees_their_place_counting_down_and_stop_leaves_the_queue(app_url, page):
+    """Three API clients hold the machine; the visitor who presses Generate reads their place within a second, sees it
+    count down, and Stop while still waiting leaves the queue: a client queued behind moves up."""
+    from gradio_client import Client
+    from playwright.sync_api import expect
+
+    from specdemo.ui.handlers import OUTPUTS
+    from specdemo.ui.page import INPUTS
+    from specdemo.ui.values import PageValues
+
+    def submit(instruction: str, tokens: int):
+        values = {**vars(PageValues(max_new_tokens=tokens, k_auto=False)), "instruction": instruction}
+        return Client(app_url, verbose=False).submit(*[values[name] for name in INPUTS], api_name="/generate")
+
+    def latest_status(job) -> str:
+        outputs = job.outputs()
+        return outputs[-1][OUTPUTS.index("status")] if outputs else ""
+
+    def place(job) -> int | None:
+        found = re.search(r"(\d+) runs? ahead", latest_status(job))
+        return int(found.group(1)) if found else None
+
+    expect.set_options(timeout=30_000)
+    page.goto(app_url)
+    status = page.locator("#status")
+    expect(status).to_contain_text("Ready", timeout=STARTUP_S * 1000)
+    ahead = [submit(f"Write a Python function number {i} that adds two numbers.", 32) for i in range(3)]
+    deadline = time.monotonic() + 60
+    while not any(latest_status(job).startswith("Waiting") for job in ahead) and time.monotonic() < deadline:
+        time.sleep(0.2)  # the clients are in line (one runs, the others wait)
+    page.locator("#generate").click()
+    expect(status).to_contain_text(re.compile(r"Waiting for the machine: \d+ runs? ahead of you"), timeout=1000)
+    first = int(re.search(r"(\d+) runs? ahead", status.inner_text()).group(1))
+    behind = submit("Write a haiku about queues.", 8)  # a client in line behind the visitor
+    expect(status).to_contain_text(re.compile(rf"Waiting for the machine: {first - 1} runs? ahead"), timeout=RUN_MS)
+    while place(behind) is None:
+        time.sleep(0.2)
+    before = place(behind)
+    page.locator("#stop").click()
+    expect(status).to_contain_text("You left the queue; nothing was run.")
+    deadline = time.monotonic() + 30
+    while (place(behind) or 0) >= before:  # the client behind moves up: the visitor's place is gone
+        assert time.monotonic() < deadline, latest_status(behind)
+        time.sleep(0.2)
+    for job in [*ahead, behind]:
+        job.result(timeout=RUN_MS / 1000)
