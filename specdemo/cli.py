@@ -237,13 +237,13 @@ def _tune(settings: RunSettings) -> int:
         engine = Engine.load(settings)
     engine.warm_up(fresh=True, log=log)  # the cost model, measured again under the chosen settings
     print(f"\n{'model':8}{'setting':44}{'greedy kept':>12}{'time':>10}{'vs default':>12}")
-    for role in ("target", "draft"):
-        default = next((t.seconds for t in trials if t.role == role and t.setting == tune.DEFAULT), float("nan"))
-        for t in (t for t in trials if t.role == role):
-            time_ = f"{t.seconds * 1e3:.1f} ms" if t.faithful else "–"
-            ratio = f"{t.seconds / default:.2f}x" if t.faithful and default == default else "–"
-            mark = "  <- chosen" if t.chosen else ("" if t.faithful else "  (not faithful)")
-            print(f"{role:8}{t.setting.describe():44}{t.agreement:>12.1%}{time_:>10}{ratio:>12}{mark}")
+    for t in trials:
+        time_ = f"{t.seconds * 1e3:.1f} ms" if t.faithful else "–"
+        ratio = f"{t.relative:.2f}x" if t.faithful and t.relative == t.relative else "–"
+        mark = "  <- chosen" if t.chosen else ("" if t.faithful else "  (not faithful)")
+        print(f"{t.role:8}{t.setting.describe():44}{t.agreement:>12.1%}{time_:>10}{ratio:>12}{mark}")
+    print("(time: in the race a setting last ran in; vs default: chained through the races, each against the setting"
+          " kept so far)")
     print(f"\nkept in {path}; every compile of these models on this machine uses it (ours, GenAI's lane, the bench).")
     print(f"{engine.costs.sentence()} (the cost model, measured again under it)")
     return 0

@@ -41,7 +41,10 @@ GROUP_SIZES = (0, 32, 64, 128, 256)  # 0: dynamic quantization off
 KV_PRECISIONS = ("f32", "f16", "u8")
 FAITHFUL = 0.99  # share of the reference's decided (not near-tie) greedy choices a candidate must keep
 CONTEXT = 160  # tokens of context every timed call follows
-TIMED, UNTIMED = 6, 2  # calls per timing, after the untimed ones of a new shape
+PER_SAMPLE, UNTIMED = 3, 1  # timed calls in one sample of a candidate, after an untimed one
+RACE_ROUNDS = 5  # samples of every candidate in one heat, taken in turns
+MAX_HEATS = 4  # heats run until two in a row agree on the fastest
+MARGIN = 0.03  # a candidate replaces the incumbent setting only if it is at least this much faster (noise is not a gain)
 ROUND = 4  # the verify call's size (K = 3 drafts and the target's token) and the draft steps per round, minus one
 
 
@@ -74,6 +77,7 @@ class Trial:
     role: str  # "target" or "draft"
     setting: Setting
     seconds: float = float("nan")  # the score: target t(1) + t(ROUND); draft: a draft step in a round
+    relative: float = float("nan")  # its score over the defaults', chained through the races it and they ran in
     agreement: float = float("nan")  # share of the reference's decided greedy choices kept
     faithful: bool = False
     chosen: bool = False
@@ -130,7 +134,7 @@ def gain(settings: ModelSettings, path: Path | None = None) -> str:
         entry = None
     if not entry:
         return ""
-    ratio = entry["seconds"] / entry["default_seconds"] if entry.get("default_seconds") else float("nan")
+    ratio = entry.get("relative", float("nan"))
     if ratio != ratio:  # nan: the default was not timed
         return "tuned"
     return f"tuned: {abs(1 - ratio):.0%} {'faster' if ratio < 1 else 'slower'} than the defaults" if abs(1 - ratio) >= 0.01 \
@@ -158,9 +162,8 @@ def save(trials: list[Trial], settings: dict[str, ModelSettings], path: Path) ->
     models = data.get("models", {})
     for trial in trials:
         if trial.chosen:
-            default = next((t.seconds for t in trials if t.role == trial.role and t.setting == DEFAULT), float("nan"))
             models[model_key(settings[trial.role])] = {"setting": asdict(trial.setting), "seconds": trial.seconds,
-                                                       "default_seconds": default,
+                                                       "relative": trial.relative,
                                                        "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
     data.update(version=TUNE_VERSION, cpu=machine.cpu_name(), models=models,
                 trials=[{**asdict(t), "setting": asdict(t.setting)} for t in trials])
@@ -177,20 +180,22 @@ def _ids(n: int, offset: int = 0) -> list[int]:
     return [(1000 + 37 * (i + offset)) % 30000 + 100 for i in range(n)]
 
 
-def time_target(model, draft) -> float:
-    """t(1) + t(ROUND) of a target, in the loop's patterns: steps one after another, and a verify call of ROUND tokens
-    (ROUND rows of logits) after ROUND - 1 draft steps, both caches rolled back after it."""
+def prefill(model) -> None:
+    """The context every timed call follows."""
     model.reset()
-    draft.reset()
     model.forward(_ids(CONTEXT))
-    draft.forward(_ids(CONTEXT))
-    steps = []
-    for i in range(UNTIMED + TIMED):
+
+
+def sample_target(model, draft) -> float:
+    """One sample of t(1) + t(ROUND) of a target, in the loop's patterns: steps one after another, and verify calls of
+    ROUND tokens (ROUND rows of logits) after ROUND - 1 draft steps, the caches rolled back after each (both hold
+    CONTEXT tokens before and after)."""
+    steps, verifies = [], []
+    for i in range(UNTIMED + PER_SAMPLE):
         model.forward(_ids(1, i))
         steps.append(model.last_call_s)
     model.rollback(CONTEXT)
-    verifies = []
-    for i in range(UNTIMED + TIMED):
+    for i in range(UNTIMED + PER_SAMPLE):
         for j in range(ROUND - 1):
             draft.forward(_ids(1, j))
         model.forward(_ids(ROUND), logits_to_keep=ROUND)
@@ -200,14 +205,10 @@ def time_target(model, draft) -> float:
     return statistics.median(steps[UNTIMED:]) + statistics.median(verifies[UNTIMED:])
 
 
-def time_draft(model, target) -> float:
-    """A draft step inside a round: ROUND - 1 draft steps, then the target's verify call, both rolled back."""
-    model.reset()
-    target.reset()
-    model.forward(_ids(CONTEXT))
-    target.forward(_ids(CONTEXT))
+def sample_draft(model, target) -> float:
+    """One sample of a draft step inside a round: ROUND - 1 draft steps, then the target's verify call, both rolled back."""
     steps = []
-    for i in range(UNTIMED + TIMED):
+    for i in range(UNTIMED + PER_SAMPLE):
         for j in range(ROUND - 1):
             model.forward(_ids(1, j))
             if i >= UNTIMED:
@@ -216,6 +217,28 @@ def time_draft(model, target) -> float:
         model.rollback(CONTEXT)
         target.rollback(CONTEXT)
     return statistics.median(steps)
+
+
+def race(models: list, other, sample) -> list[float]:
+    """Each model's median seconds. The models take turns sample by sample (in alternating order), so the drift of a
+    shared machine hits them alike, in heats of RACE_ROUNDS samples, until two heats in a row agree on the fastest (at
+    most MAX_HEATS); the medians are over every sample."""
+    for model in [*models, other]:
+        prefill(model)
+    samples = [[] for _ in models]
+    winners = []
+    for heat in range(MAX_HEATS):
+        this = [[] for _ in models]
+        for r in range(RACE_ROUNDS):
+            order = range(len(models)) if r % 2 == 0 else reversed(range(len(models)))
+            for i in order:
+                this[i].append(sample(models[i], other))
+        winners.append(min(range(len(models)), key=lambda i: statistics.median(this[i])))
+        for i, values in enumerate(this):
+            samples[i] += values
+        if len(winners) >= 2 and winners[-1] == winners[-2]:
+            break
+    return [statistics.median(values) for values in samples]
 
 
 @dataclass
@@ -234,9 +257,9 @@ def probes_of(model, tokenizer, examples: list[dict]) -> list[Probe]:
 
     out = []
     for example in examples:
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": example["instruction"]}],
-                                               add_generation_prompt=True, tokenize=True)
-        prompt = list(prompt["input_ids"] if isinstance(prompt, dict) else prompt)
+        chat = tokenizer.apply_chat_template([{"role": "user", "content": example["instruction"]}],
+                                             add_generation_prompt=True, tokenize=False)
+        prompt = tokenizer.encode(chat, add_special_tokens=False)
         text = tokenizer.encode(example["answer"], add_special_tokens=False)
         model.reset()
         model.forward(prompt)
@@ -273,7 +296,7 @@ def search(role: str, base: ModelSettings, other, probes: list[Probe], log, cpu_
     `fidelity` and `timer` default to compiling for real, `agreement` and the role's loop-pattern timer."""
     compile = compile or compile_model
     fidelity = fidelity or agreement
-    timer = timer or (time_target if role == "target" else time_draft)
+    timer = timer or (lambda models, other: race(models, other, sample_target if role == "target" else sample_draft))
     trials: list[Trial] = []
     best = Trial(role, DEFAULT)
     for dimension in DIMENSIONS:
@@ -289,21 +312,23 @@ def search(role: str, base: ModelSettings, other, probes: list[Probe], log, cpu_
             if trial.faithful:
                 models[id(trial)] = model
         faithful = [t for t in options if t.faithful]
-        times = {id(t): [] for t in faithful}
-        for order in (faithful, faithful[::-1], faithful):
-            for trial in order:
-                times[id(trial)].append(timer(models[id(trial)], other))
-            fastest = [min(faithful, key=lambda t: times[id(t)][p]) for p in range(len(times[id(faithful[0])]))]
-            if len(fastest) >= 2 and fastest[-1] is fastest[-2]:
-                break  # two passes agree on the fastest
+        for trial, seconds in zip(faithful, timer([models[id(t)] for t in faithful], other)):
+            trial.seconds = seconds
         models.clear()
         gc.collect()
+        incumbent = next((t for t in faithful if t.setting == best.setting), None)
+        # Times of one race compare; across races the machine may have drifted, so ratios are chained through the
+        # incumbent, which runs in every race.
+        scale = best.relative if best.relative == best.relative else 1.0
         for trial in faithful:
-            trial.seconds = min(times[id(trial)])  # load only ever adds time
-            log(f"  {role} {trial.setting.describe()}: {trial.seconds * 1e3:.1f} ms")
-        trials += [t for t in options if all(t.setting != k.setting for k in trials)]
-        if faithful:
-            best = min(faithful, key=lambda t: t.seconds)
+            trial.relative = scale * trial.seconds / incumbent.seconds if incumbent else float("nan")
+            log(f"  {role} {trial.setting.describe()}: {trial.seconds * 1e3:.1f} ms ({trial.relative:.2f}× the defaults)")
+        trials = [t for t in trials if all(t.setting != o.setting for o in options)] + options  # the latest timing of each
+        fastest = min(faithful, key=lambda t: t.seconds, default=None)
+        if fastest is not None and (incumbent is None or fastest.seconds < (1 - MARGIN) * incumbent.seconds):
+            best = fastest
+        elif incumbent is not None:
+            best = incumbent
     for trial in trials:
         trial.chosen = trial.setting == best.setting
     return trials

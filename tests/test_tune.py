@@ -27,7 +27,8 @@ def fake_fidelity(settings, probes) -> float:
 def search(flags=AVX512_BF16, cores=2):
     log = []
     trials = tune.search("target", DEFAULT_TARGET, None, [], log.append, flags, cores,
-                         compile=lambda settings: settings, fidelity=fake_fidelity, timer=fake_seconds)
+                         compile=lambda settings: settings, fidelity=fake_fidelity,
+                         timer=lambda models, other: [fake_seconds(m, other) for m in models])
     return trials, log
 
 
@@ -35,6 +36,15 @@ def test_the_tuner_keeps_the_fastest_faithful_setting():
     trials, _ = search()
     chosen = [t for t in trials if t.chosen]
     assert len(chosen) == 1 and chosen[0].setting == Setting(128, "f32", "f32")
+    assert chosen[0].relative == pytest.approx(0.038 / 0.048)
+
+
+def test_a_gain_within_the_noise_margin_keeps_the_incumbent():
+    trials = tune.search("draft", DEFAULT_TARGET, None, [], lambda m: None, ["avx2"], 2, compile=lambda settings: settings,
+                         fidelity=lambda model, probes: 1.0,
+                         timer=lambda models, other: [0.0195 if m.dynamic_quantization_group_size == 64 else 0.02
+                                                      for m in models])
+    assert next(t for t in trials if t.chosen).setting == DEFAULT  # 2.5 % faster is noise here
 
 
 def test_a_faster_setting_that_changes_greedy_choices_is_refused():
@@ -78,8 +88,8 @@ def test_a_choice_that_breaks_greedy_equality_is_caught_unless_at_a_near_tie():
 
 def test_the_chosen_settings_reach_our_compiles_and_genais(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDEMO_HOME", str(tmp_path))
-    trials = [tune.Trial("target", Setting(128, "f32", "u8"), seconds=0.03, faithful=True, chosen=True),
-              tune.Trial("target", DEFAULT, seconds=0.04, faithful=True)]
+    trials = [tune.Trial("target", Setting(128, "f32", "u8"), seconds=0.03, relative=0.75, faithful=True, chosen=True),
+              tune.Trial("target", DEFAULT, seconds=0.04, relative=1.0, faithful=True)]
     tune.save(trials, {"target": DEFAULT_TARGET}, tune.path_for())
     tuned = tune.apply(DEFAULT_TARGET)
     assert (tuned.dynamic_quantization_group_size, tuned.kv_cache_precision) == (128, "u8")
