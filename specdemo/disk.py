@@ -2,7 +2,7 @@
 
     models/<version>/<model>-<precision>   converted IRs (the default pair is needed; others are optional)
     ov_cache/                               OpenVINO's compiled-model cache (rebuilt on the next start)
-    bench/hf/                               the benchmark's float32 copies for transformers (bench only)
+    bench/hf/, bench/gguf/                  the benchmark's float32 copies for transformers, GGUF files for llama.cpp
     costs/, vocab/                          measured call costs, α history, token rankings (small)
     .<model>-<random>/                      scratch of a conversion that was killed (never needed)
 """
@@ -58,7 +58,7 @@ def inventory(home: Path | None = None) -> list[Item]:
                 items.append(Item(folder, folder_bytes(folder), "other-models", "another model or precision"))
     for name, kind, what in (
         ("ov_cache", "compiled", "OpenVINO's compiled-model cache (rebuilt on the next start)"),
-        ("bench", "bench", "the benchmark's float32 copies for transformers"),
+        ("bench", "bench", "the benchmark's float32 copies for transformers and GGUF files for llama.cpp"),
         ("costs", "measurements", "measured call costs and acceptance history"),
         ("vocab", "measurements", "token rankings for trimmed draft heads"),
     ):

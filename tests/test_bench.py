@@ -304,3 +304,18 @@ def test_a_short_real_run_writes_the_report_json_and_plots(tmp_path):
     text = (tmp_path / "benchmarks.md").read_text()
     assert "## 1. The paper's experiment" in text and "ours speculative / GenAI speculative" in text
     assert (tmp_path / "benchmarks.json").is_file() and (tmp_path / "benchmarks-paper.png").is_file()
+
+
+def test_what_watching_costs_is_reported_as_ratios_to_the_cli():
+    from specdemo.bench import watching
+
+    run = {"autoregressive": {"summary": {"target_step_s": 0.045}},
+           "speculative": {"summary": {"verify_call_s": 0.06, "draft_s": 2.0}}, "measured_speedup": 1.5}
+    assert watching.figures(run) == {"autoregressive step": 0.045, "verify call": 0.06, "drafting": 2.0, "speedup": 1.5}
+    medians = {"CLI": {"autoregressive step": 0.040, "verify call": 0.05, "drafting": 2.0, "speedup": 1.5},
+               "page in Chromium": {"autoregressive step": 0.050, "verify call": 0.06, "drafting": 2.5, "speedup": 1.2}}
+    section = {"max_new_tokens": 128, "repeats": 2, "medians": medians,
+               "over_cli": {mode: {k: m[k] / medians["CLI"][k] for k in m} for mode, m in medians.items()}}
+    text = report_tables.watching_section(section)
+    assert text.startswith("## 8. What watching costs")
+    assert "| page in Chromium | 50.0 ms (1.25×) | 60.0 ms (1.20×) | 2.50 s (1.25×) | 1.20× (0.80×) |" in text

@@ -9,6 +9,10 @@ Sections, in the order they run (BenchSettings.sections picks some):
 - vocab:        the draft's LM head trimmed to its most frequent tokens;
 - lookup:       prompt lookup vs the draft model on edits, where the output repeats the input;
 - transformers: transformers generate() and assisted generation on the same weights, same prompts;
+- llamacpp:     llama.cpp (optional: requirements-llamacpp.txt) on the very GGUF files, autoregressive, prompt
+                lookup and draft model, beside our lanes;
+- watching:     what a browser watching the page costs the lanes: the CLI, the page's API and the page in
+                Chromium on the same instruction, back to back;
 - precision:    draft int4 / int8 / fp16 x target int8 / int4;
 - kv:           KV cache precision;
 - memory:       peak RSS and KV cache bytes, autoregressive vs speculative, each in its own process.
@@ -66,7 +70,7 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
     log(f"load average {results['machine']['load_average']} on {results['machine']['logical_cores']} cores")
     engine = Engine.load(settings)
     # Always measured afresh: the report's cost curve and plan must come from this run's machine state.
-    engine.warm_up(max(8, settings.generation.k_max), fresh=True, log=lambda m: log(f"warm-up: {m}"))
+    engine.warm_up(settings.generation.k_max, fresh=True, log=lambda m: log(f"warm-up: {m}"))
     log(f"warm-up {engine.warm_up_s:.1f} s. {engine.costs.sentence()}")
     results["models"] = {"target": engine.target.describe(), "draft": engine.draft.describe()}
     results["costs"] = engine.costs.to_dict()

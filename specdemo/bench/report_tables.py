@@ -280,3 +280,12 @@ def llamacpp_section(cpp: dict | None) -> str:
         + "\n\nOur tokens/s over llama.cpp's, per instruction then median (above 1 means ours is faster):\n\n"
         + table(["ratio", "median (min–max)"], ratio_rows)
     )
+
+
+def watching_section(section: dict | None) -> str:
+    """What watching costs (watching.py): step times and the speedup shown, by where the run was made."""
+    if not section:
+        return ""
+    from specdemo.bench import watching
+
+    return "## 8. What watching costs\n\n" + watching.report(section).split("\n", 2)[2]

@@ -166,10 +166,19 @@ def llamacpp_figures(lanes: list[Lane], runs: list[Run]) -> dict:
     return figures
 
 
+def run_watching(ctx: Context) -> dict:
+    """What a browser watching the page costs the lanes: the same instruction by the CLI, the page's API and the page in
+    Chromium on this machine, back to back (watching.py)."""
+    from specdemo.bench import watching
+
+    return watching.run_watching(ctx.code_instructions(3)[2], ctx.sweep_tokens, ctx.bench.watching_repeats, ctx.log)
+
+
 RUNNERS = {
     "paper": run_paper,
     "transformers": run_transformers,
     "llamacpp": run_llamacpp,
+    "watching": run_watching,
     "k": sweeps.run_k,
     "vocab": sweeps.run_vocab,
     "precision": sweeps.run_precision,

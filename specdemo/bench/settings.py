@@ -44,7 +44,7 @@ EDIT_INSTRUCTIONS = [
 # The paper's measurements: new tokens N -> (autoregressive s, speculative s), Dolly v2 12B target, 3B draft.
 PAPER = {40: (19.87, 13.61), 100: (44.25, 26.97)}
 
-SECTIONS = ("paper", "k", "vocab", "lookup", "transformers", "llamacpp", "precision", "kv", "memory")  # in the order they run
+SECTIONS = ("paper", "k", "vocab", "lookup", "transformers", "llamacpp", "precision", "kv", "memory", "watching")  # in the order they run
 USES_GENAI = {"paper", "k", "lookup"}  # sections that load OpenVINO GenAI pipelines
 
 # The targets: what "as fast as the best" means here (judged in targets.py).
@@ -76,6 +76,7 @@ class BenchSettings:
     transformers_tokens: int = 40
     lookup_instructions: int = 3  # of EDIT_INSTRUCTIONS
     warmup_tokens: int = 16  # tokens of each lane's warm-up run
+    watching_repeats: int = 2  # runs of each way (CLI, page API, page in Chromium) in the watching section
     sections: tuple[str, ...] = SECTIONS
 
     def __post_init__(self):
@@ -106,7 +107,7 @@ QUICK = BenchSettings(
     transformers_tokens=16,
     lookup_instructions=1,
     # llama.cpp is an optional peer that loads two more copies of the target: the full run measures it.
-    sections=tuple(s for s in SECTIONS if s not in ("llamacpp", "precision", "kv", "memory")),
+    sections=tuple(s for s in SECTIONS if s not in ("llamacpp", "precision", "kv", "memory", "watching")),
 )
 
 

@@ -1,0 +1,139 @@
+"""What watching costs: the same instruction run by the CLI, by the page through its API (no browser), and by the page
+in Chromium on the same machine, back to back, with each run's step times read from its saved run (runfile.py: the
+CLI's `generate --json` and the page's download share the schema).
+
+A local demo shares the machine with the browser that watches it: every live update the page sends is work for the
+server and for the browser's renderer, taken from the lanes. This section says how much, as ratios to the CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update"]
+MODES = ("CLI", "page API", "page in Chromium")
+FIGURES = ("autoregressive step", "verify call", "drafting", "speedup")  # read from each saved run
+
+
+def figures(run: dict) -> dict[str, float]:
+    """The step times and the speedup of one saved run."""
+    ar, spec = run["autoregressive"]["summary"], run["speculative"]["summary"]
+    return {"autoregressive step": ar["target_step_s"], "verify call": spec["verify_call_s"], "drafting": spec["draft_s"],
+            "speedup": run["measured_speedup"]}
+
+
+def by_cli(instruction: str, n: int) -> dict:
+    """One run of `python -m specdemo generate --json` (its own process, as a user would run it)."""
+    out = subprocess.run([sys.executable, "-m", "specdemo", "generate", instruction, "--max-new-tokens", str(n), "--json"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=900, check=True)
+    return json.loads(out.stdout)
+
+
+class Page:
+    """`python app.py` on a free port, for the API and the browser runs."""
+
+    def __init__(self, log):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.output = tempfile.TemporaryFile()
+        self.process = subprocess.Popen([sys.executable, "app.py", "--port", str(self.port)], cwd=ROOT,
+                                        stdout=self.output, stderr=subprocess.STDOUT, env={**os.environ})
+        log(f"watching: starting the page on {self.url}")
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(self.url, timeout=5)
+                break
+            except OSError:
+                time.sleep(1)
+
+    def by_api(self, instruction: str, n: int) -> dict:
+        """One run through the page's API, no browser: its download read back."""
+        from gradio_client import Client
+
+        from specdemo.ui.handlers import OUTPUTS
+        from specdemo.ui.page import INPUTS
+        from specdemo.ui.values import PageValues
+
+        values = {**vars(PageValues()), "instruction": instruction, "max_new_tokens": n}
+        outputs = dict(zip(OUTPUTS, Client(self.url, verbose=False).predict(*[values[k] for k in INPUTS],
+                                                                           api_name="/generate")))
+        download = outputs["download"]
+        return json.loads(Path(download if isinstance(download, str) else download["value"]).read_text())
+
+    def by_browser(self, instruction: str, n: int) -> dict:
+        """One run pressed in Chromium on this machine, the page streaming to it; its download read back."""
+        from playwright.sync_api import expect, sync_playwright
+
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_page(viewport={"width": 1440, "height": 900})
+                page.goto(self.url)
+                status = page.locator("#status")
+                expect(status).to_contain_text("Ready", timeout=900_000)
+                page.locator("#instruction textarea").fill(instruction)
+                box = page.locator("#max-new-tokens input[type=number]")
+                box.fill(str(n))
+                box.press("Enter")
+                page.locator("#generate").click()
+                expect(status).to_contain_text("Finished", timeout=900_000)
+                with page.expect_download() as download:
+                    page.locator("#download").click()
+                return json.loads(Path(download.value.path()).read_text())
+            finally:
+                browser.close()
+
+    def close(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=60)
+
+
+def run_watching(instruction: str, n: int, repeats: int, log) -> dict:
+    """Each mode `repeats` times, the three back to back in every repeat; the figures of every run, their medians
+    per mode, and each mode's medians over the CLI's."""
+    runs = {mode: [] for mode in MODES}
+    page = Page(log)
+    try:
+        page.by_api(instruction, 8)  # the page warms up once, as a visitor's first run would not
+        for r in range(repeats):
+            for mode, run in (("CLI", lambda: by_cli(instruction, n)), ("page API", lambda: page.by_api(instruction, n)),
+                              ("page in Chromium", lambda: page.by_browser(instruction, n))):
+                if mode == "page in Chromium" and not CHROMIUM.exists():
+                    continue
+                runs[mode].append(figures(run()))
+                log(f"watching [{r + 1}/{repeats}] {mode}: " + ", ".join(f"{k} {v:.3f}" for k, v in runs[mode][-1].items()))
+    finally:
+        page.close()
+    medians = {mode: {k: statistics.median(r[k] for r in rs) for k in FIGURES} for mode, rs in runs.items() if rs}
+    ratios = {mode: {k: m[k] / medians["CLI"][k] for k in FIGURES} for mode, m in medians.items()}
+    return {"instruction": instruction, "max_new_tokens": n, "repeats": repeats, "runs": runs, "medians": medians,
+            "over_cli": ratios}
+
+
+def report(section: dict) -> str:
+    """The section as markdown: the medians per mode and their ratio to the CLI's."""
+    header = "| where | autoregressive step | verify call | drafting | speedup shown |\n| --- | ---: | ---: | ---: | ---: |"
+    rows = []
+    for mode, m in section["medians"].items():
+        r = section["over_cli"][mode]
+        rows.append(f"| {mode} | {m['autoregressive step'] * 1e3:.1f} ms ({r['autoregressive step']:.2f}×) | "
+                    f"{m['verify call'] * 1e3:.1f} ms ({r['verify call']:.2f}×) | {m['drafting']:.2f} s ({r['drafting']:.2f}×) | "
+                    f"{m['speedup']:.2f}× ({r['speedup']:.2f}×) |")
+    return (f"### What watching costs\n\nThe same instruction (N = {section['max_new_tokens']}, auto K), {section['repeats']} "
+            "times each way, back to back: the CLI, the page through its API with no browser, and the page in Chromium on "
+            "this machine. Medians, and in brackets over the CLI's.\n\n" + header + "\n" + "\n".join(rows))
