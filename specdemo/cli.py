@@ -16,7 +16,8 @@ from specdemo import compat, runfile, sources
 from specdemo.events import ACCEPTED, BONUS, CORRECTED, Result, TokenEvent, drain
 from specdemo.metrics import measured_speedup
 from specdemo.planner import Plan
-from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET, DRAFTERS, MAX_PROMPT_TOKENS, PRECISIONS, GenerationSettings, ModelSettings, RunSettings
+from specdemo.settings import (CONFIGURATIONS, DEFAULT_DRAFT, DEFAULT_TARGET, DRAFTERS, MAX_PROMPT_TOKENS, PRECISIONS,
+                               GenerationSettings, ModelSettings, RunSettings)
 
 LONG_PROMPT_TOKENS = 300  # above this, say up front how long the prefill will take
 
@@ -60,10 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_model_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--configuration", default="faithful", choices=list(CONFIGURATIONS),
+                        help="faithful (INT8 target, the default) or fastest (INT4 target: faster, another model's text)")
     parser.add_argument("--target", default=DEFAULT_TARGET.source, help="preset, HF model id, local folder or .gguf file")
     parser.add_argument("--draft", default=DEFAULT_DRAFT.source, help="preset, HF model id, local folder or .gguf file")
-    parser.add_argument("--target-precision", default=DEFAULT_TARGET.precision, choices=PRECISIONS)
-    parser.add_argument("--draft-precision", default=DEFAULT_DRAFT.precision, choices=PRECISIONS)
+    parser.add_argument("--target-precision", default=None, choices=PRECISIONS, help="overrides the configuration's")
+    parser.add_argument("--draft-precision", default=None, choices=PRECISIONS, help="overrides the configuration's")
     parser.add_argument("--device", default="CPU", help="OpenVINO device of the target (and of the draft unless --draft-device)")
     parser.add_argument("--draft-device", default=None, help="OpenVINO device of the draft model")
     parser.add_argument("--kv-cache-precision", default="", help="OpenVINO KV_CACHE_PRECISION for both models (u8, f16, bf16, f32)")
@@ -105,8 +108,10 @@ def _k_value(text: str):
 
 def settings_from(args: argparse.Namespace) -> RunSettings:
     """One RunSettings from parsed flags. Raises ValueError with a user-facing message."""
-    target = ModelSettings(args.target, args.target_precision, args.device, args.kv_cache_precision)
-    draft = ModelSettings(args.draft, args.draft_precision, args.draft_device or args.device, args.kv_cache_precision)
+    base_target, base_draft = CONFIGURATIONS[args.configuration]
+    target = ModelSettings(args.target, args.target_precision or base_target.precision, args.device, args.kv_cache_precision)
+    draft = ModelSettings(args.draft, args.draft_precision or base_draft.precision, args.draft_device or args.device,
+                          args.kv_cache_precision)
     generation = GenerationSettings()
     if hasattr(args, "k"):
         generation = GenerationSettings(

@@ -4,7 +4,7 @@
 `python -m specdemo show FILE [FILE …]` reads it back and renders it, several side by side, so runs
 from two machines can be compared. Keys (SCHEMA 1):
 
-    schema, instruction, settings (RunSettings), machine (machine.describe), models (per role: the model panel's
+    schema, instruction, configuration ("faithful", "fastest", "custom"), settings (RunSettings), machine (machine.describe), models (per role: the model panel's
     facts and `compile_properties`), autoregressive / speculative (token_ids, text, tokens, rounds, summary),
     measured_speedup, warm_up_s, costs, plan, counterfactual (greedy only, else null), failures
 """
@@ -44,6 +44,7 @@ def run_dict(instruction: str, settings, engine, autoregressive: Result, specula
     return {
         "schema": SCHEMA,
         "instruction": clean_instruction(instruction),  # as the model saw it (lone surrogates made U+FFFD)
+        "configuration": settings.configuration,
         "settings": asdict(settings),
         "machine": machine.describe(),
         "models": {role: {**model.describe(), "compile_properties": compile_config(model.settings, None)}
@@ -82,6 +83,7 @@ ROWS = (  # (label, how to read it from a run)
                                      for f in r["machine"]["cpu_features"]) or "–"),
     ("cores", lambda r: str(r["machine"]["logical_cores"])),
     ("OpenVINO", lambda r: r["machine"]["packages"]["openvino"]),
+    ("configuration", lambda r: r.get("configuration", "–")),
     ("target / draft", lambda r: " / ".join(f"{m['name'].split('-Instruct')[0].split('-')[-1]} {m['precision']}"
                                             for m in r["models"].values())),
     ("tokens", lambda r: str(r["speculative"]["summary"]["tokens"])),

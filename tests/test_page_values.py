@@ -108,3 +108,12 @@ def test_the_app_binds_loopback_and_asks_for_no_share_link_by_default(monkeypatc
     args = app.parse_args([])
     assert (args.host, args.share) == ("127.0.0.1", False)
     assert app.parse_args(["--share"]).share
+
+
+def test_an_unknown_configuration_is_refused_with_a_sentence():
+    import pytest
+
+    from specdemo.ui.values import PageValues
+
+    with pytest.raises(ValueError, match="^the configuration must be one of faithful, fastest, got 'turbo'$"):
+        PageValues(instruction="hi", configuration="turbo").check()

@@ -41,3 +41,19 @@ def test_defaults_are_greedy_with_four_draft_tokens():
 def test_unknown_precision_is_refused():
     with pytest.raises(ValueError, match="precision must be one of fp16, int8, int4"):
         ModelSettings("x", precision="int3")
+
+
+def test_named_configurations_say_which_models_ran():
+    from dataclasses import replace
+
+    from specdemo.cli import build_parser, settings_from
+    from specdemo.settings import CONFIGURATIONS, RunSettings
+
+    assert RunSettings().configuration == "faithful"
+    fastest = settings_from(build_parser().parse_args(["generate", "hi", "--configuration", "fastest"]))
+    assert fastest.target.precision == "int4" and fastest.configuration == "fastest"
+    assert (fastest.target, fastest.draft) == CONFIGURATIONS["fastest"]
+    overridden = settings_from(build_parser().parse_args(["generate", "hi", "--configuration", "fastest",
+                                                          "--target-precision", "int8"]))
+    assert overridden.configuration == "faithful"  # an explicit precision wins, and the name follows the models
+    assert RunSettings(replace(RunSettings().target, precision="fp16")).configuration == "custom"

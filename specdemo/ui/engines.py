@@ -16,7 +16,7 @@ from typing import Callable
 from specdemo import genai, sources
 from specdemo.engine import Engine
 from specdemo.runtime import release_weight_pages
-from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET, GenerationSettings, RunSettings
+from specdemo.settings import CONFIGURATIONS, GenerationSettings, RunSettings
 from specdemo.ui.lanes import AUTOREGRESSIVE, GENAI, SPECULATIVE
 from specdemo.ui.values import MAX_K, ONE_AFTER_ANOTHER
 
@@ -135,10 +135,10 @@ def race_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)) // 2)
 
 
-def lane_loadings(mode: str, target_device: str, draft_device: str) -> dict[str, Loading]:
+def lane_loadings(mode: str, target_device: str, draft_device: str, configuration: str = "faithful") -> dict[str, Loading]:
     """The loading of each lane's engine. One after another: one pair with every core. Race: one engine per
     lane, each compiled for half the cores, because an engine runs one generation at a time."""
-    settings = device_settings(target_device, draft_device)
+    settings = device_settings(target_device, draft_device, configuration)
     if mode == ONE_AFTER_ANOTHER:
         pair = loading_for("pair", settings, True)
         return {AUTOREGRESSIVE: pair, SPECULATIVE: pair}
@@ -150,8 +150,10 @@ def lane_loadings(mode: str, target_device: str, draft_device: str) -> dict[str,
     }
 
 
-def device_settings(target_device: str, draft_device: str) -> RunSettings:
-    return RunSettings(replace(DEFAULT_TARGET, device=target_device), replace(DEFAULT_DRAFT, device=draft_device))
+def device_settings(target_device: str, draft_device: str, configuration: str = "faithful") -> RunSettings:
+    """The pair of `configuration` (settings.CONFIGURATIONS) on these devices."""
+    target, draft = CONFIGURATIONS[configuration]
+    return RunSettings(replace(target, device=target_device), replace(draft, device=draft_device))
 
 
 def genai_plan(engine: Engine, instruction: str, settings: GenerationSettings) -> tuple[str, int]:

@@ -105,7 +105,8 @@ LEFT_QUEUE_STATUS = "You left the queue; nothing was run."
 def _run(values: PageValues, settings: GenerationSettings, session: str, cancel) -> Iterator[View]:
     """The run itself, once it is this visitor's turn."""
     try:
-        engines = yield from _wait_for(lane_loadings(values.mode, values.target_device, values.draft_device))
+        engines = yield from _wait_for(lane_loadings(values.mode, values.target_device, values.draft_device,
+                                                     values.configuration))
         check_prompt(engines[SPECULATIVE].prompt_ids(values.instruction, settings))  # the stricter context of the two
         jobs = _jobs(engines, values.instruction, settings)
         if values.genai:
@@ -134,9 +135,10 @@ def _run(values: PageValues, settings: GenerationSettings, session: str, cancel)
     if not stopped and settings.greedy and finished(lanes):
         yield View(status="Working out what each K would have given on this answer (one pass of the draft model)…")
         would = engines[SPECULATIVE].would_have_given(values.instruction, settings, [e.id for e in lanes[SPECULATIVE].events])
-    view = final_view(lanes, values.mode, settings, engines[SPECULATIVE], stopped, would)
+    view = final_view(lanes, values.mode, settings, engines[SPECULATIVE], stopped, would, values.configuration)
     if finished(lanes) and not stopped:
-        run_settings = replace(device_settings(values.target_device, values.draft_device), generation=settings)
+        run_settings = replace(device_settings(values.target_device, values.draft_device, values.configuration),
+                               generation=settings)
         run = runfile.run_dict(values.instruction, run_settings, engines[SPECULATIVE], lanes[AUTOREGRESSIVE].result(),
                                lanes[SPECULATIVE].result(), would)
         view.download = save_run(run, session)
@@ -177,7 +179,8 @@ def _jobs(engines: dict[str, Engine], instruction: str, settings: GenerationSett
 def _genai_job(engine: Engine, values: PageValues, settings: GenerationSettings):
     """GenAI's lane: its pipeline for the drafter and K our speculative lane starts with, on the same prompt ids."""
     drafter, k = genai_plan(engine, values.instruction, settings)
-    pipeline = yield from _wait_for({GENAI: genai_loading_for(device_settings(values.target_device, values.draft_device),
+    pipeline = yield from _wait_for({GENAI: genai_loading_for(device_settings(values.target_device, values.draft_device,
+                                                                              values.configuration),
                                                                  drafter == "prompt-lookup")})
     ids = engine.prompt_ids(values.instruction, settings)
     return lambda cancel: genai.stream(pipeline[GENAI], engine.tokenizer, ids, settings, engine.eos_ids, k, cancel, drafter)
@@ -215,7 +218,7 @@ STOPPED_STATUS = "Stopped. The lanes show what was generated before Stop."
 
 
 def final_view(lanes: dict[str, LaneRun], mode: str, settings: GenerationSettings, engine: Engine,
-               stopped: bool = False, would=None) -> View:
+               stopped: bool = False, would=None, configuration: str = "faithful") -> View:
     """The last update: final texts and figures, the results, the run's charts (what each K would have given, acceptance
     by position, the cost surface with the run's point), the cost note and the model panel with KV sizes."""
     spec = lanes[SPECULATIVE]
@@ -226,7 +229,7 @@ def final_view(lanes: dict[str, LaneRun], mode: str, settings: GenerationSetting
         status = STOPPED_STATUS if stopped else f"Finished ({render.describe_mode(mode)}). Hover a token for its step."
     view = live_view(lanes, mode, plot=True, whole=True)
     view.status = ("⚠️ " if errors else "") + status
-    view.results = render.render_results(lanes, mode, settings, would)
+    view.results = render.render_results(lanes, mode, settings, would, configuration)
     s = spec.summary
     done = finished(lanes)
     # The prior's chance that draft i is kept when drafted: drafts 1 … i all accepted (the bars' quantity).

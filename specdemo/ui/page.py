@@ -110,6 +110,11 @@ def _add_controls(c: dict) -> None:
         c["genai"] = gr.Checkbox(value=defaults.genai, elem_id="genai",
                                  label="Also run OpenVINO GenAI's speculative pipeline (a third lane, run last)",
                                  info="The same model folders, prompt tokens and K; loads a second copy of the models.")
+        c["configuration"] = gr.Radio(
+            [("Faithful: INT8 target (the default)", "faithful"), ("Fastest: INT4 target", "fastest")],
+            value=defaults.configuration, label="Configuration", elem_id="configuration",
+            info="The INT4 target is faster here but answers like another model (its greedy text parts from the INT8 "
+                 "target's after ~17 tokens); it is converted on first use (a few minutes). Speculation is lossless either way.")
         with gr.Row():
             c["adaptive"] = gr.Checkbox(value=defaults.adaptive, label="Adaptive K", elem_id="adaptive",
                                         info="K grows after a fully accepted round and shrinks after a rejection.")

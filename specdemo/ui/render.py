@@ -101,7 +101,8 @@ def lane_speedup(lanes: dict[str, LaneRun]) -> float:
     return measured_speedup(a, s) if a is not None and s is not None else 0.0
 
 
-def render_results(lanes: dict[str, LaneRun], mode: str, settings: GenerationSettings, would=None) -> str:
+def render_results(lanes: dict[str, LaneRun], mode: str, settings: GenerationSettings, would=None,
+                   configuration: str = "faithful") -> str:
     """The headline figures once both lanes are done: measured against predicted speedup, mean acceptance length and
     α̂, target calls saved, which run mode produced them, what each K would have given, and GenAI's lane if it ran."""
     ar, spec = lanes[AUTOREGRESSIVE], lanes[SPECULATIVE]
@@ -134,8 +135,8 @@ def render_results(lanes: dict[str, LaneRun], mode: str, settings: GenerationSet
     else:
         prediction = "Nothing was drafted, so there is no acceptance to report (α̂ –)."
     lines = [
-        f"<b>Measured {escape(describe_mode(mode))}.</b> Speedup = speculative tokens/s ÷ autoregressive tokens/s "
-        f"({s.tokens_per_s:.1f} ÷ {a.tokens_per_s:.1f}); {drafter}, {k}.",
+        f"<b>Measured {escape(describe_mode(mode))}</b>, configuration {escape(configuration)}. Speedup = speculative "
+        f"tokens/s ÷ autoregressive tokens/s ({s.tokens_per_s:.1f} ÷ {a.tokens_per_s:.1f}); {drafter}, {k}.",
         escape(plan.reason) if plan else "",
         escape(prediction),
         f"Speculative time: target {s.target_s:.2f} s (a verify call {s.verify_call_s * 1e3:.0f} ms, an autoregressive "

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdemo.settings import K_MAX, MAX_PROMPT_TOKENS, GenerationSettings
+from specdemo.settings import CONFIGURATIONS, K_MAX, MAX_PROMPT_TOKENS, GenerationSettings
 
 ONE_AFTER_ANOTHER, RACE = "one after another", "race"
 MODES = (ONE_AFTER_ANOTHER, RACE)
@@ -45,6 +45,7 @@ class PageValues:
     draft_device: str = "CPU"
     mode: str = ONE_AFTER_ANOTHER  # ONE_AFTER_ANOTHER or RACE
     genai: bool = False  # also run OpenVINO GenAI's speculative pipeline as a third lane
+    configuration: str = "faithful"  # "faithful" (INT8 target) or "fastest" (INT4 target)
 
     def generation(self) -> GenerationSettings:
         """GenerationSettings from these values. Raises ValueError with a sentence for a user."""
@@ -69,6 +70,8 @@ class PageValues:
         settings = self.generation()
         check_instruction(self.instruction)
         check_choices(self.mode, self.target_device, self.draft_device)
+        if self.configuration not in CONFIGURATIONS:
+            raise ValueError(f"the configuration must be one of {', '.join(CONFIGURATIONS)}, got {self.configuration!r}")
         return settings
 
 
