@@ -192,7 +192,8 @@ const take = () => {
   const from = +delta.dataset.from, to = +delta.dataset.to, have = +box.dataset.count;
   if (delta.dataset.reset === '1') { box.innerHTML = delta.innerHTML; stick = true; }
   else if (from === have) box.insertAdjacentHTML('beforeend', delta.innerHTML);
-  else return;  // already shown, or a gap: the run's last update resets the whole text
+  else { delta.remove(); return; }  // already shown, or a gap: the run's last update resets the whole text
+  delta.remove();  // shown in the box now: no hidden second copy in the page
   box.dataset.count = String(to);
   if (box.scrollHeight <= box.clientHeight + 24) stick = true;
   if (stick) box.scrollTop = box.scrollHeight;
