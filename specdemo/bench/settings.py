@@ -76,7 +76,7 @@ class BenchSettings:
     transformers_tokens: int = 40
     lookup_instructions: int = 3  # of EDIT_INSTRUCTIONS
     warmup_tokens: int = 16  # tokens of each lane's warm-up run
-    watching_repeats: int = 2  # runs of each way (CLI, page API, page in Chromium) in the watching section
+    watching_repeats: int = 4  # runs of each way (CLI, page API, page in Chromium) in the watching section
     sections: tuple[str, ...] = SECTIONS
 
     def __post_init__(self):

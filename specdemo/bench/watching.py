@@ -105,7 +105,8 @@ class Page:
 
 def run_watching(instruction: str, n: int, repeats: int, log) -> dict:
     """Each mode `repeats` times, the three back to back in every repeat; the figures of every run, their medians
-    per mode, and each mode's medians over the CLI's."""
+    per mode, and each mode's figures over the CLI's of the same repeat (a shared machine drifts between repeats),
+    as medians."""
     runs = {mode: [] for mode in MODES}
     page = Page(log)
     try:
@@ -120,7 +121,8 @@ def run_watching(instruction: str, n: int, repeats: int, log) -> dict:
     finally:
         page.close()
     medians = {mode: {k: statistics.median(r[k] for r in rs) for k in FIGURES} for mode, rs in runs.items() if rs}
-    ratios = {mode: {k: m[k] / medians["CLI"][k] for k in FIGURES} for mode, m in medians.items()}
+    ratios = {mode: {k: statistics.median(r[k] / cli[k] for r, cli in zip(rs, runs["CLI"])) for k in FIGURES}
+              for mode, rs in runs.items() if rs}
     return {"instruction": instruction, "max_new_tokens": n, "repeats": repeats, "runs": runs, "medians": medians,
             "over_cli": ratios}
 
@@ -136,4 +138,5 @@ def report(section: dict) -> str:
                     f"{m['speedup']:.2f}× ({r['speedup']:.2f}×) |")
     return (f"### What watching costs\n\nThe same instruction (N = {section['max_new_tokens']}, auto K), {section['repeats']} "
             "times each way, back to back: the CLI, the page through its API with no browser, and the page in Chromium on "
-            "this machine. Medians, and in brackets over the CLI's.\n\n" + header + "\n" + "\n".join(rows))
+            "this machine. Medians, and in brackets the median of each run over the CLI's run of the same repeat.\n\n"
+            + header + "\n" + "\n".join(rows))

@@ -24,7 +24,7 @@ from specdemo.ui.lanes import (AUTOREGRESSIVE, GENAI, LANES, SPECULATIVE, LaneRu
                                start_lanes)
 from specdemo.ui.values import MAX_K, RACE, PageValues, as_sentence, check_prompt
 
-PLOT_INTERVAL_S = 0.5  # redrawing a chart costs more than appending text
+SETTLE_S = 0.5  # the browser renders the run's first update before the lanes start, not while they run
 SKIP = object()  # an output this update leaves as it is
 MAX_WAITING_RUNS = 32  # runs that may wait for the machine; one more is refused with a sentence
 LINE = waiting.RunQueue(MAX_WAITING_RUNS)  # every visitor's runs take turns on this machine
@@ -116,20 +116,24 @@ def _run(values: PageValues, settings: GenerationSettings, session: str, cancel)
         return
 
     lanes = {name: LaneRun() for name in jobs}
-    inbox = queue.SimpleQueue()
-    threads = start_lanes(jobs, values.mode, cancel, inbox)
-    # Stop sets `cancel`: the workers end after their current step and the run ends normally, so the last update is
-    # always the final view (a closed page instead closes the generator at a yield; generate's finally stops the workers).
     first = live_view(lanes, values.mode, plot=True, whole=True)
     first.results = render.note("Running…")
     first.positions = charts.placeholder("Acceptance by draft position", "Drawn when the run ends.")
     first.would = charts.placeholder("What each K would have given on this answer", "Drawn when the run ends.")
     yield first
-    last_plot = time.perf_counter()
+    time.sleep(SETTLE_S)
+    inbox = queue.SimpleQueue()
+    threads = start_lanes(jobs, values.mode, cancel, inbox)
+    # Stop sets `cancel`: the workers end after their current step and the run ends normally, so the last update is
+    # always the final view (a closed page instead closes the generator at a yield; generate's finally stops the workers).
+    # While the lanes run, the updates carry new tokens and figures only: the timeline is drawn when they are done.
+    last_status = first.status
     for _ in follow(lanes, threads, inbox):
-        plot = time.perf_counter() - last_plot >= PLOT_INTERVAL_S
-        last_plot = time.perf_counter() if plot else last_plot
-        yield live_view(lanes, values.mode, plot)
+        view = live_view(lanes, values.mode, plot=False)
+        if view.status == last_status:
+            view.status = SKIP  # the same line again would only make the browser render it again
+        last_status = view.status if view.status is not SKIP else last_status
+        yield view
     stopped = cancel.is_set()
     would = None
     if not stopped and settings.greedy and finished(lanes):

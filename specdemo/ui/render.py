@@ -136,7 +136,9 @@ def render_results(lanes: dict[str, LaneRun], mode: str, settings: GenerationSet
         prediction = "Nothing was drafted, so there is no acceptance to report (α̂ –)."
     lines = [
         f"<b>Measured {escape(describe_mode(mode))}</b>, configuration {escape(configuration)}. Speedup = speculative "
-        f"tokens/s ÷ autoregressive tokens/s ({s.tokens_per_s:.1f} ÷ {a.tokens_per_s:.1f}); {drafter}, {k}.",
+        f"tokens/s ÷ autoregressive tokens/s ({s.tokens_per_s:.1f} ÷ {a.tokens_per_s:.1f}); {drafter}, {k}. Taken while "
+        "this page streamed the lanes (an update a second): a browser on the same machine takes some CPU time from them, "
+        "which <code>python -m specdemo bench --only watching</code> measures; the CLI's figures are free of it.",
         escape(plan.reason) if plan else "",
         escape(prediction),
         f"Speculative time: target {s.target_s:.2f} s (a verify call {s.verify_call_s * 1e3:.0f} ms, an autoregressive "
