@@ -18,10 +18,10 @@ CPU plugin pays for: t(1) came out 40 % above what the loop pays on an AVX-512 E
 
 **Corrected by every run.** Each lane's records give what its calls really cost (metrics.call_seconds);
 `fold` adds that observation, and the model is re-estimated from the measurement and the last WINDOW
-observations: t(1) and d(1) as the low median of what runs paid, the curve's shape t(n) / t(1) as the low
-median of the ratios runs paid (a run's t(n) over the same moment's t(1)), and sizes no run used by the
-measured shape scaled like their nearest neighbours. One run under load moves none of these; two runs
-that agree move them all. A shared machine drifts (the same target step was 47 ms and 35 ms an hour
+observations: t(1) and d(1) as the median of what runs paid, the curve's shape t(n) / t(1) as the median of
+the ratios runs paid (a run's t(n) over the same moment's t(1)), sizes no run used by the measured shape
+scaled like their nearest neighbours, and the loop's own time per step and per round beyond its calls. One
+run under load moves none of these; two runs that agree move them all. A shared machine drifts (the same target step was 47 ms and 35 ms an hour
 apart), so the model follows what runs pay now.
 
 Cached under SPECDEMO_HOME/costs keyed by the models, precisions, device, threads, CPU and OpenVINO,
@@ -68,7 +68,10 @@ class CostModel:
     seconds: float = 0.0  # how long measuring took (0 when read from the cache)
     measured_target_s: tuple[float, ...] = ()  # t(n) as measured, before any correction (= target_s until a run)
     measured_draft_s: tuple[float, ...] = ()  # d(n) as measured
-    observations: tuple[dict, ...] = ()  # the latest runs' observations: {"at": epoch s, "target": {n: s}, "draft": {n: s}}
+    observations: tuple[dict, ...] = ()  # the latest runs' observations: {"at": epoch s, "target": {n: s}, "draft": {n: s},
+    #                                     "overhead": {"step": s, "round": s}}
+    step_overhead_s: float = 0.0  # a single step's wall time beyond its call (the loop's own Python), as runs paid it
+    round_overhead_s: float = 0.0  # a round's wall time beyond its calls and trims, as runs paid it
     runs: int = 0  # runs folded in since the measurement
     corrected_at: str = ""  # ISO date and time of the last fold that changed something
     last_change: str = ""  # what that fold changed, for people ("t(1) 51.0 → 36.8 ms, t(5)/t(1) 1.04 → 1.45")
@@ -138,7 +141,8 @@ def _observation(o: dict) -> dict:
     """An observation with integer call sizes (JSON keeps keys as strings)."""
     return {"at": float(o.get("at", 0.0)),
             "target": {int(n): float(s) for n, s in o.get("target", {}).items()},
-            "draft": {int(n): float(s) for n, s in o.get("draft", {}).items()}}
+            "draft": {int(n): float(s) for n, s in o.get("draft", {}).items()},
+            "overhead": {kind: float(s) for kind, s in o.get("overhead", {}).items()}}
 
 
 # ---- correction by runs
@@ -153,19 +157,23 @@ def fold(costs: CostModel, observation: dict, at: float | None = None) -> CostMo
     observations = (*costs.observations, observed)[-4 * WINDOW:]
     target = _estimate_curve(costs.measured_target_s, [o["target"] for o in observations], [o["at"] for o in observations])
     draft = _estimate_curve(costs.measured_draft_s, [o["draft"] for o in observations], None) if costs.measured_draft_s else ()
+    overheads = {kind: _robust_median([o["overhead"][kind] for o in observations if kind in o["overhead"]], 0.0)
+                 for kind in ("step", "round")}
     change = _describe_change(costs, target, draft)
     return replace(costs, target_s=target, draft_s=draft, observations=observations, runs=costs.runs + 1,
+                   step_overhead_s=overheads["step"], round_overhead_s=overheads["round"],
                    corrected_at=time.strftime("%Y-%m-%dT%H:%M:%S") if change else costs.corrected_at,
                    last_change=change or costs.last_change)
 
 
-def _low_median(values: list[float], base: float) -> float:
-    """The low median of the latest WINDOW values, with the measurement counted too while there are fewer than 3:
-    one run under load (only ever slower) cannot move it, two runs that agree do."""
+def _robust_median(values: list[float], base: float) -> float:
+    """The median of the latest WINDOW values. While there are fewer than 3, the measurement counts too and the low
+    median is taken: one run under load (only ever slower) cannot move it, two runs that agree do. From 3 on, the
+    plain median: what runs typically pay, not what the luckiest paid."""
     values = values[-WINDOW:]
     if len(values) < 3:
-        values = [base, *values]
-    return statistics.median_low(values)
+        return statistics.median_low([base, *values])
+    return statistics.median(values)
 
 
 def _estimate_curve(measured: tuple[float, ...], observed: list[dict[int, float]], at: list[float] | None) -> tuple[float, ...]:
@@ -177,7 +185,7 @@ def _estimate_curve(measured: tuple[float, ...], observed: list[dict[int, float]
     that were used.
     """
     ones = [o[1] for o in observed if 1 in o]
-    level = _low_median(ones, measured[0])
+    level = _robust_median(ones, measured[0])
     corrections: dict[int, float] = {}
     for n in range(2, len(measured) + 1):
         ratios = []
@@ -186,7 +194,7 @@ def _estimate_curve(measured: tuple[float, ...], observed: list[dict[int, float]
             if n in o and one:
                 ratios.append(o[n] / one)
         if ratios:
-            corrections[n] = _low_median(ratios, measured[n - 1] / measured[0]) / (measured[n - 1] / measured[0])
+            corrections[n] = _robust_median(ratios, measured[n - 1] / measured[0]) / (measured[n - 1] / measured[0])
     curve = [level]
     for n in range(2, len(measured) + 1):
         curve.append(level * measured[n - 1] / measured[0] * _interpolate(corrections, n))

@@ -129,8 +129,8 @@ def lookup_counts(prompt_ids: list[int], answer_ids: list[int], k_max: int, ngra
 
 def _round_seconds(costs: CostModel, k: int, full_before: bool, drafter: str) -> float:
     if k == 0:
-        return costs.t(1)
-    seconds = costs.t(k + 1) + costs.target_rollback_s
+        return costs.t(1) + costs.step_overhead_s
+    seconds = costs.t(k + 1) + costs.target_rollback_s + costs.round_overhead_s
     if drafter == "model":
         seconds += k * costs.d(1) + (costs.d(2) - costs.d(1) if full_before else 0.0) + costs.draft_rollback_s
     return seconds
@@ -204,7 +204,7 @@ def walk_lookup(prompt_ids: list[int], answer_ids: list[int], k: int, ngram: int
 
 def autoregressive_seconds(costs: CostModel, prompt_tokens: int, tokens: int) -> float:
     """Predicted seconds of the autoregressive lane: the prefill, then one step per further token."""
-    return prompt_tokens / costs.target_prefill_tps + max(tokens - 1, 0) * costs.t(1)
+    return prompt_tokens / costs.target_prefill_tps + max(tokens - 1, 0) * (costs.t(1) + costs.step_overhead_s)
 
 
 def counterfactual(mask: list[int] | None, prompt_ids: list[int], answer_ids: list[int], costs: CostModel,

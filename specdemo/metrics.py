@@ -369,15 +369,22 @@ def time_split(rounds: Sequence["Round"]) -> dict[str, float]:
     }
 
 
-def call_seconds(rounds: Sequence["Round"]) -> dict[str, dict[int, float]]:
-    """What one lane paid per call shape: {"target": {n: median seconds of its calls on n tokens}, "draft": {…}},
-    prefills left out. This is the observation each run folds into the cost model (costs.fold)."""
+def call_seconds(rounds: Sequence["Round"]) -> dict[str, dict]:
+    """What one lane paid: {"target": {n: median seconds of its calls on n tokens}, "draft": {…}, "overhead": {"step": s,
+    "round": s}}, prefills left out. The overhead is a step's or a round's wall time beyond its model calls and cache
+    trims (the loop's own Python: logits copies, the rule, events). This is the observation each run folds into the cost
+    model (costs.fold)."""
     target: dict[int, list[float]] = {}
     draft: dict[int, list[float]] = {}
-    for r in rounds[1:]:
+    overhead: dict[str, list[float]] = {}
+    for before, r in zip(rounds, rounds[1:]):
         target.setdefault(r.verify_tokens, []).append(r.verify_s)
         for n, s in r.draft_calls:
             if n <= 2:
                 draft.setdefault(n, []).append(s)
+        if not any(n > 2 for n, _ in r.draft_calls):  # a draft prefill's round says nothing of a round's overhead
+            spent = r.t - before.t - r.verify_s - r.draft_s - r.rollback_s
+            overhead.setdefault("round" if r.drafted else "step", []).append(max(spent, 0.0))
     return {"target": {n: statistics.median(s) for n, s in sorted(target.items())},
-            "draft": {n: statistics.median(s) for n, s in sorted(draft.items())}}
+            "draft": {n: statistics.median(s) for n, s in sorted(draft.items())},
+            "overhead": {kind: statistics.median(s) for kind, s in overhead.items()}}

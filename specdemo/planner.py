@@ -28,6 +28,7 @@ from specdemo.costs import CostModel
 from specdemo.settings import GenerationSettings
 
 MIN_GAIN = 1.03  # speculate only where the prediction beats the target alone by this much (noise margin)
+HOLD = 0.02  # auto K changes K only for a predicted gain of more than this: a new verify size makes its first calls slow
 PRIOR_WEIGHT = 20.0  # the prior counts as this many tested drafts at each position against the run's own evidence
 POOL_WEIGHT = 10.0  # a position's own evidence against the pooled rate of all positions, in tested drafts
 DEFAULT_ALPHA = {"model": 0.8, "prompt-lookup": 0.5, "hybrid": 0.8}  # before any evidence on this machine
@@ -90,8 +91,8 @@ def round_seconds(costs: CostModel, acceptance: Acceptance, k: int, drafter: str
     """Expected seconds of one round with K drafts (K = 0: one plain target step). A hybrid round is priced as the
     draft model's (its lookup rounds are the free exceptions)."""
     if k == 0:
-        return costs.t(1)
-    seconds = costs.t(k + 1) + costs.target_rollback_s
+        return costs.t(1) + costs.step_overhead_s
+    seconds = costs.t(k + 1) + costs.target_rollback_s + costs.round_overhead_s
     if drafter in ("model", "hybrid"):
         # K draft calls; after a fully accepted round the first one feeds two tokens.
         full = acceptance.all_accepted(k)
@@ -101,7 +102,7 @@ def round_seconds(costs: CostModel, acceptance: Acceptance, k: int, drafter: str
 
 def predicted_speedup(costs: CostModel, acceptance: Acceptance, k: int, drafter: str = "model") -> float:
     """Tokens per second of speculation with K drafts over the target alone, after the prompt."""
-    return acceptance.expected_tokens(k) * costs.t(1) / round_seconds(costs, acceptance, k, drafter)
+    return acceptance.expected_tokens(k) * round_seconds(costs, acceptance, 0) / round_seconds(costs, acceptance, k, drafter)
 
 
 def predicted_lane_speedup(costs: CostModel, acceptance: Acceptance, k: float, tokens: int, prompt_tokens: int,
@@ -121,7 +122,7 @@ def predicted_lane_speedup(costs: CostModel, acceptance: Acceptance, k: float, t
             predicted_lane_speedup(costs, acceptance, low + 1, tokens, prompt_tokens, drafter)
     k = int(k)
     prefill = prompt_tokens / costs.target_prefill_tps
-    autoregressive = prefill + (tokens - 1) * costs.t(1)
+    autoregressive = prefill + (tokens - 1) * round_seconds(costs, acceptance, 0)
     draft_prefill = prompt_tokens / costs.draft_prefill_tps if drafter != "prompt-lookup" and costs.draft_prefill_tps else 0.0
     rounds = (tokens - 1) / acceptance.expected_tokens(k)
     speculative = prefill + draft_prefill + rounds * round_seconds(costs, acceptance, k, drafter)
@@ -240,6 +241,7 @@ class AutoK:
         self.tested = [0] * k_max
         self.accepted = [0] * k_max
         self.seen = 0
+        self.k = plan.k
 
     def next_k(self, rounds: list) -> int:
         if self.plan.k == 0:
@@ -253,7 +255,11 @@ class AutoK:
                 self.accepted[i] += i < n_accepted
         self.seen = len(rounds)
         acceptance = Acceptance.from_counts(self.tested, self.accepted, self.plan.acceptance_prior)
-        return best_k(self.costs, acceptance, self.k_max, self.plan.drafter)[0]
+        k, speedup = best_k(self.costs, acceptance, self.k_max, self.plan.drafter)
+        if k and self.k and speedup <= (1 + HOLD) * predicted_speedup(self.costs, acceptance, self.k, self.plan.drafter):
+            return self.k  # not worth a new verify size
+        self.k = k
+        return k
 
 
 def policy_for(settings: GenerationSettings, costs: CostModel | None = None, plan: Plan | None = None) -> KPolicy:

@@ -9,8 +9,8 @@ back to a length; nobody else touches the state.
 Rolling back forgets positions by masking them: the attention mask we pass with every call marks them 0, so no
 later token attends to them, exactly as if they were gone (positions are passed explicitly, so the text's positions
 stay right). Copying every layer's kept keys and values out of the plugin and back cost 2-4 ms a round, most of a
-round's time outside the model calls; masking costs nothing. Forgotten positions stay in the plugin's memory until
-they exceed COMPACT_AFTER, when the cache is compacted by one such copy.
+round's time outside the model calls; masking costs nothing. Forgotten positions stay in the plugin's memory (and in
+every attention) until they exceed COMPACT_AFTER, when the cache is compacted by one such copy.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from specdemo.settings import ModelSettings
 # Inputs longer than this are fed in pieces: the activations of one call grow with its length (a
 # 4,096-token prompt in one call took 5.9 GB), while the KV cache makes pieces cost the same in total.
 PREFILL_CHUNK = 512
-COMPACT_AFTER = 256  # forgotten positions kept in the plugin's cache before it is compacted
+COMPACT_AFTER = 64  # forgotten positions kept in the plugin's cache before it is compacted (every one is attended to)
 
 
 class OVModel:

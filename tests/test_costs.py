@@ -104,3 +104,14 @@ def test_a_dip_in_a_measured_cost_curve_is_noise_and_is_levelled():
 
 def test_the_cost_model_survives_a_round_trip_through_json():
     assert CostModel.from_dict(MEASURED.to_dict()) == MEASURED
+
+
+def test_the_loops_own_time_per_step_and_round_joins_the_model_and_the_prediction():
+    from specdemo.planner import Acceptance, predicted_speedup
+
+    model = MEASURED
+    for i in range(3):
+        model = fold(model, {"target": {1: 0.04}, "draft": {}, "overhead": {"step": 0.002, "round": 0.006}}, at=60.0 * i)
+    assert model.step_overhead_s == pytest.approx(0.002) and model.round_overhead_s == pytest.approx(0.006)
+    cheaper = predicted_speedup(MEASURED, Acceptance((0.9,)), 4)
+    assert predicted_speedup(model, Acceptance((0.9,)), 4) < cheaper  # a round's overhead is paid once per round
