@@ -161,6 +161,23 @@ def cost_surface(costs: CostModel, ks: Sequence[int], alphas: Sequence[float], d
     return [[predicted_speedup(costs, Acceptance.geometric(a), k, drafter) for k in ks] for a in alphas]
 
 
+def surface_sentence(costs: CostModel, k_max: int, run_alpha: float | None = None,
+                     run_acceptance: Acceptance | None = None) -> str:
+    """"On this machine drafts pay when α is above X; at this run's acceptance the best K is Y." The best K uses the
+    run's acceptance by position when given: drafts are accepted in runs, not independently, so a geometric α̂
+    undervalues long drafts."""
+    thresholds = [a for k in range(1, k_max + 1) if (a := break_even_alpha(costs, k)) is not None]
+    if not thresholds:
+        return "On this machine no K pays, even if every draft were accepted."
+    text = f"On this machine drafts pay when α is above {min(thresholds):.2f} (at the best K for it)"
+    if run_alpha:
+        acceptance = run_acceptance or Acceptance.geometric(run_alpha)
+        k, speedup = best_k(costs, acceptance, k_max)
+        where = f"this run's acceptance (α̂ = {run_alpha:.2f}{', by position' if run_acceptance else ''})"
+        text += f"; at {where} the best K is {k} ({speedup:.2f}× predicted)" if k else f"; at {where} no K pays"
+    return text + "."
+
+
 # ---- the plan for one run
 
 

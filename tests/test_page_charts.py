@@ -41,11 +41,11 @@ def test_the_break_even_line_is_where_the_surface_crosses_one():
 
 
 def test_the_surface_sentence_names_the_threshold_and_the_best_k_at_the_runs_acceptance():
-    text = charts.surface_sentence(FLAT, 12, 0.9, planner.Acceptance((0.9,)))
+    text = planner.surface_sentence(FLAT, 12, 0.9, planner.Acceptance((0.9,)))
     threshold = min(a for k in range(1, 13) if (a := planner.break_even_alpha(FLAT, k)) is not None)
     best = planner.best_k(FLAT, planner.Acceptance((0.9,)), 12)[0]
     assert f"drafts pay when α is above {threshold:.2f}" in text and f"the best K is {best}" in text
-    assert charts.surface_sentence(machine(2.0, 1.0), 12) == "On this machine no K pays, even if every draft were accepted."
+    assert planner.surface_sentence(machine(2.0, 1.0), 12) == "On this machine no K pays, even if every draft were accepted."
 
 
 def test_the_surface_marks_the_runs_point_and_draws_the_break_even_line():

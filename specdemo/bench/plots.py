@@ -25,6 +25,7 @@ def draw(results: dict, out: Path) -> dict[str, str]:
     drawn = {}
     for name, painter, data in (
         ("costs", _costs, results.get("costs")),
+        ("surface", _surface, results.get("costs_end") or results.get("costs")),
         ("paper", _paper, sections.get("paper")),
         ("peers", _peers, sections.get("paper") or sections.get("transformers")),
         ("k", _k, sections.get("k")),
@@ -44,6 +45,38 @@ def _close(figure) -> None:
     import matplotlib.pyplot as plt
 
     plt.close(figure)
+
+
+def _surface(results: dict):
+    """This machine's predicted speedup over K × α (its cost model as the run left it), the break-even line, and auto
+    K's point (pooled α̂, mean K) when the K section ran."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from specdemo import planner
+    from specdemo.costs import CostModel
+
+    costs = CostModel.from_dict(results.get("costs_end") or results["costs"])
+    ks, alphas = list(range(1, costs.n_max)), [0.5 + 0.0125 * i for i in range(41)]
+    grid = np.array(planner.cost_surface(costs, ks, alphas))
+    figure, ax = plt.subplots(figsize=(6, 3.8))
+    image = ax.imshow(np.log2(grid), origin="lower", aspect="auto", cmap="PuOr", vmin=-1, vmax=1,
+                      extent=(ks[0] - 0.5, ks[-1] + 0.5, alphas[0] - 0.00625, alphas[-1] + 0.00625))
+    line = [(k, a) for k in ks if (a := planner.break_even_alpha(costs, k)) is not None]
+    if line:
+        ax.plot(*zip(*line), color="black", linewidth=1.5, label="break-even (1×)")
+    auto = schema.rows_with(results["sections"].get("k", {}).get("rows", []), k_policy="auto")
+    if auto:
+        ax.plot(auto[0]["mean_k"], auto[0]["alpha_hat"], "o", color="#CC79A7", markeredgecolor="white", markersize=9,
+                label="auto K (α̂, mean K)")
+    ax.set_ylim(alphas[0] - 0.00625, alphas[-1] + 0.00625)  # the break-even line below α = 0.5 is off the map
+    colorbar = figure.colorbar(image, ax=ax, ticks=[-1, 0, 1])
+    colorbar.ax.set_yticklabels(["½×", "1×", "2×"])
+    ax.set_xlabel("K, drafts per round")
+    ax.set_ylabel("acceptance α")
+    ax.set_title("Where speculation pays on this machine (predicted speedup)")
+    ax.legend(loc="lower right", fontsize=8)
+    return figure
 
 
 def _errors(spreads: list[dict]) -> list[list[float]]:

@@ -107,7 +107,13 @@ def _costs(results: dict, plots: dict) -> str:
     )
     if plan:
         text += f"\n\n**The plan** for the first code instruction: {plan['reason']}"
-    return text + image(plots, "costs", "Cost of scoring n tokens in one target call, in single steps")
+    if "costs_end" in results or "costs" in results:
+        from specdemo.planner import surface_sentence
+
+        final = CostModel.from_dict(results.get("costs_end") or results["costs"])
+        text += f"\n\n**Where speculation pays here**, from the cost model as the run left it: {surface_sentence(final, final.n_max - 1)}"
+    return (text + image(plots, "costs", "Cost of scoring n tokens in one target call, in single steps")
+            + image(plots, "surface", "Predicted speedup over K and acceptance, with the break-even line"))
 
 
 def _headlines(sections: dict) -> str:

@@ -200,7 +200,7 @@ def cost_surface(costs: CostModel | None, k_max: int, run_alpha: float | None = 
         x, y = axes.x(run_k), axes.y(min(max(run_alpha, ALPHAS[0]), 1.0))
         parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="6" fill="{PURPLE}" stroke="white" stroke-width="2">'
                      f"<title>this run: α̂ {run_alpha:.2f}, mean K {run_k:.1f}</title></circle>")
-    sentence = surface_sentence(costs, k_max, run_alpha, run_acceptance)
+    sentence = planner.surface_sentence(costs, k_max, run_alpha, run_acceptance)
     return _svg(parts, title, sentence, sentence + " White line: break-even (1×); blue pays, orange costs.")
 
 
@@ -210,20 +210,3 @@ def _heat(speedup: float) -> str:
     r, g, b = (0, 114, 178) if t > 0 else (230, 159, 0)
     mix = abs(t) ** 0.8
     return "#%02x%02x%02x" % tuple(round(255 + (c - 255) * mix) for c in (r, g, b))
-
-
-def surface_sentence(costs: CostModel, k_max: int, run_alpha: float | None = None,
-                     run_acceptance: planner.Acceptance | None = None) -> str:
-    """"On this machine drafts pay when α is above X; at this run's acceptance the best K is Y." The best K uses the
-    run's acceptance by position when given: drafts are accepted in runs, not independently, so a geometric α̂
-    undervalues long drafts."""
-    thresholds = [a for k in range(1, k_max + 1) if (a := planner.break_even_alpha(costs, k)) is not None]
-    if not thresholds:
-        return "On this machine no K pays, even if every draft were accepted."
-    text = f"On this machine drafts pay when α is above {min(thresholds):.2f} (at the best K for it)"
-    if run_alpha:
-        acceptance = run_acceptance or planner.Acceptance.geometric(run_alpha)
-        k, speedup = planner.best_k(costs, acceptance, k_max)
-        where = f"this run's acceptance (α̂ = {run_alpha:.2f}{', by position' if run_acceptance else ''})"
-        text += f"; at {where} the best K is {k} ({speedup:.2f}× predicted)" if k else f"; at {where} no K pays"
-    return text + "."
