@@ -135,6 +135,7 @@ def status_overlaps(page) -> list[str]:
 def save_screenshot(page, tmp_path, name: str) -> None:
     """To the test's folder; with SPECDEMO_REFRESH_SCREENSHOT=1 also over assets/<name>."""
     page.wait_for_timeout(800)  # let the charts finish drawing
+    page.add_style_tag(content=".toast-wrap { display: none !important; }")  # an earlier warning's toast, if it lingers
     shot = tmp_path / name
     page.screenshot(path=str(shot), full_page=True)
     if os.environ.get("SPECDEMO_REFRESH_SCREENSHOT") == "1":

@@ -145,20 +145,26 @@ def _add_lanes_and_results(o: dict) -> None:
                                               js_on_load=STREAM_JS)
             o[f"{prefix}_lane"] = column
     o["results"] = gr.HTML(render.note("Press Generate to run both lanes."), elem_id="results")
-    with gr.Row():
-        with gr.Accordion("ⓘ What the figures mean, and what other tools call them", open=False, elem_id="glossary"):
-            gr.Markdown(metrics.glossary_markdown())
+    with gr.Row(equal_height=True):
+        with gr.Column(scale=4, min_width=300):
+            with gr.Accordion("ⓘ What the figures mean, and what other tools call them", open=False, elem_id="glossary"):
+                gr.Markdown(metrics.glossary_markdown())
         o["download"] = gr.DownloadButton("Download this run (JSON)", value=None, interactive=False, elem_id="download",
                                           size="sm", scale=0, min_width=220)
     with gr.Row(equal_height=True):
-        o["timeline"] = gr.HTML(charts.placeholder("Tokens generated over time", "Drawn as the lanes run."),
-                                elem_id="timeline", elem_classes="sd-chart-box")
-        o["would"] = gr.HTML(charts.placeholder("What each K would have given on this answer", "Drawn after a run."),
-                             elem_id="would", elem_classes="sd-chart-box")
+        # Columns with a min_width: on a phone the charts stack instead of shrinking side by side.
+        with gr.Column(min_width=320):
+            o["timeline"] = gr.HTML(charts.placeholder("Tokens generated over time", "Drawn as the lanes run."),
+                                    elem_id="timeline", elem_classes="sd-chart-box")
+        with gr.Column(min_width=320):
+            o["would"] = gr.HTML(charts.placeholder("What each K would have given on this answer", "Drawn after a run."),
+                                 elem_id="would", elem_classes="sd-chart-box")
     with gr.Row(equal_height=True):
-        o["positions"] = gr.HTML(charts.placeholder("Acceptance by draft position", "Drawn after a run."),
-                                 elem_id="positions", elem_classes="sd-chart-box")
-        o["surface"] = gr.HTML(charts.cost_surface(None, MAX_K), elem_id="surface", elem_classes="sd-chart-box")
+        with gr.Column(min_width=320):
+            o["positions"] = gr.HTML(charts.placeholder("Acceptance by draft position", "Drawn after a run."),
+                                     elem_id="positions", elem_classes="sd-chart-box")
+        with gr.Column(min_width=320):
+            o["surface"] = gr.HTML(charts.cost_surface(None, MAX_K), elem_id="surface", elem_classes="sd-chart-box")
     with gr.Row():
         with gr.Column():
             o["costs"] = gr.LinePlot(render.cost_frame(None), x="tokens scored at once", y="cost in single steps",
