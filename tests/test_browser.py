@@ -187,7 +187,8 @@ def test_the_page_fits_a_phone(app_url, page, tmp_path):
     save_screenshot(page, tmp_path, "screenshot-phone.png")
 
 
-def test_a_visitor_queued_behind_api_clients_sees_their_place_counting_down_and_stop_leaves_the_queue(app_url, page):
+def test_a_visitor_queued_behind_api_clients_sees_their_place_counting_down_and_stop_leaves_the_queue(app_url, page,
+                                                                                                      tmp_path):
     """Three API clients hold the machine; the visitor who presses Generate reads their place within a second, sees it
     count down, and Stop while still waiting leaves the queue: a client queued behind moves up."""
     from gradio_client import Client
@@ -220,6 +221,9 @@ def test_a_visitor_queued_behind_api_clients_sees_their_place_counting_down_and_
     page.locator("#generate").click()
     expect(status).to_contain_text(re.compile(r"Waiting for the machine: \d+ runs? ahead of you"), timeout=1000)
     first = int(re.search(r"(\d+) runs? ahead", status.inner_text()).group(1))
+    page.locator("#status").screenshot(path=str(tmp_path / "queue.png"))
+    if os.environ.get("SPECDEMO_REFRESH_SCREENSHOT") == "1":
+        shutil.copy(tmp_path / "queue.png", ROOT / "assets" / "screenshot-queue.png")
     behind = submit("Write a haiku about queues.", 8)  # a client in line behind the visitor
     expect(status).to_contain_text(re.compile(rf"Waiting for the machine: {first - 1} runs? ahead"), timeout=RUN_MS)
     while place(behind) is None:
