@@ -46,6 +46,7 @@ COSTS_VERSION = 3  # bump when what is measured changes, so old caches are not r
 CONTEXT_TOKENS = 160  # the context every timed call follows: a short prompt and part of an answer
 PREFILL_TOKENS = 128  # the prompt whose prefill gives the prompt rate
 REPEATS = 5  # timed calls per shape, after UNTIMED calls of that shape; the median is kept
+FIRST_CALLS_SHARE = 0.4  # measuring ÷ (UNTIMED + REPEATS) × warm-up, at the least: what the warm-up's first calls overpay
 UNTIMED = 2  # the first calls after a change of shape are slow (seen: 66, 54, then 45 ms for one step)
 ROUND_DRAFT_STEPS = 3  # draft steps before each timed target call (the round's pattern; more would only cost time)
 N_MAX = K_MAX + 1  # calls of up to this many tokens are always timed, so one cache serves every K
@@ -263,9 +264,11 @@ def measure(target: OVModel, draft: OVModel | None, n_max: int, cache: Path | No
     _warm_up(target, n_max)
     if draft is not None:
         _warm_up(draft, 2)
-    # Measuring makes each call shape UNTIMED + REPEATS times where warming up made it once.
-    estimate = (UNTIMED + REPEATS) * (time.perf_counter() - start)
-    log(f"measuring this machine the way the loop calls it (about {estimate:.0f} s, once per machine): single steps, "
+    # Measuring makes each call shape UNTIMED + REPEATS times where warming up made it once; but a shape's first call
+    # costs more than the later ones (on a Zen 5: 7 s of warm-up, then 19 s of measuring, not 46), hence a range.
+    most = (UNTIMED + REPEATS) * (time.perf_counter() - start)
+    log(f"measuring this machine the way the loop calls it ({FIRST_CALLS_SHARE * most:.0f}–{most:.0f} s, once per "
+        "machine): single steps, "
         f"then rounds scoring 2..{n_max} tokens" + (" after draft steps" if draft else ""))
     costs = _time_loop(target, draft, n_max)
     costs = replace(costs, seconds=time.perf_counter() - start)
