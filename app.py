@@ -13,7 +13,7 @@ from specdemo import compat
 
 compat.keep_torch_out()  # the server never needs torch: conversion runs in a child process
 
-from specdemo.ui import engines, page  # noqa: E402 - after keep_torch_out, so transformers does not load torch
+from specdemo.ui import engines, page, tuning  # noqa: E402 - after keep_torch_out, so transformers does not load torch
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -30,8 +30,24 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     url = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::', '') else args.host}:{args.port}"
     # Convert (first start only), compile and measure the models while the page comes up; say when runs can start.
-    engines.prepare(on_ready=lambda engine: print(f"ready: {url} (models loaded, this machine measured)", flush=True))
+    # On a machine not tuned yet, tune it then, in the background (specdemo/ui/tuning.py).
+    def ready(engine) -> None:
+        print(f"ready: {url} (models loaded, this machine measured)", flush=True)
+        background = tuning.start_if_untuned(model_bytes=engine.target.describe()["size_on_disk_bytes"], on_end=say_tuned,
+                                             log=lambda message: print(message, flush=True))
+        if background is not None:
+            print("tuning this machine's compile settings in the background at low priority (a few minutes; log: "
+                  f"{background.log_path}); the choice applies from the next start", flush=True)
+
+    engines.prepare(on_ready=ready)
     page.launch(page.build(), args.host, args.port, args.share)
+
+
+def say_tuned(background: tuning.BackgroundTune) -> None:
+    if background.state == "done":
+        print(f"tuned in {background.seconds / 60:.1f} min: restart the app to run with the choice", flush=True)
+    else:
+        print(f"the background tune failed (exit {background.returncode}); see {background.log_path}", flush=True)
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ class LoadedModel:
     runtime: OVModel
     tokenizer: object  # a transformers tokenizer
     config: dict  # the model's config.json
+    tuned: str = ""  # what tune's choice bought, as it stood when this model was compiled (tune.gain)
 
     @property
     def name(self) -> str:
@@ -85,7 +86,7 @@ class LoadedModel:
             "layers": c.get("num_hidden_layers"),
             "context_length": self.context_length,
             "compile_settings": _describe_compile(self.settings),
-            "tuned": tune.gain(self.settings),
+            "tuned": self.tuned,
         }
 
 
@@ -95,6 +96,7 @@ def load_model(settings: ModelSettings, progress: sources.Progress | None = None
     compat.hide_broken_torchvision()
     from transformers import AutoTokenizer
 
+    tuned = tune.gain(settings)  # now: a tune that ends later applies from the next load
     settings = tune.apply(settings)
     folder = sources.prepare(settings, progress)
     if progress is not None:
@@ -106,7 +108,7 @@ def load_model(settings: ModelSettings, progress: sources.Progress | None = None
         vocab_size = int(config.get("vocab_size", len(tokenizer)))
         head = vocab.head_ids(tokenizer, settings.head_tokens, vocab_size, sources.specdemo_home() / "vocab")
     runtime = OVModel(folder, settings, cache_dir=sources.specdemo_home() / "ov_cache", head_ids=head)
-    return LoadedModel(settings, folder, runtime, tokenizer, config)
+    return LoadedModel(settings, folder, runtime, tokenizer, config, tuned)
 
 
 def check_same_tokenizer(target, draft) -> None:

@@ -31,6 +31,7 @@ compat.hide_broken_torchvision()  # before anything here imports transformers or
 # Test runs (tiny random models, short answers, odd instructions, a loaded machine) must not teach the planner
 # or correct the cost model of the user's machine; subprocesses inherit this too.
 os.environ["SPECDEMO_LEARN"] = "0"
+os.environ["SPECDEMO_TUNE_AT_START"] = "0"  # no background tune in the servers tests start (tests/test_tuning.py turns it on)
 
 
 def make_tiny_hf_model(folder: Path, seed: int) -> Path:

@@ -18,7 +18,7 @@ from specdemo import genai, metrics, runfile, sources
 from specdemo.disk import inventory
 from specdemo.engine import Engine
 from specdemo.settings import GenerationSettings, RunSettings
-from specdemo.ui import charts, render, waiting
+from specdemo.ui import charts, render, tuning, waiting
 from specdemo.ui.engines import Loading, device_settings, genai_loading_for, genai_plan, lane_loadings, loading_for, race_threads
 from specdemo.ui.lanes import (AUTOREGRESSIVE, GENAI, LANES, SPECULATIVE, LaneRun, begin_run, cancel_run, end_run, follow,
                                start_lanes)
@@ -69,7 +69,7 @@ def wait_for_models() -> Iterator[tuple]:
         return
     engine = loading.value
     ready = "Ready. Pick an example or type an instruction, then press **Generate**."
-    models = render.render_models(engine.target.describe(), engine.draft.describe(), disk_note=render.render_disk(inventory()))
+    models = render.render_models(describe_model(engine.target), describe_model(engine.draft), disk_note=render.render_disk(inventory()))
     yield (ready, models, render.cost_frame(engine.costs), render.render_costs(engine.costs, engine.warm_up_s),
            charts.cost_surface(engine.costs, MAX_K))
 
@@ -93,7 +93,8 @@ def generate(values: PageValues, session: str) -> Iterator[View]:
             yield View(status=LEFT_QUEUE_STATUS)
             return
         ran = True
-        yield from _run(values, settings, session, cancel)
+        with tuning.machine_held():  # a background tune (a new machine's first start) pauses meanwhile
+            yield from _run(values, settings, session, cancel)
     finally:
         LINE.leave(ticket, finished=ran and not cancel.is_set())
         end_run(session, cancel)
@@ -248,9 +249,18 @@ def final_view(lanes: dict[str, LaneRun], mode: str, settings: GenerationSetting
                                        metrics.run_acceptance(spec.rounds, settings.k_max) if drafted else None)
     view.costs_note = render.render_costs(engine.costs, engine.warm_up_s)
     kv = spec.summary.kv_cache_bytes if spec.summary else {}
-    view.models = render.render_models(engine.target.describe(), engine.draft.describe() if engine.draft else None,
+    view.models = render.render_models(describe_model(engine.target), describe_model(engine.draft) if engine.draft else None,
                                        engine.target.settings.num_threads, kv)
     return view
+
+
+def describe_model(model) -> dict:
+    """A model's facts for the panel; on a machine not tuned when it was compiled, where the background tune stands."""
+    described = model.describe()
+    background = tuning.current()
+    if not described.get("tuned") and background is not None:
+        described["tuned"] = background.describe()
+    return described
 
 
 def stop(session: str) -> str | None:
