@@ -33,11 +33,12 @@ def main(argv: list[str] | None = None) -> None:
     # On a machine not tuned yet, tune it then, in the background (specdemo/ui/tuning.py).
     def ready(engine) -> None:
         print(f"ready: {url} (models loaded, this machine measured)", flush=True)
-        background = tuning.start_if_untuned(model_bytes=engine.target.describe()["size_on_disk_bytes"], on_end=say_tuned,
-                                             log=lambda message: print(message, flush=True))
+        background = tuning.start_if_needed(model_bytes=engine.target.describe()["size_on_disk_bytes"], on_end=say_tuned,
+                                            log=lambda message: print(message, flush=True))
         if background is not None:
-            print("tuning this machine's compile settings in the background at low priority (a few minutes; log: "
-                  f"{background.log_path}); the choice applies from the next start", flush=True)
+            print(f"in the background at low priority, paused while visitors' runs hold the machine: "
+                  f"{'; '.join(label for label, _ in background.steps)} (minutes; log: {background.log_path}); "
+                  "it applies from the next start", flush=True)
 
     engines.prepare(on_ready=ready)
     page.launch(page.build(), args.host, args.port, args.share)
@@ -45,9 +46,10 @@ def main(argv: list[str] | None = None) -> None:
 
 def say_tuned(background: tuning.BackgroundTune) -> None:
     if background.state == "done":
-        print(f"tuned in {background.seconds / 60:.1f} min: restart the app to run with the choice", flush=True)
+        print(f"background work done in {background.seconds / 60:.1f} min: restart the app to run with it", flush=True)
     else:
-        print(f"the background tune failed (exit {background.returncode}); see {background.log_path}", flush=True)
+        print(f"the background work failed while {background.step} (exit {background.returncode}); "
+              f"see {background.log_path}", flush=True)
 
 
 if __name__ == "__main__":

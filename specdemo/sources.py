@@ -104,6 +104,14 @@ def cached_folder(settings: ModelSettings) -> Path:
     return specdemo_home() / "models" / CACHE_VERSION / f"{slug}-{settings.precision}"
 
 
+def is_prepared(settings: ModelSettings) -> bool:
+    """Whether `prepare` would return at once (nothing to convert)."""
+    path = Path(settings.source).expanduser()
+    if settings.source not in PRESETS and path.is_dir() and is_ir_folder(path):
+        return True
+    return (cached_folder(settings) / COMPLETE_MARKER).is_file()
+
+
 def prepare(settings: ModelSettings, progress: Progress | None = None) -> Path:
     """Return a folder holding a stateful OpenVINO IR and tokenizer for `settings`, converting once if needed."""
     progress = progress or terminal_progress(settings.source)

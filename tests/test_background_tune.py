@@ -1,6 +1,7 @@
-"""Tuning a new machine in the background after the first start: started once, only where no choice exists and nothing
-turned it off, at the lowest CPU priority, and the model panel says where it stands. The tune itself is replaced by a
-short child process (tests/test_tune.py covers the tuner)."""
+"""A new machine's background work after the first start (tune, the other configurations' models): only what the
+machine still needs and memory allows, started once, at the lowest CPU priority, stopped while visitors' runs hold the
+machine, ended with the server, and the model panel says where it stands. The steps themselves are replaced by short
+child processes (tests/test_tune.py covers the tuner, tests/test_conversion_interruption.py the conversion)."""
 
 import json
 import subprocess
@@ -10,63 +11,150 @@ import time
 import psutil
 import pytest
 
-from specdemo import tune
-from specdemo.settings import DEFAULT_TARGET
+from specdemo import sources, tune
+from specdemo.settings import CONFIGURATIONS, DEFAULT_TARGET, RunSettings
 from specdemo.ui import handlers, tuning
 
 
-def child(code: int = 0) -> list[str]:
-    """A stand-in for `python -m specdemo tune`: prints its priority, then exits with the code given."""
-    return [sys.executable, "-c", f"import os, sys; print('niceness', os.nice(0)); sys.exit({code})"]
+def child(code: int = 0, seconds: float = 0.0) -> list[str]:
+    """A stand-in for a step: prints its priority, sleeps, then exits with the code given."""
+    return [sys.executable, "-c", f"import os, sys, time; print('niceness', os.nice(0), flush=True); "
+                                  f"time.sleep({seconds}); sys.exit({code})"]
 
 
 @pytest.fixture
 def turned_on(home, monkeypatch):
-    """This test's own empty SPECDEMO_HOME, background tuning on (conftest turns it off), no tune started yet."""
+    """This test's own empty SPECDEMO_HOME, background work on (conftest turns it off), none started yet."""
     monkeypatch.setenv(tuning.TUNE_AT_START, "1")
     monkeypatch.setattr(tuning, "_CURRENT", None)
     return home
 
 
 def finish(background: tuning.BackgroundTune) -> None:
-    background.process.wait(timeout=60)
-    for _ in range(600):  # the waiting thread sets the state just after the exit
+    for _ in range(1200):  # the waiting thread sets the state just after the last step's exit
         if background.state != "running":
             return
         time.sleep(0.05)
+    pytest.fail("the background work did not end")
 
 
-def test_an_untuned_machine_starts_one_niced_tune_and_says_when_it_is_done(turned_on):
-    ended = []
-    background = tuning.start_if_untuned(command=child(0), on_end=ended.append)
-    assert background is not None and tuning.current() is background
-    assert "applies from the next start" in background.describe()
-    assert tuning.start_if_untuned(command=child(0)) is None  # one per server
-    finish(background)
-    assert background.state == "done" and ended == [background]
-    assert "niceness 19" in background.log_path.read_text()
-    assert background.log_path.parent == turned_on / "tune"
-    assert "restart" in background.describe()
-
-
-def test_a_failed_tune_points_to_its_log(turned_on):
-    background = tuning.start_if_untuned(command=child(3))
-    finish(background)
-    assert background.state == "failed" and background.returncode == 3
-    assert str(background.log_path) in background.describe()
-
-
-def test_nothing_starts_when_turned_off_or_already_tuned(turned_on, monkeypatch):
-    monkeypatch.setenv(tuning.TUNE_AT_START, "0")
-    assert tuning.start_if_untuned(command=child()) is None
-    monkeypatch.setenv(tuning.TUNE_AT_START, "1")
+def tuned_here() -> None:
+    """A tune file with a choice for the default target, as `python -m specdemo tune` leaves it."""
     path = tune.path_for()
-    path.parent.mkdir(parents=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     setting = {"dynamic_quantization_group_size": 128, "inference_precision": "f32", "kv_cache_precision": "u8",
                "num_threads": 0}
     path.write_text(json.dumps({"models": {tune.model_key(DEFAULT_TARGET): {"setting": setting, "relative": 0.8}}}))
-    assert tuning.start_if_untuned(command=child()) is None
-    assert tuning.current() is None
+
+
+def prepared(*models) -> None:
+    """Mark models as converted, as a finished conversion leaves them."""
+    for model in models:
+        folder = sources.cached_folder(model)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / sources.COMPLETE_MARKER).write_text("")
+
+
+def test_a_new_machine_needs_the_tune_and_every_configurations_models(turned_on):
+    steps = tuning.background_steps(RunSettings(), model_bytes=1)
+    assert [label for label, _ in steps] == [tuning.TUNING] + [f"preparing the {name} configuration's models"
+                                                               for name in CONFIGURATIONS]
+    assert steps[0][1][-3:] == ["-m", "specdemo", "tune"] and steps[-1][1][-2:] == ["--configuration", "fastest"]
+
+
+def test_a_machine_tuned_and_prepared_needs_nothing_and_starts_nothing(turned_on):
+    tuned_here()
+    prepared(*CONFIGURATIONS["faithful"])
+    assert [label for label, _ in tuning.background_steps(RunSettings(), 1)] == ["preparing the fastest configuration's models"]
+    prepared(*CONFIGURATIONS["fastest"])
+    assert tuning.background_steps(RunSettings(), 1) == []
+    assert tuning.start_if_needed(model_bytes=1) is None and tuning.current() is None
+
+
+def test_too_little_memory_skips_the_tune_and_says_so(turned_on):
+    said = []
+    free = psutil.virtual_memory().available
+    steps = tuning.background_steps(RunSettings(), model_bytes=free, log=said.append)  # the tune needs 5× that
+    assert tuning.TUNING not in [label for label, _ in steps]
+    assert len(said) == 1 and "python -m specdemo tune" in said[0] and "GiB" in said[0]
+
+
+def test_nothing_starts_when_turned_off(turned_on, monkeypatch):
+    monkeypatch.setenv(tuning.TUNE_AT_START, "0")
+    assert tuning.start_if_needed(model_bytes=1) is None and tuning.current() is None
+
+
+def test_the_steps_run_in_turn_niced_and_the_end_is_reported(turned_on):
+    ended = []
+    background = tuning.start([(tuning.TUNING, child(0)), ("preparing", child(0))], on_end=ended.append)
+    assert tuning.current() is background and "applies from the next start" in background.describe()
+    assert tuning.start_if_needed(model_bytes=1) is None  # one per server
+    finish(background)
+    assert background.state == "done" and ended == [background]
+    assert background.log_path.read_text().count("niceness 19") == 2
+    assert "restart" in background.describe()
+
+
+def test_a_failed_step_ends_the_work_and_points_to_its_log(turned_on):
+    background = tuning.start([(tuning.TUNING, child(3)), ("preparing", child(0))])
+    finish(background)
+    assert background.state == "failed" and background.returncode == 3
+    assert background.log_path.read_text().count("niceness") == 1  # the second step never ran
+    assert str(background.log_path) in background.describe() and tuning.TUNING in background.describe()
+
+
+def test_a_visitors_run_stops_the_work_until_the_last_run_ends(turned_on):
+    background = tuning.start([(tuning.TUNING, child(0, 60))])
+    process = psutil.Process(started(background).pid)
+    try:
+        with tuning.machine_held():
+            assert wait_for_status(process, psutil.STATUS_STOPPED)
+            with tuning.machine_held():  # a second run overlapping (a race lane, an API client)
+                pass
+            assert process.status() == psutil.STATUS_STOPPED  # still held by the first
+        assert wait_for_status(process, psutil.STATUS_SLEEPING)
+    finally:
+        background.process.kill()
+
+
+def test_work_started_while_a_run_holds_the_machine_starts_stopped(turned_on):
+    with tuning.machine_held():
+        background = tuning.start([(tuning.TUNING, child(0, 60))])
+        try:
+            process = psutil.Process(started(background).pid)
+            assert wait_for_status(process, psutil.STATUS_STOPPED)
+        except BaseException:
+            background.process.kill()
+            raise
+    try:
+        assert wait_for_status(process, psutil.STATUS_SLEEPING)
+    finally:
+        background.process.kill()
+
+
+def test_the_work_outlives_the_thread_that_started_it_but_not_the_server(turned_on, tmp_path):
+    """The app starts the work from its loading thread, which ends at once: the work goes on. A server stopped with
+    Ctrl-C (or killed) leaves nothing running on the machine."""
+    report = tmp_path / "report"
+    server = subprocess.run([sys.executable, "-c", f"""
+import sys, threading, time
+from specdemo.ui import tuning
+step = [sys.executable, "-c", "import time; time.sleep(60)"]
+loading = threading.Thread(target=tuning.start, args=([(tuning.TUNING, step)],))
+loading.start()
+loading.join()
+time.sleep(1)
+open({str(report)!r}, "w").write(f"{{tuning.current().process.pid}} {{tuning.current().state}}")
+"""], cwd=tuning.ROOT, timeout=60)
+    assert server.returncode == 0
+    pid, state = report.read_text().split()
+    assert state == "running"  # a second after the loading thread ended
+    for _ in range(100):
+        if not psutil.pid_exists(int(pid)) or psutil.Process(int(pid)).status() == psutil.STATUS_ZOMBIE:
+            return
+        time.sleep(0.05)
+    psutil.Process(int(pid)).kill()
+    pytest.fail("the background work outlived the server")
 
 
 class Described:
@@ -81,51 +169,20 @@ class Described:
 
 def test_the_model_panel_says_where_the_background_tune_stands(turned_on):
     assert handlers.describe_model(Described(""))["tuned"] == ""  # the panel then says "not tuned: python -m specdemo tune"
-    background = tuning.start_if_untuned(command=child(0))
+    background = tuning.start([(tuning.TUNING, child(0, 0.5))])
     assert "tuning this machine in the background" in handlers.describe_model(Described(""))["tuned"]
     assert handlers.describe_model(Described("tuned: 20 % faster"))["tuned"] == "tuned: 20 % faster"  # compiled tuned
     finish(background)
     assert "restart the app" in handlers.describe_model(Described(""))["tuned"]
 
 
-def test_a_visitors_run_stops_the_tune_until_the_last_run_ends(turned_on):
-    background = tuning.start_if_untuned(command=[sys.executable, "-c", "import time; time.sleep(60)"])
-    process = psutil.Process(background.process.pid)
-    try:
-        with tuning.machine_held():
-            assert wait_for_status(process, psutil.STATUS_STOPPED)
-            with tuning.machine_held():  # a second run overlapping (a race lane, an API client)
-                pass
-            assert process.status() == psutil.STATUS_STOPPED  # still held by the first
-        assert wait_for_status(process, psutil.STATUS_SLEEPING)
-    finally:
-        background.process.kill()
-
-
-def test_the_tune_outlives_the_thread_that_started_it_but_not_the_server(turned_on, tmp_path):
-    """The app starts the tune from its loading thread, which ends at once: the tune goes on. A server stopped with
-    Ctrl-C (or killed) leaves no tune running on the machine."""
-    report = tmp_path / "report"
-    server = subprocess.run([sys.executable, "-c", f"""
-import os, sys, threading, time
-from specdemo.ui import tuning
-loading = threading.Thread(target=tuning.start_if_untuned,
-                           kwargs=dict(command=[sys.executable, "-c", "import time; time.sleep(60)"]))
-loading.start()
-loading.join()
-time.sleep(1)
-pid = tuning.current().process.pid
-open({str(report)!r}, "w").write(f"{{pid}} {{tuning.current().state}}")
-"""], cwd=tuning.ROOT, timeout=60)
-    assert server.returncode == 0
-    pid, state = report.read_text().split()
-    assert state == "running"  # a second after the loading thread ended
-    for _ in range(100):
-        if not psutil.pid_exists(int(pid)) or psutil.Process(int(pid)).status() == psutil.STATUS_ZOMBIE:
-            return
-        time.sleep(0.05)
-    psutil.Process(int(pid)).kill()
-    pytest.fail("the tune outlived the server")
+def started(background: tuning.BackgroundTune) -> subprocess.Popen:
+    """The current step's process, once its thread has started it."""
+    for _ in range(200):
+        if background.process is not None:
+            return background.process
+        time.sleep(0.02)
+    pytest.fail("no step started")
 
 
 def wait_for_status(process: psutil.Process, status: str) -> bool:
@@ -134,11 +191,3 @@ def wait_for_status(process: psutil.Process, status: str) -> bool:
             return True
         time.sleep(0.02)
     return False
-
-
-def test_too_little_memory_says_so_and_starts_nothing(turned_on):
-    said = []
-    free = psutil.virtual_memory().available
-    assert tuning.start_if_untuned(model_bytes=free, command=child(), log=said.append) is None  # needs 5× that
-    assert tuning.current() is None
-    assert len(said) == 1 and "python -m specdemo tune" in said[0] and "GiB" in said[0]

@@ -93,8 +93,7 @@ def generate(values: PageValues, session: str) -> Iterator[View]:
             yield View(status=LEFT_QUEUE_STATUS)
             return
         ran = True
-        with tuning.machine_held():  # a background tune (a new machine's first start) pauses meanwhile
-            yield from _run(values, settings, session, cancel)
+        yield from _run(values, settings, session, cancel)
     finally:
         LINE.leave(ticket, finished=ran and not cancel.is_set())
         end_run(session, cancel)
@@ -115,7 +114,14 @@ def _run(values: PageValues, settings: GenerationSettings, session: str, cancel)
     except (ValueError, sources.ModelSourceError, RuntimeError) as error:
         yield View(status=f"⚠️ {as_sentence(error)}")
         return
+    # The lanes hold the machine: background work (a new machine's tune) is stopped meanwhile. Not while loading,
+    # which may wait for a conversion that work holds the lock of.
+    with tuning.machine_held():
+        yield from _run_lanes(values, settings, session, cancel, engines, jobs)
 
+
+def _run_lanes(values: PageValues, settings: GenerationSettings, session: str, cancel, engines: dict[str, Engine],
+               jobs: dict) -> Iterator[View]:
     lanes = {name: LaneRun() for name in jobs}
     first = live_view(lanes, values.mode, plot=True, whole=True)
     first.results = render.note("Running…")
@@ -258,7 +264,7 @@ def describe_model(model) -> dict:
     """A model's facts for the panel; on a machine not tuned when it was compiled, where the background tune stands."""
     described = model.describe()
     background = tuning.current()
-    if not described.get("tuned") and background is not None:
+    if not described.get("tuned") and background is not None and background.tunes:
         described["tuned"] = background.describe()
     return described
 

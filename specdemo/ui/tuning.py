@@ -1,8 +1,10 @@
-"""Tuning a new machine in the background: once the page is ready on a machine with no tune choice yet, the server
-starts `python -m specdemo tune` in a child process at the lowest CPU priority. The page never waits for it, and while
-a visitor's run holds the machine the child is stopped (SIGSTOP), then continued: niced but running, it doubled a
+"""A new machine's background work: once the page is ready, the server runs what this machine still needs, each step a
+child process at the lowest CPU priority: `python -m specdemo tune` when there is no tune choice yet (and memory
+allows), then `python -m specdemo prepare` for each named configuration whose models are not converted yet (the
+"fastest" INT4 target). The page never waits for it. While a visitor's run holds the machine the work is stopped
+(SIGSTOP to the step's process group, a conversion included), then continued: niced but running, the tune doubled a
 target step (92 ms against ~45 on a 2-core Zen 5), since the lanes share caches and memory bandwidth, not only cores.
-It ends with the server. Its choice applies from the next start; until then the model panel says so.
+It ends with the server. What it chose or prepared applies from the next start; until then the model panel says so.
 SPECDEMO_TUNE_AT_START=0 turns it off (the tests' and the benchmark's servers).
 """
 
@@ -22,10 +24,11 @@ from typing import Callable, Iterator
 import psutil
 
 from specdemo import sources, tune
-from specdemo.settings import RunSettings
+from specdemo.settings import CONFIGURATIONS, RunSettings
 
 ROOT = Path(__file__).resolve().parents[2]  # where `-m specdemo` resolves, whatever the server's working folder
 TUNE_AT_START = "SPECDEMO_TUNE_AT_START"
+TUNING = "tuning this machine"  # the step that chooses the compile settings
 NICENESS = 19  # the lowest priority, for the moments between runs when the page itself has work
 _PR_SET_PDEATHSIG = 1
 
@@ -40,53 +43,76 @@ def _in_the_child() -> None:
 
 
 class BackgroundTune:
-    """One `tune` child process; `state` is "running", then "done" or "failed" (exit code in `returncode`)."""
+    """The background work, step after step, each a child process: `steps` are (what it does, command), e.g. ("tuning
+    this machine", [python, -m, specdemo, tune]). `state` is "running", then "done" or "failed" (the failed step's exit
+    code in `returncode`); `step` is what runs now."""
 
-    def __init__(self, command: list[str], log_path: Path, on_end: Callable[["BackgroundTune"], None] | None = None):
+    def __init__(self, steps: list[tuple[str, list[str]]], log_path: Path,
+                 on_end: Callable[["BackgroundTune"], None] | None = None, stopped: bool = False):
+        self.steps = steps
         self.log_path = log_path
         self.state = "running"
+        self.step = steps[0][0]
         self.returncode: int | None = None
         self.started = time.perf_counter()
         self.seconds = 0.0
         self.on_end = on_end
         self.process: subprocess.Popen | None = None
+        self._lock = threading.Lock()  # between starting a step and signalling it
+        self._stopped = stopped  # a visitor's run holds the machine: a step started now starts stopped
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        # Started and waited for on a thread of its own that lives as long as the child: Linux sends the parent-death
-        # signal when the *thread* that started the child ends (the loading thread that calls this ends at once).
-        started = threading.Event()
-        threading.Thread(target=self._run, args=(command, started), daemon=True, name="specdemo-tune").start()
-        started.wait()
+        log_path.write_bytes(b"")
+        # Run on a thread of its own that lives as long as the children: Linux sends the parent-death signal when the
+        # *thread* that started a child ends (the loading thread that creates this ends at once).
+        threading.Thread(target=self._run, daemon=True, name="specdemo-background").start()
 
-    def _run(self, command: list[str], started: threading.Event) -> None:
-        try:
-            with open(self.log_path, "wb") as log:  # the child keeps its own descriptor
-                self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                cwd=ROOT, preexec_fn=_in_the_child)
-        except OSError:
-            self.returncode = -1
-        finally:
-            started.set()
-        if self.process is not None:
+    def _run(self) -> None:
+        for label, command in self.steps:
+            self.step = label
+            with self._lock:
+                try:
+                    with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
+                        # Its own process group, so a stop reaches the processes it starts too (a conversion).
+                        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                                        stdin=subprocess.DEVNULL, cwd=ROOT, start_new_session=True,
+                                                        preexec_fn=_in_the_child)
+                except OSError:
+                    self.returncode = -1
+                    break
+                if self._stopped:
+                    self._signal(signal.SIGSTOP)
             self.returncode = self.process.wait()
+            if self.returncode != 0:
+                break
         self.seconds = time.perf_counter() - self.started
         self.state = "done" if self.returncode == 0 else "failed"
         if self.on_end is not None:
             self.on_end(self)
 
-    def signal(self, number: int) -> None:
-        if self.state == "running" and self.process is not None:
+    def hold(self, stopped: bool) -> None:
+        """Stop the work (SIGSTOP to the step's process group) or let it go on (SIGCONT)."""
+        with self._lock:
+            self._stopped = stopped
+            self._signal(signal.SIGSTOP if stopped else signal.SIGCONT)
+
+    def _signal(self, number: int) -> None:
+        if self.state == "running" and self.process is not None and self.process.poll() is None:
             try:
-                self.process.send_signal(number)
-            except ProcessLookupError:  # it has just ended
+                os.killpg(self.process.pid, number)
+            except (ProcessLookupError, PermissionError):  # it has just ended
                 pass
+
+    @property
+    def tunes(self) -> bool:
+        return any(label == TUNING for label, _ in self.steps)
 
     def describe(self) -> str:
         """A few words for the model panel."""
         if self.state == "running":
-            return "tuning this machine in the background, at low priority; applies from the next start"
+            return f"{self.step} in the background, at low priority; applies from the next start"
         if self.state == "done":
-            return "tuned in the background; restart the app to apply"
-        return f"the background tune failed (exit {self.returncode}); see {self.log_path}"
+            return ("tuned" if self.tunes else "done") + " in the background; restart the app to apply"
+        return f"the background work failed while {self.step} (exit {self.returncode}); see {self.log_path}"
 
 
 _CURRENT: BackgroundTune | None = None
@@ -101,14 +127,14 @@ def machine_held() -> Iterator[None]:
     with _HOLDS_LOCK:
         _HOLDS += 1
         if _HOLDS == 1 and _CURRENT is not None:
-            _CURRENT.signal(signal.SIGSTOP)
+            _CURRENT.hold(True)
     try:
         yield
     finally:
         with _HOLDS_LOCK:
             _HOLDS -= 1
             if _HOLDS == 0 and _CURRENT is not None:
-                _CURRENT.signal(signal.SIGCONT)
+                _CURRENT.hold(False)
 
 
 def current() -> BackgroundTune | None:
@@ -116,24 +142,42 @@ def current() -> BackgroundTune | None:
     return _CURRENT
 
 
-def start_if_untuned(settings: RunSettings = RunSettings(), model_bytes: int = 0, command: list[str] | None = None,
-                     on_end: Callable[[BackgroundTune], None] | None = None,
-                     log: Callable[[str], None] = print) -> BackgroundTune | None:
-    """Start tuning in the background when this machine has no choice for the pair's target yet (and nothing turned it
-    off) and memory allows; None when it was not started. `model_bytes`: the target's weights on disk (the tune holds
-    one compile per candidate of a dimension at once). `command` replaces `python -m specdemo tune` (tests)."""
+def start_if_needed(settings: RunSettings = RunSettings(), model_bytes: int = 0,
+                    on_end: Callable[[BackgroundTune], None] | None = None,
+                    log: Callable[[str], None] = print) -> BackgroundTune | None:
+    """Start the background work this machine still needs (background_steps), unless SPECDEMO_TUNE_AT_START=0, the pair
+    is not on the CPU or it was started already; None when nothing was started."""
+    if os.environ.get(TUNE_AT_START, "1") == "0" or not settings.target.device.upper().startswith("CPU") \
+            or _CURRENT is not None:
+        return None
+    return start(background_steps(settings, model_bytes, log), on_end)
+
+
+def background_steps(settings: RunSettings, model_bytes: int, log: Callable[[str], None] = print) -> list:
+    """What this machine still needs: the tune when there is no choice for the pair's target (and memory allows:
+    `model_bytes`, the target's weights on disk, as the tune holds one compile per candidate of a dimension at once),
+    and each named configuration's models that are not prepared yet."""
+    steps = []
+    if tune.chosen(settings.target) is None:
+        needed, available = memory_needed(model_bytes), psutil.virtual_memory().available
+        if available >= needed:
+            steps.append((TUNING, [sys.executable, "-m", "specdemo", "tune"]))
+        else:
+            log(f"not tuning this machine in the background: it needs about {needed / 2**30:.0f} GiB of memory "
+                f"and {available / 2**30:.1f} GiB are free; `python -m specdemo tune` does it when they are")
+    steps += [(f"preparing the {name} configuration's models",
+               [sys.executable, "-m", "specdemo", "prepare", "--configuration", name])
+              for name, models in CONFIGURATIONS.items() if not all(sources.is_prepared(m) for m in models)]
+    return steps
+
+
+def start(steps: list, on_end: Callable[[BackgroundTune], None] | None = None) -> BackgroundTune | None:
+    """Run `steps` in the background (the visitors' runs stop it while they hold the machine); None if there are none."""
     global _CURRENT
-    if os.environ.get(TUNE_AT_START, "1") == "0" or not settings.target.device.upper().startswith("CPU"):
+    if not steps:
         return None
-    if tune.chosen(settings.target) is not None or _CURRENT is not None:
-        return None
-    needed, available = memory_needed(model_bytes), psutil.virtual_memory().available
-    if available < needed:
-        log(f"not tuning this machine in the background: it needs about {needed / 2**30:.0f} GiB of memory and "
-            f"{available / 2**30:.1f} GiB are free; `python -m specdemo tune` does it when they are")
-        return None
-    command = command or [sys.executable, "-m", "specdemo", "tune"]
-    _CURRENT = BackgroundTune(command, sources.specdemo_home() / "tune" / "background-tune.log", on_end)
+    with _HOLDS_LOCK:  # a run may hold the machine already: the first step then starts stopped
+        _CURRENT = BackgroundTune(steps, sources.specdemo_home() / "tune" / "background.log", on_end, stopped=_HOLDS > 0)
     return _CURRENT
 
 
