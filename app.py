@@ -46,7 +46,9 @@ def main(argv: list[str] | None = None) -> None:
 
 def say_tuned(background: tuning.BackgroundTune) -> None:
     if background.state == "done":
-        print(f"background work done in {background.seconds / 60:.1f} min: restart the app to run with it", flush=True)
+        then = ("restart the app to run with the tune's choice" if background.tunes
+                else "the page's other configurations now load without converting")
+        print(f"background work done in {background.seconds / 60:.1f} min: {then}", flush=True)
     else:
         print(f"the background work failed while {background.step} (exit {background.returncode}); "
               f"see {background.log_path}", flush=True)
