@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     # On a machine not tuned yet, tune it then, in the background (specdemo/ui/tuning.py).
     def ready(engine) -> None:
         print(f"ready: {url} (models loaded, this machine measured)", flush=True)
-        background = tuning.start_if_needed(model_bytes=engine.target.describe()["size_on_disk_bytes"], on_end=say_tuned,
+        background = tuning.start_if_needed(model_bytes=engine.target.describe()["size_on_disk_bytes"], on_end=say_background_done,
                                             log=lambda message: print(message, flush=True))
         if background is not None:
             print(f"in the background at low priority, paused while visitors' runs hold the machine: "
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     page.launch(page.build(), args.host, args.port, args.share)
 
 
-def say_tuned(background: tuning.BackgroundTune) -> None:
+def say_background_done(background: tuning.BackgroundWork) -> None:
     if background.state == "done":
         then = ("restart the app to run with the tune's choice" if background.tunes
                 else "the page's other configurations now load without converting")

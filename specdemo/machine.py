@@ -42,6 +42,11 @@ def cpu_features() -> list[str]:
     return [flag for flag in _NOTABLE_FLAGS if flag in flags]
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask, which a container or taskset can narrow)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def load_average() -> list[float]:
     """The 1, 5 and 15 minute load averages (runnable processes); above the core count means queueing."""
     return [round(x, 2) for x in os.getloadavg()]

@@ -106,10 +106,16 @@ def cached_folder(settings: ModelSettings) -> Path:
 
 def is_prepared(settings: ModelSettings) -> bool:
     """Whether `prepare` would return at once (nothing to convert)."""
+    return _prepared_folder(settings) is not None
+
+
+def _prepared_folder(settings: ModelSettings) -> Path | None:
+    """The IR folder for `settings` if it needs no conversion (a local IR folder, or a finished conversion), else None."""
     path = Path(settings.source).expanduser()
     if settings.source not in PRESETS and path.is_dir() and is_ir_folder(path):
-        return True
-    return (cached_folder(settings) / COMPLETE_MARKER).is_file()
+        return path
+    folder = cached_folder(settings)
+    return folder if (folder / COMPLETE_MARKER).is_file() else None
 
 
 def prepare(settings: ModelSettings, progress: Progress | None = None) -> Path:
@@ -117,11 +123,10 @@ def prepare(settings: ModelSettings, progress: Progress | None = None) -> Path:
     progress = progress or terminal_progress(settings.source)
     source = settings.source
     path = Path(source).expanduser()
-    if source not in PRESETS and path.is_dir() and is_ir_folder(path):
-        return path
+    prepared = _prepared_folder(settings)
+    if prepared is not None:
+        return prepared
     folder = cached_folder(settings)
-    if (folder / COMPLETE_MARKER).is_file():
-        return folder
     if source in PRESETS:
         pass
     elif path.is_file() and path.suffix != ".gguf":

@@ -341,7 +341,7 @@ def tune(target: ModelSettings, draft: ModelSettings, log=print) -> list[Trial]:
     from specdemo.engine import CALIBRATION
 
     examples = json.loads(CALIBRATION.read_text(encoding="utf-8"))
-    flags, cores = machine.cpu_features() + _extra_flags(), len(__import__("os").sched_getaffinity(0))
+    flags, cores = machine.cpu_features() + _extra_flags(), machine.usable_cores()
     tokenizer = AutoTokenizer.from_pretrained(sources.prepare(target))
     trials = []
     for role, base, partner in (("target", target, draft), ("draft", draft, target)):

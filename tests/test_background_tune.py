@@ -30,7 +30,7 @@ def turned_on(home, monkeypatch):
     return home
 
 
-def finish(background: tuning.BackgroundTune) -> None:
+def finish(background: tuning.BackgroundWork) -> None:
     for _ in range(1200):  # the waiting thread sets the state just after the last step's exit
         if background.state != "running":
             return
@@ -176,7 +176,7 @@ def test_the_model_panel_says_where_the_background_tune_stands(turned_on):
     assert "restart the app" in handlers.describe_model(Described(""))["tuned"]
 
 
-def started(background: tuning.BackgroundTune) -> subprocess.Popen:
+def started(background: tuning.BackgroundWork) -> subprocess.Popen:
     """The current step's process, once its thread has started it."""
     for _ in range(200):
         if background.process is not None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdemo import sources
+from specdemo import machine, sources
 from specdemo.bench.peers import PeerRun
 
 SKIPPED = "llama.cpp: skipped (pip install -r requirements-llamacpp.txt)"
@@ -38,11 +38,6 @@ def missing() -> str | None:
         return (f"llama.cpp: skipped (llama_cpp is installed but does not load: {error}; rebuild it here with "
                 "pip install --force-reinstall --no-cache-dir -r requirements-llamacpp.txt)")
     return None
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity mask, which a container or taskset can narrow)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def gguf_path(source: str, progress: sources.Progress | None = None) -> Path | None:
@@ -124,7 +119,7 @@ class LlamaCppPeer:
         import llama_cpp
 
         self.target, self.draft, self.n_ctx = target, draft, n_ctx
-        self.threads = threads or usable_cores()
+        self.threads = threads or machine.usable_cores()
         self.version = llama_cpp.__version__
         self.system_info = llama_cpp.llama_print_system_info().decode().strip()
         self._models: dict[str, object] = {}

@@ -6,14 +6,13 @@ show its progress. Per-run state never lives here, so visitors never see each ot
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
 from dataclasses import replace
 from typing import Callable
 
-from specdemo import genai, sources
+from specdemo import genai, machine, sources
 from specdemo.engine import Engine
 from specdemo.runtime import release_weight_pages
 from specdemo.settings import CONFIGURATIONS, GenerationSettings, RunSettings
@@ -132,7 +131,7 @@ def prepare(settings: RunSettings = RunSettings(), on_ready: Callable | None = N
 
 def race_threads() -> int:
     """Inference threads per lane in a race: half the cores this process may use."""
-    return max(1, len(os.sched_getaffinity(0)) // 2)
+    return max(1, machine.usable_cores() // 2)
 
 
 def lane_loadings(mode: str, target_device: str, draft_device: str, configuration: str = "faithful") -> dict[str, Loading]:

@@ -42,13 +42,13 @@ def _in_the_child() -> None:
         pass
 
 
-class BackgroundTune:
+class BackgroundWork:
     """The background work, step after step, each a child process: `steps` are (what it does, command), e.g. ("tuning
     this machine", [python, -m, specdemo, tune]). `state` is "running", then "done" or "failed" (the failed step's exit
     code in `returncode`); `step` is what runs now."""
 
     def __init__(self, steps: list[tuple[str, list[str]]], log_path: Path,
-                 on_end: Callable[["BackgroundTune"], None] | None = None, stopped: bool = False):
+                 on_end: Callable[["BackgroundWork"], None] | None = None, stopped: bool = False):
         self.steps = steps
         self.log_path = log_path
         self.state = "running"
@@ -115,14 +115,14 @@ class BackgroundTune:
         return f"the background work failed while {self.step} (exit {self.returncode}); see {self.log_path}"
 
 
-_CURRENT: BackgroundTune | None = None
+_CURRENT: BackgroundWork | None = None
 _HOLDS = 0  # visitors' runs holding the machine now
 _HOLDS_LOCK = threading.Lock()
 
 
 @contextmanager
 def machine_held() -> Iterator[None]:
-    """Around a visitor's run: the background tune, if any, is stopped from the first run's start to the last one's end."""
+    """Around a visitor's run: the background work, if any, is stopped from the first run's start to the last one's end."""
     global _HOLDS
     with _HOLDS_LOCK:
         _HOLDS += 1
@@ -137,14 +137,14 @@ def machine_held() -> Iterator[None]:
                 _CURRENT.hold(False)
 
 
-def current() -> BackgroundTune | None:
-    """The background tune this server started, if any."""
+def current() -> BackgroundWork | None:
+    """The background work this server started, if any."""
     return _CURRENT
 
 
 def start_if_needed(settings: RunSettings = RunSettings(), model_bytes: int = 0,
-                    on_end: Callable[[BackgroundTune], None] | None = None,
-                    log: Callable[[str], None] = print) -> BackgroundTune | None:
+                    on_end: Callable[[BackgroundWork], None] | None = None,
+                    log: Callable[[str], None] = print) -> BackgroundWork | None:
     """Start the background work this machine still needs (background_steps), unless SPECDEMO_TUNE_AT_START=0, the pair
     is not on the CPU or it was started already; None when nothing was started."""
     if os.environ.get(TUNE_AT_START, "1") == "0" or not settings.target.device.upper().startswith("CPU") \
@@ -171,13 +171,13 @@ def background_steps(settings: RunSettings, model_bytes: int, log: Callable[[str
     return steps
 
 
-def start(steps: list, on_end: Callable[[BackgroundTune], None] | None = None) -> BackgroundTune | None:
+def start(steps: list, on_end: Callable[[BackgroundWork], None] | None = None) -> BackgroundWork | None:
     """Run `steps` in the background (the visitors' runs stop it while they hold the machine); None if there are none."""
     global _CURRENT
     if not steps:
         return None
     with _HOLDS_LOCK:  # a run may hold the machine already: the first step then starts stopped
-        _CURRENT = BackgroundTune(steps, sources.specdemo_home() / "tune" / "background.log", on_end, stopped=_HOLDS > 0)
+        _CURRENT = BackgroundWork(steps, sources.specdemo_home() / "tune" / "background.log", on_end, stopped=_HOLDS > 0)
     return _CURRENT
 
 
