@@ -228,16 +228,19 @@ def _tune(settings: RunSettings) -> int:
     def log(message: str) -> None:
         print(f"[{time.perf_counter() - started:5.0f} s] {message}", flush=True)
 
-    trials = tune.tune(settings.target, settings.draft, log)
+    trials, drafts = tune.tune(settings.target, settings.draft, log)
     path = tune.path_for()
-    tune.save(trials, {"target": settings.target, "draft": settings.draft}, path)
+    models = {"target": settings.target, "draft": settings.draft}
+    tune.save(trials, models, path, drafts)
     log("checking that greedy speculative output equals autoregressive output under the choice")
     engine = Engine.load(settings)
     problem = tune.check_exact(engine, json_.loads(CALIBRATION.read_text(encoding="utf-8")))
     if problem:
         for trial in trials:  # keep the defaults: a faster setting that changes the text is no setting
             trial.chosen = trial.setting == tune.DEFAULT
-        tune.save(trials, {"target": settings.target, "draft": settings.draft}, path)
+        for option in drafts:
+            option.chosen = option is drafts[0]
+        tune.save(trials, models, path, drafts)
         log(f"not kept: {problem}; the defaults stay")
         engine = Engine.load(settings)
     engine.warm_up(fresh=True, log=log)  # the cost model, measured again under the chosen settings
@@ -249,6 +252,11 @@ def _tune(settings: RunSettings) -> int:
         print(f"{t.role:8}{t.setting.describe():44}{t.agreement:>12.1%}{time_:>10}{ratio:>12}{mark}")
     print("(time: in the race a setting last ran in; vs default: chained through the races, each against the setting"
           " kept so far)")
+    from specdemo.draft_choice import table
+
+    print("\nthe draft plan (step: a draft step in a round; accepted: drafts equal to the target's greedy token on the "
+          "built-in answers; predicted: speedup at the best K on this machine)")
+    print("\n".join(table(drafts)))
     print(f"\nkept in {path}; every compile of these models on this machine uses it (ours, GenAI's lane, the bench).")
     print(f"{engine.costs.sentence()} (the cost model, measured again under it)")
     return 0

@@ -86,6 +86,7 @@ class LoadedModel:
             "layers": c.get("num_hidden_layers"),
             "context_length": self.context_length,
             "compile_settings": _describe_compile(self.settings),
+            "lm_head_rows": self.runtime.head_tokens,  # fewer than the vocabulary when the head was trimmed
             "tuned": self.tuned,
         }
 
@@ -357,7 +358,8 @@ def _describe_compile(settings: ModelSettings) -> str:
     """The compile settings that decide the kernels, in words ("group 128, f32, KV f32")."""
     group = settings.dynamic_quantization_group_size
     group_text = "dyn. quant. default" if group == -1 else f"group {group}" if group else "no dyn. quant."
-    return f"{group_text}, {settings.inference_precision or 'f32'}, KV {settings.kv_cache_precision or 'f32'}"
+    head = f", LM head {settings.head_tokens // 1000}k tokens" if settings.head_tokens > 0 else ""
+    return f"{group_text}, {settings.inference_precision or 'f32'}, KV {settings.kv_cache_precision or 'f32'}{head}"
 
 
 def _count_parameters(config: dict) -> int:

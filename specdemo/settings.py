@@ -27,7 +27,9 @@ class ModelSettings:
     kv_cache_precision: str = ""  # OpenVINO KV_CACHE_PRECISION; "" = f32 on CPU, else the plugin's default
     num_threads: int = 0  # INFERENCE_NUM_THREADS; 0 lets OpenVINO use every core
     inference_precision: str = ""  # INFERENCE_PRECISION_HINT (f32, bf16, f16); "" = f32 on CPU, else the plugin's default
-    head_tokens: int = 0  # keep only the ~N most frequent tokens in the LM head (a cheaper draft; specdemo/vocab.py); 0 keeps all
+    # keep only the ~N most frequent tokens in the LM head (a cheaper draft; specdemo/vocab.py); 0 keeps all; -1 leaves
+    # it to `python -m specdemo tune`'s draft plan for this machine (specdemo/draft_choice.py), else the full head
+    head_tokens: int = -1
     # DYNAMIC_QUANTIZATION_GROUP_SIZE: activations quantized in groups of this many for the int8/int4 kernels; 0 turns
     # it off; -1 leaves the plugin's default (32) or what `python -m specdemo tune` chose for this machine
     dynamic_quantization_group_size: int = -1
@@ -47,8 +49,9 @@ class ModelSettings:
             )
         if self.num_threads < 0:
             raise ValueError(f"num_threads must be >= 0, got {self.num_threads}")
-        if self.head_tokens < 0:
-            raise ValueError(f"head_tokens must be >= 0 (0 keeps the whole vocabulary), got {self.head_tokens}")
+        if self.head_tokens < -1:
+            raise ValueError(f"head_tokens must be -1 (tune's choice), 0 (the whole vocabulary) or a number of tokens, "
+                             f"got {self.head_tokens}")
         if self.dynamic_quantization_group_size < -1:
             raise ValueError("the dynamic quantization group size must be -1 (default), 0 (off) or a group size, "
                              f"got {self.dynamic_quantization_group_size}")

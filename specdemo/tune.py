@@ -110,7 +110,22 @@ def path_for(home: Path | None = None) -> Path:
 
 
 def model_key(settings: ModelSettings) -> str:
-    return f"{settings.source}/{settings.precision}/{settings.device}/head{settings.head_tokens}"
+    # Compile settings are chosen on the full head and serve every head size (the head is one MatMul of many).
+    return f"{settings.source}/{settings.precision}/{settings.device}/head0"
+
+
+def draft_key(settings: ModelSettings) -> str:
+    return f"{settings.source}/{settings.precision}/{settings.device}"
+
+
+def chosen_head(settings: ModelSettings, path: Path | None = None) -> int:
+    """The LM-head size the draft plan chose for this draft on this machine (0: the full head, or no plan yet)."""
+    path = path or path_for()
+    try:
+        entry = json.loads(path.read_text()).get("drafts", {}).get(draft_key(settings)) if path.is_file() else None
+        return int(entry["head_tokens"]) if entry else 0
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
 
 
 def chosen(settings: ModelSettings, path: Path | None = None) -> Setting | None:
@@ -143,8 +158,11 @@ def gain(settings: ModelSettings, path: Path | None = None) -> str:
 
 def apply(settings: ModelSettings, path: Path | None = None) -> ModelSettings:
     """`settings` with tune's choice for this machine where they leave the choice open (the defaults: no precision
-    hint, no KV precision, the plugin's group size, every core). Explicit settings win."""
-    setting = chosen(settings, path) if settings.device.upper().startswith("CPU") else None
+    hint, no KV precision, the plugin's group size, every core, the head size left at -1). Explicit settings win."""
+    cpu = settings.device.upper().startswith("CPU")
+    if settings.head_tokens == -1:
+        settings = replace(settings, head_tokens=chosen_head(settings, path) if cpu else 0)
+    setting = chosen(settings, path) if cpu else None
     if setting is None:
         return settings
     return replace(settings,
@@ -156,10 +174,18 @@ def apply(settings: ModelSettings, path: Path | None = None) -> ModelSettings:
                    num_threads=settings.num_threads or setting.num_threads)
 
 
-def save(trials: list[Trial], settings: dict[str, ModelSettings], path: Path) -> None:
-    """Keep the chosen setting of each model (and every trial, for the record)."""
+def save(trials: list[Trial], settings: dict[str, ModelSettings], path: Path, drafts: list | None = None) -> None:
+    """Keep the chosen setting of each model and the draft plan's head size (and every trial and draft option, for the
+    record)."""
     data = json.loads(path.read_text()) if path.is_file() else {}
     models = data.get("models", {})
+    if drafts:
+        from specdemo.draft_choice import to_dict
+
+        best = next(o for o in drafts if o.chosen)
+        data.setdefault("drafts", {})[draft_key(settings["draft"])] = {
+            "head_tokens": best.head_tokens, "options": [to_dict(o) for o in drafts],
+            "planned_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
     for trial in trials:
         if trial.chosen:
             models[model_key(settings[trial.role])] = {"setting": asdict(trial.setting), "seconds": trial.seconds,
@@ -257,10 +283,7 @@ def probes_of(model, tokenizer, examples: list[dict]) -> list[Probe]:
 
     out = []
     for example in examples:
-        chat = tokenizer.apply_chat_template([{"role": "user", "content": example["instruction"]}],
-                                             add_generation_prompt=True, tokenize=False)
-        prompt = tokenizer.encode(chat, add_special_tokens=False)
-        text = tokenizer.encode(example["answer"], add_special_tokens=False)
+        prompt, text = encode(tokenizer, example)
         model.reset()
         model.forward(prompt)
         logits = model.forward(text[:-1], logits_to_keep=len(text) - 1)  # (len - 1, V)
@@ -268,6 +291,13 @@ def probes_of(model, tokenizer, examples: list[dict]) -> list[Probe]:
         out.append(Probe(prompt, text, logits.argmax(axis=-1), (top2[:, 1] - top2[:, 0]) >= NEAR_TIE_LOGIT_GAP))
     model.reset()
     return out
+
+
+def encode(tokenizer, example: dict) -> tuple[list[int], list[int]]:
+    """A built-in example as (prompt ids with the chat template, answer ids)."""
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": example["instruction"]}],
+                                         add_generation_prompt=True, tokenize=False)
+    return tokenizer.encode(chat, add_special_tokens=False), tokenizer.encode(example["answer"], add_special_tokens=False)
 
 
 def agreement(model, probes: list[Probe]) -> float:
@@ -283,11 +313,19 @@ def agreement(model, probes: list[Probe]) -> float:
     return kept / total if total else 1.0
 
 
-def compile_model(settings: ModelSettings):
-    """A compile for measuring only: no compiled-model cache (ten variants of a 1.6 GiB model would fill the disk)."""
+def compile_model(settings: ModelSettings, tokenizer=None):
+    """A compile for measuring only: no compiled-model cache (ten variants of a 1.6 GiB model would fill the disk). A
+    head size above 0 trims the LM head (needs the `tokenizer`)."""
+    from specdemo import vocab
     from specdemo.runtime import OVModel
 
-    return OVModel(sources.prepare(settings), settings)
+    folder = sources.prepare(settings)
+    head = None
+    if settings.head_tokens > 0:
+        config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
+        head = vocab.head_ids(tokenizer, settings.head_tokens, int(config.get("vocab_size", len(tokenizer))),
+                              sources.specdemo_home() / "vocab")
+    return OVModel(folder, settings, head_ids=head)
 
 
 def search(role: str, base: ModelSettings, other, probes: list[Probe], log, cpu_flags: list[str], cores: int,
@@ -334,8 +372,9 @@ def search(role: str, base: ModelSettings, other, probes: list[Probe], log, cpu_
     return trials
 
 
-def tune(target: ModelSettings, draft: ModelSettings, log=print) -> list[Trial]:
-    """Choose each model's compile setting on this machine (see the module's docstring); keeps and returns the trials."""
+def tune(target: ModelSettings, draft: ModelSettings, log=print) -> tuple[list[Trial], list]:
+    """Choose each model's compile setting on this machine (see the module's docstring), then the draft's head size
+    (specdemo/draft_choice.py); returns the trials and the draft options."""
     from transformers import AutoTokenizer
 
     from specdemo.engine import CALIBRATION
@@ -354,7 +393,29 @@ def tune(target: ModelSettings, draft: ModelSettings, log=print) -> list[Trial]:
         trials += search(role, base, other, probes, log, flags, cores)
         del other
         gc.collect()
-    return trials
+    return trials, plan_draft(trials, target, draft, tokenizer, examples, log)
+
+
+def plan_draft(trials: list[Trial], target: ModelSettings, draft: ModelSettings, tokenizer, examples: list[dict],
+               log) -> list:
+    """The draft plan under the chosen compile settings: each candidate draft measured against the tuned target and
+    priced by the planner on the target's cost curve, measured here (draft_choice)."""
+    from specdemo import costs, draft_choice
+    from specdemo.settings import K_MAX
+
+    log("draft plan: each candidate draft's acceptance on the built-in answers and its step in a round, priced by the "
+        "planner")
+    model = compile_model(tune_choice(trials, "target", target))
+    setting = tune_choice(trials, "draft")
+    options = draft_choice.measure(
+        model, draft, examples, lambda example: encode(tokenizer, example), sources.is_prepared,
+        lambda settings: compile_model(setting.apply(settings), tokenizer),
+        lambda models, other: race(models, other, sample_draft), log)
+    log("  the target's cost curve, for pricing")
+    curve = costs.measure(model, compile_model(setting.apply(replace(draft, head_tokens=0))), K_MAX + 1)
+    best = draft_choice.price(options, curve)
+    log(f"  draft plan: {best.describe()} (predicted {best.predicted_speedup:.2f}× at K = {best.k})")
+    return options
 
 
 def tune_choice(trials: list[Trial], role: str, base: ModelSettings | None = None):

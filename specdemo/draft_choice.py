@@ -1,0 +1,130 @@
+"""Which draft to run on this machine: its LM-head size and weight precision, chosen by predicted speedup.
+
+A draft is only worth what it buys: a cheaper draft step (an LM head trimmed to the most frequent tokens, or other
+weights) pays only if the acceptance it loses costs less. Which side wins depends on the CPU: where a draft step
+costs half a target step (an AVX2-only CPU) a 15 % cheaper step is worth a lot; where it costs a quarter (AMX), the
+same step saved is worth little and the lost acceptance decides. So `python -m specdemo tune` measures each candidate
+draft here, with the tuned target loaded:
+
+* its draft step, as a round makes it (tune.sample_draft), the candidates taking turns in one race (tune.race);
+* its acceptance by draft position, exactly, on the built-in answers (assets/calibration.json): where its greedy token
+  equals the target's, teacher forced (counterfactual.agreement_mask);
+
+and prices each with the planner (the target's measured cost curve, the draft's calls scaled by the candidate's step
+time): the predicted speedup at its best K. The configured draft (its precision, the full head) stays unless another
+is predicted at least MARGIN faster. Every candidate is lossless: the target checks every token.
+
+Only the head size is applied (tune.apply: a draft whose head_tokens is left at -1 gets the choice); another weight
+precision is priced when its IR is already prepared and the table says what it would give, since the precision is a
+named configuration's choice, not the tuner's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from specdemo import planner
+from specdemo.costs import CostModel
+from specdemo.planner import DEFAULT_ALPHA, Acceptance
+from specdemo.settings import K_MAX, ModelSettings
+
+HEADS = (0, 32_000, 16_000, 8_000)  # LM-head sizes tried (0: the full vocabulary)
+PRECISIONS = ("int4", "int8")  # draft weight precisions priced when prepared
+MARGIN = 0.03  # another draft replaces the configured one only if predicted at least this much faster
+
+
+@dataclass
+class DraftOption:
+    """One candidate draft, as measured and priced here."""
+
+    precision: str
+    head_tokens: int  # 0: the full head
+    rows: int = 0  # rows its LM head keeps
+    step_s: float = math.nan  # a draft step inside a round, in the race
+    tested: list[int] = field(default_factory=list)  # drafts tested at positions 1 … K_MAX on the built-in answers
+    accepted: list[int] = field(default_factory=list)  # of them, equal to the target's greedy token
+    k: int = 0  # its best K on this machine
+    predicted_speedup: float = math.nan  # at that K, over the target alone
+    applies: bool = True  # whether choosing it changes what runs (tune applies head sizes, not precisions)
+    chosen: bool = False
+
+    def describe(self) -> str:
+        head = "full head" if not self.head_tokens else f"head {self.head_tokens // 1000}k"
+        return f"{self.precision}, {head}"
+
+    def acceptance(self) -> Acceptance:
+        return Acceptance.from_counts(self.tested, self.accepted, Acceptance.geometric(DEFAULT_ALPHA["model"]))
+
+    def acceptance_rate(self) -> float:
+        """Accepted ÷ tested over every position: one number for the table."""
+        return sum(self.accepted) / sum(self.tested) if sum(self.tested) else math.nan
+
+
+def candidates(draft: ModelSettings, prepared) -> list[ModelSettings]:
+    """The configured draft with the full head first (the incumbent), then trimmed heads, then the other precisions
+    whose IR `prepared(settings)` says is ready (converting one would take minutes of a user's first day)."""
+    out = [replace(draft, head_tokens=h) for h in HEADS]
+    out += [replace(draft, precision=p, head_tokens=0) for p in PRECISIONS if p != draft.precision
+            and prepared(replace(draft, precision=p, head_tokens=0))]
+    return out
+
+
+def price(options: list[DraftOption], costs: CostModel, k_max: int = K_MAX) -> DraftOption:
+    """Each option's best K and predicted speedup on this machine, and the chosen one (marked). `costs` is the target's
+    curve with the first option's draft; the others' draft calls are scaled by their step over its step, both taken in
+    the same race."""
+    base = options[0]
+    for option in options:
+        scale = option.step_s / base.step_s
+        scaled = replace(costs, draft_s=tuple(d * scale for d in costs.draft_s))
+        option.k, option.predicted_speedup = planner.best_k(scaled, option.acceptance(), k_max)
+    best = base
+    for option in options[1:]:
+        if option.applies and option.predicted_speedup >= (1 + MARGIN) * max(base.predicted_speedup, 1.0) \
+                and option.predicted_speedup > best.predicted_speedup:
+            best = option
+    best.chosen = True
+    return best
+
+
+def measure(target, draft: ModelSettings, examples: list[dict], encode, prepared, compile, timer, log) -> list[DraftOption]:
+    """Every candidate's acceptance on the examples and its draft step in a round, against `target` (a runtime).
+    `encode(example)` gives (prompt ids, answer ids); `compile(settings)` a draft runtime; `timer(models, target)` each
+    model's seconds of a draft step in a round (tune.race over tune.sample_draft)."""
+    from specdemo.counterfactual import agreement_mask, mask_counts
+
+    options, models = [], []
+    for settings in candidates(draft, prepared):
+        model = compile(settings)
+        option = DraftOption(settings.precision, settings.head_tokens, rows=model.head_tokens,
+                             applies=settings.precision == draft.precision)
+        option.tested, option.accepted = [0] * K_MAX, [0] * K_MAX
+        for example in examples:
+            prompt, text = encode(example)
+            tested, accepted = mask_counts(agreement_mask(target, model, prompt, text), K_MAX)
+            option.tested = [a + b for a, b in zip(option.tested, tested)]
+            option.accepted = [a + b for a, b in zip(option.accepted, accepted)]
+        log(f"  draft {option.describe()} ({option.rows:,} rows): agrees with the target on "
+            f"{option.acceptance_rate():.1%} of tested drafts")
+        options.append(option)
+        models.append(model)
+    for option, seconds in zip(options, timer(models, target)):
+        option.step_s = seconds
+    return options
+
+
+def table(options: list[DraftOption]) -> list[str]:
+    """The draft plan as printed by `tune`."""
+    lines = [f"{'draft':22}{'head rows':>11}{'step':>10}{'accepted':>10}{'best K':>8}{'predicted':>11}"]
+    for o in options:
+        mark = "  <- chosen" if o.chosen else ("" if o.applies else "  (another precision: --draft-precision)")
+        lines.append(f"{o.describe():22}{o.rows:>11,}{o.step_s * 1e3:>7.1f} ms{o.acceptance_rate():>10.1%}{o.k:>8}"
+                     f"{o.predicted_speedup:>10.2f}×{mark}")
+    return lines
+
+
+def to_dict(option: DraftOption) -> dict:
+    return {"precision": option.precision, "head_tokens": option.head_tokens, "rows": option.rows,
+            "step_s": option.step_s, "acceptance": option.acceptance_rate(), "k": option.k,
+            "predicted_speedup": option.predicted_speedup, "applies": option.applies, "chosen": option.chosen}
