@@ -105,3 +105,21 @@ def test_the_chosen_settings_reach_our_compiles_and_genais(tmp_path, monkeypatch
     with pytest.raises(ZeroDivisionError):
         engine.load_model(DEFAULT_TARGET)
     assert seen[0].dynamic_quantization_group_size == 128  # what our engine compiles with
+
+
+def test_each_model_of_the_bench_genai_peer_gets_its_own_tuned_settings(tmp_path, monkeypatch):
+    """A target tuned to group 256 must not hand its group to an INT4 draft (GenAI's draft would run its slow path)."""
+    from types import SimpleNamespace
+
+    from specdemo.bench.harness import genai_properties
+    from specdemo.settings import DEFAULT_DRAFT
+
+    monkeypatch.setenv("SPECDEMO_HOME", str(tmp_path))
+    trials = [tune.Trial("target", Setting(256, "f32", "f32"), chosen=True),
+              tune.Trial("draft", Setting(128, "f32", "f16"), chosen=True)]
+    tune.save(trials, {"target": DEFAULT_TARGET, "draft": DEFAULT_DRAFT}, tune.path_for())
+    target, draft = SimpleNamespace(settings=DEFAULT_TARGET), SimpleNamespace(settings=DEFAULT_DRAFT)
+    ours, theirs = genai_properties(target, draft)
+    assert ours["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 256 and theirs["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 128
+    assert theirs["KV_CACHE_PRECISION"] == "f16"
+    assert genai_properties(target, draft, defaults=True) == ({}, {})

@@ -213,14 +213,13 @@ class Context:
             self.genai.move_to_end(name)
         else:
             from specdemo.bench.peers import GenAIPipeline
-            from specdemo.genai import compile_properties
 
             while len(self.genai) >= GENAI_PIPELINES:
                 self.genai.popitem(last=False)
                 gc.collect()
 
             target, draft = self.engine.target, self.engine.draft
-            properties = {} if name.endswith("(defaults)") else compile_properties(target.settings)
+            properties, draft_properties = genai_properties(target, draft, defaults=name.endswith("(defaults)"))
             kind = name.split()[0]
             self.log(f"loading OpenVINO GenAI pipeline: {name}")
             self.genai[name] = GenAIPipeline(
@@ -230,6 +229,7 @@ class Context:
                 draft=draft.folder if kind == "speculative" else None,
                 draft_device=draft.settings.device if draft else "",
                 prompt_lookup=kind == "lookup",
+                draft_properties=draft_properties,
             )
         return self.genai[name]
 
@@ -244,3 +244,13 @@ class Context:
                         drafter="prompt-lookup" if kind == "lookup" else "model")
         generate = self.genai_pipeline(pipeline).generate
         return peer_lane(lane, generate, eos_ids=self.engine.eos_ids, k=k, ngram=self.generation.lookup_ngram)
+
+
+def genai_properties(target, draft, defaults: bool = False) -> tuple[dict, dict]:
+    """(target's, draft's) compile properties for a GenAI peer: ours, each model its own tuned ones; {} for GenAI's
+    defaults."""
+    from specdemo.genai import compile_properties
+
+    if defaults:
+        return {}, {}
+    return compile_properties(target.settings), compile_properties(draft.settings) if draft is not None else {}

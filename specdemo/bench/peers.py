@@ -39,14 +39,17 @@ class GenAIPipeline:
     """openvino_genai.LLMPipeline on specdemo's IR folders (specdemo/genai.py): plain, with a draft model, or
     prompt lookup, all on GenAI's continuous-batching (paged attention) backend, its default on CPU.
 
-    `properties` are OpenVINO compile properties; genai.compile_properties() gives ours, so both sides
-    run the same kernels. An empty dict keeps GenAI's defaults.
+    `properties` (the target's) and `draft_properties` (the draft's; None: the target's) are OpenVINO compile
+    properties; genai.compile_properties() gives ours, so both sides run the same kernels (each model its own tuned
+    group size: a target's group of 256 on an INT4 draft would put GenAI's draft on the slow path). An empty dict keeps
+    GenAI's defaults.
     """
 
     def __init__(self, target: Path, target_device: str, properties: dict, draft: Path | None = None,
-                 draft_device: str = "", prompt_lookup: bool = False):
+                 draft_device: str = "", prompt_lookup: bool = False, draft_properties: dict | None = None):
         self.speculative = draft is not None or prompt_lookup
-        self.pipeline = genai.make_pipeline(target, target_device, properties, draft, draft_device, prompt_lookup)
+        self.pipeline = genai.make_pipeline(target, target_device, properties, draft, draft_device, prompt_lookup,
+                                            draft_properties=draft_properties)
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int, eos_ids: set[int], k: int = 4, ngram: int = 3) -> PeerRun:
         import openvino as ov
