@@ -88,10 +88,12 @@ def price(options: list[DraftOption], costs: CostModel, k_max: int = K_MAX) -> D
     return best
 
 
-def measure(target, draft: ModelSettings, examples: list[dict], encode, prepared, compile, timer, log) -> list[DraftOption]:
-    """Every candidate's acceptance on the examples and its draft step in a round, against `target` (a runtime).
-    `encode(example)` gives (prompt ids, answer ids); `compile(settings)` a draft runtime; `timer(models, target)` each
-    model's seconds of a draft step in a round (tune.race over tune.sample_draft)."""
+def measure(target, draft: ModelSettings, examples: list[dict], encode, prepared, compile, timer,
+            log) -> tuple[list[DraftOption], object]:
+    """Every candidate's acceptance on the examples and its draft step in a round, against `target` (a runtime), and
+    the incumbent's compiled draft (for the cost curve `price` needs). `encode(example)` gives (prompt ids, answer
+    ids); `compile(settings)` a draft runtime; `timer(models, target)` each model's seconds of a draft step in a round
+    (tune.race over tune.sample_draft)."""
     from specdemo.counterfactual import agreement_mask, mask_counts
 
     options, models = [], []
@@ -111,7 +113,7 @@ def measure(target, draft: ModelSettings, examples: list[dict], encode, prepared
         models.append(model)
     for option, seconds in zip(options, timer(models, target)):
         option.step_s = seconds
-    return options
+    return options, models[0]
 
 
 def table(options: list[DraftOption]) -> list[str]:

@@ -104,10 +104,7 @@ def load_model(settings: ModelSettings, progress: sources.Progress | None = None
         progress(None, f"compiling {folder.name} for {settings.device}")
     tokenizer = AutoTokenizer.from_pretrained(folder)
     config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
-    head = None
-    if settings.head_tokens:
-        vocab_size = int(config.get("vocab_size", len(tokenizer)))
-        head = vocab.head_ids(tokenizer, settings.head_tokens, vocab_size, sources.specdemo_home() / "vocab")
+    head = vocab.head_for(tokenizer, settings.head_tokens, config, sources.specdemo_home() / "vocab")
     runtime = OVModel(folder, settings, cache_dir=sources.specdemo_home() / "ov_cache", head_ids=head)
     return LoadedModel(settings, folder, runtime, tokenizer, config, tuned)
 

@@ -120,33 +120,25 @@ def draft_key(settings: ModelSettings) -> str:
 
 def chosen_head(settings: ModelSettings, path: Path | None = None) -> int:
     """The LM-head size the draft plan chose for this draft on this machine (0: the full head, or no plan yet)."""
-    path = path or path_for()
+    entry = _entry("drafts", draft_key(settings), path)
     try:
-        entry = json.loads(path.read_text()).get("drafts", {}).get(draft_key(settings)) if path.is_file() else None
         return int(entry["head_tokens"]) if entry else 0
-    except (OSError, ValueError, KeyError, TypeError):
+    except (KeyError, TypeError, ValueError):
         return 0
 
 
 def chosen(settings: ModelSettings, path: Path | None = None) -> Setting | None:
     """The setting tune chose for this model on this machine, or None."""
-    path = path or path_for()
-    if not path.is_file():
-        return None
+    entry = _entry("models", model_key(settings), path)
     try:
-        entry = json.loads(path.read_text()).get("models", {}).get(model_key(settings))
         return Setting(**entry["setting"]) if entry else None
-    except (OSError, ValueError, KeyError, TypeError):
-        return None  # a damaged file only loses the choice
+    except (KeyError, TypeError):
+        return None
 
 
 def gain(settings: ModelSettings, path: Path | None = None) -> str:
     """What tune's choice bought this model, in words ("tuned: 24 % faster than the defaults"), or "" if untuned."""
-    path = path or path_for()
-    try:
-        entry = json.loads(path.read_text()).get("models", {}).get(model_key(settings)) if path.is_file() else None
-    except (OSError, ValueError):
-        entry = None
+    entry = _entry("models", model_key(settings), path)
     if not entry:
         return ""
     ratio = entry.get("relative", float("nan"))
@@ -154,6 +146,16 @@ def gain(settings: ModelSettings, path: Path | None = None) -> str:
         return "tuned"
     return f"tuned: {abs(1 - ratio):.0%} {'faster' if ratio < 1 else 'slower'} than the defaults" if abs(1 - ratio) >= 0.01 \
         else "tuned: the defaults were fastest"
+
+
+def _entry(section: str, key: str, path: Path | None) -> dict | None:
+    """One entry of this machine's tune file, or None (no file yet; a damaged file only loses the choice)."""
+    path = path or path_for()
+    try:
+        entry = json.loads(path.read_text()).get(section, {}).get(key) if path.is_file() else None
+    except (OSError, ValueError, AttributeError):
+        return None
+    return entry if isinstance(entry, dict) else None
 
 
 def apply(settings: ModelSettings, path: Path | None = None) -> ModelSettings:
@@ -320,11 +322,8 @@ def compile_model(settings: ModelSettings, tokenizer=None):
     from specdemo.runtime import OVModel
 
     folder = sources.prepare(settings)
-    head = None
-    if settings.head_tokens > 0:
-        config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
-        head = vocab.head_ids(tokenizer, settings.head_tokens, int(config.get("vocab_size", len(tokenizer))),
-                              sources.specdemo_home() / "vocab")
+    config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
+    head = vocab.head_for(tokenizer, settings.head_tokens, config, sources.specdemo_home() / "vocab")
     return OVModel(folder, settings, head_ids=head)
 
 
@@ -389,30 +388,29 @@ def tune(target: ModelSettings, draft: ModelSettings, log=print) -> tuple[list[T
         probes = probes_of(reference, tokenizer, examples)
         del reference
         gc.collect()
+        other = None  # the previous partner's compile goes before the next one loads
+        gc.collect()
         other = compile_model(tune_choice(trials, "target", target) if role == "draft" else DEFAULT.apply(partner))
         trials += search(role, base, other, probes, log, flags, cores)
-        del other
-        gc.collect()
-    return trials, plan_draft(trials, target, draft, tokenizer, examples, log)
+    # The draft's search ran against the tuned target: the draft plan measures against that compile too.
+    return trials, plan_draft(trials, other, draft, tokenizer, examples, log)
 
 
-def plan_draft(trials: list[Trial], target: ModelSettings, draft: ModelSettings, tokenizer, examples: list[dict],
-               log) -> list:
-    """The draft plan under the chosen compile settings: each candidate draft measured against the tuned target and
-    priced by the planner on the target's cost curve, measured here (draft_choice)."""
+def plan_draft(trials: list[Trial], target, draft: ModelSettings, tokenizer, examples: list[dict], log) -> list:
+    """The draft plan under the chosen compile settings: each candidate draft measured against `target` (the tuned
+    target's runtime) and priced by the planner on the target's cost curve, measured here (draft_choice)."""
     from specdemo import costs, draft_choice
     from specdemo.settings import K_MAX
 
     log("draft plan: each candidate draft's acceptance on the built-in answers and its step in a round, priced by the "
         "planner")
-    model = compile_model(tune_choice(trials, "target", target))
     setting = tune_choice(trials, "draft")
-    options = draft_choice.measure(
-        model, draft, examples, lambda example: encode(tokenizer, example), sources.is_prepared,
+    options, incumbent = draft_choice.measure(
+        target, draft, examples, lambda example: encode(tokenizer, example), sources.is_prepared,
         lambda settings: compile_model(setting.apply(settings), tokenizer),
         lambda models, other: race(models, other, sample_draft), log)
     log("  the target's cost curve, for pricing")
-    curve = costs.measure(model, compile_model(setting.apply(replace(draft, head_tokens=0))), K_MAX + 1)
+    curve = costs.measure(target, incumbent, K_MAX + 1)
     best = draft_choice.price(options, curve)
     log(f"  draft plan: {best.describe()} (predicted {best.predicted_speedup:.2f}× at K = {best.k})")
     return options

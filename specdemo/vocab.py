@@ -54,6 +54,14 @@ def token_ranking(tokenizer, texts: list[str]) -> np.ndarray:
     return np.asarray(ranked, dtype=np.int64)
 
 
+def head_for(tokenizer, head_tokens: int, config: dict, cache_dir: Path | None = None) -> np.ndarray | None:
+    """The ids a model's trimmed head keeps for ModelSettings.head_tokens (None: the whole head, for 0 or less), with
+    the vocabulary size from the model's config.json."""
+    if head_tokens <= 0:
+        return None
+    return head_ids(tokenizer, head_tokens, int(config.get("vocab_size", len(tokenizer))), cache_dir)
+
+
 def head_ids(tokenizer, n: int, vocab_size: int, cache_dir: Path | None = None) -> np.ndarray:
     """The sorted ids (int64) a trimmed head of about n rows keeps.
 

@@ -67,7 +67,7 @@ def test_acceptance_is_measured_exactly_against_the_target_on_the_examples():
 
     examples = [{"prompt": [1, 2, 3], "answer": [4, 5, 6, 7, 8, 9, 10, 11, 12]}]
     timed = []
-    options = draft_choice.measure(target, DEFAULT_DRAFT, examples, lambda e: (e["prompt"], e["answer"]),
+    options, _ = draft_choice.measure(target, DEFAULT_DRAFT, examples, lambda e: (e["prompt"], e["answer"]),
                                    lambda s: False, compile, lambda models, t: timed.append(len(models)) or
                                    [0.02] * len(models), lambda message: None)
     assert timed == [len(draft_choice.HEADS)]  # one race over every candidate
