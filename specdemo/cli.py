@@ -16,8 +16,8 @@ from specdemo import compat, runfile, sources
 from specdemo.events import ACCEPTED, BONUS, CORRECTED, Result, TokenEvent, drain
 from specdemo.metrics import measured_speedup
 from specdemo.planner import Plan
-from specdemo.settings import (CONFIGURATIONS, DEFAULT_DRAFT, DEFAULT_TARGET, DRAFTERS, MAX_PROMPT_TOKENS, PRECISIONS,
-                               GenerationSettings, ModelSettings, RunSettings)
+from specdemo.settings import (AUTO, CONFIGURATIONS, DEFAULT_DRAFT, DEFAULT_TARGET, DRAFT_PRECISION, DRAFTERS,
+                               MAX_PROMPT_TOKENS, PRECISIONS, GenerationSettings, ModelSettings, RunSettings)
 
 LONG_PROMPT_TOKENS = 300  # above this, say up front how long the prefill will take
 
@@ -66,7 +66,9 @@ def _add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default=DEFAULT_TARGET.source, help="preset, HF model id, local folder or .gguf file")
     parser.add_argument("--draft", default=DEFAULT_DRAFT.source, help="preset, HF model id, local folder or .gguf file")
     parser.add_argument("--target-precision", default=None, choices=PRECISIONS, help="overrides the configuration's")
-    parser.add_argument("--draft-precision", default=None, choices=PRECISIONS, help="overrides the configuration's")
+    parser.add_argument("--draft-precision", default=None, choices=PRECISIONS + (AUTO,),
+                        help="overrides the configuration's (auto: the draft plan `tune` chose for this machine, "
+                             f"{DRAFT_PRECISION} until there is one)")
     parser.add_argument("--device", default="CPU", help="OpenVINO device of the target (and of the draft unless --draft-device)")
     parser.add_argument("--draft-device", default=None, help="OpenVINO device of the draft model")
     parser.add_argument("--kv-cache-precision", default="", help="OpenVINO KV_CACHE_PRECISION for both models (u8, f16, bf16, f32)")
@@ -263,7 +265,9 @@ def _tune(settings: RunSettings) -> int:
 
 
 def _prepare(settings: RunSettings) -> int:
-    for model in (settings.target, settings.draft):
+    from specdemo import tune
+
+    for model in (settings.target, tune.resolve_precision(settings.draft)):
         folder = sources.prepare(model)
         print(f"{model.source} ({model.precision}): {folder}")
     return 0

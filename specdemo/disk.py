@@ -13,7 +13,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdemo import sources
+from specdemo import sources, tune
 from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET
 
 KINDS = ("compiled", "bench", "other-models", "old-versions", "scratch")
@@ -40,7 +40,7 @@ def inventory(home: Path | None = None) -> list[Item]:
     """Everything under SPECDEMO_HOME, each sorted into a kind."""
     home = home or sources.specdemo_home()
     items: list[Item] = []
-    defaults = {sources.cached_folder(DEFAULT_TARGET).name, sources.cached_folder(DEFAULT_DRAFT).name}
+    defaults = {sources.cached_folder(DEFAULT_TARGET).name, sources.cached_folder(tune.resolve_precision(DEFAULT_DRAFT)).name}
     models = home / "models"
     for version in sorted(models.iterdir()) if models.is_dir() else []:
         if not version.is_dir():

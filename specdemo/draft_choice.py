@@ -14,9 +14,10 @@ and prices each with the planner (the target's measured cost curve, the draft's 
 time): the predicted speedup at its best K. The configured draft (its precision, the full head) stays unless another
 is predicted at least MARGIN faster. Every candidate is lossless: the target checks every token.
 
-Only the head size is applied (tune.apply: a draft whose head_tokens is left at -1 gets the choice); another weight
-precision is priced when its IR is already prepared and the table says what it would give, since the precision is a
-named configuration's choice, not the tuner's.
+A draft whose precision is left to the plan (`auto`, the default draft's) gets the chosen option, precision and head
+(tune.apply), among the precisions prepared here; a draft with an explicit precision gets the best head of that
+precision by the same rule, and a head given explicitly is kept. Another precision is priced only when its IR is
+already prepared (the page's background work prepares the default draft's INT8 before it tunes).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from specdemo import planner
 from specdemo.costs import CostModel
 from specdemo.planner import DEFAULT_ALPHA, Acceptance
-from specdemo.settings import K_MAX, ModelSettings
+from specdemo.settings import AUTO, DRAFT_PRECISION, K_MAX, ModelSettings
 
 HEADS = (0, 32_000, 16_000, 8_000)  # LM-head sizes tried (0: the full vocabulary)
 PRECISIONS = ("int4", "int8")  # draft weight precisions priced when prepared
@@ -46,7 +47,7 @@ class DraftOption:
     accepted: list[int] = field(default_factory=list)  # of them, equal to the target's greedy token
     k: int = 0  # its best K on this machine
     predicted_speedup: float = math.nan  # at that K, over the target alone
-    applies: bool = True  # whether choosing it changes what runs (tune applies head sizes, not precisions)
+    applies: bool = True  # whether the configured draft may run it (its precision, or any when the precision is auto)
     chosen: bool = False
 
     def describe(self) -> str:
@@ -62,29 +63,43 @@ class DraftOption:
 
 
 def candidates(draft: ModelSettings, prepared) -> list[ModelSettings]:
-    """The configured draft with the full head first (the incumbent), then trimmed heads, then the other precisions
-    whose IR `prepared(settings)` says is ready (converting one would take minutes of a user's first day)."""
+    """The configured draft (an auto precision: DRAFT_PRECISION) with the full head first (the incumbent), then trimmed
+    heads, then the other precisions whose IR `prepared(settings)` says is ready (converting one would take minutes of
+    a user's first day)."""
+    if draft.precision == AUTO:
+        draft = replace(draft, precision=DRAFT_PRECISION)
     out = [replace(draft, head_tokens=h) for h in HEADS]
     out += [replace(draft, precision=p, head_tokens=0) for p in PRECISIONS if p != draft.precision
             and prepared(replace(draft, precision=p, head_tokens=0))]
     return out
 
 
-def price(options: list[DraftOption], costs: CostModel, k_max: int = K_MAX) -> DraftOption:
-    """Each option's best K and predicted speedup on this machine, and the chosen one (marked). `costs` is the target's
-    curve with the first option's draft; the others' draft calls are scaled by their step over its step, both taken in
-    the same race."""
+def price(options: list[DraftOption], costs: CostModel, precision: str = AUTO, k_max: int = K_MAX) -> DraftOption:
+    """Each option's best K and predicted speedup on this machine, and the one a draft of `precision` runs (marked).
+    `costs` is the target's curve with the first option's draft; the others' draft calls are scaled by their step over
+    its step, both taken in the same race."""
     base = options[0]
     for option in options:
         scale = option.step_s / base.step_s
         scaled = replace(costs, draft_s=tuple(d * scale for d in costs.draft_s))
         option.k, option.predicted_speedup = planner.best_k(scaled, option.acceptance(), k_max)
-    best = base
-    for option in options[1:]:
-        if option.applies and option.predicted_speedup >= (1 + MARGIN) * max(base.predicted_speedup, 1.0) \
+    best = choose(options, precision)
+    best.chosen = True
+    return best
+
+
+def choose(options: list[DraftOption], precision: str = AUTO, head_tokens: int = -1) -> DraftOption | None:
+    """Which priced option a draft runs: among those its precision and head allow (auto, -1: any), the first (the
+    incumbent: the configured precision's full head, as `candidates` orders them) unless another is predicted at least
+    MARGIN faster, then the fastest. None when no option fits."""
+    pool = [o for o in options if precision in (AUTO, o.precision) and head_tokens in (-1, o.head_tokens)]
+    if not pool:
+        return None
+    base = best = pool[0]
+    for option in pool[1:]:
+        if option.predicted_speedup >= (1 + MARGIN) * max(base.predicted_speedup, 1.0) \
                 and option.predicted_speedup > best.predicted_speedup:
             best = option
-    best.chosen = True
     return best
 
 
@@ -100,7 +115,7 @@ def measure(target, draft: ModelSettings, examples: list[dict], encode, prepared
     for settings in candidates(draft, prepared):
         model = compile(settings)
         option = DraftOption(settings.precision, settings.head_tokens, rows=model.head_tokens,
-                             applies=settings.precision == draft.precision)
+                             applies=draft.precision in (AUTO, settings.precision))
         option.tested, option.accepted = [0] * K_MAX, [0] * K_MAX
         for example in examples:
             prompt, text = encode(example)
@@ -120,7 +135,7 @@ def table(options: list[DraftOption]) -> list[str]:
     """The draft plan as printed by `tune`."""
     lines = [f"{'draft':22}{'head rows':>11}{'step':>10}{'accepted':>10}{'best K':>8}{'predicted':>11}"]
     for o in options:
-        mark = "  <- chosen" if o.chosen else ("" if o.applies else "  (another precision: --draft-precision)")
+        mark = "  <- chosen" if o.chosen else ("" if o.applies else "  (another precision: --draft-precision auto may take it)")
         lines.append(f"{o.describe():22}{o.rows:>11,}{o.step_s * 1e3:>7.1f} ms{o.acceptance_rate():>10.1%}{o.k:>8}"
                      f"{o.predicted_speedup:>10.2f}×{mark}")
     return lines
@@ -130,3 +145,10 @@ def to_dict(option: DraftOption) -> dict:
     return {"precision": option.precision, "head_tokens": option.head_tokens, "rows": option.rows,
             "step_s": option.step_s, "acceptance": option.acceptance_rate(), "k": option.k,
             "predicted_speedup": option.predicted_speedup, "applies": option.applies, "chosen": option.chosen}
+
+
+def from_dict(data: dict) -> DraftOption:
+    """An option as the tune file keeps it (what `choose` needs: precision, head, predicted speedup)."""
+    return DraftOption(str(data["precision"]), int(data["head_tokens"]), rows=int(data.get("rows", 0)),
+                       step_s=float(data.get("step_s", math.nan)), k=int(data.get("k", 0)),
+                       predicted_speedup=float(data["predicted_speedup"]), chosen=bool(data.get("chosen", False)))

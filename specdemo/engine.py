@@ -27,7 +27,7 @@ from specdemo.drafting import make_drafter
 from specdemo.events import End, Round
 from specdemo.planner import AcceptanceHistory, Plan, make_plan
 from specdemo.runtime import OVModel, release_weight_pages
-from specdemo.settings import K_MAX, GenerationSettings, ModelSettings, RunSettings
+from specdemo.settings import AUTO, K_MAX, GenerationSettings, ModelSettings, RunSettings
 
 # Stands in for the instruction when the chat template is rendered; no template contains it.
 _INSTRUCTION_SLOT = "\x00specdemo-instruction\x00"
@@ -53,6 +53,7 @@ class LoadedModel:
     tokenizer: object  # a transformers tokenizer
     config: dict  # the model's config.json
     tuned: str = ""  # what tune's choice bought, as it stood when this model was compiled (tune.gain)
+    planned_precision: bool = False  # its weight precision was left to the draft plan (auto) and resolved at load
 
     @property
     def name(self) -> str:
@@ -80,6 +81,7 @@ class LoadedModel:
             "source": self.settings.source,
             "parameters": _count_parameters(c),
             "precision": self.settings.precision,
+            "precision_from": "the draft plan" if self.planned_precision else "the settings",
             "size_on_disk_bytes": sum(f.stat().st_size for f in self.folder.glob("openvino_model.*")),
             "device": self.settings.device,
             "kv_cache_precision": self.runtime.kv_cache_precision,
@@ -97,8 +99,9 @@ def load_model(settings: ModelSettings, progress: sources.Progress | None = None
     compat.hide_broken_torchvision()
     from transformers import AutoTokenizer
 
-    tuned = tune.gain(settings)  # now: a tune that ends later applies from the next load
+    planned = settings.precision == AUTO
     settings = tune.apply(settings)
+    tuned = tune.gain(settings)  # now: a tune that ends later applies from the next load
     folder = sources.prepare(settings, progress)
     if progress is not None:
         progress(None, f"compiling {folder.name} for {settings.device}")
@@ -106,7 +109,7 @@ def load_model(settings: ModelSettings, progress: sources.Progress | None = None
     config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
     head = vocab.head_for(tokenizer, settings.head_tokens, config, sources.specdemo_home() / "vocab")
     runtime = OVModel(folder, settings, cache_dir=sources.specdemo_home() / "ov_cache", head_ids=head)
-    return LoadedModel(settings, folder, runtime, tokenizer, config, tuned)
+    return LoadedModel(settings, folder, runtime, tokenizer, config, tuned, planned)
 
 
 def check_same_tokenizer(target, draft) -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 PRECISIONS = ("fp16", "int8", "int4")
+AUTO = "auto"  # a draft's precision left to `python -m specdemo tune`'s draft plan for this machine (draft_choice.py)
+DRAFT_PRECISION = "int4"  # what an auto draft precision runs until there is a plan (or when its choice is not prepared)
 KV_CACHE_PRECISIONS = ("", "u8", "f16", "bf16", "f32")
 INFERENCE_PRECISIONS = ("", "f32", "bf16", "f16")
 DRAFTERS = ("model", "prompt-lookup", "hybrid")
@@ -22,7 +24,7 @@ class ModelSettings:
     """One model: where it comes from and how it is compiled."""
 
     source: str  # preset name ("qwen2.5-coder-1.5b"), HF model id, local folder or .gguf file
-    precision: str = "int8"  # weight compression applied at conversion: fp16 | int8 | int4
+    precision: str = "int8"  # weight compression applied at conversion: fp16 | int8 | int4 | auto (drafts: tune's plan)
     device: str = "CPU"  # any device OpenVINO lists in Core().available_devices
     kv_cache_precision: str = ""  # OpenVINO KV_CACHE_PRECISION; "" = f32 on CPU, else the plugin's default
     num_threads: int = 0  # INFERENCE_NUM_THREADS; 0 lets OpenVINO use every core
@@ -35,8 +37,8 @@ class ModelSettings:
     dynamic_quantization_group_size: int = -1
 
     def __post_init__(self):
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.precision not in PRECISIONS + (AUTO,):
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS + (AUTO,))}, got {self.precision!r}")
         if self.kv_cache_precision not in KV_CACHE_PRECISIONS:
             raise ValueError(
                 f"KV cache precision must be one of {', '.join(p or 'default' for p in KV_CACHE_PRECISIONS)}, "
@@ -58,10 +60,11 @@ class ModelSettings:
 
 
 # The embedded default pair: both ship on PyPI as GGUF parts (see specdemo/sources.py). INT8 for the
-# target because scoring K+1 tokens then costs about one single-token step on this CPU; INT4 for the
-# draft because its steps are what speculation must keep cheap.
+# target because scoring K+1 tokens then costs about one single-token step on this CPU; the draft's precision is
+# the draft plan's (`python -m specdemo tune` prices INT4 and INT8 where both are prepared), INT4 until there is one,
+# because its steps are what speculation must keep cheap.
 DEFAULT_TARGET = ModelSettings(source="qwen2.5-coder-1.5b", precision="int8")
-DEFAULT_DRAFT = ModelSettings(source="qwen2.5-coder-0.5b", precision="int4")
+DEFAULT_DRAFT = ModelSettings(source="qwen2.5-coder-0.5b", precision=AUTO)
 
 
 # Named configurations of the pair. "faithful" (the default) runs the target's INT8 re-encoding of the shipped GGUF,
@@ -125,6 +128,11 @@ class RunSettings:
     target: ModelSettings = DEFAULT_TARGET
     draft: ModelSettings = DEFAULT_DRAFT
     generation: GenerationSettings = field(default_factory=GenerationSettings)
+
+    def __post_init__(self):
+        if self.target.precision == AUTO:
+            raise ValueError("only the draft's precision can be auto (the draft plan's choice); "
+                             f"give the target one of {', '.join(PRECISIONS)}")
 
     @property
     def configuration(self) -> str:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Callable
 
 from specdemo import compat
-from specdemo.settings import ModelSettings
+from specdemo.settings import PRECISIONS, ModelSettings
 
 CACHE_VERSION = "v2"  # bump when the conversion changes, so old caches are not reused
 COMPLETE_MARKER = "specdemo.json"  # written last: a folder without it is not a finished conversion
@@ -90,6 +90,8 @@ def is_ir_folder(path: Path) -> bool:
 
 def cached_folder(settings: ModelSettings) -> Path:
     """Where the converted IR for this source and precision lives (whether or not it exists yet)."""
+    if settings.precision not in PRECISIONS:  # "auto" names no weights: tune.resolve_precision says which it runs
+        raise ValueError(f"{settings.source}: precision {settings.precision!r} must be resolved before its folder is known")
     source = settings.source
     if source in PRESETS:
         name = source

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from specdemo import machine, sources
-from specdemo.settings import ModelSettings
+from specdemo.settings import AUTO, DRAFT_PRECISION, ModelSettings
 
 TUNE_VERSION = 1
 GROUP_SIZES = (0, 32, 64, 128, 256)  # 0: dynamic quantization off
@@ -115,16 +115,49 @@ def model_key(settings: ModelSettings) -> str:
 
 
 def draft_key(settings: ModelSettings) -> str:
-    return f"{settings.source}/{settings.precision}/{settings.device}"
+    # One draft plan per draft model and device: its options span the precisions and head sizes it priced.
+    return f"{settings.source}/{settings.device}"
 
 
-def chosen_head(settings: ModelSettings, path: Path | None = None) -> int:
-    """The LM-head size the draft plan chose for this draft on this machine (0: the full head, or no plan yet)."""
-    entry = _entry("drafts", draft_key(settings), path)
+def searched(draft: ModelSettings) -> ModelSettings:
+    """The draft whose compile settings tune searches: an auto precision searches DRAFT_PRECISION (the draft plan then
+    prices the other precisions under the same setting)."""
+    return replace(draft, precision=DRAFT_PRECISION) if draft.precision == AUTO else draft
+
+
+def planned_options(settings: ModelSettings, path: Path | None = None) -> list:
+    """The draft plan's priced options for this draft model on this machine (none: no plan yet, or not on the CPU)."""
+    from specdemo.draft_choice import from_dict
+
+    entry = _entry("drafts", draft_key(settings), path) if settings.device.upper().startswith("CPU") else None
     try:
-        return int(entry["head_tokens"]) if entry else 0
+        return [from_dict(o) for o in entry["options"]] if entry else []
     except (KeyError, TypeError, ValueError):
-        return 0
+        return []
+
+
+def resolve_precision(settings: ModelSettings, path: Path | None = None) -> ModelSettings:
+    """`settings` with an auto precision replaced by the draft plan's choice where its IR is prepared, else by
+    DRAFT_PRECISION; an explicit precision is kept."""
+    return resolve_draft(settings, path, heads=False)
+
+
+def resolve_draft(settings: ModelSettings, path: Path | None = None, heads: bool = True) -> ModelSettings:
+    """The draft plan's choice where `settings` leave it open: an auto precision, among the prepared precisions, and
+    a head size of -1 (draft_choice.choose); without a plan, DRAFT_PRECISION and the full head."""
+    from specdemo.draft_choice import choose
+
+    options = planned_options(settings, path) if settings.precision == AUTO or settings.head_tokens == -1 else []
+    choice = None
+    if settings.precision == AUTO:
+        ready = [o for o in options if sources.is_prepared(replace(settings, precision=o.precision))]
+        choice = choose(ready, AUTO, settings.head_tokens)
+        settings = replace(settings, precision=choice.precision if choice else DRAFT_PRECISION)
+    if heads and settings.head_tokens == -1:
+        if choice is None or choice.precision != settings.precision:
+            choice = choose(options, settings.precision)
+        settings = replace(settings, head_tokens=choice.head_tokens if choice else 0)
+    return settings
 
 
 def chosen(settings: ModelSettings, path: Path | None = None) -> Setting | None:
@@ -159,11 +192,11 @@ def _entry(section: str, key: str, path: Path | None) -> dict | None:
 
 
 def apply(settings: ModelSettings, path: Path | None = None) -> ModelSettings:
-    """`settings` with tune's choice for this machine where they leave the choice open (the defaults: no precision
-    hint, no KV precision, the plugin's group size, every core, the head size left at -1). Explicit settings win."""
+    """`settings` with tune's choice for this machine where they leave the choice open (the defaults: an auto draft
+    precision, no precision hint, no KV precision, the plugin's group size, every core, the head size left at -1).
+    Explicit settings win."""
     cpu = settings.device.upper().startswith("CPU")
-    if settings.head_tokens == -1:
-        settings = replace(settings, head_tokens=chosen_head(settings, path) if cpu else 0)
+    settings = resolve_draft(settings, path)
     setting = chosen(settings, path) if cpu else None
     if setting is None:
         return settings
@@ -177,22 +210,28 @@ def apply(settings: ModelSettings, path: Path | None = None) -> ModelSettings:
 
 
 def save(trials: list[Trial], settings: dict[str, ModelSettings], path: Path, drafts: list | None = None) -> None:
-    """Keep the chosen setting of each model and the draft plan's head size (and every trial and draft option, for the
-    record)."""
+    """Keep the chosen setting of each model and the draft plan (and every trial, for the record). The draft's other
+    precisions the plan priced get the draft's setting too (they were measured under it), unless tuned on their own."""
     data = json.loads(path.read_text()) if path.is_file() else {}
     models = data.get("models", {})
+    settings = {role: searched(model) for role, model in settings.items()}  # an auto draft was searched as int4
+    now = time.strftime("%Y-%m-%dT%H:%M:%S")
+    for trial in trials:
+        if trial.chosen:
+            models[model_key(settings[trial.role])] = {"setting": asdict(trial.setting), "seconds": trial.seconds,
+                                                       "relative": trial.relative, "tuned_at": now}
     if drafts:
         from specdemo.draft_choice import to_dict
 
         best = next(o for o in drafts if o.chosen)
         data.setdefault("drafts", {})[draft_key(settings["draft"])] = {
-            "head_tokens": best.head_tokens, "options": [to_dict(o) for o in drafts],
-            "planned_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    for trial in trials:
-        if trial.chosen:
-            models[model_key(settings[trial.role])] = {"setting": asdict(trial.setting), "seconds": trial.seconds,
-                                                       "relative": trial.relative,
-                                                       "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            "precision": best.precision, "head_tokens": best.head_tokens, "options": [to_dict(o) for o in drafts],
+            "planned_at": now}
+        measured_under = models.get(model_key(settings["draft"]))
+        for option in drafts:
+            key = model_key(replace(settings["draft"], precision=option.precision))
+            if measured_under and models.get(key, {"from": "the draft plan"}).get("from") == "the draft plan":
+                models[key] = {**measured_under, "relative": float("nan"), "from": "the draft plan"}
     data.update(version=TUNE_VERSION, cpu=machine.cpu_name(), models=models,
                 trials=[{**asdict(t), "setting": asdict(t.setting)} for t in trials])
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -382,7 +421,7 @@ def tune(target: ModelSettings, draft: ModelSettings, log=print) -> tuple[list[T
     flags, cores = machine.cpu_features() + _extra_flags(), machine.usable_cores()
     tokenizer = AutoTokenizer.from_pretrained(sources.prepare(target))
     trials = []
-    for role, base, partner in (("target", target, draft), ("draft", draft, target)):
+    for role, base, partner in (("target", target, searched(draft)), ("draft", searched(draft), target)):
         log(f"{role}: the reference (f32, no dynamic quantization), for fidelity")
         reference = compile_model(REFERENCE.apply(base))
         probes = probes_of(reference, tokenizer, examples)
@@ -411,7 +450,7 @@ def plan_draft(trials: list[Trial], target, draft: ModelSettings, tokenizer, exa
         lambda models, other: race(models, other, sample_draft), log)
     log("  the target's cost curve, for pricing")
     curve = costs.measure(target, incumbent, K_MAX + 1)
-    best = draft_choice.price(options, curve)
+    best = draft_choice.price(options, curve, draft.precision)
     log(f"  draft plan: {best.describe()} (predicted {best.predicted_speedup:.2f}× at K = {best.k})")
     return options
 

@@ -5,6 +5,7 @@ child processes (tests/test_tune.py covers the tuner, tests/test_conversion_inte
 
 import json
 import subprocess
+from dataclasses import replace
 import sys
 import time
 
@@ -12,7 +13,7 @@ import psutil
 import pytest
 
 from specdemo import sources, tune
-from specdemo.settings import CONFIGURATIONS, DEFAULT_TARGET, RunSettings
+from specdemo.settings import CONFIGURATIONS, DEFAULT_DRAFT, DEFAULT_TARGET, RunSettings
 from specdemo.ui import handlers, tuning
 
 
@@ -50,21 +51,28 @@ def tuned_here() -> None:
 def prepared(*models) -> None:
     """Mark models as converted, as a finished conversion leaves them."""
     for model in models:
-        folder = sources.cached_folder(model)
+        folder = sources.cached_folder(tune.resolve_precision(model))
         folder.mkdir(parents=True, exist_ok=True)
         (folder / sources.COMPLETE_MARKER).write_text("")
 
 
-def test_a_new_machine_needs_the_tune_and_every_configurations_models(turned_on):
+def test_a_new_machine_needs_the_drafts_other_precision_then_the_tune_then_the_other_configurations_models(turned_on):
+    prepared(*CONFIGURATIONS["faithful"])  # the first start prepared the default pair before the page was ready
     steps = tuning.background_steps(RunSettings(), model_bytes=1)
-    assert [label for label, _ in steps] == [tuning.TUNING] + [f"preparing the {name} configuration's models"
-                                                               for name in CONFIGURATIONS]
-    assert steps[0][1][-3:] == ["-m", "specdemo", "tune"] and steps[-1][1][-2:] == ["--configuration", "fastest"]
+    assert [label for label, _ in steps] == ["preparing the draft at int8, for the draft plan", tuning.TUNING,
+                                             "preparing the fastest configuration's models"]
+    assert steps[0][1][-2:] == ["--draft-precision", "int8"]  # before the tune, whose draft plan then prices it
+    assert steps[1][1][-3:] == ["-m", "specdemo", "tune"] and steps[-1][1][-2:] == ["--configuration", "fastest"]
+
+
+def test_a_draft_with_its_own_precision_needs_no_other(turned_on):
+    settings = RunSettings(draft=replace(DEFAULT_DRAFT, precision="int4"))
+    assert [label for label, _ in tuning.background_steps(settings, 1)][0] == tuning.TUNING
 
 
 def test_a_machine_tuned_and_prepared_needs_nothing_and_starts_nothing(turned_on):
     tuned_here()
-    prepared(*CONFIGURATIONS["faithful"])
+    prepared(*CONFIGURATIONS["faithful"], replace(DEFAULT_DRAFT, precision="int8"))
     assert [label for label, _ in tuning.background_steps(RunSettings(), 1)] == ["preparing the fastest configuration's models"]
     prepared(*CONFIGURATIONS["fastest"])
     assert tuning.background_steps(RunSettings(), 1) == []

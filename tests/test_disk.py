@@ -1,7 +1,9 @@
 """`python -m specdemo clean`: what is on disk, and removing only what it lists."""
 
+from dataclasses import replace
+
 from specdemo import cli, disk, sources
-from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET
+from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET, DRAFT_PRECISION
 
 
 def _file(path, n_bytes):
@@ -12,7 +14,7 @@ def _file(path, n_bytes):
 def _home(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDEMO_HOME", str(tmp_path))
     _file(sources.cached_folder(DEFAULT_TARGET) / "openvino_model.bin", 300)
-    _file(sources.cached_folder(DEFAULT_DRAFT) / "openvino_model.bin", 100)
+    _file(sources.cached_folder(replace(DEFAULT_DRAFT, precision=DRAFT_PRECISION)) / "openvino_model.bin", 100)
     _file(tmp_path / "models" / sources.CACHE_VERSION / "qwen2.5-coder-0.5b-fp16" / "openvino_model.bin", 50)
     _file(tmp_path / "models" / "v1" / "qwen2.5-coder-1.5b-int8" / "openvino_model.bin", 40)
     _file(tmp_path / "models" / sources.CACHE_VERSION / ".qwen2.5-coder-1.5b-int8-abc" / "model.gguf", 30)

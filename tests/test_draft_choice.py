@@ -1,14 +1,15 @@
 """The draft plan: each candidate draft (LM-head size, weight precision) measured and priced on this machine's costs;
-a cheaper draft wins where its lost acceptance costs less than its saved steps, and only a head size is applied."""
+a cheaper draft wins where its lost acceptance costs less than its saved steps; another precision is chosen only for a
+draft whose precision is left to the plan (auto, the default draft's)."""
 
 import json
 from dataclasses import replace
 
 import pytest
 
-from specdemo import draft_choice, tune
+from specdemo import draft_choice, sources, tune
 from specdemo.draft_choice import DraftOption, candidates, price
-from specdemo.settings import DEFAULT_DRAFT, ModelSettings
+from specdemo.settings import AUTO, DEFAULT_DRAFT, DRAFT_PRECISION, ModelSettings
 from tests.fake_models import FakeModel
 from tests.test_planner import machine
 
@@ -41,16 +42,25 @@ def test_a_gain_within_the_margin_keeps_the_full_head():
     assert full.predicted_speedup < trimmed.predicted_speedup < 1.03 * full.predicted_speedup
 
 
-def test_another_precision_is_priced_but_never_chosen():
+def test_another_precision_is_chosen_only_where_the_precision_is_left_to_the_plan():
     full, int8 = option(0, 0.94, 0.050), option(0, 0.96, 0.030, precision="int8", applies=False)
-    assert price([full, int8], AVX2) is full
-    assert int8.predicted_speedup > full.predicted_speedup  # the table says what it would give
-    assert any("another precision" in line for line in draft_choice.table([full, int8]))
+    assert price([full, int8], AVX2, "int4") is full  # an explicit int4 draft keeps int4
+    assert int8.predicted_speedup > 1.03 * full.predicted_speedup  # the table says what it would give
+    assert any("--draft-precision auto" in line for line in draft_choice.table([full, int8]))
+    full.chosen = int8.chosen = False
+    assert price([full, int8], AVX2, AUTO) is int8
+
+
+def test_where_int8_steps_cost_more_than_its_acceptance_buys_int4_stays():
+    """The Zen 5 case (issue 18): the INT8 draft's step 1.5x the INT4's, acceptance a little higher."""
+    full, int8 = option(0, 0.92, 0.012), option(0, 0.94, 0.018, precision="int8")
+    assert price([full, int8], AMX, AUTO) is full
 
 
 def test_candidates_start_from_the_full_head_and_add_a_precision_only_when_prepared():
     heads = [s.head_tokens for s in candidates(DEFAULT_DRAFT, lambda s: False)]
     assert heads[0] == 0 and set(heads) == set(draft_choice.HEADS)
+    assert {s.precision for s in candidates(DEFAULT_DRAFT, lambda s: False)} == {DRAFT_PRECISION}  # auto: int4 first
     with_int8 = candidates(DEFAULT_DRAFT, lambda s: s.precision == "int8")
     assert [(s.precision, s.head_tokens) for s in with_int8][-1] == ("int8", 0)
 
@@ -76,24 +86,60 @@ def test_acceptance_is_measured_exactly_against_the_target_on_the_examples():
     assert all(o.acceptance_rate() < 0.5 for o in others)
 
 
-def test_tune_applies_the_planned_head_only_where_it_is_left_open(tmp_path):
+def planned(path, *options: DraftOption) -> None:
+    """A tune file with a draft plan over `options` for the default draft, as tune leaves it."""
+    price(list(options), AVX2, AUTO)
+    tune.save([tune.Trial("draft", tune.DEFAULT, chosen=True)], {"target": DEFAULT_DRAFT, "draft": DEFAULT_DRAFT},
+              path, list(options))
+
+
+def prepare_stand_in(settings: ModelSettings) -> None:
+    folder = sources.cached_folder(settings)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / sources.COMPLETE_MARKER).write_text("")
+
+
+def test_tune_applies_the_planned_head_only_where_it_is_left_open(home, tmp_path):
     path = tmp_path / "tune.json"
-    path.write_text(json.dumps({"drafts": {tune.draft_key(DEFAULT_DRAFT): {"head_tokens": 16_000}}}))
+    planned(path, option(0, 0.94, 0.050), option(16_000, 0.90, 0.0375))
     assert DEFAULT_DRAFT.head_tokens == -1
     assert tune.apply(DEFAULT_DRAFT, path).head_tokens == 16_000
     assert tune.apply(replace(DEFAULT_DRAFT, head_tokens=0), path).head_tokens == 0  # explicit wins
-    assert tune.apply(replace(DEFAULT_DRAFT, precision="int8"), path).head_tokens == 0  # planned for another draft
+    assert tune.apply(replace(DEFAULT_DRAFT, precision="int8"), path).head_tokens == 0  # no int8 option priced
     assert tune.apply(replace(DEFAULT_DRAFT, device="GPU"), path).head_tokens == 0  # planned on the CPU only
     assert tune.apply(DEFAULT_DRAFT, tmp_path / "none.json").head_tokens == 0  # no plan yet: the full head
+    assert tune.apply(DEFAULT_DRAFT, tmp_path / "none.json").precision == DRAFT_PRECISION
+
+
+def test_the_planned_precision_runs_where_left_open_and_its_weights_are_prepared(home, tmp_path):
+    path = tmp_path / "tune.json"
+    planned(path, option(0, 0.94, 0.050), option(16_000, 0.90, 0.0375), option(0, 0.97, 0.030, precision="int8"))
+    int8 = replace(DEFAULT_DRAFT, precision="int8")
+    assert tune.apply(DEFAULT_DRAFT, path).precision == "int4"  # int8 chosen, but not prepared here
+    assert tune.apply(DEFAULT_DRAFT, path).head_tokens == 16_000  # int4's own best head
+    prepare_stand_in(int8)
+    chosen = tune.apply(DEFAULT_DRAFT, path)
+    assert (chosen.precision, chosen.head_tokens) == ("int8", 0)
+    assert tune.apply(replace(DEFAULT_DRAFT, precision="int4"), path).precision == "int4"  # explicit wins
+    assert tune.resolve_precision(DEFAULT_DRAFT, path) == replace(DEFAULT_DRAFT, precision="int8")
+    # int8 compiles with the draft's tuned setting, under which the plan measured it
+    assert tune.chosen(int8, path) == tune.DEFAULT
+
+
+def test_an_auto_precision_names_no_folder_until_resolved():
+    with pytest.raises(ValueError, match="resolved"):
+        sources.cached_folder(DEFAULT_DRAFT)
+    with pytest.raises(ValueError, match="only the draft"):
+        from specdemo.settings import RunSettings
+
+        RunSettings(target=replace(DEFAULT_DRAFT, source="qwen2.5-coder-1.5b"))
 
 
 def test_the_plan_is_kept_beside_the_compile_settings(tmp_path):
     path = tmp_path / "tune.json"
     full, trimmed = option(0, 0.94, 0.050), option(16_000, 0.90, 0.0375)
-    price([full, trimmed], AVX2)
-    trial = tune.Trial("draft", tune.DEFAULT, chosen=True)
-    tune.save([trial], {"target": DEFAULT_DRAFT, "draft": DEFAULT_DRAFT}, path, [full, trimmed])
-    assert tune.chosen_head(DEFAULT_DRAFT, path) == 16_000
-    kept = json.loads(path.read_text())["drafts"][tune.draft_key(DEFAULT_DRAFT)]["options"]
-    assert [o["chosen"] for o in kept] == [False, True] and kept[1]["predicted_speedup"] == pytest.approx(
-        trimmed.predicted_speedup)
+    planned(path, full, trimmed)
+    entry = json.loads(path.read_text())["drafts"][tune.draft_key(DEFAULT_DRAFT)]
+    assert (entry["precision"], entry["head_tokens"]) == ("int4", 16_000)
+    assert [o["chosen"] for o in entry["options"]] == [False, True] and entry["options"][1]["predicted_speedup"] == \
+        pytest.approx(trimmed.predicted_speedup)

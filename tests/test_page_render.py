@@ -98,6 +98,9 @@ def test_model_panel_shows_sizes_precisions_devices_and_kv_cache():
     html = render.render_models(model, {**model, "precision": "int4"}, threads=1, kv_cache_bytes={"target": 2_800_000})
     for text in ("1.78 B", "INT8", "INT4", "1.66 GiB", "f16, 2.7 MiB", "f16, – until a run", "CPU", "32,768 tokens"):
         assert text in html
+    assert "draft plan" not in html
+    planned = render.render_models(model, {**model, "precision": "int8", "precision_from": "the draft plan"})
+    assert "INT8 (the draft plan&#x27;s choice)" in planned  # escaped, as every cell
 
 
 def test_results_say_how_genai_compares_and_whether_its_tokens_equal_ours():

@@ -12,7 +12,7 @@ import time
 from dataclasses import replace
 from typing import Callable
 
-from specdemo import genai, machine, sources
+from specdemo import genai, machine, sources, tune
 from specdemo.engine import Engine
 from specdemo.runtime import release_weight_pages
 from specdemo.settings import CONFIGURATIONS, GenerationSettings, RunSettings
@@ -88,7 +88,8 @@ def _load_genai(settings: RunSettings, prompt_lookup: bool):
     def load(report):
         report(None, "loading OpenVINO GenAI's pipeline on the same model folders")
         target = sources.prepare(settings.target, report)
-        draft = None if prompt_lookup else sources.prepare(settings.draft, report)
+        # The draft our lane runs: an auto precision is the draft plan's (GenAI keeps the full LM head).
+        draft = None if prompt_lookup else sources.prepare(tune.resolve_precision(settings.draft), report)
         properties = genai.compile_properties(settings.target)
         pipeline = genai.make_pipeline(target, settings.target.device, properties, draft, settings.draft.device, prompt_lookup,
                                        draft_properties=genai.compile_properties(settings.draft))

@@ -1,7 +1,8 @@
 """A new machine's background work: once the page is ready, the server runs what this machine still needs, each step a
-child process at the lowest CPU priority: `python -m specdemo tune` when there is no tune choice yet (and memory
-allows), then `python -m specdemo prepare` for each named configuration whose models are not converted yet (the
-"fastest" INT4 target). The page never waits for it. While a visitor's run holds the machine the work is stopped
+child process at the lowest CPU priority: `python -m specdemo prepare` for the draft's other weight precision (so the
+tune's draft plan can price it), `python -m specdemo tune` when there is no tune choice yet (and memory allows), then
+`python -m specdemo prepare` for each named configuration whose models are not converted yet (the "fastest" INT4
+target). The page never waits for it. While a visitor's run holds the machine the work is stopped
 (SIGSTOP to the step's process group, a conversion included), then continued: niced but running, the tune doubled a
 target step (92 ms against ~45 on a 2-core Zen 5), since the lanes share caches and memory bandwidth, not only cores.
 It ends with the server. What it chose or prepared applies from the next start; until then the model panel says so.
@@ -18,13 +19,14 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterator
 
 import psutil
 
 from specdemo import sources, tune
-from specdemo.settings import CONFIGURATIONS, RunSettings
+from specdemo.settings import AUTO, CONFIGURATIONS, RunSettings
 
 ROOT = Path(__file__).resolve().parents[2]  # where `-m specdemo` resolves, whatever the server's working folder
 TUNE_AT_START = "SPECDEMO_TUNE_AT_START"
@@ -154,10 +156,17 @@ def start_if_needed(settings: RunSettings = RunSettings(), model_bytes: int = 0,
 
 
 def background_steps(settings: RunSettings, model_bytes: int, log: Callable[[str], None] = print) -> list:
-    """What this machine still needs: the tune when there is no choice for the pair's target (and memory allows:
-    `model_bytes`, the target's weights on disk, as the tune holds one compile per candidate of a dimension at once),
-    and each named configuration's models that are not prepared yet."""
+    """What this machine still needs: the draft's other weight precisions, so that the tune's draft plan can price them
+    (a draft left to the plan, and only a 0.5B draft: ~1 min); the tune when there is no choice for the pair's target
+    (and memory allows: `model_bytes`, the target's weights on disk, as the tune holds one compile per candidate of a
+    dimension at once); and each named configuration's models that are not prepared yet."""
+    from specdemo.draft_choice import PRECISIONS as DRAFT_PRECISIONS
+
     steps = []
+    if settings.draft.precision == AUTO:
+        steps += [(f"preparing the draft at {p}, for the draft plan",
+                   [sys.executable, "-m", "specdemo", "prepare", "--draft-precision", p]) for p in DRAFT_PRECISIONS
+                  if not sources.is_prepared(replace(settings.draft, precision=p))]
     if tune.chosen(settings.target) is None:
         needed, available = memory_needed(model_bytes), psutil.virtual_memory().available
         if available >= needed:
@@ -167,7 +176,8 @@ def background_steps(settings: RunSettings, model_bytes: int, log: Callable[[str
                 f"and {available / 2**30:.1f} GiB are free; `python -m specdemo tune` does it when they are")
     steps += [(f"preparing the {name} configuration's models",
                [sys.executable, "-m", "specdemo", "prepare", "--configuration", name])
-              for name, models in CONFIGURATIONS.items() if not all(sources.is_prepared(m) for m in models)]
+              for name, models in CONFIGURATIONS.items()
+              if not all(sources.is_prepared(tune.resolve_precision(m)) for m in models)]
     return steps
 
 
