@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     tune = commands.add_parser("tune", help="choose the compile settings of both models for this machine, by measurement")
     _add_model_flags(tune)
+    tune.add_argument("--draft-plan", action="store_true", help="only the draft plan (~2 min), under the compile settings "
+                      "tune chose: after the draft's other precision was prepared")
 
     show = commands.add_parser("show", help="render saved runs again, several side by side (from generate --save or the page)")
     show.add_argument("files", nargs="+", help="JSON files of saved runs")
@@ -142,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "prepare":
             return _prepare(settings)
         if args.command == "tune":
-            return _tune(settings)
+            return _plan_draft(settings) if args.draft_plan else _tune(settings)
         if args.command == "generate":
             compat.keep_torch_out()  # generating needs no torch; conversion, if any, runs in a child process
             return _generate(args, settings)
@@ -254,14 +256,32 @@ def _tune(settings: RunSettings) -> int:
         print(f"{t.role:8}{t.setting.describe():44}{t.agreement:>12.1%}{time_:>10}{ratio:>12}{mark}")
     print("(time: in the race a setting last ran in; vs default: chained through the races, each against the setting"
           " kept so far)")
+    _print_draft_plan(drafts)
+    print(f"\nkept in {path}; every compile of these models on this machine uses it (ours, GenAI's lane, the bench).")
+    print(f"{engine.costs.sentence()} (the cost model, measured again under it)")
+    return 0
+
+
+def _plan_draft(settings: RunSettings) -> int:
+    """`tune --draft-plan`: the draft plan alone, kept beside the compile settings already chosen."""
+    from specdemo import tune
+
+    started = time.perf_counter()
+    drafts = tune.replan_draft(settings.target, settings.draft,
+                               lambda message: print(f"[{time.perf_counter() - started:5.0f} s] {message}", flush=True))
+    path = tune.path_for()
+    tune.save([], {"target": settings.target, "draft": settings.draft}, path, drafts)
+    _print_draft_plan(drafts)
+    print(f"\nkept in {path}; it applies to the draft from the next load")
+    return 0
+
+
+def _print_draft_plan(drafts: list) -> None:
     from specdemo.draft_choice import table
 
     print("\nthe draft plan (step: a draft step in a round; accepted: drafts equal to the target's greedy token on the "
           "built-in answers; predicted: speedup at the best K on this machine)")
     print("\n".join(table(drafts)))
-    print(f"\nkept in {path}; every compile of these models on this machine uses it (ours, GenAI's lane, the bench).")
-    print(f"{engine.costs.sentence()} (the cost model, measured again under it)")
-    return 0
 
 
 def _prepare(settings: RunSettings) -> int:

@@ -232,8 +232,9 @@ def save(trials: list[Trial], settings: dict[str, ModelSettings], path: Path, dr
             key = model_key(replace(settings["draft"], precision=option.precision))
             if measured_under and models.get(key, {"from": "the draft plan"}).get("from") == "the draft plan":
                 models[key] = {**measured_under, "relative": float("nan"), "from": "the draft plan"}
-    data.update(version=TUNE_VERSION, cpu=machine.cpu_name(), models=models,
-                trials=[{**asdict(t), "setting": asdict(t.setting)} for t in trials])
+    data.update(version=TUNE_VERSION, cpu=machine.cpu_name(), models=models)
+    if trials:  # a draft plan alone keeps the tune's record
+        data["trials"] = [{**asdict(t), "setting": asdict(t.setting)} for t in trials]
     path.parent.mkdir(parents=True, exist_ok=True)
     scratch = path.with_suffix(".tmp")
     scratch.write_text(json.dumps(data, indent=1))
@@ -432,18 +433,17 @@ def tune(target: ModelSettings, draft: ModelSettings, log=print) -> tuple[list[T
         other = compile_model(tune_choice(trials, "target", target) if role == "draft" else DEFAULT.apply(partner))
         trials += search(role, base, other, probes, log, flags, cores)
     # The draft's search ran against the tuned target: the draft plan measures against that compile too.
-    return trials, plan_draft(trials, other, draft, tokenizer, examples, log)
+    return trials, plan_draft(tune_choice(trials, "draft"), other, draft, tokenizer, examples, log)
 
 
-def plan_draft(trials: list[Trial], target, draft: ModelSettings, tokenizer, examples: list[dict], log) -> list:
-    """The draft plan under the chosen compile settings: each candidate draft measured against `target` (the tuned
+def plan_draft(setting: Setting, target, draft: ModelSettings, tokenizer, examples: list[dict], log) -> list:
+    """The draft plan under the draft's compile `setting`: each candidate draft measured against `target` (the tuned
     target's runtime) and priced by the planner on the target's cost curve, measured here (draft_choice)."""
     from specdemo import costs, draft_choice
     from specdemo.settings import K_MAX
 
     log("draft plan: each candidate draft's acceptance on the built-in answers and its step in a round, priced by the "
         "planner")
-    setting = tune_choice(trials, "draft")
     options, incumbent = draft_choice.measure(
         target, draft, examples, lambda example: encode(tokenizer, example), sources.is_prepared,
         lambda settings: compile_model(setting.apply(settings), tokenizer),
@@ -453,6 +453,31 @@ def plan_draft(trials: list[Trial], target, draft: ModelSettings, tokenizer, exa
     best = draft_choice.price(options, curve, draft.precision)
     log(f"  draft plan: {best.describe()} (predicted {best.predicted_speedup:.2f}× at K = {best.k})")
     return options
+
+
+def replan_draft(target: ModelSettings, draft: ModelSettings, log=print) -> list:
+    """The draft plan alone, under the compile settings tune already chose (`tune --draft-plan`, ~2 min): for a draft
+    whose other precision was prepared after the tune, or a tune file from before the plan covered precisions."""
+    from transformers import AutoTokenizer
+
+    from specdemo.engine import CALIBRATION
+
+    examples = json.loads(CALIBRATION.read_text(encoding="utf-8"))
+    tokenizer = AutoTokenizer.from_pretrained(sources.prepare(target))
+    tuned_target = compile_model(apply(target))
+    return plan_draft(chosen(searched(draft)) or DEFAULT, tuned_target, draft, tokenizer, examples, log)
+
+
+def needs_plan(draft: ModelSettings, path: Path | None = None) -> bool:
+    """Whether the draft plan is missing something a draft left to it could run: no plan yet, or a prepared precision
+    it did not price."""
+    from specdemo.draft_choice import PRECISIONS
+
+    if draft.precision != AUTO and draft.head_tokens != -1:
+        return False
+    priced = {o.precision for o in planned_options(draft, path)}
+    precisions = PRECISIONS if draft.precision == AUTO else (draft.precision,)
+    return not priced or any(p not in priced and sources.is_prepared(replace(draft, precision=p)) for p in precisions)
 
 
 def tune_choice(trials: list[Trial], role: str, base: ModelSettings | None = None):

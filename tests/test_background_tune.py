@@ -39,13 +39,18 @@ def finish(background: tuning.BackgroundWork) -> None:
     pytest.fail("the background work did not end")
 
 
-def tuned_here() -> None:
-    """A tune file with a choice for the default target, as `python -m specdemo tune` leaves it."""
+def tuned_here(*precisions: str) -> None:
+    """A tune file with a choice for the default target and, given `precisions`, a draft plan that priced them (a full
+    head each), as `python -m specdemo tune` leaves it."""
     path = tune.path_for()
     path.parent.mkdir(parents=True, exist_ok=True)
     setting = {"dynamic_quantization_group_size": 128, "inference_precision": "f32", "kv_cache_precision": "u8",
                "num_threads": 0}
-    path.write_text(json.dumps({"models": {tune.model_key(DEFAULT_TARGET): {"setting": setting, "relative": 0.8}}}))
+    data = {"models": {tune.model_key(DEFAULT_TARGET): {"setting": setting, "relative": 0.8}}}
+    if precisions:
+        options = [{"precision": p, "head_tokens": 0, "predicted_speedup": 1.5} for p in precisions]
+        data["drafts"] = {tune.draft_key(DEFAULT_DRAFT): {"options": options}}
+    path.write_text(json.dumps(data))
 
 
 def prepared(*models) -> None:
@@ -65,13 +70,23 @@ def test_a_new_machine_needs_the_drafts_other_precision_then_the_tune_then_the_o
     assert steps[1][1][-3:] == ["-m", "specdemo", "tune"] and steps[-1][1][-2:] == ["--configuration", "fastest"]
 
 
+def test_a_machine_tuned_before_its_draft_plan_covered_precisions_plans_the_draft_alone(turned_on):
+    tuned_here()  # compile settings chosen, no draft plan in the file
+    prepared(*CONFIGURATIONS["faithful"], *CONFIGURATIONS["fastest"])
+    steps = tuning.background_steps(RunSettings(), 1)
+    assert [label for label, _ in steps] == ["preparing the draft at int8, for the draft plan", tuning.PLANNING]
+    assert steps[1][1][-2:] == ["tune", "--draft-plan"]
+    prepared(replace(DEFAULT_DRAFT, precision="int8"))
+    assert [label for label, _ in tuning.background_steps(RunSettings(), 1)] == [tuning.PLANNING]  # still no plan
+
+
 def test_a_draft_with_its_own_precision_needs_no_other(turned_on):
     settings = RunSettings(draft=replace(DEFAULT_DRAFT, precision="int4"))
     assert [label for label, _ in tuning.background_steps(settings, 1)][0] == tuning.TUNING
 
 
 def test_a_machine_tuned_and_prepared_needs_nothing_and_starts_nothing(turned_on):
-    tuned_here()
+    tuned_here("int4", "int8")
     prepared(*CONFIGURATIONS["faithful"], replace(DEFAULT_DRAFT, precision="int8"))
     assert [label for label, _ in tuning.background_steps(RunSettings(), 1)] == ["preparing the fastest configuration's models"]
     prepared(*CONFIGURATIONS["fastest"])

@@ -143,3 +143,24 @@ def test_the_plan_is_kept_beside_the_compile_settings(tmp_path):
     assert (entry["precision"], entry["head_tokens"]) == ("int4", 16_000)
     assert [o["chosen"] for o in entry["options"]] == [False, True] and entry["options"][1]["predicted_speedup"] == \
         pytest.approx(trimmed.predicted_speedup)
+
+
+def test_a_plan_that_did_not_price_a_prepared_precision_is_made_again(home, tmp_path):
+    path = tmp_path / "tune.json"
+    assert tune.needs_plan(DEFAULT_DRAFT, path)  # no plan yet
+    planned(path, option(0, 0.94, 0.050), option(16_000, 0.90, 0.0375))
+    assert not tune.needs_plan(DEFAULT_DRAFT, path)  # int8 is not prepared: nothing more to price
+    prepare_stand_in(replace(DEFAULT_DRAFT, precision="int8"))
+    assert tune.needs_plan(DEFAULT_DRAFT, path)  # an auto draft could run int8 now
+    assert not tune.needs_plan(replace(DEFAULT_DRAFT, precision="int4"), path)  # its own precision was priced
+    assert not tune.needs_plan(replace(DEFAULT_DRAFT, precision="int4", head_tokens=0), path)  # nothing left open
+
+
+def test_a_draft_plan_alone_keeps_the_tunes_record(tmp_path):
+    path = tmp_path / "tune.json"
+    planned(path, option(0, 0.94, 0.050))
+    before = json.loads(path.read_text())["trials"]
+    again = option(0, 0.94, 0.050)
+    price([again], AVX2)
+    tune.save([], {"target": DEFAULT_DRAFT, "draft": DEFAULT_DRAFT}, path, [again])
+    assert json.loads(path.read_text())["trials"] == before and before

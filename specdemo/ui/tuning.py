@@ -1,8 +1,8 @@
 """A new machine's background work: once the page is ready, the server runs what this machine still needs, each step a
 child process at the lowest CPU priority: `python -m specdemo prepare` for the draft's other weight precision (so the
-tune's draft plan can price it), `python -m specdemo tune` when there is no tune choice yet (and memory allows), then
-`python -m specdemo prepare` for each named configuration whose models are not converted yet (the "fastest" INT4
-target). The page never waits for it. While a visitor's run holds the machine the work is stopped
+tune's draft plan can price it), `python -m specdemo tune` when there is no tune choice yet (and memory allows; on a
+machine tuned already, `tune --draft-plan` when the plan has not priced a draft it could run), then `python -m specdemo
+prepare` for each named configuration whose models are not converted yet (the "fastest" INT4 target). The page never waits for it. While a visitor's run holds the machine the work is stopped
 (SIGSTOP to the step's process group, a conversion included), then continued: niced but running, the tune doubled a
 target step (92 ms against ~45 on a 2-core Zen 5), since the lanes share caches and memory bandwidth, not only cores.
 It ends with the server. What it chose or prepared applies from the next start; until then the model panel says so.
@@ -31,6 +31,7 @@ from specdemo.settings import AUTO, CONFIGURATIONS, RunSettings
 ROOT = Path(__file__).resolve().parents[2]  # where `-m specdemo` resolves, whatever the server's working folder
 TUNE_AT_START = "SPECDEMO_TUNE_AT_START"
 TUNING = "tuning this machine"  # the step that chooses the compile settings
+PLANNING = "planning the draft"  # the draft plan alone, on a machine tuned before its draft's other precision was ready
 NICENESS = 19  # the lowest priority, for the moments between runs when the page itself has work
 _PR_SET_PDEATHSIG = 1
 
@@ -106,7 +107,7 @@ class BackgroundWork:
 
     @property
     def tunes(self) -> bool:
-        return any(label == TUNING for label, _ in self.steps)
+        return any(label in (TUNING, PLANNING) for label, _ in self.steps)
 
     def describe(self) -> str:
         """A few words for the model panel."""
@@ -174,6 +175,8 @@ def background_steps(settings: RunSettings, model_bytes: int, log: Callable[[str
         else:
             log(f"not tuning this machine in the background: it needs about {needed / 2**30:.0f} GiB of memory "
                 f"and {available / 2**30:.1f} GiB are free; `python -m specdemo tune` does it when they are")
+    elif steps or tune.needs_plan(settings.draft):  # tuned, but the plan has not priced every draft it could run
+        steps.append((PLANNING, [sys.executable, "-m", "specdemo", "tune", "--draft-plan"]))
     steps += [(f"preparing the {name} configuration's models",
                [sys.executable, "-m", "specdemo", "prepare", "--configuration", name])
               for name, models in CONFIGURATIONS.items()
