@@ -181,6 +181,19 @@ def gain(settings: ModelSettings, path: Path | None = None) -> str:
         else "tuned: the defaults were fastest"
 
 
+def record(draft: ModelSettings, path: Path | None = None) -> dict:
+    """What this machine's tune file holds, for a benchmark's record: every trial of the last tune (settings × times)
+    and the draft plan of `draft` (its options), or {} when the machine is not tuned."""
+    path = path or path_for()
+    try:
+        data = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or not data.get("trials"):
+        return {}
+    return {"file": path.name, "trials": data["trials"], "draft_plan": _entry("drafts", draft_key(draft), path)}
+
+
 def _entry(section: str, key: str, path: Path | None) -> dict | None:
     """One entry of this machine's tune file, or None (no file yet; a damaged file only loses the choice)."""
     path = path or path_for()

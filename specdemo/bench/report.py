@@ -27,6 +27,7 @@ def render(results: dict, plots: dict[str, str]) -> str:
     parts = [
         _header(results),
         _machine(results),
+        tables.tune_section(results.get("tune")),
         _costs(results, plots),
         _headlines(sections),
         _targets(results),
@@ -80,7 +81,9 @@ def _machine(results: dict) -> str:
     for role in ("target", "draft"):
         if role in models:
             d = models[role]
-            rows.append([role, f"{d['name']}, {d['precision']} weights ({size(d['size_on_disk_bytes'])}), KV cache {d['kv_cache_precision']}, {d['device']}"])
+            compiled = f", compiled: {d['compile_settings']}" if d.get("compile_settings") else ""
+            rows.append([role, f"{d['name']}, {d['precision']} weights ({size(d['size_on_disk_bytes'])}), KV cache "
+                               f"{d['kv_cache_precision']}, {d['device']}{compiled}"])
     return "## Machine and models\n\n" + table(["", ""], rows)
 
 

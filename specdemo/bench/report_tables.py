@@ -93,6 +93,44 @@ def _error(spread: dict | None) -> str:
     return f"{spread['median']:+.0%} ({spread['min']:+.0%} to {spread['max']:+.0%})"
 
 
+def tune_section(record: dict | None) -> str:
+    """The compile settings and the draft this run's models were loaded under, as `python -m specdemo tune` chose them:
+    every trial of the tune (settings × times) and the draft plan."""
+    from specdemo.tune import ROUND, Setting
+
+    if not record:
+        return ("## Tuned for this machine\n\nNot tuned: every model ran on the default compile settings "
+                "(`python -m specdemo tune` chooses them by measurement).") if record is not None else ""
+    rows = []
+    for t in record["trials"]:
+        faithful = t.get("faithful")
+        rows.append([t["role"], Setting(**t["setting"]).describe(), percent(t.get("agreement", math.nan)),
+                     ms_value(t["seconds"]) if faithful else "–",
+                     f"{t['relative']:.2f}×" if faithful and t.get("relative") == t.get("relative") else "–",
+                     "chosen" if t.get("chosen") else ("" if faithful else "not faithful")])
+    text = ("## Tuned for this machine\n\n"
+            f"Every lane of this run (ours and GenAI's) was compiled with the settings `python -m specdemo tune` chose on "
+            f"this machine (tune file `{record['file']}`). Each candidate: the share of the reference's (f32, no dynamic "
+            f"quantization) decided greedy choices it keeps, its time as the loop calls (target: a single step plus a "
+            f"{ROUND}-token verify call; draft: a draft step inside a round) in the race it last ran in, and against the "
+            "defaults, chained through the races.\n\n"
+            + table(["model", "setting", "greedy kept", "time", "vs default", ""], rows))
+    plan = record.get("draft_plan") or {}
+    if plan.get("options"):
+        def head(o: dict) -> str:
+            return "full head" if not o["head_tokens"] else f"head {o['head_tokens'] // 1000}k"
+
+        options = [[f"{o['precision']}, {head(o)}", f"{o.get('rows', 0):,}", ms_value(o.get("step_s", math.nan)),
+                    percent(o.get("acceptance", math.nan)), str(o.get("k", "–")), f"{o['predicted_speedup']:.2f}×",
+                    "chosen" if o.get("chosen") else ""] for o in plan["options"]]
+        text += ("\n\n**The draft plan** (planned " + str(plan.get("planned_at", "–")).replace("T", " ")
+                 + "): each candidate draft's step in a round, its acceptance on the built-in answers and the planner's "
+                 "predicted speedup at its best K on this machine; the chosen one runs where the draft is left to the "
+                 "plan.\n\n"
+                 + table(["draft", "head rows", "step", "accepted", "best K", "predicted", ""], options))
+    return text
+
+
 def k_section(k: dict | None, plots: dict) -> str:
     if not k:
         return ""
