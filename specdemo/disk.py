@@ -40,7 +40,7 @@ def inventory(home: Path | None = None) -> list[Item]:
     """Everything under SPECDEMO_HOME, each sorted into a kind."""
     home = home or sources.specdemo_home()
     items: list[Item] = []
-    defaults = {sources.cached_folder(DEFAULT_TARGET).name, sources.cached_folder(tune.resolve_precision(DEFAULT_DRAFT)).name}
+    defaults = {sources.cached_folder(model).name for model in (DEFAULT_TARGET, tune.resolve_precision(DEFAULT_DRAFT))}
     models = home / "models"
     for version in sorted(models.iterdir()) if models.is_dir() else []:
         if not version.is_dir():

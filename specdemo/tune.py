@@ -45,6 +45,7 @@ PER_SAMPLE, UNTIMED = 3, 1  # timed calls in one sample of a candidate, after an
 RACE_ROUNDS = 5  # samples of every candidate in one heat, taken in turns
 MAX_HEATS = 4  # heats run until two in a row agree on the fastest
 MARGIN = 0.03  # a candidate replaces the incumbent setting only if it is at least this much faster (noise is not a gain)
+FROM_PLAN = "the draft plan"  # marks a compile setting a precision got from the draft plan, not from its own search
 ROUND = 4  # the verify call's size (K = 3 drafts and the target's token) and the draft steps per round, minus one
 
 
@@ -185,23 +186,27 @@ def record(draft: ModelSettings, path: Path | None = None) -> dict:
     """What this machine's tune file holds, for a benchmark's record: every trial of the last tune (settings × times)
     and the draft plan of `draft` (its options), or {} when the machine is not tuned."""
     path = path or path_for()
-    try:
-        data = json.loads(path.read_text()) if path.is_file() else {}
-    except (OSError, ValueError):
+    data = _read(path)
+    if not data.get("trials"):
         return {}
-    if not isinstance(data, dict) or not data.get("trials"):
-        return {}
-    return {"file": path.name, "trials": data["trials"], "draft_plan": _entry("drafts", draft_key(draft), path)}
+    plan = data.get("drafts", {}).get(draft_key(draft)) if isinstance(data.get("drafts"), dict) else None
+    return {"file": path.name, "trials": data["trials"], "draft_plan": plan if isinstance(plan, dict) else None}
 
 
 def _entry(section: str, key: str, path: Path | None) -> dict | None:
     """One entry of this machine's tune file, or None (no file yet; a damaged file only loses the choice)."""
-    path = path or path_for()
-    try:
-        entry = json.loads(path.read_text()).get(section, {}).get(key) if path.is_file() else None
-    except (OSError, ValueError, AttributeError):
-        return None
+    entries = _read(path or path_for()).get(section)
+    entry = entries.get(key) if isinstance(entries, dict) else None
     return entry if isinstance(entry, dict) else None
+
+
+def _read(path: Path) -> dict:
+    """This machine's tune file, or {} (no file yet, or a damaged one)."""
+    try:
+        data = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def apply(settings: ModelSettings, path: Path | None = None) -> ModelSettings:
@@ -243,8 +248,9 @@ def save(trials: list[Trial], settings: dict[str, ModelSettings], path: Path, dr
         measured_under = models.get(model_key(settings["draft"]))
         for option in drafts:
             key = model_key(replace(settings["draft"], precision=option.precision))
-            if measured_under and models.get(key, {"from": "the draft plan"}).get("from") == "the draft plan":
-                models[key] = {**measured_under, "relative": float("nan"), "from": "the draft plan"}
+            own = models.get(key)  # a setting tuned for this precision itself stays
+            if measured_under and (own is None or own.get("from") == FROM_PLAN):
+                models[key] = {**measured_under, "relative": float("nan"), "from": FROM_PLAN}
     data.update(version=TUNE_VERSION, cpu=machine.cpu_name(), models=models)
     if trials:  # a draft plan alone keeps the tune's record
         data["trials"] = [{**asdict(t), "setting": asdict(t.setting)} for t in trials]

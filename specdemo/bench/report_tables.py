@@ -115,12 +115,11 @@ def tune_section(record: dict | None) -> str:
             f"{ROUND}-token verify call; draft: a draft step inside a round) in the race it last ran in, and against the "
             "defaults, chained through the races.\n\n"
             + table(["model", "setting", "greedy kept", "time", "vs default", ""], rows))
+    from specdemo.draft_choice import from_dict
+
     plan = record.get("draft_plan") or {}
     if plan.get("options"):
-        def head(o: dict) -> str:
-            return "full head" if not o["head_tokens"] else f"head {o['head_tokens'] // 1000}k"
-
-        options = [[f"{o['precision']}, {head(o)}", f"{o.get('rows', 0):,}", ms_value(o.get("step_s", math.nan)),
+        options = [[from_dict(o).describe(), f"{o.get('rows', 0):,}", ms_value(o.get("step_s", math.nan)),
                     percent(o.get("acceptance", math.nan)), str(o.get("k", "–")), f"{o['predicted_speedup']:.2f}×",
                     "chosen" if o.get("chosen") else ""] for o in plan["options"]]
         text += ("\n\n**The draft plan** (planned " + str(plan.get("planned_at", "–")).replace("T", " ")

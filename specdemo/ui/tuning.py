@@ -2,9 +2,10 @@
 child process at the lowest CPU priority: `python -m specdemo prepare` for the draft's other weight precision (so the
 tune's draft plan can price it), `python -m specdemo tune` when there is no tune choice yet (and memory allows; on a
 machine tuned already, `tune --draft-plan` when the plan has not priced a draft it could run), then `python -m specdemo
-prepare` for each named configuration whose models are not converted yet (the "fastest" INT4 target). The page never waits for it. While a visitor's run holds the machine the work is stopped
-(SIGSTOP to the step's process group, a conversion included), then continued: niced but running, the tune doubled a
-target step (92 ms against ~45 on a 2-core Zen 5), since the lanes share caches and memory bandwidth, not only cores.
+prepare` for each named configuration whose models are not converted yet (the "fastest" INT4 target). The page never
+waits for it. While a visitor's run holds the machine the work is stopped (SIGSTOP to the step's process group, a
+conversion included), then continued: niced but running, the tune doubled a target step (92 ms against ~45 on a 2-core
+Zen 5), since the lanes share caches and memory bandwidth, not only cores.
 It ends with the server. What it chose or prepared applies from the next start; until then the model panel says so.
 SPECDEMO_TUNE_AT_START=0 turns it off (the tests' and the benchmark's servers).
 """
