@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from specdemo import compat, runfile, sources
+from specdemo import compat, errors, runfile, sources
 from specdemo.events import ACCEPTED, BONUS, CORRECTED, Result, TokenEvent, drain
 from specdemo.metrics import measured_speedup
 from specdemo.planner import Plan
@@ -152,6 +152,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, sources.ModelSourceError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except RuntimeError as error:  # OpenVINO refused a compile or a call: one sentence, not its C++ source lines
+        if not (errors.is_openvino(error) or isinstance(error, errors.GenAIError)):
+            raise
+        print(f"error: {errors.describe(error)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

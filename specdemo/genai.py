@@ -18,7 +18,7 @@ from typing import Iterator
 
 import numpy as np
 
-from specdemo import compat, sources, tune
+from specdemo import compat, errors, sources, tune
 from specdemo import metrics
 from specdemo.events import TARGET, Detokenizer, TokenEvent
 from specdemo.metrics import Summary
@@ -29,9 +29,10 @@ _DONE = object()  # the generate thread's last word
 
 def make_pipeline(target: Path, device: str, properties: dict, draft: Path | None = None, draft_device: str = "",
                   prompt_lookup: bool = False, draft_properties: dict | None = None):
-    """An LLMPipeline on specdemo's IR folders. `properties` (and `draft_properties`, else the same) are OpenVINO
-    compile properties (ours, from compile_properties, so both sides run the same kernels, tuned ones included);
-    GenAI's continuous-batching backend (its default on CPU) schedules its own streams."""
+    """An LLMPipeline on specdemo's IR folders. `properties` (and `draft_properties`, else the same) are OpenVINO compile
+    properties (ours, from compile_properties, so both sides run the same kernels, tuned ones included);
+    GenAI's continuous-batching backend (its default on CPU) schedules its own streams. Raises errors.GenAIError, one
+    sentence, when OpenVINO refuses to compile it."""
     import openvino_genai as genai
 
     kwargs = dict(properties)
@@ -41,17 +42,47 @@ def make_pipeline(target: Path, device: str, properties: dict, draft: Path | Non
     scheduler.enable_prefix_caching = False
     scheduler.max_num_batched_tokens = 1 << 32
     kwargs["scheduler_config"] = scheduler
-    if draft is not None:
-        kwargs["draft_model"] = genai.draft_model(str(draft), draft_device or device, **(draft_properties or properties))
-    if prompt_lookup:
-        kwargs["prompt_lookup"] = True
-    return genai.LLMPipeline(str(target), device, **kwargs)
+    try:
+        if draft is not None:
+            kwargs["draft_model"] = genai.draft_model(str(draft), draft_device or device,
+                                                      **(draft_properties or properties))
+        if prompt_lookup:
+            kwargs["prompt_lookup"] = True
+        return genai.LLMPipeline(str(target), device, **kwargs)
+    except RuntimeError as error:
+        raise errors.GenAIError(errors.openvino_sentence(error, "compile OpenVINO GenAI's pipeline")) from error
+
+
+def fit(properties: dict) -> tuple[dict, str]:
+    """`properties` as GenAI's paged attention on CPU accepts them, and what changed, in words ("" if nothing).
+
+    Its CPU kernel keeps an f32 KV cache only beside f32 inference and a bf16 one only beside bf16 (found by compiling
+    every pair: tests/test_genai.py compiles each pair tune can choose on the machine); f16 and u8 caches go with
+    either. Where tune chose another pair for our lanes (bf16 inference with an f32 cache), GenAI gets the nearest pair
+    it takes: the same inference precision (the kernels' speed), the KV cache in that precision.
+    """
+    inference, kv = properties.get("INFERENCE_PRECISION_HINT", ""), properties.get("KV_CACHE_PRECISION", "")
+    if not inference or kv not in ("f32", "bf16") or kv == inference:
+        return properties, ""
+    return ({**properties, "KV_CACHE_PRECISION": inference},
+            f"KV cache {inference} instead of our {kv} (its paged attention takes an {kv} cache only with {kv} inference)")
 
 
 def compile_properties(settings: ModelSettings) -> dict:
     """Our compile properties for GenAI's pipeline too, so both sides run the same kernels (precision hint, KV cache
-    precision, dynamic quantization, as tuned for this machine); GenAI's continuous-batching backend schedules its own
-    streams, so only these pass."""
+    precision, dynamic quantization, as tuned for this machine), fitted to what GenAI accepts (`fit`); GenAI's
+    continuous-batching backend schedules its own streams, so only these pass."""
+    return fit(_our_properties(settings))[0]
+
+
+def fitted(target: ModelSettings, draft: ModelSettings | None = None) -> str:
+    """What GenAI's compile of these models runs differently from ours, in words ("" when nothing)."""
+    notes = [f"{role}: {note}" for role, model in (("target", target), ("draft", draft)) if model is not None
+             if (note := fit(_our_properties(model))[1])]
+    return "; ".join(notes)
+
+
+def _our_properties(settings: ModelSettings) -> dict:
     config = compat.compile_config(tune.apply(settings), sources.specdemo_home() / "ov_cache")
     kept = ("INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION", "DYNAMIC_QUANTIZATION_GROUP_SIZE", "CACHE_DIR")
     return {key: value for key, value in config.items() if key in kept}
@@ -79,8 +110,9 @@ def generation_config(settings: GenerationSettings, eos_ids: set[int], k: int | 
 
 
 def stream(pipeline, tokenizer, prompt_ids: list[int], settings: GenerationSettings, eos_ids: set[int], k: int | None,
-           cancel: threading.Event | None = None, drafter: str = "model") -> Iterator[TokenEvent | Summary]:
-    """Run GenAI on `prompt_ids` and yield a TokenEvent per token as its streamer receives them, then a Summary.
+           cancel: threading.Event | None = None, drafter: str = "model", compiled_as: str = "") -> Iterator[TokenEvent | Summary]:
+    """Run GenAI on `prompt_ids` and yield a TokenEvent per token as its streamer receives them, then a Summary
+    (`compiled_as`: how its compile differs from ours, `fitted`, carried into the Summary).
 
     generate() blocks, so it runs on its own thread; its streamer hands token ids over a queue.
     `cancel` stops it at its next streamer call.
@@ -115,6 +147,8 @@ def stream(pipeline, tokenizer, prompt_ids: list[int], settings: GenerationSetti
     while (item := inbox.get())[1] is not _DONE:
         at, payload = item
         if isinstance(payload, Exception):
+            if errors.is_openvino(payload):
+                raise errors.GenAIError(errors.openvino_sentence(payload, "run OpenVINO GenAI's pipeline")) from payload
             raise payload
         if isinstance(payload, list):
             step += 1
@@ -127,7 +161,9 @@ def stream(pipeline, tokenizer, prompt_ids: list[int], settings: GenerationSetti
     for token_id in ids[len(events):]:  # what the streamer was not given (a stop token)
         events.append(TokenEvent(token_id, detokenizer.add(token_id), TARGET, step, end - start))
         yield events[-1]
-    yield _summary(result, events, end - start, k, drafter, cancel.is_set())
+    summary = _summary(result, events, end - start, k, drafter, cancel.is_set())
+    summary.compiled_as = compiled_as
+    yield summary
 
 
 def _summary(result, events: list[TokenEvent], wall_s: float, k: int | None, drafter: str, cancelled: bool) -> Summary:

@@ -66,6 +66,7 @@ class Summary:
     stop_reason: str = ""  # "eos", "max_new_tokens" or "cancelled"
     drafter: str = ""  # speculative: the drafter the lane ran with
     kv_cache_bytes: dict[str, int] = field(default_factory=dict)  # per model, at the end
+    compiled_as: str = ""  # a peer's compile where it differs from ours, in words (GenAI's KV cache: genai.fit)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -28,6 +28,33 @@ ROOT = Path(__file__).resolve().parent.parent
 
 compat.hide_broken_torchvision()  # before anything here imports transformers or optimum
 
+
+def link_converted_models(source_home: Path, home: Path) -> None:
+    """Link `source_home`'s finished conversions of this cache version into `home` (read only: tests load them, never
+    write into them), so a home of the tests' own does not convert the real pair again."""
+    from specdemo import sources
+
+    source, target = source_home / "models" / sources.CACHE_VERSION, home / "models" / sources.CACHE_VERSION
+    for link in target.iterdir() if target.is_dir() else []:
+        if link.is_symlink() and not (link / sources.COMPLETE_MARKER).is_file():
+            link.unlink()  # its conversion was removed or redone since: convert here, or link the new one
+    if source.resolve() == target.resolve() or not source.is_dir():
+        return
+    target.mkdir(parents=True, exist_ok=True)
+    for folder in source.iterdir():
+        if (folder / sources.COMPLETE_MARKER).is_file() and not (target / folder.name).exists():
+            (target / folder.name).symlink_to(folder.resolve(), target_is_directory=True)
+
+
+# The tests' own SPECDEMO_HOME: what they write (conversions, compiled blobs, costs, a tune) never lands in the user's,
+# and what the user's machine has learnt (its tune above all: a bf16 choice changes every compile) never changes what
+# they run. It is kept between test runs (the real pair is converted once) and starts from the user's finished
+# conversions, linked. SPECDEMO_TEST_HOME moves it; subprocesses inherit it.
+USER_HOME = Path(os.environ.get("SPECDEMO_HOME") or Path.home() / ".cache" / "specdemo")
+TEST_HOME = Path(os.environ.get("SPECDEMO_TEST_HOME") or Path.home() / ".cache" / "specdemo-tests")
+link_converted_models(USER_HOME, TEST_HOME)
+os.environ["SPECDEMO_HOME"] = str(TEST_HOME)
+
 # Test runs (tiny random models, short answers, odd instructions, a loaded machine) must not teach the planner
 # or correct the cost model of the user's machine; subprocesses inherit this too.
 os.environ["SPECDEMO_LEARN"] = "0"

@@ -246,6 +246,17 @@ class Context:
         return peer_lane(lane, generate, eos_ids=self.engine.eos_ids, k=k, ngram=self.generation.lookup_ngram)
 
 
+def genai_compile(target, draft) -> dict:
+    """What GenAI's peers were compiled with, for the record: each model's properties (ours, fitted to what GenAI
+    accepts) and, in words, where they differ from ours."""
+    from specdemo import genai
+
+    properties, draft_properties = genai_properties(target, draft)
+    shown = lambda props: {key: value for key, value in props.items() if key != "CACHE_DIR"}  # noqa: E731
+    return {"target": shown(properties), "draft": shown(draft_properties),
+            "differs": genai.fitted(target.settings, draft.settings if draft is not None else None)}
+
+
 def genai_properties(target, draft, defaults: bool = False) -> tuple[dict, dict]:
     """(target's, draft's) compile properties for a GenAI peer: ours, each model its own tuned ones; {} for GenAI's
     defaults."""

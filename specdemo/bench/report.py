@@ -286,7 +286,7 @@ def _peers(paper: dict | None, hf: dict | None, plots: dict) -> str:
             f"OpenVINO GenAI `LLMPipeline` on our converted IR folders, fed the same prompt token ids "
             f"(chat template applied once, by us), greedy, N = {n}, {k_text(paper)}, its default continuous-batching "
             "backend with prefix caching off (it would skip the prefill of a prompt seen before), and our compile "
-            "properties (f32 inference precision, our KV cache precision).\n\n"
+            f"properties{_genai_compile(paper.get('genai_compile'))}.\n\n"
             + table(["lane", "wall time", "per token", "tokens", "draft acceptance rate", "same tokens as ours AR"], rows)
         )
         ratio_rows = [[name, times(spread, 3)] for name, spread in f["ratios"].items()]
@@ -302,6 +302,15 @@ def _peers(paper: dict | None, hf: dict | None, plots: dict) -> str:
     if hf:
         text += "\n\n" + _transformers(hf)
     return text + image(plots, "peers", "Milliseconds per new token, by lane")
+
+
+def _genai_compile(compile: dict | None) -> str:
+    """The properties GenAI's peers ran with, in words: ": target …; draft … (where they differ from ours)"."""
+    if not compile:
+        return ""
+    described = "; ".join(f"{role} {', '.join(f'{k.lower()} {v}' for k, v in props.items())}"
+                          for role, props in (("target", compile["target"]), ("draft", compile["draft"])) if props)
+    return f" ({described}){', except ' + compile['differs'] if compile.get('differs') else ''}"
 
 
 def _transformers(hf: dict) -> str:

@@ -22,7 +22,8 @@ A run record is {lane (label), the lane's fields, instruction, repeat, max_new_t
 same_as_reference, summary (our Summary, or a peer's {proposed, accepted})}.
 
 Every section has seconds and load_average_end, and:
-    paper         k, k_label, k_auto, adaptive, by_tokens {N: figures}, genai_defaults (figures + max_new_tokens)
+    paper         k, k_label, k_auto, adaptive, by_tokens {N: figures}, genai_defaults (figures + max_new_tokens),
+                  genai_compile (target / draft: GenAI's compile properties; differs: where they are not ours)
                   figures: lanes {label: fields + wall_s, per_token_s, tokens, same_as_reference},
                   speedup {label: spread}, ratios {key: ratio}, speculative (our speculative lane's pooled
                   figures, stats.speculative_figures), genai_acceptance {label: accepted / proposed},

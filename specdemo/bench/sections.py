@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from specdemo import sources
 from specdemo.bench import memory, stats, sweeps
-from specdemo.bench.harness import Context, Lane, Run, find, log_progress, measure, our_lane, peer_lane
+from specdemo.bench.harness import Context, Lane, Run, find, genai_compile, log_progress, measure, our_lane, peer_lane
 from specdemo.bench.settings import PAPER
 
 
@@ -27,7 +27,7 @@ def run_paper(ctx: Context) -> dict:
         runs = measure(lanes, instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log)
         by_n[str(n)] = paper_figures(lanes, runs, n)
     figures = {"k": k, "k_label": ctx.k_label(peers=True), "k_auto": generation.k_auto, "adaptive": generation.adaptive,
-               "by_tokens": by_n}
+               "by_tokens": by_n, "genai_compile": genai_compile(ctx.engine.target, ctx.engine.draft)}
     if ctx.bench.genai_defaults_instructions:
         n = max(ctx.bench.paper_tokens)
         del lanes, genai_ar  # let the pipelines above go before two more copies of the target load

@@ -110,7 +110,10 @@ def _run(values: PageValues, settings: GenerationSettings, session: str, cancel)
         check_prompt(engines[SPECULATIVE].prompt_ids(values.instruction, settings))  # the stricter context of the two
         jobs = _jobs(engines, values.instruction, settings)
         if values.genai:
-            jobs[GENAI] = yield from _genai_job(engines[SPECULATIVE], values, settings)
+            try:
+                jobs[GENAI] = yield from _genai_job(engines[SPECULATIVE], values, settings)
+            except RuntimeError as error:  # our lanes run all the same; GenAI's lane says why it could not
+                jobs[GENAI] = _failed(error)
     except (ValueError, sources.ModelSourceError, RuntimeError) as error:
         yield View(status=f"⚠️ {as_sentence(error)}")
         return
@@ -194,7 +197,18 @@ def _genai_job(engine: Engine, values: PageValues, settings: GenerationSettings)
                                                                               values.configuration),
                                                                  drafter == "prompt-lookup")})
     ids = engine.prompt_ids(values.instruction, settings)
-    return lambda cancel: genai.stream(pipeline[GENAI], engine.tokenizer, ids, settings, engine.eos_ids, k, cancel, drafter)
+    run_settings = device_settings(values.target_device, values.draft_device, values.configuration)
+    compiled_as = genai.fitted(run_settings.target, None if drafter == "prompt-lookup" else run_settings.draft)
+    return lambda cancel: genai.stream(pipeline[GENAI], engine.tokenizer, ids, settings, engine.eos_ids, k, cancel, drafter,
+                                       compiled_as)
+
+
+def _failed(error: Exception):
+    """A lane's job that fails at once with `error` (its lane shows the sentence)."""
+    def job(cancel):
+        raise error
+        yield  # a generator, like every lane's job
+    return job
 
 
 def live_view(lanes: dict[str, LaneRun], mode: str, plot: bool, whole: bool = False) -> View:

@@ -213,8 +213,9 @@ def render_genai_line(lane: LaneRun, spec: LaneRun, settings: GenerationSettings
         same = f"its tokens part from ours at token {_first_difference(ours, theirs) + 1} (a near-tie decided differently)"
     accepted = (f"accepted {g.accepted} of {g.proposed} drafts ({g.draft_acceptance_rate:.0%}); " if g.proposed else "")
     ratio = g.tokens_per_s / s.tokens_per_s if s.tokens_per_s else 0.0
-    return (f"<b>OpenVINO GenAI's speculative pipeline</b> ({escape(genai.describe(int(g.mean_k), g.drafter or 'model'))}; "
-            "run last, with the whole machine): "
+    compiled = f"; compiled as ours but {escape(g.compiled_as)}" if g.compiled_as else ""
+    return (f"<b>OpenVINO GenAI's speculative pipeline</b> ({escape(genai.describe(int(g.mean_k), g.drafter or 'model'))}"
+            f"{compiled}; run last, with the whole machine): "
             f"{g.tokens_per_s:.1f} tokens/s, {ratio:.2f}× our speculative lane; {accepted}{same}.")
 
 

@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from specdemo import errors
 from specdemo.settings import CONFIGURATIONS, K_MAX, MAX_PROMPT_TOKENS, GenerationSettings
 
 ONE_AFTER_ANOTHER, RACE = "one after another", "race"
@@ -117,7 +118,7 @@ def check_choices(mode, target_device: str, draft_device: str) -> None:
 
 def as_sentence(error: Exception) -> str:
     """Errors inside specdemo are lower-case clauses; the page shows them as sentences."""
-    text = str(error).strip() or type(error).__name__
+    text = errors.describe(error)
     return text[0].upper() + text[1:] + ("" if text.endswith((".", "!", "?")) else ".")
 
 

@@ -1,0 +1,88 @@
+"""A tuned machine keeps every feature working: under each compile setting tune can choose on this CPU (every pair of
+inference precision and KV cache precision), our lanes and OpenVINO GenAI's pipelines (with a draft model and with
+prompt lookup) compile and run on the real pair. Each case writes the tune file into a home of its own."""
+
+import pytest
+
+from conftest import TEST_HOME, link_converted_models
+from specdemo import errors, genai, machine, sources, tune
+from specdemo.engine import Engine
+from specdemo.events import drain
+from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET, GenerationSettings, RunSettings
+
+INFERENCE = [s.inference_precision for s in tune.candidates(tune.DEFAULT, "inference_precision",
+                                                            machine.cpu_features() + tune._extra_flags(), 2)]
+CHOICES = [(inference, kv) for inference in INFERENCE for kv in tune.KV_PRECISIONS]
+INSTRUCTION = "Write a Python function that reverses a string."
+
+
+def force_tune(home, inference: str, kv: str) -> None:
+    """A tune file in `home` that chose `inference` and `kv` for both models (the target at group 256, as the Zen 5's
+    tune did)."""
+    trials = [tune.Trial("target", tune.Setting(256, inference, kv), chosen=True),
+              tune.Trial("draft", tune.Setting(32, inference, kv), chosen=True)]
+    tune.save(trials, {"target": DEFAULT_TARGET, "draft": DEFAULT_DRAFT}, tune.path_for(home))
+
+
+@pytest.fixture
+def tuned(tmp_path, monkeypatch, request):
+    """A home holding the real pair (linked from the tests' home) and a tune file forcing `request.param`."""
+    inference, kv = request.param
+    home = tmp_path / "home"
+    sources.prepare(DEFAULT_TARGET), sources.prepare(tune.resolve_precision(DEFAULT_DRAFT))  # in the tests' home
+    link_converted_models(TEST_HOME, home)
+    monkeypatch.setenv("SPECDEMO_HOME", str(home))
+    force_tune(home, inference, kv)
+    assert tune.apply(DEFAULT_TARGET).kv_cache_precision == kv  # the file is what every compile reads
+    return inference, kv
+
+
+def test_genai_fits_an_f32_cache_beside_bf16_inference_to_a_bf16_cache():
+    properties = {"INFERENCE_PRECISION_HINT": "bf16", "KV_CACHE_PRECISION": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 256}
+    fitted, note = genai.fit(properties)
+    assert fitted == {**properties, "KV_CACHE_PRECISION": "bf16"}
+    assert note.startswith("KV cache bf16 instead of our f32")
+
+
+@pytest.mark.parametrize("inference, kv", [("f32", "f32"), ("f32", "u8"), ("f32", "f16"), ("bf16", "u8"),
+                                           ("bf16", "f16"), ("bf16", "bf16")])
+def test_genai_keeps_every_pair_its_paged_attention_takes(inference, kv):
+    properties = {"INFERENCE_PRECISION_HINT": inference, "KV_CACHE_PRECISION": kv}
+    assert genai.fit(properties) == (properties, "")
+
+
+def test_an_openvino_refusal_reads_as_one_sentence_with_what_to_try(tiny_target):
+    import openvino as ov
+
+    with pytest.raises(RuntimeError) as raised:
+        ov.Core().compile_model(tiny_target / "openvino_model.xml", "CPU", {"KV_CACHE_PRECISION": "u1"})
+    assert errors.is_openvino(raised.value)
+    sentence = errors.describe(raised.value, "compile the target")
+    assert "\n" not in sentence and "Exception from" not in sentence and ".cpp" not in sentence
+    assert sentence.startswith("OpenVINO could not compile the target (") and "--kv-cache-precision" in sentence
+
+
+@pytest.mark.real_models
+@pytest.mark.slow
+@pytest.mark.parametrize("tuned", CHOICES, ids=[f"{i}-kv-{k}" for i, k in CHOICES], indirect=True)
+def test_every_consumer_compiles_and_runs_under_the_tune_s_choice(tuned):
+    inference, kv = tuned
+    target = sources.prepare(DEFAULT_TARGET)
+    draft = sources.prepare(tune.resolve_precision(DEFAULT_DRAFT))
+    settings = GenerationSettings(max_new_tokens=6, k=3)
+    engine = Engine.load(RunSettings(generation=settings))
+    assert (engine.target.settings.inference_precision, engine.target.settings.kv_cache_precision) == (inference, kv)
+    ar, spec = (drain(run(INSTRUCTION, settings)) for run in (engine.autoregressive, engine.speculative))
+    assert len(ar.ids) == len(spec.ids) == 6
+    ids, tokenizer, eos_ids = engine.prompt_ids(INSTRUCTION, settings), engine.tokenizer, engine.eos_ids
+    del engine
+    for drafter, draft_folder in (("model", draft), ("prompt-lookup", None)):
+        pipeline = genai.make_pipeline(target, "CPU", genai.compile_properties(DEFAULT_TARGET), draft_folder,
+                                       prompt_lookup=draft_folder is None,
+                                       draft_properties=genai.compile_properties(DEFAULT_DRAFT))
+        result = drain(genai.stream(pipeline, tokenizer, ids, settings, eos_ids, 3, drafter=drafter,
+                                    compiled_as=genai.fitted(DEFAULT_TARGET, DEFAULT_DRAFT)))
+        assert result.summary.tokens == 6
+        assert bool(result.summary.compiled_as) == (inference != kv and kv in ("f32", "bf16"))
+        del pipeline
+
