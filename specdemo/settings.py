@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-PRECISIONS = ("fp16", "int8", "int4")
+PRECISIONS = ("fp16", "int8", "int4", "gguf")  # gguf: a GGUF source's own quantized blocks (specdemo/gguf_weights.py)
 AUTO = "auto"  # a draft's precision left to `python -m specdemo tune`'s draft plan for this machine (draft_choice.py)
 DRAFT_PRECISION = "int4"  # what an auto draft precision runs until there is a plan (or when its choice is not prepared)
 KV_CACHE_PRECISIONS = ("", "u8", "f16", "bf16", "f32")
@@ -24,7 +24,7 @@ class ModelSettings:
     """One model: where it comes from and how it is compiled."""
 
     source: str  # preset name ("qwen2.5-coder-1.5b"), HF model id, local folder or .gguf file
-    precision: str = "int8"  # weight compression applied at conversion: fp16 | int8 | int4 | auto (drafts: tune's plan)
+    precision: str = "int8"  # weights: fp16 | int8 | int4 (NNCF) | gguf (the file's own blocks) | auto (drafts: tune's plan)
     device: str = "CPU"  # any device OpenVINO lists in Core().available_devices
     kv_cache_precision: str = ""  # OpenVINO KV_CACHE_PRECISION; "" = f32 on CPU, else the plugin's default
     num_threads: int = 0  # INFERENCE_NUM_THREADS; 0 lets OpenVINO use every core

@@ -203,10 +203,17 @@ def convert(settings: ModelSettings, folder: Path, progress: Progress) -> None:
     scratch = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     try:
         hf_folder, gguf_file = _hf_input(settings.source, scratch, progress)
+        if settings.precision == "gguf" and gguf_file is None:
+            raise ModelSourceError(f"{settings.source}: precision gguf takes a GGUF file's own weights, and this source "
+                                   f"is not a GGUF file; choose {', '.join(p for p in PRECISIONS if p != 'gguf')}")
         export = scratch / "export"
         _export(settings.source, hf_folder, gguf_file, export, progress)
-        progress(0.8, f"{settings.source}: compressing the weights to {settings.precision} with NNCF")
-        _compress(export, settings.precision)
+        if settings.precision == "gguf":
+            progress(0.8, f"{settings.source}: taking the GGUF's own quantized blocks as the weights")
+            _import_gguf(export, Path(hf_folder) / gguf_file)
+        else:
+            progress(0.8, f"{settings.source}: compressing the weights to {settings.precision} with NNCF")
+            _compress(export, settings.precision)
         marker = {"source": settings.source, "precision": settings.precision, "cache_version": CACHE_VERSION}
         (export / COMPLETE_MARKER).write_text(json.dumps(marker, indent=2))
         if folder.exists():  # an earlier interrupted or outdated attempt: replace it
@@ -299,6 +306,27 @@ def gguf_to_hf_folder(folder: str, gguf_file: str, dest: str) -> None:
     del model
 
 
+def _import_gguf(folder: Path, gguf_path: Path) -> None:
+    """Replace the exported IR's weights with the GGUF's own blocks (specdemo/gguf_weights.py), in place."""
+    import openvino as ov
+
+    from specdemo import gguf_weights
+
+    xml = folder / "openvino_model.xml"
+    model = gguf_weights.import_blocks(ov.Core().read_model(xml), gguf_path)
+    _save_beside(model, folder)
+
+
+def _save_beside(model, folder: Path) -> None:
+    """Write `model` beside the folder's IR, then swap: the .bin being read must not be overwritten while mapped."""
+    import openvino as ov
+
+    ov.save_model(model, folder / "compressed.xml", compress_to_fp16=True)
+    del model
+    os.replace(folder / "compressed.xml", folder / "openvino_model.xml")
+    os.replace(folder / "compressed.bin", folder / "openvino_model.bin")
+
+
 def _compress(folder: Path, precision: str) -> None:
     """Compress the IR's weights in place: int8_asym per channel, or int4_asym in groups of 128.
 
@@ -325,11 +353,7 @@ def _compress(folder: Path, precision: str) -> None:
             all_layers=True,
             advanced_parameters=adjust,
         )
-    # Write beside, then swap: the .bin being read must not be overwritten while mapped.
-    ov.save_model(model, folder / "compressed.xml", compress_to_fp16=True)
-    del model
-    os.replace(folder / "compressed.xml", xml)
-    os.replace(folder / "compressed.bin", folder / "openvino_model.bin")
+    _save_beside(model, folder)
 
 
 def terminal_progress(source: str, stream=None) -> Progress:
