@@ -37,7 +37,9 @@ from specdemo import machine, sources
 from specdemo.settings import AUTO, DRAFT_PRECISION, ModelSettings
 
 TUNE_VERSION = 1
-GROUP_SIZES = (0, 32, 64, 128, 256)  # 0: dynamic quantization off
+# 0: dynamic quantization off. 16 divides the groups of 16 a GGUF's Q6_K blocks keep (precision gguf), 32 its Q4_K
+# ones; 64 and above divide only NNCF's groups of 128 and per-channel weights.
+GROUP_SIZES = (0, 16, 32, 64, 128, 256)
 KV_PRECISIONS = ("f32", "f16", "u8")
 FAITHFUL = 0.99  # share of the reference's decided (not near-tie) greedy choices a candidate must keep
 CONTEXT = 160  # tokens of context every timed call follows

@@ -41,6 +41,7 @@ def render(results: dict, plots: dict[str, str]) -> str:
         tables.memory_section(sections.get("memory")),
         tables.breakdown_section(sections.get("paper"), plots),
         tables.llamacpp_section(sections.get("llamacpp")),
+        tables.fidelity_section(sections.get("fidelity")),
         tables.watching_section(sections.get("watching")),
         tables.method_section(results),
     ]

@@ -29,7 +29,10 @@ Every section has seconds and load_average_end, and:
                   figures, stats.speculative_figures), genai_acceptance {label: accepted / proposed},
                   time_shares {label: {component: share}}, autoregressive_step_s, runs, paper (if N in PAPER)
     transformers  k, max_new_tokens, dtype, lanes, ratios, speedup {ours, transformers}, runs; or skipped
-    llamacpp      k, k_label, max_new_tokens, threads, version, system_info (llama.cpp's CPU features), lanes (+ tokens_per_s),
+    fidelity      examples, candidates [{precision, compile_settings, positions, top1_agreement, mean_abs_logit_error}];
+                  or skipped
+    llamacpp      k, k_label, max_new_tokens, threads, version, system_info (llama.cpp's CPU features), weights {role:
+                  precision}, text_agreement [{instruction, same_tokens, of}], lanes (+ tokens_per_s),
                   ratios (each llama.cpp lane over ours speculative, llama.cpp AR over ours AR: per-token time, which is
                   our tokens/s over theirs), speedup {label: spread}, acceptance {label: accepted / proposed}, runs;
                   or skipped (a sentence: llama_cpp not installed, or models that are no GGUF)

@@ -139,8 +139,22 @@ def run_llamacpp(ctx: Context) -> dict:
     n, instructions = ctx.sweep_tokens, ctx.code_instructions()
     ctx.log(f"llama.cpp {peer.version}: N={n}, K={k}, {peer.threads} threads, {len(instructions)} instructions")
     runs = measure(lanes, instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log)
+    weights = {"target": ctx.engine.target.settings.precision, "draft": ctx.engine.draft.settings.precision}
     return {"k": k, "k_label": ctx.k_label(), "max_new_tokens": n, "threads": peer.threads, "version": peer.version,
-            "system_info": peer.system_info, **llamacpp_figures(lanes, runs)}
+            "system_info": peer.system_info, "weights": weights, **llamacpp_figures(lanes, runs),
+            "text_agreement": text_agreement(runs, ours_ar, cpp_ar)}
+
+
+def text_agreement(runs: list[Run], ours: Lane, theirs: Lane) -> list[dict]:
+    """Per instruction (first pass), how far our greedy text follows llama.cpp's: the tokens both wrote before they
+    part, of how many (equal when they never part)."""
+    out = []
+    mine, peer = ({r.instruction: r for r in stats.lane_runs(runs, lane) if r.repeat == 0} for lane in (ours, theirs))
+    for i in sorted(mine.keys() & peer.keys()):
+        a, b = mine[i].ids, peer[i].ids
+        common = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        out.append({"instruction": i, "same_tokens": common, "of": min(len(a), len(b))})
+    return out
 
 
 def llamacpp_figures(lanes: list[Lane], runs: list[Run]) -> dict:
@@ -166,6 +180,36 @@ def llamacpp_figures(lanes: list[Lane], runs: list[Run]) -> dict:
     return figures
 
 
+def run_fidelity(ctx: Context) -> dict:
+    """Each target precision, under the compile settings it runs with here, against the GGUF it came from
+    (specdemo/fidelity.py): top-1 agreement and mean |logit error| on the built-in answers."""
+    import json
+    from dataclasses import asdict, replace
+
+    from specdemo import fidelity, tune
+    from specdemo.bench import llamacpp
+    from specdemo.engine import CALIBRATION
+
+    if llamacpp.gguf_path(ctx.settings.target.source) is None:
+        return {"skipped": "fidelity: skipped (its reference is the target's GGUF: use a preset or a local .gguf file)"}
+    examples = [tune.encode(ctx.engine.tokenizer, e) for e in json.loads(CALIBRATION.read_text(encoding="utf-8"))]
+    ctx.log("fidelity: the reference (the GGUF's own blocks, f32, no dynamic quantization)")
+    reference = tune.compile_model(fidelity.reference_settings(ctx.settings.target))
+    candidates, rows = {}, []
+    for precision in dict.fromkeys((ctx.settings.target.precision, *ctx.bench.target_precisions)):
+        settings = tune.apply(replace(ctx.settings.target, precision=precision))
+        ctx.log(f"fidelity: the target at {precision}")
+        candidates[precision] = (settings, tune.compile_model(settings))
+    measured = fidelity.compare(reference, {p: model for p, (_, model) in candidates.items()}, examples)
+    for precision, (settings, _) in candidates.items():
+        positions, agreement, error = measured[precision]
+        setting = tune.Setting(settings.dynamic_quantization_group_size, settings.inference_precision or "f32",
+                               settings.kv_cache_precision or "f32", settings.num_threads)
+        rows.append(asdict(fidelity.Fidelity(precision, setting.describe(), positions, agreement, error)))
+        ctx.log(f"fidelity: {precision}: {agreement:.1%} of the GGUF's greedy choices, mean |logit error| {error:.3f}")
+    return {"examples": len(examples), "candidates": rows}
+
+
 def run_watching(ctx: Context) -> dict:
     """What a browser watching the page costs the lanes: the same instruction by the CLI, the page's API and the page in
     Chromium on this machine, back to back (watching.py)."""
@@ -175,6 +219,7 @@ def run_watching(ctx: Context) -> dict:
 
 
 RUNNERS = {
+    "fidelity": run_fidelity,
     "paper": run_paper,
     "transformers": run_transformers,
     "llamacpp": run_llamacpp,

@@ -44,7 +44,8 @@ EDIT_INSTRUCTIONS = [
 # The paper's measurements: new tokens N -> (autoregressive s, speculative s), Dolly v2 12B target, 3B draft.
 PAPER = {40: (19.87, 13.61), 100: (44.25, 26.97)}
 
-SECTIONS = ("paper", "k", "vocab", "lookup", "transformers", "llamacpp", "precision", "kv", "memory", "watching")  # in the order they run
+SECTIONS = ("paper", "k", "vocab", "lookup", "transformers", "llamacpp", "fidelity", "precision", "kv", "memory",
+            "watching")  # in the order they run
 USES_GENAI = {"paper", "k", "lookup"}  # sections that load OpenVINO GenAI pipelines
 
 # The targets: what "as fast as the best" means here (judged in targets.py).
@@ -69,7 +70,7 @@ class BenchSettings:
     head_tokens: tuple[int, ...] = (8000, 16000, 32000, 64000, 0)  # draft LM head sizes of the vocab section (0 = full)
     genai_k_values: tuple[int, ...] = (2, 4, 6, 8)  # K at which GenAI's speculative pipeline joins the sweep
     genai_defaults_instructions: int = 3  # a pass with GenAI on its own compile defaults (0 = none)
-    target_precisions: tuple[str, ...] = ("int8", "int4")
+    target_precisions: tuple[str, ...] = ("int8", "gguf", "int4")
     draft_precisions: tuple[str, ...] = ("int4", "int8", "fp16")
     kv_cache_precisions: tuple[str, ...] = ("u8", "f16", "")  # "" = our default (f32 on CPU)
     transformers_instructions: int = 3  # transformers is slow on CPU: fewer instructions
@@ -107,7 +108,7 @@ QUICK = BenchSettings(
     transformers_tokens=16,
     lookup_instructions=1,
     # llama.cpp is an optional peer that loads two more copies of the target: the full run measures it.
-    sections=tuple(s for s in SECTIONS if s not in ("llamacpp", "precision", "kv", "memory", "watching")),
+    sections=tuple(s for s in SECTIONS if s not in ("llamacpp", "fidelity", "precision", "kv", "memory", "watching")),
 )
 
 

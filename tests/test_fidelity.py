@@ -1,0 +1,52 @@
+"""Fidelity to the GGUF (specdemo/fidelity.py) and our greedy text against llama.cpp's (bench/sections.py), on
+known logits and known texts."""
+
+import numpy as np
+
+from specdemo import fidelity
+from specdemo.bench.harness import Lane, Run
+from specdemo.bench.sections import text_agreement
+
+
+class Logits:
+    """A model whose teacher-forced logits are given: forward(answer[:-1]) returns `table[:len]`."""
+
+    def __init__(self, table: np.ndarray):
+        self.table = table
+
+    def reset(self):
+        pass
+
+    def forward(self, ids, logits_to_keep=1):
+        return self.table[:logits_to_keep]
+
+
+def test_agreement_and_logit_error_are_counted_over_every_answer_position():
+    reference = np.array([[0.0, 1.0, 0.0], [2.0, 0.0, 0.0], [0.0, 0.0, 3.0]])  # greedy: 1, 0, 2
+    flipped = reference.copy()
+    flipped[1] = [0.0, 2.5, 0.0]  # position 1 now chooses token 1: |error| (2 + 2.5 + 0) / 3 = 1.5
+    examples = [([7, 8], [1, 2, 3, 4])]  # 4 answer tokens: 3 positions scored
+    measured = fidelity.compare(Logits(reference), {"same": Logits(reference), "flipped": Logits(flipped)}, examples)
+    assert measured["same"] == (3, 1.0, 0.0)
+    positions, agreement, error = measured["flipped"]
+    assert positions == 3 and agreement == 2 / 3 and np.isclose(error, 1.5 / 3)
+
+
+def test_the_gguf_reference_is_the_file_s_own_blocks_in_f32_without_dynamic_quantization():
+    from specdemo.settings import DEFAULT_TARGET
+
+    reference = fidelity.reference_settings(DEFAULT_TARGET)
+    assert (reference.precision, reference.inference_precision, reference.kv_cache_precision,
+            reference.dynamic_quantization_group_size) == ("gguf", "f32", "f32", 0)
+
+
+def run(lane: Lane, instruction: int, ids: list[int]) -> Run:
+    return Run(lane, instruction, 0, 100, 1.0, len(ids), ids=ids)
+
+
+def test_text_agreement_counts_the_tokens_written_before_the_texts_part():
+    ours, theirs = Lane("ours", "specdemo", "autoregressive"), Lane("llama.cpp", "llamacpp", "autoregressive")
+    runs = [run(ours, 0, [1, 2, 3, 4]), run(theirs, 0, [1, 2, 9, 4]),
+            run(ours, 1, [5, 6, 7]), run(theirs, 1, [5, 6, 7, 8])]  # 1: equal until ours stopped
+    assert text_agreement(runs, ours, theirs) == [{"instruction": 0, "same_tokens": 2, "of": 4},
+                                                  {"instruction": 1, "same_tokens": 3, "of": 3}]
