@@ -7,7 +7,10 @@ creates no public link unless --share. The page itself lives in specdemo/ui/.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import socket
+import sys
 
 from specdemo import compat
 
@@ -26,8 +29,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    busy = port_in_use(args.host, args.port)
+    if busy:  # before the models load: say so now, not after minutes of conversion
+        print(f"error: {busy}; serve on another port with --port (e.g. python app.py --port {args.port + 1})",
+              file=sys.stderr)
+        return 1
     url = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::', '') else args.host}:{args.port}"
     # Convert (first start only), compile and measure the models while the page comes up; say when runs can start.
     # On a machine not tuned yet, tune it then, in the background (specdemo/ui/tuning.py).
@@ -42,6 +50,19 @@ def main(argv: list[str] | None = None) -> None:
 
     engines.prepare(on_ready=ready)
     page.launch(page.build(), args.host, args.port, args.share)
+    return 0
+
+
+def port_in_use(host: str, port: int) -> str:
+    """Why `port` cannot be served on `host` ("port 7860 on 127.0.0.1 is already in use"), or "" when it can."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: a closing socket is no user
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            reason = "is already in use" if error.errno == errno.EADDRINUSE else f"cannot be bound ({error.strerror})"
+            return f"port {port} on {host} {reason}"
+    return ""
 
 
 def say_background_done(background: tuning.BackgroundWork) -> None:
@@ -55,4 +76,4 @@ def say_background_done(background: tuning.BackgroundWork) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from specdemo import compat, errors, runfile, sources
 from specdemo.events import ACCEPTED, BONUS, CORRECTED, Result, TokenEvent, drain
-from specdemo.metrics import measured_speedup
+from specdemo.metrics import measured_speedup, parting
 from specdemo.planner import Plan
 from specdemo.settings import (AUTO, CONFIGURATIONS, DEFAULT_DRAFT, DEFAULT_TARGET, DRAFT_PRECISION, DRAFTERS,
                                MAX_PROMPT_TOKENS, PRECISIONS, GenerationSettings, ModelSettings, RunSettings)
@@ -328,7 +328,7 @@ def _generate(args: argparse.Namespace, settings: RunSettings) -> int:
     if args.json:
         print(json.dumps(run, ensure_ascii=False))
     else:
-        _print_summaries(lanes["autoregressive"], lanes["speculative"])
+        _print_summaries(lanes["autoregressive"], lanes["speculative"], settings.generation.greedy)
         _print_counterfactual(would, lanes["speculative"])
         _print_failures(run["failures"])
         if args.save:
@@ -395,7 +395,7 @@ def _render(event: TokenEvent, colour: bool) -> str:
     return f"{rejected}{start}{event.text}{_RESET if start else ''}"
 
 
-def _print_summaries(ar_result: Result, spec_result: Result) -> None:
+def _print_summaries(ar_result: Result, spec_result: Result, greedy: bool) -> None:
     ar, spec = ar_result.summary, spec_result.summary
     print("\n== summary ==")
     rows = [
@@ -416,8 +416,11 @@ def _print_summaries(ar_result: Result, spec_result: Result) -> None:
           f"{spec.draft_acceptance_rate:.0%}   mean K {spec.mean_k:.1f}   acceptance by position {by_position}")
     print(f"verify call {spec.verify_call_s * 1e3:.0f} ms   AR step {ar.target_step_s * 1e3:.0f} ms   "
           f"draft step {spec.draft_step_s * 1e3:.1f} ms   near-ties: {ar.near_ties} / {spec.near_ties}")
-    if ar_result.ids != spec_result.ids:
-        print("note: the two outputs differ (expected when sampling; with greedy decoding only at near-ties)")
+    if not greedy:
+        print("note: sampling, and the two samples happen to be equal" if ar_result.ids == spec_result.ids
+              else "note: sampling: the two outputs are different samples from the same distribution")
+    elif (parted := parting(ar_result.tokens, spec_result.tokens)) is not None:
+        print(f"note: {parted.sentence()}")
     print(f"legend: {_COLOURS[ACCEPTED]}accepted draft{_RESET}  {_COLOURS[CORRECTED]}corrected by target{_RESET}  "
           f"{_COLOURS[BONUS]}bonus{_RESET}  {_STRIKE}rejected draft{_RESET}" if sys.stdout.isatty() else "")
 

@@ -26,7 +26,7 @@ from specdemo.events import ACCEPTED, BONUS, CORRECTED, TARGET, Detokenizer, End
 from specdemo.planner import KPolicy, policy_for
 from specdemo.runtime import OVModel
 from specdemo.settings import GenerationSettings
-from specdemo.verification import process_logits, sample, top2_gap, verify_greedy, verify_sampled
+from specdemo.verification import process_logits, sample, shared_vocabulary, top2_gap, verify_greedy, verify_sampled
 
 Event = TokenEvent | Round | End
 
@@ -194,11 +194,12 @@ def _verify_round(target: OVModel, seq: list[int], proposal: Proposal, settings:
     if settings.greedy:
         n, token = verify_greedy(drafts, logits)
         return n, token, [{"margin": top2_gap(logits[i])} for i in range(n + 1)]
+    logits, q = shared_vocabulary(logits, proposal.q)
     p = process_logits(logits, settings)
-    n, token = verify_sampled(drafts, proposal.q, p, rng)
+    n, token = verify_sampled(drafts, q, p, rng)
     chosen = drafts[:n] + [token]
     extras = [{"p_target": float(p[i, x])} for i, x in enumerate(chosen)]
-    if proposal.q is not None:
+    if q is not None:
         for i, x in enumerate(drafts[:n]):
-            extras[i]["p_draft"] = float(proposal.q[i, x])
+            extras[i]["p_draft"] = float(q[i, x])
     return n, token, extras

@@ -389,3 +389,34 @@ def call_seconds(rounds: Sequence["Round"]) -> dict[str, dict]:
     return {"target": {n: statistics.median(s) for n, s in sorted(target.items())},
             "draft": {n: statistics.median(s) for n, s in sorted(draft.items())},
             "overhead": {kind: statistics.median(s) for kind, s in overhead.items()}}
+
+
+@dataclass
+class Parting:
+    """Where two greedy lanes' texts part, and the target's top-2 margin there in each lane."""
+
+    index: int  # the first differing token, from 0
+    tokens: list[str]  # the token each lane wrote there (autoregressive, then the other lane)
+    margin: list[float]  # logits: the target's top-2 gap at that token in each lane (nan where a lane did not record it)
+    verdict: str  # "near-tie": both within the NEAR_TIE_LOGIT_GAP single and batched calls differ by; else "defect"
+
+    def sentence(self, other: str = "speculative") -> str:
+        """The parting in words, with the measured margins and what they mean."""
+        where = (f"The texts part at token {self.index + 1} ({self.tokens[0]!r} autoregressive, {self.tokens[1]!r} "
+                 f"{other}): the target's top-2 margin there was {self.margin[0]:.2f} logits in the autoregressive lane "
+                 f"and {self.margin[1]:.2f} in the {other} one")
+        if self.verdict == "near-tie":
+            return (f"{where}, within the {NEAR_TIE_LOGIT_GAP} logits by which a single-token call and a batched call "
+                    "can differ: a near-tie, where either token is the model's choice.")
+        return (f"{where}, beyond the {NEAR_TIE_LOGIT_GAP} logits by which a single-token call and a batched call "
+                "can differ: not a near-tie but a defect; please report it with the run's JSON (--json).")
+
+
+def parting(first: Sequence["TokenEvent"], second: Sequence["TokenEvent"]) -> Parting | None:
+    """Where two lanes' greedy token streams part (None when one is a prefix of the other)."""
+    index = next((i for i, (a, b) in enumerate(zip(first, second)) if a.id != b.id), None)
+    if index is None:
+        return None
+    margins = [lane[index].margin if lane[index].margin is not None else float("nan") for lane in (first, second)]
+    near = all(m < NEAR_TIE_LOGIT_GAP for m in margins)  # nan (not recorded) is no evidence of a near-tie
+    return Parting(index, [first[index].text, second[index].text], margins, "near-tie" if near else "defect")

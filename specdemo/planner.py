@@ -29,6 +29,10 @@ from specdemo.settings import GenerationSettings
 
 MIN_GAIN = 1.03  # speculate only where the prediction beats the target alone by this much (noise margin)
 HOLD = 0.02  # auto K changes K only for a predicted gain of more than this: a new verify size makes its first calls slow
+# Plain steps auto K takes at K = 0, mid-run, between two probe rounds of one draft: without them no evidence could
+# arrive and a run that fell to K = 0 would never draft again. A probe costs about a draft step and a 2-token call
+# (~0.4-0.6 of a step), so one every 8 steps costs a run that stays at K = 0 some 5-8 %.
+PROBE_EVERY = 8
 PRIOR_WEIGHT = 20.0  # the prior counts as this many tested drafts at each position against the run's own evidence
 POOL_WEIGHT = 10.0  # a position's own evidence against the pooled rate of all positions, in tested drafts
 DEFAULT_ALPHA = {"model": 0.8, "prompt-lookup": 0.5, "hybrid": 0.8}  # before any evidence on this machine
@@ -276,7 +280,19 @@ class AutoK:
         if k and self.k and speedup <= (1 + HOLD) * predicted_speedup(self.costs, acceptance, self.k, self.plan.drafter):
             return self.k  # not worth a new verify size
         self.k = k
+        if k == 0 and _plain_steps_since_drafting(rounds) >= PROBE_EVERY:
+            return 1  # a probe: its outcome is the evidence that can bring K back
         return k
+
+
+def _plain_steps_since_drafting(rounds: list) -> int:
+    """Rounds at the end of `rounds` that drafted nothing (the prefill's step included)."""
+    count = 0
+    for r in reversed(rounds):
+        if r.drafted:
+            break
+        count += 1
+    return count
 
 
 def policy_for(settings: GenerationSettings, costs: CostModel | None = None, plan: Plan | None = None) -> KPolicy:

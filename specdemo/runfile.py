@@ -6,7 +6,8 @@ from two machines can be compared. Keys (SCHEMA 1):
 
     schema, instruction, configuration ("faithful", "fastest", "custom"), settings (RunSettings), machine (machine.describe), models (per role: the model panel's
     facts and `compile_properties`), autoregressive / speculative (token_ids, text, tokens, rounds, summary),
-    measured_speedup, warm_up_s, costs, plan, counterfactual (greedy only, else null), failures
+    measured_speedup, parting (greedy lanes that part: index, tokens, margin per lane in logits, verdict; else null),
+    warm_up_s, costs, plan, counterfactual (greedy only, else null), failures
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from specdemo import machine
 from specdemo.compat import compile_config
 from specdemo.engine import clean_instruction
 from specdemo.events import Result, TokenEvent
-from specdemo.metrics import measured_speedup, where_drafts_fail
+from specdemo.metrics import Parting, measured_speedup, parting, where_drafts_fail
 
 SCHEMA = 1
 
@@ -52,12 +53,19 @@ def run_dict(instruction: str, settings, engine, autoregressive: Result, specula
         "autoregressive": lane_dict(autoregressive),
         "speculative": lane_dict(speculative),
         "measured_speedup": measured_speedup(autoregressive.summary, speculative.summary),
+        # greedy lanes that part: where, the tokens, the target's margin there in each lane, the verdict
+        "parting": _parting(autoregressive, speculative, settings.generation.greedy),
         "warm_up_s": engine.warm_up_s,
         "costs": engine.costs.to_dict() if engine.costs is not None else None,
         "plan": asdict(speculative.plan) if speculative.plan is not None else None,
         "counterfactual": would.to_dict() if would is not None else None,
         "failures": [asdict(f) for f in where_drafts_fail(speculative.tokens, decode, special)],
     }
+
+
+def _parting(autoregressive: Result, speculative: Result, greedy: bool) -> dict | None:
+    parted = parting(autoregressive.tokens, speculative.tokens) if greedy else None
+    return asdict(parted) if parted is not None else None
 
 
 def save(run: dict, path: Path) -> None:
@@ -126,6 +134,8 @@ def compare(runs: list[dict], names: list[str]) -> str:
     lines += [f"{label:26}" + "".join(f"{cell[:width]:>{width + 2}}" for cell in cells) for label, cells in table]
     for name, run in zip(names, runs):
         lines.append(f"\n{name}: {run['instruction'][:200]!r}")
+        if run.get("parting"):
+            lines.append(f"  {Parting(**run['parting']).sentence()}")
         for failure in run.get("failures", [])[:4]:
             examples = ", ".join(f"{d!r} → {w!r}" for d, w in failure["examples"])
             lines.append(f"  drafts failed on {failure['kind']}: {failure['count']} (e.g. {examples})")

@@ -90,6 +90,21 @@ def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
     return int(min(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"), probs.size - 1))
 
 
+def shared_vocabulary(target_logits: np.ndarray, q: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Target logits (K+1, Vt) and draft distributions (K, Vd) over the vocabulary both models share.
+
+    A pair's LM heads can be padded to different widths beyond the tokenizer's vocabulary (Qwen2.5 7B: 152,064 rows,
+    0.5B: 151,936); the rows past the narrower one are tokens neither can be asked for. So the wider side is cropped:
+    the target's logits before they become p, or the draft's q, renormalized (its mass there is none in practice).
+    """
+    if q is None or q.shape[1] == target_logits.shape[1]:
+        return target_logits, q
+    width = min(q.shape[1], target_logits.shape[1])
+    if q.shape[1] > width:
+        q = q[:, :width] / q[:, :width].sum(axis=1, keepdims=True)
+    return target_logits[:, :width], q
+
+
 def verify_greedy(draft_tokens: list[int], target_logits: np.ndarray) -> tuple[int, int]:
     """Greedy rule: keep draft tokens while they equal the target's argmax.
 

@@ -135,3 +135,31 @@ def test_a_run_that_drafted_nothing_shows_one_alpha_and_no_numeric_noise():
     assert "α̂ = 0.00" not in html and "α̂ –" in html and ">–</div><div class=\"sd-label\">acceptance α̂" in html
     for page_part in (html, charts.acceptance_by_position([0.0] * 12), charts.would_have_given(None, 0.0, 0.0)):
         assert not re.search(r"\d\.\d{5,}", page_part)  # no "0.000000" anywhere
+
+
+def parted_lanes(ar_margin: float, spec_margin: float):
+    """Two greedy lanes that agree on ' def' and part at the second token (' imperative' vs ' a')."""
+    ar = lane_with([token(" def", TARGET, margin=3.0), token(" imperative", TARGET, margin=ar_margin)],
+                   mode="autoregressive", tokens_per_s=5.0, stop_reason="max_new_tokens")
+    spec = lane_with([token(" def", TARGET, margin=3.0), token(" a", CORRECTED, margin=spec_margin)],
+                     mode="speculative", tokens_per_s=9.0, stop_reason="max_new_tokens")
+    return {AUTOREGRESSIVE: ar, SPECULATIVE: spec}
+
+
+def test_lanes_that_part_at_a_near_tie_show_the_margins_measured_there():
+    results = render.render_results(parted_lanes(0.19, 0.07), ONE_AFTER_ANOTHER, GenerationSettings())
+    assert "part at token 2 (&#x27; imperative&#x27; autoregressive, &#x27; a&#x27; speculative)" in results
+    assert "0.19 logits in the autoregressive lane and 0.07 in the speculative one" in results and "a near-tie" in results
+    assert "same 2 tokens" not in results and "defect" not in results
+
+
+def test_lanes_that_part_where_the_margin_was_wide_are_called_a_defect():
+    results = render.render_results(parted_lanes(1.4, 0.9), ONE_AFTER_ANOTHER, GenerationSettings())
+    assert "1.40 logits" in results and "not a near-tie but a defect" in results and "a near-tie, where" not in results
+
+
+def test_sampled_lanes_that_happen_to_write_the_same_text_say_so():
+    lanes = {AUTOREGRESSIVE: lane_with([token("a", TARGET)], mode="autoregressive", tokens_per_s=5.0, stop_reason="eos"),
+             SPECULATIVE: lane_with([token("a", TARGET)], mode="speculative", tokens_per_s=9.0, stop_reason="eos")}
+    results = render.render_results(lanes, ONE_AFTER_ANOTHER, GenerationSettings(temperature=0.7))
+    assert "happen to be the same 1 tokens" in results and "so their texts differ" not in results

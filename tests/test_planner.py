@@ -13,6 +13,7 @@ from specdemo.metrics import alpha_hat, leviathan_speedup
 from specdemo.planner import (
     Acceptance,
     AcceptanceHistory,
+    PROBE_EVERY,
     AutoK,
     GrowShrinkK,
     best_k,
@@ -220,3 +221,31 @@ def test_auto_k_keeps_its_k_for_a_gain_within_the_hold_margin():
     assert best_k(MEMORY_BOUND, geometric(0.9), k_max=8)[0] == 5
     assert AutoK(MEMORY_BOUND, running_at_four, k_max=8).next_k([]) == 4
     assert AutoK(MEMORY_BOUND, replace(running_at_four, acceptance_prior=geometric(0.93)), k_max=8).next_k([]) == 7
+
+
+def test_auto_k_that_falls_to_zero_mid_run_probes_and_drafts_again_when_the_drafts_agree():
+    plan = make_plan(MEMORY_BOUND, "model", geometric(0.8), k_max=8, auto=True, k=4)
+    policy = AutoK(MEMORY_BOUND, plan, k_max=8)
+    rounds = rounds_of(*[(4, 0)] * 30)  # the drafts stop agreeing: no K pays
+    assert policy.next_k(rounds) == 0
+    ks = []
+    for _ in range(200):  # the target alone; every probe's one draft is accepted
+        k = policy.next_k(rounds)
+        ks.append(k)
+        rounds += rounds_of((k, k)) if k else rounds_of((0, 0))
+        if k > 1:
+            break
+    assert ks[:PROBE_EVERY + 2] == [0] * PROBE_EVERY + [1, 0]  # a probe after PROBE_EVERY plain steps
+    assert ks[-1] > 1  # the probes' evidence brought K back (30 rejections are a lot to outweigh: ~12 probes)
+
+
+def test_auto_k_at_zero_does_not_probe_while_the_drafts_keep_failing():
+    plan = make_plan(MEMORY_BOUND, "model", geometric(0.8), k_max=8, auto=True, k=4)
+    policy = AutoK(MEMORY_BOUND, plan, k_max=8)
+    rounds = rounds_of(*[(4, 0)] * 30)
+    ks = []
+    for _ in range(40):
+        k = policy.next_k(rounds)
+        ks.append(k)
+        rounds += rounds_of((k, 0)) if k else rounds_of((0, 0))
+    assert set(ks) == {0, 1} and ks.count(1) == 40 // (PROBE_EVERY + 1)  # probes only, and they change nothing

@@ -5,7 +5,8 @@ import pytest
 from scipy.stats import chisquare
 
 from specdemo.settings import GenerationSettings
-from specdemo.verification import process_logits, sample, top2_gap, verify_greedy, verify_sampled
+from specdemo.verification import (process_logits, sample, shared_vocabulary, top2_gap, verify_greedy,
+                                    verify_sampled)
 
 P = np.array([0.05, 0.40, 0.10, 0.25, 0.20])  # the target's distribution
 Q = np.array([0.30, 0.10, 0.35, 0.05, 0.20])  # a draft that disagrees with it a lot
@@ -142,3 +143,25 @@ def test_processing_only_the_candidates_gives_the_distribution_of_the_definition
     fast = process_logits(logits, settings)
     for row, expected in zip(fast, (reference_distribution(r, settings) for r in logits)):
         np.testing.assert_allclose(row, expected, rtol=1e-9, atol=1e-15)
+
+
+def test_a_target_with_a_wider_padded_head_samples_from_the_shared_vocabulary():
+    # Qwen2.5 7B's head has 152,064 rows, the 0.5B draft's 151,936: the rows past the draft's are padding.
+    settings = GenerationSettings(temperature=1.0)
+    padded = np.log(np.concatenate([P, [0.3, 0.3]]))  # two padding logits that would take mass if kept
+    logits, q = shared_vocabulary(np.tile(padded, (2, 1)), Q[None])
+    assert logits.shape == (2, P.size) and q.shape == (1, P.size)
+    p = process_logits(logits, settings)
+    rng = np.random.default_rng(7)
+    counts = np.bincount([_speculative_first_token(p[0], Q, rng) for _ in range(DRAWS)], minlength=P.size)
+    assert chisquare(counts, P / P.sum() * DRAWS).pvalue > 0.001
+
+
+def test_a_draft_with_a_wider_head_is_cropped_and_renormalized():
+    logits, q = shared_vocabulary(np.zeros((2, 5)), np.array([[0.2, 0.2, 0.2, 0.2, 0.1, 0.1]]))
+    assert logits.shape == (2, 5) and np.allclose(q, [[0.2, 0.2, 0.2, 0.2, 0.1]] / np.float64(0.9))
+
+
+def test_equal_widths_and_deterministic_drafts_pass_through():
+    logits = np.zeros((2, 5))
+    assert shared_vocabulary(logits, None)[0] is logits and shared_vocabulary(logits, Q[None])[1].shape == (1, 5)

@@ -8,7 +8,7 @@ import html
 import pandas as pd
 
 from specdemo.disk import size
-from specdemo import genai
+from specdemo import genai, metrics
 from specdemo.events import ACCEPTED, BONUS, CORRECTED, TokenEvent
 from specdemo.metrics import Summary, measured_speedup
 from specdemo.settings import GenerationSettings
@@ -143,7 +143,7 @@ def render_results(lanes: dict[str, LaneRun], mode: str, settings: GenerationSet
         escape(prediction),
         f"Speculative time: target {s.target_s:.2f} s (a verify call {s.verify_call_s * 1e3:.0f} ms, an autoregressive "
         f"step {a.target_step_s * 1e3:.0f} ms), drafting {s.draft_s:.2f} s, KV cache rollback {s.rollback_s:.3f} s.",
-        compare_outputs(ar.events, spec.events, settings, a, s),
+        compare_outputs(ar.events, spec.events, settings),
         escape(would_line(would, s)),
         render_genai_line(lanes[GENAI], spec, settings) if GENAI in lanes else "",
     ]
@@ -181,15 +181,21 @@ def _rates(rates: list[float]) -> str:
     return " ".join(shown) if shown else "–"
 
 
-def compare_outputs(ar: list[TokenEvent], spec: list[TokenEvent], settings: GenerationSettings, a: Summary, s: Summary) -> str:
+def compare_outputs(ar: list[TokenEvent], spec: list[TokenEvent], settings: GenerationSettings) -> str:
+    """Whether the lanes wrote the same text; where greedy lanes part, the margins measured there and their verdict."""
     ar_ids, spec_ids = [e.id for e in ar], [e.id for e in spec]
     if not settings.greedy:
+        if ar_ids == spec_ids:
+            return (f"Sampling, and the two lanes' samples happen to be the same {len(ar_ids)} tokens (each is a draw "
+                    "from the same distribution).")
         return "Sampling: the two lanes draw different samples from the same distribution, so their texts differ."
-    if ar_ids == spec_ids:
-        return f"Both lanes produced the same {len(ar_ids)} tokens: speculation changed the speed, not the text."
-    first = _first_difference(ar_ids, spec_ids)
-    return (f"The texts part at token {first + 1}: at a near-tie the batched and single-token kernels can order two "
-            f"almost equal logits differently (near-ties: {a.near_ties} autoregressive, {s.near_ties} speculative).")
+    parted = metrics.parting(ar, spec)
+    if parted is None:
+        if len(ar_ids) == len(spec_ids):
+            return f"Both lanes produced the same {len(ar_ids)} tokens: speculation changed the speed, not the text."
+        return (f"Both lanes wrote the same tokens as far as the shorter went ({min(len(ar_ids), len(spec_ids))} of "
+                f"{max(len(ar_ids), len(spec_ids))}).")
+    return escape(parted.sentence())
 
 
 def _first_difference(a: list[int], b: list[int]) -> int:
@@ -210,7 +216,8 @@ def render_genai_line(lane: LaneRun, spec: LaneRun, settings: GenerationSettings
     elif ours == theirs:
         same = f"its {len(theirs)} tokens equal our speculative lane's, token for token"
     else:
-        same = f"its tokens part from ours at token {_first_difference(ours, theirs) + 1} (a near-tie decided differently)"
+        same = (f"its tokens part from ours at token {_first_difference(ours, theirs) + 1} (GenAI reports no logits, so "
+                "the margin there is not known)")
     accepted = (f"accepted {g.accepted} of {g.proposed} drafts ({g.draft_acceptance_rate:.0%}); " if g.proposed else "")
     ratio = g.tokens_per_s / s.tokens_per_s if s.tokens_per_s else 0.0
     compiled = f"; compiled as ours but {escape(g.compiled_as)}" if g.compiled_as else ""
