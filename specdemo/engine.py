@@ -27,7 +27,7 @@ from specdemo.drafting import make_drafter
 from specdemo.events import End, Round
 from specdemo.planner import AcceptanceHistory, Plan, make_plan
 from specdemo.runtime import OVModel, release_weight_pages
-from specdemo.settings import AUTO, K_MAX, GenerationSettings, ModelSettings, RunSettings
+from specdemo.settings import AUTO, K_MAX, WEIGHTS, GenerationSettings, ModelSettings, RunSettings
 
 # Stands in for the instruction when the chat template is rendered; no template contains it.
 _INSTRUCTION_SLOT = "\x00specdemo-instruction\x00"
@@ -81,6 +81,7 @@ class LoadedModel:
             "source": self.settings.source,
             "parameters": _count_parameters(c),
             "precision": self.settings.precision,
+            "weights": WEIGHTS.get(self.settings.precision, self.settings.precision),
             "precision_from": "the draft plan" if self.planned_precision else "the settings",
             "size_on_disk_bytes": sum(f.stat().st_size for f in self.folder.glob("openvino_model.*")),
             "device": self.settings.device,

@@ -10,6 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 PRECISIONS = ("fp16", "int8", "int4", "gguf")  # gguf: a GGUF source's own quantized blocks (specdemo/gguf_weights.py)
+WEIGHTS = {  # what each precision's weights are, for the model panel and the run's JSON
+    "fp16": "FP16 (dequantized)",
+    "int8": "INT8 (re-quantized by NNCF, per channel)",
+    "int4": "INT4 (re-quantized by NNCF, groups of 128)",
+    "gguf": "the GGUF's own blocks (Q4_K, Q6_K, …)",
+}
 AUTO = "auto"  # a draft's precision left to `python -m specdemo tune`'s draft plan for this machine (draft_choice.py)
 DRAFT_PRECISION = "int4"  # what an auto draft precision runs until there is a plan (or when its choice is not prepared)
 KV_CACHE_PRECISIONS = ("", "u8", "f16", "bf16", "f32")

@@ -203,7 +203,8 @@ def run_fidelity(ctx: Context) -> dict:
     measured = fidelity.compare(reference, {p: model for p, (_, model) in candidates.items()}, examples)
     for precision, (settings, _) in candidates.items():
         positions, agreement, error = measured[precision]
-        setting = tune.Setting(settings.dynamic_quantization_group_size, settings.inference_precision or "f32",
+        group = settings.dynamic_quantization_group_size
+        setting = tune.Setting(32 if group == -1 else group, settings.inference_precision or "f32",  # -1: the plugin's 32
                                settings.kv_cache_precision or "f32", settings.num_threads)
         rows.append(asdict(fidelity.Fidelity(precision, setting.describe(), positions, agreement, error)))
         ctx.log(f"fidelity: {precision}: {agreement:.1%} of the GGUF's greedy choices, mean |logit error| {error:.3f}")

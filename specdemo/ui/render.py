@@ -272,7 +272,8 @@ def _model_cells(facts: dict | None, kv_cache_bytes: int | None, threads: int) -
     return [
         facts["name"],
         _count(facts["parameters"]),
-        facts["precision"].upper() + (" (the draft plan's choice)" if facts.get("precision_from") == "the draft plan" else ""),
+        facts.get("weights", facts["precision"].upper())
+        + (" (the draft plan's choice)" if facts.get("precision_from") == "the draft plan" else ""),
         size(facts["size_on_disk_bytes"]),
         f'{facts["kv_cache_precision"]}, {kv_size}',
         facts["device"],
