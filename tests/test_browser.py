@@ -175,6 +175,32 @@ def test_genai_runs_as_a_third_lane_and_the_status_never_overlaps(app_url, page,
     save_screenshot(page, tmp_path, "screenshot-genai.png")
 
 
+def animation_frames_per_s(page, seconds: float = 3.0) -> float:
+    """Animation frames the page ran per second over `seconds`, from a Chromium trace (FireAnimationFrame events)."""
+    import json
+
+    browser = page.context.browser
+    browser.start_tracing(page=page, categories=["devtools.timeline"])
+    page.wait_for_timeout(seconds * 1000)
+    trace = json.loads(browser.stop_tracing())
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    return sum(1 for event in events if event.get("name") == "FireAnimationFrame") / seconds
+
+
+def test_an_idle_page_draws_no_frames(app_url, page):
+    """Gradio's status trackers tick on every animation frame once a tracker left pending (60 a second on an idle
+    page: 1.5 CPU s per 20 s); the page drops those ticks (page.QUIET_TRACKERS_JS), so an idle page draws nothing."""
+    from playwright.sync_api import expect
+
+    page.goto(app_url)
+    expect(page.locator("#status")).to_contain_text("Ready", timeout=STARTUP_S * 1000)
+    page.wait_for_timeout(1000)
+    assert animation_frames_per_s(page) <= 1  # 60 without the fix
+    page.goto("about:blank")  # the same measure sees a page that does animate
+    page.set_content("<script>const f = () => requestAnimationFrame(f); f();</script>")
+    assert animation_frames_per_s(page, 1.0) >= 20
+
+
 def test_the_page_fits_a_phone(app_url, page, tmp_path):
     from playwright.sync_api import expect
 

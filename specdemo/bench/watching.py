@@ -24,6 +24,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
                  "--disable-component-update"]
 MODES = ("CLI", "page API", "page in Chromium")
+IDLE_S = 20  # seconds the loaded page is left idle in Chromium while its CPU time is read
 FIGURES = ("autoregressive step", "verify call", "drafting", "speedup")  # read from each saved run
 
 
@@ -76,8 +77,10 @@ class Page:
         download = outputs["download"]
         return json.loads(Path(download if isinstance(download, str) else download["value"]).read_text())
 
-    def by_browser(self, instruction: str, n: int) -> dict:
-        """One run pressed in Chromium on this machine, the page streaming to it; its download read back."""
+    def by_browser(self, instruction: str, n: int, cpu: dict | None = None) -> dict:
+        """One run pressed in Chromium on this machine, the page streaming to it; its download read back. `cpu` gets
+        Chromium's CPU seconds (every process of it, from /proc): idle for IDLE_S once the page is ready, and over the
+        run, with the run's wall seconds."""
         from playwright.sync_api import expect, sync_playwright
 
         with sync_playwright() as playwright:
@@ -87,12 +90,19 @@ class Page:
                 page.goto(self.url)
                 status = page.locator("#status")
                 expect(status).to_contain_text("Ready", timeout=900_000)
+                if cpu is not None:
+                    before = chromium_cpu_s()
+                    time.sleep(IDLE_S)
+                    cpu["idle_s"] = chromium_cpu_s() - before
                 page.locator("#instruction textarea").fill(instruction)
                 box = page.locator("#max-new-tokens input[type=number]")
                 box.fill(str(n))
                 box.press("Enter")
+                before, began = chromium_cpu_s(), time.perf_counter()
                 page.locator("#generate").click()
                 expect(status).to_contain_text("Finished", timeout=900_000)
+                if cpu is not None:
+                    cpu["run_s"], cpu["run_wall_s"] = chromium_cpu_s() - before, time.perf_counter() - began
                 with page.expect_download() as download:
                     page.locator("#download").click()
                 return json.loads(Path(download.value.path()).read_text())
@@ -104,17 +114,33 @@ class Page:
         self.process.wait(timeout=60)
 
 
+def chromium_cpu_s() -> float:
+    """User + system CPU seconds of every Chromium process this process started (through Playwright's driver)."""
+    import psutil
+
+    total = 0.0
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if "chrom" in process.name().lower():
+                times = process.cpu_times()
+                total += times.user + times.system
+        except psutil.Error:  # gone between the listing and the reading
+            pass
+    return total
+
+
 def run_watching(instruction: str, n: int, repeats: int, log) -> dict:
     """Each mode `repeats` times, the three back to back in every repeat; the figures of every run, their medians
     per mode, and each mode's figures over the CLI's of the same repeat (a shared machine drifts between repeats),
     as medians."""
     runs = {mode: [] for mode in MODES}
+    browser_cpu = []  # per browser run: idle_s (over IDLE_S), run_s, run_wall_s
     page = Page(log)
     try:
         page.by_api(instruction, 8)  # the page warms up once, as a visitor's first run would not
         for r in range(repeats):
             for mode, run in (("CLI", lambda: by_cli(instruction, n)), ("page API", lambda: page.by_api(instruction, n)),
-                              ("page in Chromium", lambda: page.by_browser(instruction, n))):
+                              ("page in Chromium", lambda: page.by_browser(instruction, n, _new(browser_cpu)))):
                 if mode == "page in Chromium" and not CHROMIUM.exists():
                     continue
                 runs[mode].append(figures(run()))
@@ -125,7 +151,13 @@ def run_watching(instruction: str, n: int, repeats: int, log) -> dict:
     ratios = {mode: {k: statistics.median(r[k] / cli[k] for r, cli in zip(rs, runs["CLI"])) for k in FIGURES}
               for mode, rs in runs.items() if rs}
     return {"instruction": instruction, "max_new_tokens": n, "repeats": repeats, "runs": runs, "medians": medians,
-            "over_cli": ratios}
+            "over_cli": ratios, "idle_s": IDLE_S, "browser_cpu": browser_cpu}
+
+
+def _new(readings: list) -> dict:
+    """A fresh dict appended to `readings`, for one run to fill."""
+    readings.append({})
+    return readings[-1]
 
 
 def report(section: dict) -> str:
@@ -140,4 +172,17 @@ def report(section: dict) -> str:
     return (f"### What watching costs\n\nThe same instruction (N = {section['max_new_tokens']}, auto K), {section['repeats']} "
             "times each way, back to back: the CLI, the page through its API with no browser, and the page in Chromium on "
             "this machine. Medians, and in brackets the median of each run over the CLI's run of the same repeat.\n\n"
-            + header + "\n" + "\n".join(rows))
+            + header + "\n" + "\n".join(rows) + _browser_cpu(section))
+
+
+def _browser_cpu(section: dict) -> str:
+    """Chromium's own CPU time: the loaded page left idle, and over a run."""
+    readings = [r for r in section.get("browser_cpu", []) if "run_s" in r]
+    if not readings:
+        return ""
+    idle = statistics.median(r["idle_s"] for r in readings)
+    run = statistics.median(r["run_s"] for r in readings)
+    wall = statistics.median(r["run_wall_s"] for r in readings)
+    return (f"\n\nChromium's CPU time (all its processes, read from /proc), medians: the page loaded and idle, "
+            f"{idle:.2f} CPU s per {section['idle_s']} s; over a run ({wall:.1f} s, both lanes streaming), {run:.2f} CPU s "
+            f"({run / wall:.1%} of a core).")
