@@ -133,3 +133,29 @@ def test_a_trimmed_head_scores_exactly_its_rows_of_the_full_head(tiny_target):
     trimmed = OVModel(tiny_target, settings, head_ids=ids)
     assert trimmed.head_tokens == len(ids) and trimmed.vocab_size == full.size
     np.testing.assert_allclose(trimmed.forward(PROMPT)[0], full[ids], rtol=1e-5, atol=1e-5)
+
+
+def test_compacting_a_u8_cache_changes_no_score(tiny_target, monkeypatch):
+    """The plugin's default cache is u8: compaction copies its kept positions out and back. The same rounds of drafts
+    and rollbacks score the same whether the cache was compacted along the way or never (a u8 cache's batched calls
+    differ from single steps by up to ~0.1 logits here, compaction or not, so the comparison is round against round)."""
+    from specdemo import runtime
+
+    def rounds(compact_after: int) -> tuple[np.ndarray, int]:
+        monkeypatch.setattr(runtime, "COMPACT_AFTER", compact_after)
+        model = _model(tiny_target, kv="u8")
+        model.forward(PROMPT[:-1])
+        scores, compactions, last = [], 0, PROMPT[-1]
+        for i in range(40):
+            rows = model.forward([last, 1, 2, 3], logits_to_keep=4)  # a token, then three drafts never kept
+            scores.append(rows[0])
+            last = int(rows[0].argmax())
+            before = model.forgotten
+            model.rollback(len(PROMPT) + i)
+            compactions += model.forgotten < before
+        return np.stack(scores), compactions
+
+    compacted, compactions = rounds(12)
+    never, none = rounds(10_000)
+    assert compactions >= 5 and none == 0
+    np.testing.assert_allclose(compacted, never, rtol=1e-4, atol=1e-4)  # attention sums over a shorter cache
