@@ -88,7 +88,7 @@ class LoadedModel:
             "kv_cache_precision": self.runtime.kv_cache_precision,
             "layers": c.get("num_hidden_layers"),
             "context_length": self.context_length,
-            "compile_settings": _describe_compile(self.settings),
+            "compile_settings": describe_compile(self.settings),
             "lm_head_rows": self.runtime.head_tokens,  # fewer than the vocabulary when the head was trimmed
             "tuned": self.tuned,
         }
@@ -355,7 +355,7 @@ def _eos_ids(model: LoadedModel) -> set[int]:
     return ids
 
 
-def _describe_compile(settings: ModelSettings) -> str:
+def describe_compile(settings: ModelSettings) -> str:
     """The compile settings that decide the kernels, in words ("group 128, f32, KV f32")."""
     group = settings.dynamic_quantization_group_size
     group_text = "dyn. quant. default" if group == -1 else f"group {group}" if group else "no dyn. quant."

@@ -15,7 +15,6 @@ COMPILE_ADVICE = ("try another --kv-cache-precision, or compile with the default
                   "aside (SPECDEMO_HOME/tune)")
 
 
-
 class GenAIError(RuntimeError):
     """OpenVINO GenAI's pipeline could not be made or run; the message is one sentence for users."""
 

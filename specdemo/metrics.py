@@ -412,10 +412,15 @@ class Parting:
                 "can differ: not a near-tie but a defect; please report it with the run's JSON (--json).")
 
 
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int:
+    """The first position where two token id streams differ; the shorter one's length when it is a prefix of the other."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def parting(first: Sequence["TokenEvent"], second: Sequence["TokenEvent"]) -> Parting | None:
     """Where two lanes' greedy token streams part (None when one is a prefix of the other)."""
-    index = next((i for i, (a, b) in enumerate(zip(first, second)) if a.id != b.id), None)
-    if index is None:
+    index = first_difference([e.id for e in first], [e.id for e in second])
+    if index == min(len(first), len(second)):
         return None
     margins = [lane[index].margin if lane[index].margin is not None else float("nan") for lane in (first, second)]
     near = all(m < NEAR_TIE_LOGIT_GAP for m in margins)  # nan (not recorded) is no evidence of a near-tie

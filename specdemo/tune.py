@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from specdemo import machine, sources
+from specdemo.fidelity import teacher_forced_logits
 from specdemo.settings import AUTO, DRAFT_PRECISION, ModelSettings
 
 TUNE_VERSION = 1
@@ -347,12 +348,9 @@ def probes_of(model, tokenizer, examples: list[dict]) -> list[Probe]:
     out = []
     for example in examples:
         prompt, text = encode(tokenizer, example)
-        model.reset()
-        model.forward(prompt)
-        logits = model.forward(text[:-1], logits_to_keep=len(text) - 1)  # (len - 1, V)
+        logits = teacher_forced_logits(model, prompt, text)  # (len - 1, V)
         top2 = np.partition(logits, -2, axis=-1)[:, -2:]
         out.append(Probe(prompt, text, logits.argmax(axis=-1), (top2[:, 1] - top2[:, 0]) >= NEAR_TIE_LOGIT_GAP))
-    model.reset()
     return out
 
 
@@ -367,12 +365,9 @@ def agreement(model, probes: list[Probe]) -> float:
     """The share of the reference's decided greedy choices this compile makes too."""
     kept = total = 0
     for probe in probes:
-        model.reset()
-        model.forward(probe.prompt)
-        choices = model.forward(probe.text[:-1], logits_to_keep=len(probe.text) - 1).argmax(axis=-1)
+        choices = teacher_forced_logits(model, probe.prompt, probe.text).argmax(axis=-1)
         kept += int(((choices == probe.choices) & probe.decided).sum())
         total += int(probe.decided.sum())
-    model.reset()
     return kept / total if total else 1.0
 
 

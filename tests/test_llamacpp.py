@@ -9,7 +9,7 @@ import pytest
 from specdemo import sources
 from specdemo.bench import FULL, QUICK, llamacpp
 from specdemo.bench.harness import Context, Lane, Run
-from specdemo.bench.report_tables import llamacpp_section
+from specdemo.bench.report_gguf import llamacpp_section
 from specdemo.bench.sections import llamacpp_figures, run_llamacpp
 from specdemo.settings import RunSettings
 

@@ -1,6 +1,6 @@
 """The benchmark's markdown report, rendered from the results the run also writes as JSON (keys:
 schema.py): the opening (machine, cost curve, headlines, targets) and sections 1 and 2; the cells,
-the tables and the later sections are in report_tables.py.
+the tables and the later sections are in report_tables.py, the GGUF files' (llama.cpp, fidelity) in report_gguf.py.
 
 Pure formatting: no measuring, no models. Lanes are found by their fields (schema.label), so the
 report does not depend on how lanes are labelled.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from specdemo.bench import report_tables as tables
+from specdemo.bench import report_gguf, report_tables as tables
 from specdemo.bench import schema
 from specdemo.bench.report_tables import image, k_text, ms, percent, seconds, table, times
 from specdemo.bench.schema import GENAI_AR, GENAI_SPEC, HF_SPEC, OURS_AR, OURS_SPEC
@@ -40,8 +40,8 @@ def render(results: dict, plots: dict[str, str]) -> str:
         tables.lookup_section(sections.get("lookup")),
         tables.memory_section(sections.get("memory")),
         tables.breakdown_section(sections.get("paper"), plots),
-        tables.llamacpp_section(sections.get("llamacpp")),
-        tables.fidelity_section(sections.get("fidelity")),
+        report_gguf.llamacpp_section(sections.get("llamacpp")),
+        report_gguf.fidelity_section(sections.get("fidelity")),
         tables.watching_section(sections.get("watching")),
         tables.method_section(results),
     ]

@@ -14,21 +14,21 @@ from specdemo.disk import size
 
 def seconds(spread: dict, digits: int = 2) -> str:
     """A spread of seconds: '4.21 s (4.05–4.60)'; one value: '4.21 s'."""
-    return _cell(spread, digits, " s")
+    return cell(spread, digits, " s")
 
 
 def ms(spread: dict, digits: int = 1) -> str:
     """A spread of seconds shown in milliseconds: '42.1 ms (40.3–45.0)'."""
     scaled = {key: spread[key] * 1000 for key in ("median", "min", "max")} | {"n": spread["n"]}
-    return _cell(scaled, digits, " ms")
+    return cell(scaled, digits, " ms")
 
 
 def times(spread: dict, digits: int = 2) -> str:
     """A spread of ratios: '1.82× (1.70–1.95)'."""
-    return _cell(spread, digits, "×")
+    return cell(spread, digits, "×")
 
 
-def _cell(spread: dict, digits: int, unit: str) -> str:
+def cell(spread: dict, digits: int, unit: str) -> str:
     if not spread.get("n"):
         return "–"
     median = f"{spread['median']:.{digits}f}{unit}"
@@ -282,72 +282,6 @@ def method_section(results: dict) -> str:
         "* Times are wall-clock seconds of the whole generate call, prompt ids in hand to the last token (prefill included).\n"
         "* α̂, c and the time breakdown come from the loops' per-round records (`specdemo/events.py`), derived by `specdemo/metrics.py`."
     )
-
-
-def llamacpp_section(cpp: dict | None) -> str:
-    """llama.cpp on the same GGUF files: each lane's tokens/s, and our speculative tokens/s over each llama.cpp mode's."""
-    if not cpp:
-        return ""
-    title = "## 7. llama.cpp on the same GGUF files\n\n"
-    if "skipped" in cpp:
-        return title + cpp["skipped"]
-    lanes = cpp["lanes"]
-    rows = [
-        [label, _cell(f["tokens_per_s"], 1, " tokens/s"), ms(f["per_token_s"]), seconds(f["wall_s"]), f"{f['tokens']['median']:.0f}",
-         percent(cpp["acceptance"].get(label, math.nan), 0),
-         times(cpp["speedup"][label]) if label in cpp["speedup"] else "–", f["same_as_reference"]]
-        for label, f in lanes.items()
-    ]
-    ratio_rows = []
-    for entry in cpp["ratios"].values():  # found by the lanes' fields: which of ours is over which llama.cpp lane
-        ours, theirs = lanes[entry["denominator"]], lanes[entry["numerator"]]
-        if theirs["framework"] == "llamacpp" and ours["framework"] == "specdemo":
-            ratio_rows.append([f"{entry['denominator']} ÷ {entry['numerator']}", times(entry)])
-    return (
-        title
-        + f"llama-cpp-python {cpp['version']} (`llama_cpp.Llama`) on the GGUF files our IRs are converted from (Q4_K_M, "
-        f"run as they are; ours run them in OpenVINO as {_weights(cpp.get('weights'))}), fed the same prompt token ids, "
-        f"greedy, {cpp['threads']} threads, N = {cpp['max_new_tokens']}; ours {k_text(cpp)}, llama.cpp K = {cpp['k']}: prompt "
-        "lookup is the bindings' `LlamaPromptLookupDecoding`, the draft model the 0.5B GGUF behind the bindings' "
-        "`draft_model` interface (`specdemo/bench/llamacpp.py`). Different weights give different tokens, so ratios use "
-        "time per token; \"same tokens\" compares llama.cpp's speculative lanes with its autoregressive one, the others "
-        f"with ours AR. llama.cpp's CPU features: `{cpp['system_info']}`.\n\n"
-        + table(["lane", "tokens/s", "per token", "wall time", "tokens", "draft acceptance rate", "speedup over own AR",
-                 "same tokens as reference"], rows)
-        + "\n\nOur tokens/s over llama.cpp's, per instruction then median (above 1 means ours is faster):\n\n"
-        + table(["ratio", "median (min–max)"], ratio_rows)
-        + _text_agreement(cpp.get("text_agreement"))
-    )
-
-
-def _weights(weights: dict | None) -> str:
-    """"gguf target / int4 draft": which weights our lanes ran (gguf: the GGUF's own blocks)."""
-    if not weights:
-        return "converted weights"
-    return " / ".join(f"{'its own blocks' if p == 'gguf' else p.upper()} {role}" for role, p in weights.items())
-
-
-def _text_agreement(rows: list | None) -> str:
-    if not rows:
-        return ""
-    cells = ", ".join(f"{r['same_tokens']} of {r['of']}" for r in rows)
-    return (f"\n\nOur autoregressive greedy text against llama.cpp's, per instruction: the tokens both wrote before "
-            f"they part: {cells}.")
-
-
-def fidelity_section(section: dict | None) -> str:
-    """Each target precision against the GGUF it came from (specdemo/fidelity.py)."""
-    if not section:
-        return ""
-    title = "## Fidelity to the GGUF\n\n"
-    if "skipped" in section:
-        return title + section["skipped"]
-    rows = [[c["precision"], c["compile_settings"], percent(c["top1_agreement"], 1), f"{c['mean_abs_logit_error']:.3f}"]
-            for c in section["candidates"]]
-    return (title + "Each target precision, under the compile settings it runs with on this machine, teacher forced "
-            f"over the {section['examples']} built-in answers beside the GGUF itself (its own blocks, f32 arithmetic, no "
-            f"dynamic quantization), at {section['candidates'][0]['positions']} positions:\n\n"
-            + table(["weights", "compile settings", "top-1 agreement", "mean |logit error|"], rows))
 
 
 def watching_section(section: dict | None) -> str:

@@ -8,6 +8,7 @@ from specdemo import sources
 from specdemo.bench import memory, stats, sweeps
 from specdemo.bench.harness import Context, Lane, Run, find, genai_compile, log_progress, measure, our_lane, peer_lane
 from specdemo.bench.settings import PAPER
+from specdemo.metrics import first_difference
 
 
 def run_paper(ctx: Context) -> dict:
@@ -152,8 +153,7 @@ def text_agreement(runs: list[Run], ours: Lane, theirs: Lane) -> list[dict]:
     mine, peer = ({r.instruction: r for r in stats.lane_runs(runs, lane) if r.repeat == 0} for lane in (ours, theirs))
     for i in sorted(mine.keys() & peer.keys()):
         a, b = mine[i].ids, peer[i].ids
-        common = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-        out.append({"instruction": i, "same_tokens": common, "of": min(len(a), len(b))})
+        out.append({"instruction": i, "same_tokens": first_difference(a, b), "of": min(len(a), len(b))})
     return out
 
 
@@ -188,7 +188,7 @@ def run_fidelity(ctx: Context) -> dict:
 
     from specdemo import fidelity, tune
     from specdemo.bench import llamacpp
-    from specdemo.engine import CALIBRATION
+    from specdemo.engine import CALIBRATION, describe_compile
 
     if llamacpp.gguf_path(ctx.settings.target.source) is None:
         return {"skipped": "fidelity: skipped (its reference is the target's GGUF: use a preset or a local .gguf file)"}
@@ -203,10 +203,7 @@ def run_fidelity(ctx: Context) -> dict:
     measured = fidelity.compare(reference, {p: model for p, (_, model) in candidates.items()}, examples)
     for precision, (settings, _) in candidates.items():
         positions, agreement, error = measured[precision]
-        group = settings.dynamic_quantization_group_size
-        setting = tune.Setting(32 if group == -1 else group, settings.inference_precision or "f32",  # -1: the plugin's 32
-                               settings.kv_cache_precision or "f32", settings.num_threads)
-        rows.append(asdict(fidelity.Fidelity(precision, setting.describe(), positions, agreement, error)))
+        rows.append(asdict(fidelity.Fidelity(precision, describe_compile(settings), positions, agreement, error)))
         ctx.log(f"fidelity: {precision}: {agreement:.1%} of the GGUF's greedy choices, mean |logit error| {error:.3f}")
     return {"examples": len(examples), "candidates": rows}
 

@@ -198,10 +198,6 @@ def compare_outputs(ar: list[TokenEvent], spec: list[TokenEvent], settings: Gene
     return escape(parted.sentence())
 
 
-def _first_difference(a: list[int], b: list[int]) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-
-
 def render_genai_line(lane: LaneRun, spec: LaneRun, settings: GenerationSettings) -> str:
     """One paragraph on GenAI's lane: its speed against our speculative lane, its acceptance, and whether its
     tokens equal ours."""
@@ -216,7 +212,7 @@ def render_genai_line(lane: LaneRun, spec: LaneRun, settings: GenerationSettings
     elif ours == theirs:
         same = f"its {len(theirs)} tokens equal our speculative lane's, token for token"
     else:
-        same = (f"its tokens part from ours at token {_first_difference(ours, theirs) + 1} (GenAI reports no logits, so "
+        same = (f"its tokens part from ours at token {metrics.first_difference(ours, theirs) + 1} (GenAI reports no logits, so "
                 "the margin there is not known)")
     accepted = (f"accepted {g.accepted} of {g.proposed} drafts ({g.draft_acceptance_rate:.0%}); " if g.proposed else "")
     ratio = g.tokens_per_s / s.tokens_per_s if s.tokens_per_s else 0.0
