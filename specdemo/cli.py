@@ -97,6 +97,8 @@ def _add_benchmark_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="a couple of minutes: default pair only, 2 instructions, short outputs")
     parser.add_argument("--only", default="", help=f"comma-separated sections to run, of: {', '.join(SECTIONS)}")
     parser.add_argument("--repeats", type=int, default=1, help="passes over the instructions after the warm-up")
+    parser.add_argument("--problems", type=int, default=None,
+                        help="HumanEval problems of --only humaneval (the first N; default 50, as OpenVINO's notebook)")
     parser.add_argument("--out", default="bench-results", help="folder for benchmarks.md, benchmarks.json and the plots")
     parser.add_argument("--json", action="store_true", help="also print the results as JSON on stdout")
 
@@ -172,7 +174,8 @@ def benchmark_settings(args: argparse.Namespace):
     asked = {s.strip() for s in args.only.split(",") if s.strip()}
     # In the order of SECTIONS; unknown names go last, for BenchSettings to refuse.
     sections = tuple(s for s in SECTIONS if s in asked) + tuple(sorted(asked - set(SECTIONS)))
-    return replace(preset, repeats=args.repeats, sections=sections or preset.sections)
+    problems = {} if args.problems is None else {"humaneval_problems": args.problems}
+    return replace(preset, repeats=args.repeats, sections=sections or preset.sections, **problems)
 
 
 def _bench(args: argparse.Namespace, settings: RunSettings) -> int:

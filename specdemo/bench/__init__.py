@@ -15,7 +15,9 @@ Sections, in the order they run (BenchSettings.sections picks some):
                 Chromium on the same instruction, back to back;
 - precision:    draft int4 / int8 / fp16 x target int8 / int4;
 - kv:           KV cache precision;
-- memory:       peak RSS and KV cache bytes, autoregressive vs speculative, each in its own process.
+- memory:       peak RSS and KV cache bytes, autoregressive vs speculative, each in its own process;
+- humaneval:    (only when named) HumanEval's problems through every lane, speedup and pass@1 side by side
+                (optional: requirements-humaneval.txt).
 
 Method: every lane is warmed up first (compilation, first-call allocations); then for each
 instruction every lane of a section runs back to back, so the shared machine's noise hits them

@@ -31,6 +31,7 @@ def draw(results: dict, out: Path) -> dict[str, str]:
         ("k", _k, sections.get("k")),
         ("precision", _precision, sections.get("precision")),
         ("breakdown", _breakdown, sections.get("paper")),
+        ("humaneval", _humaneval, (sections.get("humaneval") or {}).get("rows")),
     ):
         if data:
             file = f"benchmarks-{name}.png"
@@ -223,4 +224,22 @@ def _breakdown(results: dict):
     ax.set_xlim(0, 100)
     ax.set_xlabel("share of wall time (%)")
     ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.35))
+    return figure
+
+
+def _humaneval(results: dict):
+    """Per HumanEval problem: our speculative speedup against the mean acceptance length; failed answers hollow."""
+    import matplotlib.pyplot as plt
+
+    rows = results["sections"]["humaneval"]["rows"]
+    figure, axis = plt.subplots(figsize=(6, 4))
+    for passed, style in ((True, {"color": _OURS}), (False, {"facecolors": "none", "edgecolors": _OURS})):
+        mine = [r for r in rows if r["passed"]["speculative"] == passed]
+        axis.scatter([r["mean_acceptance_length"] for r in mine], [r["speedup"] for r in mine], s=22,
+                     label="speculative answer passes" if passed else "fails its tests", **style)
+    axis.axhline(1.0, color=_PAPER, linewidth=0.8)
+    axis.set_xlabel("mean acceptance length (tokens per target call)")
+    axis.set_ylabel("speedup over autoregressive")
+    axis.set_title("HumanEval: speedup per problem")
+    axis.legend(fontsize=8)
     return figure

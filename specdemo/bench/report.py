@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from specdemo.bench import report_gguf, report_tables as tables
+from specdemo.bench import report_gguf, report_humaneval, report_tables as tables
 from specdemo.bench import schema
 from specdemo.bench.report_tables import image, k_text, ms, percent, seconds, table, times
 from specdemo.bench.schema import GENAI_AR, GENAI_SPEC, HF_SPEC, OURS_AR, OURS_SPEC
@@ -43,6 +43,7 @@ def render(results: dict, plots: dict[str, str]) -> str:
         report_gguf.llamacpp_section(sections.get("llamacpp")),
         report_gguf.fidelity_section(sections.get("fidelity")),
         tables.watching_section(sections.get("watching")),
+        report_humaneval.humaneval_section(sections.get("humaneval"), plots),
         tables.method_section(results),
     ]
     return "\n\n".join(part for part in parts if part) + "\n"

