@@ -80,8 +80,19 @@ PRESETS = {
 }
 
 
+# A Hugging Face Space's persistent storage, when the Space has it: the rest of a Space's disk is new at every start.
+SPACE_STORAGE = Path("/data")
+
+
 def specdemo_home() -> Path:
-    return Path(os.environ.get("SPECDEMO_HOME") or Path.home() / ".cache" / "specdemo")
+    """Where converted models, compiled blobs, the tune, costs and history live: SPECDEMO_HOME if set; on a Hugging
+    Face Space (SPACE_ID set) with writable persistent storage, under it, so a restart keeps what the Space learnt;
+    otherwise ~/.cache/specdemo."""
+    if os.environ.get("SPECDEMO_HOME"):
+        return Path(os.environ["SPECDEMO_HOME"])
+    if os.environ.get("SPACE_ID") and SPACE_STORAGE.is_dir() and os.access(SPACE_STORAGE, os.W_OK):
+        return SPACE_STORAGE / "specdemo"
+    return Path.home() / ".cache" / "specdemo"
 
 
 def is_ir_folder(path: Path) -> bool:

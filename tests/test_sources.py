@@ -116,3 +116,24 @@ def test_conversion_runs_in_a_child_that_keeps_torch_out_of_this_process(home, t
     assert result.stdout.split() == ["False", "False"]  # neither torch nor NNCF was imported here
     assert result.stderr == ""  # the converters' own output went to the log, not to the terminal
     assert sources.log_path(sources.cached_folder(ModelSettings(str(tiny_hf), precision="int8"))).is_file()
+
+
+def test_a_space_with_persistent_storage_keeps_its_home_there(monkeypatch, tmp_path):
+    storage = tmp_path / "data"
+    storage.mkdir()
+    monkeypatch.setattr(sources, "SPACE_STORAGE", storage)
+    monkeypatch.delenv("SPECDEMO_HOME", raising=False)
+    monkeypatch.setenv("SPACE_ID", "someone/specdemo")
+    assert sources.specdemo_home() == storage / "specdemo"
+    monkeypatch.setenv("SPECDEMO_HOME", str(tmp_path / "chosen"))  # the user's choice wins
+    assert sources.specdemo_home() == tmp_path / "chosen"
+
+
+def test_without_a_space_or_its_storage_the_home_is_the_user_cache(monkeypatch, tmp_path):
+    monkeypatch.delenv("SPECDEMO_HOME", raising=False)
+    monkeypatch.setattr(sources, "SPACE_STORAGE", tmp_path / "data")  # a Space without persistent storage
+    monkeypatch.setenv("SPACE_ID", "someone/specdemo")
+    assert sources.specdemo_home() == Path.home() / ".cache" / "specdemo"
+    (tmp_path / "data").mkdir()
+    monkeypatch.delenv("SPACE_ID")  # a writable /data on a machine that is no Space
+    assert sources.specdemo_home() == Path.home() / ".cache" / "specdemo"
