@@ -47,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_flags(tune)
     tune.add_argument("--draft-plan", action="store_true", help="only the draft plan (~2 min), under the compile settings "
                       "tune chose: after the draft's other precision was prepared")
+    tune.add_argument("--target-only", action="store_true", help="search the target alone when this machine's draft is "
+                      "tuned and planned already (another configuration's target, e.g. --configuration fastest)")
 
     show = commands.add_parser("show", help="render saved runs again, several side by side (from generate --save or the page)")
     show.add_argument("files", nargs="+", help="JSON files of saved runs")
@@ -146,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "prepare":
             return _prepare(settings)
         if args.command == "tune":
-            return _plan_draft(settings) if args.draft_plan else _tune(settings)
+            return _plan_draft(settings) if args.draft_plan else _tune(settings, again=not args.target_only)
         if args.command == "generate":
             compat.keep_torch_out()  # generating needs no torch; conversion, if any, runs in a child process
             return _generate(args, settings)
@@ -227,9 +229,10 @@ def _clean(args: argparse.Namespace) -> int:
     return 0
 
 
-def _tune(settings: RunSettings) -> int:
+def _tune(settings: RunSettings, again: bool = True) -> int:
     """Measure the candidate compile settings, keep the fastest faithful one per model, print the table, check that greedy
-    speculative output stays exact under the choice, and measure the cost model again under it."""
+    speculative output stays exact under the choice, and measure the cost model again under it. `again` False leaves
+    a draft tuned and planned before as it is (tune.tune)."""
     import json as json_
 
     from specdemo import tune
@@ -240,7 +243,7 @@ def _tune(settings: RunSettings) -> int:
     def log(message: str) -> None:
         print(f"[{time.perf_counter() - started:5.0f} s] {message}", flush=True)
 
-    trials, drafts = tune.tune(settings.target, settings.draft, log)
+    trials, drafts = tune.tune(settings.target, settings.draft, log, again=again)
     path = tune.path_for()
     models = {"target": settings.target, "draft": settings.draft}
     tune.save(trials, models, path, drafts)
@@ -286,6 +289,9 @@ def _plan_draft(settings: RunSettings) -> int:
 
 def _print_draft_plan(drafts: list) -> None:
     from specdemo.draft_choice import table
+
+    if not drafts:
+        return
 
     print("\nthe draft plan (step: a draft step in a round; accepted: drafts equal to the target's greedy token on the "
           "built-in answers; predicted: speedup at the best K on this machine)")

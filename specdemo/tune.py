@@ -427,9 +427,13 @@ def search(role: str, base: ModelSettings, other, probes: list[Probe], log, cpu_
     return trials
 
 
-def tune(target: ModelSettings, draft: ModelSettings, log=print) -> tuple[list[Trial], list]:
+def tune(target: ModelSettings, draft: ModelSettings, log=print, again: bool = True) -> tuple[list[Trial], list]:
     """Choose each model's compile setting on this machine (see the module's docstring), then the draft's head size
-    (specdemo/draft_choice.py); returns the trials and the draft options."""
+    (specdemo/draft_choice.py); returns the trials and the draft options.
+
+    With `again` False, a draft this machine has a setting and a plan for is not searched again: only the target is
+    (another configuration's target beside the same draft, e.g. the fastest configuration's INT4), against the draft
+    as tuned, and the options come back empty (the plan stays as it was)."""
     from transformers import AutoTokenizer
 
     from specdemo.engine import CALIBRATION
@@ -437,8 +441,10 @@ def tune(target: ModelSettings, draft: ModelSettings, log=print) -> tuple[list[T
     examples = json.loads(CALIBRATION.read_text(encoding="utf-8"))
     flags, cores = machine.cpu_features() + _extra_flags(), machine.usable_cores()
     tokenizer = AutoTokenizer.from_pretrained(sources.prepare(target))
+    draft_done = not again and chosen(searched(draft)) is not None and not needs_plan(draft)
+    roles = [("target", target, searched(draft))] + ([] if draft_done else [("draft", searched(draft), target)])
     trials = []
-    for role, base, partner in (("target", target, searched(draft)), ("draft", searched(draft), target)):
+    for role, base, partner in roles:
         log(f"{role}: the reference (f32, no dynamic quantization), for fidelity")
         reference = compile_model(REFERENCE.apply(base))
         probes = probes_of(reference, tokenizer, examples)
@@ -446,8 +452,14 @@ def tune(target: ModelSettings, draft: ModelSettings, log=print) -> tuple[list[T
         gc.collect()
         other = None  # the previous partner's compile goes before the next one loads
         gc.collect()
-        other = compile_model(tune_choice(trials, "target", target) if role == "draft" else DEFAULT.apply(partner))
+        if role == "draft":
+            other = compile_model(tune_choice(trials, "target", target))
+        else:  # the target is timed beside the draft as this machine runs it: tuned if it is, else the defaults
+            other = compile_model(apply(draft) if draft_done else DEFAULT.apply(partner))
         trials += search(role, base, other, probes, log, flags, cores)
+    if draft_done:
+        log("draft: tuned and planned already on this machine; kept as it is")
+        return trials, []
     # The draft's search ran against the tuned target: the draft plan measures against that compile too.
     return trials, plan_draft(tune_choice(trials, "draft"), other, draft, tokenizer, examples, log)
 

@@ -39,14 +39,14 @@ def finish(background: tuning.BackgroundWork) -> None:
     pytest.fail("the background work did not end")
 
 
-def tuned_here(*precisions: str) -> None:
-    """A tune file with a choice for the default target and, given `precisions`, a draft plan that priced them (a full
-    head each), as `python -m specdemo tune` leaves it."""
+def tuned_here(*precisions: str, targets=(DEFAULT_TARGET,)) -> None:
+    """A tune file with a choice for each of `targets` (the default one) and, given `precisions`, a draft plan that
+    priced them (a full head each), as `python -m specdemo tune` leaves it."""
     path = tune.path_for()
     path.parent.mkdir(parents=True, exist_ok=True)
     setting = {"dynamic_quantization_group_size": 128, "inference_precision": "f32", "kv_cache_precision": "u8",
                "num_threads": 0}
-    data = {"models": {tune.model_key(DEFAULT_TARGET): {"setting": setting, "relative": 0.8}}}
+    data = {"models": {tune.model_key(target): {"setting": setting, "relative": 0.8} for target in targets}}
     if precisions:
         options = [{"precision": p, "head_tokens": 0, "predicted_speedup": 1.5} for p in precisions]
         data["drafts"] = {tune.draft_key(DEFAULT_DRAFT): {"options": options}}
@@ -65,19 +65,23 @@ def test_a_new_machine_needs_the_drafts_other_precision_then_the_tune_then_the_o
     prepared(*CONFIGURATIONS["faithful"])  # the first start prepared the default pair before the page was ready
     steps = tuning.background_steps(RunSettings(), model_bytes=1)
     assert [label for label, _ in steps] == ["preparing the draft at int8, for the draft plan", tuning.TUNING,
-                                             "preparing the fastest configuration's models"]
+                                             "preparing the fastest configuration's models",
+                                             "tuning the fastest configuration's target"]
     assert steps[0][1][-2:] == ["--draft-precision", "int8"]  # before the tune, whose draft plan then prices it
-    assert steps[1][1][-3:] == ["-m", "specdemo", "tune"] and steps[-1][1][-2:] == ["--configuration", "fastest"]
+    assert steps[1][1][-3:] == ["-m", "specdemo", "tune"] and steps[2][1][-2:] == ["--configuration", "fastest"]
+    # its INT4 target, once prepared, searched beside the draft as the tune before it chose
+    assert steps[3][1][-4:] == ["tune", "--configuration", "fastest", "--target-only"]
 
 
 def test_a_machine_tuned_before_its_draft_plan_covered_precisions_plans_the_draft_alone(turned_on):
     tuned_here()  # compile settings chosen, no draft plan in the file
     prepared(*CONFIGURATIONS["faithful"], *CONFIGURATIONS["fastest"])
     steps = tuning.background_steps(RunSettings(), 1)
-    assert [label for label, _ in steps] == ["preparing the draft at int8, for the draft plan", tuning.PLANNING]
+    assert [label for label, _ in steps] == ["preparing the draft at int8, for the draft plan", tuning.PLANNING,
+                                             "tuning the fastest configuration's target"]
     assert steps[1][1][-2:] == ["tune", "--draft-plan"]
     prepared(replace(DEFAULT_DRAFT, precision="int8"))
-    assert [label for label, _ in tuning.background_steps(RunSettings(), 1)] == [tuning.PLANNING]  # still no plan
+    assert [label for label, _ in tuning.background_steps(RunSettings(), 1)][0] == tuning.PLANNING  # still no plan
 
 
 def test_a_draft_with_its_own_precision_needs_no_other(turned_on):
@@ -86,12 +90,19 @@ def test_a_draft_with_its_own_precision_needs_no_other(turned_on):
 
 
 def test_a_machine_tuned_and_prepared_needs_nothing_and_starts_nothing(turned_on):
-    tuned_here("int4", "int8")
+    tuned_here("int4", "int8", targets=(DEFAULT_TARGET, CONFIGURATIONS["fastest"][0]))
     prepared(*CONFIGURATIONS["faithful"], replace(DEFAULT_DRAFT, precision="int8"))
     assert [label for label, _ in tuning.background_steps(RunSettings(), 1)] == ["preparing the fastest configuration's models"]
     prepared(*CONFIGURATIONS["fastest"])
     assert tuning.background_steps(RunSettings(), 1) == []
     assert tuning.start_if_needed(model_bytes=1) is None and tuning.current() is None
+
+
+def test_the_fastest_configurations_target_is_tuned_too_once_the_default_one_is(turned_on):
+    tuned_here("int4", "int8")  # the default target tuned and the draft planned; the INT4 target not yet
+    prepared(*CONFIGURATIONS["faithful"], *CONFIGURATIONS["fastest"], replace(DEFAULT_DRAFT, precision="int8"))
+    steps = tuning.background_steps(RunSettings(), 1)
+    assert [label for label, _ in steps] == ["tuning the fastest configuration's target"]
 
 
 def test_too_little_memory_skips_the_tune_and_says_so(turned_on):

@@ -123,3 +123,42 @@ def test_each_model_of_the_bench_genai_peer_gets_its_own_tuned_settings(tmp_path
     assert ours["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 256 and theirs["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 128
     assert theirs["KV_CACHE_PRECISION"] == "f16"
     assert genai_properties(target, draft, defaults=True) == ({}, {})
+
+
+def test_another_configurations_target_is_searched_beside_the_draft_as_tuned(tmp_path, monkeypatch):
+    """`tune --target-only` (the fastest configuration's INT4 target, after the default tune): the draft, tuned and
+    planned already, is neither searched nor planned again, and the target is timed beside its tuned compile; without
+    a tuned draft both are searched."""
+    from types import SimpleNamespace
+
+    from specdemo import draft_choice
+    from specdemo.settings import DEFAULT_DRAFT
+
+    monkeypatch.setenv("SPECDEMO_HOME", str(tmp_path))
+    int4_target, draft = replace(DEFAULT_TARGET, precision="int4"), replace(DEFAULT_DRAFT, precision="int4")
+    searched, partners = [], []
+
+    def fake_search(role, base, other, probes, log, flags, cores):
+        searched.append((role, base.precision))
+        partners.append(other)
+        return [tune.Trial(role, Setting(64, "f32", "f32"), faithful=True, chosen=True)]
+
+    monkeypatch.setattr(tune, "search", fake_search)
+    monkeypatch.setattr(tune, "compile_model", lambda settings, tokenizer=None: settings)
+    monkeypatch.setattr(tune, "probes_of", lambda model, tokenizer, examples: [])
+    monkeypatch.setattr(tune.sources, "prepare", lambda settings, progress=None: tmp_path)
+    monkeypatch.setattr("transformers.AutoTokenizer.from_pretrained", lambda folder: SimpleNamespace())
+    monkeypatch.setattr(tune, "plan_draft", lambda *args: ["a plan"])
+
+    trials, plan = tune.tune(int4_target, draft, log=lambda m: None, again=False)
+    assert searched == [("target", "int4"), ("draft", "int4")] and plan == ["a plan"]  # nothing tuned yet: both
+
+    tune.save([tune.Trial("draft", Setting(128, "f32", "u8"), chosen=True)], {"draft": draft}, tune.path_for(),
+              [draft_choice.DraftOption("int4", 0, chosen=True)])
+    searched.clear(), partners.clear()
+    trials, plan = tune.tune(int4_target, draft, log=lambda m: None, again=False)
+    assert searched == [("target", "int4")] and plan == []
+    assert (partners[0].dynamic_quantization_group_size, partners[0].kv_cache_precision) == (128, "u8")  # the tuned draft
+    searched.clear()
+    tune.tune(int4_target, draft, log=lambda m: None)  # `tune` without --target-only searches both again
+    assert searched == [("target", "int4"), ("draft", "int4")]

@@ -118,7 +118,7 @@ def run_section(ctx) -> dict:
     elif cpp_line:
         ctx.log(cpp_line)
     instructions = [instruction(p) for p in problems]
-    ctx.log(f"humaneval: {len(problems)} problems, N={n}, ours {ctx.k_label(peers=True)}, {len(lanes)} lanes")
+    ctx.log(f"humaneval: {len(problems)} problems, N={n}, {ctx.k_label(peers=True)}, {len(lanes)} lanes")
     runs = measure(list(lanes.values()), instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log)
     ctx.log(EXECUTING)
     rows = problem_rows(problems, runs, lanes, lambda ids: ctx.engine.tokenizer.decode(ids, skip_special_tokens=True),

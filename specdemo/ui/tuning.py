@@ -182,6 +182,14 @@ def background_steps(settings: RunSettings, model_bytes: int, log: Callable[[str
                [sys.executable, "-m", "specdemo", "prepare", "--configuration", name])
               for name, models in CONFIGURATIONS.items()
               if not all(sources.is_prepared(tune.resolve_precision(m)) for m in models)]
+    # Every configuration's target runs tuned: the others' targets (the fastest one's INT4) are searched beside the
+    # draft as tuned above, once their weights are prepared (the steps run in order).
+    steps += [(f"tuning the {name} configuration's target",
+               [sys.executable, "-m", "specdemo", "tune", "--configuration", name, "--target-only"])
+              for name, (target, _) in CONFIGURATIONS.items()
+              if (target.source, target.precision) != (settings.target.source, settings.target.precision)
+              and tune.chosen(target) is None
+              and psutil.virtual_memory().available >= memory_needed(model_bytes)]
     return steps
 
 
