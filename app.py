@@ -16,7 +16,7 @@ from specdemo import compat
 
 compat.keep_torch_out()  # the server never needs torch: conversion runs in a child process
 
-from specdemo.ui import engines, page, tuning  # noqa: E402 - after keep_torch_out, so transformers does not load torch
+from specdemo.ui import engines, handlers, page, tuning  # noqa: E402 - after keep_torch_out, so transformers does not load torch
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         if background is not None:
             print(f"in the background at low priority, paused while visitors' runs hold the machine: "
                   f"{'; '.join(label for label, _ in background.steps)} (minutes; log: {background.log_path}); "
-                  "it applies from the next start", flush=True)
+                  "what it learns is applied as soon as it is done, between visitors' runs", flush=True)
 
     engines.prepare(on_ready=ready)
     page.launch(page.build(), args.host, args.port, args.share)
@@ -67,9 +67,11 @@ def port_in_use(host: str, port: int) -> str:
 
 def say_background_done(background: tuning.BackgroundWork) -> None:
     if background.state == "done":
-        then = ("restart the app to run with the tune's choice" if background.tunes
+        then = ("applying the tune's choice now, in a turn of its own between visitors' runs" if background.tunes
                 else "the page's other configurations now load without converting")
         print(f"background work done in {background.seconds / 60:.1f} min: {then}", flush=True)
+        if background.tunes:
+            handlers.apply_tune(log=lambda message: print(message, flush=True))
     else:
         print(f"the background work failed while {background.step} (exit {background.returncode}); "
               f"see {background.log_path}", flush=True)

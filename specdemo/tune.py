@@ -174,15 +174,26 @@ def chosen(settings: ModelSettings, path: Path | None = None) -> Setting | None:
 
 
 def gain(settings: ModelSettings, path: Path | None = None) -> str:
-    """What tune's choice bought this model, in words ("tuned: 24 % faster than the defaults"), or "" if untuned."""
+    """What tune's choice bought this model, in words ("tuned at 22:41: 24% faster than the defaults"), or "" if
+    untuned."""
     entry = _entry("models", model_key(settings), path)
     if not entry:
         return ""
+    when = f" at {entry['tuned_at'][11:16]}" if len(entry.get("tuned_at") or "") >= 16 else ""
     ratio = entry.get("relative", float("nan"))
     if ratio != ratio:  # nan: the default was not timed
-        return "tuned"
-    return f"tuned: {abs(1 - ratio):.0%} {'faster' if ratio < 1 else 'slower'} than the defaults" if abs(1 - ratio) >= 0.01 \
-        else "tuned: the defaults were fastest"
+        return f"tuned{when}"
+    return f"tuned{when}: {abs(1 - ratio):.0%} {'faster' if ratio < 1 else 'slower'} than the defaults" \
+        if abs(1 - ratio) >= 0.01 else f"tuned{when}: the defaults were fastest"
+
+
+def stamp(path: Path | None = None) -> int:
+    """When this machine's tune file last changed (ns since the epoch), 0 without one: what was compiled before a
+    later stamp is stale (ui/engines.py compiles it again between visitors' runs)."""
+    try:
+        return (path or path_for()).stat().st_mtime_ns
+    except OSError:
+        return 0
 
 
 def record(draft: ModelSettings, path: Path | None = None) -> dict:

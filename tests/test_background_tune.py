@@ -121,12 +121,12 @@ def test_nothing_starts_when_turned_off(turned_on, monkeypatch):
 def test_the_steps_run_in_turn_niced_and_the_end_is_reported(turned_on):
     ended = []
     background = tuning.start([(tuning.TUNING, child(0)), ("preparing", child(0))], on_end=ended.append)
-    assert tuning.current() is background and "applies from the next start" in background.describe()
+    assert tuning.current() is background and "applied as soon as it is done" in background.describe()
     assert tuning.start_if_needed(model_bytes=1) is None  # one per server
     finish(background)
     assert background.state == "done" and ended == [background]
     assert background.log_path.read_text().count("niceness 19") == 2
-    assert "restart" in background.describe()
+    assert "applied between visitors' runs" in background.describe() and "restart" not in background.describe()
 
 
 def test_a_failed_step_ends_the_work_and_points_to_its_log(turned_on):
@@ -207,7 +207,7 @@ def test_the_model_panel_says_where_the_background_tune_stands(turned_on):
     assert "tuning this machine in the background" in handlers.describe_model(Described(""))["tuned"]
     assert handlers.describe_model(Described("tuned: 20 % faster"))["tuned"] == "tuned: 20 % faster"  # compiled tuned
     finish(background)
-    assert "restart the app" in handlers.describe_model(Described(""))["tuned"]
+    assert "applied between visitors' runs" in handlers.describe_model(Described(""))["tuned"]
 
 
 def started(background: tuning.BackgroundWork) -> subprocess.Popen:

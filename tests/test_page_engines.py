@@ -19,3 +19,64 @@ def test_preparing_reports_to_the_page_and_prints_one_terminal_line_per_stage(ca
     assert stages == [
         "Big: assembling and checking 3 parts (0%)", "big: exporting to OpenVINO IR (35%)", "compiling", "big: ready (100%)",
         "Small: assembling and checking 1 parts (0%)", "small: ready (100%)"]
+
+
+def _fake_engines(monkeypatch, home):
+    """Engines that load at once and record when; the tune file in the test's own home."""
+    import threading
+    from types import SimpleNamespace
+
+    from specdemo.ui import engines
+
+    loads = []
+    monkeypatch.setattr(engines, "_LOADING", {})
+    monkeypatch.setattr(engines, "_load_engine", lambda settings, with_draft: lambda report: loads.append(
+        threading.current_thread().name) or SimpleNamespace(target=SimpleNamespace(tuned="tuned"),
+                                                            draft=SimpleNamespace(tuned="")))
+    return engines, loads
+
+
+def _retune() -> None:
+    import os
+    import time
+
+    from specdemo import tune
+
+    path = tune.path_for()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("{}")
+    later = time.time_ns() + 10**9  # a clear step, whatever the file system's timestamp granularity
+    os.utime(path, ns=(later, later))
+
+
+def test_a_run_after_the_tune_changed_compiles_again_and_a_page_load_does_not(home, monkeypatch):
+    from specdemo.settings import RunSettings
+
+    engines, loads = _fake_engines(monkeypatch, home)
+    first = engines.loading_for("pair", RunSettings())
+    first.wait()
+    assert engines.loading_for("pair", RunSettings()) is first  # nothing changed: the same engine
+    _retune()
+    assert engines.loading_for("pair", RunSettings(), refresh=False) is first  # a page being loaded keeps it
+    again = engines.loading_for("pair", RunSettings())  # a run in its turn: compiled again under the new tune
+    assert again is not first and again.message == engines.APPLYING
+    again.wait()
+    assert len(loads) == 2 and engines.loading_for("pair", RunSettings()) is again
+
+
+def test_the_new_tune_is_applied_in_a_turn_of_its_own_after_the_run_that_holds_the_machine(home, monkeypatch):
+    from specdemo.settings import RunSettings
+    from specdemo.ui import handlers
+
+    engines, loads = _fake_engines(monkeypatch, home)
+    engines.loading_for("pair", RunSettings()).wait()
+    run = handlers.LINE.join(16)  # a visitor's run holds the machine
+    _retune()
+    said = []
+    applying = handlers.apply_tune(log=said.append)
+    applying.join(0.5)
+    assert applying.is_alive() and len(loads) == 1  # waits in the line: no compile beside the run
+    handlers.LINE.leave(run)
+    applying.join(10)
+    assert len(loads) == 2 and said[0].startswith("applied this machine's tune in") and "no restart" in said[0]
+    assert len(handlers.LINE) == 0

@@ -26,11 +26,12 @@ class Loading:
     """Something slow being loaded on a background thread (an Engine or a GenAI pipeline), with its progress;
     `on_done(value)` is called once it has loaded."""
 
-    def __init__(self, key, load: Callable, on_done: Callable | None = None):
+    def __init__(self, key, load: Callable, on_done: Callable | None = None, stamp: int = 0, message: str = ""):
         self.key = key
+        self.stamp = stamp  # the machine's tune file as it stood when this loading began (tune.stamp)
         self.on_done = on_done
         # Conversion reports fractions; compiling and warming up do not (None: no bar, just the message).
-        self.fraction, self.message = None, "loading and compiling the models"
+        self.fraction, self.message = None, message or "loading and compiling the models"
         self.value = None
         self.error: Exception | None = None
         self.done = threading.Event()
@@ -104,11 +105,14 @@ _LOADING: dict[str, Loading] = {}  # by role: "pair", "race-autoregressive", "ra
 _LOADING_LOCK = threading.Lock()
 
 
-def loading_for(role: str, settings: RunSettings, with_draft: bool = True, on_done: Callable | None = None) -> Loading:
+def loading_for(role: str, settings: RunSettings, with_draft: bool = True, on_done: Callable | None = None,
+                refresh: bool = True) -> Loading:
     """The (possibly finished) loading of the engine for `role`, started on first use. Other settings for a
-    role replace its engine; a failed loading is tried again."""
+    role replace its engine; a failed loading is tried again; and with `refresh`, one compiled before this machine's
+    tune last changed is compiled again under the new choice (callers that hold the machine, a run in its turn, refresh;
+    a page being loaded does not)."""
     key = (settings.target, settings.draft if with_draft else None)
-    return _loading(role, key, lambda: _load_engine(settings, with_draft), on_done)
+    return _loading(role, key, lambda: _load_engine(settings, with_draft), on_done, refresh)
 
 
 def genai_loading_for(settings: RunSettings, prompt_lookup: bool) -> Loading:
@@ -116,11 +120,17 @@ def genai_loading_for(settings: RunSettings, prompt_lookup: bool) -> Loading:
     return _loading(GENAI, (settings.target, settings.draft, prompt_lookup), lambda: _load_genai(settings, prompt_lookup))
 
 
-def _loading(role: str, key, make_load: Callable, on_done: Callable | None = None) -> Loading:
+APPLYING = "applying this machine's new tune: compiling the models again"
+
+
+def _loading(role: str, key, make_load: Callable, on_done: Callable | None = None, refresh: bool = True) -> Loading:
+    stamp = tune.stamp()
     with _LOADING_LOCK:
         loading = _LOADING.get(role)
-        if loading is None or loading.key != key or loading.error is not None:
-            loading = _LOADING[role] = Loading(key, make_load(), on_done)
+        stale = refresh and loading is not None and loading.error is None and loading.stamp != stamp
+        if loading is None or loading.key != key or loading.error is not None or stale:
+            # The engine it replaces goes when the last run holding it ends (runs take turns: none does now).
+            loading = _LOADING[role] = Loading(key, make_load(), on_done, stamp, APPLYING if stale else "")
     return loading
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import queue
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -61,7 +62,7 @@ def wait_for_models() -> Iterator[tuple]:
     """Page load: the preparation's progress in the status line, then the model panel, the cost chart and the cost
     surface, as (status, models, costs frame, costs note, surface). The status line is written by this handler alone
     (no progress overlay drawn over it), so two messages never sit on top of each other."""
-    loading = loading_for("pair", RunSettings(), True)
+    loading = loading_for("pair", RunSettings(), True, refresh=False)  # a visitor's run may hold the machine now
     while not loading.done.wait(0.5):
         yield render.preparing_status(loading.fraction, loading.message), SKIP, SKIP, SKIP, SKIP
     if loading.error is not None:
@@ -272,6 +273,30 @@ def final_view(lanes: dict[str, LaneRun], mode: str, settings: GenerationSetting
     view.models = render.render_models(describe_model(engine.target), describe_model(engine.draft) if engine.draft else None,
                                        engine.target.settings.num_threads, kv)
     return view
+
+
+def apply_tune(settings: RunSettings = RunSettings(), log=print) -> threading.Thread:
+    """After this machine's tune changed (the background work, or `tune` in another terminal): the default pair compiled
+    again under it, in a turn of its own in the line, so no visitor's run shares the machine with the compile and the
+    next run starts on it. (Whatever a run asks for is compiled under the newest tune anyway: loading_for.)"""
+
+    def apply() -> None:
+        ticket = LINE.join(1)
+        try:
+            for _ in LINE.wait(ticket, threading.Event()):
+                pass
+            started = time.perf_counter()
+            engine = loading_for("pair", settings, True).wait()
+            log(f"applied this machine's tune in {time.perf_counter() - started:.0f} s (target "
+                f"{engine.target.tuned or 'untuned'}; draft {engine.draft.tuned or 'untuned'}); no restart needed")
+        except Exception as error:  # the page's next run says it again, in its own status line
+            log(f"could not apply this machine's tune: {as_sentence(error)}")
+        finally:
+            LINE.leave(ticket, finished=False)
+
+    thread = threading.Thread(target=apply, daemon=True, name="specdemo-apply-tune")
+    thread.start()
+    return thread
 
 
 def describe_model(model) -> dict:

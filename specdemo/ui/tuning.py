@@ -2,11 +2,14 @@
 child process at the lowest CPU priority: `python -m specdemo prepare` for the draft's other weight precision (so the
 tune's draft plan can price it), `python -m specdemo tune` when there is no tune choice yet (and memory allows; on a
 machine tuned already, `tune --draft-plan` when the plan has not priced a draft it could run), then `python -m specdemo
-prepare` for each named configuration whose models are not converted yet (the "fastest" INT4 target). The page never
+prepare` for each named configuration whose models are not converted yet (the "fastest" INT4 target), and `tune
+--configuration NAME --target-only` for each configuration whose target is not tuned yet. The page never
 waits for it. While a visitor's run holds the machine the work is stopped (SIGSTOP to the step's process group, a
 conversion included), then continued: niced but running, the tune doubled a target step (92 ms against ~45 on a 2-core
 Zen 5), since the lanes share caches and memory bandwidth, not only cores.
-It ends with the server. What it chose or prepared applies from the next start; until then the model panel says so.
+It ends with the server. What it chose is applied when it is done, without a restart: the page compiles the default
+pair again in a turn of its own in the visitors' line (handlers.apply_tune), and any engine compiled before the tune
+last changed is compiled again when a run next asks for it (engines.loading_for).
 SPECDEMO_TUNE_AT_START=0 turns it off (the tests' and the benchmark's servers).
 """
 
@@ -108,14 +111,14 @@ class BackgroundWork:
 
     @property
     def tunes(self) -> bool:
-        return any(label in (TUNING, PLANNING) for label, _ in self.steps)
+        return any(label == PLANNING or label.startswith("tuning") for label, _ in self.steps)  # TUNING and its kin
 
     def describe(self) -> str:
         """A few words for the model panel."""
         if self.state == "running":
-            return f"{self.step} in the background, at low priority; applies from the next start"
+            return f"{self.step} in the background, at low priority; applied as soon as it is done"
         if self.state == "done":
-            return ("tuned" if self.tunes else "done") + " in the background; restart the app to apply"
+            return ("tuned" if self.tunes else "done") + " in the background; applied between visitors' runs"
         return f"the background work failed while {self.step} (exit {self.returncode}); see {self.log_path}"
 
 
