@@ -337,7 +337,7 @@ def _generate(args: argparse.Namespace, settings: RunSettings) -> int:
     if args.json:
         print(json.dumps(run, ensure_ascii=False))
     else:
-        _print_summaries(lanes["autoregressive"], lanes["speculative"], settings.generation.greedy)
+        _print_summaries(lanes["autoregressive"], lanes["speculative"], settings.generation.greedy, engine.noise)
         _print_counterfactual(would, lanes["speculative"])
         _print_failures(run["failures"])
         if args.save:
@@ -404,7 +404,7 @@ def _render(event: TokenEvent, colour: bool) -> str:
     return f"{rejected}{start}{event.text}{_RESET if start else ''}"
 
 
-def _print_summaries(ar_result: Result, spec_result: Result, greedy: bool) -> None:
+def _print_summaries(ar_result: Result, spec_result: Result, greedy: bool, noise=None) -> None:
     ar, spec = ar_result.summary, spec_result.summary
     print("\n== summary ==")
     rows = [
@@ -428,7 +428,7 @@ def _print_summaries(ar_result: Result, spec_result: Result, greedy: bool) -> No
     if not greedy:
         print("note: sampling, and the two samples happen to be equal" if ar_result.ids == spec_result.ids
               else "note: sampling: the two outputs are different samples from the same distribution")
-    elif (parted := parting(ar_result.tokens, spec_result.tokens)) is not None:
+    elif (parted := parting(ar_result.tokens, spec_result.tokens, noise)) is not None:
         print(f"note: {parted.sentence()}")
     print(f"legend: {_COLOURS[ACCEPTED]}accepted draft{_RESET}  {_COLOURS[CORRECTED]}corrected by target{_RESET}  "
           f"{_COLOURS[BONUS]}bonus{_RESET}  {_STRIKE}rejected draft{_RESET}" if sys.stdout.isatty() else "")

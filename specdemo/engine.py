@@ -154,6 +154,7 @@ class Engine:
         self.lock = threading.Lock()  # one generation at a time: the KV caches are shared state
         self.costs: CostModel | None = None  # this machine's call costs, after warm_up(); every run corrects them
         self.costs_path: Path | None = None  # where they are kept
+        self.noise = None  # fidelity.BatchingNoise of the target's compile, after warm_up(): what partings are judged by
         self.warm_up_s = 0.0  # seconds the last warm_up() took (compilation, first calls, measuring)
         self.acceptance = AcceptanceHistory(self._costs_dir() / f"acceptance-{self._pair_key()}.json")
 
@@ -177,12 +178,30 @@ class Engine:
             draft = self.draft.runtime if self.draft else None
             self.costs = costs.measure(self.target.runtime, draft, k_max + 1, self._costs_dir(), fresh, log)
             self.costs_path = costs.cache_path(self._costs_dir(), self.target.runtime, draft, k_max + 1)
+            self.noise = self._batching_noise(k_max, log)
             if draft is not None and _learning() and not self.acceptance.has_evidence("model", True):
                 log("learning how often the draft agrees with the target, on built-in answers (once per machine)")
                 self._calibrate(k_max)
             release_weight_pages()  # every shape has run: the plugin works from its own copies of the weights now
         self.warm_up_s = time.perf_counter() - start
         return self.warm_up_s
+
+    def _batching_noise(self, k_max: int, log):
+        """How far this target's batched calls move a top-2 gap from its single steps (fidelity.BatchingNoise): what
+        a parting of the greedy lanes is judged against. Measured once per compile (~7 s on 2 cores), kept beside the
+        cost model."""
+        from specdemo import fidelity
+
+        def measure():
+            log("measuring how far this compile's batched calls differ from its single steps (once per compile)")
+            examples = json.loads(CALIBRATION.read_text(encoding="utf-8")) if CALIBRATION.is_file() else []
+            pairs = [(self._encode_chat(e["instruction"], ""), self.tokenizer.encode(e["answer"], add_special_tokens=False))
+                     for e in examples]
+            sizes = tuple(n for n in fidelity.NOISE_SIZES if n <= k_max + 1)
+            return fidelity.batching_noise(self.target.runtime, pairs, sizes=sizes)
+
+        return fidelity.cached_noise(self.costs_path.with_suffix(".noise.json"), measure) if self.costs_path \
+            else measure()
 
     def _calibrate(self, k_max: int) -> None:
         """The acceptance prior's first evidence, before any run: where the draft's greedy token equals the target's on

@@ -59,3 +59,70 @@ def compare(reference, candidates: dict[str, object], examples: list[tuple[list[
             total[2] += float(np.abs(logits - ref).mean(axis=-1).sum())
     return {name: (n, kept / n if n else float("nan"), error / n if n else float("nan"))
             for name, (n, kept, error) in totals.items()}
+
+
+# ---- how far one compile's batched calls differ from its single steps
+
+NOISE_POSITIONS = 96  # answer tokens scored both ways: ~7 s of single target steps on a 2-core Zen 5, once per compile
+NOISE_SIZES = (2, 4, 8, 13)  # tokens per batched call: the verify calls of K = 1, 3, 7 and 12
+
+
+@dataclass
+class BatchingNoise:
+    """How much a target's top-2 gap moves between a single-token call and a batched call on the same positions: the
+    rounding the kernels for one and for several rows do differently. Greedy lanes may part where a margin is within it."""
+
+    max_gap_change: float  # logits: the largest |gap single − gap batched| over positions and call sizes
+    positions: int  # answer positions compared
+    sizes: tuple[int, ...]  # tokens per batched call tried
+
+    def to_dict(self) -> dict:
+        return {"max_gap_change": self.max_gap_change, "positions": self.positions, "sizes": list(self.sizes)}
+
+
+def batching_noise(model, examples: list[tuple[list[int], list[int]]], positions: int = NOISE_POSITIONS,
+                   sizes: tuple[int, ...] = NOISE_SIZES) -> BatchingNoise:
+    """Score up to `positions` answer tokens of `examples` (prompt ids, answer ids) one token per call, as the
+    autoregressive lane does, then `size` tokens per call for each size, as verify calls do; compare the gap between
+    the single steps' top two tokens at each position."""
+    change, compared = 0.0, 0
+    for prompt, answer in examples:
+        fed = answer[: min(len(answer), positions - compared + 1)][:-1]
+        if not fed:
+            break
+        model.reset()
+        model.forward(prompt)
+        single = np.concatenate([model.forward([token]) for token in fed])  # (n, V)
+        top2 = np.argsort(single, axis=-1)[:, -2:]  # (n, 2): runner-up, best
+        rows = np.arange(len(fed))
+        gap = single[rows, top2[:, 1]] - single[rows, top2[:, 0]]
+        for size in sizes:
+            model.reset()
+            model.forward(prompt)
+            batched = np.concatenate([model.forward(fed[i:i + size], logits_to_keep=len(fed[i:i + size]))
+                                      for i in range(0, len(fed), size)])
+            moved = batched[rows, top2[:, 1]] - batched[rows, top2[:, 0]] - gap
+            change = max(change, float(np.abs(moved).max()))
+        compared += len(fed)
+        if compared >= positions:
+            break
+    model.reset()
+    return BatchingNoise(change, compared, tuple(sizes))
+
+
+def cached_noise(path, measure) -> BatchingNoise:
+    """The batching noise kept at `path` (JSON) for this compile, or `measure()` once and kept there."""
+    import json
+    import os
+
+    try:
+        data = json.loads(path.read_text())
+        return BatchingNoise(float(data["max_gap_change"]), int(data["positions"]), tuple(data["sizes"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    noise = measure()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    scratch = path.with_name(f".{path.name}.{os.getpid()}")
+    scratch.write_text(json.dumps(noise.to_dict()))
+    os.replace(scratch, path)
+    return noise

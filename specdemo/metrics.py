@@ -398,21 +398,39 @@ class Parting:
     index: int  # the first differing token, from 0
     tokens: list[str]  # the token each lane wrote there (autoregressive, then the other lane)
     margin: list[float]  # logits: the target's top-2 gap at that token in each lane (nan where a lane did not record it)
-    verdict: str  # "near-tie": both within the NEAR_TIE_LOGIT_GAP single and batched calls differ by; else "defect"
+    verdict: str  # "near-tie": both margins within the band below; else "defect"
+    # logits: the largest change of a top-2 gap this compile showed between single-token and batched calls (measured
+    # at warm-up, fidelity.batching_noise); None where it was not measured (then the band is NEAR_TIE_LOGIT_GAP)
+    noise: float | None = None
+    noise_positions: int = 0  # positions that measurement compared
+
+    @property
+    def band(self) -> float:
+        return near_tie_band(self.noise)
 
     def sentence(self, other: str = "speculative") -> str:
-        """The parting in words, with the measured margins and what they mean."""
+        """The parting in words, with the measured margins and what they are compared with."""
         where = (f"The texts part at token {self.index + 1} ({self.tokens[0]!r} autoregressive, {self.tokens[1]!r} "
                  f"{other}): the target's top-2 margin there was {self.margin[0]:.2f} logits in the autoregressive lane "
                  f"and {self.margin[1]:.2f} in the {other} one")
-        # The band is a constant, not this run's: it was measured once (verification.NEAR_TIE_LOGIT_GAP), so the
-        # sentence says where it comes from rather than presenting it as this compile's noise.
-        band = (f"the {NEAR_TIE_LOGIT_GAP}-logit near-tie band (a single-token and a batched call of the INT8 target "
-                "were measured to differ by up to 0.27 logits; this compile's own difference is not measured)")
+        if self.noise is not None:
+            band = (f"the {self.band:.2f}-logit band of twice the largest gap change this compile showed between "
+                    f"single-token and batched calls ({self.noise:.2f} logits over {self.noise_positions} positions, "
+                    "measured at warm-up)")
+        else:  # a run saved before the noise was measured: say the constant is one
+            band = (f"the {NEAR_TIE_LOGIT_GAP}-logit near-tie band (a constant; this compile's own difference between "
+                    "single-token and batched calls was not measured)")
         if self.verdict == "near-tie":
             return f"{where}, within {band}: a near-tie, where either token is the model's choice."
         return (f"{where}, beyond {band}: not a near-tie but a defect; please report it with the run's JSON "
                 "(--json).")
+
+
+def near_tie_band(noise: float | None) -> float:
+    """Logits within which a top-2 margin is a near-tie for this compile: twice the largest gap change measured between
+    single-token and batched calls (the measurement samples a few hundred gaps; a parting is the tail), or the
+    constant NEAR_TIE_LOGIT_GAP where nothing was measured."""
+    return NEAR_TIE_LOGIT_GAP if noise is None else 2 * noise
 
 
 def first_difference(a: Sequence[int], b: Sequence[int]) -> int:
@@ -420,11 +438,14 @@ def first_difference(a: Sequence[int], b: Sequence[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def parting(first: Sequence["TokenEvent"], second: Sequence["TokenEvent"]) -> Parting | None:
-    """Where two lanes' greedy token streams part (None when one is a prefix of the other)."""
+def parting(first: Sequence["TokenEvent"], second: Sequence["TokenEvent"], noise=None) -> Parting | None:
+    """Where two lanes' greedy token streams part (None when one is a prefix of the other), judged against `noise` (the
+    compile's fidelity.BatchingNoise; None: not measured)."""
     index = first_difference([e.id for e in first], [e.id for e in second])
     if index == min(len(first), len(second)):
         return None
     margins = [lane[index].margin if lane[index].margin is not None else float("nan") for lane in (first, second)]
-    near = all(m < NEAR_TIE_LOGIT_GAP for m in margins)  # nan (not recorded) is no evidence of a near-tie
-    return Parting(index, [first[index].text, second[index].text], margins, "near-tie" if near else "defect")
+    change = noise.max_gap_change if noise is not None else None
+    near = all(m <= near_tie_band(change) for m in margins)  # nan (not recorded) is no evidence of a near-tie
+    return Parting(index, [first[index].text, second[index].text], margins, "near-tie" if near else "defect", change,
+                   noise.positions if noise is not None else 0)

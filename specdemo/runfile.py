@@ -54,7 +54,9 @@ def run_dict(instruction: str, settings, engine, autoregressive: Result, specula
         "speculative": lane_dict(speculative),
         "measured_speedup": measured_speedup(autoregressive.summary, speculative.summary),
         # greedy lanes that part: where, the tokens, the target's margin there in each lane, the verdict
-        "parting": _parting(autoregressive, speculative, settings.generation.greedy),
+        "parting": _parting(autoregressive, speculative, settings.generation.greedy, engine.noise),
+        # how far the target's batched calls moved a top-2 gap from its single steps (fidelity.BatchingNoise)
+        "batching_noise": engine.noise.to_dict() if getattr(engine, "noise", None) is not None else None,
         "warm_up_s": engine.warm_up_s,
         "costs": engine.costs.to_dict() if engine.costs is not None else None,
         "plan": asdict(speculative.plan) if speculative.plan is not None else None,
@@ -63,8 +65,8 @@ def run_dict(instruction: str, settings, engine, autoregressive: Result, specula
     }
 
 
-def _parting(autoregressive: Result, speculative: Result, greedy: bool) -> dict | None:
-    parted = parting(autoregressive.tokens, speculative.tokens) if greedy else None
+def _parting(autoregressive: Result, speculative: Result, greedy: bool, noise) -> dict | None:
+    parted = parting(autoregressive.tokens, speculative.tokens, noise) if greedy else None
     return asdict(parted) if parted is not None else None
 
 

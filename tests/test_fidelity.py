@@ -2,6 +2,7 @@
 known logits and known texts."""
 
 import numpy as np
+import pytest
 
 from specdemo import fidelity
 from specdemo.bench.harness import Lane, Run
@@ -50,3 +51,38 @@ def test_text_agreement_counts_the_tokens_written_before_the_texts_part():
             run(ours, 1, [5, 6, 7]), run(theirs, 1, [5, 6, 7, 8])]  # 1: equal until ours stopped
     assert text_agreement(runs, ours, theirs) == [{"instruction": 0, "same_tokens": 2, "of": 4},
                                                   {"instruction": 1, "same_tokens": 3, "of": 3}]
+
+
+class Batching:
+    """A model whose logits at every position are [2, 1, 0, -1] (gap 1 between its top two) when fed one token per
+    call, and whose batched calls of n tokens raise the runner-up by 0.05·n: the gap moves by 0.05·n."""
+
+    def reset(self):
+        pass
+
+    def forward(self, ids, logits_to_keep=1):
+        rows = np.tile(np.array([2.0, 1.0, 0.0, -1.0]), (logits_to_keep, 1))
+        if len(ids) > 1:
+            rows[:, 1] += 0.05 * len(ids)
+        return rows
+
+
+def test_batching_noise_is_the_largest_move_of_the_top_two_gap_between_single_and_batched_calls():
+    examples = [([7], list(range(11))), ([8], list(range(30)))]  # 10 + 29 positions, capped at 20
+    noise = fidelity.batching_noise(Batching(), examples, positions=20, sizes=(2, 4))
+    assert noise.positions == 20 and noise.sizes == (2, 4)
+    assert noise.max_gap_change == pytest.approx(0.2, abs=1e-6)  # 0.05 × 4, the larger size
+
+
+def test_the_noise_is_measured_once_per_compile_and_kept(tmp_path):
+    measured = []
+    path = tmp_path / "costs" / "key.noise.json"
+    first = fidelity.cached_noise(path, lambda: measured.append(1) or fidelity.BatchingNoise(0.12, 96, (2, 13)))
+    again = fidelity.cached_noise(path, lambda: measured.append(1) or fidelity.BatchingNoise(9.9, 1, (2,)))
+    assert measured == [1] and first == again == fidelity.BatchingNoise(0.12, 96, (2, 13))
+
+
+def test_a_compiled_tiny_target_shows_a_small_finite_batching_noise(tiny_pair):
+    target = tiny_pair[0].runtime
+    noise = fidelity.batching_noise(target, [([1, 2, 3], list(range(10, 40)))], positions=24, sizes=(2, 5))
+    assert noise.positions == 24 and 0.0 <= noise.max_gap_change < 0.5

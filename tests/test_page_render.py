@@ -153,6 +153,20 @@ def test_lanes_that_part_at_a_near_tie_show_the_margins_measured_there():
     assert "same 2 tokens" not in results and "defect" not in results
 
 
+def test_a_parting_is_judged_against_the_noise_this_compile_showed():
+    from specdemo.fidelity import BatchingNoise
+
+    wide = render.render_results(parted_lanes(0.19, 0.07), ONE_AFTER_ANOTHER, GenerationSettings(),
+                                 noise=BatchingNoise(0.12, 96, (2, 13)))
+    assert "within the 0.24-logit band of twice the largest gap change" in wide and "(0.12 logits over 96 positions" in wide
+    assert "a near-tie, where" in wide
+    narrow = render.render_results(parted_lanes(0.19, 0.07), ONE_AFTER_ANOTHER, GenerationSettings(),
+                                   noise=BatchingNoise(0.05, 96, (2, 13)))
+    assert "beyond the 0.10-logit band" in narrow and "not a near-tie but a defect" in narrow
+    unmeasured = render.render_results(parted_lanes(0.19, 0.07), ONE_AFTER_ANOTHER, GenerationSettings())
+    assert "0.5-logit near-tie band (a constant" in unmeasured  # never presented as this compile's noise
+
+
 def test_lanes_that_part_where_the_margin_was_wide_are_called_a_defect():
     results = render.render_results(parted_lanes(1.4, 0.9), ONE_AFTER_ANOTHER, GenerationSettings())
     assert "1.40 logits" in results and "not a near-tie but a defect" in results and "a near-tie, where" not in results

@@ -255,7 +255,7 @@ def final_view(lanes: dict[str, LaneRun], mode: str, settings: GenerationSetting
         status = STOPPED_STATUS if stopped else f"Finished ({render.describe_mode(mode)}). Hover a token for its step."
     view = live_view(lanes, mode, plot=True, whole=True)
     view.status = ("⚠️ " if errors else "") + status
-    view.results = render.render_results(lanes, mode, settings, would, configuration)
+    view.results = render.render_results(lanes, mode, settings, would, configuration, engine.noise)
     s = spec.summary
     done = finished(lanes)
     # The prior's chance that draft i is kept when drafted: drafts 1 … i all accepted (the bars' quantity).

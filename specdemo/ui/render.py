@@ -102,7 +102,7 @@ def lane_speedup(lanes: dict[str, LaneRun]) -> float:
 
 
 def render_results(lanes: dict[str, LaneRun], mode: str, settings: GenerationSettings, would=None,
-                   configuration: str = "faithful") -> str:
+                   configuration: str = "faithful", noise=None) -> str:
     """The headline figures once both lanes are done: measured against predicted speedup, mean acceptance length and
     α̂, target calls saved, which run mode produced them, what each K would have given, and GenAI's lane if it ran."""
     ar, spec = lanes[AUTOREGRESSIVE], lanes[SPECULATIVE]
@@ -143,7 +143,7 @@ def render_results(lanes: dict[str, LaneRun], mode: str, settings: GenerationSet
         escape(prediction),
         f"Speculative time: target {s.target_s:.2f} s (a verify call {s.verify_call_s * 1e3:.0f} ms, an autoregressive "
         f"step {a.target_step_s * 1e3:.0f} ms), drafting {s.draft_s:.2f} s, KV cache rollback {s.rollback_s:.3f} s.",
-        compare_outputs(ar.events, spec.events, settings),
+        compare_outputs(ar.events, spec.events, settings, noise),
         escape(would_line(would, s)),
         render_genai_line(lanes[GENAI], spec, settings) if GENAI in lanes else "",
     ]
@@ -181,15 +181,16 @@ def _rates(rates: list[float]) -> str:
     return " ".join(shown) if shown else "–"
 
 
-def compare_outputs(ar: list[TokenEvent], spec: list[TokenEvent], settings: GenerationSettings) -> str:
-    """Whether the lanes wrote the same text; where greedy lanes part, the margins measured there and their verdict."""
+def compare_outputs(ar: list[TokenEvent], spec: list[TokenEvent], settings: GenerationSettings, noise=None) -> str:
+    """Whether the lanes wrote the same text; where greedy lanes part, the margins measured there and their verdict
+    against the compile's measured batching `noise` (fidelity.BatchingNoise)."""
     ar_ids, spec_ids = [e.id for e in ar], [e.id for e in spec]
     if not settings.greedy:
         if ar_ids == spec_ids:
             return (f"Sampling, and the two lanes' samples happen to be the same {len(ar_ids)} tokens (each is a draw "
                     "from the same distribution).")
         return "Sampling: the two lanes draw different samples from the same distribution, so their texts differ."
-    parted = metrics.parting(ar, spec)
+    parted = metrics.parting(ar, spec, noise)
     if parted is None:
         if len(ar_ids) == len(spec_ids):
             return f"Both lanes produced the same {len(ar_ids)} tokens: speculation changed the speed, not the text."
