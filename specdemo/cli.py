@@ -259,14 +259,17 @@ def _tune(settings: RunSettings, again: bool = True) -> int:
         log(f"not kept: {problem}; the defaults stay")
         engine = Engine.load(settings)
     engine.warm_up(fresh=True, log=log)  # the cost model, measured again under the chosen settings
-    print(f"\n{'model':8}{'setting':44}{'greedy kept':>12}{'time':>10}{'vs default':>12}")
+    print(f"\n{'model':8}{'setting':44}{'greedy kept':>12}{'time':>10}{'vs default':>12}{'parting/1k':>12}")
     for t in trials:
         time_ = f"{t.seconds * 1e3:.1f} ms" if t.faithful else "–"
         ratio = f"{t.relative:.2f}x" if t.faithful and t.relative == t.relative else "–"
         mark = "  <- chosen" if t.chosen else ("" if t.faithful else "  (not faithful)")
-        print(f"{t.role:8}{t.setting.describe():44}{t.agreement:>12.1%}{time_:>10}{ratio:>12}{mark}")
+        parting = f"{t.parting_rate:.1f}" if t.parting_rate == t.parting_rate else "–"
+        print(f"{t.role:8}{t.setting.describe():44}{t.agreement:>12.1%}{time_:>10}{ratio:>12}{parting:>12}{mark}")
     print("(time: in the race a setting last ran in; vs default: chained through the races, each against the setting"
-          " kept so far)")
+          " kept so far; parting/1k: positions per 1,000 of built-in code and prose answers where verify calls choose"
+          " another greedy token than single steps, measured for the target settings that would replace the one kept;"
+          " none may part more often than the defaults, except in the fastest configuration)")
     _print_draft_plan(drafts)
     print(f"\nkept in {path}; every compile of these models on this machine uses it (ours, GenAI's lane, the bench).")
     print(f"{engine.costs.sentence()} (the cost model, measured again under it)")

@@ -75,9 +75,16 @@ class BatchingNoise:
     max_gap_change: float  # logits: the largest |gap single − gap batched| over positions and call sizes
     positions: int  # answer positions compared
     sizes: tuple[int, ...]  # tokens per batched call tried
+    flips: int = 0  # positions where a batched call's greedy token differs from the single step's (at any size)
+
+    @property
+    def parting_rate(self) -> float:
+        """Positions per 1,000 where greedy lanes would part: a batched call choosing another token than a single step."""
+        return 1000 * self.flips / self.positions if self.positions else float("nan")
 
     def to_dict(self) -> dict:
-        return {"max_gap_change": self.max_gap_change, "positions": self.positions, "sizes": list(self.sizes)}
+        return {"max_gap_change": self.max_gap_change, "positions": self.positions, "sizes": list(self.sizes),
+                "flips": self.flips, "parting_rate": self.parting_rate}
 
 
 def batching_noise(model, examples: list[tuple[list[int], list[int]]], positions: int = NOISE_POSITIONS,
@@ -85,7 +92,7 @@ def batching_noise(model, examples: list[tuple[list[int], list[int]]], positions
     """Score up to `positions` answer tokens of `examples` (prompt ids, answer ids) one token per call, as the
     autoregressive lane does, then `size` tokens per call for each size, as verify calls do; compare the gap between
     the single steps' top two tokens at each position."""
-    change, compared = 0.0, 0
+    change, compared, flips = 0.0, 0, 0
     for prompt, answer in examples:
         fed = answer[: min(len(answer), positions - compared + 1)][:-1]
         if not fed:
@@ -96,6 +103,7 @@ def batching_noise(model, examples: list[tuple[list[int], list[int]]], positions
         top2 = np.argsort(single, axis=-1)[:, -2:]  # (n, 2): runner-up, best
         rows = np.arange(len(fed))
         gap = single[rows, top2[:, 1]] - single[rows, top2[:, 0]]
+        flipped = np.zeros(len(fed), dtype=bool)
         for size in sizes:
             model.reset()
             model.forward(prompt)
@@ -103,11 +111,13 @@ def batching_noise(model, examples: list[tuple[list[int], list[int]]], positions
                                       for i in range(0, len(fed), size)])
             moved = batched[rows, top2[:, 1]] - batched[rows, top2[:, 0]] - gap
             change = max(change, float(np.abs(moved).max()))
+            flipped |= batched.argmax(axis=-1) != top2[:, 1]
         compared += len(fed)
+        flips += int(flipped.sum())
         if compared >= positions:
             break
     model.reset()
-    return BatchingNoise(change, compared, tuple(sizes))
+    return BatchingNoise(change, compared, tuple(sizes), flips)
 
 
 def cached_noise(path, measure) -> BatchingNoise:
@@ -117,7 +127,8 @@ def cached_noise(path, measure) -> BatchingNoise:
 
     try:
         data = json.loads(path.read_text())
-        return BatchingNoise(float(data["max_gap_change"]), int(data["positions"]), tuple(data["sizes"]))
+        return BatchingNoise(float(data["max_gap_change"]), int(data["positions"]), tuple(data["sizes"]),
+                             int(data.get("flips", 0)))
     except (OSError, ValueError, KeyError, TypeError):
         pass
     noise = measure()

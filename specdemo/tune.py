@@ -38,6 +38,7 @@ from specdemo.fidelity import teacher_forced_logits
 from specdemo.settings import AUTO, DRAFT_PRECISION, ModelSettings
 
 TUNE_VERSION = 1
+PROSE = Path(__file__).resolve().parent.parent / "assets" / "prose.json"  # the default target's own prose answers
 # 0: dynamic quantization off. 16 divides the groups of 16 a GGUF's Q6_K blocks keep (precision gguf), 32 its Q4_K
 # ones; 64 and above divide only NNCF's groups of 128 and per-channel weights.
 GROUP_SIZES = (0, 16, 32, 64, 128, 256)
@@ -83,6 +84,7 @@ class Trial:
     seconds: float = float("nan")  # the score: target t(1) + t(ROUND); draft: a draft step in a round
     relative: float = float("nan")  # its score over the defaults', chained through the races it and they ran in
     agreement: float = float("nan")  # share of the reference's decided greedy choices kept
+    parting_rate: float = float("nan")  # per 1,000 positions: verify calls choosing another token than single steps
     faithful: bool = False
     chosen: bool = False
 
@@ -395,16 +397,23 @@ def compile_model(settings: ModelSettings, tokenizer=None):
 
 
 def search(role: str, base: ModelSettings, other, probes: list[Probe], log, cpu_flags: list[str], cores: int,
-           compile=None, fidelity=None, timer=None) -> list[Trial]:
+           compile=None, fidelity=None, timer=None, identity=None) -> list[Trial]:
     """Coordinate descent over DIMENSIONS from DEFAULT for one model; every trial, the chosen one marked. `compile`,
-    `fidelity` and `timer` default to compiling for real, `agreement` and the role's loop-pattern timer."""
+    `fidelity` and `timer` default to compiling for real, `agreement` and the role's loop-pattern timer.
+
+    `identity` (model -> fidelity.BatchingNoise), for a target whose greedy lanes must stay identical: a setting
+    replaces the incumbent only if its parting rate (single steps against verify calls) is no worse than the
+    defaults'; a faster one that parts more often is passed over, and the table says so."""
     compile = compile or compile_model
     fidelity = fidelity or agreement
     timer = timer or (lambda models, other: race(models, other, sample_target if role == "target" else sample_draft))
     trials: list[Trial] = []
     best = Trial(role, DEFAULT)
+    baseline = None  # the defaults' parting rate, per 1,000 positions, once measured
     for dimension in DIMENSIONS:
-        options = [Trial(role, s) for s in candidates(best.setting, dimension, cpu_flags, cores)]
+        judged = {t.setting: t.parting_rate for t in trials}  # a parting rate is measured once per setting
+        options = [Trial(role, s, parting_rate=judged.get(s, float("nan")))
+                   for s in candidates(best.setting, dimension, cpu_flags, cores)]
         if len(options) < 2:
             continue
         models = {}  # the faithful candidates' compiles, kept for the timing passes
@@ -418,8 +427,6 @@ def search(role: str, base: ModelSettings, other, probes: list[Probe], log, cpu_
         faithful = [t for t in options if t.faithful]
         for trial, seconds in zip(faithful, timer([models[id(t)] for t in faithful], other)):
             trial.seconds = seconds
-        models.clear()
-        gc.collect()
         incumbent = next((t for t in faithful if t.setting == best.setting), None)
         # Times of one race compare; across races the machine may have drifted, so ratios are chained through the
         # incumbent, which runs in every race.
@@ -428,14 +435,55 @@ def search(role: str, base: ModelSettings, other, probes: list[Probe], log, cpu_
             trial.relative = scale * trial.seconds / incumbent.seconds if incumbent else float("nan")
             log(f"  {role} {trial.setting.describe()}: {trial.seconds * 1e3:.1f} ms ({trial.relative:.2f}× the defaults)")
         trials = [t for t in trials if all(t.setting != o.setting for o in options)] + options  # the latest timing of each
-        fastest = min(faithful, key=lambda t: t.seconds, default=None)
-        if fastest is not None and (incumbent is None or fastest.seconds < (1 - MARGIN) * incumbent.seconds):
-            best = fastest
+        faster = sorted((t for t in faithful if incumbent is None or t.seconds < (1 - MARGIN) * incumbent.seconds),
+                        key=lambda t: t.seconds)
+        if identity is not None and faster:
+            if baseline is None:
+                default = next((t for t in faithful if t.setting == DEFAULT), incumbent)
+                baseline = _judge_identity(default, models[id(default)], identity, log) if default else float("inf")
+            faster = [t for t in faster if _judge_identity(t, models[id(t)], identity, log) <= baseline]
+        models.clear()
+        gc.collect()
+        if faster:
+            best = faster[0]
         elif incumbent is not None:
             best = incumbent
     for trial in trials:
         trial.chosen = trial.setting == best.setting
     return trials
+
+
+IDENTITY_POSITIONS = 320  # built-in code and prose answer tokens scored by single steps and by verify calls (~1 min)
+IDENTITY_SIZES = (2, 4, 8, 13)  # verify-call sizes tried: K = 1, 3, 7 and 12
+
+
+def keeps_identity(target: ModelSettings) -> bool:
+    """Whether tune holds this target to the defaults' parting rate: every target but the fastest configuration's,
+    which trades identity for speed by design."""
+    from specdemo.settings import CONFIGURATIONS
+
+    fastest = CONFIGURATIONS["fastest"][0]
+    return (target.source, target.precision) != (fastest.source, fastest.precision)
+
+
+def identity_judge(tokenizer, examples: list[dict]):
+    """model -> fidelity.BatchingNoise over the built-in code answers and prose answers (assets/prose.json, where
+    near-ties are common), up to IDENTITY_POSITIONS tokens."""
+    from specdemo.fidelity import batching_noise
+
+    prose = json.loads(PROSE.read_text(encoding="utf-8")) if PROSE.is_file() else []
+    mixed = [e for pair in zip(examples, prose) for e in pair] + examples[len(prose):] + prose[len(examples):]
+    pairs = [encode(tokenizer, e) for e in mixed]  # code and prose in turns, so a cap keeps both
+    return lambda model: batching_noise(model, pairs, IDENTITY_POSITIONS, IDENTITY_SIZES)
+
+
+def _judge_identity(trial: Trial, model, identity, log) -> float:
+    """The trial's parting rate (per 1,000 positions), measured once and kept on it."""
+    if trial.parting_rate != trial.parting_rate:
+        trial.parting_rate = identity(model).parting_rate
+        log(f"  {trial.role} {trial.setting.describe()}: greedy choices of verify calls differ from single steps at "
+            f"{trial.parting_rate:.1f} per 1,000 positions")
+    return trial.parting_rate
 
 
 def tune(target: ModelSettings, draft: ModelSettings, log=print, again: bool = True) -> tuple[list[Trial], list]:
@@ -467,7 +515,8 @@ def tune(target: ModelSettings, draft: ModelSettings, log=print, again: bool = T
             other = compile_model(tune_choice(trials, "target", target))
         else:  # the target is timed beside the draft as this machine runs it: tuned if it is, else the defaults
             other = compile_model(apply(draft) if draft_done else DEFAULT.apply(partner))
-        trials += search(role, base, other, probes, log, flags, cores)
+        judge = identity_judge(tokenizer, examples) if role == "target" and keeps_identity(target) else None
+        trials += search(role, base, other, probes, log, flags, cores, identity=judge)
     if draft_done:
         log("draft: tuned and planned already on this machine; kept as it is")
         return trials, []

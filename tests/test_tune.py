@@ -55,6 +55,37 @@ def test_a_faster_setting_that_changes_greedy_choices_is_refused():
     assert any("keeps 93.0% of the reference's greedy choices" in line for line in log)
 
 
+def test_a_faster_setting_whose_verify_calls_part_more_often_than_the_defaults_is_passed_over():
+    """bf16 keeps every greedy choice here and is fastest, but its verify calls part from its single steps at 9 per
+    1,000 positions where the defaults part at 2: the faithful configuration's target stays f32 (group 128, which
+    parts no more than the defaults); without the identity judge bf16 would win."""
+    from specdemo.fidelity import BatchingNoise
+
+    def parting(settings) -> BatchingNoise:
+        return BatchingNoise(0.3, 1000, (2, 13), flips=9 if settings.inference_precision == "bf16" else 2)
+
+    log, judged = [], []
+    trials = tune.search("target", DEFAULT_TARGET, None, [], log.append, AVX512_BF16, 2, compile=lambda settings: settings,
+                         fidelity=lambda model, probes: 1.0, timer=lambda models, other: [fake_seconds(m, other) for m in models],
+                         identity=lambda model: judged.append(model) or parting(model))
+    chosen = next(t for t in trials if t.chosen)
+    assert chosen.setting == Setting(128, "f32", "f32") and chosen.parting_rate == pytest.approx(2.0)
+    bf16 = next(t for t in trials if t.setting.inference_precision == "bf16")
+    assert bf16.faithful and bf16.parting_rate == pytest.approx(9.0) and not bf16.chosen
+    assert any("at 9.0 per 1,000 positions" in line for line in log)
+    # measured for the defaults once, then only for settings that would replace the one kept
+    assert len(judged) == len({(m.dynamic_quantization_group_size, m.inference_precision) for m in judged})
+    without = tune.search("target", DEFAULT_TARGET, None, [], log.append, AVX512_BF16, 2, compile=lambda settings: settings,
+                          fidelity=lambda model, probes: 1.0, timer=lambda models, other: [fake_seconds(m, other) for m in models])
+    assert next(t for t in without if t.chosen).setting.inference_precision == "bf16"
+
+
+def test_only_the_fastest_configurations_target_may_trade_identity_for_speed():
+    from specdemo.settings import CONFIGURATIONS
+
+    assert tune.keeps_identity(CONFIGURATIONS["faithful"][0]) and not tune.keeps_identity(CONFIGURATIONS["fastest"][0])
+
+
 def test_a_cpu_without_bf16_is_not_offered_bf16_and_a_small_one_keeps_every_core():
     trials, _ = search(flags=["avx2"], cores=2)
     assert {t.setting.inference_precision for t in trials} == {"f32"} and {t.setting.num_threads for t in trials} == {0}
@@ -140,7 +171,7 @@ def test_another_configurations_target_is_searched_beside_the_draft_as_tuned(tmp
     int4_target, draft = replace(DEFAULT_TARGET, precision="int4"), replace(DEFAULT_DRAFT, precision="int4")
     searched, partners = [], []
 
-    def fake_search(role, base, other, probes, log, flags, cores):
+    def fake_search(role, base, other, probes, log, flags, cores, identity=None):
         searched.append((role, base.precision))
         partners.append(other)
         return [tune.Trial(role, Setting(64, "f32", "f32"), faithful=True, chosen=True)]
