@@ -333,7 +333,8 @@ def _generate(args: argparse.Namespace, settings: RunSettings) -> int:
         if not args.json:
             print(f"\n== {mode} ==", flush=True)
         lanes[mode] = _consume(run(args.instruction, settings.generation), show=not args.json)
-    would = engine.would_have_given(args.instruction, settings.generation, lanes["speculative"].ids)
+    would = engine.would_have_given(args.instruction, settings.generation, lanes["speculative"].ids,
+                                    lanes["speculative"].rounds)
     run = runfile.run_dict(args.instruction, settings, engine, lanes["autoregressive"], lanes["speculative"], would)
     if args.save:
         runfile.save(run, Path(args.save))

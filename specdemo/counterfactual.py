@@ -8,6 +8,14 @@ and the target's token follows. Walking the answer round by round gives, for any
 target and draft calls and, with the cost model, the time; for every round the best K (the oracle, by
 dynamic programming); and, with no model at all, what prompt lookup would have drafted.
 
+The teacher-forced pass scores the answer in batched calls, while the loop drafts one token per call, and the two
+can round a near-tie of the draft differently. So where the run being explained drafted with the model, its own
+rounds say what the draft proposed, and those observations replace the pass's guesses (observed_matches): at the
+run's own fixed K the walk then repeats the run's rounds exactly, and elsewhere the pass fills in what the run did
+not observe. The walk is exact under one more condition: an answer that does not depend on K. Where batched and
+single-token target calls order a near-tie differently, another K may write another answer; the bench counts how
+often that happens.
+
 Sampled runs have no such mask (a sampled draft is not a function of the text), so none of this applies
 to them. The same masks are the planner's evidence of acceptance by draft position (mask_counts).
 """
@@ -50,6 +58,8 @@ class Counterfactual:
     oracle: Walk  # the best K for every round
     lookup: list[Walk]  # prompt lookup at K = 1 … k_max
     greedy_only: bool = True  # a reminder for readers of the JSON: sampled runs have no counterfactual
+    observed: int = 0  # positions of the mask the run's own drafting observed (the rest from the teacher-forced pass)
+    corrected: int = 0  # of them, where the teacher-forced pass had guessed otherwise
 
     def best_fixed(self) -> Walk:
         return max(self.fixed, key=lambda w: w.speedup)
@@ -85,6 +95,36 @@ def agreement_mask(target: OVModel, draft: OVModel, prompt_ids: list[int], text_
     target's at every position? (On the target's greedy answer the two are the same.)"""
     ours, theirs = greedy_choices(draft, prompt_ids, text_ids), greedy_choices(target, prompt_ids, text_ids)
     return [1] + [int(x) for x in ours == theirs]
+
+
+def observed_matches(rounds, length: int) -> list[int | None]:
+    """What a speculative run's own drafting showed of the match mask, per answer position: 1 where the model's draft
+    was kept, 0 where its first rejected draft stood, None where the run did not draft with the model (the prefill's
+    token, bonus tokens, lookup rounds, after the text ended). `rounds` are the run's events.Round records, the
+    prefill first; the answer is the run's own text (or a text it shares up to `length`)."""
+    seen: list[int | None] = [None] * length
+    position = 0
+    for r in rounds:
+        if r.index > 0 and r.drafter == "model" and r.drafted:
+            for i in range(r.kept):
+                if position + i < length:
+                    seen[position + i] = 1
+            if r.accepted < r.drafted and not r.cut and position + r.accepted < length:
+                seen[position + r.accepted] = 0
+        position += r.emitted
+    return seen
+
+
+def corrected(mask: list[int], seen: list[int | None]) -> tuple[list[int], int, int]:
+    """`mask` with the run's own observations in place of the teacher-forced guesses: (mask, positions observed,
+    positions changed)."""
+    out, observed, changed = list(mask), 0, 0
+    for j, value in enumerate(seen[: len(mask)]):
+        if value is not None and j > 0:
+            observed += 1
+            changed += out[j] != value
+            out[j] = value
+    return out, observed, changed
 
 
 def accepted_run(mask: list[int], j: int, cap: int) -> int:
@@ -208,11 +248,15 @@ def autoregressive_seconds(costs: CostModel, prompt_tokens: int, tokens: int) ->
 
 
 def counterfactual(mask: list[int] | None, prompt_ids: list[int], answer_ids: list[int], costs: CostModel,
-                   k_max: int, max_new_tokens: int, ngram: int) -> Counterfactual:
-    """Every fixed K, the oracle and prompt lookup on this answer; `mask` None (no draft model): lookup only."""
+                   k_max: int, max_new_tokens: int, ngram: int, rounds=None) -> Counterfactual:
+    """Every fixed K, the oracle and prompt lookup on this answer; `mask` None (no draft model): lookup only.
+    `rounds`: the speculative run that wrote this answer, whose own drafting replaces the mask's guesses where it saw."""
+    observed = changed = 0
+    if mask is not None and rounds:
+        mask, observed, changed = corrected(mask, observed_matches(rounds, len(mask)))
     ar = autoregressive_seconds(costs, len(prompt_ids), len(answer_ids))
     args = (costs, len(prompt_ids), max_new_tokens, ar)
     fixed = [walk_fixed(mask, k, *args) for k in range(1, k_max + 1)] if mask is not None else []
     oracle = walk_oracle(mask, k_max, *args) if mask is not None else Walk(0, 0, 0, 0, 0.0, 0.0)
     lookup = [walk_lookup(prompt_ids, answer_ids, k, ngram, costs, max_new_tokens, ar) for k in range(1, k_max + 1)]
-    return Counterfactual(len(answer_ids), mask or [], ar, fixed, oracle, lookup)
+    return Counterfactual(len(answer_ids), mask or [], ar, fixed, oracle, lookup, observed=observed, corrected=changed)

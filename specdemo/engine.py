@@ -332,10 +332,12 @@ class Engine:
                             self.acceptance.record(name, False, *metrics.evidence_by_position(mine, settings.k_max))
                 yield event
 
-    def would_have_given(self, instruction: str, settings: GenerationSettings, answer_ids: list[int]) -> Counterfactual | None:
+    def would_have_given(self, instruction: str, settings: GenerationSettings, answer_ids: list[int],
+                         rounds=None) -> Counterfactual | None:
         """What every K, the per-round oracle and prompt lookup would have given on this greedy answer (None when
-        sampling: a sampled answer has no such counterfactual). One teacher-forced draft pass; it also teaches the
-        planner the draft's acceptance at every position, even after a run that drafted nothing."""
+        sampling: a sampled answer has no such counterfactual). One teacher-forced draft pass, corrected by the
+        `rounds` of the speculative run that wrote the answer where they observed the draft (counterfactual.py); it
+        also teaches the planner the draft's acceptance at every position, even after a run that drafted nothing."""
         if not settings.greedy or not answer_ids:
             return None
         if self.costs is None:
@@ -344,7 +346,7 @@ class Engine:
         with self.lock:
             mask = match_mask(self.draft.runtime, ids, answer_ids) if self.draft is not None else None
         result = counterfactual(mask, ids, answer_ids, self.costs, settings.k_max, settings.max_new_tokens,
-                                settings.lookup_ngram)
+                                settings.lookup_ngram, rounds)
         if _learning():
             if mask is not None:
                 self.acceptance.record("model", True, *mask_counts(mask, settings.k_max))

@@ -8,10 +8,12 @@ from specdemo import decoding
 from specdemo.costs import CostModel
 from specdemo.counterfactual import (
     accepted_run,
+    corrected,
     counterfactual,
     lookup_counts,
     mask_counts,
     match_mask,
+    observed_matches,
     walk_fixed,
     walk_lookup,
     walk_oracle,
@@ -56,6 +58,54 @@ def test_prompt_lookup_accepts_round_by_round_what_a_real_lookup_run_accepts():
         run = drain(decoding.speculative(target, PromptLookupDrafter(3), FakeTokenizer(), PROMPT, settings, set()))
         walk = walk_lookup(PROMPT, answer, k, 3, COSTS, N, 1.0)
         assert walk.accepted == [r.accepted for r in run.rounds[1:]] and sum(walk.accepted) > 0
+
+
+class BatchedDiffers(FakeModel):
+    """A draft whose batched calls (more than one row kept, as the teacher-forced pass makes them) choose another
+    token than its single steps at every third position: the rounding of batched kernels, exaggerated."""
+
+    def forward(self, ids, logits_to_keep=1):
+        rows = super().forward(ids, logits_to_keep)
+        if logits_to_keep > 1:
+            for r in range(len(rows)):
+                if (len(self.cache) - len(rows) + r) % 3 == 0:
+                    rows[r, np.argmax(rows[r])] -= 100.0  # the runner-up wins
+        return rows
+
+
+def test_the_runs_own_drafting_replaces_the_passes_guesses_so_its_k_is_walked_exactly():
+    target, draft = FakeModel(3, "target"), BatchedDiffers(3, "draft")
+    answer = answer_of(target)
+    k = 3
+    settings = GenerationSettings(max_new_tokens=N, k=k)
+    run = drain(decoding.speculative(target, ModelDrafter(draft, settings, np.random.default_rng(0)), FakeTokenizer(),
+                                     PROMPT, settings, set()))
+    assert run.ids == answer
+    guessed = match_mask(draft, PROMPT, answer)
+    assert walk_fixed(guessed, k, COSTS, len(PROMPT), N, 1.0).accepted != [r.accepted for r in run.rounds[1:]]
+    would = counterfactual(guessed, PROMPT, answer, COSTS, 8, N, 3, run.rounds)
+    walk = would.fixed[k - 1]
+    assert walk.accepted == [r.accepted for r in run.rounds[1:]] and walk.target_calls == run.summary.target_calls
+    assert would.observed > 0 and 0 < would.corrected <= would.observed
+
+
+def test_what_a_run_observed_is_read_from_its_rounds():
+    from specdemo.events import Round
+
+    def round_(index, drafter, drafted, accepted, emitted):
+        return Round(index=index, context=0, k=drafted, drafter=drafter, draft_calls=[], draft_s=0.0,
+                     verify_tokens=drafted + 1, verify_s=0.0, drafted=drafted, accepted=accepted, emitted=emitted,
+                     rollback_s=0.0, t=0.0)
+
+    rounds = [round_(0, "", 0, 0, 1),  # the prefill writes position 0
+              round_(1, "model", 3, 1, 2),  # positions 1 kept, 2 its first rejected draft
+              round_(2, "model", 2, 2, 3),  # 3 and 4 kept, 5 the bonus token (not drafted)
+              round_(3, "prompt-lookup", 2, 0, 1),  # 6: lookup's draft says nothing of the model's
+              round_(4, "", 0, 0, 1),  # 7: a plain step
+              round_(5, "model", 3, 2, 1)]  # 8 kept and the text ended there (an EOS): the rest never counted
+    assert observed_matches(rounds, 10) == [None, 1, 0, 1, 1, None, None, None, 1, None]
+    mask, observed, changed = corrected([1, 1, 1, 1, 0, 0, 1, 1, 0, 1], observed_matches(rounds, 10))
+    assert mask == [1, 1, 0, 1, 1, 0, 1, 1, 1, 1] and (observed, changed) == (5, 3)
 
 
 def test_a_round_accepts_the_run_of_matches_from_its_start_capped_at_k():

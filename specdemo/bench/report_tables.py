@@ -158,16 +158,21 @@ def _counterfactual_table(rows: list[dict]) -> str:
         return ""
     cells = [[r["label"], times(r["measured_speedup"]), times(r["predicted_speedup"]) if r["predicted_speedup"].get("n") else "–",
               _error(r.get("prediction_error")), times(r["counterfactual_speedup"]), _error(r.get("counterfactual_error")),
-              f"±{r['counterfactual_calls_off']}"] for r in fixed]
+              f"±{r['counterfactual_calls_off']}", str(r.get("answers_differ", "–"))] for r in fixed]
     text = (
         "\n\n#### What each K would have given\n\nAfter every instruction, one teacher-forced draft pass over the "
         "autoregressive lane's greedy answer gives, at every position, whether the draft's greedy token equals the answer's; "
         "a round starting there with K drafts accepts exactly the run of matches, capped at K. Walking the answer round by "
         "round with this machine's cost model (as corrected by the section's runs) gives each fixed K's speedup on that very "
         "answer (the counterfactual), the best fixed K and the best K for every round (the oracle). Greedy decoding only. "
-        "Error = (counterfactual − measured) / measured; calls: the largest gap between the target calls the counterfactual "
-        "said and the run made.\n\n"
-        + table(["K", "measured", "predicted (this machine)", "its error", "counterfactual", "its error", "target calls"], cells)
+        "Where the auto-K lane wrote the same answer, its own drafting (one token per call, as the loop drafts) replaces "
+        "the pass's guesses at the positions it drafted. Error = (counterfactual − measured) / measured; calls: the "
+        "largest gap between the target calls the counterfactual said and the run made, over the answers the fixed-K "
+        "lane wrote the same as the autoregressive one; other answers: how many it wrote differently (batched verify "
+        "calls can order a near-tie otherwise than single steps), where the walk over the autoregressive answer does "
+        "not apply.\n\n"
+        + table(["K", "measured", "predicted (this machine)", "its error", "counterfactual", "its error", "target calls",
+                 "other answers"], cells)
     )
     for r in rows:
         if r.get("k_policy") in ("auto", "adaptive") and r.get("oracle_speedup", {}).get("n"):

@@ -134,18 +134,21 @@ def counterfactual_figures(runs: list[Run], lane: Lane, would: dict) -> dict:
     the lane measured on the same instructions.
 
     A fixed-K lane: the counterfactual's speedup at its K, its error against the measured speedup, and how many target
-    calls it was off by. Any other lane: the per-round oracle, the best fixed K the counterfactual finds, and the lane's
+    calls it was off by, on the answers it wrote the same as the baseline; how many it wrote differently. Any other lane: the per-round oracle, the best fixed K the counterfactual finds, and the lane's
     measured speedup over the measured speedup of the fixed-K lane at that K (when the sweep ran it).
     """
     baseline = {(r.instruction, r.repeat): r for r in lane_runs(runs, lane.baseline)}
     fixed = {(r.lane.k, r.instruction, r.repeat): r for r in runs if r.lane.k_policy == "fixed" and r.lane.framework == "specdemo"}
-    said, errors, calls, oracle, best_k, best, over_best = [], [], [], [], [], [], []
+    said, errors, calls, oracle, best_k, best, over_best, differ = [], [], [], [], [], [], [], 0
     for run in lane_runs(runs, lane):
         key = (run.instruction, run.repeat)
         w, base = would.get(key), baseline.get(key)
         if w is None or base is None or not w.fixed or not run.tokens:
             continue
         measured = base.per_token_s / run.per_token_s
+        if lane.k_policy == "fixed" and run.ids != base.ids:
+            differ += 1  # another answer at this K: the walk over the baseline's answer says nothing of this run
+            continue
         if lane.k_policy == "fixed" and lane.k <= len(w.fixed):
             walk = w.fixed[lane.k - 1]
             said.append(walk.speedup)
@@ -161,7 +164,8 @@ def counterfactual_figures(runs: list[Run], lane: Lane, would: dict) -> dict:
             over_best.append(measured / (base.per_token_s / partner.per_token_s))
     if lane.k_policy == "fixed":
         return {"counterfactual_speedup": spread(said), "counterfactual_error": spread(errors),
-                "counterfactual_calls_off": max((abs(c) for c in calls), default=0), "counterfactual_calls": calls}
+                "counterfactual_calls_off": max((abs(c) for c in calls), default=0), "counterfactual_calls": calls,
+                "answers_differ": differ}
     return {"oracle_speedup": spread(oracle), "best_fixed_k": best_k, "best_fixed_counterfactual": spread(best),
             "over_best_fixed": spread(over_best)}
 

@@ -48,7 +48,7 @@ def run_k(ctx: Context) -> dict:
     def extra(lane: Lane, runs: list[Run]) -> dict:
         """GenAI's speedup at the same fixed K and our time over its; what the counterfactual said for this lane."""
         if not would:
-            would.update(counterfactuals(ctx, runs, ar))
+            would.update(counterfactuals(ctx, runs, ar, observer=ours[-1]))  # corrected by what auto K observed
         figures = stats.counterfactual_figures(runs, lane, would)
         same_k = [g for g in genai if g.kind == "speculative" and lane.k_policy == "fixed" and g.k == lane.k]
         if same_k:
@@ -61,13 +61,21 @@ def run_k(ctx: Context) -> dict:
     return section
 
 
-def counterfactuals(ctx: Context, runs: list[Run], ar: Lane) -> dict:
+def counterfactuals(ctx: Context, runs: list[Run], ar: Lane, observer: Lane | None = None) -> dict:
     """What each K would have given on each autoregressive answer, by (instruction, repeat): greedy, with the cost
-    model as it stands after the section's runs corrected it."""
+    model as it stands after the section's runs corrected it. Where the `observer` lane (auto K) wrote the same answer,
+    its own drafting corrects the teacher-forced mask (counterfactual.observed_matches); the fixed-K lanes it is
+    checked against stay out of it."""
     instructions = ctx.code_instructions()
     settings = replace(ctx.fixed(1), max_new_tokens=ctx.sweep_tokens, k_max=K_MAX)
-    return {(run.instruction, run.repeat): ctx.engine.would_have_given(instructions[run.instruction], settings, run.ids)
-            for run in stats.lane_runs(runs, ar)}
+    seen = {(r.instruction, r.repeat): r for r in stats.lane_runs(runs, observer)} if observer else {}
+    out = {}
+    for run in stats.lane_runs(runs, ar):
+        key = (run.instruction, run.repeat)
+        watcher = seen.get(key)
+        rounds = watcher.rounds if watcher is not None and watcher.ids == run.ids else None
+        out[key] = ctx.engine.would_have_given(instructions[run.instruction], settings, run.ids, rounds)
+    return out
 
 
 def run_vocab(ctx: Context) -> dict:

@@ -149,7 +149,8 @@ def _run_lanes(values: PageValues, settings: GenerationSettings, session: str, c
     would = None
     if not stopped and settings.greedy and finished(lanes):
         yield View(status="Working out what each K would have given on this answer (one pass of the draft model)…")
-        would = engines[SPECULATIVE].would_have_given(values.instruction, settings, [e.id for e in lanes[SPECULATIVE].events])
+        would = engines[SPECULATIVE].would_have_given(values.instruction, settings, [e.id for e in lanes[SPECULATIVE].events],
+                                                      lanes[SPECULATIVE].rounds)
     view = final_view(lanes, values.mode, settings, engines[SPECULATIVE], stopped, would, values.configuration)
     if finished(lanes) and not stopped:
         run_settings = replace(device_settings(values.target_device, values.draft_device, values.configuration),
