@@ -167,3 +167,22 @@ def test_the_planner_moves_off_k_zero_after_one_run_whose_masks_say_drafts_match
     would = engine.would_have_given(prompt, settings, run.ids)
     assert min(w.speedup for w in would.fixed) > 1.0  # every K would have paid on this answer
     assert engine.plan(prompt, settings).k > 0
+
+
+def test_an_answer_that_ends_in_an_eos_is_walked_to_its_end_as_the_run_went():
+    """EOS 3 ends the answer inside a round; the walk at every K makes the run's target and draft calls, also when
+    the EOS is among drafts the target accepted (the drafts after it never count)."""
+    target, eos = FakeModel(6, "target", scale=2.0), {3}
+    settings = GenerationSettings(max_new_tokens=N)
+    answer = drain(decoding.autoregressive(target, FakeTokenizer(), PROMPT, settings, eos)).ids
+    assert answer[-1] == 3 and 5 < len(answer) < N  # the EOS ended it, well before the budget
+    for draft in (FakeModel(6, "target", scale=2.0), FakeModel(6, "draft", scale=2.0)):  # agrees always, or sometimes
+        mask = match_mask(draft, PROMPT, answer)
+        for k in (1, 3, 6):
+            fixed = GenerationSettings(max_new_tokens=N, k=k)
+            run = drain(decoding.speculative(target, ModelDrafter(draft, fixed, np.random.default_rng(0)), FakeTokenizer(),
+                                             PROMPT, fixed, eos))
+            assert run.ids == answer
+            walk = walk_fixed(mask, k, COSTS, len(PROMPT), N, 1.0)
+            assert walk.target_calls == run.summary.target_calls, (draft.salt, k)
+            assert walk.draft_calls == run.summary.draft_calls, (draft.salt, k)

@@ -117,15 +117,16 @@ def test_measured_speedup_compares_throughput():
 
 # ---- the glossary: each figure's formula, checked against the field it names
 
-RECOMPUTED = {  # the glossary's formulas, recomputed from the summary's counts
-    "alpha_hat": lambda s: s.accepted / (s.accepted + s.rejections),
-    "draft_acceptance_rate": lambda s: s.accepted / s.proposed,
-    "mean_acceptance_length": lambda s: (s.tokens - 1) / (s.target_calls - 1),
-    "acceptance_by_position": lambda s: acceptance_by_position(ROUNDS, 5),
-    "draft_cost": lambda s: s.draft_step_s / 0.04,
-    "leviathan_speedup": lambda s: leviathan_speedup(s.alpha_hat, s.mean_k, s.draft_cost),
-    "ttft_s": lambda s: TOKENS[0].t,
-    "tpot_s": lambda s: (s.wall_s - s.ttft_s) / (s.tokens - 1),
+# The glossary's figures for ROUNDS and TOKENS, worked out by hand from its formulas (not by the functions under test):
+# 8 drafts kept of 12 proposed (round 4's two after its EOS never count), one rejection; 11 tokens after the prefill's
+# in 4 target calls; the first token at 0.05 s, the 12th at 1.0 s (the End's wall time).
+BY_HAND = {
+    "alpha_hat": 8 / 9,
+    "draft_acceptance_rate": 8 / 12,
+    "mean_acceptance_length": (3 + 5 + 1 + 2) / 4,
+    "acceptance_by_position": [1.0, 1.0, 0.5, 0.5, 0.0],
+    "ttft_s": 0.05,
+    "tpot_s": (1.0 - 0.05) / 11,
 }
 
 
@@ -140,8 +141,16 @@ def test_every_glossary_formula_gives_the_field_it_names():
     names = {f.name for f in fields(s)}
     for term in metrics.GLOSSARY:
         assert term.field in names or callable(getattr(metrics, term.field, None)), term.field
-        if term.field in RECOMPUTED:
-            assert getattr(s, term.field) == pytest.approx(RECOMPUTED[term.field](s)), term.name
+        if term.field in BY_HAND:
+            assert getattr(s, term.field) == pytest.approx(BY_HAND[term.field]), term.name
+    # c: a draft step (the draft calls on one or two tokens: ten of 0.01 s and one of 0.012, the draft's catch-up
+    # after a bonus; its 21-token prefill left out) over a target step (the plain step at K = 0: 0.04 s)
+    c = (10 * 0.01 + 0.012) / 11 / 0.04
+    assert s.draft_cost == pytest.approx(c)
+    # eq. 1 at α̂ = 8/9, mean K = 12 drafts / 3 drafting rounds = 4: (1 − α^5) / ((1 − α)(c·4 + 1))
+    a = 8 / 9
+    assert s.mean_k == pytest.approx(4.0)
+    assert s.leviathan_speedup == pytest.approx((1 - a ** 5) / ((1 - a) * (c * 4 + 1)))
 
 
 def test_the_readme_carries_the_glossary_as_the_code_defines_it():
