@@ -85,6 +85,9 @@ def _add_generation_flags(parser: argparse.ArgumentParser, max_new_tokens: int =
     parser.add_argument("--remeasure", action="store_true", help="measure this machine's call costs again instead of using the cached ones")
     parser.add_argument("--adaptive", action="store_true", help="adapt K: longer after a fully accepted round, shorter after a rejection")
     parser.add_argument("--drafter", default=defaults.drafter, choices=DRAFTERS)
+    parser.add_argument("--draft-p-min", type=float, default=None, metavar="P",
+                        help="the confidence stop: end a round's drafting once the draft's confidence in its drafts falls "
+                             "below P (0 turns it off; default: this machine's break-even under auto K, off otherwise)")
     parser.add_argument("--temperature", type=float, default=defaults.temperature, help="0 is greedy")
     parser.add_argument("--top-p", type=float, default=defaults.top_p)
     parser.add_argument("--top-k", type=int, default=defaults.top_k)
@@ -132,6 +135,7 @@ def settings_from(args: argparse.Namespace) -> RunSettings:
             k_auto=args.k == "auto" and not args.adaptive,
             adaptive=args.adaptive,
             drafter=args.drafter,
+            draft_p_min=args.draft_p_min,
         )
     return RunSettings(target, draft, generation)
 

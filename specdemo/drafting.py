@@ -45,14 +45,19 @@ class ModelDrafter:
 
     Invariant between rounds: the draft's cache holds a prefix of `seq`; propose() first feeds the
     part it has not seen (the whole prompt on the first round, then one or two tokens).
+
+    With `p_min` > 0 (the confidence stop), a round ends early once the product of the draft's probabilities for the
+    tokens it drafted falls below it: the low-confidence draft is still proposed (its step is paid), the steps after
+    it are saved. The stop looks at the draft alone, so the acceptance rule stays exact.
     """
 
     kind = "model"
 
-    def __init__(self, model: OVModel, settings: GenerationSettings, rng: np.random.Generator):
+    def __init__(self, model: OVModel, settings: GenerationSettings, rng: np.random.Generator, p_min: float = 0.0):
         self.model = model
         self.settings = settings
         self.rng = rng
+        self.p_min = p_min
 
     def kv_cache_bytes(self) -> dict[str, int]:
         return {"draft": self.model.kv_cache_bytes()}
@@ -67,12 +72,17 @@ class ModelDrafter:
         calls: list[tuple[int, float]] = []
         feed = seq[self.model.length :]
         head = self.model.head_ids  # (V',) token ids of the LM head's rows when it was trimmed, else None
+        confidence = 1.0  # the product of the draft's probabilities for this round's drafts so far
         for _ in range(k):
+            if confidence < self.p_min:
+                break  # the confidence stop: the next draft would likely be rejected, and its step costs
             logits = self.model.forward(feed)  # (1, V or V'): scores for the token after `feed`
             calls.append((len(feed), self.model.last_call_s))
             if self.settings.greedy:
                 best = int(logits[0].argmax())
                 token = best if head is None else int(head[best])
+                if self.p_min:
+                    confidence *= top_probability(logits[0])
             else:
                 q = process_logits(logits, self.settings)[0]
                 if head is not None:  # a proper distribution over the whole vocabulary, zero off the head
@@ -81,6 +91,7 @@ class ModelDrafter:
                     q = full
                 token = sample(q, self.rng)
                 rows.append(q)
+                confidence *= float(q[token])
             tokens.append(token)
             feed = [token]
         # The last token is not fed: if it is accepted, the next round feeds it together with the target's.
@@ -147,6 +158,12 @@ class HybridDrafter:
         self.model.keep(length)
 
 
+def top_probability(logits: np.ndarray) -> float:
+    """The softmax probability of the largest of `logits` (V,): the draft's confidence in its greedy token."""
+    shifted = logits - logits.max()
+    return float(1.0 / np.exp(shifted, dtype=np.float64).sum())
+
+
 def lookup_continuation(seq: list[int], k: int, max_ngram: int) -> list[int]:
     """Up to k tokens that followed the most recent earlier match of seq's last n-gram (longest n first)."""
     for n in range(min(max_ngram, len(seq) - 1), 0, -1):
@@ -161,14 +178,14 @@ def lookup_continuation(seq: list[int], k: int, max_ngram: int) -> list[int]:
 
 
 def make_drafter(kind: str, draft_model: OVModel | None, settings: GenerationSettings, rng: np.random.Generator,
-                 price: Callable[[str, int], float] | None = None) -> Drafter:
+                 price: Callable[[str, int], float] | None = None, p_min: float = 0.0) -> Drafter:
     """The drafter `kind` names ("model" and "hybrid" need the draft model, "prompt-lookup" needs nothing; "hybrid"
-    needs `price` too)."""
+    needs `price` too); `p_min`: the draft model's confidence stop (0: off)."""
     if kind == "prompt-lookup":
         return PromptLookupDrafter(settings.lookup_ngram)
     if draft_model is None:
         raise ValueError("no draft model is loaded; use the prompt-lookup drafter")
     if kind == "hybrid":
-        return HybridDrafter(ModelDrafter(draft_model, settings, rng), PromptLookupDrafter(settings.lookup_ngram),
+        return HybridDrafter(ModelDrafter(draft_model, settings, rng, p_min), PromptLookupDrafter(settings.lookup_ngram),
                              price or (lambda drafter, k: float(k)))
-    return ModelDrafter(draft_model, settings, rng)
+    return ModelDrafter(draft_model, settings, rng, p_min)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol, Sequence
 
@@ -196,6 +196,35 @@ class Plan:
     planned_speedup: float  # S(K) after the prompt, at that acceptance
     auto: bool  # True: K is re-chosen every round from the run's own evidence
     reason: str  # one sentence for the page and the CLI
+    p_min: float = 0.0  # the confidence stop the lane drafts with (0: off; confidence_stop)
+
+
+def confidence_stop(costs: CostModel, k: int) -> float:
+    """The draft's running confidence (the product of its probabilities for the round's drafts so far) below which one
+    more draft does not pay on this machine: it costs a draft step and one more token in the verify call,
+    d(1) + t(K + 2) − t(K + 1), and brings a token worth at most a target step t(1) with at most that probability.
+    About 0.25 where a draft step is a quarter of a target step and verifying is nearly free (AVX-512, AMX), about 0.7
+    on an AVX2-only CPU; 0 (off) without a draft or at K = 0."""
+    if k <= 0 or not costs.draft_s:
+        return 0.0
+    extra = costs.d(1) + max(costs.t(k + 2) - costs.t(k + 1), 0.0)
+    return round(min(extra / costs.t(1), 0.95), 3)
+
+
+def with_confidence_stop(plan: Plan, costs: CostModel, asked: float | None) -> Plan:
+    """`plan` with the confidence stop its lane drafts with: `asked` (the settings' draft_p_min) when given; else, under
+    auto K with the draft model, this machine's break-even (confidence_stop); else off."""
+    if asked is not None:
+        p_min = asked
+    elif plan.auto and plan.drafter in ("model", "hybrid") and plan.k:
+        p_min = confidence_stop(costs, plan.k)
+    else:
+        return plan
+    if not p_min:
+        return replace(plan, p_min=0.0)
+    return replace(plan, p_min=p_min, reason=plan.reason + (
+        f" A round's drafting stops once the draft's confidence in its drafts falls below {p_min:.2f}"
+        + (" (where a further draft costs more than it brings on this machine)." if asked is None else ".")))
 
 
 def make_plan(costs: CostModel, drafter: str, acceptance: Acceptance, k_max: int, auto: bool, k: int) -> Plan:

@@ -100,6 +100,10 @@ class GenerationSettings:
     drafter: str = "model"  # "model" (draft LLM), "prompt-lookup" (n-gram match, no draft model) or "hybrid" (lookup where the text repeats, else the model)
     lookup_ngram: int = 3  # prompt lookup: longest n-gram to match at the end of the text
     system_prompt: str = ""  # optional system message for the chat template
+    # The confidence stop: a round's drafting ends once the product of the draft's probabilities for its drafts falls
+    # below this (llama.cpp's --draft-p-min, GenAI's assistant_confidence_threshold). 0: off; None: this machine's
+    # break-even under auto K (planner.confidence_stop), off otherwise.
+    draft_p_min: float | None = None
 
     def __post_init__(self):
         check = _Checker()
@@ -121,6 +125,8 @@ class GenerationSettings:
         if self.drafter not in DRAFTERS:
             raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)}, got {self.drafter!r}")
         check.int_in("lookup_ngram", self.lookup_ngram, 1, 16)
+        if self.draft_p_min is not None:
+            check.number_in("draft_p_min", self.draft_p_min, 0.0, 1.0)
 
     @property
     def greedy(self) -> bool:

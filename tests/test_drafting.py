@@ -1,6 +1,10 @@
-"""Prompt lookup: propose what followed the latest earlier match of the text's last n-gram."""
+"""Drafting: prompt lookup proposes what followed the latest earlier match of the text's last n-gram; the draft
+model's confidence stop ends a round where further drafts would not pay."""
+
+import numpy as np
 
 from specdemo.drafting import PromptLookupDrafter, lookup_continuation
+from specdemo.settings import GenerationSettings
 
 
 def test_lookup_proposes_what_followed_the_last_ngram():
@@ -57,3 +61,46 @@ def test_the_hybrid_drafter_drafts_from_the_text_without_a_model_call_where_it_r
     assert lookup and all(r.draft_calls == [] for r in lookup) and sum(r.accepted for r in lookup) > 0
     assert any(r.drafter == "model" and r.draft_calls for r in run.rounds)  # the model drafts where nothing repeats
     assert draft.cache == (prompt + run.ids)[: draft.length]  # behind by the lookup rounds, never wrong
+
+
+def _softmax_top(row) -> float:
+    e = np.exp(row - row.max())
+    return float(e.max() / e.sum())
+
+
+def test_the_confidence_stop_ends_a_round_once_the_drafts_running_confidence_falls_below_it():
+    """Greedy: the draft keeps drafting while the product of its top probabilities stays at or above p_min; the draft
+    that takes it below is still proposed (its step is paid), the ones after it are not."""
+    from specdemo.drafting import ModelDrafter
+    from tests.fake_models import FakeModel
+
+    prompt, settings = [0, 1, 2], GenerationSettings(k=6)
+    model = FakeModel(5, "draft", scale=1.5)
+    full = ModelDrafter(model, settings, np.random.default_rng(0)).propose(prompt, 6).tokens
+    running, prefix = [], tuple(prompt)
+    product = 1.0
+    for token in full:  # the running confidence after each draft, from the fake's own logits
+        product *= _softmax_top(model.logits(prefix))
+        running.append(product)
+        prefix += (token,)
+    for p_min in (0.9, 0.5, 0.2, 0.05):
+        model.reset()
+        stopped = ModelDrafter(model, settings, np.random.default_rng(0), p_min).propose(prompt, 6)
+        expected = next((i + 1 for i, c in enumerate(running) if c < p_min), 6)
+        assert stopped.tokens == full[:expected] and len(stopped.calls) == expected, p_min
+    assert running[0] < 0.9 and running[-1] < 0.05  # the thresholds above cut at different places
+
+
+def test_greedy_output_is_unchanged_by_the_confidence_stop():
+    from specdemo import decoding
+    from specdemo.drafting import ModelDrafter
+    from specdemo.events import drain
+    from tests.fake_models import FakeModel, FakeTokenizer
+
+    target, draft = FakeModel(3, "target"), FakeModel(3, "draft")
+    settings = GenerationSettings(max_new_tokens=60, k=5)
+    plain = drain(decoding.autoregressive(target, FakeTokenizer(), [0, 1, 2], settings, set()))
+    for p_min in (0.0, 0.3, 0.7):
+        run = drain(decoding.speculative(target, ModelDrafter(draft, settings, np.random.default_rng(0), p_min),
+                                         FakeTokenizer(), [0, 1, 2], settings, set()))
+        assert run.ids == plain.ids, p_min

@@ -258,3 +258,19 @@ def test_auto_k_at_zero_does_not_probe_while_the_drafts_keep_failing():
         ks.append(k)
         rounds += rounds_of((k, 0)) if k else rounds_of((0, 0))
     assert set(ks) == {0, 1} and ks.count(1) == 40 // (PROBE_EVERY + 1)  # probes only, and they change nothing
+
+
+def test_the_confidence_stop_is_where_one_more_draft_stops_paying_on_this_machine():
+    from specdemo.planner import confidence_stop, with_confidence_stop
+
+    # a further draft costs a draft step and one more verified token, against a target step's worth of token
+    assert confidence_stop(MEMORY_BOUND, 4) == pytest.approx((0.25 * STEP + 0.02 * STEP) / STEP)  # 0.27
+    assert confidence_stop(COMPUTE_BOUND, 4) == pytest.approx((0.45 * STEP + 0.35 * STEP) / STEP)  # 0.8
+    assert confidence_stop(MEMORY_BOUND, 0) == 0.0
+    plan = make_plan(MEMORY_BOUND, "model", geometric(0.9), k_max=8, auto=True, k=4)
+    assert with_confidence_stop(plan, MEMORY_BOUND, None).p_min == pytest.approx(0.27)
+    assert "falls below 0.27" in with_confidence_stop(plan, MEMORY_BOUND, None).reason
+    assert with_confidence_stop(plan, MEMORY_BOUND, 0.0).p_min == 0.0  # asked off
+    assert with_confidence_stop(plan, MEMORY_BOUND, 0.6).p_min == 0.6  # asked
+    fixed = make_plan(MEMORY_BOUND, "model", geometric(0.9), k_max=8, auto=False, k=4)
+    assert with_confidence_stop(fixed, MEMORY_BOUND, None).p_min == 0.0  # a fixed K drafts K

@@ -41,11 +41,12 @@ def target_probability(target: FakeModel, settings: GenerationSettings, tokens: 
 
 
 def speculative_runs(target: FakeModel, draft: FakeModel, settings: GenerationSettings, runs: int, seed: int,
-                     hybrid: bool = False):
+                     hybrid: bool = False, p_min: float = 0.0):
     """The token ids of `runs` speculative runs, drafts and verification sharing one seeded generator as the engine's do.
-    `hybrid`: the hybrid drafter, taking every lookup proposal of two tokens or more (the draft model elsewhere)."""
+    `hybrid`: the hybrid drafter, taking every lookup proposal of two tokens or more (the draft model elsewhere);
+    `p_min`: the draft model's confidence stop."""
     rng = np.random.default_rng(seed)
-    drafter = ModelDrafter(draft, settings, rng)
+    drafter = ModelDrafter(draft, settings, rng, p_min)
     if hybrid:
         drafter = HybridDrafter(drafter, PromptLookupDrafter(2), price=lambda name, k: 0.6 * k if name == "prompt-lookup" else 1.0)
     for _ in range(runs):
@@ -93,6 +94,20 @@ def test_the_hybrid_drafter_follows_the_targets_distribution_too():
         for r in run.rounds[1:]:
             kinds[r.drafter] = kinds.get(r.drafter, 0) + 1
     assert kinds["prompt-lookup"] > 0.2 * runs and kinds["model"] > 0.2 * runs  # both kinds of round, often
+    exact = {cell: runs * target_probability(target, settings, cell) for cell in itertools.product(range(vocab), repeat=TOKENS)}
+    assert pooled_chisquare(observed, {cell: e for cell, e in exact.items() if e > 0}) > 0.001
+
+
+def test_the_confidence_stop_keeps_the_targets_distribution():
+    """A round's drafting stops once the draft's confidence falls below 0.5 (often after its first draft here): the
+    number of drafts depends on the draft's own samples, and the output still follows the target."""
+    vocab, settings, runs = CASES["temperature"]
+    target, draft = FakeModel(vocab, "target"), FakeModel(vocab, "draft")
+    observed, drafted = {}, []
+    for run in speculative_runs(target, draft, settings, runs, seed=5, p_min=0.5):
+        observed[tuple(run.ids)] = observed.get(tuple(run.ids), 0) + 1
+        drafted += [r.drafted for r in run.rounds[1:]]
+    assert 0.2 < drafted.count(1) / len(drafted) < 0.9  # the stop cut many rounds short, not all
     exact = {cell: runs * target_probability(target, settings, cell) for cell in itertools.product(range(vocab), repeat=TOKENS)}
     assert pooled_chisquare(observed, {cell: e for cell, e in exact.items() if e > 0}) > 0.001
 
