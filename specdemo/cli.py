@@ -237,10 +237,9 @@ def _tune(settings: RunSettings, again: bool = True) -> int:
     """Measure the candidate compile settings, keep the fastest faithful one per model, print the table, check that greedy
     speculative output stays exact under the choice, and measure the cost model again under it. `again` False leaves
     a draft tuned and planned before as it is (tune.tune)."""
-    import json as json_
-
     from specdemo import tune
-    from specdemo.engine import CALIBRATION, Engine
+    from specdemo import builtin
+    from specdemo.engine import Engine
 
     started = time.perf_counter()
 
@@ -253,7 +252,7 @@ def _tune(settings: RunSettings, again: bool = True) -> int:
     tune.save(trials, models, path, drafts)
     log("checking that greedy speculative output equals autoregressive output under the choice")
     engine = Engine.load(settings)
-    problem = tune.check_exact(engine, json_.loads(CALIBRATION.read_text(encoding="utf-8")))
+    problem = tune.check_exact(engine, builtin.code_answers())
     if problem:
         for trial in trials:  # keep the defaults: a faster setting that changes the text is no setting
             trial.chosen = trial.setting == tune.DEFAULT

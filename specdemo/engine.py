@@ -20,7 +20,7 @@ from typing import Iterator
 
 import numpy as np
 
-from specdemo import compat, costs, decoding, metrics, planner, sources, tune, vocab
+from specdemo import builtin, compat, costs, decoding, metrics, planner, sources, tune, vocab
 from specdemo.costs import CostModel
 from specdemo.counterfactual import Counterfactual, agreement_mask, counterfactual, lookup_counts, mask_counts, match_mask
 from specdemo.drafting import make_drafter
@@ -31,9 +31,6 @@ from specdemo.settings import AUTO, K_MAX, WEIGHTS, GenerationSettings, ModelSet
 
 # Stands in for the instruction when the chat template is rendered; no template contains it.
 _INSTRUCTION_SLOT = "\x00specdemo-instruction\x00"
-
-# Built-in instructions with the default target's greedy answers: a new machine's first evidence of acceptance.
-CALIBRATION = Path(__file__).resolve().parent.parent / "assets" / "calibration.json"
 
 # Encodings compared when checking that a draft tokenizer matches the target's.
 _PROBE_TEXTS = ["def fibonacci(n):\n    return n", "Hello, world! Ünïcödé 你好 🙂", "<|im_start|>user\nhi<|im_end|>"]
@@ -194,7 +191,7 @@ class Engine:
 
         def measure():
             log("measuring how far this compile's batched calls differ from its single steps (once per compile)")
-            examples = json.loads(CALIBRATION.read_text(encoding="utf-8")) if CALIBRATION.is_file() else []
+            examples = builtin.code_answers()
             pairs = [(self._encode_chat(e["instruction"], ""), self.tokenizer.encode(e["answer"], add_special_tokens=False))
                      for e in examples]
             sizes = tuple(n for n in fidelity.NOISE_SIZES if n <= k_max + 1)
@@ -207,7 +204,7 @@ class Engine:
         """The acceptance prior's first evidence, before any run: where the draft's greedy token equals the target's on
         a few built-in answers (teacher forced, a couple of seconds). Without it a new machine would plan its first run
         on a guessed α, and a guess that says no K pays would draft nothing and so teach nothing."""
-        examples = json.loads(CALIBRATION.read_text(encoding="utf-8")) if CALIBRATION.is_file() else []
+        examples = builtin.code_answers()
         tested, accepted = [0] * k_max, [0] * k_max
         for example in examples:
             prompt = self._encode_chat(example["instruction"], "")

@@ -33,12 +33,11 @@ from pathlib import Path
 
 import numpy as np
 
-from specdemo import machine, sources
+from specdemo import builtin, machine, sources
 from specdemo.fidelity import teacher_forced_logits
 from specdemo.settings import AUTO, DRAFT_PRECISION, ModelSettings
 
 TUNE_VERSION = 1
-PROSE = Path(__file__).resolve().parent.parent / "assets" / "prose.json"  # the default target's own prose answers
 # 0: dynamic quantization off. 16 divides the groups of 16 a GGUF's Q6_K blocks keep (precision gguf), 32 its Q4_K
 # ones; 64 and above divide only NNCF's groups of 128 and per-channel weights.
 GROUP_SIZES = (0, 16, 32, 64, 128, 256)
@@ -471,7 +470,7 @@ def identity_judge(tokenizer, examples: list[dict]):
     near-ties are common), up to IDENTITY_POSITIONS tokens."""
     from specdemo.fidelity import batching_noise
 
-    prose = json.loads(PROSE.read_text(encoding="utf-8")) if PROSE.is_file() else []
+    prose = builtin.prose_answers()
     mixed = [e for pair in zip(examples, prose) for e in pair] + examples[len(prose):] + prose[len(examples):]
     pairs = [encode(tokenizer, e) for e in mixed]  # code and prose in turns, so a cap keeps both
     return lambda model: batching_noise(model, pairs, IDENTITY_POSITIONS, IDENTITY_SIZES)
@@ -495,9 +494,7 @@ def tune(target: ModelSettings, draft: ModelSettings, log=print, again: bool = T
     as tuned, and the options come back empty (the plan stays as it was)."""
     from transformers import AutoTokenizer
 
-    from specdemo.engine import CALIBRATION
-
-    examples = json.loads(CALIBRATION.read_text(encoding="utf-8"))
+    examples = builtin.code_answers()
     flags, cores = machine.cpu_features() + _extra_flags(), machine.usable_cores()
     tokenizer = AutoTokenizer.from_pretrained(sources.prepare(target))
     draft_done = not again and chosen(searched(draft)) is not None and not needs_plan(draft)
@@ -548,9 +545,7 @@ def replan_draft(target: ModelSettings, draft: ModelSettings, log=print) -> list
     whose other precision was prepared after the tune, or a tune file from before the plan covered precisions."""
     from transformers import AutoTokenizer
 
-    from specdemo.engine import CALIBRATION
-
-    examples = json.loads(CALIBRATION.read_text(encoding="utf-8"))
+    examples = builtin.code_answers()
     tokenizer = AutoTokenizer.from_pretrained(sources.prepare(target))
     tuned_target = compile_model(apply(target))
     return plan_draft(chosen(searched(draft)) or DEFAULT, tuned_target, draft, tokenizer, examples, log)

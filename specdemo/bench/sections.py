@@ -183,16 +183,15 @@ def llamacpp_figures(lanes: list[Lane], runs: list[Run]) -> dict:
 def run_fidelity(ctx: Context) -> dict:
     """Each target precision, under the compile settings it runs with here, against the GGUF it came from
     (specdemo/fidelity.py): top-1 agreement and mean |logit error| on the built-in answers."""
-    import json
     from dataclasses import asdict, replace
 
-    from specdemo import fidelity, tune
+    from specdemo import builtin, fidelity, tune
     from specdemo.bench import llamacpp
-    from specdemo.engine import CALIBRATION, describe_compile
+    from specdemo.engine import describe_compile
 
     if llamacpp.gguf_path(ctx.settings.target.source) is None:
         return {"skipped": "fidelity: skipped (its reference is the target's GGUF: use a preset or a local .gguf file)"}
-    examples = [tune.encode(ctx.engine.tokenizer, e) for e in json.loads(CALIBRATION.read_text(encoding="utf-8"))]
+    examples = [tune.encode(ctx.engine.tokenizer, e) for e in builtin.code_answers()]
     ctx.log("fidelity: the reference (the GGUF's own blocks, f32, no dynamic quantization)")
     reference = tune.compile_model(fidelity.reference_settings(ctx.settings.target))
     candidates, rows = {}, []
