@@ -237,7 +237,7 @@ def _tune(settings: RunSettings, again: bool = True) -> int:
     """Measure the candidate compile settings, keep the fastest faithful one per model, print the table, check that greedy
     speculative output stays exact under the choice, and measure the cost model again under it. `again` False leaves
     a draft tuned and planned before as it is (tune.tune)."""
-    from specdemo import tune
+    from specdemo import choices, tune
     from specdemo import builtin
     from specdemo.engine import Engine
 
@@ -247,18 +247,18 @@ def _tune(settings: RunSettings, again: bool = True) -> int:
         print(f"[{time.perf_counter() - started:5.0f} s] {message}", flush=True)
 
     trials, drafts = tune.tune(settings.target, settings.draft, log, again=again)
-    path = tune.path_for()
+    path = choices.path_for()
     models = {"target": settings.target, "draft": settings.draft}
-    tune.save(trials, models, path, drafts)
+    choices.save(trials, models, path, drafts)
     log("checking that greedy speculative output equals autoregressive output under the choice")
     engine = Engine.load(settings)
     problem = tune.check_exact(engine, builtin.code_answers())
     if problem:
         for trial in trials:  # keep the defaults: a faster setting that changes the text is no setting
-            trial.chosen = trial.setting == tune.DEFAULT
+            trial.chosen = trial.setting == choices.DEFAULT
         for option in drafts:
             option.chosen = option is drafts[0]
-        tune.save(trials, models, path, drafts)
+        choices.save(trials, models, path, drafts)
         log(f"not kept: {problem}; the defaults stay")
         engine = Engine.load(settings)
     engine.warm_up(fresh=True, log=log)  # the cost model, measured again under the chosen settings
@@ -281,13 +281,13 @@ def _tune(settings: RunSettings, again: bool = True) -> int:
 
 def _plan_draft(settings: RunSettings) -> int:
     """`tune --draft-plan`: the draft plan alone, kept beside the compile settings already chosen."""
-    from specdemo import tune
+    from specdemo import choices, tune
 
     started = time.perf_counter()
     drafts = tune.replan_draft(settings.target, settings.draft,
                                lambda message: print(f"[{time.perf_counter() - started:5.0f} s] {message}", flush=True))
-    path = tune.path_for()
-    tune.save([], {"target": settings.target, "draft": settings.draft}, path, drafts)
+    path = choices.path_for()
+    choices.save([], {"target": settings.target, "draft": settings.draft}, path, drafts)
     _print_draft_plan(drafts)
     print(f"\nkept in {path}; it applies to the draft from the next load")
     return 0
@@ -305,9 +305,9 @@ def _print_draft_plan(drafts: list) -> None:
 
 
 def _prepare(settings: RunSettings) -> int:
-    from specdemo import tune
+    from specdemo import choices
 
-    for model in (settings.target, tune.resolve_precision(settings.draft)):
+    for model in (settings.target, choices.resolve_precision(settings.draft)):
         folder = sources.prepare(model)
         print(f"{model.source} ({model.precision}): {folder}")
     return 0

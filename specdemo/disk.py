@@ -13,7 +13,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdemo import sources, tune
+from specdemo import choices, sources
 from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET
 
 KINDS = ("compiled", "bench", "other-models", "old-versions", "scratch")
@@ -40,7 +40,7 @@ def inventory(home: Path | None = None) -> list[Item]:
     """Everything under SPECDEMO_HOME, each sorted into a kind."""
     home = home or sources.specdemo_home()
     items: list[Item] = []
-    defaults = {sources.cached_folder(model).name for model in (DEFAULT_TARGET, tune.resolve_precision(DEFAULT_DRAFT))}
+    defaults = {sources.cached_folder(model).name for model in (DEFAULT_TARGET, choices.resolve_precision(DEFAULT_DRAFT))}
     models = home / "models"
     for version in sorted(models.iterdir()) if models.is_dir() else []:
         if not version.is_dir():

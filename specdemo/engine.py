@@ -20,7 +20,7 @@ from typing import Iterator
 
 import numpy as np
 
-from specdemo import builtin, compat, costs, decoding, metrics, planner, sources, tune, vocab
+from specdemo import builtin, choices, compat, costs, decoding, metrics, planner, sources, vocab
 from specdemo.costs import CostModel
 from specdemo.counterfactual import Counterfactual, agreement_mask, counterfactual, lookup_counts, mask_counts, match_mask
 from specdemo.drafting import make_drafter
@@ -49,7 +49,7 @@ class LoadedModel:
     runtime: OVModel
     tokenizer: object  # a transformers tokenizer
     config: dict  # the model's config.json
-    tuned: str = ""  # what tune's choice bought, as it stood when this model was compiled (tune.gain)
+    tuned: str = ""  # what tune's choice bought, as it stood when this model was compiled (choices.gain)
     planned_precision: bool = False  # its weight precision was left to the draft plan (auto) and resolved at load
 
     @property
@@ -98,8 +98,8 @@ def load_model(settings: ModelSettings, progress: sources.Progress | None = None
     from transformers import AutoTokenizer
 
     planned = settings.precision == AUTO
-    settings = tune.apply(settings)
-    tuned = tune.gain(settings)  # now: a tune that ends later applies from the next load
+    settings = choices.apply(settings)
+    tuned = choices.gain(settings)  # now: a tune that ends later applies from the next load
     folder = sources.prepare(settings, progress)
     if progress is not None:
         progress(None, f"compiling {folder.name} for {settings.device}")

@@ -101,7 +101,7 @@ def is_ir_folder(path: Path) -> bool:
 
 def cached_folder(settings: ModelSettings) -> Path:
     """Where the converted IR for this source and precision lives (whether or not it exists yet)."""
-    if settings.precision not in PRECISIONS:  # "auto" names no weights: tune.resolve_precision says which it runs
+    if settings.precision not in PRECISIONS:  # "auto" names no weights: choices.resolve_precision says which it runs
         raise ValueError(f"{settings.source}: precision {settings.precision!r} must be resolved before its folder is known")
     source = settings.source
     if source in PRESETS:

@@ -16,28 +16,25 @@ MLP/QKV paths are AMX-only. So each model is measured here, on this machine, wit
   and the fastest stays; a third pass settles a ranking the two passes disagree on;
 * the chosen pair must still give greedy speculative output equal to autoregressive output.
 
-The choice is kept per machine under SPECDEMO_HOME/tune and applied to every compile of these models (ours, GenAI's
-lane in the page, the bench's GenAI peers), so comparisons stay like for like; the cost model is measured again under
-it.
+The choice is kept per machine under SPECDEMO_HOME/tune (specdemo/choices.py reads, applies and writes it) and applied
+to every compile of these models (ours, GenAI's lane in the page, the bench's GenAI peers), so comparisons stay like
+for like; the cost model is measured again under it.
 """
 
 from __future__ import annotations
 
 import gc
-import hashlib
 import json
 import statistics
-import time
-from dataclasses import asdict, dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from specdemo import builtin, machine, sources
+from specdemo.choices import DEFAULT, REFERENCE, Setting, apply, chosen, needs_plan, searched
 from specdemo.fidelity import teacher_forced_logits
-from specdemo.settings import AUTO, DRAFT_PRECISION, ModelSettings
+from specdemo.settings import ModelSettings
 
-TUNE_VERSION = 1
 # 0: dynamic quantization off. 16 divides the groups of 16 a GGUF's Q6_K blocks keep (precision gguf), 32 its Q4_K
 # ones; 64 and above divide only NNCF's groups of 128 and per-channel weights.
 GROUP_SIZES = (0, 16, 32, 64, 128, 256)
@@ -48,30 +45,7 @@ PER_SAMPLE, UNTIMED = 3, 1  # timed calls in one sample of a candidate, after an
 RACE_ROUNDS = 5  # samples of every candidate in one heat, taken in turns
 MAX_HEATS = 4  # heats run until two in a row agree on the fastest
 MARGIN = 0.03  # a candidate replaces the incumbent setting only if it is at least this much faster (noise is not a gain)
-FROM_PLAN = "the draft plan"  # marks a compile setting a precision got from the draft plan, not from its own search
 ROUND = 4  # the verify call's size (K = 3 drafts and the target's token) and the draft steps per round, minus one
-
-
-@dataclass(frozen=True)
-class Setting:
-    """What tune varies for one model."""
-
-    dynamic_quantization_group_size: int  # 0: off
-    inference_precision: str  # f32, bf16, f16
-    kv_cache_precision: str  # f32, f16, u8
-    num_threads: int = 0  # 0: every core
-
-    def apply(self, base: ModelSettings) -> ModelSettings:
-        return replace(base, **asdict(self))
-
-    def describe(self) -> str:
-        group = f"group {self.dynamic_quantization_group_size}" if self.dynamic_quantization_group_size else "no dyn. quant."
-        threads = f", {self.num_threads} threads" if self.num_threads else ""
-        return f"{group}, {self.inference_precision}, KV {self.kv_cache_precision}{threads}"
-
-
-DEFAULT = Setting(32, "f32", "f32")  # what a compile gets without tune: the plugin's group size, our f32 choices
-REFERENCE = Setting(0, "f32", "f32")  # the fidelity reference: no dynamic quantization
 
 
 @dataclass
@@ -103,176 +77,6 @@ def candidates(current: Setting, dimension: str, cpu_flags: list[str], cores: in
 
 
 DIMENSIONS = ("dynamic_quantization_group_size", "inference_precision", "kv_cache_precision", "num_threads")
-
-
-def path_for(home: Path | None = None) -> Path:
-    """Where this machine's choices are kept: one file per CPU and OpenVINO version."""
-    import openvino as ov
-
-    key = json.dumps({"version": TUNE_VERSION, "cpu": machine.cpu_name(), "flags": machine.cpu_features(),
-                      "openvino": ov.get_version()}, sort_keys=True)
-    return (home or sources.specdemo_home()) / "tune" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
-
-
-def model_key(settings: ModelSettings) -> str:
-    # Compile settings are chosen on the full head and serve every head size (the head is one MatMul of many).
-    return f"{settings.source}/{settings.precision}/{settings.device}/head0"
-
-
-def draft_key(settings: ModelSettings) -> str:
-    # One draft plan per draft model and device: its options span the precisions and head sizes it priced.
-    return f"{settings.source}/{settings.device}"
-
-
-def searched(draft: ModelSettings) -> ModelSettings:
-    """The draft whose compile settings tune searches: an auto precision searches DRAFT_PRECISION (the draft plan then
-    prices the other precisions under the same setting)."""
-    return replace(draft, precision=DRAFT_PRECISION) if draft.precision == AUTO else draft
-
-
-def planned_options(settings: ModelSettings, path: Path | None = None) -> list:
-    """The draft plan's priced options for this draft model on this machine (none: no plan yet, or not on the CPU)."""
-    from specdemo.draft_choice import from_dict
-
-    entry = _entry("drafts", draft_key(settings), path) if settings.device.upper().startswith("CPU") else None
-    try:
-        return [from_dict(o) for o in entry["options"]] if entry else []
-    except (KeyError, TypeError, ValueError):
-        return []
-
-
-def resolve_precision(settings: ModelSettings, path: Path | None = None) -> ModelSettings:
-    """`settings` with an auto precision replaced by the draft plan's choice where its IR is prepared, else by
-    DRAFT_PRECISION; an explicit precision is kept."""
-    return resolve_draft(settings, path, heads=False)
-
-
-def resolve_draft(settings: ModelSettings, path: Path | None = None, heads: bool = True) -> ModelSettings:
-    """The draft plan's choice where `settings` leave it open: an auto precision, among the prepared precisions, and
-    a head size of -1 (draft_choice.choose); without a plan, DRAFT_PRECISION and the full head."""
-    from specdemo.draft_choice import choose
-
-    options = planned_options(settings, path) if settings.precision == AUTO or settings.head_tokens == -1 else []
-    choice = None
-    if settings.precision == AUTO:
-        ready = [o for o in options if sources.is_prepared(replace(settings, precision=o.precision))]
-        choice = choose(ready, AUTO, settings.head_tokens)
-        settings = replace(settings, precision=choice.precision if choice else DRAFT_PRECISION)
-    if heads and settings.head_tokens == -1:
-        if choice is None or choice.precision != settings.precision:
-            choice = choose(options, settings.precision)
-        settings = replace(settings, head_tokens=choice.head_tokens if choice else 0)
-    return settings
-
-
-def chosen(settings: ModelSettings, path: Path | None = None) -> Setting | None:
-    """The setting tune chose for this model on this machine, or None."""
-    entry = _entry("models", model_key(settings), path)
-    try:
-        return Setting(**entry["setting"]) if entry else None
-    except (KeyError, TypeError):
-        return None
-
-
-def gain(settings: ModelSettings, path: Path | None = None) -> str:
-    """What tune's choice bought this model, in words ("tuned at 22:41: 24% faster than the defaults"), or "" if
-    untuned."""
-    entry = _entry("models", model_key(settings), path)
-    if not entry:
-        return ""
-    when = f" at {entry['tuned_at'][11:16]}" if len(entry.get("tuned_at") or "") >= 16 else ""
-    ratio = entry.get("relative", float("nan"))
-    if ratio != ratio:  # nan: the default was not timed
-        return f"tuned{when}"
-    return f"tuned{when}: {abs(1 - ratio):.0%} {'faster' if ratio < 1 else 'slower'} than the defaults" \
-        if abs(1 - ratio) >= 0.01 else f"tuned{when}: the defaults were fastest"
-
-
-def stamp(path: Path | None = None) -> int:
-    """When this machine's tune file last changed (ns since the epoch), 0 without one: what was compiled before a
-    later stamp is stale (ui/engines.py compiles it again between visitors' runs)."""
-    try:
-        return (path or path_for()).stat().st_mtime_ns
-    except OSError:
-        return 0
-
-
-def record(draft: ModelSettings, path: Path | None = None) -> dict:
-    """What this machine's tune file holds, for a benchmark's record: every trial of the last tune (settings × times)
-    and the draft plan of `draft` (its options), or {} when the machine is not tuned."""
-    path = path or path_for()
-    data = _read(path)
-    if not data.get("trials"):
-        return {}
-    plan = data.get("drafts", {}).get(draft_key(draft)) if isinstance(data.get("drafts"), dict) else None
-    return {"file": path.name, "trials": data["trials"], "draft_plan": plan if isinstance(plan, dict) else None}
-
-
-def _entry(section: str, key: str, path: Path | None) -> dict | None:
-    """One entry of this machine's tune file, or None (no file yet; a damaged file only loses the choice)."""
-    entries = _read(path or path_for()).get(section)
-    entry = entries.get(key) if isinstance(entries, dict) else None
-    return entry if isinstance(entry, dict) else None
-
-
-def _read(path: Path) -> dict:
-    """This machine's tune file, or {} (no file yet, or a damaged one)."""
-    try:
-        data = json.loads(path.read_text()) if path.is_file() else {}
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def apply(settings: ModelSettings, path: Path | None = None) -> ModelSettings:
-    """`settings` with tune's choice for this machine where they leave the choice open (the defaults: an auto draft
-    precision, no precision hint, no KV precision, the plugin's group size, every core, the head size left at -1).
-    Explicit settings win."""
-    cpu = settings.device.upper().startswith("CPU")
-    settings = resolve_draft(settings, path)
-    setting = chosen(settings, path) if cpu else None
-    if setting is None:
-        return settings
-    return replace(settings,
-                   dynamic_quantization_group_size=(setting.dynamic_quantization_group_size
-                                                    if settings.dynamic_quantization_group_size == -1
-                                                    else settings.dynamic_quantization_group_size),
-                   inference_precision=settings.inference_precision or setting.inference_precision,
-                   kv_cache_precision=settings.kv_cache_precision or setting.kv_cache_precision,
-                   num_threads=settings.num_threads or setting.num_threads)
-
-
-def save(trials: list[Trial], settings: dict[str, ModelSettings], path: Path, drafts: list | None = None) -> None:
-    """Keep the chosen setting of each model and the draft plan (and every trial, for the record). The draft's other
-    precisions the plan priced get the draft's setting too (they were measured under it), unless tuned on their own."""
-    data = json.loads(path.read_text()) if path.is_file() else {}
-    models = data.get("models", {})
-    settings = {role: searched(model) for role, model in settings.items()}  # an auto draft was searched as int4
-    now = time.strftime("%Y-%m-%dT%H:%M:%S")
-    for trial in trials:
-        if trial.chosen:
-            models[model_key(settings[trial.role])] = {"setting": asdict(trial.setting), "seconds": trial.seconds,
-                                                       "relative": trial.relative, "tuned_at": now}
-    if drafts:
-        from specdemo.draft_choice import to_dict
-
-        best = next(o for o in drafts if o.chosen)
-        data.setdefault("drafts", {})[draft_key(settings["draft"])] = {
-            "precision": best.precision, "head_tokens": best.head_tokens, "options": [to_dict(o) for o in drafts],
-            "planned_at": now}
-        measured_under = models.get(model_key(settings["draft"]))
-        for option in drafts:
-            key = model_key(replace(settings["draft"], precision=option.precision))
-            own = models.get(key)  # a setting tuned for this precision itself stays
-            if measured_under and (own is None or own.get("from") == FROM_PLAN):
-                models[key] = {**measured_under, "relative": float("nan"), "from": FROM_PLAN}
-    data.update(version=TUNE_VERSION, cpu=machine.cpu_name(), models=models)
-    if trials:  # a draft plan alone keeps the tune's record
-        data["trials"] = [{**asdict(t), "setting": asdict(t.setting)} for t in trials]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    scratch = path.with_suffix(".tmp")
-    scratch.write_text(json.dumps(data, indent=1))
-    scratch.replace(path)
 
 
 # ---- measuring
@@ -549,18 +353,6 @@ def replan_draft(target: ModelSettings, draft: ModelSettings, log=print) -> list
     tokenizer = AutoTokenizer.from_pretrained(sources.prepare(target))
     tuned_target = compile_model(apply(target))
     return plan_draft(chosen(searched(draft)) or DEFAULT, tuned_target, draft, tokenizer, examples, log)
-
-
-def needs_plan(draft: ModelSettings, path: Path | None = None) -> bool:
-    """Whether the draft plan is missing something a draft left to it could run: no plan yet, or a prepared precision
-    it did not price."""
-    from specdemo.draft_choice import PRECISIONS
-
-    if draft.precision != AUTO and draft.head_tokens != -1:
-        return False
-    priced = {o.precision for o in planned_options(draft, path)}
-    precisions = PRECISIONS if draft.precision == AUTO else (draft.precision,)
-    return not priced or any(p not in priced and sources.is_prepared(replace(draft, precision=p)) for p in precisions)
 
 
 def tune_choice(trials: list[Trial], role: str, base: ModelSettings | None = None):

@@ -12,7 +12,7 @@ import time
 import psutil
 import pytest
 
-from specdemo import sources, tune
+from specdemo import choices, sources
 from specdemo.settings import CONFIGURATIONS, DEFAULT_DRAFT, DEFAULT_TARGET, RunSettings
 from specdemo.ui import handlers, tuning
 
@@ -42,21 +42,21 @@ def finish(background: tuning.BackgroundWork) -> None:
 def tuned_here(*precisions: str, targets=(DEFAULT_TARGET,)) -> None:
     """A tune file with a choice for each of `targets` (the default one) and, given `precisions`, a draft plan that
     priced them (a full head each), as `python -m specdemo tune` leaves it."""
-    path = tune.path_for()
+    path = choices.path_for()
     path.parent.mkdir(parents=True, exist_ok=True)
     setting = {"dynamic_quantization_group_size": 128, "inference_precision": "f32", "kv_cache_precision": "u8",
                "num_threads": 0}
-    data = {"models": {tune.model_key(target): {"setting": setting, "relative": 0.8} for target in targets}}
+    data = {"models": {choices.model_key(target): {"setting": setting, "relative": 0.8} for target in targets}}
     if precisions:
         options = [{"precision": p, "head_tokens": 0, "predicted_speedup": 1.5} for p in precisions]
-        data["drafts"] = {tune.draft_key(DEFAULT_DRAFT): {"options": options}}
+        data["drafts"] = {choices.draft_key(DEFAULT_DRAFT): {"options": options}}
     path.write_text(json.dumps(data))
 
 
 def prepared(*models) -> None:
     """Mark models as converted, as a finished conversion leaves them."""
     for model in models:
-        folder = sources.cached_folder(tune.resolve_precision(model))
+        folder = sources.cached_folder(choices.resolve_precision(model))
         folder.mkdir(parents=True, exist_ok=True)
         (folder / sources.COMPLETE_MARKER).write_text("")
 

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from specdemo import genai, sources, tune
+from specdemo import choices, genai, sources
 from specdemo.events import TARGET, drain
 from specdemo.settings import GenerationSettings, RunSettings
 
@@ -17,7 +17,7 @@ INSTRUCTION = "Write a Python function that reverses a string."
 def pipeline():
     settings = RunSettings()
     return genai.make_pipeline(sources.prepare(settings.target), "CPU", genai.compile_properties(settings.target),
-                               sources.prepare(tune.resolve_precision(settings.draft)))
+                               sources.prepare(choices.resolve_precision(settings.draft)))
 
 
 def test_genai_streams_the_tokens_our_speculative_lane_emits_with_the_same_k(real_engine, pipeline):

@@ -40,9 +40,9 @@ def _retune() -> None:
     import os
     import time
 
-    from specdemo import tune
+    from specdemo import choices
 
-    path = tune.path_for()
+    path = choices.path_for()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("{}")
     later = time.time_ns() + 10**9  # a clear step, whatever the file system's timestamp granularity

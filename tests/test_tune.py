@@ -7,10 +7,10 @@ from dataclasses import replace
 
 import pytest
 
-from specdemo import compat, genai, tune
+from specdemo import choices, compat, genai, tune
 from specdemo.events import TokenEvent
 from specdemo.settings import DEFAULT_TARGET
-from specdemo.tune import DEFAULT, Setting
+from specdemo.choices import DEFAULT, Setting
 
 AVX512_BF16 = ["avx2", "avx512f", "avx512_vnni", "avx512_bf16"]
 
@@ -122,14 +122,14 @@ def test_the_chosen_settings_reach_our_compiles_and_genais(tmp_path, monkeypatch
     monkeypatch.setenv("SPECDEMO_HOME", str(tmp_path))
     trials = [tune.Trial("target", Setting(128, "f32", "u8"), seconds=0.03, relative=0.75, faithful=True, chosen=True),
               tune.Trial("target", DEFAULT, seconds=0.04, relative=1.0, faithful=True)]
-    tune.save(trials, {"target": DEFAULT_TARGET}, tune.path_for())
-    tuned = tune.apply(DEFAULT_TARGET)
+    choices.save(trials, {"target": DEFAULT_TARGET}, choices.path_for())
+    tuned = choices.apply(DEFAULT_TARGET)
     assert (tuned.dynamic_quantization_group_size, tuned.kv_cache_precision) == (128, "u8")
     assert compat.compile_config(tuned, None)["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 128
     assert genai.compile_properties(DEFAULT_TARGET)["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 128  # GenAI's lane too
-    assert tune.apply(replace(DEFAULT_TARGET, kv_cache_precision="f16")).kv_cache_precision == "f16"  # explicit wins
-    when = json.loads(tune.path_for().read_text())["models"][tune.model_key(DEFAULT_TARGET)]["tuned_at"][11:16]
-    assert tune.gain(DEFAULT_TARGET) == f"tuned at {when}: 25% faster than the defaults"
+    assert choices.apply(replace(DEFAULT_TARGET, kv_cache_precision="f16")).kv_cache_precision == "f16"  # explicit wins
+    when = json.loads(choices.path_for().read_text())["models"][choices.model_key(DEFAULT_TARGET)]["tuned_at"][11:16]
+    assert choices.gain(DEFAULT_TARGET) == f"tuned at {when}: 25% faster than the defaults"
 
     from specdemo import engine
 
@@ -150,7 +150,7 @@ def test_each_model_of_the_bench_genai_peer_gets_its_own_tuned_settings(tmp_path
     monkeypatch.setenv("SPECDEMO_HOME", str(tmp_path))
     trials = [tune.Trial("target", Setting(256, "f32", "f32"), chosen=True),
               tune.Trial("draft", Setting(128, "f32", "f16"), chosen=True)]
-    tune.save(trials, {"target": DEFAULT_TARGET, "draft": DEFAULT_DRAFT}, tune.path_for())
+    choices.save(trials, {"target": DEFAULT_TARGET, "draft": DEFAULT_DRAFT}, choices.path_for())
     target, draft = SimpleNamespace(settings=DEFAULT_TARGET), SimpleNamespace(settings=DEFAULT_DRAFT)
     ours, theirs = genai_properties(target, draft)
     assert ours["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 256 and theirs["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 128
@@ -186,7 +186,7 @@ def test_another_configurations_target_is_searched_beside_the_draft_as_tuned(tmp
     trials, plan = tune.tune(int4_target, draft, log=lambda m: None, again=False)
     assert searched == [("target", "int4"), ("draft", "int4")] and plan == ["a plan"]  # nothing tuned yet: both
 
-    tune.save([tune.Trial("draft", Setting(128, "f32", "u8"), chosen=True)], {"draft": draft}, tune.path_for(),
+    choices.save([tune.Trial("draft", Setting(128, "f32", "u8"), chosen=True)], {"draft": draft}, choices.path_for(),
               [draft_choice.DraftOption("int4", 0, chosen=True)])
     searched.clear(), partners.clear()
     trials, plan = tune.tune(int4_target, draft, log=lambda m: None, again=False)

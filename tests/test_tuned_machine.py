@@ -5,12 +5,12 @@ prompt lookup) compile and run on the real pair. Each case writes the tune file 
 import pytest
 
 from conftest import TEST_HOME, link_converted_models
-from specdemo import errors, genai, machine, sources, tune
+from specdemo import choices, errors, genai, machine, sources, tune
 from specdemo.engine import Engine
 from specdemo.events import drain
 from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET, GenerationSettings, RunSettings
 
-INFERENCE = [s.inference_precision for s in tune.candidates(tune.DEFAULT, "inference_precision",
+INFERENCE = [s.inference_precision for s in tune.candidates(choices.DEFAULT, "inference_precision",
                                                             machine.cpu_features() + tune._extra_flags(), 2)]
 CHOICES = [(inference, kv) for inference in INFERENCE for kv in tune.KV_PRECISIONS]
 INSTRUCTION = "Write a Python function that reverses a string."
@@ -19,9 +19,9 @@ INSTRUCTION = "Write a Python function that reverses a string."
 def force_tune(home, inference: str, kv: str) -> None:
     """A tune file in `home` that chose `inference` and `kv` for both models (the target at group 256, as the Zen 5's
     tune did)."""
-    trials = [tune.Trial("target", tune.Setting(256, inference, kv), chosen=True),
-              tune.Trial("draft", tune.Setting(32, inference, kv), chosen=True)]
-    tune.save(trials, {"target": DEFAULT_TARGET, "draft": DEFAULT_DRAFT}, tune.path_for(home))
+    trials = [tune.Trial("target", choices.Setting(256, inference, kv), chosen=True),
+              tune.Trial("draft", choices.Setting(32, inference, kv), chosen=True)]
+    choices.save(trials, {"target": DEFAULT_TARGET, "draft": DEFAULT_DRAFT}, choices.path_for(home))
 
 
 @pytest.fixture
@@ -29,11 +29,11 @@ def tuned(tmp_path, monkeypatch, request):
     """A home holding the real pair (linked from the tests' home) and a tune file forcing `request.param`."""
     inference, kv = request.param
     home = tmp_path / "home"
-    sources.prepare(DEFAULT_TARGET), sources.prepare(tune.resolve_precision(DEFAULT_DRAFT))  # in the tests' home
+    sources.prepare(DEFAULT_TARGET), sources.prepare(choices.resolve_precision(DEFAULT_DRAFT))  # in the tests' home
     link_converted_models(TEST_HOME, home)
     monkeypatch.setenv("SPECDEMO_HOME", str(home))
     force_tune(home, inference, kv)
-    assert tune.apply(DEFAULT_TARGET).kv_cache_precision == kv  # the file is what every compile reads
+    assert choices.apply(DEFAULT_TARGET).kv_cache_precision == kv  # the file is what every compile reads
     return inference, kv
 
 
@@ -68,7 +68,7 @@ def test_an_openvino_refusal_reads_as_one_sentence_with_what_to_try(tiny_target)
 def test_every_consumer_compiles_and_runs_under_the_tune_s_choice(tuned):
     inference, kv = tuned
     target = sources.prepare(DEFAULT_TARGET)
-    draft = sources.prepare(tune.resolve_precision(DEFAULT_DRAFT))
+    draft = sources.prepare(choices.resolve_precision(DEFAULT_DRAFT))
     settings = GenerationSettings(max_new_tokens=6, k=3)
     engine = Engine.load(RunSettings(generation=settings))
     assert (engine.target.settings.inference_precision, engine.target.settings.kv_cache_precision) == (inference, kv)

@@ -96,7 +96,8 @@ def _error(spread: dict | None) -> str:
 def tune_section(record: dict | None) -> str:
     """The compile settings and the draft this run's models were loaded under, as `python -m specdemo tune` chose them:
     every trial of the tune (settings × times) and the draft plan."""
-    from specdemo.tune import ROUND, Setting
+    from specdemo.choices import Setting
+    from specdemo.tune import ROUND
 
     if not record:
         return ("## Tuned for this machine\n\nNot tuned: every model ran on the default compile settings "

@@ -185,7 +185,7 @@ def run_fidelity(ctx: Context) -> dict:
     (specdemo/fidelity.py): top-1 agreement and mean |logit error| on the built-in answers."""
     from dataclasses import asdict, replace
 
-    from specdemo import builtin, fidelity, tune
+    from specdemo import builtin, choices, fidelity, tune
     from specdemo.bench import llamacpp
     from specdemo.engine import describe_compile
 
@@ -196,7 +196,7 @@ def run_fidelity(ctx: Context) -> dict:
     reference = tune.compile_model(fidelity.reference_settings(ctx.settings.target))
     candidates, rows = {}, []
     for precision in dict.fromkeys((ctx.settings.target.precision, *ctx.bench.target_precisions)):
-        settings = tune.apply(replace(ctx.settings.target, precision=precision))
+        settings = choices.apply(replace(ctx.settings.target, precision=precision))
         ctx.log(f"fidelity: the target at {precision}")
         candidates[precision] = (settings, tune.compile_model(settings))
     measured = fidelity.compare(reference, {p: model for p, (_, model) in candidates.items()}, examples)
