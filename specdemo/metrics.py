@@ -416,7 +416,7 @@ class Parting:
         if self.noise is not None:
             band = (f"the {self.band:.2f}-logit band of twice the largest gap change this compile showed between "
                     f"single-token and batched calls ({self.noise:.2f} logits over {self.noise_positions} positions, "
-                    "measured at warm-up)")
+                    f"measured at warm-up; at least {TRUE_TIE} logits, a tie whatever the kernels)")
         else:  # a run saved before the noise was measured: say the constant is one
             band = (f"the {NEAR_TIE_LOGIT_GAP}-logit near-tie band (a constant; this compile's own difference between "
                     "single-token and batched calls was not measured)")
@@ -426,11 +426,15 @@ class Parting:
                 "(--json).")
 
 
+TRUE_TIE = 0.02  # logits: two candidates closer than this are tied whatever the kernels (f16 rounding of a logit ~10)
+
+
 def near_tie_band(noise: float | None) -> float:
     """Logits within which a top-2 margin is a near-tie for this compile: twice the largest gap change measured between
-    single-token and batched calls (the measurement samples a few hundred gaps; a parting is the tail), or the
-    constant NEAR_TIE_LOGIT_GAP where nothing was measured."""
-    return NEAR_TIE_LOGIT_GAP if noise is None else 2 * noise
+    single-token and batched calls (the measurement samples a few hundred gaps; a parting is the tail), at least
+    TRUE_TIE (a compile whose batched calls matched its single steps bit for bit still has ties), or the constant
+    NEAR_TIE_LOGIT_GAP where nothing was measured."""
+    return NEAR_TIE_LOGIT_GAP if noise is None else max(2 * noise, TRUE_TIE)
 
 
 def first_difference(a: Sequence[int], b: Sequence[int]) -> int:
