@@ -65,12 +65,15 @@ def compare(reference, candidates: dict[str, object], examples: list[tuple[list[
 
 NOISE_POSITIONS = 96  # answer tokens scored both ways: ~7 s of single target steps on a 2-core Zen 5, once per compile
 NOISE_SIZES = (2, 4, 8, 13)  # tokens per batched call: the verify calls of K = 1, 3, 7 and 12
+REJECTED = 3  # drafts each batched call also scores and then rolls back, as a round with rejections does
 
 
 @dataclass
 class BatchingNoise:
-    """How much a target's top-2 gap moves between a single-token call and a batched call on the same positions: the
-    rounding the kernels for one and for several rows do differently. Greedy lanes may part where a margin is within it."""
+    """How much a target's top-2 gap moves between a single-token call and a batched call on the same positions, with
+    rejected drafts rolled back between batched calls as the loop leaves them: the rounding the kernels for one and for
+    several rows, and for a cache with masked positions, do differently. Greedy lanes may part where a margin is within
+    it."""
 
     max_gap_change: float  # logits: the largest |gap single − gap batched| over positions and call sizes
     positions: int  # answer positions compared
@@ -90,8 +93,10 @@ class BatchingNoise:
 def batching_noise(model, examples: list[tuple[list[int], list[int]]], positions: int = NOISE_POSITIONS,
                    sizes: tuple[int, ...] = NOISE_SIZES) -> BatchingNoise:
     """Score up to `positions` answer tokens of `examples` (prompt ids, answer ids) one token per call, as the
-    autoregressive lane does, then `size` tokens per call for each size, as verify calls do; compare the gap between
-    the single steps' top two tokens at each position."""
+    autoregressive lane does, then `size` tokens per call for each size, as verify calls do: each call also scores
+    REJECTED more tokens, which are then rolled back out of the cache (masked, as the loop rolls back rejected drafts),
+    so the kernels see the cache the speculative lane leaves. Compare the gap between the single steps' top two tokens
+    at each position."""
     change, compared, flips = 0.0, 0, 0
     for prompt, answer in examples:
         fed = answer[: min(len(answer), positions - compared + 1)][:-1]
@@ -107,8 +112,13 @@ def batching_noise(model, examples: list[tuple[list[int], list[int]]], positions
         for size in sizes:
             model.reset()
             model.forward(prompt)
-            batched = np.concatenate([model.forward(fed[i:i + size], logits_to_keep=len(fed[i:i + size]))
-                                      for i in range(0, len(fed), size)])
+            pieces = []
+            for i in range(0, len(fed), size):
+                piece = fed[i:i + size]
+                rejected = [fed[(i + 7 * j + 3) % len(fed)] for j in range(REJECTED)]  # any tokens will do
+                pieces.append(model.forward(piece + rejected, logits_to_keep=len(piece) + REJECTED)[:len(piece)])
+                model.rollback(model.length - REJECTED)
+            batched = np.concatenate(pieces)
             moved = batched[rows, top2[:, 1]] - batched[rows, top2[:, 0]] - gap
             change = max(change, float(np.abs(moved).max()))
             flipped |= batched.argmax(axis=-1) != top2[:, 1]

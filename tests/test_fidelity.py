@@ -55,12 +55,21 @@ def test_text_agreement_counts_the_tokens_written_before_the_texts_part():
 
 class Batching:
     """A model whose logits at every position are [2, 1, 0, -1] (gap 1 between its top two) when fed one token per
-    call, and whose batched calls of n tokens raise the runner-up by 0.05·n: the gap moves by 0.05·n."""
+    call, and whose batched calls of n tokens raise the runner-up by 0.05·n: the gap moves by 0.05·n. It records the
+    cache lengths it is rolled back to."""
+
+    def __init__(self):
+        self.length, self.rollbacks = 0, []
 
     def reset(self):
-        pass
+        self.length = 0
+
+    def rollback(self, length):
+        self.rollbacks.append((self.length, length))
+        self.length = length
 
     def forward(self, ids, logits_to_keep=1):
+        self.length += len(ids)
         rows = np.tile(np.array([2.0, 1.0, 0.0, -1.0]), (logits_to_keep, 1))
         if len(ids) > 1:
             rows[:, 1] += 0.05 * len(ids)
@@ -69,9 +78,12 @@ class Batching:
 
 def test_batching_noise_is_the_largest_move_of_the_top_two_gap_between_single_and_batched_calls():
     examples = [([7], list(range(11))), ([8], list(range(30)))]  # 10 + 29 positions, capped at 20
-    noise = fidelity.batching_noise(Batching(), examples, positions=20, sizes=(2, 4))
+    model = Batching()
+    noise = fidelity.batching_noise(model, examples, positions=20, sizes=(2, 4))
     assert noise.positions == 20 and noise.sizes == (2, 4)
-    assert noise.max_gap_change == pytest.approx(0.2, abs=1e-6)  # 0.05 × 4, the larger size
+    # a call of 4 positions also scores 3 rejected drafts: 7 rows, 0.05 × 7, the largest change
+    assert noise.max_gap_change == pytest.approx(0.35, abs=1e-6)
+    assert all(before - after == fidelity.REJECTED for before, after in model.rollbacks)  # each call's drafts rolled back
 
 
 def test_the_noise_is_measured_once_per_compile_and_kept(tmp_path):
