@@ -37,15 +37,17 @@ def _first_difference(a, b):
 
 @pytest.mark.parametrize("instruction", INSTRUCTIONS)
 def test_greedy_speculative_equals_autoregressive(engine, instruction):
+    from specdemo.metrics import parting
+
+    engine.warm_up()  # measures this compile's batching noise (once per compile), which a parting is judged by
+    assert engine.noise is not None and engine.noise.positions > 0
     ar = drain(engine.autoregressive(instruction, GREEDY))
     spec = drain(engine.speculative(instruction, GREEDY))
-    i = _first_difference(ar.ids, spec.ids)
-    if i is not None:
-        # Allowed only where the target itself hesitates: batched and single-token kernels may order
-        # two near-equal logits differently. Both lanes must have seen a near-tie at that token.
-        margins = (ar.tokens[i].margin, spec.tokens[i].margin)
-        assert max(margins) < NEAR_TIE_LOGIT_GAP, f"outputs differ at token {i}; the target's margins were {margins}"
-        assert spec.summary.near_ties > 0, "a near-tie flipped but the summary reports none"
+    parted = parting(ar.tokens, spec.tokens, engine.noise)
+    if parted is not None:
+        # Allowed only where the target itself hesitates, by as little as this compile's batched calls (with rolled-back
+        # drafts in the cache) were measured to move a top-2 gap: a near-tie in both lanes at that very token.
+        assert parted.verdict == "near-tie", parted.sentence()
     else:
         assert len(ar.ids) == len(spec.ids)
     assert spec.summary.alpha_hat > 0.3  # the 0.5B drafts for its 1.5B sibling well on these prompts
