@@ -221,7 +221,7 @@ def with_confidence_stop(plan: Plan, costs: CostModel, asked: float | None) -> P
     else:
         return plan
     if not p_min:
-        return replace(plan, p_min=0.0)
+        return plan  # off, as a plan is by default
     return replace(plan, p_min=p_min, reason=plan.reason + (
         f" A round's drafting stops once the draft's confidence in its drafts falls below {p_min:.2f}"
         + (" (where a further draft costs more than it brings on this machine)." if asked is None else ".")))

@@ -165,12 +165,8 @@ def summarize(rows: list[dict], runs: list, lanes: dict, k_max: int) -> dict:
     from specdemo.bench import stats
 
     def speedups(baseline, lane) -> dict:
-        ratios = stats.paired_ratios(runs, baseline, lane)
-        pairs = [(a, b) for a in stats.lane_runs(runs, baseline) for b in stats.lane_runs(runs, lane)
-                 if (a.instruction, a.repeat) == (b.instruction, b.repeat) and a.tokens and b.tokens]
-        of_sums = (sum(a.wall_s for a, _ in pairs) / sum(a.tokens for a, _ in pairs)) / \
-            (sum(b.wall_s for _, b in pairs) / sum(b.tokens for _, b in pairs)) if pairs else float("nan")
-        return {"mean": stats.spread(ratios)["mean"], "of_sums": of_sums, "spread": stats.spread(ratios)}
+        spread = stats.spread(stats.paired_ratios(runs, baseline, lane))
+        return {"mean": spread["mean"], "of_sums": stats.ratio_of_sums(runs, baseline, lane), "spread": spread}
 
     spec_runs = stats.lane_runs(runs, lanes["speculative"])
     rounds = [r for run in spec_runs for r in run.rounds]

@@ -36,18 +36,33 @@ def lane_runs(runs: list[Run], lane: Lane) -> list[Run]:
     return [r for r in runs if r.lane == lane]
 
 
+def paired_runs(runs: list[Run], numerator: Lane, denominator: Lane) -> list[tuple[Run, Run]]:
+    """(numerator's run, denominator's run) per (repeat, instruction), where both produced tokens."""
+    by_key = {(r.repeat, r.instruction): r for r in lane_runs(runs, denominator)}
+    pairs = []
+    for run in lane_runs(runs, numerator):
+        other = by_key.get((run.repeat, run.instruction))
+        if other is not None and other.tokens and run.tokens:
+            pairs.append((run, other))
+    return pairs
+
+
 def paired_ratios(runs: list[Run], numerator: Lane, denominator: Lane) -> list[float]:
     """Per (repeat, instruction): numerator lane's seconds per token / denominator lane's.
 
     With numerator = autoregressive and denominator = speculative this is the speedup.
     """
-    by_key = {(r.repeat, r.instruction): r for r in lane_runs(runs, denominator)}
-    values = []
-    for run in lane_runs(runs, numerator):
-        other = by_key.get((run.repeat, run.instruction))
-        if other is not None and other.tokens and run.tokens:
-            values.append(run.per_token_s / other.per_token_s)
-    return values
+    return [a.per_token_s / b.per_token_s for a, b in paired_runs(runs, numerator, denominator)]
+
+
+def ratio_of_sums(runs: list[Run], numerator: Lane, denominator: Lane) -> float:
+    """Numerator lane's summed seconds per summed token over the denominator lane's, on the pairs paired_ratios uses
+    (Spec-Bench's other speedup: long answers weigh more)."""
+    pairs = paired_runs(runs, numerator, denominator)
+    if not pairs:
+        return math.nan
+    return (sum(a.wall_s for a, _ in pairs) / sum(a.tokens for a, _ in pairs)) / \
+        (sum(b.wall_s for _, b in pairs) / sum(b.tokens for _, b in pairs))
 
 
 def ratios(runs: list[Run], pairs: list[tuple[Lane, Lane]]) -> dict:
