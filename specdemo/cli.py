@@ -13,8 +13,10 @@ import time
 from pathlib import Path
 
 from specdemo import compat, errors, runfile, sources
-from specdemo.events import ACCEPTED, BONUS, CORRECTED, Result, TokenEvent, drain
-from specdemo.metrics import measured_speedup, parting
+from specdemo.events import ACCEPTED, BONUS, CORRECTED, TokenEvent
+from specdemo.lane import Result, drain
+from specdemo.metrics import measured_speedup
+from specdemo.parting import parting
 from specdemo.planner import Plan
 from specdemo.settings import (AUTO, CONFIGURATIONS, DEFAULT_DRAFT, DEFAULT_TARGET, DRAFT_PRECISION, DRAFTERS,
                                MAX_PROMPT_TOKENS, PRECISIONS, GenerationSettings, ModelSettings, RunSettings)
@@ -237,9 +239,9 @@ def _tune(settings: RunSettings, again: bool = True) -> int:
     """Measure the candidate compile settings, keep the fastest faithful one per model, print the table, check that greedy
     speculative output stays exact under the choice, and measure the cost model again under it. `again` False leaves
     a draft tuned and planned before as it is (tune.tune)."""
-    from specdemo import choices, tune
-    from specdemo import builtin
+    from specdemo import builtin, tune
     from specdemo.engine import Engine
+    from specdemo.profile import choices, machine_profile
 
     started = time.perf_counter()
 
@@ -247,9 +249,9 @@ def _tune(settings: RunSettings, again: bool = True) -> int:
         print(f"[{time.perf_counter() - started:5.0f} s] {message}", flush=True)
 
     trials, drafts = tune.tune(settings.target, settings.draft, log, again=again)
-    path = choices.path_for()
+    profile = machine_profile()
     models = {"target": settings.target, "draft": settings.draft}
-    choices.save(trials, models, path, drafts)
+    profile.keep_tune(trials, models, drafts)
     log("checking that greedy speculative output equals autoregressive output under the choice")
     engine = Engine.load(settings)
     problem = tune.check_exact(engine, builtin.code_answers())
@@ -258,7 +260,7 @@ def _tune(settings: RunSettings, again: bool = True) -> int:
             trial.chosen = trial.setting == choices.DEFAULT
         for option in drafts:
             option.chosen = option is drafts[0]
-        choices.save(trials, models, path, drafts)
+        profile.keep_tune(trials, models, drafts)
         log(f"not kept: {problem}; the defaults stay")
         engine = Engine.load(settings)
     engine.warm_up(fresh=True, log=log)  # the cost model, measured again under the chosen settings
@@ -274,22 +276,23 @@ def _tune(settings: RunSettings, again: bool = True) -> int:
           " another greedy token than single steps, measured for the target settings that would replace the one kept;"
           " none may part more often than the defaults, except in the fastest configuration)")
     _print_draft_plan(drafts)
-    print(f"\nkept in {path}; every compile of these models on this machine uses it (ours, GenAI's lane, the bench).")
+    print(f"\nkept in {profile.store.path}; every compile of these models on this machine uses it (ours, GenAI's lane, the bench).")
     print(f"{engine.costs.sentence()} (the cost model, measured again under it)")
     return 0
 
 
 def _plan_draft(settings: RunSettings) -> int:
     """`tune --draft-plan`: the draft plan alone, kept beside the compile settings already chosen."""
-    from specdemo import choices, tune
+    from specdemo import tune
+    from specdemo.profile import machine_profile
 
     started = time.perf_counter()
     drafts = tune.replan_draft(settings.target, settings.draft,
                                lambda message: print(f"[{time.perf_counter() - started:5.0f} s] {message}", flush=True))
-    path = choices.path_for()
-    choices.save([], {"target": settings.target, "draft": settings.draft}, path, drafts)
+    profile = machine_profile()
+    profile.keep_tune([], {"target": settings.target, "draft": settings.draft}, drafts)
     _print_draft_plan(drafts)
-    print(f"\nkept in {path}; it applies to the draft from the next load")
+    print(f"\nkept in {profile.store.path}; it applies to the draft from the next load")
     return 0
 
 
@@ -305,9 +308,9 @@ def _print_draft_plan(drafts: list) -> None:
 
 
 def _prepare(settings: RunSettings) -> int:
-    from specdemo import choices
+    from specdemo.profile import machine_profile
 
-    for model in (settings.target, choices.resolve_precision(settings.draft)):
+    for model in (settings.target, machine_profile().resolve_precision(settings.draft)):
         folder = sources.prepare(model)
         print(f"{model.source} ({model.precision}): {folder}")
     return 0
@@ -336,8 +339,11 @@ def _generate(args: argparse.Namespace, settings: RunSettings) -> int:
         if not args.json:
             print(f"\n== {mode} ==", flush=True)
         lanes[mode] = _consume(run(args.instruction, settings.generation), show=not args.json)
+        engine.profile.learn(engine.keys, settings.generation, lanes[mode].rounds)
     would = engine.would_have_given(args.instruction, settings.generation, lanes["speculative"].ids,
                                     lanes["speculative"].rounds)
+    if would is not None:
+        engine.profile.learn_from_answer(engine.keys, would.evidence)
     run = runfile.run_dict(args.instruction, settings, engine, lanes["autoregressive"], lanes["speculative"], would)
     if args.save:
         runfile.save(run, Path(args.save))

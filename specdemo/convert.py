@@ -1,6 +1,6 @@
 """The conversion child: `python -m specdemo.convert SETTINGS_JSON FOLDER` (started by specdemo.sources).
 
-Converts one model with sources.convert. Progress and a final error, if any, go to the parent as JSON
+Converts one model with export.convert. Progress and a final error, if any, go to the parent as JSON
 lines on the standard output it was started with; everything the converters print themselves (NNCF's
 tables, transformers' tracer warnings, optimum's logs) goes to the standard error, which the parent
 points at a log file under SPECDEMO_HOME/logs.
@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from specdemo import sources
+from specdemo import export, sources
 from specdemo.settings import ModelSettings
 
 
@@ -26,7 +26,7 @@ def main(argv: list[str]) -> int:
         to_parent.write(json.dumps({"fraction": fraction, "message": message}) + "\n")
 
     try:
-        sources.convert(settings, folder, report)
+        export.convert(settings, folder, report)
     except sources.ModelSourceError as error:
         to_parent.write(json.dumps({"error": str(error)}) + "\n")
         return 1

@@ -24,9 +24,9 @@ scaled like their nearest neighbours, and the loop's own time per step and per r
 run under load moves none of these; two runs that agree move them all. A shared machine drifts (the same target step was 47 ms and 35 ms an hour
 apart), so the model follows what runs pay now.
 
-Cached under SPECDEMO_HOME/costs keyed by the models, precisions, device, threads, CPU and OpenVINO,
-so a machine is measured once; `measure(..., fresh=True)` measures again and forgets the corrections.
-Measuring also runs every shape, so it doubles as the warm-up.
+Kept in the machine profile (specdemo/profile) keyed by the models, precisions, device, threads, CPU and OpenVINO
+(cost_key), so a machine is measured once; measuring again forgets the corrections. Measuring also runs every shape,
+so it doubles as the warm-up.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ import json
 import statistics
 import time
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 
 from specdemo import machine
 from specdemo.runtime import OVModel
@@ -240,26 +239,20 @@ def _describe_change(old: CostModel, target: tuple[float, ...], draft: tuple[flo
 # ---- measuring
 
 
-def measure(target: OVModel, draft: OVModel | None, n_max: int, cache: Path | None = None, fresh: bool = False,
+def measure(target: OVModel, draft: OVModel | None, n_max: int, known: CostModel | None = None,
             log=lambda message: None) -> CostModel:
-    """The cost model for these compiled models, from `cache` when it holds one for them and this CPU.
+    """The cost model for these compiled models: `known` (what the machine profile holds for them), or measured.
 
     Both models' caches are left empty. Every shape a run will use (prefill, 1 and up to n_max tokens)
     has run at least once when this returns, so the first timed lane pays no first-call costs.
     """
     n_max = max(n_max, N_MAX)
-    path = cache_path(cache, target, draft, n_max)
-    if path is not None and path.is_file() and not fresh:
-        try:
-            costs = CostModel.from_dict(json.loads(path.read_text())["costs"])
-        except (OSError, ValueError, KeyError, TypeError):
-            costs = None  # a damaged cache is measured again
-        if costs is not None:
-            log(f"cost model from the cache ({costs.standing()}); warming up")
-            _warm_up(target, n_max)
-            if draft is not None:
-                _warm_up(draft, 2)
-            return costs
+    if known is not None:
+        log(f"cost model from this machine's profile ({known.standing()}); warming up")
+        _warm_up(target, n_max)
+        if draft is not None:
+            _warm_up(draft, 2)
+        return known
     start = time.perf_counter()
     _warm_up(target, n_max)
     if draft is not None:
@@ -271,28 +264,7 @@ def measure(target: OVModel, draft: OVModel | None, n_max: int, cache: Path | No
         "machine): single steps, "
         f"then rounds scoring 2..{n_max} tokens" + (" after draft steps" if draft else ""))
     costs = _time_loop(target, draft, n_max)
-    costs = replace(costs, seconds=time.perf_counter() - start)
-    save(costs, path, describe_key(target, draft, n_max))
-    return costs
-
-
-def cache_path(cache: Path | None, target: OVModel, draft: OVModel | None, n_max: int) -> Path | None:
-    return cache / f"{cost_key(target, draft, max(n_max, N_MAX))}.json" if cache is not None else None
-
-
-def save(costs: CostModel, path: Path | None, key: dict | None = None) -> None:
-    """Write the cost model (with its observations) to its cache file, atomically; None: nowhere."""
-    if path is None:
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if key is None and path.is_file():
-        try:
-            key = json.loads(path.read_text()).get("key")
-        except (OSError, ValueError):
-            key = None
-    scratch = path.with_suffix(".tmp")
-    scratch.write_text(json.dumps({"key": key, "costs": costs.to_dict()}, indent=1))
-    scratch.replace(path)
+    return replace(costs, seconds=time.perf_counter() - start)
 
 
 def _warm_up(model: OVModel, n_max: int) -> None:
@@ -413,5 +385,6 @@ def describe_key(target: OVModel, draft: OVModel | None, n_max: int) -> dict:
 
 
 def cost_key(target: OVModel, draft: OVModel | None, n_max: int) -> str:
-    text = json.dumps(describe_key(target, draft, n_max), sort_keys=True)
+    """The machine profile's key for these compiled models' costs (and batching noise)."""
+    text = json.dumps(describe_key(target, draft, max(n_max, N_MAX)), sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]

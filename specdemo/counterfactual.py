@@ -60,12 +60,15 @@ class Counterfactual:
     greedy_only: bool = True  # a reminder for readers of the JSON: sampled runs have no counterfactual
     observed: int = 0  # positions of the mask the run's own drafting observed (the rest from the teacher-forced pass)
     corrected: int = 0  # of them, where the teacher-forced pass had guessed otherwise
+    # What the answer teaches the acceptance prior, per drafter: (tested, accepted) drafts at positions 1 … k_max
+    # (mask_counts, lookup_counts); the engine fills it, whoever drained the run hands it to the machine profile.
+    evidence: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)
 
     def best_fixed(self) -> Walk:
         return max(self.fixed, key=lambda w: w.speedup)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {name: value for name, value in asdict(self).items() if name != "evidence"}
 
 
 def greedy_choices(model: OVModel, prompt_ids: list[int], text_ids: list[int]) -> np.ndarray:
@@ -137,7 +140,7 @@ def accepted_run(mask: list[int], j: int, cap: int) -> int:
 
 def mask_counts(mask: list[int], k_max: int) -> tuple[list[int], list[int]]:
     """(tested, accepted) at draft positions 1 … k_max over every round start: position i is tested where the
-    i - 1 drafts before it matched. The acceptance model's evidence (planner.AcceptanceHistory)."""
+    i - 1 drafts before it matched. The acceptance model's evidence (specdemo/profile/acceptance.py)."""
     tested, accepted = [0] * k_max, [0] * k_max
     for j in range(1, len(mask)):
         for i in range(k_max):

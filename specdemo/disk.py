@@ -3,7 +3,8 @@
     models/<version>/<model>-<precision>   converted IRs (the default pair is needed; others are optional)
     ov_cache/                               OpenVINO's compiled-model cache (rebuilt on the next start)
     bench/hf/, bench/gguf/                  the benchmark's float32 copies for transformers, GGUF files for llama.cpp
-    costs/, vocab/                          measured call costs, α history, token rankings (small)
+    profile/                                what this machine learnt: tune, call costs, α history (small)
+    vocab/                                  token rankings for trimmed draft heads (small)
     .<model>-<random>/                      scratch of a conversion that was killed (never needed)
 """
 
@@ -13,7 +14,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdemo import choices, sources
+from specdemo import sources
 from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET
 
 KINDS = ("compiled", "bench", "other-models", "old-versions", "scratch")
@@ -40,7 +41,10 @@ def inventory(home: Path | None = None) -> list[Item]:
     """Everything under SPECDEMO_HOME, each sorted into a kind."""
     home = home or sources.specdemo_home()
     items: list[Item] = []
-    defaults = {sources.cached_folder(model).name for model in (DEFAULT_TARGET, choices.resolve_precision(DEFAULT_DRAFT))}
+    from specdemo.profile import machine_profile
+
+    draft = machine_profile(home).resolve_precision(DEFAULT_DRAFT)
+    defaults = {sources.cached_folder(model).name for model in (DEFAULT_TARGET, draft)}
     models = home / "models"
     for version in sorted(models.iterdir()) if models.is_dir() else []:
         if not version.is_dir():
@@ -59,7 +63,7 @@ def inventory(home: Path | None = None) -> list[Item]:
     for name, kind, what in (
         ("ov_cache", "compiled", "OpenVINO's compiled-model cache (rebuilt on the next start)"),
         ("bench", "bench", "the benchmark's float32 copies for transformers and GGUF files for llama.cpp"),
-        ("costs", "measurements", "measured call costs and acceptance history"),
+        ("profile", "measurements", "what this machine learnt: tune, call costs, acceptance history"),
         ("vocab", "measurements", "token rankings for trimmed draft heads"),
     ):
         path = home / name

@@ -15,7 +15,7 @@ time): the predicted speedup at its best K. The configured draft (its precision,
 is predicted at least MARGIN faster. Every candidate is lossless: the target checks every token.
 
 A draft whose precision is left to the plan (`auto`, the default draft's) gets the chosen option, precision and head
-(choices.apply), among the precisions prepared here; a draft with an explicit precision gets the best head of that
+(Profile.resolve), among the precisions prepared here; a draft with an explicit precision gets the best head of that
 precision by the same rule, and a head given explicitly is kept. Another precision is priced only when its IR is
 already prepared (the page's background work prepares the default draft's INT8 before it tunes).
 """

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -20,12 +19,12 @@ from typing import Iterator
 
 import numpy as np
 
-from specdemo import builtin, choices, compat, costs, decoding, metrics, planner, sources, vocab
+from specdemo import builtin, compat, costs, decoding, planner, sources, vocab
 from specdemo.costs import CostModel
 from specdemo.counterfactual import Counterfactual, agreement_mask, counterfactual, lookup_counts, mask_counts, match_mask
 from specdemo.drafting import make_drafter
-from specdemo.events import End, Round
-from specdemo.planner import AcceptanceHistory, Plan, make_plan
+from specdemo.planner import Plan, make_plan
+from specdemo.profile import Keys, Profile, learning, machine_profile
 from specdemo.runtime import OVModel, release_weight_pages
 from specdemo.settings import AUTO, K_MAX, WEIGHTS, GenerationSettings, ModelSettings, RunSettings
 
@@ -49,7 +48,7 @@ class LoadedModel:
     runtime: OVModel
     tokenizer: object  # a transformers tokenizer
     config: dict  # the model's config.json
-    tuned: str = ""  # what tune's choice bought, as it stood when this model was compiled (choices.gain)
+    tuned: str = ""  # what tune's choice bought, as it stood when this model was compiled (Profile.gain)
     planned_precision: bool = False  # its weight precision was left to the draft plan (auto) and resolved at load
 
     @property
@@ -91,15 +90,13 @@ class LoadedModel:
         }
 
 
-def load_model(settings: ModelSettings, progress: sources.Progress | None = None) -> LoadedModel:
-    """Prepare (convert once) and compile one model, with this machine's tuned compile settings where `settings` leave
-    them open (specdemo/tune.py)."""
+def load_model(settings: ModelSettings, progress: sources.Progress | None = None, tuned: str = "",
+               planned: bool = False) -> LoadedModel:
+    """Prepare (convert once) and compile one model as `settings` say: resolved already (Profile.resolve), so nothing
+    is left open but what the plugin decides. `tuned` and `planned` are for display (LoadedModel)."""
     compat.hide_broken_torchvision()
     from transformers import AutoTokenizer
 
-    planned = settings.precision == AUTO
-    settings = choices.apply(settings)
-    tuned = choices.gain(settings)  # now: a tune that ends later applies from the next load
     folder = sources.prepare(settings, progress)
     if progress is not None:
         progress(None, f"compiling {folder.name} for {settings.device}")
@@ -141,7 +138,7 @@ def clean_instruction(instruction: str | None) -> str:
 class Engine:
     """A target model, optionally a draft model, and the decoding loops over them."""
 
-    def __init__(self, target: LoadedModel, draft: LoadedModel | None):
+    def __init__(self, target: LoadedModel, draft: LoadedModel | None, profile: Profile | None = None):
         if draft is not None:
             check_same_tokenizer(target.tokenizer, draft.tokenizer)
         self.target = target
@@ -149,14 +146,15 @@ class Engine:
         self.tokenizer = target.tokenizer
         self.eos_ids = _eos_ids(target)
         self.lock = threading.Lock()  # one generation at a time: the KV caches are shared state
-        self.costs: CostModel | None = None  # this machine's call costs, after warm_up(); every run corrects them
-        self.costs_path: Path | None = None  # where they are kept
+        self.profile = profile or machine_profile()  # what this machine has learnt; the engine only reads it in a run
+        self.keys = Keys(None, self._pair_key())  # where this pair's costs (after warm_up) and history live there
         self.noise = None  # fidelity.BatchingNoise of the target's compile, after warm_up(): what partings are judged by
         self.warm_up_s = 0.0  # seconds the last warm_up() took (compilation, first calls, measuring)
-        self.acceptance = AcceptanceHistory(self._costs_dir() / f"acceptance-{self._pair_key()}.json")
 
-    def _costs_dir(self) -> Path:
-        return sources.specdemo_home() / "costs"
+    @property
+    def costs(self) -> CostModel | None:
+        """This machine's call costs for this pair, after warm_up(), as the runs since have corrected them."""
+        return self.profile.costs(self.keys.costs)
 
     def _pair_key(self) -> str:
         names = [str(self.target.folder), str(self.draft.folder) if self.draft else "", str(self.draft.settings.head_tokens) if self.draft else ""]
@@ -167,16 +165,20 @@ class Engine:
 
         Runs each shape a generation uses (the prompt's prefill, one token, and up to k_max + 1 tokens)
         on both models; the first time for these models on this machine it also times them (a few
-        seconds) and caches the cost model under SPECDEMO_HOME/costs; `fresh` re-measures. Returns the
+        seconds) and keeps the cost model in the machine profile; `fresh` re-measures. Returns the
         seconds it took, also kept in `warm_up_s`; no lane's figures include them.
         """
         start = time.perf_counter()
         with self.lock:
             draft = self.draft.runtime if self.draft else None
-            self.costs = costs.measure(self.target.runtime, draft, k_max + 1, self._costs_dir(), fresh, log)
-            self.costs_path = costs.cache_path(self._costs_dir(), self.target.runtime, draft, k_max + 1)
+            key = costs.cost_key(self.target.runtime, draft, k_max + 1)
+            known = None if fresh else self.profile.costs(key)
+            measured = costs.measure(self.target.runtime, draft, k_max + 1, known, log)
+            if measured is not known:
+                self.profile.keep_costs(key, measured, costs.describe_key(self.target.runtime, draft, k_max + 1))
+            self.keys = Keys(key, self.keys.pair)
             self.noise = self._batching_noise(k_max, log)
-            if draft is not None and _learning() and not self.acceptance.has_evidence("model", True):
+            if draft is not None and learning() and not self.acceptance().has_evidence("model", True):
                 log("learning how often the draft agrees with the target, on built-in answers (once per machine)")
                 self._calibrate(k_max)
             release_weight_pages()  # every shape has run: the plugin works from its own copies of the weights now
@@ -185,20 +187,20 @@ class Engine:
 
     def _batching_noise(self, k_max: int, log):
         """How far this target's batched calls move a top-2 gap from its single steps (fidelity.BatchingNoise): what
-        a parting of the greedy lanes is judged against. Measured once per compile (~7 s on 2 cores), kept beside the
-        cost model."""
+        a parting of the greedy lanes is judged against. Measured once per compile (~7 s on 2 cores), kept in the
+        machine profile beside the cost model."""
         from specdemo import fidelity
 
-        def measure():
+        noise = self.profile.noise(self.keys.costs)
+        if noise is None:
             log("measuring how far this compile's batched calls differ from its single steps (once per compile)")
             examples = builtin.code_answers()
             pairs = [(self._encode_chat(e["instruction"], ""), self.tokenizer.encode(e["answer"], add_special_tokens=False))
                      for e in examples]
             sizes = tuple(n for n in fidelity.NOISE_SIZES if n <= k_max + 1)
-            return fidelity.batching_noise(self.target.runtime, pairs, sizes=sizes)
-
-        return fidelity.cached_noise(self.costs_path.with_suffix(".noise.json"), measure) if self.costs_path \
-            else measure()
+            noise = fidelity.batching_noise(self.target.runtime, pairs, sizes=sizes)
+            self.profile.keep_noise(self.keys.costs, noise)
+        return noise
 
     def _calibrate(self, k_max: int) -> None:
         """The acceptance prior's first evidence, before any run: where the draft's greedy token equals the target's on
@@ -213,7 +215,7 @@ class Engine:
             for totals, counts in zip((tested, accepted), mask_counts(mask, k_max)):
                 for i, n in enumerate(counts):
                     totals[i] += n
-        self.acceptance.record("model", True, tested, accepted)
+        self.profile.record_acceptance(self.keys.pair, "model", True, tested, accepted)
 
     def plan(self, instruction: str, settings: GenerationSettings) -> Plan:
         """How the speculative lane will run this instruction: which drafter, which K, and why.
@@ -232,20 +234,31 @@ class Engine:
             plan = replace(plan, reason=plan.reason + " (The instruction quotes text for the answer to copy.)")
         return plan
 
+    def acceptance(self):
+        """This pair's acceptance history, as the machine profile holds it now."""
+        return self.profile.acceptance(self.keys.pair)
+
     def _prior(self, drafter: str, greedy: bool) -> planner.Acceptance:
         """The acceptance a drafter's plan assumes: a hybrid's K is the draft model's."""
-        return self.acceptance.prior("model" if drafter == "hybrid" else drafter, greedy)
+        return self.acceptance().prior("model" if drafter == "hybrid" else drafter, greedy)
 
     def _price(self, greedy: bool):
         """price(drafter, k): this machine's predicted speedup of one round, for the hybrid drafter's choice each round."""
-        priors = {name: self.acceptance.prior(name, greedy) for name in ("model", "prompt-lookup")}
-        return lambda drafter, k: planner.predicted_speedup(self.costs, priors[drafter], k, drafter)
+        history, costs_now = self.acceptance(), self.costs
+        priors = {name: history.prior(name, greedy) for name in ("model", "prompt-lookup")}
+        return lambda drafter, k: planner.predicted_speedup(costs_now, priors[drafter], k, drafter)
 
     @classmethod
-    def load(cls, settings: RunSettings, progress: sources.Progress | None = None, with_draft: bool = True) -> "Engine":
-        target = load_model(settings.target, progress)
-        draft = load_model(settings.draft, progress) if with_draft else None
-        return cls(target, draft)
+    def load(cls, settings: RunSettings, progress: sources.Progress | None = None, with_draft: bool = True,
+             profile: Profile | None = None) -> "Engine":
+        """Both models compiled as this machine's profile resolves `settings` (tune's choice where they leave it open)."""
+        profile = profile or machine_profile()
+
+        def load(model: ModelSettings) -> LoadedModel:
+            resolved = profile.resolve(model)
+            return load_model(resolved, progress, profile.gain(resolved), planned=model.precision == AUTO)
+
+        return cls(load(settings.target), load(settings.draft) if with_draft else None, profile)
 
     def prompt_ids(self, instruction: str, settings: GenerationSettings) -> list[int]:
         """The instruction wrapped in the target's chat template, as token ids.
@@ -290,13 +303,7 @@ class Engine:
     ) -> Iterator[decoding.Event]:
         ids = self.prompt_ids(instruction, settings)
         with self.lock:
-            rounds = []
-            for event in decoding.autoregressive(self.target.runtime, self.tokenizer, ids, settings, self.eos_ids, cancel):
-                if isinstance(event, Round):
-                    rounds.append(event)
-                elif isinstance(event, End):
-                    self._fold_costs(rounds)
-                yield event
+            yield from decoding.autoregressive(self.target.runtime, self.tokenizer, ids, settings, self.eos_ids, cancel)
 
     def speculative(
         self, instruction: str, settings: GenerationSettings, cancel: threading.Event | None = None
@@ -318,26 +325,16 @@ class Engine:
         if plan is not None:
             yield plan
         with self.lock:
-            rounds = []
-            for event in decoding.speculative(self.target.runtime, drafter, self.tokenizer, ids, settings,
-                                              self.eos_ids, cancel, rng, policy, self.costs):
-                if isinstance(event, Round):
-                    rounds.append(event)
-                elif isinstance(event, End):
-                    self._fold_costs(rounds)
-                    if not settings.greedy and event.stop_reason != "cancelled" and _learning():
-                        # Sampled runs teach by their rounds; greedy ones by their match mask (would_have_given).
-                        for name in ("model", "prompt-lookup"):
-                            mine = [r for r in rounds if r.drafter == name]
-                            self.acceptance.record(name, False, *metrics.evidence_by_position(mine, settings.k_max))
-                yield event
+            yield from decoding.speculative(self.target.runtime, drafter, self.tokenizer, ids, settings, self.eos_ids,
+                                            cancel, rng, policy, self.costs)
 
     def would_have_given(self, instruction: str, settings: GenerationSettings, answer_ids: list[int],
                          rounds=None) -> Counterfactual | None:
         """What every K, the per-round oracle and prompt lookup would have given on this greedy answer (None when
         sampling: a sampled answer has no such counterfactual). One teacher-forced draft pass, corrected by the
         `rounds` of the speculative run that wrote the answer where they observed the draft (counterfactual.py); it
-        also teaches the planner the draft's acceptance at every position, even after a run that drafted nothing."""
+        carries what it teaches the planner (`evidence`: the draft's acceptance at every position, even after a run that
+        drafted nothing; the caller hands it to Profile.learn_from_answer)."""
         if not settings.greedy or not answer_ids:
             return None
         if self.costs is None:
@@ -347,23 +344,10 @@ class Engine:
             mask = match_mask(self.draft.runtime, ids, answer_ids) if self.draft is not None else None
         result = counterfactual(mask, ids, answer_ids, self.costs, settings.k_max, settings.max_new_tokens,
                                 settings.lookup_ngram, rounds)
-        if _learning():
-            if mask is not None:
-                self.acceptance.record("model", True, *mask_counts(mask, settings.k_max))
-            self.acceptance.record("prompt-lookup", True, *lookup_counts(ids, answer_ids, settings.k_max, settings.lookup_ngram))
+        result.evidence = {"prompt-lookup": lookup_counts(ids, answer_ids, settings.k_max, settings.lookup_ngram)}
+        if mask is not None:
+            result.evidence["model"] = mask_counts(mask, settings.k_max)
         return result
-
-    def _fold_costs(self, rounds: list[Round]) -> None:
-        """Correct this machine's cost model by what the lane's calls really cost, and keep it."""
-        if self.costs is None or not _learning():
-            return
-        self.costs = costs.fold(self.costs, metrics.call_seconds(rounds))
-        costs.save(self.costs, self.costs_path)
-
-
-def _learning() -> bool:
-    """Whether runs teach the planner and correct the cost model (SPECDEMO_LEARN=0 freezes both, as the tests do)."""
-    return os.environ.get("SPECDEMO_LEARN", "1") != "0"
 
 
 def _eos_ids(model: LoadedModel) -> set[int]:

@@ -1,18 +1,14 @@
 """What the decoding loops yield: a TokenEvent per emitted token, a Round per target call, then an End.
 
-The CLI, the app and the benchmark all consume these plain objects through LaneLog (drain is its
-short form); nothing here knows how they are shown, and nothing here computes a figure: the
-summary is derived from the records by specdemo/metrics.py. Times are seconds from
+The CLI, the app and the benchmark all consume these plain objects through specdemo/lane.py (LaneLog,
+drain); nothing here knows how they are shown, and nothing here computes a figure: the summary is
+derived from the records by specdemo/metrics.py. Times are seconds from
 `time.perf_counter()`, relative to the start of generation.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-
-from specdemo.metrics import Summary, summarize
-from specdemo.planner import Plan
 
 # Where a token came from.
 TARGET = "target"  # the target's own choice: every autoregressive token, and speculation's first
@@ -100,75 +96,6 @@ class End:
     k_max: int = 0  # the largest K the lane could ask for (the length of its per-position figures)
     drafter: str = ""  # speculative: the drafter the lane ran with ("model", "prompt-lookup", "hybrid")
     costs: object = None  # the CostModel the lane was planned with (for this machine's prediction), or None
-
-
-@dataclass
-class Result:
-    """One lane, drained: its tokens, rounds and summary, and the plan it ran under (speculative, with a planner)."""
-
-    tokens: list[TokenEvent]
-    summary: "Summary"
-    rounds: list[Round] = field(default_factory=list)
-    plan: Plan | None = None  # yielded by the engine before a speculative lane's first token
-
-    @property
-    def ids(self) -> list[int]:
-        return [t.id for t in self.tokens]
-
-    @property
-    def text(self) -> str:
-        return "".join(t.text for t in self.tokens)
-
-
-class LaneLog:
-    """What one lane has yielded so far, and its summary once it ends: the one consumer of a loop's stream,
-    used by `drain` and by the page. A loop ends with an End (the summary is then derived from its records
-    by metrics.summarize) or, for a peer that keeps its own figures (GenAI), with a ready Summary."""
-
-    def __init__(self):
-        self.events: list[TokenEvent] = []
-        self.rounds: list[Round] = []
-        self.plan = None
-        self.end: End | None = None
-        self.summary: Summary | None = None
-
-    def take(self, event) -> None:
-        if isinstance(event, TokenEvent):
-            self.events.append(event)
-        elif isinstance(event, Round):
-            self.rounds.append(event)
-        elif isinstance(event, End):
-            self.end = event
-            self.summary = summarize(self.events, self.rounds, event)
-        elif isinstance(event, Summary):
-            self.summary = event
-        elif isinstance(event, Plan):
-            self.plan = event
-        else:
-            raise TypeError(f"a decoding loop yielded {type(event).__name__}, which no consumer knows")
-
-    def result(self) -> Result:
-        return Result(self.events, self.summary, self.rounds, self.plan)
-
-
-def drain(events: Iterable, on_event: Callable[[object], None] | None = None) -> Result:
-    """The one way to consume a decoding loop: collect its plan, tokens and rounds (calling `on_event` with each as
-    it comes) until it ends. A loop that ends without an End or a Summary is a bug in the loop."""
-    log = LaneLog()
-    try:
-        for event in events:
-            log.take(event)
-            if log.summary is not None:
-                return log.result()
-            if on_event is not None:
-                on_event(event)
-    finally:
-        # An engine yields its end while holding its lock; closing the generator now releases it,
-        # whoever keeps a reference to the generator (a caller's frame, a traceback) and for however long.
-        close = getattr(events, "close", None)
-        if close is not None:
-            close()
-    raise RuntimeError("the decoding loop ended without a summary")
 
 
 class Detokenizer:

@@ -89,6 +89,10 @@ class BatchingNoise:
         return {"max_gap_change": self.max_gap_change, "positions": self.positions, "sizes": list(self.sizes),
                 "flips": self.flips, "parting_rate": self.parting_rate}
 
+    @classmethod
+    def from_dict(cls, data: dict) -> "BatchingNoise":
+        return cls(float(data["max_gap_change"]), int(data["positions"]), tuple(data["sizes"]), int(data.get("flips", 0)))
+
 
 def batching_noise(model, examples: list[tuple[list[int], list[int]]], positions: int = NOISE_POSITIONS,
                    sizes: tuple[int, ...] = NOISE_SIZES) -> BatchingNoise:
@@ -128,22 +132,3 @@ def batching_noise(model, examples: list[tuple[list[int], list[int]]], positions
             break
     model.reset()
     return BatchingNoise(change, compared, tuple(sizes), flips)
-
-
-def cached_noise(path, measure) -> BatchingNoise:
-    """The batching noise kept at `path` (JSON) for this compile, or `measure()` once and kept there."""
-    import json
-    import os
-
-    try:
-        data = json.loads(path.read_text())
-        return BatchingNoise(float(data["max_gap_change"]), int(data["positions"]), tuple(data["sizes"]),
-                             int(data.get("flips", 0)))
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    noise = measure()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    scratch = path.with_name(f".{path.name}.{os.getpid()}")
-    scratch.write_text(json.dumps(noise.to_dict()))
-    os.replace(scratch, path)
-    return noise

@@ -18,7 +18,8 @@ from typing import Iterator
 
 import numpy as np
 
-from specdemo import choices, compat, errors, sources
+from specdemo import compat, errors, sources
+from specdemo.profile import machine_profile
 from specdemo import metrics
 from specdemo.events import TARGET, Detokenizer, TokenEvent
 from specdemo.metrics import Summary
@@ -83,7 +84,7 @@ def fitted(target: ModelSettings, draft: ModelSettings | None = None) -> str:
 
 
 def _our_properties(settings: ModelSettings) -> dict:
-    config = compat.compile_config(choices.apply(settings), sources.specdemo_home() / "ov_cache")
+    config = compat.compile_config(machine_profile().resolve(settings), sources.specdemo_home() / "ov_cache")
     kept = ("INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION", "DYNAMIC_QUANTIZATION_GROUP_SIZE", "CACHE_DIR")
     return {key: value for key, value in config.items() if key in kept}
 

@@ -32,6 +32,13 @@ def describe() -> dict:
     }
 
 
+def compile_facts() -> dict:
+    """What compiled kernels and their measurements depend on: the CPU, its flags and the OpenVINO compiling for it."""
+    import openvino as ov
+
+    return {"cpu": cpu_name(), "flags": cpu_features(), "openvino": ov.get_version()}
+
+
 def cpu_name() -> str:
     return _cpuinfo().get("model name", platform.processor() or "unknown")
 

@@ -10,7 +10,7 @@ a(i) given that drafts 1 .. i-1 were (a(i) = α for every i is the geometric mod
 Leviathan's eq. 1 is the special case a(i) = α, t(K+1) = t(1) and d(1) = c·t(1). K = 0 means "no
 drafting": the speculative lane then runs at the target's own speed, S = 1.
 
-The acceptance model is learnt per drafter and decoding mode (AcceptanceHistory): from the
+The acceptance model is learnt per drafter and decoding mode (specdemo/profile/acceptance.py): from the
 teacher-forced match masks of greedy runs (every position of an answer is evidence, even when the run
 drafted nothing; specdemo/counterfactual.py) and from the rounds of sampled runs. Positions with little
 evidence lean on the pooled rate, so the model is geometric unless the data say otherwise.
@@ -18,10 +18,8 @@ evidence lean on the pooled rate, so the model is geometric unless the data say 
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Protocol, Sequence
 
 from specdemo.costs import CostModel
@@ -347,55 +345,3 @@ def quotes_text(instruction: str, min_chars: int = 80) -> bool:
     code_lines = [line for line in instruction.splitlines() if re.match(r"\s{2,}\S|\s*(def|class|return|for|if|import)\b", line)]
     return len(code_lines) >= 3 and len(instruction) >= min_chars
 
-
-# ---- what earlier runs on this machine taught: the acceptance prior
-
-
-class AcceptanceHistory:
-    """Drafts tested and accepted at each draft position in earlier runs, per drafter and decoding mode, in one
-    JSON file. Older evidence fades (each run scales the totals by DECAY first) so the prior follows what the
-    user actually runs."""
-
-    DECAY = 0.9
-    PRIOR_WEIGHT = 5.0  # the built-in default counts as this many tested drafts
-
-    def __init__(self, path: Path | None):
-        self.path = path
-        self.counts: dict[str, dict[str, list[float]]] = {}
-        if path is not None and path.is_file():
-            try:
-                self.counts = {key: value for key, value in json.loads(path.read_text()).items()
-                               if isinstance(value, dict) and {"tested", "accepted"} <= value.keys()}
-            except (OSError, ValueError, AttributeError):
-                self.counts = {}  # a damaged file only loses the prior
-
-    @staticmethod
-    def key(drafter: str, greedy: bool) -> str:
-        return f"{drafter}/{'greedy' if greedy else 'sampling'}"
-
-    def has_evidence(self, drafter: str, greedy: bool) -> bool:
-        return sum(self.counts.get(self.key(drafter, greedy), {}).get("tested", [])) > 0
-
-    def prior(self, drafter: str, greedy: bool) -> Acceptance:
-        default = Acceptance.geometric(DEFAULT_ALPHA.get(drafter, 0.5))
-        counts = self.counts.get(self.key(drafter, greedy))
-        if not counts:
-            return default
-        return Acceptance.from_counts(counts["tested"], counts["accepted"], default, weight=self.PRIOR_WEIGHT)
-
-    def record(self, drafter: str, greedy: bool, tested: Sequence[int], accepted: Sequence[int]) -> None:
-        """Fold one run's drafts tested and accepted at each position (1, 2, …) into the history, and save it."""
-        if not sum(tested):
-            return
-        old = self.counts.get(self.key(drafter, greedy), {"tested": [], "accepted": []})
-        size = max(len(old["tested"]), len(tested))
-        pad = lambda xs: list(xs) + [0.0] * (size - len(xs))  # noqa: E731
-        self.counts[self.key(drafter, greedy)] = {
-            "tested": [o * self.DECAY + n for o, n in zip(pad(old["tested"]), pad(tested))],
-            "accepted": [o * self.DECAY + n for o, n in zip(pad(old["accepted"]), pad(accepted))],
-        }
-        if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            scratch = self.path.with_suffix(".tmp")
-            scratch.write_text(json.dumps(self.counts))
-            scratch.replace(self.path)

@@ -19,8 +19,11 @@ from pathlib import Path
 from specdemo import machine
 from specdemo.compat import compile_config
 from specdemo.engine import clean_instruction
-from specdemo.events import Result, TokenEvent
-from specdemo.metrics import Parting, measured_speedup, parting, where_drafts_fail
+from specdemo.events import TokenEvent
+from specdemo.lane import Result
+from specdemo.failures import where_drafts_fail
+from specdemo.metrics import measured_speedup
+from specdemo.parting import Parting, parting
 
 SCHEMA = 1
 

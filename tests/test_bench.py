@@ -290,23 +290,24 @@ def test_renamed_lanes_are_still_paired_by_their_fields_in_figures_targets_and_r
 
 def test_the_report_shows_the_tune_the_models_ran_under_settings_by_times_and_the_draft_plan(tmp_path):
     """The tune file's trials and draft plan, as the bench records them, become the report's "Tuned" section."""
-    from specdemo import choices, draft_choice, tune
+    from specdemo import draft_choice, tune
+    from specdemo.profile import Profile, choices
     from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET
     from tests.test_draft_choice import AVX2, option
 
-    path = tmp_path / "tune.json"
+    profile = Profile(tmp_path)
     fast = tune.Trial("target", choices.Setting(128, "f32", "u8"), seconds=0.0861, relative=0.83, agreement=1.0,
                       parting_rate=3.125, faithful=True, chosen=True)
     bf16 = tune.Trial("target", choices.Setting(32, "bf16", "f32"), seconds=0.09, agreement=0.9)
     full, trimmed = option(0, 0.94, 0.050), option(16_000, 0.90, 0.0375)
     draft_choice.price([full, trimmed], AVX2)
-    choices.save([fast, bf16], {"target": DEFAULT_TARGET, "draft": DEFAULT_DRAFT}, path, [full, trimmed])
-    record = choices.record(DEFAULT_DRAFT, path)
+    profile.keep_tune([fast, bf16], {"target": DEFAULT_TARGET, "draft": DEFAULT_DRAFT}, [full, trimmed])
+    record = profile.tune_record(DEFAULT_DRAFT)
     text = report_tables.tune_section(json.loads(json.dumps(record)))  # as benchmarks.json keeps it
     assert "| target | group 128, f32, KV u8 | 100.0 % | 86.1 ms | 0.83× | 3.1 | chosen |" in text
     assert "| target | group 32, bf16, KV f32 | 90.0 % | – | – | – | not faithful |" in text
     assert "| int4, head 16k | 16,000 | 37.5 ms | 90.0 % |" in text and text.count("| chosen |") == 2
-    assert choices.record(DEFAULT_DRAFT, tmp_path / "none.json") == {}
+    assert Profile(tmp_path / "untuned").tune_record(DEFAULT_DRAFT) == {}
     assert "Not tuned" in report_tables.tune_section({})
 
 

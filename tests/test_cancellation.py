@@ -8,7 +8,8 @@ import threading
 import pytest
 
 from specdemo.engine import Engine
-from specdemo.events import End, LaneLog, drain
+from specdemo.events import End
+from specdemo.lane import LaneLog, drain
 from specdemo.runtime import OVModel
 from specdemo.settings import GenerationSettings
 from tests.conftest import watch_forward

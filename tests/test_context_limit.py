@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 
 from specdemo.engine import Engine
-from specdemo.events import drain
+from specdemo.lane import drain
 from specdemo.settings import GenerationSettings
 from tests.conftest import watch_forward
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from specdemo import sources
+from specdemo import export, sources
 from specdemo.runtime import OVModel
 from specdemo.settings import ModelSettings
 
@@ -29,8 +29,8 @@ def test_an_interrupted_conversion_leaves_nothing_half_made(home, tiny_hf, monke
     def interrupt(folder, precision):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(sources, "_compress", interrupt)
-    monkeypatch.setattr(sources, "_convert_in_child", sources.convert)  # in this process, where the patch applies
+    monkeypatch.setattr(export, "_compress", interrupt)
+    monkeypatch.setattr(sources, "_convert_in_child", export.convert)  # in this process, where the patch applies
     with pytest.raises(KeyboardInterrupt):
         sources.prepare(settings, _quiet)
     parent = sources.cached_folder(settings).parent
@@ -46,15 +46,15 @@ def test_an_interrupted_conversion_leaves_nothing_half_made(home, tiny_hf, monke
 # export is on disk in the scratch folder, the cache folder and its marker are not.
 _CONVERT_AND_HANG = """
 import sys, time
-from specdemo import sources
+from specdemo import export, sources
 from specdemo.settings import ModelSettings
 
 def hang(folder, precision):
     print("compressing", flush=True)
     time.sleep(600)
 
-sources._compress = hang
-sources._convert_in_child = sources.convert  # convert in this process, so killing it kills the conversion
+export._compress = hang
+sources._convert_in_child = export.convert  # convert in this process, so killing it kills the conversion
 sources.prepare(ModelSettings(sys.argv[1], precision="int4"), lambda fraction, message: None)
 """
 

@@ -7,7 +7,7 @@ import pytest
 from specdemo import costs, decoding, metrics
 from specdemo.costs import CostModel, fold, monotone
 from specdemo.drafting import ModelDrafter
-from specdemo.events import drain
+from specdemo.lane import drain
 from specdemo.settings import GenerationSettings
 from tests.fake_models import FakeModel, FakeTokenizer
 
@@ -81,13 +81,12 @@ def test_a_runs_verify_calls_are_compared_with_the_same_moments_single_steps():
     assert model.verify_steps(5) == pytest.approx(1.5)
 
 
-def test_a_folded_model_survives_its_cache_file(tmp_path):
-    model = fold_runs(MEASURED, target_seconds(0.035, 0.125), lambda n: 0.01, runs=2)
-    path = tmp_path / "costs.json"
-    costs.save(model, path, {"version": costs.COSTS_VERSION})
-    import json
+def test_a_folded_model_survives_the_machine_profile(tmp_path):
+    from specdemo.profile import Profile
 
-    again = CostModel.from_dict(json.loads(path.read_text())["costs"])
+    model = fold_runs(MEASURED, target_seconds(0.035, 0.125), lambda n: 0.01, runs=2)
+    Profile(tmp_path).keep_costs("pair", model, {"version": costs.COSTS_VERSION})
+    again = Profile(tmp_path).costs("pair")  # another process reading the same home
     assert again == model
     assert fold(again, {"target": {1: 0.035}, "draft": {}}).runs == model.runs + 1
 

@@ -20,8 +20,8 @@ from specdemo.counterfactual import (
 )
 from specdemo.drafting import ModelDrafter, PromptLookupDrafter
 from specdemo.engine import Engine
-from specdemo.events import drain
-from specdemo.planner import AcceptanceHistory
+from specdemo.lane import drain
+from specdemo.profile import Keys, Profile
 from specdemo.settings import GenerationSettings
 from tests.fake_models import FakeModel, FakeTokenizer
 
@@ -152,20 +152,20 @@ def test_the_planner_moves_off_k_zero_after_one_run_whose_masks_say_drafts_match
     from tests.conftest import exact
 
     monkeypatch.setenv("SPECDEMO_LEARN", "1")
-    engine = Engine(tiny_pair[0], load_model(exact(tiny_target)))
-    engine.acceptance = AcceptanceHistory(tmp_path / "acceptance.json")  # no history: the default prior, α = 0.8
+    engine = Engine(tiny_pair[0], load_model(exact(tiny_target)), Profile(tmp_path))  # no history: α = 0.8
     # A compute-bound machine: a verify call of 2 tokens costs 1.35 steps, a draft step 0.45: at α = 0.8 nothing pays.
     machine = CostModel(target_s=tuple(0.1 * (1 + 0.35 * n) for n in range(13)), target_prefill_tps=1000.0,
                         target_rollback_s=0.0, draft_s=(0.045, 0.05), draft_prefill_tps=4000.0)
-    engine.costs = machine
+    engine.keys = Keys("a compute-bound machine", engine.keys.pair)
+    engine.profile.keep_costs(engine.keys.costs, machine)
     settings = GenerationSettings(max_new_tokens=40, k_auto=True)
     prompt = "w5 w17 w99 w3 w250 w42 w7"
     assert engine.plan(prompt, settings).k == 0
     run = drain(engine.speculative(prompt, settings))
     assert run.summary.rounds == 0  # K = 0: nothing drafted, nothing learnt from the rounds
-    engine.costs = machine  # the run corrected the costs by the tiny models' real timings: back to the synthetic machine
     would = engine.would_have_given(prompt, settings, run.ids)
     assert min(w.speedup for w in would.fixed) > 1.0  # every K would have paid on this answer
+    engine.profile.learn_from_answer(engine.keys, would.evidence)  # as the CLI, the page and the bench do
     assert engine.plan(prompt, settings).k > 0
 
 

@@ -9,7 +9,8 @@ import time
 import pytest
 
 from specdemo.engine import Engine, load_model
-from specdemo.events import ACCEPTED, BONUS, CORRECTED, TARGET, drain
+from specdemo.events import ACCEPTED, BONUS, CORRECTED, TARGET
+from specdemo.lane import drain
 from specdemo.settings import GenerationSettings
 from tests.conftest import exact
 

@@ -20,7 +20,7 @@ def _home(tmp_path, monkeypatch):
     _file(tmp_path / "models" / sources.CACHE_VERSION / ".qwen2.5-coder-1.5b-int8-abc" / "model.gguf", 30)
     _file(tmp_path / "ov_cache" / "blob.blob", 20)
     _file(tmp_path / "bench" / "hf" / "qwen" / "model.safetensors", 10)
-    _file(tmp_path / "costs" / "abc.json", 5)
+    _file(tmp_path / "profile" / "abc.json", 5)
     return tmp_path
 
 
@@ -32,7 +32,7 @@ def test_the_inventory_sorts_everything_into_kinds(tmp_path, monkeypatch):
     assert kinds["models/v1/qwen2.5-coder-1.5b-int8"] == ("old-versions", 40)
     assert kinds[f"models/{sources.CACHE_VERSION}/.qwen2.5-coder-1.5b-int8-abc"] == ("scratch", 30)
     assert kinds["ov_cache"] == ("compiled", 20) and kinds["bench"] == ("bench", 10)
-    assert kinds["costs"] == ("measurements", 5)
+    assert kinds["profile"] == ("measurements", 5)
 
 
 def test_clean_lists_without_removing_anything(tmp_path, monkeypatch, capsys):
@@ -50,7 +50,7 @@ def test_clean_removes_only_the_kinds_asked_for(tmp_path, monkeypatch, capsys):
     assert not (home / "ov_cache").exists() and not (home / "bench").exists()
     assert not (home / "models" / sources.CACHE_VERSION / ".qwen2.5-coder-1.5b-int8-abc").exists()
     assert (sources.cached_folder(DEFAULT_TARGET) / "openvino_model.bin").is_file()
-    assert (home / "models" / "v1").exists() and (home / "costs" / "abc.json").is_file()
+    assert (home / "models" / "v1").exists() and (home / "profile" / "abc.json").is_file()
     assert "freed 60 bytes" in capsys.readouterr().out
 
 

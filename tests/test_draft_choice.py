@@ -2,12 +2,12 @@
 a cheaper draft wins where its lost acceptance costs less than its saved steps; another precision is chosen only for a
 draft whose precision is left to the plan (auto, the default draft's)."""
 
-import json
 from dataclasses import replace
 
 import pytest
 
-from specdemo import choices, draft_choice, sources, tune
+from specdemo import draft_choice, sources, tune
+from specdemo.profile import Profile, choices
 from specdemo.draft_choice import DraftOption, candidates, price
 from specdemo.settings import AUTO, DEFAULT_DRAFT, DRAFT_PRECISION, ModelSettings
 from tests.fake_models import FakeModel
@@ -86,11 +86,11 @@ def test_acceptance_is_measured_exactly_against_the_target_on_the_examples():
     assert all(o.acceptance_rate() < 0.5 for o in others)
 
 
-def planned(path, *options: DraftOption) -> None:
-    """A tune file with a draft plan over `options` for the default draft, as tune leaves it."""
+def planned(profile: Profile, *options: DraftOption) -> None:
+    """A draft plan over `options` for the default draft in `profile`, as tune leaves it."""
     price(list(options), AVX2, AUTO)
-    choices.save([tune.Trial("draft", choices.DEFAULT, chosen=True)], {"target": DEFAULT_DRAFT, "draft": DEFAULT_DRAFT},
-              path, list(options))
+    profile.keep_tune([tune.Trial("draft", choices.DEFAULT, chosen=True)], {"target": DEFAULT_DRAFT, "draft": DEFAULT_DRAFT},
+                      list(options))
 
 
 def prepare_stand_in(settings: ModelSettings) -> None:
@@ -100,30 +100,30 @@ def prepare_stand_in(settings: ModelSettings) -> None:
 
 
 def test_tune_applies_the_planned_head_only_where_it_is_left_open(home, tmp_path):
-    path = tmp_path / "tune.json"
-    planned(path, option(0, 0.94, 0.050), option(16_000, 0.90, 0.0375))
+    profile = Profile(tmp_path / "machine")
+    planned(profile, option(0, 0.94, 0.050), option(16_000, 0.90, 0.0375))
     assert DEFAULT_DRAFT.head_tokens == -1
-    assert choices.apply(DEFAULT_DRAFT, path).head_tokens == 16_000
-    assert choices.apply(replace(DEFAULT_DRAFT, head_tokens=0), path).head_tokens == 0  # explicit wins
-    assert choices.apply(replace(DEFAULT_DRAFT, precision="int8"), path).head_tokens == 0  # no int8 option priced
-    assert choices.apply(replace(DEFAULT_DRAFT, device="GPU"), path).head_tokens == 0  # planned on the CPU only
-    assert choices.apply(DEFAULT_DRAFT, tmp_path / "none.json").head_tokens == 0  # no plan yet: the full head
-    assert choices.apply(DEFAULT_DRAFT, tmp_path / "none.json").precision == DRAFT_PRECISION
+    assert profile.resolve(DEFAULT_DRAFT).head_tokens == 16_000
+    assert profile.resolve(replace(DEFAULT_DRAFT, head_tokens=0)).head_tokens == 0  # explicit wins
+    assert profile.resolve(replace(DEFAULT_DRAFT, precision="int8")).head_tokens == 0  # no int8 option priced
+    assert profile.resolve(replace(DEFAULT_DRAFT, device="GPU")).head_tokens == 0  # planned on the CPU only
+    assert Profile(tmp_path / "untuned").resolve(DEFAULT_DRAFT).head_tokens == 0  # no plan yet: the full head
+    assert Profile(tmp_path / "untuned").resolve(DEFAULT_DRAFT).precision == DRAFT_PRECISION
 
 
 def test_the_planned_precision_runs_where_left_open_and_its_weights_are_prepared(home, tmp_path):
-    path = tmp_path / "tune.json"
-    planned(path, option(0, 0.94, 0.050), option(16_000, 0.90, 0.0375), option(0, 0.97, 0.030, precision="int8"))
+    profile = Profile(tmp_path / "machine")
+    planned(profile, option(0, 0.94, 0.050), option(16_000, 0.90, 0.0375), option(0, 0.97, 0.030, precision="int8"))
     int8 = replace(DEFAULT_DRAFT, precision="int8")
-    assert choices.apply(DEFAULT_DRAFT, path).precision == "int4"  # int8 chosen, but not prepared here
-    assert choices.apply(DEFAULT_DRAFT, path).head_tokens == 16_000  # int4's own best head
+    assert profile.resolve(DEFAULT_DRAFT).precision == "int4"  # int8 chosen, but not prepared here
+    assert profile.resolve(DEFAULT_DRAFT).head_tokens == 16_000  # int4's own best head
     prepare_stand_in(int8)
-    chosen = choices.apply(DEFAULT_DRAFT, path)
+    chosen = profile.resolve(DEFAULT_DRAFT)
     assert (chosen.precision, chosen.head_tokens) == ("int8", 0)
-    assert choices.apply(replace(DEFAULT_DRAFT, precision="int4"), path).precision == "int4"  # explicit wins
-    assert choices.resolve_precision(DEFAULT_DRAFT, path) == replace(DEFAULT_DRAFT, precision="int8")
+    assert profile.resolve(replace(DEFAULT_DRAFT, precision="int4")).precision == "int4"  # explicit wins
+    assert profile.resolve_precision(DEFAULT_DRAFT) == replace(DEFAULT_DRAFT, precision="int8")
     # int8 compiles with the draft's tuned setting, under which the plan measured it
-    assert choices.chosen(int8, path) == choices.DEFAULT
+    assert profile.chosen(int8) == choices.DEFAULT
 
 
 def test_an_auto_precision_names_no_folder_until_resolved():
@@ -136,31 +136,31 @@ def test_an_auto_precision_names_no_folder_until_resolved():
 
 
 def test_the_plan_is_kept_beside_the_compile_settings(tmp_path):
-    path = tmp_path / "tune.json"
+    profile = Profile(tmp_path / "machine")
     full, trimmed = option(0, 0.94, 0.050), option(16_000, 0.90, 0.0375)
-    planned(path, full, trimmed)
-    entry = json.loads(path.read_text())["drafts"][choices.draft_key(DEFAULT_DRAFT)]
+    planned(profile, full, trimmed)
+    entry = profile.tune()["drafts"][choices.draft_key(DEFAULT_DRAFT)]
     assert (entry["precision"], entry["head_tokens"]) == ("int4", 16_000)
     assert [o["chosen"] for o in entry["options"]] == [False, True] and entry["options"][1]["predicted_speedup"] == \
         pytest.approx(trimmed.predicted_speedup)
 
 
 def test_a_plan_that_did_not_price_a_prepared_precision_is_made_again(home, tmp_path):
-    path = tmp_path / "tune.json"
-    assert choices.needs_plan(DEFAULT_DRAFT, path)  # no plan yet
-    planned(path, option(0, 0.94, 0.050), option(16_000, 0.90, 0.0375))
-    assert not choices.needs_plan(DEFAULT_DRAFT, path)  # int8 is not prepared: nothing more to price
+    profile = Profile(tmp_path / "machine")
+    assert profile.needs_plan(DEFAULT_DRAFT)  # no plan yet
+    planned(profile, option(0, 0.94, 0.050), option(16_000, 0.90, 0.0375))
+    assert not profile.needs_plan(DEFAULT_DRAFT)  # int8 is not prepared: nothing more to price
     prepare_stand_in(replace(DEFAULT_DRAFT, precision="int8"))
-    assert choices.needs_plan(DEFAULT_DRAFT, path)  # an auto draft could run int8 now
-    assert not choices.needs_plan(replace(DEFAULT_DRAFT, precision="int4"), path)  # its own precision was priced
-    assert not choices.needs_plan(replace(DEFAULT_DRAFT, precision="int4", head_tokens=0), path)  # nothing left open
+    assert profile.needs_plan(DEFAULT_DRAFT)  # an auto draft could run int8 now
+    assert not profile.needs_plan(replace(DEFAULT_DRAFT, precision="int4"))  # its own precision was priced
+    assert not profile.needs_plan(replace(DEFAULT_DRAFT, precision="int4", head_tokens=0))  # nothing left open
 
 
 def test_a_draft_plan_alone_keeps_the_tunes_record(tmp_path):
-    path = tmp_path / "tune.json"
-    planned(path, option(0, 0.94, 0.050))
-    before = json.loads(path.read_text())["trials"]
+    profile = Profile(tmp_path / "machine")
+    planned(profile, option(0, 0.94, 0.050))
+    before = profile.tune()["trials"]
     again = option(0, 0.94, 0.050)
     price([again], AVX2)
-    choices.save([], {"target": DEFAULT_DRAFT, "draft": DEFAULT_DRAFT}, path, [again])
-    assert json.loads(path.read_text())["trials"] == before and before
+    profile.keep_tune([], {"target": DEFAULT_DRAFT, "draft": DEFAULT_DRAFT}, [again])
+    assert profile.tune()["trials"] == before and before

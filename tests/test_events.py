@@ -4,7 +4,8 @@ import threading
 
 import pytest
 
-from specdemo.events import TARGET, Detokenizer, End, Round, TokenEvent, drain
+from specdemo.events import TARGET, Detokenizer, End, Round, TokenEvent
+from specdemo.lane import drain
 from specdemo.metrics import Summary
 from specdemo.planner import Acceptance, Plan
 

@@ -86,14 +86,6 @@ def test_batching_noise_is_the_largest_move_of_the_top_two_gap_between_single_an
     assert all(before - after == fidelity.REJECTED for before, after in model.rollbacks)  # each call's drafts rolled back
 
 
-def test_the_noise_is_measured_once_per_compile_and_kept(tmp_path):
-    measured = []
-    path = tmp_path / "costs" / "key.noise.json"
-    first = fidelity.cached_noise(path, lambda: measured.append(1) or fidelity.BatchingNoise(0.12, 96, (2, 13)))
-    again = fidelity.cached_noise(path, lambda: measured.append(1) or fidelity.BatchingNoise(9.9, 1, (2,)))
-    assert measured == [1] and first == again == fidelity.BatchingNoise(0.12, 96, (2, 13))
-
-
 def test_a_compiled_tiny_target_shows_a_small_finite_batching_noise(tiny_pair):
     target = tiny_pair[0].runtime
     noise = fidelity.batching_noise(target, [([1, 2, 3], list(range(10, 40)))], positions=24, sizes=(2, 5))

@@ -4,8 +4,10 @@ import threading
 
 import pytest
 
-from specdemo import choices, genai, sources
-from specdemo.events import TARGET, drain
+from specdemo import genai, sources
+from specdemo.profile import machine_profile
+from specdemo.events import TARGET
+from specdemo.lane import drain
 from specdemo.settings import GenerationSettings, RunSettings
 
 pytestmark = [pytest.mark.real_models, pytest.mark.slow]
@@ -17,7 +19,7 @@ INSTRUCTION = "Write a Python function that reverses a string."
 def pipeline():
     settings = RunSettings()
     return genai.make_pipeline(sources.prepare(settings.target), "CPU", genai.compile_properties(settings.target),
-                               sources.prepare(choices.resolve_precision(settings.draft)))
+                               sources.prepare(machine_profile().resolve_precision(settings.draft)))
 
 
 def test_genai_streams_the_tokens_our_speculative_lane_emits_with_the_same_k(real_engine, pipeline):

@@ -10,7 +10,7 @@ from hypothesis import settings as examples
 from hypothesis import strategies as st
 
 from specdemo.engine import Engine, clean_instruction
-from specdemo.events import drain
+from specdemo.lane import drain
 from specdemo.settings import DRAFTERS, GenerationSettings
 from specdemo.ui.values import MAX_NEW_TOKENS_CAP, PageValues
 from tests.hostile_text import ANY_TEXT, FAST

@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from specdemo import sources
+from specdemo import export
 from specdemo.bench import FULL, QUICK, llamacpp
 from specdemo.bench.harness import Context, Lane, Run
 from specdemo.bench.report_gguf import llamacpp_section
@@ -56,7 +56,7 @@ def test_a_preset_gguf_is_assembled_once_into_specdemo_home(home, monkeypatch):
         assembled.append(model.title)
         dest.write_bytes(b"GGUF")
 
-    monkeypatch.setattr(sources, "assemble_parts", assemble)
+    monkeypatch.setattr(export, "assemble_parts", assemble)
 
     first = llamacpp.gguf_path("qwen2.5-coder-0.5b")
     again = llamacpp.gguf_path("qwen2.5-coder-0.5b")

@@ -37,16 +37,11 @@ def _fake_engines(monkeypatch, home):
 
 
 def _retune() -> None:
-    import os
-    import time
+    """A tune in another process changes the choice (a new stamp in the profile)."""
+    from specdemo.profile import Profile
+    from specdemo.sources import specdemo_home
 
-    from specdemo import choices
-
-    path = choices.path_for()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("{}")
-    later = time.time_ns() + 10**9  # a clear step, whatever the file system's timestamp granularity
-    os.utime(path, ns=(later, later))
+    Profile(specdemo_home()).store.update("tune", lambda tune: {**tune, "changed_ns": tune.get("changed_ns", 0) + 10**9})
 
 
 def test_a_run_after_the_tune_changed_compiles_again_and_a_page_load_does_not(home, monkeypatch):

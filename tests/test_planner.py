@@ -10,11 +10,11 @@ from hypothesis import strategies as st
 from specdemo import decoding
 from specdemo.costs import CostModel
 from specdemo.drafting import ModelDrafter
-from specdemo.events import ACCEPTED, Round, drain
+from specdemo.events import ACCEPTED, Round
+from specdemo.lane import drain
 from specdemo.metrics import alpha_hat, leviathan_speedup
 from specdemo.planner import (
     Acceptance,
-    AcceptanceHistory,
     PROBE_EVERY,
     AutoK,
     GrowShrinkK,
@@ -196,23 +196,6 @@ def test_the_loop_drafts_as_many_tokens_as_grow_shrink_k_asks(draft, outcome):
         assert [drafted for drafted, _, _ in rounds[:4]] == [3, 4, 5, 6]
     if outcome == "every round rejects":
         assert [drafted for drafted, _, _ in rounds[:3]] == [3, 2, 2]
-
-
-def test_the_acceptance_history_remembers_runs_by_position_and_fades(tmp_path):
-    path = tmp_path / "acceptance.json"
-    history = AcceptanceHistory(path)
-    assert history.prior("model", greedy=True).rate(1) == pytest.approx(0.8)  # the default before any run
-    history.record("model", True, tested=[100, 95, 90], accepted=[95, 90, 45])
-    again = AcceptanceHistory(path)
-    prior = again.prior("model", greedy=True)
-    assert prior.rate(1) > 0.9 and prior.rate(3) < 0.6  # the third draft is the weak one, and the prior says so
-    assert again.prior("model", greedy=False).rate(1) == pytest.approx(0.8)  # sampling is kept apart
-
-
-def test_a_damaged_history_only_loses_the_prior(tmp_path):
-    path = tmp_path / "acceptance.json"
-    path.write_text("{not json")
-    assert AcceptanceHistory(path).prior("prompt-lookup", greedy=True).rate(1) == pytest.approx(0.5)
 
 
 def test_an_instruction_that_quotes_code_is_recognised():

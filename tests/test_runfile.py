@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from specdemo import runfile
-from specdemo.events import drain
+from specdemo.lane import drain
+from specdemo.failures import FAILURE_KINDS
 from specdemo.settings import GenerationSettings, RunSettings
 from tests.conftest import ROOT, exact
 
@@ -36,7 +37,7 @@ def test_a_saved_run_holds_both_lanes_their_records_the_machine_and_what_each_k_
         assert sum(r["emitted"] for r in again[lane]["rounds"]) == 24
     assert again["machine"]["cpu"] and again["models"]["target"]["compile_properties"]["INFERENCE_PRECISION_HINT"] == "f32"
     assert again["counterfactual"]["greedy_only"] and again["settings"]["generation"]["k"] == 3
-    assert {f["kind"] for f in again["failures"]} <= set(__import__("specdemo.metrics").metrics.FAILURE_KINDS)
+    assert {f["kind"] for f in again["failures"]} <= set(FAILURE_KINDS)
 
 
 def test_saved_runs_render_again_side_by_side(saved):

@@ -17,7 +17,7 @@ from scipy.stats import chisquare
 
 from specdemo import decoding
 from specdemo.drafting import HybridDrafter, ModelDrafter, PromptLookupDrafter
-from specdemo.events import drain
+from specdemo.lane import drain
 from specdemo.settings import GenerationSettings
 from specdemo.verification import process_logits
 from tests.fake_models import FakeModel, FakeTokenizer

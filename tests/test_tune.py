@@ -2,15 +2,15 @@
 picks the fastest faithful setting and refuses an unfaithful one; a choice that breaks greedy equality is caught; the
 chosen settings reach every compile (ours and GenAI's)."""
 
-import json
 from dataclasses import replace
 
 import pytest
 
-from specdemo import choices, compat, genai, tune
+from specdemo import compat, genai, tune
 from specdemo.events import TokenEvent
 from specdemo.settings import DEFAULT_TARGET
-from specdemo.choices import DEFAULT, Setting
+from specdemo.profile import machine_profile
+from specdemo.profile.choices import DEFAULT, Setting, model_key
 
 AVX512_BF16 = ["avx2", "avx512f", "avx512_vnni", "avx512_bf16"]
 
@@ -122,21 +122,22 @@ def test_the_chosen_settings_reach_our_compiles_and_genais(tmp_path, monkeypatch
     monkeypatch.setenv("SPECDEMO_HOME", str(tmp_path))
     trials = [tune.Trial("target", Setting(128, "f32", "u8"), seconds=0.03, relative=0.75, faithful=True, chosen=True),
               tune.Trial("target", DEFAULT, seconds=0.04, relative=1.0, faithful=True)]
-    choices.save(trials, {"target": DEFAULT_TARGET}, choices.path_for())
-    tuned = choices.apply(DEFAULT_TARGET)
+    machine_profile().keep_tune(trials, {"target": DEFAULT_TARGET})
+    tuned = machine_profile().resolve(DEFAULT_TARGET)
     assert (tuned.dynamic_quantization_group_size, tuned.kv_cache_precision) == (128, "u8")
     assert compat.compile_config(tuned, None)["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 128
     assert genai.compile_properties(DEFAULT_TARGET)["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 128  # GenAI's lane too
-    assert choices.apply(replace(DEFAULT_TARGET, kv_cache_precision="f16")).kv_cache_precision == "f16"  # explicit wins
-    when = json.loads(choices.path_for().read_text())["models"][choices.model_key(DEFAULT_TARGET)]["tuned_at"][11:16]
-    assert choices.gain(DEFAULT_TARGET) == f"tuned at {when}: 25% faster than the defaults"
+    assert machine_profile().resolve(replace(DEFAULT_TARGET, kv_cache_precision="f16")).kv_cache_precision == "f16"
+    when = machine_profile().tune()["models"][model_key(DEFAULT_TARGET)]["tuned_at"][11:16]
+    assert machine_profile().gain(DEFAULT_TARGET) == f"tuned at {when}: 25% faster than the defaults"
 
     from specdemo import engine
+    from specdemo.settings import RunSettings
 
     seen = []
     monkeypatch.setattr(engine.sources, "prepare", lambda settings, progress=None: seen.append(settings) or 1 / 0)
     with pytest.raises(ZeroDivisionError):
-        engine.load_model(DEFAULT_TARGET)
+        engine.Engine.load(RunSettings())
     assert seen[0].dynamic_quantization_group_size == 128  # what our engine compiles with
 
 
@@ -150,7 +151,7 @@ def test_each_model_of_the_bench_genai_peer_gets_its_own_tuned_settings(tmp_path
     monkeypatch.setenv("SPECDEMO_HOME", str(tmp_path))
     trials = [tune.Trial("target", Setting(256, "f32", "f32"), chosen=True),
               tune.Trial("draft", Setting(128, "f32", "f16"), chosen=True)]
-    choices.save(trials, {"target": DEFAULT_TARGET, "draft": DEFAULT_DRAFT}, choices.path_for())
+    machine_profile().keep_tune(trials, {"target": DEFAULT_TARGET, "draft": DEFAULT_DRAFT})
     target, draft = SimpleNamespace(settings=DEFAULT_TARGET), SimpleNamespace(settings=DEFAULT_DRAFT)
     ours, theirs = genai_properties(target, draft)
     assert ours["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 256 and theirs["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 128
@@ -186,8 +187,8 @@ def test_another_configurations_target_is_searched_beside_the_draft_as_tuned(tmp
     trials, plan = tune.tune(int4_target, draft, log=lambda m: None, again=False)
     assert searched == [("target", "int4"), ("draft", "int4")] and plan == ["a plan"]  # nothing tuned yet: both
 
-    choices.save([tune.Trial("draft", Setting(128, "f32", "u8"), chosen=True)], {"draft": draft}, choices.path_for(),
-              [draft_choice.DraftOption("int4", 0, chosen=True)])
+    machine_profile().keep_tune([tune.Trial("draft", Setting(128, "f32", "u8"), chosen=True)], {"draft": draft},
+                                [draft_choice.DraftOption("int4", 0, chosen=True)])
     searched.clear(), partners.clear()
     trials, plan = tune.tune(int4_target, draft, log=lambda m: None, again=False)
     assert searched == [("target", "int4")] and plan == []

@@ -5,9 +5,10 @@ prompt lookup) compile and run on the real pair. Each case writes the tune file 
 import pytest
 
 from conftest import TEST_HOME, link_converted_models
-from specdemo import choices, errors, genai, machine, sources, tune
+from specdemo import errors, genai, machine, sources, tune
+from specdemo.profile import Profile, choices, machine_profile
 from specdemo.engine import Engine
-from specdemo.events import drain
+from specdemo.lane import drain
 from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET, GenerationSettings, RunSettings
 
 INFERENCE = [s.inference_precision for s in tune.candidates(choices.DEFAULT, "inference_precision",
@@ -21,7 +22,7 @@ def force_tune(home, inference: str, kv: str) -> None:
     tune did)."""
     trials = [tune.Trial("target", choices.Setting(256, inference, kv), chosen=True),
               tune.Trial("draft", choices.Setting(32, inference, kv), chosen=True)]
-    choices.save(trials, {"target": DEFAULT_TARGET, "draft": DEFAULT_DRAFT}, choices.path_for(home))
+    Profile(home).keep_tune(trials, {"target": DEFAULT_TARGET, "draft": DEFAULT_DRAFT})
 
 
 @pytest.fixture
@@ -29,11 +30,11 @@ def tuned(tmp_path, monkeypatch, request):
     """A home holding the real pair (linked from the tests' home) and a tune file forcing `request.param`."""
     inference, kv = request.param
     home = tmp_path / "home"
-    sources.prepare(DEFAULT_TARGET), sources.prepare(choices.resolve_precision(DEFAULT_DRAFT))  # in the tests' home
+    sources.prepare(DEFAULT_TARGET), sources.prepare(machine_profile().resolve_precision(DEFAULT_DRAFT))  # the tests' home
     link_converted_models(TEST_HOME, home)
     monkeypatch.setenv("SPECDEMO_HOME", str(home))
     force_tune(home, inference, kv)
-    assert choices.apply(DEFAULT_TARGET).kv_cache_precision == kv  # the file is what every compile reads
+    assert machine_profile().resolve(DEFAULT_TARGET).kv_cache_precision == kv  # the profile is what every compile reads
     return inference, kv
 
 
@@ -68,7 +69,7 @@ def test_an_openvino_refusal_reads_as_one_sentence_with_what_to_try(tiny_target)
 def test_every_consumer_compiles_and_runs_under_the_tune_s_choice(tuned):
     inference, kv = tuned
     target = sources.prepare(DEFAULT_TARGET)
-    draft = sources.prepare(choices.resolve_precision(DEFAULT_DRAFT))
+    draft = sources.prepare(machine_profile().resolve_precision(DEFAULT_DRAFT))
     settings = GenerationSettings(max_new_tokens=6, k=3)
     engine = Engine.load(RunSettings(generation=settings))
     assert (engine.target.settings.inference_precision, engine.target.settings.kv_cache_precision) == (inference, kv)

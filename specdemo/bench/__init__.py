@@ -39,7 +39,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from specdemo import choices, machine
+from specdemo import machine
+from specdemo.profile import machine_profile
 from specdemo.bench.settings import FULL, QUICK, SECTIONS, USES_GENAI, BenchSettings, check_generation
 from specdemo.settings import RunSettings
 
@@ -75,7 +76,7 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
     engine.warm_up(settings.generation.k_max, fresh=True, log=lambda m: log(f"warm-up: {m}"))
     log(f"warm-up {engine.warm_up_s:.1f} s. {engine.costs.sentence()}")
     results["models"] = {"target": engine.target.describe(), "draft": engine.draft.describe()}
-    results["tune"] = choices.record(settings.draft)  # the compile settings and draft these models were loaded under
+    results["tune"] = machine_profile().tune_record(settings.draft)  # the compile settings and draft these models were loaded under
     results["costs"] = engine.costs.to_dict()
     results["warm_up_s"] = engine.warm_up_s
     plan = engine.plan(CODE_INSTRUCTIONS[0], settings.generation)

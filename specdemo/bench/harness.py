@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Literal, get_args
 
 from specdemo.bench.settings import CODE_INSTRUCTIONS, BenchSettings
-from specdemo.events import drain
+from specdemo.lane import drain
 from specdemo.settings import GenerationSettings, RunSettings
 
 Framework = Literal["specdemo", "genai", "transformers", "llamacpp"]
@@ -101,7 +101,9 @@ def our_lane(label: str, engine, mode: Kind, generation: GenerationSettings, bas
         settings = replace(generation, max_new_tokens=n)
         start = time.perf_counter()
         result = drain(getattr(engine, mode)(instruction, settings))
-        return Output(result.ids, time.perf_counter() - start, result.summary.to_dict(), result.rounds)
+        wall_s = time.perf_counter() - start
+        engine.profile.learn(engine.keys, settings, result.rounds, result.summary.stop_reason != "cancelled")
+        return Output(result.ids, wall_s, result.summary.to_dict(), result.rounds)
 
     if mode == "autoregressive":
         return Lane(label, "specdemo", mode, baseline, reference, generate=generate)

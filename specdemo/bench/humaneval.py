@@ -133,6 +133,7 @@ def problem_rows(problems: list[Problem], runs: list, lanes: dict, decode, k_max
     """Per problem (the first pass over them): each lane's tokens, seconds and verdict, our speculative lane's acceptance
     and whether its text is the autoregressive one."""
     from specdemo import metrics
+    from specdemo.parting import first_difference
 
     first = {(r.lane, r.instruction): r for r in runs if r.repeat == 0}
     cache: dict[str, sandbox.Verdict] = {}
@@ -149,7 +150,7 @@ def problem_rows(problems: list[Problem], runs: list, lanes: dict, decode, k_max
             "reason": {key: v.reason for key, v in verdicts.items()},
             "speedup": mine["autoregressive"].per_token_s / spec.per_token_s if spec.tokens else float("nan"),
             "same_text": spec.ids == mine["autoregressive"].ids,
-            "parted_at": None if spec.ids == mine["autoregressive"].ids else metrics.first_difference(spec.ids, mine["autoregressive"].ids),
+            "parted_at": None if spec.ids == mine["autoregressive"].ids else first_difference(spec.ids, mine["autoregressive"].ids),
             "mean_acceptance_length": metrics.mean_acceptance_length(spec.rounds),
             "acceptance_by_position": metrics.acceptance_by_position(spec.rounds, k_max),
         })

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdemo import machine, sources
+from specdemo import export, machine, sources
 from specdemo.bench.peers import PeerRun
 
 SKIPPED = "llama.cpp: skipped (pip install -r requirements-llamacpp.txt)"
@@ -54,7 +54,7 @@ def gguf_path(source: str, progress: sources.Progress | None = None) -> Path | N
         path.parent.mkdir(parents=True, exist_ok=True)
         scratch = path.with_name(f".{path.name}.{os.getpid()}")
         try:
-            sources.assemble_parts(sources.PRESETS[source], scratch, progress or (lambda fraction, message: None))
+            export.assemble_parts(sources.PRESETS[source], scratch, progress or (lambda fraction, message: None))
             os.replace(scratch, path)
         finally:
             scratch.unlink(missing_ok=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from specdemo.bench.harness import Context
 from specdemo.bench.settings import CODE_INSTRUCTIONS
-from specdemo.events import drain
+from specdemo.lane import drain
 from specdemo.settings import GenerationSettings, ModelSettings, RunSettings
 
 

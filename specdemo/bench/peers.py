@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdemo import compat, genai, sources
+from specdemo import compat, export, genai, sources
 from specdemo.settings import GenerationSettings
 
 
@@ -134,9 +134,9 @@ def _dequantize_preset(preset: str, folder: Path, progress: sources.Progress) ->
     folder.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     try:
-        sources.assemble_parts(sources.PRESETS[preset], scratch / "model.gguf", progress)
+        export.assemble_parts(sources.PRESETS[preset], scratch / "model.gguf", progress)
         compat.hide_broken_torchvision()
-        sources.gguf_to_hf_folder(str(scratch), "model.gguf", str(scratch / "hf"))
+        export.gguf_to_hf_folder(str(scratch), "model.gguf", str(scratch / "hf"))
         if folder.exists():
             shutil.rmtree(folder)
         os.replace(scratch / "hf", folder)  # atomic: complete or absent

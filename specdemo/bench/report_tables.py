@@ -96,7 +96,7 @@ def _error(spread: dict | None) -> str:
 def tune_section(record: dict | None) -> str:
     """The compile settings and the draft this run's models were loaded under, as `python -m specdemo tune` chose them:
     every trial of the tune (settings × times) and the draft plan."""
-    from specdemo.choices import Setting
+    from specdemo.profile.choices import Setting
     from specdemo.tune import ROUND
 
     if not record:

@@ -5,7 +5,7 @@ Top level:
     command, started (ISO time), seconds, machine (machine.describe()), load_average_end,
     bench (BenchSettings), run_settings (RunSettings), models {target, draft: LoadedModel.describe()},
     costs (CostModel.to_dict()), warm_up_s, plan (Plan), sections {name: section}, targets [target],
-    tune (choices.record(): file, trials [the last tune's Trial dicts], draft_plan {precision, head_tokens, options,
+    tune (Profile.tune_record(): file, trials [the last tune's Trial dicts], draft_plan {precision, head_tokens, options,
     planned_at} or null; {} when the machine was not tuned).
 
 A lane's fields (Lane.fields() in harness.py), wherever a lane is described:

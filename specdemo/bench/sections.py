@@ -8,7 +8,7 @@ from specdemo import sources
 from specdemo.bench import memory, stats, sweeps
 from specdemo.bench.harness import Context, Lane, Run, find, genai_compile, log_progress, measure, our_lane, peer_lane
 from specdemo.bench.settings import PAPER
-from specdemo.metrics import first_difference
+from specdemo.parting import first_difference
 
 
 def run_paper(ctx: Context) -> dict:
@@ -185,7 +185,8 @@ def run_fidelity(ctx: Context) -> dict:
     (specdemo/fidelity.py): top-1 agreement and mean |logit error| on the built-in answers."""
     from dataclasses import asdict, replace
 
-    from specdemo import builtin, choices, fidelity, tune
+    from specdemo import builtin, fidelity, tune
+    from specdemo.profile import machine_profile
     from specdemo.bench import llamacpp
     from specdemo.engine import describe_compile
 
@@ -196,7 +197,7 @@ def run_fidelity(ctx: Context) -> dict:
     reference = tune.compile_model(fidelity.reference_settings(ctx.settings.target))
     candidates, rows = {}, []
     for precision in dict.fromkeys((ctx.settings.target.precision, *ctx.bench.target_precisions)):
-        settings = choices.apply(replace(ctx.settings.target, precision=precision))
+        settings = machine_profile().resolve(replace(ctx.settings.target, precision=precision))
         ctx.log(f"fidelity: the target at {precision}")
         candidates[precision] = (settings, tune.compile_model(settings))
     measured = fidelity.compare(reference, {p: model for p, (_, model) in candidates.items()}, examples)

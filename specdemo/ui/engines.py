@@ -12,8 +12,9 @@ import time
 from dataclasses import replace
 from typing import Callable
 
-from specdemo import choices, genai, machine, sources
+from specdemo import genai, machine, sources
 from specdemo.engine import Engine
+from specdemo.profile import machine_profile
 from specdemo.runtime import release_weight_pages
 from specdemo.settings import CONFIGURATIONS, GenerationSettings, RunSettings
 from specdemo.ui.lanes import AUTOREGRESSIVE, GENAI, SPECULATIVE
@@ -28,7 +29,7 @@ class Loading:
 
     def __init__(self, key, load: Callable, on_done: Callable | None = None, stamp: int = 0, message: str = ""):
         self.key = key
-        self.stamp = stamp  # the machine's tune file as it stood when this loading began (choices.stamp)
+        self.stamp = stamp  # the machine's tune file as it stood when this loading began (Profile.stamp)
         self.on_done = on_done
         # Conversion reports fractions; compiling and warming up do not (None: no bar, just the message).
         self.fraction, self.message = None, message or "loading and compiling the models"
@@ -90,7 +91,7 @@ def _load_genai(settings: RunSettings, prompt_lookup: bool):
         report(None, "loading OpenVINO GenAI's pipeline on the same model folders")
         target = sources.prepare(settings.target, report)
         # The draft our lane runs: an auto precision is the draft plan's (GenAI keeps the full LM head).
-        draft = None if prompt_lookup else sources.prepare(choices.resolve_precision(settings.draft), report)
+        draft = None if prompt_lookup else sources.prepare(machine_profile().resolve_precision(settings.draft), report)
         properties = genai.compile_properties(settings.target)
         pipeline = genai.make_pipeline(target, settings.target.device, properties, draft, settings.draft.device, prompt_lookup,
                                        draft_properties=genai.compile_properties(settings.draft))
@@ -124,7 +125,7 @@ APPLYING = "applying this machine's new tune: compiling the models again"
 
 
 def _loading(role: str, key, make_load: Callable, on_done: Callable | None = None, refresh: bool = True) -> Loading:
-    stamp = choices.stamp()
+    stamp = machine_profile().stamp()
     with _LOADING_LOCK:
         loading = _LOADING.get(role)
         stale = refresh and loading is not None and loading.error is None and loading.stamp != stamp

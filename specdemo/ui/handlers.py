@@ -146,11 +146,14 @@ def _run_lanes(values: PageValues, settings: GenerationSettings, session: str, c
         last_status = view.status if view.status is not SKIP else last_status
         yield view
     stopped = cancel.is_set()
+    teach(engines, lanes, settings)
     would = None
     if not stopped and settings.greedy and finished(lanes):
         yield View(status="Working out what each K would have given on this answer (one pass of the draft model)…")
         would = engines[SPECULATIVE].would_have_given(values.instruction, settings, [e.id for e in lanes[SPECULATIVE].events],
                                                       lanes[SPECULATIVE].rounds)
+        if would is not None:
+            engines[SPECULATIVE].profile.learn_from_answer(engines[SPECULATIVE].keys, would.evidence)
     view = final_view(lanes, values.mode, settings, engines[SPECULATIVE], stopped, would, values.configuration)
     if finished(lanes) and not stopped:
         run_settings = replace(device_settings(values.target_device, values.draft_device, values.configuration),
@@ -170,6 +173,16 @@ def save_run(run: dict, session: str) -> str:
     path = folder / f"specdemo-run-{time.strftime('%Y%m%d-%H%M%S')}-{session[:8] or 'api'}.json"
     runfile.save(run, path)
     return str(path)
+
+
+def teach(engines: dict[str, Engine], lanes: dict[str, LaneRun], settings: GenerationSettings) -> None:
+    """Hand each of our lanes' rounds to the machine profile (the cost curve, a sampled run's acceptance), now that no
+    lane holds an engine."""
+    for name in LANES:
+        lane = lanes[name]
+        if lane.rounds:
+            finished_here = lane.summary is not None and lane.summary.stop_reason != "cancelled"
+            engines[name].profile.learn(engines[name].keys, settings, lane.rounds, finished_here)
 
 
 def finished(lanes: dict[str, LaneRun]) -> bool:

@@ -12,7 +12,8 @@ import threading
 import time
 from typing import Callable, Iterator
 
-from specdemo.events import LaneLog, TokenEvent
+from specdemo.events import TokenEvent
+from specdemo.lane import LaneLog
 from specdemo.ui.values import ONE_AFTER_ANOTHER, as_sentence
 
 # The page is updated once a second while lanes run: every update costs the browser's renderer ~25 ms of CPU on the
@@ -30,7 +31,7 @@ Run = Callable[[threading.Event], Iterator]
 
 
 class LaneRun(LaneLog):
-    """What one lane of one run has produced so far (its plan, tokens, rounds and summary: events.LaneLog), with
+    """What one lane of one run has produced so far (its plan, tokens, rounds and summary: lane.LaneLog), with
     when it started and its error, if any."""
 
     def __init__(self, events: list[TokenEvent] | None = None, error: str = ""):

@@ -8,9 +8,10 @@ import html
 import pandas as pd
 
 from specdemo.disk import size
-from specdemo import genai, metrics
+from specdemo import genai
 from specdemo.events import ACCEPTED, BONUS, CORRECTED, TokenEvent
 from specdemo.metrics import Summary, measured_speedup
+from specdemo.parting import first_difference, parting
 from specdemo.settings import GenerationSettings
 from specdemo.ui.engines import race_threads
 from specdemo.ui.lanes import AUTOREGRESSIVE, GENAI, LANES, SPECULATIVE, LaneRun
@@ -190,7 +191,7 @@ def compare_outputs(ar: list[TokenEvent], spec: list[TokenEvent], settings: Gene
             return (f"Sampling, and the two lanes' samples happen to be the same {len(ar_ids)} tokens (each is a draw "
                     "from the same distribution).")
         return "Sampling: the two lanes draw different samples from the same distribution, so their texts differ."
-    parted = metrics.parting(ar, spec, noise)
+    parted = parting(ar, spec, noise)
     if parted is None:
         if len(ar_ids) == len(spec_ids):
             return f"Both lanes produced the same {len(ar_ids)} tokens: speculation changed the speed, not the text."
@@ -213,7 +214,7 @@ def render_genai_line(lane: LaneRun, spec: LaneRun, settings: GenerationSettings
     elif ours == theirs:
         same = f"its {len(theirs)} tokens equal our speculative lane's, token for token"
     else:
-        same = (f"its tokens part from ours at token {metrics.first_difference(ours, theirs) + 1} (GenAI reports no logits, so "
+        same = (f"its tokens part from ours at token {first_difference(ours, theirs) + 1} (GenAI reports no logits, so "
                 "the margin there is not known)")
     accepted = (f"accepted {g.accepted} of {g.proposed} drafts ({g.draft_acceptance_rate:.0%}); " if g.proposed else "")
     ratio = g.tokens_per_s / s.tokens_per_s if s.tokens_per_s else 0.0

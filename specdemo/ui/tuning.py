@@ -29,7 +29,8 @@ from typing import Callable, Iterator
 
 import psutil
 
-from specdemo import choices, sources, tune
+from specdemo import sources, tune
+from specdemo.profile import machine_profile
 from specdemo.settings import AUTO, CONFIGURATIONS, RunSettings
 
 ROOT = Path(__file__).resolve().parents[2]  # where `-m specdemo` resolves, whatever the server's working folder
@@ -172,26 +173,27 @@ def background_steps(settings: RunSettings, model_bytes: int, log: Callable[[str
         steps += [(f"preparing the draft at {p}, for the draft plan",
                    [sys.executable, "-m", "specdemo", "prepare", "--draft-precision", p]) for p in DRAFT_PRECISIONS
                   if not sources.is_prepared(replace(settings.draft, precision=p))]
-    if choices.chosen(settings.target) is None:
+    profile = machine_profile()
+    if profile.chosen(settings.target) is None:
         needed, available = memory_needed(model_bytes), psutil.virtual_memory().available
         if available >= needed:
             steps.append((TUNING, [sys.executable, "-m", "specdemo", "tune"]))
         else:
             log(f"not tuning this machine in the background: it needs about {needed / 2**30:.0f} GiB of memory "
                 f"and {available / 2**30:.1f} GiB are free; `python -m specdemo tune` does it when they are")
-    elif steps or choices.needs_plan(settings.draft):  # tuned, but the plan has not priced every draft it could run
+    elif steps or profile.needs_plan(settings.draft):  # tuned, but the plan has not priced every draft it could run
         steps.append((PLANNING, [sys.executable, "-m", "specdemo", "tune", "--draft-plan"]))
     steps += [(f"preparing the {name} configuration's models",
                [sys.executable, "-m", "specdemo", "prepare", "--configuration", name])
               for name, models in CONFIGURATIONS.items()
-              if not all(sources.is_prepared(choices.resolve_precision(m)) for m in models)]
+              if not all(sources.is_prepared(profile.resolve_precision(m)) for m in models)]
     # Every configuration's target runs tuned: the others' targets (the fastest one's INT4) are searched beside the
     # draft as tuned above, once their weights are prepared (the steps run in order).
     steps += [(f"tuning the {name} configuration's target",
                [sys.executable, "-m", "specdemo", "tune", "--configuration", name, "--target-only"])
               for name, (target, _) in CONFIGURATIONS.items()
               if (target.source, target.precision) != (settings.target.source, settings.target.precision)
-              and choices.chosen(target) is None
+              and profile.chosen(target) is None
               and psutil.virtual_memory().available >= memory_needed(model_bytes)]
     return steps
 

@@ -1,22 +1,21 @@
-"""What tune chose for this machine, kept under SPECDEMO_HOME/tune: one file per CPU and OpenVINO version holding each
-model's compile setting (by source, precision and device) and each draft model's plan. Read wherever a model is
-compiled (ours, GenAI's lane, the bench's peers) and applied where the settings leave the choice open; written by
-`python -m specdemo tune` (specdemo/tune.py, the measuring) and the draft plan.
+"""What tune chose for this machine: the machine profile's `tune` section, holding each model's compile setting (by
+source, precision and device) and each draft model's plan. Pure functions over that section (a dict): the profile
+(specdemo/profile/__init__.py) reads it wherever a model is compiled (ours, GenAI's lane, the bench's peers) and
+applies it where the settings leave the choice open; `python -m specdemo tune` (specdemo/tune.py, the measuring) and
+the draft plan write it through `with_tune`.
+
+    {"models": {model_key: {setting, seconds, relative, tuned_at[, from]}},
+     "drafts": {draft_key: {precision, head_tokens, options, planned_at}},
+     "trials": [the last tune's trials], "changed_ns": when a choice last changed}
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 
-from specdemo import machine, sources
+from specdemo import sources
 from specdemo.settings import AUTO, DRAFT_PRECISION, ModelSettings
-
-TUNE_VERSION = 1
-
 
 FROM_PLAN = "the draft plan"  # marks a compile setting a precision got from the draft plan, not from its own search
 
@@ -45,15 +44,6 @@ DEFAULT = Setting(32, "f32", "f32")  # what a compile gets without tune: the plu
 REFERENCE = Setting(0, "f32", "f32")  # the fidelity reference: no dynamic quantization
 
 
-def path_for(home: Path | None = None) -> Path:
-    """Where this machine's choices are kept: one file per CPU and OpenVINO version."""
-    import openvino as ov
-
-    key = json.dumps({"version": TUNE_VERSION, "cpu": machine.cpu_name(), "flags": machine.cpu_features(),
-                      "openvino": ov.get_version()}, sort_keys=True)
-    return (home or sources.specdemo_home()) / "tune" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
-
-
 def model_key(settings: ModelSettings) -> str:
     # Compile settings are chosen on the full head and serve every head size (the head is one MatMul of many).
     return f"{settings.source}/{settings.precision}/{settings.device}/head0"
@@ -70,29 +60,29 @@ def searched(draft: ModelSettings) -> ModelSettings:
     return replace(draft, precision=DRAFT_PRECISION) if draft.precision == AUTO else draft
 
 
-def planned_options(settings: ModelSettings, path: Path | None = None) -> list:
+def planned_options(settings: ModelSettings, tune: dict) -> list:
     """The draft plan's priced options for this draft model on this machine (none: no plan yet, or not on the CPU)."""
     from specdemo.draft_choice import from_dict
 
-    entry = _entry("drafts", draft_key(settings), path) if settings.device.upper().startswith("CPU") else None
+    entry = _entry("drafts", draft_key(settings), tune) if settings.device.upper().startswith("CPU") else None
     try:
         return [from_dict(o) for o in entry["options"]] if entry else []
     except (KeyError, TypeError, ValueError):
         return []
 
 
-def resolve_precision(settings: ModelSettings, path: Path | None = None) -> ModelSettings:
+def resolve_precision(settings: ModelSettings, tune: dict) -> ModelSettings:
     """`settings` with an auto precision replaced by the draft plan's choice where its IR is prepared, else by
     DRAFT_PRECISION; an explicit precision is kept."""
-    return resolve_draft(settings, path, heads=False)
+    return resolve_draft(settings, tune, heads=False)
 
 
-def resolve_draft(settings: ModelSettings, path: Path | None = None, heads: bool = True) -> ModelSettings:
+def resolve_draft(settings: ModelSettings, tune: dict, heads: bool = True) -> ModelSettings:
     """The draft plan's choice where `settings` leave it open: an auto precision, among the prepared precisions, and
     a head size of -1 (draft_choice.choose); without a plan, DRAFT_PRECISION and the full head."""
     from specdemo.draft_choice import choose
 
-    options = planned_options(settings, path) if settings.precision == AUTO or settings.head_tokens == -1 else []
+    options = planned_options(settings, tune) if settings.precision == AUTO or settings.head_tokens == -1 else []
     choice = None
     if settings.precision == AUTO:
         ready = [o for o in options if sources.is_prepared(replace(settings, precision=o.precision))]
@@ -105,19 +95,19 @@ def resolve_draft(settings: ModelSettings, path: Path | None = None, heads: bool
     return settings
 
 
-def chosen(settings: ModelSettings, path: Path | None = None) -> Setting | None:
+def chosen(settings: ModelSettings, tune: dict) -> Setting | None:
     """The setting tune chose for this model on this machine, or None."""
-    entry = _entry("models", model_key(settings), path)
+    entry = _entry("models", model_key(settings), tune)
     try:
         return Setting(**entry["setting"]) if entry else None
     except (KeyError, TypeError):
         return None
 
 
-def gain(settings: ModelSettings, path: Path | None = None) -> str:
+def gain(settings: ModelSettings, tune: dict) -> str:
     """What tune's choice bought this model, in words ("tuned at 22:41: 24% faster than the defaults"), or "" if
     untuned."""
-    entry = _entry("models", model_key(settings), path)
+    entry = _entry("models", model_key(settings), tune)
     if not entry:
         return ""
     when = f" at {entry['tuned_at'][11:16]}" if len(entry.get("tuned_at") or "") >= 16 else ""
@@ -128,49 +118,36 @@ def gain(settings: ModelSettings, path: Path | None = None) -> str:
         if abs(1 - ratio) >= 0.01 else f"tuned{when}: the defaults were fastest"
 
 
-def stamp(path: Path | None = None) -> int:
-    """When this machine's tune file last changed (ns since the epoch), 0 without one: what was compiled before a
-    later stamp is stale (ui/engines.py compiles it again between visitors' runs)."""
-    try:
-        return (path or path_for()).stat().st_mtime_ns
-    except OSError:
-        return 0
+def stamp(tune: dict) -> int:
+    """When a choice last changed (ns since the epoch), 0 before any: what was compiled before a later stamp is stale
+    (ui/engines.py compiles it again between visitors' runs)."""
+    value = tune.get("changed_ns", 0)
+    return value if isinstance(value, int) else 0
 
 
-def record(draft: ModelSettings, path: Path | None = None) -> dict:
-    """What this machine's tune file holds, for a benchmark's record: every trial of the last tune (settings × times)
-    and the draft plan of `draft` (its options), or {} when the machine is not tuned."""
-    path = path or path_for()
-    data = _read(path)
-    if not data.get("trials"):
+def record(draft: ModelSettings, tune: dict) -> dict:
+    """What the tune holds, for a benchmark's record: every trial of the last tune (settings × times) and the draft
+    plan of `draft` (its options), or {} when the machine is not tuned."""
+    if not tune.get("trials"):
         return {}
-    plan = data.get("drafts", {}).get(draft_key(draft)) if isinstance(data.get("drafts"), dict) else None
-    return {"file": path.name, "trials": data["trials"], "draft_plan": plan if isinstance(plan, dict) else None}
+    plan = tune.get("drafts", {}).get(draft_key(draft)) if isinstance(tune.get("drafts"), dict) else None
+    return {"trials": tune["trials"], "draft_plan": plan if isinstance(plan, dict) else None}
 
 
-def _entry(section: str, key: str, path: Path | None) -> dict | None:
-    """One entry of this machine's tune file, or None (no file yet; a damaged file only loses the choice)."""
-    entries = _read(path or path_for()).get(section)
+def _entry(section: str, key: str, tune: dict) -> dict | None:
+    """One entry of the tune, or None (none yet; a damaged one only loses the choice)."""
+    entries = tune.get(section)
     entry = entries.get(key) if isinstance(entries, dict) else None
     return entry if isinstance(entry, dict) else None
 
 
-def _read(path: Path) -> dict:
-    """This machine's tune file, or {} (no file yet, or a damaged one)."""
-    try:
-        data = json.loads(path.read_text()) if path.is_file() else {}
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def apply(settings: ModelSettings, path: Path | None = None) -> ModelSettings:
+def apply(settings: ModelSettings, tune: dict) -> ModelSettings:
     """`settings` with tune's choice for this machine where they leave the choice open (the defaults: an auto draft
     precision, no precision hint, no KV precision, the plugin's group size, every core, the head size left at -1).
     Explicit settings win."""
     cpu = settings.device.upper().startswith("CPU")
-    settings = resolve_draft(settings, path)
-    setting = chosen(settings, path) if cpu else None
+    settings = resolve_draft(settings, tune)
+    setting = chosen(settings, tune) if cpu else None
     if setting is None:
         return settings
     return replace(settings,
@@ -182,46 +159,43 @@ def apply(settings: ModelSettings, path: Path | None = None) -> ModelSettings:
                    num_threads=settings.num_threads or setting.num_threads)
 
 
-def save(trials: list, settings: dict[str, ModelSettings], path: Path, drafts: list | None = None) -> None:
-    """Keep the chosen setting of each model and the draft plan (and every trial, for the record). The draft's other
-    precisions the plan priced get the draft's setting too (they were measured under it), unless tuned on their own."""
-    data = json.loads(path.read_text()) if path.is_file() else {}
-    models = data.get("models", {})
+def with_tune(tune: dict, trials: list, settings: dict[str, ModelSettings], drafts: list | None = None) -> dict:
+    """The tune section with the chosen setting of each model and the draft plan kept (and every trial, for the
+    record). The draft's other precisions the plan priced get the draft's setting too (they were measured under it),
+    unless tuned on their own."""
+    models = dict(tune.get("models", {}))
     settings = {role: searched(model) for role, model in settings.items()}  # an auto draft was searched as int4
     now = time.strftime("%Y-%m-%dT%H:%M:%S")
     for trial in trials:
         if trial.chosen:
             models[model_key(settings[trial.role])] = {"setting": asdict(trial.setting), "seconds": trial.seconds,
                                                        "relative": trial.relative, "tuned_at": now}
+    tune = {**tune, "models": models, "changed_ns": time.time_ns()}
     if drafts:
         from specdemo.draft_choice import to_dict
 
         best = next(o for o in drafts if o.chosen)
-        data.setdefault("drafts", {})[draft_key(settings["draft"])] = {
+        tune["drafts"] = {**tune.get("drafts", {}), draft_key(settings["draft"]): {
             "precision": best.precision, "head_tokens": best.head_tokens, "options": [to_dict(o) for o in drafts],
-            "planned_at": now}
+            "planned_at": now}}
         measured_under = models.get(model_key(settings["draft"]))
         for option in drafts:
             key = model_key(replace(settings["draft"], precision=option.precision))
             own = models.get(key)  # a setting tuned for this precision itself stays
             if measured_under and (own is None or own.get("from") == FROM_PLAN):
                 models[key] = {**measured_under, "relative": float("nan"), "from": FROM_PLAN}
-    data.update(version=TUNE_VERSION, cpu=machine.cpu_name(), models=models)
     if trials:  # a draft plan alone keeps the tune's record
-        data["trials"] = [{**asdict(t), "setting": asdict(t.setting)} for t in trials]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    scratch = path.with_suffix(".tmp")
-    scratch.write_text(json.dumps(data, indent=1))
-    scratch.replace(path)
+        tune["trials"] = [{**asdict(t), "setting": asdict(t.setting)} for t in trials]
+    return tune
 
 
-def needs_plan(draft: ModelSettings, path: Path | None = None) -> bool:
+def needs_plan(draft: ModelSettings, tune: dict) -> bool:
     """Whether the draft plan is missing something a draft left to it could run: no plan yet, or a prepared precision
     it did not price."""
     from specdemo.draft_choice import PRECISIONS
 
     if draft.precision != AUTO and draft.head_tokens != -1:
         return False
-    priced = {o.precision for o in planned_options(draft, path)}
+    priced = {o.precision for o in planned_options(draft, tune)}
     precisions = PRECISIONS if draft.precision == AUTO else (draft.precision,)
     return not priced or any(p not in priced and sources.is_prepared(replace(draft, precision=p)) for p in precisions)

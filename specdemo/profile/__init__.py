@@ -1,0 +1,175 @@
+"""The machine profile: the one owner of what this machine has learnt, asked through one object.
+
+    profile = machine_profile()                        # this SPECDEMO_HOME's, for this CPU and OpenVINO
+    settings = profile.resolve(settings)               # tune's compile setting and draft plan where left open
+    costs = profile.costs(keys.costs)                  # the cost curve, as measured and corrected by runs
+    prior = profile.acceptance(keys.pair).prior("model", greedy=True)
+    profile.learn(keys, generation, result.rounds)     # by whoever drained a lane, outside the engine's lock
+
+What it holds (one file, one atomic write, a schema version: specdemo/profile/store.py): `tune`, the compile choice
+and draft plan (written by `python -m specdemo tune`, specdemo/tune.py); `costs`, per compiled pair, the cost curve
+(specdemo/costs.py) with its corrections; `noise`, per compiled pair, how far batched calls move a top-2 gap
+(specdemo/fidelity.py); `acceptance`, per model pair, the drafts tested and accepted at each position
+(specdemo/profile/acceptance.py). SPECDEMO_LEARN=0 freezes what runs teach (the tests set it).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from specdemo import sources
+from specdemo.costs import CostModel, fold
+from specdemo.profile import choices
+from specdemo.profile.acceptance import AcceptanceHistory, folded
+from specdemo.profile.store import Store, path_for
+from specdemo.settings import GenerationSettings, ModelSettings
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Where one loaded pair's knowledge lives in the profile."""
+
+    costs: str | None  # costs.cost_key of the compiled target and draft (None before warm-up): cost curve, noise
+    pair: str  # the pair's model folders and draft head: its acceptance history
+
+
+def learning() -> bool:
+    """Whether runs teach the planner and correct the cost model (SPECDEMO_LEARN=0 freezes both, as the tests do)."""
+    return os.environ.get("SPECDEMO_LEARN", "1") != "0"
+
+
+class Profile:
+    """What this machine has learnt under one SPECDEMO_HOME."""
+
+    def __init__(self, home: Path | None = None):
+        self.home = home or sources.specdemo_home()
+        self.store = Store(path_for(self.home), legacy_home=self.home)
+        self._memo: dict = {}  # CostModels parsed from the data read last (the loop prices rounds with them)
+        self._memo_of: dict | None = None
+
+    # ---- what tune chose (specdemo/profile/choices.py)
+
+    def tune(self) -> dict:
+        return self.store.section("tune")
+
+    def resolve(self, settings: ModelSettings) -> ModelSettings:
+        """`settings` with tune's choice where they leave it open: the draft plan's precision and head, the compile
+        setting (choices.apply). Explicit settings win."""
+        return choices.apply(settings, self.tune())
+
+    def resolve_precision(self, settings: ModelSettings) -> ModelSettings:
+        """`settings` with an auto precision replaced by the draft plan's choice (the weights a run will load)."""
+        return choices.resolve_precision(settings, self.tune())
+
+    def chosen(self, settings: ModelSettings) -> choices.Setting | None:
+        return choices.chosen(settings, self.tune())
+
+    def gain(self, settings: ModelSettings) -> str:
+        return choices.gain(settings, self.tune())
+
+    def planned_options(self, draft: ModelSettings) -> list:
+        return choices.planned_options(draft, self.tune())
+
+    def needs_plan(self, draft: ModelSettings) -> bool:
+        return choices.needs_plan(draft, self.tune())
+
+    def stamp(self) -> int:
+        """When tune's choice last changed (0: never): what was compiled before it is stale."""
+        return choices.stamp(self.tune())
+
+    def tune_record(self, draft: ModelSettings) -> dict:
+        record = choices.record(draft, self.tune())
+        return {"file": self.store.path.name, **record} if record else {}
+
+    def keep_tune(self, trials: list, settings: dict[str, ModelSettings], drafts: list | None = None) -> None:
+        """Keep what a tune (trials) or a draft plan (drafts) chose."""
+        self.store.update("tune", lambda tune: choices.with_tune(tune, trials, settings, drafts))
+
+    # ---- the cost curve and the batching noise of one compiled pair
+
+    def costs(self, key: str | None) -> CostModel | None:
+        data = self.store.read()
+        if data is not self._memo_of:
+            self._memo, self._memo_of = {}, data
+        if key not in self._memo:
+            entry = self.store.section("costs").get(key) if key else None
+            try:
+                self._memo[key] = CostModel.from_dict(entry["costs"]) if entry else None
+            except (KeyError, TypeError, ValueError):
+                self._memo[key] = None  # a damaged entry is measured again
+        return self._memo[key]
+
+    def keep_costs(self, key: str, costs: CostModel, description: dict | None = None) -> None:
+        def change(section: dict) -> dict:
+            old = section.get(key) if isinstance(section.get(key), dict) else {}
+            return {**section, key: {"key": description or old.get("key"), "costs": costs.to_dict()}}
+
+        self.store.update("costs", change)
+
+    def noise(self, key: str | None):
+        """fidelity.BatchingNoise of this compile, or None before it was measured."""
+        from specdemo.fidelity import BatchingNoise
+
+        entry = self.store.section("noise").get(key) if key else None
+        try:
+            return BatchingNoise.from_dict(entry) if entry else None
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def keep_noise(self, key: str, noise) -> None:
+        self.store.update("noise", lambda section: {**section, key: noise.to_dict()})
+
+    # ---- the acceptance history of one model pair (specdemo/profile/acceptance.py)
+
+    def acceptance(self, pair: str) -> AcceptanceHistory:
+        return AcceptanceHistory(self.store.section("acceptance").get(pair))
+
+    def record_acceptance(self, pair: str, drafter: str, greedy: bool, tested: Sequence[float],
+                          accepted: Sequence[float]) -> None:
+        if sum(tested):
+            self.store.update("acceptance", lambda section: {
+                **section, pair: folded(section.get(pair) or {}, drafter, greedy, tested, accepted)})
+
+    # ---- learning from runs: called by whoever drained a lane (CLI, page, bench), never under the engine's lock
+
+    def learn(self, keys: Keys, settings: GenerationSettings, rounds: Sequence, finished: bool = True) -> None:
+        """Correct the cost curve by what a lane's calls cost; a finished sampled speculative lane also teaches the
+        acceptance prior by its rounds (greedy ones teach by their answer's match mask: learn_from_answer)."""
+        from specdemo import metrics
+
+        if not learning() or not rounds or keys.costs is None:
+            return
+        observation = metrics.call_seconds(rounds)
+
+        def corrected(section: dict) -> dict:
+            entry = section.get(keys.costs)
+            if not isinstance(entry, dict) or "costs" not in entry:
+                return section  # measured under another key since (a recompile): nothing to correct
+            return {**section, keys.costs: {**entry, "costs": fold(CostModel.from_dict(entry["costs"]),
+                                                                   observation).to_dict()}}
+
+        self.store.update("costs", corrected)
+        if not settings.greedy and finished:
+            for name in ("model", "prompt-lookup"):
+                mine = [r for r in rounds if r.drafter == name]
+                self.record_acceptance(keys.pair, name, False, *metrics.evidence_by_position(mine, settings.k_max))
+
+    def learn_from_answer(self, keys: Keys, evidence: dict[str, tuple[list[int], list[int]]]) -> None:
+        """Teach the greedy prior what a counterfactual found: per drafter, drafts tested and accepted by position."""
+        if learning():
+            for drafter, (tested, accepted) in evidence.items():
+                self.record_acceptance(keys.pair, drafter, True, tested, accepted)
+
+
+_PROFILES: dict[Path, Profile] = {}
+
+
+def machine_profile(home: Path | None = None) -> Profile:
+    """The profile of `home` (default: SPECDEMO_HOME), one object per home in a process."""
+    home = (home or sources.specdemo_home()).resolve()
+    if home not in _PROFILES:
+        _PROFILES[home] = Profile(home)
+    return _PROFILES[home]
