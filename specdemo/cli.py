@@ -15,10 +15,11 @@ from pathlib import Path
 from specdemo import compat, errors, runfile, sources
 from specdemo.events import ACCEPTED, BONUS, CORRECTED, TokenEvent
 from specdemo.lane import Result, drain
+from specdemo.drafters import STRATEGIES
 from specdemo.metrics import measured_speedup
 from specdemo.parting import parting
 from specdemo.planner import Plan
-from specdemo.settings import (AUTO, CONFIGURATIONS, DEFAULT_DRAFT, DEFAULT_TARGET, DRAFT_PRECISION, DRAFTERS,
+from specdemo.settings import (AUTO, CONFIGURATIONS, DEFAULT_DRAFT, DEFAULT_TARGET, DRAFT_PRECISION,
                                MAX_PROMPT_TOKENS, PRECISIONS, GenerationSettings, ModelSettings, RunSettings)
 
 LONG_PROMPT_TOKENS = 300  # above this, say up front how long the prefill will take
@@ -86,7 +87,7 @@ def _add_generation_flags(parser: argparse.ArgumentParser, max_new_tokens: int =
                         help="draft tokens per round, or auto (default): the planner picks K from this machine's measured costs")
     parser.add_argument("--remeasure", action="store_true", help="measure this machine's call costs again instead of using the cached ones")
     parser.add_argument("--adaptive", action="store_true", help="adapt K: longer after a fully accepted round, shorter after a rejection")
-    parser.add_argument("--drafter", default=defaults.drafter, choices=DRAFTERS)
+    parser.add_argument("--drafter", default=defaults.drafter, choices=list(STRATEGIES))
     parser.add_argument("--draft-p-min", type=float, default=None, metavar="P",
                         help="the confidence stop: end a round's drafting once the draft's confidence in its drafts falls "
                              "below P (0 turns it off; default: this machine's break-even under auto K, off otherwise)")

@@ -27,7 +27,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from specdemo.costs import CostModel
-from specdemo.drafting import lookup_continuation
+from specdemo.drafters import strategy
+from specdemo.drafters.lookup import lookup_continuation
 from specdemo.runtime import OVModel
 
 PIECE = 64  # answer tokens per teacher-forced call: 64 rows of logits (~39 MB for a 151,936-token vocabulary)
@@ -174,13 +175,12 @@ def _round_seconds(costs: CostModel, k: int, full_before: bool, drafter: str) ->
     if k == 0:
         return costs.t(1) + costs.step_overhead_s
     seconds = costs.t(k + 1) + costs.target_rollback_s + costs.round_overhead_s
-    if drafter == "model":
-        seconds += k * costs.d(1) + (costs.d(2) - costs.d(1) if full_before else 0.0) + costs.draft_rollback_s
-    return seconds
+    return seconds + strategy(drafter).draft_seconds(costs, k, float(full_before))
 
 
 def _prefills(costs: CostModel, prompt_tokens: int, drafter: str) -> float:
-    draft = prompt_tokens / costs.draft_prefill_tps if drafter == "model" and costs.draft_prefill_tps else 0.0
+    """The target's prefill, and the drafter's own (`drafter` "": nothing drafted, no draft prefill)."""
+    draft = strategy(drafter).prefill_seconds(costs, prompt_tokens) if drafter else 0.0
     return prompt_tokens / costs.target_prefill_tps + draft
 
 

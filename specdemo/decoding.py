@@ -21,7 +21,7 @@ from typing import Iterator
 import numpy as np
 
 from specdemo.costs import CostModel
-from specdemo.drafting import Drafter, Proposal
+from specdemo.drafters import Drafter, Proposal
 from specdemo.events import ACCEPTED, BONUS, CORRECTED, TARGET, Detokenizer, End, Round, TokenEvent
 from specdemo.planner import KPolicy, policy_for
 from specdemo.runtime import OVModel

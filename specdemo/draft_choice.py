@@ -6,7 +6,7 @@ costs half a target step (an AVX2-only CPU) a 15 % cheaper step is worth a lot; 
 same step saved is worth little and the lost acceptance decides. So `python -m specdemo tune` measures each candidate
 draft here, with the tuned target loaded:
 
-* its draft step, as a round makes it (tune.sample_draft), the candidates taking turns in one race (tune.race);
+* its draft step, as a round makes it (race.sample_draft), the candidates taking turns in one race (race.race);
 * its acceptance by draft position, exactly, on the built-in answers (assets/calibration.json): where its greedy token
   equals the target's, teacher forced (counterfactual.agreement_mask);
 
@@ -27,7 +27,8 @@ from dataclasses import dataclass, field, replace
 
 from specdemo import planner
 from specdemo.costs import CostModel
-from specdemo.planner import DEFAULT_ALPHA, Acceptance
+from specdemo.drafters import strategy
+from specdemo.planner import Acceptance
 from specdemo.settings import AUTO, DRAFT_PRECISION, K_MAX, ModelSettings
 
 HEADS = (0, 32_000, 16_000, 8_000)  # LM-head sizes tried (0: the full vocabulary)
@@ -55,7 +56,7 @@ class DraftOption:
         return f"{self.precision}, {head}"
 
     def acceptance(self) -> Acceptance:
-        return Acceptance.from_counts(self.tested, self.accepted, Acceptance.geometric(DEFAULT_ALPHA["model"]))
+        return Acceptance.from_counts(self.tested, self.accepted, Acceptance.geometric(strategy("model").default_alpha))
 
     def acceptance_rate(self) -> float:
         """Accepted ÷ tested over every position: one number for the table."""
@@ -108,7 +109,7 @@ def measure(target, draft: ModelSettings, examples: list[dict], encode, prepared
     """Every candidate's acceptance on the examples and its draft step in a round, against `target` (a runtime), and
     the incumbent's compiled draft (for the cost curve `price` needs). `encode(example)` gives (prompt ids, answer
     ids); `compile(settings)` a draft runtime; `timer(models, target)` each model's seconds of a draft step in a round
-    (tune.race over tune.sample_draft)."""
+    (race.race over race.sample_draft)."""
     from specdemo.counterfactual import agreement_mask, mask_counts
 
     options, models = [], []

@@ -4,29 +4,29 @@
     for event in engine.speculative("Write a function ...", GenerationSettings()):
         ...                                       # TokenEvents, then one Summary
 
-The engine yields plain events and knows nothing of how they are shown (CLI, app, benchmark).
+The engine yields plain events and knows nothing of how they are shown (CLI, app, benchmark). Loading one model is
+specdemo/models.py's; measuring its calls, specdemo/measuring.py's.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import threading
 import time
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import Iterator
 
 import numpy as np
 
-from specdemo import builtin, compat, costs, decoding, planner, sources, vocab
+from specdemo import builtin, decoding, measuring, planner, sources
 from specdemo.costs import CostModel
 from specdemo.counterfactual import Counterfactual, agreement_mask, counterfactual, lookup_counts, mask_counts, match_mask
-from specdemo.drafting import make_drafter
+from specdemo.drafters import STRATEGIES, make_drafter, strategy
+from specdemo.models import LoadedModel, load_model
 from specdemo.planner import Plan, make_plan
 from specdemo.profile import Keys, Profile, learning, machine_profile
-from specdemo.runtime import OVModel, release_weight_pages
-from specdemo.settings import AUTO, K_MAX, WEIGHTS, GenerationSettings, ModelSettings, RunSettings
+from specdemo.runtime import release_weight_pages
+from specdemo.settings import AUTO, K_MAX, GenerationSettings, ModelSettings, RunSettings
 
 # Stands in for the instruction when the chat template is rendered; no template contains it.
 _INSTRUCTION_SLOT = "\x00specdemo-instruction\x00"
@@ -37,74 +37,6 @@ _PROBE_TEXTS = ["def fibonacci(n):\n    return n", "Hello, world! Ünïcödé �
 
 class IncompatibleModelsError(ValueError):
     """The draft cannot draft for the target (different tokenizers)."""
-
-
-@dataclass
-class LoadedModel:
-    """A compiled model with its tokenizer and facts for display."""
-
-    settings: ModelSettings
-    folder: Path
-    runtime: OVModel
-    tokenizer: object  # a transformers tokenizer
-    config: dict  # the model's config.json
-    tuned: str = ""  # what tune's choice bought, as it stood when this model was compiled (Profile.gain)
-    planned_precision: bool = False  # its weight precision was left to the draft plan (auto) and resolved at load
-
-    @property
-    def name(self) -> str:
-        source = self.settings.source
-        title = sources.PRESETS[source].title if source in sources.PRESETS else Path(source).name or source
-        return title
-
-    @property
-    def context_length(self) -> int:
-        return int(self.config.get("max_position_embeddings", 2048))
-
-    def kv_bytes_per_token(self) -> int:
-        """Bytes the KV cache grows by per token: keys and values of every layer, at the cache's precision."""
-        c = self.config
-        heads = c.get("num_attention_heads", 1) or 1
-        head_dim = c.get("head_dim", c.get("hidden_size", 0) // heads)
-        kv_heads = c.get("num_key_value_heads", heads)
-        return 2 * c.get("num_hidden_layers", 0) * kv_heads * head_dim * self.runtime.kv_cache_element_bytes
-
-    def describe(self) -> dict:
-        """Facts for the model panel: name, parameters, precision, size on disk, device, KV cache."""
-        c = self.config
-        return {
-            "name": self.name,
-            "source": self.settings.source,
-            "parameters": _count_parameters(c),
-            "precision": self.settings.precision,
-            "weights": WEIGHTS.get(self.settings.precision, self.settings.precision),
-            "precision_from": "the draft plan" if self.planned_precision else "the settings",
-            "size_on_disk_bytes": sum(f.stat().st_size for f in self.folder.glob("openvino_model.*")),
-            "device": self.settings.device,
-            "kv_cache_precision": self.runtime.kv_cache_precision,
-            "layers": c.get("num_hidden_layers"),
-            "context_length": self.context_length,
-            "compile_settings": describe_compile(self.settings),
-            "lm_head_rows": self.runtime.head_tokens,  # fewer than the vocabulary when the head was trimmed
-            "tuned": self.tuned,
-        }
-
-
-def load_model(settings: ModelSettings, progress: sources.Progress | None = None, tuned: str = "",
-               planned: bool = False) -> LoadedModel:
-    """Prepare (convert once) and compile one model as `settings` say: resolved already (Profile.resolve), so nothing
-    is left open but what the plugin decides. `tuned` and `planned` are for display (LoadedModel)."""
-    compat.hide_broken_torchvision()
-    from transformers import AutoTokenizer
-
-    folder = sources.prepare(settings, progress)
-    if progress is not None:
-        progress(None, f"compiling {folder.name} for {settings.device}")
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
-    head = vocab.head_for(tokenizer, settings.head_tokens, config, sources.specdemo_home() / "vocab")
-    runtime = OVModel(folder, settings, cache_dir=sources.specdemo_home() / "ov_cache", head_ids=head)
-    return LoadedModel(settings, folder, runtime, tokenizer, config, tuned, planned)
 
 
 def check_same_tokenizer(target, draft) -> None:
@@ -144,7 +76,7 @@ class Engine:
         self.target = target
         self.draft = draft
         self.tokenizer = target.tokenizer
-        self.eos_ids = _eos_ids(target)
+        self.eos_ids = target.eos_ids()
         self.lock = threading.Lock()  # one generation at a time: the KV caches are shared state
         self.profile = profile or machine_profile()  # what this machine has learnt; the engine only reads it in a run
         self.keys = Keys(None, self._pair_key())  # where this pair's costs (after warm_up) and history live there
@@ -171,11 +103,11 @@ class Engine:
         start = time.perf_counter()
         with self.lock:
             draft = self.draft.runtime if self.draft else None
-            key = costs.cost_key(self.target.runtime, draft, k_max + 1)
+            key = measuring.cost_key(self.target.runtime, draft, k_max + 1)
             known = None if fresh else self.profile.costs(key)
-            measured = costs.measure(self.target.runtime, draft, k_max + 1, known, log)
+            measured = measuring.measure(self.target.runtime, draft, k_max + 1, known, log)
             if measured is not known:
-                self.profile.keep_costs(key, measured, costs.describe_key(self.target.runtime, draft, k_max + 1))
+                self.profile.keep_costs(key, measured, measuring.describe_key(self.target.runtime, draft, k_max + 1))
             self.keys = Keys(key, self.keys.pair)
             self.noise = self._batching_noise(k_max, log)
             if draft is not None and learning() and not self.acceptance().has_evidence("model", True):
@@ -240,12 +172,12 @@ class Engine:
 
     def _prior(self, drafter: str, greedy: bool) -> planner.Acceptance:
         """The acceptance a drafter's plan assumes: a hybrid's K is the draft model's."""
-        return self.acceptance().prior("model" if drafter == "hybrid" else drafter, greedy)
+        return self.acceptance().prior(strategy(drafter).prior, greedy)
 
     def _price(self, greedy: bool):
         """price(drafter, k): this machine's predicted speedup of one round, for the hybrid drafter's choice each round."""
         history, costs_now = self.acceptance(), self.costs
-        priors = {name: history.prior(name, greedy) for name in ("model", "prompt-lookup")}
+        priors = {name: history.prior(strategy(name).prior, greedy) for name in STRATEGIES}
         return lambda drafter, k: planner.predicted_speedup(costs_now, priors[drafter], k, drafter)
 
     @classmethod
@@ -311,7 +243,7 @@ class Engine:
         """The speculative lane: its Plan first (when the planner made one), then the loop's events.
         With settings.k_auto the planner chooses the drafter and each round's K."""
         ids = self.prompt_ids(instruction, settings)
-        if settings.drafter in ("model", "hybrid") and self.draft is None:
+        if strategy(settings.drafter).needs_model and self.draft is None:
             raise ValueError("no draft model is loaded; use the prompt-lookup drafter")
         plan = self.plan(instruction, settings) if settings.k_auto or self.costs is not None else None
         if plan is not None:
@@ -348,36 +280,3 @@ class Engine:
         if mask is not None:
             result.evidence["model"] = mask_counts(mask, settings.k_max)
         return result
-
-
-def _eos_ids(model: LoadedModel) -> set[int]:
-    """End-of-sequence ids: the tokenizer's and generation_config's (chat models end turns with another)."""
-    ids = {model.tokenizer.eos_token_id} - {None}
-    path = model.folder / "generation_config.json"
-    if path.is_file():
-        eos = json.loads(path.read_text()).get("eos_token_id")
-        ids |= set(eos if isinstance(eos, list) else [eos]) - {None}
-    return ids
-
-
-def describe_compile(settings: ModelSettings) -> str:
-    """The compile settings that decide the kernels, in words ("group 128, f32, KV f32")."""
-    group = settings.dynamic_quantization_group_size
-    group_text = "dyn. quant. default" if group == -1 else f"group {group}" if group else "no dyn. quant."
-    head = f", LM head {settings.head_tokens // 1000}k tokens" if settings.head_tokens > 0 else ""
-    return f"{group_text}, {settings.inference_precision or 'f32'}, KV {settings.kv_cache_precision or 'f32'}{head}"
-
-
-def _count_parameters(config: dict) -> int:
-    """Approximate parameter count of a decoder-only transformer from its config."""
-    h = config.get("hidden_size", 0)
-    layers = config.get("num_hidden_layers", 0)
-    vocab = config.get("vocab_size", 0)
-    inter = config.get("intermediate_size", 4 * h)
-    heads = config.get("num_attention_heads", 1) or 1
-    kv = config.get("num_key_value_heads", heads)
-    head_dim = config.get("head_dim", h // heads)
-    attention = h * heads * head_dim + 2 * h * kv * head_dim + heads * head_dim * h
-    per_layer = attention + 3 * h * inter + 2 * h
-    embeddings = vocab * h * (1 if config.get("tie_word_embeddings", False) else 2)
-    return int(layers * per_layer + embeddings)

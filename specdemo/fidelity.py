@@ -23,7 +23,7 @@ class Fidelity:
     """One candidate's agreement with the GGUF reference."""
 
     precision: str  # the weights: int8, int4, gguf, …
-    compile_settings: str  # in the model panel's words (engine.describe_compile)
+    compile_settings: str  # in the model panel's words (models.describe_compile)
     positions: int  # answer tokens compared
     top1_agreement: float  # share of positions with the reference's greedy token
     mean_abs_logit_error: float  # logits

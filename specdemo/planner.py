@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol, Sequence
 
 from specdemo.costs import CostModel
+from specdemo.drafters import strategy
 from specdemo.settings import GenerationSettings
 
 MIN_GAIN = 1.03  # speculate only where the prediction beats the target alone by this much (noise margin)
@@ -33,7 +34,6 @@ HOLD = 0.02  # auto K changes K only for a predicted gain of more than this: a n
 PROBE_EVERY = 8
 PRIOR_WEIGHT = 20.0  # the prior counts as this many tested drafts at each position against the run's own evidence
 POOL_WEIGHT = 10.0  # a position's own evidence against the pooled rate of all positions, in tested drafts
-DEFAULT_ALPHA = {"model": 0.8, "prompt-lookup": 0.5, "hybrid": 0.8}  # before any evidence on this machine
 
 
 @dataclass(frozen=True)
@@ -90,16 +90,13 @@ def _ordinal(n: int) -> str:
 
 
 def round_seconds(costs: CostModel, acceptance: Acceptance, k: int, drafter: str = "model") -> float:
-    """Expected seconds of one round with K drafts (K = 0: one plain target step). A hybrid round is priced as the
-    draft model's (its lookup rounds are the free exceptions)."""
+    """Expected seconds of one round with K drafts (K = 0: one plain target step): the verify call, the trims, the
+    loop's own time and the drafting as the strategy prices it (Strategy.draft_seconds; after a fully accepted round,
+    with this acceptance's chance, a draft model's first step feeds two tokens)."""
     if k == 0:
         return costs.t(1) + costs.step_overhead_s
     seconds = costs.t(k + 1) + costs.target_rollback_s + costs.round_overhead_s
-    if drafter in ("model", "hybrid"):
-        # K draft calls; after a fully accepted round the first one feeds two tokens.
-        full = acceptance.all_accepted(k)
-        seconds += (k - 1) * costs.d(1) + full * costs.d(2) + (1 - full) * costs.d(1) + costs.draft_rollback_s
-    return seconds
+    return seconds + strategy(drafter).draft_seconds(costs, k, acceptance.all_accepted(k))
 
 
 def predicted_speedup(costs: CostModel, acceptance: Acceptance, k: int, drafter: str = "model") -> float:
@@ -125,7 +122,7 @@ def predicted_lane_speedup(costs: CostModel, acceptance: Acceptance, k: float, t
     k = int(k)
     prefill = prompt_tokens / costs.target_prefill_tps
     autoregressive = prefill + (tokens - 1) * round_seconds(costs, acceptance, 0)
-    draft_prefill = prompt_tokens / costs.draft_prefill_tps if drafter != "prompt-lookup" and costs.draft_prefill_tps else 0.0
+    draft_prefill = strategy(drafter).prefill_seconds(costs, prompt_tokens)
     rounds = (tokens - 1) / acceptance.expected_tokens(k)
     speculative = prefill + draft_prefill + rounds * round_seconds(costs, acceptance, k, drafter)
     return autoregressive / speculative
@@ -188,7 +185,7 @@ class Plan:
     """How the speculative lane will run, and why. It travels beside the lane's result, never inside it:
     its figures are what the planner expected before the run, the summary's what the run measured."""
 
-    drafter: str  # "model", "prompt-lookup" or "hybrid"
+    drafter: str  # a strategy's name (specdemo/drafters): "model", "prompt-lookup" or "hybrid"
     k: int  # drafts in the first round; 0 = the target alone (speculation would not pay here)
     acceptance_prior: Acceptance  # the acceptance the plan assumed (what earlier runs on this machine taught)
     planned_speedup: float  # S(K) after the prompt, at that acceptance
@@ -214,7 +211,7 @@ def with_confidence_stop(plan: Plan, costs: CostModel, asked: float | None) -> P
     auto K with the draft model, this machine's break-even (confidence_stop); else off."""
     if asked is not None:
         p_min = asked
-    elif plan.auto and plan.drafter in ("model", "hybrid") and plan.k:
+    elif plan.auto and strategy(plan.drafter).needs_model and plan.k:
         p_min = confidence_stop(costs, plan.k)
     else:
         return plan
@@ -228,8 +225,7 @@ def with_confidence_stop(plan: Plan, costs: CostModel, asked: float | None) -> P
 def make_plan(costs: CostModel, drafter: str, acceptance: Acceptance, k_max: int, auto: bool, k: int) -> Plan:
     """The plan: the best K for this machine at this acceptance when `auto`, else the fixed K with its prediction."""
     said = acceptance.describe()
-    lookup = (" Where the text so far repeats, drafts come from it by lookup instead, without a model call."
-              if drafter == "hybrid" else "")
+    lookup = strategy(drafter).note
     if not auto:
         speedup = predicted_speedup(costs, acceptance, k, drafter)
         return Plan(drafter, k, acceptance, speedup, False, f"Fixed K = {k}: predicted {speedup:.2f}× at {said}.{lookup}")
@@ -295,8 +291,8 @@ class AutoK:
         if self.plan.k == 0:
             return 0
         for r in rounds[self.seen:]:
-            if self.plan.drafter == "hybrid" and r.drafter != "model":
-                continue  # the K is the draft model's: its lookup rounds say nothing of the model's acceptance
+            if r.drafter and r.drafter != strategy(self.plan.drafter).prior:
+                continue  # a hybrid's K is the draft model's: its lookup rounds say nothing of the model's acceptance
             n_tested, n_accepted = r.tested()  # positions 1 .. accepted, and the rejected one
             for i in range(min(n_tested, self.k_max)):
                 self.tested[i] += 1

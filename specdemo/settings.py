@@ -20,7 +20,6 @@ AUTO = "auto"  # a draft's precision left to `python -m specdemo tune`'s draft p
 DRAFT_PRECISION = "int4"  # what an auto draft precision runs until there is a plan (or when its choice is not prepared)
 KV_CACHE_PRECISIONS = ("", "u8", "f16", "bf16", "f32")
 INFERENCE_PRECISIONS = ("", "f32", "bf16", "f16")
-DRAFTERS = ("model", "prompt-lookup", "hybrid")
 MAX_PROMPT_TOKENS = 2048  # the page's and the CLI's default prompt cap: 2,048 tokens take ~15-40 s to prefill on 2 cores
 K_MAX = 12  # the largest K anything offers (the page's slider, adaptive and auto K by default); the cost curve spans K_MAX + 1 tokens
 
@@ -97,7 +96,7 @@ class GenerationSettings:
     adaptive: bool = False  # grow K after a fully accepted round, shrink it after a rejection
     k_min: int = 1  # adaptive K never goes below this
     k_max: int | None = None  # adaptive and auto K never go above this; None: max(k, K_MAX) (see __post_init__)
-    drafter: str = "model"  # "model" (draft LLM), "prompt-lookup" (n-gram match, no draft model) or "hybrid" (lookup where the text repeats, else the model)
+    drafter: str = "model"  # a strategy of specdemo/drafters: "model" (draft LLM), "prompt-lookup" (n-gram match, no draft model), "hybrid" (lookup where the text repeats, else the model)
     lookup_ngram: int = 3  # prompt lookup: longest n-gram to match at the end of the text
     system_prompt: str = ""  # optional system message for the chat template
     # The confidence stop: a round's drafting ends once the product of the draft's probabilities for its drafts falls
@@ -122,8 +121,9 @@ class GenerationSettings:
         check.int_in("k_max", self.k_max, self.k_min, 64)
         if self.adaptive and not self.k_min <= self.k <= self.k_max:
             raise ValueError(f"k must lie between k_min={self.k_min} and k_max={self.k_max}, got {self.k}")
-        if self.drafter not in DRAFTERS:
-            raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)}, got {self.drafter!r}")
+        from specdemo.drafters import strategy
+
+        strategy(self.drafter)  # an unknown drafter: ValueError naming the ones there are
         check.int_in("lookup_ngram", self.lookup_ngram, 1, 16)
         if self.draft_p_min is not None:
             check.number_in("draft_p_min", self.draft_p_min, 0.0, 1.0)

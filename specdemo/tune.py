@@ -13,7 +13,7 @@ MLP/QKV paths are AMX-only. So each model is measured here, on this machine, wit
   reference is not at a near-tie;
 * the faithful ones are timed in the loop's own call pattern (a single step as the autoregressive lane makes it and a
   round's verify call for the target; a draft step inside a round for the draft), in two passes in opposite orders,
-  and the fastest stays; a third pass settles a ranking the two passes disagree on;
+  and the fastest stays; a third pass settles a ranking the two passes disagree on (specdemo/race.py);
 * the chosen pair must still give greedy speculative output equal to autoregressive output.
 
 The choice is kept in the machine profile (specdemo/profile: Profile.keep_tune, read by Profile.resolve) and applied
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import gc
 import json
-import statistics
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -34,6 +33,7 @@ from specdemo import builtin, machine, sources
 from specdemo.profile import machine_profile
 from specdemo.profile.choices import DEFAULT, REFERENCE, Setting, searched
 from specdemo.fidelity import teacher_forced_logits
+from specdemo.race import race, sample_draft, sample_target
 from specdemo.settings import ModelSettings
 
 # 0: dynamic quantization off. 16 divides the groups of 16 a GGUF's Q6_K blocks keep (precision gguf), 32 its Q4_K
@@ -41,12 +41,7 @@ from specdemo.settings import ModelSettings
 GROUP_SIZES = (0, 16, 32, 64, 128, 256)
 KV_PRECISIONS = ("f32", "f16", "u8")
 FAITHFUL = 0.99  # share of the reference's decided (not near-tie) greedy choices a candidate must keep
-CONTEXT = 160  # tokens of context every timed call follows
-PER_SAMPLE, UNTIMED = 3, 1  # timed calls in one sample of a candidate, after an untimed one
-RACE_ROUNDS = 5  # samples of every candidate in one heat, taken in turns
-MAX_HEATS = 4  # heats run until two in a row agree on the fastest
 MARGIN = 0.03  # a candidate replaces the incumbent setting only if it is at least this much faster (noise is not a gain)
-ROUND = 4  # the verify call's size (K = 3 drafts and the target's token) and the draft steps per round, minus one
 
 
 @dataclass
@@ -55,7 +50,7 @@ class Trial:
 
     role: str  # "target" or "draft"
     setting: Setting
-    seconds: float = float("nan")  # the score: target t(1) + t(ROUND); draft: a draft step in a round
+    seconds: float = float("nan")  # the score: target t(1) + t(race.ROUND); draft: a draft step in a round
     relative: float = float("nan")  # its score over the defaults', chained through the races it and they ran in
     agreement: float = float("nan")  # share of the reference's decided greedy choices kept
     parting_rate: float = float("nan")  # per 1,000 positions: verify calls choosing another token than single steps
@@ -78,74 +73,6 @@ def candidates(current: Setting, dimension: str, cpu_flags: list[str], cores: in
 
 
 DIMENSIONS = ("dynamic_quantization_group_size", "inference_precision", "kv_cache_precision", "num_threads")
-
-
-# ---- measuring
-
-
-def _ids(n: int, offset: int = 0) -> list[int]:
-    return [(1000 + 37 * (i + offset)) % 30000 + 100 for i in range(n)]
-
-
-def prefill(model) -> None:
-    """The context every timed call follows."""
-    model.reset()
-    model.forward(_ids(CONTEXT))
-
-
-def sample_target(model, draft) -> float:
-    """One sample of t(1) + t(ROUND) of a target, in the loop's patterns: steps one after another, and verify calls of
-    ROUND tokens (ROUND rows of logits) after ROUND - 1 draft steps, the caches rolled back after each (both hold
-    CONTEXT tokens before and after)."""
-    steps, verifies = [], []
-    for i in range(UNTIMED + PER_SAMPLE):
-        model.forward(_ids(1, i))
-        steps.append(model.last_call_s)
-    model.rollback(CONTEXT)
-    for i in range(UNTIMED + PER_SAMPLE):
-        for j in range(ROUND - 1):
-            draft.forward(_ids(1, j))
-        model.forward(_ids(ROUND), logits_to_keep=ROUND)
-        verifies.append(model.last_call_s)
-        model.rollback(CONTEXT)
-        draft.rollback(CONTEXT)
-    return statistics.median(steps[UNTIMED:]) + statistics.median(verifies[UNTIMED:])
-
-
-def sample_draft(model, target) -> float:
-    """One sample of a draft step inside a round: ROUND - 1 draft steps, then the target's verify call, both rolled back."""
-    steps = []
-    for i in range(UNTIMED + PER_SAMPLE):
-        for j in range(ROUND - 1):
-            model.forward(_ids(1, j))
-            if i >= UNTIMED:
-                steps.append(model.last_call_s)
-        target.forward(_ids(ROUND), logits_to_keep=ROUND)
-        model.rollback(CONTEXT)
-        target.rollback(CONTEXT)
-    return statistics.median(steps)
-
-
-def race(models: list, other, sample) -> list[float]:
-    """Each model's median seconds. The models take turns sample by sample (in alternating order), so the drift of a
-    shared machine hits them alike, in heats of RACE_ROUNDS samples, until two heats in a row agree on the fastest (at
-    most MAX_HEATS); the medians are over every sample."""
-    for model in [*models, other]:
-        prefill(model)
-    samples = [[] for _ in models]
-    winners = []
-    for heat in range(MAX_HEATS):
-        this = [[] for _ in models]
-        for r in range(RACE_ROUNDS):
-            order = range(len(models)) if r % 2 == 0 else reversed(range(len(models)))
-            for i in order:
-                this[i].append(sample(models[i], other))
-        winners.append(min(range(len(models)), key=lambda i: statistics.median(this[i])))
-        for i, values in enumerate(this):
-            samples[i] += values
-        if len(winners) >= 2 and winners[-1] == winners[-2]:
-            break
-    return [statistics.median(values) for values in samples]
 
 
 @dataclass
@@ -331,7 +258,7 @@ def tune(target: ModelSettings, draft: ModelSettings, log=print, again: bool = T
 def plan_draft(setting: Setting, target, draft: ModelSettings, tokenizer, examples: list[dict], log) -> list:
     """The draft plan under the draft's compile `setting`: each candidate draft measured against `target` (the tuned
     target's runtime) and priced by the planner on the target's cost curve, measured here (draft_choice)."""
-    from specdemo import costs, draft_choice
+    from specdemo import draft_choice, measuring
     from specdemo.settings import K_MAX
 
     log("draft plan: each candidate draft's acceptance on the built-in answers and its step in a round, priced by the "
@@ -341,7 +268,7 @@ def plan_draft(setting: Setting, target, draft: ModelSettings, tokenizer, exampl
         lambda settings: compile_model(setting.apply(settings), tokenizer),
         lambda models, other: race(models, other, sample_draft), log)
     log("  the target's cost curve, for pricing")
-    curve = costs.measure(target, incumbent, K_MAX + 1)
+    curve = measuring.measure(target, incumbent, K_MAX + 1)
     best = draft_choice.price(options, curve, draft.precision)
     log(f"  draft plan: {best.describe()} (predicted {best.predicted_speedup:.2f}× at K = {best.k})")
     return options

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from specdemo import compat
-from specdemo.engine import Engine, LoadedModel, load_model
+from specdemo.engine import Engine
+from specdemo.models import LoadedModel, load_model
 from specdemo.settings import ModelSettings, RunSettings
 
 TINY_VOCAB = 512

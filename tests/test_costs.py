@@ -4,9 +4,9 @@ across processes, and said in words. The runs are the real loops on fake models 
 import numpy as np
 import pytest
 
-from specdemo import costs, decoding, metrics
+from specdemo import decoding, measuring, metrics
 from specdemo.costs import CostModel, fold, monotone
-from specdemo.drafting import ModelDrafter
+from specdemo.drafters.model import ModelDrafter
 from specdemo.lane import drain
 from specdemo.settings import GenerationSettings
 from tests.fake_models import FakeModel, FakeTokenizer
@@ -85,7 +85,7 @@ def test_a_folded_model_survives_the_machine_profile(tmp_path):
     from specdemo.profile import Profile
 
     model = fold_runs(MEASURED, target_seconds(0.035, 0.125), lambda n: 0.01, runs=2)
-    Profile(tmp_path).keep_costs("pair", model, {"version": costs.COSTS_VERSION})
+    Profile(tmp_path).keep_costs("pair", model, {"version": measuring.COSTS_VERSION})
     again = Profile(tmp_path).costs("pair")  # another process reading the same home
     assert again == model
     assert fold(again, {"target": {1: 0.035}, "draft": {}}).runs == model.runs + 1

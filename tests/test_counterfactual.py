@@ -18,7 +18,8 @@ from specdemo.counterfactual import (
     walk_lookup,
     walk_oracle,
 )
-from specdemo.drafting import ModelDrafter, PromptLookupDrafter
+from specdemo.drafters.lookup import PromptLookupDrafter
+from specdemo.drafters.model import ModelDrafter
 from specdemo.engine import Engine
 from specdemo.lane import drain
 from specdemo.profile import Keys, Profile
@@ -148,7 +149,7 @@ def test_the_planner_moves_off_k_zero_after_one_run_whose_masks_say_drafts_match
                                                                                   monkeypatch):
     """A new machine whose prior says nothing pays runs K = 0 at first; the greedy run's match mask (a draft identical
     to the target matches everywhere) teaches the planner, and the next plan drafts."""
-    from specdemo.engine import load_model
+    from specdemo.models import load_model
     from tests.conftest import exact
 
     monkeypatch.setenv("SPECDEMO_LEARN", "1")

@@ -3,7 +3,7 @@ model's confidence stop ends a round where further drafts would not pay."""
 
 import numpy as np
 
-from specdemo.drafting import PromptLookupDrafter, lookup_continuation
+from specdemo.drafters.lookup import PromptLookupDrafter, lookup_continuation
 from specdemo.settings import GenerationSettings
 
 
@@ -44,7 +44,8 @@ def test_the_hybrid_drafter_drafts_from_the_text_without_a_model_call_where_it_r
     import numpy as np
 
     from specdemo import decoding
-    from specdemo.drafting import HybridDrafter, ModelDrafter
+    from specdemo.drafters.hybrid import HybridDrafter
+    from specdemo.drafters.model import ModelDrafter
     from specdemo.lane import drain
     from specdemo.settings import GenerationSettings
     from tests.fake_models import FakeModel, FakeTokenizer
@@ -71,7 +72,7 @@ def _softmax_top(row) -> float:
 def test_the_confidence_stop_ends_a_round_once_the_drafts_running_confidence_falls_below_it():
     """Greedy: the draft keeps drafting while the product of its top probabilities stays at or above p_min; the draft
     that takes it below is still proposed (its step is paid), the ones after it are not."""
-    from specdemo.drafting import ModelDrafter
+    from specdemo.drafters.model import ModelDrafter
     from tests.fake_models import FakeModel
 
     prompt, settings = [0, 1, 2], GenerationSettings(k=6)
@@ -93,7 +94,7 @@ def test_the_confidence_stop_ends_a_round_once_the_drafts_running_confidence_fal
 
 def test_greedy_output_is_unchanged_by_the_confidence_stop():
     from specdemo import decoding
-    from specdemo.drafting import ModelDrafter
+    from specdemo.drafters.model import ModelDrafter
     from specdemo.lane import drain
     from tests.fake_models import FakeModel, FakeTokenizer
 

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from specdemo.engine import Engine, clean_instruction
 from specdemo.lane import drain
-from specdemo.settings import DRAFTERS, GenerationSettings
+from specdemo.drafters import STRATEGIES as DRAFTERS
+from specdemo.settings import GenerationSettings
 from specdemo.ui.values import MAX_NEW_TOKENS_CAP, PageValues
 from tests.hostile_text import ANY_TEXT, FAST
 

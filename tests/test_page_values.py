@@ -4,7 +4,8 @@ import re
 
 import pytest
 
-from specdemo.settings import DRAFTERS, GenerationSettings
+from specdemo.drafters import STRATEGIES as DRAFTERS
+from specdemo.settings import GenerationSettings
 from specdemo.ui import page
 from specdemo.ui.values import (MAX_INSTRUCTION_CHARS, MAX_PROMPT_TOKENS, ONE_AFTER_ANOTHER, RACE, PageValues, as_sentence,
                                 check_choices, check_instruction, check_prompt, load_examples, offered_devices)

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from specdemo import decoding
 from specdemo.costs import CostModel
-from specdemo.drafting import ModelDrafter
+from specdemo.drafters.model import ModelDrafter
 from specdemo.events import ACCEPTED, Round
 from specdemo.lane import drain
 from specdemo.metrics import alpha_hat, leviathan_speedup

@@ -13,7 +13,8 @@ import pytest
 from hypothesis import example, given
 
 from specdemo import sources
-from specdemo.engine import Engine, LoadedModel, clean_instruction
+from specdemo.engine import Engine, clean_instruction
+from specdemo.models import LoadedModel
 from specdemo.settings import DEFAULT_TARGET, GenerationSettings
 from tests.hostile_text import ANY_TEXT, FAST
 

@@ -16,7 +16,9 @@ import pytest
 from scipy.stats import chisquare
 
 from specdemo import decoding
-from specdemo.drafting import HybridDrafter, ModelDrafter, PromptLookupDrafter
+from specdemo.drafters.hybrid import HybridDrafter
+from specdemo.drafters.lookup import PromptLookupDrafter
+from specdemo.drafters.model import ModelDrafter
 from specdemo.lane import drain
 from specdemo.settings import GenerationSettings
 from specdemo.verification import process_logits

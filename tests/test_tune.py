@@ -131,11 +131,11 @@ def test_the_chosen_settings_reach_our_compiles_and_genais(tmp_path, monkeypatch
     when = machine_profile().tune()["models"][model_key(DEFAULT_TARGET)]["tuned_at"][11:16]
     assert machine_profile().gain(DEFAULT_TARGET) == f"tuned at {when}: 25% faster than the defaults"
 
-    from specdemo import engine
+    from specdemo import engine, models
     from specdemo.settings import RunSettings
 
     seen = []
-    monkeypatch.setattr(engine.sources, "prepare", lambda settings, progress=None: seen.append(settings) or 1 / 0)
+    monkeypatch.setattr(models.sources, "prepare", lambda settings, progress=None: seen.append(settings) or 1 / 0)
     with pytest.raises(ZeroDivisionError):
         engine.Engine.load(RunSettings())
     assert seen[0].dynamic_quantization_group_size == 128  # what our engine compiles with

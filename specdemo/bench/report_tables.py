@@ -97,7 +97,7 @@ def tune_section(record: dict | None) -> str:
     """The compile settings and the draft this run's models were loaded under, as `python -m specdemo tune` chose them:
     every trial of the tune (settings × times) and the draft plan."""
     from specdemo.profile.choices import Setting
-    from specdemo.tune import ROUND
+    from specdemo.race import ROUND
 
     if not record:
         return ("## Tuned for this machine\n\nNot tuned: every model ran on the default compile settings "

@@ -188,7 +188,7 @@ def run_fidelity(ctx: Context) -> dict:
     from specdemo import builtin, fidelity, tune
     from specdemo.profile import machine_profile
     from specdemo.bench import llamacpp
-    from specdemo.engine import describe_compile
+    from specdemo.models import describe_compile
 
     if llamacpp.gguf_path(ctx.settings.target.source) is None:
         return {"skipped": "fidelity: skipped (its reference is the target's GGUF: use a preset or a local .gguf file)"}

@@ -86,7 +86,8 @@ def counterfactuals(ctx: Context, runs: list[Run], ar: Lane, observer: Lane | No
 
 def run_vocab(ctx: Context) -> dict:
     """The draft's LM head trimmed to its N most frequent tokens: draft step, α̂ and speedup for each N."""
-    from specdemo.engine import Engine, load_model
+    from specdemo.engine import Engine
+    from specdemo.models import load_model
 
     generation = replace(ctx.generation, k_auto=True, adaptive=False, k_max=K_MAX)
     ar = our_lane("autoregressive", ctx.engine, "autoregressive", generation)
@@ -127,7 +128,7 @@ def run_precision(ctx: Context) -> dict:
 
 def _models_by_precision(ctx: Context) -> dict:
     """("target"|"draft", precision) -> LoadedModel, reusing the engine's own and converting on first use."""
-    from specdemo.engine import load_model
+    from specdemo.models import load_model
 
     models = {("target", ctx.engine.target.settings.precision): ctx.engine.target, ("draft", ctx.engine.draft.settings.precision): ctx.engine.draft}
     for role, precisions, base in (
@@ -143,7 +144,8 @@ def _models_by_precision(ctx: Context) -> dict:
 
 def run_kv(ctx: Context) -> dict:
     """KV cache precision of both models: time, acceptance and cache bytes."""
-    from specdemo.engine import Engine, load_model
+    from specdemo.engine import Engine
+    from specdemo.models import load_model
 
     generation = ctx.generation
     lanes, precisions = [], {}

@@ -32,7 +32,7 @@ from specdemo.settings import GenerationSettings, ModelSettings
 class Keys:
     """Where one loaded pair's knowledge lives in the profile."""
 
-    costs: str | None  # costs.cost_key of the compiled target and draft (None before warm-up): cost curve, noise
+    costs: str | None  # measuring.cost_key of the compiled target and draft (None before warm-up): cost curve, noise
     pair: str  # the pair's model folders and draft head: its acceptance history
 
 
@@ -153,7 +153,7 @@ class Profile:
 
         self.store.update("costs", corrected)
         if not settings.greedy and finished:
-            for name in ("model", "prompt-lookup"):
+            for name in {r.drafter for r in rounds if r.drafter}:  # each part of a hybrid teaches its own history
                 mine = [r for r in rounds if r.drafter == name]
                 self.record_acceptance(keys.pair, name, False, *metrics.evidence_by_position(mine, settings.k_max))
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from specdemo.planner import DEFAULT_ALPHA, Acceptance
+from specdemo.drafters import STRATEGIES
+from specdemo.planner import Acceptance
 
 DECAY = 0.9
 PRIOR_WEIGHT = 5.0  # the built-in default counts as this many tested drafts
@@ -31,7 +32,7 @@ class AcceptanceHistory:
         return sum(self.counts.get(key(drafter, greedy), {}).get("tested", [])) > 0
 
     def prior(self, drafter: str, greedy: bool) -> Acceptance:
-        default = Acceptance.geometric(DEFAULT_ALPHA.get(drafter, 0.5))
+        default = Acceptance.geometric(STRATEGIES[drafter].default_alpha if drafter in STRATEGIES else 0.5)
         counts = self.counts.get(key(drafter, greedy))
         if not counts:
             return default

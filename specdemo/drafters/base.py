@@ -1,0 +1,67 @@
+"""What every drafting strategy answers, and how each describes itself to the rest of specdemo.
+
+Every drafter answers two calls (the shape of transformers' candidate generators):
+- propose(seq, k): up to k candidate tokens to follow `seq` (prompt + generated so far), with the
+  distributions they were drawn from when drafting was random;
+- keep(length): the first `length` tokens of `seq` are confirmed; forget anything after them.
+
+And every strategy carries a Strategy: its name, how the planner prices its round, what the acceptance prior starts
+from, and how a drafter of it is made.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from specdemo.costs import CostModel
+
+
+@dataclass
+class Proposal:
+    tokens: list[int]  # up to k draft token ids
+    q: np.ndarray | None  # (len(tokens), V) draft distributions when sampled; None when deterministic
+    calls: list[tuple[int, float]] = field(default_factory=list)  # (tokens fed, seconds) of each draft-model call
+    seconds: float = 0.0  # the whole proposal's time (model calls, or the lookup)
+    drafter: str = ""  # the strategy that drafted it (a hybrid's rounds name the part that drafted)
+
+
+class Drafter(Protocol):
+    kind: str  # its Strategy's name, as in GenerationSettings.drafter
+
+    def kv_cache_bytes(self) -> dict[str, int]: ...
+
+    def reset(self) -> None: ...
+
+    def propose(self, seq: list[int], k: int) -> Proposal: ...
+
+    def keep(self, length: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One way of drafting, as the planner, the profile and the page see it."""
+
+    name: str  # as GenerationSettings.drafter, Round.drafter and the run JSON say it
+    label: str  # for people: "draft model", "prompt lookup", …
+    needs_model: bool  # drafts with the draft model: it needs one loaded, prefills it, and pays draft steps
+    default_alpha: float  # the acceptance a plan assumes before any evidence on this machine
+    prior: str  # whose acceptance history prices its K ("hybrid": the model's; its lookup rounds are free extras)
+    make: Callable[..., "Drafter"]  # make(draft_model, settings, rng, price, p_min) -> Drafter
+    note: str = ""  # what a plan adds to its reason for people, when it runs this strategy
+
+    def draft_seconds(self, costs: "CostModel", k: int, full: float) -> float:
+        """Seconds of drafting K tokens in one round (and trimming the draft's cache after it). `full`: the chance
+        (or 0/1) that the previous round kept every draft, so this round's first draft step feeds two tokens."""
+        if not self.needs_model or k == 0:
+            return 0.0
+        return k * costs.d(1) + full * (costs.d(2) - costs.d(1)) + costs.draft_rollback_s
+
+    def prefill_seconds(self, costs: "CostModel", prompt_tokens: int) -> float:
+        """Seconds of the draft's own prefill of the prompt (0 without a draft model)."""
+        if not self.needs_model or not costs.draft_prefill_tps:
+            return 0.0
+        return prompt_tokens / costs.draft_prefill_tps
