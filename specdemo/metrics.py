@@ -2,20 +2,8 @@
 
 The decoding loops record (events.Round: one per target call; events.TokenEvent: one per token) and
 count nothing; the CLI, the page, the bench and the GenAI adapter read their figures from here.
-The names, and what other tools call the same quantity (the README's glossary has the table):
-
-    α̂                       accepted / (accepted + rounds that ended in a rejection): per-token acceptance,
-                            the maximum-likelihood α of Leviathan et al.'s geometric model
-    draft acceptance rate   accepted / proposed (llama.cpp draft_n_accepted / draft_n, SGLang spec_accept_rate,
-                            GenAI accepted ÷ draft tokens): drafts after a rejection, never tested, count as failures
-    mean acceptance length  tokens per target call after the prefill, the target's own token included (vLLM, SGLang
-                            spec_accept_length, EAGLE's τ, Spec-Bench)
-    acceptance by position  for i = 1 … K: of the rounds that drafted an i-th token, the share that kept it
-                            (vLLM num_accepted_tokens_per_pos / num_drafts, llama.cpp "#acc rate/pos")
-    draft cost c            a draft step in single target steps (Leviathan et al.'s c)
-    Leviathan's speedup     eq. 1 from α̂, mean K and c: a verify call priced at one step
-    predicted speedup       this machine's measured call costs, at the run's acceptance, mean K, N and prompt
-    measured speedup        speculative tokens/s ÷ autoregressive tokens/s, each lane timed from prompt to last token
+How each figure is named, written and what other tools call it is said once, in specdemo/figures.py (the README's
+glossary is its table).
 """
 
 from __future__ import annotations
@@ -70,57 +58,6 @@ class Summary:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-@dataclass(frozen=True)
-class Term:
-    """One figure of the glossary: our name and field, its formula, and what other tools call the same quantity
-    ("–": they report none; a note says where a definition differs)."""
-
-    name: str  # as the page and the CLI say it
-    field: str  # the Summary field that holds it (or, for the measured speedup of two lanes, the function here)
-    formula: str
-    genai: str = "–"  # OpenVINO GenAI (extended_perf_metrics / perf_metrics)
-    vllm: str = "–"  # vLLM's spec-decode metrics
-    llamacpp: str = "–"  # llama.cpp (server timings, speculative examples)
-    sglang: str = "–"
-    papers: str = "–"  # Spec-Bench, EAGLE, Leviathan et al.
-
-
-GLOSSARY = (
-    Term("α̂ (acceptance)", "alpha_hat", "accepted ÷ (accepted + rounds that ended in a rejection)",
-         papers="α, Leviathan et al. (its maximum-likelihood estimate)"),
-    Term("draft acceptance rate", "draft_acceptance_rate", "accepted ÷ proposed",
-         genai="get_num_accepted_tokens() ÷ get_num_draft_tokens()", vllm="num_accepted_tokens ÷ num_draft_tokens",
-         llamacpp="draft_n_accepted ÷ draft_n", sglang="spec_accept_rate"),
-    Term("mean acceptance length", "mean_acceptance_length",
-         "tokens ÷ target calls, after the prefill (the target's own token included; a round at K = 0 counts as 1)",
-         vllm="1 + num_accepted_tokens ÷ num_drafts (rounds that drafted only)", sglang="spec_accept_length",
-         papers="τ (EAGLE), mean accepted tokens (Spec-Bench)"),
-    Term("acceptance by position", "acceptance_by_position",
-         "for i = 1 … K: rounds that kept their i-th draft ÷ rounds that drafted one",
-         vllm="num_accepted_tokens_per_pos ÷ num_drafts", llamacpp="#acc rate/pos"),
-    Term("draft cost c", "draft_cost", "a draft step ÷ a single target step", papers="c, Leviathan et al."),
-    Term("Leviathan's speedup", "leviathan_speedup", "(1 − α̂^(K+1)) ÷ ((1 − α̂)(c·K + 1)), K = mean K",
-         papers="eq. 1, Leviathan et al. (a verify call priced at one step)"),
-    Term("predicted speedup", "predicted_speedup",
-         "this machine's measured call costs at the run's acceptance by position, mean K, N and prompt (planner.py)"),
-    Term("measured speedup", "measured_speedup", "speculative tokens/s ÷ autoregressive tokens/s, each lane from prompt to last token",
-         papers="speedup (Spec-Bench: walltime ratio)"),
-    Term("time to first token", "ttft_s", "seconds from the prompt in hand to the first token", genai="get_ttft()",
-         vllm="time_to_first_token", llamacpp="prompt_ms (prefill only)"),
-    Term("time per output token", "tpot_s", "(wall time − TTFT) ÷ (tokens − 1)", genai="get_tpot()",
-         vllm="time_per_output_token", llamacpp="predicted_per_token_ms"),
-)
-
-
-def glossary_markdown() -> str:
-    """The glossary as a markdown table (the README carries it; the page shows it behind an info control)."""
-    rows = ["| figure | formula | OpenVINO GenAI | vLLM | llama.cpp | SGLang | papers |",
-            "| --- | --- | --- | --- | --- | --- | --- |"]
-    for t in GLOSSARY:
-        rows.append(f"| {t.name} (`{t.field}`) | {t.formula} | {t.genai} | {t.vllm} | {t.llamacpp} | {t.sglang} | {t.papers} |")
-    return "\n".join(rows)
 
 
 def summarize(tokens: Sequence["TokenEvent"], rounds: Sequence["Round"], end: "End") -> Summary:

@@ -22,6 +22,7 @@ from specdemo.engine import clean_instruction
 from specdemo.events import TokenEvent
 from specdemo.lane import Result
 from specdemo.failures import where_drafts_fail
+from specdemo.figures import figure
 from specdemo.metrics import measured_speedup
 from specdemo.parting import Parting, parting
 
@@ -90,6 +91,17 @@ def load(path: Path) -> dict:
     return run
 
 
+def _summary(lane: str, key: str):
+    """A row of one lane's figure, said and written as specdemo/figures.py describes it."""
+    return figure(key).label, lambda r: figure(key).format(r[lane]["summary"][key])
+
+
+def _drafted(key: str):
+    """A speculative figure that means nothing when the lane drafted nothing ("–")."""
+    return figure(key).label, lambda r: figure(key).format(
+        r["speculative"]["summary"][key] if r["speculative"]["summary"]["rounds"] else None)
+
+
 ROWS = (  # (label, how to read it from a run)
     ("CPU", lambda r: r["machine"]["cpu"]),
     ("CPU flags", lambda r: " ".join(f.replace("avx512_", "").replace("avx512f", "avx512").replace("_", "-")
@@ -99,19 +111,20 @@ ROWS = (  # (label, how to read it from a run)
     ("configuration", lambda r: r.get("configuration", "–")),
     ("target / draft", lambda r: " / ".join(f"{m['name'].split('-Instruct')[0].split('-')[-1]} {m['precision']}"
                                             for m in r["models"].values())),
-    ("tokens", lambda r: str(r["speculative"]["summary"]["tokens"])),
-    ("autoregressive tokens/s", lambda r: f"{r['autoregressive']['summary']['tokens_per_s']:.1f}"),
-    ("speculative tokens/s", lambda r: f"{r['speculative']['summary']['tokens_per_s']:.1f}"),
-    ("measured speedup", lambda r: f"{r['measured_speedup']:.2f}x"),
-    ("predicted speedup", lambda r: f"{r['speculative']['summary']['predicted_speedup']:.2f}x"),
-    ("mean K", lambda r: f"{r['speculative']['summary']['mean_k']:.1f}"),
-    ("α̂", lambda r: f"{r['speculative']['summary']['alpha_hat']:.2f}" if r["speculative"]["summary"]["rounds"] else "–"),
-    ("mean acceptance length", lambda r: f"{r['speculative']['summary']['mean_acceptance_length']:.2f}"),
-    ("AR step / verify call", lambda r: f"{r['autoregressive']['summary']['target_step_s'] * 1e3:.0f} / "
-                                        f"{r['speculative']['summary']['verify_call_s'] * 1e3:.0f} ms"),
-    ("draft step", lambda r: f"{r['speculative']['summary']['draft_step_s'] * 1e3:.1f} ms"),
+    _summary("speculative", "tokens"),
+    ("autoregressive " + figure("tokens_per_s").label, _summary("autoregressive", "tokens_per_s")[1]),
+    ("speculative " + figure("tokens_per_s").label, _summary("speculative", "tokens_per_s")[1]),
+    (figure("measured_speedup").label, lambda r: figure("measured_speedup").format(r["measured_speedup"])),
+    _summary("speculative", "predicted_speedup"),
+    _summary("speculative", "mean_k"),
+    _drafted("alpha_hat"),
+    _summary("speculative", "mean_acceptance_length"),
+    _summary("autoregressive", "target_step_s"),
+    _summary("speculative", "verify_call_s"),
+    _summary("speculative", "draft_step_s"),
     ("best fixed K (would have)", lambda r: _best_fixed(r["counterfactual"])),
-    ("oracle (would have)", lambda r: f"{r['counterfactual']['oracle']['speedup']:.2f}x" if r["counterfactual"] else "–"),
+    ("oracle (would have)", lambda r: figure("measured_speedup").format(r["counterfactual"]["oracle"]["speedup"])
+     if r["counterfactual"] else "–"),
 )
 
 
@@ -119,7 +132,7 @@ def _best_fixed(would: dict | None) -> str:
     if not would or not would["fixed"]:
         return "–"
     best = max(would["fixed"], key=lambda w: w["speedup"])
-    return f"K = {best['k']}, {best['speedup']:.2f}x"
+    return f"K = {best['k']}, {figure('measured_speedup').format(best['speedup'])}"
 
 
 def compare(runs: list[dict], names: list[str]) -> str:

@@ -134,15 +134,16 @@ def test_every_glossary_formula_gives_the_field_it_names():
     from dataclasses import fields
 
     from specdemo import metrics
+    from specdemo.figures import GLOSSARY
 
     costs = CostModel(target_s=(0.04,) * 13, target_prefill_tps=500.0, target_rollback_s=0.001, draft_s=(0.01, 0.012),
                       draft_prefill_tps=2000.0)
     s = summarize(TOKENS, ROUNDS, End("speculative", "eos", 1.0, 20, k_max=5, drafter="model", costs=costs))
     names = {f.name for f in fields(s)}
-    for term in metrics.GLOSSARY:
-        assert term.field in names or callable(getattr(metrics, term.field, None)), term.field
-        if term.field in BY_HAND:
-            assert getattr(s, term.field) == pytest.approx(BY_HAND[term.field]), term.name
+    for term in GLOSSARY:
+        assert term.key in names or callable(getattr(metrics, term.key, None)), term.key
+        if term.key in BY_HAND:
+            assert getattr(s, term.key) == pytest.approx(BY_HAND[term.key]), term.label
     # c: a draft step (the draft calls on one or two tokens: ten of 0.01 s and one of 0.012, the draft's catch-up
     # after a bonus; its 21-token prefill left out) over a target step (the plain step at K = 0: 0.04 s)
     c = (10 * 0.01 + 0.012) / 11 / 0.04
@@ -156,7 +157,7 @@ def test_every_glossary_formula_gives_the_field_it_names():
 def test_the_readme_carries_the_glossary_as_the_code_defines_it():
     from pathlib import Path
 
-    from specdemo.metrics import glossary_markdown
+    from specdemo.figures import glossary_markdown
 
     assert glossary_markdown() in (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
 

@@ -10,6 +10,7 @@ from specdemo.bench import schema
 from specdemo.bench.schema import OURS_AR, OURS_SPEC
 from specdemo.bench.stats import COMPONENTS
 from specdemo.disk import size
+from specdemo.figures import figure
 
 
 def seconds(spread: dict, digits: int = 2) -> str:
@@ -69,10 +70,10 @@ def _sweep_rows(rows: list[dict], first: list[str]) -> list[list[str]]:
     return [
         [
             *first_cells,
-            "–" if math.isnan(r["alpha_hat"]) or not r["mean_k"] else f"{r['alpha_hat']:.2f}",
-            f"{r['draft_cost']:.3f}" if r["draft_cost"] else "–",
-            f"{r['mean_k']:.1f}" if r["mean_k"] else "–",
-            f"{r['leviathan_speedup']:.2f}×" if r["draft_cost"] else "–",
+            figure("alpha_hat").format(None if math.isnan(r["alpha_hat"]) or not r["mean_k"] else r["alpha_hat"]),
+            figure("draft_cost").format(r["draft_cost"] or None),
+            figure("mean_k").format(r["mean_k"] or None),
+            figure("leviathan_speedup").format(r["leviathan_speedup"] if r["draft_cost"] else None),
             times(r["predicted_speedup"]) if r.get("predicted_speedup", {}).get("n") else "–",
             times(r["measured_speedup"]),
             _error(r.get("prediction_error")),
@@ -83,8 +84,9 @@ def _sweep_rows(rows: list[dict], first: list[str]) -> list[list[str]]:
     ]
 
 
-_SWEEP_HEADER = ["α̂", "c", "mean K", "Leviathan", "predicted (this machine)", "measured speedup", "prediction error",
-                 "per token", "same tokens as AR"]
+_SWEEP_HEADER = [*(figure(key).label for key in ("alpha_hat", "draft_cost", "mean_k", "leviathan_speedup",
+                                                  "predicted_speedup", "measured_speedup")),
+                 "prediction error", "per token", "same tokens as AR"]
 
 
 def _error(spread: dict | None) -> str:

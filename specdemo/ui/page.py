@@ -8,7 +8,7 @@ from dataclasses import fields
 import gradio as gr
 from starlette.middleware import Middleware
 
-from specdemo import metrics
+from specdemo import figures
 from specdemo.ui import charts, handlers, render
 from specdemo.ui.handlers import MAX_WAITING_RUNS, OUTPUTS, SKIP
 from specdemo.ui.lanes import LaneRun
@@ -149,7 +149,7 @@ def _add_lanes_and_results(o: dict) -> None:
     with gr.Row(equal_height=True):
         with gr.Column(scale=4, min_width=300):
             with gr.Accordion("ⓘ What the figures mean, and what other tools call them", open=False, elem_id="glossary"):
-                gr.Markdown(metrics.glossary_markdown())
+                gr.Markdown(figures.glossary_markdown())
         o["download"] = gr.DownloadButton("Download this run (JSON)", value=None, interactive=False, elem_id="download",
                                           size="sm", scale=0, min_width=220)
     with gr.Row(equal_height=True):

@@ -10,6 +10,7 @@ import pandas as pd
 from specdemo.disk import size
 from specdemo import genai
 from specdemo.events import ACCEPTED, BONUS, CORRECTED, TokenEvent
+from specdemo.figures import figure
 from specdemo.metrics import Summary, measured_speedup
 from specdemo.parting import first_difference, parting
 from specdemo.settings import GenerationSettings
@@ -84,9 +85,9 @@ def render_lane_figures(lane: LaneRun, now: float) -> str:
         ttft = lane.events[0].t if lane.events else None
     return tiles([
         ("elapsed", f"{elapsed:.1f} s"),
-        ("tokens", f"{tokens}"),
-        ("tokens/s", f"{rate:.1f}" if tokens else "–"),
-        ("first token", f"{ttft:.2f} s" if ttft is not None else "–"),
+        (figure("tokens").label, figure("tokens").format(tokens)),
+        (figure("tokens_per_s").label, figure("tokens_per_s").format(rate if tokens else None, unit=False)),
+        (figure("ttft_s").label, figure("ttft_s").format(ttft)),
     ])
 
 
@@ -112,14 +113,11 @@ def render_results(lanes: dict[str, LaneRun], mode: str, settings: GenerationSet
         return note(STOPPED_NOTE)
     saved = a.target_calls - s.target_calls
     drafted = s.rounds > 0
-    alpha = f"{s.alpha_hat:.2f}" if drafted else "–"
-    headline = tiles([
-        ("speedup, measured", f"{measured_speedup(a, s):.2f}×"),
-        ("predicted for this machine", f"{s.predicted_speedup:.2f}×" if s.predicted_speedup else "–"),
-        ("mean acceptance length", f"{s.mean_acceptance_length:.2f}"),
-        ("acceptance α̂", alpha),
-        ("target calls saved", f"{saved} of {a.target_calls}"),
-    ], "sd-results")
+    alpha = figure("alpha_hat").format(s.alpha_hat if drafted else None)
+    shown = {"measured_speedup": measured_speedup(a, s), "predicted_speedup": s.predicted_speedup or None,
+             "mean_acceptance_length": s.mean_acceptance_length, "alpha_hat": s.alpha_hat if drafted else None}
+    headline = tiles([(figure(key).label, figure(key).format(value)) for key, value in shown.items()]
+                     + [("target calls saved", f"{saved} of {a.target_calls}")], "sd-results")
     drafter = "prompt lookup" if (s.drafter or settings.drafter) == "prompt-lookup" else "draft model"
     if settings.k_auto:
         k = f"K chosen by the planner (mean {s.mean_k:.1f})"
@@ -142,8 +140,10 @@ def render_results(lanes: dict[str, LaneRun], mode: str, settings: GenerationSet
         "which <code>python -m specdemo bench --only watching</code> measures; the CLI's figures are free of it.",
         escape(plan.reason) if plan else "",
         escape(prediction),
-        f"Speculative time: target {s.target_s:.2f} s (a verify call {s.verify_call_s * 1e3:.0f} ms, an autoregressive "
-        f"step {a.target_step_s * 1e3:.0f} ms), drafting {s.draft_s:.2f} s, KV cache rollback {s.rollback_s:.3f} s.",
+        f"Speculative time: target {s.target_s:.2f} s ({figure('verify_call_s').label} "
+        f"{figure('verify_call_s').format(s.verify_call_s)}, {figure('target_step_s').label} "
+        f"{figure('target_step_s').format(a.target_step_s)}), drafting {s.draft_s:.2f} s, KV cache rollback "
+        f"{s.rollback_s:.3f} s.",
         compare_outputs(ar.events, spec.events, settings, noise),
         escape(would_line(would, s)),
         render_genai_line(lanes[GENAI], spec, settings) if GENAI in lanes else "",

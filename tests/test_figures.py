@@ -1,0 +1,56 @@
+"""Each figure described once (specdemo/figures.py): the CLI, the page and `show` say it by the same label and write
+its value the same way, so a new figure is its description and nothing else."""
+
+import pytest
+
+from specdemo import runfile
+from specdemo.figures import FIGURES, GLOSSARY, figure
+from specdemo.lane import drain
+from specdemo.metrics import Summary, measured_speedup
+from specdemo.settings import GenerationSettings, RunSettings
+from specdemo.ui import render
+from specdemo.ui.lanes import AUTOREGRESSIVE, SPECULATIVE, LaneRun
+from specdemo.ui.values import ONE_AFTER_ANOTHER
+from tests.conftest import exact
+
+PROMPT = "w5 w17 w99 w3 w250 w42 w7"
+
+
+@pytest.mark.parametrize("key, value, written", [
+    ("verify_call_s", 0.0612, "61 ms"), ("draft_step_s", 0.01234, "12.3 ms"), ("measured_speedup", 1.9, "1.90×"),
+    ("draft_acceptance_rate", 0.873, "87%"), ("wall_s", 3.14159, "3.14 s"), ("target_calls", 1234, "1,234"),
+    ("acceptance_by_position", [0.95, 0.8], "0.95 0.80"), ("alpha_hat", None, "–"), ("ttft_s", float("nan"), "–"),
+])
+def test_a_figure_is_written_with_its_unit_and_digits(key, value, written):
+    assert figure(key).format(value) == written
+
+
+def test_every_figure_names_a_summary_field_and_the_glossary_is_the_described_ones():
+    fields = set(Summary.__dataclass_fields__)
+    assert all(f.key in fields or f.key == "measured_speedup" for f in FIGURES)
+    assert len({f.label for f in FIGURES}) == len(FIGURES)  # one label, one figure
+    assert {f.key for f in GLOSSARY} >= {"alpha_hat", "mean_acceptance_length", "measured_speedup", "predicted_speedup"}
+
+
+def test_the_cli_the_page_and_show_say_and_write_a_figure_the_same_way(tiny_engine, tiny_target, tiny_draft, capsys):
+    from specdemo.terminal import _print_summaries
+
+    settings = GenerationSettings(max_new_tokens=24, k=3)
+    ar, spec = (drain(run(PROMPT, settings)) for run in (tiny_engine.autoregressive, tiny_engine.speculative))
+    _print_summaries(ar, spec, greedy=True)
+    cli = capsys.readouterr().out
+    lanes = {}
+    for name, result in ((AUTOREGRESSIVE, ar), (SPECULATIVE, spec)):
+        lanes[name] = LaneRun(result.tokens)
+        lanes[name].summary = result.summary
+    page = render.render_results(lanes, ONE_AFTER_ANOTHER, settings)
+    run = runfile.run_dict(PROMPT, RunSettings(exact(tiny_target), exact(tiny_draft), settings), tiny_engine, ar, spec,
+                           None)
+    show = runfile.compare([run], ["run.json"])
+    s = spec.summary
+    shown = {"alpha_hat": s.alpha_hat, "mean_acceptance_length": s.mean_acceptance_length,
+             "measured_speedup": measured_speedup(ar.summary, s), "verify_call_s": s.verify_call_s}
+    for key, value in shown.items():
+        for where, text in (("CLI", cli), ("page", page), ("show", show)):
+            assert figure(key).label in render.escape(text) or figure(key).label in text, (key, where)
+            assert figure(key).format(value) in text, (key, where)
