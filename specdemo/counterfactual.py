@@ -16,6 +16,12 @@ not observe. The walk is exact under one more condition: an answer that does not
 single-token target calls order a near-tie differently, another K may write another answer; the bench counts how
 often that happens.
 
+The confidence stop (a round's drafting ends once the product of the draft's top probabilities falls below P,
+planner.confidence_stop) is walked too, from the same pass's top probabilities: exact for every draft up to and
+including a round's first rejected one (the draft saw the answer's own tokens there); the drafts after it, rejected
+whatever they are, were drafted from the draft's own tokens, which the pass never saw, so their confidences stand in
+from the answer's (they change only how many draft steps the round pays).
+
 Sampled runs have no such mask (a sampled draft is not a function of the text), so none of this applies
 to them. The same masks are the planner's evidence of acceptance by draft position (mask_counts).
 """
@@ -46,6 +52,7 @@ class Walk:
     speedup: float  # predicted autoregressive seconds ÷ these
     accepted: list[int] = field(default_factory=list)  # drafts accepted in each round
     ks: list[int] = field(default_factory=list)  # the oracle's K of each round
+    p_min: float = 0.0  # the confidence stop the walk drafted with (0: none)
 
 
 @dataclass
@@ -61,6 +68,8 @@ class Counterfactual:
     greedy_only: bool = True  # a reminder for readers of the JSON: sampled runs have no counterfactual
     observed: int = 0  # positions of the mask the run's own drafting observed (the rest from the teacher-forced pass)
     corrected: int = 0  # of them, where the teacher-forced pass had guessed otherwise
+    stopped: list[Walk] = field(default_factory=list)  # the draft model at K = 1 … k_max with this machine's confidence
+    #                                                     stop at each K (planner.confidence_stop); [] without the pass
     # What the answer teaches the acceptance prior, per drafter: (tested, accepted) drafts at positions 1 … k_max
     # (mask_counts, lookup_counts); the engine fills it, whoever drained the run hands it to the machine profile.
     evidence: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)
@@ -68,30 +77,55 @@ class Counterfactual:
     def best_fixed(self) -> Walk:
         return max(self.fixed, key=lambda w: w.speedup)
 
+    def stop_sentence(self) -> str:
+        """What this machine's confidence stop would have done at the best fixed K, in words ("" without the pass)."""
+        if not self.stopped:
+            return ""
+        best = self.best_fixed()
+        stopped = self.stopped[best.k - 1]
+        return (f"With the confidence stop (P = {stopped.p_min:.2f}, this machine's break-even at K = {best.k}) it "
+                f"would have made {stopped.draft_calls} draft calls instead of {best.draft_calls}, for "
+                f"{stopped.speedup:.2f}× instead of {best.speedup:.2f}×.")
+
     def to_dict(self) -> dict:
         return {name: value for name, value in asdict(self).items() if name != "evidence"}
 
 
-def greedy_choices(model: OVModel, prompt_ids: list[int], text_ids: list[int]) -> np.ndarray:
+def greedy_choices(model: OVModel, prompt_ids: list[int], text_ids: list[int],
+                   with_confidence: bool = False):
     """The model's greedy token after prompt + text[:j] for j = 1 … len(text) - 1 (what it would choose in place of
-    text[j]), by teacher forcing in pieces of PIECE tokens. Leaves the model's cache empty."""
+    text[j]), by teacher forcing in pieces of PIECE tokens; with `with_confidence`, also its softmax probability (over
+    the LM head's rows, as the loop's drafter sees it). Leaves the model's cache empty."""
     model.reset()
     model.forward(prompt_ids)
     head = model.head_ids  # (V',) token ids of a trimmed LM head's rows, else None
-    choices = []
+    choices, confidences = [], []
     for start in range(0, len(text_ids) - 1, PIECE):
         piece = text_ids[start : min(start + PIECE, len(text_ids) - 1)]  # the last token predicts nothing we need
-        best = model.forward(piece, logits_to_keep=len(piece)).argmax(axis=-1)  # row r chooses for text[start + r + 1]
+        logits = model.forward(piece, logits_to_keep=len(piece))  # (len(piece), V'): row r for text[start + r + 1]
+        best = logits.argmax(axis=-1)
         choices.append(best if head is None else head[best])
+        if with_confidence:
+            shifted = logits - logits.max(axis=-1, keepdims=True)
+            confidences.append(1.0 / np.exp(shifted, dtype=np.float64).sum(axis=-1))
     model.reset()
-    return np.concatenate(choices) if choices else np.zeros(0, dtype=np.int64)
+    chosen = np.concatenate(choices) if choices else np.zeros(0, dtype=np.int64)
+    if not with_confidence:
+        return chosen
+    return chosen, (np.concatenate(confidences) if confidences else np.zeros(0))
 
 
 def match_mask(draft: OVModel, prompt_ids: list[int], answer_ids: list[int]) -> list[int]:
     """m[j] for every position of the answer: does the draft's greedy token after prompt + answer[:j] equal answer[j]?
     m[0] is 1 by convention (the first token is the target's prefill, never drafted)."""
-    choices = greedy_choices(draft, prompt_ids, answer_ids)
-    return [1] + [int(x) for x in choices == np.asarray(answer_ids[1:])]
+    return draft_pass(draft, prompt_ids, answer_ids)[0]
+
+
+def draft_pass(draft: OVModel, prompt_ids: list[int], answer_ids: list[int]) -> tuple[list[int], list[float]]:
+    """The match mask and, per answer position, the draft's top probability there (position 0: 1.0, never drafted):
+    what the confidence stop reads."""
+    choices, confidence = greedy_choices(draft, prompt_ids, answer_ids, with_confidence=True)
+    return [1] + [int(x) for x in choices == np.asarray(answer_ids[1:])], [1.0] + [float(c) for c in confidence]
 
 
 def agreement_mask(target: OVModel, draft: OVModel, prompt_ids: list[int], text_ids: list[int]) -> list[int]:
@@ -184,19 +218,33 @@ def _prefills(costs: CostModel, prompt_tokens: int, drafter: str) -> float:
     return prompt_tokens / costs.target_prefill_tps + draft
 
 
+def drafted_before_stop(confidence: list[float], j: int, cap: int, p_min: float) -> int:
+    """Drafts a round starting at answer position j proposes under the confidence stop, as the loop's drafter does:
+    the first always, each next one while the product of the drafts' top probabilities so far is at least p_min."""
+    product, n = 1.0, 0
+    while n < cap and product >= p_min:
+        product *= confidence[j + n] if j + n < len(confidence) else 1.0
+        n += 1
+    return n
+
+
 def walk_fixed(mask: list[int], k: int, costs: CostModel, prompt_tokens: int, max_new_tokens: int,
-               autoregressive_s: float) -> Walk:
-    """The draft model at a fixed K, round by round over the answer, as the loop would have run it."""
+               autoregressive_s: float, confidence: list[float] | None = None, p_min: float = 0.0) -> Walk:
+    """The draft model at a fixed K, round by round over the answer, as the loop would have run it; with `p_min` and
+    the draft's `confidence` per position, under the confidence stop."""
     j, accepted, draft_calls, seconds, full = 1, [], 0, _prefills(costs, prompt_tokens, "model"), False
     while j < len(mask):
         cap = min(k, max_new_tokens - j - 1)  # the loop never drafts past max_new_tokens
+        if p_min and confidence is not None:
+            cap = drafted_before_stop(confidence, j, cap, p_min)
         n = accepted_run(mask, j, cap)
         seconds += _round_seconds(costs, cap, full, "model")
         accepted.append(n)
         draft_calls += cap
         full = cap > 0 and n == cap
         j += n + 1
-    return Walk(k, len(accepted), len(accepted) + 1, draft_calls, seconds, autoregressive_s / seconds, accepted)
+    return Walk(k, len(accepted), len(accepted) + 1, draft_calls, seconds, autoregressive_s / seconds, accepted,
+                p_min=p_min if confidence is not None else 0.0)
 
 
 def walk_oracle(mask: list[int], k_max: int, costs: CostModel, prompt_tokens: int, max_new_tokens: int,
@@ -251,15 +299,22 @@ def autoregressive_seconds(costs: CostModel, prompt_tokens: int, tokens: int) ->
 
 
 def counterfactual(mask: list[int] | None, prompt_ids: list[int], answer_ids: list[int], costs: CostModel,
-                   k_max: int, max_new_tokens: int, ngram: int, rounds=None) -> Counterfactual:
+                   k_max: int, max_new_tokens: int, ngram: int, rounds=None,
+                   confidence: list[float] | None = None) -> Counterfactual:
     """Every fixed K, the oracle and prompt lookup on this answer; `mask` None (no draft model): lookup only.
-    `rounds`: the speculative run that wrote this answer, whose own drafting replaces the mask's guesses where it saw."""
+    `rounds`: the speculative run that wrote this answer, whose own drafting replaces the mask's guesses where it saw.
+    `confidence`: the draft's top probability per position (draft_pass), for every K under the confidence stop."""
+    from specdemo.planner import confidence_stop
+
     observed = changed = 0
     if mask is not None and rounds:
         mask, observed, changed = corrected(mask, observed_matches(rounds, len(mask)))
     ar = autoregressive_seconds(costs, len(prompt_ids), len(answer_ids))
     args = (costs, len(prompt_ids), max_new_tokens, ar)
     fixed = [walk_fixed(mask, k, *args) for k in range(1, k_max + 1)] if mask is not None else []
+    stopped = [walk_fixed(mask, k, *args, confidence, confidence_stop(costs, k)) for k in range(1, k_max + 1)] \
+        if mask is not None and confidence is not None else []
     oracle = walk_oracle(mask, k_max, *args) if mask is not None else Walk(0, 0, 0, 0, 0.0, 0.0)
     lookup = [walk_lookup(prompt_ids, answer_ids, k, ngram, costs, max_new_tokens, ar) for k in range(1, k_max + 1)]
-    return Counterfactual(len(answer_ids), mask or [], ar, fixed, oracle, lookup, observed=observed, corrected=changed)
+    return Counterfactual(len(answer_ids), mask or [], ar, fixed, oracle, lookup, observed=observed, corrected=changed,
+                          stopped=stopped)

@@ -20,7 +20,7 @@ import numpy as np
 
 from specdemo import builtin, decoding, measuring, planner, sources
 from specdemo.costs import CostModel
-from specdemo.counterfactual import Counterfactual, agreement_mask, counterfactual, lookup_counts, mask_counts, match_mask
+from specdemo.counterfactual import Counterfactual, agreement_mask, counterfactual, draft_pass, lookup_counts, mask_counts
 from specdemo.drafters import STRATEGIES, make_drafter, strategy
 from specdemo.models import LoadedModel, load_model
 from specdemo.planner import Plan, make_plan
@@ -273,9 +273,9 @@ class Engine:
             self.warm_up(settings.k_max)
         ids = self.prompt_ids(instruction, settings)
         with self.lock:
-            mask = match_mask(self.draft.runtime, ids, answer_ids) if self.draft is not None else None
+            mask, confidence = draft_pass(self.draft.runtime, ids, answer_ids) if self.draft is not None else (None, None)
         result = counterfactual(mask, ids, answer_ids, self.costs, settings.k_max, settings.max_new_tokens,
-                                settings.lookup_ngram, rounds)
+                                settings.lookup_ngram, rounds, confidence)
         result.evidence = {"prompt-lookup": lookup_counts(ids, answer_ids, settings.k_max, settings.lookup_ngram)}
         if mask is not None:
             result.evidence["model"] = mask_counts(mask, settings.k_max)

@@ -171,10 +171,18 @@ def _print_counterfactual(would, spec: Result) -> None:
     if would.fixed:
         print("K          " + "".join(f"{w.k:>7d}" for w in would.fixed))
         print("calls      " + "".join(f"{w.target_calls:>7d}" for w in would.fixed))
-        print("speedup    " + "".join(f"{w.speedup:>6.2f}x" for w in would.fixed))
+        print("speedup    " + "".join(f"{_times(w.speedup):>7}" for w in would.fixed))
+        if would.stopped:  # each K with the confidence stop at this machine's break-even P for that K
+            print("with stop  " + "".join(f"{_times(w.speedup):>7}" for w in would.stopped))
         best = would.best_fixed()
-        print(f"best fixed K = {best.k}: {best.speedup:.2f}x; the oracle (best K each round): {would.oracle.speedup:.2f}x "
+        print(f"best fixed K = {best.k}: {_times(best.speedup)}; the oracle (best K each round): {_times(would.oracle.speedup)} "
               f"in {would.oracle.target_calls} target calls; this run: {spec.summary.target_calls} target calls, "
               f"mean K {spec.summary.mean_k:.1f}")
+    if would.stopped:
+        print(would.stop_sentence())
     lookup = max(would.lookup, key=lambda w: w.speedup)
-    print(f"prompt lookup would have given {lookup.speedup:.2f}x at K = {lookup.k} (no draft model)")
+    print(f"prompt lookup would have given {_times(lookup.speedup)} at K = {lookup.k} (no draft model)")
+
+
+def _times(speedup: float) -> str:
+    return figure("predicted_speedup").format(speedup)

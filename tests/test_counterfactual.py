@@ -12,6 +12,7 @@ from specdemo.counterfactual import (
     counterfactual,
     lookup_counts,
     mask_counts,
+    draft_pass,
     match_mask,
     observed_matches,
     walk_fixed,
@@ -49,6 +50,29 @@ def test_every_fixed_k_accepts_round_by_round_what_a_real_run_accepts():
         walk = walk_fixed(mask, k, COSTS, len(PROMPT), N, 1.0)
         assert walk.accepted == [r.accepted for r in run.rounds[1:]], f"K = {k}"
         assert walk.target_calls == run.summary.target_calls and walk.draft_calls == run.summary.draft_calls
+
+
+def test_the_confidence_stop_is_walked_as_a_stopped_run_drafts():
+    """Under the confidence stop the walk accepts round by round what a real stopped run accepts and makes its target
+    calls; its draft calls can differ only after a round's first rejected draft (confidences there stand in)."""
+    target, draft = FakeModel(3, "target"), FakeModel(3, "draft")
+    answer = answer_of(target)
+    mask, confidence = draft_pass(draft, PROMPT, answer)
+    assert mask == match_mask(draft, PROMPT, answer) and 0.0 < min(confidence) < max(confidence[1:]) <= 1.0
+    cut = 0
+    for p_min in (0.3, 0.6):
+        for k in (2, 5, 8):
+            settings = GenerationSettings(max_new_tokens=N, k=k)
+            drafter = ModelDrafter(draft, settings, np.random.default_rng(0), p_min)
+            run = drain(decoding.speculative(target, drafter, FakeTokenizer(), PROMPT, settings, set()))
+            assert run.ids == answer
+            walk = walk_fixed(mask, k, COSTS, len(PROMPT), N, 1.0, confidence, p_min)
+            assert walk.accepted == [r.accepted for r in run.rounds[1:]], (p_min, k)
+            assert walk.target_calls == run.summary.target_calls and walk.p_min == p_min
+            unstopped = walk_fixed(mask, k, COSTS, len(PROMPT), N, 1.0)
+            assert walk.draft_calls <= unstopped.draft_calls
+            cut += unstopped.draft_calls - walk.draft_calls
+    assert cut > 0  # the stop saved draft steps somewhere
 
 
 def test_prompt_lookup_accepts_round_by_round_what_a_real_lookup_run_accepts():

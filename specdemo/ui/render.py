@@ -162,7 +162,8 @@ def would_line(would, s: Summary) -> str:
     best = would.best_fixed()
     return (f"On this very answer (predicted from this machine's costs): the best fixed K = {best.k} would have given "
             f"{best.speedup:.2f}× in {best.target_calls} target calls, the best K for every round {would.oracle.speedup:.2f}× "
-            f"in {would.oracle.target_calls}; this run took {s.target_calls}. Greedy decoding only.")
+            f"in {would.oracle.target_calls}; this run took {s.target_calls}. {would.stop_sentence()} Greedy decoding "
+            "only.").replace("  ", " ")
 
 
 def render_failures(failures: list[dict]) -> str:

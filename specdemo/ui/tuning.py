@@ -204,7 +204,7 @@ def start(steps: list, on_end: Callable[[BackgroundWork], None] | None = None) -
     if not steps:
         return None
     with _HOLDS_LOCK:  # a run may hold the machine already: the first step then starts stopped
-        _CURRENT = BackgroundWork(steps, sources.specdemo_home() / "tune" / "background.log", on_end, stopped=_HOLDS > 0)
+        _CURRENT = BackgroundWork(steps, sources.specdemo_home() / "logs" / "background.log", on_end, stopped=_HOLDS > 0)
     return _CURRENT
 
 
