@@ -11,6 +11,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
+
+AUTOREGRESSIVE, SPECULATIVE = "autoregressive", "speculative"  # the lane whose summary holds a figure
+BOTH = "both"  # each lane has its own, shown side by side
+PAIR = "pair"  # one figure of the two lanes together
 
 
 @dataclass(frozen=True)
@@ -27,6 +32,10 @@ class Figure:
     llamacpp: str = "–"  # llama.cpp (server timings, speculative examples)
     sglang: str = "–"
     papers: str = "–"  # Spec-Bench, EAGLE, Leviathan et al.
+    lane: str = SPECULATIVE  # whose summary holds it: a lane's name, BOTH or PAIR
+    places: tuple[str, ...] = ()  # where it appears (TABLE, SPECULATION, RESULTS, SHOW below)
+    drafted_only: bool = False  # means nothing when the lane drafted nothing: written "–" then
+    unknown_at_zero: bool = False  # 0 means "not known" (a prediction without this machine's costs): written "–"
 
     def format(self, value, unit: bool = True) -> str:
         """`value` as every renderer writes it ("–" for none); `unit` False leaves the unit to a column's header."""
@@ -46,42 +55,54 @@ class Figure:
         return f"{self.label} ({self.unit})" if self.unit not in ("", "%", self.label) else self.label
 
 
+# Where a figure appears: each renderer shows the figures placed there, in this order, so adding a figure to the page,
+# the CLI and `show` is adding its description here.
+TABLE = "table"  # the CLI's summary table, both lanes side by side
+SPECULATION = "speculation"  # the CLI's line of the speculative lane's own figures
+RESULTS = "results"  # the page's headline tiles when a run is done
+SHOW = "show"  # `show`'s table of saved runs
+EVERYWHERE = (RESULTS, SPECULATION, SHOW)
+
 FIGURES = (
-    Figure("tokens", "tokens", digits=0),
-    Figure("wall_s", "wall time", "s"),
-    Figure("ttft_s", "time to first token", "s", formula="seconds from the prompt in hand to the first token",
+    Figure("tokens", "tokens", digits=0, lane=BOTH, places=(TABLE, SHOW)),
+    Figure("wall_s", "wall time", "s", lane=BOTH, places=(TABLE,)),
+    Figure("ttft_s", "time to first token", "s", lane=BOTH, places=(TABLE,),
+           formula="seconds from the prompt in hand to the first token",
            genai="get_ttft()", vllm="time_to_first_token", llamacpp="prompt_ms (prefill only)"),
-    Figure("tpot_s", "time per output token", "ms", 1, formula="(wall time − TTFT) ÷ (tokens − 1)", genai="get_tpot()",
-           vllm="time_per_output_token", llamacpp="predicted_per_token_ms"),
-    Figure("tokens_per_s", "tokens/s", "tokens/s", 1),
-    Figure("target_calls", "target calls", digits=0),
-    Figure("alpha_hat", "α̂ (acceptance)", formula="accepted ÷ (accepted + rounds that ended in a rejection)",
-           papers="α, Leviathan et al. (its maximum-likelihood estimate)"),
-    Figure("draft_acceptance_rate", "draft acceptance rate", "%", 0, formula="accepted ÷ proposed",
-           genai="get_num_accepted_tokens() ÷ get_num_draft_tokens()", vllm="num_accepted_tokens ÷ num_draft_tokens",
-           llamacpp="draft_n_accepted ÷ draft_n", sglang="spec_accept_rate"),
-    Figure("mean_acceptance_length", "mean acceptance length",
+    Figure("tpot_s", "time per output token", "ms", 1, lane=BOTH, formula="(wall time − TTFT) ÷ (tokens − 1)",
+           genai="get_tpot()", vllm="time_per_output_token", llamacpp="predicted_per_token_ms"),
+    Figure("tokens_per_s", "tokens/s", "tokens/s", 1, lane=BOTH, places=(TABLE, SHOW)),
+    Figure("target_calls", "target calls", digits=0, lane=BOTH, places=(TABLE,)),
+    Figure("measured_speedup", "measured speedup", "×", lane=PAIR, places=(RESULTS, SHOW),
+           formula="speculative tokens/s ÷ autoregressive tokens/s, each lane from prompt to last token",
+           papers="speedup (Spec-Bench: walltime ratio)"),
+    Figure("predicted_speedup", "predicted speedup", "×", places=(RESULTS, SHOW), unknown_at_zero=True,
+           formula="this machine's measured call costs at the run's acceptance by position, mean K, N and prompt "
+                   "(planner.py)"),
+    Figure("mean_acceptance_length", "mean acceptance length", places=EVERYWHERE,
            formula="tokens ÷ target calls, after the prefill (the target's own token included; a round at K = 0 "
                    "counts as 1)",
            vllm="1 + num_accepted_tokens ÷ num_drafts (rounds that drafted only)", sglang="spec_accept_length",
            papers="τ (EAGLE), mean accepted tokens (Spec-Bench)"),
-    Figure("acceptance_by_position", "acceptance by position",
+    Figure("alpha_hat", "α̂ (acceptance)", places=EVERYWHERE, drafted_only=True,
+           formula="accepted ÷ (accepted + rounds that ended in a rejection)",
+           papers="α, Leviathan et al. (its maximum-likelihood estimate)"),
+    Figure("draft_acceptance_rate", "draft acceptance rate", "%", 0, places=(SPECULATION,), drafted_only=True,
+           formula="accepted ÷ proposed",
+           genai="get_num_accepted_tokens() ÷ get_num_draft_tokens()", vllm="num_accepted_tokens ÷ num_draft_tokens",
+           llamacpp="draft_n_accepted ÷ draft_n", sglang="spec_accept_rate"),
+    Figure("mean_k", "mean K", digits=1, places=(SPECULATION, SHOW)),
+    Figure("acceptance_by_position", "acceptance by position", places=(SPECULATION,), drafted_only=True,
            formula="for i = 1 … K: rounds that kept their i-th draft ÷ rounds that drafted one",
            vllm="num_accepted_tokens_per_pos ÷ num_drafts", llamacpp="#acc rate/pos"),
-    Figure("mean_k", "mean K", digits=1),
-    Figure("draft_cost", "draft cost c", digits=3, formula="a draft step ÷ a single target step", papers="c, Leviathan et al."),
-    Figure("target_step_s", "autoregressive step", "ms", 0),
-    Figure("verify_call_s", "verify call", "ms", 0),
-    Figure("draft_step_s", "draft step", "ms", 1),
-    Figure("leviathan_speedup", "Leviathan's speedup", "×",
+    Figure("draft_cost", "draft cost c", digits=3, drafted_only=True,
+           formula="a draft step ÷ a single target step", papers="c, Leviathan et al."),
+    Figure("target_step_s", "autoregressive step", "ms", 0, lane=AUTOREGRESSIVE, places=(SPECULATION, SHOW)),
+    Figure("verify_call_s", "verify call", "ms", 0, places=(SPECULATION, SHOW), drafted_only=True),
+    Figure("draft_step_s", "draft step", "ms", 1, places=(SPECULATION, SHOW), drafted_only=True),
+    Figure("leviathan_speedup", "Leviathan's speedup", "×", drafted_only=True,
            formula="(1 − α̂^(K+1)) ÷ ((1 − α̂)(c·K + 1)), K = mean K",
            papers="eq. 1, Leviathan et al. (a verify call priced at one step)"),
-    Figure("predicted_speedup", "predicted speedup", "×",
-           formula="this machine's measured call costs at the run's acceptance by position, mean K, N and prompt "
-                   "(planner.py)"),
-    Figure("measured_speedup", "measured speedup", "×",
-           formula="speculative tokens/s ÷ autoregressive tokens/s, each lane from prompt to last token",
-           papers="speedup (Spec-Bench: walltime ratio)"),
 )
 _BY_KEY = {f.key: f for f in FIGURES}
 GLOSSARY = tuple(f for f in FIGURES if f.formula)
@@ -89,6 +110,26 @@ GLOSSARY = tuple(f for f in FIGURES if f.formula)
 
 def figure(key: str) -> Figure:
     return _BY_KEY[key]
+
+
+def placed(place: str) -> list[Figure]:
+    """The figures a renderer shows at `place`, in order."""
+    return [f for f in FIGURES if place in f.places]
+
+
+def value(f: Figure, summaries: dict):
+    """The value of `f` in a run, from its lanes' summaries ({lane: metrics.Summary, or its dict from a run file});
+    None where it means nothing (a drafting figure of a lane that drafted nothing). A BOTH figure: the speculative
+    lane's (ask per lane for the other)."""
+    from specdemo.metrics import measured_speedup
+
+    lanes = {lane: SimpleNamespace(**s) if isinstance(s, dict) else s for lane, s in summaries.items()}
+    if f.lane == PAIR:
+        return measured_speedup(lanes[AUTOREGRESSIVE], lanes[SPECULATIVE])
+    if f.drafted_only and not lanes[SPECULATIVE].rounds:
+        return None
+    found = getattr(lanes[SPECULATIVE if f.lane == BOTH else f.lane], f.key, None)
+    return None if f.unknown_at_zero and not found else found
 
 
 def glossary_markdown() -> str:

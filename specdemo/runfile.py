@@ -22,7 +22,7 @@ from specdemo.engine import clean_instruction
 from specdemo.events import TokenEvent
 from specdemo.lane import Result
 from specdemo.failures import where_drafts_fail
-from specdemo.figures import figure
+from specdemo.figures import BOTH, SHOW, figure, placed, value
 from specdemo.metrics import measured_speedup
 from specdemo.parting import Parting, parting
 
@@ -91,18 +91,20 @@ def load(path: Path) -> dict:
     return run
 
 
-def _summary(lane: str, key: str):
-    """A row of one lane's figure, said and written as specdemo/figures.py describes it."""
-    return figure(key).label, lambda r: figure(key).format(r[lane]["summary"][key])
+def _figure_rows() -> list[tuple]:
+    """`show`'s rows of the figures placed there (specdemo/figures.py): a row per lane for a figure each lane has."""
+    rows = []
+    for f in placed(SHOW):
+        if f.lane == BOTH:
+            rows += [(f"{lane} {f.label}", lambda r, f=f, lane=lane: f.format(r[lane]["summary"][f.key]))
+                     for lane in ("autoregressive", "speculative")]
+        else:
+            rows.append((f.label, lambda r, f=f: f.format(value(f, {lane: r[lane]["summary"]
+                                                                 for lane in ("autoregressive", "speculative")}))))
+    return rows
 
 
-def _drafted(key: str):
-    """A speculative figure that means nothing when the lane drafted nothing ("–")."""
-    return figure(key).label, lambda r: figure(key).format(
-        r["speculative"]["summary"][key] if r["speculative"]["summary"]["rounds"] else None)
-
-
-ROWS = (  # (label, how to read it from a run)
+MACHINE_ROWS = (  # (label, how to read it from a run)
     ("CPU", lambda r: r["machine"]["cpu"]),
     ("CPU flags", lambda r: " ".join(f.replace("avx512_", "").replace("avx512f", "avx512").replace("_", "-")
                                      for f in r["machine"]["cpu_features"]) or "–"),
@@ -111,17 +113,8 @@ ROWS = (  # (label, how to read it from a run)
     ("configuration", lambda r: r.get("configuration", "–")),
     ("target / draft", lambda r: " / ".join(f"{m['name'].split('-Instruct')[0].split('-')[-1]} {m['precision']}"
                                             for m in r["models"].values())),
-    _summary("speculative", "tokens"),
-    ("autoregressive " + figure("tokens_per_s").label, _summary("autoregressive", "tokens_per_s")[1]),
-    ("speculative " + figure("tokens_per_s").label, _summary("speculative", "tokens_per_s")[1]),
-    (figure("measured_speedup").label, lambda r: figure("measured_speedup").format(r["measured_speedup"])),
-    _summary("speculative", "predicted_speedup"),
-    _summary("speculative", "mean_k"),
-    _drafted("alpha_hat"),
-    _summary("speculative", "mean_acceptance_length"),
-    _summary("autoregressive", "target_step_s"),
-    _summary("speculative", "verify_call_s"),
-    _summary("speculative", "draft_step_s"),
+)
+COUNTERFACTUAL_ROWS = (
     ("best fixed K (would have)", lambda r: _best_fixed(r["counterfactual"])),
     ("oracle (would have)", lambda r: figure("measured_speedup").format(r["counterfactual"]["oracle"]["speedup"])
      if r["counterfactual"] else "–"),
@@ -139,7 +132,7 @@ def compare(runs: list[dict], names: list[str]) -> str:
     """Saved runs side by side: machine, models, speeds, acceptance, what each K would have given; then each
     instruction (they may differ) and where each run's drafts failed."""
     table = []
-    for label, read in ROWS:
+    for label, read in (*MACHINE_ROWS, *_figure_rows(), *COUNTERFACTUAL_ROWS):
         cells = []
         for run in runs:
             try:

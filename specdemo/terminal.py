@@ -12,9 +12,8 @@ from pathlib import Path
 
 from specdemo import runfile
 from specdemo.events import ACCEPTED, BONUS, CORRECTED, TokenEvent
-from specdemo.figures import figure
+from specdemo.figures import SPECULATION, TABLE, figure, placed, value
 from specdemo.lane import Result, drain
-from specdemo.metrics import measured_speedup
 from specdemo.parting import parting
 from specdemo.planner import Plan
 from specdemo.settings import RunSettings
@@ -122,26 +121,18 @@ def _render(event: TokenEvent, colour: bool) -> str:
     return f"{rejected}{start}{event.text}{_RESET if start else ''}"
 
 
-SUMMARY_TABLE = ("tokens", "wall_s", "ttft_s", "tokens_per_s", "target_calls")  # both lanes, side by side
-SPECULATION = ("alpha_hat", "mean_acceptance_length", "draft_acceptance_rate", "mean_k", "acceptance_by_position",
-               "verify_call_s", "draft_step_s")  # the speculative lane's own figures
-
-
 def _print_summaries(ar_result: Result, spec_result: Result, greedy: bool, noise=None) -> None:
     ar, spec = ar_result.summary, spec_result.summary
+    lanes = {"autoregressive": ar, "speculative": spec}
     print("\n== summary ==")
     print(f"{'':28}{'autoregressive':>16}{'speculative':>16}")
-    for key in SUMMARY_TABLE:
-        f = figure(key)
-        print(f"{f.heading():28}{f.format(getattr(ar, key), unit=False):>16}{f.format(getattr(spec, key), unit=False):>16}")
+    for f in placed(TABLE):
+        print(f"{f.heading():28}{f.format(getattr(ar, f.key), unit=False):>16}{f.format(getattr(spec, f.key), unit=False):>16}")
     measured, predicted, leviathan = (figure(k) for k in ("measured_speedup", "predicted_speedup", "leviathan_speedup"))
-    print(f"\n{measured.label} {measured.format(measured_speedup(ar, spec))}, {predicted.label} "
-          f"{predicted.format(spec.predicted_speedup or None)} (from this machine's costs at the run's acceptance; "
-          f"{leviathan.label}, which prices a verify call at one step: {leviathan.format(spec.leviathan_speedup)})")
-    drafted = spec.rounds > 0
-    print("   ".join(f"{figure(key).label} {figure(key).format(getattr(spec, key) if drafted else None)}"
-                     for key in SPECULATION)
-          + f"   {figure('target_step_s').label} {figure('target_step_s').format(ar.target_step_s)}"
+    print(f"\n{measured.label} {measured.format(value(measured, lanes))}, {predicted.label} "
+          f"{predicted.format(value(predicted, lanes))} (from this machine's costs at the run's acceptance; "
+          f"{leviathan.label}, which prices a verify call at one step: {leviathan.format(value(leviathan, lanes))})")
+    print("   ".join(f"{f.label} {f.format(value(f, lanes))}" for f in placed(SPECULATION))
           + f"   near-ties: {ar.near_ties} / {spec.near_ties}")
     if not greedy:
         print("note: sampling, and the two samples happen to be equal" if ar_result.ids == spec_result.ids

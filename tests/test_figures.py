@@ -54,3 +54,24 @@ def test_the_cli_the_page_and_show_say_and_write_a_figure_the_same_way(tiny_engi
         for where, text in (("CLI", cli), ("page", page), ("show", show)):
             assert figure(key).label in render.escape(text) or figure(key).label in text, (key, where)
             assert figure(key).format(value) in text, (key, where)
+
+
+def test_a_new_figure_is_its_description_and_nothing_else(tiny_engine, tiny_target, tiny_draft, capsys, monkeypatch):
+    """Described with its places, a figure the renderers never heard of appears in the CLI, the page and `show`."""
+    from specdemo import figures
+    from specdemo.figures import EVERYWHERE, Figure
+    from specdemo.terminal import _print_summaries
+
+    rate = Figure("rollback_s", "time rolling back", "ms", 2, places=EVERYWHERE)
+    monkeypatch.setattr(figures, "FIGURES", (*figures.FIGURES, rate))
+    settings = GenerationSettings(max_new_tokens=16, k=3)
+    ar, spec = (drain(run(PROMPT, settings)) for run in (tiny_engine.autoregressive, tiny_engine.speculative))
+    written = rate.format(spec.summary.rollback_s)
+    _print_summaries(ar, spec, greedy=True)
+    lanes = {AUTOREGRESSIVE: LaneRun(ar.tokens), SPECULATIVE: LaneRun(spec.tokens)}
+    lanes[AUTOREGRESSIVE].summary, lanes[SPECULATIVE].summary = ar.summary, spec.summary
+    run = runfile.run_dict(PROMPT, RunSettings(exact(tiny_target), exact(tiny_draft), settings), tiny_engine, ar, spec,
+                           None)
+    for text in (capsys.readouterr().out, render.render_results(lanes, ONE_AFTER_ANOTHER, settings),
+                 runfile.compare([run], ["run.json"])):
+        assert "time rolling back" in text and written in text

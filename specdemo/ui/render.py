@@ -10,7 +10,7 @@ import pandas as pd
 from specdemo.disk import size
 from specdemo import genai
 from specdemo.events import ACCEPTED, BONUS, CORRECTED, TokenEvent
-from specdemo.figures import figure
+from specdemo.figures import RESULTS, figure, placed, value
 from specdemo.metrics import Summary, measured_speedup
 from specdemo.parting import first_difference, parting
 from specdemo.settings import GenerationSettings
@@ -113,10 +113,9 @@ def render_results(lanes: dict[str, LaneRun], mode: str, settings: GenerationSet
         return note(STOPPED_NOTE)
     saved = a.target_calls - s.target_calls
     drafted = s.rounds > 0
-    alpha = figure("alpha_hat").format(s.alpha_hat if drafted else None)
-    shown = {"measured_speedup": measured_speedup(a, s), "predicted_speedup": s.predicted_speedup or None,
-             "mean_acceptance_length": s.mean_acceptance_length, "alpha_hat": s.alpha_hat if drafted else None}
-    headline = tiles([(figure(key).label, figure(key).format(value)) for key, value in shown.items()]
+    summaries = {AUTOREGRESSIVE: a, SPECULATIVE: s}
+    alpha = figure("alpha_hat").format(value(figure("alpha_hat"), summaries))
+    headline = tiles([(f.label, f.format(value(f, summaries))) for f in placed(RESULTS)]
                      + [("target calls saved", f"{saved} of {a.target_calls}")], "sd-results")
     drafter = "prompt lookup" if (s.drafter or settings.drafter) == "prompt-lookup" else "draft model"
     if settings.k_auto:
