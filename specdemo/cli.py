@@ -40,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
                       "tune chose: after the draft's other precision was prepared")
     tune.add_argument("--target-only", action="store_true", help="search the target alone when this machine's draft is "
                       "tuned and planned already (another configuration's target, e.g. --configuration fastest)")
+    tune.add_argument("--forget", action="store_true", help="forget what tune chose on this machine (compile settings "
+                      "and draft plan): every compile goes back to the defaults; costs and history are kept")
 
     show = commands.add_parser("show", help="render saved runs again, several side by side (from generate --save or the page)")
     show.add_argument("files", nargs="+", help="JSON files of saved runs")
@@ -143,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "prepare":
             return _prepare(settings)
         if args.command == "tune":
+            if args.forget:
+                return _forget_tune()
             return _plan_draft(settings) if args.draft_plan else _tune(settings, again=not args.target_only)
         if args.command == "generate":
             compat.keep_torch_out()  # generating needs no torch; conversion, if any, runs in a child process
@@ -284,6 +288,16 @@ def _plan_draft(settings: RunSettings) -> int:
     profile.keep_tune([], {"target": settings.target, "draft": settings.draft}, drafts)
     _print_draft_plan(drafts)
     print(f"\nkept in {profile.store.path}; it applies to the draft from the next load")
+    return 0
+
+
+def _forget_tune() -> int:
+    """`tune --forget`: this machine's compile choice and draft plan are dropped (a running page compiles again)."""
+    from specdemo.profile import machine_profile
+
+    profile = machine_profile()
+    profile.forget_tune()
+    print(f"forgot this machine's tune in {profile.store.path}: every compile uses the defaults until the next tune")
     return 0
 
 

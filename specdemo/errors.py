@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import re
 
-# What to try when a compile is refused: the settings that decide which kernels run, and this machine's tune file,
-# which fills them in where no flag is given.
-COMPILE_ADVICE = ("try another --kv-cache-precision, or compile with the defaults by moving this machine's tune file "
-                  "aside (SPECDEMO_HOME/tune)")
+# What to try when a compile is refused: the settings that decide which kernels run, and this machine's tune, which
+# fills them in where no flag is given.
+COMPILE_ADVICE = ("try another --kv-cache-precision, or compile with the defaults after `python -m specdemo tune "
+                  "--forget`")
 
 
 class GenAIError(RuntimeError):

@@ -139,3 +139,18 @@ def test_what_an_older_specdemo_kept_in_tune_and_costs_is_imported_once(tmp_path
     profile.keep_costs("other", COSTS)  # the first write keeps what was imported, in the profile's own file
     data = json.loads(profile.store.path.read_text())
     assert set(data["costs"]) == {"abc", "other"} and data["tune"]["models"] and data["acceptance"]["models"]
+
+
+def test_forgetting_the_tune_compiles_the_defaults_again_and_keeps_the_costs(tmp_path, monkeypatch, capsys):
+    from specdemo import cli
+
+    monkeypatch.setenv("SPECDEMO_HOME", str(tmp_path))
+    profile = Profile(tmp_path)
+    tuned(profile)
+    profile.keep_costs("pair", COSTS)
+    stamp = profile.stamp()
+    assert cli.main(["tune", "--forget"]) == 0 and "forgot this machine's tune" in capsys.readouterr().out
+    again = Profile(tmp_path)
+    resolved = again.resolve(DEFAULT_TARGET)
+    assert again.chosen(DEFAULT_TARGET) is None and (resolved.kv_cache_precision, resolved.dynamic_quantization_group_size) == ("", -1)
+    assert again.costs("pair") == COSTS and again.stamp() > stamp  # a running page compiles the defaults again

@@ -16,6 +16,7 @@ and draft plan (written by `python -m specdemo tune`, specdemo/tune.py); `costs`
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -87,6 +88,10 @@ class Profile:
     def keep_tune(self, trials: list, settings: dict[str, ModelSettings], drafts: list | None = None) -> None:
         """Keep what a tune (trials) or a draft plan (drafts) chose."""
         self.store.update("tune", lambda tune: choices.with_tune(tune, trials, settings, drafts))
+
+    def forget_tune(self) -> None:
+        """Drop tune's choices (the defaults compile again); a new stamp tells a running page to recompile."""
+        self.store.update("tune", lambda tune: {"changed_ns": time.time_ns()})
 
     # ---- the cost curve and the batching noise of one compiled pair
 
