@@ -5,7 +5,7 @@
         ...                                       # TokenEvents, then one Summary
 
 The engine yields plain events and knows nothing of how they are shown (CLI, app, benchmark). Loading one model is
-specdemo/models.py's; measuring its calls, specdemo/measuring.py's.
+specdemo/models.py's; what a pair learns of the machine at warm-up, specdemo/warmup.py's.
 """
 
 from __future__ import annotations
@@ -18,14 +18,13 @@ from typing import Iterator
 
 import numpy as np
 
-from specdemo import builtin, decoding, measuring, planner, sources
+from specdemo import decoding, planner, sources, warmup
 from specdemo.costs import CostModel
-from specdemo.counterfactual import Counterfactual, agreement_mask, counterfactual, draft_pass, lookup_counts, mask_counts
+from specdemo.counterfactual import Counterfactual, counterfactual, draft_pass, lookup_counts, mask_counts
 from specdemo.drafters import STRATEGIES, make_drafter, strategy
 from specdemo.models import LoadedModel, load_model
 from specdemo.planner import Plan, make_plan
-from specdemo.profile import Keys, Profile, learning, machine_profile
-from specdemo.runtime import release_weight_pages
+from specdemo.profile import Keys, Profile, machine_profile
 from specdemo.settings import AUTO, K_MAX, GenerationSettings, ModelSettings, RunSettings
 
 # Stands in for the instruction when the chat template is rendered; no template contains it.
@@ -102,52 +101,9 @@ class Engine:
         """
         start = time.perf_counter()
         with self.lock:
-            draft = self.draft.runtime if self.draft else None
-            key = measuring.cost_key(self.target.runtime, draft, k_max + 1)
-            known = None if fresh else self.profile.costs(key)
-            measured = measuring.measure(self.target.runtime, draft, k_max + 1, known, log)
-            if measured is not known:
-                self.profile.keep_costs(key, measured, measuring.describe_key(self.target.runtime, draft, k_max + 1))
-            self.keys = Keys(key, self.keys.pair)
-            self.noise = self._batching_noise(k_max, log)
-            if draft is not None and learning() and not self.acceptance().has_evidence("model", True):
-                log("learning how often the draft agrees with the target, on built-in answers (once per machine)")
-                self._calibrate(k_max)
-            release_weight_pages()  # every shape has run: the plugin works from its own copies of the weights now
+            warmup.know_machine(self, k_max, fresh, log)
         self.warm_up_s = time.perf_counter() - start
         return self.warm_up_s
-
-    def _batching_noise(self, k_max: int, log):
-        """How far this target's batched calls move a top-2 gap from its single steps (fidelity.BatchingNoise): what
-        a parting of the greedy lanes is judged against. Measured once per compile (~7 s on 2 cores), kept in the
-        machine profile beside the cost model."""
-        from specdemo import fidelity
-
-        noise = self.profile.noise(self.keys.costs)
-        if noise is None:
-            log("measuring how far this compile's batched calls differ from its single steps (once per compile)")
-            examples = builtin.code_answers()
-            pairs = [(self._encode_chat(e["instruction"], ""), self.tokenizer.encode(e["answer"], add_special_tokens=False))
-                     for e in examples]
-            sizes = tuple(n for n in fidelity.NOISE_SIZES if n <= k_max + 1)
-            noise = fidelity.batching_noise(self.target.runtime, pairs, sizes=sizes)
-            self.profile.keep_noise(self.keys.costs, noise)
-        return noise
-
-    def _calibrate(self, k_max: int) -> None:
-        """The acceptance prior's first evidence, before any run: where the draft's greedy token equals the target's on
-        a few built-in answers (teacher forced, a couple of seconds). Without it a new machine would plan its first run
-        on a guessed α, and a guess that says no K pays would draft nothing and so teach nothing."""
-        examples = builtin.code_answers()
-        tested, accepted = [0] * k_max, [0] * k_max
-        for example in examples:
-            prompt = self._encode_chat(example["instruction"], "")
-            text = self.tokenizer.encode(example["answer"], add_special_tokens=False)
-            mask = agreement_mask(self.target.runtime, self.draft.runtime, prompt, text)
-            for totals, counts in zip((tested, accepted), mask_counts(mask, k_max)):
-                for i, n in enumerate(counts):
-                    totals[i] += n
-        self.profile.record_acceptance(self.keys.pair, "model", True, tested, accepted)
 
     def plan(self, instruction: str, settings: GenerationSettings) -> Plan:
         """How the speculative lane will run this instruction: which drafter, which K, and why.

@@ -1,0 +1,62 @@
+"""What a loaded pair learns about this machine before its first run, kept in the machine profile: its cost curve
+(specdemo/measuring.py, once per compiled pair; the calls also pay every first-call cost), how far its batched calls
+move a top-2 gap (specdemo/fidelity.py, once per compile), and the draft's first acceptance evidence (once per pair).
+"""
+
+from __future__ import annotations
+
+from specdemo import builtin, fidelity, measuring
+from specdemo.counterfactual import agreement_mask, mask_counts
+from specdemo.profile import Keys, learning
+from specdemo.runtime import release_weight_pages
+from specdemo.settings import GenerationSettings
+
+_NO_LIMIT = GenerationSettings(max_new_tokens=1)  # a built-in prompt is checked against the context, not an answer
+
+
+def know_machine(engine, k_max: int, fresh: bool, log) -> None:
+    """Warm `engine` (an engine.Engine, its lock held) up: its costs known or measured (`fresh`: measured again), its
+    batching noise, a first acceptance prior; `engine.keys` and `engine.noise` set."""
+    target, draft = engine.target.runtime, engine.draft.runtime if engine.draft else None
+    key = measuring.cost_key(target, draft, k_max + 1)
+    known = None if fresh else engine.profile.costs(key)
+    measured = measuring.measure(target, draft, k_max + 1, known, log)
+    if measured is not known:
+        engine.profile.keep_costs(key, measured, measuring.describe_key(target, draft, k_max + 1))
+    engine.keys = Keys(key, engine.keys.pair)
+    engine.noise = batching_noise(engine, k_max, log)
+    if draft is not None and learning() and not engine.acceptance().has_evidence("model", True):
+        log("learning how often the draft agrees with the target, on built-in answers (once per machine)")
+        calibrate(engine, k_max)
+    release_weight_pages()  # every shape has run: the plugin works from its own copies of the weights now
+
+
+def _examples(engine) -> list[tuple[list[int], list[int]]]:
+    """The built-in code answers as (prompt ids, answer ids) for this engine's chat template."""
+    return [(engine.prompt_ids(e["instruction"], _NO_LIMIT), engine.tokenizer.encode(e["answer"], add_special_tokens=False))
+            for e in builtin.code_answers()]
+
+
+def batching_noise(engine, k_max: int, log) -> fidelity.BatchingNoise:
+    """How far this target's batched calls move a top-2 gap from its single steps (fidelity.BatchingNoise): what a
+    parting of the greedy lanes is judged against. Measured once per compile (~7 s on 2 cores)."""
+    noise = engine.profile.noise(engine.keys.costs)
+    if noise is None:
+        log("measuring how far this compile's batched calls differ from its single steps (once per compile)")
+        sizes = tuple(n for n in fidelity.NOISE_SIZES if n <= k_max + 1)
+        noise = fidelity.batching_noise(engine.target.runtime, _examples(engine), sizes=sizes)
+        engine.profile.keep_noise(engine.keys.costs, noise)
+    return noise
+
+
+def calibrate(engine, k_max: int) -> None:
+    """The acceptance prior's first evidence, before any run: where the draft's greedy token equals the target's on a
+    few built-in answers (teacher forced, a couple of seconds). Without it a new machine would plan its first run on a
+    guessed α, and a guess that says no K pays would draft nothing and so teach nothing."""
+    tested, accepted = [0] * k_max, [0] * k_max
+    for prompt, text in _examples(engine):
+        mask = agreement_mask(engine.target.runtime, engine.draft.runtime, prompt, text)
+        for totals, counts in zip((tested, accepted), mask_counts(mask, k_max)):
+            for i, n in enumerate(counts):
+                totals[i] += n
+    engine.profile.record_acceptance(engine.keys.pair, "model", True, tested, accepted)
