@@ -11,6 +11,7 @@ import errno
 import os
 import socket
 import sys
+import time
 
 from specdemo import compat
 
@@ -42,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     def ready(engine) -> None:
         print(f"ready: {url} (models loaded, this machine measured)", flush=True)
         background = tuning.start_if_needed(model_bytes=engine.target.describe()["size_on_disk_bytes"], on_end=say_background_done,
-                                            log=lambda message: print(message, flush=True))
+                                            log=lambda message: print(message, flush=True), on_step=apply_when_tuned)
         if background is not None:
             print(f"in the background at low priority, paused while visitors' runs hold the machine: "
                   f"{'; '.join(label for label, _ in background.steps)} (minutes; log: {background.log_path}); "
@@ -65,13 +66,19 @@ def port_in_use(host: str, port: int) -> str:
     return ""
 
 
+def apply_when_tuned(background: tuning.BackgroundWork, step: str) -> None:
+    """The default pair's tune (or draft plan) is done: apply it at once, while the rest of the background work (the
+    other configurations) goes on; their engines compile under it when a visitor first runs them."""
+    if step in (tuning.TUNING, tuning.PLANNING):
+        print(f"{step}: done after {(time.perf_counter() - background.started) / 60:.1f} min in the background; "
+              "applying the choice now, in a turn of its own between visitors' runs", flush=True)
+        handlers.apply_tune(log=lambda message: print(message, flush=True))
+
+
 def say_background_done(background: tuning.BackgroundWork) -> None:
     if background.state == "done":
-        then = ("applying the tune's choice now, in a turn of its own between visitors' runs" if background.tunes
-                else "the page's other configurations now load without converting")
-        print(f"background work done in {background.seconds / 60:.1f} min: {then}", flush=True)
-        if background.tunes:
-            handlers.apply_tune(log=lambda message: print(message, flush=True))
+        print(f"background work done in {background.seconds / 60:.1f} min"
+              + ("" if background.tunes else ": the page's other configurations now load without converting"), flush=True)
     else:
         print(f"the background work failed while {background.step} (exit {background.returncode}); "
               f"see {background.log_path}", flush=True)

@@ -127,6 +127,20 @@ def test_the_steps_run_in_turn_niced_and_the_end_is_reported(turned_on):
     assert "applied between visitors' runs" in background.describe() and "restart" not in background.describe()
 
 
+def test_each_step_that_ends_well_is_reported_as_it_ends_so_a_tune_applies_before_the_rest(turned_on):
+    steps, ended = [], []
+    background = tuning.start([(tuning.TUNING, child(0)), ("preparing the fastest configuration's models", child(0, 1.0))],
+                              on_end=ended.append, on_step=lambda work, label: steps.append((label, work.state)))
+    for _ in range(200):  # the tune's step has ended; the next one is still running
+        if steps:
+            break
+        time.sleep(0.05)
+    assert steps == [(tuning.TUNING, "running")] and not ended
+    finish(background)
+    assert [label for label, _ in steps] == [tuning.TUNING, "preparing the fastest configuration's models"]
+    assert ended == [background]
+
+
 def test_a_failed_step_ends_the_work_and_points_to_its_log(turned_on):
     background = tuning.start([(tuning.TUNING, child(3)), ("preparing", child(0))])
     finish(background)

@@ -56,7 +56,8 @@ class BackgroundWork:
     code in `returncode`); `step` is what runs now."""
 
     def __init__(self, steps: list[tuple[str, list[str]]], log_path: Path,
-                 on_end: Callable[["BackgroundWork"], None] | None = None, stopped: bool = False):
+                 on_end: Callable[["BackgroundWork"], None] | None = None, stopped: bool = False,
+                 on_step: Callable[["BackgroundWork", str], None] | None = None):
         self.steps = steps
         self.log_path = log_path
         self.state = "running"
@@ -65,6 +66,7 @@ class BackgroundWork:
         self.started = time.perf_counter()
         self.seconds = 0.0
         self.on_end = on_end
+        self.on_step = on_step  # called with each step's label as it ends well: a tune is applied before the rest runs
         self.process: subprocess.Popen | None = None
         self._lock = threading.Lock()  # between starting a step and signalling it
         self._stopped = stopped  # a visitor's run holds the machine: a step started now starts stopped
@@ -92,6 +94,8 @@ class BackgroundWork:
             self.returncode = self.process.wait()
             if self.returncode != 0:
                 break
+            if self.on_step is not None:
+                self.on_step(self, label)
         self.seconds = time.perf_counter() - self.started
         self.state = "done" if self.returncode == 0 else "failed"
         if self.on_end is not None:
@@ -152,13 +156,14 @@ def current() -> BackgroundWork | None:
 
 def start_if_needed(settings: RunSettings = RunSettings(), model_bytes: int = 0,
                     on_end: Callable[[BackgroundWork], None] | None = None,
-                    log: Callable[[str], None] = print) -> BackgroundWork | None:
+                    log: Callable[[str], None] = print,
+                    on_step: Callable[[BackgroundWork, str], None] | None = None) -> BackgroundWork | None:
     """Start the background work this machine still needs (background_steps), unless SPECDEMO_TUNE_AT_START=0, the pair
     is not on the CPU or it was started already; None when nothing was started."""
     if os.environ.get(TUNE_AT_START, "1") == "0" or not settings.target.device.upper().startswith("CPU") \
             or _CURRENT is not None:
         return None
-    return start(background_steps(settings, model_bytes, log), on_end)
+    return start(background_steps(settings, model_bytes, log), on_end, on_step)
 
 
 def background_steps(settings: RunSettings, model_bytes: int, log: Callable[[str], None] = print) -> list:
@@ -198,13 +203,15 @@ def background_steps(settings: RunSettings, model_bytes: int, log: Callable[[str
     return steps
 
 
-def start(steps: list, on_end: Callable[[BackgroundWork], None] | None = None) -> BackgroundWork | None:
+def start(steps: list, on_end: Callable[[BackgroundWork], None] | None = None,
+          on_step: Callable[[BackgroundWork, str], None] | None = None) -> BackgroundWork | None:
     """Run `steps` in the background (the visitors' runs stop it while they hold the machine); None if there are none."""
     global _CURRENT
     if not steps:
         return None
     with _HOLDS_LOCK:  # a run may hold the machine already: the first step then starts stopped
-        _CURRENT = BackgroundWork(steps, sources.specdemo_home() / "logs" / "background.log", on_end, stopped=_HOLDS > 0)
+        _CURRENT = BackgroundWork(steps, sources.specdemo_home() / "logs" / "background.log", on_end, stopped=_HOLDS > 0,
+                                  on_step=on_step)
     return _CURRENT
 
 
