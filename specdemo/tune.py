@@ -245,7 +245,8 @@ def tune(target: ModelSettings, draft: ModelSettings, log=print, again: bool = T
         if role == "draft":
             other = compile_model(tune_choice(trials, "target", target))
         else:  # the target is timed beside the draft as this machine runs it: tuned if it is, else the defaults
-            other = compile_model(profile.resolve(draft) if draft_done else DEFAULT.apply(partner))
+            # The draft as this machine runs it, its LM head trimmed where the plan chose so (the tokenizer says how).
+            other = compile_model(profile.resolve(draft) if draft_done else DEFAULT.apply(partner), tokenizer)
         judge = identity_judge(tokenizer, examples) if role == "target" and keeps_identity(target) else None
         trials += search(role, base, other, probes, log, flags, cores, identity=judge)
     if draft_done:

@@ -178,7 +178,11 @@ def test_another_configurations_target_is_searched_beside_the_draft_as_tuned(tmp
         return [tune.Trial(role, Setting(64, "f32", "f32"), faithful=True, chosen=True)]
 
     monkeypatch.setattr(tune, "search", fake_search)
-    monkeypatch.setattr(tune, "compile_model", lambda settings, tokenizer=None: settings)
+    def fake_compile(settings, tokenizer=None):
+        assert settings.head_tokens <= 0 or tokenizer is not None, "a trimmed head needs the tokenizer to compile"
+        return settings
+
+    monkeypatch.setattr(tune, "compile_model", fake_compile)
     monkeypatch.setattr(tune, "probes_of", lambda model, tokenizer, examples: [])
     monkeypatch.setattr(tune.sources, "prepare", lambda settings, progress=None: tmp_path)
     monkeypatch.setattr("transformers.AutoTokenizer.from_pretrained", lambda folder: SimpleNamespace())
@@ -188,7 +192,7 @@ def test_another_configurations_target_is_searched_beside_the_draft_as_tuned(tmp
     assert searched == [("target", "int4"), ("draft", "int4")] and plan == ["a plan"]  # nothing tuned yet: both
 
     machine_profile().keep_tune([tune.Trial("draft", Setting(128, "f32", "u8"), chosen=True)], {"draft": draft},
-                                [draft_choice.DraftOption("int4", 0, chosen=True)])
+                                [draft_choice.DraftOption("int4", 16_000, chosen=True)])  # the plan trimmed the head
     searched.clear(), partners.clear()
     trials, plan = tune.tune(int4_target, draft, log=lambda m: None, again=False)
     assert searched == [("target", "int4")] and plan == []
