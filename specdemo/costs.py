@@ -44,7 +44,7 @@ class CostModel:
     draft_rollback_s: float = 0.0
     cpu: str = ""  # what it was measured on, for display
     measured_at: str = ""  # ISO date and time of the measurement
-    seconds: float = 0.0  # how long measuring took (0 when read from the cache)
+    seconds: float = 0.0  # how long measuring took (0 when read from the machine profile)
     measured_target_s: tuple[float, ...] = ()  # t(n) as measured, before any correction (= target_s until a run)
     measured_draft_s: tuple[float, ...] = ()  # d(n) as measured
     observations: tuple[dict, ...] = ()  # the latest runs' observations: {"at": epoch s, "target": {n: s}, "draft": {n: s},
