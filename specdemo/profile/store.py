@@ -22,6 +22,7 @@ from specdemo.profile.legacy import import_stores
 
 SCHEMA = 1  # bump when a section's meaning changes; a profile of another schema is started afresh
 SECTIONS = ("tune", "costs", "noise", "acceptance")
+_LEGACY = ("legacy",)  # what Store._seen holds while there is no profile file and the older stores stand in
 
 
 def path_for(home: Path, facts: dict | None = None) -> Path:
@@ -47,9 +48,9 @@ class Store:
             seen = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
         except OSError:
             seen = None
-        if seen is None:
-            self._data, self._seen = self._legacy(), None
-        elif seen != self._seen:
+        if seen is None and self._seen != _LEGACY:  # no profile yet: an older specdemo's stores, read once
+            self._data, self._seen = self._legacy(), _LEGACY
+        elif seen is not None and seen != self._seen:
             self._data, self._seen = _parse(self.path), seen
         return self._data
 
