@@ -35,6 +35,7 @@ import numpy as np
 from specdemo.costs import CostModel
 from specdemo.drafters import strategy
 from specdemo.drafters.lookup import lookup_continuation
+from specdemo.drafters.model import top_probability
 from specdemo.runtime import OVModel
 
 PIECE = 64  # answer tokens per teacher-forced call: 64 rows of logits (~39 MB for a 151,936-token vocabulary)
@@ -106,8 +107,7 @@ def greedy_choices(model: OVModel, prompt_ids: list[int], text_ids: list[int],
         best = logits.argmax(axis=-1)
         choices.append(best if head is None else head[best])
         if with_confidence:
-            shifted = logits - logits.max(axis=-1, keepdims=True)
-            confidences.append(1.0 / np.exp(shifted, dtype=np.float64).sum(axis=-1))
+            confidences.append(top_probability(logits))
     model.reset()
     chosen = np.concatenate(choices) if choices else np.zeros(0, dtype=np.int64)
     if not with_confidence:
@@ -118,14 +118,18 @@ def greedy_choices(model: OVModel, prompt_ids: list[int], text_ids: list[int],
 def match_mask(draft: OVModel, prompt_ids: list[int], answer_ids: list[int]) -> list[int]:
     """m[j] for every position of the answer: does the draft's greedy token after prompt + answer[:j] equal answer[j]?
     m[0] is 1 by convention (the first token is the target's prefill, never drafted)."""
-    return draft_pass(draft, prompt_ids, answer_ids)[0]
+    return _matches(greedy_choices(draft, prompt_ids, answer_ids), answer_ids)
 
 
 def draft_pass(draft: OVModel, prompt_ids: list[int], answer_ids: list[int]) -> tuple[list[int], list[float]]:
     """The match mask and, per answer position, the draft's top probability there (position 0: 1.0, never drafted):
     what the confidence stop reads."""
     choices, confidence = greedy_choices(draft, prompt_ids, answer_ids, with_confidence=True)
-    return [1] + [int(x) for x in choices == np.asarray(answer_ids[1:])], [1.0] + [float(c) for c in confidence]
+    return _matches(choices, answer_ids), [1.0] + [float(c) for c in confidence]
+
+
+def _matches(choices: np.ndarray, answer_ids: list[int]) -> list[int]:
+    return [1] + [int(x) for x in choices == np.asarray(answer_ids[1:])]
 
 
 def agreement_mask(target: OVModel, draft: OVModel, prompt_ids: list[int], text_ids: list[int]) -> list[int]:

@@ -151,7 +151,8 @@ def _ids(n: int) -> list[int]:
 
 
 def describe_key(target: OVModel, draft: OVModel | None, n_max: int) -> dict:
-    """What a cost model depends on: the models and how they are compiled, the CPU, OpenVINO, n_max."""
+    """What a cost model depends on: the models and how they are compiled, the CPU, OpenVINO, the calls timed (n_max,
+    at least N_MAX, as measure times them)."""
     import openvino as ov
 
     def model_key(model: OVModel) -> dict:
@@ -166,11 +167,11 @@ def describe_key(target: OVModel, draft: OVModel | None, n_max: int) -> dict:
         "cpu": machine.cpu_name(),
         "cpu_features": machine.cpu_features(),
         "openvino": ov.get_version(),
-        "n_max": n_max,
+        "n_max": max(n_max, N_MAX),
     }
 
 
-def cost_key(target: OVModel, draft: OVModel | None, n_max: int) -> str:
-    """The machine profile's key for these compiled models' costs (and batching noise)."""
-    text = json.dumps(describe_key(target, draft, max(n_max, N_MAX)), sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+def cost_key(description: dict) -> str:
+    """The machine profile's key for the costs (and batching noise) of the compiled models `description`
+    (describe_key) names."""
+    return hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()[:16]

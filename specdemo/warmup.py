@@ -18,11 +18,12 @@ def know_machine(engine, k_max: int, fresh: bool, log) -> None:
     """Warm `engine` (an engine.Engine, its lock held) up: its costs known or measured (`fresh`: measured again), its
     batching noise, a first acceptance prior; `engine.keys` and `engine.noise` set."""
     target, draft = engine.target.runtime, engine.draft.runtime if engine.draft else None
-    key = measuring.cost_key(target, draft, k_max + 1)
+    description = measuring.describe_key(target, draft, k_max + 1)
+    key = measuring.cost_key(description)
     known = None if fresh else engine.profile.costs(key)
     measured = measuring.measure(target, draft, k_max + 1, known, log)
     if measured is not known:
-        engine.profile.keep_costs(key, measured, measuring.describe_key(target, draft, k_max + 1))
+        engine.profile.keep_costs(key, measured, description)
     engine.keys = Keys(key, engine.keys.pair)
     engine.noise = batching_noise(engine, k_max, log)
     if draft is not None and learning() and not engine.acceptance().has_evidence("model", True):

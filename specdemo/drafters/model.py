@@ -77,11 +77,10 @@ class ModelDrafter:
 
 
 def top_probability(logits: np.ndarray) -> float:
-    """The softmax probability of the largest of `logits` (V,): the draft's confidence in its greedy token."""
-    shifted = logits - logits.max()
-    return float(1.0 / np.exp(shifted, dtype=np.float64).sum())
-
-
+    """The softmax probability of the largest of `logits` along the last axis ((V,) -> a float, (n, V) -> (n,)): the
+    draft's confidence in its greedy token."""
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return 1.0 / np.exp(shifted, dtype=np.float64).sum(axis=-1)
 
 
 def make(draft_model, settings, rng, price=None, p_min: float = 0.0) -> ModelDrafter:

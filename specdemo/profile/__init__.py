@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from specdemo import sources
+from specdemo import machine, sources
 from specdemo.costs import CostModel, fold
 from specdemo.profile import choices
 from specdemo.profile.acceptance import AcceptanceHistory, folded
@@ -47,7 +47,8 @@ class Profile:
 
     def __init__(self, home: Path | None = None):
         self.home = home or sources.specdemo_home()
-        self.store = Store(path_for(self.home), legacy_home=self.home)
+        facts = machine.compile_facts()
+        self.store = Store(path_for(self.home, facts), facts, legacy_home=self.home)
         self._memo: dict = {}  # CostModels parsed from the data read last (the loop prices rounds with them)
         self._memo_of: dict | None = None
 
@@ -100,7 +101,8 @@ class Profile:
         if data is not self._memo_of:
             self._memo, self._memo_of = {}, data
         if key not in self._memo:
-            entry = self.store.section("costs").get(key) if key else None
+            section = data.get("costs") if isinstance(data.get("costs"), dict) else {}
+            entry = section.get(key) if key else None
             try:
                 self._memo[key] = CostModel.from_dict(entry["costs"]) if entry else None
             except (KeyError, TypeError, ValueError):
@@ -134,9 +136,21 @@ class Profile:
 
     def record_acceptance(self, pair: str, drafter: str, greedy: bool, tested: Sequence[float],
                           accepted: Sequence[float]) -> None:
-        if sum(tested):
-            self.store.update("acceptance", lambda section: {
-                **section, pair: folded(section.get(pair) or {}, drafter, greedy, tested, accepted)})
+        self._record(pair, greedy, {drafter: (tested, accepted)})
+
+    def _record(self, pair: str, greedy: bool, evidence: dict) -> None:
+        """Fold one run's evidence ({drafter: (tested, accepted) by position}) into the pair's history, in one write."""
+        evidence = {drafter: counts for drafter, counts in evidence.items() if sum(counts[0])}
+        if not evidence:
+            return
+
+        def change(section: dict) -> dict:
+            counts = section.get(pair) or {}
+            for drafter, (tested, accepted) in evidence.items():
+                counts = folded(counts, drafter, greedy, tested, accepted)
+            return {**section, pair: counts}
+
+        self.store.update("acceptance", change)
 
     # ---- learning from runs: called by whoever drained a lane (CLI, page, bench), never under the engine's lock
 
@@ -157,16 +171,15 @@ class Profile:
                                                                    observation).to_dict()}}
 
         self.store.update("costs", corrected)
-        if not settings.greedy and finished:
-            for name in {r.drafter for r in rounds if r.drafter}:  # each part of a hybrid teaches its own history
-                mine = [r for r in rounds if r.drafter == name]
-                self.record_acceptance(keys.pair, name, False, *metrics.evidence_by_position(mine, settings.k_max))
+        if not settings.greedy and finished:  # each part of a hybrid teaches its own history
+            self._record(keys.pair, False, {name: metrics.evidence_by_position([r for r in rounds if r.drafter == name],
+                                                                                 settings.k_max)
+                                            for name in {r.drafter for r in rounds if r.drafter}})
 
     def learn_from_answer(self, keys: Keys, evidence: dict[str, tuple[list[int], list[int]]]) -> None:
         """Teach the greedy prior what a counterfactual found: per drafter, drafts tested and accepted by position."""
         if learning():
-            for drafter, (tested, accepted) in evidence.items():
-                self.record_acceptance(keys.pair, drafter, True, tested, accepted)
+            self._record(keys.pair, True, evidence)
 
 
 _PROFILES: dict[Path, Profile] = {}

@@ -17,7 +17,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
-from specdemo import machine
 from specdemo.profile.legacy import import_stores
 
 SCHEMA = 1  # bump when a section's meaning changes; a profile of another schema is started afresh
@@ -25,29 +24,25 @@ SECTIONS = ("tune", "costs", "noise", "acceptance")
 _LEGACY = ("legacy",)  # what Store._seen holds while there is no profile file and the older stores stand in
 
 
-def path_for(home: Path, facts: dict | None = None) -> Path:
-    """The profile file of this machine under `home`."""
-    key = json.dumps({"schema": SCHEMA, **(facts or machine.compile_facts())}, sort_keys=True)
+def path_for(home: Path, facts: dict) -> Path:
+    """The profile file under `home` of the machine `facts` (machine.compile_facts()) describe."""
+    key = json.dumps({"schema": SCHEMA, **facts}, sort_keys=True)
     return home / "profile" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
 class Store:
     """One profile file, read lazily and again whenever another process has replaced it."""
 
-    def __init__(self, path: Path, facts: dict | None = None, legacy_home: Path | None = None):
+    def __init__(self, path: Path, facts: dict, legacy_home: Path | None = None):
         self.path = path
-        self.facts = facts
+        self.facts = facts  # machine.compile_facts(): what the file is valid for, written into it
         self.legacy_home = legacy_home  # where the stores before the profile lived (imported once, on first write)
         self._data: dict = {}
         self._seen: tuple | None = None  # (inode, mtime_ns, size) of the file last read: each write is a new inode
 
     def read(self) -> dict:
         """The whole profile (treat as read-only); {} sections when there is none yet or it is damaged."""
-        try:
-            stat = self.path.stat()
-            seen = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
-        except OSError:
-            seen = None
+        seen = self._stat()
         if seen is None and self._seen != _LEGACY:  # no profile yet: an older specdemo's stores, read once
             self._data, self._seen = self._legacy(), _LEGACY
         elif seen is not None and seen != self._seen:
@@ -65,12 +60,21 @@ class Store:
             data = _parse(self.path) if self.path.is_file() else self._legacy()
             current = data.get(name) if isinstance(data.get(name), dict) else {}
             data[name] = change(dict(current))
-            data.update(schema=SCHEMA, machine=self.facts or machine.compile_facts())
+            data.update(schema=SCHEMA, machine=self.facts)
             scratch = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-            scratch.write_text(json.dumps(data, indent=1))
+            text = json.dumps(data, indent=1)
+            scratch.write_text(text)
             scratch.replace(self.path)
-            self._data, self._seen = data, None
-        return data[name]
+            # Kept as a read would find it (JSON's keys and numbers), without reading the file back.
+            self._data, self._seen = json.loads(text), self._stat()
+        return self._data[name]
+
+    def _stat(self) -> tuple | None:
+        try:
+            stat = self.path.stat()
+        except OSError:
+            return None
+        return stat.st_ino, stat.st_mtime_ns, stat.st_size
 
     def _legacy(self) -> dict:
         return import_stores(self.legacy_home) if self.legacy_home is not None else {}

@@ -179,15 +179,18 @@ def teach(engines: dict[str, Engine], lanes: dict[str, LaneRun], settings: Gener
     """Hand each of our lanes' rounds to the machine profile (the cost curve, a sampled run's acceptance), now that no
     lane holds an engine."""
     for name in LANES:
-        lane = lanes[name]
-        if lane.rounds:
-            finished_here = lane.summary is not None and lane.summary.stop_reason != "cancelled"
-            engines[name].profile.learn(engines[name].keys, settings, lane.rounds, finished_here)
+        if lanes[name].rounds:
+            engines[name].profile.learn(engines[name].keys, settings, lanes[name].rounds, ran_to_its_end(lanes[name]))
+
+
+def ran_to_its_end(lane: LaneRun) -> bool:
+    """Whether a lane ended by itself (no error, no Stop)."""
+    return lane.summary is not None and lane.summary.stop_reason != "cancelled"
 
 
 def finished(lanes: dict[str, LaneRun]) -> bool:
     """Whether our two lanes ran to their end (no error, no Stop)."""
-    return all(lanes[name].summary is not None and lanes[name].summary.stop_reason != "cancelled" for name in LANES)
+    return all(ran_to_its_end(lanes[name]) for name in LANES)
 
 
 def _wait_for(loadings: dict[str, Loading]):
