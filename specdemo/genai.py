@@ -19,6 +19,7 @@ from typing import Iterator
 import numpy as np
 
 from specdemo import compat, errors, sources
+from specdemo.drafters import strategy
 from specdemo.profile import machine_profile
 from specdemo import metrics
 from specdemo.events import TARGET, Detokenizer, TokenEvent
@@ -181,5 +182,5 @@ def _summary(result, events: list[TokenEvent], wall_s: float, k: int | None, dra
 
 def describe(k: int | None, drafter: str) -> str:
     """How GenAI's pipeline drafted, in words: it keeps K fixed."""
-    kind = "prompt lookup" if drafter == "prompt-lookup" else "draft model"
+    kind = strategy(drafter).label
     return f"{kind}, K = {k} in every round" if k is not None else "no drafting"

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from specdemo import runfile
+from specdemo.drafters import strategy
 from specdemo.events import ACCEPTED, BONUS, CORRECTED, TokenEvent
 from specdemo.figures import SPECULATION, TABLE, figure, placed, value
 from specdemo.lane import Result, drain
@@ -30,8 +31,7 @@ def generate(args: argparse.Namespace, settings: RunSettings) -> int:
     from specdemo.engine import Engine, clean_instruction
 
     clean_instruction(args.instruction)  # an empty instruction is refused before the models load
-    need_draft = settings.generation.drafter == "model"
-    engine = Engine.load(settings, with_draft=need_draft)
+    engine = Engine.load(settings, with_draft=strategy(settings.generation.drafter).needs_model)
     prompt = engine.prompt_ids(args.instruction, settings.generation)  # too long for the context: refused before any output
     if args.max_prompt_tokens and len(prompt) > args.max_prompt_tokens:
         raise ValueError(f"the prompt is {len(prompt):,} tokens and the command line accepts at most {args.max_prompt_tokens:,}; "

@@ -9,6 +9,7 @@ import pandas as pd
 
 from specdemo.disk import size
 from specdemo import genai
+from specdemo.drafters import strategy
 from specdemo.events import ACCEPTED, BONUS, CORRECTED, TokenEvent
 from specdemo.figures import RESULTS, figure, placed, value
 from specdemo.metrics import Summary, measured_speedup
@@ -117,7 +118,7 @@ def render_results(lanes: dict[str, LaneRun], mode: str, settings: GenerationSet
     alpha = figure("alpha_hat").format(value(figure("alpha_hat"), summaries))
     headline = tiles([(f.label, f.format(value(f, summaries))) for f in placed(RESULTS)]
                      + [("target calls saved", f"{saved} of {a.target_calls}")], "sd-results")
-    drafter = "prompt lookup" if (s.drafter or settings.drafter) == "prompt-lookup" else "draft model"
+    drafter = strategy(s.drafter or settings.drafter).label
     if settings.k_auto:
         k = f"K chosen by the planner (mean {s.mean_k:.1f})"
     else:
