@@ -41,8 +41,8 @@ class Figure:
         """`value` as every renderer writes it ("–" for none); `unit` False leaves the unit to a column's header."""
         if value is None or (isinstance(value, float) and math.isnan(value)):
             return "–"
-        if isinstance(value, (list, tuple)):
-            return " ".join(self.format(v, unit=False) for v in value) or "–"
+        if isinstance(value, (list, tuple)):  # by position: 0 where nothing was drafted there (metrics), so not shown
+            return " ".join(self.format(v, unit=False) for v in value if v) or "–"
         if self.unit == "%":
             return f"{value:.{self.digits}%}"
         number = f"{value * 1000 if self.unit == 'ms' else value:,.{self.digits}f}"

@@ -125,8 +125,9 @@ def render_results(lanes: dict[str, LaneRun], mode: str, settings: GenerationSet
         k = f"K adaptive (mean {s.mean_k:.1f})" if settings.adaptive else f"K = {settings.k}"
     plan = spec.plan
     if drafted:
+        by_position = figure("acceptance_by_position").format(s.acceptance_by_position)
         prediction = (f"Predicted from this machine's call costs at the run's own acceptance (α̂ = {alpha}; by draft "
-                      f"position {_rates(s.acceptance_by_position)}), mean K = {s.mean_k:.1f}, {a.tokens} tokens and the "
+                      f"position {by_position}), mean K = {s.mean_k:.1f}, {a.tokens} tokens and the "
                       f"prompt's prefill; the plan expected {plan.planned_speedup:.2f}× before the run. " if plan else
                       f"Predicted from this machine's call costs at the run's own acceptance (α̂ = {alpha}). ")
         prediction += (f"Leviathan et al.'s eq. 1, which prices a verify call at one step, would say "
@@ -176,11 +177,6 @@ def render_failures(failures: list[dict]) -> str:
     return ('<div class="sd-notes"><p><b>Where the drafts failed</b>: each rejection, by what the target wanted '
             f'there (the draft\'s token → the target\'s).</p><table class="sd-failures"><thead><tr><th>the target wanted</th>'
             f"<th>rejections</th><th>examples</th></tr></thead><tbody>{rows}</tbody></table></div>")
-
-
-def _rates(rates: list[float]) -> str:
-    shown = [f"{r:.2f}" for r in rates if r]
-    return " ".join(shown) if shown else "–"
 
 
 def compare_outputs(ar: list[TokenEvent], spec: list[TokenEvent], settings: GenerationSettings, noise=None) -> str:
