@@ -39,8 +39,9 @@ class OVModel:
     """A stateful causal LM compiled on one device. `length` is the number of tokens in its KV cache."""
 
     def __init__(self, folder: Path, settings: ModelSettings, core: ov.Core | None = None, cache_dir: Path | None = None,
-                 head_ids: np.ndarray | None = None):
-        """head_ids: keep only these rows of the LM head (sorted token ids); logits then score just them."""
+                 head_ids: np.ndarray | None = None, profiled: bool = False):
+        """head_ids: keep only these rows of the LM head (sorted token ids); logits then score just them. profiled:
+        compile with the plugin's per-node counters on (bench/nodes.py reads them; they cost a little per node)."""
         self.folder = Path(folder)
         self.settings = settings
         core = core or ov.Core()
@@ -49,13 +50,17 @@ class OVModel:
         self.head_ids = head_ids if head_ids is not None and _trim_lm_head(model, head_ids) else None
         self.sliced_logits = _keep_only_last_logits(model)
         self._seq_axis = _sequence_axis(model)
-        self.compiled = core.compile_model(model, settings.device, compile_config(settings, cache_dir))
+        config = compile_config(settings, cache_dir)
+        if profiled:
+            config["PERF_COUNT"] = True
+        self.compiled = core.compile_model(model, settings.device, config)
         self.request = self.compiled.create_infer_request()
         self._kv_type = _kv_cache_type(self.compiled)
         self._mask = np.zeros(0, dtype=np.int64)  # per position in the plugin's cache: 1 kept, 0 forgotten
         self.length = 0  # tokens kept (the cache as callers see it)
         self.calls = 0  # inference calls since the last reset
         self.last_call_s = 0.0  # seconds of the latest call (the loops record it; specdemo/metrics.py sums)
+        self.requests = 0  # inference requests since compilation, never reset (a long prompt is several)
         self._beam = np.zeros(1, dtype=np.int32)
         # For an input longer than PREFILL_CHUNK: called as on_piece(tokens fed, of n) before the first piece
         # (0) and after each piece, so a long prefill can show its progress; None: silent.
@@ -97,6 +102,7 @@ class OVModel:
         if self.sliced_logits:
             inputs["logits_to_keep"] = np.asarray([keep], dtype=np.int64)
         self.request.infer(inputs, share_inputs=True)
+        self.requests += 1
         self._mask = mask
         self.length += n
 

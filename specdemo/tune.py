@@ -50,7 +50,7 @@ class Trial:
 
     role: str  # "target" or "draft"
     setting: Setting
-    seconds: float = float("nan")  # the score: target t(1) + t(race.ROUND); draft: a draft step in a round
+    seconds: float = float("nan")  # the score: target t(1) + its verify calls' (race.VERIFY_SIZES); draft: a step in a round
     relative: float = float("nan")  # its score over the defaults', chained through the races it and they ran in
     agreement: float = float("nan")  # share of the reference's decided greedy choices kept
     parting_rate: float = float("nan")  # per 1,000 positions: verify calls choosing another token than single steps

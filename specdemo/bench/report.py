@@ -42,6 +42,7 @@ def render(results: dict, plots: dict[str, str]) -> str:
         tables.breakdown_section(sections.get("paper"), plots),
         report_gguf.llamacpp_section(sections.get("llamacpp")),
         report_gguf.fidelity_section(sections.get("fidelity")),
+        report_gguf.nodes_section(sections.get("nodes"), sections.get("llamacpp")),
         tables.watching_section(sections.get("watching")),
         report_humaneval.humaneval_section(sections.get("humaneval"), plots),
         tables.method_section(results),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from specdemo.bench.report_tables import cell, k_text, ms, percent, seconds, table, times
+from specdemo.bench.report_tables import cell, k_text, ms, ms_value, percent, seconds, table, times
 
 
 def llamacpp_section(cpp: dict | None) -> str:
@@ -72,3 +72,49 @@ def fidelity_section(section: dict | None) -> str:
             f"over the {section['examples']} built-in answers beside the GGUF itself (its own blocks, f32 arithmetic, no "
             f"dynamic quantization), at {section['candidates'][0]['positions']} positions:\n\n"
             + table(["weights", "compile settings", "top-1 agreement", "mean |logit error|"], rows))
+
+
+def nodes_section(section: dict | None, cpp: dict | None) -> str:
+    """Where a target call's time goes (specdemo/bench/nodes.py), per target precision, beside the GGUF's own bytes."""
+    if not section or not section.get("targets"):
+        return ""
+    calls = section["tokens_per_call"]
+    parts = ["## Where a target call's time goes\n\nOpenVINO's per-node counters (PERF_COUNT) over 8 calls of each "
+             f"size ({' and '.join(map(str, calls))} tokens: a decode step and a verify call), each target precision "
+             "compiled as it runs here, summed by group, beside the bytes of the weights each group reads per call and the "
+             "rate that gives. A group far below the others' rate is a slow kernel; a step whose groups all stream near "
+             "the machine's rate gets faster only by reading fewer bytes."]
+    for target in section["targets"]:
+        rows = []
+        for i, group in enumerate(target["by_tokens"][str(calls[0])]):
+            row = [group["name"], f"{group['weight_bytes'] / 1e6:.0f} MB" if group["weight_bytes"] else "–"]
+            for tokens in calls:
+                g = target["by_tokens"][str(tokens)][i]
+                row += [f"{g['ms_per_call']:.1f} ms", _rate(g["gb_per_s"])]
+            rows.append(row)
+        totals = [sum(g["ms_per_call"] for g in target["by_tokens"][str(t)]) for t in calls]
+        rows.append(["**all nodes**", f"{target['weight_bytes'] / 1e6:.0f} MB"]
+                    + [cell for t in totals for cell in (f"**{t:.1f} ms**", _rate(target["weight_bytes"] / (t * 1e6)))])
+        rows.append(["the call, wall time", ""] + [cell for t in calls for cell in (ms_value(target["wall_s"][str(t)]), "")])
+        header = ["group", "weights read"] + [c for t in calls for c in (f"{t} token{'s' if t > 1 else ''}: time", "rate")]
+        parts.append(f"**{_weights({'target': target['precision']})}** ({target['compile_settings']}):\n\n" + table(header, rows))
+    if section.get("gguf_read_bytes"):
+        gguf = section["gguf_read_bytes"]
+        line = f"The GGUF file's matmuls read {gguf / 1e9:.2f} GB of weights per token"
+        plain = _llamacpp_plain(cpp)
+        if plain:
+            line += f"; at llama.cpp's {plain * 1e3:.1f} ms per token in this run that is {gguf / plain / 1e9:.1f} GB/s"
+        parts.append(line + ".")
+    return "\n\n".join(parts)
+
+
+def _rate(gb_per_s: float) -> str:
+    return "–" if gb_per_s is None or math.isnan(gb_per_s) else f"{gb_per_s:.1f} GB/s"
+
+
+def _llamacpp_plain(cpp: dict | None) -> float | None:
+    """llama.cpp's median time per token, plain decoding, from the llamacpp section (None if it did not run)."""
+    if not cpp or "lanes" not in cpp:
+        return None
+    return next((lane["per_token_s"]["median"] for lane in cpp["lanes"].values()
+                 if lane["framework"] == "llamacpp" and lane["kind"] == "autoregressive"), None)

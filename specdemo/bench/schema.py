@@ -31,6 +31,9 @@ Every section has seconds and load_average_end, and:
     transformers  k, max_new_tokens, dtype, lanes, ratios, speedup {ours, transformers}, runs; or skipped
     fidelity      examples, candidates [{precision, compile_settings, positions, top1_agreement, mean_abs_logit_error}];
                   or skipped
+    nodes         tokens_per_call [1, K + 1], gguf_read_bytes (per token, or null without a GGUF), targets [{precision,
+                  compile_settings, weight_bytes, wall_s {tokens: seconds a call}, by_tokens {tokens: [{name, nodes, ms_per_call,
+                  weight_bytes, gb_per_s}]}}]
     llamacpp      k, k_label, max_new_tokens, threads, version, system_info (llama.cpp's CPU features), weights {role:
                   precision}, text_agreement [{instruction, same_tokens, of}], lanes (+ tokens_per_s),
                   ratios (each llama.cpp lane over ours speculative, llama.cpp AR over ours AR: per-token time, which is

@@ -208,6 +208,26 @@ def run_fidelity(ctx: Context) -> dict:
     return {"examples": len(examples), "candidates": rows}
 
 
+def run_nodes(ctx: Context) -> dict:
+    """Where a target call's time goes (nodes.py): each target precision compiled as it runs here, with the plugin's
+    per-node counters, one token a call and K + 1 (a verify call), against the bytes of weights each group reads."""
+    from dataclasses import replace
+
+    from specdemo.bench import llamacpp, nodes
+    from specdemo.profile import machine_profile
+
+    prompt = ctx.prompts(ctx.code_instructions(1))[0]
+    tokens = (1, ctx.k + 1)
+    targets = []
+    for precision in dict.fromkeys((ctx.settings.target.precision, *ctx.bench.target_precisions)):
+        settings = machine_profile().resolve(replace(ctx.settings.target, precision=precision))
+        ctx.log(f"nodes: the target at {precision}")
+        targets.append(nodes.profile_target(settings, prompt, tokens, ctx.log))
+    path = llamacpp.gguf_path(ctx.settings.target.source)
+    return {"tokens_per_call": list(tokens), "gguf_read_bytes": nodes.gguf_read_bytes(path) if path else None,
+            "targets": targets}
+
+
 def run_watching(ctx: Context) -> dict:
     """What a browser watching the page costs the lanes: the same instruction by the CLI, the page's API and the page in
     Chromium on this machine, back to back (watching.py)."""
@@ -226,6 +246,7 @@ def run_humaneval(ctx: Context) -> dict:
 RUNNERS = {
     "humaneval": run_humaneval,
     "fidelity": run_fidelity,
+    "nodes": run_nodes,
     "paper": run_paper,
     "transformers": run_transformers,
     "llamacpp": run_llamacpp,

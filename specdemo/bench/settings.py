@@ -44,7 +44,7 @@ EDIT_INSTRUCTIONS = [
 # The paper's measurements: new tokens N -> (autoregressive s, speculative s), Dolly v2 12B target, 3B draft.
 PAPER = {40: (19.87, 13.61), 100: (44.25, 26.97)}
 
-SECTIONS = ("paper", "k", "vocab", "lookup", "transformers", "llamacpp", "fidelity", "precision", "kv", "memory",
+SECTIONS = ("paper", "k", "vocab", "lookup", "transformers", "llamacpp", "fidelity", "nodes", "precision", "kv", "memory",
             "watching", "humaneval")  # in the order they run
 USES_GENAI = {"paper", "k", "lookup", "humaneval"}  # sections that load OpenVINO GenAI pipelines
 # Sections only --only runs: humaneval executes the code the models write (and takes most of an hour).
@@ -114,7 +114,7 @@ QUICK = BenchSettings(
     transformers_tokens=16,
     lookup_instructions=1,
     # llama.cpp is an optional peer that loads two more copies of the target: the full run measures it.
-    sections=tuple(s for s in SECTIONS if s not in ("llamacpp", "fidelity", "precision", "kv", "memory", "watching", *OPT_IN)),
+    sections=tuple(s for s in SECTIONS if s not in ("llamacpp", "fidelity", "nodes", "precision", "kv", "memory", "watching", *OPT_IN)),
 )
 
 

@@ -1,0 +1,172 @@
+"""Where a target call's time goes: OpenVINO's per-node counters against the weight bytes each node reads.
+
+Decoding on a CPU is bound by how fast the weights stream from memory, so each group of nodes is shown with the
+bytes of the weights it reads per call and the rate that gives (GB/s). A group well below the others' rate is
+a slow kernel, not a memory limit; a whole step at the rate its weights allow can only get faster by reading fewer
+bytes. The GGUF file itself is priced the same way: the bytes of every weight its matmuls read per token (the
+embedding, when the LM head shares it, once as the head), which at llama.cpp's measured time per token gives the
+rate it streams at.
+
+The plugin's counters (PERF_COUNT) hold, per node, the mean over every call since compilation, so a window of
+calls is the difference of mean × calls before and after it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import openvino as ov
+
+# Groups, in the order the report lists them: (name, test on the node's original name and type).
+GROUPS = (
+    ("LM head", lambda name, kind: "lm_head" in name),
+    ("MLP (gate, up, down)", lambda name, kind: bool(re.search(r"mlp\.(gate|up|down)_proj", name))),
+    ("attention projections (q, k, v, o)", lambda name, kind: bool(re.search(r"self_attn\.[qkvo]_proj", name))),
+    ("attention (SDPA with the KV cache)", lambda name, kind: kind.startswith("ScaledDotProductAttention")),
+    ("other matmuls (a GGUF import's Q4_K offsets; RoPE's)", lambda name, kind: kind.startswith("FullyConnected") or kind == "MatMul"),
+)
+OTHER = "everything else (norms, RoPE, adds, embedding)"
+WINDOW = 8  # calls per measured window
+
+
+@dataclass
+class NodeGroup:
+    """One group's share of a call."""
+
+    name: str
+    nodes: int
+    ms_per_call: float  # wall time of its nodes, summed, per call
+    weight_bytes: int  # bytes of the constants its nodes read (weights, scales, offsets)
+
+    @property
+    def gb_per_s(self) -> float:
+        return self.weight_bytes / (self.ms_per_call * 1e6) if self.ms_per_call > 0 and self.weight_bytes else float("nan")
+
+
+def weight_bytes(model) -> dict[str, int]:
+    """{node name: bytes of the constants on its weight input} for every MatMul of an ov.Model: the constants feeding
+    input 1 (the weights, with their decompression's scales and zero points), followed up through nodes computed from
+    constants only. A MatMul of two activations is left out."""
+    sizes = {}
+    for node in model.get_ordered_ops():
+        kind = node.get_type_name()
+        if kind != "MatMul":
+            continue  # a Gather (the embedding) reads one row per token, not its table
+        size = _constant_bytes(node.input_value(1).get_node())
+        if size:
+            sizes[node.get_friendly_name()] = size
+    return sizes
+
+
+def _constant_bytes(node) -> int | None:
+    """Bytes of the Constants `node` is computed from; None if it depends on anything else (an input, a state)."""
+    kind = node.get_type_name()
+    if kind == "Constant":
+        return int(node.get_byte_size())
+    if node.get_input_size() == 0:
+        return None  # a Parameter or a ReadValue: an activation, not a weight
+    total = 0
+    for value in node.input_values():
+        size = _constant_bytes(value.get_node())
+        if size is None:
+            return None
+        total += size
+    return total
+
+
+def node_seconds(request) -> dict[str, tuple[str, float]]:
+    """{exec node: (type, mean seconds per request so far)} — the plugin's counters hold means over requests."""
+    return {p.node_name: (p.node_type, p.real_time.total_seconds()) for p in request.profiling_info}
+
+
+def profile_calls(model, prompt: list[int], tokens: int, calls: int = WINDOW) -> tuple[dict[str, tuple[str, float]], float]:
+    """({exec node: (type, seconds per call)}, wall seconds per call) over `calls` calls of `tokens` tokens each after
+    `prompt` and one warm-up call; `model` a runtime.OVModel compiled with profiled=True. Each call is rolled back after
+    it, so every call scores the same positions."""
+    model.reset()
+    model.forward(prompt)
+    length = model.length
+    model.forward(prompt[-tokens:], logits_to_keep=tokens)
+    model.rollback(length)
+    before, n_before = node_seconds(model.request), model.requests
+    wall = 0.0
+    for _ in range(calls):
+        model.forward(prompt[-tokens:], logits_to_keep=tokens)
+        wall += model.last_call_s
+        model.rollback(length)
+    after, n_after = node_seconds(model.request), model.requests
+    model.reset()
+    # A mean over n requests times n is a total; the window's share is the difference of totals (at least 0: the
+    # counters are whole microseconds).
+    per_node = {name: (kind, max(0.0, seconds * n_after - before.get(name, (kind, 0.0))[1] * n_before) / calls)
+                for name, (kind, seconds) in after.items()}
+    return per_node, wall / calls
+
+
+def group_nodes(per_node: dict[str, tuple[str, float]], exec_names: dict[str, str], sizes: dict[str, int]) -> list[NodeGroup]:
+    """Sum the nodes into GROUPS (and OTHER). `exec_names` maps an exec node to the original node it computes (the
+    plugin keeps a MatMul's name for its FullyConnected), `sizes` is weight_bytes of the original model."""
+    groups = {name: NodeGroup(name, 0, 0.0, 0) for name, _ in GROUPS}
+    groups[OTHER] = NodeGroup(OTHER, 0, 0.0, 0)
+    for node, (kind, seconds) in per_node.items():
+        original = exec_names.get(node, node)
+        name = next((g for g, test in GROUPS if test(original, kind)), OTHER)
+        group = groups[name]
+        group.nodes += 1
+        group.ms_per_call += seconds * 1e3
+        group.weight_bytes += sizes.get(original, 0)
+    return [g for g in groups.values() if g.nodes]
+
+
+def original_names(compiled) -> dict[str, str]:
+    """{exec node name: the original node it carries the name of} from the runtime model's rt_info."""
+    names = {}
+    for op in compiled.get_runtime_model().get_ordered_ops():
+        info = op.get_rt_info()
+        original = info["originalLayersNames"].astype(str) if "originalLayersNames" in info else ""
+        # Fused nodes list every original node; the MatMul's name is the one that carries the weights' bytes.
+        candidates = [n for n in original.split(",") if n]
+        matmul = next((n for n in candidates if "MatMul" in n or "lm_head" in n or "_proj" in n), None)
+        names[op.get_friendly_name()] = matmul or (candidates[0] if candidates else op.get_friendly_name())
+    return names
+
+
+def gguf_read_bytes(path: Path) -> int:
+    """Bytes of the weights a GGUF model's matmuls read per token: every 2-D tensor except the token embedding (one
+    row per token), which counts whole when there is no output.weight (the LM head shares it)."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    names = {t.name for t in reader.tensors}
+    total = 0
+    for tensor in reader.tensors:
+        if len(tensor.shape) < 2:
+            continue
+        if tensor.name == "token_embd.weight" and "output.weight" in names:
+            continue
+        total += int(tensor.n_bytes)
+    return total
+
+
+def profile_target(settings, prompt: list[int], tokens_per_call: tuple[int, ...], log) -> dict:
+    """One target precision compiled as it runs here, with counters on: per group and call size, ms and bytes."""
+    from specdemo import tune
+    from specdemo.models import describe_compile
+
+    model = tune.compile_model(settings, profiled=True)
+    sizes = weight_bytes(ov.Core().read_model(model.folder / "openvino_model.xml"))
+    exec_names = original_names(model.compiled)
+    by_tokens, wall = {}, {}
+    for tokens in tokens_per_call:
+        per_node, wall_s = profile_calls(model, prompt, tokens)
+        groups = group_nodes(per_node, exec_names, sizes)
+        by_tokens[str(tokens)] = [{**asdict(g), "gb_per_s": g.gb_per_s} for g in groups]
+        wall[str(tokens)] = wall_s
+        total = sum(g.ms_per_call for g in groups)
+        log(f"nodes: {settings.precision}, {tokens} token(s) a call: {total:.1f} ms in the nodes of {wall_s * 1e3:.1f} ms a call")
+    weights = sum(sizes.values())
+    del model
+    return {"precision": settings.precision, "compile_settings": describe_compile(settings), "weight_bytes": weights,
+            "by_tokens": by_tokens, "wall_s": wall}

@@ -1,0 +1,58 @@
+"""Where a target call's time goes (specdemo/bench/nodes.py): the bytes each matmul's weights take, the plugin's
+per-node counters turned into time per call, and the report's table of both."""
+
+import numpy as np
+import openvino as ov
+import openvino.opset13 as ops
+
+from specdemo.bench import nodes, report_gguf
+from specdemo.runtime import OVModel
+from tests.conftest import exact
+
+
+def test_a_compressed_weight_counts_its_values_scales_and_zero_points_and_an_activation_product_counts_nothing():
+    x = ops.parameter([1, 64], ov.Type.f32, name="x")
+    values = ops.constant(np.ones((32, 64), np.uint8), ov.Type.u8)
+    zero = ops.constant(np.full((32, 1), 8, np.uint8), ov.Type.u8)
+    scale = ops.constant(np.ones((32, 1), np.float16), ov.Type.f16)
+    weight = ops.multiply(ops.subtract(ops.convert(values, ov.Type.f16), ops.convert(zero, ov.Type.f16)), scale)
+    projected = ops.matmul(x, ops.convert(weight, ov.Type.f32), False, True)
+    projected.set_friendly_name("layers.0.mlp.up_proj/MatMul")
+    square = ops.matmul(projected, projected, True, False)  # two activations: no weights
+    square.set_friendly_name("activations/MatMul")
+    sizes = nodes.weight_bytes(ov.Model([square], [x]))
+    assert sizes == {"layers.0.mlp.up_proj/MatMul": 32 * 64 + 32 + 32 * 2}
+
+
+def test_the_counters_window_gives_each_call_its_own_time_within_the_calls_wall_time(tiny_target):
+    model = OVModel(tiny_target, exact(tiny_target), profiled=True)
+    sizes = nodes.weight_bytes(ov.Core().read_model(tiny_target / "openvino_model.xml"))
+    names = nodes.original_names(model.compiled)
+    prompt = list(range(2, 40))
+    for tokens in (1, 4):
+        per_node, wall = nodes.profile_calls(model, prompt, tokens)
+        groups = {g.name: g for g in nodes.group_nodes(per_node, names, sizes)}
+        in_nodes = sum(g.ms_per_call for g in groups.values()) / 1e3
+        # The counters hold means over every request since compilation (the prompt included): read as totals of
+        # the window, they must fit in the calls' own wall time (a mean read as a total would not).
+        assert 0 < in_nodes <= wall
+        assert groups["LM head"].weight_bytes > 0 and groups["MLP (gate, up, down)"].weight_bytes > 0
+        assert groups["attention projections (q, k, v, o)"].nodes == 2 * 4  # two layers' q, k, v, o
+    assert model.length == 0  # the window leaves the cache empty
+
+
+def test_the_report_shows_each_group_with_its_rate_and_the_gguf_at_llamacpps_time():
+    group = lambda name, ms, mb: {"name": name, "nodes": 1, "ms_per_call": ms, "weight_bytes": int(mb * 1e6),
+                                  "gb_per_s": mb / ms if mb else float("nan")}
+    section = {"tokens_per_call": [1, 5], "gguf_read_bytes": 830_000_000, "targets": [{
+        "precision": "gguf", "compile_settings": "group 16, f32, KV f32", "weight_bytes": 1_100_000_000,
+        "wall_s": {"1": 0.052, "5": 0.080},
+        "by_tokens": {"1": [group("LM head", 10.0, 262.0), group("attention (SDPA with the KV cache)", 2.0, 0)],
+                      "5": [group("LM head", 31.0, 262.0), group("attention (SDPA with the KV cache)", 5.0, 0)]}}]}
+    cpp = {"lanes": {"llama.cpp autoregressive": {"framework": "llamacpp", "kind": "autoregressive",
+                                                  "per_token_s": {"median": 0.0365}}}}
+    text = report_gguf.nodes_section(section, cpp)
+    assert "| LM head | 262 MB | 10.0 ms | 26.2 GB/s | 31.0 ms | 8.5 GB/s |" in text
+    assert "| the call, wall time |  | 52.0 ms |  | 80.0 ms |  |" in text
+    assert "0.83 GB of weights per token; at llama.cpp's 36.5 ms per token in this run that is 22.7 GB/s" in text
+    assert report_gguf.nodes_section(None, cpp) == ""
