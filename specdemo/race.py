@@ -1,7 +1,7 @@
 """Timing races between compiles of one model, in the decoding loop's own call patterns: how tune (and the draft plan,
 specdemo/draft_choice.py) tell which candidate is fastest on a shared machine.
 
-    seconds = race([compile_a, compile_b], draft, sample_target)   # each target's median t(1) + t(ROUND)
+    seconds = race([compile_a, compile_b], draft, sample_target)   # each target's median t(1) + t(4) + t(7)
     seconds = race([draft_a, draft_b], target, sample_draft)       # each draft's median step inside a round
 
 A sample is a few calls as the loop makes them (single steps one after another; a round's draft steps, then the
@@ -17,7 +17,11 @@ CONTEXT = 160  # tokens of context every timed call follows
 PER_SAMPLE, UNTIMED = 3, 1  # timed calls in one sample of a candidate, after an untimed one
 RACE_ROUNDS = 5  # samples of every candidate in one heat, taken in turns
 MAX_HEATS = 4  # heats run until two in a row agree on the fastest
-ROUND = 4  # the verify call's size (K = 3 drafts and the target's token) and the draft steps per round, minus one
+ROUND = 4  # the short verify call's size (K = 3 drafts and the target's token) and the draft steps per round, minus one
+# The verify calls a target is timed at: a short round's and a long one's (K = 6, what auto K plans where drafts are
+# cheap). Both, because a compile's cost can jump between them: the GGUF's own blocks under dynamic quantization in
+# groups of 32 score 4 tokens in 1.3 single steps but 5 in 1.9 (AMD EPYC Zen 5), in groups of 16 1.3 and 1.4.
+VERIFY_SIZES = (ROUND, 7)
 
 
 def _ids(n: int, offset: int = 0) -> list[int]:
@@ -32,22 +36,26 @@ def prefill(model) -> None:
 
 
 def sample_target(model, draft) -> float:
-    """One sample of t(1) + t(ROUND) of a target, in the loop's patterns: steps one after another, and verify calls of
-    ROUND tokens (ROUND rows of logits) after ROUND - 1 draft steps, the caches rolled back after each (both hold
-    CONTEXT tokens before and after)."""
-    steps, verifies = [], []
+    """One sample of t(1) + t(4) + t(7) of a target (VERIFY_SIZES), in the loop's patterns: steps one after another,
+    and verify calls of n tokens (n rows of logits) after ROUND - 1 draft steps, the caches rolled back after each
+    (both hold CONTEXT tokens before and after)."""
+    steps = []
     for i in range(UNTIMED + PER_SAMPLE):
         model.forward(_ids(1, i))
         steps.append(model.last_call_s)
     model.rollback(CONTEXT)
-    for i in range(UNTIMED + PER_SAMPLE):
-        for j in range(ROUND - 1):
-            draft.forward(_ids(1, j))
-        model.forward(_ids(ROUND), logits_to_keep=ROUND)
-        verifies.append(model.last_call_s)
-        model.rollback(CONTEXT)
-        draft.rollback(CONTEXT)
-    return statistics.median(steps[UNTIMED:]) + statistics.median(verifies[UNTIMED:])
+    total = statistics.median(steps[UNTIMED:])
+    for n in VERIFY_SIZES:
+        verifies = []
+        for i in range(UNTIMED + PER_SAMPLE):
+            for j in range(ROUND - 1):
+                draft.forward(_ids(1, j))
+            model.forward(_ids(n), logits_to_keep=n)
+            verifies.append(model.last_call_s)
+            model.rollback(CONTEXT)
+            draft.rollback(CONTEXT)
+        total += statistics.median(verifies[UNTIMED:])
+    return total
 
 
 def sample_draft(model, target) -> float:

@@ -12,7 +12,7 @@ MLP/QKV paths are AMX-only. So each model is measured here, on this machine, wit
   (assets/calibration.json), must equal the reference compile's (f32, no dynamic quantization) wherever the
   reference is not at a near-tie;
 * the faithful ones are timed in the loop's own call pattern (a single step as the autoregressive lane makes it and a
-  round's verify call for the target; a draft step inside a round for the draft), in two passes in opposite orders,
+  short and a long round's verify calls for the target; a draft step inside a round for the draft), in two passes in opposite orders,
   and the fastest stays; a third pass settles a ranking the two passes disagree on (specdemo/race.py);
 * the chosen pair must still give greedy speculative output equal to autoregressive output.
 
@@ -115,16 +115,16 @@ def agreement(model, probes: list[Probe]) -> float:
     return kept / total if total else 1.0
 
 
-def compile_model(settings: ModelSettings, tokenizer=None):
+def compile_model(settings: ModelSettings, tokenizer=None, profiled: bool = False):
     """A compile for measuring only: no compiled-model cache (ten variants of a 1.6 GiB model would fill the disk). A
-    head size above 0 trims the LM head (needs the `tokenizer`)."""
+    head size above 0 trims the LM head (needs the `tokenizer`); profiled turns the per-node counters on."""
     from specdemo import vocab
     from specdemo.runtime import OVModel
 
     folder = sources.prepare(settings)
     config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
     head = vocab.head_for(tokenizer, settings.head_tokens, config, sources.specdemo_home() / "vocab")
-    return OVModel(folder, settings, head_ids=head)
+    return OVModel(folder, settings, head_ids=head, profiled=profiled)
 
 
 def search(role: str, base: ModelSettings, other, probes: list[Probe], log, cpu_flags: list[str], cores: int,
