@@ -269,7 +269,8 @@ def _tune(settings: RunSettings, again: bool = True) -> int:
     print("(time: in the race a setting last ran in; vs default: chained through the races, each against the setting"
           " kept so far; parting/1k: positions per 1,000 of built-in code and prose answers where verify calls choose"
           " another greedy token than single steps, measured for the target settings that would replace the one kept;"
-          " none may part more often than the defaults, except in the fastest configuration)")
+          " none may part more often than the defaults beyond the counting noise of theirs, except in the fastest"
+          " configuration)")
     _print_draft_plan(drafts)
     print(f"\nkept in {profile.store.path}; every compile of these models on this machine uses it (ours, GenAI's lane, the bench).")
     print(f"{engine.costs.sentence()} (the cost model, measured again under it)")

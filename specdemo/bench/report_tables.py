@@ -99,7 +99,7 @@ def tune_section(record: dict | None) -> str:
     """The compile settings and the draft this run's models were loaded under, as `python -m specdemo tune` chose them:
     every trial of the tune (settings × times) and the draft plan."""
     from specdemo.profile.choices import Setting
-    from specdemo.race import ROUND
+    from specdemo.race import VERIFY_SIZES
 
     if not record:
         return ("## Tuned for this machine\n\nNot tuned: every model ran on the default compile settings "
@@ -115,11 +115,12 @@ def tune_section(record: dict | None) -> str:
     text = ("## Tuned for this machine\n\n"
             f"Every lane of this run (ours and GenAI's) was compiled with the settings `python -m specdemo tune` chose on "
             f"this machine (tune file `{record['file']}`). Each candidate: the share of the reference's (f32, no dynamic "
-            f"quantization) decided greedy choices it keeps, its time as the loop calls (target: a single step plus a "
-            f"{ROUND}-token verify call; draft: a draft step inside a round) in the race it last ran in, and against the "
+            f"quantization) decided greedy choices it keeps, its time as the loop calls (target: a single step plus "
+            f"{' and '.join(map(str, VERIFY_SIZES))}-token verify calls; draft: a draft step inside a round) in the race it last ran in, and against the "
             "defaults, chained through the races; for a target that must keep the lanes identical, how often its verify "
             "calls choose another greedy token than its single steps (per 1,000 positions of built-in code and prose "
-            "answers; none may part more often than the defaults).\n\n"
+            "answers; none may part more often than the defaults beyond the counting noise of theirs: one standard deviation "
+            "of their count, at least one parting).\n\n"
             + table(["model", "setting", "greedy kept", "time", "vs default", "parting /1k", ""], rows))
     from specdemo.draft_choice import from_dict
 
