@@ -26,8 +26,9 @@ def test_a_compressed_weight_counts_its_values_scales_and_zero_points_and_an_act
 
 def test_the_counters_window_gives_each_call_its_own_time_within_the_calls_wall_time(tiny_target):
     model = OVModel(tiny_target, exact(tiny_target), profiled=True)
-    sizes = nodes.weight_bytes(ov.Core().read_model(tiny_target / "openvino_model.xml"))
-    names = nodes.original_names(model.compiled)
+    original = ov.Core().read_model(tiny_target / "openvino_model.xml")
+    sizes = nodes.weight_bytes(original)
+    names = nodes.original_names(model.compiled, sizes, nodes.bias_names(original, sizes))
     prompt = list(range(2, 40))
     for tokens in (1, 4):
         per_node, wall = nodes.profile_calls(model, prompt, tokens)
@@ -37,7 +38,10 @@ def test_the_counters_window_gives_each_call_its_own_time_within_the_calls_wall_
         # the window, they must fit in the calls' own wall time (a mean read as a total would not).
         assert 0 < in_nodes <= wall
         assert groups["LM head"].weight_bytes > 0 and groups["MLP (gate, up, down)"].weight_bytes > 0
-        assert groups["attention projections (q, k, v, o)"].nodes == 2 * 4  # two layers' q, k, v, o
+        projections = sum(size for name, size in sizes.items() if "self_attn" in name and "_proj" in name)
+        assert groups["attention projections (q, k, v, o)"].weight_bytes == projections > 0  # two layers' q, k, v, o
+        # every matmul's weights are found, once, behind the exec node that computes it
+        assert sum(g.weight_bytes for g in groups.values()) == sum(sizes.values())
     assert model.length == 0  # the window leaves the cache empty
 
 
@@ -56,3 +60,25 @@ def test_the_report_shows_each_group_with_its_rate_and_the_gguf_at_llamacpps_tim
     assert "| the call, wall time |  | 52.0 ms |  | 80.0 ms |  |" in text
     assert "0.83 GB of weights per token; at llama.cpp's 36.5 ms per token in this run that is 22.7 GB/s" in text
     assert report_gguf.nodes_section(None, cpp) == ""
+
+
+def test_a_matmul_whose_bias_the_plugin_fuses_keeps_its_weights_under_the_fused_nodes_name():
+    """The CPU plugin fuses a bias Add into the FullyConnected and names the fused node after the Add alone (Qwen's q,
+    k and v projections); the weights' bytes must still be found for it."""
+    x = ops.parameter([1, 64], ov.Type.f32, name="x")
+    values = ops.constant(np.ones((32, 64), np.uint8), ov.Type.u8)
+    scale = ops.constant(np.ones((32, 1), np.float16), ov.Type.f16)
+    weight = ops.convert(ops.multiply(ops.convert(values, ov.Type.f16), scale), ov.Type.f32)
+    projected = ops.matmul(x, weight, False, True)
+    projected.set_friendly_name("layers.0.self_attn.q_proj/MatMul")
+    biased = ops.add(projected, ops.constant(np.ones((1, 32), np.float32)))
+    biased.set_friendly_name("layers.0.self_attn.q_proj/Add")
+    model = ov.Model([ops.relu(biased)], [x])
+    sizes = nodes.weight_bytes(model)
+    compiled = ov.Core().compile_model(model, "CPU", {"PERF_COUNT": True})
+    names = nodes.original_names(compiled, sizes, nodes.bias_names(model, sizes))
+    request = compiled.create_infer_request()
+    request.infer({"x": np.ones((1, 64), np.float32)})
+    per_node = {p.node_name: (p.node_type, p.real_time.total_seconds()) for p in request.profiling_info}
+    groups = {g.name: g for g in nodes.group_nodes(per_node, names, sizes)}
+    assert groups["attention projections (q, k, v, o)"].weight_bytes == 32 * 64 + 32 * 2

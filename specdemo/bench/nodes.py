@@ -14,6 +14,7 @@ calls is the difference of mean × calls before and after it.
 from __future__ import annotations
 
 import re
+import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -29,6 +30,8 @@ GROUPS = (
 )
 OTHER = "everything else (norms, RoPE, adds, embedding)"
 WINDOW = 8  # calls per measured window
+REPEATS = 3  # windows of each call size, taken in turns; each node's median is kept (a window lasts about a second,
+# and a burst of the shared host's load in one would otherwise stand for the whole size)
 
 
 @dataclass
@@ -58,6 +61,19 @@ def weight_bytes(model) -> dict[str, int]:
         if size:
             sizes[node.get_friendly_name()] = size
     return sizes
+
+
+def bias_names(model, sizes: dict[str, int]) -> dict[str, str]:
+    """{Add: MatMul} for every weighted MatMul whose only consumer is an Add: the plugin fuses such a bias into the
+    FullyConnected and names the fused node after the Add alone (Qwen's q, k and v projections)."""
+    names = {}
+    for node in model.get_ordered_ops():
+        if node.get_type_name() != "MatMul" or node.get_friendly_name() not in sizes:
+            continue
+        consumers = list(node.output(0).get_target_inputs())
+        if len(consumers) == 1 and consumers[0].get_node().get_type_name() == "Add":
+            names[consumers[0].get_node().get_friendly_name()] = node.get_friendly_name()
+    return names
 
 
 def _constant_bytes(node) -> int | None:
@@ -110,25 +126,29 @@ def group_nodes(per_node: dict[str, tuple[str, float]], exec_names: dict[str, st
     plugin keeps a MatMul's name for its FullyConnected), `sizes` is weight_bytes of the original model."""
     groups = {name: NodeGroup(name, 0, 0.0, 0) for name, _ in GROUPS}
     groups[OTHER] = NodeGroup(OTHER, 0, 0.0, 0)
+    counted = set()  # a MatMul's weights are read once, however many exec nodes carry its name
     for node, (kind, seconds) in per_node.items():
         original = exec_names.get(node, node)
         name = next((g for g, test in GROUPS if test(original, kind)), OTHER)
         group = groups[name]
         group.nodes += 1
         group.ms_per_call += seconds * 1e3
-        group.weight_bytes += sizes.get(original, 0)
+        if original not in counted:
+            group.weight_bytes += sizes.get(original, 0)
+            counted.add(original)
     return [g for g in groups.values() if g.nodes]
 
 
-def original_names(compiled) -> dict[str, str]:
-    """{exec node name: the original node it carries the name of} from the runtime model's rt_info."""
+def original_names(compiled, weighted: dict[str, int], biases: dict[str, str]) -> dict[str, str]:
+    """{exec node name: the original node whose weights it reads} from the runtime model's rt_info: of the original
+    nodes an exec node fuses, the one in `weighted` (weight_bytes) or the MatMul of a bias Add (bias_names), else the
+    first."""
     names = {}
     for op in compiled.get_runtime_model().get_ordered_ops():
         info = op.get_rt_info()
         original = info["originalLayersNames"].astype(str) if "originalLayersNames" in info else ""
-        # Fused nodes list every original node; the MatMul's name is the one that carries the weights' bytes.
         candidates = [n for n in original.split(",") if n]
-        matmul = next((n for n in candidates if "MatMul" in n or "lm_head" in n or "_proj" in n), None)
+        matmul = next((n if n in weighted else biases[n] for n in candidates if n in weighted or n in biases), None)
         names[op.get_friendly_name()] = matmul or (candidates[0] if candidates else op.get_friendly_name())
     return names
 
@@ -156,11 +176,17 @@ def profile_target(settings, prompt: list[int], tokens_per_call: tuple[int, ...]
     from specdemo.models import describe_compile
 
     model = tune.compile_model(settings, profiled=True)
-    sizes = weight_bytes(ov.Core().read_model(model.folder / "openvino_model.xml"))
-    exec_names = original_names(model.compiled)
+    original = ov.Core().read_model(model.folder / "openvino_model.xml")
+    sizes = weight_bytes(original)
+    exec_names = original_names(model.compiled, sizes, bias_names(original, sizes))
+    windows = {tokens: [] for tokens in tokens_per_call}
+    for _ in range(REPEATS):
+        for tokens in tokens_per_call:
+            windows[tokens].append(profile_calls(model, prompt, tokens))
     by_tokens, wall = {}, {}
-    for tokens in tokens_per_call:
-        per_node, wall_s = profile_calls(model, prompt, tokens)
+    for tokens, taken in windows.items():
+        per_node = {name: (kind, statistics.median(w[0][name][1] for w in taken)) for name, (kind, _) in taken[0][0].items()}
+        wall_s = statistics.median(w[1] for w in taken)
         groups = group_nodes(per_node, exec_names, sizes)
         by_tokens[str(tokens)] = [{**asdict(g), "gb_per_s": g.gb_per_s} for g in groups]
         wall[str(tokens)] = wall_s

@@ -79,11 +79,12 @@ def nodes_section(section: dict | None, cpp: dict | None) -> str:
     if not section or not section.get("targets"):
         return ""
     calls = section["tokens_per_call"]
-    parts = ["## Where a target call's time goes\n\nOpenVINO's per-node counters (PERF_COUNT) over 8 calls of each "
-             f"size ({' and '.join(map(str, calls))} tokens: a decode step and a verify call), each target precision "
-             "compiled as it runs here, summed by group, beside the bytes of the weights each group reads per call and the "
-             "rate that gives. A group far below the others' rate is a slow kernel; a step whose groups all stream near "
-             "the machine's rate gets faster only by reading fewer bytes."]
+    parts = ["## Where a target call's time goes\n\nOpenVINO's per-node counters (PERF_COUNT) over windows of 8 calls of "
+             f"{' and '.join(map(str, calls))} tokens (a decode step and a verify call), three windows of each size in "
+             "turns, each node's median kept; each target precision compiled as it runs here, summed by group, beside the "
+             "bytes of the weights each group reads per call and the rate that gives. A group far below the others' rate "
+             "is a slow kernel; a step whose groups all stream near the machine's rate gets faster only by reading fewer "
+             "bytes."]
     for target in section["targets"]:
         rows = []
         for i, group in enumerate(target["by_tokens"][str(calls[0])]):
