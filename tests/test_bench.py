@@ -343,3 +343,22 @@ def test_what_watching_costs_is_reported_as_ratios_to_the_cli():
     text = report_tables.watching_section(section)
     assert text.startswith("## 8. What watching costs")
     assert "| page in Chromium | 50.0 ms (1.25×) | 60.0 ms (1.20×) | 2.50 s (1.25×) | 1.20× (0.80×) |" in text
+
+
+def test_where_two_of_our_lanes_part_the_run_record_judges_the_parting_by_its_margins():
+    from specdemo.events import TokenEvent
+
+    def lane(name, ids, margins, kind="autoregressive"):
+        tokens = [TokenEvent(i, f"w{i}", "target", step, 0.0, margin=m) for step, (i, m) in enumerate(zip(ids, margins))]
+        return Lane(name, "specdemo", kind, baseline=AR if kind == "speculative" else None,
+                    generate=lambda instruction, prompt_ids, n: Output(ids, 1.0, {}, [], tokens))
+
+    lanes = [lane("ar", [1, 2, 3], [3.0, 0.1, 2.0]), lane("spec", [1, 4, 5], [3.0, 0.05, 2.0], "speculative"),
+             lane("wide", [1, 2, 6], [3.0, 0.1, 2.5], "speculative"), lane("same", [1, 2, 3], [3.0, 0.1, 2.0], "speculative")]
+    log = []
+    runs = measure(lanes, ["a"], [[0]], 3, bench.BenchSettings(warmup_tokens=1), log=log.append)
+    near, wide, same = runs[1].to_dict()["parting"], runs[2].to_dict()["parting"], runs[3].to_dict()["parting"]
+    assert near["index"] == 1 and near["tokens"] == ["w2", "w4"] and near["verdict"] == "near-tie"
+    assert wide["index"] == 2 and wide["verdict"] == "defect"  # margins of 2 and 2.5 logits are no tie
+    assert same is None and runs[0].to_dict()["parting"] is None
+    assert "spec 1.00s (parted at token 2: near-tie)" in log[-1]

@@ -11,11 +11,12 @@ from __future__ import annotations
 import gc
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Literal, get_args
 
 from specdemo.bench.settings import CODE_INSTRUCTIONS, BenchSettings
 from specdemo.lane import drain
+from specdemo.parting import parting
 from specdemo.settings import GenerationSettings, RunSettings
 
 Framework = Literal["specdemo", "genai", "transformers", "llamacpp"]
@@ -31,6 +32,8 @@ class Output:
     wall_s: float  # seconds of the whole call, prompt ids in hand to last token
     summary: dict  # our Summary as a dict; a peer's own figures ({"proposed", "accepted"}) or {}
     rounds: list = field(default_factory=list)  # our loops' round records (events.Round); [] for a peer
+    tokens: list = field(default_factory=list)  # our loops' TokenEvents (their margins judge a parting); [] for a peer
+    noise: object = None  # the target compile's fidelity.BatchingNoise, where measured (ours)
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,7 @@ class Run:
     summary: dict = field(default_factory=dict)  # our Summary as a dict; a peer's own figures
     ids: list[int] = field(default_factory=list, repr=False)  # new token ids (not written to JSON)
     rounds: list = field(default_factory=list, repr=False)  # our round records (events.Round; not written to JSON)
+    parting: dict | None = None  # where ours parted from its reference, judged (parting.Parting), if both are ours
 
     @property
     def per_token_s(self) -> float:
@@ -90,7 +94,7 @@ class Run:
         """The JSON record: the lane's label and fields, then this run's figures (token ids left out)."""
         return {"lane": self.lane.label, **self.lane.fields(), "instruction": self.instruction, "repeat": self.repeat,
                 "max_new_tokens": self.max_new_tokens, "wall_s": self.wall_s, "tokens": self.tokens,
-                "same_as_reference": self.same_as_reference, "summary": self.summary}
+                "same_as_reference": self.same_as_reference, "parting": self.parting, "summary": self.summary}
 
 
 def our_lane(label: str, engine, mode: Kind, generation: GenerationSettings, baseline: Lane | None = None,
@@ -103,7 +107,7 @@ def our_lane(label: str, engine, mode: Kind, generation: GenerationSettings, bas
         result = drain(getattr(engine, mode)(instruction, settings))
         wall_s = time.perf_counter() - start
         engine.profile.learn(engine.keys, settings, result.rounds, result.summary.stop_reason != "cancelled")
-        return Output(result.ids, wall_s, result.summary.to_dict(), result.rounds)
+        return Output(result.ids, wall_s, result.summary.to_dict(), result.rounds, result.tokens, engine.noise)
 
     if mode == "autoregressive":
         return Lane(label, "specdemo", mode, baseline, reference, generate=generate)
@@ -136,14 +140,17 @@ def measure(lanes: list[Lane], instructions: list[str], prompts: list[list[int]]
     total = bench.repeats * len(instructions)
     for r in range(bench.repeats):
         for i, (instruction, prompt) in enumerate(zip(instructions, prompts)):
-            ids_of: dict[Lane, list[int]] = {}
+            outputs: dict[Lane, Output] = {}
             line = []
             for lane in lanes:
-                out = lane.generate(instruction, prompt, n)
-                ids_of[lane] = out.ids
-                same = out.ids == ids_of[lane.reference or lanes[0]]
-                runs.append(Run(lane, i, r, n, out.wall_s, len(out.ids), same, out.summary, out.ids, out.rounds))
-                line.append(f"{lane.label} {out.wall_s:.2f}s")
+                out = outputs[lane] = lane.generate(instruction, prompt, n)
+                reference = outputs[lane.reference or lanes[0]]
+                same = out.ids == reference.ids
+                parted = None if same or not (out.tokens and reference.tokens) else parting(reference.tokens, out.tokens, out.noise)
+                runs.append(Run(lane, i, r, n, out.wall_s, len(out.ids), same, out.summary, out.ids, out.rounds,
+                                asdict(parted) if parted else None))
+                line.append(f"{lane.label} {out.wall_s:.2f}s" + (f" (parted at token {parted.index + 1}: {parted.verdict})"
+                                                                  if parted else ""))
             log(f"  [{r * len(instructions) + i + 1}/{total}] N={n}: " + ", ".join(line))
     return runs
 

@@ -19,7 +19,8 @@ A lane's fields (Lane.fields() in harness.py), wherever a lane is described:
 A spread is {median, min, max, mean, std, n}. A ratio is a spread of paired per-token time ratios
 plus {numerator, denominator}: the two lanes' labels; ratios are keyed "numerator / denominator".
 A run record is {lane (label), the lane's fields, instruction, repeat, max_new_tokens, wall_s, tokens,
-same_as_reference, summary (our Summary, or a peer's {proposed, accepted})}.
+same_as_reference, parting (where one of our lanes parted from another of ours: parting.Parting's
+fields, verdict "near-tie" or "defect"; else null), summary (our Summary, or a peer's {proposed, accepted})}.
 
 Every section has seconds and load_average_end, and:
     paper         k, k_label, k_auto, adaptive, by_tokens {N: figures}, genai_defaults (figures + max_new_tokens),
