@@ -17,7 +17,7 @@ from typing import Callable, Literal, get_args
 from specdemo.bench.settings import CODE_INSTRUCTIONS, BenchSettings
 from specdemo.lane import drain
 from specdemo.parting import parting
-from specdemo.settings import GenerationSettings, RunSettings
+from specdemo.settings import GenerationSettings, ModelSettings, RunSettings
 
 Framework = Literal["specdemo", "genai", "transformers", "llamacpp"]
 Kind = Literal["autoregressive", "speculative"]
@@ -208,6 +208,14 @@ class Context:
 
     def code_instructions(self, count: int | None = None) -> list[str]:
         return CODE_INSTRUCTIONS[: count or self.bench.instructions]
+
+    def target_settings(self) -> list[ModelSettings]:
+        """The target at the run's precision, then at each other precision of the bench, each compiled as this
+        machine's profile resolves it (its tune applied): what the fidelity and nodes sections compare."""
+        from specdemo.profile import machine_profile
+
+        precisions = dict.fromkeys((self.settings.target.precision, *self.bench.target_precisions))
+        return [machine_profile().resolve(replace(self.settings.target, precision=p)) for p in precisions]
 
     def prompts(self, instructions: list[str]) -> list[list[int]]:
         return [self.engine.prompt_ids(text, self.generation) for text in instructions]

@@ -54,8 +54,7 @@ def weight_bytes(model) -> dict[str, int]:
     constants only. A MatMul of two activations is left out."""
     sizes = {}
     for node in model.get_ordered_ops():
-        kind = node.get_type_name()
-        if kind != "MatMul":
+        if node.get_type_name() != "MatMul":
             continue  # a Gather (the embedding) reads one row per token, not its table
         size = _constant_bytes(node.input_value(1).get_node())
         if size:
@@ -192,7 +191,5 @@ def profile_target(settings, prompt: list[int], tokens_per_call: tuple[int, ...]
         wall[str(tokens)] = wall_s
         total = sum(g.ms_per_call for g in groups)
         log(f"nodes: {settings.precision}, {tokens} token(s) a call: {total:.1f} ms in the nodes of {wall_s * 1e3:.1f} ms a call")
-    weights = sum(sizes.values())
-    del model
-    return {"precision": settings.precision, "compile_settings": describe_compile(settings), "weight_bytes": weights,
+    return {"precision": settings.precision, "compile_settings": describe_compile(settings), "weight_bytes": sum(sizes.values()),
             "by_tokens": by_tokens, "wall_s": wall}

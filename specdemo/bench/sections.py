@@ -183,10 +183,9 @@ def llamacpp_figures(lanes: list[Lane], runs: list[Run]) -> dict:
 def run_fidelity(ctx: Context) -> dict:
     """Each target precision, under the compile settings it runs with here, against the GGUF it came from
     (specdemo/fidelity.py): top-1 agreement and mean |logit error| on the built-in answers."""
-    from dataclasses import asdict, replace
+    from dataclasses import asdict
 
     from specdemo import builtin, fidelity, tune
-    from specdemo.profile import machine_profile
     from specdemo.bench import llamacpp
     from specdemo.models import describe_compile
 
@@ -196,10 +195,9 @@ def run_fidelity(ctx: Context) -> dict:
     ctx.log("fidelity: the reference (the GGUF's own blocks, f32, no dynamic quantization)")
     reference = tune.compile_model(fidelity.reference_settings(ctx.settings.target))
     candidates, rows = {}, []
-    for precision in dict.fromkeys((ctx.settings.target.precision, *ctx.bench.target_precisions)):
-        settings = machine_profile().resolve(replace(ctx.settings.target, precision=precision))
-        ctx.log(f"fidelity: the target at {precision}")
-        candidates[precision] = (settings, tune.compile_model(settings))
+    for settings in ctx.target_settings():
+        ctx.log(f"fidelity: the target at {settings.precision}")
+        candidates[settings.precision] = (settings, tune.compile_model(settings))
     measured = fidelity.compare(reference, {p: model for p, (_, model) in candidates.items()}, examples)
     for precision, (settings, _) in candidates.items():
         positions, agreement, error = measured[precision]
@@ -211,17 +209,13 @@ def run_fidelity(ctx: Context) -> dict:
 def run_nodes(ctx: Context) -> dict:
     """Where a target call's time goes (nodes.py): each target precision compiled as it runs here, with the plugin's
     per-node counters, one token a call and K + 1 (a verify call), against the bytes of weights each group reads."""
-    from dataclasses import replace
-
     from specdemo.bench import llamacpp, nodes
-    from specdemo.profile import machine_profile
 
     prompt = ctx.prompts(ctx.code_instructions(1))[0]
     tokens = (1, ctx.k + 1)
     targets = []
-    for precision in dict.fromkeys((ctx.settings.target.precision, *ctx.bench.target_precisions)):
-        settings = machine_profile().resolve(replace(ctx.settings.target, precision=precision))
-        ctx.log(f"nodes: the target at {precision}")
+    for settings in ctx.target_settings():
+        ctx.log(f"nodes: the target at {settings.precision}")
         targets.append(nodes.profile_target(settings, prompt, tokens, ctx.log))
     path = llamacpp.gguf_path(ctx.settings.target.source)
     return {"tokens_per_call": list(tokens), "gguf_read_bytes": nodes.gguf_read_bytes(path) if path else None,
