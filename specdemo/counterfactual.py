@@ -16,8 +16,9 @@ not observe. The walk is exact under one more condition: an answer that does not
 single-token target calls order a near-tie differently, another K may write another answer; the bench counts how
 often that happens.
 
-The confidence stop (a round's drafting ends once the product of the draft's top probabilities falls below P,
-planner.confidence_stop) is walked too, from the same pass's top probabilities: exact for every draft up to and
+The confidence stop (a round's drafting ends once the product of the draft's top probabilities for its j drafts
+falls below this machine's break-even at position j, planner.confidence_stops) is walked too, by the drafter's own
+rule (drafters.base.stop_threshold), from the same pass's top probabilities: exact for every draft up to and
 including a round's first rejected one (the draft saw the answer's own tokens there); the drafts after it, rejected
 whatever they are, were drafted from the draft's own tokens, which the pass never saw, so their confidences stand in
 from the answer's (they change only how many draft steps the round pays).
@@ -34,8 +35,10 @@ import numpy as np
 
 from specdemo.costs import CostModel
 from specdemo.drafters import strategy
+from specdemo.drafters.base import stop_threshold
 from specdemo.drafters.lookup import lookup_continuation
 from specdemo.drafters.model import top_probability
+from specdemo.planner import confidence_stops, round_cost
 from specdemo.runtime import OVModel
 
 PIECE = 64  # answer tokens per teacher-forced call: 64 rows of logits (~39 MB for a 151,936-token vocabulary)
@@ -53,7 +56,7 @@ class Walk:
     speedup: float  # predicted autoregressive seconds ÷ these
     accepted: list[int] = field(default_factory=list)  # drafts accepted in each round
     ks: list[int] = field(default_factory=list)  # the oracle's K of each round
-    p_min: float = 0.0  # the confidence stop the walk drafted with (0: none)
+    stops: tuple[float, ...] = ()  # the confidence stop the walk drafted with, per draft position (): none
 
 
 @dataclass
@@ -70,7 +73,7 @@ class Counterfactual:
     observed: int = 0  # positions of the mask the run's own drafting observed (the rest from the teacher-forced pass)
     corrected: int = 0  # of them, where the teacher-forced pass had guessed otherwise
     stopped: list[Walk] = field(default_factory=list)  # the draft model at K = 1 … k_max with this machine's confidence
-    #                                                     stop at each K (planner.confidence_stop); [] without the pass
+    #                                                     stop (planner.confidence_stops); [] without the pass
     # What the answer teaches the acceptance prior, per drafter: (tested, accepted) drafts at positions 1 … k_max
     # (mask_counts, lookup_counts); the engine fills it, whoever drained the run hands it to the machine profile.
     evidence: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)
@@ -82,10 +85,12 @@ class Counterfactual:
         """What this machine's confidence stop would have done at the best fixed K, in words ("" without the pass)."""
         if not self.stopped:
             return ""
+        from specdemo.planner import describe_stops
+
         best = self.best_fixed()
         stopped = self.stopped[best.k - 1]
-        return (f"With the confidence stop (P = {stopped.p_min:.2f}, this machine's break-even at K = {best.k}) it "
-                f"would have made {stopped.draft_calls} draft calls instead of {best.draft_calls}, for "
+        return (f"With the confidence stop (this machine's break-even per draft: {describe_stops(stopped.stops)}), K = "
+                f"{best.k} would have made {stopped.draft_calls} draft calls instead of {best.draft_calls}, for "
                 f"{stopped.speedup:.2f}× instead of {best.speedup:.2f}×.")
 
     def to_dict(self) -> dict:
@@ -209,46 +214,40 @@ def lookup_counts(prompt_ids: list[int], answer_ids: list[int], k_max: int, ngra
     return tested, accepted
 
 
-def _round_seconds(costs: CostModel, k: int, full_before: bool, drafter: str) -> float:
-    if k == 0:
-        return costs.t(1) + costs.step_overhead_s
-    seconds = costs.t(k + 1) + costs.target_rollback_s + costs.round_overhead_s
-    return seconds + strategy(drafter).draft_seconds(costs, k, float(full_before))
-
-
 def _prefills(costs: CostModel, prompt_tokens: int, drafter: str) -> float:
     """The target's prefill, and the drafter's own (`drafter` "": nothing drafted, no draft prefill)."""
     draft = strategy(drafter).prefill_seconds(costs, prompt_tokens) if drafter else 0.0
     return prompt_tokens / costs.target_prefill_tps + draft
 
 
-def drafted_before_stop(confidence: list[float], j: int, cap: int, p_min: float) -> int:
+def drafted_before_stop(confidence: list[float], j: int, cap: int, stops: tuple[float, ...]) -> int:
     """Drafts a round starting at answer position j proposes under the confidence stop, as the loop's drafter does:
-    the first always, each next one while the product of the drafts' top probabilities so far is at least p_min."""
+    the first always, each next one while the product of the drafts' top probabilities so far is at least the stop's
+    threshold at that position."""
     product, n = 1.0, 0
-    while n < cap and product >= p_min:
+    while n < cap and product >= stop_threshold(stops, n):
         product *= confidence[j + n] if j + n < len(confidence) else 1.0
         n += 1
     return n
 
 
 def walk_fixed(mask: list[int], k: int, costs: CostModel, prompt_tokens: int, max_new_tokens: int,
-               autoregressive_s: float, confidence: list[float] | None = None, p_min: float = 0.0) -> Walk:
-    """The draft model at a fixed K, round by round over the answer, as the loop would have run it; with `p_min` and
+               autoregressive_s: float, confidence: list[float] | None = None, stops: tuple[float, ...] = ()) -> Walk:
+    """The draft model at a fixed K, round by round over the answer, as the loop would have run it; with `stops` and
     the draft's `confidence` per position, under the confidence stop."""
     j, accepted, draft_calls, seconds, full = 1, [], 0, _prefills(costs, prompt_tokens, "model"), False
     while j < len(mask):
         cap = min(k, max_new_tokens - j - 1)  # the loop never drafts past max_new_tokens
-        if p_min and confidence is not None:
-            cap = drafted_before_stop(confidence, j, cap, p_min)
+        if stops and confidence is not None:
+            cap = drafted_before_stop(confidence, j, cap, stops)
         n = accepted_run(mask, j, cap)
-        seconds += _round_seconds(costs, cap, full, "model")
+        seconds += round_cost(costs, cap, "model", float(full))
         accepted.append(n)
         draft_calls += cap
         full = cap > 0 and n == cap
         j += n + 1
     return Walk(k, len(accepted), len(accepted) + 1, draft_calls, seconds, autoregressive_s / seconds, accepted,
-                p_min=p_min if confidence is not None else 0.0)
+                stops=stops if confidence is not None else ())
 
 
 def walk_oracle(mask: list[int], k_max: int, costs: CostModel, prompt_tokens: int, max_new_tokens: int,
@@ -263,7 +262,7 @@ def walk_oracle(mask: list[int], k_max: int, costs: CostModel, prompt_tokens: in
             for k in range(0, min(k_max, max(max_new_tokens - j - 1, 0)) + 1):
                 n = accepted_run(mask, j, k)
                 after = min(j + n + 1, size)
-                options.append(_round_seconds(costs, k, bool(full), "model") + best[after, int(k > 0 and n == k)])
+                options.append(round_cost(costs, k, "model", float(full)) + best[after, int(k > 0 and n == k)])
             choice[j, full] = int(np.argmin(options))
             best[j, full] = min(options)
     ks, accepted, j, full = [], [], 1, 0
@@ -290,7 +289,7 @@ def walk_lookup(prompt_ids: list[int], answer_ids: list[int], k: int, ngram: int
         n = 0
         while n < len(drafts) and j + n < len(answer_ids) and drafts[n] == answer_ids[j + n]:
             n += 1
-        seconds += _round_seconds(costs, len(drafts), False, "prompt-lookup")
+        seconds += round_cost(costs, len(drafts), "prompt-lookup")
         accepted.append(n)
         seq.extend(answer_ids[j : j + n + 1])
         j += n + 1
@@ -308,16 +307,15 @@ def counterfactual(mask: list[int] | None, prompt_ids: list[int], answer_ids: li
     """Every fixed K, the oracle and prompt lookup on this answer; `mask` None (no draft model): lookup only.
     `rounds`: the speculative run that wrote this answer, whose own drafting replaces the mask's guesses where it saw.
     `confidence`: the draft's top probability per position (draft_pass), for every K under the confidence stop."""
-    from specdemo.planner import confidence_stop
-
     observed = changed = 0
     if mask is not None and rounds:
         mask, observed, changed = corrected(mask, observed_matches(rounds, len(mask)))
     ar = autoregressive_seconds(costs, len(prompt_ids), len(answer_ids))
     args = (costs, len(prompt_ids), max_new_tokens, ar)
     fixed = [walk_fixed(mask, k, *args) for k in range(1, k_max + 1)] if mask is not None else []
-    stopped = [walk_fixed(mask, k, *args, confidence, confidence_stop(costs, k)) for k in range(1, k_max + 1)] \
-        if mask is not None and confidence is not None else []
+    stops = confidence_stops(costs, k_max)
+    stopped = [walk_fixed(mask, k, *args, confidence, stops) for k in range(1, k_max + 1)] \
+        if mask is not None and confidence is not None and stops else []
     oracle = walk_oracle(mask, k_max, *args) if mask is not None else Walk(0, 0, 0, 0, 0.0, 0.0)
     lookup = [walk_lookup(prompt_ids, answer_ids, k, ngram, costs, max_new_tokens, ar) for k in range(1, k_max + 1)]
     return Counterfactual(len(answer_ids), mask or [], ar, fixed, oracle, lookup, observed=observed, corrected=changed,

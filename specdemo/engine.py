@@ -203,12 +203,12 @@ class Engine:
             raise ValueError("no draft model is loaded; use the prompt-lookup drafter")
         plan = self.plan(instruction, settings) if settings.k_auto or self.costs is not None else None
         if plan is not None:
-            plan = planner.with_confidence_stop(plan, self.costs, settings.draft_p_min)
-        p_min = plan.p_min if plan is not None else settings.draft_p_min or 0.0
+            plan = planner.with_confidence_stop(plan, self.costs, settings.draft_p_min, settings.k_max)
+        stops = plan.stops if plan is not None else ((settings.draft_p_min,) if settings.draft_p_min else ())
         rng = np.random.default_rng(settings.seed)
         kind = plan.drafter if plan is not None else settings.drafter
         price = self._price(settings.greedy) if self.costs is not None else None
-        drafter = make_drafter(kind, self.draft.runtime if self.draft else None, settings, rng, price, p_min)
+        drafter = make_drafter(kind, self.draft.runtime if self.draft else None, settings, rng, price, stops)
         policy = planner.policy_for(settings, self.costs, plan)
         if plan is not None:
             yield plan

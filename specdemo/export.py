@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 from specdemo import compat
-from specdemo.settings import PRECISIONS, ModelSettings
+from specdemo.settings import GGUF_LAYOUTS, PRECISIONS, ModelSettings
 from specdemo.sources import CACHE_VERSION, COMPLETE_MARKER, PRESETS, EmbeddedModel, ModelSourceError, Progress
 
 
@@ -29,14 +29,15 @@ def convert(settings: ModelSettings, folder: Path, progress: Progress) -> None:
     scratch = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     try:
         hf_folder, gguf_file = _hf_input(settings.source, scratch, progress)
-        if settings.precision == "gguf" and gguf_file is None:
-            raise ModelSourceError(f"{settings.source}: precision gguf takes a GGUF file's own weights, and this source "
-                                   f"is not a GGUF file; choose {', '.join(p for p in PRECISIONS if p != 'gguf')}")
+        if settings.precision in GGUF_LAYOUTS and gguf_file is None:
+            raise ModelSourceError(f"{settings.source}: precision {settings.precision} takes a GGUF file's own weights, and "
+                                   f"this source is not a GGUF file; choose "
+                                   f"{', '.join(p for p in PRECISIONS if p not in GGUF_LAYOUTS)}")
         export = scratch / "export"
         _export(settings.source, hf_folder, gguf_file, export, progress)
-        if settings.precision == "gguf":
+        if settings.precision in GGUF_LAYOUTS:
             progress(0.8, f"{settings.source}: taking the GGUF's own quantized blocks as the weights")
-            _import_gguf(export, Path(hf_folder) / gguf_file)
+            _import_gguf(export, Path(hf_folder) / gguf_file, GGUF_LAYOUTS[settings.precision])
         else:
             progress(0.8, f"{settings.source}: compressing the weights to {settings.precision} with NNCF")
             _compress(export, settings.precision)
@@ -132,14 +133,17 @@ def gguf_to_hf_folder(folder: str, gguf_file: str, dest: str) -> None:
     del model
 
 
-def _import_gguf(folder: Path, gguf_path: Path) -> None:
-    """Replace the exported IR's weights with the GGUF's own blocks (specdemo/gguf_weights.py), in place."""
+def _import_gguf(folder: Path, gguf_path: Path, layout: str) -> None:
+    """Replace the exported IR's weights with the GGUF's own blocks (specdemo/gguf_import.py), in place."""
     import openvino as ov
 
-    from specdemo import gguf_weights
+    from specdemo import gguf_import
 
     xml = folder / "openvino_model.xml"
-    model = gguf_weights.import_blocks(ov.Core().read_model(xml), gguf_path)
+    try:
+        model = gguf_import.import_blocks(ov.Core().read_model(xml), gguf_path, layout)
+    except gguf_import.GGUFMismatchError as error:
+        raise ModelSourceError(str(error)) from error
     _save_beside(model, folder)
 
 

@@ -1,54 +1,69 @@
-"""A GGUF file's own quantized blocks as OpenVINO compressed weights (precision "gguf").
+"""A GGUF file's quantized blocks, unpacked, and the two ways specdemo lays them out as OpenVINO compressed weights
+(precisions "gguf" and "gguf-fused"; the IR surgery that puts them in a model is specdemo/gguf_import.py).
 
-The INT8 and INT4 precisions re-quantize weights that were already 4- and 6-bit in the GGUF we ship: a bigger copy
-of the file, not a more faithful one. Here every quantized tensor goes into the IR block for block, in the pattern the
-CPU plugin fuses into its FullyConnected kernels (a low-bit Constant, Convert, Multiply by a per-group f16 scale,
-Reshape, Convert to f32), so the weights the kernels see are gguf's own dequantization up to f16 rounding of the
-scales. Notation of ggml's block formats (ggml-quants.c): d the block's scale, sc / m a sub-block's 6-bit scale and
-min, q the quantized values.
+Notation of ggml's block formats (ggml-quants.c): d the block's scale, sc / m a sub-block's 6-bit scale and min, q the
+quantized values.
 
     Q8_0   32 weights: d, q (8-bit signed)                  w = d·q              i8, group 32
     Q5_0   32 weights: d, q (5-bit, offset 16)              w = d·(q − 16)       i8, group 32
     Q6_K  256 weights: d, 16 × sc (8-bit), q (6-bit, −32)   w = d·sc·(q − 32)    i8, group 16
     Q4_K  256 weights: d, dmin, 8 × (sc, m), q (4-bit)      w = d·sc·q − dmin·m  i4, group 32, + an offset
 
-Q4_K's offset per group is not a multiple of its scale, so it cannot be an integer zero point, and a fractional (f16)
+**Exact** (precision gguf): the weights the kernels see are gguf's own dequantization up to f16 rounding of the scales.
+Q4_K's min per group is not a multiple of its scale, so it cannot be an integer zero point, and a fractional (f16)
 zero point leaves the plugin's int8 kernels for a float path ~5× slower (measured on a Zen 5). So the weight is split:
 w = s·(q − 8) + b with s = d·sc and b = 8·s − dmin·m, the first part an i4 weight with no zero point (the fast
-symmetric kernel), the second added after the MatMul as Σ_g b[n, g]·(Σ_{j in g} x_j): a group-sum of the activations
-times a small (rows, groups) matrix. llama.cpp's OpenVINO backend and OpenVINO GenAI's gguf_utils taught the layouts.
+symmetric kernel), the second added after the MatMul as a group-sum of the activations times a small (rows, groups)
+matrix. Q6_K stays i8 in groups of 16: 9 bits a weight, as OpenVINO's CPU plugin has no 6-bit type.
+
+**Fused** (precision gguf-fused): what the CPU plugin's compressed FullyConnected takes whole, dynamic quantization
+included (u4/u8 weights with a u4/u8 zero point, or i4/i8 without one): Q4_K as u4 with a u4 zero point per group of
+32, the min rounded to the scale's grid (zp = round(dmin·m / s): an error of at most s/2 per group, the size of the
+quantization step itself, and no extra MatMul); Q6_K, the LM head and the embedding re-quantized per output channel
+to i8 (8 bits instead of 9, one scale a row: the kernel's fastest path). That is how OpenVINO GenAI's GGUF reader lays
+Q4_K and how llama.cpp's OpenVINO backend lays both; it is not the file's exact arithmetic, so bench --only fidelity
+measures what it costs against the exact blocks.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 SUPPORTED = ("Q4_K", "Q6_K", "Q5_0", "Q8_0")
+LAYOUTS = ("exact", "fused")
+PER_CHANNEL = ("output.weight", "token_embd.weight")  # re-quantized per channel in the fused layout, whatever their type
 
 
 @dataclass
 class Blocks:
-    """One tensor's blocks, unpacked: w[r, g·G + j] = scale[r, g]·q[r, g, j] + offset[r, g]."""
+    """One tensor's weights as groups: w[r, g·G + j] = scale[r, g]·(q[r, g, j] − zero_point[r, g]) + offset[r, g]."""
 
-    q: np.ndarray  # (rows, groups, G) int8: signed values, within [-8, 7] where bits == 4
+    q: np.ndarray  # (rows, groups, G) int8 (signed) or uint8 (with a zero point); 4-bit values fit [-8, 7] / [0, 15]
     scale: np.ndarray  # (rows, groups) float16
-    offset: np.ndarray | None  # (rows, groups) float16 (Q4_K's b), or None: symmetric blocks
+    offset: np.ndarray | None  # (rows, groups) float16 (exact Q4_K's b), or None
     bits: int  # 4 or 8: the element type the IR stores q in
+    zero_point: np.ndarray | None = None  # (rows, groups) uint8, or None: symmetric, q signed
 
     def dequantize(self) -> np.ndarray:
         """(rows, columns) float32, as the kernels decompress it."""
-        w = self.q.astype(np.float32) * self.scale.astype(np.float32)[..., None]
+        q = self.q.astype(np.float32)
+        if self.zero_point is not None:
+            q -= self.zero_point.astype(np.float32)[..., None]
+        w = q * self.scale.astype(np.float32)[..., None]
         if self.offset is not None:
             w += self.offset.astype(np.float32)[..., None]
         return w.reshape(self.q.shape[0], -1)
 
+    def take_rows(self, rows: np.ndarray) -> "Blocks":
+        """These rows (output channels) only, in this order."""
+        pick = lambda a: None if a is None else np.ascontiguousarray(a[rows])  # noqa: E731
+        return Blocks(pick(self.q), pick(self.scale), pick(self.offset), self.bits, pick(self.zero_point))
+
 
 def unpack(kind: str, raw: np.ndarray) -> Blocks:
-    """The blocks of one tensor of quantization type `kind` from its raw bytes, (rows, bytes per row) uint8."""
+    """The exact blocks of one tensor of quantization type `kind` from its raw bytes, (rows, bytes per row) uint8."""
     rows = raw.shape[0]
     if kind == "Q8_0":
         b = raw.reshape(rows, -1, 34)
@@ -90,104 +105,50 @@ def _f16(pair: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(pair).view("<f2")[..., 0]
 
 
-# ---- the IR
+# ---- the fused layout
 
 
-# Which GGUF tensor a node of optimum-intel's Qwen2/Llama export reads: its MatMuls and its embedding Gather, by name.
-_LAYER = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(q|k|v|o|gate|up|down)_proj\b")
-_GGUF_NAME = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output", "gate": "ffn_gate", "up": "ffn_up",
-              "down": "ffn_down"}
+def lay_out(blocks: Blocks, kind: str, name: str, layout: str) -> Blocks:
+    """`blocks` (exact, from unpack) as `layout` lays tensor `name` of type `kind` (see the module's docstring)."""
+    if layout == "exact":
+        return blocks
+    if layout != "fused":
+        raise ValueError(f"GGUF layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    if kind == "Q6_K" or name in PER_CHANNEL:
+        return per_channel_int8(blocks.dequantize())
+    if blocks.offset is not None:
+        return with_zero_point(blocks)
+    return blocks  # Q8_0, Q5_0: symmetric i8 in groups of 32 is already the fast path
 
 
-def tensor_for(node_name: str, op_type: str, names: set[str]) -> str | None:
-    """The GGUF tensor behind an IR node: a layer's projection, the LM head (output.weight, else the tied embedding)
-    or the embedding; None for anything else."""
-    if op_type == "Gather" and "embed_tokens" in node_name:
-        return "token_embd.weight"
-    if op_type != "MatMul":
-        return None
-    if "lm_head" in node_name:
-        return "output.weight" if "output.weight" in names else "token_embd.weight"
-    match = _LAYER.search(node_name)
-    return f"blk.{match.group(1)}.{_GGUF_NAME[match.group(2)]}.weight" if match else None
+def with_zero_point(blocks: Blocks) -> Blocks:
+    """Exact Q4_K blocks (w = s·(q − 8) + b) as u4 with a u4 zero point: w ≈ s·((q + 8) − zp), zp = round((8·s − b)/s)
+    = round(dmin·m / s), clipped to [0, 15] (a group whose values are all positive has m = 0)."""
+    scale = blocks.scale.astype(np.float32)
+    minimum = 8 * scale - blocks.offset.astype(np.float32)  # dmin·m ≥ 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        zero_point = np.where(scale > 0, np.rint(minimum / scale), 0.0)
+    zero_point = np.clip(zero_point, 0, 15).astype(np.uint8)
+    return Blocks((blocks.q + 8).astype(np.uint8), blocks.scale, None, 4, zero_point)
 
 
-def weight_node(blocks: Blocks):
-    """The decompression subgraph of `blocks` without its offset: (rows, columns) f32."""
-    import openvino as ov
-    from openvino import opset13 as ops
-
-    rows, groups, size = blocks.q.shape
-    q = ops.constant(blocks.q, dtype=ov.Type.i4 if blocks.bits == 4 else ov.Type.i8)
-    scaled = ops.multiply(ops.convert(q, ov.Type.f16), ops.constant(blocks.scale[..., None]))
-    flat = ops.reshape(scaled, ops.constant(np.array([rows, groups * size], dtype=np.int64)), False)
-    return ops.convert(flat, ov.Type.f32)
+def per_channel_int8(w: np.ndarray) -> Blocks:
+    """(rows, columns) float32 as symmetric i8 with one f16 scale a row: a single group per row."""
+    scale = (np.abs(w).max(axis=1) / 127.0).astype(np.float16)  # (rows,)
+    safe = np.where(scale > 0, scale.astype(np.float32), 1.0)
+    q = np.clip(np.rint(w / safe[:, None]), -127, 127).astype(np.int8)
+    return Blocks(q[:, None, :], scale[:, None], None, 8)
 
 
-def import_blocks(model, gguf_path: Path, log=lambda message: None):
-    """Replace the weights of `model` (an ov.Model exported from the GGUF's dequantized weights) with the GGUF's own
-    blocks, in place; returns the model. Tensors of other types (F32 norms and biases) stay as exported."""
-    import gguf
-
-    reader = gguf.GGUFReader(gguf_path)
-    tensors = {t.name: t for t in reader.tensors}
-    sums = {}  # activations' group sums, shared by the MatMuls reading the same input (q, k, v; gate, up)
-    replaced = 0
-    for op in list(model.get_ordered_ops()):
-        name = tensor_for(op.get_friendly_name(), op.get_type_name(), set(tensors))
-        tensor = tensors.get(name) if name else None
-        if tensor is None or tensor.tensor_type.name not in SUPPORTED:
-            continue
-        blocks = unpack(tensor.tensor_type.name, np.asarray(tensor.data))
-        if op.get_type_name() == "MatMul":
-            _replace_matmul_weight(op, blocks, sums)
-        else:
-            _replace_embedding(op, blocks)
-        replaced += 1
-    if not replaced:
-        raise ValueError(f"{gguf_path.name}: no quantized tensor of it matched the exported model's layers")
-    log(f"{replaced} weights taken block for block from {gguf_path.name}")
-    model.validate_nodes_and_infer_types()
-    return model
+# ---- llama.cpp's row order of attention projections
 
 
-def _replace_matmul_weight(matmul, blocks: Blocks, sums: dict) -> None:
-    """MatMul(x, W, transpose_b) → MatMul(x, W_blocks) [+ group sums of x · offsetᵀ]."""
-    import openvino as ov
-    from openvino import opset13 as ops
-
-    rows, groups, size = blocks.q.shape
-    if not matmul.get_transpose_b() or list(matmul.get_input_partial_shape(1).to_shape()) != [rows, groups * size]:
-        raise ValueError(f"{matmul.get_friendly_name()}: its weight is not (rows, columns) = ({rows}, {groups * size})")
-    matmul.input(1).replace_source_output(weight_node(blocks).output(0))
-    if blocks.offset is None:
-        return
-    x = matmul.input_value(0)
-    key = (x.get_node().get_friendly_name(), x.get_index(), groups)
-    if key not in sums:  # (…, columns) → (…, groups, size) → summed over each group: (…, groups)
-        grouped = ops.reshape(x, ops.constant(np.array([0, 0, groups, size], dtype=np.int64)), True)
-        sums[key] = ops.reduce_sum(grouped, ops.constant(np.array([-1], dtype=np.int64)), False)
-    offset = ops.convert(ops.constant(blocks.offset), ov.Type.f32)  # (rows, groups)
-    consumers = list(matmul.output(0).get_target_inputs())
-    total = ops.add(matmul.output(0), ops.matmul(sums[key], offset, False, True))
-    for consumer in consumers:
-        consumer.replace_source_output(total.output(0))
-
-
-def _replace_embedding(gather, blocks: Blocks) -> None:
-    """Gather(W, ids) → Gather(W_blocks, ids) [+ Gather(offset, ids) spread over each group]."""
-    import openvino as ov
-    from openvino import opset13 as ops
-
-    rows, groups, size = blocks.q.shape
-    gather.input(0).replace_source_output(weight_node(blocks).output(0))
-    if blocks.offset is None:
-        return
-    ids, axis = gather.input_value(1), gather.input_value(2)
-    offsets = ops.gather(ops.convert(ops.constant(blocks.offset), ov.Type.f32), ids, axis)  # (…, groups)
-    consumers = list(gather.output(0).get_target_inputs())
-    grouped = ops.reshape(gather.output(0), ops.constant(np.array([0, 0, groups, size], dtype=np.int64)), True)
-    spread = ops.add(grouped, ops.unsqueeze(offsets, ops.constant(np.array([-1], dtype=np.int64))))
-    total = ops.reshape(spread, ops.constant(np.array([0, 0, groups * size], dtype=np.int64)), True)
-    for consumer in consumers:
-        consumer.replace_source_output(total.output(0))
+def unpermute_rows(blocks: Blocks, heads: int) -> Blocks:
+    """Undo llama.cpp's permutation of attn_q / attn_k rows (convert_hf_to_gguf interleaves each head's two rotary
+    halves for Llama-architecture files; transformers undoes it when it loads them, so the exported IR has the
+    original order): hf row (h, j, i) = gguf row (h, i, j), heads × 2 halves × rows/heads/2."""
+    rows = blocks.q.shape[0]
+    if rows % (2 * heads):
+        raise ValueError(f"a {rows}-row attention projection cannot hold {heads} heads of two rotary halves")
+    order = np.arange(rows).reshape(heads, rows // heads // 2, 2).swapaxes(1, 2).reshape(-1)
+    return blocks.take_rows(order)

@@ -90,13 +90,20 @@ def _ordinal(n: int) -> str:
 
 
 def round_seconds(costs: CostModel, acceptance: Acceptance, k: int, drafter: str = "model") -> float:
-    """Expected seconds of one round with K drafts (K = 0: one plain target step): the verify call, the trims, the
-    loop's own time and the drafting as the strategy prices it (Strategy.draft_seconds; after a fully accepted round,
-    with this acceptance's chance, a draft model's first step feeds two tokens)."""
+    """Expected seconds of one round with K drafts at this acceptance (round_cost, the previous round having kept every
+    draft with this acceptance's chance)."""
+    return round_cost(costs, k, drafter, acceptance.all_accepted(k) if k else 0.0)
+
+
+def round_cost(costs: CostModel, k: int, drafter: str = "model", full: float = 0.0) -> float:
+    """Seconds of one round with K drafts (K = 0: one plain target step): the verify call, the trims, the loop's own
+    time and the drafting as the strategy prices it (Strategy.draft_seconds; `full`, the chance or 0/1 that the round
+    before kept every draft, makes a draft model's first step feed two tokens). The one price of a round: the planner
+    takes its expectation, the counterfactual walks it round by round."""
     if k == 0:
         return costs.t(1) + costs.step_overhead_s
     seconds = costs.t(k + 1) + costs.target_rollback_s + costs.round_overhead_s
-    return seconds + strategy(drafter).draft_seconds(costs, k, acceptance.all_accepted(k))
+    return seconds + strategy(drafter).draft_seconds(costs, k, full)
 
 
 def predicted_speedup(costs: CostModel, acceptance: Acceptance, k: int, drafter: str = "model") -> float:
@@ -191,35 +198,49 @@ class Plan:
     planned_speedup: float  # S(K) after the prompt, at that acceptance
     auto: bool  # True: K is re-chosen every round from the run's own evidence
     reason: str  # one sentence for the page and the CLI
-    p_min: float = 0.0  # the confidence stop the lane drafts with (0: off; confidence_stop)
+    stops: tuple[float, ...] = ()  # the confidence stop the lane drafts with, per draft position (): off; confidence_stops
 
 
-def confidence_stop(costs: CostModel, k: int) -> float:
-    """The draft's running confidence (the product of its probabilities for the round's drafts so far) below which one
-    more draft does not pay on this machine: it costs a draft step and one more token in the verify call,
-    d(1) + t(K + 2) − t(K + 1), and brings a token worth at most a target step t(1) with at most that probability.
-    About 0.25 where a draft step is a quarter of a target step and verifying is nearly free (AVX-512, AMX), about 0.7
-    on an AVX2-only CPU; 0 (off) without a draft or at K = 0."""
-    if k <= 0 or not costs.draft_s:
-        return 0.0
-    extra = costs.d(1) + max(costs.t(k + 2) - costs.t(k + 1), 0.0)
-    return round(min(extra / costs.t(1), 0.95), 3)
+STOP_CAP = 0.95  # a threshold above this would stop nearly every round: the draft is then simply not drafted
 
 
-def with_confidence_stop(plan: Plan, costs: CostModel, asked: float | None) -> Plan:
-    """`plan` with the confidence stop its lane drafts with: `asked` (the settings' draft_p_min) when given; else, under
-    auto K with the draft model, this machine's break-even (confidence_stop); else off."""
+def confidence_stops(costs: CostModel, k_max: int) -> tuple[float, ...]:
+    """The confidence stop this machine pays for, per draft position: stops[j - 1] is the draft's running confidence
+    (the product of its top probabilities for drafts 1 … j) below which draft j + 1 does not pay. That draft costs a
+    draft step and one more row in the verify call, d(1) + t(j + 2) − t(j + 1), and brings a token worth at most a
+    target step t(1) with at most that probability. Priced position by position, not at the round's K: on a curve
+    with a cliff right after the planned verify size, the draft past K is dear (up to 0.95) but the drafts before it
+    are not, so a confident round still drafts its K. About 0.25 where a draft step is a quarter of a target step and
+    verifying is nearly free (AVX-512, AMX), about 0.7 on an AVX2-only CPU; () (off) without a draft model's costs.
+    Positions past k_max - 1 take the last value (the drafters' convention, as Acceptance.rates)."""
+    if k_max <= 1 or not costs.draft_s:
+        return ()
+    return tuple(round(min((costs.d(1) + max(costs.t(j + 2) - costs.t(j + 1), 0.0)) / costs.t(1), STOP_CAP), 3)
+                 for j in range(1, k_max))
+
+
+def describe_stops(stops: tuple[float, ...]) -> str:
+    """"0.27" for one threshold; "0.27 at the 1st draft … 0.95 at the 11th" for several."""
+    if len(set(stops)) <= 1:
+        return f"{stops[0]:.2f}" if stops else "off"
+    return f"{stops[0]:.2f} after the 1st draft … {stops[-1]:.2f} after the {_ordinal(len(stops))}"
+
+
+def with_confidence_stop(plan: Plan, costs: CostModel, asked: float | None, k_max: int) -> Plan:
+    """`plan` with the confidence stop its lane drafts with: `asked` (the settings' draft_p_min, one threshold at every
+    position) when given; else, under auto K with the draft model, this machine's break-even per position
+    (confidence_stops); else off."""
     if asked is not None:
-        p_min = asked
+        stops = (asked,) if asked else ()
     elif plan.auto and strategy(plan.drafter).needs_model and plan.k:
-        p_min = confidence_stop(costs, plan.k)
+        stops = confidence_stops(costs, k_max)
     else:
         return plan
-    if not p_min:
+    if not stops:
         return plan  # off, as a plan is by default
-    return replace(plan, p_min=p_min, reason=plan.reason + (
-        f" A round's drafting stops once the draft's confidence in its drafts falls below {p_min:.2f}"
-        + (" (where a further draft costs more than it brings on this machine)." if asked is None else ".")))
+    why = " (where a further draft costs more than it brings on this machine)." if asked is None else "."
+    return replace(plan, stops=stops, reason=plan.reason + " A round's drafting stops once the draft's confidence in its "
+                   f"drafts falls below {describe_stops(stops)}{why}")
 
 
 def make_plan(costs: CostModel, drafter: str, acceptance: Acceptance, k_max: int, auto: bool, k: int) -> Plan:

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-PRECISIONS = ("fp16", "int8", "int4", "gguf")  # gguf: a GGUF source's own quantized blocks (specdemo/gguf_weights.py)
+# gguf: a GGUF source's own quantized blocks, exactly; gguf-fused: the same blocks as the CPU plugin's fused kernels
+# take them (specdemo/gguf_weights.py)
+PRECISIONS = ("fp16", "int8", "int4", "gguf", "gguf-fused")
+GGUF_LAYOUTS = {"gguf": "exact", "gguf-fused": "fused"}  # the GGUF precisions, by their layout of the file's blocks
 WEIGHTS = {  # what each precision's weights are, for the model panel and the run's JSON
     "fp16": "FP16 (dequantized)",
     "int8": "INT8 (re-quantized by NNCF, per channel)",
     "int4": "INT4 (re-quantized by NNCF, groups of 128)",
     "gguf": "the GGUF's own blocks (Q4_K, Q6_K, …)",
+    "gguf-fused": "the GGUF's own blocks as the fused kernels take them (Q4_K with a zero point, Q6_K per channel)",
 }
 AUTO = "auto"  # a draft's precision left to `python -m specdemo tune`'s draft plan for this machine (draft_choice.py)
 DRAFT_PRECISION = "int4"  # what an auto draft precision runs until there is a plan (or when its choice is not prepared)
@@ -29,7 +33,7 @@ class ModelSettings:
     """One model: where it comes from and how it is compiled."""
 
     source: str  # preset name ("qwen2.5-coder-1.5b"), HF model id, local folder or .gguf file
-    precision: str = "int8"  # weights: fp16 | int8 | int4 (NNCF) | gguf (the file's own blocks) | auto (drafts: tune's plan)
+    precision: str = "int8"  # weights: fp16 | int8 | int4 (NNCF) | gguf, gguf-fused (the file's blocks) | auto (drafts)
     device: str = "CPU"  # any device OpenVINO lists in Core().available_devices
     kv_cache_precision: str = ""  # OpenVINO KV_CACHE_PRECISION; "" = f32 on CPU, else the plugin's default
     num_threads: int = 0  # INFERENCE_NUM_THREADS; 0 lets OpenVINO use every core

@@ -60,15 +60,15 @@ def test_the_confidence_stop_is_walked_as_a_stopped_run_drafts():
     mask, confidence = draft_pass(draft, PROMPT, answer)
     assert mask == match_mask(draft, PROMPT, answer) and 0.0 < min(confidence) < max(confidence[1:]) <= 1.0
     cut = 0
-    for p_min in (0.3, 0.6):
+    for stops in ((0.3,), (0.6,), (0.2, 0.4, 0.6, 0.3)):  # one threshold everywhere, or one per draft position
         for k in (2, 5, 8):
             settings = GenerationSettings(max_new_tokens=N, k=k)
-            drafter = ModelDrafter(draft, settings, np.random.default_rng(0), p_min)
+            drafter = ModelDrafter(draft, settings, np.random.default_rng(0), stops)
             run = drain(decoding.speculative(target, drafter, FakeTokenizer(), PROMPT, settings, set()))
             assert run.ids == answer
-            walk = walk_fixed(mask, k, COSTS, len(PROMPT), N, 1.0, confidence, p_min)
-            assert walk.accepted == [r.accepted for r in run.rounds[1:]], (p_min, k)
-            assert walk.target_calls == run.summary.target_calls and walk.p_min == p_min
+            walk = walk_fixed(mask, k, COSTS, len(PROMPT), N, 1.0, confidence, stops)
+            assert walk.accepted == [r.accepted for r in run.rounds[1:]], (stops, k)
+            assert walk.target_calls == run.summary.target_calls and walk.stops == stops
             unstopped = walk_fixed(mask, k, COSTS, len(PROMPT), N, 1.0)
             assert walk.draft_calls <= unstopped.draft_calls
             cut += unstopped.draft_calls - walk.draft_calls

@@ -86,7 +86,7 @@ def test_the_confidence_stop_ends_a_round_once_the_drafts_running_confidence_fal
         prefix += (token,)
     for p_min in (0.9, 0.5, 0.2, 0.05):
         model.reset()
-        stopped = ModelDrafter(model, settings, np.random.default_rng(0), p_min).propose(prompt, 6)
+        stopped = ModelDrafter(model, settings, np.random.default_rng(0), (p_min,)).propose(prompt, 6)
         expected = next((i + 1 for i, c in enumerate(running) if c < p_min), 6)
         assert stopped.tokens == full[:expected] and len(stopped.calls) == expected, p_min
     assert running[0] < 0.9 and running[-1] < 0.05  # the thresholds above cut at different places
@@ -102,6 +102,6 @@ def test_greedy_output_is_unchanged_by_the_confidence_stop():
     settings = GenerationSettings(max_new_tokens=60, k=5)
     plain = drain(decoding.autoregressive(target, FakeTokenizer(), [0, 1, 2], settings, set()))
     for p_min in (0.0, 0.3, 0.7):
-        run = drain(decoding.speculative(target, ModelDrafter(draft, settings, np.random.default_rng(0), p_min),
+        run = drain(decoding.speculative(target, ModelDrafter(draft, settings, np.random.default_rng(0), (p_min,)),
                                          FakeTokenizer(), [0, 1, 2], settings, set()))
         assert run.ids == plain.ids, p_min

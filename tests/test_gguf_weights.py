@@ -1,13 +1,15 @@
-"""A GGUF's own blocks as OpenVINO compressed weights (specdemo/gguf_weights.py): on a tiny GGUF written here, for
-every quantization type the default pair's files hold, the weights OpenVINO decompresses equal gguf's own
-dequantization to f16 rounding, in a MatMul and in the embedding's Gather."""
+"""A GGUF's own blocks as OpenVINO compressed weights (specdemo/gguf_weights.py, specdemo/gguf_import.py): on tiny
+GGUFs written here, for every quantization type the default pair's files hold, the exact layout decompresses to
+gguf's own dequantization up to f16 rounding of each group's scale and offset, in a MatMul and in the embedding's
+Gather; the fused layout takes the kernels' element types and stays within its stated error; a file whose rows are not
+the export's is refused, and a Llama file's permuted q/k rows are restored."""
 
 import gguf
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from specdemo import gguf_weights
+from specdemo import gguf_import, gguf_weights
 
 TYPES = [T.Q4_K, T.Q6_K, T.Q5_0, T.Q8_0]  # what the default target (Q4_K, Q6_K) and draft (+ Q5_0, Q8_0) hold
 SCALES = {T.Q4_K: [0, 2], T.Q6_K: [208], T.Q5_0: [0], T.Q8_0: [0]}  # byte offsets of each block's f16 scales
@@ -25,80 +27,216 @@ def random_blocks(kind: T, rows: int, columns: int, seed: int) -> np.ndarray:
     return raw.reshape(rows, -1)
 
 
+def write_gguf(path, tensors: dict, architecture: str = "qwen2", fields: dict | None = None):
+    """A GGUF file holding `tensors` ({name: (raw uint8 rows, quantization type)}) and integer `fields`."""
+    writer = gguf.GGUFWriter(path, architecture)
+    for key, value in (fields or {}).items():
+        writer.add_uint32(key, value)
+    for name, (raw, kind) in tensors.items():
+        writer.add_tensor(name, raw, raw_dtype=kind)
+    writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.write_tensors_to_file(), writer.close()
+    return path
+
+
 @pytest.fixture(scope="module")
 def tiny_gguf(tmp_path_factory):
     """A GGUF file holding one (ROWS, COLUMNS) tensor of every type, named as a layer's projections are."""
     path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
-    writer = gguf.GGUFWriter(path, "qwen2")
-    for i, kind in enumerate(TYPES):
-        writer.add_tensor(f"blk.{i}.ffn_up.weight", random_blocks(kind, ROWS, COLUMNS, seed=i), raw_dtype=kind)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    return write_gguf(path, {f"blk.{i}.ffn_up.weight": (random_blocks(kind, ROWS, COLUMNS, seed=i), kind)
+                             for i, kind in enumerate(TYPES)})
 
 
 def tensors(path):
     return {t.name: t for t in gguf.GGUFReader(path).tensors}
 
 
-def close_to_f16(ours: np.ndarray, reference: np.ndarray) -> bool:
-    """Equal up to f16 rounding of the block scales: within 2⁻¹⁰ of the tensor's largest weight."""
-    return np.abs(ours - reference).max() <= 2.0 ** -10 * np.abs(reference).max()
+def reference_of(path, name: str, rows: int = ROWS, columns: int = COLUMNS) -> np.ndarray:
+    tensor = tensors(path)[name]
+    return gguf.quants.dequantize(np.asarray(tensor.data), tensor.tensor_type).reshape(rows, columns)
+
+
+def f16_rounding(blocks: gguf_weights.Blocks) -> np.ndarray:
+    """(rows, columns): how far f16 rounding of each group's scale and offset can move its weights (2⁻¹⁰ of |s·q| +
+    |b|: twice the f16 step, for the rounding of the products the references make too)."""
+    q = np.abs(blocks.q.astype(np.float32))
+    bound = q * np.abs(blocks.scale.astype(np.float32))[..., None]
+    if blocks.offset is not None:
+        bound += np.abs(blocks.offset.astype(np.float32))[..., None]
+    return 2.0 ** -10 * bound.reshape(blocks.q.shape[0], -1) + 1e-7
 
 
 @pytest.mark.parametrize("kind", TYPES, ids=[k.name for k in TYPES])
-def test_unpacked_blocks_equal_gguf_dequantization(tiny_gguf, kind):
+def test_unpacked_blocks_equal_gguf_dequantization_within_f16_rounding_of_each_group(tiny_gguf, kind):
     tensor = tensors(tiny_gguf)[f"blk.{TYPES.index(kind)}.ffn_up.weight"]
-    reference = gguf.quants.dequantize(np.asarray(tensor.data), kind).reshape(ROWS, COLUMNS)
+    reference = reference_of(tiny_gguf, tensor.name)
     blocks = gguf_weights.unpack(kind.name, np.asarray(tensor.data))
     assert blocks.q.min() >= (-8 if blocks.bits == 4 else -128) and blocks.q.max() <= (7 if blocks.bits == 4 else 127)
-    assert close_to_f16(blocks.dequantize(), reference)
-    assert not close_to_f16(np.roll(blocks.dequantize(), 1, axis=1), reference)  # the check sees a misplaced weight
+    assert (np.abs(blocks.dequantize() - reference) <= f16_rounding(blocks)).all()
+    assert not (np.abs(np.roll(blocks.dequantize(), 1, axis=1) - reference) <= f16_rounding(blocks)).all()
 
 
-def one_layer(op: str):
+def test_the_rounding_bound_sees_a_one_percent_error_in_a_q4_k_min(tiny_gguf):
+    tensor = tensors(tiny_gguf)["blk.0.ffn_up.weight"]
+    blocks = gguf_weights.unpack("Q4_K", np.asarray(tensor.data))
+    minimum = 8 * blocks.scale.astype(np.float32) - blocks.offset.astype(np.float32)  # dmin·m
+    wrong = gguf_weights.Blocks(blocks.q, blocks.scale, (8 * blocks.scale.astype(np.float32) - 1.01 * minimum)
+                                .astype(np.float16), 4)
+    assert not (np.abs(wrong.dequantize() - reference_of(tiny_gguf, tensor.name)) <= f16_rounding(blocks)).all()
+
+
+def one_layer(op: str, weight: np.ndarray, name: str = "__module.model.layers.0.mlp.up_proj/aten::linear/MatMul"):
     """An ov.Model as optimum-intel exports a layer: a MatMul on an f32 weight (transpose_b), or the embedding's
-    Gather; named so that gguf_weights maps it to blk.0.ffn_up.weight (or token_embd.weight)."""
+    Gather; named so that gguf_import maps it to blk.0.ffn_up.weight (or token_embd.weight)."""
     import openvino as ov
     from openvino import opset13 as ops
 
-    weight = ops.constant(np.zeros((ROWS, COLUMNS), dtype=np.float32))
+    rows, columns = weight.shape
     if op == "MatMul":
-        x = ops.parameter([1, -1, COLUMNS], np.float32, name="x")
-        node = ops.matmul(x, weight, False, True)
-        node.set_friendly_name("__module.model.layers.0.mlp.up_proj/aten::linear/MatMul")
+        x = ops.parameter([1, -1, columns], np.float32, name="x")
+        node = ops.matmul(x, ops.constant(weight.astype(np.float32)), False, True)
+        node.set_friendly_name(name)
     else:
         x = ops.parameter([1, -1], np.int64, name="ids")
-        node = ops.gather(weight, x, ops.constant(np.array(0, dtype=np.int64)))
+        node = ops.gather(ops.constant(weight.astype(np.float32)), x, ops.constant(np.array(0, dtype=np.int64)))
         node.set_friendly_name("__module.model.embed_tokens/aten::embedding/Gather")
     return ov.Model([node], [x])
 
 
-@pytest.mark.parametrize("kind", TYPES, ids=[k.name for k in TYPES])
-@pytest.mark.parametrize("op", ["MatMul", "Gather"])
-def test_openvino_decompresses_the_imported_blocks_to_gguf_dequantization(tiny_gguf, tmp_path, kind, op):
+def decompressed(model, op: str, rows: int = ROWS, columns: int = COLUMNS) -> np.ndarray:
+    """(rows, columns) the weight the CPU plugin computes with (f32 arithmetic, no dynamic quantization)."""
     import openvino as ov
 
-    source = tensors(tiny_gguf)[f"blk.{TYPES.index(kind)}.ffn_up.weight"]
-    path = tmp_path / "one.gguf"  # this type alone, under the name the layer maps to
-    writer = gguf.GGUFWriter(path, "qwen2")
-    name = "blk.0.ffn_up.weight" if op == "MatMul" else "token_embd.weight"
-    writer.add_tensor(name, np.asarray(source.data), raw_dtype=kind)
-    writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.write_tensors_to_file(), writer.close()
-    model = gguf_weights.import_blocks(one_layer(op), path)
     compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32",
                                                       "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0})
     if op == "MatMul":  # the identity's rows pick out the weight's columns: x·Wᵀ = Wᵀ
-        ours = compiled(np.eye(COLUMNS, dtype=np.float32)[None])[0][0].T
-    else:
-        ours = compiled(np.arange(ROWS, dtype=np.int64)[None])[0][0]
-    reference = gguf.quants.dequantize(np.asarray(source.data), kind).reshape(ROWS, COLUMNS)
-    assert close_to_f16(ours, reference)
-    weights = [n for n in model.get_ordered_ops() if n.get_type_name() == "Constant"  # (rows, groups, group size):
-               and len(n.get_shape()) == 3 and n.get_shape()[0] == ROWS and n.get_shape()[2] > 1]  # the blocks alone
-    assert [w.get_element_type().get_type_name() for w in weights] == ["i4" if kind == T.Q4_K else "i8"]
+        return compiled(np.eye(columns, dtype=np.float32)[None])[0][0].T
+    return compiled(np.arange(rows, dtype=np.int64)[None])[0][0]
+
+
+def block_constants(model) -> list[str]:
+    """Element types of the low-bit constants the import added (the weights and their zero points)."""
+    return sorted(n.get_element_type().get_type_name() for n in model.get_ordered_ops()
+                  if n.get_type_name() == "Constant" and n.get_element_type().get_type_name() in ("i4", "u4", "i8", "u8"))
+
+
+def import_one(tiny_gguf, tmp_path, kind, op, layout):
+    source = tensors(tiny_gguf)[f"blk.{TYPES.index(kind)}.ffn_up.weight"]
+    name = "blk.0.ffn_up.weight" if op == "MatMul" else "token_embd.weight"
+    path = write_gguf(tmp_path / "one.gguf", {name: (np.asarray(source.data), kind)})  # this type alone, renamed
+    reference = reference_of(path, name)
+    return gguf_import.import_blocks(one_layer(op, reference), path, layout), reference
+
+
+@pytest.mark.parametrize("kind", TYPES, ids=[k.name for k in TYPES])
+@pytest.mark.parametrize("op", ["MatMul", "Gather"])
+def test_openvino_decompresses_the_exact_layout_to_gguf_dequantization(tiny_gguf, tmp_path, kind, op):
+    model, reference = import_one(tiny_gguf, tmp_path, kind, op, "exact")
+    blocks = gguf_weights.unpack(kind.name, np.asarray(tensors(tiny_gguf)[f"blk.{TYPES.index(kind)}.ffn_up.weight"].data))
+    assert (np.abs(decompressed(model, op) - reference) <= f16_rounding(blocks)).all()
+    assert block_constants(model) == ["i4" if kind == T.Q4_K else "i8"]
+
+
+# What the fused layout stores each type as (the CPU plugin's fused kernels: u4 with a u4 zero point, or signed i8),
+# and the largest error it may add (per weight, beyond f16 rounding): Q4_K's min rounded to its scale's grid, half a
+# step; a per-channel i8 re-quantization, half of the row's largest weight / 127.
+FUSED = {T.Q4_K: ["u4", "u4"], T.Q6_K: ["i8"], T.Q5_0: ["i8"], T.Q8_0: ["i8"]}
+
+
+@pytest.mark.parametrize("kind", TYPES, ids=[k.name for k in TYPES])
+def test_the_fused_layout_takes_the_kernels_types_within_half_a_step(tiny_gguf, tmp_path, kind):
+    model, reference = import_one(tiny_gguf, tmp_path, kind, "MatMul", "fused")
+    assert block_constants(model) == FUSED[kind]
+    exact = gguf_weights.unpack(kind.name, np.asarray(tensors(tiny_gguf)[f"blk.{TYPES.index(kind)}.ffn_up.weight"].data))
+    if kind == T.Q6_K:  # per channel, with the f16 rounding of its one scale a row
+        step = np.abs(reference).max(axis=1, keepdims=True) * (1 / 127 + 2.0 ** -9) * np.ones_like(reference)
+    else:  # the group's own scale (Q4_K) or nothing added (Q8_0, Q5_0 stay as they are)
+        step = np.repeat(exact.scale.astype(np.float32), exact.q.shape[2], axis=1) * (kind == T.Q4_K)
+    error = np.abs(decompressed(model, "MatMul") - reference)
+    if kind == T.Q4_K:  # random sub-scales give some groups a min beyond 15 steps: only those may err more
+        minimum = 8 * exact.scale.astype(np.float32) - exact.offset.astype(np.float32)
+        beyond = np.maximum(minimum - 15 * exact.scale.astype(np.float32), 0)
+        step += 2 * np.repeat(beyond, exact.q.shape[2], axis=1)
+        assert (beyond == 0).mean() > 0.5
+    assert (error <= step / 2 + 2 * f16_rounding(exact)).all()
+    if kind in (T.Q4_K, T.Q6_K):
+        assert error.max() > f16_rounding(exact).max()  # it did change the weights: the bound is not vacuous
+
+
+def test_the_fused_layout_lays_the_embedding_per_channel(tiny_gguf, tmp_path):
+    model, reference = import_one(tiny_gguf, tmp_path, T.Q4_K, "Gather", "fused")
+    assert block_constants(model) == ["i8"]
+    exact = gguf_weights.unpack("Q4_K", np.asarray(tensors(tiny_gguf)["blk.0.ffn_up.weight"].data))
+    step = np.abs(reference).max(axis=1, keepdims=True) * (1 / 127 + 2.0 ** -9)  # with its scale's f16 rounding
+    assert (np.abs(decompressed(model, "Gather") - reference) <= step / 2 + f16_rounding(exact)).all()
+
+
+def test_blocks_whose_rows_are_not_the_exports_are_refused_with_a_sentence(tiny_gguf, tmp_path):
+    source = tensors(tiny_gguf)["blk.3.ffn_up.weight"]  # Q8_0
+    path = write_gguf(tmp_path / "one.gguf", {"blk.0.ffn_up.weight": (np.asarray(source.data), T.Q8_0)})
+    exported = np.roll(reference_of(path, "blk.0.ffn_up.weight"), 1, axis=0)  # the export's rows in another order
+    with pytest.raises(gguf_import.GGUFMismatchError, match="do not match the exported model's weights"):
+        gguf_import.import_blocks(one_layer("MatMul", exported), path)
+
+
+# ---- a tiny Llama-architecture GGUF: llama.cpp stores attn_q / attn_k with each head's rotary halves interleaved
+
+HEADS, KV_HEADS, HEAD_DIM, HIDDEN = 4, 2, 8, 64
+
+
+def permute_like_llama_cpp(w: np.ndarray, heads: int) -> np.ndarray:
+    """convert_hf_to_gguf's permutation of a (heads·head_dim, hidden) projection: (h, half, i) → (h, i, half)."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, -1).swapaxes(1, 2).reshape(w.shape)
+
+
+def llama_layer(q: np.ndarray, k: np.ndarray):
+    """q_proj and k_proj MatMuls as optimum-intel exports a Llama layer, on the original (transformers') rows."""
+    import openvino as ov
+    from openvino import opset13 as ops
+
+    x = ops.parameter([1, -1, HIDDEN], np.float32, name="x")
+    outputs = []
+    for name, w in (("q", q), ("k", k)):
+        node = ops.matmul(x, ops.constant(w), False, True)
+        node.set_friendly_name(f"__module.model.layers.0.self_attn.{name}_proj/aten::linear/MatMul")
+        outputs.append(node)
+    return ov.Model(outputs, [x])
+
+
+@pytest.fixture
+def llama_weights():
+    rng = np.random.default_rng(7)
+    q = rng.normal(size=(HEADS * HEAD_DIM, HIDDEN)).astype(np.float32)
+    k = rng.normal(size=(KV_HEADS * HEAD_DIM, HIDDEN)).astype(np.float32)
+    # Round through Q8_0 once so the export holds exactly what the file's blocks dequantize to.
+    q8 = lambda w: gguf.quants.dequantize(gguf.quants.quantize(w, T.Q8_0), T.Q8_0).reshape(w.shape)  # noqa: E731
+    return q8(q), q8(k)
+
+
+def llama_gguf(path, q, k, architecture: str):
+    fields = {f"{architecture}.attention.head_count": HEADS, f"{architecture}.attention.head_count_kv": KV_HEADS}
+    return write_gguf(path, {"blk.0.attn_q.weight": (gguf.quants.quantize(permute_like_llama_cpp(q, HEADS), T.Q8_0), T.Q8_0),
+                             "blk.0.attn_k.weight": (gguf.quants.quantize(permute_like_llama_cpp(k, KV_HEADS), T.Q8_0), T.Q8_0)},
+                      architecture, fields)
+
+
+@pytest.mark.parametrize("layout", gguf_weights.LAYOUTS)
+def test_a_llama_ggufs_permuted_q_and_k_rows_are_restored(tmp_path, llama_weights, layout):
+    import openvino as ov
+
+    q, k = llama_weights
+    model = gguf_import.import_blocks(llama_layer(q, k), llama_gguf(tmp_path / "llama.gguf", q, k, "llama"), layout)
+    compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32",
+                                                      "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0})
+    ours_q, ours_k = (compiled(np.eye(HIDDEN, dtype=np.float32)[None])[i][0].T for i in range(2))
+    assert np.abs(ours_q - q).max() <= 1e-3 * np.abs(q).max()
+    assert np.abs(ours_k - k).max() <= 1e-3 * np.abs(k).max()
+
+
+def test_permuted_rows_under_an_architecture_not_known_to_permute_are_refused(tmp_path, llama_weights):
+    q, k = llama_weights
+    path = llama_gguf(tmp_path / "other.gguf", q, k, "qwen2")  # permuted rows, but qwen2 files are not permuted
+    with pytest.raises(gguf_import.GGUFMismatchError):
+        gguf_import.import_blocks(llama_layer(q, k), path)
 
 
 def test_a_tensor_of_an_unsupported_type_is_refused_by_name():

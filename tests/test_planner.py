@@ -244,16 +244,55 @@ def test_auto_k_at_zero_does_not_probe_while_the_drafts_keep_failing():
 
 
 def test_the_confidence_stop_is_where_one_more_draft_stops_paying_on_this_machine():
-    from specdemo.planner import confidence_stop, with_confidence_stop
+    from specdemo.planner import confidence_stops, with_confidence_stop
 
-    # a further draft costs a draft step and one more verified token, against a target step's worth of token
-    assert confidence_stop(MEMORY_BOUND, 4) == pytest.approx((0.25 * STEP + 0.02 * STEP) / STEP)  # 0.27
-    assert confidence_stop(COMPUTE_BOUND, 4) == pytest.approx((0.45 * STEP + 0.35 * STEP) / STEP)  # 0.8
-    assert confidence_stop(MEMORY_BOUND, 0) == 0.0
+    # the draft after the j-th costs a draft step and one more verified token, against a target step's worth of token
+    assert confidence_stops(MEMORY_BOUND, 8) == pytest.approx([(0.25 * STEP + 0.02 * STEP) / STEP] * 7)  # 0.27
+    assert confidence_stops(COMPUTE_BOUND, 8) == pytest.approx([(0.45 * STEP + 0.35 * STEP) / STEP] * 7)  # 0.8
+    assert confidence_stops(MEMORY_BOUND, 1) == ()  # one draft a round: nothing to stop
     plan = make_plan(MEMORY_BOUND, "model", geometric(0.9), k_max=8, auto=True, k=4)
-    assert with_confidence_stop(plan, MEMORY_BOUND, None).p_min == pytest.approx(0.27)
-    assert "falls below 0.27" in with_confidence_stop(plan, MEMORY_BOUND, None).reason
-    assert with_confidence_stop(plan, MEMORY_BOUND, 0.0).p_min == 0.0  # asked off
-    assert with_confidence_stop(plan, MEMORY_BOUND, 0.6).p_min == 0.6  # asked
-    fixed = make_plan(MEMORY_BOUND, "model", geometric(0.9), k_max=8, auto=False, k=4)
-    assert with_confidence_stop(fixed, MEMORY_BOUND, None).p_min == 0.0  # a fixed K drafts K
+    assert with_confidence_stop(plan, MEMORY_BOUND, None, 8).stops == pytest.approx([0.27] * 7)
+    assert "falls below 0.27" in with_confidence_stop(plan, MEMORY_BOUND, None, 8).reason
+    assert with_confidence_stop(plan, MEMORY_BOUND, 0.0, 8).stops == ()  # asked off
+    assert with_confidence_stop(plan, MEMORY_BOUND, 0.6, 8).stops == (0.6,)  # asked: one threshold everywhere
+    fixed = make_plan(MEMORY_BOUND, "model", geometric(0.9), k_max=8, auto=True, k=4)
+    fixed = replace(fixed, auto=False)
+    assert with_confidence_stop(fixed, MEMORY_BOUND, None, 8).stops == ()  # a fixed K drafts K
+
+
+def cliff_after(n: int, before: float = 0.0, after: float = 1.2, n_max: int = 13) -> CostModel:
+    """A machine whose verify calls cost one step up to n tokens, then jump (the Zen 5 before its tune: 5 tokens 1.0
+    step, 6 tokens 2.2)."""
+    target = tuple(STEP * (1 + before * (i - 1) + (after if i > n else 0.0)) for i in range(1, n_max + 1))
+    return CostModel(target_s=target, target_prefill_tps=1000.0, target_rollback_s=0.0,
+                     draft_s=(STEP * 0.25, STEP * 0.25), draft_prefill_tps=4000.0)
+
+
+@pytest.mark.parametrize("costs", [cliff_after(5), machine(0.02, n_max=13)], ids=["cliff after the plan", "no cliff"])
+def test_a_confident_round_drafts_its_planned_k_whatever_lies_past_it(costs):
+    """Each draft position is priced by its own marginal cost, d(1) + t(j + 2) − t(j + 1): a cliff right after the
+    planned verify size raises the price of the draft past K alone, so drafts whose confidence pays the cliff-free
+    positions are never cut below the planned K."""
+    from specdemo.planner import confidence_stops
+
+    k = 4  # verify size 5: the last one before the cliff
+    stops = confidence_stops(costs, 12)
+    draft = SureDraft(0.8)  # confident enough for the cliff-free positions, not for the cliff's
+    proposal = ModelDrafter(draft, GenerationSettings(k=k), np.random.default_rng(0), stops).propose([1, 2, 3], k)
+    assert max(stops[: k - 1]) < 0.8 ** (k - 1)
+    assert len(proposal.tokens) == k
+    if costs.t(6) > 2 * costs.t(5):
+        assert stops[k - 1] > 0.9  # the draft whose row crosses the cliff would have to be nearly certain
+
+
+class SureDraft(FakeModel):
+    """A draft whose top token always has probability `p` (of 3 tokens)."""
+
+    def __init__(self, p: float):
+        super().__init__(3, "sure")
+        self.row = np.log(np.array([p, (1 - p) / 2, (1 - p) / 2], dtype=np.float32))
+
+    def logits(self, prefix):
+        return self.row
+
+

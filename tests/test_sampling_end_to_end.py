@@ -48,7 +48,7 @@ def speculative_runs(target: FakeModel, draft: FakeModel, settings: GenerationSe
     `hybrid`: the hybrid drafter, taking every lookup proposal of two tokens or more (the draft model elsewhere);
     `p_min`: the draft model's confidence stop."""
     rng = np.random.default_rng(seed)
-    drafter = ModelDrafter(draft, settings, rng, p_min)
+    drafter = ModelDrafter(draft, settings, rng, (p_min,) if p_min else ())
     if hybrid:
         drafter = HybridDrafter(drafter, PromptLookupDrafter(2), price=lambda name, k: 0.6 * k if name == "prompt-lookup" else 1.0)
     for _ in range(runs):

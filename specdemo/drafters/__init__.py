@@ -38,7 +38,8 @@ def strategy(name: str) -> Strategy:
     return STRATEGIES[name]
 
 
-def make_drafter(kind: str, draft_model, settings, rng, price=None, p_min: float = 0.0) -> Drafter:
+def make_drafter(kind: str, draft_model, settings, rng, price=None, stops: tuple[float, ...] = ()) -> Drafter:
     """The drafter of strategy `kind` (one that needs a model refuses to be made without one); `price(drafter, k)`
-    for a strategy choosing between parts each round; `p_min`: the draft model's confidence stop (0: off)."""
-    return strategy(kind).make(draft_model, settings, rng, price, p_min)
+    for a strategy choosing between parts each round; `stops`: the draft model's confidence stop per draft position
+    ((): off)."""
+    return strategy(kind).make(draft_model, settings, rng, price, stops)

@@ -41,6 +41,14 @@ class Drafter(Protocol):
     def keep(self, length: int) -> None: ...
 
 
+def stop_threshold(stops: tuple[float, ...], drafted: int) -> float:
+    """The confidence a round's drafts must keep for the draft after the first `drafted` to be drafted: stops[drafted -
+    1], the last for positions past the end, 0 (never stop) before the first draft or without stops."""
+    if not stops or drafted < 1:
+        return 0.0
+    return stops[min(drafted, len(stops)) - 1]
+
+
 @dataclass(frozen=True)
 class Strategy:
     """One way of drafting, as the planner, the profile and the page see it."""
@@ -50,7 +58,7 @@ class Strategy:
     needs_model: bool  # drafts with the draft model: it needs one loaded, prefills it, and pays draft steps
     default_alpha: float  # the acceptance a plan assumes before any evidence on this machine
     prior: str  # whose acceptance history prices its K ("hybrid": the model's; its lookup rounds are free extras)
-    make: Callable[..., "Drafter"]  # make(draft_model, settings, rng, price, p_min) -> Drafter
+    make: Callable[..., "Drafter"]  # make(draft_model, settings, rng, price, stops) -> Drafter
     note: str = ""  # what a plan adds to its reason for people, when it runs this strategy
 
     def draft_seconds(self, costs: "CostModel", k: int, full: float) -> float:

@@ -40,9 +40,9 @@ class HybridDrafter:
         self.model.keep(length)
 
 
-def make(draft_model, settings, rng, price=None, p_min: float = 0.0) -> HybridDrafter:
+def make(draft_model, settings, rng, price=None, stops: tuple[float, ...] = ()) -> HybridDrafter:
     """`price(drafter, k)`: this machine's predicted speedup of a round (without one: the longer proposal wins)."""
-    return HybridDrafter(model.make(draft_model, settings, rng, p_min=p_min), lookup.make(None, settings, rng),
+    return HybridDrafter(model.make(draft_model, settings, rng, stops=stops), lookup.make(None, settings, rng),
                          price or (lambda drafter, k: float(k)))
 
 

@@ -49,7 +49,7 @@ def lookup_continuation(seq: list[int], k: int, max_ngram: int) -> list[int]:
 
 
 
-def make(draft_model, settings, rng, price=None, p_min: float = 0.0) -> PromptLookupDrafter:
+def make(draft_model, settings, rng, price=None, stops: tuple[float, ...] = ()) -> PromptLookupDrafter:
     return PromptLookupDrafter(settings.lookup_ngram)
 
 

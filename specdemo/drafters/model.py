@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from specdemo.drafters.base import Proposal, Strategy
+from specdemo.drafters.base import Proposal, Strategy, stop_threshold
 from specdemo.verification import process_logits, sample
 
 if TYPE_CHECKING:
@@ -21,18 +21,20 @@ class ModelDrafter:
     Invariant between rounds: the draft's cache holds a prefix of `seq`; propose() first feeds the
     part it has not seen (the whole prompt on the first round, then one or two tokens).
 
-    With `p_min` > 0 (the confidence stop), a round ends early once the product of the draft's probabilities for the
-    tokens it drafted falls below it: the low-confidence draft is still proposed (its step is paid), the steps after
-    it are saved. The stop looks at the draft alone, so the acceptance rule stays exact.
+    With `stops` (the confidence stop, per draft position: planner.confidence_stops), a round ends early once the
+    product of the draft's probabilities for the j tokens it drafted falls below stops[j - 1]: the low-confidence draft
+    is still proposed (its step is paid), the steps after it are saved. The stop looks at the draft alone, so the
+    acceptance rule stays exact.
     """
 
     kind = "model"
 
-    def __init__(self, model: "OVModel", settings: "GenerationSettings", rng: np.random.Generator, p_min: float = 0.0):
+    def __init__(self, model: "OVModel", settings: "GenerationSettings", rng: np.random.Generator,
+                 stops: tuple[float, ...] = ()):
         self.model = model
         self.settings = settings
         self.rng = rng
-        self.p_min = p_min
+        self.stops = stops
 
     def kv_cache_bytes(self) -> dict[str, int]:
         return {"draft": self.model.kv_cache_bytes()}
@@ -48,15 +50,15 @@ class ModelDrafter:
         feed = seq[self.model.length :]
         head = self.model.head_ids  # (V',) token ids of the LM head's rows when it was trimmed, else None
         confidence = 1.0  # the product of the draft's probabilities for this round's drafts so far
-        for _ in range(k):
-            if confidence < self.p_min:
+        for drafted in range(k):
+            if confidence < stop_threshold(self.stops, drafted):
                 break  # the confidence stop: the next draft would likely be rejected, and its step costs
             logits = self.model.forward(feed)  # (1, V or V'): scores for the token after `feed`
             calls.append((len(feed), self.model.last_call_s))
             if self.settings.greedy:
                 best = int(logits[0].argmax())
                 token = best if head is None else int(head[best])
-                if self.p_min:
+                if self.stops:
                     confidence *= top_probability(logits[0])
             else:
                 q = process_logits(logits, self.settings)[0]
@@ -83,10 +85,10 @@ def top_probability(logits: np.ndarray) -> float:
     return 1.0 / np.exp(shifted, dtype=np.float64).sum(axis=-1)
 
 
-def make(draft_model, settings, rng, price=None, p_min: float = 0.0) -> ModelDrafter:
+def make(draft_model, settings, rng, price=None, stops: tuple[float, ...] = ()) -> ModelDrafter:
     if draft_model is None:
         raise ValueError("no draft model is loaded; use the prompt-lookup drafter")
-    return ModelDrafter(draft_model, settings, rng, p_min)
+    return ModelDrafter(draft_model, settings, rng, stops)
 
 
 STRATEGY = Strategy("model", "draft model", needs_model=True, default_alpha=0.8, prior="model", make=make)
