@@ -23,8 +23,8 @@ from typing import Callable
 
 import numpy as np
 import openvino as ov
-from openvino import opset13 as ops
 
+from specdemo import graph
 from specdemo.compat import compile_config
 from specdemo.settings import ModelSettings
 
@@ -47,8 +47,9 @@ class OVModel:
         core = core or ov.Core()
         model = core.read_model(self.folder / "openvino_model.xml")
         self.vocab_size = model.output("logits").get_partial_shape()[-1].get_length()  # V of the full head
-        self.head_ids = head_ids if head_ids is not None and _trim_lm_head(model, head_ids) else None
-        self.sliced_logits = _keep_only_last_logits(model)
+        self.head_ids = head_ids if head_ids is not None and graph.trim_lm_head(model, head_ids) else None
+        self.sliced_logits = graph.keep_only_last_logits(model)
+        self.fused = graph.fuse_projections(model)  # MatMuls fused (q, k, v into one; gate and up into one)
         self._seq_axis = _sequence_axis(model)
         config = compile_config(settings, cache_dir)
         if profiled:
@@ -213,101 +214,3 @@ def _sequence_axis(model: ov.Model) -> int:
             dynamic = [i for i in range(shape.rank.get_length()) if shape[i].is_dynamic]
             return dynamic[-1]
     raise ValueError("this model has no KV cache state: export it stateful (text-generation-with-past)")
-
-
-def _lm_head(model: ov.Model):
-    """The LM head's MatMul (hidden states x vocabulary), or None when the graph hides it."""
-    node = model.output("logits").get_node().input_value(0).get_node()  # skip the Result
-    while node.get_type_name() != "MatMul":
-        if node.get_input_size() == 0 or node.get_type_name() not in ("Convert", "Multiply", "Add", "Tanh", "Divide"):
-            return None
-        node = node.input_value(0).get_node()
-    return node
-
-
-def _trim_lm_head(model: ov.Model, ids: np.ndarray) -> bool:
-    """Keep only rows `ids` (sorted token ids) of the LM head's weight, so logits score just those tokens.
-
-    The weight reaches the MatMul through its decompression ops (u4/u8 constants, zero points, scales,
-    a reshape); the row cut is made on the constants themselves, so the compressed kernels stay and a
-    draft step reads only the kept rows. With tied embeddings the embedding lookup keeps the full
-    matrix: the cut applies to a copy on the LM head's path only. Returns False, changing nothing,
-    when the head or its weight layout (vocabulary rows first, transposed MatMul) is not recognised.
-    """
-    head = _lm_head(model)
-    if head is None or not head.get_attributes().get("transpose_b", False):
-        return False
-    vocab = head.get_output_partial_shape(0)[-1].get_length()
-    try:
-        rows = _take_rows(head.input_value(1), np.asarray(ids, dtype=np.int64), vocab)
-    except ValueError:
-        return False
-    head.input(1).replace_source_output(rows)
-    model.validate_nodes_and_infer_types()
-    return True
-
-
-def _take_rows(output: ov.Output, ids: np.ndarray, vocab: int) -> ov.Output:
-    """A copy of the subgraph producing `output` whose vocabulary axis (axis 0) keeps only `ids`."""
-    node = output.get_node()
-    kind = node.get_type_name()
-    if kind == "Constant":
-        shape = list(node.get_output_shape(0))
-        if not shape or shape[0] != vocab:
-            return output  # a scalar or broadcast constant: shared as it is
-        return _constant_rows(node, ids).output(0)
-    if kind == "Reshape":
-        target = node.input_value(1).get_node()
-        if target.get_type_name() != "Constant":
-            raise ValueError("a reshape with a computed shape")
-        shape = target.get_data().copy()
-        shape[shape == vocab] = len(ids)
-        return ops.reshape(_take_rows(node.input_value(0), ids, vocab), ops.constant(shape), False).output(0)
-    inputs = [_take_rows(node.input_value(i), ids, vocab) for i in range(node.get_input_size())]
-    if kind == "Convert":
-        return ops.convert(inputs[0], node.get_output_element_type(0)).output(0)
-    if kind == "Subtract":
-        return ops.subtract(*inputs).output(0)
-    if kind == "Multiply":
-        return ops.multiply(*inputs).output(0)
-    raise ValueError(f"an unexpected {kind} on the LM head's weight")
-
-
-def _constant_rows(node, ids: np.ndarray):
-    """Rows `ids` of a Constant, u4/i4 included (OpenVINO packs two 4-bit values a byte, low nibble first)."""
-    element = node.get_element_type()
-    shape = list(node.get_output_shape(0))
-    data = node.get_data()
-    if element in (ov.Type.u4, ov.Type.i4):
-        packed = data.reshape(-1)
-        values = np.empty(packed.size * 2, dtype=np.uint8)
-        values[0::2], values[1::2] = packed & 0x0F, packed >> 4
-        values = values[: int(np.prod(shape))].reshape(shape)[ids]
-        if element == ov.Type.i4:
-            values = values.astype(np.int8)
-            values[values > 7] -= 16
-        return ops.constant(values, dtype=element)
-    return ops.constant(np.ascontiguousarray(data[ids]), dtype=element)
-
-
-def _keep_only_last_logits(model: ov.Model) -> bool:
-    """Add an input `logits_to_keep` so the LM head runs only on the last positions.
-
-    Why: a 200-token prefill would otherwise multiply 200 hidden states by a 151,936-wide vocabulary
-    matrix and copy 120 MB of logits, when decoding needs one row. Returns False, leaving the model
-    as it is, when the LM head's MatMul cannot be found.
-    """
-    node = _lm_head(model)
-    if node is None:
-        return False
-    keep = ops.parameter([1], ov.Type.i64, name="logits_to_keep")
-    keep.output(0).get_tensor().set_names({"logits_to_keep"})
-    hidden = node.input_value(0)  # (1, n, hidden)
-    start = ops.negative(keep)
-    stop = ops.constant(np.array([np.iinfo(np.int64).max], dtype=np.int64))
-    step = ops.constant(np.array([1], dtype=np.int64))
-    axes = ops.constant(np.array([1], dtype=np.int64))
-    node.input(0).replace_source_output(ops.slice(hidden, start, stop, step, axes).output(0))
-    model.add_parameters([keep])
-    model.validate_nodes_and_infer_types()
-    return True
