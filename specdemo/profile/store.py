@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
+from specdemo import strict_json
 from specdemo.profile.legacy import import_stores
 
 SCHEMA = 1  # bump when a section's meaning changes; a profile of another schema is started afresh
@@ -62,7 +63,7 @@ class Store:
             data[name] = change(dict(current))
             data.update(schema=SCHEMA, machine=self.facts)
             scratch = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-            text = json.dumps(data, indent=1)
+            text = strict_json.dumps(data, indent=1)
             scratch.write_text(text)
             scratch.replace(self.path)
             # Kept as a read would find it (JSON's keys and numbers), without reading the file back.
