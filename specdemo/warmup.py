@@ -16,7 +16,8 @@ _NO_LIMIT = GenerationSettings(max_new_tokens=1)  # a built-in prompt is checked
 
 def know_machine(engine, k_max: int, fresh: bool, log) -> None:
     """Warm `engine` (an engine.Engine, its lock held) up: its costs known or measured (`fresh`: measured again), its
-    batching noise, a first acceptance prior (not while learning is off); `engine.keys` and `engine.noise` set."""
+    batching noise, a first acceptance prior; `engine.keys` and `engine.noise` set. With learning off (profile.learns)
+    what it measures serves this process only, and the prior is not calibrated."""
     target, draft = engine.target.runtime, engine.draft.runtime if engine.draft else None
     description = measuring.describe_key(target, draft, k_max + 1)
     key = measuring.cost_key(description)

@@ -257,6 +257,18 @@ def test_a_home_that_refuses_writes_fails_neither_a_model_load_nor_a_page_run(ti
     assert (engine.profile.store.path.read_bytes() if engine.profile.store.path.exists() else None) == before
 
 
+def test_a_warm_up_with_learning_off_measures_for_this_process_and_writes_nothing(tiny_pair, tmp_path, monkeypatch):
+    from specdemo.engine import Engine
+
+    monkeypatch.setenv("SPECDEMO_LEARN", "0")
+    profile, said = Profile(tmp_path), []
+    Engine(*tiny_pair, profile=profile).warm_up(k_max=3)
+    assert not (tmp_path / "profile").exists()
+    again = Engine(*tiny_pair, profile=profile)  # another page's engine over the same models, in this process
+    again.warm_up(k_max=3, log=said.append)
+    assert again.costs is not None and again.noise is not None and any("from this machine's profile" in s for s in said)
+
+
 WRITER = """
 import sys, time
 from pathlib import Path

@@ -12,8 +12,9 @@ and draft plan (written by `python -m specdemo tune`, specdemo/tune.py); `costs`
 (specdemo/fidelity.py); `acceptance`, per model pair, the drafts tested and accepted at each position
 (specdemo/profile/acceptance.py).
 
-SPECDEMO_LEARN=0 freezes what runs teach (the tests set it). A home that refuses a write (a full disk, a read-only
-home) turns learning off for the rest of the process, and what was not written serves this process only (store.py).
+SPECDEMO_LEARN=0 (the tests set it) freezes what runs teach, and keeps what a warm-up measures (costs, noise) in this
+process's memory only; tune's choice, asked for by a command, is still written. A home that refuses a write (a full
+disk, a read-only home) turns learning off the same way for the rest of the process (store.py).
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ class Profile:
             old = section.get(key) if isinstance(section.get(key), dict) else {}
             return {**section, key: {"key": description or old.get("key"), "costs": costs.to_dict()}}
 
-        self.store.update("costs", change)
+        self.store.update("costs", change, save=self.learns())
 
     def noise(self, key: str | None):
         """fidelity.BatchingNoise of this compile, or None before it was measured."""
@@ -135,7 +136,7 @@ class Profile:
             return None
 
     def keep_noise(self, key: str, noise) -> None:
-        self.store.update("noise", lambda section: {**section, key: noise.to_dict()})
+        self.store.update("noise", lambda section: {**section, key: noise.to_dict()}, save=self.learns())
 
     # ---- the acceptance history of one model pair (specdemo/profile/acceptance.py)
 
@@ -158,7 +159,7 @@ class Profile:
                 counts = folded(counts, drafter, greedy, tested, accepted)
             return {**section, pair: counts}
 
-        self.store.update("acceptance", change)
+        self.store.update("acceptance", change, save=self.learns())
 
     # ---- learning from runs: called by whoever drained a lane (CLI, page, bench), never under the engine's lock
 
