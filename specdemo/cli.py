@@ -7,12 +7,11 @@ user can fix are printed as one line (exit status 2), never as a traceback.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
-from specdemo import compat, errors, runfile, sources
+from specdemo import compat, errors, runfile, sources, strict_json
 from specdemo.drafters import STRATEGIES
 from specdemo.settings import (AUTO, CONFIGURATIONS, DEFAULT_DRAFT, DEFAULT_TARGET, DRAFT_PRECISION,
                                MAX_PROMPT_TOKENS, PRECISIONS, GenerationSettings, ModelSettings, RunSettings)
@@ -194,7 +193,7 @@ def _bench(args: argparse.Namespace, settings: RunSettings) -> int:
 
     results = bench.run(settings, measure, Path(args.out), log, command="python -m specdemo " + " ".join(sys.argv[1:]))
     if args.json:
-        print(json.dumps(results, indent=2, default=str))
+        print(strict_json.dumps(results, indent=2, default=str))
     return 0
 
 

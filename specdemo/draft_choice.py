@@ -150,6 +150,7 @@ def to_dict(option: DraftOption) -> dict:
 
 def from_dict(data: dict) -> DraftOption:
     """An option as the tune file keeps it (what `choose` needs: precision, head, predicted speedup)."""
+    number = lambda value: math.nan if value is None else float(value)  # noqa: E731 (null: not measured)
     return DraftOption(str(data["precision"]), int(data["head_tokens"]), rows=int(data.get("rows", 0)),
-                       step_s=float(data.get("step_s", math.nan)), k=int(data.get("k", 0)),
-                       predicted_speedup=float(data["predicted_speedup"]), chosen=bool(data.get("chosen", False)))
+                       step_s=number(data.get("step_s")), k=int(data.get("k", 0)),
+                       predicted_speedup=number(data["predicted_speedup"]), chosen=bool(data.get("chosen", False)))

@@ -25,7 +25,8 @@ class Parting:
 
     index: int  # the first differing token, from 0
     tokens: list[str]  # the token each lane wrote there (autoregressive, then the other lane)
-    margin: list[float]  # logits: the target's top-2 gap at that token in each lane (nan where a lane did not record it)
+    margin: list[float]  # logits: the target's top-2 gap at that token in each lane (nan where a lane did not record
+    #                      it; null in a saved run)
     verdict: str  # "near-tie": both margins within the band below; else "defect"
     # logits: the largest change of a top-2 gap this compile showed between single-token and batched calls (measured
     # at warm-up, fidelity.batching_noise); None where it was not measured (then the band is NEAR_TIE_LOGIT_GAP)
@@ -39,8 +40,8 @@ class Parting:
     def sentence(self, other: str = "speculative") -> str:
         """The parting in words, with the measured margins and what they are compared with."""
         where = (f"The texts part at token {self.index + 1} ({self.tokens[0]!r} autoregressive, {self.tokens[1]!r} "
-                 f"{other}): the target's top-2 margin there was {self.margin[0]:.2f} logits in the autoregressive lane "
-                 f"and {self.margin[1]:.2f} in the {other} one")
+                 f"{other}): the target's top-2 margin there was {_logits(self.margin[0], ' logits')} in the "
+                 f"autoregressive lane and {_logits(self.margin[1])} in the {other} one")
         if self.noise is not None:
             band = (f"the {self.band:.2f}-logit band of twice the largest gap change this compile showed between "
                     f"single-token and batched calls ({self.noise:.2f} logits over {self.noise_positions} positions, "
@@ -52,6 +53,10 @@ class Parting:
             return f"{where}, within {band}: a near-tie, where either token is the model's choice."
         return (f"{where}, beyond {band}: not a near-tie but a defect; please report it with the run's JSON "
                 "(--json).")
+
+
+def _logits(margin: float | None, unit: str = "") -> str:
+    return "not recorded" if margin is None or margin != margin else f"{margin:.2f}{unit}"
 
 
 TRUE_TIE = 0.02  # logits: two candidates closer than this are tied whatever the kernels (f16 rounding of a logit ~10)

@@ -16,7 +16,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from specdemo import machine
+from specdemo import machine, strict_json
 from specdemo.compat import compile_config
 from specdemo.engine import clean_instruction
 from specdemo.events import TokenEvent
@@ -74,8 +74,13 @@ def _parting(autoregressive: Result, speculative: Result, greedy: bool, noise) -
     return asdict(parted) if parted is not None else None
 
 
+def dumps(run: dict) -> str:
+    """The run as strict JSON text (a figure not measured is null): what `--json` prints and a saved run holds."""
+    return strict_json.dumps(run, ensure_ascii=False)
+
+
 def save(run: dict, path: Path) -> None:
-    path.write_text(json.dumps(run, ensure_ascii=False), encoding="utf-8")
+    path.write_text(dumps(run), encoding="utf-8")
 
 
 def load(path: Path) -> dict:

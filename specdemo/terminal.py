@@ -5,7 +5,6 @@ part, what each K would have given and where the drafts failed."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -58,7 +57,7 @@ def generate(args: argparse.Namespace, settings: RunSettings) -> int:
     if args.save:
         runfile.save(run, Path(args.save))
     if args.json:
-        print(json.dumps(run, ensure_ascii=False))
+        print(runfile.dumps(run))
     else:
         _print_summaries(lanes["autoregressive"], lanes["speculative"], settings.generation.greedy, engine.noise)
         _print_counterfactual(would, lanes["speculative"])

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from specdemo import builtin, fidelity, measuring
 from specdemo.counterfactual import agreement_mask, mask_counts
-from specdemo.profile import Keys, learning
+from specdemo.profile import Keys
 from specdemo.runtime import release_weight_pages
 from specdemo.settings import GenerationSettings
 
@@ -16,7 +16,8 @@ _NO_LIMIT = GenerationSettings(max_new_tokens=1)  # a built-in prompt is checked
 
 def know_machine(engine, k_max: int, fresh: bool, log) -> None:
     """Warm `engine` (an engine.Engine, its lock held) up: its costs known or measured (`fresh`: measured again), its
-    batching noise, a first acceptance prior; `engine.keys` and `engine.noise` set."""
+    batching noise, a first acceptance prior; `engine.keys` and `engine.noise` set. With learning off (profile.learns)
+    what it measures serves this process only, and the prior is not calibrated."""
     target, draft = engine.target.runtime, engine.draft.runtime if engine.draft else None
     description = measuring.describe_key(target, draft, k_max + 1)
     key = measuring.cost_key(description)
@@ -26,7 +27,7 @@ def know_machine(engine, k_max: int, fresh: bool, log) -> None:
         engine.profile.keep_costs(key, measured, description)
     engine.keys = Keys(key, engine.keys.pair)
     engine.noise = batching_noise(engine, k_max, log)
-    if draft is not None and learning() and not engine.acceptance().has_evidence("model", True):
+    if draft is not None and engine.profile.learns() and not engine.acceptance().has_evidence("model", True):
         log("learning how often the draft agrees with the target, on built-in answers (once per machine)")
         calibrate(engine, k_max)
     release_weight_pages()  # every shape has run: the plugin works from its own copies of the weights now

@@ -290,7 +290,7 @@ def test_renamed_lanes_are_still_paired_by_their_fields_in_figures_targets_and_r
 
 def test_the_report_shows_the_tune_the_models_ran_under_settings_by_times_and_the_draft_plan(tmp_path):
     """The tune file's trials and draft plan, as the bench records them, become the report's "Tuned" section."""
-    from specdemo import draft_choice, tune
+    from specdemo import draft_choice, strict_json, tune
     from specdemo.profile import Profile, choices
     from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET
     from tests.test_draft_choice import AVX2, option
@@ -303,7 +303,7 @@ def test_the_report_shows_the_tune_the_models_ran_under_settings_by_times_and_th
     draft_choice.price([full, trimmed], AVX2)
     profile.keep_tune([fast, bf16], {"target": DEFAULT_TARGET, "draft": DEFAULT_DRAFT}, [full, trimmed])
     record = profile.tune_record(DEFAULT_DRAFT)
-    text = report_tables.tune_section(json.loads(json.dumps(record)))  # as benchmarks.json keeps it
+    text = report_tables.tune_section(json.loads(strict_json.dumps(record)))  # as benchmarks.json keeps it
     assert "| target | group 128, f32, KV u8 | 100.0 % | 86.1 ms | 0.83× | 3.1 | chosen |" in text
     assert "| target | group 32, bf16, KV f32 | 90.0 % | – | – | – | not faithful |" in text
     assert "| int4, head 16k | 16,000 | 37.5 ms | 90.0 % |" in text and text.count("| chosen |") == 2

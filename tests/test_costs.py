@@ -81,9 +81,10 @@ def test_a_runs_verify_calls_are_compared_with_the_same_moments_single_steps():
     assert model.verify_steps(5) == pytest.approx(1.5)
 
 
-def test_a_folded_model_survives_the_machine_profile(tmp_path):
+def test_a_folded_model_survives_the_machine_profile(tmp_path, monkeypatch):
     from specdemo.profile import Profile
 
+    monkeypatch.setenv("SPECDEMO_LEARN", "1")  # what is measured is written (with learning off it stays in memory)
     model = fold_runs(MEASURED, target_seconds(0.035, 0.125), lambda n: 0.01, runs=2)
     Profile(tmp_path).keep_costs("pair", model, {"version": measuring.COSTS_VERSION})
     again = Profile(tmp_path).costs("pair")  # another process reading the same home

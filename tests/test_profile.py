@@ -1,7 +1,17 @@
 """The machine profile: one store of what this machine has learnt (tune, costs, noise, acceptance), written
-atomically by several processes, read by everyone, and taught by whoever drained a run."""
+atomically by several processes, read by everyone, and taught by whoever drained a run; nothing it learnt is lost to a
+damaged file, a failed read, a full disk or a read-only home, and none of these fails a run."""
 
+import builtins
+import errno
+import io
 import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -12,9 +22,16 @@ from specdemo.profile import Keys, Profile, store
 from specdemo.profile.choices import DEFAULT, Setting, model_key
 from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET, GenerationSettings
 from specdemo.tune import Trial
+from tests.conftest import ROOT
 
 COSTS = CostModel(target_s=tuple(0.05 + 0.002 * n for n in range(13)), target_prefill_tps=900.0,
                   target_rollback_s=0.0, draft_s=(0.012, 0.013), draft_prefill_tps=4000.0)
+
+
+@pytest.fixture(autouse=True)
+def learning(monkeypatch):
+    """These tests are about what is kept: runs teach and warm-ups write (the tests elsewhere run with learning off)."""
+    monkeypatch.setenv("SPECDEMO_LEARN", "1")
 
 
 def tuned(profile: Profile, setting: Setting = Setting(128, "f32", "u8")) -> None:
@@ -33,8 +50,8 @@ def test_every_section_lives_in_one_file_with_a_schema_version(tmp_path):
     assert data["schema"] == store.SCHEMA and set(store.SECTIONS) <= data.keys() and data["machine"]["cpu"]
 
 
-def test_two_processes_writing_different_sections_keep_each_others_changes(tmp_path):
-    page, tune_terminal = Profile(tmp_path), Profile(tmp_path)  # two processes, one home
+def test_a_writer_that_read_before_another_wrote_keeps_that_writers_changes_and_sees_them(tmp_path):
+    page, tune_terminal = Profile(tmp_path), Profile(tmp_path)  # two stores of one home, as two processes hold them
     page.costs("pair")  # the page has read the profile before the tune wrote it
     tuned(tune_terminal)
     page.keep_costs("pair", COSTS)
@@ -53,8 +70,7 @@ def test_what_the_tune_chose_applies_where_the_settings_leave_it_open(tmp_path):
     assert profile.tune_record(DEFAULT_DRAFT)["trials"][0]["setting"]["kv_cache_precision"] == "u8"
 
 
-def test_only_a_new_choice_makes_compiled_models_stale_not_a_run_that_corrects_the_costs(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECDEMO_LEARN", "1")
+def test_only_a_new_choice_makes_compiled_models_stale_not_a_run_that_corrects_the_costs(tmp_path):
     profile = Profile(tmp_path)
     assert profile.stamp() == 0
     tuned(profile)
@@ -109,15 +125,183 @@ def test_the_noise_of_a_compile_is_kept_and_read_back(tmp_path):
     assert Profile(tmp_path).noise("pair") == BatchingNoise(0.12, 96, (2, 13), flips=1)
 
 
-def test_a_damaged_profile_or_one_of_another_schema_only_loses_what_it_held(tmp_path):
+@pytest.mark.parametrize("damage", [lambda raw: raw[: len(raw) // 2], lambda raw: b"\0\xff" * len(raw),
+                                    lambda raw: raw.replace(b'"schema": %d' % store.SCHEMA,
+                                                            b'"schema": %d' % (store.SCHEMA + 1))],
+                         ids=["truncated", "garbage", "another-schema"])
+def test_a_damaged_profile_is_kept_aside_and_never_overwritten(tmp_path, damage, caplog):
     profile = Profile(tmp_path)
-    profile.store.path.parent.mkdir(parents=True)
-    profile.store.path.write_text("{not json")
+    tuned(profile)
+    profile.keep_costs("pair", COSTS)
+    damaged = damage(profile.store.path.read_bytes())
+    profile.store.path.write_bytes(damaged)  # by hand, or by a crash
     assert Profile(tmp_path).costs("pair") is None and Profile(tmp_path).chosen(DEFAULT_TARGET) is None
-    profile.store.path.write_text(json.dumps({"schema": store.SCHEMA + 1, "costs": {"pair": {"costs": {}}}}))
-    assert Profile(tmp_path).costs("pair") is None
-    tuned(profile)  # and it can be written again
-    assert Profile(tmp_path).chosen(DEFAULT_TARGET) is not None
+    with caplog.at_level(logging.WARNING):
+        Profile(tmp_path).keep_costs("other", COSTS)  # a new profile is started beside the damaged one
+        Profile(tmp_path).keep_costs("more", COSTS)  # and a later write leaves the damaged one alone
+    aside = list(profile.store.path.parent.glob(f"{profile.store.path.stem}.damaged-*.json"))
+    assert len(aside) == 1 and aside[0].read_bytes() == damaged
+    assert set(json.loads(profile.store.path.read_text())["costs"]) == {"other", "more"}
+    assert len(caplog.records) == 1 and f"kept aside as {aside[0].name}" in caplog.records[0].getMessage()
+
+
+def failing_reads(monkeypatch, path: Path, times: int) -> None:
+    """The next `times` reads of `path` fail with EMFILE (too many open files), as a busy process sees them."""
+    real, left = io.open, [times]
+
+    def opened(file, mode="r", *args, **kwargs):
+        if str(file) == str(path) and mode.startswith("r") and left[0] > 0:
+            left[0] -= 1
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE), str(file))
+        return real(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(io, "open", opened)
+
+
+def test_a_read_that_fails_for_a_moment_is_tried_again(tmp_path, monkeypatch):
+    profile = Profile(tmp_path)
+    tuned(profile)
+    profile.keep_costs("pair", COSTS)
+    failing_reads(monkeypatch, profile.store.path, times=store.READ_TRIES - 1)
+    profile.keep_costs("other", COSTS)
+    data = json.loads(profile.store.path.read_text())
+    assert set(data["costs"]) == {"pair", "other"} and data["tune"]["models"]
+
+
+def test_a_read_that_keeps_failing_gives_the_write_up_and_wipes_nothing(tmp_path, monkeypatch, caplog):
+    profile = Profile(tmp_path)
+    tuned(profile)
+    profile.keep_costs("pair", COSTS)
+    before = profile.store.path.read_bytes()
+    with monkeypatch.context() as patch, caplog.at_level(logging.WARNING):
+        failing_reads(patch, profile.store.path, times=100)
+        profile.keep_costs("other", COSTS)
+    assert profile.store.path.read_bytes() == before  # not a file made from an empty read
+    assert profile.costs("other") == COSTS and profile.learns()  # kept for this process; learning goes on
+    assert len(caplog.records) == 1 and "Too many open files" in caplog.records[0].getMessage()
+
+
+class FillingUp:
+    """A file on a disk that fills up while it is written: half of a write lands, then ENOSPC."""
+
+    def __init__(self, handle):
+        self.handle = handle
+
+    def __getattr__(self, name):
+        return getattr(self.handle, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.close()
+
+    def write(self, text):
+        self.handle.write(text[: len(text) // 2])
+        self.handle.flush()
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def refuse_writes(monkeypatch, home: Path, code: int) -> None:
+    """Make `home` refuse writes as the system would (root ignores permissions, so chmod cannot): ENOSPC half way
+    through a write (a full disk), else `code` (EROFS: a read-only home) when a file is opened for writing."""
+    real = io.open
+
+    def opened(file, mode="r", *args, **kwargs):
+        if mode.startswith("r") or not str(file).startswith(str(home)):
+            return real(file, mode, *args, **kwargs)
+        if code == errno.ENOSPC:
+            return FillingUp(real(file, mode, *args, **kwargs))
+        raise OSError(code, os.strerror(code), str(file))
+
+    monkeypatch.setattr(io, "open", opened)
+    monkeypatch.setattr(builtins, "open", opened)
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS], ids=["full-disk", "read-only-home"])
+def test_a_home_that_refuses_a_write_keeps_its_profile_and_turns_learning_off(tmp_path, monkeypatch, code, caplog):
+    profile = Profile(tmp_path)
+    tuned(profile)
+    profile.keep_costs("pair", COSTS)
+    before, files = profile.store.path.read_bytes(), sorted(profile.store.path.parent.iterdir())
+    refuse_writes(monkeypatch, tmp_path, code)
+    with caplog.at_level(logging.WARNING):
+        profile.keep_costs("other", COSTS)  # what a warm-up measured
+        profile.learn(Keys("pair", "models"), GenerationSettings(), _rounds(5, n=1, seconds=0.06))  # a run after it
+    assert profile.store.path.read_bytes() == before and sorted(profile.store.path.parent.iterdir()) == files
+    assert profile.costs("other") == COSTS and not profile.learns() and profile.costs("pair").runs == 0
+    assert len(caplog.records) == 1 and os.strerror(code) in caplog.records[0].getMessage()
+
+
+@pytest.mark.parametrize("when", ["at-load", "during-the-run"])
+def test_a_home_that_refuses_writes_fails_neither_a_model_load_nor_a_page_run(tiny_pair, tmp_path, monkeypatch, when):
+    from specdemo.engine import Engine
+    from specdemo.ui.handlers import teach
+    from specdemo.ui.lanes import LANES, LaneRun
+
+    engine = Engine(*tiny_pair, profile=Profile(tmp_path))
+    if when == "at-load":
+        refuse_writes(monkeypatch, tmp_path, errno.EROFS)  # a read-only home
+    engine.warm_up(k_max=3)
+    if when == "during-the-run":
+        refuse_writes(monkeypatch, tmp_path, errno.ENOSPC)  # the disk filled up since
+    before = engine.profile.store.path.read_bytes() if engine.profile.store.path.exists() else None
+    settings = GenerationSettings(max_new_tokens=8, k=3, temperature=0.8, seed=1)  # a sampled run teaches the most
+    lanes = {name: LaneRun() for name in LANES}
+    for name, run in zip(LANES, (engine.autoregressive, engine.speculative)):
+        for item in run("w5 w17 w99 w3", settings):
+            lanes[name].take(item)
+    teach({name: engine for name in LANES}, lanes, settings)
+    assert all(lanes[name].summary.tokens == 8 for name in LANES) and engine.costs is not None
+    assert not engine.profile.learns()
+    assert (engine.profile.store.path.read_bytes() if engine.profile.store.path.exists() else None) == before
+
+
+def test_a_warm_up_with_learning_off_measures_for_this_process_and_writes_nothing(tiny_pair, tmp_path, monkeypatch):
+    from specdemo.engine import Engine
+
+    monkeypatch.setenv("SPECDEMO_LEARN", "0")
+    profile, said = Profile(tmp_path), []
+    Engine(*tiny_pair, profile=profile).warm_up(k_max=3)
+    assert not (tmp_path / "profile").exists()
+    again = Engine(*tiny_pair, profile=profile)  # another page's engine over the same models, in this process
+    again.warm_up(k_max=3, log=said.append)
+    assert again.costs is not None and again.noise is not None and any("from this machine's profile" in s for s in said)
+
+
+WRITER = """
+import sys, time
+from pathlib import Path
+from specdemo.profile.store import Store
+
+path, go, name = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+store = Store(path, {"cpu": "test"})
+path.with_name(name + ".ready").touch()
+while not go.exists():
+    time.sleep(0.001)
+
+def adding(key):
+    def change(section):
+        time.sleep(0.001)  # some work between reading the file and writing it, as a real change does
+        return {**section, key: 1}
+    return change
+
+for i in range(150):
+    store.update("costs", adding(f"{name}-{i}"))
+"""
+
+
+def test_two_processes_writing_at_once_keep_every_entry(tmp_path):
+    path, go = tmp_path / "profile" / "machine.json", tmp_path / "go"
+    path.parent.mkdir()
+    writers = [subprocess.Popen([sys.executable, "-c", WRITER, str(path), str(go), name], cwd=ROOT)
+               for name in ("page", "tune")]
+    while not all(path.with_name(f"{name}.ready").exists() for name in ("page", "tune")):
+        assert all(w.poll() is None for w in writers), "a writer ended before it began"
+        time.sleep(0.01)
+    go.touch()  # both start writing at once
+    assert [w.wait(timeout=120) for w in writers] == [0, 0]
+    assert len(json.loads(path.read_text())["costs"]) == 300
 
 
 def test_what_an_older_specdemo_kept_in_tune_and_costs_is_imported_once(tmp_path):

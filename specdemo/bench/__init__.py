@@ -32,14 +32,13 @@ targets, report and report_tables, plots; the machine description is specdemo/ma
 from __future__ import annotations
 
 import gc
-import json
 import time
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from specdemo import machine
+from specdemo import machine, strict_json
 from specdemo.profile import machine_profile
 from specdemo.bench.settings import FULL, QUICK, SECTIONS, USES_GENAI, BenchSettings, check_generation
 from specdemo.settings import RunSettings
@@ -107,7 +106,7 @@ def write(results: dict, out: Path, log: Callable[[str], None]) -> None:
     from specdemo.bench import plots, report
 
     out.mkdir(parents=True, exist_ok=True)
-    (out / "benchmarks.json").write_text(json.dumps(results, indent=1, default=str))
+    (out / "benchmarks.json").write_text(strict_json.dumps(results, indent=1, default=str))
     drawn = plots.draw(results, out)
     (out / "benchmarks.md").write_text(report.render(results, drawn))
     log(f"wrote {out / 'benchmarks.md'}, {out / 'benchmarks.json'} and {len(drawn)} plots")

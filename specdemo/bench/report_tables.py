@@ -42,6 +42,11 @@ def percent(fraction: float, digits: int = 1) -> str:
     return "–" if fraction is None or math.isnan(fraction) else f"{fraction * 100:.{digits}f} %"
 
 
+def number(value: float | None, spec: str, unit: str = "") -> str:
+    """`value` formatted by `spec`, or "–" where it was not measured (null in benchmarks.json, NaN in memory)."""
+    return "–" if value is None or math.isnan(value) else f"{value:{spec}}{unit}"
+
+
 def table(header: list[str], rows: list[list[str]]) -> str:
     """A GitHub markdown table; the first column left-aligned, the others right-aligned."""
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join([" --- "] + [" ---: "] * (len(header) - 1)) + "|"]
@@ -109,8 +114,7 @@ def tune_section(record: dict | None) -> str:
         faithful = t.get("faithful")
         rows.append([t["role"], Setting(**t["setting"]).describe(), percent(t.get("agreement", math.nan)),
                      ms_value(t["seconds"]) if faithful else "–",
-                     f"{t['relative']:.2f}×" if faithful and t.get("relative") == t.get("relative") else "–",
-                     f"{t['parting_rate']:.1f}" if t.get("parting_rate", math.nan) == t.get("parting_rate") else "–",
+                     number(t.get("relative"), ".2f", "×") if faithful else "–", number(t.get("parting_rate"), ".1f"),
                      "chosen" if t.get("chosen") else ("" if faithful else "not faithful")])
     text = ("## Tuned for this machine\n\n"
             f"Every lane of this run (ours and GenAI's) was compiled with the settings `python -m specdemo tune` chose on "
@@ -127,8 +131,9 @@ def tune_section(record: dict | None) -> str:
     plan = record.get("draft_plan") or {}
     if plan.get("options"):
         options = [[from_dict(o).describe(), f"{o.get('rows', 0):,}", ms_value(o.get("step_s", math.nan)),
-                    percent(o.get("acceptance", math.nan)), str(o.get("k", "–")), f"{o['predicted_speedup']:.2f}×",
-                    "chosen" if o.get("chosen") else ""] for o in plan["options"]]
+                    percent(o.get("acceptance", math.nan)), str(o.get("k", "–")),
+                    number(o.get("predicted_speedup"), ".2f", "×"), "chosen" if o.get("chosen") else ""]
+                   for o in plan["options"]]
         text += ("\n\n**The draft plan** (planned " + str(plan.get("planned_at", "–")).replace("T", " ")
                  + "): each candidate draft's step in a round, its acceptance on the built-in answers and the planner's "
                  "predicted speedup at its best K on this machine; the chosen one runs where the draft is left to the "

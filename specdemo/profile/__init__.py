@@ -10,7 +10,11 @@ What it holds (one file, one atomic write, a schema version: specdemo/profile/st
 and draft plan (written by `python -m specdemo tune`, specdemo/tune.py); `costs`, per compiled pair, the cost curve
 (specdemo/costs.py) with its corrections; `noise`, per compiled pair, how far batched calls move a top-2 gap
 (specdemo/fidelity.py); `acceptance`, per model pair, the drafts tested and accepted at each position
-(specdemo/profile/acceptance.py). SPECDEMO_LEARN=0 freezes what runs teach (the tests set it).
+(specdemo/profile/acceptance.py).
+
+SPECDEMO_LEARN=0 (the tests set it) freezes what runs teach, and keeps what a warm-up measures (costs, noise) in this
+process's memory only; tune's choice, asked for by a command, is still written. A home that refuses a write (a full
+disk, a read-only home) turns learning off the same way for the rest of the process (store.py).
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ class Keys:
 
 
 def learning() -> bool:
-    """Whether runs teach the planner and correct the cost model (SPECDEMO_LEARN=0 freezes both, as the tests do)."""
+    """Whether SPECDEMO_LEARN lets runs teach the planner and correct the cost model (0 freezes both: the tests)."""
     return os.environ.get("SPECDEMO_LEARN", "1") != "0"
 
 
@@ -51,6 +55,11 @@ class Profile:
         self.store = Store(path_for(self.home, facts), facts, legacy_home=self.home)
         self._memo: dict = {}  # CostModels parsed from the data read last (the loop prices rounds with them)
         self._memo_of: dict | None = None
+
+    def learns(self) -> bool:
+        """Whether runs teach this profile and what warm-ups measure is written: SPECDEMO_LEARN allows it and the home
+        has not refused a write."""
+        return learning() and not self.store.refused
 
     # ---- what tune chose (specdemo/profile/choices.py)
 
@@ -114,7 +123,7 @@ class Profile:
             old = section.get(key) if isinstance(section.get(key), dict) else {}
             return {**section, key: {"key": description or old.get("key"), "costs": costs.to_dict()}}
 
-        self.store.update("costs", change)
+        self.store.update("costs", change, save=self.learns())
 
     def noise(self, key: str | None):
         """fidelity.BatchingNoise of this compile, or None before it was measured."""
@@ -127,7 +136,7 @@ class Profile:
             return None
 
     def keep_noise(self, key: str, noise) -> None:
-        self.store.update("noise", lambda section: {**section, key: noise.to_dict()})
+        self.store.update("noise", lambda section: {**section, key: noise.to_dict()}, save=self.learns())
 
     # ---- the acceptance history of one model pair (specdemo/profile/acceptance.py)
 
@@ -150,7 +159,7 @@ class Profile:
                 counts = folded(counts, drafter, greedy, tested, accepted)
             return {**section, pair: counts}
 
-        self.store.update("acceptance", change)
+        self.store.update("acceptance", change, save=self.learns())
 
     # ---- learning from runs: called by whoever drained a lane (CLI, page, bench), never under the engine's lock
 
@@ -159,16 +168,17 @@ class Profile:
         acceptance prior by its rounds (greedy ones teach by their answer's match mask: learn_from_answer)."""
         from specdemo import metrics
 
-        if not learning() or not rounds or keys.costs is None:
+        if not self.learns() or not rounds or keys.costs is None:
             return
         observation = metrics.call_seconds(rounds)
 
         def corrected(section: dict) -> dict:
             entry = section.get(keys.costs)
-            if not isinstance(entry, dict) or "costs" not in entry:
-                return section  # measured under another key since (a recompile): nothing to correct
-            return {**section, keys.costs: {**entry, "costs": fold(CostModel.from_dict(entry["costs"]),
-                                                                   observation).to_dict()}}
+            try:
+                costs = CostModel.from_dict(entry["costs"])
+            except (KeyError, TypeError, ValueError):
+                return section  # measured under another key since (a recompile), or damaged: nothing to correct
+            return {**section, keys.costs: {**entry, "costs": fold(costs, observation).to_dict()}}
 
         self.store.update("costs", corrected)
         if not settings.greedy and finished:  # each part of a hybrid teaches its own history
@@ -178,7 +188,7 @@ class Profile:
 
     def learn_from_answer(self, keys: Keys, evidence: dict[str, tuple[list[int], list[int]]]) -> None:
         """Teach the greedy prior what a counterfactual found: per drafter, drafts tested and accepted by position."""
-        if learning():
+        if self.learns():
             self._record(keys.pair, True, evidence)
 
 

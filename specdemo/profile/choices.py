@@ -111,8 +111,8 @@ def gain(settings: ModelSettings, tune: dict) -> str:
     if not entry:
         return ""
     when = f" at {entry['tuned_at'][11:16]}" if len(entry.get("tuned_at") or "") >= 16 else ""
-    ratio = entry.get("relative", float("nan"))
-    if ratio != ratio:  # nan: the default was not timed
+    ratio = entry.get("relative")
+    if not isinstance(ratio, (int, float)) or ratio != ratio:  # null (NaN before): the defaults were not timed
         return f"tuned{when}"
     return f"tuned{when}: {abs(1 - ratio):.0%} {'faster' if ratio < 1 else 'slower'} than the defaults" \
         if abs(1 - ratio) >= 0.01 else f"tuned{when}: the defaults were fastest"
