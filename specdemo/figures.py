@@ -133,7 +133,7 @@ def value(f: Figure, summaries: dict):
 
 
 def glossary_markdown() -> str:
-    """The glossary as a markdown table (the README carries it; the page shows it behind an info control)."""
+    """The glossary as a markdown table (docs/figures.md carries it; the page shows it behind an info control)."""
     rows = ["| figure | formula | OpenVINO GenAI | vLLM | llama.cpp | SGLang | papers |",
             "| --- | --- | --- | --- | --- | --- | --- |"]
     for f in GLOSSARY:
