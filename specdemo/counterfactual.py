@@ -6,7 +6,8 @@ the match mask m. A greedy round that starts at position j with K drafts propose
 greedy tokens given the answer so far, so it accepts the run of matches m[j], m[j+1], … capped at K,
 and the target's token follows. Walking the answer round by round gives, for any K, the rounds, the
 target and draft calls and, with the cost model, the time; for every round the best K (the oracle, by
-dynamic programming); and, with no model at all, what prompt lookup would have drafted.
+dynamic programming); and, with no model at all, what every model-free strategy (prompt lookup, …) would have drafted,
+its own drafter replayed on the answer.
 
 The teacher-forced pass scores the answer in batched calls, while the loop drafts one token per call, and the two
 can round a near-tie of the draft differently. So where the run being explained drafted with the model, its own
@@ -34,9 +35,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from specdemo.costs import CostModel
-from specdemo.drafters import strategy
+from specdemo.drafters import MASKED, STRATEGIES, strategy
 from specdemo.drafters.base import stop_threshold
-from specdemo.drafters.lookup import lookup_continuation
 from specdemo.drafters.model import top_probability
 from specdemo.planner import confidence_stops, round_cost
 from specdemo.runtime import OVModel
@@ -68,18 +68,26 @@ class Counterfactual:
     autoregressive_s: float  # predicted seconds of the autoregressive lane on this answer
     fixed: list[Walk]  # the draft model at K = 1 … k_max
     oracle: Walk  # the best K for every round
-    lookup: list[Walk]  # prompt lookup at K = 1 … k_max
+    replayed: dict[str, list[Walk]]  # each model-free strategy (Strategy.replayed) at K = 1 … k_max, by name
     greedy_only: bool = True  # a reminder for readers of the JSON: sampled runs have no counterfactual
     observed: int = 0  # positions of the mask the run's own drafting observed (the rest from the teacher-forced pass)
     corrected: int = 0  # of them, where the teacher-forced pass had guessed otherwise
     stopped: list[Walk] = field(default_factory=list)  # the draft model at K = 1 … k_max with this machine's confidence
     #                                                     stop (planner.confidence_stops); [] without the pass
     # What the answer teaches the acceptance prior, per drafter: (tested, accepted) drafts at positions 1 … k_max
-    # (mask_counts, lookup_counts); the engine fills it, whoever drained the run hands it to the machine profile.
+    # (mask_counts, replay_counts); the engine fills it, whoever drained the run hands it to the machine profile.
     evidence: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)
 
     def best_fixed(self) -> Walk:
         return max(self.fixed, key=lambda w: w.speedup)
+
+    def replay_sentences(self) -> list[str]:
+        """"prompt lookup would have given 1.21× at K = 4 (no draft model)", one per model-free strategy."""
+        out = []
+        for name, walks in self.replayed.items():
+            best = max(walks, key=lambda w: w.speedup)
+            out.append(f"{strategy(name).label} would have given {best.speedup:.2f}× at K = {best.k} (no draft model)")
+        return out
 
     def stop_sentence(self) -> str:
         """What this machine's confidence stop would have done at the best fixed K, in words ("" without the pass)."""
@@ -152,7 +160,7 @@ def observed_matches(rounds, length: int) -> list[int | None]:
     seen: list[int | None] = [None] * length
     position = 0
     for r in rounds:
-        if r.index > 0 and r.drafter == "model" and r.drafted:
+        if r.index > 0 and r.drafter == MASKED and r.drafted:
             for i in range(r.kept):
                 if position + i < length:
                     seen[position + i] = 1
@@ -197,13 +205,14 @@ def mask_counts(mask: list[int], k_max: int) -> tuple[list[int], list[int]]:
     return tested, accepted
 
 
-def lookup_counts(prompt_ids: list[int], answer_ids: list[int], k_max: int, ngram: int) -> tuple[list[int], list[int]]:
-    """(tested, accepted) at draft positions 1 … k_max for prompt lookup on this answer, over every position where
-    it found a proposal: its evidence for the planner, as mask_counts is the draft model's."""
+def replay_counts(drafter, prompt_ids: list[int], answer_ids: list[int], k_max: int) -> tuple[list[int], list[int]]:
+    """(tested, accepted) at draft positions 1 … k_max for a model-free drafter on this answer, over every position
+    where it proposed something: its evidence for the planner, as mask_counts is the draft model's."""
     tested, accepted = [0] * k_max, [0] * k_max
+    drafter.reset()
     seq = list(prompt_ids) + answer_ids[:1]
     for j in range(1, len(answer_ids)):
-        for i, token in enumerate(lookup_continuation(seq, k_max, ngram)):
+        for i, token in enumerate(drafter.propose(seq, k_max).tokens):
             if j + i >= len(answer_ids):
                 break
             tested[i] += 1
@@ -211,6 +220,7 @@ def lookup_counts(prompt_ids: list[int], answer_ids: list[int], k_max: int, ngra
                 break
             accepted[i] += 1
         seq.append(answer_ids[j])
+        drafter.keep(len(seq) - 1)
     return tested, accepted
 
 
@@ -235,13 +245,13 @@ def walk_fixed(mask: list[int], k: int, costs: CostModel, prompt_tokens: int, ma
                autoregressive_s: float, confidence: list[float] | None = None, stops: tuple[float, ...] = ()) -> Walk:
     """The draft model at a fixed K, round by round over the answer, as the loop would have run it; with `stops` and
     the draft's `confidence` per position, under the confidence stop."""
-    j, accepted, draft_calls, seconds, full = 1, [], 0, _prefills(costs, prompt_tokens, "model"), False
+    j, accepted, draft_calls, seconds, full = 1, [], 0, _prefills(costs, prompt_tokens, MASKED), False
     while j < len(mask):
         cap = min(k, max_new_tokens - j - 1)  # the loop never drafts past max_new_tokens
         if stops and confidence is not None:
             cap = drafted_before_stop(confidence, j, cap, stops)
         n = accepted_run(mask, j, cap)
-        seconds += round_cost(costs, cap, "model", float(full))
+        seconds += round_cost(costs, cap, MASKED, float(full))
         accepted.append(n)
         draft_calls += cap
         full = cap > 0 and n == cap
@@ -262,7 +272,7 @@ def walk_oracle(mask: list[int], k_max: int, costs: CostModel, prompt_tokens: in
             for k in range(0, min(k_max, max(max_new_tokens - j - 1, 0)) + 1):
                 n = accepted_run(mask, j, k)
                 after = min(j + n + 1, size)
-                options.append(round_cost(costs, k, "model", float(full)) + best[after, int(k > 0 and n == k)])
+                options.append(round_cost(costs, k, MASKED, float(full)) + best[after, int(k > 0 and n == k)])
             choice[j, full] = int(np.argmin(options))
             best[j, full] = min(options)
     ks, accepted, j, full = [], [], 1, 0
@@ -274,26 +284,35 @@ def walk_oracle(mask: list[int], k_max: int, costs: CostModel, prompt_tokens: in
         full = int(k > 0 and n == k)
         j += n + 1
     drafts = sum(ks)
-    seconds = float(best[1, 0]) + _prefills(costs, prompt_tokens, "model" if drafts else "")
+    seconds = float(best[1, 0]) + _prefills(costs, prompt_tokens, MASKED if drafts else "")
     return Walk(0, len(ks), len(ks) + 1, drafts, seconds, autoregressive_s / seconds, accepted, ks)
 
 
-def walk_lookup(prompt_ids: list[int], answer_ids: list[int], k: int, ngram: int, costs: CostModel,
-                max_new_tokens: int, autoregressive_s: float) -> Walk:
-    """Prompt lookup at a fixed K: its proposals need no model, only the text so far."""
+def walk_replayed(drafter, prompt_ids: list[int], answer_ids: list[int], k: int, costs: CostModel,
+                  max_new_tokens: int, autoregressive_s: float) -> Walk:
+    """A model-free drafter at a fixed K, round by round over the answer: its proposals need no model, only the text
+    so far, so it is replayed as it is."""
+    drafter.reset()
     seq = list(prompt_ids) + answer_ids[:1]
-    j, accepted, seconds = 1, [], _prefills(costs, len(prompt_ids), "prompt-lookup")
+    j, accepted, seconds = 1, [], _prefills(costs, len(prompt_ids), drafter.kind)
     while j < len(answer_ids):
         cap = min(k, max_new_tokens - j - 1)
-        drafts = lookup_continuation(seq, cap, ngram) if cap > 0 else []
+        drafts = drafter.propose(seq, cap).tokens if cap > 0 else []
         n = 0
         while n < len(drafts) and j + n < len(answer_ids) and drafts[n] == answer_ids[j + n]:
             n += 1
-        seconds += round_cost(costs, len(drafts), "prompt-lookup")
+        seconds += round_cost(costs, len(drafts), drafter.kind)
         accepted.append(n)
         seq.extend(answer_ids[j : j + n + 1])
+        drafter.keep(len(seq) - 1)
         j += n + 1
     return Walk(k, len(accepted), len(accepted) + 1, 0, seconds, autoregressive_s / seconds, accepted)
+
+
+def replay_drafters(settings) -> dict:
+    """A fresh drafter of every model-free strategy (Strategy.replayed), by name, for `settings` (GenerationSettings)."""
+    rng = np.random.default_rng(0)  # deterministic drafters: the generator is never drawn from
+    return {name: s.make(None, settings, rng) for name, s in STRATEGIES.items() if s.replayed}
 
 
 def autoregressive_seconds(costs: CostModel, prompt_tokens: int, tokens: int) -> float:
@@ -302,11 +321,13 @@ def autoregressive_seconds(costs: CostModel, prompt_tokens: int, tokens: int) ->
 
 
 def counterfactual(mask: list[int] | None, prompt_ids: list[int], answer_ids: list[int], costs: CostModel,
-                   k_max: int, max_new_tokens: int, ngram: int, rounds=None,
-                   confidence: list[float] | None = None) -> Counterfactual:
-    """Every fixed K, the oracle and prompt lookup on this answer; `mask` None (no draft model): lookup only.
-    `rounds`: the speculative run that wrote this answer, whose own drafting replaces the mask's guesses where it saw.
-    `confidence`: the draft's top probability per position (draft_pass), for every K under the confidence stop."""
+                   settings, rounds=None, confidence: list[float] | None = None) -> Counterfactual:
+    """Every fixed K, the oracle and every model-free strategy on this answer, for K = 1 … settings.k_max
+    (GenerationSettings); `mask` None (no draft model): the model-free strategies only. `rounds`: the speculative run
+    that wrote this answer, whose own drafting replaces the mask's guesses where it saw. `confidence`: the draft's top
+    probability per position (draft_pass), for every K under the confidence stop. Its `evidence` holds what each walked
+    strategy's acceptance learns from the answer."""
+    k_max, max_new_tokens = settings.k_max, settings.max_new_tokens
     observed = changed = 0
     if mask is not None and rounds:
         mask, observed, changed = corrected(mask, observed_matches(rounds, len(mask)))
@@ -317,6 +338,12 @@ def counterfactual(mask: list[int] | None, prompt_ids: list[int], answer_ids: li
     stopped = [walk_fixed(mask, k, *args, confidence, stops) for k in range(1, k_max + 1)] \
         if mask is not None and confidence is not None and stops else []
     oracle = walk_oracle(mask, k_max, *args) if mask is not None else Walk(0, 0, 0, 0, 0.0, 0.0)
-    lookup = [walk_lookup(prompt_ids, answer_ids, k, ngram, costs, max_new_tokens, ar) for k in range(1, k_max + 1)]
-    return Counterfactual(len(answer_ids), mask or [], ar, fixed, oracle, lookup, observed=observed, corrected=changed,
-                          stopped=stopped)
+    drafters = replay_drafters(settings)
+    replayed = {name: [walk_replayed(d, prompt_ids, answer_ids, k, costs, max_new_tokens, ar) for k in range(1, k_max + 1)]
+                for name, d in drafters.items()}
+    result = Counterfactual(len(answer_ids), mask or [], ar, fixed, oracle, replayed, observed=observed,
+                            corrected=changed, stopped=stopped)
+    result.evidence = {name: replay_counts(d, prompt_ids, answer_ids, k_max) for name, d in drafters.items()}
+    if mask is not None:
+        result.evidence[MASKED] = mask_counts(mask, k_max)
+    return result

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 
 from specdemo import planner
 from specdemo.costs import CostModel
-from specdemo.drafters import strategy
+from specdemo.drafters import MASKED, strategy
 from specdemo.planner import Acceptance
 from specdemo.settings import AUTO, DRAFT_PRECISION, K_MAX, ModelSettings
 
@@ -56,7 +56,7 @@ class DraftOption:
         return f"{self.precision}, {head}"
 
     def acceptance(self) -> Acceptance:
-        return Acceptance.from_counts(self.tested, self.accepted, Acceptance.geometric(strategy("model").default_alpha))
+        return Acceptance.from_counts(self.tested, self.accepted, Acceptance.geometric(strategy(MASKED).default_alpha))
 
     def acceptance_rate(self) -> float:
         """Accepted ÷ tested over every position: one number for the table."""

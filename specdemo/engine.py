@@ -20,7 +20,7 @@ import numpy as np
 
 from specdemo import decoding, planner, sources, warmup
 from specdemo.costs import CostModel
-from specdemo.counterfactual import Counterfactual, counterfactual, draft_pass, lookup_counts, mask_counts
+from specdemo.counterfactual import Counterfactual, counterfactual, draft_pass
 from specdemo.drafters import STRATEGIES, make_drafter, strategy
 from specdemo.models import LoadedModel, load_model
 from specdemo.planner import Plan, make_plan
@@ -106,19 +106,24 @@ class Engine:
         return self.warm_up_s
 
     def plan(self, instruction: str, settings: GenerationSettings) -> Plan:
-        """How the speculative lane will run this instruction: which drafter, which K, and why.
+        """How the speculative lane will run this instruction: which drafter, which K, and why. Needs this machine's
+        costs for these models (warm_up first).
 
-        With k_auto, when the instruction quotes text for the answer to copy, the planner drafts by lookup there and by
-        the draft model elsewhere (the hybrid drafter); a fixed K keeps the drafter the settings name.
+        With k_auto, where the instruction quotes text for the answer to copy, the settings' strategy may hand over to
+        another (Strategy.when_quoting: the draft model to the hybrid, which drafts by lookup where the text repeats);
+        a fixed K keeps the drafter the settings name.
         """
         if self.costs is None or self.costs.n_max < settings.k_max + 1:
-            self.warm_up(settings.k_max)
-        drafter = settings.drafter if self.draft is not None else "prompt-lookup"
-        if settings.k_auto and drafter == "model" and planner.quotes_text(instruction):
-            drafter = "hybrid"
+            raise RuntimeError("plan() needs this machine's call costs for these models up to K + 1 tokens: warm_up() first")
+        asked = strategy(settings.drafter)
+        if asked.needs_model and self.draft is None:
+            raise ValueError(f"no draft model is loaded; choose a drafter that needs none "
+                             f"({', '.join(s.name for s in STRATEGIES.values() if not s.needs_model)})")
+        drafter = asked.when_quoting if settings.k_auto and asked.when_quoting and planner.quotes_text(instruction) \
+            else asked.name
         plan = make_plan(self.costs, drafter, self._prior(drafter, settings.greedy), settings.k_max, settings.k_auto,
                          settings.k)
-        if drafter == "hybrid" and settings.drafter == "model":
+        if drafter != asked.name:
             plan = replace(plan, reason=plan.reason + " (The instruction quotes text for the answer to copy.)")
         return plan
 
@@ -230,9 +235,4 @@ class Engine:
         ids = self.prompt_ids(instruction, settings)
         with self.lock:
             mask, confidence = draft_pass(self.draft.runtime, ids, answer_ids) if self.draft is not None else (None, None)
-        result = counterfactual(mask, ids, answer_ids, self.costs, settings.k_max, settings.max_new_tokens,
-                                settings.lookup_ngram, rounds, confidence)
-        result.evidence = {"prompt-lookup": lookup_counts(ids, answer_ids, settings.k_max, settings.lookup_ngram)}
-        if mask is not None:
-            result.evidence["model"] = mask_counts(mask, settings.k_max)
-        return result
+        return counterfactual(mask, ids, answer_ids, self.costs, settings, rounds, confidence)

@@ -19,7 +19,7 @@ from typing import Iterator
 import numpy as np
 
 from specdemo import compat, errors, sources
-from specdemo.drafters import strategy
+from specdemo.drafters import DEFAULT, strategy
 from specdemo.profile import machine_profile
 from specdemo import metrics
 from specdemo.events import TARGET, Detokenizer, TokenEvent
@@ -112,7 +112,7 @@ def generation_config(settings: GenerationSettings, eos_ids: set[int], k: int | 
 
 
 def stream(pipeline, tokenizer, prompt_ids: list[int], settings: GenerationSettings, eos_ids: set[int], k: int | None,
-           cancel: threading.Event | None = None, drafter: str = "model", compiled_as: str = "") -> Iterator[TokenEvent | Summary]:
+           cancel: threading.Event | None = None, drafter: str = DEFAULT, compiled_as: str = "") -> Iterator[TokenEvent | Summary]:
     """Run GenAI on `prompt_ids` and yield a TokenEvent per token as its streamer receives them, then a Summary
     (`compiled_as`: how its compile differs from ours, `fitted`, carried into the Summary).
 

@@ -132,16 +132,20 @@ def _fuse(matmuls: list) -> None:
     """MatMul(x, W_i) for each i → Split(MatMul(x, concat_i W_i)), bias Adds likewise concatenated."""
     rows = [m.get_input_partial_shape(1).to_shape()[0] for m in matmuls]
     weight = _concat_rows([m.input_value(1) for m in matmuls], rows)
+    # Named after the first projection, so a profile of the compiled model (bench/nodes.py) finds them again.
+    name = matmuls[0].get_friendly_name() + "/fused"
     fused = ops.matmul(matmuls[0].input_value(0), weight, False, True)
-    fused.set_friendly_name(matmuls[0].get_friendly_name() + "/fused")
+    fused.set_friendly_name(name)
     biases = [_bias_of(m) for m in matmuls]
     ends = [m for m in matmuls]
     if all(b is not None for b in biases):
         fused = ops.add(fused, ops.constant(np.concatenate([b.get_data().reshape(-1) for b, _ in biases])
                                             .astype(biases[0][0].get_data().dtype)))
+        fused.set_friendly_name(name + "/bias")
         ends = [add for _, add in biases]
     parts = ops.variadic_split(fused, ops.constant(np.array(-1, dtype=np.int64)),
                                ops.constant(np.array(rows, dtype=np.int64)))
+    parts.set_friendly_name(name + "/split")
     for i, end in enumerate(ends):
         for consumer in list(end.output(0).get_target_inputs()):
             consumer.replace_source_output(parts.output(i))

@@ -106,7 +106,7 @@ def summarize(tokens: Sequence["TokenEvent"], rounds: Sequence["Round"], end: "E
     if end.costs is not None:  # drafting nothing, the lane runs at the target's own speed: 1.0
         acceptance = run_acceptance(rounds, end.k_max)
         summary.predicted_speedup = predicted_lane_speedup(end.costs, acceptance, mean_k, len(tokens), end.prompt_tokens,
-                                                           end.drafter or "model")
+                                                           end.drafter)
     return summary
 
 

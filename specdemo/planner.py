@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol, Sequence
 
 from specdemo.costs import CostModel
-from specdemo.drafters import strategy
+from specdemo.drafters import MASKED, strategy
 from specdemo.settings import GenerationSettings
 
 MIN_GAIN = 1.03  # speculate only where the prediction beats the target alone by this much (noise margin)
@@ -89,13 +89,13 @@ def _ordinal(n: int) -> str:
     return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
-def round_seconds(costs: CostModel, acceptance: Acceptance, k: int, drafter: str = "model") -> float:
+def round_seconds(costs: CostModel, acceptance: Acceptance, k: int, drafter: str = MASKED) -> float:
     """Expected seconds of one round with K drafts at this acceptance (round_cost, the previous round having kept every
     draft with this acceptance's chance)."""
     return round_cost(costs, k, drafter, acceptance.all_accepted(k) if k else 0.0)
 
 
-def round_cost(costs: CostModel, k: int, drafter: str = "model", full: float = 0.0) -> float:
+def round_cost(costs: CostModel, k: int, drafter: str = MASKED, full: float = 0.0) -> float:
     """Seconds of one round with K drafts (K = 0: one plain target step): the verify call, the trims, the loop's own
     time and the drafting as the strategy prices it (Strategy.draft_seconds; `full`, the chance or 0/1 that the round
     before kept every draft, makes a draft model's first step feed two tokens). The one price of a round: the planner
@@ -106,13 +106,13 @@ def round_cost(costs: CostModel, k: int, drafter: str = "model", full: float = 0
     return seconds + strategy(drafter).draft_seconds(costs, k, full)
 
 
-def predicted_speedup(costs: CostModel, acceptance: Acceptance, k: int, drafter: str = "model") -> float:
+def predicted_speedup(costs: CostModel, acceptance: Acceptance, k: int, drafter: str = MASKED) -> float:
     """Tokens per second of speculation with K drafts over the target alone, after the prompt."""
     return acceptance.expected_tokens(k) * round_seconds(costs, acceptance, 0) / round_seconds(costs, acceptance, k, drafter)
 
 
 def predicted_lane_speedup(costs: CostModel, acceptance: Acceptance, k: float, tokens: int, prompt_tokens: int,
-                           drafter: str = "model") -> float:
+                           drafter: str = MASKED) -> float:
     """Whole-lane wall-time ratio for `tokens` new tokens after a `prompt_tokens` prompt.
 
     Both lanes prefill the target; the speculative lane also prefills the draft (when it drafts at all)
@@ -135,7 +135,7 @@ def predicted_lane_speedup(costs: CostModel, acceptance: Acceptance, k: float, t
     return autoregressive / speculative
 
 
-def best_k(costs: CostModel, acceptance: Acceptance, k_max: int, drafter: str = "model") -> tuple[int, float]:
+def best_k(costs: CostModel, acceptance: Acceptance, k_max: int, drafter: str = MASKED) -> tuple[int, float]:
     """(K, predicted speedup) maximising tokens per second; (0, 1.0) when no K beats the target by MIN_GAIN."""
     best, best_speedup = 0, 1.0
     for k in range(1, k_max + 1):
@@ -147,7 +147,7 @@ def best_k(costs: CostModel, acceptance: Acceptance, k_max: int, drafter: str = 
     return best, best_speedup
 
 
-def break_even_alpha(costs: CostModel, k: int, drafter: str = "model") -> float | None:
+def break_even_alpha(costs: CostModel, k: int, drafter: str = MASKED) -> float | None:
     """The α at which K drafts a round exactly pay for themselves on this machine (S(K) = 1, geometric acceptance);
     None when even α = 1 does not pay."""
     if predicted_speedup(costs, Acceptance.geometric(1.0), k, drafter) < 1.0:
@@ -162,7 +162,7 @@ def break_even_alpha(costs: CostModel, k: int, drafter: str = "model") -> float 
     return high
 
 
-def cost_surface(costs: CostModel, ks: Sequence[int], alphas: Sequence[float], drafter: str = "model") -> list[list[float]]:
+def cost_surface(costs: CostModel, ks: Sequence[int], alphas: Sequence[float], drafter: str = MASKED) -> list[list[float]]:
     """This machine's predicted speedup S(K) for every α (rows) and K (columns): where speculation pays, and how much."""
     return [[predicted_speedup(costs, Acceptance.geometric(a), k, drafter) for k in ks] for a in alphas]
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from specdemo.drafters import DEFAULT, strategy
+
 # gguf: a GGUF source's own quantized blocks, exactly; gguf-fused: the same blocks as the CPU plugin's fused kernels
 # take them (specdemo/gguf_weights.py)
 PRECISIONS = ("fp16", "int8", "int4", "gguf", "gguf-fused")
@@ -100,7 +102,7 @@ class GenerationSettings:
     adaptive: bool = False  # grow K after a fully accepted round, shrink it after a rejection
     k_min: int = 1  # adaptive K never goes below this
     k_max: int | None = None  # adaptive and auto K never go above this; None: max(k, K_MAX) (see __post_init__)
-    drafter: str = "model"  # a strategy of specdemo/drafters: "model" (draft LLM), "prompt-lookup" (n-gram match, no draft model), "hybrid" (lookup where the text repeats, else the model)
+    drafter: str = DEFAULT  # a strategy of specdemo/drafters, by name (its module says what it drafts): the draft model by default
     lookup_ngram: int = 3  # prompt lookup: longest n-gram to match at the end of the text
     system_prompt: str = ""  # optional system message for the chat template
     # The confidence stop: a round's drafting ends once the product of the draft's probabilities for its drafts falls
@@ -125,8 +127,6 @@ class GenerationSettings:
         check.int_in("k_max", self.k_max, self.k_min, 64)
         if self.adaptive and not self.k_min <= self.k <= self.k_max:
             raise ValueError(f"k must lie between k_min={self.k_min} and k_max={self.k_max}, got {self.k}")
-        from specdemo.drafters import strategy
-
         strategy(self.drafter)  # an unknown drafter: ValueError naming the ones there are
         check.int_in("lookup_ngram", self.lookup_ngram, 1, 16)
         if self.draft_p_min is not None:

@@ -170,8 +170,8 @@ def _print_counterfactual(would, spec: Result) -> None:
               f"mean K {spec.summary.mean_k:.1f}")
     if would.stopped:
         print(would.stop_sentence())
-    lookup = max(would.lookup, key=lambda w: w.speedup)
-    print(f"prompt lookup would have given {_times(lookup.speedup)} at K = {lookup.k} (no draft model)")
+    for sentence in would.replay_sentences():
+        print(sentence)
 
 
 def _times(speedup: float) -> str:

@@ -10,9 +10,12 @@ position after them. The tokens produced this way are distributed exactly as p a
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from specdemo.settings import GenerationSettings
+if TYPE_CHECKING:
+    from specdemo.settings import GenerationSettings
 
 # Two logits closer than this are a near-tie: batched and single-token kernels may order them
 # differently, so greedy speculative output may legitimately differ from autoregressive there.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from specdemo import builtin, fidelity, measuring
 from specdemo.counterfactual import agreement_mask, mask_counts
+from specdemo.drafters import MASKED
 from specdemo.profile import Keys
 from specdemo.runtime import release_weight_pages
 from specdemo.settings import GenerationSettings
@@ -27,7 +28,7 @@ def know_machine(engine, k_max: int, fresh: bool, log) -> None:
         engine.profile.keep_costs(key, measured, description)
     engine.keys = Keys(key, engine.keys.pair)
     engine.noise = batching_noise(engine, k_max, log)
-    if draft is not None and engine.profile.learns() and not engine.acceptance().has_evidence("model", True):
+    if draft is not None and engine.profile.learns() and not engine.acceptance().has_evidence(MASKED, True):
         log("learning how often the draft agrees with the target, on built-in answers (once per machine)")
         calibrate(engine, k_max)
     release_weight_pages()  # every shape has run: the plugin works from its own copies of the weights now
@@ -61,4 +62,4 @@ def calibrate(engine, k_max: int) -> None:
         for totals, counts in zip((tested, accepted), mask_counts(mask, k_max)):
             for i, n in enumerate(counts):
                 totals[i] += n
-    engine.profile.record_acceptance(engine.keys.pair, "model", True, tested, accepted)
+    engine.profile.record_acceptance(engine.keys.pair, MASKED, True, tested, accepted)

@@ -10,14 +10,14 @@ from specdemo.counterfactual import (
     accepted_run,
     corrected,
     counterfactual,
-    lookup_counts,
     mask_counts,
     draft_pass,
     match_mask,
     observed_matches,
+    replay_counts,
     walk_fixed,
-    walk_lookup,
     walk_oracle,
+    walk_replayed,
 )
 from specdemo.drafters.lookup import PromptLookupDrafter
 from specdemo.drafters.model import ModelDrafter
@@ -81,7 +81,7 @@ def test_prompt_lookup_accepts_round_by_round_what_a_real_lookup_run_accepts():
     for k in (1, 3, 6):
         settings = GenerationSettings(max_new_tokens=N, k=k, drafter="prompt-lookup")
         run = drain(decoding.speculative(target, PromptLookupDrafter(3), FakeTokenizer(), PROMPT, settings, set()))
-        walk = walk_lookup(PROMPT, answer, k, 3, COSTS, N, 1.0)
+        walk = walk_replayed(PromptLookupDrafter(3), PROMPT, answer, k, COSTS, N, 1.0)
         assert walk.accepted == [r.accepted for r in run.rounds[1:]] and sum(walk.accepted) > 0
 
 
@@ -108,7 +108,7 @@ def test_the_runs_own_drafting_replaces_the_passes_guesses_so_its_k_is_walked_ex
     assert run.ids == answer
     guessed = match_mask(draft, PROMPT, answer)
     assert walk_fixed(guessed, k, COSTS, len(PROMPT), N, 1.0).accepted != [r.accepted for r in run.rounds[1:]]
-    would = counterfactual(guessed, PROMPT, answer, COSTS, 8, N, 3, run.rounds)
+    would = counterfactual(guessed, PROMPT, answer, COSTS, GenerationSettings(max_new_tokens=N, k_max=8), run.rounds)
     walk = would.fixed[k - 1]
     assert walk.accepted == [r.accepted for r in run.rounds[1:]] and walk.target_calls == run.summary.target_calls
     assert would.observed > 0 and 0 < would.corrected <= would.observed
@@ -159,14 +159,19 @@ def test_mask_counts_test_each_position_only_after_matches():
 
 def test_lookup_counts_come_from_proposals_alone():
     prompt, answer = [5, 6, 7, 8], [5, 6, 7, 9]
-    tested, accepted = lookup_counts(prompt, answer, 3, 2)
+    tested, accepted = replay_counts(PromptLookupDrafter(2), prompt, answer, 3)
     assert tested[0] >= 1 and accepted[0] >= 1 and accepted[2] == 0
 
 
-def test_without_a_draft_model_only_prompt_lookup_is_walked():
+def test_without_a_draft_model_only_the_model_free_strategies_are_walked():
+    from specdemo.drafters import STRATEGIES
+
     answer = answer_of(FakeModel(3, "target"), 20)
-    result = counterfactual(None, PROMPT, answer, COSTS, 4, 20, 3)
-    assert result.fixed == [] and len(result.lookup) == 4 and result.greedy_only
+    result = counterfactual(None, PROMPT, answer, COSTS, GenerationSettings(max_new_tokens=20, k=4, k_max=4))
+    assert result.fixed == [] and result.greedy_only
+    assert set(result.replayed) == {name for name, s in STRATEGIES.items() if not s.needs_model}
+    assert all(len(walks) == 4 for walks in result.replayed.values())
+    assert set(result.evidence) == set(result.replayed)
 
 
 def test_the_planner_moves_off_k_zero_after_one_run_whose_masks_say_drafts_match(tiny_pair, tiny_target, tmp_path,

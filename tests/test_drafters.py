@@ -11,14 +11,18 @@ from specdemo.settings import GenerationSettings
 from tests.test_planner import machine
 
 
-def test_the_package_finds_every_strategy_module_by_its_name():
-    assert list(STRATEGIES) == ["model", "hybrid", "prompt-lookup"]
-    assert {name: s.needs_model for name, s in STRATEGIES.items()} == {"model": True, "hybrid": True,
-                                                                      "prompt-lookup": False}
+def test_the_package_finds_every_strategy_module_by_its_name_in_the_order_of_their_choices():
+    from pathlib import Path
+
+    modules = {p.stem for p in (Path(__file__).parent.parent / "specdemo" / "drafters").glob("*.py")} - {"__init__", "base"}
+    assert len(STRATEGIES) == len(modules)  # every module of the package is a strategy, found by the package
+    assert list(STRATEGIES)[:3] == ["model", "prompt-lookup", "hybrid"]  # the built-in ones first (Strategy.order)
+    assert {name: STRATEGIES[name].needs_model for name in ("model", "prompt-lookup", "hybrid")} == \
+        {"model": True, "hybrid": True, "prompt-lookup": False}
     assert make_drafter("prompt-lookup", None, GenerationSettings(), None).kind == "prompt-lookup"
     with pytest.raises(ValueError, match="no draft model is loaded"):
         make_drafter("model", None, GenerationSettings(), None)
-    with pytest.raises(ValueError, match="drafter must be one of model, hybrid, prompt-lookup, got 'eagle'"):
+    with pytest.raises(ValueError, match="drafter must be one of model, prompt-lookup, hybrid.*, got 'eagle'"):
         GenerationSettings(drafter="eagle")
 
 

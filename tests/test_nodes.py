@@ -26,7 +26,7 @@ def test_a_compressed_weight_counts_its_values_scales_and_zero_points_and_an_act
 
 def test_the_counters_window_gives_each_call_its_own_time_within_the_calls_wall_time(tiny_target):
     model = OVModel(tiny_target, exact(tiny_target), profiled=True)
-    original = ov.Core().read_model(tiny_target / "openvino_model.xml")
+    original = nodes.as_compiled(tiny_target)
     sizes = nodes.weight_bytes(original)
     names = nodes.original_names(model.compiled, sizes, nodes.bias_names(original, sizes))
     prompt = list(range(2, 40))

@@ -14,6 +14,7 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Literal, get_args
 
+from specdemo.drafters import with_counterpart
 from specdemo.bench.settings import CODE_INSTRUCTIONS, BenchSettings
 from specdemo.lane import drain
 from specdemo.parting import parting
@@ -47,7 +48,7 @@ class Lane:
     reference: Lane | None = None  # the lane whose token ids this one should reproduce; None = the section's first
     k: int | None = None  # draft tokens per round (fixed K; adaptive K's start); None when autoregressive or auto
     k_policy: KMode | None = None  # how a speculative lane picks K; None when autoregressive
-    drafter: str | None = None  # "model" or "prompt-lookup"; None when autoregressive
+    drafter: str | None = None  # the strategy drafting (a peer's: its counterpart's, Strategy.counterpart); None: AR
     # (instruction, prompt ids, max new tokens) -> Output; None in runs built by hand (tests)
     generate: Callable[[str, list[int], int], Output] | None = field(default=None, compare=False, repr=False)
 
@@ -258,7 +259,7 @@ class Context:
             lane = Lane(label, "genai", "autoregressive")
         else:
             lane = Lane(label, "genai", "speculative", baseline, k=k, k_policy="fixed",
-                        drafter="prompt-lookup" if kind == "lookup" else "model")
+                        drafter=with_counterpart("lookup" if kind == "lookup" else "draft"))
         generate = self.genai_pipeline(pipeline).generate
         return peer_lane(lane, generate, eos_ids=self.engine.eos_ids, k=k, ngram=self.generation.lookup_ngram)
 

@@ -48,6 +48,16 @@ class NodeGroup:
         return self.weight_bytes / (self.ms_per_call * 1e6) if self.ms_per_call > 0 and self.weight_bytes else float("nan")
 
 
+def as_compiled(folder: Path):
+    """The IR of `folder` with the edits runtime.OVModel makes before compiling that move weights between nodes (the
+    projections fused: graph.fuse_projections), so node names and weight bytes match the compiled model's."""
+    from specdemo import graph
+
+    model = ov.Core().read_model(Path(folder) / "openvino_model.xml")
+    graph.fuse_projections(model)
+    return model
+
+
 def weight_bytes(model) -> dict[str, int]:
     """{node name: bytes of the constants on its weight input} for every MatMul of an ov.Model: the constants feeding
     input 1 (the weights, with their decompression's scales and zero points), followed up through nodes computed from
@@ -175,7 +185,7 @@ def profile_target(settings, prompt: list[int], tokens_per_call: tuple[int, ...]
     from specdemo.models import describe_compile
 
     model = tune.compile_model(settings, profiled=True)
-    original = ov.Core().read_model(model.folder / "openvino_model.xml")
+    original = as_compiled(model.folder)
     sizes = weight_bytes(original)
     exec_names = original_names(model.compiled, sizes, bias_names(original, sizes))
     windows = {tokens: [] for tokens in tokens_per_call}

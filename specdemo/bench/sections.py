@@ -5,6 +5,7 @@ them all. Each section returns the dict the report reads (keys: schema.py)."""
 from __future__ import annotations
 
 from specdemo import sources
+from specdemo.drafters import with_counterpart
 from specdemo.bench import memory, stats, sweeps
 from specdemo.bench.harness import Context, Lane, Run, find, genai_compile, log_progress, measure, our_lane, peer_lane
 from specdemo.bench.settings import PAPER
@@ -93,7 +94,7 @@ def run_transformers(ctx: Context) -> dict:
     ours_spec = our_lane("ours speculative", ctx.engine, "speculative", generation, baseline=ours_ar)
     hf_ar = peer_lane(Lane("transformers autoregressive", "transformers", "autoregressive"), pair.generate, eos_ids=ctx.engine.eos_ids)
     assisted = Lane("transformers assisted", "transformers", "speculative", baseline=hf_ar, reference=hf_ar, k=k,
-                    k_policy="fixed", drafter="model")
+                    k_policy="fixed", drafter=with_counterpart("draft"))
     hf_spec = peer_lane(assisted, pair.generate, eos_ids=ctx.engine.eos_ids, k=k)
     lanes = [ours_ar, ours_spec, hf_ar, hf_spec]
     instructions = ctx.code_instructions(ctx.bench.transformers_instructions)
@@ -132,11 +133,12 @@ def run_llamacpp(ctx: Context) -> dict:
     lanes = [ours_ar, our_lane("ours speculative", ctx.engine, "speculative", generation, baseline=ours_ar)]
     cpp_ar = peer_lane(Lane("llama.cpp autoregressive", "llamacpp", "autoregressive"), peer.generate, eos_ids=eos_ids)
     lanes.append(cpp_ar)
-    for drafter, label in (("prompt-lookup", "llama.cpp prompt lookup"), ("model", "llama.cpp draft model")):
-        if drafter == "model" and draft is None:
+    for kind, label in (("lookup", "llama.cpp prompt lookup"), ("draft", "llama.cpp draft model")):
+        if kind == "draft" and draft is None:
             continue  # a draft that is no GGUF: llama.cpp cannot run it
-        lane = Lane(label, "llamacpp", "speculative", baseline=cpp_ar, reference=cpp_ar, k=k, k_policy="fixed", drafter=drafter)
-        lanes.append(peer_lane(lane, peer.generate, eos_ids=eos_ids, drafter=drafter, k=k, ngram=generation.lookup_ngram))
+        lane = Lane(label, "llamacpp", "speculative", baseline=cpp_ar, reference=cpp_ar, k=k, k_policy="fixed",
+                    drafter=with_counterpart(kind))
+        lanes.append(peer_lane(lane, peer.generate, eos_ids=eos_ids, drafter=kind, k=k, ngram=generation.lookup_ngram))
     n, instructions = ctx.sweep_tokens, ctx.code_instructions()
     ctx.log(f"llama.cpp {peer.version}: N={n}, K={k}, {peer.threads} threads, {len(instructions)} instructions")
     runs = measure(lanes, instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specdemo.drafters import MASKED
 from specdemo.settings import GenerationSettings
 
 CODE_INSTRUCTIONS = [
@@ -122,5 +123,5 @@ def check_generation(generation: GenerationSettings) -> None:
     """The bench compares greedy outputs token for token with its peers; refuse what would break that."""
     if not generation.greedy:
         raise ValueError("the benchmark measures greedy decoding (its peers are compared token for token); drop --temperature")
-    if generation.drafter != "model":
+    if generation.drafter != MASKED:
         raise ValueError("the benchmark's speculative lanes use the draft model; prompt lookup has its own section (--only lookup)")

@@ -7,6 +7,7 @@ import math
 from dataclasses import replace
 from typing import Callable
 
+from specdemo.drafters import with_counterpart
 from specdemo.bench import stats
 from specdemo.bench.harness import Context, Lane, Run, log_progress, measure, our_lane
 from specdemo.bench.settings import EDIT_INSTRUCTIONS
@@ -178,7 +179,7 @@ def run_lookup(ctx: Context) -> dict:
     """Prompt lookup vs the draft model on edits that repeat their input; GenAI's prompt lookup beside."""
     generation = ctx.generation
     ar = our_lane("ours autoregressive", ctx.engine, "autoregressive", generation)
-    lookup = replace(ctx.fixed(ctx.k), drafter="prompt-lookup")
+    lookup = replace(ctx.fixed(ctx.k), drafter=with_counterpart("lookup"))
     planner = replace(generation, k_auto=True, adaptive=False)
     genai_ar = ctx.genai_lane("GenAI autoregressive", "plain")
     lanes = [

@@ -15,20 +15,23 @@ import pkgutil
 
 from specdemo.drafters.base import Drafter, Proposal, Strategy
 
-__all__ = ["Drafter", "Proposal", "Strategy", "STRATEGIES", "strategy", "make_drafter"]
+__all__ = ["Drafter", "Proposal", "Strategy", "STRATEGIES", "DEFAULT", "MASKED", "strategy", "make_drafter", "choices",
+           "with_counterpart"]
 
 
 def _discover() -> dict[str, Strategy]:
-    """Every module of this package that defines a STRATEGY, by the strategy's name (the draft model first)."""
-    found = {}
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: (m.name != "model", m.name)):
+    """Every module of this package that defines a STRATEGY, by the strategy's name, in the order of their choices."""
+    found = []
+    for info in pkgutil.iter_modules(__path__):
         described = getattr(importlib.import_module(f"{__name__}.{info.name}"), "STRATEGY", None)
         if isinstance(described, Strategy):
-            found[described.name] = described
-    return found
+            found.append(described)
+    return {s.name: s for s in sorted(found, key=lambda s: (s.order, s.name))}
 
 
 STRATEGIES: dict[str, Strategy] = _discover()
+DEFAULT = next(iter(STRATEGIES))  # the first choice: the draft model
+MASKED = next(s.name for s in STRATEGIES.values() if s.taught_by_mask)  # the draft model's own strategy
 
 
 def strategy(name: str) -> Strategy:
@@ -43,3 +46,14 @@ def make_drafter(kind: str, draft_model, settings, rng, price=None, stops: tuple
     for a strategy choosing between parts each round; `stops`: the draft model's confidence stop per draft position
     ((): off)."""
     return strategy(kind).make(draft_model, settings, rng, price, stops)
+
+
+def choices() -> list[tuple[str, str]]:
+    """(what people see, name) of every strategy, in order: the page's and the CLI's drafting choices."""
+    return [(s.choice, s.name) for s in STRATEGIES.values()]
+
+
+def with_counterpart(kind: str) -> str:
+    """The strategy whose own drafting a peer's `kind` ("draft", "lookup": Strategy.counterpart) is: what a peer's
+    lane records as its drafter."""
+    return next(s.name for s in STRATEGIES.values() if s.counterpart == kind)

@@ -60,6 +60,25 @@ class Strategy:
     prior: str  # whose acceptance history prices its K ("hybrid": the model's; its lookup rounds are free extras)
     make: Callable[..., "Drafter"]  # make(draft_model, settings, rng, price, stops) -> Drafter
     note: str = ""  # what a plan adds to its reason for people, when it runs this strategy
+    order: int = 100  # its place among the page's and the CLI's choices (the built-in ones first)
+    # What the peers (OpenVINO GenAI, llama.cpp) run in its place: "draft" (a draft model: GenAI's draft_model=), "lookup"
+    # (prompt lookup: GenAI's prompt_lookup=True), "": they have nothing like it
+    counterpart: str = ""
+    when_quoting: str = ""  # under auto K, the strategy that drafts instead where the instruction quotes text to copy
+    # The draft model's own strategy: its acceptance is what the draft's teacher-forced match mask shows (warm-up's
+    # first evidence, the counterfactual's fixed-K walks and oracle). A model-free strategy is walked by replaying its
+    # drafter on the answer instead; one that mixes the two (hybrid) is not walked.
+    taught_by_mask: bool = False
+
+    @property
+    def choice(self) -> str:
+        """How the page names it among the drafting choices: its label, capitalised."""
+        return self.label[:1].upper() + self.label[1:]
+
+    @property
+    def replayed(self) -> bool:
+        """Whether the counterfactual walks it by replaying its own drafter on the answer (no model to run)."""
+        return not self.needs_model
 
     def draft_seconds(self, costs: "CostModel", k: int, full: float) -> float:
         """Seconds of drafting K tokens in one round (and trimming the draft's cache after it). `full`: the chance

@@ -50,4 +50,4 @@ def make(draft_model, settings, rng, price=None, stops: tuple[float, ...] = ()) 
 # that drafted them, so what they teach goes to those strategies' histories.
 STRATEGY = Strategy("hybrid", "draft model and prompt lookup", needs_model=True, default_alpha=0.8, prior="model",
                     make=make, note=" Where the text so far repeats, drafts come from it by lookup instead, without a "
-                                    "model call.")
+                                    "model call.", order=2, counterpart="draft")

@@ -54,4 +54,4 @@ def make(draft_model, settings, rng, price=None, stops: tuple[float, ...] = ()) 
 
 
 STRATEGY = Strategy("prompt-lookup", "prompt lookup", needs_model=False, default_alpha=0.5, prior="prompt-lookup",
-                    make=make)
+                    make=make, order=1, counterpart="lookup")

@@ -91,4 +91,5 @@ def make(draft_model, settings, rng, price=None, stops: tuple[float, ...] = ()) 
     return ModelDrafter(draft_model, settings, rng, stops)
 
 
-STRATEGY = Strategy("model", "draft model", needs_model=True, default_alpha=0.8, prior="model", make=make)
+STRATEGY = Strategy("model", "draft model", needs_model=True, default_alpha=0.8, prior="model", make=make, order=0,
+                    counterpart="draft", when_quoting="hybrid", taught_by_mask=True)

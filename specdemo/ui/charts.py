@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from specdemo import planner
 from specdemo.costs import CostModel
 from specdemo.counterfactual import Counterfactual
+from specdemo.drafters import strategy
 
 BLUE, ORANGE, GREEN, PURPLE, GREY = "#0072B2", "#E69F00", "#009E73", "#CC79A7", "#7f7f7f"
 WIDTH, HEIGHT = 520, 290
@@ -117,13 +118,15 @@ def timeline(series: dict[str, list[tuple[float, int]]], colours: dict[str, str]
 
 
 def would_have_given(would: Counterfactual | None, run_k: float, run_speedup: float) -> str:
-    """Predicted speedup of every fixed K on this very answer, the per-round oracle, prompt lookup, and this run."""
+    """Predicted speedup of every fixed K on this very answer, the per-round oracle, each model-free strategy, and this
+    run."""
     title = "What each K would have given on this answer"
     if would is None:
         return placeholder(title, "Greedy decoding only: a sampled answer has no counterfactual.")
-    series = [[(w.k, w.speedup) for w in would.fixed], [(w.k, w.speedup) for w in would.lookup]]
+    replayed = {name: [(w.k, w.speedup) for w in walks] for name, walks in would.replayed.items()}
+    series = [[(w.k, w.speedup) for w in would.fixed], *replayed.values()]
     values = [s for points in series for _, s in points] + [would.oracle.speedup, run_speedup, 1.0]
-    k_max = max(len(would.fixed), len(would.lookup), 1)
+    k_max = max(len(points) for points in series) if any(series) else 1
     top = max(values) * 1.1
     axes = Axes(0.5, k_max + 0.5, min(0.0, min(values)), top)
     parts = _axes(axes, list(range(1, k_max + 1)), _nice_ticks(axes.y0, top), "K, drafts per round",
@@ -133,15 +136,17 @@ def would_have_given(would: Counterfactual | None, run_k: float, run_speedup: fl
         parts.append(_line(axes, [(0.5, would.oracle.speedup), (k_max + 0.5, would.oracle.speedup)], GREEN, "6 4"))
         parts.append(_line(axes, series[0], BLUE))
         parts += [f'<circle cx="{axes.x(k):.1f}" cy="{axes.y(s):.1f}" r="3" fill="{BLUE}"/>' for k, s in series[0]]
-    parts.append(_line(axes, series[1], ORANGE, "4 3"))
+    dashes = ["4 3", "1 3", "8 3 1 3"]  # one per model-free strategy, in their order
+    for i, points in enumerate(replayed.values()):
+        parts.append(_line(axes, points, ORANGE, dashes[i % len(dashes)]))
     if run_k > 0:
         x, y = axes.x(run_k), axes.y(run_speedup)
         parts.append(f'<path d="M{x - 7:.1f},{y:.1f} L{x:.1f},{y - 7:.1f} L{x + 7:.1f},{y:.1f} L{x:.1f},{y + 7:.1f} Z" '
                      f'fill="{PURPLE}" stroke="white" stroke-width="1"><title>this run: mean K {run_k:.1f}, '
                      f'measured {run_speedup:.2f}×</title></path>')
-    legend = [("fixed K", BLUE, ""), ("best K each round", GREEN, "6 4"), ("prompt lookup", ORANGE, "4 3"),
-              ("◆ this run, measured", PURPLE, "")]
-    parts += _legend(legend if would.fixed else legend[2:])
+    legend = [("fixed K", BLUE, ""), ("best K each round", GREEN, "6 4")] if would.fixed else []
+    legend += [(strategy(name).label, ORANGE, dashes[i % len(dashes)]) for i, name in enumerate(replayed)]
+    parts += _legend(legend + [("◆ this run, measured", PURPLE, "")])
     return _svg(parts, title, f"Predicted speedup by K; best fixed K {would.best_fixed().k if would.fixed else '–'}")
 
 

@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Callable
 
 from specdemo import genai, machine, sources
+from specdemo.drafters import strategy, with_counterpart
 from specdemo.engine import Engine
 from specdemo.profile import machine_profile
 from specdemo.runtime import release_weight_pages
@@ -177,5 +178,9 @@ def genai_plan(engine: Engine, instruction: str, settings: GenerationSettings) -
 
 
 def _genai_drafter(drafter: str) -> str:
-    """GenAI drafts with a draft model or by prompt lookup; our hybrid's counterpart there is its draft model."""
-    return "model" if drafter == "hybrid" else drafter
+    """The strategy GenAI's pipeline runs in place of ours (Strategy.counterpart: a draft model or prompt lookup), or
+    RuntimeError (the GenAI lane says it) where GenAI has nothing like it."""
+    kind = strategy(drafter).counterpart
+    if not kind:
+        raise RuntimeError(f"OpenVINO GenAI has nothing like {strategy(drafter).label} to run beside it")
+    return with_counterpart(kind)

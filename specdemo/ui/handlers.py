@@ -17,6 +17,7 @@ from typing import Iterator
 
 from specdemo import genai, metrics, runfile, sources
 from specdemo.disk import inventory
+from specdemo.drafters import strategy
 from specdemo.engine import Engine
 from specdemo.settings import GenerationSettings, RunSettings
 from specdemo.ui import charts, render, tuning, waiting
@@ -213,10 +214,10 @@ def _genai_job(engine: Engine, values: PageValues, settings: GenerationSettings)
     drafter, k = genai_plan(engine, values.instruction, settings)
     pipeline = yield from _wait_for({GENAI: genai_loading_for(device_settings(values.target_device, values.draft_device,
                                                                               values.configuration),
-                                                                 drafter == "prompt-lookup")})
+                                                                 not strategy(drafter).needs_model)})
     ids = engine.prompt_ids(values.instruction, settings)
     run_settings = device_settings(values.target_device, values.draft_device, values.configuration)
-    compiled_as = genai.fitted(run_settings.target, None if drafter == "prompt-lookup" else run_settings.draft)
+    compiled_as = genai.fitted(run_settings.target, run_settings.draft if strategy(drafter).needs_model else None)
     return lambda cancel: genai.stream(pipeline[GENAI], engine.tokenizer, ids, settings, engine.eos_ids, k, cancel, drafter,
                                        compiled_as)
 

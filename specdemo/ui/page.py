@@ -8,7 +8,7 @@ from dataclasses import fields
 import gradio as gr
 from starlette.middleware import Middleware
 
-from specdemo import figures
+from specdemo import drafters, figures
 from specdemo.ui import charts, handlers, render
 from specdemo.ui.handlers import MAX_WAITING_RUNS, OUTPUTS, SKIP
 from specdemo.ui.lanes import LaneRun
@@ -89,7 +89,7 @@ def _add_controls(c: dict) -> None:
             c["status"] = gr.Markdown(render.preparing_status(None, "starting"), elem_id="status", elem_classes="sd-status",
                                       container=True, min_height=96)
     with gr.Row(equal_height=True):
-        c["drafter"] = gr.Radio([("Draft model", "model"), ("Prompt lookup", "prompt-lookup"), ("Hybrid", "hybrid")],
+        c["drafter"] = gr.Radio(drafters.choices(),
                                 value=defaults.drafter, label="Drafting", elem_id="drafter", min_width=300)
         c["mode"] = gr.Radio([("One after another", ONE_AFTER_ANOTHER), ("Race", RACE)], value=defaults.mode,
                              label="Run mode", elem_id="mode", min_width=300)

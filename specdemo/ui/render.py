@@ -158,8 +158,7 @@ def would_line(would, s: Summary) -> str:
     if would is None:
         return "What each K would have given: greedy decoding only (a sampled answer has no such counterfactual)."
     if not would.fixed:
-        best = max(would.lookup, key=lambda w: w.speedup)
-        return f"On this answer prompt lookup would have given {best.speedup:.2f}× at K = {best.k} (predicted)."
+        return "On this answer " + "; ".join(would.replay_sentences()) + " (predicted)."
     best = would.best_fixed()
     return (f"On this very answer (predicted from this machine's costs): the best fixed K = {best.k} would have given "
             f"{best.speedup:.2f}× in {best.target_calls} target calls, the best K for every round {would.oracle.speedup:.2f}× "

@@ -36,7 +36,7 @@ class PageValues:
     k: float = GenerationSettings.k  # drafts per round when K is not automatic
     k_auto: bool = True  # the planner picks K for this machine
     adaptive: bool = False  # K grows after a fully accepted round and shrinks after a rejection
-    drafter: str = "model"  # "model" or "prompt-lookup"
+    drafter: str = GenerationSettings.drafter  # a strategy's name (specdemo/drafters)
     decoding: str = "greedy"  # "greedy" or "sampling"
     temperature: float = 0.7  # sampling only, like top_p, top_k and seed
     top_p: float = 0.95
