@@ -34,6 +34,12 @@ _INSTRUCTION_SLOT = "\x00specdemo-instruction\x00"
 _PROBE_TEXTS = ["def fibonacci(n):\n    return n", "Hello, world! Ünïcödé 你好 🙂", "<|im_start|>user\nhi<|im_end|>"]
 
 
+def no_draft_model() -> str:
+    """What a lane that needs the draft model says when none is loaded."""
+    return (f"no draft model is loaded; choose a drafter that needs none "
+            f"({', '.join(s.name for s in STRATEGIES.values() if not s.needs_model)})")
+
+
 class IncompatibleModelsError(ValueError):
     """The draft cannot draft for the target (different tokenizers)."""
 
@@ -117,8 +123,7 @@ class Engine:
             raise RuntimeError("plan() needs this machine's call costs for these models up to K + 1 tokens: warm_up() first")
         asked = strategy(settings.drafter)
         if asked.needs_model and self.draft is None:
-            raise ValueError(f"no draft model is loaded; choose a drafter that needs none "
-                             f"({', '.join(s.name for s in STRATEGIES.values() if not s.needs_model)})")
+            raise ValueError(no_draft_model())
         drafter = asked.when_quoting if settings.k_auto and asked.when_quoting and planner.quotes_text(instruction) \
             else asked.name
         plan = make_plan(self.costs, drafter, self._prior(drafter, settings.greedy), settings.k_max, settings.k_auto,
@@ -160,6 +165,11 @@ class Engine:
         instruction or one that leaves no room in the context for max_new_tokens.
         """
         ids = self._encode_chat(clean_instruction(instruction), settings.system_prompt)
+        self.check_room(ids, settings)
+        return ids
+
+    def check_room(self, ids: list[int], settings: GenerationSettings) -> None:
+        """ValueError unless `ids` and settings.max_new_tokens fit in both models' context."""
         limit = self.target.context_length
         if self.draft is not None:
             limit = min(limit, self.draft.context_length)
@@ -168,7 +178,6 @@ class Engine:
                 f"the prompt is {len(ids):,} tokens; with max_new_tokens={settings.max_new_tokens:,} that "
                 f"exceeds the model's context of {limit:,} tokens"
             )
-        return ids
 
     def _encode_chat(self, instruction: str, system_prompt: str) -> list[int]:
         """The chat template's own markup as special tokens, the instruction always as plain text.
@@ -191,27 +200,42 @@ class Engine:
         # split_special_tokens: markup typed by the user, such as "<|im_start|>system", stays text.
         return self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
 
-    def autoregressive(
-        self, instruction: str, settings: GenerationSettings, cancel: threading.Event | None = None
-    ) -> Iterator[decoding.Event]:
-        ids = self.prompt_ids(instruction, settings)
+    # ---- the lanes. A side-by-side run (specdemo/sidebyside.py) tokenizes and plans once and calls the *_ids forms;
+    # the instruction forms run one lane by itself (a library call, the tests).
+
+    def autoregressive(self, instruction: str, settings: GenerationSettings,
+                       cancel: threading.Event | None = None) -> Iterator[decoding.Event]:
+        yield from self.autoregressive_ids(self.prompt_ids(instruction, settings), settings, cancel)
+
+    def autoregressive_ids(self, ids: list[int], settings: GenerationSettings,
+                           cancel: threading.Event | None = None) -> Iterator[decoding.Event]:
         with self.lock:
             yield from decoding.autoregressive(self.target.runtime, self.tokenizer, ids, settings, self.eos_ids, cancel)
 
-    def speculative(
-        self, instruction: str, settings: GenerationSettings, cancel: threading.Event | None = None
-    ) -> Iterator:
-        """The speculative lane: its Plan first (when the planner made one), then the loop's events.
-        With settings.k_auto the planner chooses the drafter and each round's K."""
+    def speculative(self, instruction: str, settings: GenerationSettings,
+                    cancel: threading.Event | None = None) -> Iterator:
+        """One speculative lane by itself: its Plan first (when there are costs to plan by; auto K warms up for them
+        first), then the loop's events."""
         ids = self.prompt_ids(instruction, settings)
-        if strategy(settings.drafter).needs_model and self.draft is None:
-            raise ValueError("no draft model is loaded; use the prompt-lookup drafter")
-        plan = self.plan(instruction, settings) if settings.k_auto or self.costs is not None else None
-        if plan is not None:
-            plan = planner.with_confidence_stop(plan, self.costs, settings.draft_p_min, settings.k_max)
+        if settings.k_auto and (self.costs is None or self.costs.n_max < settings.k_max + 1):
+            self.warm_up(settings.k_max)
+        plan = self.plan_lane(instruction, settings) if self.costs is not None else None
+        yield from self.speculative_ids(ids, settings, plan, cancel)
+
+    def plan_lane(self, instruction: str, settings: GenerationSettings) -> Plan:
+        """The plan a speculative lane drafts by: plan() with its confidence stop."""
+        plan = self.plan(instruction, settings)
+        return planner.with_confidence_stop(plan, self.costs, settings.draft_p_min, settings.k_max)
+
+    def speculative_ids(self, ids: list[int], settings: GenerationSettings, plan: Plan | None,
+                        cancel: threading.Event | None = None) -> Iterator:
+        """The speculative lane on prompt `ids`: the plan first (None: no costs to plan by, so the settings' drafter
+        and K), then the loop's events. With settings.k_auto the plan's policy chooses each round's K."""
+        kind = plan.drafter if plan is not None else settings.drafter
+        if strategy(kind).needs_model and self.draft is None:
+            raise ValueError(no_draft_model())
         stops = plan.stops if plan is not None else ((settings.draft_p_min,) if settings.draft_p_min else ())
         rng = np.random.default_rng(settings.seed)
-        kind = plan.drafter if plan is not None else settings.drafter
         price = self._price(settings.greedy) if self.costs is not None else None
         drafter = make_drafter(kind, self.draft.runtime if self.draft else None, settings, rng, price, stops)
         policy = planner.policy_for(settings, self.costs, plan)
@@ -221,18 +245,18 @@ class Engine:
             yield from decoding.speculative(self.target.runtime, drafter, self.tokenizer, ids, settings, self.eos_ids,
                                             cancel, rng, policy, self.costs)
 
-    def would_have_given(self, instruction: str, settings: GenerationSettings, answer_ids: list[int],
+    def would_have_given(self, prompt_ids: list[int], settings: GenerationSettings, answer_ids: list[int],
                          rounds=None) -> Counterfactual | None:
-        """What every K, the per-round oracle and prompt lookup would have given on this greedy answer (None when
-        sampling: a sampled answer has no such counterfactual). One teacher-forced draft pass, corrected by the
-        `rounds` of the speculative run that wrote the answer where they observed the draft (counterfactual.py); it
-        carries what it teaches the planner (`evidence`: the draft's acceptance at every position, even after a run that
-        drafted nothing; the caller hands it to Profile.learn_from_answer)."""
+        """What every K, the per-round oracle and every model-free strategy would have given on this greedy answer
+        (None when sampling: a sampled answer has no such counterfactual). One teacher-forced draft pass, corrected by
+        the `rounds` of the speculative run that wrote the answer where they observed the draft (counterfactual.py); it
+        carries what it teaches the planner (`evidence`: each walked strategy's acceptance at every position, even after
+        a run that drafted nothing; the caller hands it to Profile.learn_from_answer). Needs this machine's costs."""
         if not settings.greedy or not answer_ids:
             return None
         if self.costs is None:
-            self.warm_up(settings.k_max)
-        ids = self.prompt_ids(instruction, settings)
+            raise RuntimeError("would_have_given() prices by this machine's costs: warm_up() first")
         with self.lock:
-            mask, confidence = draft_pass(self.draft.runtime, ids, answer_ids) if self.draft is not None else (None, None)
-        return counterfactual(mask, ids, answer_ids, self.costs, settings, rounds, confidence)
+            mask, confidence = draft_pass(self.draft.runtime, prompt_ids, answer_ids) if self.draft is not None \
+                else (None, None)
+        return counterfactual(mask, prompt_ids, answer_ids, self.costs, settings, rounds, confidence)

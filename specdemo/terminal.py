@@ -14,7 +14,6 @@ from specdemo.drafters import strategy
 from specdemo.events import ACCEPTED, BONUS, CORRECTED, TokenEvent
 from specdemo.figures import SPECULATION, TABLE, figure, placed, value
 from specdemo.lane import Result, drain
-from specdemo.parting import parting
 from specdemo.planner import Plan
 from specdemo.settings import RunSettings
 
@@ -28,40 +27,36 @@ _STRIKE, _RESET = "\033[9;2m", "\033[0m"
 def generate(args: argparse.Namespace, settings: RunSettings) -> int:
     """`python -m specdemo generate`: both lanes on one instruction, streamed, then their figures."""
     from specdemo.engine import Engine, clean_instruction
+    from specdemo.sidebyside import SideBySide
 
     clean_instruction(args.instruction)  # an empty instruction is refused before the models load
     engine = Engine.load(settings, with_draft=strategy(settings.generation.drafter).needs_model)
-    prompt = engine.prompt_ids(args.instruction, settings.generation)  # too long for the context: refused before any output
-    if args.max_prompt_tokens and len(prompt) > args.max_prompt_tokens:
-        raise ValueError(f"the prompt is {len(prompt):,} tokens and the command line accepts at most {args.max_prompt_tokens:,}; "
-                         "--max-prompt-tokens 0 allows up to the model's context")
+    run = SideBySide({"autoregressive": engine, "speculative": engine}, args.instruction, settings)  # refused if too long
+    if args.max_prompt_tokens and len(run.prompt) > args.max_prompt_tokens:
+        raise ValueError(f"the prompt is {len(run.prompt):,} tokens and the command line accepts at most "
+                         f"{args.max_prompt_tokens:,}; --max-prompt-tokens 0 allows up to the model's context")
     log = (lambda message: None) if args.json else (lambda message: print(f"warm-up: {message}", file=sys.stderr, flush=True))
-    engine.warm_up(settings.generation.k_max, fresh=args.remeasure, log=log)
+    run.prepare(log, fresh=args.remeasure)
     if not args.json:
         print(f"warm-up {engine.warm_up_s:.1f} s (not part of any lane's time). {engine.costs.sentence()}")
         print(f"cost model: {engine.costs.standing()}")
-        if len(prompt) > LONG_PROMPT_TOKENS:
-            print(_prefill_estimate(engine, len(prompt), settings.generation.max_new_tokens), flush=True)
+        if len(run.prompt) > LONG_PROMPT_TOKENS:
+            print(_prefill_estimate(engine, len(run.prompt), settings.generation.max_new_tokens), flush=True)
             _show_prefill_progress(engine)
     lanes = {}
-    for mode, run in (("autoregressive", engine.autoregressive), ("speculative", engine.speculative)):
+    for mode in ("autoregressive", "speculative"):
         if not args.json:
             print(f"\n== {mode} ==", flush=True)
-        lanes[mode] = _consume(run(args.instruction, settings.generation), show=not args.json)
-        engine.profile.learn(engine.keys, settings.generation, lanes[mode].rounds)
-    would = engine.would_have_given(args.instruction, settings.generation, lanes["speculative"].ids,
-                                    lanes["speculative"].rounds)
-    if would is not None:
-        engine.profile.learn_from_answer(engine.keys, would.evidence)
-    run = runfile.run_dict(args.instruction, settings, engine, lanes["autoregressive"], lanes["speculative"], would)
-    if args.save:
-        runfile.save(run, Path(args.save))
+        lanes[mode] = _consume(run.lane(mode), show=not args.json)
+    record = run.finish(lanes)
+    if args.save and record.run is not None:
+        runfile.save(record.run, Path(args.save))
     if args.json:
-        print(runfile.dumps(run))
+        print(runfile.dumps(record.run))
     else:
-        _print_summaries(lanes["autoregressive"], lanes["speculative"], settings.generation.greedy, engine.noise)
-        _print_counterfactual(would, lanes["speculative"])
-        _print_failures(run["failures"])
+        _print_summaries(lanes["autoregressive"], lanes["speculative"], settings.generation.greedy, record.parting)
+        _print_counterfactual(record.would, lanes["speculative"])
+        _print_failures(record.run["failures"] if record.run else [])
         if args.save:
             print(f"saved to {args.save} (show it again: python -m specdemo show {args.save})")
     return 0
@@ -120,7 +115,7 @@ def _render(event: TokenEvent, colour: bool) -> str:
     return f"{rejected}{start}{event.text}{_RESET if start else ''}"
 
 
-def _print_summaries(ar_result: Result, spec_result: Result, greedy: bool, noise=None) -> None:
+def _print_summaries(ar_result: Result, spec_result: Result, greedy: bool, parted=None) -> None:
     ar, spec = ar_result.summary, spec_result.summary
     lanes = {"autoregressive": ar, "speculative": spec}
     print("\n== summary ==")
@@ -136,7 +131,7 @@ def _print_summaries(ar_result: Result, spec_result: Result, greedy: bool, noise
     if not greedy:
         print("note: sampling, and the two samples happen to be equal" if ar_result.ids == spec_result.ids
               else "note: sampling: the two outputs are different samples from the same distribution")
-    elif (parted := parting(ar_result.tokens, spec_result.tokens, noise)) is not None:
+    elif parted is not None:  # where the greedy lanes part, judged (sidebyside.Record.parting)
         print(f"note: {parted.sentence()}")
     print(f"legend: {_COLOURS[ACCEPTED]}accepted draft{_RESET}  {_COLOURS[CORRECTED]}corrected by target{_RESET}  "
           f"{_COLOURS[BONUS]}bonus{_RESET}  {_STRIKE}rejected draft{_RESET}" if sys.stdout.isatty() else "")

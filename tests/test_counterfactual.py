@@ -193,7 +193,7 @@ def test_the_planner_moves_off_k_zero_after_one_run_whose_masks_say_drafts_match
     assert engine.plan(prompt, settings).k == 0
     run = drain(engine.speculative(prompt, settings))
     assert run.summary.rounds == 0  # K = 0: nothing drafted, nothing learnt from the rounds
-    would = engine.would_have_given(prompt, settings, run.ids)
+    would = engine.would_have_given(engine.prompt_ids(prompt, settings), settings, run.ids)
     assert min(w.speedup for w in would.fixed) > 1.0  # every K would have paid on this answer
     engine.profile.learn_from_answer(engine.keys, would.evidence)  # as the CLI, the page and the bench do
     assert engine.plan(prompt, settings).k > 0

@@ -193,7 +193,7 @@ def test_a_trimmed_draft_head_samples_from_a_proper_distribution(tiny_draft):
 
 def test_without_a_draft_model_the_model_drafter_is_refused_with_a_sentence(tiny_pair):
     engine = Engine(tiny_pair[0], None)
-    with pytest.raises(ValueError, match=r"^no draft model is loaded; use the prompt-lookup drafter$"):
+    with pytest.raises(ValueError, match=r"^no draft model is loaded; choose a drafter that needs none \(prompt-lookup"):
         next(engine.speculative(PROMPT, GenerationSettings(max_new_tokens=4)))
     lookup = drain(engine.speculative(PROMPT, GenerationSettings(max_new_tokens=4, drafter="prompt-lookup")))
     assert lookup.summary.tokens == 4 and lookup.summary.drafter == "prompt-lookup"  # the way out it names works

@@ -236,8 +236,9 @@ def test_a_home_that_refuses_a_write_keeps_its_profile_and_turns_learning_off(tm
 @pytest.mark.parametrize("when", ["at-load", "during-the-run"])
 def test_a_home_that_refuses_writes_fails_neither_a_model_load_nor_a_page_run(tiny_pair, tmp_path, monkeypatch, when):
     from specdemo.engine import Engine
-    from specdemo.ui.handlers import teach
-    from specdemo.ui.lanes import LANES, LaneRun
+    from specdemo.lane import drain
+    from specdemo.settings import RunSettings
+    from specdemo.sidebyside import SideBySide
 
     engine = Engine(*tiny_pair, profile=Profile(tmp_path))
     if when == "at-load":
@@ -247,12 +248,10 @@ def test_a_home_that_refuses_writes_fails_neither_a_model_load_nor_a_page_run(ti
         refuse_writes(monkeypatch, tmp_path, errno.ENOSPC)  # the disk filled up since
     before = engine.profile.store.path.read_bytes() if engine.profile.store.path.exists() else None
     settings = GenerationSettings(max_new_tokens=8, k=3, temperature=0.8, seed=1)  # a sampled run teaches the most
-    lanes = {name: LaneRun() for name in LANES}
-    for name, run in zip(LANES, (engine.autoregressive, engine.speculative)):
-        for item in run("w5 w17 w99 w3", settings):
-            lanes[name].take(item)
-    teach({name: engine for name in LANES}, lanes, settings)
-    assert all(lanes[name].summary.tokens == 8 for name in LANES) and engine.costs is not None
+    run = SideBySide({"autoregressive": engine, "speculative": engine}, "w5 w17 w99 w3", RunSettings(generation=settings))
+    run.prepare()
+    record = run.finish({mode: drain(run.lane(mode)) for mode in run.engines})  # teaches the profile, as a page run does
+    assert all(result.summary.tokens == 8 for result in record.results.values()) and engine.costs is not None
     assert not engine.profile.learns()
     assert (engine.profile.store.path.read_bytes() if engine.profile.store.path.exists() else None) == before
 

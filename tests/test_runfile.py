@@ -11,6 +11,7 @@ from specdemo import runfile
 from specdemo.lane import drain
 from specdemo.failures import FAILURE_KINDS
 from specdemo.settings import GenerationSettings, RunSettings
+from specdemo.sidebyside import SideBySide
 from tests.conftest import ROOT, exact
 
 PROMPT = "w5 w17 w99 w3 w250 w42 w7"
@@ -19,10 +20,10 @@ PROMPT = "w5 w17 w99 w3 w250 w42 w7"
 @pytest.fixture(scope="module")
 def saved(tiny_engine, tiny_target, tiny_draft, tmp_path_factory):
     settings = GenerationSettings(max_new_tokens=24, k=3)
-    ar = drain(tiny_engine.autoregressive(PROMPT, settings))
-    spec = drain(tiny_engine.speculative(PROMPT, settings))
-    would = tiny_engine.would_have_given(PROMPT, settings, spec.ids)
-    run = runfile.run_dict(PROMPT, RunSettings(exact(tiny_target), exact(tiny_draft), settings), tiny_engine, ar, spec, would)
+    side = SideBySide({"autoregressive": tiny_engine, "speculative": tiny_engine}, PROMPT,
+                      RunSettings(exact(tiny_target), exact(tiny_draft), settings))
+    side.prepare()
+    run = side.finish({mode: drain(side.lane(mode)) for mode in side.engines}).run
     path = tmp_path_factory.mktemp("runs") / "run.json"
     runfile.save(run, path)
     return path, run

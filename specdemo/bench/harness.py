@@ -19,6 +19,7 @@ from specdemo.bench.settings import CODE_INSTRUCTIONS, BenchSettings
 from specdemo.lane import drain
 from specdemo.parting import parting
 from specdemo.settings import GenerationSettings, ModelSettings, RunSettings
+from specdemo.sidebyside import SideBySide
 
 Framework = Literal["specdemo", "genai", "transformers", "llamacpp"]
 Kind = Literal["autoregressive", "speculative"]
@@ -100,14 +101,19 @@ class Run:
 
 def our_lane(label: str, engine, mode: Kind, generation: GenerationSettings, baseline: Lane | None = None,
              reference: Lane | None = None) -> Lane:
-    """specdemo's autoregressive or speculative loop on `engine`, timed from the call to its summary."""
+    """specdemo's autoregressive or speculative loop on `engine`, one lane of a side-by-side run (sidebyside.py:
+    tokenized, warmed up and planned before the clock starts, taught after it stops), timed from its first event's
+    request to its summary."""
 
     def generate(instruction: str, prompt_ids: list[int], n: int) -> Output:
-        settings = replace(generation, max_new_tokens=n)
+        run = SideBySide({mode: engine}, instruction, RunSettings(engine.target.settings, engine.draft.settings
+                                                                  if engine.draft else RunSettings().draft,
+                                                                  replace(generation, max_new_tokens=n)))
+        run.prepare()
         start = time.perf_counter()
-        result = drain(getattr(engine, mode)(instruction, settings))
+        result = drain(run.lane(mode))
         wall_s = time.perf_counter() - start
-        engine.profile.learn(engine.keys, settings, result.rounds, result.summary.stop_reason != "cancelled")
+        run.teach(mode, result)
         return Output(result.ids, wall_s, result.summary.to_dict(), result.rounds, result.tokens, engine.noise)
 
     if mode == "autoregressive":

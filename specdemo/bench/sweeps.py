@@ -79,7 +79,8 @@ def counterfactuals(ctx: Context, runs: list[Run], ar: Lane, observer: Lane | No
         key = (run.instruction, run.repeat)
         watcher = seen.get(key)
         rounds = watcher.rounds if watcher is not None and watcher.ids == run.ids else None
-        out[key] = ctx.engine.would_have_given(instructions[run.instruction], settings, run.ids, rounds)
+        prompt = ctx.engine.prompt_ids(instructions[run.instruction], settings)
+        out[key] = ctx.engine.would_have_given(prompt, settings, run.ids, rounds)
         if out[key] is not None:
             ctx.engine.profile.learn_from_answer(ctx.engine.keys, out[key].evidence)
     return out

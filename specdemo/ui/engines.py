@@ -13,7 +13,6 @@ from dataclasses import replace
 from typing import Callable
 
 from specdemo import genai, machine, sources
-from specdemo.drafters import strategy, with_counterpart
 from specdemo.engine import Engine
 from specdemo.profile import machine_profile
 from specdemo.runtime import release_weight_pages
@@ -166,21 +165,3 @@ def device_settings(target_device: str, draft_device: str, configuration: str = 
     """The pair of `configuration` (settings.CONFIGURATIONS) on these devices."""
     target, draft = CONFIGURATIONS[configuration]
     return RunSettings(replace(target, device=target_device), replace(draft, device=draft_device))
-
-
-def genai_plan(engine: Engine, instruction: str, settings: GenerationSettings) -> tuple[str, int]:
-    """GenAI's drafter and K for this run. GenAI keeps K fixed: ours when fixed; when auto, the planner's first
-    choice of drafter and K for this instruction (its K = 0, "the target alone", becomes our default K)."""
-    if not settings.k_auto:
-        return _genai_drafter(settings.drafter), settings.k
-    plan = engine.plan(instruction, settings)
-    return _genai_drafter(plan.drafter), plan.k or GenerationSettings.k
-
-
-def _genai_drafter(drafter: str) -> str:
-    """The strategy GenAI's pipeline runs in place of ours (Strategy.counterpart: a draft model or prompt lookup), or
-    RuntimeError (the GenAI lane says it) where GenAI has nothing like it."""
-    kind = strategy(drafter).counterpart
-    if not kind:
-        raise RuntimeError(f"OpenVINO GenAI has nothing like {strategy(drafter).label} to run beside it")
-    return with_counterpart(kind)

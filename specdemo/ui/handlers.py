@@ -21,7 +21,8 @@ from specdemo.drafters import strategy
 from specdemo.engine import Engine
 from specdemo.settings import GenerationSettings, RunSettings
 from specdemo.ui import charts, render, tuning, waiting
-from specdemo.ui.engines import Loading, device_settings, genai_loading_for, genai_plan, lane_loadings, loading_for, race_threads
+from specdemo.sidebyside import SideBySide, finished
+from specdemo.ui.engines import Loading, device_settings, genai_loading_for, lane_loadings, loading_for, race_threads
 from specdemo.ui.lanes import (AUTOREGRESSIVE, GENAI, LANES, SPECULATIVE, LaneRun, begin_run, cancel_run, end_run, follow,
                                start_lanes)
 from specdemo.ui.values import MAX_K, RACE, PageValues, as_sentence, check_prompt
@@ -105,15 +106,20 @@ LEFT_QUEUE_STATUS = "You left the queue; nothing was run."
 
 
 def _run(values: PageValues, settings: GenerationSettings, session: str, cancel) -> Iterator[View]:
-    """The run itself, once it is this visitor's turn."""
+    """The run itself, once it is this visitor's turn: one SideBySide owns it (tokenized and planned once, taught,
+    walked and recorded once); this handler streams and renders."""
     try:
         engines = yield from _wait_for(lane_loadings(values.mode, values.target_device, values.draft_device,
                                                      values.configuration))
-        check_prompt(engines[SPECULATIVE].prompt_ids(values.instruction, settings))  # the stricter context of the two
-        jobs = _jobs(engines, values.instruction, settings)
+        run_settings = replace(device_settings(values.target_device, values.draft_device, values.configuration),
+                               generation=settings)
+        run = SideBySide(engines, values.instruction, run_settings)
+        check_prompt(run.prompt)
+        run.prepare()  # the engines were warmed up when loaded: this plans the speculative lane
+        jobs = {mode: (lambda cancel, mode=mode: run.lane(mode, cancel)) for mode in LANES}
         if values.genai:
             try:
-                jobs[GENAI] = yield from _genai_job(engines[SPECULATIVE], values, settings)
+                jobs[GENAI] = yield from _genai_job(run, values, settings)
             except RuntimeError as error:  # our lanes run all the same; GenAI's lane says why it could not
                 jobs[GENAI] = _failed(error)
     except (ValueError, sources.ModelSourceError, RuntimeError) as error:
@@ -122,10 +128,10 @@ def _run(values: PageValues, settings: GenerationSettings, session: str, cancel)
     # The lanes hold the machine: background work (a new machine's tune) is stopped meanwhile. Not while loading,
     # which may wait for a conversion that work holds the lock of.
     with tuning.machine_held():
-        yield from _run_lanes(values, settings, session, cancel, engines, jobs)
+        yield from _run_lanes(values, settings, session, cancel, run, jobs)
 
 
-def _run_lanes(values: PageValues, settings: GenerationSettings, session: str, cancel, engines: dict[str, Engine],
+def _run_lanes(values: PageValues, settings: GenerationSettings, session: str, cancel, run: SideBySide,
                jobs: dict) -> Iterator[View]:
     lanes = {name: LaneRun() for name in jobs}
     first = live_view(lanes, values.mode, plot=True, whole=True)
@@ -147,22 +153,14 @@ def _run_lanes(values: PageValues, settings: GenerationSettings, session: str, c
         last_status = view.status if view.status is not SKIP else last_status
         yield view
     stopped = cancel.is_set()
-    teach(engines, lanes, settings)
-    would = None
-    if not stopped and settings.greedy and finished(lanes):
+    results = {name: lanes[name].result() if lanes[name].summary is not None else None for name in LANES}
+    if not stopped and settings.greedy and all(finished(r) for r in results.values()):
         yield View(status="Working out what each K would have given on this answer (one pass of the draft model)…")
-        would = engines[SPECULATIVE].would_have_given(values.instruction, settings, [e.id for e in lanes[SPECULATIVE].events],
-                                                      lanes[SPECULATIVE].rounds)
-        if would is not None:
-            engines[SPECULATIVE].profile.learn_from_answer(engines[SPECULATIVE].keys, would.evidence)
-    view = final_view(lanes, values.mode, settings, engines[SPECULATIVE], stopped, would, values.configuration)
-    if finished(lanes) and not stopped:
-        run_settings = replace(device_settings(values.target_device, values.draft_device, values.configuration),
-                               generation=settings)
-        run = runfile.run_dict(values.instruction, run_settings, engines[SPECULATIVE], lanes[AUTOREGRESSIVE].result(),
-                               lanes[SPECULATIVE].result(), would)
-        view.download = save_run(run, session)
-        view.results += render.render_failures(run["failures"])
+    record = run.finish(results, stopped)
+    view = final_view(lanes, values.mode, settings, run.speculative, stopped, record.would, values.configuration)
+    if record.run is not None:
+        view.download = save_run(record.run, session)
+        view.results += render.render_failures(record.run["failures"])
     yield view
 
 
@@ -176,20 +174,12 @@ def save_run(run: dict, session: str) -> str:
     return str(path)
 
 
-def teach(engines: dict[str, Engine], lanes: dict[str, LaneRun], settings: GenerationSettings) -> None:
-    """Hand each of our lanes' rounds to the machine profile (the cost curve, a sampled run's acceptance), now that no
-    lane holds an engine."""
-    for name in LANES:
-        if lanes[name].rounds:
-            engines[name].profile.learn(engines[name].keys, settings, lanes[name].rounds, ran_to_its_end(lanes[name]))
-
-
 def ran_to_its_end(lane: LaneRun) -> bool:
-    """Whether a lane ended by itself (no error, no Stop)."""
-    return lane.summary is not None and lane.summary.stop_reason != "cancelled"
+    """Whether a lane ended by itself (sidebyside.finished, the one rule)."""
+    return finished(lane.result() if lane.summary is not None else None)
 
 
-def finished(lanes: dict[str, LaneRun]) -> bool:
+def all_finished(lanes: dict[str, LaneRun]) -> bool:
     """Whether our two lanes ran to their end (no error, no Stop)."""
     return all(ran_to_its_end(lanes[name]) for name in LANES)
 
@@ -202,24 +192,16 @@ def _wait_for(loadings: dict[str, Loading]):
     return {lane: loading.wait() for lane, loading in loadings.items()}
 
 
-def _jobs(engines: dict[str, Engine], instruction: str, settings: GenerationSettings) -> dict:
-    return {
-        AUTOREGRESSIVE: lambda cancel: engines[AUTOREGRESSIVE].autoregressive(instruction, settings, cancel),
-        SPECULATIVE: lambda cancel: engines[SPECULATIVE].speculative(instruction, settings, cancel),
-    }
-
-
-def _genai_job(engine: Engine, values: PageValues, settings: GenerationSettings):
-    """GenAI's lane: its pipeline for the drafter and K our speculative lane starts with, on the same prompt ids."""
-    drafter, k = genai_plan(engine, values.instruction, settings)
-    pipeline = yield from _wait_for({GENAI: genai_loading_for(device_settings(values.target_device, values.draft_device,
-                                                                              values.configuration),
-                                                                 not strategy(drafter).needs_model)})
-    ids = engine.prompt_ids(values.instruction, settings)
-    run_settings = device_settings(values.target_device, values.draft_device, values.configuration)
-    compiled_as = genai.fitted(run_settings.target, run_settings.draft if strategy(drafter).needs_model else None)
-    return lambda cancel: genai.stream(pipeline[GENAI], engine.tokenizer, ids, settings, engine.eos_ids, k, cancel, drafter,
-                                       compiled_as)
+def _genai_job(run: SideBySide, values: PageValues, settings: GenerationSettings):
+    """GenAI's lane: its pipeline for the counterpart of the drafter and the K our speculative lane starts with (the
+    run's plan), on the same prompt ids."""
+    drafter, k = run.genai_counterpart()
+    needs_draft = strategy(drafter).needs_model
+    pipeline = yield from _wait_for({GENAI: genai_loading_for(run.settings, not needs_draft)})
+    compiled_as = genai.fitted(run.settings.target, run.settings.draft if needs_draft else None)
+    engine = run.speculative
+    return lambda cancel: genai.stream(pipeline[GENAI], engine.tokenizer, run.prompt, settings, engine.eos_ids, k, cancel,
+                                       drafter, compiled_as)
 
 
 def _failed(error: Exception):
@@ -275,7 +257,7 @@ def final_view(lanes: dict[str, LaneRun], mode: str, settings: GenerationSetting
     view.status = ("⚠️ " if errors else "") + status
     view.results = render.render_results(lanes, mode, settings, would, configuration, engine.noise)
     s = spec.summary
-    done = finished(lanes)
+    done = all_finished(lanes)
     # The prior's chance that draft i is kept when drafted: drafts 1 … i all accepted (the bars' quantity).
     prior = [spec.plan.acceptance_prior.all_accepted(i) for i in range(1, settings.k_max + 1)] if spec.plan else None
     view.positions = charts.acceptance_by_position(s.acceptance_by_position if s else [], prior if done else None)
