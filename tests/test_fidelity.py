@@ -106,6 +106,18 @@ def test_a_compile_is_suspect_only_where_its_calls_move_a_gap_beyond_what_sound_
     assert fidelity.BatchingNoise(0.1, 96, (2, 13), clean_gap_change=ceiling + 0.01).suspect is not None
 
 
+def test_warm_up_says_when_the_compile_it_loaded_is_suspect():
+    from types import SimpleNamespace
+
+    from specdemo import warmup
+
+    loud = fidelity.BatchingNoise(4.2, 96, (2, 13), clean_gap_change=0.0)
+    engine = SimpleNamespace(profile=SimpleNamespace(noise=lambda key: loud), keys=SimpleNamespace(costs="key"))
+    said = []
+    assert warmup.batching_noise(engine, 4, said.append) is loud
+    assert said == [f"this compile is suspect: {loud.suspect}"]
+
+
 def test_a_noise_measured_before_the_clean_calls_were_kept_is_measured_again():
     old = {"max_gap_change": 0.12, "positions": 96, "sizes": [2, 13], "flips": 1, "parting_rate": 10.4}
     with pytest.raises(KeyError):
