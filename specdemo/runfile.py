@@ -6,7 +6,8 @@ from two machines can be compared. Keys (SCHEMA 1):
 
     schema, instruction, configuration ("faithful", "fastest", "custom"), settings (RunSettings), machine (machine.describe), models (per role: the model panel's
     facts and `compile_properties`), autoregressive / speculative (token_ids, text, tokens, rounds, summary),
-    measured_speedup, parting (greedy lanes that part: index, tokens, margin per lane in logits, verdict; else null),
+    measured_speedup, parting (greedy lanes that part: index, tokens, margin per lane in logits, verdict, noise,
+    suspect; else null), batching_noise (fidelity.BatchingNoise),
     warm_up_s, costs, plan, counterfactual (greedy only, else null), failures
 """
 

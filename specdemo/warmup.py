@@ -49,6 +49,8 @@ def batching_noise(engine, k_max: int, log) -> fidelity.BatchingNoise:
         sizes = tuple(n for n in fidelity.NOISE_SIZES if n <= k_max + 1)
         noise = fidelity.batching_noise(engine.target.runtime, _examples(engine), sizes=sizes)
         engine.profile.keep_noise(engine.keys.costs, noise)
+    if noise.suspect:
+        log(f"this compile is suspect: {noise.suspect}")
     return noise
 
 

@@ -72,3 +72,30 @@ class FakeTokenizer:
 
     def decode(self, ids, **kwargs) -> str:
         return "".join(f"<{int(i)}>" for i in ids)
+
+
+class StaleRollbackModel(FakeModel):
+    """A FakeModel with a rollback bug: the first token each rollback forgets stays visible to every later call (a mask
+    one position short), while `length` says it is gone. Its single steps and its batched calls agree exactly; only a
+    cache that was rolled back is wrong."""
+
+    def __init__(self, vocab_size: int, salt: str, scale: float = 1.0):
+        super().__init__(vocab_size, salt, scale)
+        self.stale: list[int] = []  # indices into self.cache of tokens rolled back but still attended to
+
+    @property
+    def length(self) -> int:
+        return len(self.cache) - len(self.stale)
+
+    def rollback(self, length: int) -> None:
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot roll back a {self.length}-token cache to {length} tokens")
+        if length == self.length:
+            return
+        first_forgotten = [i for i in range(len(self.cache)) if i not in self.stale][length]
+        del self.cache[first_forgotten + 1:]
+        self.stale = [i for i in self.stale if i < first_forgotten] + [first_forgotten]
+
+    def reset(self) -> None:
+        super().reset()
+        self.stale = []

@@ -81,12 +81,53 @@ def test_batching_noise_is_the_largest_move_of_the_top_two_gap_between_single_an
     model = Batching()
     noise = fidelity.batching_noise(model, examples, positions=20, sizes=(2, 4))
     assert noise.positions == 20 and noise.sizes == (2, 4)
-    # a call of 4 positions also scores 3 rejected drafts: 7 rows, 0.05 × 7, the largest change
+    # a rolled-back call of 4 positions also scores 3 rejected drafts: 7 rows, 0.05 × 7, the largest change
     assert noise.max_gap_change == pytest.approx(0.35, abs=1e-6)
+    assert noise.clean_gap_change == pytest.approx(0.2, abs=1e-6)  # calls of 4 tokens, nothing rolled back: 0.05 × 4
     assert all(before - after == fidelity.REJECTED for before, after in model.rollbacks)  # each call's drafts rolled back
+
+
+def test_a_rollback_that_moves_the_gaps_makes_the_compile_suspect_and_is_kept_apart_from_the_kernels_noise():
+    from tests.fake_models import StaleRollbackModel
+
+    examples = [([1, 2], [(7 * j + 3) % 32 for j in range(40)]), ([3, 4], [(5 * j + 1) % 32 for j in range(40)])]
+    noise = fidelity.batching_noise(StaleRollbackModel(32, "target", scale=3.0), examples)
+    assert noise.clean_gap_change == 0.0  # its single steps and batched calls agree exactly
+    assert noise.max_gap_change > fidelity.NOISE_CEILING and noise.flips > noise.positions / 2
+    assert noise.suspect is not None and noise.to_dict()["suspect"] == noise.suspect
+    assert noise.trusted_gap_change == 0.0  # what its partings are judged by: the change no rollback added to
+
+
+def test_a_compile_is_suspect_only_where_its_calls_move_a_gap_beyond_what_sound_compiles_showed():
+    ceiling = fidelity.NOISE_CEILING
+    sound = fidelity.BatchingNoise(ceiling, 96, (2, 13), clean_gap_change=0.0)
+    assert sound.suspect is None and sound.trusted_gap_change == ceiling  # judged as the lane runs, drafts rolled back
+    assert fidelity.BatchingNoise(ceiling + 0.01, 96, (2, 13), clean_gap_change=0.1).suspect is not None
+    assert fidelity.BatchingNoise(0.1, 96, (2, 13), clean_gap_change=ceiling + 0.01).suspect is not None
+
+
+def test_warm_up_says_when_the_compile_it_loaded_is_suspect():
+    from types import SimpleNamespace
+
+    from specdemo import warmup
+
+    loud = fidelity.BatchingNoise(4.2, 96, (2, 13), clean_gap_change=0.0)
+    engine = SimpleNamespace(profile=SimpleNamespace(noise=lambda key: loud), keys=SimpleNamespace(costs="key"))
+    said = []
+    assert warmup.batching_noise(engine, 4, said.append) is loud
+    assert said == [f"this compile is suspect: {loud.suspect}"]
+
+
+def test_a_noise_measured_before_the_clean_calls_were_kept_is_measured_again():
+    old = {"max_gap_change": 0.12, "positions": 96, "sizes": [2, 13], "flips": 1, "parting_rate": 10.4}
+    with pytest.raises(KeyError):
+        fidelity.BatchingNoise.from_dict(old)
+    new = fidelity.BatchingNoise(0.12, 96, (2, 13), 1, 0.05)
+    assert fidelity.BatchingNoise.from_dict(new.to_dict()) == new
 
 
 def test_a_compiled_tiny_target_shows_a_small_finite_batching_noise(tiny_pair):
     target = tiny_pair[0].runtime
     noise = fidelity.batching_noise(target, [([1, 2, 3], list(range(10, 40)))], positions=24, sizes=(2, 5))
-    assert noise.positions == 24 and 0.0 <= noise.max_gap_change < 0.5
+    assert noise.positions == 24 and 0.0 <= noise.max_gap_change < 0.5 and 0.0 <= noise.clean_gap_change < 0.5
+    assert noise.suspect is None

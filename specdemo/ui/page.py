@@ -229,14 +229,17 @@ QUIET_TRACKERS_JS = """
 
 
 class FirstInHead:
-    """ASGI middleware: `html` inserted first in the <head> of the page's HTML (GET /), before any of Gradio's scripts."""
+    """ASGI middleware: `html` inserted first in the <head> of the page's HTML (GET or HEAD /), before any of Gradio's
+    scripts. The response's headers pass as they came (two set-cookie stay two), but for content-length, which counts
+    the page with `html` in it; HEAD is answered as GET would be, without the body, so both give the same length."""
 
     def __init__(self, app, html: str):
         self.app, self.html = app, html.encode()
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["method"] != "GET" or scope["path"] not in ("/", ""):
+        if scope["type"] != "http" or scope["method"] not in ("GET", "HEAD") or scope["path"] not in ("/", ""):
             return await self.app(scope, receive, send)
+        head_only = scope["method"] == "HEAD"
         start, body = None, []
 
         async def insert(message):
@@ -247,15 +250,16 @@ class FirstInHead:
             body.append(message.get("body", b""))
             if message.get("more_body"):
                 return
-            page = b"".join(body)
-            headers = dict(start["headers"])
-            if b"text/html" in headers.get(b"content-type", b"") and b"<head>" in page:
+            page, headers = b"".join(body), list(start["headers"])
+            html = any(name.lower() == b"content-type" and b"text/html" in value for name, value in headers)
+            if html and b"<head>" in page:
                 page = page.replace(b"<head>", b"<head>" + self.html, 1)
-                headers[b"content-length"] = str(len(page)).encode()
-            await send({**start, "headers": list(headers.items())})
-            await send({"type": "http.response.body", "body": page})
+                headers = [(name, value) for name, value in headers if name.lower() != b"content-length"]
+                headers.append((b"content-length", str(len(page)).encode()))
+            await send({**start, "headers": headers})
+            await send({"type": "http.response.body", "body": b"" if head_only else page})
 
-        await self.app(scope, receive, insert)
+        await self.app({**scope, "method": "GET"}, receive, insert)
 
 
 # Gradio 6.31's SourceSansPro-SemiBold.woff2 holds only 55 glyphs, so semibold text mixes fonts; with
