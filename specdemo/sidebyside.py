@@ -54,9 +54,11 @@ class SideBySide:
         self.instruction = instruction
         self.settings = settings
         self.generation = settings.generation
-        # The stricter context of the lanes' engines decides; an instruction too long for it is refused here.
-        self.prompt = min((e.prompt_ids(instruction, self.generation) for e in self.engines.values()), key=len)
-        for engine in self.engines.values():
+        # Tokenized once (the engines share the target's tokenizer); an instruction too long for any lane's context is
+        # refused here.
+        first, *others = dict.fromkeys(self.engines.values())
+        self.prompt = first.prompt_ids(instruction, self.generation)
+        for engine in others:
             engine.check_room(self.prompt, self.generation)
         self.plan: planner.Plan | None = None
 

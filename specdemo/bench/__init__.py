@@ -83,6 +83,8 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
     log(plan.reason)
     k = (plan.k or settings.generation.k) if settings.generation.k_auto else settings.generation.k
     ctx = Context(engine, settings, bench, log, k)
+    results["sample_run"] = sample_run(engine, settings, CODE_INSTRUCTIONS[0])
+    log("a sample side-by-side run of the first code instruction, as `generate --json` writes it: run.json")
     for i, name in enumerate(bench.sections):
         section_start = time.perf_counter()
         log(f"== {name}")
@@ -101,12 +103,27 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
     return results
 
 
+def sample_run(engine, settings: RunSettings, instruction: str) -> dict | None:
+    """Both our lanes on one instruction through the run's one owner (specdemo/sidebyside.py), its record as
+    `generate --json` writes it (None if a lane did not finish): what `show` renders beside the tables."""
+    from specdemo.lane import drain
+    from specdemo.sidebyside import SideBySide
+
+    side = SideBySide({"autoregressive": engine, "speculative": engine}, instruction, settings)
+    side.prepare()
+    return side.finish({mode: drain(side.lane(mode)) for mode in side.engines}).run
+
+
 def write(results: dict, out: Path, log: Callable[[str], None]) -> None:
-    """benchmarks.json, the PNG plots and benchmarks.md (which links the plots) into `out`."""
+    """benchmarks.json, the sample run's run.json (`show` renders it), the PNG plots and benchmarks.md (which links
+    the plots) into `out`."""
     from specdemo.bench import plots, report
 
     out.mkdir(parents=True, exist_ok=True)
-    (out / "benchmarks.json").write_text(strict_json.dumps(results, indent=1, default=str))
+    if results.get("sample_run") is not None:
+        (out / "run.json").write_text(strict_json.dumps(results["sample_run"], ensure_ascii=False))
+    tables = {key: value for key, value in results.items() if key != "sample_run"}
+    (out / "benchmarks.json").write_text(strict_json.dumps(tables, indent=1, default=str))
     drawn = plots.draw(results, out)
     (out / "benchmarks.md").write_text(report.render(results, drawn))
     log(f"wrote {out / 'benchmarks.md'}, {out / 'benchmarks.json'} and {len(drawn)} plots")
