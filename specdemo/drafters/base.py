@@ -69,6 +69,9 @@ class Strategy:
     # first evidence, the counterfactual's fixed-K walks and oracle). A model-free strategy is walked by replaying its
     # drafter on the answer instead; one that mixes the two (hybrid) is not walked.
     taught_by_mask: bool = False
+    # Whether the counterfactual may replay its drafter on a finished answer: a model-free drafter's proposals depend on
+    # the text alone, unless it keeps state across runs (the answer being explained would already be in it).
+    replayable: bool = True
 
     @property
     def choice(self) -> str:
@@ -78,7 +81,7 @@ class Strategy:
     @property
     def replayed(self) -> bool:
         """Whether the counterfactual walks it by replaying its own drafter on the answer (no model to run)."""
-        return not self.needs_model
+        return not self.needs_model and self.replayable
 
     def draft_seconds(self, costs: "CostModel", k: int, full: float) -> float:
         """Seconds of drafting K tokens in one round (and trimming the draft's cache after it). `full`: the chance

@@ -206,4 +206,7 @@ def make(draft_model, settings, rng, price=None, stops: tuple[float, ...] = ()) 
 STRATEGY = Strategy("suffix", "earlier answers (suffix match)", needs_model=False,
                     default_alpha=lookup.STRATEGY.default_alpha, prior="suffix", make=make,
                     note=" Drafts continue the text where it, or an earlier answer of this session, went on the same "
-                         "way before, without a model call.")
+                         "way before, without a model call.",
+                    # Not replayed by the counterfactual: the answer it would explain is in the store by then, and a
+                    # replay would draft it from itself (and write it there again).
+                    replayable=False)
