@@ -13,7 +13,7 @@ from pathlib import Path
 
 from specdemo import compat, errors, runfile, sources, strict_json
 from specdemo.drafters import STRATEGIES
-from specdemo.settings import (AUTO, CONFIGURATIONS, DEFAULT_DRAFT, DEFAULT_TARGET, DRAFT_PRECISION,
+from specdemo.settings import (AUTO, CONFIGURATIONS, KPolicy, DEFAULT_DRAFT, DEFAULT_TARGET, DRAFT_PRECISION,
                                MAX_PROMPT_TOKENS, PRECISIONS, GenerationSettings, ModelSettings, RunSettings)
 
 def build_parser() -> argparse.ArgumentParser:
@@ -123,13 +123,19 @@ def settings_from(args: argparse.Namespace) -> RunSettings:
             top_k=args.top_k,
             top_p=args.top_p,
             seed=args.seed,
-            k=GenerationSettings.k if args.k == "auto" else args.k,
-            k_auto=args.k == "auto" and not args.adaptive,
-            adaptive=args.adaptive,
+            k_policy=k_policy(args.k, args.adaptive),
             drafter=args.drafter,
             draft_p_min=args.draft_p_min,
         )
     return RunSettings(target, draft, generation)
+
+
+def k_policy(k: str | int, adaptive: bool) -> KPolicy:
+    """--k auto (or a number) and --adaptive as one KPolicy: --adaptive starts from --k's number (4 under auto)."""
+    start = KPolicy.k if k == "auto" else int(k)
+    if adaptive:
+        return KPolicy.adaptive(start)
+    return KPolicy.auto() if k == "auto" else KPolicy.fixed(start)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,7 +23,7 @@ import numpy as np
 from specdemo.costs import CostModel
 from specdemo.drafters import Drafter, Proposal
 from specdemo.events import ACCEPTED, BONUS, CORRECTED, TARGET, Detokenizer, End, Round, TokenEvent
-from specdemo.planner import KPolicy, policy_for
+from specdemo.k_rules import KRule, policy_for
 from specdemo.runtime import OVModel
 from specdemo.settings import GenerationSettings
 from specdemo.verification import process_logits, sample, shared_vocabulary, top2_gap, verify_greedy, verify_sampled
@@ -116,7 +116,7 @@ def speculative(
     eos_ids: set[int],
     cancel: threading.Event | None = None,
     rng: np.random.Generator | None = None,
-    policy: KPolicy | None = None,
+    policy: KRule | None = None,
     costs: CostModel | None = None,
 ) -> Iterator[Event]:
     """Draft K tokens, score them all with one target call, keep the accepted prefix, repeat.

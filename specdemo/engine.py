@@ -18,7 +18,7 @@ from typing import Iterator
 
 import numpy as np
 
-from specdemo import decoding, planner, sources, warmup
+from specdemo import decoding, k_rules, planner, sources, warmup
 from specdemo.costs import CostModel
 from specdemo.counterfactual import Counterfactual, counterfactual, draft_pass
 from specdemo.drafters import STRATEGIES, make_drafter, strategy
@@ -115,7 +115,7 @@ class Engine:
         """How the speculative lane will run this instruction: which drafter, which K, and why. Needs this machine's
         costs for these models (warm_up first).
 
-        With k_auto, where the instruction quotes text for the answer to copy, the settings' strategy may hand over to
+        Under auto K, where the instruction quotes text for the answer to copy, the settings' strategy may hand over to
         another (Strategy.when_quoting: the draft model to the hybrid, which drafts by lookup where the text repeats);
         a fixed K keeps the drafter the settings name.
         """
@@ -124,10 +124,11 @@ class Engine:
         asked = strategy(settings.drafter)
         if asked.needs_model and self.draft is None:
             raise ValueError(no_draft_model())
-        drafter = asked.when_quoting if settings.k_auto and asked.when_quoting and planner.quotes_text(instruction) \
+        auto = settings.k_policy.is_auto
+        drafter = asked.when_quoting if auto and asked.when_quoting and planner.quotes_text(instruction) \
             else asked.name
-        plan = make_plan(self.costs, drafter, self._prior(drafter, settings.greedy), settings.k_max, settings.k_auto,
-                         settings.k)
+        plan = make_plan(self.costs, drafter, self._prior(drafter, settings.greedy), settings.k_max, auto,
+                         settings.k_policy.k)
         if drafter != asked.name:
             plan = replace(plan, reason=plan.reason + " (The instruction quotes text for the answer to copy.)")
         return plan
@@ -217,7 +218,7 @@ class Engine:
         """One speculative lane by itself: its Plan first (when there are costs to plan by; auto K warms up for them
         first), then the loop's events."""
         ids = self.prompt_ids(instruction, settings)
-        if settings.k_auto and (self.costs is None or self.costs.n_max < settings.k_max + 1):
+        if settings.k_policy.is_auto and (self.costs is None or self.costs.n_max < settings.k_max + 1):
             self.warm_up(settings.k_max)
         plan = self.plan_lane(instruction, settings) if self.costs is not None else None
         yield from self.speculative_ids(ids, settings, plan, cancel)
@@ -230,7 +231,7 @@ class Engine:
     def speculative_ids(self, ids: list[int], settings: GenerationSettings, plan: Plan | None,
                         cancel: threading.Event | None = None) -> Iterator:
         """The speculative lane on prompt `ids`: the plan first (None: no costs to plan by, so the settings' drafter
-        and K), then the loop's events. With settings.k_auto the plan's policy chooses each round's K."""
+        and K), then the loop's events. Under auto K the plan chooses each round's K."""
         kind = plan.drafter if plan is not None else settings.drafter
         if strategy(kind).needs_model and self.draft is None:
             raise ValueError(no_draft_model())
@@ -238,7 +239,7 @@ class Engine:
         rng = np.random.default_rng(settings.seed)
         price = self._price(settings.greedy) if self.costs is not None else None
         drafter = make_drafter(kind, self.draft.runtime if self.draft else None, settings, rng, price, stops)
-        policy = planner.policy_for(settings, self.costs, plan)
+        policy = k_rules.policy_for(settings, self.costs, plan)
         if plan is not None:
             yield plan
         with self.lock:

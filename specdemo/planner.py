@@ -20,18 +20,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import Protocol, Sequence
+from typing import Sequence
 
 from specdemo.costs import CostModel
 from specdemo.drafters import MASKED, strategy
-from specdemo.settings import GenerationSettings
 
 MIN_GAIN = 1.03  # speculate only where the prediction beats the target alone by this much (noise margin)
-HOLD = 0.02  # auto K changes K only for a predicted gain of more than this: a new verify size makes its first calls slow
-# Plain steps auto K takes at K = 0, mid-run, between two probe rounds of one draft: without them no evidence could
-# arrive and a run that fell to K = 0 would never draft again. A probe costs about a draft step and a 2-token call
-# (~0.4-0.6 of a step), so one every 8 steps costs a run that stays at K = 0 some 5-8 %.
-PROBE_EVERY = 8
 PRIOR_WEIGHT = 20.0  # the prior counts as this many tested drafts at each position against the run's own evidence
 POOL_WEIGHT = 10.0  # a position's own evidence against the pooled rate of all positions, in tested drafts
 
@@ -260,92 +254,6 @@ def make_plan(costs: CostModel, drafter: str, acceptance: Acceptance, k_max: int
                   f"(scoring {k + 1} tokens costs {costs.verify_steps(k + 1):.1f} steps, a draft step "
                   f"{costs.d(1) / costs.t(1):.2f}).{lookup}")
     return Plan(drafter, k, acceptance, speedup, True, reason)
-
-
-# ---- K policies: the loop asks one for each round's K, showing it the run's rounds so far (events.Round).
-
-
-class KPolicy(Protocol):
-    def next_k(self, rounds: list) -> int: ...
-
-
-class FixedK:
-    """The same K every round."""
-
-    def __init__(self, k: int):
-        self.k = k
-
-    def next_k(self, rounds: list) -> int:
-        return self.k
-
-
-class GrowShrinkK:
-    """The simple adaptive rule: one more draft after a fully accepted round, one fewer after a rejection."""
-
-    def __init__(self, k: int, k_min: int, k_max: int):
-        self.k, self.k_min, self.k_max = k, k_min, k_max
-        self.seen = 0  # rounds already looked at
-
-    def next_k(self, rounds: list) -> int:
-        for r in rounds[self.seen:]:
-            if r.drafted:
-                self.k = max(self.k - 1, self.k_min) if r.rejected else min(self.k + 1, self.k_max)
-        self.seen = len(rounds)
-        return self.k
-
-
-class AutoK:
-    """The best K at the running acceptance: the plan's prior, corrected by the run's own rounds, position by position.
-
-    When the plan found no K that pays, every round is a plain target step: the lane runs at the target's own
-    speed, and the run teaches the planner through its match mask afterwards (greedy decoding).
-    """
-
-    def __init__(self, costs: CostModel, plan: Plan, k_max: int):
-        self.costs, self.plan, self.k_max = costs, plan, k_max
-        self.tested = [0] * k_max
-        self.accepted = [0] * k_max
-        self.seen = 0
-        self.k = plan.k
-
-    def next_k(self, rounds: list) -> int:
-        if self.plan.k == 0:
-            return 0
-        for r in rounds[self.seen:]:
-            if r.drafter and r.drafter != strategy(self.plan.drafter).prior:
-                continue  # a hybrid's K is the draft model's: its lookup rounds say nothing of the model's acceptance
-            n_tested, n_accepted = r.tested()  # positions 1 .. accepted, and the rejected one
-            for i in range(min(n_tested, self.k_max)):
-                self.tested[i] += 1
-                self.accepted[i] += i < n_accepted
-        self.seen = len(rounds)
-        acceptance = Acceptance.from_counts(self.tested, self.accepted, self.plan.acceptance_prior)
-        k, speedup = best_k(self.costs, acceptance, self.k_max, self.plan.drafter)
-        if k and self.k and speedup <= (1 + HOLD) * predicted_speedup(self.costs, acceptance, self.k, self.plan.drafter):
-            return self.k  # not worth a new verify size
-        self.k = k
-        if k == 0 and _plain_steps_since_drafting(rounds) >= PROBE_EVERY:
-            return 1  # a probe: its outcome is the evidence that can bring K back
-        return k
-
-
-def _plain_steps_since_drafting(rounds: list) -> int:
-    """Rounds at the end of `rounds` that drafted nothing (the prefill's step included)."""
-    count = 0
-    for r in reversed(rounds):
-        if r.drafted:
-            break
-        count += 1
-    return count
-
-
-def policy_for(settings: GenerationSettings, costs: CostModel | None = None, plan: Plan | None = None) -> KPolicy:
-    """The one place that turns settings (and a plan) into the K policy a run uses."""
-    if settings.k_auto and costs is not None and plan is not None:
-        return AutoK(costs, plan, settings.k_max)
-    if settings.adaptive:
-        return GrowShrinkK(settings.k, settings.k_min, settings.k_max)
-    return FixedK(settings.k)
 
 
 def quotes_text(instruction: str, min_chars: int = 80) -> bool:

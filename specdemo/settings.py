@@ -88,6 +88,78 @@ CONFIGURATIONS = {
 }
 
 
+class _Checker:
+    """Raises ValueError with a sentence a user can act on; NaN fails every range check."""
+
+    def int_in(self, name, value, low, high):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{name} must be a whole number, got {value!r}")
+        if not low <= value <= high:
+            raise ValueError(f"{name} must be between {low} and {high}, got {value}")
+
+    def number_in(self, name, value, low, high, low_open=False):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{name} must be a number, got {value!r}")
+        ok = (low < value if low_open else low <= value) and value <= high
+        if not ok:  # also catches NaN, for which every comparison is False
+            bound = "(" if low_open else "["
+            raise ValueError(f"{name} must be in {bound}{low}, {high}], got {value}")
+
+
+K_RULES = ("fixed", "adaptive", "auto")
+
+
+@dataclass(frozen=True)
+class KPolicy:
+    """How the speculative lane picks K, the draft tokens of each round: one rule and its bounds."""
+
+    rule: str = "fixed"  # fixed: k every round; adaptive: from k, one more after a fully accepted round, one fewer
+    #                      after a rejection; auto: the planner's best K for this machine each round (planner.py)
+    k: int = 4  # the fixed K; adaptive's first K; under auto, what GenAI's fixed-K lane takes where the plan drafts none
+    k_min: int = 1  # adaptive K never goes below this
+    # adaptive and auto K never go above this, and warm-up measures calls of up to k_max + 1 tokens; None: K_MAX or k if
+    # larger (one rule for the ceiling, here: a fixed K always lifts it, so warm-up measures every shape a run uses)
+    k_max: int | None = None
+
+    def __post_init__(self):
+        check = _Checker()
+        if self.rule not in K_RULES:
+            raise ValueError(f"the K rule must be one of {', '.join(K_RULES)}, got {self.rule!r}")
+        check.int_in("k", self.k, 1, 64)
+        if self.k_max is None or (self.rule != "adaptive" and isinstance(self.k_max, int) and self.k > self.k_max):
+            object.__setattr__(self, "k_max", max(self.k, K_MAX if self.k_max is None else self.k_max))
+        check.int_in("k_min", self.k_min, 1, 64)
+        check.int_in("k_max", self.k_max, self.k_min, 64)
+        if self.rule == "adaptive" and not self.k_min <= self.k <= self.k_max:
+            raise ValueError(f"k must lie between k_min={self.k_min} and k_max={self.k_max}, got {self.k}")
+
+    @classmethod
+    def fixed(cls, k: int) -> "KPolicy":
+        return cls("fixed", k)
+
+    @classmethod
+    def auto(cls, k_max: int | None = None, k: int = 4) -> "KPolicy":
+        return cls("auto", k, k_max=k_max)
+
+    @classmethod
+    def adaptive(cls, k: int, k_min: int = 1, k_max: int | None = None) -> "KPolicy":
+        return cls("adaptive", k, k_min, k_max)
+
+    @property
+    def is_auto(self) -> bool:
+        return self.rule == "auto"
+
+    @property
+    def is_adaptive(self) -> bool:
+        return self.rule == "adaptive"
+
+    def describe(self) -> str:
+        """"K = 4", "adaptive K from 4 (1-12)" or "auto K (up to 12)"."""
+        if self.is_auto:
+            return f"auto K (up to {self.k_max})"
+        return f"adaptive K from {self.k} ({self.k_min}-{self.k_max})" if self.is_adaptive else f"K = {self.k}"
+
+
 @dataclass(frozen=True)
 class GenerationSettings:
     """How to decode. Both lanes use the same settings so their outputs are comparable."""
@@ -97,40 +169,34 @@ class GenerationSettings:
     top_k: int = 0  # keep the k most likely tokens before sampling; 0 keeps all
     top_p: float = 1.0  # keep the smallest set with this much probability mass; 1.0 keeps all
     seed: int | None = None  # seeds sampling so a run can be repeated exactly
-    k: int = 4  # draft tokens proposed per round (the starting value when adaptive); ignored when k_auto
-    k_auto: bool = False  # the planner picks K each round from this machine's costs and the running α̂ (specdemo/planner.py)
-    adaptive: bool = False  # grow K after a fully accepted round, shrink it after a rejection
-    k_min: int = 1  # adaptive K never goes below this
-    k_max: int | None = None  # adaptive and auto K never go above this; None: max(k, K_MAX) (see __post_init__)
+    k_policy: KPolicy = KPolicy()  # how the speculative lane picks K: fixed, adaptive or auto, with its bounds
     drafter: str = DEFAULT  # a strategy of specdemo/drafters, by name (its module says what it drafts): the draft model by default
     lookup_ngram: int = 3  # prompt lookup: longest n-gram to match at the end of the text
     system_prompt: str = ""  # optional system message for the chat template
     # The confidence stop: a round's drafting ends once the product of the draft's probabilities for its drafts falls
     # below this (llama.cpp's --draft-p-min, GenAI's assistant_confidence_threshold). 0: off; None: this machine's
-    # break-even under auto K (planner.confidence_stop), off otherwise.
+    # break-even per draft position under auto K (planner.confidence_stops), off otherwise.
     draft_p_min: float | None = None
 
     def __post_init__(self):
         check = _Checker()
-        check.int_in("k", self.k, 1, 64)
-        # One rule for the ceiling, here rather than in every caller: by default it is K_MAX or K if larger,
-        # and a fixed K always lifts it, so warm-up measures every shape the run will use.
-        if self.k_max is None or (not self.adaptive and isinstance(self.k_max, int) and self.k > self.k_max):
-            object.__setattr__(self, "k_max", max(self.k, K_MAX if self.k_max is None else self.k_max))
+        if not isinstance(self.k_policy, KPolicy):
+            raise ValueError(f"k_policy must be a KPolicy (fixed, adaptive or auto), got {self.k_policy!r}")
         check.int_in("max_new_tokens", self.max_new_tokens, 1, 100_000)
         check.number_in("temperature", self.temperature, 0.0, 100.0)
         check.int_in("top_k", self.top_k, 0, 10_000_000)
         check.number_in("top_p", self.top_p, 0.0, 1.0, low_open=True)
         if self.seed is not None:
             check.int_in("seed", self.seed, 0, 2**63 - 1)
-        check.int_in("k_min", self.k_min, 1, 64)
-        check.int_in("k_max", self.k_max, self.k_min, 64)
-        if self.adaptive and not self.k_min <= self.k <= self.k_max:
-            raise ValueError(f"k must lie between k_min={self.k_min} and k_max={self.k_max}, got {self.k}")
         strategy(self.drafter)  # an unknown drafter: ValueError naming the ones there are
         check.int_in("lookup_ngram", self.lookup_ngram, 1, 16)
         if self.draft_p_min is not None:
             check.number_in("draft_p_min", self.draft_p_min, 0.0, 1.0)
+
+    @property
+    def k_max(self) -> int:
+        """The largest K a run may draft (KPolicy.k_max): what warm-up and the counterfactual span."""
+        return self.k_policy.k_max
 
     @property
     def greedy(self) -> bool:
@@ -156,21 +222,3 @@ class RunSettings:
         return next((name for name, (target, draft) in CONFIGURATIONS.items()
                      if (self.target.source, self.target.precision, self.draft.source, self.draft.precision)
                      == (target.source, target.precision, draft.source, draft.precision)), "custom")
-
-
-class _Checker:
-    """Raises ValueError with a sentence a user can act on; NaN fails every range check."""
-
-    def int_in(self, name, value, low, high):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{name} must be a whole number, got {value!r}")
-        if not low <= value <= high:
-            raise ValueError(f"{name} must be between {low} and {high}, got {value}")
-
-    def number_in(self, name, value, low, high, low_open=False):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{name} must be a number, got {value!r}")
-        ok = (low < value if low_open else low <= value) and value <= high
-        if not ok:  # also catches NaN, for which every comparison is False
-            bound = "(" if low_open else "["
-            raise ValueError(f"{name} must be in {bound}{low}, {high}], got {value}")

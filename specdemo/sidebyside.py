@@ -92,8 +92,8 @@ class SideBySide:
         kind = strategy(drafter).counterpart
         if not kind:
             raise RuntimeError(f"OpenVINO GenAI has nothing like {strategy(drafter).label} to run beside it")
-        k = self.generation.k if not self.generation.k_auto or self.plan is None else \
-            self.plan.k or type(self.generation).k
+        policy = self.generation.k_policy
+        k = (self.plan.k or policy.k) if policy.is_auto and self.plan is not None else policy.k
         return with_counterpart(kind), k
 
     def teach(self, mode: str, result: Result | None) -> None:

@@ -314,10 +314,10 @@ def check_exact(engine, examples: list[dict], tokens: int = 48) -> str:
     """"" when greedy speculative output equals autoregressive output on the examples under the engine's compile
     settings (a difference allowed only where both lanes saw a near-tie, as the tests allow); else a sentence."""
     from specdemo.lane import drain
-    from specdemo.settings import GenerationSettings
+    from specdemo.settings import GenerationSettings, KPolicy
     from specdemo.verification import NEAR_TIE_LOGIT_GAP
 
-    settings = GenerationSettings(max_new_tokens=tokens, k=4)
+    settings = GenerationSettings(max_new_tokens=tokens, k_policy=KPolicy.fixed(4))
     for example in examples:
         ar = drain(engine.autoregressive(example["instruction"], settings))
         spec = drain(engine.speculative(example["instruction"], settings))

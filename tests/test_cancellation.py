@@ -11,16 +11,16 @@ from specdemo.engine import Engine
 from specdemo.events import End
 from specdemo.lane import LaneLog, drain
 from specdemo.runtime import OVModel
-from specdemo.settings import GenerationSettings
+from specdemo.settings import GenerationSettings, KPolicy
 from tests.conftest import watch_forward
 
 PROMPT = "w5 w17 w99 w3 w250 w42 w7"
-STOPPED_SETTINGS = [GenerationSettings(max_new_tokens=40, k=3),
-                    GenerationSettings(max_new_tokens=40, k=3, temperature=1.0, top_k=50, seed=5)]
+STOPPED_SETTINGS = [GenerationSettings(max_new_tokens=40, k_policy=KPolicy.fixed(3)),
+                    GenerationSettings(max_new_tokens=40, k_policy=KPolicy.fixed(3), temperature=1.0, top_k=50, seed=5)]
 
 
 def test_cancel_stops_between_steps_and_the_next_run_is_exact(tiny_engine):
-    settings = GenerationSettings(max_new_tokens=40, k=3)
+    settings = GenerationSettings(max_new_tokens=40, k_policy=KPolicy.fixed(3))
     cancel = threading.Event()
     log, ends = LaneLog(), []
     for i, event in enumerate(tiny_engine.speculative(PROMPT, settings, cancel)):

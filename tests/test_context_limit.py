@@ -7,7 +7,7 @@ import pytest
 
 from specdemo.engine import Engine
 from specdemo.lane import drain
-from specdemo.settings import GenerationSettings
+from specdemo.settings import GenerationSettings, KPolicy
 from tests.conftest import watch_forward
 
 PROMPT = "w5 w17 w99 w3 w250 w42 w7"
@@ -25,7 +25,7 @@ def test_the_context_limit_is_exact_and_a_run_that_fills_it_completes(tiny_engin
     room = 48 - len(small.prompt_ids(PROMPT, GenerationSettings(max_new_tokens=1)))
     with pytest.raises(ValueError, match="exceeds the model's context of 48 tokens"):
         small.prompt_ids(PROMPT, GenerationSettings(max_new_tokens=room + 1))
-    settings = GenerationSettings(max_new_tokens=room, k=5)
+    settings = GenerationSettings(max_new_tokens=room, k_policy=KPolicy.fixed(5))
     spec = drain(small.speculative(PROMPT, settings))
     assert spec.ids == drain(small.autoregressive(PROMPT, settings)).ids
     assert spec.summary.tokens == room and spec.summary.stop_reason in ("max_new_tokens", "eos")
@@ -37,7 +37,7 @@ def test_k_larger_than_the_context_never_feeds_a_model_past_it(tiny_engine, monk
     lengths = []  # every model's cache length after each call
     for model in (small.target.runtime, small.draft.runtime):
         watch_forward(monkeypatch, model, lambda ids, model=model: lengths.append(model.length + len(ids)))
-    settings = GenerationSettings(max_new_tokens=room, k=64)
+    settings = GenerationSettings(max_new_tokens=room, k_policy=KPolicy.fixed(64))
     # Not inside the assert: pytest keeps an assert's intermediate values, and a run's generator kept past its
     # summary still holds the engine's lock, so the autoregressive run would wait for it forever.
     spec = drain(small.speculative(PROMPT, settings))

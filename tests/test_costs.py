@@ -8,7 +8,7 @@ from specdemo import decoding, measuring, metrics
 from specdemo.costs import CostModel, fold, monotone
 from specdemo.drafters.model import ModelDrafter
 from specdemo.lane import drain
-from specdemo.settings import GenerationSettings
+from specdemo.settings import GenerationSettings, KPolicy
 from tests.fake_models import FakeModel, FakeTokenizer
 
 PROMPT = [0, 1, 2, 1, 0, 2, 2]
@@ -25,7 +25,7 @@ def target_seconds(step: float, per_token: float):
 def observe_a_pair(target_cost, draft_cost, k: int = 4) -> dict:
     """One autoregressive and one speculative run of the real loops; what their calls cost, as folded into the model."""
     target, draft = FakeModel(3, "target", seconds=target_cost), FakeModel(3, "draft", seconds=draft_cost)
-    settings = GenerationSettings(max_new_tokens=40, k=k)
+    settings = GenerationSettings(max_new_tokens=40, k_policy=KPolicy.fixed(k))
     ar = drain(decoding.autoregressive(target, FakeTokenizer(), PROMPT, settings, set()))
     drafter = ModelDrafter(draft, settings, np.random.default_rng(0))
     spec = drain(decoding.speculative(target, drafter, FakeTokenizer(), PROMPT, settings, set()))

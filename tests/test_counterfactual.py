@@ -24,7 +24,7 @@ from specdemo.drafters.model import ModelDrafter
 from specdemo.engine import Engine
 from specdemo.lane import drain
 from specdemo.profile import Keys, Profile
-from specdemo.settings import GenerationSettings
+from specdemo.settings import GenerationSettings, KPolicy
 from tests.fake_models import FakeModel, FakeTokenizer
 
 PROMPT = [0, 1, 2, 1, 0, 2, 2]
@@ -43,7 +43,7 @@ def test_every_fixed_k_accepts_round_by_round_what_a_real_run_accepts():
     mask = match_mask(draft, PROMPT, answer)
     assert 0.2 < sum(mask) / len(mask) < 0.9  # the draft agrees sometimes: rejections and accepted runs both happen
     for k in range(1, 9):
-        settings = GenerationSettings(max_new_tokens=N, k=k)
+        settings = GenerationSettings(max_new_tokens=N, k_policy=KPolicy.fixed(k))
         drafter = ModelDrafter(draft, settings, np.random.default_rng(0))
         run = drain(decoding.speculative(target, drafter, FakeTokenizer(), PROMPT, settings, set()))
         assert run.ids == answer
@@ -62,7 +62,7 @@ def test_the_confidence_stop_is_walked_as_a_stopped_run_drafts():
     cut = 0
     for stops in ((0.3,), (0.6,), (0.2, 0.4, 0.6, 0.3)):  # one threshold everywhere, or one per draft position
         for k in (2, 5, 8):
-            settings = GenerationSettings(max_new_tokens=N, k=k)
+            settings = GenerationSettings(max_new_tokens=N, k_policy=KPolicy.fixed(k))
             drafter = ModelDrafter(draft, settings, np.random.default_rng(0), stops)
             run = drain(decoding.speculative(target, drafter, FakeTokenizer(), PROMPT, settings, set()))
             assert run.ids == answer
@@ -79,7 +79,7 @@ def test_prompt_lookup_accepts_round_by_round_what_a_real_lookup_run_accepts():
     target = FakeModel(3, "target", scale=3.0)  # peaked: the answer repeats itself, so lookup finds drafts
     answer = answer_of(target)
     for k in (1, 3, 6):
-        settings = GenerationSettings(max_new_tokens=N, k=k, drafter="prompt-lookup")
+        settings = GenerationSettings(max_new_tokens=N, k_policy=KPolicy.fixed(k), drafter="prompt-lookup")
         run = drain(decoding.speculative(target, PromptLookupDrafter(3), FakeTokenizer(), PROMPT, settings, set()))
         walk = walk_replayed(PromptLookupDrafter(3), PROMPT, answer, k, COSTS, N, 1.0)
         assert walk.accepted == [r.accepted for r in run.rounds[1:]] and sum(walk.accepted) > 0
@@ -102,13 +102,13 @@ def test_the_runs_own_drafting_replaces_the_passes_guesses_so_its_k_is_walked_ex
     target, draft = FakeModel(3, "target"), BatchedDiffers(3, "draft")
     answer = answer_of(target)
     k = 3
-    settings = GenerationSettings(max_new_tokens=N, k=k)
+    settings = GenerationSettings(max_new_tokens=N, k_policy=KPolicy.fixed(k))
     run = drain(decoding.speculative(target, ModelDrafter(draft, settings, np.random.default_rng(0)), FakeTokenizer(),
                                      PROMPT, settings, set()))
     assert run.ids == answer
     guessed = match_mask(draft, PROMPT, answer)
     assert walk_fixed(guessed, k, COSTS, len(PROMPT), N, 1.0).accepted != [r.accepted for r in run.rounds[1:]]
-    would = counterfactual(guessed, PROMPT, answer, COSTS, GenerationSettings(max_new_tokens=N, k_max=8), run.rounds)
+    would = counterfactual(guessed, PROMPT, answer, COSTS, GenerationSettings(max_new_tokens=N, k_policy=KPolicy("fixed", k_max=8)), run.rounds)
     walk = would.fixed[k - 1]
     assert walk.accepted == [r.accepted for r in run.rounds[1:]] and walk.target_calls == run.summary.target_calls
     assert would.observed > 0 and 0 < would.corrected <= would.observed
@@ -167,7 +167,7 @@ def test_without_a_draft_model_only_the_model_free_strategies_are_walked():
     from specdemo.drafters import STRATEGIES
 
     answer = answer_of(FakeModel(3, "target"), 20)
-    result = counterfactual(None, PROMPT, answer, COSTS, GenerationSettings(max_new_tokens=20, k=4, k_max=4))
+    result = counterfactual(None, PROMPT, answer, COSTS, GenerationSettings(max_new_tokens=20, k_policy=KPolicy("fixed", k=4, k_max=4)))
     assert result.fixed == [] and result.greedy_only
     assert "prompt-lookup" in result.replayed and "suffix" not in result.replayed  # suffix keeps state across runs
     assert set(result.replayed) == {name for name, s in STRATEGIES.items() if not s.needs_model and s.replayable}
@@ -189,7 +189,7 @@ def test_the_planner_moves_off_k_zero_after_one_run_whose_masks_say_drafts_match
                         target_rollback_s=0.0, draft_s=(0.045, 0.05), draft_prefill_tps=4000.0)
     engine.keys = Keys("a compute-bound machine", engine.keys.pair)
     engine.profile.keep_costs(engine.keys.costs, machine)
-    settings = GenerationSettings(max_new_tokens=40, k_auto=True)
+    settings = GenerationSettings(max_new_tokens=40, k_policy=KPolicy.auto())
     prompt = "w5 w17 w99 w3 w250 w42 w7"
     assert engine.plan(prompt, settings).k == 0
     run = drain(engine.speculative(prompt, settings))
@@ -210,7 +210,7 @@ def test_an_answer_that_ends_in_an_eos_is_walked_to_its_end_as_the_run_went():
     for draft in (FakeModel(6, "target", scale=2.0), FakeModel(6, "draft", scale=2.0)):  # agrees always, or sometimes
         mask = match_mask(draft, PROMPT, answer)
         for k in (1, 3, 6):
-            fixed = GenerationSettings(max_new_tokens=N, k=k)
+            fixed = GenerationSettings(max_new_tokens=N, k_policy=KPolicy.fixed(k))
             run = drain(decoding.speculative(target, ModelDrafter(draft, fixed, np.random.default_rng(0)), FakeTokenizer(),
                                              PROMPT, fixed, eos))
             assert run.ids == answer

@@ -12,7 +12,7 @@ from specdemo.engine import Engine
 from specdemo.events import ACCEPTED, BONUS, CORRECTED, TARGET
 from specdemo.lane import drain
 from specdemo.models import load_model
-from specdemo.settings import GenerationSettings
+from specdemo.settings import GenerationSettings, KPolicy
 from tests.conftest import exact
 
 PROMPT = "w5 w17 w99 w3 w250 w42 w7"
@@ -31,7 +31,7 @@ def self_engine(tiny_pair, tiny_target):
 
 @pytest.mark.parametrize("k, adaptive", [(1, False), (4, False), (7, False), (2, True)])
 def test_greedy_speculative_equals_autoregressive(engine, k, adaptive):
-    settings = GenerationSettings(max_new_tokens=40, k=k, adaptive=adaptive)
+    settings = GenerationSettings(max_new_tokens=40, k_policy=KPolicy(("adaptive" if adaptive else "fixed"), k=k))
     ar = drain(engine.autoregressive(PROMPT, settings))
     spec = drain(engine.speculative(PROMPT, settings))
     assert spec.ids == ar.ids
@@ -39,7 +39,7 @@ def test_greedy_speculative_equals_autoregressive(engine, k, adaptive):
 
 
 def test_a_draft_identical_to_the_target_is_always_accepted(self_engine):
-    settings = GenerationSettings(max_new_tokens=26, k=4)  # the first token, then 5 rounds of 4 + bonus
+    settings = GenerationSettings(max_new_tokens=26, k_policy=KPolicy.fixed(4))  # the first token, then 5 rounds of 4 + bonus
     spec = drain(self_engine.speculative(PROMPT, settings))
     summary = spec.summary
     assert summary.alpha_hat == 1.0 and summary.draft_acceptance_rate == 1.0
@@ -48,7 +48,7 @@ def test_a_draft_identical_to_the_target_is_always_accepted(self_engine):
 
 
 def test_provenance_labels_follow_the_rounds(engine):
-    spec = drain(engine.speculative(PROMPT, GenerationSettings(max_new_tokens=40, k=3))).tokens
+    spec = drain(engine.speculative(PROMPT, GenerationSettings(max_new_tokens=40, k_policy=KPolicy.fixed(3)))).tokens
     assert spec[0].source == TARGET and spec[0].step == 0
     for token in spec:
         if token.source == CORRECTED:
@@ -61,7 +61,7 @@ def test_provenance_labels_follow_the_rounds(engine):
 
 def test_generation_stops_at_max_new_tokens_inside_an_accepted_block(self_engine):
     for n in (1, 2, 5, 13):
-        spec = drain(self_engine.speculative(PROMPT, GenerationSettings(max_new_tokens=n, k=4)))
+        spec = drain(self_engine.speculative(PROMPT, GenerationSettings(max_new_tokens=n, k_policy=KPolicy.fixed(4))))
         assert len(spec.tokens) == n and spec.summary.stop_reason == "max_new_tokens"
 
 
@@ -71,7 +71,7 @@ def test_generation_stops_at_eos_even_inside_an_accepted_block(self_engine):
     saved = self_engine.eos_ids
     self_engine.eos_ids = {eos}
     try:
-        spec = drain(self_engine.speculative(PROMPT, GenerationSettings(max_new_tokens=12, k=4)))
+        spec = drain(self_engine.speculative(PROMPT, GenerationSettings(max_new_tokens=12, k_policy=KPolicy.fixed(4))))
     finally:
         self_engine.eos_ids = saved
     assert spec.ids == ar[: ar.index(eos) + 1]
@@ -79,7 +79,7 @@ def test_generation_stops_at_eos_even_inside_an_accepted_block(self_engine):
 
 
 def test_prompt_lookup_speculation_equals_autoregressive(engine):
-    settings = GenerationSettings(max_new_tokens=40, k=4, drafter="prompt-lookup")
+    settings = GenerationSettings(max_new_tokens=40, k_policy=KPolicy.fixed(4), drafter="prompt-lookup")
     prompt = "w5 w6 w7 w8 w9 w5 w6 w7 w8 w9 w5 w6"
     ar = drain(engine.autoregressive(prompt, settings))
     spec = drain(engine.speculative(prompt, settings))
@@ -88,7 +88,7 @@ def test_prompt_lookup_speculation_equals_autoregressive(engine):
 
 
 def test_the_summary_adds_up(engine):
-    spec = drain(engine.speculative(PROMPT, GenerationSettings(max_new_tokens=30, k=4)))
+    spec = drain(engine.speculative(PROMPT, GenerationSettings(max_new_tokens=30, k_policy=KPolicy.fixed(4))))
     s = spec.summary
     assert s.tokens == len(spec.tokens) == 30
     assert s.accepted == sum(t.source == ACCEPTED for t in spec.tokens)
@@ -114,7 +114,7 @@ def test_an_empty_instruction_is_refused(engine):
 
 
 def test_accepted_drafts_after_an_eos_are_neither_emitted_nor_counted(self_engine):
-    settings = GenerationSettings(max_new_tokens=26, k=4)
+    settings = GenerationSettings(max_new_tokens=26, k_policy=KPolicy.fixed(4))
     ar = drain(self_engine.autoregressive(PROMPT, settings)).ids
     eos = ar[7]  # pretend the 8th token ends the text: with a self-draft it arrives as an accepted draft
     saved = self_engine.eos_ids
@@ -131,7 +131,7 @@ def test_accepted_drafts_after_an_eos_are_neither_emitted_nor_counted(self_engin
 
 def test_auto_k_keeps_greedy_output_exact_and_reports_its_plan(engine):
     engine.warm_up(k_max=8)
-    settings = GenerationSettings(max_new_tokens=40, k_auto=True)
+    settings = GenerationSettings(max_new_tokens=40, k_policy=KPolicy.auto())
     ar = drain(engine.autoregressive(PROMPT, settings))
     spec = drain(engine.speculative(PROMPT, settings))
     assert spec.ids == ar.ids
@@ -169,7 +169,7 @@ def test_a_trimmed_draft_head_keeps_greedy_speculation_exact(tiny_pair, tiny_dra
     draft = load_model(exact(tiny_draft, head_tokens=100))
     assert draft.runtime.head_tokens < draft.runtime.vocab_size
     engine = Engine(tiny_pair[0], draft)
-    settings = GenerationSettings(max_new_tokens=40, k=4)
+    settings = GenerationSettings(max_new_tokens=40, k_policy=KPolicy.fixed(4))
     ar = drain(engine.autoregressive(PROMPT, settings))
     spec = drain(engine.speculative(PROMPT, settings))
     assert spec.ids == ar.ids

@@ -7,7 +7,7 @@ import pytest
 from specdemo.drafters import STRATEGIES, Proposal, Strategy, make_drafter, strategy
 from specdemo.lane import drain
 from specdemo.planner import Acceptance, predicted_speedup, round_seconds
-from specdemo.settings import GenerationSettings
+from specdemo.settings import GenerationSettings, KPolicy
 from tests.test_planner import machine
 
 
@@ -60,7 +60,7 @@ def test_a_new_strategy_runs_through_the_planner_the_loop_and_the_profile_unchan
     monkeypatch.setitem(STRATEGIES, "repeat", repeat)  # what a module drafters/repeat.py defining STRATEGY would do
     costs = machine(0.10, draft_steps=0.30, n_max=13)
     assert predicted_speedup(costs, Acceptance.geometric(0.1), 2, "repeat") < 1.0  # rarely right, priced as free
-    settings = GenerationSettings(max_new_tokens=16, drafter="repeat", k=2)
+    settings = GenerationSettings(max_new_tokens=16, drafter="repeat", k_policy=KPolicy.fixed(2))
     spec = drain(tiny_engine.speculative("w5 w17 w99 w3", settings))
     ar = drain(tiny_engine.autoregressive("w5 w17 w99 w3", settings))
     assert spec.ids == ar.ids and {r.drafter for r in spec.rounds if r.drafted} == {"repeat"}

@@ -5,7 +5,7 @@ from specdemo import decoding
 from specdemo.drafters import STRATEGIES, make_drafter
 from specdemo.drafters.suffix import AnswerStore, SuffixDrafter
 from specdemo.lane import drain
-from specdemo.settings import GenerationSettings
+from specdemo.settings import GenerationSettings, KPolicy
 from tests.fake_models import FakeModel, FakeTokenizer
 
 
@@ -28,7 +28,7 @@ def test_a_fresh_store_and_a_text_that_never_repeats_give_no_drafts():
 
 def test_a_run_repeating_an_earlier_answer_drafts_it_and_its_output_is_unchanged():
     target, prompt = FakeModel(50, "target", scale=3.0), [7, 3, 11, 42, 5]
-    settings = GenerationSettings(max_new_tokens=40, k=4, drafter="suffix")
+    settings = GenerationSettings(max_new_tokens=40, k_policy=KPolicy.fixed(4), drafter="suffix")
     alone = drain(decoding.autoregressive(target, FakeTokenizer(), prompt, settings, set())).ids
     store = AnswerStore()
     # A new drafter for each run, as the engine makes them: what carries over is the store alone.

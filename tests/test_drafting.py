@@ -4,7 +4,7 @@ model's confidence stop ends a round where further drafts would not pay."""
 import numpy as np
 
 from specdemo.drafters.lookup import PromptLookupDrafter, lookup_continuation
-from specdemo.settings import GenerationSettings
+from specdemo.settings import GenerationSettings, KPolicy
 
 
 def test_lookup_proposes_what_followed_the_last_ngram():
@@ -50,7 +50,7 @@ def test_the_hybrid_drafter_drafts_from_the_text_without_a_model_call_where_it_r
     from specdemo.settings import GenerationSettings
     from tests.fake_models import FakeModel, FakeTokenizer
 
-    settings = GenerationSettings(max_new_tokens=60, k=4)
+    settings = GenerationSettings(max_new_tokens=60, k_policy=KPolicy.fixed(4))
     target, draft = FakeModel(5, "target", scale=3.0), FakeModel(5, "draft")  # a small vocabulary: the text repeats
     prompt = [0, 1, 2, 0, 1]
     alone = drain(decoding.autoregressive(target, FakeTokenizer(), prompt, settings, set())).ids
@@ -75,7 +75,7 @@ def test_the_confidence_stop_ends_a_round_once_the_drafts_running_confidence_fal
     from specdemo.drafters.model import ModelDrafter
     from tests.fake_models import FakeModel
 
-    prompt, settings = [0, 1, 2], GenerationSettings(k=6)
+    prompt, settings = [0, 1, 2], GenerationSettings(k_policy=KPolicy.fixed(6))
     model = FakeModel(5, "draft", scale=1.5)
     full = ModelDrafter(model, settings, np.random.default_rng(0)).propose(prompt, 6).tokens
     running, prefix = [], tuple(prompt)
@@ -99,7 +99,7 @@ def test_greedy_output_is_unchanged_by_the_confidence_stop():
     from tests.fake_models import FakeModel, FakeTokenizer
 
     target, draft = FakeModel(3, "target"), FakeModel(3, "draft")
-    settings = GenerationSettings(max_new_tokens=60, k=5)
+    settings = GenerationSettings(max_new_tokens=60, k_policy=KPolicy.fixed(5))
     plain = drain(decoding.autoregressive(target, FakeTokenizer(), [0, 1, 2], settings, set()))
     for p_min in (0.0, 0.3, 0.7):
         run = drain(decoding.speculative(target, ModelDrafter(draft, settings, np.random.default_rng(0), (p_min,)),

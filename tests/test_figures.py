@@ -7,7 +7,7 @@ from specdemo import runfile
 from specdemo.figures import FIGURES, GLOSSARY, figure
 from specdemo.lane import drain
 from specdemo.metrics import Summary, measured_speedup
-from specdemo.settings import GenerationSettings, RunSettings
+from specdemo.settings import KPolicy, GenerationSettings, RunSettings
 from specdemo.ui import render
 from specdemo.ui.lanes import AUTOREGRESSIVE, SPECULATIVE, LaneRun
 from specdemo.ui.values import ONE_AFTER_ANOTHER
@@ -35,7 +35,7 @@ def test_every_figure_names_a_summary_field_and_the_glossary_is_the_described_on
 def test_the_cli_the_page_and_show_say_and_write_a_figure_the_same_way(tiny_engine, tiny_target, tiny_draft, capsys):
     from specdemo.terminal import _print_summaries
 
-    settings = GenerationSettings(max_new_tokens=24, k=3)
+    settings = GenerationSettings(max_new_tokens=24, k_policy=KPolicy.fixed(3))
     ar, spec = (drain(run(PROMPT, settings)) for run in (tiny_engine.autoregressive, tiny_engine.speculative))
     _print_summaries(ar, spec, greedy=True)
     cli = capsys.readouterr().out
@@ -64,7 +64,7 @@ def test_a_new_figure_is_its_description_and_nothing_else(tiny_engine, tiny_targ
 
     rate = Figure("rollback_s", "time rolling back", "ms", 2, places=EVERYWHERE)
     monkeypatch.setattr(figures, "FIGURES", (*figures.FIGURES, rate))
-    settings = GenerationSettings(max_new_tokens=16, k=3)
+    settings = GenerationSettings(max_new_tokens=16, k_policy=KPolicy.fixed(3))
     ar, spec = (drain(run(PROMPT, settings)) for run in (tiny_engine.autoregressive, tiny_engine.speculative))
     written = rate.format(spec.summary.rollback_s)
     _print_summaries(ar, spec, greedy=True)

@@ -8,7 +8,7 @@ from specdemo import genai, sources
 from specdemo.profile import machine_profile
 from specdemo.events import TARGET
 from specdemo.lane import drain
-from specdemo.settings import GenerationSettings, RunSettings
+from specdemo.settings import KPolicy, GenerationSettings, RunSettings
 
 pytestmark = [pytest.mark.real_models, pytest.mark.slow]
 
@@ -23,7 +23,7 @@ def pipeline():
 
 
 def test_genai_streams_the_tokens_our_speculative_lane_emits_with_the_same_k(real_engine, pipeline):
-    settings = GenerationSettings(max_new_tokens=24, k=4)
+    settings = GenerationSettings(max_new_tokens=24, k_policy=KPolicy.fixed(4))
     ids = real_engine.prompt_ids(INSTRUCTION, settings)
     theirs = drain(genai.stream(pipeline, real_engine.tokenizer, ids, settings, real_engine.eos_ids, 4))
     ours = drain(real_engine.speculative(INSTRUCTION, settings))
@@ -37,7 +37,7 @@ def test_genai_streams_the_tokens_our_speculative_lane_emits_with_the_same_k(rea
 
 
 def test_genai_stops_at_the_next_streamer_call_when_cancelled(real_engine, pipeline):
-    settings = GenerationSettings(max_new_tokens=64, k=4)
+    settings = GenerationSettings(max_new_tokens=64, k_policy=KPolicy.fixed(4))
     ids = real_engine.prompt_ids(INSTRUCTION, settings)
     cancel = threading.Event()
     events = []

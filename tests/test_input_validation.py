@@ -12,13 +12,14 @@ from hypothesis import strategies as st
 from specdemo.engine import Engine, clean_instruction
 from specdemo.lane import drain
 from specdemo.drafters import STRATEGIES as DRAFTERS
-from specdemo.settings import GenerationSettings
+from specdemo.settings import GenerationSettings, KPolicy
 from specdemo.ui.values import MAX_NEW_TOKENS_CAP, PageValues
 from tests.hostile_text import ANY_TEXT, FAST
 
 PROMPT = "w5 w17 w99 w3 w250 w42 w7"
 SHORT = GenerationSettings(max_new_tokens=16)
-SETTINGS_FIELDS = ["max_new_tokens", "temperature", "top_k", "top_p", "seed", "k", "k_min", "k_max", "drafter", "lookup_ngram"]
+SETTINGS_FIELDS = ["max_new_tokens", "temperature", "top_k", "top_p", "seed", "drafter", "lookup_ngram"]
+K_FIELDS = ["rule", "k", "k_min", "k_max"]
 
 
 def _whole_in(value, low, high) -> bool:
@@ -32,9 +33,14 @@ def assert_well_formed(settings: GenerationSettings) -> None:
     assert _whole_in(settings.top_k, 0, 10_000_000)
     assert not isinstance(settings.top_p, bool) and 0.0 < settings.top_p <= 1.0
     assert settings.seed is None or _whole_in(settings.seed, 0, 2**63 - 1)
-    assert _whole_in(settings.k, 1, 64) and _whole_in(settings.k_min, 1, 64)
-    assert _whole_in(settings.k_max, settings.k_min, 64) and settings.k <= settings.k_max
     assert settings.drafter in DRAFTERS and _whole_in(settings.lookup_ngram, 1, 16)
+    assert_well_formed_k(settings.k_policy)
+
+
+def assert_well_formed_k(policy: KPolicy) -> None:
+    assert policy.rule in ("fixed", "adaptive", "auto")
+    assert _whole_in(policy.k, 1, 64) and _whole_in(policy.k_min, 1, 64)
+    assert _whole_in(policy.k_max, policy.k_min, 64) and (policy.k <= policy.k_max or policy.rule == "auto")
 
 
 @pytest.mark.parametrize("instruction", ["", " ", "\n\t \r\n", "\u3000\u2003", None])
@@ -67,7 +73,7 @@ def test_any_text_gives_prompt_ids_or_the_empty_instruction_sentence(tiny_engine
 @examples(max_examples=15, deadline=None)
 @given(instruction=ANY_TEXT.filter(str.strip), k=st.integers(1, 64), max_new_tokens=st.integers(1, 24))
 def test_any_instruction_and_k_run_to_the_end_and_speculation_stays_exact(tiny_engine, instruction, k, max_new_tokens):
-    settings = GenerationSettings(max_new_tokens=max_new_tokens, k=k)
+    settings = GenerationSettings(max_new_tokens=max_new_tokens, k_policy=KPolicy.fixed(k))
     spec = drain(tiny_engine.speculative(instruction, settings))
     ar = drain(tiny_engine.autoregressive(instruction, settings))
     assert spec.ids == ar.ids
@@ -88,8 +94,22 @@ def test_any_setting_is_accepted_or_refused_with_a_sentence(field, value):
         assert str(error).split()[0] in SETTINGS_FIELDS and " must " in str(error)
         return
     assert_well_formed(settings)
+    assert getattr(settings, field) == value
+
+
+@FAST
+@given(field=st.sampled_from(K_FIELDS),
+       value=st.one_of(st.integers(-2**70, 2**70), st.floats(allow_nan=True, allow_infinity=True), st.none(),
+                       st.booleans(), st.text(max_size=5), st.sampled_from(["fixed", "adaptive", "auto"])))
+def test_any_k_policy_is_accepted_or_refused_with_a_sentence(field, value):
+    try:
+        policy = KPolicy(**{field: value})
+    except ValueError as error:
+        assert str(error).split()[0] in K_FIELDS + ["the"] and " must " in str(error)
+        return
+    assert_well_formed_k(policy)
     if field != "k_max":  # a k_max of None is derived from k
-        assert getattr(settings, field) == value
+        assert getattr(policy, field) == value
 
 
 @FAST
@@ -108,7 +128,7 @@ def test_any_page_values_become_settings_or_a_sentence(max_new_tokens, k, temper
         return
     assert_well_formed(settings)
     # What the page sent is what runs: sliders' 48.0 becomes 48, nothing is clamped or replaced.
-    assert settings.max_new_tokens == max_new_tokens <= MAX_NEW_TOKENS_CAP and settings.k == k
+    assert settings.max_new_tokens == max_new_tokens <= MAX_NEW_TOKENS_CAP and settings.k_policy.k == k
     assert (settings.temperature, settings.top_p, settings.top_k) == (temperature, top_p, 50)
     assert settings.seed == (None if seed in (None, "") else seed)
 

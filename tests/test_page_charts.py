@@ -7,7 +7,7 @@ import pytest
 from specdemo import planner
 from specdemo.costs import CostModel
 from specdemo.counterfactual import counterfactual
-from specdemo.settings import GenerationSettings
+from specdemo.settings import GenerationSettings, KPolicy
 from specdemo.ui import charts
 
 STEP = 0.04
@@ -56,7 +56,7 @@ def test_the_surface_marks_the_runs_point_and_draws_the_break_even_line():
 
 def test_what_each_k_would_have_given_plots_every_k_the_oracle_and_this_run():
     mask = [1] + [1, 1, 1, 0] * 20
-    would = counterfactual(mask, list(range(20)), list(range(81)), FLAT, GenerationSettings(max_new_tokens=81, k_max=12))
+    would = counterfactual(mask, list(range(20)), list(range(81)), FLAT, GenerationSettings(max_new_tokens=81, k_policy=KPolicy("fixed", k_max=12)))
     svg = charts.would_have_given(would, 4.2, 1.7)
     assert all(f">{k}</text>" in svg for k in range(1, 13))
     assert "this run: mean K 4.2, measured 1.70×" in svg and "best K each round" in svg

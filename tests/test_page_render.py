@@ -2,7 +2,7 @@
 
 from specdemo.events import ACCEPTED, BONUS, CORRECTED, TARGET, TokenEvent
 from specdemo.metrics import Summary, measured_speedup
-from specdemo.settings import GenerationSettings
+from specdemo.settings import GenerationSettings, KPolicy
 from specdemo.ui import render
 from specdemo.ui.lanes import AUTOREGRESSIVE, GENAI, SPECULATIVE, LaneRun
 from specdemo.ui.values import ONE_AFTER_ANOTHER, RACE
@@ -131,7 +131,7 @@ def test_a_run_that_drafted_nothing_shows_one_alpha_and_no_numeric_noise():
     ar = lane_with([token("a", TARGET)], mode="autoregressive", tokens_per_s=5.0, target_calls=8, stop_reason="eos")
     spec = lane_with([token("a", TARGET)], mode="speculative", tokens_per_s=5.0, target_calls=8, rounds=0, alpha_hat=0.0,
                      stop_reason="eos")
-    html = render.render_results({AUTOREGRESSIVE: ar, SPECULATIVE: spec}, ONE_AFTER_ANOTHER, GenerationSettings(k_auto=True))
+    html = render.render_results({AUTOREGRESSIVE: ar, SPECULATIVE: spec}, ONE_AFTER_ANOTHER, GenerationSettings(k_policy=KPolicy.auto()))
     assert "α̂ = 0.00" not in html and "α̂ –" in html and ">–</div><div class=\"sd-label\">α̂ (acceptance)" in html
     for page_part in (html, charts.acceptance_by_position([0.0] * 12), charts.would_have_given(None, 0.0, 0.0)):
         assert not re.search(r"\d\.\d{5,}", page_part)  # no "0.000000" anywhere

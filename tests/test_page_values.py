@@ -5,7 +5,7 @@ import re
 import pytest
 
 from specdemo.drafters import STRATEGIES as DRAFTERS
-from specdemo.settings import GenerationSettings
+from specdemo.settings import GenerationSettings, KPolicy
 from specdemo.ui import page
 from specdemo.ui.values import (MAX_INSTRUCTION_CHARS, MAX_PROMPT_TOKENS, ONE_AFTER_ANOTHER, RACE, PageValues, as_sentence,
                                 check_choices, check_instruction, check_prompt, load_examples, offered_devices)
@@ -23,7 +23,8 @@ def page_values(**values) -> GenerationSettings:
 
 def test_page_values_become_generation_settings():
     settings = page_values(**PAGE_DEFAULTS)
-    assert settings == GenerationSettings(max_new_tokens=48, k=4, temperature=0.0, top_k=0, top_p=1.0, seed=None)
+    assert settings == GenerationSettings(max_new_tokens=48, k_policy=KPolicy.fixed(4), temperature=0.0, top_k=0, top_p=1.0,
+                                          seed=None)
 
 
 def test_sampling_uses_temperature_top_p_top_k_and_seed():

@@ -8,7 +8,7 @@ from specdemo.drafters.model import ModelDrafter
 from specdemo.events import TokenEvent
 from specdemo.lane import drain
 from specdemo.parting import BAND_CAP, near_tie_band, parting
-from specdemo.settings import GenerationSettings
+from specdemo.settings import GenerationSettings, KPolicy
 from tests.fake_models import FakeModel, FakeTokenizer, StaleRollbackModel
 
 
@@ -17,7 +17,7 @@ def lane(ids: list[int], margins: list[float]) -> list[TokenEvent]:
 
 
 def test_a_rollback_that_leaves_a_stale_token_visible_is_a_defect_at_every_parting():
-    vocab, settings = 32, GenerationSettings(max_new_tokens=24, k=4)
+    vocab, settings = 32, GenerationSettings(max_new_tokens=24, k_policy=KPolicy.fixed(4))
     target, draft = StaleRollbackModel(vocab, "target", scale=3.0), FakeModel(vocab, "draft", scale=3.0)
     answers = [([i, i + 1], [(7 * i + 3 * j) % vocab for j in range(40)]) for i in range(4)]
     noise = fidelity.batching_noise(target, answers)  # as warm-up measures it

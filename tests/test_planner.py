@@ -13,18 +13,16 @@ from specdemo.drafters.model import ModelDrafter
 from specdemo.events import ACCEPTED, Round
 from specdemo.lane import drain
 from specdemo.metrics import alpha_hat, leviathan_speedup
+from specdemo.k_rules import PROBE_EVERY, AutoK, GrowShrinkK
 from specdemo.planner import (
     Acceptance,
-    PROBE_EVERY,
-    AutoK,
-    GrowShrinkK,
     best_k,
     make_plan,
     predicted_lane_speedup,
     predicted_speedup,
     quotes_text,
 )
-from specdemo.settings import GenerationSettings
+from specdemo.settings import GenerationSettings, KPolicy
 from tests.fake_models import FakeModel, FakeTokenizer
 
 STEP = 0.1  # seconds of one target step in the synthetic machines below
@@ -183,13 +181,14 @@ def _adaptive_rounds(draft: FakeModel, settings: GenerationSettings) -> list[tup
     (FakeModel(3, "draft"), "both"),
 ])
 def test_the_loop_drafts_as_many_tokens_as_grow_shrink_k_asks(draft, outcome):
-    settings = GenerationSettings(max_new_tokens=80, k=3, adaptive=True, k_min=2, k_max=6)
+    settings = GenerationSettings(max_new_tokens=80, k_policy=KPolicy("adaptive", k=3, k_min=2, k_max=6))
     rounds = _adaptive_rounds(draft, settings)
-    k = settings.k
+    policy = settings.k_policy
+    k = policy.k
     for drafted, kept, left in rounds:
         assert drafted == min(k, left - 1)  # never past max_new_tokens
         if drafted:  # a round with one token left drafts nothing and teaches nothing
-            k = min(k + 1, settings.k_max) if kept == drafted else max(k - 1, settings.k_min)
+            k = min(k + 1, policy.k_max) if kept == drafted else max(k - 1, policy.k_min)
     fulls = {kept == drafted for drafted, kept, _ in rounds if drafted}
     assert fulls == {"every draft kept": {True}, "every round rejects": {False}, "both": {True, False}}[outcome]
     if outcome == "every draft kept":
@@ -278,7 +277,7 @@ def test_a_confident_round_drafts_its_planned_k_whatever_lies_past_it(costs):
     k = 4  # verify size 5: the last one before the cliff
     stops = confidence_stops(costs, 12)
     draft = SureDraft(0.8)  # confident enough for the cliff-free positions, not for the cliff's
-    proposal = ModelDrafter(draft, GenerationSettings(k=k), np.random.default_rng(0), stops).propose([1, 2, 3], k)
+    proposal = ModelDrafter(draft, GenerationSettings(k_policy=KPolicy.fixed(k)), np.random.default_rng(0), stops).propose([1, 2, 3], k)
     assert max(stops[: k - 1]) < 0.8 ** (k - 1)
     assert len(proposal.tokens) == k
     if costs.t(6) > 2 * costs.t(5):

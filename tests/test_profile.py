@@ -20,7 +20,7 @@ from specdemo.events import Round
 from specdemo.fidelity import BatchingNoise
 from specdemo.profile import Keys, Profile, store
 from specdemo.profile.choices import DEFAULT, Setting, model_key
-from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET, GenerationSettings
+from specdemo.settings import KPolicy, DEFAULT_DRAFT, DEFAULT_TARGET, GenerationSettings
 from specdemo.tune import Trial
 from tests.conftest import ROOT
 
@@ -94,7 +94,7 @@ def test_a_sampled_run_teaches_the_prior_and_a_frozen_profile_learns_nothing(tmp
     profile, keys = Profile(tmp_path), Keys("pair", "models")
     profile.keep_costs("pair", COSTS)
     rounds = _rounds(10, 4, 0.06, "model", 3, 1)
-    sampled = GenerationSettings(temperature=0.8, k_max=3)
+    sampled = GenerationSettings(temperature=0.8, k_policy=KPolicy("fixed", k_max=3))
     monkeypatch.setenv("SPECDEMO_LEARN", "0")
     profile.learn(keys, sampled, rounds)
     assert profile.costs("pair").runs == 0 and not profile.acceptance("models").has_evidence("model", greedy=False)
@@ -247,7 +247,7 @@ def test_a_home_that_refuses_writes_fails_neither_a_model_load_nor_a_page_run(ti
     if when == "during-the-run":
         refuse_writes(monkeypatch, tmp_path, errno.ENOSPC)  # the disk filled up since
     before = engine.profile.store.path.read_bytes() if engine.profile.store.path.exists() else None
-    settings = GenerationSettings(max_new_tokens=8, k=3, temperature=0.8, seed=1)  # a sampled run teaches the most
+    settings = GenerationSettings(max_new_tokens=8, k_policy=KPolicy.fixed(3), temperature=0.8, seed=1)  # a sampled run teaches the most
     run = SideBySide({"autoregressive": engine, "speculative": engine}, "w5 w17 w99 w3", RunSettings(generation=settings))
     run.prepare()
     record = run.finish({mode: drain(run.lane(mode)) for mode in run.engines})  # teaches the profile, as a page run does

@@ -13,7 +13,7 @@ import pytest
 from specdemo.engine import Engine, IncompatibleModelsError, check_same_tokenizer
 from specdemo.events import SOURCES, TokenEvent
 from specdemo.lane import drain
-from specdemo.settings import GenerationSettings
+from specdemo.settings import GenerationSettings, KPolicy
 from specdemo.verification import NEAR_TIE_LOGIT_GAP
 
 pytestmark = pytest.mark.real_models
@@ -24,7 +24,7 @@ INSTRUCTIONS = [
     "Explain in two sentences what a hash map is.",
     "Écris une fonction Python qui calcule la factorielle d'un nombre.",
 ]
-GREEDY = GenerationSettings(max_new_tokens=48, k=4)
+GREEDY = GenerationSettings(max_new_tokens=48, k_policy=KPolicy.fixed(4))
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +152,7 @@ def test_cli_generate_prints_both_lanes_as_json():
 
 def test_auto_k_on_the_real_pair_keeps_greedy_output_and_predicts_its_speedup(engine):
     engine.warm_up(8)
-    settings = GenerationSettings(max_new_tokens=48, k_auto=True)
+    settings = GenerationSettings(max_new_tokens=48, k_policy=KPolicy.auto())
     ar = drain(engine.autoregressive(INSTRUCTIONS[0], settings))
     spec = drain(engine.speculative(INSTRUCTIONS[0], settings))
     i = _first_difference(ar.ids, spec.ids)

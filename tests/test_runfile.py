@@ -10,7 +10,7 @@ import pytest
 from specdemo import runfile
 from specdemo.lane import drain
 from specdemo.failures import FAILURE_KINDS
-from specdemo.settings import GenerationSettings, RunSettings
+from specdemo.settings import KPolicy, GenerationSettings, RunSettings
 from specdemo.sidebyside import SideBySide
 from tests.conftest import ROOT, exact
 
@@ -19,7 +19,7 @@ PROMPT = "w5 w17 w99 w3 w250 w42 w7"
 
 @pytest.fixture(scope="module")
 def saved(tiny_engine, tiny_target, tiny_draft, tmp_path_factory):
-    settings = GenerationSettings(max_new_tokens=24, k=3)
+    settings = GenerationSettings(max_new_tokens=24, k_policy=KPolicy.fixed(3))
     side = SideBySide({"autoregressive": tiny_engine, "speculative": tiny_engine}, PROMPT,
                       RunSettings(exact(tiny_target), exact(tiny_draft), settings))
     side.prepare()
@@ -37,7 +37,7 @@ def test_a_saved_run_holds_both_lanes_their_records_the_machine_and_what_each_k_
         assert again[lane]["summary"]["tokens"] == len(again[lane]["token_ids"]) == 24
         assert sum(r["emitted"] for r in again[lane]["rounds"]) == 24
     assert again["machine"]["cpu"] and again["models"]["target"]["compile_properties"]["INFERENCE_PRECISION_HINT"] == "f32"
-    assert again["counterfactual"]["greedy_only"] and again["settings"]["generation"]["k"] == 3
+    assert again["counterfactual"]["greedy_only"] and again["settings"]["generation"]["k_policy"]["k"] == 3
     assert {f["kind"] for f in again["failures"]} <= set(FAILURE_KINDS)
 
 

@@ -20,7 +20,7 @@ from specdemo.drafters.hybrid import HybridDrafter
 from specdemo.drafters.lookup import PromptLookupDrafter
 from specdemo.drafters.model import ModelDrafter
 from specdemo.lane import drain
-from specdemo.settings import GenerationSettings
+from specdemo.settings import GenerationSettings, KPolicy
 from specdemo.verification import process_logits
 from tests.fake_models import FakeModel, FakeTokenizer
 
@@ -28,8 +28,8 @@ PROMPT = [0, 2, 1]
 TOKENS = 4  # the prefill's token, then a round of 2 drafts and the bonus: every row of a round is used
 
 CASES = {  # vocabulary size, settings, runs (a run takes about 0.6 ms, 1.1 ms with top-p)
-    "temperature": (3, GenerationSettings(max_new_tokens=TOKENS, k=2, temperature=1.0), 8_000),
-    "top-k and top-p": (4, GenerationSettings(max_new_tokens=TOKENS, k=2, temperature=0.7, top_k=3, top_p=0.9), 6_000),
+    "temperature": (3, GenerationSettings(max_new_tokens=TOKENS, k_policy=KPolicy.fixed(2), temperature=1.0), 8_000),
+    "top-k and top-p": (4, GenerationSettings(max_new_tokens=TOKENS, k_policy=KPolicy.fixed(2), temperature=0.7, top_k=3, top_p=0.9), 6_000),
 }
 
 
@@ -91,7 +91,7 @@ def test_the_hybrid_drafter_follows_the_targets_distribution_too():
     vocab, settings, runs = CASES["temperature"]
     target, draft = FakeModel(vocab, "target"), FakeModel(vocab, "draft")
     observed, kinds = {}, {"model": 0, "prompt-lookup": 0}
-    for run in speculative_runs(target, draft, replace(settings, k=2), runs, seed=11, hybrid=True):
+    for run in speculative_runs(target, draft, replace(settings, k_policy=KPolicy.fixed(2)), runs, seed=11, hybrid=True):
         observed[tuple(run.ids)] = observed.get(tuple(run.ids), 0) + 1
         for r in run.rounds[1:]:
             kinds[r.drafter] = kinds.get(r.drafter, 0) + 1
@@ -133,7 +133,7 @@ def test_after_every_run_the_caches_hold_the_text_but_its_last_token(case):
     draft's holds a prefix of that: rollbacks cut at the right place and nothing unverified stays."""
     vocab, settings, _ = CASES[case]
     target, draft = FakeModel(vocab, "target"), FakeModel(vocab, "draft")
-    long = replace(settings, max_new_tokens=30, k=3)
+    long = replace(settings, max_new_tokens=30, k_policy=KPolicy.fixed(3))
     for run in speculative_runs(target, draft, long, 50, seed=5):
         text = PROMPT + run.ids
         assert run.summary.tokens == len(run.ids) == 30

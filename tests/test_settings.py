@@ -4,14 +4,12 @@ import math
 
 import pytest
 
-from specdemo.settings import GenerationSettings, ModelSettings
+from specdemo.settings import KPolicy, GenerationSettings, ModelSettings
 
 
 @pytest.mark.parametrize(
     "field, value, words",
     [
-        ("k", 0, "k must be between 1 and 64"),
-        ("k", 65, "k must be between 1 and 64"),
         ("max_new_tokens", -1, "max_new_tokens must be between"),
         ("temperature", math.nan, "temperature must be in"),
         ("temperature", -0.5, "temperature must be in"),
@@ -20,7 +18,7 @@ from specdemo.settings import GenerationSettings, ModelSettings
         ("top_k", -3, "top_k must be between"),
         ("seed", -1, "seed must be between"),
         ("drafter", "telepathy", "drafter must be one of"),
-        ("k", 2.5, "k must be a whole number"),
+        ("k_policy", 4, "k_policy must be a KPolicy"),
     ],
 )
 def test_bad_generation_settings_are_refused_with_a_message(field, value, words):
@@ -28,14 +26,31 @@ def test_bad_generation_settings_are_refused_with_a_message(field, value, words)
         GenerationSettings(**{field: value})
 
 
+@pytest.mark.parametrize("change, words", [
+    ({"k": 0}, "k must be between 1 and 64"), ({"k": 65}, "k must be between 1 and 64"),
+    ({"k": 2.5}, "k must be a whole number"), ({"rule": "eager"}, "the K rule must be one of fixed, adaptive, auto"),
+    ({"k_min": 0}, "k_min must be between"), ({"rule": "adaptive", "k_max": 2}, "between k_min"),
+])
+def test_a_bad_k_policy_is_refused_with_a_message(change, words):
+    with pytest.raises(ValueError, match=words):
+        KPolicy(**change)
+
+
+def test_one_type_holds_the_k_rule_and_its_bounds():
+    assert KPolicy.fixed(20).k_max == 20  # a fixed K lifts the ceiling: warm-up measures every shape it uses
+    assert KPolicy.auto().k_max == 12 and KPolicy.auto().is_auto and not KPolicy.auto().is_adaptive
+    assert KPolicy.adaptive(3, 2, 6) == KPolicy("adaptive", 3, 2, 6) and GenerationSettings(
+        k_policy=KPolicy.adaptive(3, 2, 6)).k_max == 6
+
+
 def test_adaptive_k_must_start_inside_its_bounds():
     with pytest.raises(ValueError, match="between k_min"):
-        GenerationSettings(k=9, adaptive=True, k_max=8)
+        GenerationSettings(k_policy=KPolicy("adaptive", k=9, k_max=8))
 
 
 def test_defaults_are_greedy_with_four_draft_tokens():
     settings = GenerationSettings()
-    assert settings.greedy and settings.k == 4 and settings.drafter == "model"
+    assert settings.greedy and settings.k_policy == KPolicy.fixed(4) and settings.drafter == "model"
 
 
 def test_unknown_precision_is_refused():

@@ -10,7 +10,7 @@ import pytest
 from specdemo import bench, runfile, terminal
 from specdemo.engine import Engine
 from specdemo.lane import drain
-from specdemo.settings import GenerationSettings, RunSettings
+from specdemo.settings import KPolicy, GenerationSettings, RunSettings
 from specdemo.sidebyside import SideBySide, finished
 from tests.conftest import exact
 
@@ -19,7 +19,7 @@ INSTRUCTION = "w5 w17 w99 w3 w250 w42 w7"
 
 @pytest.fixture(scope="module")
 def settings(tiny_target, tiny_draft) -> RunSettings:
-    return RunSettings(exact(tiny_target), exact(tiny_draft), GenerationSettings(max_new_tokens=20, k=3))
+    return RunSettings(exact(tiny_target), exact(tiny_draft), GenerationSettings(max_new_tokens=20, k_policy=KPolicy.fixed(3)))
 
 
 @pytest.fixture(scope="module")

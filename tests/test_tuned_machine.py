@@ -9,7 +9,7 @@ from specdemo import errors, genai, machine, sources, tune
 from specdemo.profile import Profile, choices, machine_profile
 from specdemo.engine import Engine
 from specdemo.lane import drain
-from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET, GenerationSettings, RunSettings
+from specdemo.settings import KPolicy, DEFAULT_DRAFT, DEFAULT_TARGET, GenerationSettings, RunSettings
 
 INFERENCE = [s.inference_precision for s in tune.candidates(choices.DEFAULT, "inference_precision",
                                                             machine.cpu_features() + tune._extra_flags(), 2)]
@@ -70,7 +70,7 @@ def test_every_consumer_compiles_and_runs_under_the_tune_s_choice(tuned):
     inference, kv = tuned
     target = sources.prepare(DEFAULT_TARGET)
     draft = sources.prepare(machine_profile().resolve_precision(DEFAULT_DRAFT))
-    settings = GenerationSettings(max_new_tokens=6, k=3)
+    settings = GenerationSettings(max_new_tokens=6, k_policy=KPolicy.fixed(3))
     engine = Engine.load(RunSettings(generation=settings))
     assert (engine.target.settings.inference_precision, engine.target.settings.kv_cache_precision) == (inference, kv)
     ar, spec = (drain(run(INSTRUCTION, settings)) for run in (engine.autoregressive, engine.speculative))

@@ -81,7 +81,8 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
     plan = engine.plan(CODE_INSTRUCTIONS[0], settings.generation)
     results["plan"] = asdict(plan)
     log(plan.reason)
-    k = (plan.k or settings.generation.k) if settings.generation.k_auto else settings.generation.k
+    policy = settings.generation.k_policy
+    k = (plan.k or policy.k) if policy.is_auto else policy.k
     ctx = Context(engine, settings, bench, log, k)
     results["sample_run"] = sample_run(engine, settings, CODE_INSTRUCTIONS[0])
     log("a sample side-by-side run of the first code instruction, as `generate --json` writes it: run.json")

@@ -18,7 +18,7 @@ from specdemo.drafters import with_counterpart
 from specdemo.bench.settings import CODE_INSTRUCTIONS, BenchSettings
 from specdemo.lane import drain
 from specdemo.parting import parting
-from specdemo.settings import GenerationSettings, ModelSettings, RunSettings
+from specdemo.settings import GenerationSettings, KPolicy, ModelSettings, RunSettings
 from specdemo.sidebyside import SideBySide
 
 Framework = Literal["specdemo", "genai", "transformers", "llamacpp"]
@@ -118,8 +118,8 @@ def our_lane(label: str, engine, mode: Kind, generation: GenerationSettings, bas
 
     if mode == "autoregressive":
         return Lane(label, "specdemo", mode, baseline, reference, generate=generate)
-    policy = "auto" if generation.k_auto else "adaptive" if generation.adaptive else "fixed"
-    k = None if policy == "auto" else generation.k
+    policy = generation.k_policy.rule
+    k = None if generation.k_policy.is_auto else generation.k_policy.k
     return Lane(label, "specdemo", mode, baseline, reference, k, policy, generation.drafter, generate)
 
 
@@ -192,7 +192,7 @@ class Context:
     log: Callable[[str], None]
     # The K of fixed-K lanes and of GenAI's pipeline: the flag's K, or, when auto, the planner's first K for the first
     # code instruction, taken once when the bench starts (the acceptance prior moves as lanes run).
-    k: int = GenerationSettings.k
+    k: int = KPolicy.k
     genai: OrderedDict = field(default_factory=OrderedDict)  # GenAI pipelines by name, least recently used first
 
     @property
@@ -201,12 +201,13 @@ class Context:
 
     def k_label(self, peers: bool = False) -> str:
         """How our lanes chose K in a section that runs the run's own settings ("auto K" or "K = 4")."""
-        ours = "auto K (the planner's choice each round)" if self.generation.k_auto else f"K = {self.generation.k}"
-        return f"ours {ours}, GenAI K = {self.k}" if peers and self.generation.k_auto else ours
+        auto = self.generation.k_policy.is_auto
+        ours = "auto K (the planner's choice each round)" if auto else f"K = {self.generation.k_policy.k}"
+        return f"ours {ours}, GenAI K = {self.k}" if peers and auto else ours
 
     def fixed(self, k: int) -> GenerationSettings:
         """The run's generation settings with a fixed K."""
-        return replace(self.generation, k=k, k_auto=False, adaptive=False)
+        return replace(self.generation, k_policy=KPolicy.fixed(k))
 
     @property
     def sweep_tokens(self) -> int:

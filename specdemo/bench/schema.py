@@ -23,7 +23,7 @@ same_as_reference, parting (where one of our lanes parted from another of ours: 
 fields, verdict "near-tie" or "defect"; else null), summary (our Summary, or a peer's {proposed, accepted})}.
 
 Every section has seconds and load_average_end, and:
-    paper         k, k_label, k_auto, adaptive, by_tokens {N: figures}, genai_defaults (figures + max_new_tokens),
+    paper         k, k_label, k_policy (its rule), by_tokens {N: figures}, genai_defaults (figures + max_new_tokens),
                   genai_compile (target / draft: GenAI's compile properties; differs: where they are not ours)
                   figures: lanes {label: fields + wall_s, per_token_s, tokens, same_as_reference},
                   speedup {label: spread}, ratios {key: ratio}, speculative (our speculative lane's pooled

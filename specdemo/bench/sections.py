@@ -28,7 +28,7 @@ def run_paper(ctx: Context) -> dict:
         ctx.log(f"paper: N={n}, K={k}, {len(lanes)} lanes")
         runs = measure(lanes, instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log)
         by_n[str(n)] = paper_figures(lanes, runs, n)
-    figures = {"k": k, "k_label": ctx.k_label(peers=True), "k_auto": generation.k_auto, "adaptive": generation.adaptive,
+    figures = {"k": k, "k_label": ctx.k_label(peers=True), "k_policy": generation.k_policy.rule,
                "by_tokens": by_n, "genai_compile": genai_compile(ctx.engine.target, ctx.engine.draft)}
     if ctx.bench.genai_defaults_instructions:
         n = max(ctx.bench.paper_tokens)

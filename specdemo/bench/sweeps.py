@@ -11,7 +11,7 @@ from specdemo.drafters import with_counterpart
 from specdemo.bench import stats
 from specdemo.bench.harness import Context, Lane, Run, log_progress, measure, our_lane
 from specdemo.bench.settings import EDIT_INSTRUCTIONS
-from specdemo.settings import K_MAX
+from specdemo.settings import K_MAX, KPolicy
 
 
 def sweep(ctx: Context, what: str, lanes: list[Lane], extra: Callable[[Lane, list[Run]], dict] | None = None,
@@ -35,9 +35,9 @@ def run_k(ctx: Context) -> dict:
     generation = ctx.generation
     ar = our_lane("autoregressive", ctx.engine, "autoregressive", generation)
     ours = [our_lane(f"K={k}", ctx.engine, "speculative", ctx.fixed(k), baseline=ar) for k in ctx.bench.k_values]
-    adaptive = replace(ctx.fixed(min(max(generation.k, 1), K_MAX)), adaptive=True, k_min=1, k_max=K_MAX)
+    adaptive = replace(generation, k_policy=KPolicy.adaptive(min(generation.k_policy.k, K_MAX), 1, K_MAX))
     ours.append(our_lane("adaptive K", ctx.engine, "speculative", adaptive, baseline=ar))
-    auto = replace(generation, k_auto=True, adaptive=False, k_max=K_MAX)
+    auto = replace(generation, k_policy=KPolicy.auto(K_MAX))
     # auto K as it runs by default (with this machine's confidence stop; the first auto row, which the targets and the
     # plots read), then without the stop, to show what it buys
     auto_lane = our_lane("auto K", ctx.engine, "speculative", auto, baseline=ar)
@@ -91,7 +91,7 @@ def run_vocab(ctx: Context) -> dict:
     from specdemo.engine import Engine
     from specdemo.models import load_model
 
-    generation = replace(ctx.generation, k_auto=True, adaptive=False, k_max=K_MAX)
+    generation = replace(ctx.generation, k_policy=KPolicy.auto(K_MAX))
     ar = our_lane("autoregressive", ctx.engine, "autoregressive", generation)
     lanes, heads = [ar], {}
     for n_head in ctx.bench.head_tokens:
@@ -124,8 +124,9 @@ def run_precision(ctx: Context) -> dict:
             lane = our_lane(f"target {tp} + draft {dp}", Engine(target, draft), "speculative", generation, baseline=ar, reference=ar)
             pairs[lane] = {"target": tp, "draft": dp, "draft_bytes": draft.describe()["size_on_disk_bytes"]}
             lanes.append(lane)
-    figures = sweep(ctx, f"precision sweep, K={generation.k}, {len(pairs)} pairs", lanes, lambda lane, runs: pairs[lane])
-    return {**figures, "k": generation.k, "k_label": ctx.k_label()}
+    figures = sweep(ctx, f"precision sweep, {generation.k_policy.describe()}, {len(pairs)} pairs", lanes,
+                    lambda lane, runs: pairs[lane])
+    return {**figures, "k": generation.k_policy.k, "k_label": ctx.k_label()}
 
 
 def _models_by_precision(ctx: Context) -> dict:
@@ -172,8 +173,9 @@ def run_kv(ctx: Context) -> dict:
                 "autoregressive_step_s": stats.step_seconds(stats.lane_runs(runs, lane.baseline)),
                 "kv_cache_bytes": stats.spread([float(b) for b in kv_bytes])}
 
-    figures = sweep(ctx, f"KV cache precision sweep, K={generation.k}, {len(precisions)} precisions", lanes, cache)
-    return {**figures, "k": generation.k, "k_label": ctx.k_label()}
+    figures = sweep(ctx, f"KV cache precision sweep, {generation.k_policy.describe()}, {len(precisions)} precisions",
+                    lanes, cache)
+    return {**figures, "k": generation.k_policy.k, "k_label": ctx.k_label()}
 
 
 def run_lookup(ctx: Context) -> dict:
@@ -181,7 +183,7 @@ def run_lookup(ctx: Context) -> dict:
     generation = ctx.generation
     ar = our_lane("ours autoregressive", ctx.engine, "autoregressive", generation)
     lookup = replace(ctx.fixed(ctx.k), drafter=with_counterpart("lookup"))
-    planner = replace(generation, k_auto=True, adaptive=False)
+    planner = replace(generation, k_policy=KPolicy.auto(generation.k_max))
     genai_ar = ctx.genai_lane("GenAI autoregressive", "plain")
     lanes = [
         ar,

@@ -119,10 +119,10 @@ def render_results(lanes: dict[str, LaneRun], mode: str, settings: GenerationSet
     headline = tiles([(f.label, f.format(value(f, summaries))) for f in placed(RESULTS)]
                      + [("target calls saved", f"{saved} of {a.target_calls}")], "sd-results")
     drafter = strategy(s.drafter or settings.drafter).label
-    if settings.k_auto:
+    if settings.k_policy.is_auto:
         k = f"K chosen by the planner (mean {s.mean_k:.1f})"
     else:
-        k = f"K adaptive (mean {s.mean_k:.1f})" if settings.adaptive else f"K = {settings.k}"
+        k = f"K adaptive (mean {s.mean_k:.1f})" if settings.k_policy.is_adaptive else f"K = {settings.k_policy.k}"
     plan = spec.plan
     if drafted:
         by_position = figure("acceptance_by_position").format(s.acceptance_by_position)

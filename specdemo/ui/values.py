@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdemo import errors
-from specdemo.settings import CONFIGURATIONS, K_MAX, MAX_PROMPT_TOKENS, GenerationSettings
+from specdemo.settings import CONFIGURATIONS, K_MAX, MAX_PROMPT_TOKENS, GenerationSettings, KPolicy
 
 ONE_AFTER_ANOTHER, RACE = "one after another", "race"
 MODES = (ONE_AFTER_ANOTHER, RACE)
@@ -33,7 +33,7 @@ class PageValues:
 
     instruction: str = ""
     max_new_tokens: float = GenerationSettings.max_new_tokens
-    k: float = GenerationSettings.k  # drafts per round when K is not automatic
+    k: float = KPolicy.k  # drafts per round when K is not automatic
     k_auto: bool = True  # the planner picks K for this machine
     adaptive: bool = False  # K grows after a fully accepted round and shrinks after a rejection
     drafter: str = GenerationSettings.drafter  # a strategy's name (specdemo/drafters)
@@ -60,11 +60,16 @@ class PageValues:
             top_k=_whole(self.top_k) if sampling else 0,
             top_p=self.top_p if sampling else 1.0,
             seed=None if self.seed is None or self.seed == "" else _whole(self.seed),
-            k=_whole(self.k),
-            k_auto=bool(self.k_auto) and not self.adaptive,
-            adaptive=bool(self.adaptive),
+            k_policy=self.k_policy(),
             drafter=self.drafter,
         )
+
+    def k_policy(self) -> KPolicy:
+        """The page's K controls as one KPolicy: Adaptive wins over Auto K, and both start from the slider's K."""
+        k = _whole(self.k)
+        if self.adaptive:
+            return KPolicy.adaptive(k)
+        return KPolicy.auto(k=k) if self.k_auto else KPolicy.fixed(k)
 
     def check(self) -> GenerationSettings:
         """Every check that needs no model: the settings, the instruction's length, the mode and the devices."""
