@@ -13,14 +13,15 @@ from specdemo.drafters import DEFAULT, strategy
 
 # gguf: a GGUF source's own quantized blocks, exactly; gguf-fused: the same blocks as the CPU plugin's fused kernels
 # take them (specdemo/gguf_weights.py)
-PRECISIONS = ("fp16", "int8", "int4", "gguf", "gguf-fused")
-GGUF_LAYOUTS = {"gguf": "exact", "gguf-fused": "fused"}  # the GGUF precisions, by their layout of the file's blocks
+PRECISIONS = ("fp16", "int8", "int4", "gguf", "gguf-fused", "gguf-mixed")
+GGUF_LAYOUTS = {"gguf": "exact", "gguf-fused": "fused", "gguf-mixed": "mixed"}  # the GGUF precisions, by their layout of the file's blocks
 WEIGHTS = {  # what each precision's weights are, for the model panel and the run's JSON
     "fp16": "FP16 (dequantized)",
     "int8": "INT8 (re-quantized by NNCF, per channel)",
     "int4": "INT4 (re-quantized by NNCF, groups of 128)",
     "gguf": "the GGUF's own blocks (Q4_K, Q6_K, …)",
     "gguf-fused": "the GGUF's own blocks as the fused kernels take them (Q4_K with a zero point, Q6_K per channel)",
+    "gguf-mixed": "the GGUF's own Q4_K blocks, its Q6_K, head and embedding per channel in 8 bits",
 }
 AUTO = "auto"  # a draft's precision left to `python -m specdemo tune`'s draft plan for this machine (draft_choice.py)
 DRAFT_PRECISION = "int4"  # what an auto draft precision runs until there is a plan (or when its choice is not prepared)

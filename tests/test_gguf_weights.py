@@ -162,6 +162,22 @@ def test_the_fused_layout_takes_the_kernels_types_within_half_a_step(tiny_gguf, 
         assert error.max() > f16_rounding(exact).max()  # it did change the weights: the bound is not vacuous
 
 
+MIXED = {T.Q4_K: ["i4"], T.Q6_K: ["i8"], T.Q5_0: ["i8"], T.Q8_0: ["i8"]}
+
+
+@pytest.mark.parametrize("kind", TYPES, ids=[k.name for k in TYPES])
+def test_the_mixed_layout_keeps_q4_k_exact_and_lays_q6_k_per_channel(tiny_gguf, tmp_path, kind):
+    model, reference = import_one(tiny_gguf, tmp_path, kind, "MatMul", "mixed")
+    assert block_constants(model) == MIXED[kind]
+    exact = gguf_weights.unpack(kind.name, np.asarray(tensors(tiny_gguf)[f"blk.{TYPES.index(kind)}.ffn_up.weight"].data))
+    error = np.abs(decompressed(model, "MatMul") - reference)
+    if kind == T.Q6_K:  # one scale a row: within half its step (and its f16 rounding)
+        step = np.abs(reference).max(axis=1, keepdims=True) * (1 / 127 + 2.0 ** -9)
+        assert (error <= step / 2 + f16_rounding(exact)).all() and error.max() > f16_rounding(exact).max()
+    else:  # the file's own arithmetic
+        assert (error <= f16_rounding(exact)).all()
+
+
 def test_the_fused_layout_lays_the_embedding_per_channel(tiny_gguf, tmp_path):
     model, reference = import_one(tiny_gguf, tmp_path, T.Q4_K, "Gather", "fused")
     assert block_constants(model) == ["i8"]
