@@ -271,7 +271,7 @@ def test_renamed_lanes_are_still_paired_by_their_fields_in_figures_targets_and_r
         {"label": "the planner's", "k": None, "k_policy": "auto", "measured_speedup": spread([2.3]),
          "prediction_error": spread([0.04])},
     ]
-    sections = {"paper": {"k": 4, "k_label": "K = 4", "adaptive": False, "by_tokens": {"100": figures}}, "k": {"rows": k_rows}}
+    sections = {"paper": {"k": 4, "k_label": "K = 4", "k_policy": "fixed", "by_tokens": {"100": figures}}, "k": {"rows": k_rows}}
     targets = {t["id"]: t for t in judge_targets(sections)}
     assert targets["genai_ratio"]["measured"] == pytest.approx(0.8) and targets["genai_ratio"]["met"]
     assert targets["speedup"]["measured"] == pytest.approx(2.5)

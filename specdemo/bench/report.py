@@ -258,7 +258,7 @@ def _paper(paper: dict | None, plots: dict) -> str:
     header = ["N", "ours AR", "ours spec", "ours speedup", "GenAI AR", "GenAI spec", "GenAI speedup", "paper AR", "paper spec", "paper speedup"]
     text = (
         f"## 1. The paper's experiment\n\nDecode time for N new tokens, autoregressive (AR) vs speculative (spec, "
-        f"{k_text(paper)}{', adaptive' if paper['adaptive'] else ''}), median (min–max) over the code instructions. The paper "
+        f"{k_text(paper)}{', adaptive' if paper.get('k_policy') == 'adaptive' else ''}), median (min–max) over the code instructions. The paper "
         "ran Dolly v2 12B with a 3B draft on other hardware: compare speedups, not seconds.\n\n" + table(header, rows)
     )
     return text + image(plots, "paper", "Speedup over autoregressive: ours, GenAI, the paper")
