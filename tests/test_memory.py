@@ -117,3 +117,12 @@ def test_a_step_started_by_the_page_counts_the_page_beside_itself(monkeypatch):
     assert memory.app_root({memory.ROOT_VARIABLE: str(os.getppid())}) == os.getppid()
     assert memory.app_root({}) == os.getpid()
     assert memory.app_root({memory.ROOT_VARIABLE: "999999999"}) == os.getpid()  # gone: this process's tree
+
+
+def test_the_bench_asks_more_room_for_a_section_that_loads_more_beside_its_pair():
+    from specdemo.bench.memory import section_need
+
+    target, draft = 1_780_000_000, 400_000_000  # the default pair's IR weights: INT8 1.5B, INT4 0.5B
+    f32_peer, genai, sweep = (section_need(name, target, draft) for name in ("transformers", "paper", "lookup"))
+    assert f32_peer > 8 * GIB > genai > 2 * memory.compile_need(target) > sweep  # the f32 peer cannot fit a free Space
+    assert section_need("k", target, draft, (2, 4)) > section_need("k", target, draft)  # a GenAI pipeline per K
