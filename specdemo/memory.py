@@ -7,8 +7,8 @@ process that goes past it).
     room = memory.room()            # Room(budget, used, cgroup_left, machine_left); room.left in bytes
     memory.wait_for(2 * 2**30, "compiling the target", log)   # True once there is room; False after a while
 
-Anonymous memory (RssAnon), not RSS: the model files a process maps are page cache the kernel can drop and read
-again, while what the plugin repacks and what Python allocates stays until it is freed. The tree is the app's:
+Anonymous memory, not RSS: the model files a process maps are page cache the kernel can drop and read again, while
+what the plugin repacks and what Python allocates stays until it is freed (memory.anonymous: each process's share). The tree is the app's:
 SPECDEMO_MEMORY_ROOT names its first process (the page sets it for its background steps, so a step counts the page
 beside itself); without it, this process and its children.
 """
@@ -75,13 +75,17 @@ def budget(environ=os.environ) -> int:
 
 
 def anonymous(pid: int, proc: Path = Path("/proc")) -> int:
-    """RssAnon of one process in bytes; 0 for a process gone."""
-    try:
-        for line in (proc / str(pid) / "status").read_text().splitlines():
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
+    """A process's anonymous memory in bytes: Pss_Anon, so that the pages a parent and the child it forked share until
+    the child runs another program count once between them, as their cgroup charges them (summed RssAnon counted a
+    2.4 GiB conversion twice for the instant a child of it was forked); RssAnon where the kernel gives no Pss_Anon;
+    0 for a process gone."""
+    for name, key in (("smaps_rollup", "Pss_Anon:"), ("status", "RssAnon:")):
+        try:
+            for line in (proc / str(pid) / name).read_text().splitlines():
+                if line.startswith(key):
+                    return int(line.split()[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            continue
     return 0
 
 
@@ -104,8 +108,7 @@ def tree(root: int, proc: Path = Path("/proc")) -> list[int]:
 
 
 def tree_anonymous(root: int, proc: Path = Path("/proc")) -> int:
-    """Anonymous memory of `root`'s whole process tree, in bytes. (A child just forked counts the pages it still shares
-    with its parent once more, for the instant before it runs another program.)"""
+    """Anonymous memory of `root`'s whole process tree, in bytes (each process's `anonymous`)."""
     return sum(anonymous(pid, proc) for pid in tree(root, proc))
 
 

@@ -41,6 +41,14 @@ def test_the_tree_counts_the_root_and_every_descendant_and_nothing_else(tmp_path
     assert memory.anonymous(99, proc) == 0  # a process gone
 
 
+def test_pages_a_forked_child_still_shares_with_its_parent_count_once(tmp_path):
+    """A 2 GiB process that has just forked: each shows 2 GiB of RssAnon, and half of it as its proportional share."""
+    proc = fake_proc(tmp_path, {10: (1, 2 * 2**20), 11: (10, 2 * 2**20)})
+    for pid in (10, 11):
+        (proc / str(pid) / "smaps_rollup").write_text(f"Rss:\t{2 * 2**20} kB\nPss_Anon:\t{2**20} kB\nAnonymous:\t{2 * 2**20} kB\n")
+    assert memory.tree_anonymous(10, proc) == 2 * 2**30
+
+
 def cgroup_v1(tmp_path: Path, limit: int, usage: int, inactive_file: int, parent_limit: int | None = None) -> Path:
     """cgroup v1's memory controller as on this project's machines: /sys/fs/cgroup/memory/process_api/<id>."""
     group = tmp_path / "memory" / "process_api" / "abc"
