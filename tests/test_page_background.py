@@ -99,3 +99,36 @@ def test_no_background_work_sends_nothing(monkeypatch):
         return [line async for line in background.follow()]
 
     assert asyncio.run(lines()) == []
+
+
+def test_following_the_work_does_not_keep_the_engine_a_tune_replaces(monkeypatch):
+    """The follower runs as long as the background work: holding the pair's loading would keep its engine (2 GiB) alive
+    after the tune's engine replaced it."""
+    import gc
+    import weakref
+
+    class Engine:
+        pass
+
+    engine = Engine()
+    done = threading.Event()
+    done.set()
+    loading = SimpleNamespace(done=done, value=engine)
+    monkeypatch.setattr(background, "loading_for", lambda *args, **kwargs: loading)
+    monkeypatch.setattr(tuning, "decided", lambda: True)
+    gone = weakref.ref(engine)
+
+    async def freed_while_following() -> bool:
+        follower = background.follow(poll_s=0.001)
+        monkeypatch.setattr(tuning, "current", lambda: SimpleNamespace(progress=lambda: replaced()))
+        await follower.__anext__()  # the follower waits for the work's next change, still running
+        gc.collect()
+        return gone() is None
+
+    def replaced():
+        nonlocal engine, loading
+        engine = loading = None  # the tune's engine took the old one's place
+        gc.collect()
+        return progress.Progress(2, 4, tuning.TUNING, "", "running", False, (), (), 1.0)
+
+    assert asyncio.run(freed_while_following())

@@ -16,8 +16,9 @@ async def follow(poll_s: float = 2.0, settle_s: float = 30.0) -> AsyncIterator[s
     Asked on the server every `poll_s` seconds while the work runs (reading only what its log gained); the browser
     receives nothing until the line changes, and nothing at all where there is no work. Waits for the models first,
     as the work starts once they are ready (up to `settle_s` seconds more for the server to start it)."""
-    loading = loading_for("pair", RunSettings(), True, refresh=False)
-    while not loading.done.is_set():
+    # Only the loading's Event: holding the Loading would keep its engine alive after a tune replaces it (2 GiB).
+    loaded = loading_for("pair", RunSettings(), True, refresh=False).done
+    while not loaded.is_set():
         await asyncio.sleep(poll_s)
     for _ in range(int(settle_s / poll_s)):
         if tuning.decided():
