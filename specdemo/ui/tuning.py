@@ -10,6 +10,9 @@ Zen 5), since the lanes share caches and memory bandwidth, not only cores.
 It ends with the server. What it chose is applied when it is done, without a restart: the page compiles the default
 pair again in a turn of its own in the visitors' line (handlers.apply_tune), and any engine compiled before the tune
 last changed is compiled again when a run next asks for it (engines.loading_for).
+Memory is bounded for the page and its steps together (specdemo/memory.py): each step counts the page beside itself,
+waits for room before each conversion or compile, and leaves what does not fit with a line in the log (exit
+memory.SKIPPED): that step is skipped and the next one runs. The page says where the work stands (ui/background.py).
 SPECDEMO_TUNE_AT_START=0 turns it off (the tests' and the benchmark's servers).
 """
 
