@@ -34,6 +34,7 @@ def convert(settings: ModelSettings, folder: Path, progress: Progress) -> None:
                                    f"is not a GGUF file; choose {', '.join(p for p in PRECISIONS if p != 'gguf')}")
         export = scratch / "export"
         _export(settings.source, hf_folder, gguf_file, export, progress)
+        shutil.rmtree(scratch / "hf", ignore_errors=True)  # the dequantized f32 weights (6 GB for the 1.5B), exported now
         if settings.precision == "gguf":
             progress(0.8, f"{settings.source}: taking the GGUF's own quantized blocks as the weights")
             _import_gguf(export, Path(hf_folder) / gguf_file)
