@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from specdemo import compat, errors, runfile, sources, strict_json
+from specdemo import compat, errors, memory, runfile, sources, strict_json
 from specdemo.drafters import STRATEGIES
 from specdemo.settings import (AUTO, CONFIGURATIONS, KPolicy, DEFAULT_DRAFT, DEFAULT_TARGET, DRAFT_PRECISION,
                                MAX_PROMPT_TOKENS, PRECISIONS, GenerationSettings, ModelSettings, RunSettings)
@@ -152,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "tune":
             if args.forget:
                 return _forget_tune()
+            compat.keep_torch_out()  # tokenizers need no torch: 0.3 GiB less beside the compiles (conversion is a child)
             return _plan_draft(settings) if args.draft_plan else _tune(settings, again=not args.target_only)
         if args.command == "generate":
             compat.keep_torch_out()  # generating needs no torch; conversion, if any, runs in a child process
@@ -162,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, sources.ModelSourceError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except memory.Short as error:  # waited for memory and gave up: not an error, a step for later
+        print(f"skipped: {error}", file=sys.stderr)
+        return memory.SKIPPED
     except RuntimeError as error:  # OpenVINO refused a compile or a call: one sentence, not its C++ source lines
         if not (errors.is_openvino(error) or isinstance(error, errors.GenAIError)):
             raise

@@ -6,7 +6,8 @@ costs half a target step (an AVX2-only CPU) a 15 % cheaper step is worth a lot; 
 same step saved is worth little and the lost acceptance decides. So `python -m specdemo tune` measures each candidate
 draft here, with the tuned target loaded:
 
-* its draft step, as a round makes it (race.sample_draft), the candidates taking turns in one race (race.race);
+* its draft step, as a round makes it (race.sample_draft), raced against the incumbent draft (race.race), two drafts
+  at a time;
 * its acceptance by draft position, exactly, on the built-in answers (assets/calibration.json): where its greedy token
   equals the target's, teacher forced (counterfactual.agreement_mask);
 
@@ -22,6 +23,7 @@ already prepared (the page's background work prepares the default draft's INT8 b
 
 from __future__ import annotations
 
+import gc
 import math
 from dataclasses import dataclass, field, replace
 
@@ -108,13 +110,24 @@ def measure(target, draft: ModelSettings, examples: list[dict], encode, prepared
             log) -> tuple[list[DraftOption], object]:
     """Every candidate's acceptance on the examples and its draft step in a round, against `target` (a runtime), and
     the incumbent's compiled draft (for the cost curve `price` needs). `encode(example)` gives (prompt ids, answer
-    ids); `compile(settings)` a draft runtime; `timer(models, target)` each model's seconds of a draft step in a round
-    (race.race over race.sample_draft)."""
+    ids); `compile(settings)` a draft runtime, or None when memory does not allow one (the candidate is left out;
+    the incumbent cannot be: memory.Short); `timer(models, target)` each model's seconds of a draft step in a round
+    (race.race over race.sample_draft).
+
+    Two drafts at a time beside the target: the incumbent's compile is held while each other candidate is compiled,
+    measured, raced against it alone and let go. A candidate's step is the incumbent's first time scaled by their ratio
+    in its own race, so the machine's drift between races cancels in what `price` reads (steps over the incumbent's)."""
+    from specdemo import memory
     from specdemo.counterfactual import agreement_mask, mask_counts
 
-    options, models = [], []
+    options, incumbent = [], None
     for settings in candidates(draft, prepared):
         model = compile(settings)
+        if model is None:
+            if incumbent is None:
+                raise memory.Short("memory does not allow the draft plan's incumbent draft; `python -m specdemo tune "
+                                   "--draft-plan` tries again")
+            continue
         option = DraftOption(settings.precision, settings.head_tokens, rows=model.head_tokens,
                              applies=draft.precision in (AUTO, settings.precision))
         option.tested, option.accepted = [0] * K_MAX, [0] * K_MAX
@@ -126,10 +139,18 @@ def measure(target, draft: ModelSettings, examples: list[dict], encode, prepared
         log(f"  draft {option.describe()} ({option.rows:,} rows): agrees with the target on "
             f"{option.acceptance_rate():.1%} of tested drafts")
         options.append(option)
-        models.append(model)
-    for option, seconds in zip(options, timer(models, target)):
-        option.step_s = seconds
-    return options, models[0]
+        if incumbent is None:
+            incumbent = model
+            continue
+        pace_s, step_s = timer([incumbent, model], target)
+        if options[0].step_s != options[0].step_s:
+            options[0].step_s = pace_s
+        option.step_s = options[0].step_s * step_s / pace_s
+        del model
+        gc.collect()
+    if len(options) == 1:  # raced against no one: timed alone
+        options[0].step_s = timer([incumbent], target)[0]
+    return options, incumbent
 
 
 def table(options: list[DraftOption]) -> list[str]:

@@ -35,11 +35,17 @@ def reference_settings(target: ModelSettings) -> ModelSettings:
                    dynamic_quantization_group_size=0, num_threads=0)
 
 
-def teacher_forced_logits(model, prompt: list[int], answer: list[int]) -> np.ndarray:
-    """(len(answer) − 1, V) logits of `model` at each answer position, the answer fed as context."""
+def teacher_forced_logits(model, prompt: list[int], answer: list[int], piece: int = 0) -> np.ndarray:
+    """(len(answer) − 1, V) logits of `model` at each answer position, the answer fed as context; with `piece`, fed
+    that many tokens a call (the CPU plugin keeps memory sized by a compile's longest call after the compile is let go:
+    tune, which lets go of a dozen compiles, feeds pieces)."""
     model.reset()
-    model.forward(prompt)
-    logits = model.forward(answer[:-1], logits_to_keep=len(answer) - 1)
+    fed = answer[:-1]
+    size = piece or max(len(prompt), len(fed), 1)
+    for begin in range(0, len(prompt), size):
+        model.forward(prompt[begin:begin + size])
+    logits = np.concatenate([model.forward(fed[begin:begin + size], logits_to_keep=len(fed[begin:begin + size]))
+                             for begin in range(0, len(fed), size)])
     model.reset()
     return logits
 

@@ -117,6 +117,24 @@ def is_prepared(settings: ModelSettings) -> bool:
     return _prepared_folder(settings) is not None
 
 
+def weights_bytes(settings: ModelSettings) -> int:
+    """Bytes of the model's IR weights (openvino_model.bin) once prepared; 0 before."""
+    folder = _prepared_folder(settings)
+    return (folder / "openvino_model.bin").stat().st_size if folder and (folder / "openvino_model.bin").is_file() else 0
+
+
+def source_bytes(source: str) -> int:
+    """Bytes of the weights a conversion starts from: a preset's GGUF, a .gguf file, a folder's weight files; 0 when
+    they are not on this machine (a Hugging Face id)."""
+    if source in PRESETS:
+        return PRESETS[source].size
+    path = Path(source).expanduser()
+    if path.is_file():
+        return path.stat().st_size
+    weights = [f for pattern in ("*.safetensors", "*.bin", "*.gguf") for f in path.glob(pattern)] if path.is_dir() else []
+    return sum(f.stat().st_size for f in weights)
+
+
 def _prepared_folder(settings: ModelSettings) -> Path | None:
     """The IR folder for `settings` if it needs no conversion (a local IR folder, or a finished conversion), else None."""
     path = Path(settings.source).expanduser()
@@ -146,8 +164,20 @@ def prepare(settings: ModelSettings, progress: Progress | None = None) -> Path:
     with _exclusive(folder):  # another process converting the same model: wait, then reuse its result
         if not (folder / COMPLETE_MARKER).is_file():
             _remove_stale_scratch(folder)
+            _wait_for_memory(settings, progress)
             _convert_in_child(settings, folder, progress)
     return folder
+
+
+def _wait_for_memory(settings: ModelSettings, progress: Progress) -> None:
+    """Until memory allows the conversion (specdemo/memory.py), saying so; memory.Short when it does not."""
+    from specdemo import memory
+
+    what = f"converting {settings.source} to {settings.precision}"
+    if not memory.wait_for(memory.conversion_need(source_bytes(settings.source)), what,
+                           lambda message: progress(None, message)):
+        raise memory.Short(f"memory does not allow {what} now (see {memory.BUDGET_VARIABLE}); it is tried again on the "
+                           "next start")
 
 
 def log_path(folder: Path) -> Path:
@@ -218,6 +248,9 @@ def terminal_progress(source: str, stream=None) -> Progress:
             return
         state["stage"] = stage
         elapsed = time.perf_counter() - state["start"]
+        if fraction is None:  # a stage without a fraction: waiting for memory
+            print(f"[{_minutes(elapsed):>6}] {stage}", file=stream or sys.stderr, flush=True)
+            return
         left = f", about {_minutes(elapsed / fraction - elapsed)} left" if 0.05 <= fraction < 1.0 else ""
         print(f"[{_minutes(elapsed):>6}] {stage} ({fraction:.0%}{left})", file=stream or sys.stderr, flush=True)
 

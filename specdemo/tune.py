@@ -12,9 +12,12 @@ MLP/QKV paths are AMX-only. So each model is measured here, on this machine, wit
   (assets/calibration.json), must equal the reference compile's (f32, no dynamic quantization) wherever the
   reference is not at a near-tie;
 * the faithful ones are timed in the loop's own call pattern (a single step as the autoregressive lane makes it and a
-  short and a long round's verify calls for the target; a draft step inside a round for the draft), in two passes in opposite orders,
-  and the fastest stays; a third pass settles a ranking the two passes disagree on (specdemo/race.py);
+  short and a long round's verify calls for the target; a draft step inside a round for the draft), each raced
+  against the incumbent alone, in turns, until two heats agree (specdemo/race.py), and the fastest stays;
 * the chosen pair must still give greedy speculative output equal to autoregressive output.
+
+Memory is bounded (specdemo/memory.py): two compiles of a model at a time, each let go before the next, and every
+compile waits for room first; a tune memory does not allow ends with memory.Short (exit memory.SKIPPED).
 
 The choice is kept in the machine profile (specdemo/profile: Profile.keep_tune, read by Profile.resolve) and applied
 to every compile of these models (ours, GenAI's lane in the page, the bench's GenAI peers), so comparisons stay like
@@ -29,11 +32,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from specdemo import builtin, machine, sources
+from specdemo import builtin, identity, machine, memory, sources
 from specdemo.profile import machine_profile
 from specdemo.profile.choices import DEFAULT, REFERENCE, Setting, searched
 from specdemo.fidelity import teacher_forced_logits
-from specdemo.race import race, sample_draft, sample_target
+from specdemo.race import PIECE, race, sample_draft, sample_target
 from specdemo.settings import ModelSettings
 
 # 0: dynamic quantization off. 16 divides the groups of 16 a GGUF's Q6_K blocks keep (precision gguf), 32 its Q4_K
@@ -74,6 +77,9 @@ def candidates(current: Setting, dimension: str, cpu_flags: list[str], cores: in
 
 
 DIMENSIONS = ("dynamic_quantization_group_size", "inference_precision", "kv_cache_precision", "num_threads")
+DIMENSION_NAMES = {"dynamic_quantization_group_size": "dynamic-quantization group size",
+                   "inference_precision": "inference precision", "kv_cache_precision": "KV-cache precision",
+                   "num_threads": "threads"}
 
 
 @dataclass
@@ -93,7 +99,7 @@ def probes_of(model, tokenizer, examples: list[dict]) -> list[Probe]:
     out = []
     for example in examples:
         prompt, text = encode(tokenizer, example)
-        logits = teacher_forced_logits(model, prompt, text)  # (len - 1, V)
+        logits = teacher_forced_logits(model, prompt, text, PIECE)  # (len - 1, V)
         top2 = np.partition(logits, -2, axis=-1)[:, -2:]
         out.append(Probe(prompt, text, logits.argmax(axis=-1), (top2[:, 1] - top2[:, 0]) >= NEAR_TIE_LOGIT_GAP))
     return out
@@ -110,7 +116,7 @@ def agreement(model, probes: list[Probe]) -> float:
     """The share of the reference's decided greedy choices this compile makes too."""
     kept = total = 0
     for probe in probes:
-        choices = teacher_forced_logits(model, probe.prompt, probe.text).argmax(axis=-1)
+        choices = teacher_forced_logits(model, probe.prompt, probe.text, PIECE).argmax(axis=-1)
         kept += int(((choices == probe.choices) & probe.decided).sum())
         total += int(probe.decided.sum())
     return kept / total if total else 1.0
@@ -128,58 +134,99 @@ def compile_model(settings: ModelSettings, tokenizer=None, profiled: bool = Fals
     return OVModel(folder, settings, head_ids=head, profiled=profiled)
 
 
-def search(role: str, base: ModelSettings, other, probes: list[Probe], log, cpu_flags: list[str], cores: int,
-           compile=None, fidelity=None, timer=None, identity=None) -> list[Trial]:
-    """Coordinate descent over DIMENSIONS from DEFAULT for one model; every trial, the chosen one marked. `compile`,
-    `fidelity` and `timer` default to compiling for real, `agreement` and the role's loop-pattern timer.
+def compiled_in_bound(settings: ModelSettings, what: str, log, tokenizer=None):
+    """compile_model once memory allows it (memory.wait_for, which says so when it waits or gives up); else None."""
+    if not memory.wait_for(memory.compile_need(sources.weights_bytes(settings)), what, log):
+        return None
+    return compile_model(settings, tokenizer)
 
-    `identity` (model -> fidelity.BatchingNoise), for a target whose greedy lanes must stay identical: a setting
-    replaces the incumbent only if its parting rate (single steps against verify calls) is no worse than the
-    defaults' beyond their counting noise (parts_no_more); a faster one that parts more often is passed over, and the
-    table says so."""
+
+def admitted(settings: ModelSettings, what: str, log, tokenizer=None):
+    """compiled_in_bound, or memory.Short when memory does not allow the compile."""
+    model = compiled_in_bound(settings, what, log, tokenizer)
+    if model is None:
+        raise memory.Short(f"memory does not allow {what}; `python -m specdemo tune` tries again")
+    return model
+
+
+def search(role: str, base: ModelSettings, other, probes: list[Probe], log, cpu_flags: list[str], cores: int,
+           compile=None, fidelity=None, timer=None, parting=None, admit=None) -> list[Trial]:
+    """Coordinate descent over DIMENSIONS from DEFAULT for one model; every trial, the chosen one marked. `compile`,
+    `fidelity` and `timer` default to compiling for real, `agreement` and the role's loop-pattern timer; `admit(what)`
+    whether memory allows one more compile (for real compiles, memory.wait_for memory.compile_need of `base`).
+
+    Two compiles of the model at a time: in each dimension the incumbent's compile is held while each challenger is
+    compiled, checked, raced against it alone (race.race, the two in turns) and let go before the next (a 1.5B INT8
+    target holds 1.6 GiB a compile: six at once took 11 GiB). A challenger's time is a ratio to the incumbent's in
+    their own race, chained to the defaults through the incumbents, so the drift of a shared machine between races
+    cancels; one that beats the incumbent by MARGIN races it again and keeps the smaller of its two gains. A challenger
+    memory does not allow is skipped, and the log says so.
+
+    `parting` (model -> fidelity.BatchingNoise, identity.judge), for a target whose greedy lanes must stay identical: a
+    setting replaces the incumbent only if its parting rate (single steps against verify calls) is no worse than the
+    defaults' beyond their counting noise (identity.parts_no_more); a faster one that parts more often is passed over,
+    and the table says so."""
     compile = compile or compile_model
     fidelity = fidelity or agreement
     timer = timer or (lambda models, other: race(models, other, sample_target if role == "target" else sample_draft))
+    if admit is None:  # real compiles wait for memory; stand-ins take none
+        need = memory.compile_need(sources.weights_bytes(base))
+        admit = (lambda what: memory.wait_for(need, what, log)) if compile is compile_model else (lambda what: True)
+
+    def compiled(trial: Trial):
+        """The trial's compile, or None when memory does not allow it."""
+        return compile(trial.setting.apply(base)) if admit(f"compiling the {role} at {trial.setting.describe()}") else None
+
     trials: list[Trial] = []
     best = Trial(role, DEFAULT)
     baseline = None  # the defaults' trial, once its parting rate is measured
     for dimension in DIMENSIONS:
-        judged = {t.setting: t.parting_rate for t in trials}  # a parting rate is measured once per setting
-        options = [Trial(role, s, parting_rate=judged.get(s, float("nan")))
-                   for s in candidates(best.setting, dimension, cpu_flags, cores)]
+        known = {t.setting: t for t in trials}  # fidelity and parting rate are measured once per setting
+        options = [_carried(Trial(role, s), known.get(s)) for s in candidates(best.setting, dimension, cpu_flags, cores)]
         if len(options) < 2:
             continue
-        models = {}  # the faithful candidates' compiles, kept for the timing passes
-        for trial in options:
-            model = compile(trial.setting.apply(base))
-            trial.agreement = fidelity(model, probes)
+        log(f"{role}: {DIMENSION_NAMES[dimension]}, {len(options)} settings, each raced against {best.setting.describe()}")
+        pace, held, ratio = None, None, {}  # the faithful trial the others race against, its compile, their ratios to it
+        for trial in sorted(options, key=lambda t: t.setting != best.setting):  # the incumbent first
+            model = compiled(trial)
+            if model is None:
+                if trial.setting == best.setting:
+                    raise memory.Short(f"memory does not allow the {role}'s incumbent compile, which every other one "
+                                       "races; `python -m specdemo tune` tries again")
+                continue
+            if trial.agreement != trial.agreement:
+                trial.agreement = fidelity(model, probes)
+                log(f"  {role} {trial.setting.describe()}: keeps {trial.agreement:.1%} of the reference's greedy choices")
             trial.faithful = trial.agreement >= FAITHFUL
-            log(f"  {role} {trial.setting.describe()}: keeps {trial.agreement:.1%} of the reference's greedy choices")
-            if trial.faithful:
-                models[id(trial)] = model
-        faithful = [t for t in options if t.faithful]
-        for trial, seconds in zip(faithful, timer([models[id(t)] for t in faithful], other)):
-            trial.seconds = seconds
-        incumbent = next((t for t in faithful if t.setting == best.setting), None)
-        # Times of one race compare; across races the machine may have drifted, so ratios are chained through the
-        # incumbent, which runs in every race.
+            if trial.faithful and pace is None:
+                pace, held, ratio[id(trial)] = trial, model, 1.0
+            elif trial.faithful:
+                pace.seconds, trial.seconds = timer([held, model], other)
+                ratio[id(trial)] = trial.seconds / pace.seconds
+                if ratio[id(trial)] < 1 - MARGIN:  # a gain must hold in a second race too: one race can be unlucky
+                    pace_s, seconds = timer([held, model], other)
+                    ratio[id(trial)] = max(ratio[id(trial)], seconds / pace_s)
+            del model  # the held one stays in `held`
+            gc.collect()
+        if pace is not None and len(ratio) == 1:  # raced against no one: timed alone
+            pace.seconds = timer([held], other)[0]
+        incumbent = pace if pace is not None and pace.setting == best.setting else None
         scale = best.relative if best.relative == best.relative else 1.0
-        for trial in faithful:
-            trial.relative = scale * trial.seconds / incumbent.seconds if incumbent else float("nan")
+        for trial in (t for t in options if id(t) in ratio):
+            trial.relative = scale * ratio[id(trial)] if incumbent else float("nan")
             log(f"  {role} {trial.setting.describe()}: {trial.seconds * 1e3:.1f} ms ({trial.relative:.2f}× the defaults)")
         trials = [t for t in trials if all(t.setting != o.setting for o in options)] + options  # the latest timing of each
-        faster = sorted((t for t in faithful if incumbent is None or t.seconds < (1 - MARGIN) * incumbent.seconds),
-                        key=lambda t: t.seconds)
-        if identity is not None and faster:
+        faster = sorted((t for t in options if id(t) in ratio and (incumbent is None or ratio[id(t)] < 1 - MARGIN)),
+                        key=lambda t: ratio[id(t)])
+        if parting is not None and faster:
+            judge = lambda t: identity.measured(t, held if t is pace else None, compiled, parting, log)  # noqa: E731
             if baseline is None:
-                default = next((t for t in faithful if t.setting == DEFAULT), incumbent)
-                if default:
-                    _judge_identity(default, models[id(default)], identity, log)
-                baseline = default
+                baseline = next((t for t in options if id(t) in ratio and t.setting == DEFAULT), incumbent)
+                if baseline is not None:
+                    judge(baseline)
             # fastest first, judged one at a time until one parts no more often than the defaults (~1 min each)
-            faster = next(([t] for t in faster
-                           if parts_no_more(_judge_identity(t, models[id(t)], identity, log), baseline)), [])
-        models.clear()
+            faster = next(([t] for t in faster if judge(t) and identity.parts_no_more(t, baseline)), [])
+        del held
         gc.collect()
         if faster:
             best = faster[0]
@@ -190,48 +237,11 @@ def search(role: str, base: ModelSettings, other, probes: list[Probe], log, cpu_
     return trials
 
 
-IDENTITY_POSITIONS = 320  # built-in code and prose answer tokens scored by single steps and by verify calls (~1 min)
-IDENTITY_SIZES = (2, 4, 8, 13)  # verify-call sizes tried: K = 1, 3, 7 and 12
-
-
-def keeps_identity(target: ModelSettings) -> bool:
-    """Whether tune holds this target to the defaults' parting rate: every target but the fastest configuration's,
-    which trades identity for speed by design."""
-    from specdemo.settings import CONFIGURATIONS
-
-    fastest = CONFIGURATIONS["fastest"][0]
-    return (target.source, target.precision) != (fastest.source, fastest.precision)
-
-
-def identity_judge(tokenizer, examples: list[dict]):
-    """model -> fidelity.BatchingNoise over the built-in code answers and prose answers (assets/prose.json, where
-    near-ties are common), up to IDENTITY_POSITIONS tokens."""
-    from specdemo.fidelity import batching_noise
-
-    prose = builtin.prose_answers()
-    mixed = [e for pair in zip(examples, prose) for e in pair] + examples[len(prose):] + prose[len(examples):]
-    pairs = [encode(tokenizer, e) for e in mixed]  # code and prose in turns, so a cap keeps both
-    return lambda model: batching_noise(model, pairs, IDENTITY_POSITIONS, IDENTITY_SIZES)
-
-
-def parts_no_more(trial: Trial, defaults: Trial | None) -> bool:
-    """Whether `trial`'s verify calls part from its single steps no more often than the defaults', counting noise aside.
-    The defaults' partings are a count of rare events: a candidate may part up to one standard deviation of that count
-    (at least one parting) more often over as many positions. 3 partings against the defaults' 2 in 320 positions is no
-    evidence of a difference (the GGUF's blocks in groups of 16 on the Zen 5, 18 % faster); 6 against 2 is (bf16)."""
-    if defaults is None:
-        return True
-    expected = defaults.parting_rate * trial.parting_positions / 1000
-    return trial.parting_rate * trial.parting_positions / 1000 <= expected + max(1.0, expected ** 0.5)
-
-
-def _judge_identity(trial: Trial, model, identity, log) -> Trial:
-    """The trial, its parting rate (per 1,000 positions) measured once and kept on it."""
-    if trial.parting_rate != trial.parting_rate:
-        noise = identity(model)
-        trial.parting_rate, trial.parting_positions = noise.parting_rate, noise.positions
-        log(f"  {trial.role} {trial.setting.describe()}: greedy choices of verify calls differ from single steps at "
-            f"{trial.parting_rate:.1f} per 1,000 positions")
+def _carried(trial: Trial, earlier: Trial | None) -> Trial:
+    """A new trial of a setting, with what an earlier dimension measured of it that does not drift (fidelity, parting)."""
+    if earlier is not None:
+        trial.agreement, trial.parting_rate, trial.parting_positions = \
+            earlier.agreement, earlier.parting_rate, earlier.parting_positions
     return trial
 
 
@@ -251,21 +261,24 @@ def tune(target: ModelSettings, draft: ModelSettings, log=print, again: bool = T
     draft_done = not again and profile.chosen(searched(draft)) is not None and not profile.needs_plan(draft)
     roles = [("target", target, searched(draft))] + ([] if draft_done else [("draft", searched(draft), target)])
     trials = []
+    other = None
     for role, base, partner in roles:
+        other = None  # the previous partner's compile goes before the next one loads
+        gc.collect()
         log(f"{role}: the reference (f32, no dynamic quantization), for fidelity")
-        reference = compile_model(REFERENCE.apply(base))
+        reference = admitted(REFERENCE.apply(base), f"the {role}'s reference compile", log)
         probes = probes_of(reference, tokenizer, examples)
         del reference
         gc.collect()
-        other = None  # the previous partner's compile goes before the next one loads
-        gc.collect()
         if role == "draft":
-            other = compile_model(tune_choice(trials, "target", target))
+            other = admitted(tune_choice(trials, "target", target), "the tuned target, beside the draft", log)
         else:  # the target is timed beside the draft as this machine runs it: tuned if it is, else the defaults
             # The draft as this machine runs it, its LM head trimmed where the plan chose so (the tokenizer says how).
-            other = compile_model(profile.resolve(draft) if draft_done else DEFAULT.apply(partner), tokenizer)
-        judge = identity_judge(tokenizer, examples) if role == "target" and keeps_identity(target) else None
-        trials += search(role, base, other, probes, log, flags, cores, identity=judge)
+            other = admitted(profile.resolve(draft) if draft_done else DEFAULT.apply(partner), "the draft, beside the target",
+                             log, tokenizer)
+        judge = identity.judge([encode(tokenizer, e) for e in identity.examples(examples)]) \
+            if role == "target" and identity.keeps_identity(target) else None
+        trials += search(role, base, other, probes, log, flags, cores, parting=judge)
     if draft_done:
         log("draft: tuned and planned already on this machine; kept as it is")
         return trials, []
@@ -283,7 +296,8 @@ def plan_draft(setting: Setting, target, draft: ModelSettings, tokenizer, exampl
         "planner")
     options, incumbent = draft_choice.measure(
         target, draft, examples, lambda example: encode(tokenizer, example), sources.is_prepared,
-        lambda settings: compile_model(setting.apply(settings), tokenizer),
+        lambda settings: compiled_in_bound(setting.apply(settings), f"compiling the draft {settings.precision}, head "
+                                           f"{settings.head_tokens or 'full'}", log, tokenizer),
         lambda models, other: race(models, other, sample_draft), log)
     log("  the target's cost curve, for pricing")
     curve = measuring.measure(target, incumbent, K_MAX + 1)
@@ -300,7 +314,7 @@ def replan_draft(target: ModelSettings, draft: ModelSettings, log=print) -> list
     examples = builtin.code_answers()
     tokenizer = AutoTokenizer.from_pretrained(sources.prepare(target))
     profile = machine_profile()
-    tuned_target = compile_model(profile.resolve(target))
+    tuned_target = admitted(profile.resolve(target), "the tuned target, for the draft plan", log)
     return plan_draft(profile.chosen(searched(draft)) or DEFAULT, tuned_target, draft, tokenizer, examples, log)
 
 

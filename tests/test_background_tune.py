@@ -237,3 +237,26 @@ def wait_for_status(process: psutil.Process, status: str) -> bool:
             return True
         time.sleep(0.02)
     return False
+
+
+def test_a_step_memory_does_not_allow_is_skipped_and_the_next_one_runs(turned_on):
+    """A step that waited for memory and gave up exits memory.SKIPPED, its reason in the log: the work goes on with the
+    next step (the fastest configuration's models still fit when the tune did not), and the panel says what was left."""
+    from specdemo import memory
+
+    background = tuning.start([(tuning.TUNING, child(memory.SKIPPED)), ("preparing the fastest configuration's models",
+                                                                         child(0))])
+    finish(background)
+    assert background.state == "done" and background.skipped == [tuning.TUNING]
+    assert background.finished == ["preparing the fastest configuration's models"]
+    assert "skipped, memory did not allow it" in background.describe() and "failed" not in background.describe()
+
+
+def test_each_step_counts_the_page_beside_itself_in_the_memory_bound(turned_on):
+    import os
+
+    from specdemo import memory
+
+    background = tuning.start([(tuning.TUNING, [sys.executable, "-c", f"import os; print('root', os.environ['{memory.ROOT_VARIABLE}'])"])])
+    finish(background)
+    assert f"root {os.getpid()}" in background.log_path.read_text()

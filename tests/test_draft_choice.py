@@ -80,7 +80,7 @@ def test_acceptance_is_measured_exactly_against_the_target_on_the_examples():
     options, _ = draft_choice.measure(target, DEFAULT_DRAFT, examples, lambda e: (e["prompt"], e["answer"]),
                                    lambda s: False, compile, lambda models, t: timed.append(len(models)) or
                                    [0.02] * len(models), lambda message: None)
-    assert timed == [len(draft_choice.HEADS)]  # one race over every candidate
+    assert timed == [2] * (len(draft_choice.HEADS) - 1)  # the incumbent raced against each other candidate alone
     same, *others = options
     assert same.head_tokens == 0 and same.acceptance_rate() == 1.0 and sum(same.tested) > 0
     assert all(o.acceptance_rate() < 0.5 for o in others)
@@ -164,3 +164,29 @@ def test_a_draft_plan_alone_keeps_the_tunes_record(tmp_path):
     price([again], AVX2)
     profile.keep_tune([], {"target": DEFAULT_DRAFT, "draft": DEFAULT_DRAFT}, [again])
     assert profile.tune()["trials"] == before and before
+
+
+def test_the_plan_holds_two_drafts_at_a_time_and_chains_their_steps_through_the_incumbent():
+    """Every draft compiled at once beside the target: now the incumbent (int4, full head) is held and each other draft
+    raced against it alone; the machine slowing between races (twice as slow in the second) cancels in the steps."""
+    import weakref
+
+    target, alive, most, races = FakeModel(50, "target"), [0], [0], []
+
+    def compile(settings: ModelSettings):
+        model = FakeModel(50, "draft")
+        model.head_tokens = settings.head_tokens or 50
+        alive[0] += 1
+        most[0] = max(most[0], alive[0])
+        weakref.finalize(model, lambda: alive.__setitem__(0, alive[0] - 1))
+        return model
+
+    def timer(models, other):
+        races.append(len(models))
+        return [len(races) * (0.02 if m.head_tokens == 50 else 0.01) for m in models]
+
+    examples = [{"prompt": [1, 2, 3], "answer": [4, 5, 6, 7, 8]}]
+    options, incumbent = draft_choice.measure(target, DEFAULT_DRAFT, examples, lambda e: (e["prompt"], e["answer"]),
+                                              lambda s: False, compile, timer, lambda message: None)
+    assert most[0] == 2 and races == [2] * (len(options) - 1) and incumbent.head_tokens == 50
+    assert options[0].step_s == pytest.approx(0.02) and all(o.step_s == pytest.approx(0.01) for o in options[1:])

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from specdemo import compat, genai, tune
+from specdemo import compat, genai, identity, tune
 from specdemo.events import TokenEvent
 from specdemo.settings import DEFAULT_TARGET
 from specdemo.profile import machine_profile
@@ -67,7 +67,7 @@ def test_a_faster_setting_whose_verify_calls_part_more_often_than_the_defaults_i
     log, judged = [], []
     trials = tune.search("target", DEFAULT_TARGET, None, [], log.append, AVX512_BF16, 2, compile=lambda settings: settings,
                          fidelity=lambda model, probes: 1.0, timer=lambda models, other: [fake_seconds(m, other) for m in models],
-                         identity=lambda model: judged.append(model) or parting(model))
+                         parting=lambda model: judged.append(model) or parting(model))
     chosen = next(t for t in trials if t.chosen)
     assert chosen.setting == Setting(128, "f32", "f32") and chosen.parting_rate == pytest.approx(2.0)
     bf16 = next(t for t in trials if t.setting.inference_precision == "bf16")
@@ -83,7 +83,7 @@ def test_a_faster_setting_whose_verify_calls_part_more_often_than_the_defaults_i
 def test_only_the_fastest_configurations_target_may_trade_identity_for_speed():
     from specdemo.settings import CONFIGURATIONS
 
-    assert tune.keeps_identity(CONFIGURATIONS["faithful"][0]) and not tune.keeps_identity(CONFIGURATIONS["fastest"][0])
+    assert identity.keeps_identity(CONFIGURATIONS["faithful"][0]) and not identity.keeps_identity(CONFIGURATIONS["fastest"][0])
 
 
 def test_a_cpu_without_bf16_is_not_offered_bf16_and_a_small_one_keeps_every_core():
@@ -172,7 +172,7 @@ def test_another_configurations_target_is_searched_beside_the_draft_as_tuned(tmp
     int4_target, draft = replace(DEFAULT_TARGET, precision="int4"), replace(DEFAULT_DRAFT, precision="int4")
     searched, partners = [], []
 
-    def fake_search(role, base, other, probes, log, flags, cores, identity=None):
+    def fake_search(role, base, other, probes, log, flags, cores, parting=None):
         searched.append((role, base.precision))
         partners.append(other)
         return [tune.Trial(role, Setting(64, "f32", "f32"), faithful=True, chosen=True)]
@@ -221,8 +221,84 @@ def test_a_parting_more_or_less_than_the_defaults_is_counting_noise_but_three_ti
     faster) three times, bf16 six times."""
     defaults = tune.Trial("target", DEFAULT, parting_rate=1000 * 2 / 320, parting_positions=320)
     judged = lambda flips: tune.Trial("target", DEFAULT, parting_rate=1000 * flips / 320, parting_positions=320)
-    assert tune.parts_no_more(judged(3), defaults) and tune.parts_no_more(judged(0), defaults)
-    assert not tune.parts_no_more(judged(6), defaults)
+    assert identity.parts_no_more(judged(3), defaults) and identity.parts_no_more(judged(0), defaults)
+    assert not identity.parts_no_more(judged(6), defaults)
     none = tune.Trial("target", DEFAULT, parting_rate=0.0, parting_positions=320)
-    assert tune.parts_no_more(judged(1), none) and not tune.parts_no_more(judged(2), none)
-    assert tune.parts_no_more(judged(9), None)  # no defaults measured: nothing to compare with
+    assert identity.parts_no_more(judged(1), none) and not identity.parts_no_more(judged(2), none)
+    assert identity.parts_no_more(judged(9), None)  # no defaults measured: nothing to compare with
+
+
+class Compile:
+    """A stand-in compile that counts how many of its kind are alive at once (a real one holds 1.6 GiB)."""
+
+    alive = most = 0
+
+    def __init__(self, settings):
+        self.settings = settings
+        Compile.alive += 1
+        Compile.most = max(Compile.most, Compile.alive)
+
+    def __del__(self):
+        Compile.alive -= 1
+
+
+def test_the_search_holds_two_compiles_of_the_model_at_a_time_and_still_keeps_the_fastest(monkeypatch):
+    """Six group sizes compiled at once took 11 GiB for the 1.5B INT8 target: the incumbent is held and each challenger
+    raced against it alone, then let go."""
+    monkeypatch.setattr(Compile, "most", 0)
+    trials = tune.search("target", DEFAULT_TARGET, None, [], lambda m: None, AVX512_BF16, 2, compile=Compile,
+                         fidelity=lambda model, probes: fake_fidelity(model.settings, probes),
+                         timer=lambda models, other: [fake_seconds(m.settings, other) for m in models])
+    assert Compile.most == 2
+    chosen = next(t for t in trials if t.chosen)
+    assert chosen.setting == Setting(128, "f32", "f32") and chosen.relative == pytest.approx(0.038 / 0.048)
+
+
+def test_a_challengers_time_is_its_ratio_to_the_incumbent_in_their_own_race_so_drift_between_races_cancels():
+    """The machine slows down between races (each race 20 % slower than the one before): group 64 is 10 % faster than
+    the defaults in its own race, though its seconds are more than the defaults' in the first race."""
+    races = []
+
+    def drifting(models, other):
+        races.append(len(models))
+        slow = 1.2 ** len(races)
+        return [slow * (0.9 if m.dynamic_quantization_group_size == 64 else 1.0) * 0.05 for m in models]
+
+    trials = tune.search("draft", DEFAULT_TARGET, None, [], lambda m: None, ["avx2"], 2, compile=lambda s: s,
+                         fidelity=lambda model, probes: 1.0, timer=drifting)
+    assert set(races) == {2}  # the incumbent and one challenger each time
+    chosen = next(t for t in trials if t.chosen)
+    assert chosen.setting.dynamic_quantization_group_size == 64 and chosen.relative == pytest.approx(0.9)
+
+
+def test_a_challenger_memory_does_not_allow_is_left_out_and_the_incumbent_one_stops_the_tune_with_a_sentence():
+    from specdemo import memory
+
+    def search(admit):
+        return tune.search("target", DEFAULT_TARGET, None, [], lambda m: None, ["avx2"], 2, compile=lambda s: s,
+                           fidelity=fake_fidelity, timer=lambda models, other: [fake_seconds(m, other) for m in models],
+                           admit=admit)
+
+    trials = search(lambda what: "group 128" not in what)
+    skipped = next(t for t in trials if t.setting.dynamic_quantization_group_size == 128)
+    assert not skipped.faithful and not skipped.chosen
+    assert next(t for t in trials if t.chosen).setting.dynamic_quantization_group_size == 64  # the fastest compiled
+    with pytest.raises(memory.Short, match="memory does not allow the target's incumbent compile"):
+        search(lambda what: False)
+
+
+def test_a_gain_must_hold_in_a_second_race_against_the_incumbent():
+    """One unlucky race (the incumbent slowed by the host in it) made group 256 look 44 % faster than the defaults on
+    a shared 2-core machine: a challenger that wins is raced again, and keeps the smaller of its two gains."""
+    races = {}
+
+    def lucky_once(models, other):
+        setting = models[1]
+        races[setting] = races.get(setting, 0) + 1
+        lucky = setting.dynamic_quantization_group_size == 256 and races[setting] == 1
+        return [0.05, 0.028 if lucky else 0.051]
+
+    trials = tune.search("draft", DEFAULT_TARGET, None, [], lambda m: None, ["avx2"], 2, compile=lambda s: s,
+                         fidelity=lambda model, probes: 1.0, timer=lucky_once)
+    assert next(t for t in trials if t.chosen).setting == DEFAULT
+    assert max(races.values()) == 2 and sum(races.values()) == len(races) + 1  # only the apparent winner raced again

@@ -53,7 +53,9 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
     """The whole benchmark: load and warm up the pair in `settings`, run `bench.sections`,
     judge the targets, and write the report, JSON and plots into `out` (None: write nothing).
     `command` is recorded for the report's "reproduce" line. Returns the results (keys: schema.py). Raises ValueError for settings the benchmark cannot measure."""
+    from specdemo import memory, sources
     from specdemo.bench.harness import Context
+    from specdemo.bench.memory import section_need
     from specdemo.bench.sections import RUNNERS
     from specdemo.bench.settings import CODE_INSTRUCTIONS
     from specdemo.bench.targets import judge_targets
@@ -86,9 +88,13 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
     ctx = Context(engine, settings, bench, log, k)
     results["sample_run"] = sample_run(engine, settings, CODE_INSTRUCTIONS[0])
     log("a sample side-by-side run of the first code instruction, as `generate --json` writes it: run.json")
+    weights = [sources.weights_bytes(model.settings) for model in (engine.target, engine.draft)]
     for i, name in enumerate(bench.sections):
         section_start = time.perf_counter()
         log(f"== {name}")
+        if not memory.wait_for(section_need(name, *weights, bench.genai_k_values), f"the {name} section", log):
+            results.setdefault("skipped_for_memory", []).append(name)  # the report leaves it out, as if not asked
+            continue
         section = results["sections"][name] = RUNNERS[name](ctx)
         section["seconds"] = time.perf_counter() - section_start
         section["load_average_end"] = machine.load_average()

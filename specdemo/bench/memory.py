@@ -1,4 +1,6 @@
-"""The memory section: peak RSS of autoregressive vs speculative decoding, each in a fresh process.
+"""The memory section: peak RSS of autoregressive vs speculative decoding, each in a fresh process; and what each
+section loads beside the bench's own pair, so that the bench waits for room or skips a section rather than go past the
+memory bound (specdemo/memory.py).
 
 A fresh process per mode: RSS never shrinks back, and one process holding both models would charge
 the draft to autoregressive decoding too.
@@ -17,6 +19,24 @@ from specdemo.bench.harness import Context
 from specdemo.bench.settings import CODE_INSTRUCTIONS
 from specdemo.lane import drain
 from specdemo.settings import GenerationSettings, ModelSettings, RunSettings
+
+
+# Copies of (target, draft) compiles a section loads beside the bench's pair at its peak: estimates from what each
+# section loads (GenAI's pipelines, the precision and KV sweeps' models, the fidelity section's precisions), not
+# measured one by one. The transformers peer holds both models in f32: TRANSFORMERS_F32 times their IR's weights.
+SECTION_COPIES = {"paper": (2, 1), "humaneval": (2, 1), "precision": (2, 2), "kv": (1, 1), "fidelity": (4, 0),
+                  "nodes": (1, 0), "memory": (1, 1), "vocab": (0, 1)}
+TRANSFORMERS_F32 = 4  # f32 bytes over INT8 IR bytes per weight (an INT4 draft's are 8: counted in the draft's copies)
+
+
+def section_need(name: str, target_bytes: int, draft_bytes: int, genai_k_values: tuple[int, ...] = ()) -> int:
+    """Bytes of anonymous memory section `name` takes beside the bench's pair, about (see SECTION_COPIES)."""
+    from specdemo import memory
+
+    if name == "transformers":
+        return TRANSFORMERS_F32 * target_bytes + 2 * TRANSFORMERS_F32 * draft_bytes + 2**30
+    targets, drafts = (1 + len(genai_k_values), len(genai_k_values)) if name == "k" else SECTION_COPIES.get(name, (0, 0))
+    return targets * memory.compile_need(target_bytes) + drafts * memory.compile_need(draft_bytes) + 2**28
 
 
 def run_memory(ctx: Context) -> dict:
@@ -50,7 +70,8 @@ def child(request: str) -> None:
 
 
 def measure_memory(settings: RunSettings, mode: str, instruction: str, n: int) -> dict:
-    """In this process: load, warm up, generate `n` tokens, sampling RSS every 5 ms throughout (bytes).
+    """In this process: load, warm up, generate `n` tokens, sampling RSS and anonymous memory every 5 ms throughout
+    (bytes).
 
     Sampled rather than read from getrusage: on Linux a child inherits its parent's peak RSS.
     """
@@ -60,15 +81,19 @@ def measure_memory(settings: RunSettings, mode: str, instruction: str, n: int) -
 
     from specdemo.engine import Engine
 
+    from specdemo import memory
+
     process = psutil.Process()
-    peak = {"process": 0, "generating": 0}
+    peak = {"process": 0, "generating": 0, "anon_process": 0, "anon_generating": 0}
     done = threading.Event()
 
     def sample():
         while not done.wait(0.005):
-            rss = process.memory_info().rss
+            rss, anon = process.memory_info().rss, memory.anonymous(process.pid)
             peak["process"] = max(peak["process"], rss)
             peak["generating"] = max(peak["generating"], rss)
+            peak["anon_process"] = max(peak["anon_process"], anon)
+            peak["anon_generating"] = max(peak["anon_generating"], anon)
 
     sampler = threading.Thread(target=sample)
     sampler.start()
@@ -77,7 +102,7 @@ def measure_memory(settings: RunSettings, mode: str, instruction: str, n: int) -
         generation = replace(settings.generation, max_new_tokens=n)
         drain(getattr(engine, mode)(instruction, replace(generation, max_new_tokens=8)))
         loaded = process.memory_info().rss
-        peak["generating"] = loaded
+        peak["generating"], peak["anon_generating"] = loaded, memory.anonymous(process.pid)
         summary = drain(getattr(engine, mode)(instruction, generation)).summary
     finally:
         done.set()
@@ -87,6 +112,9 @@ def measure_memory(settings: RunSettings, mode: str, instruction: str, n: int) -
         "rss_loaded_bytes": loaded,  # after loading and a short warm-up
         "peak_rss_generating_bytes": peak["generating"],
         "peak_rss_process_bytes": peak["process"],  # loading and compiling included
+        # Anonymous memory (RssAnon), what the memory bound counts (specdemo/memory.py): no mapped files.
+        "peak_anon_generating_bytes": peak["anon_generating"],
+        "peak_anon_process_bytes": peak["anon_process"],
         # RSS counts the memory-mapped IR weights too (file pages the kernel may drop); this does not.
         "private_bytes": memory.rss - memory.shared,
         "kv_cache_bytes": summary.kv_cache_bytes,

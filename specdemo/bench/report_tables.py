@@ -255,14 +255,18 @@ def memory_section(memory: dict | None) -> str:
     for mode in ("autoregressive", "speculative"):
         m = memory[mode]
         kv = ", ".join(f"{model} {size(b)}" for model, b in m["kv_cache_bytes"].items())
+        anon = m.get("peak_anon_process_bytes")
         rows.append(
-            [mode, size(m["rss_loaded_bytes"]), size(m["peak_rss_generating_bytes"]), size(m["peak_rss_process_bytes"]), size(m["private_bytes"]), kv]
+            [mode, size(m["rss_loaded_bytes"]), size(m["peak_rss_generating_bytes"]), size(m["peak_rss_process_bytes"]),
+             size(anon) if anon is not None else "–", size(m["private_bytes"]), kv]
         )
     return (
         f"## 5. Memory\n\nEach mode in a fresh process (the autoregressive one loads no draft), {memory['max_new_tokens']} "
         "new tokens. Peak while generating is sampled every 5 ms; the process peak includes loading and compiling. "
-        "RSS includes the memory-mapped IR weight files; \"private\" (RSS minus file-backed pages, at the end) does not.\n\n"
-        + table(["mode", "RSS after load", "peak RSS generating", "peak RSS of process", "private", "KV cache at end"], rows)
+        "RSS includes the memory-mapped IR weight files; \"anonymous\" (RssAnon, what the memory bound counts) and "
+        "\"private\" (RSS minus file-backed pages, at the end) do not.\n\n"
+        + table(["mode", "RSS after load", "peak RSS generating", "peak RSS of process", "peak anonymous of process",
+                 "private", "KV cache at end"], rows)
     )
 
 

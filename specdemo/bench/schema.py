@@ -5,6 +5,7 @@ Top level:
     command, started (ISO time), seconds, machine (machine.describe()), load_average_end,
     bench (BenchSettings), run_settings (RunSettings), models {target, draft: LoadedModel.describe()},
     costs (CostModel.to_dict()), warm_up_s, plan (Plan), sections {name: section}, targets [target],
+    skipped_for_memory [section names the memory bound left no room for] (absent when none),
     tune (Profile.tune_record(): file, trials [the last tune's Trial dicts], draft_plan {precision, head_tokens, options,
     planned_at} or null; {} when the machine was not tuned).
 
@@ -54,7 +55,8 @@ Every section has seconds and load_average_end, and:
                   figures), genai_acceptance, rows [{task_id, tokens, wall_s, passed, reason (by lane key), speedup,
                   same_text, parted_at, mean_acceptance_length, acceptance_by_position}], runs; or skipped
     memory        max_new_tokens, autoregressive and speculative {rss_loaded_bytes, peak_rss_generating_bytes,
-                  peak_rss_process_bytes, private_bytes, kv_cache_bytes {model: bytes}, tokens}
+                  peak_rss_process_bytes, peak_anon_generating_bytes, peak_anon_process_bytes (RssAnon, absent in
+                  older results), private_bytes, kv_cache_bytes {model: bytes}, tokens}
 
 A target: id, target (a sentence), where, goal, sense ("≤" | "≥"), unit ("ratio" | "share"), measured, met, gap.
 """

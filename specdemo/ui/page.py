@@ -9,7 +9,7 @@ import gradio as gr
 from starlette.middleware import Middleware
 
 from specdemo import drafters, figures
-from specdemo.ui import charts, handlers, render
+from specdemo.ui import background, charts, handlers, render
 from specdemo.ui.handlers import MAX_WAITING_RUNS, OUTPUTS, SKIP
 from specdemo.ui.lanes import LaneRun
 from specdemo.ui.values import (ASSETS, MAX_INSTRUCTION_CHARS, MAX_K, MAX_NEW_TOKENS_CAP, ONE_AFTER_ANOTHER, RACE,
@@ -47,6 +47,11 @@ def wait_for_models():
         yield _gradio(update)
 
 
+async def follow_background():
+    async for line in background.follow():
+        yield line
+
+
 def build() -> gr.Blocks:
     """The Blocks page. Call engines.prepare() first so the models load before the first visitor."""
     with gr.Blocks(title="specdemo: speculative decoding, live", analytics_enabled=False) as demo:
@@ -70,6 +75,8 @@ def build() -> gr.Blocks:
         page["genai"].change(lambda on: gr.Column(visible=on), page["genai"], page["genai_lane"], queue=False)
         demo.load(wait_for_models, None, [status, page["models"], page["costs"], page["costs_note"], page["surface"]],
                   concurrency_limit=None, show_progress="hidden")
+        # Updates only when the line changes, and none where there is no background work (no timer ticking).
+        demo.load(follow_background, None, page["background"], concurrency_limit=None, show_progress="hidden")
     return demo
 
 
@@ -88,6 +95,7 @@ def _add_controls(c: dict) -> None:
                 c["stop"] = gr.Button("Stop", variant="stop", elem_id="stop", min_width=80)
             c["status"] = gr.Markdown(render.preparing_status(None, "starting"), elem_id="status", elem_classes="sd-status",
                                       container=True, min_height=96)
+            c["background"] = gr.HTML("", elem_id="background")  # what the background work does (ui/background.py)
     with gr.Row(equal_height=True):
         c["drafter"] = gr.Radio(drafters.choices(),
                                 value=defaults.drafter, label="Drafting", elem_id="drafter", min_width=300)

@@ -308,6 +308,27 @@ def render_legend() -> str:
             '<label class="sd-toggle"><input type="checkbox" checked> show rejected drafts</label></div>')
 
 
+def render_background(progress, applied: str = "") -> str:
+    """The line under the status: what the background work (ui/progress.Progress) does, how far it is and what it has
+    done so far, with `applied` (what the page now runs under, in words); "" when there is no work."""
+    if progress is None:
+        return ""
+    minutes = f"{progress.seconds / 60:.0f} min"
+    if progress.state == "running":
+        where = f": {progress.detail}" if progress.detail else ""
+        paused = " Paused while a visitor's run holds the machine." if progress.held else ""
+        line = (f"Background work, step {progress.index} of {progress.count} ({minutes} so far, at low priority): "
+                f"{progress.step}{where}.{paused}")
+    elif progress.state == "done":
+        line = f"Background work done in {minutes}."
+    else:
+        line = f"Background work stopped at step {progress.index} of {progress.count} ({progress.step}); its log says why."
+    done = f" Done: {'; '.join(progress.finished)}." if progress.finished else ""
+    skipped = f" Skipped, memory did not allow it: {'; '.join(progress.skipped)}." if progress.skipped else ""
+    applied = f" Applied: {applied}." if applied else ""
+    return f'<p class="sd-background">{escape(line + done + skipped + applied)}</p>'
+
+
 def preparing_status(fraction: float | None, message: str) -> str:
     """The status line while models are prepared: the stage, how far, and what to expect."""
     done = f" ({fraction:.0%})" if fraction is not None else ""

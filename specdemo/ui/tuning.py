@@ -10,6 +10,9 @@ Zen 5), since the lanes share caches and memory bandwidth, not only cores.
 It ends with the server. What it chose is applied when it is done, without a restart: the page compiles the default
 pair again in a turn of its own in the visitors' line (handlers.apply_tune), and any engine compiled before the tune
 last changed is compiled again when a run next asks for it (engines.loading_for).
+Memory is bounded for the page and its steps together (specdemo/memory.py): each step counts the page beside itself,
+waits for room before each conversion or compile, and leaves what does not fit with a line in the log (exit
+memory.SKIPPED): that step is skipped and the next one runs. The page says where the work stands (ui/background.py).
 SPECDEMO_TUNE_AT_START=0 turns it off (the tests' and the benchmark's servers).
 """
 
@@ -27,11 +30,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterator
 
-import psutil
-
-from specdemo import sources, tune
+from specdemo import memory, sources
 from specdemo.profile import machine_profile
 from specdemo.settings import AUTO, CONFIGURATIONS, RunSettings
+from specdemo.ui.progress import Follower, Progress
 
 ROOT = Path(__file__).resolve().parents[2]  # where `-m specdemo` resolves, whatever the server's working folder
 TUNE_AT_START = "SPECDEMO_TUNE_AT_START"
@@ -53,7 +55,8 @@ def _in_the_child() -> None:
 class BackgroundWork:
     """The background work, step after step, each a child process: `steps` are (what it does, command), e.g. ("tuning
     this machine", [python, -m, specdemo, tune]). `state` is "running", then "done" or "failed" (the failed step's exit
-    code in `returncode`); `step` is what runs now."""
+    code in `returncode`); `step` is what runs now, `index` its number from 1. A step that leaves its work for lack of
+    memory (exit memory.SKIPPED, the reason in its log) is skipped and the next one runs."""
 
     def __init__(self, steps: list[tuple[str, list[str]]], log_path: Path,
                  on_end: Callable[["BackgroundWork"], None] | None = None, stopped: bool = False,
@@ -62,6 +65,9 @@ class BackgroundWork:
         self.log_path = log_path
         self.state = "running"
         self.step = steps[0][0]
+        self.index = 1  # the step running now, from 1
+        self.finished: list[str] = []  # the steps that ended well, in order
+        self.skipped: list[str] = []  # the steps that left their work for lack of memory (memory.SKIPPED)
         self.returncode: int | None = None
         self.started = time.perf_counter()
         self.seconds = 0.0
@@ -70,6 +76,7 @@ class BackgroundWork:
         self.process: subprocess.Popen | None = None
         self._lock = threading.Lock()  # between starting a step and signalling it
         self._stopped = stopped  # a visitor's run holds the machine: a step started now starts stopped
+        self._follower = Follower()
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.write_bytes(b"")
         # Run on a thread of its own that lives as long as the children: Linux sends the parent-death signal when the
@@ -77,27 +84,33 @@ class BackgroundWork:
         threading.Thread(target=self._run, daemon=True, name="specdemo-background").start()
 
     def _run(self) -> None:
-        for label, command in self.steps:
-            self.step = label
+        # Each step counts the page beside itself in the memory bound (specdemo/memory.py).
+        environment = {**os.environ, memory.ROOT_VARIABLE: str(os.getpid())}
+        for index, (label, command) in enumerate(self.steps, 1):
+            self.step, self.index = label, index
             with self._lock:
                 try:
                     with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
                         # Its own process group, so a stop reaches the processes it starts too (a conversion).
                         self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                                         stdin=subprocess.DEVNULL, cwd=ROOT, start_new_session=True,
-                                                        preexec_fn=_in_the_child)
+                                                        preexec_fn=_in_the_child, env=environment)
                 except OSError:
                     self.returncode = -1
                     break
                 if self._stopped:
                     self._signal(signal.SIGSTOP)
             self.returncode = self.process.wait()
+            if self.returncode == memory.SKIPPED:  # it said why in the log; the next steps may still fit
+                self.skipped.append(label)
+                continue
             if self.returncode != 0:
                 break
+            self.finished.append(label)
             if self.on_step is not None:
                 self.on_step(self, label)
         self.seconds = time.perf_counter() - self.started
-        self.state = "done" if self.returncode == 0 else "failed"
+        self.state = "done" if self.returncode in (0, memory.SKIPPED) else "failed"
         if self.on_end is not None:
             self.on_end(self)
 
@@ -122,14 +135,26 @@ class BackgroundWork:
         """A few words for the model panel."""
         if self.state == "running":
             return f"{self.step} in the background, at low priority; applied as soon as it is done"
+        skipped = f" ({', '.join(self.skipped)}: skipped, memory did not allow it)" if self.skipped else ""
         if self.state == "done":
-            return ("tuned" if self.tunes else "done") + " in the background; applied between visitors' runs"
+            return ("tuned" if self.tunes and TUNING not in self.skipped else "done") + \
+                f" in the background; applied between visitors' runs{skipped}"
         return f"the background work failed while {self.step} (exit {self.returncode}); see {self.log_path}"
+
+    def progress(self) -> Progress:
+        """Where the work stands, for the page's line (ui/progress.py)."""
+        return self._follower.read(self)
+
+    @property
+    def held(self) -> bool:
+        """Whether a visitor's run holds the machine, the work stopped meanwhile."""
+        return self._stopped
 
 
 _CURRENT: BackgroundWork | None = None
 _HOLDS = 0  # visitors' runs holding the machine now
 _HOLDS_LOCK = threading.Lock()
+_DECIDED = threading.Event()  # start_if_needed has run
 
 
 @contextmanager
@@ -160,17 +185,31 @@ def start_if_needed(settings: RunSettings = RunSettings(), model_bytes: int = 0,
                     on_step: Callable[[BackgroundWork, str], None] | None = None) -> BackgroundWork | None:
     """Start the background work this machine still needs (background_steps), unless SPECDEMO_TUNE_AT_START=0, the pair
     is not on the CPU or it was started already; None when nothing was started."""
-    if os.environ.get(TUNE_AT_START, "1") == "0" or not settings.target.device.upper().startswith("CPU") \
-            or _CURRENT is not None:
-        return None
-    return start(background_steps(settings, model_bytes, log), on_end, on_step)
+    try:
+        if os.environ.get(TUNE_AT_START, "1") == "0" or not settings.target.device.upper().startswith("CPU") \
+                or _CURRENT is not None:
+            return None
+        return start(background_steps(settings, model_bytes, log), on_end, on_step)
+    finally:
+        _DECIDED.set()
+
+
+def decided() -> bool:
+    """Whether this server has settled its background work (started it, or found none to start)."""
+    return _DECIDED.is_set() or os.environ.get(TUNE_AT_START, "1") == "0"
+
+
+def configuration_tune(name: str) -> str:
+    """The label of the step that tunes configuration `name`'s target."""
+    return f"tuning the {name} configuration's target"
 
 
 def background_steps(settings: RunSettings, model_bytes: int, log: Callable[[str], None] = print) -> list:
     """What this machine still needs: the draft's other weight precisions, so that the tune's draft plan can price them
     (a draft left to the plan, and only a 0.5B draft: ~1 min); the tune when there is no choice for the pair's target
-    (and memory allows: `model_bytes`, the target's weights on disk, as the tune holds one compile per candidate of a
-    dimension at once); and each named configuration's models that are not prepared yet."""
+    (and the memory bound leaves room for it beside the page: memory.tune_need, `model_bytes` the target's weights on
+    disk); and each named configuration's models that are not prepared yet, then their targets' tunes. Each step
+    checks the memory again as it goes, and waits or skips (memory.wait_for)."""
     from specdemo.draft_choice import PRECISIONS as DRAFT_PRECISIONS
 
     steps = []
@@ -179,13 +218,14 @@ def background_steps(settings: RunSettings, model_bytes: int, log: Callable[[str
                    [sys.executable, "-m", "specdemo", "prepare", "--draft-precision", p]) for p in DRAFT_PRECISIONS
                   if not sources.is_prepared(replace(settings.draft, precision=p))]
     profile = machine_profile()
+    room = memory.room()
+    needed = memory.tune_need(model_bytes, sources.weights_bytes(profile.resolve_precision(settings.draft)))
     if profile.chosen(settings.target) is None:
-        needed, available = memory_needed(model_bytes), psutil.virtual_memory().available
-        if available >= needed:
+        if room.left >= needed:
             steps.append((TUNING, [sys.executable, "-m", "specdemo", "tune"]))
         else:
-            log(f"not tuning this machine in the background: it needs about {needed / 2**30:.0f} GiB of memory "
-                f"and {available / 2**30:.1f} GiB are free; `python -m specdemo tune` does it when they are")
+            log(f"not tuning this machine in the background: it needs about {memory.gib(needed)} of memory beside the "
+                f"page and there is {room.describe()}; `python -m specdemo tune` does it when there is room")
     elif steps or profile.needs_plan(settings.draft):  # tuned, but the plan has not priced every draft it could run
         steps.append((PLANNING, [sys.executable, "-m", "specdemo", "tune", "--draft-plan"]))
     steps += [(f"preparing the {name} configuration's models",
@@ -194,12 +234,11 @@ def background_steps(settings: RunSettings, model_bytes: int, log: Callable[[str
               if not all(sources.is_prepared(profile.resolve_precision(m)) for m in models)]
     # Every configuration's target runs tuned: the others' targets (the fastest one's INT4) are searched beside the
     # draft as tuned above, once their weights are prepared (the steps run in order).
-    steps += [(f"tuning the {name} configuration's target",
+    steps += [(configuration_tune(name),
                [sys.executable, "-m", "specdemo", "tune", "--configuration", name, "--target-only"])
               for name, (target, _) in CONFIGURATIONS.items()
               if (target.source, target.precision) != (settings.target.source, settings.target.precision)
-              and profile.chosen(target) is None
-              and psutil.virtual_memory().available >= memory_needed(model_bytes)]
+              and profile.chosen(target) is None and room.left >= needed]
     return steps
 
 
@@ -213,9 +252,3 @@ def start(steps: list, on_end: Callable[[BackgroundWork], None] | None = None,
         _CURRENT = BackgroundWork(steps, sources.specdemo_home() / "logs" / "background.log", on_end, stopped=_HOLDS > 0,
                                   on_step=on_step)
     return _CURRENT
-
-
-def memory_needed(model_bytes: int) -> int:
-    """Bytes a tune holds at its peak: a compile of the target per candidate of the widest dimension, and a margin
-    (a 1.66 GiB target: ~9 GiB, seen as 11 GiB used on a 24 GiB machine with the server's 2.4 GiB)."""
-    return len(tune.GROUP_SIZES) * model_bytes + 2**30
