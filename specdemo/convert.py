@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from specdemo import export, sources
+from specdemo import export, sources, strict_json
 from specdemo.settings import ModelSettings
 
 
@@ -23,19 +23,19 @@ def main(argv: list[str]) -> int:
     os.dup2(2, 1)  # from here on, whatever prints to standard output lands in the log
 
     def report(fraction: float, message: str) -> None:
-        to_parent.write(json.dumps({"fraction": fraction, "message": message}) + "\n")
+        to_parent.write(strict_json.dumps({"fraction": fraction, "message": message}) + "\n")
 
     try:
         export.convert(settings, folder, report)
     except sources.ModelSourceError as error:
-        to_parent.write(json.dumps({"error": str(error)}) + "\n")
+        to_parent.write(strict_json.dumps({"error": str(error)}) + "\n")
         return 1
     except Exception as error:  # noqa: BLE001 - told to the parent as one sentence; the traceback is in the log
         import traceback
 
         traceback.print_exc()
         log = sources.log_path(folder)
-        to_parent.write(json.dumps({"error": f"could not convert {settings.source}: {type(error).__name__}: {error} "
+        to_parent.write(strict_json.dumps({"error": f"could not convert {settings.source}: {type(error).__name__}: {error} "
                                              f"(details in {log})"}) + "\n")
         return 1
     return 0

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
-from specdemo import compat
+from specdemo import compat, strict_json
 from specdemo.settings import GGUF_LAYOUTS, PRECISIONS, ModelSettings
 from specdemo.sources import CACHE_VERSION, COMPLETE_MARKER, PRESETS, EmbeddedModel, ModelSourceError, Progress
 
@@ -43,7 +42,7 @@ def convert(settings: ModelSettings, folder: Path, progress: Progress) -> None:
             progress(0.8, f"{settings.source}: compressing the weights to {settings.precision} with NNCF")
             _compress(export, settings.precision)
         marker = {"source": settings.source, "precision": settings.precision, "cache_version": CACHE_VERSION}
-        (export / COMPLETE_MARKER).write_text(json.dumps(marker, indent=2))
+        (export / COMPLETE_MARKER).write_text(strict_json.dumps(marker, indent=2))
         if folder.exists():  # an earlier interrupted or outdated attempt: replace it
             shutil.rmtree(folder)
         os.replace(export, folder)  # atomic: the folder appears complete or not at all
@@ -211,7 +210,7 @@ class _Shards:
         if self.pending:
             self._write()
         index = {"metadata": {"total_size": self.total}, "weight_map": dict(sorted(self.map.items()))}
-        (self.folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+        (self.folder / "model.safetensors.index.json").write_text(strict_json.dumps(index, indent=2))
 
 
 def _import_gguf(folder: Path, gguf_path: Path, layout: str) -> None:

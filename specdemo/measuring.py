@@ -14,12 +14,11 @@ threads, CPU and OpenVINO, so a machine is measured once. Measuring runs every s
 from __future__ import annotations
 
 import hashlib
-import json
 import statistics
 import time
 from dataclasses import asdict, replace
 
-from specdemo import machine
+from specdemo import machine, strict_json
 from specdemo.costs import CostModel, monotone
 from specdemo.runtime import OVModel
 from specdemo.settings import K_MAX
@@ -174,4 +173,4 @@ def describe_key(target: OVModel, draft: OVModel | None, n_max: int) -> dict:
 def cost_key(description: dict) -> str:
     """The machine profile's key for the costs (and batching noise) of the compiled models `description`
     (describe_key) names."""
-    return hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()[:16]
+    return hashlib.sha256(strict_json.dumps(description, sort_keys=True).encode()).hexdigest()[:16]

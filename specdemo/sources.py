@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
+from specdemo import strict_json
 from specdemo.settings import PRECISIONS, ModelSettings
 
 CACHE_VERSION = "v2"  # bump when the conversion changes, so old caches are not reused
@@ -195,7 +196,7 @@ def _convert_in_child(settings: ModelSettings, folder: Path, progress: Progress)
     """
     log = log_path(folder)
     log.parent.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "specdemo.convert", json.dumps(asdict(settings)), str(folder)]
+    command = [sys.executable, "-m", "specdemo.convert", strict_json.dumps(asdict(settings)), str(folder)]
     error = ""
     with open(log, "w") as log_file:
         child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log_file, text=True)

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from specdemo import strict_json
+
 CORPUS_BYTES = 6_000_000  # of standard-library sources: enough for a stable ranking, a few seconds to count
 EXAMPLES = Path(__file__).resolve().parent.parent / "assets" / "examples.json"
 
@@ -101,7 +103,7 @@ def _bytes_to_unicode() -> list[str]:
 
 
 def _cached_ranking(tokenizer, cache_dir: Path | None) -> np.ndarray:
-    digest = hashlib.sha256(json.dumps(sorted(tokenizer.get_vocab().items())).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(strict_json.dumps(sorted(tokenizer.get_vocab().items())).encode()).hexdigest()[:16]
     path = cache_dir / f"ranking-{digest}.npy" if cache_dir is not None else None
     if path is not None and path.is_file():
         return np.load(path)

@@ -63,3 +63,21 @@ def test_a_benchmarks_results_are_strict_json(tmp_path, monkeypatch):
     bench.write(results, tmp_path, log=lambda message: None)
     written = strict((tmp_path / "benchmarks.json").read_text())
     assert written["sections"]["paper"]["speedup"]["median"] is None and written["ratio"] is None
+
+
+def test_every_json_text_specdemo_writes_goes_through_strict_json():
+    """An AST walk over specdemo/: json.dump and json.dumps appear only in strict_json.py, so every file, message and key
+    specdemo writes is strict JSON (the tests above read the profile, a run and a benchmark's results strictly)."""
+    import ast
+
+    from tests.conftest import ROOT
+
+    loose = []
+    for path in sorted((ROOT / "specdemo").rglob("*.py")):
+        if path.name == "strict_json.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Attribute) and node.attr in ("dump", "dumps") and isinstance(node.value, ast.Name)
+                    and node.value.id == "json"):
+                loose.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not loose, f"json.dump(s) outside strict_json: {loose}"

@@ -15,6 +15,7 @@ import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from specdemo import strict_json
 from specdemo.bench.harness import Context
 from specdemo.bench.settings import CODE_INSTRUCTIONS
 from specdemo.lane import drain
@@ -48,7 +49,7 @@ def run_memory(ctx: Context) -> dict:
     root = str(Path(specdemo.__file__).resolve().parent.parent)
     for mode in ("autoregressive", "speculative"):
         ctx.log(f"memory: {mode} in a fresh process")
-        request = json.dumps({"settings": asdict(ctx.settings), "mode": mode, "instruction": CODE_INSTRUCTIONS[0], "n": n})
+        request = strict_json.dumps({"settings": asdict(ctx.settings), "mode": mode, "instruction": CODE_INSTRUCTIONS[0], "n": n})
         child = subprocess.run(
             [sys.executable, "-c", "import sys; from specdemo.bench import memory; memory.child(sys.argv[1])", request],
             capture_output=True,
@@ -66,7 +67,7 @@ def child(request: str) -> None:
     r = json.loads(request)
     s = r["settings"]
     settings = RunSettings(ModelSettings(**s["target"]), ModelSettings(**s["draft"]), GenerationSettings(**s["generation"]))
-    print(json.dumps(measure_memory(settings, r["mode"], r["instruction"], r["n"])))
+    print(strict_json.dumps(measure_memory(settings, r["mode"], r["instruction"], r["n"])))
 
 
 def measure_memory(settings: RunSettings, mode: str, instruction: str, n: int) -> dict:

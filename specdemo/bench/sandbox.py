@@ -25,7 +25,6 @@ Where the machine cannot offer this (not Linux, no util-linux, neither root nor 
 from __future__ import annotations
 
 import functools
-import json
 import os
 import shutil
 import signal
@@ -35,6 +34,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from specdemo import strict_json
 
 TIME_LIMIT_S = 10.0  # wall clock per program; HumanEval's own harness allows 3 s, tests here include slow reference code
 MEMORY_LIMIT_BYTES = 1 << 30  # address space of the program
@@ -103,7 +104,7 @@ def _contain(source: str, time_limit_s: float, memory_bytes: int) -> Verdict:
         with open(os.path.join(outer, "ending"), "w+b") as ending, open(os.path.join(outer, "stderr"), "w+b") as stderr:
             start = time.perf_counter()
             init = subprocess.Popen([*_namespaces(), sys.executable, "-I", "-S", _INIT,
-                                     json.dumps(_plan(outer, time_limit_s, memory_bytes))],
+                                     strict_json.dumps(_plan(outer, time_limit_s, memory_bytes))],
                                     stdin=subprocess.DEVNULL, stdout=ending, stderr=stderr, env=_ENV,
                                     start_new_session=True)
             try:

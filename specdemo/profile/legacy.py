@@ -7,7 +7,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from specdemo import machine
+from specdemo import machine, strict_json
 
 
 def import_stores(home: Path) -> dict:
@@ -33,7 +33,7 @@ def import_stores(home: Path) -> dict:
 def _tune_path(home: Path) -> Path:
     """Where the tune file of this machine was kept (one per CPU and OpenVINO version, version 1)."""
     facts = machine.compile_facts()
-    key = json.dumps({"version": 1, "cpu": facts["cpu"], "flags": facts["flags"], "openvino": facts["openvino"]},
+    key = strict_json.dumps({"version": 1, "cpu": facts["cpu"], "flags": facts["flags"], "openvino": facts["openvino"]},
                      sort_keys=True)
     return home / "tune" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 

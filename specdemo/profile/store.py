@@ -42,7 +42,7 @@ _log = logging.getLogger(__name__)
 
 def path_for(home: Path, facts: dict) -> Path:
     """The profile file under `home` of the machine `facts` (machine.compile_facts()) describe."""
-    key = json.dumps({"schema": SCHEMA, **facts}, sort_keys=True)
+    key = strict_json.dumps({"schema": SCHEMA, **facts}, sort_keys=True)
     return home / "profile" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
