@@ -59,3 +59,20 @@ def test_cli_runs_an_instruction_of_invalid_utf8_emoji_cjk_control_characters_an
     assert b"PyTorch was not found" not in result.stderr  # generate keeps torch out on purpose, and says nothing of it
     lanes = json.loads(result.stdout)
     assert all(0 < len(lanes[lane]["token_ids"]) <= 8 for lane in ("autoregressive", "speculative"))
+
+
+def test_a_full_disk_is_one_sentence_with_what_to_do_not_a_traceback(monkeypatch, capsys):
+    """A bench that fills the disk while it assembles a GGUF ends with exit 1 and one line naming the file and `clean`."""
+    import errno
+
+    from specdemo import cli
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", "/home/u/.cache/specdemo/bench/model.gguf")
+
+    monkeypatch.setattr(cli, "_bench", full)
+    assert cli.main(["bench", "--quick"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err
+    assert err.startswith("error: a file could not be read or written (/home/u/.cache/specdemo/bench/model.gguf)")
+    assert "specdemo clean" in err
