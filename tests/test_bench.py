@@ -247,6 +247,39 @@ def test_one_sweep_rows_every_speculative_lane_against_its_own_baseline():
     assert section["runs"][1]["lane"] == "quick one" and section["runs"][1]["kind"] == "speculative"
 
 
+class _Walker(_PromptsOnly):
+    """An engine stand-in that records what each counterfactual walk was asked with and teaches nothing."""
+
+    def __init__(self):
+        self.asked, self.keys, self.profile = [], None, None
+
+    def would_have_given(self, prompt, generation, ids, rounds):
+        self.asked.append((prompt, generation, list(ids), rounds))
+        return None
+
+
+def test_the_k_sweep_walks_every_autoregressive_answer_over_every_k_up_to_the_ceiling():
+    """The K section's counterfactual walks each autoregressive answer once, greedy, over K = 1..K_MAX, at the
+    section's length; where auto K wrote the same answer its rounds go along (they correct the teacher-forced mask)."""
+    from specdemo.bench.sweeps import counterfactuals
+    from specdemo.settings import K_MAX
+
+    engine = _Walker()
+    small = bench.BenchSettings(instructions=2, sweep_tokens=8, warmup_tokens=2)
+    ctx = Context(engine, RunSettings(), small, log=lambda m: None)
+    ar = Lane("plain", "specdemo", "autoregressive")
+    auto = Lane("auto K", "specdemo", "speculative", ar, k_policy="auto", drafter="model")
+    rounds = (_round(0, 3, 0.1),)
+    runs = [_run(ar, 0, 2.0), _run(auto, 0, 1.0, rounds=rounds), _run(ar, 1, 2.0), _run(auto, 1, 1.0)]
+    runs[3] = Run(**{**runs[3].__dict__, "ids": [9, 9]})  # auto K wrote another answer to the second instruction
+    out = counterfactuals(ctx, runs, ar, observer=auto)
+    assert set(out) == {(0, 0), (1, 0)}
+    (_, first, _, seen), (_, second, _, unseen) = engine.asked
+    assert first.k_max == K_MAX and first.max_new_tokens == 8 and first.greedy
+    assert list(seen) == list(rounds)
+    assert unseen is None
+
+
 def test_renamed_lanes_are_still_paired_by_their_fields_in_figures_targets_and_report():
     """No label the report knew before: speedups, ratios, targets and tables still find their lanes."""
     mine_ar = Lane("mine, one token at a time", "specdemo", "autoregressive")

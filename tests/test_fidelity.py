@@ -27,9 +27,9 @@ def test_agreement_and_logit_error_are_counted_over_every_answer_position():
     flipped = reference.copy()
     flipped[1] = [0.0, 2.5, 0.0]  # position 1 now chooses token 1: |error| (2 + 2.5 + 0) / 3 = 1.5
     examples = [([7, 8], [1, 2, 3, 4])]  # 4 answer tokens: 3 positions scored
-    measured = fidelity.compare(Logits(reference), {"same": Logits(reference), "flipped": Logits(flipped)}, examples)
-    assert measured["same"] == (3, 1.0, 0.0)
-    positions, agreement, error = measured["flipped"]
+    logits = fidelity.reference_logits(Logits(reference), examples)
+    assert fidelity.compare(logits, Logits(reference), examples) == (3, 1.0, 0.0)
+    positions, agreement, error = fidelity.compare(logits, Logits(flipped), examples)
     assert positions == 3 and agreement == 2 / 3 and np.isclose(error, 1.5 / 3)
 
 

@@ -25,7 +25,7 @@ from specdemo.settings import GenerationSettings, ModelSettings, RunSettings
 # Copies of (target, draft) compiles a section loads beside the bench's pair at its peak: estimates from what each
 # section loads (GenAI's pipelines, the precision and KV sweeps' models, the fidelity section's precisions), not
 # measured one by one. The transformers peer holds both models in f32: TRANSFORMERS_F32 times their IR's weights.
-SECTION_COPIES = {"paper": (2, 1), "humaneval": (2, 1), "precision": (2, 2), "kv": (1, 1), "fidelity": (4, 0),
+SECTION_COPIES = {"paper": (2, 1), "humaneval": (2, 1), "precision": (2, 2), "kv": (1, 1), "fidelity": (1, 0),
                   "nodes": (1, 0), "memory": (1, 1), "vocab": (0, 1)}
 TRANSFORMERS_F32 = 4  # f32 bytes over INT8 IR bytes per weight (an INT4 draft's are 8: counted in the draft's copies)
 

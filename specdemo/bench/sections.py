@@ -185,26 +185,34 @@ def llamacpp_figures(lanes: list[Lane], runs: list[Run]) -> dict:
 def run_fidelity(ctx: Context) -> dict:
     """Each target precision, under the compile settings it runs with here, against the GGUF it came from
     (specdemo/fidelity.py): top-1 agreement and mean |logit error| on the built-in answers."""
+    import gc
     from dataclasses import asdict
 
-    from specdemo import builtin, fidelity, tune
+    from specdemo import builtin, fidelity, memory, sources, tune
     from specdemo.bench import llamacpp
     from specdemo.models import describe_compile
+    from specdemo.race import PIECE
 
     if llamacpp.gguf_path(ctx.settings.target.source) is None:
         return {"skipped": "fidelity: skipped (its reference is the target's GGUF: use a preset or a local .gguf file)"}
     examples = [tune.encode(ctx.engine.tokenizer, e) for e in builtin.code_answers()]
     ctx.log("fidelity: the reference (the GGUF's own blocks, f32, no dynamic quantization)")
     reference = tune.compile_model(fidelity.reference_settings(ctx.settings.target))
-    candidates, rows = {}, []
+    logits = fidelity.reference_logits(reference, examples, PIECE)
+    del reference  # one compile alive at a time: the reference's logits are kept instead (memory.py's bound)
+    gc.collect()
+    rows = []
     for settings in ctx.target_settings():
         ctx.log(f"fidelity: the target at {settings.precision}")
-        candidates[settings.precision] = (settings, tune.compile_model(settings))
-    measured = fidelity.compare(reference, {p: model for p, (_, model) in candidates.items()}, examples)
-    for precision, (settings, _) in candidates.items():
-        positions, agreement, error = measured[precision]
-        rows.append(asdict(fidelity.Fidelity(precision, describe_compile(settings), positions, agreement, error)))
-        ctx.log(f"fidelity: {precision}: {agreement:.1%} of the GGUF's greedy choices, mean |logit error| {error:.3f}")
+        if not memory.wait_for(memory.compile_need(sources.weights_bytes(settings)),
+                               f"compiling the target at {settings.precision}", ctx.log):
+            continue  # left out, said in a line: the other precisions are still measured
+        model = tune.compile_model(settings)
+        positions, agreement, error = fidelity.compare(logits, model, examples, PIECE)
+        del model
+        gc.collect()
+        rows.append(asdict(fidelity.Fidelity(settings.precision, describe_compile(settings), positions, agreement, error)))
+        ctx.log(f"fidelity: {settings.precision}: {agreement:.1%} of the GGUF's greedy choices, mean |logit error| {error:.3f}")
     return {"examples": len(examples), "candidates": rows}
 
 

@@ -72,7 +72,7 @@ def counterfactuals(ctx: Context, runs: list[Run], ar: Lane, observer: Lane | No
     its own drafting corrects the teacher-forced mask (counterfactual.observed_matches); the fixed-K lanes it is
     checked against stay out of it."""
     instructions = ctx.code_instructions()
-    settings = replace(ctx.fixed(1), max_new_tokens=ctx.sweep_tokens, k_max=K_MAX)
+    settings = replace(ctx.fixed(1), max_new_tokens=ctx.sweep_tokens)  # a fixed K of 1 spans K = 1..K_MAX (KPolicy)
     seen = {(r.instruction, r.repeat): r for r in stats.lane_runs(runs, observer)} if observer else {}
     out = {}
     for run in stats.lane_runs(runs, ar):
