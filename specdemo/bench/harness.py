@@ -14,7 +14,7 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Literal, get_args
 
-from specdemo.drafters import with_counterpart
+from specdemo.drafters import STRATEGIES, Strategy, with_counterpart
 from specdemo.bench.settings import CODE_INSTRUCTIONS, BenchSettings
 from specdemo.lane import drain
 from specdemo.parting import parting
@@ -245,30 +245,39 @@ class Context:
 
             target, draft = self.engine.target, self.engine.draft
             properties, draft_properties = genai_properties(target, draft, defaults=name.endswith("(defaults)"))
-            kind = name.split()[0]
+            drafting = peer_strategy(name)
             self.log(f"loading OpenVINO GenAI pipeline: {name}")
             self.genai[name] = GenAIPipeline(
                 target.folder,
                 target.settings.device,
                 properties,
-                draft=draft.folder if kind == "speculative" else None,
+                draft=draft.folder if drafting and drafting.needs_model else None,
                 draft_device=draft.settings.device if draft else "",
-                prompt_lookup=kind == "lookup",
+                prompt_lookup=drafting is not None and not drafting.needs_model,
                 draft_properties=draft_properties,
             )
         return self.genai[name]
 
     def genai_lane(self, label: str, pipeline: str, baseline: Lane | None = None, k: int | None = None) -> Lane:
         """A lane on GenAI pipeline `pipeline` (see genai_pipeline); speculative ones need their `baseline`."""
-        kind = pipeline.split()[0]
+        drafting = peer_strategy(pipeline)
         k = k or self.k
-        if kind == "plain":
+        if drafting is None:
             lane = Lane(label, "genai", "autoregressive")
         else:
-            lane = Lane(label, "genai", "speculative", baseline, k=k, k_policy="fixed",
-                        drafter=with_counterpart("lookup" if kind == "lookup" else "draft"))
+            lane = Lane(label, "genai", "speculative", baseline, k=k, k_policy="fixed", drafter=drafting.name)
         generate = self.genai_pipeline(pipeline).generate
         return peer_lane(lane, generate, eos_ids=self.engine.eos_ids, k=k, ngram=self.generation.lookup_ngram)
+
+
+# GenAI's pipelines by the drafting of ours each mirrors (Strategy.counterpart): a draft model, prompt lookup, none
+GENAI_DRAFTING = {"plain": "", "speculative": "draft", "lookup": "lookup"}
+
+
+def peer_strategy(pipeline: str) -> Strategy | None:
+    """The strategy GenAI pipeline `pipeline` ("speculative (defaults)", ...) drafts as, None where it does not draft."""
+    counterpart = GENAI_DRAFTING[pipeline.split()[0]]
+    return STRATEGIES[with_counterpart(counterpart)] if counterpart else None
 
 
 def genai_compile(target, draft) -> dict:

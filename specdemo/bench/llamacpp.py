@@ -136,9 +136,9 @@ class LlamaCppPeer:
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int, eos_ids: set[int], drafter: str | None = None,
                  k: int = 4, ngram: int = 3) -> PeerRun:
-        """Greedy; `drafter` None (autoregressive), "lookup" (prompt lookup, n-grams of up to `ngram` tokens) or
-        "draft" (the draft GGUF), as Strategy.counterpart names them, with up to `k` drafts a round. Timed from the
-        prompt ids in hand to the last token, prefill included."""
+        """Greedy; `drafter` None (autoregressive) or the strategy of ours whose drafting llama.cpp's mirrors: the draft
+        GGUF where it needs a model, else prompt lookup (n-grams of up to `ngram` tokens), with up to `k` drafts a
+        round. Timed from the prompt ids in hand to the last token, prefill included."""
         if len(prompt_ids) + max_new_tokens + k + 1 > self.n_ctx:
             raise ValueError(f"llama.cpp's context is {self.n_ctx:,} tokens: a {len(prompt_ids):,}-token prompt and "
                              f"{max_new_tokens:,} new tokens do not fit")
@@ -163,10 +163,12 @@ class LlamaCppPeer:
         return run
 
     def _drafter(self, drafter: str, k: int, ngram: int):
-        if drafter == "lookup":
+        from specdemo.drafters import STRATEGIES
+
+        if not STRATEGIES[drafter].needs_model:
             from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
             return LlamaPromptLookupDecoding(max_ngram_size=ngram, num_pred_tokens=k)
-        if drafter == "draft" and self.draft is not None:
+        if self.draft is not None:
             return DraftLlama(self._model("draft"), k)
-        raise ValueError(f"llama.cpp drafts by prompt lookup or a draft model (with a draft GGUF), not {drafter!r}")
+        raise ValueError(f"llama.cpp drafts like {drafter!r} with a draft model, and the draft is no GGUF file")

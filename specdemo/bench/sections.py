@@ -5,7 +5,7 @@ them all. Each section returns the dict the report reads (keys: schema.py)."""
 from __future__ import annotations
 
 from specdemo import sources
-from specdemo.drafters import with_counterpart
+from specdemo.drafters import STRATEGIES, with_counterpart
 from specdemo.bench import memory, stats, sweeps
 from specdemo.bench.harness import Context, Lane, Run, find, genai_compile, log_progress, measure, our_lane, peer_lane
 from specdemo.bench.settings import PAPER
@@ -134,11 +134,13 @@ def run_llamacpp(ctx: Context) -> dict:
     cpp_ar = peer_lane(Lane("llama.cpp autoregressive", "llamacpp", "autoregressive"), peer.generate, eos_ids=eos_ids)
     lanes.append(cpp_ar)
     for kind, label in (("lookup", "llama.cpp prompt lookup"), ("draft", "llama.cpp draft model")):
-        if kind == "draft" and draft is None:
+        drafting = STRATEGIES[with_counterpart(kind)]
+        if drafting.needs_model and draft is None:
             continue  # a draft that is no GGUF: llama.cpp cannot run it
         lane = Lane(label, "llamacpp", "speculative", baseline=cpp_ar, reference=cpp_ar, k=k, k_policy="fixed",
-                    drafter=with_counterpart(kind))
-        lanes.append(peer_lane(lane, peer.generate, eos_ids=eos_ids, drafter=kind, k=k, ngram=generation.lookup_ngram))
+                    drafter=drafting.name)
+        lanes.append(peer_lane(lane, peer.generate, eos_ids=eos_ids, drafter=drafting.name, k=k,
+                               ngram=generation.lookup_ngram))
     n, instructions = ctx.sweep_tokens, ctx.code_instructions()
     ctx.log(f"llama.cpp {peer.version}: N={n}, K={k}, {peer.threads} threads, {len(instructions)} instructions")
     runs = measure(lanes, instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log)
