@@ -90,7 +90,7 @@ def measure_memory(settings: RunSettings, mode: str, instruction: str, n: int) -
 
     def sample():
         while not done.wait(0.005):
-            rss, anon = process.memory_info().rss, memory.anonymous(process.pid)
+            rss, anon = process.memory_info().rss, memory.resident_anonymous(process.pid)  # no child here
             peak["process"] = max(peak["process"], rss)
             peak["generating"] = max(peak["generating"], rss)
             peak["anon_process"] = max(peak["anon_process"], anon)
@@ -103,7 +103,7 @@ def measure_memory(settings: RunSettings, mode: str, instruction: str, n: int) -
         generation = replace(settings.generation, max_new_tokens=n)
         drain(getattr(engine, mode)(instruction, replace(generation, max_new_tokens=8)))
         loaded = process.memory_info().rss
-        peak["generating"], peak["anon_generating"] = loaded, memory.anonymous(process.pid)
+        peak["generating"], peak["anon_generating"] = loaded, memory.resident_anonymous(process.pid)
         summary = drain(getattr(engine, mode)(instruction, generation)).summary
     finally:
         done.set()
