@@ -131,6 +131,56 @@ def test_the_bench_asks_more_room_for_a_section_that_loads_more_beside_its_pair(
     from specdemo.bench.memory import section_need
 
     target, draft = 1_780_000_000, 400_000_000  # the default pair's IR weights: INT8 1.5B, INT4 0.5B
-    f32_peer, genai, sweep = (section_need(name, target, draft) for name in ("transformers", "paper", "lookup"))
-    assert f32_peer > 8 * GIB > genai > 2 * memory.compile_need(target) > sweep  # the f32 peer cannot fit a free Space
-    assert section_need("k", target, draft, (2, 4)) > section_need("k", target, draft)  # a GenAI pipeline per K
+    f32_peer, genai, lookup, vocab = (section_need(name, target, draft) for name in ("transformers", "paper", "lookup", "vocab"))
+    assert f32_peer > 8 * GIB > genai > lookup > 2 * memory.compile_need(target) > vocab  # the f32 peer cannot fit a Space
+    with_genai = section_need("k", target, draft, (2, 4))
+    assert with_genai > section_need("k", target, draft)  # GenAI's plain and speculative pipelines beside the pair
+    assert section_need("k", target, draft, (2, 4, 6, 8)) == with_genai == genai  # one speculative pipeline, K per call
+
+
+def test_the_papers_second_pass_loads_genais_defaults_only_after_the_first_passs_pipelines_are_gone(monkeypatch):
+    """GenAI's pipelines each hold a copy of the target: four alive at once took the section to 9.2 GiB."""
+    import weakref
+
+    from specdemo.bench import harness, peers, sections
+    from specdemo.settings import RunSettings
+
+    alive = weakref.WeakSet()
+
+    class Pipeline:  # GenAI's pipeline, as far as the section's memory goes
+        def __init__(self, *args, **kwargs):
+            alive.add(self)
+
+        def generate(self, *args, **kwargs):
+            raise AssertionError("not run here")
+
+    most = []
+
+    def measure(lanes, instructions, prompts, n, bench, log):  # the runs refer to their lanes, as the real ones do
+        import gc
+
+        gc.collect()
+        most.append(len(alive))
+        return [harness.Run(lane, 0, 0, n, 1.0, n) for lane in lanes]
+
+    monkeypatch.setattr(peers, "GenAIPipeline", Pipeline)
+    monkeypatch.setattr(sections, "measure", measure)
+    monkeypatch.setattr(sections, "paper_figures", lambda lanes, runs, n: {})
+    monkeypatch.setattr(sections, "genai_compile", lambda target, draft: {})
+    monkeypatch.setattr(sections, "our_lane", lambda label, engine, mode, generation, baseline=None: harness.Lane(
+        label, "specdemo", mode, baseline))
+    monkeypatch.setattr(harness, "genai_properties", lambda target, draft, defaults=False: ({}, {}))
+
+    class Engine:
+        target = draft = type("Model", (), {"folder": "ir", "settings": RunSettings().target})()
+        eos_ids = [0]
+
+        def prompt_ids(self, text, generation):
+            return [1, 2]
+
+    from specdemo.bench.settings import BenchSettings
+
+    bench = BenchSettings(mode="test", instructions=1, paper_tokens=(8,), genai_defaults_instructions=1)
+    ctx = harness.Context(Engine(), RunSettings(), bench, log=lambda message: None)
+    sections.run_paper(ctx)
+    assert most == [2, 2]  # the first pass's plain and speculative pipelines, then only GenAI's defaults' two

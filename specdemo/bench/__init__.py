@@ -31,7 +31,6 @@ targets, report and report_tables, plots; the machine description is specdemo/ma
 
 from __future__ import annotations
 
-import gc
 import time
 from dataclasses import asdict
 from datetime import datetime, timezone
@@ -40,7 +39,7 @@ from typing import Callable
 
 from specdemo import machine, strict_json
 from specdemo.profile import machine_profile
-from specdemo.bench.settings import FULL, QUICK, SECTIONS, USES_GENAI, BenchSettings, check_generation
+from specdemo.bench.settings import FULL, QUICK, SECTIONS, BenchSettings, check_generation
 from specdemo.settings import RunSettings
 
 # The measuring modules are imported in run(), not here, so `import specdemo.bench` stays light (the
@@ -89,7 +88,7 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
     results["sample_run"] = sample_run(engine, settings, CODE_INSTRUCTIONS[0])
     log("a sample side-by-side run of the first code instruction, as `generate --json` writes it: run.json")
     weights = [sources.weights_bytes(model.settings) for model in (engine.target, engine.draft)]
-    for i, name in enumerate(bench.sections):
+    for name in bench.sections:
         section_start = time.perf_counter()
         log(f"== {name}")
         if not memory.wait_for(section_need(name, *weights, bench.genai_k_values), f"the {name} section", log):
@@ -98,9 +97,8 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
         section = results["sections"][name] = RUNNERS[name](ctx)
         section["seconds"] = time.perf_counter() - section_start
         section["load_average_end"] = machine.load_average()
-        if not USES_GENAI & set(bench.sections[i + 1 :]):
-            ctx.genai.clear()  # free GenAI's copies of the models once no later section needs them
-        gc.collect()
+        # GenAI's copies of the models go with their section: the next section's memory need counts only its own.
+        ctx.drop_genai()
     results["costs_end"] = engine.costs.to_dict()  # as the sections' runs corrected it
     results["targets"] = judge_targets(results["sections"])
     results["seconds"] = time.perf_counter() - started

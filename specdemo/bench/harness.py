@@ -258,6 +258,11 @@ class Context:
             )
         return self.genai[name]
 
+    def drop_genai(self) -> None:
+        """Free GenAI's pipelines (once no lane or run refers to them any more)."""
+        self.genai.clear()
+        gc.collect()
+
     def genai_lane(self, label: str, pipeline: str, baseline: Lane | None = None, k: int | None = None) -> Lane:
         """A lane on GenAI pipeline `pipeline` (see genai_pipeline); speculative ones need their `baseline`."""
         drafting = peer_strategy(pipeline)

@@ -32,7 +32,10 @@ def run_paper(ctx: Context) -> dict:
                "by_tokens": by_n, "genai_compile": genai_compile(ctx.engine.target, ctx.engine.draft)}
     if ctx.bench.genai_defaults_instructions:
         n = max(ctx.bench.paper_tokens)
-        del lanes, genai_ar  # let the pipelines above go before two more copies of the target load
+        # Let the pipelines above go before two more copies of the target load: the runs hold their lanes, the lanes
+        # their pipelines' generate, the context the pipelines themselves (kept, they held 9.2 GiB at this pass).
+        del lanes, genai_ar, runs
+        ctx.drop_genai()
         genai_ar = ctx.genai_lane("GenAI autoregressive (its defaults)", "plain (defaults)")
         lanes = ours + [genai_ar, ctx.genai_lane("GenAI speculative (its defaults)", "speculative (defaults)", baseline=genai_ar)]
         instructions = ctx.code_instructions(ctx.bench.genai_defaults_instructions)

@@ -47,7 +47,6 @@ PAPER = {40: (19.87, 13.61), 100: (44.25, 26.97)}
 
 SECTIONS = ("paper", "k", "vocab", "lookup", "transformers", "llamacpp", "fidelity", "nodes", "precision", "kv", "memory",
             "watching", "humaneval")  # in the order they run
-USES_GENAI = {"paper", "k", "lookup", "humaneval"}  # sections that load OpenVINO GenAI pipelines
 # Sections only --only runs: humaneval executes the code the models write (and takes most of an hour).
 OPT_IN = ("humaneval",)
 
