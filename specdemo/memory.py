@@ -80,25 +80,25 @@ def anonymous(pid: int, proc: Path = Path("/proc")) -> int:
     2.4 GiB conversion twice for the instant a child of it was forked); RssAnon where the kernel gives no Pss_Anon;
     0 for a process gone. Reading smaps_rollup walks the process's pages (0.1 s for a bench holding GenAI's
     pipelines): poll it in seconds, not milliseconds."""
-    try:
-        for line in (proc / str(pid) / "smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss_Anon:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return resident_anonymous(pid, proc)
+    pss = _kib_field(proc / str(pid) / "smaps_rollup", "Pss_Anon:")
+    return pss if pss is not None else resident_anonymous(pid, proc)
 
 
 def resident_anonymous(pid: int, proc: Path = Path("/proc")) -> int:
     """A process's RssAnon in bytes (0 for a process gone): what `anonymous` counts for a process with no child
     sharing its pages, read from its status in microseconds, for samplers that poll every few milliseconds."""
+    return _kib_field(proc / str(pid) / "status", "RssAnon:") or 0
+
+
+def _kib_field(path: Path, key: str) -> int | None:
+    """Bytes of the "<key> <n> kB" line of a /proc file, None where the file or the line is missing."""
     try:
-        for line in (proc / str(pid) / "status").read_text().splitlines():
-            if line.startswith("RssAnon:"):
+        for line in path.read_text().splitlines():
+            if line.startswith(key):
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
-    return 0
+    return None
 
 
 def tree(root: int, proc: Path = Path("/proc")) -> list[int]:
@@ -183,13 +183,7 @@ def _stat(path: Path, key: str) -> int:
 
 def machine_left(meminfo: Path = Path("/proc/meminfo")) -> int:
     """MemAvailable in bytes (the kernel's estimate of what can be taken without swapping)."""
-    try:
-        for line in meminfo.read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
+    return _kib_field(meminfo, "MemAvailable:") or 0
 
 
 def room(environ=os.environ) -> Room:
