@@ -229,16 +229,17 @@ class Engine:
         return planner.with_confidence_stop(plan, self.costs, settings.draft_p_min, settings.k_max)
 
     def speculative_ids(self, ids: list[int], settings: GenerationSettings, plan: Plan | None,
-                        cancel: threading.Event | None = None) -> Iterator:
+                        cancel: threading.Event | None = None, memories: dict[str, object] | None = None) -> Iterator:
         """The speculative lane on prompt `ids`: the plan first (None: no costs to plan by, so the settings' drafter
-        and K), then the loop's events. Under auto K the plan chooses each round's K."""
+        and K), then the loop's events. Under auto K the plan chooses each round's K. `memories`: what the run's owner's
+        earlier runs left a drafter that keeps something across runs (drafters.memories(); None: nothing)."""
         kind = plan.drafter if plan is not None else settings.drafter
         if strategy(kind).needs_model and self.draft is None:
             raise ValueError(no_draft_model())
         stops = plan.stops if plan is not None else ((settings.draft_p_min,) if settings.draft_p_min else ())
         rng = np.random.default_rng(settings.seed)
         price = self._price(settings.greedy) if self.costs is not None else None
-        drafter = make_drafter(kind, self.draft.runtime if self.draft else None, settings, rng, price, stops)
+        drafter = make_drafter(kind, self.draft.runtime if self.draft else None, settings, rng, price, stops, memories)
         policy = k_rules.policy_for(settings, self.costs, plan)
         if plan is not None:
             yield plan

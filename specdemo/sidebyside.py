@@ -47,10 +47,14 @@ class Record:
 
 class SideBySide:
     """One instruction through one or both lanes, on `engines` by lane (the page may give each lane its own engine:
-    a race runs each on half the threads); `settings` as the engines were loaded with, generation included."""
+    a race runs each on half the threads); `settings` as the engines were loaded with, generation included;
+    `memories`: what the run's owner's earlier runs left the drafters that keep something (drafters.memories(): a
+    visitor's own on the page; None: the run draws on itself alone)."""
 
-    def __init__(self, engines: Mapping[str, Engine], instruction: str, settings: RunSettings):
+    def __init__(self, engines: Mapping[str, Engine], instruction: str, settings: RunSettings,
+                 memories: dict[str, object] | None = None):
         self.engines = dict(engines)
+        self.memories = memories
         self.instruction = instruction
         self.settings = settings
         self.generation = settings.generation
@@ -82,7 +86,7 @@ class SideBySide:
             return engine.autoregressive_ids(self.prompt, self.generation, cancel)
         if self.plan is None:
             raise RuntimeError("prepare() the run before its speculative lane")
-        return engine.speculative_ids(self.prompt, self.generation, self.plan, cancel)
+        return engine.speculative_ids(self.prompt, self.generation, self.plan, cancel, self.memories)
 
     def genai_counterpart(self) -> tuple[str, int]:
         """The drafter (Strategy.counterpart) and K OpenVINO GenAI runs beside the speculative lane: GenAI keeps K

@@ -1,8 +1,9 @@
 """Suffix decoding (specdemo/drafters/suffix.py): drafts continue the text's longest suffix where it occurred before,
-in this run's text or in the answers this process gave earlier; the acceptance rule is untouched, so is the output."""
+in this run's text or in its owner's earlier answers (a visitor's, a bench lane's: never anyone else's); the acceptance
+rule is untouched, so is the output."""
 
 from specdemo import decoding
-from specdemo.drafters import STRATEGIES, make_drafter
+from specdemo.drafters import STRATEGIES, make_drafter, memories
 from specdemo.drafters.suffix import AnswerStore, SuffixDrafter
 from specdemo.lane import drain
 from specdemo.settings import GenerationSettings, KPolicy
@@ -98,7 +99,30 @@ def test_the_store_keeps_its_bounds_by_dropping_the_oldest_answers():
 
 def test_the_registry_finds_the_suffix_strategy_and_the_settings_accept_it():
     suffix = STRATEGIES["suffix"]
-    assert (suffix.label, suffix.needs_model, suffix.prior) == ("earlier answers (suffix match)", False, "suffix")
+    assert (suffix.label, suffix.needs_model, suffix.prior) == ("your earlier answers (suffix match)", False, "suffix")
+    assert "no one else's answers" in suffix.note  # the page says what it draws on
     settings = GenerationSettings(drafter="suffix")
-    one, other = (make_drafter(settings.drafter, None, settings, None) for _ in range(2))
-    assert one.kind == "suffix" and one.store is other.store  # one store of earlier answers for the process
+    assert make_drafter(settings.drafter, None, settings, None).kind == "suffix"
+
+
+def test_each_owner_of_runs_has_a_store_of_its_own_and_a_run_without_one_remembers_only_itself():
+    settings = GenerationSettings(drafter="suffix")
+    mine, theirs = memories(), memories()
+    assert set(mine) == {"suffix"} and mine["suffix"] is not theirs["suffix"]
+    first, again = (make_drafter("suffix", None, settings, None, memories=mine) for _ in range(2))
+    assert first.store is again.store is mine["suffix"]  # one visitor's runs share their store
+    assert make_drafter("suffix", None, settings, None, memories=theirs).store is theirs["suffix"]
+    alone, other = (make_drafter("suffix", None, settings, None) for _ in range(2))
+    assert alone.store is not other.store and alone.store is not mine["suffix"]  # no owner: a store of its own
+
+
+def test_an_answer_written_for_one_owner_is_never_drafted_for_another():
+    prompt, answer = [7, 3, 11, 42, 5], [60, 61, 62, 63, 64, 65, 66, 67]
+    mine, theirs = memories(), memories()
+    remember(mine["suffix"], prompt, answer)
+    settings = GenerationSettings(drafter="suffix")
+    asked = prompt + answer[:2]
+    for owner, expected in ((mine, answer[2:6]), (theirs, [])):
+        drafter = make_drafter("suffix", None, settings, None, memories=owner)
+        drafter.reset()
+        assert drafter.propose(asked, 4).tokens == expected

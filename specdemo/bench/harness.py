@@ -14,6 +14,7 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Literal, get_args
 
+from specdemo import drafters
 from specdemo.drafters import STRATEGIES, Strategy, with_counterpart
 from specdemo.bench.settings import CODE_INSTRUCTIONS, BenchSettings
 from specdemo.lane import drain
@@ -103,12 +104,14 @@ def our_lane(label: str, engine, mode: Kind, generation: GenerationSettings, bas
              reference: Lane | None = None) -> Lane:
     """specdemo's autoregressive or speculative loop on `engine`, one lane of a side-by-side run (sidebyside.py:
     tokenized, warmed up and planned before the clock starts, taught after it stops), timed from its first event's
-    request to its summary."""
+    request to its summary. The lane owns its drafters' memory: a strategy that keeps earlier answers draws on this
+    lane's earlier instructions, as on the page it draws on one visitor's."""
+    memories = drafters.memories()
 
     def generate(instruction: str, prompt_ids: list[int], n: int) -> Output:
         run = SideBySide({mode: engine}, instruction, RunSettings(engine.target.settings, engine.draft.settings
                                                                   if engine.draft else RunSettings().draft,
-                                                                  replace(generation, max_new_tokens=n)))
+                                                                  replace(generation, max_new_tokens=n)), memories)
         run.prepare()
         start = time.perf_counter()
         result = drain(run.lane(mode))

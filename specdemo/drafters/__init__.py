@@ -6,6 +6,7 @@ Each strategy is one module here holding its drafter (propose / keep, specdemo/d
     model.py    a small LLM drafts token by token with its own KV cache
     lookup.py   prompt lookup: what followed the text's last n-gram where it occurred before, no model
     hybrid.py   lookup where the text repeats, the model elsewhere
+    suffix.py   what followed the text's longest suffix in this run or in its owner's earlier answers, no model
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import pkgutil
 
 from specdemo.drafters.base import Drafter, Proposal, Strategy
 
-__all__ = ["Drafter", "Proposal", "Strategy", "STRATEGIES", "DEFAULT", "MASKED", "strategy", "make_drafter", "choices",
-           "with_counterpart"]
+__all__ = ["Drafter", "Proposal", "Strategy", "STRATEGIES", "DEFAULT", "MASKED", "strategy", "make_drafter", "memories",
+           "choices", "with_counterpart"]
 
 
 def _discover() -> dict[str, Strategy]:
@@ -41,11 +42,23 @@ def strategy(name: str) -> Strategy:
     return STRATEGIES[name]
 
 
-def make_drafter(kind: str, draft_model, settings, rng, price=None, stops: tuple[float, ...] = ()) -> Drafter:
+def make_drafter(kind: str, draft_model, settings, rng, price=None, stops: tuple[float, ...] = (),
+                 memories: dict[str, object] | None = None) -> Drafter:
     """The drafter of strategy `kind` (one that needs a model refuses to be made without one); `price(drafter, k)`
     for a strategy choosing between parts each round; `stops`: the draft model's confidence stop per draft position
-    ((): off)."""
-    return strategy(kind).make(draft_model, settings, rng, price, stops)
+    ((): off); `memories`: what its owner's earlier runs left (memories()), for a strategy that keeps something across
+    runs (without it, such a drafter starts empty: it draws on its own run alone)."""
+    described = strategy(kind)
+    if described.memory is None:
+        return described.make(draft_model, settings, rng, price, stops)
+    memory = (memories or {}).get(kind)
+    return described.make(draft_model, settings, rng, price, stops, memory=memory if memory is not None else described.memory())
+
+
+def memories() -> dict[str, object]:
+    """A new owner's empty memory of every strategy that keeps one (Strategy.memory), by name: hold it for as long as
+    that owner's runs may draw on each other (a visitor's session on the page, one bench lane), and only for them."""
+    return {s.name: s.memory() for s in STRATEGIES.values() if s.memory is not None}
 
 
 def choices() -> list[tuple[str, str]]:

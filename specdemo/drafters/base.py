@@ -72,6 +72,10 @@ class Strategy:
     # Whether the counterfactual may replay its drafter on a finished answer: a model-free drafter's proposals depend on
     # the text alone, unless it keeps state across runs (the answer being explained would already be in it).
     replayable: bool = True
+    # What it keeps across runs (earlier answers), made empty by calling it: None, it keeps nothing. Each owner of runs
+    # holds one of its own (a visitor of the page, a bench lane; drafters.memories()) and hands it to make_drafter, so
+    # a drafter draws on its owner's earlier runs and on no one else's; a run given none remembers only itself.
+    memory: Callable[[], object] | None = None
 
     @property
     def choice(self) -> str:

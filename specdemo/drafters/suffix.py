@@ -1,6 +1,8 @@
 """Suffix decoding: no draft model; what followed the text's longest suffix where it occurred before, in this run's
-prompt and text and in the answers this process gave earlier (people re-ask similar things of a code model, and its
-answers repeat themselves: the same imports, signatures, idioms).
+prompt and text and in its owner's earlier answers (people re-ask similar things of a code model, and its answers
+repeat themselves: the same imports, signatures, idioms). The owner is whoever holds the AnswerStore (the strategy's
+memory, drafters.memories()): on the page each visitor's session has its own, so a draft never shows one visitor what
+the model answered another; a bench lane has its own; a run given none draws on itself alone.
 
 Learnt from SuffixDecoding (Oliaro et al., 2024, arXiv:2411.04975) as vLLM's Arctic Inference and llama.cpp's n-gram
 cache read it: find the deepest match of the text's suffix, then follow the most frequent continuation for as long as
@@ -74,7 +76,8 @@ class IndexedText:
 
 
 class AnswerStore:
-    """The answers this process gave, as token ids, each indexed for lookup; bounded and thread-safe.
+    """The answers one owner's runs gave (a visitor's, a bench lane's), as token ids, each indexed for lookup; bounded
+    and thread-safe.
 
     Holds at most `max_answers` answers and `max_tokens` tokens of them; beyond either, the oldest answers are dropped
     whole (each has its own index, so dropping one costs nothing). An answer is written while it is being decided (open,
@@ -148,7 +151,7 @@ def walk(found: list[Match], k: int) -> list[int]:
 
 class SuffixDrafter:
     """No draft model: the continuation of the text's longest suffix that occurred before, in this run's text or in
-    an answer of `store`, by a frequency-weighted walk (module docstring). Deterministic proposals (q is None).
+    an answer of `store` (its owner's earlier answers), by a frequency-weighted walk (module docstring). Deterministic proposals (q is None).
 
     The loop has no end-of-run call to a drafter, and the engine makes a new drafter for every run, so an answer cannot
     wait for its end (or for the next reset) to be stored: the drafter opens its answer in the store at its first
@@ -193,20 +196,20 @@ class SuffixDrafter:
         self.store.extend(self.answer, self.text.tokens[max(start, self.prompt_tokens):])
 
 
-ANSWERS = AnswerStore()  # the process's earlier answers, shared by every suffix drafter
-
-
-def make(draft_model, settings, rng, price=None, stops: tuple[float, ...] = ()) -> SuffixDrafter:
-    return SuffixDrafter(ANSWERS)
+def make(draft_model, settings, rng, price=None, stops: tuple[float, ...] = (), memory: AnswerStore | None = None
+         ) -> SuffixDrafter:
+    """`memory`: the owner's earlier answers (make_drafter gives an empty store to a run that has no owner)."""
+    return SuffixDrafter(memory if memory is not None else AnswerStore())
 
 
 # Its drafts are earlier text copied verbatim, as prompt lookup's are, so until this machine's history says otherwise it
 # starts from lookup's prior. Teacher-forced on this repository's code (as for MIN_CONFIDENCE) its drafts were accepted
 # at α̂ 0.56 with the store and 0.58 without: the prior is the cautious side of that; its own history then prices it.
-STRATEGY = Strategy("suffix", "earlier answers (suffix match)", needs_model=False,
+STRATEGY = Strategy("suffix", "your earlier answers (suffix match)", needs_model=False,
                     default_alpha=lookup.STRATEGY.default_alpha, prior="suffix", make=make,
-                    note=" Drafts continue the text where it, or an earlier answer of this session, went on the same "
-                         "way before, without a model call.",
+                    note=" Drafts continue the text where it, or one of your earlier answers in this session, went on "
+                         "the same way before, without a model call (no one else's answers are drawn on).",
+                    memory=AnswerStore,
                     # Not replayed by the counterfactual: the answer it would explain is in the store by then, and a
                     # replay would draft it from itself (and write it there again).
                     replayable=False)
