@@ -16,6 +16,7 @@ from specdemo.figures import SPECULATION, TABLE, figure, placed, value
 from specdemo.lane import Result, drain
 from specdemo.planner import Plan
 from specdemo.settings import RunSettings
+from specdemo.text import shown
 
 LONG_PROMPT_TOKENS = 300  # above this, say up front how long the prefill will take
 
@@ -108,11 +109,12 @@ def _consume(events, show: bool) -> Result:
 
 
 def _render(event: TokenEvent, colour: bool) -> str:
+    """A token as the terminal shows it: bidirectional and terminal controls shown, never obeyed (text.shown)."""
     if not colour:
-        return event.text
-    rejected = f"{_STRIKE}{event.rejected_text}{_RESET}" if event.rejected_text else ""
+        return shown(event.text, terminal=True)
+    rejected = f"{_STRIKE}{shown(event.rejected_text, terminal=True)}{_RESET}" if event.rejected_text else ""
     start = _COLOURS.get(event.source, "")
-    return f"{rejected}{start}{event.text}{_RESET if start else ''}"
+    return f"{rejected}{start}{shown(event.text, terminal=True)}{_RESET if start else ''}"
 
 
 def _print_summaries(ar_result: Result, spec_result: Result, greedy: bool, parted=None) -> None:

@@ -75,3 +75,99 @@ def test_the_new_tune_is_applied_in_a_turn_of_its_own_after_the_run_that_holds_t
     applying.join(10)
     assert len(loads) == 2 and said[0].startswith("applied this machine's tune in") and "no restart" in said[0]
     assert len(handlers.LINE) == 0
+
+
+def _room(left_gib: float):
+    """memory.room() as a machine with `left_gib` GiB left in the bound."""
+    from specdemo import memory
+
+    budget = 8 * 2**30
+    return lambda environ=None: memory.Room(budget, budget - int(left_gib * 2**30), None, 64 * 2**30)
+
+
+def _prepared(monkeypatch, weights_gib: float = 1.0):
+    """Every model prepared, each 1 GiB of weights: compile_need 1.25 GiB."""
+    from specdemo import sources
+
+    monkeypatch.setattr(sources, "is_prepared", lambda settings: True)
+    monkeypatch.setattr(sources, "weights_bytes", lambda settings: int(weights_gib * 2**30))
+
+
+def test_a_visitor_s_genai_lane_loads_only_beside_what_the_background_work_may_still_need(home, monkeypatch):
+    import pytest
+
+    from specdemo import memory
+    from specdemo.settings import RunSettings
+
+    engines, loads = _fake_engines(monkeypatch, home)
+    monkeypatch.setattr(engines, "_load_genai", lambda settings, lookup: lambda report: loads.append("genai") or "pipeline")
+    _prepared(monkeypatch)  # GenAI's target and draft: 2.5 GiB to compile
+    monkeypatch.setattr(memory, "room", _room(3.0))
+    with pytest.raises(memory.Short, match=r"OpenVINO GenAI's pipeline needs about 2.5 GiB .* spoken for by the background"):
+        engines.genai_loading_for(RunSettings(), prompt_lookup=False, reserve=int(1.0 * 2**30))  # a tune still to come
+    assert loads == [] and "genai" not in engines._LOADING
+    loading = engines.genai_loading_for(RunSettings(), prompt_lookup=False, reserve=0)  # the work is done: it fits
+    assert loading.wait() == "pipeline"
+
+
+def test_loadings_under_way_are_counted_so_a_race_s_two_engines_are_not_both_let_in_on_the_same_room(home, monkeypatch):
+    import threading
+
+    import pytest
+
+    from specdemo import memory
+
+    engines, loads = _fake_engines(monkeypatch, home)
+    slow = threading.Event()
+    monkeypatch.setattr(engines, "_load_engine", lambda settings, with_draft: lambda report: slow.wait(10) and "engine")
+    _prepared(monkeypatch)
+    monkeypatch.setattr(memory, "room", _room(3.0))  # room for the race's first engine (1.25), not both (1.25 + 2.5)
+    with pytest.raises(memory.Short, match="a race's speculative engine needs about 2.5 GiB"):
+        engines.lane_loadings("race", "CPU", "CPU")
+    slow.set()
+
+
+def test_the_fastest_configuration_is_never_converted_in_a_visitor_s_turn(home, monkeypatch):
+    import pytest
+
+    from specdemo import sources
+
+    engines, loads = _fake_engines(monkeypatch, home)
+    monkeypatch.setattr(sources, "is_prepared", lambda settings: settings.precision != "int4")
+    with pytest.raises(sources.ModelSourceError, match="not prepared on this machine yet .* background work prepares it"):
+        engines.lane_loadings("one after another", "CPU", "CPU", "fastest")
+    assert loads == []
+
+
+def test_optional_models_sitting_idle_are_released_and_the_default_pair_and_a_running_run_s_are_kept(home, monkeypatch):
+    from specdemo import memory
+    from specdemo.settings import RunSettings
+
+    engines, loads = _fake_engines(monkeypatch, home)
+    _prepared(monkeypatch)
+    monkeypatch.setattr(memory, "room", _room(7.0))
+    engines.loading_for("pair", RunSettings()).wait()
+    race = engines.lane_loadings("race", "CPU", "CPU")
+    held = engines.Held([race["speculative"]])  # a run holds the race's speculative engine
+    for loading in race.values():
+        loading.wait()
+    assert engines.release_idle(idle_s=0) == ["race-autoregressive"]
+    assert set(engines._LOADING) == {"pair", "race-speculative"}
+    held.release()
+    assert engines.release_idle(idle_s=60) == []  # just used: not idle yet
+    assert engines.release_idle(idle_s=0) == ["race-speculative"] and set(engines._LOADING) == {"pair"}
+
+
+def test_what_the_background_work_may_still_need_is_its_step_s_need_less_what_it_holds(monkeypatch):
+    from types import SimpleNamespace
+
+    from specdemo import memory
+    from specdemo.ui import tuning
+
+    _prepared(monkeypatch)
+    work = SimpleNamespace(state="running", index=2, steps=[("preparing the draft at int8", []), (tuning.TUNING, [])],
+                           holds=lambda: 2**30)
+    monkeypatch.setattr(tuning, "_CURRENT", work)
+    assert tuning.reserve() == memory.tune_need(2**30, 2**30) - 2**30
+    work.state = "done"
+    assert tuning.reserve() == 0

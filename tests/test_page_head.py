@@ -1,4 +1,4 @@
-"""The page's head middleware (ui/page.py FirstInHead) on a tiny app called as the server calls it (raw ASGI): what it
+"""The page's head middleware (ui/asgi.py FirstInHead) on a tiny app called as the server calls it (raw ASGI): what it
 inserts, and what it must leave as it was."""
 
 import asyncio
@@ -7,7 +7,7 @@ from starlette.applications import Starlette
 from starlette.responses import HTMLResponse
 from starlette.routing import Route
 
-from specdemo.ui.page import FirstInHead
+from specdemo.ui.asgi import FirstInHead
 
 PAGE = b"<html><head><title>t</title></head><body>hello</body></html>"
 SCRIPT = "<script>quiet()</script>"

@@ -122,10 +122,14 @@ def test_a_failing_lane_is_reported_as_a_sentence():
     assert lanes[AUTOREGRESSIVE].summary is not None
 
 
-def test_stop_cancels_only_that_visitors_run():
-    mine, theirs = begin_run("me"), begin_run("them")
-    assert cancel_run("me")
-    assert mine.is_set() and not theirs.is_set()
-    end_run("me", mine)
-    end_run("them", theirs)
-    assert not cancel_run("me")
+def test_stop_cancels_only_the_run_it_names_and_only_for_the_session_that_started_it():
+    (mine, my_cancel), (theirs, their_cancel) = begin_run("me"), begin_run("them")
+    assert mine != theirs and len(mine) >= 16  # random ids, told to each visitor's page alone
+    assert not cancel_run("me", theirs)  # my session cannot stop their run, even knowing its id
+    assert not cancel_run("them", "")  # nor can a session stop anything without naming its run
+    assert not their_cancel.is_set()
+    assert cancel_run("me", mine)
+    assert my_cancel.is_set() and not their_cancel.is_set()
+    end_run(mine)
+    end_run(theirs)
+    assert not cancel_run("me", mine)  # a run that ended is not going any more

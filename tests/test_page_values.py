@@ -74,7 +74,11 @@ def test_the_only_free_text_the_page_takes_is_the_instruction_so_no_model_can_be
     config = page.build().get_config_file()
     components = {c["id"]: c for c in config["components"]}
     inputs = [components[i] for event in config["dependencies"] for i in event["inputs"]]
-    assert [c["props"]["elem_id"] for c in inputs if c["type"] == "textbox"] == ["instruction"]
+    # Besides the instruction, Stop takes the id of the run it stops (a hidden box the page's Generate filled in).
+    assert sorted(c["props"]["elem_id"] for c in inputs if c["type"] == "textbox") == ["instruction", "run-id"]
+    stop = next(event for event in config["dependencies"] if [components[i]["props"].get("elem_id") for i in event["inputs"]]
+                == ["run-id"])
+    assert [components[i]["props"]["elem_id"] for i in stop["outputs"]] == ["status"]
     assert {c["type"] for c in inputs} <= {"textbox", "slider", "radio", "dropdown", "checkbox", "number", "dataset"}
     for dropdown in (c for c in inputs if c["type"] == "dropdown"):
         assert not dropdown["props"]["allow_custom_value"]

@@ -8,6 +8,7 @@ import pytest
 from specdemo.ui import handlers, waiting
 from specdemo.ui.lanes import cancel_run
 from specdemo.ui.values import PageValues
+from specdemo.ui.visitors import Visitor, address_of
 
 
 def test_runs_take_turns_first_come_first_served():
@@ -53,8 +54,54 @@ def test_the_page_says_its_place_at_once_and_stop_leaves_the_queue(monkeypatch):
     line = waiting.RunQueue(max_waiting=4)
     monkeypatch.setattr(handlers, "LINE", line)
     holder = line.join(64)  # another visitor's run holds the machine
-    views = handlers.generate(PageValues(instruction="Write a haiku."), session="visitor")
-    assert next(views).status.startswith("Waiting for the machine: 1 run ahead of you")
-    assert cancel_run("visitor")  # Stop
+    views = handlers.generate(PageValues(instruction="Write a haiku."), Visitor("visitor", "10.0.0.7"))
+    first = next(views)
+    assert first.status.startswith("Waiting for the machine: 1 run ahead of you")
+    assert cancel_run("visitor", first.run)  # Stop, naming the run the page was told
     assert [v.status for v in views] == [handlers.LEFT_QUEUE_STATUS]
     assert len(line) == 1 and line.ahead(holder) == 0
+
+
+def test_one_session_holds_one_place_and_one_address_a_few():
+    line = waiting.RunQueue(max_waiting=32)
+    line.join(8, Visitor("tab-1", "10.0.0.7"))
+    with pytest.raises(waiting.QueueFull, match="your previous run is still running or waiting"):
+        line.join(8, Visitor("tab-1", "10.0.0.7"))
+    for i in range(2, waiting.PER_ADDRESS + 1):  # the same address with new sessions: a few places, no more
+        line.join(8, Visitor(f"tab-{i}", "10.0.0.7"))
+    with pytest.raises(waiting.QueueFull, match="runs from your network address are already in the line"):
+        line.join(8, Visitor("made-up-session", "10.0.0.7"))
+    line.join(8, Visitor("a-stranger", "10.0.0.9"))  # others still get in
+    assert len(line) == waiting.PER_ADDRESS + 1
+
+
+def test_one_client_making_up_sessions_cannot_fill_the_page_s_line(monkeypatch):
+    line = waiting.RunQueue(max_waiting=handlers.MAX_WAITING_RUNS)
+    monkeypatch.setattr(handlers, "LINE", line)
+    line.join(64)  # a run holds the machine
+    runs = [handlers.generate(PageValues(instruction="Write a haiku."), Visitor(f"session-{i}", "203.0.113.5"))
+            for i in range(handlers.MAX_WAITING_RUNS)]
+    firsts = [next(run) for run in runs]
+    waiting_runs = [view for view in firsts if view.status.startswith("Waiting for the machine")]
+    refused = [view for view in firsts if view.status.startswith("⚠️")]
+    assert len(waiting_runs) == waiting.PER_ADDRESS and len(refused) == handlers.MAX_WAITING_RUNS - waiting.PER_ADDRESS
+    assert "your network address" in refused[0].status
+    stranger = handlers.generate(PageValues(instruction="Write a haiku."), Visitor("stranger", "198.51.100.1"))
+    assert next(stranger).status.startswith(f"Waiting for the machine: {waiting.PER_ADDRESS + 1} runs ahead of you")
+    for run in runs + [stranger]:
+        run.close()
+    assert len(line) == 1
+
+
+def test_the_address_is_the_peer_s_unless_a_local_proxy_forwards_for_someone():
+    assert address_of("93.184.216.34", None) == "93.184.216.34"
+    assert address_of("93.184.216.34", "10.1.1.1") == "93.184.216.34"  # a remote peer cannot claim to forward
+    assert address_of("10.0.0.2", "1.2.3.4, 198.51.100.7") == "198.51.100.7"  # the proxy's own entry, not the client's
+    assert address_of("127.0.0.1", "") == "127.0.0.1"
+
+
+def test_requests_from_this_machine_share_no_address_cap():
+    line = waiting.RunQueue(max_waiting=32)
+    for i in range(waiting.PER_ADDRESS + 2):
+        line.join(8, Visitor(f"local-{i}", "127.0.0.1"))
+    assert len(line) == waiting.PER_ADDRESS + 2

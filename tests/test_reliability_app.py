@@ -130,6 +130,51 @@ def test_files_outside_the_page_are_not_served(server):
         assert refused.value.code in (403, 404)
 
 
+def test_an_upload_is_capped_on_the_server(server):
+    """The page takes no files: Gradio's upload route refuses anything over page.MAX_UPLOAD_BYTES (64 KiB)."""
+    boundary = "specdemo-boundary"
+    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"files\"; filename=\"big.bin\"\r\n"
+            "Content-Type: application/octet-stream\r\n\r\n").encode() + b"x" * (2 << 20) + f"\r\n--{boundary}--\r\n".encode()
+    request = urllib.request.Request(server.url + "gradio_api/upload", body,
+                                     {"Content-Type": f"multipart/form-data; boundary={boundary}"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30)
+    assert refused.value.code in (400, 413)
+
+
+def test_a_malformed_api_call_leaves_one_line_in_the_terminal_not_a_traceback(server):
+    before, failed = server.log.read_text(), 0
+    for path, body in (("queue/join", {"data": [], "fn_index": 9999, "session_hash": "x", "trigger_id": 1}),
+                       ("run/predict", {"data": [1, 2], "fn_index": 9999}),
+                       ("queue/join", {"data": "not a list", "fn_index": 0, "session_hash": "y"})):
+        request = urllib.request.Request(server.url + "gradio_api/" + path, json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=30)
+        assert 400 <= refused.value.code < 600
+        failed += refused.value.code == 500
+    added = server.log.read_text()[len(before):]
+    assert "Traceback" not in added and "Exception in ASGI application" not in added
+    assert failed >= 1 and added.count("refused a request the page's API could not handle") == failed, added[-2000:]
+
+
+def test_one_client_making_up_sessions_from_one_address_gets_a_few_places_not_the_whole_line(server):
+    """Behind a proxy (a Hugging Face Space's forwards the visitor's address), one address holds at most a few places
+    in the line however many sessions it makes up; the rest are refused with a sentence, and a stranger still gets in."""
+    from specdemo.ui import waiting
+
+    def client(address: str) -> Client:
+        return Client(server.url, verbose=False, headers={"X-Forwarded-For": address})
+
+    jobs = [client("198.51.100.7").submit(*_arguments(f"Count to {i}.", max_new_tokens=24), api_name="/generate")
+            for i in range(waiting.PER_ADDRESS + 3)]
+    finals = [dict(zip(OUTPUTS, job.result(timeout=RUN_S))) for job in jobs]
+    refused = [f["status"] for f in finals if f["status"].startswith("⚠️")]
+    assert len(refused) == 3 and all("your network address" in status for status in refused)
+    assert sum(f["status"].startswith("Finished") for f in finals) == waiting.PER_ADDRESS
+    assert texts(generate(client("192.0.2.44"), "Say hi.", max_new_tokens=4))[0]
+
+
 def test_after_all_that_the_app_is_up_and_runs_normally(server):
     assert server.process.poll() is None
     ar, spec = texts(generate(Client(server.url, verbose=False), "Write a haiku about rain.", max_new_tokens=12))

@@ -48,6 +48,7 @@ def test_the_cli_the_page_and_the_bench_write_the_same_run_record(settings, engi
     from specdemo.ui import handlers
     from specdemo.ui.engines import Loading
     from specdemo.ui.values import PageValues
+    from specdemo.ui.visitors import Visitor
 
     # the CLI, `generate --json`
     monkeypatch.setattr(Engine, "load", classmethod(lambda cls, *args, **kwargs: engine))
@@ -61,7 +62,7 @@ def test_the_cli_the_page_and_the_bench_write_the_same_run_record(settings, engi
     monkeypatch.setattr(handlers, "lane_loadings", lambda *args: {"autoregressive": ready, "speculative": ready})
     monkeypatch.setattr(handlers, "device_settings", lambda *args: settings)
     values = PageValues(instruction=INSTRUCTION, max_new_tokens=20, k=3, k_auto=False, mode="one after another")
-    views = list(handlers.generate(values, "a-session"))
+    views = list(handlers.generate(values, Visitor("a-session")))
     page = json.loads(open(views[-1].download, encoding="utf-8").read())
 
     # the bench's sample run, as it writes it into run.json

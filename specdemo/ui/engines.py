@@ -2,25 +2,36 @@
 
 A `Loading` is one engine being prepared on its own thread; any number of handlers wait on it and
 show its progress. Per-run state never lives here, so visitors never see each other's outputs.
+
+The default pair ("pair") is loaded at start and kept. Whatever else a visitor's choice loads (OpenVINO GenAI's
+pipeline, a race's two engines, the fastest configuration's pair) lives inside the memory bound like the background
+work (specdemo/memory.py): it is loaded only where it fits beside what the app holds and what the background work may
+still need (else memory.Short with a sentence), only from models already prepared (a conversion never runs inside a
+visitor's turn: ModelSourceError says it is being prepared), and released once it sat unused for IDLE_S.
 """
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import sys
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Callable
 
-from specdemo import genai, machine, sources
+from specdemo import genai, machine, memory, sources
 from specdemo.engine import Engine
 from specdemo.profile import machine_profile
 from specdemo.runtime import release_weight_pages
-from specdemo.settings import CONFIGURATIONS, GenerationSettings, RunSettings
+from specdemo.settings import CONFIGURATIONS, GenerationSettings, ModelSettings, RunSettings
 from specdemo.ui.lanes import AUTOREGRESSIVE, GENAI, SPECULATIVE
 from specdemo.ui.values import MAX_K, ONE_AFTER_ANOTHER
 
 GENAI_WARM_UP_TOKENS = 8  # GenAI compiles its kernels on its first generate: done at load, never in a lane's time
+KEPT = "pair"  # the one role loaded at start and never released; every other role is a visitor's choice
+IDLE_S = 180.0  # a visitor's optional models unused this long are released (the background work may need the room)
+REAPER_S = 15.0  # how often idle models are looked for
 
 
 class Loading:
@@ -36,6 +47,9 @@ class Loading:
         self.value = None
         self.error: Exception | None = None
         self.done = threading.Event()
+        self.users = 0  # runs holding it now (Held)
+        self.last_used = time.monotonic()
+        self.need = 0  # bytes its admission counted (an optional role), spoken for until it has loaded
         threading.Thread(target=self._load, args=(load,), daemon=True, name="specdemo-load").start()
 
     def _load(self, load: Callable) -> None:
@@ -116,29 +130,130 @@ def loading_for(role: str, settings: RunSettings, with_draft: bool = True, on_do
     return _loading(role, key, lambda: _load_engine(settings, with_draft), on_done, refresh)
 
 
-def genai_loading_for(settings: RunSettings, prompt_lookup: bool) -> Loading:
-    """The loading of GenAI's speculative pipeline (draft model or prompt lookup) for the third lane."""
-    return _loading(GENAI, (settings.target, settings.draft, prompt_lookup), lambda: _load_genai(settings, prompt_lookup))
+def genai_loading_for(settings: RunSettings, prompt_lookup: bool, reserve: int = 0) -> Loading:
+    """The loading of GenAI's speculative pipeline (draft model or prompt lookup) for the third lane, admitted like every
+    optional role (`reserve`: bytes the background work may still need)."""
+    models = [settings.target] + ([] if prompt_lookup else [machine_profile().resolve_precision(settings.draft)])
+    return _loading(GENAI, (settings.target, settings.draft, prompt_lookup), lambda: _load_genai(settings, prompt_lookup),
+                    admission=Admission("OpenVINO GenAI's pipeline", models, reserve))
 
 
 APPLYING = "applying this machine's new tune: compiling the models again"
 
 
-def _loading(role: str, key, make_load: Callable, on_done: Callable | None = None, refresh: bool = True) -> Loading:
+@dataclass(frozen=True)
+class Admission:
+    """What an optional role must pass before it loads: `models` prepared already (a conversion never runs in a
+    visitor's turn), and their compiles fitting in the memory bound beside `reserve`, what the background work may still
+    take, and the loadings still under way."""
+
+    what: str  # for people: "OpenVINO GenAI's pipeline"
+    models: list[ModelSettings]
+    reserve: int = 0  # bytes
+
+    @property
+    def need(self) -> int:
+        return sum(memory.compile_need(sources.weights_bytes(model)) for model in self.models)
+
+    def check(self, pending: int) -> None:
+        """ModelSourceError where a model is not prepared, memory.Short where memory does not allow them now; `pending`:
+        bytes other loadings under way will take."""
+        for model in self.models:
+            if not sources.is_prepared(model):
+                raise sources.ModelSourceError(
+                    f"{self.what} needs {model.source} at {model.precision}, which is not prepared on this machine yet "
+                    "(the background work prepares it after the first start; `python -m specdemo prepare` does it by "
+                    "hand); try again later, or choose the default configuration")
+        room, held = memory.room(), self.reserve + pending
+        if room.left - held < self.need:
+            also = f", and {memory.gib(held)} of it is spoken for by the background work" if held > 0 else ""
+            raise memory.Short(f"{self.what} needs about {memory.gib(self.need)} of memory and there is "
+                               f"{room.describe()}{also}; try again in a few minutes, or run without it")
+
+
+def _loading(role: str, key, make_load: Callable, on_done: Callable | None = None, refresh: bool = True,
+             admission: Admission | None = None) -> Loading:
+    """The role's loading, started anew where it has none, another key, an error or (with `refresh`) an older tune;
+    an optional role's `admission` is checked first (it raises where a new loading must not start)."""
     stamp = machine_profile().stamp()
     with _LOADING_LOCK:
         loading = _LOADING.get(role)
         stale = refresh and loading is not None and loading.error is None and loading.stamp != stamp
         if loading is None or loading.key != key or loading.error is not None or stale:
+            if admission is not None:
+                if loading is not None and loading.users == 0:  # the one it replaces goes first, and is not counted
+                    _LOADING.pop(role)
+                    _return_memory()
+                admission.check(sum(other.need for other in _LOADING.values() if not other.done.is_set()))
             # The engine it replaces goes when the last run holding it ends (runs take turns: none does now).
             loading = _LOADING[role] = Loading(key, make_load(), on_done, stamp, APPLYING if stale else "")
+            loading.need = admission.need if admission is not None else 0
+        loading.last_used = time.monotonic()
     return loading
+
+
+def release_idle(idle_s: float = IDLE_S) -> list[str]:
+    """Release every optional role no run holds that was last used more than `idle_s` seconds ago; the roles released."""
+    now = time.monotonic()
+    with _LOADING_LOCK:
+        idle = [role for role, loading in _LOADING.items() if role != KEPT and loading.users == 0
+                and loading.done.is_set() and now - loading.last_used > idle_s]
+        for role in idle:
+            del _LOADING[role]  # its engine goes once nothing refers to it
+    if idle:
+        _return_memory()
+    return idle
+
+
+def _return_memory() -> None:
+    """Collect what the released engines held and hand glibc's free pages back to the system, so the bound sees it."""
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (AttributeError, OSError):  # not glibc
+        pass
+
+
+class Held:
+    """The loadings a run holds while it runs: none of them is released as idle meanwhile."""
+
+    def __init__(self, loadings=()):
+        self.loadings: list[Loading] = []
+        for loading in loadings:
+            self.add(loading)
+
+    def add(self, loading: Loading) -> Loading:
+        with _LOADING_LOCK:
+            loading.users += 1
+            loading.last_used = time.monotonic()
+        self.loadings.append(loading)
+        return loading
+
+    def release(self) -> None:
+        with _LOADING_LOCK:
+            for loading in self.loadings:
+                loading.users -= 1
+                loading.last_used = time.monotonic()
+        self.loadings = []
+
+
+def _reap(period_s: float = REAPER_S) -> None:
+    while True:
+        time.sleep(period_s)
+        release_idle()
 
 
 def prepare(settings: RunSettings = RunSettings(), on_ready: Callable | None = None) -> None:
     """Start preparing the default pair now, so it is ready (or converting) before the first visitor; `on_ready(engine)`
-    once it is."""
-    loading_for("pair", settings, True, on_ready)
+    once it is. Optional models visitors load are released from now on once idle."""
+    loading_for(KEPT, settings, True, on_ready)
+    global _REAPER
+    if _REAPER is None:
+        _REAPER = threading.Thread(target=_reap, daemon=True, name="specdemo-release-idle")
+        _REAPER.start()
+
+
+_REAPER: threading.Thread | None = None
 
 
 def race_threads() -> int:
@@ -146,19 +261,33 @@ def race_threads() -> int:
     return max(1, machine.usable_cores() // 2)
 
 
-def lane_loadings(mode: str, target_device: str, draft_device: str, configuration: str = "faithful") -> dict[str, Loading]:
-    """The loading of each lane's engine. One after another: one pair with every core. Race: one engine per
-    lane, each compiled for half the cores, because an engine runs one generation at a time."""
+def lane_loadings(mode: str, target_device: str, draft_device: str, configuration: str = "faithful",
+                  reserve: int = 0) -> dict[str, Loading]:
+    """The loading of each lane's engine. One after another: one pair with every core (the default configuration's is
+    the kept pair; another's is a role of its own, admitted). Race: one engine per lane, each compiled for half the
+    cores, because an engine runs one generation at a time, both admitted. `reserve`: bytes the background work may
+    still need (admit)."""
     settings = device_settings(target_device, draft_device, configuration)
+    draft = machine_profile().resolve_precision(settings.draft)
     if mode == ONE_AFTER_ANOTHER:
-        pair = loading_for("pair", settings, True)
+        if settings == device_settings(target_device, draft_device):
+            pair = loading_for(KEPT, settings, True)
+        else:
+            pair = _optional(f"pair-{configuration}", settings, True,
+                             Admission(f"the {configuration} configuration", [settings.target, draft], reserve))
         return {AUTOREGRESSIVE: pair, SPECULATIVE: pair}
     threads = race_threads()
     half = RunSettings(replace(settings.target, num_threads=threads), replace(settings.draft, num_threads=threads))
-    return {
-        AUTOREGRESSIVE: loading_for("race-autoregressive", half, False),
-        SPECULATIVE: loading_for("race-speculative", half, True),
-    }
+    return {AUTOREGRESSIVE: _optional("race-autoregressive", half, False,
+                                      Admission("a race's autoregressive engine", [settings.target], reserve)),
+            SPECULATIVE: _optional("race-speculative", half, True,
+                                   Admission("a race's speculative engine", [settings.target, draft], reserve))}
+
+
+def _optional(role: str, settings: RunSettings, with_draft: bool, admission: Admission) -> Loading:
+    """loading_for an optional role: admitted before it loads, released once idle."""
+    key = (settings.target, settings.draft if with_draft else None)
+    return _loading(role, key, lambda: _load_engine(settings, with_draft), admission=admission)
 
 
 def device_settings(target_device: str, draft_device: str, configuration: str = "faithful") -> RunSettings:

@@ -2,7 +2,8 @@
 to the components and turns SKIP into "leave this output as it is".
 
 Per-run state (events, timers) lives in the handler's local variables, so visitors never see each
-other's outputs; engines come from engines.py, shared by every visitor.
+other's outputs; engines come from engines.py, shared by every visitor; what a visitor's runs keep for their next
+(their drafters' memories) is theirs alone (visitors.py).
 """
 
 from __future__ import annotations
@@ -15,14 +16,16 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Iterator
 
-from specdemo import genai, metrics, runfile, sources
+from specdemo import genai, memory, metrics, runfile, sources
 from specdemo.disk import inventory
 from specdemo.drafters import strategy
 from specdemo.engine import Engine
 from specdemo.settings import GenerationSettings, RunSettings
 from specdemo.ui import charts, render, tuning, waiting
+from specdemo.ui.visitors import MEMORIES, Visitor
 from specdemo.sidebyside import SideBySide, finished
-from specdemo.ui.engines import Loading, device_settings, genai_loading_for, lane_loadings, loading_for, race_threads
+from specdemo.ui.engines import (Held, Loading, device_settings, genai_loading_for, lane_loadings, loading_for,
+                                 race_threads)
 from specdemo.ui.lanes import (AUTOREGRESSIVE, GENAI, LANES, SPECULATIVE, LaneRun, begin_run, cancel_run, end_run, follow,
                                start_lanes)
 from specdemo.ui.values import MAX_K, RACE, PageValues, as_sentence, check_prompt
@@ -52,6 +55,7 @@ class View:
     costs_note: object = SKIP
     download: object = SKIP  # the path of the finished run's JSON file (runfile.py), or None
     models: object = SKIP
+    run: object = SKIP  # the id of the visitor's run, for their Stop to name (lanes.begin_run)
 
     def values(self) -> tuple:
         return tuple(getattr(self, f.name) for f in fields(self))
@@ -77,61 +81,82 @@ def wait_for_models() -> Iterator[tuple]:
            charts.cost_surface(engine.costs, MAX_K))
 
 
-def generate(values: PageValues, session: str) -> Iterator[View]:
+def generate(values: PageValues, visitor: Visitor) -> Iterator[View]:
     """Take a turn on the machine, run the lanes on one instruction and stream the page's outputs. While runs ahead
     hold the machine, the status says how many and for about how long. A refused run yields one View whose status
     starts with ⚠️ and raises nothing."""
     try:
         settings = values.check()
-        ticket = LINE.join(settings.max_new_tokens)
+        ticket = LINE.join(settings.max_new_tokens, visitor)
     except ValueError as error:  # QueueFull too
         yield View(status=f"⚠️ {as_sentence(error)}")
         return
-    cancel = begin_run(session)  # from now on Stop reaches this run, waiting or running
-    ran = False
+    run_id, cancel = begin_run(visitor.session)  # from now on Stop reaches this run, waiting or running
     try:
-        for ahead, seconds in LINE.wait(ticket, cancel):
-            yield View(status=waiting.describe_place(ahead, seconds))
-        if cancel.is_set():
-            yield View(status=LEFT_QUEUE_STATUS)
-            return
-        ran = True
-        yield from _run(values, settings, session, cancel)
+        views = _turn(values, settings, visitor, run_id, cancel, ticket)
+        first = next(views, None)
+        if first is not None:
+            first.run = run_id  # the page's Stop names this run from now on
+            yield first
+        yield from views
     finally:
-        LINE.leave(ticket, finished=ran and not cancel.is_set())
-        end_run(session, cancel)
+        # A run that had its turn (the line started its clock) and was not stopped teaches the line its pace.
+        LINE.leave(ticket, finished=ticket.started is not None and not cancel.is_set())
+        end_run(run_id)
+
+
+def _turn(values: PageValues, settings: GenerationSettings, visitor: Visitor, run_id: str, cancel,
+          ticket: waiting.Ticket) -> Iterator[View]:
+    """Wait for this run's turn in the line, saying its place, then run it."""
+    for ahead, seconds in LINE.wait(ticket, cancel):
+        yield View(status=waiting.describe_place(ahead, seconds))
+    if cancel.is_set():
+        yield View(status=LEFT_QUEUE_STATUS)
+        return
+    yield from _run(values, settings, visitor, run_id, cancel)
 
 
 LEFT_QUEUE_STATUS = "You left the queue; nothing was run."
 
 
-def _run(values: PageValues, settings: GenerationSettings, session: str, cancel) -> Iterator[View]:
+def _run(values: PageValues, settings: GenerationSettings, visitor: Visitor, run_id: str, cancel) -> Iterator[View]:
     """The run itself, once it is this visitor's turn: one SideBySide owns it (tokenized and planned once, taught,
-    walked and recorded once); this handler streams and renders."""
+    walked and recorded once), drafting from this visitor's own earlier answers alone; this handler streams and
+    renders. The models it loads are held until it ends (engines.Held: none is released as idle meanwhile)."""
+    held = Held()
     try:
-        engines = yield from _wait_for(lane_loadings(values.mode, values.target_device, values.draft_device,
-                                                     values.configuration))
+        yield from _load_and_run(values, settings, visitor, run_id, cancel, held)
+    finally:
+        held.release()
+
+
+def _load_and_run(values: PageValues, settings: GenerationSettings, visitor: Visitor, run_id: str, cancel,
+                  held: Held) -> Iterator[View]:
+    reserve = tuning.reserve()  # what the background work may still need: a visitor's optional models leave it
+    try:
+        loadings = lane_loadings(values.mode, values.target_device, values.draft_device, values.configuration, reserve)
+        engines = yield from _wait_for({lane: held.add(loading) for lane, loading in loadings.items()})
         run_settings = replace(device_settings(values.target_device, values.draft_device, values.configuration),
                                generation=settings)
-        run = SideBySide(engines, values.instruction, run_settings)
+        run = SideBySide(engines, values.instruction, run_settings, MEMORIES.of(visitor))
         check_prompt(run.prompt)
         run.prepare()  # the engines were warmed up when loaded: this plans the speculative lane
         jobs = {mode: (lambda cancel, mode=mode: run.lane(mode, cancel)) for mode in LANES}
         if values.genai:
             try:
-                jobs[GENAI] = yield from _genai_job(run, values, settings)
-            except RuntimeError as error:  # our lanes run all the same; GenAI's lane says why it could not
+                jobs[GENAI] = yield from _genai_job(run, settings, held, reserve)
+            except (RuntimeError, sources.ModelSourceError, memory.Short) as error:  # ours run all the same
                 jobs[GENAI] = _failed(error)
-    except (ValueError, sources.ModelSourceError, RuntimeError) as error:
+    except (ValueError, sources.ModelSourceError, RuntimeError, memory.Short) as error:
         yield View(status=f"⚠️ {as_sentence(error)}")
         return
     # The lanes hold the machine: background work (a new machine's tune) is stopped meanwhile. Not while loading,
     # which may wait for a conversion that work holds the lock of.
     with tuning.machine_held():
-        yield from _run_lanes(values, settings, session, cancel, run, jobs)
+        yield from _run_lanes(values, settings, run_id, cancel, run, jobs)
 
 
-def _run_lanes(values: PageValues, settings: GenerationSettings, session: str, cancel, run: SideBySide,
+def _run_lanes(values: PageValues, settings: GenerationSettings, run_id: str, cancel, run: SideBySide,
                jobs: dict) -> Iterator[View]:
     lanes = {name: LaneRun() for name in jobs}
     first = live_view(lanes, values.mode, plot=True, whole=True)
@@ -159,19 +184,37 @@ def _run_lanes(values: PageValues, settings: GenerationSettings, session: str, c
     record = run.finish(results, stopped)
     view = final_view(lanes, values.mode, settings, run.speculative, stopped, record.would, values.configuration)
     if record.run is not None:
-        view.download = save_run(record.run, session)
+        view.download = save_run(record.run, run_id)
         view.results += render.render_failures(record.run["failures"])
     yield view
 
 
-def save_run(run: dict, session: str) -> str:
-    """Write a finished run for the page's download; returns the file's path (in the system's temporary folder,
-    which the page may serve)."""
-    folder = Path(tempfile.gettempdir()) / "specdemo-runs"
-    folder.mkdir(exist_ok=True)
-    path = folder / f"specdemo-run-{time.strftime('%Y%m%d-%H%M%S')}-{session[:8] or 'api'}.json"
+RUNS_FOLDER = Path(tempfile.gettempdir()) / "specdemo-runs"
+RUN_FILE_AGE_S = 3600.0  # a run's file is offered for download this long; older ones are removed at the next save
+
+
+def save_run(run: dict, run_id: str, folder: Path = RUNS_FOLDER) -> str:
+    """Write a finished run for the page's download, named by its run id (no one else's page is told it); returns the
+    file's path. Files older than RUN_FILE_AGE_S go first (Gradio's copy it serves is cleaned by the page's
+    delete_cache)."""
+    folder.mkdir(mode=0o700, exist_ok=True)
+    remove_old_runs(folder, RUN_FILE_AGE_S)
+    path = folder / f"specdemo-run-{time.strftime('%Y%m%d-%H%M%S')}-{run_id}.json"
     runfile.save(run, path)
     return str(path)
+
+
+def remove_old_runs(folder: Path, age_s: float) -> int:
+    """Remove the run files in `folder` last written more than `age_s` seconds ago; how many went."""
+    removed, now = 0, time.time()
+    for path in folder.glob("specdemo-run-*.json"):
+        try:
+            if now - path.stat().st_mtime > age_s:
+                path.unlink()
+                removed += 1
+        except OSError:  # removed by another process meanwhile
+            pass
+    return removed
 
 
 def ran_to_its_end(lane: LaneRun) -> bool:
@@ -192,12 +235,12 @@ def _wait_for(loadings: dict[str, Loading]):
     return {lane: loading.wait() for lane, loading in loadings.items()}
 
 
-def _genai_job(run: SideBySide, values: PageValues, settings: GenerationSettings):
+def _genai_job(run: SideBySide, settings: GenerationSettings, held: Held, reserve: int):
     """GenAI's lane: its pipeline for the counterpart of the drafter and the K our speculative lane starts with (the
-    run's plan), on the same prompt ids."""
+    run's plan), on the same prompt ids; admitted beside what the background work may still need (`reserve`)."""
     drafter, k = run.genai_counterpart()
     needs_draft = strategy(drafter).needs_model
-    pipeline = yield from _wait_for({GENAI: genai_loading_for(run.settings, not needs_draft)})
+    pipeline = yield from _wait_for({GENAI: held.add(genai_loading_for(run.settings, not needs_draft, reserve))})
     compiled_as = genai.fitted(run.settings.target, run.settings.draft if needs_draft else None)
     engine = run.speculative
     return lambda cancel: genai.stream(pipeline[GENAI], engine.tokenizer, run.prompt, settings, engine.eos_ids, k, cancel,
@@ -308,9 +351,10 @@ def describe_model(model) -> dict:
     return described
 
 
-def stop(session: str) -> str | None:
-    """Stop button: every lane of this visitor's run stops after its current step (a run still waiting leaves the
-    queue), and the run's own last update says so. The status line until then, or None if nothing was running."""
-    if not cancel_run(session):
+def stop(session: str, run_id: str) -> str | None:
+    """Stop button: every lane of the visitor's run `run_id` stops after its current step (a run still waiting leaves
+    the queue), and the run's own last update says so. The status line until then, or None if that run of this
+    session is not going."""
+    if not cancel_run(session, run_id):
         return None
     return "Stopping after the current step…"

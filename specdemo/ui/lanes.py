@@ -1,13 +1,14 @@
 """Running the lanes of one press of Generate: worker threads, the events they send, and Stop.
 
 Workers run each lane's event generator to its end and put (lane, item) pairs in an inbox; `follow`
-applies them to the LaneRuns and paces the page's updates. A registry of cancel Events, one per
-visitor session, lets Stop reach only that visitor's run.
+applies them to the LaneRuns and paces the page's updates. A registry of cancel Events, one per run
+by a random run id that only the visitor's own page is told, lets Stop reach only the run it names.
 """
 
 from __future__ import annotations
 
 import queue
+import secrets
 import threading
 import time
 from typing import Callable, Iterator
@@ -112,30 +113,30 @@ def follow(lanes: dict[str, LaneRun], threads: list[threading.Thread], inbox: qu
             deadline = time.perf_counter() + UPDATE_INTERVAL_S
 
 
-_RUNS: dict[str, threading.Event] = {}  # the cancel Event of each visitor's current run, by session
+_RUNS: dict[str, tuple[str, threading.Event]] = {}  # each running or waiting run's (session, cancel Event), by run id
 _RUNS_LOCK = threading.Lock()
 
 
-def begin_run(session: str) -> threading.Event:
-    """A new cancel Event for this visitor's run (Stop sets it)."""
-    cancel = threading.Event()
+def begin_run(session: str) -> tuple[str, threading.Event]:
+    """A new run of this visitor's: its id (random, told to their page alone, so Stop names the run it stops and no one
+    who merely knows the session can stop it) and its cancel Event (Stop sets it)."""
+    run_id, cancel = secrets.token_urlsafe(16), threading.Event()
     with _RUNS_LOCK:
-        _RUNS[session] = cancel
-    return cancel
+        _RUNS[run_id] = (session, cancel)
+    return run_id, cancel
 
 
-def end_run(session: str, cancel: threading.Event) -> None:
+def end_run(run_id: str) -> None:
+    with _RUNS_LOCK:
+        _, cancel = _RUNS.pop(run_id, ("", threading.Event()))
     cancel.set()  # stops the workers if the page went away mid-run
-    with _RUNS_LOCK:
-        if _RUNS.get(session) is cancel:
-            del _RUNS[session]
 
 
-def cancel_run(session: str) -> bool:
-    """Ask this visitor's run to stop after the current step. False if nothing was running."""
+def cancel_run(session: str, run_id: str) -> bool:
+    """Ask run `run_id` to stop after the current step, if it is this session's. False if no such run is going."""
     with _RUNS_LOCK:
-        cancel = _RUNS.get(session)
-    if cancel is None:
+        owner, cancel = _RUNS.get(run_id or "", (None, None))
+    if cancel is None or owner != session:
         return False
     cancel.set()
     return True

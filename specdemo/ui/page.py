@@ -10,12 +10,16 @@ from starlette.middleware import Middleware
 
 from specdemo import drafters, figures
 from specdemo.ui import background, charts, handlers, render
+from specdemo.ui.asgi import FirstInHead, OneLineErrors
 from specdemo.ui.handlers import MAX_WAITING_RUNS, OUTPUTS, SKIP
+from specdemo.ui.visitors import MEMORIES, Visitor, address_of
 from specdemo.ui.lanes import LaneRun
 from specdemo.ui.values import (ASSETS, MAX_INSTRUCTION_CHARS, MAX_K, MAX_NEW_TOKENS_CAP, ONE_AFTER_ANOTHER, RACE,
                                 PageValues, load_examples, offered_devices)
 
 INPUTS = tuple(f.name for f in fields(PageValues))  # the page's inputs, in the order generate() receives them
+MAX_UPLOAD_BYTES = 64 << 10  # the page takes no files; Gradio's upload route refuses anything larger than this
+CACHE_CHECK_S, CACHE_AGE_S = 600, 3600  # Gradio's served copies: looked at every 10 min, removed after an hour
 
 
 def _gradio(values: tuple) -> tuple:
@@ -27,19 +31,32 @@ def _warn(status) -> None:
         gr.Warning(status.removeprefix("⚠️").strip())
 
 
+def visitor(request: gr.Request) -> Visitor:
+    """Who sent `request`: their session, and their address (a proxy's forwarded one where the peer is a local proxy)."""
+    headers = request.headers or {}
+    host = request.client.host if request.client is not None else ""
+    return Visitor(request.session_hash or "", address_of(host, headers.get("x-forwarded-for")))
+
+
 def generate(request: gr.Request, *values):
     """Generate: the page's values (INPUTS order) in, whole page updates (OUTPUTS order) out."""
-    for view in handlers.generate(PageValues(*values), request.session_hash):
+    for view in handlers.generate(PageValues(*values), visitor(request)):
         _warn(view.status)
         if view.download is not SKIP:  # the button offers the file once there is one
             view.download = gr.DownloadButton(value=view.download, interactive=view.download is not None)
         yield _gradio(view.values())
 
 
-def stop(request: gr.Request):
-    """Stop: this visitor's lanes stop after their current step; generate's last update shows the result."""
-    update = handlers.stop(request.session_hash)
+def stop(request: gr.Request, run_id: str):
+    """Stop: the lanes of the run this page started (its id, which only this page was told) stop after their current
+    step; generate's last update shows the result."""
+    update = handlers.stop(request.session_hash or "", run_id or "")
     return gr.skip() if update is None else update
+
+
+def leave(request: gr.Request):
+    """The visitor closed or reloaded their tab: nothing of theirs is kept (their drafters' memories)."""
+    MEMORIES.forget(request.session_hash or "")
 
 
 def wait_for_models():
@@ -54,7 +71,9 @@ async def follow_background():
 
 def build() -> gr.Blocks:
     """The Blocks page. Call engines.prepare() first so the models load before the first visitor."""
-    with gr.Blocks(title="specdemo: speculative decoding, live", analytics_enabled=False) as demo:
+    # Gradio's copies of the files it served (the runs' downloads) are removed an hour after they were made.
+    with gr.Blocks(title="specdemo: speculative decoding, live", analytics_enabled=False,
+                   delete_cache=(CACHE_CHECK_S, CACHE_AGE_S)) as demo:
         gr.Markdown(
             "# Speculative decoding, live\n"
             "One instruction, two lanes on OpenVINO: the **target** model alone, and a small **draft** model proposing "
@@ -69,7 +88,8 @@ def build() -> gr.Blocks:
                                concurrency_limit=None, show_progress="hidden")
         # No `cancels=[run]`: closing the generator mid-update let a live update already in flight land after
         # Stop's message. Stop sets the run's cancel flag and the run ends itself with a final update.
-        page["stop"].click(stop, None, status, queue=False, show_progress="hidden")
+        page["stop"].click(stop, page["run"], status, queue=False, show_progress="hidden")
+        demo.unload(leave)
         page["k_auto"].change(lambda auto: gr.Slider(interactive=not auto), page["k_auto"], page["k"], queue=False)
         page["decoding"].change(lambda d: gr.Row(visible=d == "sampling"), page["decoding"], page["sampling"], queue=False)
         page["genai"].change(lambda on: gr.Column(visible=on), page["genai"], page["genai_lane"], queue=False)
@@ -96,6 +116,8 @@ def _add_controls(c: dict) -> None:
             c["status"] = gr.Markdown(render.preparing_status(None, "starting"), elem_id="status", elem_classes="sd-status",
                                       container=True, min_height=96)
             c["background"] = gr.HTML("", elem_id="background")  # what the background work does (ui/background.py)
+            # The id of this page's run, which Stop names (handlers.View.run): told to this page alone.
+            c["run"] = gr.Textbox("", visible=False, elem_id="run-id")
     with gr.Row(equal_height=True):
         c["drafter"] = gr.Radio(drafters.choices(),
                                 value=defaults.drafter, label="Drafting", elem_id="drafter", min_width=300)
@@ -113,17 +135,21 @@ def _add_controls(c: dict) -> None:
     with gr.Accordion("OpenVINO GenAI, adaptive K, sampling and devices", open=False):
         gr.Markdown("Prompt lookup drafts by matching the last few tokens against the text so far, so it needs no draft "
                     "model and shines when the answer copies from the instruction; hybrid drafts by lookup where the text "
-                    "repeats and by the draft model elsewhere, whichever this machine's costs favour each round. A race "
+                    "repeats and by the draft model elsewhere, whichever this machine's costs favour each round. Your "
+                    "earlier answers drafts from what the model answered you before in this tab, and never from anyone "
+                    "else's answers; they are forgotten when you close the tab. A race "
                     "runs both lanes at once, each on half the cores; the headline speedup is best measured one after "
                     "another.")
         c["genai"] = gr.Checkbox(value=defaults.genai, elem_id="genai",
                                  label="Also run OpenVINO GenAI's speculative pipeline (a third lane, run last)",
-                                 info="The same model folders, prompt tokens and K; loads a second copy of the models.")
+                                 info="The same model folders, prompt tokens and K; loads a second copy of the models "
+                                      "where memory allows it, released again after a few idle minutes.")
         c["configuration"] = gr.Radio(
             [("Faithful: INT8 target (the default)", "faithful"), ("Fastest: INT4 target", "fastest")],
             value=defaults.configuration, label="Configuration", elem_id="configuration",
             info="The INT4 target is faster here but answers like another model (its greedy text parts from the INT8 "
-                 "target's after ~17 tokens); it is converted on first use (a few minutes). Speculation is lossless either way.")
+                 "target's after ~17 tokens); it is offered once this machine's background work has prepared it. "
+                 "Speculation is lossless either way.")
         with gr.Row():
             c["adaptive"] = gr.Checkbox(value=defaults.adaptive, label="Adaptive K", elem_id="adaptive",
                                         info="K grows after a fully accepted round and shrinks after a rejection.")
@@ -236,40 +262,6 @@ QUIET_TRACKERS_JS = """
 """
 
 
-class FirstInHead:
-    """ASGI middleware: `html` inserted first in the <head> of the page's HTML (GET or HEAD /), before any of Gradio's
-    scripts. The response's headers pass as they came (two set-cookie stay two), but for content-length, which counts
-    the page with `html` in it; HEAD is answered as GET would be, without the body, so both give the same length."""
-
-    def __init__(self, app, html: str):
-        self.app, self.html = app, html.encode()
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["method"] not in ("GET", "HEAD") or scope["path"] not in ("/", ""):
-            return await self.app(scope, receive, send)
-        head_only = scope["method"] == "HEAD"
-        start, body = None, []
-
-        async def insert(message):
-            nonlocal start
-            if message["type"] == "http.response.start":
-                start = message
-                return
-            body.append(message.get("body", b""))
-            if message.get("more_body"):
-                return
-            page, headers = b"".join(body), list(start["headers"])
-            html = any(name.lower() == b"content-type" and b"text/html" in value for name, value in headers)
-            if html and b"<head>" in page:
-                page = page.replace(b"<head>", b"<head>" + self.html, 1)
-                headers = [(name, value) for name, value in headers if name.lower() != b"content-length"]
-                headers.append((b"content-length", str(len(page)).encode()))
-            await send({**start, "headers": headers})
-            await send({"type": "http.response.body", "body": b"" if head_only else page})
-
-        await self.app({**scope, "method": "GET"}, receive, insert)
-
-
 # Gradio 6.31's SourceSansPro-SemiBold.woff2 holds only 55 glyphs, so semibold text mixes fonts; with
 # only the regular and bold faces declared, semibold text uses the complete bold face instead.
 THEME = gr.themes.Default(primary_hue="blue",
@@ -280,7 +272,10 @@ def launch(demo: gr.Blocks, host: str, port: int, share: bool) -> None:
     """Serve the page: runs take turns in our queue (each waiting one holds a worker thread, hence the threads), no share
     link unless asked."""
     demo.queue(max_size=2 * MAX_WAITING_RUNS).launch(server_name=host, server_port=port, share=share,
+                                                     max_file_size=MAX_UPLOAD_BYTES,
                                                      css_paths=[ASSETS / "style.css"], theme=THEME,
-                                                     app_kwargs={"middleware": [Middleware(
-                                                         FirstInHead, html=f"<script>{QUIET_TRACKERS_JS}</script>")]},
+                                                     app_kwargs={"middleware": [
+                                                         Middleware(OneLineErrors),
+                                                         Middleware(FirstInHead,
+                                                                    html=f"<script>{QUIET_TRACKERS_JS}</script>")]},
                                                      max_threads=2 * MAX_WAITING_RUNS + 16)

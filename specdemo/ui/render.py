@@ -15,6 +15,7 @@ from specdemo.figures import RESULTS, figure, placed, value
 from specdemo.metrics import Summary, measured_speedup
 from specdemo.parting import first_difference, parting
 from specdemo.settings import GenerationSettings
+from specdemo.text import shown
 from specdemo.ui.engines import race_threads
 from specdemo.ui.lanes import AUTOREGRESSIVE, GENAI, LANES, SPECULATIVE, LaneRun
 from specdemo.ui.values import RACE
@@ -29,8 +30,8 @@ STOPPED_NOTE = "Stopped before both lanes finished: no speedup figures for this 
 
 def escape(text: str) -> str:
     # gr.HTML runs its value through a template engine: braces and dollars become entities so model
-    # output such as f"{x}" or `${y}` shows literally.
-    return html.escape(text, quote=True).replace("{", "&#123;").replace("}", "&#125;").replace("$", "&#36;")
+    # output such as f"{x}" or `${y}` shows literally; bidirectional controls are shown, never obeyed (text.shown).
+    return html.escape(shown(text), quote=True).replace("{", "&#123;").replace("}", "&#125;").replace("$", "&#36;")
 
 
 def note(text: str) -> str:

@@ -145,6 +145,13 @@ class BackgroundWork:
         """Where the work stands, for the page's line (ui/progress.py)."""
         return self._follower.read(self)
 
+    def holds(self) -> int:
+        """Anonymous memory the running step's processes hold now, in bytes."""
+        process = self.process
+        if self.state != "running" or process is None or process.poll() is not None:
+            return 0
+        return memory.tree_anonymous(process.pid)
+
     @property
     def held(self) -> bool:
         """Whether a visitor's run holds the machine, the work stopped meanwhile."""
@@ -177,6 +184,23 @@ def machine_held() -> Iterator[None]:
 def current() -> BackgroundWork | None:
     """The background work this server started, if any."""
     return _CURRENT
+
+
+def reserve(settings: RunSettings = RunSettings()) -> int:
+    """Bytes of anonymous memory the background work may still take beyond what its step holds now: what a visitor's
+    optional models must leave free (ui/engines.Admission), so that a visitor's choice never holds the work off. 0 once
+    it has ended (or where there is none)."""
+    work = _CURRENT
+    if work is None or work.state != "running":
+        return 0
+    left = [label for label, _ in work.steps[work.index - 1:]]
+    profile = machine_profile()
+    if any(label == PLANNING or label.startswith("tuning") for label in left):
+        need = memory.tune_need(sources.weights_bytes(settings.target),
+                                sources.weights_bytes(profile.resolve_precision(settings.draft)))
+    else:
+        need = max(memory.conversion_need(sources.source_bytes(m.source)) for m in (settings.target, settings.draft))
+    return max(0, need - work.holds())
 
 
 def start_if_needed(settings: RunSettings = RunSettings(), model_bytes: int = 0,

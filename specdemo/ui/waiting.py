@@ -4,7 +4,10 @@ place and an estimate ("3 runs ahead of you, about 40 s").
 One run at a time is what makes the figures honest: two runs at once would share the cores and slow each other.
 The page's Generate handler joins the line, waits its turn yielding its place, and leaves when done; Stop while
 waiting leaves the line at once, and the runs behind move up. Estimates come from how long recent runs took per
-requested token.
+requested token. The line is fair: one visitor holds at most PER_SESSION places, and one address at most PER_ADDRESS
+(a classroom behind one router shares an address; a client making up new sessions does not get more places). Requests
+from this machine itself share no address cap (its owner, the tests; a reverse proxy on this machine must forward the
+client's address in X-Forwarded-For, as a Hugging Face Space's does: visitors.address_of).
 """
 
 from __future__ import annotations
@@ -16,8 +19,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterator
 
+from specdemo.ui.visitors import Visitor
+
 DEFAULT_SECONDS_PER_TOKEN = 0.12  # before any run finished: both lanes of a 2-core machine, roughly
 POLL_S = 0.25  # how often a waiting visitor's place is re-read
+PER_SESSION = 1  # places one browser session may hold (its run, running or waiting)
+PER_ADDRESS = 3  # places the sessions of one network address may hold together
 
 
 class QueueFull(ValueError):
@@ -29,6 +36,7 @@ class Ticket:
     """One run's place in the line."""
 
     tokens: int  # new tokens it asked for (what its run will take scales with them)
+    visitor: Visitor | None = None  # whose run it is (None: the server's own turn, such as applying a tune)
     joined: float = field(default_factory=time.perf_counter)
     started: float | None = None  # when its turn came
 
@@ -42,17 +50,28 @@ class RunQueue:
         self._changed = threading.Condition()
         self._seconds_per_token: deque[float] = deque(maxlen=8)  # of recent runs
 
-    def join(self, tokens: int) -> Ticket:
-        """A place at the end of the line, or QueueFull with a sentence."""
+    def join(self, tokens: int, visitor: Visitor | None = None) -> Ticket:
+        """A place at the end of the line, or QueueFull with a sentence (the line is full, or this visitor holds as
+        many places as a visitor may)."""
         with self._changed:
             if len(self._line) > self.max_waiting:
                 raise QueueFull(f"{len(self._line) - 1} runs are already waiting, the most this page takes; "
                                 "try again in a minute")
-            ticket = Ticket(max(tokens, 1))
+            if visitor is not None:
+                self._check_share(visitor)
+            ticket = Ticket(max(tokens, 1), visitor)
             self._line.append(ticket)
             if len(self._line) == 1:
                 ticket.started = time.perf_counter()
             return ticket
+
+    def _check_share(self, visitor: Visitor) -> None:
+        theirs = [t.visitor for t in self._line if t.visitor is not None]
+        if sum(v.session == visitor.session for v in theirs) >= PER_SESSION:
+            raise QueueFull("your previous run is still running or waiting; press Stop or wait for it to end first")
+        if not visitor.on_this_machine and sum(v.address == visitor.address for v in theirs) >= PER_ADDRESS:
+            raise QueueFull(f"{PER_ADDRESS} runs from your network address are already in the line, the most this page "
+                            "takes from one address; try again when one has ended")
 
     def ahead(self, ticket: Ticket) -> int:
         """How many runs are before this one (0: its turn)."""
