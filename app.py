@@ -38,16 +38,15 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 1
     url = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::', '') else args.host}:{args.port}"
-    # Convert (first start only), compile and measure the models while the page comes up; say when runs can start.
-    # On a machine not tuned yet, tune it then, in the background (specdemo/ui/tuning.py).
+    started = time.perf_counter()
+    # Convert (first start only), compile and measure the models quickly while the page comes up; say when runs can
+    # start. Then learn the rest of this machine in turns between visitors' runs, and on a machine not tuned yet, tune
+    # it in the background (specdemo/ui/tuning.py).
     def ready(engine) -> None:
-        print(f"ready: {url} (models loaded, this machine measured)", flush=True)
-        background = tuning.start_if_needed(model_bytes=engine.target.describe()["size_on_disk_bytes"], on_end=say_background_done,
-                                            log=lambda message: print(message, flush=True), on_step=apply_when_tuned)
-        if background is not None:
-            print(f"in the background at low priority, paused while visitors' runs hold the machine: "
-                  f"{'; '.join(label for label, _ in background.steps)} (minutes; log: {background.log_path}); "
-                  "what it learns is applied as soon as it is done, between visitors' runs", flush=True)
+        print(f"ready: {url} in {time.perf_counter() - started:.0f} s (models compiled, a first measurement of this "
+              "machine; the rest is learnt in the background)", flush=True)
+        log = lambda message: print(message, flush=True)  # noqa: E731
+        handlers.learn_in_turns(engine, log, then=lambda: start_background(engine))
 
     engines.prepare(on_ready=ready)
     page.launch(page.build(), args.host, args.port, args.share)
@@ -64,6 +63,17 @@ def port_in_use(host: str, port: int) -> str:
             reason = "is already in use" if error.errno == errno.EADDRINUSE else f"cannot be bound ({error.strerror})"
             return f"port {port} on {host} {reason}"
     return ""
+
+
+def start_background(engine) -> None:
+    """The background work this machine still needs (ui/tuning.py), once the page's own learning is done."""
+    background = tuning.start_if_needed(model_bytes=engine.target.describe()["size_on_disk_bytes"],
+                                        on_end=say_background_done, log=lambda message: print(message, flush=True),
+                                        on_step=apply_when_tuned)
+    if background is not None:
+        print(f"in the background at low priority, paused while visitors' runs hold the machine: "
+              f"{'; '.join(label for label, _ in background.steps)} (minutes; log: {background.log_path}); "
+              "what it learns is applied as soon as it is done, between visitors' runs", flush=True)
 
 
 def apply_when_tuned(background: tuning.BackgroundWork, step: str) -> None:

@@ -54,6 +54,9 @@ class CostModel:
     runs: int = 0  # runs folded in since the measurement
     corrected_at: str = ""  # ISO date and time of the last fold that changed something
     last_change: str = ""  # what that fold changed, for people ("t(1) 51.0 → 36.8 ms, t(5)/t(1) 1.04 → 1.45")
+    # A first quick measurement (measuring.measure(quick=True): a few calls of a few sizes, the sizes between them
+    # interpolated), taken so the page is ready in seconds; the full measurement replaces it in the background.
+    provisional: bool = False
 
     def __post_init__(self):
         if not self.measured_target_s:
@@ -107,7 +110,7 @@ class CostModel:
 
     def standing(self) -> str:
         """Where the model stands: when it was measured, how many runs corrected it, and the last change."""
-        text = f"measured {self.measured_at.replace('T', ' ')}"
+        text = f"{'a quick first measurement (provisional), ' if self.provisional else ''}measured {self.measured_at.replace('T', ' ')}"
         if not self.runs:
             return text + "; no run has corrected it yet"
         text += f", corrected by {self.runs} run{'s' if self.runs != 1 else ''}"

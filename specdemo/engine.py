@@ -14,7 +14,7 @@ import hashlib
 import threading
 import time
 from dataclasses import replace
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -97,19 +97,44 @@ class Engine:
         names = [str(self.target.folder), str(self.draft.folder) if self.draft else "", str(self.draft.settings.head_tokens) if self.draft else ""]
         return hashlib.sha256("|".join(names).encode()).hexdigest()[:12]
 
-    def warm_up(self, k_max: int = K_MAX, fresh: bool = False, log=lambda message: None) -> float:
+    def warm_up(self, k_max: int = K_MAX, fresh: bool = False, log=lambda message: None, quick: bool = False) -> float:
         """Pay every first-call cost before anything is timed, and know this machine's call costs.
 
         Runs each shape a generation uses (the prompt's prefill, one token, and up to k_max + 1 tokens)
-        on both models; the first time for these models on this machine it also times them (a few
-        seconds) and keeps the cost model in the machine profile; `fresh` re-measures. Returns the
-        seconds it took, also kept in `warm_up_s`; no lane's figures include them.
+        on both models; the first time for these models on this machine it also times them (about a
+        minute; `quick`: a few seconds, provisional, the rest left for `learn`) and keeps the cost model
+        in the machine profile; `fresh` re-measures. Returns the seconds it took, also kept in
+        `warm_up_s`; no lane's figures include them.
         """
         start = time.perf_counter()
         with self.lock:
-            warmup.know_machine(self, k_max, fresh, log)
+            warmup.know_machine(self, k_max, fresh, log, quick)
         self.warm_up_s = time.perf_counter() - start
         return self.warm_up_s
+
+    def to_learn(self, k_max: int = K_MAX, log=lambda message: None) -> list[tuple[str, Callable[[], None]]]:
+        """What a quick warm-up left to learn (warmup.remaining), each step taking the engine's lock as it runs: the
+        caller runs them one at a time, between runs."""
+        def locked(step: Callable[[], None]) -> Callable[[], None]:
+            def run() -> None:
+                with self.lock:
+                    step()
+            return run
+        return [(what, locked(step)) for what, step in warmup.remaining(self, k_max, log)]
+
+    @property
+    def provisional(self) -> str:
+        """What this pair has not learnt yet, in words ("" once it knows it all): its predictions rest on less until
+        then."""
+        missing = []
+        costs = self.costs
+        if costs is not None and costs.provisional:
+            missing.append("a quick first measurement of its call costs")
+        if self.noise is None:
+            missing.append("no batching noise measured yet")
+        if warmup.needs_calibration(self):
+            missing.append("the strategies' prior acceptance, not yet this machine's")
+        return "; ".join(missing)
 
     def plan(self, instruction: str, settings: GenerationSettings) -> Plan:
         """How the speculative lane will run this instruction: which drafter, which K, and why. Needs this machine's

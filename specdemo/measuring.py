@@ -31,17 +31,25 @@ FIRST_CALLS_SHARE = 0.4  # measuring ÷ (UNTIMED + REPEATS) × warm-up, at the l
 UNTIMED = 2  # the first calls after a change of shape are slow (seen: 66, 54, then 45 ms for one step)
 ROUND_DRAFT_STEPS = 3  # draft steps before each timed target call (the round's pattern; more would only cost time)
 N_MAX = K_MAX + 1  # calls of up to this many tokens are always timed, so one cache serves every K
+# The quick first measurement (a page's start): these call sizes, QUICK_REPEATS timed calls each after one untimed, the
+# sizes between them interpolated; about 40 calls where the full measurement makes some 170. The curve is smooth
+# between them on every CPU class measured (a knee, where the plugin changes kernels, moves the interpolated sizes by a
+# step at most), and the full measurement replaces it in the background.
+QUICK_SIZES = (2, 3, 5, 9, 13)
+QUICK_REPEATS = 2
 
 
 def measure(target: OVModel, draft: OVModel | None, n_max: int, known: CostModel | None = None,
-            log=lambda message: None) -> CostModel:
-    """The cost model for these compiled models: `known` (what the machine profile holds for them), or measured.
+            log=lambda message: None, quick: bool = False) -> CostModel:
+    """The cost model for these compiled models: `known` (what the machine profile holds for them), or measured;
+    `quick`: a provisional one from a few calls (QUICK_SIZES), where nothing is known, in seconds; a provisional
+    `known` is measured again in full unless `quick`.
 
     Both models' caches are left empty. Every shape a run will use (prefill, 1 and up to n_max tokens)
     has run at least once when this returns, so the first timed lane pays no first-call costs.
     """
     n_max = max(n_max, N_MAX)
-    if known is not None:
+    if known is not None and (quick or not known.provisional):
         log(f"cost model from this machine's profile ({known.standing()}); warming up")
         _warm_up(target, n_max)
         if draft is not None:
@@ -51,6 +59,12 @@ def measure(target: OVModel, draft: OVModel | None, n_max: int, known: CostModel
     _warm_up(target, n_max)
     if draft is not None:
         _warm_up(draft, 2)
+    if quick:
+        log(f"measuring this machine quickly (calls of {', '.join(map(str, QUICK_SIZES))} tokens; the full measurement "
+            "follows in the background)")
+        costs = _time_loop(target, draft, n_max, sizes=[n for n in QUICK_SIZES if n <= n_max], untimed=1,
+                           repeats=QUICK_REPEATS)
+        return replace(costs, seconds=time.perf_counter() - start, provisional=True)
     # Measuring makes each call shape UNTIMED + REPEATS times where warming up made it once; but a shape's first call
     # costs more than the later ones (on a Zen 5: 7 s of warm-up, then 19 s of measuring, not 46), hence a range.
     most = (UNTIMED + REPEATS) * (time.perf_counter() - start)
@@ -71,40 +85,44 @@ def _warm_up(model: OVModel, n_max: int) -> None:
     model.reset()
 
 
-def _time_loop(target: OVModel, draft: OVModel | None, n_max: int) -> CostModel:
-    """Time every call shape the way the decoding loop makes it (see the module's docstring); every shape has run
-    once already (_warm_up)."""
-    target_prefill, target_rollback = _time_prefill(target), []
+def _time_loop(target: OVModel, draft: OVModel | None, n_max: int, sizes: list[int] | None = None,
+               untimed: int = UNTIMED, repeats: int = REPEATS) -> CostModel:
+    """Time every call shape the way the decoding loop makes it (see the module's docstring), or only `sizes` (2 and
+    n_max among them; the others interpolated), `untimed` + `repeats` calls of each; every shape has run once already
+    (_warm_up)."""
+    sizes = sorted(set(sizes or range(2, n_max + 1)) | {2, n_max})
+    target_prefill, target_rollback = _time_prefill(target, repeats), []
     fields = {}
     if draft is not None:
-        fields["draft_prefill_tps"] = _time_prefill(draft)
+        fields["draft_prefill_tps"] = _time_prefill(draft, repeats)
         draft.forward(_ids(CONTEXT_TOKENS))
     target.forward(_ids(CONTEXT_TOKENS))
 
-    steps = [_time_steps(target)]  # t(1), once now and once after the rounds: the lower is kept (load only adds time)
+    # t(1), once now and once after the rounds: the lower is kept (load only adds time)
+    steps = [_time_steps(target, untimed, repeats)]
     target_rollback.append(_timed_rollback(target, CONTEXT_TOKENS))
     calls, draft_steps, draft_pairs, draft_rollback = [], [], [], []
-    for n in range(2, n_max + 1):  # t(n): a round's pattern, a few draft steps then the verify call
+    for n in sizes:  # t(n): a round's pattern, a few draft steps then the verify call
         timed = []
-        for i in range(UNTIMED + REPEATS):
+        for i in range(untimed + repeats):
             if draft is not None:
                 for _ in range(min(n - 1, ROUND_DRAFT_STEPS)):
                     draft.forward(_ids(1))
-                    if i >= UNTIMED:
+                    if i >= untimed:
                         draft_steps.append(draft.last_call_s)
             target.forward(_ids(n), logits_to_keep=n)
-            if i >= UNTIMED:
+            if i >= untimed:
                 timed.append(target.last_call_s)
             target_rollback.append(_timed_rollback(target, CONTEXT_TOKENS))
             if draft is not None:
                 draft_rollback.append(_timed_rollback(draft, CONTEXT_TOKENS))
-                if n == 2 and i >= UNTIMED:  # after a fully accepted round the draft is fed two tokens
+                if n == 2 and i >= untimed:  # after a fully accepted round the draft is fed two tokens
                     draft.forward(_ids(2))
                     draft_pairs.append(draft.last_call_s)
                     draft.rollback(CONTEXT_TOKENS)
         calls.append(statistics.median(timed))
-    steps.append(_time_steps(target))
-    calls.insert(0, min(steps))
+    steps.append(_time_steps(target, untimed, repeats))
+    calls = [min(steps)] + _interpolated(sizes, calls, n_max)
     target.reset()
     if draft is not None:
         draft.reset()
@@ -115,21 +133,34 @@ def _time_loop(target: OVModel, draft: OVModel | None, n_max: int) -> CostModel:
                      measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"), **fields)
 
 
-def _time_steps(model: OVModel) -> float:
+def _interpolated(sizes: list[int], seconds: list[float], n_max: int) -> list[float]:
+    """t(2) .. t(n_max) from the timed `sizes` (ascending, 2 and n_max among them), straight lines between them."""
+    out = []
+    for n in range(2, n_max + 1):
+        upper = next(i for i, size in enumerate(sizes) if size >= n)
+        if sizes[upper] == n:
+            out.append(seconds[upper])
+            continue
+        (a, ta), (b, tb) = (sizes[upper - 1], seconds[upper - 1]), (sizes[upper], seconds[upper])
+        out.append(ta + (tb - ta) * (n - a) / (b - a))
+    return out
+
+
+def _time_steps(model: OVModel, untimed: int = UNTIMED, repeats: int = REPEATS) -> float:
     """Median seconds of a single-token call made as the autoregressive lane makes them: one after another, the
-    context growing (the first UNTIMED are left out: a change of shape makes them slow)."""
+    context growing (the first `untimed` are left out: a change of shape makes them slow)."""
     steps = []
-    for i in range(UNTIMED + REPEATS):
+    for i in range(untimed + repeats):
         model.forward(_ids(1))
-        if i >= UNTIMED:
+        if i >= untimed:
             steps.append(model.last_call_s)
     return statistics.median(steps)
 
 
-def _time_prefill(model: OVModel) -> float:
-    """Prompt tokens per second: the fastest of REPEATS prefills of PREFILL_TOKENS."""
+def _time_prefill(model: OVModel, repeats: int = REPEATS) -> float:
+    """Prompt tokens per second: the fastest of `repeats` prefills of PREFILL_TOKENS."""
     rates = []
-    for _ in range(REPEATS):
+    for _ in range(repeats):
         model.reset()
         model.forward(_ids(PREFILL_TOKENS))
         rates.append(PREFILL_TOKENS / model.last_call_s)

@@ -1,9 +1,15 @@
-"""What a loaded pair learns about this machine before its first run, kept in the machine profile: its cost curve
-(specdemo/measuring.py, once per compiled pair; the calls also pay every first-call cost), how far its batched calls
-move a top-2 gap (specdemo/fidelity.py, once per compile), and the draft's first acceptance evidence (once per pair).
+"""What a loaded pair learns about this machine, kept in the machine profile: its cost curve (specdemo/measuring.py,
+once per compiled pair; the calls also pay every first-call cost), how far its batched calls move a top-2 gap
+(specdemo/fidelity.py, once per compile), and the draft's first acceptance evidence (once per pair).
+
+A page learns it in two stages so that it is ready in seconds: before it is ready, every shape warmed up and a quick,
+provisional cost curve (`quick`); after, in turns of their own between visitors' runs, each of the rest (`remaining`):
+the full cost curve, the batching noise, the acceptance evidence. A run before them plans by what is there and says so.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 from specdemo import builtin, fidelity, measuring
 from specdemo.counterfactual import agreement_mask, mask_counts
@@ -15,23 +21,53 @@ from specdemo.settings import GenerationSettings
 _NO_LIMIT = GenerationSettings(max_new_tokens=1)  # a built-in prompt is checked against the context, not an answer
 
 
-def know_machine(engine, k_max: int, fresh: bool, log) -> None:
+def know_machine(engine, k_max: int, fresh: bool, log, quick: bool = False) -> None:
     """Warm `engine` (an engine.Engine, its lock held) up: its costs known or measured (`fresh`: measured again), its
-    batching noise, a first acceptance prior; `engine.keys` and `engine.noise` set. With learning off (profile.learns)
-    what it measures serves this process only, and the prior is not calibrated."""
+    batching noise, a first acceptance prior; `engine.keys` and `engine.noise` set. `quick`: only what a first run
+    needs (every shape warmed up, the costs known or measured quickly, the noise if known); the rest is `remaining`.
+    With learning off (profile.learns) what it measures serves this process only, and the prior is not calibrated."""
     target, draft = engine.target.runtime, engine.draft.runtime if engine.draft else None
     description = measuring.describe_key(target, draft, k_max + 1)
     key = measuring.cost_key(description)
     known = None if fresh else engine.profile.costs(key)
-    measured = measuring.measure(target, draft, k_max + 1, known, log)
+    measured = measuring.measure(target, draft, k_max + 1, known, log, quick)
     if measured is not known:
         engine.profile.keep_costs(key, measured, description)
     engine.keys = Keys(key, engine.keys.pair)
-    engine.noise = batching_noise(engine, k_max, log)
-    if draft is not None and engine.profile.learns() and not engine.acceptance().has_evidence(MASKED, True):
-        log("learning how often the draft agrees with the target, on built-in answers (once per machine)")
-        calibrate(engine, k_max)
+    if quick:
+        engine.noise = engine.profile.noise(key)
+    else:
+        engine.noise = batching_noise(engine, k_max, log)
+        if needs_calibration(engine):
+            log("learning how often the draft agrees with the target, on built-in answers (once per machine)")
+            calibrate(engine, k_max)
     release_weight_pages()  # every shape has run: the plugin works from its own copies of the weights now
+
+
+def needs_calibration(engine) -> bool:
+    """Whether the pair has a draft model and no acceptance evidence of it yet (and learning is on)."""
+    return engine.draft is not None and engine.profile.learns() and not engine.acceptance().has_evidence(MASKED, True)
+
+
+def remaining(engine, k_max: int, log) -> list[tuple[str, Callable[[], None]]]:
+    """What a quickly warmed-up `engine` (know_machine(quick=True)) still has to learn, as (what, step) to run one at a
+    time, each with the engine's lock held by the caller: the full cost curve where it is provisional, the batching
+    noise where it is unknown, the acceptance evidence where there is none. [] once it knows them all."""
+    steps = []
+    costs = engine.costs
+    if costs is not None and costs.provisional:
+        steps.append(("measuring this machine's call costs in full", lambda: _measure_in_full(engine, k_max, log)))
+    if engine.noise is None:
+        steps.append(("measuring the batching noise", lambda: setattr(engine, "noise", batching_noise(engine, k_max, log))))
+    if needs_calibration(engine):
+        steps.append(("learning how often the draft agrees with the target", lambda: calibrate(engine, k_max)))
+    return steps
+
+
+def _measure_in_full(engine, k_max: int, log) -> None:
+    """The full cost curve in place of the provisional one (its key stays: the same compiled models)."""
+    target, draft = engine.target.runtime, engine.draft.runtime if engine.draft else None
+    engine.profile.keep_costs(engine.keys.costs, measuring.measure(target, draft, k_max + 1, None, log))
 
 
 def _examples(engine) -> list[tuple[list[int], list[int]]]:

@@ -229,8 +229,9 @@ def test_a_visitor_queued_behind_api_clients_sees_their_place_counting_down_and_
         return Client(app_url, verbose=False).submit(*[values[name] for name in INPUTS], api_name="/generate")
 
     def latest_status(job) -> str:
-        outputs = job.outputs()
-        return outputs[-1][OUTPUTS.index("status")] if outputs else ""
+        """The last status line the job was sent (an update that left the status as it was sends none)."""
+        sent = [output[OUTPUTS.index("status")] for output in job.outputs()]
+        return next((status for status in reversed(sent) if isinstance(status, str)), "")
 
     def place(job) -> int | None:
         found = re.search(r"(\d+) runs? ahead", latest_status(job))

@@ -32,7 +32,7 @@ def _fake_engines(monkeypatch, home):
     monkeypatch.setattr(engines, "_LOADING", {})
     monkeypatch.setattr(engines, "_load_engine", lambda settings, with_draft: lambda report: loads.append(
         threading.current_thread().name) or SimpleNamespace(target=SimpleNamespace(tuned="tuned"),
-                                                            draft=SimpleNamespace(tuned="")))
+                                                            draft=SimpleNamespace(tuned=""), to_learn=lambda k, log: []))
     return engines, loads
 
 

@@ -11,11 +11,12 @@ from specdemo.ui import render, tuning
 from specdemo.ui.engines import loading_for
 
 
-async def follow(poll_s: float = 2.0, settle_s: float = 30.0) -> AsyncIterator[str]:
+async def follow(poll_s: float = 2.0, settle_s: float = 900.0) -> AsyncIterator[str]:
     """Page load: the background work's line (render.render_background) whenever it changes, until the work ends.
     Asked on the server every `poll_s` seconds while the work runs (reading only what its log gained); the browser
     receives nothing until the line changes, and nothing at all where there is no work. Waits for the models first,
-    as the work starts once they are ready (up to `settle_s` seconds more for the server to start it)."""
+    as the work starts once they are ready and the page has learnt the rest of the machine in turns between runs (up
+    to `settle_s` seconds more for the server to start it)."""
     # Only the loading's Event: holding the Loading would keep its engine alive after a tune replaces it (2 GiB).
     loaded = loading_for("pair", RunSettings(), True, refresh=False).done
     while not loaded.is_set():

@@ -95,7 +95,9 @@ def _load_engine(settings: RunSettings, with_draft: bool):
         both = _also_in_the_terminal(report)
         engine = Engine.load(settings, progress=both, with_draft=with_draft)
         both(None, "warming up")
-        engine.warm_up(MAX_K, log=lambda message: both(None, message))  # every K the page offers
+        # Every K the page offers; quick: what the first run needs, the rest learnt after the page is ready
+        # (handlers.learn_in_turns).
+        engine.warm_up(MAX_K, log=lambda message: both(None, message), quick=True)
         return engine
     return load
 

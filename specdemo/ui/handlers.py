@@ -298,7 +298,7 @@ def final_view(lanes: dict[str, LaneRun], mode: str, settings: GenerationSetting
         status = STOPPED_STATUS if stopped else f"Finished ({render.describe_mode(mode)}). Hover a token for its step."
     view = live_view(lanes, mode, plot=True, whole=True)
     view.status = ("⚠️ " if errors else "") + status
-    view.results = render.render_results(lanes, mode, settings, would, configuration, engine.noise)
+    view.results = render.render_results(lanes, mode, settings, would, configuration, engine.noise, engine.provisional)
     s = spec.summary
     done = all_finished(lanes)
     # The prior's chance that draft i is kept when drafted: drafts 1 … i all accepted (the bars' quantity).
@@ -318,6 +318,32 @@ def final_view(lanes: dict[str, LaneRun], mode: str, settings: GenerationSetting
     return view
 
 
+def learn_in_turns(engine: Engine, log=print, then=lambda: None) -> threading.Thread:
+    """What a quickly warmed-up engine still has to learn of this machine (Engine.to_learn: the full cost curve, the
+    batching noise, the acceptance evidence), each step in a turn of its own in the visitors' line, so no run shares
+    the machine with it and none waits long behind it; then `then()` (the background work)."""
+
+    def learn() -> None:
+        try:
+            for what, step in engine.to_learn(MAX_K, log):
+                ticket = LINE.join(1)
+                try:
+                    for _ in LINE.wait(ticket, threading.Event()):
+                        pass
+                    started = time.perf_counter()
+                    step()
+                    log(f"{what}: done in {time.perf_counter() - started:.0f} s, between visitors' runs")
+                finally:
+                    LINE.leave(ticket, finished=False)
+        except Exception as error:  # the page runs on what it has; the terminal says what is missing
+            log(f"could not finish learning this machine: {as_sentence(error)}")
+        then()
+
+    thread = threading.Thread(target=learn, daemon=True, name="specdemo-learn")
+    thread.start()
+    return thread
+
+
 def apply_tune(settings: RunSettings = RunSettings(), log=print) -> threading.Thread:
     """After this machine's tune changed (the background work, or `tune` in another terminal): the default pair compiled
     again under it, in a turn of its own in the line, so no visitor's run shares the machine with the compile and the
@@ -330,6 +356,8 @@ def apply_tune(settings: RunSettings = RunSettings(), log=print) -> threading.Th
                 pass
             started = time.perf_counter()
             engine = loading_for("pair", settings, True).wait()
+            for _, step in engine.to_learn(MAX_K, log):  # the new compile's costs in full, its noise, in this turn
+                step()
             log(f"applied this machine's tune in {time.perf_counter() - started:.0f} s (target "
                 f"{engine.target.tuned or 'untuned'}; draft {engine.draft.tuned or 'untuned'}); no restart needed")
         except Exception as error:  # the page's next run says it again, in its own status line

@@ -106,9 +106,10 @@ def lane_speedup(lanes: dict[str, LaneRun]) -> float:
 
 
 def render_results(lanes: dict[str, LaneRun], mode: str, settings: GenerationSettings, would=None,
-                   configuration: str = "faithful", noise=None) -> str:
+                   configuration: str = "faithful", noise=None, provisional: str = "") -> str:
     """The headline figures once both lanes are done: measured against predicted speedup, mean acceptance length and
-    α̂, target calls saved, which run mode produced them, what each K would have given, and GenAI's lane if it ran."""
+    α̂, target calls saved, which run mode produced them, what each K would have given, and GenAI's lane if it ran.
+    `provisional`: what the engine has not learnt of this machine yet (Engine.provisional): the prediction says so."""
     ar, spec = lanes[AUTOREGRESSIVE], lanes[SPECULATIVE]
     a, s = ar.summary, spec.summary
     if a is None or s is None or "cancelled" in (a.stop_reason, s.stop_reason):
@@ -135,6 +136,9 @@ def render_results(lanes: dict[str, LaneRun], mode: str, settings: GenerationSet
                        f"{s.leviathan_speedup:.2f}×; draft acceptance rate (accepted ÷ proposed) {s.draft_acceptance_rate:.0%}.")
     else:
         prediction = "Nothing was drafted, so there is no acceptance to report (α̂ –)."
+    if provisional:
+        prediction = (f"Provisional: this machine is still being learnt in the background ({provisional}), and the plan "
+                      f"and the prediction rest on that until it is. " + prediction)
     lines = [
         f"<b>Measured {escape(describe_mode(mode))}</b>, configuration {escape(configuration)}. Speedup = speculative "
         f"tokens/s ÷ autoregressive tokens/s ({s.tokens_per_s:.1f} ÷ {a.tokens_per_s:.1f}); {drafter}, {k}. Taken while "
