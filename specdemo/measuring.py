@@ -39,11 +39,17 @@ QUICK_SIZES = (2, 3, 5, 9, 13)
 QUICK_REPEATS = 2
 
 
+class Interrupted(Exception):
+    """A measurement stopped part-way because something more urgent wants the machine (a visitor's run): nothing of
+    it is kept; measure again later."""
+
+
 def measure(target: OVModel, draft: OVModel | None, n_max: int, known: CostModel | None = None,
-            log=lambda message: None, quick: bool = False) -> CostModel:
+            log=lambda message: None, quick: bool = False, interrupted=lambda: False) -> CostModel:
     """The cost model for these compiled models: `known` (what the machine profile holds for them), or measured;
     `quick`: a provisional one from a few calls (QUICK_SIZES), where nothing is known, in seconds; a provisional
-    `known` is measured again in full unless `quick`.
+    `known` is measured again in full unless `quick`. `interrupted()` is asked between call sizes: True stops the
+    measurement (Interrupted), both caches emptied.
 
     Both models' caches are left empty. Every shape a run will use (prefill, 1 and up to n_max tokens)
     has run at least once when this returns, so the first timed lane pays no first-call costs.
@@ -71,7 +77,13 @@ def measure(target: OVModel, draft: OVModel | None, n_max: int, known: CostModel
     log(f"measuring this machine the way the loop calls it ({FIRST_CALLS_SHARE * most:.0f}–{most:.0f} s, once per "
         "machine): single steps, "
         f"then rounds scoring 2..{n_max} tokens" + (" after draft steps" if draft else ""))
-    costs = _time_loop(target, draft, n_max)
+    try:
+        costs = _time_loop(target, draft, n_max, interrupted=interrupted)
+    except Interrupted:
+        target.reset()
+        if draft is not None:
+            draft.reset()
+        raise
     return replace(costs, seconds=time.perf_counter() - start)
 
 
@@ -86,7 +98,7 @@ def _warm_up(model: OVModel, n_max: int) -> None:
 
 
 def _time_loop(target: OVModel, draft: OVModel | None, n_max: int, sizes: list[int] | None = None,
-               untimed: int = UNTIMED, repeats: int = REPEATS) -> CostModel:
+               untimed: int = UNTIMED, repeats: int = REPEATS, interrupted=lambda: False) -> CostModel:
     """Time every call shape the way the decoding loop makes it (see the module's docstring), or only `sizes` (2 and
     n_max among them; the others interpolated), `untimed` + `repeats` calls of each; every shape has run once already
     (_warm_up)."""
@@ -103,6 +115,8 @@ def _time_loop(target: OVModel, draft: OVModel | None, n_max: int, sizes: list[i
     target_rollback.append(_timed_rollback(target, CONTEXT_TOKENS))
     calls, draft_steps, draft_pairs, draft_rollback = [], [], [], []
     for n in sizes:  # t(n): a round's pattern, a few draft steps then the verify call
+        if interrupted():
+            raise Interrupted(f"measuring stopped before calls of {n} tokens")
         timed = []
         for i in range(untimed + repeats):
             if draft is not None:

@@ -49,14 +49,16 @@ def needs_calibration(engine) -> bool:
     return engine.draft is not None and engine.profile.learns() and not engine.acceptance().has_evidence(MASKED, True)
 
 
-def remaining(engine, k_max: int, log) -> list[tuple[str, Callable[[], None]]]:
+def remaining(engine, k_max: int, log, interrupted=lambda: False) -> list[tuple[str, Callable[[], None]]]:
     """What a quickly warmed-up `engine` (know_machine(quick=True)) still has to learn, as (what, step) to run one at a
-    time, each with the engine's lock held by the caller: the full cost curve where it is provisional, the batching
-    noise where it is unknown, the acceptance evidence where there is none. [] once it knows them all."""
+    time, each with the engine's lock held by the caller: the full cost curve where it is provisional (stopped by
+    `interrupted()`, measuring.Interrupted), the batching noise where it is unknown, the acceptance evidence where there
+    is none. [] once it knows them all."""
     steps = []
     costs = engine.costs
     if costs is not None and costs.provisional:
-        steps.append(("measuring this machine's call costs in full", lambda: _measure_in_full(engine, k_max, log)))
+        steps.append(("measuring this machine's call costs in full",
+                      lambda: _measure_in_full(engine, k_max, log, interrupted)))
     if engine.noise is None:
         steps.append(("measuring the batching noise", lambda: setattr(engine, "noise", batching_noise(engine, k_max, log))))
     if needs_calibration(engine):
@@ -64,10 +66,11 @@ def remaining(engine, k_max: int, log) -> list[tuple[str, Callable[[], None]]]:
     return steps
 
 
-def _measure_in_full(engine, k_max: int, log) -> None:
+def _measure_in_full(engine, k_max: int, log, interrupted) -> None:
     """The full cost curve in place of the provisional one (its key stays: the same compiled models)."""
     target, draft = engine.target.runtime, engine.draft.runtime if engine.draft else None
-    engine.profile.keep_costs(engine.keys.costs, measuring.measure(target, draft, k_max + 1, None, log))
+    engine.profile.keep_costs(engine.keys.costs,
+                              measuring.measure(target, draft, k_max + 1, None, log, interrupted=interrupted))
 
 
 def _examples(engine) -> list[tuple[list[int], list[int]]]:

@@ -105,3 +105,11 @@ def test_requests_from_this_machine_share_no_address_cap():
     for i in range(waiting.PER_ADDRESS + 2):
         line.join(8, Visitor(f"local-{i}", "127.0.0.1"))
     assert len(line) == waiting.PER_ADDRESS + 2
+
+
+def test_an_empty_instruction_is_refused_at_once_not_after_waiting_its_turn(monkeypatch):
+    line = waiting.RunQueue(max_waiting=4)
+    monkeypatch.setattr(handlers, "LINE", line)
+    line.join(64)  # a run holds the machine
+    views = list(handlers.generate(PageValues(instruction=" \n\u3000"), Visitor("visitor", "10.0.0.7")))
+    assert [v.status for v in views] == ["⚠️ The instruction is empty."] and len(line) == 1

@@ -73,3 +73,50 @@ def test_a_prediction_before_the_machine_is_learnt_says_it_is_provisional():
     html = render.render_results(lanes, ONE_AFTER_ANOTHER, GenerationSettings(), provisional="no batching noise")
     assert "Provisional: this machine is still being learnt in the background (no batching noise)" in html
     assert "Provisional" not in render.render_results(lanes, ONE_AFTER_ANOTHER, GenerationSettings())
+
+
+def test_a_full_measurement_stops_for_something_more_urgent_and_keeps_nothing(engine):
+    engine.warm_up(12, quick=True)
+    target, draft = engine.target.runtime, engine.draft.runtime
+    with pytest.raises(measuring.Interrupted):
+        measuring.measure(target, draft, 13, None, interrupted=lambda: True)
+    assert engine.costs.provisional  # the provisional curve stands until a full measurement completes
+
+
+def test_visitors_go_ahead_of_the_servers_yielding_work_and_stop_it_once_it_runs():
+    from specdemo.ui import waiting
+    from specdemo.ui.visitors import Visitor
+
+    line = waiting.RunQueue(max_waiting=8)
+    running = line.join(16, Visitor("a", "10.0.0.1"))
+    learning = line.join(1, yields=True)
+    visitor = line.join(16, Visitor("b", "10.0.0.2"))
+    assert line.ahead(visitor) == 1 and line.ahead(learning) == 2  # b goes before the server's learning
+    line.leave(running)
+    line.leave(visitor)
+    assert line.ahead(learning) == 0 and not line.visitors_behind(learning)
+    line.join(16, Visitor("c", "10.0.0.3"))  # the learning has its turn: c waits behind it, and it stops for c
+    assert line.visitors_behind(learning)
+
+
+def test_learning_stopped_for_a_visitor_goes_on_once_the_line_is_empty(monkeypatch):
+    from types import SimpleNamespace
+
+    from specdemo.ui import handlers, waiting
+
+    line = waiting.RunQueue(max_waiting=4)
+    monkeypatch.setattr(handlers, "LINE", line)
+    monkeypatch.setattr(handlers, "LEARN_RETRY_S", 0.05)
+    tries, done = [], []
+
+    def full(interrupted):
+        tries.append(1)
+        if len(tries) == 1:
+            raise measuring.Interrupted("a visitor came")
+        done.append("full")
+
+    engine = SimpleNamespace(to_learn=lambda k, log, interrupted: [] if done else [("full", lambda: full(interrupted))])
+    then, said = threading.Event(), []
+    handlers.learn_in_turns(engine, said.append, then=then.set)
+    assert then.wait(10) and done == ["full"] and len(tries) == 2
+    assert any("stopped for a visitor's run" in line for line in said)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Iterator
 
-from specdemo import genai, memory, metrics, runfile, sources
+from specdemo import genai, measuring, memory, metrics, runfile, sources
 from specdemo.disk import inventory
 from specdemo.drafters import strategy
 from specdemo.engine import Engine
@@ -318,23 +318,35 @@ def final_view(lanes: dict[str, LaneRun], mode: str, settings: GenerationSetting
     return view
 
 
+LEARN_RETRY_S = 5.0  # how often learning that stopped for a visitor looks for the line to be empty again
+
+
 def learn_in_turns(engine: Engine, log=print, then=lambda: None) -> threading.Thread:
     """What a quickly warmed-up engine still has to learn of this machine (Engine.to_learn: the full cost curve, the
-    batching noise, the acceptance evidence), each step in a turn of its own in the visitors' line, so no run shares
-    the machine with it and none waits long behind it; then `then()` (the background work)."""
+    batching noise, the acceptance evidence), each step in a turn of its own in the visitors' line that lets visitors
+    go first: a visitor's run that comes while the full measurement runs stops it (measuring.Interrupted, nothing
+    kept), and it is taken again once the line is empty; then `then()` (the background work)."""
 
     def learn() -> None:
         try:
-            for what, step in engine.to_learn(MAX_K, log):
-                ticket = LINE.join(1)
+            while True:
+                ticket = LINE.join(1, yields=True)
                 try:
                     for _ in LINE.wait(ticket, threading.Event()):
                         pass
+                    steps = engine.to_learn(MAX_K, log, interrupted=lambda: LINE.visitors_behind(ticket))
+                    if not steps:
+                        break
+                    what, step = steps[0]
                     started = time.perf_counter()
                     step()
                     log(f"{what}: done in {time.perf_counter() - started:.0f} s, between visitors' runs")
+                except measuring.Interrupted:
+                    log("learning this machine stopped for a visitor's run; it goes on when the line is empty")
                 finally:
                     LINE.leave(ticket, finished=False)
+                while len(LINE):
+                    time.sleep(LEARN_RETRY_S)
         except Exception as error:  # the page runs on what it has; the terminal says what is missing
             log(f"could not finish learning this machine: {as_sentence(error)}")
         then()

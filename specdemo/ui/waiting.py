@@ -37,6 +37,7 @@ class Ticket:
 
     tokens: int  # new tokens it asked for (what its run will take scales with them)
     visitor: Visitor | None = None  # whose run it is (None: the server's own turn, such as applying a tune)
+    yields: bool = False  # the server's own work that lets visitors go first (learning the machine: RunQueue.join)
     joined: float = field(default_factory=time.perf_counter)
     started: float | None = None  # when its turn came
 
@@ -50,17 +51,19 @@ class RunQueue:
         self._changed = threading.Condition()
         self._seconds_per_token: deque[float] = deque(maxlen=8)  # of recent runs
 
-    def join(self, tokens: int, visitor: Visitor | None = None) -> Ticket:
-        """A place at the end of the line, or QueueFull with a sentence (the line is full, or this visitor holds as
-        many places as a visitor may)."""
+    def join(self, tokens: int, visitor: Visitor | None = None, yields: bool = False) -> Ticket:
+        """A place at the end of the line (a visitor's goes ahead of the server's `yields` work that has not started),
+        or QueueFull with a sentence (the line is full, or this visitor holds as many places as a visitor may)."""
         with self._changed:
             if len(self._line) > self.max_waiting:
                 raise QueueFull(f"{len(self._line) - 1} runs are already waiting, the most this page takes; "
                                 "try again in a minute")
             if visitor is not None:
                 self._check_share(visitor)
-            ticket = Ticket(max(tokens, 1), visitor)
-            self._line.append(ticket)
+            ticket = Ticket(max(tokens, 1), visitor, yields)
+            later = [i for i, t in enumerate(self._line) if t.yields and t.started is None and i > 0]
+            self._line.insert(later[0] if visitor is not None and later else len(self._line), ticket)
+            self._changed.notify_all()
             if len(self._line) == 1:
                 ticket.started = time.perf_counter()
             return ticket
@@ -72,6 +75,12 @@ class RunQueue:
         if not visitor.on_this_machine and sum(v.address == visitor.address for v in theirs) >= PER_ADDRESS:
             raise QueueFull(f"{PER_ADDRESS} runs from your network address are already in the line, the most this page "
                             "takes from one address; try again when one has ended")
+
+    def visitors_behind(self, ticket: Ticket) -> bool:
+        """Whether a visitor's run waits behind `ticket` (the server's yielding work then stops for it)."""
+        with self._changed:
+            return any(t.visitor is not None for t in self._line[self._line.index(ticket) + 1:]) \
+                if ticket in self._line else False
 
     def ahead(self, ticket: Ticket) -> int:
         """How many runs are before this one (0: its turn)."""
