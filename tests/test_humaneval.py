@@ -56,6 +56,41 @@ def test_a_canonical_answer_passes_its_tests(index):
     assert verdict.passed, verdict.reason
 
 
+@pytest.mark.slow
+def test_every_canonical_answer_passes_its_tests():
+    failed = {}
+    for problem in PROBLEMS:
+        verdict = humaneval.check(problem, _fenced(problem.prompt + CANONICAL[problem.task_id]))
+        if not verdict.passed:
+            failed[problem.task_id] = verdict.reason
+    assert failed == {}
+
+
+LEAVING = {"sys.exit(0)": "import sys\nsys.exit(0)\n", "os._exit(0)": "import os\nos._exit(0)\n",
+           "raise SystemExit": "raise SystemExit(0)\n"}  # each with exit status 0, the tests not yet run
+
+
+@pytest.mark.parametrize("leave", LEAVING.values(), ids=LEAVING.keys())
+def test_an_answer_that_leaves_before_the_tests_run_fails(leave):
+    problem = PROBLEMS[0]
+    verdict = humaneval.check(problem, _fenced(f"def {problem.entry_point}(*args):\n    return None\n\n{leave}"))
+    assert not verdict.passed and verdict.reason == "failed: left before its end (exit status 0)"
+
+
+@pytest.mark.parametrize("leave", LEAVING.values(), ids=LEAVING.keys())
+def test_an_answer_that_leaves_in_the_middle_of_its_own_code_fails(leave):
+    problem = PROBLEMS[2]  # a correct function, then the answer leaves, then more of its code
+    answer = f"{problem.prompt}{CANONICAL[problem.task_id]}\n{leave}\nHELPER = 1\n"
+    assert not humaneval.check(problem, _fenced(answer)).passed
+
+
+@pytest.mark.parametrize("leave", LEAVING.values(), ids=LEAVING.keys())
+def test_an_answer_whose_function_leaves_when_the_tests_call_it_fails(leave):
+    problem = PROBLEMS[0]
+    body = "".join(f"    {line}\n" for line in leave.splitlines())
+    assert not humaneval.check(problem, _fenced(f"def {problem.entry_point}(*args):\n{body}")).passed
+
+
 def test_a_wrong_answer_fails_with_the_failed_assertion():
     problem = PROBLEMS[0]
     verdict = humaneval.check(problem, _fenced(f"def {problem.entry_point}(*args):\n    return None\n"))

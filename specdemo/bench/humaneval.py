@@ -24,7 +24,8 @@ from specdemo.bench import sandbox
 
 SKIPPED = "humaneval: skipped (pip install -r requirements-humaneval.txt)"
 EXECUTING = ("humaneval: executing the code each lane generated, one sandbox per program (an unprivileged user in "
-             "its own namespaces and private root; time, memory and file limits; no network; bench/sandbox.py)")
+             "its own namespaces and private root; time, memory and file limits; process and memory bounds over the "
+             "whole program; no network; a pass only at the program's end; bench/sandbox.py)")
 
 # The notebook's headline: GenAI's speculative pipeline over its plain one, averaged over 50 HumanEval prompts.
 NOTEBOOK = {"speedup": 2.23, "problems": 50, "target": "Phi-3-mini-4k-instruct INT4", "draft": "FastDraft 50M",
@@ -75,7 +76,8 @@ def completion(answer: str) -> str:
 
 def program(problem: Problem, answer: str) -> str:
     """What runs: the prompt (imports, helpers, a stub whose body is its docstring), the completion, which defines the
-    function again, then the tests and the check."""
+    function again, then the tests and the check, last: the sandbox passes a program only once its last line has run,
+    so an answer that leaves early (sys.exit(0), os._exit(0)) fails."""
     return f"{problem.prompt}\n    pass\n\n{completion(answer)}\n\n{problem.test}\n\ncheck({problem.entry_point})\n"
 
 

@@ -32,8 +32,9 @@ def humaneval_section(section: dict | None, plots: dict) -> str:
         "speculative over GenAI plain, wall time, on its own model pair and machine.\n\n"
         + table(["", "target / draft", "problems", "speedup (mean of ratios)", "speedup (ratio of sums)",
                  "pass@1 speculative"], headline)
-        + "\n\nEach lane's answers run against the problem's tests (`specdemo/bench/sandbox.py`: a child process per "
-        "program, time and memory limits, no network, a throwaway directory):\n\n"
+        + "\n\nEach lane's answers run against the problem's tests (`specdemo/bench/sandbox.py`: a sandbox per program, "
+        "time limits, process and memory bounds over the whole program, no network, a throwaway directory; a pass needs "
+        "the program to reach its end):\n\n"
         + table(["lane", "pass@1", "passed"], passes)
         + f"\n\nOur speculative text equals our autoregressive text on {section['same_text']} of {section['problems']} "
         f"problems; pass/fail differs on {_listed(section['verdicts_differ'])}. Per-problem speedup "

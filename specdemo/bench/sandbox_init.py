@@ -1,14 +1,25 @@
 """The first process inside a sandbox (bench/sandbox.py starts it through util-linux's `unshare`): it builds the
-program's private root, runs the program there under its identity, limits and wall clock, and writes how it ended.
+program's private root, runs the program there under its identity, limits and wall clock, watches the bounds over the
+program's whole tree of processes, and writes how it ended.
 
-It is root of the new namespaces and PID 1 of the new PID namespace, so when it exits, whether the program ended or its
-time ran out, the kernel kills every process left in the namespace before `unshare` (and so the bench) sees it go. The
-program cannot signal it: it is another user, or, inside a user namespace, the namespace's init, which the kernel
-shields from every signal it keeps no handler for. It is single-threaded, so the limits are set between fork and exec.
+It is root of the new namespaces and PID 1 of the new PID namespace, so when it exits, whether the program ended, its
+time ran out or its tree hit a bound, the kernel kills every process left in the namespace before `unshare` (and so the
+bench) sees it go. The program cannot signal it: it is another user, or, inside a user namespace, the namespace's init,
+which the kernel shields from every signal it keeps no handler for. It is single-threaded, so the limits are set (and
+the cgroup joined) between fork and exec. It stays out of the program's cgroup, where an OOM kill could take the judge.
+
+The end mark. The program runs under RUNNER, not as a script: RUNNER reads a random mark from its standard input (a
+pipe this process filled and closed, drained before any of the program runs), runs program.py as __main__ and, only if
+its last line returns, writes the mark to FINISHED_FD, an anonymous file of this process's. So leaving early in any way
+(sys.exit, os._exit, exec, a signal) leaves no mark. The mark is in no file, argument or environment variable the
+program can read, and this process's memory and descriptors are closed to it; but code written to dig the mark out of
+its own interpreter (RUNNER's frame) could forge it, as such code could rewrite the tests it runs. The mark tells an
+early exit from a finished run; it does not make hostile code grade itself honestly.
 
 Run as `python -I -S sandbox_init.py <plan>`, the plan being JSON (fields below, filled in by sandbox.py). Writes one
-line to its standard output: "exit <status>", "signal <number>" or "timeout". A failure to build the root is a
-traceback on its standard error and nothing on its standard output.
+line to its standard output: "finished" (exit status 0 after the last line), "exit <status>", "signal <number>",
+"timeout", "limit process" or "limit memory". A failure to build the root is a traceback on its standard error and
+nothing on its standard output.
 """
 
 import ctypes
@@ -18,13 +29,22 @@ import resource
 import signal
 import subprocess
 import sys
+import time
 
 # mount(2) flags, from linux/mount.h
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 8, 32, 4096, 16384
 DEVICES = ("null", "zero", "full", "random", "urandom")  # all of /dev the program gets
+POLL_S = 0.02  # how often the bounds over the tree are looked at, and how late the program's end may be seen
+FINISHED_FD = 3  # where RUNNER writes the mark once the program's last line has returned
+RUNNER = ("import os, runpy\n"
+          "def finish(mark):\n"
+          "    runpy.run_path('/tmp/program.py', run_name='__main__')\n"
+          f"    os.write({FINISHED_FD}, mark)\n"
+          "finish(os.read(0, 64))\n")
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+_PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
@@ -74,27 +94,127 @@ def build_root(plan: dict) -> None:
     os.chdir("/tmp")
 
 
-def run(plan: dict) -> str:
-    """Run the program (setpriv, then the interpreter) and wait for it, at most the time limit; how it ended."""
+def open_cgroup(cgroup: dict | None) -> dict | None:
+    """The files of the program's cgroup (None: there is none), opened while they are in sight (the private root has
+    no /sys): the cgroup.procs the program joins, and per bound the counter that says it was hit."""
+    if cgroup is None:
+        return None
+    return {"procs": [os.open(path, os.O_WRONLY) for path in cgroup["procs"]],
+            "counters": {bound: (os.open(path, os.O_RDONLY), key) for bound, (path, key) in cgroup["counters"].items()}}
 
-    def limit() -> None:  # in the child, before exec: hard limits, which it cannot raise again
+
+def count(fd: int, key: str) -> int:
+    """The value of the `key <n>` line of a cgroup file (memory.events, pids.events, memory.oom_control)."""
+    for line in os.pread(fd, 4096, 0).decode().splitlines():
+        name, _, value = line.partition(" ")
+        if name == key:
+            return int(value)
+    return 0
+
+
+def tree_usage() -> tuple[int, dict[str, int]]:
+    """Tasks (threads included, as RLIMIT_NPROC counts them) and resident bytes by process of every process in this
+    PID namespace but this one: the program's whole tree, from the namespace's own /proc."""
+    tasks, resident = 0, {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or pid == "1":
+            continue
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()  # after the command name, which may hold anything
+        except OSError:
+            continue  # it ended meanwhile
+        tasks += int(fields[17])  # num_threads, field 20 of proc(5)
+        resident[pid] = int(fields[21]) * _PAGE  # rss in pages, field 24
+    return tasks, resident
+
+
+def proportional_bytes(pid: str, resident: int) -> int:
+    """A process's share of the memory it maps (Pss: a page mapped by n processes counts 1/n in each), so that a
+    forked tree's shared pages count once; its resident bytes, never less, where the kernel cannot say."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as rollup:
+            for line in rollup:
+                if line.startswith(b"Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resident
+
+
+def bound_hit(plan: dict, cgroup: dict | None) -> str | None:
+    """Which bound over the program's whole tree it has hit so far, if any: "process" or "memory". With a cgroup, its
+    kernel counters (forks refused at pids.max, OOM kills at the memory limit); without, the tree counted in /proc:
+    resident bytes first, cheap and never less than Pss, then Pss, which walks page tables, only when they are over."""
+    if cgroup is not None:
+        return next((bound for bound, (fd, key) in cgroup["counters"].items() if count(fd, key) > 0), None)
+    tasks, resident = tree_usage()
+    if tasks >= plan["tree"]["processes"]:  # RLIMIT_NPROC refuses the next fork
+        return "process"
+    limit = plan["tree"]["memory_bytes"]
+    over = sum(resident.values()) > limit and sum(proportional_bytes(*item) for item in resident.items()) > limit
+    return "memory" if over else None
+
+
+def open_finish_line() -> int:
+    """FINISHED_FD, an anonymous file that RUNNER writes the mark to; nothing in the sandbox has a path to it. Opened
+    first, while FINISHED_FD is the lowest free descriptor."""
+    fd = os.memfd_create("specdemo-finished")
+    if fd != FINISHED_FD:
+        os.dup2(fd, FINISHED_FD)
+        os.close(fd)
+    return FINISHED_FD
+
+
+def run(plan: dict, cgroup: dict | None, finished: int) -> str:
+    """Run the program (setpriv, then the interpreter under RUNNER) and watch it until it ends, its tree hits a bound
+    or its time runs out; how it ended."""
+    mark = os.urandom(16).hex().encode()
+    mark_out, mark_in = os.pipe()
+    os.write(mark_in, mark)  # far below a pipe's buffer: it never blocks
+    os.close(mark_in)
+
+    def confine() -> None:  # in the child, before exec: into the cgroup ("0" is the writer), then hard limits
+        for fd in cgroup["procs"] if cgroup else []:
+            os.write(fd, b"0")
         for name, value in plan["limits"].items():
             resource.setrlimit(getattr(resource, name), (value, value))
 
-    program = subprocess.Popen(plan["command"], cwd="/tmp", env=plan["env"], stdin=subprocess.DEVNULL,
-                               stdout=subprocess.DEVNULL, preexec_fn=limit)
-    try:
-        status = program.wait(timeout=plan["time_limit_s"])
-    except subprocess.TimeoutExpired:
-        return "timeout"
+    program = subprocess.Popen([*plan["command"], "-c", RUNNER], cwd="/tmp", env=plan["env"], stdin=mark_out,
+                               stdout=subprocess.DEVNULL, pass_fds=(finished,), preexec_fn=confine)
+    os.close(mark_out)
+    stopped = watch(program, plan, cgroup)
+    if stopped:
+        return stopped
+    status = program.returncode
+    if status == 0 and mark in os.pread(finished, plan["limits"]["RLIMIT_FSIZE"], 0):
+        return "finished"
     return f"signal {-status}" if status < 0 else f"exit {status}"
+
+
+def watch(program: subprocess.Popen, plan: dict, cgroup: dict | None) -> str | None:
+    """Wait for the program, looking at the bounds over its tree every POLL_S: "limit <bound>" or "timeout" when it
+    was stopped, None when it ended within them."""
+    deadline = time.monotonic() + plan["time_limit_s"]
+    while True:
+        ended = program.poll() is not None
+        bound = bound_hit(plan, cgroup)  # after the poll: a bound hit as the program ended still counts
+        if bound:
+            return f"limit {bound}"
+        if ended:
+            return None
+        if time.monotonic() >= deadline:
+            return "timeout"
+        time.sleep(POLL_S)
 
 
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # Python's own handler would make PID 1 signalable from inside
+    finished = open_finish_line()
     plan = json.loads(sys.argv[1])
+    cgroup = open_cgroup(plan["cgroup"])
     build_root(plan)
-    ending = run(plan)
+    ending = run(plan, cgroup, finished)
     sys.stdout.write(ending + "\n")
     sys.stdout.flush()
     os._exit(0)  # at once: the kernel then kills whatever the program left behind
