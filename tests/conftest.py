@@ -153,6 +153,21 @@ def real_engine() -> Engine:
     return Engine.load(RunSettings())
 
 
+def serve_on_the_page(monkeypatch, settings: RunSettings) -> Engine:
+    """The page's handlers (ui/handlers.py) running every lane on one engine of `settings`, loaded and warmed up here
+    instead of by the page's loadings; the engine."""
+    from specdemo.ui import handlers
+    from specdemo.ui.engines import Loading
+
+    engine = Engine.load(settings)
+    engine.warm_up(settings.generation.k_max)
+    ready = Loading("test", lambda report: engine)
+    ready.wait()
+    monkeypatch.setattr(handlers, "lane_loadings", lambda *args: {"autoregressive": ready, "speculative": ready})
+    monkeypatch.setattr(handlers, "device_settings", lambda *args: settings)
+    return engine
+
+
 def watch_forward(monkeypatch, model, before_call: Callable[[list[int]], None]) -> None:
     """Call before_call(ids) at the start of every model.forward(ids), until monkeypatch undoes it."""
     forward = model.forward

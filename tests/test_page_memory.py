@@ -8,13 +8,12 @@ import time
 import pytest
 
 from specdemo import memory
-from specdemo.engine import Engine
 from specdemo.settings import GenerationSettings, KPolicy, RunSettings
 from specdemo.ui import engines, handlers, tuning
-from specdemo.ui.engines import Admission, Loading
+from specdemo.ui.engines import Admission
 from specdemo.ui.values import PageValues
 from specdemo.ui.visitors import Visitor
-from tests.conftest import exact
+from tests.conftest import exact, serve_on_the_page
 
 pytestmark = pytest.mark.slow
 
@@ -26,12 +25,7 @@ TUNE_BYTES = 384 << 20  # and this much of it
 def page(tiny_target, tiny_draft, monkeypatch):
     settings = RunSettings(exact(tiny_target), exact(tiny_draft),
                            GenerationSettings(max_new_tokens=12, k_policy=KPolicy.fixed(3)))
-    engine = Engine.load(settings)
-    engine.warm_up(settings.generation.k_max)
-    ready = Loading("tiny", lambda report: engine)
-    ready.wait()
-    monkeypatch.setattr(handlers, "lane_loadings", lambda *args: {"autoregressive": ready, "speculative": ready})
-    monkeypatch.setattr(handlers, "device_settings", lambda *args: settings)
+    serve_on_the_page(monkeypatch, settings)
     monkeypatch.setattr(engines, "device_settings", lambda *args: settings)
     monkeypatch.setattr(engines, "_LOADING", {})
     monkeypatch.setattr(tuning, "_CURRENT", None)

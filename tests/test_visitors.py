@@ -5,13 +5,11 @@ import json
 
 import pytest
 
-from specdemo.engine import Engine
 from specdemo.settings import GenerationSettings, KPolicy, RunSettings
 from specdemo.ui import handlers
-from specdemo.ui.engines import Loading
 from specdemo.ui.values import PageValues
 from specdemo.ui.visitors import Memories, Visitor
-from tests.conftest import exact
+from tests.conftest import exact, serve_on_the_page
 
 INSTRUCTION = "w5 w17 w99 w3 w250 w42 w7"
 
@@ -25,19 +23,13 @@ def settings(tiny_target, tiny_draft) -> RunSettings:
 @pytest.fixture
 def page(settings, monkeypatch):
     """handlers.generate on the tiny pair, with a fresh set of visitors' memories; press(visitor) -> the run's record."""
-    engine = Engine.load(settings)
-    engine.warm_up(settings.generation.k_max)
-    ready = Loading("tiny", lambda report: engine)
-    ready.wait()
-    monkeypatch.setattr(handlers, "lane_loadings", lambda *args: {"autoregressive": ready, "speculative": ready})
-    monkeypatch.setattr(handlers, "device_settings", lambda *args: settings)
+    serve_on_the_page(monkeypatch, settings)
     monkeypatch.setattr(handlers, "MEMORIES", Memories())
     values = PageValues(instruction=INSTRUCTION, max_new_tokens=24, k=4, k_auto=False, drafter="suffix")
 
-    def press(visitor: Visitor) -> tuple[dict, str]:
+    def press(visitor: Visitor) -> dict:
         views = list(handlers.generate(values, visitor))
-        page_html = "".join(str(getattr(view, name)) for view in views for name in handlers.OUTPUTS)
-        return json.loads(open(views[-1].download, encoding="utf-8").read()), page_html
+        return json.loads(open(views[-1].download, encoding="utf-8").read())
     return press
 
 
@@ -47,15 +39,15 @@ def drafts(record: dict) -> list[tuple[int, int]]:
 
 
 def test_a_visitor_drafts_from_their_own_earlier_answer_and_never_from_another_visitors(page):
-    first, _ = page(Visitor("alice", "10.0.0.1"))
-    again, _ = page(Visitor("alice", "10.0.0.1"))
+    first = page(Visitor("alice", "10.0.0.1"))
+    again = page(Visitor("alice", "10.0.0.1"))
     # Alice's second run finds her first answer in her store: it drafts (nearly) the whole answer from it.
     assert sum(a for _, a in drafts(again)) > sum(a for _, a in drafts(first))
     assert again["speculative"]["token_ids"] == first["speculative"]["token_ids"]  # lossless either way
 
     # Bob asks the very same thing after her: his run drafts only from his own text, as Alice's first run did, so
     # every round of it (what was drafted, what was struck through) is the one a first visitor gets.
-    bob, _ = page(Visitor("bob", "10.0.0.2"))
+    bob = page(Visitor("bob", "10.0.0.2"))
     assert drafts(bob) == drafts(first)
     assert bob["failures"] == first["failures"]
 
