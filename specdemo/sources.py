@@ -31,7 +31,7 @@ from typing import Callable
 from specdemo import strict_json
 from specdemo.settings import PRECISIONS, ModelSettings
 
-CACHE_VERSION = "v2"  # bump when the conversion changes, so old caches are not reused
+CACHE_VERSION = "v3"  # bump when the conversion changes, so old caches are not reused (v3: GGUF files built without torch)
 COMPLETE_MARKER = "specdemo.json"  # written last: a folder without it is not a finished conversion
 
 Progress = Callable[[float | None, str], None]  # (fraction done 0..1, or None for a stage without one; what is happening)
@@ -189,10 +189,10 @@ def log_path(folder: Path) -> Path:
 def _convert_in_child(settings: ModelSettings, folder: Path, progress: Progress) -> None:
     """Convert in a child process (specdemo/convert.py) and relay its progress.
 
-    Why a child: conversion imports torch, transformers' model code, optimum and NNCF, which a server
-    would otherwise keep in memory for good (gigabytes), and prints tables and tracer warnings the user
-    does not need in the terminal. The child writes those to log_path(folder) and reports progress
-    and errors to us as JSON lines.
+    Why a child: conversion imports NNCF and transformers' tokenizer conversion (and, for a Hugging Face model,
+    torch, transformers' model code and optimum), which a server would otherwise keep in memory for good
+    (gigabytes), and prints tables and tracer warnings the user does not need in the terminal. The child writes
+    those to log_path(folder) and reports progress and errors to us as JSON lines.
     """
     log = log_path(folder)
     log.parent.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,9 @@
 """A GGUF's own blocks as OpenVINO compressed weights (specdemo/gguf_weights.py, specdemo/gguf_import.py): on tiny
 GGUFs written here, for every quantization type the default pair's files hold, the exact layout decompresses to
 gguf's own dequantization up to f16 rounding of each group's scale and offset, in a MatMul and in the embedding's
-Gather; the fused layout takes the kernels' element types and stays within its stated error; a file whose rows are not
-the export's is refused, and a Llama file's permuted q/k rows are restored."""
+Gather; the fused layout takes the kernels' element types and stays within its stated error; a weight whose rows are
+not the file's is refused, and a Llama file's permuted q/k rows are restored (by both kinds of weights, and caught by
+the check when they are not)."""
 
 import gguf
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from specdemo import gguf_import, gguf_weights
+from specdemo.gguf_file import GGUFFile
 
 TYPES = [T.Q4_K, T.Q6_K, T.Q5_0, T.Q8_0]  # what the default target (Q4_K, Q6_K) and draft (+ Q5_0, Q8_0) hold
 SCALES = {T.Q4_K: [0, 2], T.Q6_K: [208], T.Q5_0: [0], T.Q8_0: [0]}  # byte offsets of each block's f16 scales
@@ -84,21 +86,18 @@ def test_the_rounding_bound_sees_a_one_percent_error_in_a_q4_k_min(tiny_gguf):
     assert not (np.abs(wrong.dequantize() - reference_of(tiny_gguf, tensor.name)) <= f16_rounding(blocks)).all()
 
 
-def one_layer(op: str, weight: np.ndarray, name: str = "__module.model.layers.0.mlp.up_proj/aten::linear/MatMul"):
-    """An ov.Model as optimum-intel exports a layer: a MatMul on an f32 weight (transpose_b), or the embedding's
-    Gather; named so that gguf_import maps it to blk.0.ffn_up.weight (or token_embd.weight)."""
+def one_layer(weights, op: str, name: str, columns: int = COLUMNS):
+    """An ov.Model reading tensor `name` of `weights` (gguf_import) as the graph does: a MatMul on activations x
+    (1, n, columns), or the embedding's Gather on ids (1, n)."""
     import openvino as ov
     from openvino import opset13 as ops
 
-    rows, columns = weight.shape
     if op == "MatMul":
         x = ops.parameter([1, -1, columns], np.float32, name="x")
-        node = ops.matmul(x, ops.constant(weight.astype(np.float32)), False, True)
-        node.set_friendly_name(name)
+        node = weights.linear(x, name, "__module.model.layers.0.mlp.up_proj/aten::linear/MatMul")
     else:
-        x = ops.parameter([1, -1], np.int64, name="ids")
-        node = ops.gather(ops.constant(weight.astype(np.float32)), x, ops.constant(np.array(0, dtype=np.int64)))
-        node.set_friendly_name("__module.model.embed_tokens/aten::embedding/Gather")
+        x = ops.parameter([1, -1], np.int32, name="ids")
+        node = weights.embedding(x, name, "__module.model.embed_tokens/aten::embedding/Gather")
     return ov.Model([node], [x])
 
 
@@ -123,8 +122,7 @@ def import_one(tiny_gguf, tmp_path, kind, op, layout):
     source = tensors(tiny_gguf)[f"blk.{TYPES.index(kind)}.ffn_up.weight"]
     name = "blk.0.ffn_up.weight" if op == "MatMul" else "token_embd.weight"
     path = write_gguf(tmp_path / "one.gguf", {name: (np.asarray(source.data), kind)})  # this type alone, renamed
-    reference = reference_of(path, name)
-    return gguf_import.import_blocks(one_layer(op, reference), path, layout), reference
+    return one_layer(gguf_import.BlockWeights(GGUFFile(path), layout), op, name), reference_of(path, name)
 
 
 @pytest.mark.parametrize("kind", TYPES, ids=[k.name for k in TYPES])
@@ -186,12 +184,12 @@ def test_the_fused_layout_lays_the_embedding_per_channel(tiny_gguf, tmp_path):
     assert (np.abs(decompressed(model, "Gather") - reference) <= step / 2 + f16_rounding(exact)).all()
 
 
-def test_blocks_whose_rows_are_not_the_exports_are_refused_with_a_sentence(tiny_gguf, tmp_path):
-    source = tensors(tiny_gguf)["blk.3.ffn_up.weight"]  # Q8_0
-    path = write_gguf(tmp_path / "one.gguf", {"blk.0.ffn_up.weight": (np.asarray(source.data), T.Q8_0)})
-    exported = np.roll(reference_of(path, "blk.0.ffn_up.weight"), 1, axis=0)  # the export's rows in another order
-    with pytest.raises(gguf_import.GGUFMismatchError, match="do not match the exported model's weights"):
-        gguf_import.import_blocks(one_layer("MatMul", exported), path)
+def test_blocks_whose_rows_are_not_the_files_are_refused_with_a_sentence(tiny_gguf, monkeypatch):
+    unpacked = gguf_weights.unpack
+    monkeypatch.setattr(gguf_import, "unpack", lambda kind, raw: unpacked(kind, np.roll(raw, 1, axis=0)))
+    weights = gguf_import.BlockWeights(GGUFFile(tiny_gguf), "exact")
+    with pytest.raises(gguf_import.GGUFMismatchError, match="does not match gguf's dequantization of the file"):
+        one_layer(weights, "MatMul", "blk.3.ffn_up.weight")  # Q8_0, its rows one place off
 
 
 # ---- a tiny Llama-architecture GGUF: llama.cpp stores attn_q / attn_k with each head's rotary halves interleaved
@@ -204,55 +202,62 @@ def permute_like_llama_cpp(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, -1).swapaxes(1, 2).reshape(w.shape)
 
 
-def llama_layer(q: np.ndarray, k: np.ndarray):
-    """q_proj and k_proj MatMuls as optimum-intel exports a Llama layer, on the original (transformers') rows."""
-    import openvino as ov
-    from openvino import opset13 as ops
-
-    x = ops.parameter([1, -1, HIDDEN], np.float32, name="x")
-    outputs = []
-    for name, w in (("q", q), ("k", k)):
-        node = ops.matmul(x, ops.constant(w), False, True)
-        node.set_friendly_name(f"__module.model.layers.0.self_attn.{name}_proj/aten::linear/MatMul")
-        outputs.append(node)
-    return ov.Model(outputs, [x])
-
-
 @pytest.fixture
 def llama_weights():
     rng = np.random.default_rng(7)
     q = rng.normal(size=(HEADS * HEAD_DIM, HIDDEN)).astype(np.float32)
     k = rng.normal(size=(KV_HEADS * HEAD_DIM, HIDDEN)).astype(np.float32)
-    # Round through Q8_0 once so the export holds exactly what the file's blocks dequantize to.
+    # Round through Q8_0 once so that the original rows are exactly what the file's blocks dequantize to.
     q8 = lambda w: gguf.quants.dequantize(gguf.quants.quantize(w, T.Q8_0), T.Q8_0).reshape(w.shape)  # noqa: E731
     return q8(q), q8(k)
 
 
-def llama_gguf(path, q, k, architecture: str):
+def llama_gguf(path, q, k, architecture: str = "llama"):
     fields = {f"{architecture}.attention.head_count": HEADS, f"{architecture}.attention.head_count_kv": KV_HEADS}
     return write_gguf(path, {"blk.0.attn_q.weight": (gguf.quants.quantize(permute_like_llama_cpp(q, HEADS), T.Q8_0), T.Q8_0),
                              "blk.0.attn_k.weight": (gguf.quants.quantize(permute_like_llama_cpp(k, KV_HEADS), T.Q8_0), T.Q8_0)},
                       architecture, fields)
 
 
-@pytest.mark.parametrize("layout", gguf_weights.LAYOUTS)
-def test_a_llama_ggufs_permuted_q_and_k_rows_are_restored(tmp_path, llama_weights, layout):
+def q_and_k(weights) -> tuple[np.ndarray, np.ndarray]:
+    """The q and k weights (rows, columns) the CPU plugin computes with when `weights` lays them."""
     import openvino as ov
+    from openvino import opset13 as ops
 
+    x = ops.parameter([1, -1, HIDDEN], np.float32, name="x")
+    outputs = [weights.linear(x, f"blk.0.attn_{name}.weight", f"__module.model.layers.0.self_attn.{name}_proj/aten::linear/MatMul")
+               for name in ("q", "k")]
+    compiled = ov.Core().compile_model(ov.Model(outputs, [x]), "CPU", {"INFERENCE_PRECISION_HINT": "f32",
+                                                                      "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0})
+    result = compiled(np.eye(HIDDEN, dtype=np.float32)[None])
+    return result[0][0].T, result[1][0].T
+
+
+@pytest.mark.parametrize("layout", [*gguf_weights.LAYOUTS, "dequantized"])
+def test_a_llama_ggufs_permuted_q_and_k_rows_are_restored(tmp_path, llama_weights, layout):
     q, k = llama_weights
-    model = gguf_import.import_blocks(llama_layer(q, k), llama_gguf(tmp_path / "llama.gguf", q, k, "llama"), layout)
-    compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32",
-                                                      "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0})
-    ours_q, ours_k = (compiled(np.eye(HIDDEN, dtype=np.float32)[None])[i][0].T for i in range(2))
+    file = GGUFFile(llama_gguf(tmp_path / "llama.gguf", q, k))
+    weights = gguf_import.DequantizedWeights(file, []) if layout == "dequantized" else gguf_import.BlockWeights(file, layout)
+    ours_q, ours_k = q_and_k(weights)
     assert np.abs(ours_q - q).max() <= 1e-3 * np.abs(q).max()
     assert np.abs(ours_k - k).max() <= 1e-3 * np.abs(k).max()
 
 
-def test_permuted_rows_under_an_architecture_not_known_to_permute_are_refused(tmp_path, llama_weights):
+def test_q_and_k_rows_left_in_the_files_order_are_caught_by_the_check(tmp_path, llama_weights, monkeypatch):
     q, k = llama_weights
-    path = llama_gguf(tmp_path / "other.gguf", q, k, "qwen2")  # permuted rows, but qwen2 files are not permuted
-    with pytest.raises(gguf_import.GGUFMismatchError):
-        gguf_import.import_blocks(llama_layer(q, k), path)
+    file = GGUFFile(llama_gguf(tmp_path / "llama.gguf", q, k))
+    monkeypatch.setattr(gguf_import, "hf_row_order", lambda rows, heads: np.arange(rows))  # restoring forgotten
+    with pytest.raises(gguf_import.GGUFMismatchError, match="attn_q"):
+        q_and_k(gguf_import.BlockWeights(file, "exact"))
+
+
+def test_a_qwen2_files_q_and_k_rows_are_taken_as_they_are(tmp_path, llama_weights):
+    q, k = llama_weights
+    path = write_gguf(tmp_path / "qwen2.gguf", {"blk.0.attn_q.weight": (gguf.quants.quantize(q, T.Q8_0), T.Q8_0),
+                                                "blk.0.attn_k.weight": (gguf.quants.quantize(k, T.Q8_0), T.Q8_0)},
+                      "qwen2", {"qwen2.attention.head_count": HEADS, "qwen2.attention.head_count_kv": KV_HEADS})
+    ours_q, ours_k = q_and_k(gguf_import.BlockWeights(GGUFFile(path), "exact"))
+    assert np.abs(ours_q - q).max() <= 1e-3 * np.abs(q).max() and np.abs(ours_k - k).max() <= 1e-3 * np.abs(k).max()
 
 
 def test_a_tensor_of_an_unsupported_type_is_refused_by_name():

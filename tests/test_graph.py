@@ -74,3 +74,26 @@ def test_fusing_compressed_weights_with_biases_changes_nothing_but_the_node_coun
     ours, theirs = (ov.Core().compile_model(m, "CPU", EXACT)(inputs) for m in (fused, plain))
     for i in range(len(outputs)):
         np.testing.assert_allclose(ours[i], theirs[i], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("precision", ["int8", "gguf"])
+def test_every_edit_finds_its_nodes_on_a_graph_built_from_a_gguf(tmp_path, precision):
+    from specdemo import export
+    from specdemo.gguf_file import GGUFFile
+    from tests import tiny_gguf
+
+    gguf = tiny_gguf.write(tmp_path / "tiny.gguf", "llama")  # an LM head of its own
+    export.from_gguf(GGUFFile(gguf), precision, tmp_path / "ir", lambda fraction, message: None)
+    core = ov.Core()
+    plain, edited = (core.read_model(tmp_path / "ir" / "openvino_model.xml") for _ in range(2))
+    kept = np.array([3, 17, 99, 250])
+    assert graph.trim_lm_head(edited, kept)
+    assert graph.keep_only_last_logits(edited)
+    assert graph.fuse_projections(edited) == 3 * tiny_gguf.LAYERS  # per layer q, k, v → 1 and gate, up → 1
+    ids = [5, 17, 99, 3, 250, 42, 7]
+    request = core.compile_model(edited, "CPU", EXACT).create_infer_request()
+    request.infer({"input_ids": np.array([ids]), "attention_mask": np.ones((1, len(ids)), dtype=np.int64),
+                   "position_ids": np.arange(len(ids))[None], "beam_idx": np.zeros(1, dtype=np.int32),
+                   "logits_to_keep": np.array([1])})
+    np.testing.assert_allclose(request.get_tensor("logits").data[0, -1], stateful_logits(plain, ids)[-1, kept],
+                               rtol=1e-5, atol=1e-5)

@@ -1,0 +1,212 @@
+"""A GGUF file straight to an IR folder, without torch (specdemo/gguf_file.py, gguf_graph.py, gguf_metadata.py,
+export.from_gguf): on tiny Qwen2 and Llama files written here, the metadata reads as gguf-py reads it; the built graph
+computes transformers' logits for the same file (a Llama file's permuted q/k rows restored, which an unrestored one
+would not); every precision converts in a process where torch cannot be imported, into a folder the runtime, the
+tokenizer and OpenVINO GenAI's pipeline (with a draft too) load; a file of another architecture is refused the gguf
+precisions with a sentence."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specdemo import export, gguf_import, sources
+from specdemo.gguf_file import GGUFFile
+from specdemo.runtime import OVModel
+from specdemo.settings import PRECISIONS, ModelSettings
+from tests import tiny_gguf
+
+ROOT = Path(__file__).resolve().parent.parent
+TEXT = "def the test of the thing"
+
+
+def _quiet(fraction, message):
+    pass
+
+
+@pytest.fixture(scope="module", params=["qwen2", "llama"])
+def tiny_file(request, tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp(request.param)
+    return tiny_gguf.write(folder / "tiny.gguf", request.param)
+
+
+def exact(folder: Path) -> OVModel:
+    return OVModel(folder, ModelSettings(str(folder), precision="gguf", inference_precision="f32", kv_cache_precision="f32",
+                                         dynamic_quantization_group_size=0))
+
+
+def transformers_logits(gguf: Path, ids: list[int]) -> np.ndarray:
+    """(len(ids), V): transformers' own model of the GGUF (its loading restores a Llama file's q/k rows), in f32."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].numpy()
+
+
+def test_the_metadata_and_tensors_read_as_gguf_py_reads_them(tiny_file):
+    import gguf
+
+    ours, theirs = GGUFFile(tiny_file), gguf.GGUFReader(tiny_file)
+    assert ours.fields == {key: field.contents() for key, field in theirs.fields.items() if not key.startswith("GGUF.")}
+    for tensor in theirs.tensors:
+        mine = ours.tensors[tensor.name]
+        assert mine.kind == tensor.tensor_type.name and np.array_equal(mine.data, tensor.data)
+
+
+def test_the_built_graph_computes_transformers_logits(tiny_file, tmp_path):
+    from transformers import AutoTokenizer
+
+    export.from_gguf(GGUFFile(tiny_file), "gguf", tmp_path / "ir", _quiet)
+    ids = AutoTokenizer.from_pretrained(tmp_path / "ir").encode(TEXT)
+    ours, theirs = exact(tmp_path / "ir").forward(ids, logits_to_keep=len(ids)), transformers_logits(tiny_file, ids)
+    assert np.abs(ours - theirs).max() <= 1e-4 * np.abs(theirs).max()
+
+
+def test_a_llama_file_read_in_its_own_row_order_would_compute_other_logits(tmp_path, monkeypatch):
+    """What the check and the restoring stand between: the permutation changes the logits beyond any rounding."""
+    gguf = tiny_gguf.write(tmp_path / "llama.gguf", "llama")
+    monkeypatch.setattr(gguf_import, "hf_row_order", lambda rows, heads: np.arange(rows))
+    monkeypatch.setattr(gguf_import._FileWeights, "check", lambda self, name, ours, rows: None)
+    export.from_gguf(GGUFFile(gguf), "gguf", tmp_path / "ir", _quiet)
+    ids = list(range(3, 20))
+    ours, theirs = exact(tmp_path / "ir").forward(ids, logits_to_keep=len(ids)), transformers_logits(gguf, ids)
+    assert np.abs(ours - theirs).max() > 0.1 * np.abs(theirs).max()
+
+
+# Started with torch made unimportable in every Python process it starts (the conversion child included).
+_NO_TORCH = "import sys\nsys.modules['torch'] = None  # a GGUF's conversion must not need torch\n"
+_PREPARE_EACH = """
+import sys
+from specdemo import sources
+from specdemo.settings import ModelSettings
+for precision in sys.argv[2:]:
+    sources.prepare(ModelSettings(sys.argv[1], precision=precision), lambda fraction, message: None)
+"""
+WEIGHT_TYPES = {"fp16": {"f16"}, "int8": {"u8"}, "int4": {"u4"}, "gguf": {"i8"}, "gguf-fused": {"i8"}, "gguf-mixed": {"i8"}}
+
+
+@pytest.mark.slow  # NNCF and transformers' tokenizer conversion imported in a fresh child for each of six precisions
+def test_every_precision_of_a_gguf_converts_in_processes_without_torch(home, tmp_path):
+    import openvino as ov
+    from transformers import AutoTokenizer
+
+    gguf = tiny_gguf.write(tmp_path / "tiny.gguf", "qwen2")
+    (tmp_path / "no_torch").mkdir()
+    (tmp_path / "no_torch" / "sitecustomize.py").write_text(_NO_TORCH)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'no_torch'}{os.pathsep}{ROOT}"}
+    check = subprocess.run([sys.executable, "-c", "import torch"], env=env, capture_output=True, text=True)
+    assert "ModuleNotFoundError" in check.stderr or "ImportError" in check.stderr  # the block holds
+    result = subprocess.run([sys.executable, "-c", _PREPARE_EACH, str(gguf), *PRECISIONS], env=env, capture_output=True,
+                            text=True, timeout=900, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    tokenizer = AutoTokenizer.from_pretrained(sources.cached_folder(ModelSettings(str(gguf), precision="int8")))
+    ids = tokenizer.encode(TEXT)
+    reference = exact(sources.cached_folder(ModelSettings(str(gguf), precision="gguf"))).forward(ids)
+    for precision in PRECISIONS:
+        folder = sources.cached_folder(ModelSettings(str(gguf), precision=precision))
+        assert (folder / sources.COMPLETE_MARKER).is_file()
+        weights = {op.get_element_type().get_type_name() for op in ov.Core().read_model(folder / "openvino_model.xml")
+                   .get_ops() if op.get_type_name() == "Constant" and len(op.get_output_shape(0)) >= 2}
+        assert WEIGHT_TYPES[precision] <= weights, (precision, weights)
+        assert AutoTokenizer.from_pretrained(folder).encode(TEXT) == ids
+        logits = exact(folder).forward(ids)
+        assert logits.argmax() == reference.argmax(), precision  # the tiny model's choice survives every precision
+
+
+def test_the_gguf_precisions_of_an_architecture_not_built_here_are_refused_with_a_sentence(home, tmp_path):
+    gguf = tiny_gguf.write(tmp_path / "tiny.gguf", "phi3")  # transformers' torch path may take it; the graph here does not
+    settings = ModelSettings(str(gguf), precision="gguf-mixed")
+    folder = sources.cached_folder(settings)
+    folder.parent.mkdir(parents=True)
+    with pytest.raises(sources.ModelSourceError, match=r"its architecture is phi3; the graph is built for qwen2, llama; "
+                                                       r"choose fp16, int8, int4"):
+        export.convert(settings, folder, _quiet)
+    assert not folder.exists()
+
+
+def test_the_folder_holds_what_specdemo_reads(tmp_path):
+    import json
+
+    from specdemo.models import _count_parameters
+
+    gguf = tiny_gguf.write(tmp_path / "tiny.gguf", "qwen2")
+    export.from_gguf(GGUFFile(gguf), "gguf-mixed", tmp_path / "ir", _quiet)
+    config = json.loads((tmp_path / "ir" / "config.json").read_text())
+    assert config["architectures"] == ["Qwen2ForCausalLM"] and config["tie_word_embeddings"] is True
+    assert (config["num_hidden_layers"], config["hidden_size"], config["vocab_size"], config["max_position_embeddings"]) == \
+        (tiny_gguf.LAYERS, tiny_gguf.HIDDEN, len(tiny_gguf.vocabulary()[0]), 256)
+    assert _count_parameters(config) > 0
+    assert {"tokenizer.json", "tokenizer_config.json", "openvino_tokenizer.xml", "openvino_detokenizer.xml"} <= \
+        {f.name for f in (tmp_path / "ir").iterdir()}
+    tokens = tiny_gguf.vocabulary()[0]
+    assert json.loads((tmp_path / "ir" / "generation_config.json").read_text())["eos_token_id"] == tokens.index("<|im_end|>")
+
+
+def test_the_runtime_rolls_back_on_the_built_graph_exactly(tiny_file, tmp_path):
+    export.from_gguf(GGUFFile(tiny_file), "gguf-mixed", tmp_path / "ir", _quiet)
+    model = exact(tmp_path / "ir")
+
+    def greedy(feed, steps):
+        out = []
+        for _ in range(steps):
+            out.append(int(model.forward(feed)[0].argmax()))
+            feed = [out[-1]]
+        return out
+
+    prompt = list(range(3, 12))
+    plain = greedy(prompt, 12)
+    model.reset()
+    greedy(prompt, 10)
+    model.rollback(len(prompt) + 5)
+    assert greedy([plain[5]], 6) == plain[6:12]
+
+
+def test_openvino_genai_runs_the_built_folder_as_our_runtime_does_with_a_draft_too(tmp_path):
+    import openvino as ov
+    import openvino_genai
+
+    from specdemo import genai
+
+    gguf = tiny_gguf.write(tmp_path / "tiny.gguf", "qwen2")
+    export.from_gguf(GGUFFile(gguf), "int8", tmp_path / "ir", _quiet)
+    prompt = list(range(3, 12))
+    model = exact(tmp_path / "ir")
+    ours, feed = [], prompt
+    for _ in range(8):
+        ours.append(int(model.forward(feed)[0].argmax()))
+        feed = [ours[-1]]
+    exact_compile = {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
+    for draft in (None, tmp_path / "ir"):  # plain, and speculative with the model as its own draft
+        pipeline = genai.make_pipeline(tmp_path / "ir", "CPU", exact_compile, draft=draft)
+        config = openvino_genai.GenerationConfig(max_new_tokens=8)
+        config.apply_chat_template, config.ignore_eos = False, True
+        if draft is not None:
+            config.num_assistant_tokens = 3
+        result = pipeline.generate(ov.Tensor(np.asarray([prompt], dtype=np.int64)), config)
+        assert list(result.tokens[0]) == ours
+
+
+@pytest.mark.real_models
+@pytest.mark.slow  # converts the 1.5B target twice (about a minute each on 2 cores) and scores 285 positions twice
+def test_the_default_target_converts_without_torch_and_keeps_the_ggufs_choices(home, tmp_path):
+    from specdemo import builtin, fidelity, tune
+    from specdemo.models import load_model
+
+    (tmp_path / "no_torch").mkdir()
+    (tmp_path / "no_torch" / "sitecustomize.py").write_text(_NO_TORCH)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'no_torch'}{os.pathsep}{ROOT}"}
+    result = subprocess.run([sys.executable, "-c", _PREPARE_EACH, "qwen2.5-coder-1.5b", "gguf", "gguf-mixed"], env=env,
+                            capture_output=True, text=True, timeout=1800, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    target = ModelSettings("qwen2.5-coder-1.5b", precision="gguf-mixed")
+    reference = load_model(fidelity.reference_settings(target))
+    examples = [tune.encode(reference.tokenizer, e) for e in builtin.code_answers()]
+    logits = fidelity.reference_logits(reference.runtime, examples, 16)
+    del reference
+    positions, agreement, error = fidelity.compare(logits, tune.compile_model(target), examples, 16)
+    assert positions > 200 and agreement >= 0.98 and error < 0.1  # the torch path's gguf-mixed: 100 %, 0.044
