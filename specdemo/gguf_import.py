@@ -7,9 +7,10 @@ precision:
   as a group sum of the activations. A tensor of a type gguf_weights does not unpack goes in as f16, dequantized.
 - DequantizedWeights (fp16, int8, int4): gguf's own dequantization of each tensor, as f16 or compressed by NNCF the way
   export.compress_weights compresses an exported model: tensor by tensor, since NNCF's int8 (per channel) and int4
-  (groups of 128, every layer) need no data and no other tensor, in batches of BATCH_BYTES of f32 so that a 1.5B model
-  is never held in f32 at once (6.2 GB; one NNCF call costs 0.25 s before any weight, so not one call a tensor). The
-  weights are bit for bit those NNCF made of the torch export (every one of the target's 198, int8 and int4).
+  (groups of 128, every layer) need no data and no other tensor, in batches of BATCH_BYTES of f32 (a larger tensor in
+  parts of rows, joined after) so that a 1.5B model is never held in f32 at once (6.2 GB; one NNCF call costs 0.25 s
+  before any weight, so not one call a tensor). The weights are bit for bit those NNCF made of the torch export (every
+  one of the target's 198, int8 and int4), and the same whether a tensor went in whole or in parts.
 
 Every weight is checked before it goes in: a sample of its rows, as the graph reads them, against gguf-py's own
 dequantization of the rows of the file they come from. For a Llama file the graph reads attn_q / attn_k in
@@ -19,6 +20,9 @@ so a row put in the wrong place fails the conversion instead of compiling into a
 """
 
 from __future__ import annotations
+
+import ctypes
+from typing import NamedTuple
 
 import numpy as np
 import openvino as ov
@@ -31,7 +35,9 @@ PERMUTED = ("llama",)  # architectures whose attn_q / attn_k rows llama.cpp perm
 CHECKED_ROWS = 24  # rows of each tensor compared with gguf's dequantization: a misplaced row differs by the weights' size
 TOLERANCE = 2.0 ** -8  # of the sampled rows' largest weight: f16 rounding of scales and offsets (ours), not a misplaced row
 ROWS_BYTES = 16 << 20  # f32 output of one dequantization call (its temporaries: ~9 times that for Q5_0)
-BATCH_BYTES = 1 << 30  # f32 weights handed to NNCF in one call (a larger tensor, the LM head, gets a call of its own)
+BATCH_BYTES = 1 << 28  # f32 weights handed to NNCF in one call (a larger tensor in parts of rows): NNCF's temporaries
+#                       are ~1.3 times a call's weights, so this bounds the conversion's peak beside the weights made
+PART_ROWS = 64  # a part's rows are a multiple of this
 
 
 class GGUFMismatchError(ValueError):
@@ -54,14 +60,15 @@ class _FileWeights:
         order = self._order(name, len(values))
         return values[order] if order is not None else values.copy()
 
-    def values(self, name: str) -> np.ndarray:
-        """(rows, columns) f32: gguf's dequantization of tensor `name`, in the graph's row order, checked."""
+    def values(self, name: str, rows: slice = slice(None)) -> np.ndarray:
+        """(rows, columns) f32: gguf's dequantization of tensor `name`, or of its graph rows `rows` alone, in the
+        graph's row order, checked."""
         tensor = self.file.tensors[name]
-        values = dequantized(tensor.data, tensor.kind)
-        order = self._order(name, len(values))
-        values = values[order] if order is not None else values
+        order = self._order(name, tensor.shape[0])
+        graph_rows = np.arange(tensor.shape[0])[rows]
+        values = dequantized(tensor.data[rows] if order is None else tensor.data[order[graph_rows]], tensor.kind)
         sample = _sample(len(values))
-        self.check(name, values[sample], sample)
+        self.check(name, values[sample], graph_rows[sample])
         return values
 
     def _order(self, name: str, rows: int) -> np.ndarray | None:
@@ -156,30 +163,52 @@ class DequantizedWeights(_FileWeights):
         return self.ready[name]
 
     def _compressed(self, matrices: list[tuple[str, str]], compress) -> dict[str, ov.Output]:
-        """{tensor: its compressed weight's decompression subgraph}, NNCF called once per BATCH_BYTES of f32 weights."""
-        ready, batch, size, seen = {}, [], 0, set()
-        for name, op in matrices:
-            if name in seen:  # a tied embedding is compressed once, as NNCF compresses a shared constant
-                continue
-            seen.add(name)
-            tensor = self.file.tensors[name]
-            nbytes = 4 * int(np.prod(tensor.shape))
-            if batch and size + nbytes > BATCH_BYTES:
-                ready.update(_compress_batch(self, batch, compress))
-                batch, size = [], 0
-            batch.append((name, op))
-            size += nbytes
+        """{tensor: its compressed weight's decompression subgraph}, NNCF called once per BATCH_BYTES of f32 weights;
+        a larger tensor (an embedding, the LM head) compressed in parts of rows, joined after."""
+        ready, batch, size, split = {}, [], 0, {}
+        for name, op in dict(matrices).items():  # a tied embedding is compressed once, as NNCF compresses a shared constant
+            for part in _parts(name, self.file.tensors[name].shape):
+                if batch and size + part.nbytes > BATCH_BYTES:
+                    ready.update(_compress_batch(self, batch, compress))
+                    batch, size = [], 0
+                batch.append((part, op))
+                size += part.nbytes
+                if part.key != name:
+                    split.setdefault(name, []).append(part.key)
         if batch:
             ready.update(_compress_batch(self, batch, compress))
+        for name, keys in split.items():
+            ready[name] = _joined([ready.pop(key) for key in keys])
         return ready
 
 
-def _compress_batch(weights: DequantizedWeights, batch: list[tuple[str, str]], compress) -> dict[str, ov.Output]:
-    """One ov.Model holding a MatMul (or the embedding's Gather) on each tensor of `batch` in f32, compressed by
-    `compress`; what each weight became, taken out of it."""
+class _Part(NamedTuple):
+    """Rows `rows` of tensor `name`, compressed under the name `key`; `nbytes` of f32."""
+
+    name: str
+    key: str
+    rows: slice
+    nbytes: int
+
+
+def _parts(name: str, shape: tuple[int, ...]) -> list[_Part]:
+    """Tensor `name` of (rows, columns) `shape` as parts of at most BATCH_BYTES of f32 (the whole tensor when it fits).
+    Rows are compressed independently (int8: a scale a row; int4: groups along a row), so the parts' weights are the
+    whole's; PART_ROWS keeps every part's count of 4-bit values even, two a byte when they are joined."""
+    rows, columns = shape[0], int(np.prod(shape[1:]))
+    if 4 * rows * columns <= BATCH_BYTES:
+        return [_Part(name, name, slice(None), 4 * rows * columns)]
+    step = max(PART_ROWS, BATCH_BYTES // (4 * columns) // PART_ROWS * PART_ROWS)
+    return [_Part(name, f"{name}#{begin}", slice(begin, min(begin + step, rows)), 4 * columns * (min(begin + step, rows) - begin))
+            for begin in range(0, rows, step)]
+
+
+def _compress_batch(weights: DequantizedWeights, batch: list[tuple[_Part, str]], compress) -> dict[str, ov.Output]:
+    """One ov.Model holding a MatMul (or the embedding's Gather) on each part of `batch` in f32, compressed by
+    `compress`; what each part's weight became, taken out of it, by its key."""
     parameters, results = [], []
-    for name, op in batch:
-        values = weights.values(name)
+    for part, op in batch:
+        values = weights.values(part.name, part.rows)
         weight = ops.constant(values, shared_memory=True)  # NNCF reads it in place: no second f32 copy
         if op == "Gather":
             ids = ops.parameter([1, -1], ov.Type.i32)
@@ -187,15 +216,58 @@ def _compress_batch(weights: DequantizedWeights, batch: list[tuple[str, str]], c
         else:
             ids = ops.parameter([1, -1, values.shape[1]], ov.Type.f32)
             node = ops.matmul(ids, weight, False, True)
-        node.set_friendly_name(name)
+        node.set_friendly_name(part.key)
         parameters.append(ids)
         results.append(ops.result(node))
+    del values, weight, node
     compressed = compress(ov.Model(results, parameters))
+    keys = {part.key for part, _ in batch}
     ready = {}
     for node in compressed.get_ordered_ops():
-        if node.get_friendly_name() in dict(batch):
+        if node.get_friendly_name() in keys:
             ready[node.get_friendly_name()] = node.input_value(0 if node.get_type_name() == "Gather" else 1)
+    _return_freed_memory()
     return ready
+
+
+def _joined(parts: list[ov.Output]) -> ov.Output:
+    """One decompression subgraph from the same subgraph of consecutive row parts (NNCF's Constant, Convert, Subtract,
+    Multiply, Reshape): each weight, zero point and scale Constant joined along its rows, a Reshape's target given the
+    whole's rows."""
+    node = parts[0].get_node()
+    kind = node.get_type_name()
+    inputs = [[part.get_node().input_value(i) for part in parts] for i in range(node.get_input_size())]
+    if kind == "Constant":
+        return _joined_constant([part.get_node() for part in parts]).output(0)
+    if kind == "Convert":
+        return ops.convert(_joined(inputs[0]), node.get_output_element_type(0)).output(0)
+    if kind in ("Subtract", "Multiply"):
+        return getattr(ops, kind.lower())(_joined(inputs[0]), _joined(inputs[1])).output(0)
+    if kind == "Reshape":
+        target = inputs[1][0].get_node().data.copy()
+        target[0] = sum(int(part.get_shape()[0]) for part in parts)
+        return ops.reshape(_joined(inputs[0]), ops.constant(target), False).output(0)
+    raise ValueError(f"cannot join the parts of a compressed weight at a {kind} node")
+
+
+def _joined_constant(parts: list) -> ov.Node:
+    """The Constants `parts` (each (rows, …) of one element type) as one, stacked along the rows; 4-bit values are
+    joined packed, each part holding an even count of them."""
+    element = parts[0].get_output_element_type(0)
+    shape = list(parts[0].get_output_shape(0))
+    shape[0] = sum(int(part.get_output_shape(0)[0]) for part in parts)
+    tensor = ov.Tensor(element, ov.Shape(shape))
+    tensor.data.reshape(-1)[:] = np.concatenate([part.get_tensor_view().data.reshape(-1) for part in parts])
+    return ov.op.Constant(tensor)
+
+
+def _return_freed_memory() -> None:
+    """Hand the heap NNCF's temporaries freed back to the system (glibc keeps it otherwise, counted in the process's
+    anonymous memory); nothing elsewhere."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def weight_node(blocks: Blocks):

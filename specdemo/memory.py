@@ -212,10 +212,11 @@ def tune_need(target_weights: int, draft_weights: int) -> int:
 
 
 def conversion_need(gguf_bytes: int) -> int:
-    """Converting a model whose GGUF (or other weights file) has `gguf_bytes`: the larger of the dequantization (one f32
-    tensor at a time beside the GGUF's metadata) and NNCF's compression of the exported IR (2.2 GiB for the 1.1 GB
-    GGUF of the 1.5B target, 1.4 GiB for the 0.5B draft's 0.5 GB)."""
-    return 5 * 2**28 + gguf_bytes
+    """Converting a model whose GGUF (or other weights file) has `gguf_bytes`, at its peak: the weights made so far
+    beside one batch of f32 and NNCF's temporaries (gguf_import.BATCH_BYTES). Measured for INT8, the largest: 2.34 GiB
+    for the 1.04 GiB GGUF of the 1.5B target, 1.35 GiB for the 0.46 GiB of the 0.5B draft (INT4 1.67, gguf-mixed 1.83
+    and 0.81; 2-core AMX Xeon), about 0.56 GiB + 1.7 times the GGUF; an eighth of a GiB more for room."""
+    return 5 * 2**27 + gguf_bytes * 7 // 4
 
 
 def wait_for(need: int, what: str, log: Callable[[str], None] = print, wait_s: float = WAIT_S,

@@ -67,6 +67,36 @@ def test_the_built_graph_computes_transformers_logits(tiny_file, tmp_path):
     assert np.abs(ours - theirs).max() <= 1e-4 * np.abs(theirs).max()
 
 
+def constants(folder: Path) -> list[tuple[str, tuple, bytes]]:
+    """Every Constant of the folder's IR as (element type, shape, values as bytes), sorted: the weights, whatever the
+    node names (4-bit values unpacked: an odd count's last byte holds a nibble that is no value)."""
+    import openvino as ov
+
+    def values(node) -> bytes:
+        data = node.get_tensor_view().data
+        if node.get_output_element_type(0) not in (ov.Type.u4, ov.Type.i4):
+            return data.tobytes()
+        nibbles = np.stack([data & 0x0F, data >> 4], axis=-1).reshape(-1)
+        return nibbles[:int(np.prod(node.get_output_shape(0)))].tobytes()
+
+    model = ov.Core().read_model(folder / "openvino_model.xml")
+    return sorted((str(node.get_output_element_type(0)), tuple(node.get_output_shape(0)), values(node))
+                  for node in model.get_ordered_ops() if node.get_type_name() == "Constant")
+
+
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+def test_a_tensor_compressed_in_parts_of_rows_gets_the_weights_it_gets_whole(tiny_file, tmp_path, monkeypatch, precision):
+    export.from_gguf(GGUFFile(tiny_file), precision, tmp_path / "whole", _quiet)
+    calls = []
+    compress = export.compress_weights
+    monkeypatch.setattr(export, "compress_weights", lambda model, p: calls.append(p) or compress(model, p))
+    monkeypatch.setattr(gguf_import, "PART_ROWS", 16)
+    monkeypatch.setattr(gguf_import, "BATCH_BYTES", 4 * tiny_gguf.HIDDEN * 96)  # the embedding's 265 rows in 3 parts
+    export.from_gguf(GGUFFile(tiny_file), precision, tmp_path / "parts", _quiet)
+    assert len(calls) > 3  # the embedding went in parts
+    assert constants(tmp_path / "parts") == constants(tmp_path / "whole")
+
+
 def test_a_llama_file_read_in_its_own_row_order_would_compute_other_logits(tmp_path, monkeypatch):
     """What the check and the restoring stand between: the permutation changes the logits beyond any rounding."""
     gguf = tiny_gguf.write(tmp_path / "llama.gguf", "llama")
