@@ -6,10 +6,10 @@ costs half a target step (an AVX2-only CPU) a 15 % cheaper step is worth a lot; 
 same step saved is worth little and the lost acceptance decides. So `python -m specdemo tune` measures each candidate
 draft here, with the tuned target loaded:
 
-* its draft step, as a round makes it (race.sample_draft), raced against the incumbent draft (race.race), two drafts
-  at a time;
+* its draft step, as a round makes it (race.sample_draft), raced against the incumbent draft (race.race: until the
+  ratio of their steps is clear of MARGIN, or a cap), two drafts at a time;
 * its acceptance by draft position, exactly, on the built-in answers (assets/calibration.json): where its greedy token
-  equals the target's, teacher forced (counterfactual.agreement_mask);
+  equals the target's, teacher forced (counterfactual.greedy_choices; the target's choices computed once);
 
 and prices each with the planner (the target's measured cost curve, the draft's calls scaled by the candidate's step
 time): the predicted speedup at its best K. The configured draft (its precision, the full head) stays unless another
@@ -106,51 +106,55 @@ def choose(options: list[DraftOption], precision: str = AUTO, head_tokens: int =
     return best
 
 
-def measure(target, draft: ModelSettings, examples: list[dict], encode, prepared, compile, timer,
-            log) -> tuple[list[DraftOption], object]:
+def measure(target, draft: ModelSettings, examples: list[dict], encode, prepared, compile, timer, alone, log,
+            incumbent=None) -> tuple[list[DraftOption], object]:
     """Every candidate's acceptance on the examples and its draft step in a round, against `target` (a runtime), and
     the incumbent's compiled draft (for the cost curve `price` needs). `encode(example)` gives (prompt ids, answer
     ids); `compile(settings)` a draft runtime, or None when memory does not allow one (the candidate is left out;
-    the incumbent cannot be: memory.Short); `timer(models, target)` each model's seconds of a draft step in a round
-    (race.race over race.sample_draft).
+    the incumbent cannot be: memory.Short); `timer(incumbent, challenger, target)` a race.Verdict of a draft step in a
+    round (race.race over race.sample_draft), `alone(model, target)` a step's seconds when there is no one to race;
+    `incumbent`: the first candidate's compile, when the caller holds it already.
 
     Two drafts at a time beside the target: the incumbent's compile is held while each other candidate is compiled,
     measured, raced against it alone and let go. A candidate's step is the incumbent's first time scaled by their ratio
-    in its own race, so the machine's drift between races cancels in what `price` reads (steps over the incumbent's)."""
+    in its own race, so the machine's drift between races cancels in what `price` reads (steps over the incumbent's).
+    The target's greedy choices on the examples are computed once and compared with each candidate's."""
     from specdemo import memory
-    from specdemo.counterfactual import agreement_mask, mask_counts
+    from specdemo.counterfactual import greedy_choices, mask_counts
 
-    options, incumbent = [], None
+    texts = [encode(example) for example in examples]
+    theirs = [greedy_choices(target, prompt, text) for prompt, text in texts]
+    options, held = [], None
     for settings in candidates(draft, prepared):
-        model = compile(settings)
+        model = incumbent if held is None and incumbent is not None else compile(settings)
         if model is None:
-            if incumbent is None:
+            if held is None:
                 raise memory.Short("memory does not allow the draft plan's incumbent draft; `python -m specdemo tune "
                                    "--draft-plan` tries again")
             continue
         option = DraftOption(settings.precision, settings.head_tokens, rows=model.head_tokens,
                              applies=draft.precision in (AUTO, settings.precision))
         option.tested, option.accepted = [0] * K_MAX, [0] * K_MAX
-        for example in examples:
-            prompt, text = encode(example)
-            tested, accepted = mask_counts(agreement_mask(target, model, prompt, text), K_MAX)
+        for (prompt, text), target_choices in zip(texts, theirs):
+            mask = [1] + [int(x) for x in greedy_choices(model, prompt, text) == target_choices]
+            tested, accepted = mask_counts(mask, K_MAX)
             option.tested = [a + b for a, b in zip(option.tested, tested)]
             option.accepted = [a + b for a, b in zip(option.accepted, accepted)]
         log(f"  draft {option.describe()} ({option.rows:,} rows): agrees with the target on "
             f"{option.acceptance_rate():.1%} of tested drafts")
         options.append(option)
-        if incumbent is None:
-            incumbent = model
+        if held is None:
+            held = model
             continue
-        pace_s, step_s = timer([incumbent, model], target)
+        verdict = timer(held, model, target)
         if options[0].step_s != options[0].step_s:
-            options[0].step_s = pace_s
-        option.step_s = options[0].step_s * step_s / pace_s
+            options[0].step_s = verdict.incumbent_s
+        option.step_s = options[0].step_s * verdict.ratio
         del model
         gc.collect()
     if len(options) == 1:  # raced against no one: timed alone
-        options[0].step_s = timer([incumbent], target)[0]
-    return options, incumbent
+        options[0].step_s = alone(held, target)
+    return options, held
 
 
 def table(options: list[DraftOption]) -> list[str]:

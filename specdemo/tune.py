@@ -1,23 +1,40 @@
 """Compile settings chosen per machine by measurement: `python -m specdemo tune`.
 
-Which kernels OpenVINO's CPU plugin runs depends on the CPU, so no setting is best everywhere. Its source says why:
-dynamic quantization of activations (the fast int8/int4 kernels) needs VNNI and f32 activations, so an AVX2-only CPU
-never gets it and the bf16 default the plugin picks on any AVX512_BF16 CPU turns it off; its group size must divide
-the weights' own group size (256 does not divide an int4 model's 128, which falls to the slow path); the fused
-MLP/QKV paths are AMX-only. So each model is measured here, on this machine, with both models loaded:
+Which kernels OpenVINO's CPU plugin runs depends on the CPU and on the weights, so no setting is best everywhere, and
+most settings cannot win on a given CPU class at all. Its source (OpenVINO 2025–2026, intel_cpu) says which:
 
-* starting from our defaults, one setting at a time is varied over its candidates (dynamic-quantization group size,
-  inference precision where the CPU has it, KV-cache precision, threads where there are cores to spare);
-* each candidate is compiled and checked for fidelity: its greedy choices, teacher forced over built-in answers
+* dynamic quantization of activations (the int8 dot-product kernels) needs VNNI (avx512_vnni or avx_vnni), f32
+  activations and 8- or 4-bit weights; its group must be a multiple of 16, and a group that does not divide the
+  weights' own groups (a GGUF's Q6_K blocks of 16, Q4_K of 32, NNCF's 128) or the rows falls to the slow path;
+* bf16 or f16 inference turns dynamic quantization off, and with 8- or 4-bit weights on a VNNI CPU the int8 kernels
+  win even where AMX runs bf16 (on the AMX Xeon bf16 took 2.0 times as long for the INT8 target, 1.7 times for the
+  INT4 draft; on a Zen 5 it also parted the lanes 3 times as often): bf16 (avx512_bf16, amx_bf16) and f16
+  (avx512_fp16, amx_fp16) are raced only where dynamic quantization cannot run anyway (f16 weights, no VNNI);
+* a KV-cache precision changes only the bytes a call reads from the cache: at the CONTEXT tokens a race runs, an
+  f32 cache is under 1.5 % of the default pair's weights, so u8 or f16 cannot be MARGIN faster there (f16 without
+  avx512_fp16 is slower still);
+* threads only where there are cores to spare (4 or more).
+
+So `challengers` races, from our defaults and one setting at a time, only what can win here (the rules are tested on
+an AMX Xeon's, a Zen 4's and an AVX2-only EPYC's flags: tests/test_tune.py):
+
+* each challenger is compiled and checked for fidelity: its greedy choices, teacher forced over built-in answers
   (assets/calibration.json), must equal the reference compile's (f32, no dynamic quantization) wherever the
   reference is not at a near-tie;
-* the faithful ones are timed in the loop's own call pattern (a single step as the autoregressive lane makes it and a
-  short and a long round's verify calls for the target; a draft step inside a round for the draft), each raced
-  against the incumbent alone, in turns, until two heats agree (specdemo/race.py), and the fastest stays;
+* a faithful one races the incumbent in the loop's own call pattern (specdemo/race.py: a sequential test on paired
+  samples that stops once the leader is clear) and replaces it only when clearly MARGIN faster; groups are tried
+  largest first, and the first that is not faster ends its dimension (a smaller group does more work per row);
 * the chosen pair must still give greedy speculative output equal to autoregressive output.
 
-Memory is bounded (specdemo/memory.py): two compiles of a model at a time, each let go before the next, and every
-compile waits for room first; a tune memory does not allow ends with memory.Short (exit memory.SKIPPED).
+Every compile goes through OpenVINO's compiled-model cache (SPECDEMO_HOME/ov_cache, the page's): the CPU plugin's
+blob holds the graph, and the settings tune varies (group, precision, KV cache, threads) are applied as it is
+imported, so one blob serves every candidate (checked: the same logits as a fresh compile). An import is faster and
+holds 0.7 GiB less than a fresh compile of the 1.5B target (the graph's fused weights stay in the blob). The incumbent's
+compile is held across dimensions and a winner's is kept, so no setting is compiled twice.
+
+Memory is bounded (specdemo/memory.py): the tune waits for room for its whole peak (memory.tune_need) before it
+compiles anything, then holds at most two compiles of a model (the incumbent and one challenger) beside the other
+model, each admitted before it is compiled; a tune memory does not allow ends with memory.Short (exit memory.SKIPPED).
 
 The choice is kept in the machine profile (specdemo/profile: Profile.keep_tune, read by Profile.resolve) and applied
 to every compile of these models (ours, GenAI's lane in the page, the bench's GenAI peers), so comparisons stay like
@@ -28,23 +45,109 @@ from __future__ import annotations
 
 import gc
 import json
+import math
+import os
+import re
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
 from specdemo import builtin, identity, machine, memory, sources
+from specdemo.fidelity import teacher_forced_logits
 from specdemo.profile import machine_profile
 from specdemo.profile.choices import DEFAULT, REFERENCE, Setting, searched
-from specdemo.fidelity import teacher_forced_logits
-from specdemo.race import PIECE, race, sample_draft, sample_target
+from specdemo.race import CONTEXT, MARGIN, PIECE, alone, race, sample_draft, sample_target
 from specdemo.settings import ModelSettings
 
-# 0: dynamic quantization off. 16 divides the groups of 16 a GGUF's Q6_K blocks keep (precision gguf), 32 its Q4_K
-# ones; 64 and above divide only NNCF's groups of 128 and per-channel weights.
-GROUP_SIZES = (0, 16, 32, 64, 128, 256)
-KV_PRECISIONS = ("f32", "f16", "u8")
+GROUP_SIZES = (16, 32, 64, 128, 256)  # dynamic quantization's groups: multiples of the kernels' 16 lanes (0: off)
+PLUGIN_GROUP = 32  # the group the CPU plugin takes when a compile leaves it (-1, as DEFAULT does)
+KV_PRECISIONS = ("f32", "u8", "f16")
 FAITHFUL = 0.99  # share of the reference's decided (not near-tie) greedy choices a candidate must keep
-MARGIN = 0.03  # a candidate replaces the incumbent setting only if it is at least this much faster (noise is not a gain)
+DIMENSIONS = ("dynamic_quantization_group_size", "inference_precision", "kv_cache_precision", "num_threads")
+DIMENSION_NAMES = {"dynamic_quantization_group_size": "dynamic-quantization group size",
+                   "inference_precision": "inference precision", "kv_cache_precision": "KV-cache precision",
+                   "num_threads": "threads"}
+
+
+@dataclass(frozen=True)
+class CPU:
+    """What the CPU offers the plugin's kernels, from its flags (/proc/cpuinfo), and the cores this process may use."""
+
+    flags: frozenset[str]
+    cores: int
+
+    @staticmethod
+    def here() -> "CPU":
+        return CPU(frozenset(machine.cpu_features() + _extra_flags()), machine.usable_cores())
+
+    @property
+    def vnni(self) -> bool:
+        """int8 dot products: what dynamic quantization's kernels need (oneDNN's avx512_core_vnni or avx2_vnni)."""
+        return bool({"avx512_vnni", "avx_vnni"} & self.flags)
+
+    def describe(self) -> str:
+        """The CPU's class in words, e.g. "AVX-512 with VNNI and BF16, no AMX"."""
+        if "amx_bf16" in self.flags:
+            return "AMX" + (" with FP16" if "amx_fp16" in self.flags else "")
+        if "avx512f" in self.flags:
+            extras = [name for flag, name in (("avx512_vnni", "VNNI"), ("avx512_bf16", "BF16")) if flag in self.flags]
+            return f"AVX-512{' with ' + ' and '.join(extras) if extras else ''}, no AMX"
+        return "AVX2" + (" with VNNI" if "avx_vnni" in self.flags else " without VNNI")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a model's IR holds that the rules read."""
+
+    compressed: bool  # some weights are in 8 or 4 bits (dynamic quantization applies to those only)
+    groups: frozenset[int]  # the group sizes of its grouped weights (none: per channel, or not compressed)
+    rows: frozenset[int]  # the lengths of its compressed weights' rows (the MatMuls' inputs)
+    kv_share: float  # an f32 KV cache of race.CONTEXT tokens over the weights' bytes
+
+    @staticmethod
+    def of(folder: Path) -> "Layout":
+        """Read from the IR's XML (each constant's element type and shape) and config.json."""
+        shapes = [(kind, [int(n) for n in shape.split(",")]) for kind, shape in
+                  re.findall(r'<data element_type="(u4|i4|u8|i8|nf4)" shape="([0-9, ]+)"', (folder / "openvino_model.xml")
+                             .read_text(errors="replace"))]
+        weights = [shape for _, shape in shapes if len(shape) >= 2 and shape[-1] > 1]  # zero points end in 1
+        config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
+        heads = config.get("num_attention_heads", 1)
+        per_token = 2 * 4 * config.get("num_hidden_layers", 0) * config.get("num_key_value_heads", heads) * \
+            config.get("head_dim", config.get("hidden_size", 0) // heads)  # keys and values, f32
+        size = (folder / "openvino_model.bin").stat().st_size if (folder / "openvino_model.bin").is_file() else 0
+        return Layout(bool(weights), frozenset(s[-1] for s in weights if len(s) >= 3),
+                      frozenset(math.prod(s[1:]) for s in weights), per_token * CONTEXT / size if size else 0.0)
+
+    def groups_allowed(self) -> list[int]:
+        """The dynamic-quantization groups that divide every group of the weights and every row, smallest first."""
+        return [g for g in GROUP_SIZES if all(w % g == 0 for w in self.groups) and all(r % g == 0 for r in self.rows)]
+
+
+def challengers(current: Setting, dimension: str, cpu: CPU, layout: Layout) -> list[Setting]:
+    """The settings that can beat `current` in `dimension` on this CPU class with these weights, the most promising
+    first; none: nothing to race there (the module's docstring says why)."""
+    group = current.dynamic_quantization_group_size if current.dynamic_quantization_group_size != -1 else PLUGIN_GROUP
+    if dimension == "dynamic_quantization_group_size":
+        if not (cpu.vnni and layout.compressed and current.inference_precision in ("", "f32")):
+            return []
+        allowed = layout.groups_allowed()
+        values = [g for g in reversed(allowed) if g > group or group not in allowed]
+    elif dimension == "inference_precision":
+        quantizes = cpu.vnni and layout.compressed  # bf16 and f16 would switch dynamic quantization off
+        values = [] if quantizes else [p for p, flags in (("bf16", {"avx512_bf16", "amx_bf16"}),
+                                                          ("f16", {"avx512_fp16", "amx_fp16"})) if flags & cpu.flags]
+    elif dimension == "kv_cache_precision":
+        values = (["u8"] + (["f16"] if "avx512_fp16" in cpu.flags else [])) if layout.kv_share >= MARGIN else []
+    else:
+        values = [cpu.cores - 1] if cpu.cores >= 4 else []
+    return [replace(current, **{dimension: value}) for value in values if value != getattr(current, dimension)]
+
+
+def nothing_to_race(cpu: CPU, layout: Layout) -> bool:
+    """Whether no dimension offers the defaults a challenger here (an AVX2-only CPU without VNNI, on 2 cores)."""
+    return not any(challengers(DEFAULT, dimension, cpu, layout) for dimension in DIMENSIONS)
 
 
 @dataclass
@@ -60,26 +163,6 @@ class Trial:
     parting_positions: int = 0  # the positions that rate was counted over
     faithful: bool = False
     chosen: bool = False
-
-
-def candidates(current: Setting, dimension: str, cpu_flags: list[str], cores: int) -> list[Setting]:
-    """`current` with one dimension varied over what this CPU offers."""
-    if dimension == "dynamic_quantization_group_size":
-        values = GROUP_SIZES
-    elif dimension == "inference_precision":
-        values = ["f32"] + (["bf16"] if {"avx512_bf16", "amx_bf16"} & set(cpu_flags) else []) + \
-                 (["f16"] if {"avx512_fp16", "amx_fp16"} & set(cpu_flags) else [])
-    elif dimension == "kv_cache_precision":
-        values = KV_PRECISIONS
-    else:
-        values = [0] + ([cores - 1] if cores >= 4 else [])
-    return [replace(current, **{dimension: value}) for value in values]
-
-
-DIMENSIONS = ("dynamic_quantization_group_size", "inference_precision", "kv_cache_precision", "num_threads")
-DIMENSION_NAMES = {"dynamic_quantization_group_size": "dynamic-quantization group size",
-                   "inference_precision": "inference precision", "kv_cache_precision": "KV-cache precision",
-                   "num_threads": "threads"}
 
 
 @dataclass
@@ -123,52 +206,57 @@ def agreement(model, probes: list[Probe]) -> float:
 
 
 def compile_model(settings: ModelSettings, tokenizer=None, profiled: bool = False):
-    """A compile for measuring only: no compiled-model cache (ten variants of a 1.6 GiB model would fill the disk). A
-    head size above 0 trims the LM head (needs the `tokenizer`); profiled turns the per-node counters on."""
+    """A compile for measuring. The full head goes through the compiled-model cache the page's compiles use (one blob
+    per graph serves every setting tune varies); a head size above 0 trims the LM head (needs the `tokenizer`), a
+    graph compiled once here, without the cache; profiled turns the per-node counters on."""
     from specdemo import vocab
     from specdemo.runtime import OVModel
 
     folder = sources.prepare(settings)
     config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
     head = vocab.head_for(tokenizer, settings.head_tokens, config, sources.specdemo_home() / "vocab")
-    return OVModel(folder, settings, head_ids=head, profiled=profiled)
+    cache = sources.specdemo_home() / "ov_cache" if head is None else None
+    return OVModel(folder, settings, cache_dir=cache, head_ids=head, profiled=profiled)
 
 
-def compiled_in_bound(settings: ModelSettings, what: str, log, tokenizer=None):
-    """compile_model once memory allows it (memory.wait_for, which says so when it waits or gives up); else None."""
-    if not memory.wait_for(memory.compile_need(sources.weights_bytes(settings)), what, log):
+def compiled_in_bound(settings: ModelSettings, what: str, log, tokenizer=None, fresh: bool = False):
+    """compile_model once memory allows it (memory.wait_for, which says so when it waits or gives up); else None.
+    `fresh`: the first compile of its graph, which holds more than an import of its blob (memory.compile_need)."""
+    if not memory.wait_for(memory.compile_need(sources.weights_bytes(settings), fresh), what, log):
         return None
     return compile_model(settings, tokenizer)
 
 
-def admitted(settings: ModelSettings, what: str, log, tokenizer=None):
+def admitted(settings: ModelSettings, what: str, log, tokenizer=None, fresh: bool = False):
     """compiled_in_bound, or memory.Short when memory does not allow the compile."""
-    model = compiled_in_bound(settings, what, log, tokenizer)
+    model = compiled_in_bound(settings, what, log, tokenizer, fresh)
     if model is None:
         raise memory.Short(f"memory does not allow {what}; `python -m specdemo tune` tries again")
     return model
 
 
-def search(role: str, base: ModelSettings, other, probes: list[Probe], log, cpu_flags: list[str], cores: int,
-           compile=None, fidelity=None, timer=None, parting=None, admit=None) -> list[Trial]:
-    """Coordinate descent over DIMENSIONS from DEFAULT for one model; every trial, the chosen one marked. `compile`,
-    `fidelity` and `timer` default to compiling for real, `agreement` and the role's loop-pattern timer; `admit(what)`
-    whether memory allows one more compile (for real compiles, memory.wait_for memory.compile_need of `base`).
+def search(role: str, base: ModelSettings, other, probes: list[Probe], log, cpu: CPU, layout: Layout,
+           compile=None, fidelity=None, timer=None, parting=None, admit=None) -> tuple[list[Trial], object]:
+    """Coordinate descent over DIMENSIONS from DEFAULT for one model, racing only `challengers`; every trial (the chosen
+    one marked) and the chosen setting's compile (None when nothing was raced). `compile`, `fidelity` and
+    `timer(incumbent, challenger, other) -> race.Verdict` default to compiling for real, `agreement` and the role's
+    race; `admit(what)` whether memory allows one more compile (for real compiles, memory.wait_for
+    memory.compile_need of `base`).
 
-    Two compiles of the model at a time: in each dimension the incumbent's compile is held while each challenger is
-    compiled, checked, raced against it alone (race.race, the two in turns) and let go before the next (a 1.5B INT8
+    Two compiles of the model at a time: the incumbent's compile is held from dimension to dimension; each challenger
+    is compiled, checked and raced against it alone, then let go, unless it wins, when it is held instead (a 1.5B
     target holds 1.6 GiB a compile: six at once took 11 GiB). A challenger's time is a ratio to the incumbent's in
     their own race, chained to the defaults through the incumbents, so the drift of a shared machine between races
-    cancels; one that beats the incumbent by MARGIN races it again and keeps the smaller of its two gains. A challenger
-    memory does not allow is skipped, and the log says so.
+    cancels. A challenger memory does not allow is skipped, and the log says so.
 
     `parting` (model -> fidelity.BatchingNoise, identity.judge), for a target whose greedy lanes must stay identical: a
-    setting replaces the incumbent only if its parting rate (single steps against verify calls) is no worse than the
-    defaults' beyond their counting noise (identity.parts_no_more); a faster one that parts more often is passed over,
-    and the table says so."""
+    winner replaces the incumbent only if its parting rate (single steps against verify calls), measured on its own
+    compile while it is held, is no worse than the defaults' beyond their counting noise (identity.parts_no_more); a
+    faster one that parts more often is passed over, and the table says so."""
     compile = compile or compile_model
     fidelity = fidelity or agreement
-    timer = timer or (lambda models, other: race(models, other, sample_target if role == "target" else sample_draft))
+    sample = sample_target if role == "target" else sample_draft
+    timer = timer or (lambda incumbent, challenger, other: race(incumbent, challenger, other, sample))
     if admit is None:  # real compiles wait for memory; stand-ins take none
         need = memory.compile_need(sources.weights_bytes(base))
         admit = (lambda what: memory.wait_for(need, what, log)) if compile is compile_model else (lambda what: True)
@@ -177,72 +265,56 @@ def search(role: str, base: ModelSettings, other, probes: list[Probe], log, cpu_
         """The trial's compile, or None when memory does not allow it."""
         return compile(trial.setting.apply(base)) if admit(f"compiling the {role} at {trial.setting.describe()}") else None
 
-    trials: list[Trial] = []
-    best = Trial(role, DEFAULT)
-    baseline = None  # the defaults' trial, once its parting rate is measured
+    def checked(trial: Trial, model) -> None:
+        if trial.agreement != trial.agreement:
+            trial.agreement = fidelity(model, probes)
+            log(f"  {role} {trial.setting.describe()}: keeps {trial.agreement:.1%} of the reference's greedy choices")
+        trial.faithful = trial.agreement >= FAITHFUL
+
+    best, held = Trial(role, DEFAULT, relative=1.0), None  # the incumbent and its compile
+    trials, defaults = [best], best
     for dimension in DIMENSIONS:
-        known = {t.setting: t for t in trials}  # fidelity and parting rate are measured once per setting
-        options = [_carried(Trial(role, s), known.get(s)) for s in candidates(best.setting, dimension, cpu_flags, cores)]
-        if len(options) < 2:
+        options = [Trial(role, s) for s in challengers(best.setting, dimension, cpu, layout)]
+        if not options:
             continue
+        if held is None:
+            held = compiled(best)
+            if held is None:
+                raise memory.Short(f"memory does not allow the {role}'s incumbent compile, which every other one "
+                                   "races; `python -m specdemo tune` tries again")
+            checked(best, held)
         log(f"{role}: {DIMENSION_NAMES[dimension]}, {len(options)} settings, each raced against {best.setting.describe()}")
-        pace, held, ratio = None, None, {}  # the faithful trial the others race against, its compile, their ratios to it
-        for trial in sorted(options, key=lambda t: t.setting != best.setting):  # the incumbent first
+        for trial in options:
+            trials.append(trial)
             model = compiled(trial)
             if model is None:
-                if trial.setting == best.setting:
-                    raise memory.Short(f"memory does not allow the {role}'s incumbent compile, which every other one "
-                                       "races; `python -m specdemo tune` tries again")
                 continue
-            if trial.agreement != trial.agreement:
-                trial.agreement = fidelity(model, probes)
-                log(f"  {role} {trial.setting.describe()}: keeps {trial.agreement:.1%} of the reference's greedy choices")
-            trial.faithful = trial.agreement >= FAITHFUL
-            if trial.faithful and pace is None:
-                pace, held, ratio[id(trial)] = trial, model, 1.0
-            elif trial.faithful:
-                pace.seconds, trial.seconds = timer([held, model], other)
-                ratio[id(trial)] = trial.seconds / pace.seconds
-                if ratio[id(trial)] < 1 - MARGIN:  # a gain must hold in a second race too: one race can be unlucky
-                    pace_s, seconds = timer([held, model], other)
-                    ratio[id(trial)] = max(ratio[id(trial)], seconds / pace_s)
-            del model  # the held one stays in `held`
+            checked(trial, model)
+            if not trial.faithful:  # a smaller group is more faithful: try the next
+                del model
+                gc.collect()
+                continue
+            verdict = timer(held, model, other)
+            best.seconds, trial.seconds = verdict.incumbent_s, verdict.challenger_s
+            trial.relative = best.relative * verdict.ratio
+            log(f"  {role} {trial.setting.describe()}: {trial.seconds * 1e3:.1f} ms, {verdict.ratio:.2f}× the incumbent "
+                f"({verdict.low:.2f}–{verdict.high:.2f}, {verdict.pairs} pairs; {trial.relative:.2f}× the defaults)")
+            wins = verdict.faster or not best.faithful
+            if wins and parting is not None:  # the defaults' rate only where the challenger's does not settle it
+                wins = identity.measured(trial, model, compiled, parting, log) and (
+                    identity.parts_no_more(trial, None) or
+                    identity.measured(defaults, held if best is defaults else None, compiled, parting, log) and
+                    identity.parts_no_more(trial, defaults))
+            if wins:
+                best, held = trial, model
+                break
+            del model
             gc.collect()
-        if pace is not None and len(ratio) == 1:  # raced against no one: timed alone
-            pace.seconds = timer([held], other)[0]
-        incumbent = pace if pace is not None and pace.setting == best.setting else None
-        scale = best.relative if best.relative == best.relative else 1.0
-        for trial in (t for t in options if id(t) in ratio):
-            trial.relative = scale * ratio[id(trial)] if incumbent else float("nan")
-            log(f"  {role} {trial.setting.describe()}: {trial.seconds * 1e3:.1f} ms ({trial.relative:.2f}× the defaults)")
-        trials = [t for t in trials if all(t.setting != o.setting for o in options)] + options  # the latest timing of each
-        faster = sorted((t for t in options if id(t) in ratio and (incumbent is None or ratio[id(t)] < 1 - MARGIN)),
-                        key=lambda t: ratio[id(t)])
-        if parting is not None and faster:
-            judge = lambda t: identity.measured(t, held if t is pace else None, compiled, parting, log)  # noqa: E731
-            if baseline is None:
-                baseline = next((t for t in options if id(t) in ratio and t.setting == DEFAULT), incumbent)
-                if baseline is not None:
-                    judge(baseline)
-            # fastest first, judged one at a time until one parts no more often than the defaults (~1 min each)
-            faster = next(([t] for t in faster if judge(t) and identity.parts_no_more(t, baseline)), [])
-        del held
-        gc.collect()
-        if faster:
-            best = faster[0]
-        elif incumbent is not None:
-            best = incumbent
+            if dimension == "dynamic_quantization_group_size":  # the smaller groups after it do more work a row
+                break
     for trial in trials:
-        trial.chosen = trial.setting == best.setting
-    return trials
-
-
-def _carried(trial: Trial, earlier: Trial | None) -> Trial:
-    """A new trial of a setting, with what an earlier dimension measured of it that does not drift (fidelity, parting)."""
-    if earlier is not None:
-        trial.agreement, trial.parting_rate, trial.parting_positions = \
-            earlier.agreement, earlier.parting_rate, earlier.parting_positions
-    return trial
+        trial.chosen = trial is best
+    return trials, held
 
 
 def tune(target: ModelSettings, draft: ModelSettings, log=print, again: bool = True) -> tuple[list[Trial], list]:
@@ -255,40 +327,63 @@ def tune(target: ModelSettings, draft: ModelSettings, log=print, again: bool = T
     from transformers import AutoTokenizer
 
     examples = builtin.code_answers()
-    flags, cores = machine.cpu_features() + _extra_flags(), machine.usable_cores()
+    cpu = CPU.here()
     tokenizer = AutoTokenizer.from_pretrained(sources.prepare(target))
     profile = machine_profile()
     draft_done = not again and profile.chosen(searched(draft)) is not None and not profile.needs_plan(draft)
-    roles = [("target", target, searched(draft))] + ([] if draft_done else [("draft", searched(draft), target)])
-    trials = []
-    other = None
-    for role, base, partner in roles:
-        other = None  # the previous partner's compile goes before the next one loads
-        gc.collect()
+    drafted = profile.resolve(draft) if draft_done else DEFAULT.apply(searched(draft))
+    wait_for_peak(target, drafted, log)
+    log(f"this CPU: {cpu.describe()} ({', '.join(sorted(cpu.flags)) or 'no notable flags'}), {cpu.cores} cores")
+    roles = [("target", target)] + ([] if draft_done else [("draft", searched(draft))])
+    trials, kept = [], {}  # kept: each role's chosen compile, while it is worth holding
+    for role, base in roles:
+        layout = Layout.of(sources.prepare(base))
+        if nothing_to_race(cpu, layout):
+            log(f"{role}: nothing can beat the defaults on this CPU (dynamic quantization needs VNNI, bf16 and f16 AMX, "
+                "a KV-cache precision a longer context, threads more cores): kept without a race")
+            trials.append(Trial(role, DEFAULT, relative=1.0, faithful=True, chosen=True))
+            continue
         log(f"{role}: the reference (f32, no dynamic quantization), for fidelity")
-        reference = admitted(REFERENCE.apply(base), f"the {role}'s reference compile", log)
+        reference = admitted(REFERENCE.apply(base), f"the {role}'s reference compile", log, fresh=True)
         probes = probes_of(reference, tokenizer, examples)
         del reference
         gc.collect()
         if role == "draft":
-            other = admitted(tune_choice(trials, "target", target), "the tuned target, beside the draft", log)
+            other = kept.get("target") or admitted(tune_choice(trials, "target", target), "the tuned target, beside the "
+                                                                                          "draft", log)
         else:  # the target is timed beside the draft as this machine runs it: tuned if it is, else the defaults
             # The draft as this machine runs it, its LM head trimmed where the plan chose so (the tokenizer says how).
-            other = admitted(profile.resolve(draft) if draft_done else DEFAULT.apply(partner), "the draft, beside the target",
-                             log, tokenizer)
+            other = admitted(drafted, "the draft, beside the target", log, tokenizer, fresh=drafted.head_tokens > 0)
         judge = identity.judge([encode(tokenizer, e) for e in identity.examples(examples)]) \
             if role == "target" and identity.keeps_identity(target) else None
-        trials += search(role, base, other, probes, log, flags, cores, parting=judge)
+        found, kept[role] = search(role, base, other, probes, log, cpu, layout, parting=judge)
+        trials += found
+        del other
+        gc.collect()
     if draft_done:
         log("draft: tuned and planned already on this machine; kept as it is")
         return trials, []
-    # The draft's search ran against the tuned target: the draft plan measures against that compile too.
-    return trials, plan_draft(tune_choice(trials, "draft"), other, draft, tokenizer, examples, log)
+    # The draft plan measures against the tuned target, its incumbent the draft as tuned.
+    target_model = kept.pop("target", None) or admitted(tune_choice(trials, "target", target), "the tuned target, for "
+                                                                                                "the draft plan", log)
+    return trials, plan_draft(tune_choice(trials, "draft"), target_model, draft, tokenizer, examples, log,
+                              incumbent=kept.pop("draft", None))
 
 
-def plan_draft(setting: Setting, target, draft: ModelSettings, tokenizer, examples: list[dict], log) -> list:
+def wait_for_peak(target: ModelSettings, draft: ModelSettings, log) -> None:
+    """Wait for room for the tune's whole peak (memory.tune_need) beside the rest of the app, what this process holds
+    already counted as its own, so that no tune starts that memory would stop halfway; memory.Short if there is none."""
+    need = memory.tune_need(sources.weights_bytes(target), sources.weights_bytes(draft))
+    if not memory.wait_for(need - memory.anonymous(os.getpid()), "the tune", log):
+        raise memory.Short(f"memory does not allow the tune (about {memory.gib(need)} at its peak); `python -m "
+                           "specdemo tune` tries again")
+
+
+def plan_draft(setting: Setting, target, draft: ModelSettings, tokenizer, examples: list[dict], log,
+               incumbent=None) -> list:
     """The draft plan under the draft's compile `setting`: each candidate draft measured against `target` (the tuned
-    target's runtime) and priced by the planner on the target's cost curve, measured here (draft_choice)."""
+    target's runtime) and priced by the planner on the target's cost curve, measured here quickly (draft_choice);
+    `incumbent`: the configured draft's compile at `setting`, if held."""
     from specdemo import draft_choice, measuring
     from specdemo.settings import K_MAX
 
@@ -297,10 +392,13 @@ def plan_draft(setting: Setting, target, draft: ModelSettings, tokenizer, exampl
     options, incumbent = draft_choice.measure(
         target, draft, examples, lambda example: encode(tokenizer, example), sources.is_prepared,
         lambda settings: compiled_in_bound(setting.apply(settings), f"compiling the draft {settings.precision}, head "
-                                           f"{settings.head_tokens or 'full'}", log, tokenizer),
-        lambda models, other: race(models, other, sample_draft), log)
+                                           f"{settings.head_tokens or 'full'}", log, tokenizer, fresh=True),
+        lambda a, b, other: race(a, b, other, sample_draft, measuring=True),
+        lambda model, other: alone(model, other, sample_draft), log,
+        incumbent)
     log("  the target's cost curve, for pricing")
-    curve = measuring.measure(target, incumbent, K_MAX + 1)
+    # Quick (a few call sizes): pricing needs the curve's shape; the chosen pair's curve is measured in full after.
+    curve = measuring.measure(target, incumbent, K_MAX + 1, log=log, quick=True)
     best = draft_choice.price(options, curve, draft.precision)
     log(f"  draft plan: {best.describe()} (predicted {best.predicted_speedup:.2f}× at K = {best.k})")
     return options
@@ -314,6 +412,7 @@ def replan_draft(target: ModelSettings, draft: ModelSettings, log=print) -> list
     examples = builtin.code_answers()
     tokenizer = AutoTokenizer.from_pretrained(sources.prepare(target))
     profile = machine_profile()
+    wait_for_peak(target, DEFAULT.apply(searched(draft)), log)
     tuned_target = admitted(profile.resolve(target), "the tuned target, for the draft plan", log)
     return plan_draft(profile.chosen(searched(draft)) or DEFAULT, tuned_target, draft, tokenizer, examples, log)
 

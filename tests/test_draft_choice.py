@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from specdemo import draft_choice, sources, tune
+from specdemo import draft_choice, race, sources, tune
 from specdemo.profile import Profile, choices
 from specdemo.draft_choice import DraftOption, candidates, price
 from specdemo.settings import AUTO, DEFAULT_DRAFT, DRAFT_PRECISION, ModelSettings
@@ -78,9 +78,10 @@ def test_acceptance_is_measured_exactly_against_the_target_on_the_examples():
     examples = [{"prompt": [1, 2, 3], "answer": [4, 5, 6, 7, 8, 9, 10, 11, 12]}]
     timed = []
     options, _ = draft_choice.measure(target, DEFAULT_DRAFT, examples, lambda e: (e["prompt"], e["answer"]),
-                                   lambda s: False, compile, lambda models, t: timed.append(len(models)) or
-                                   [0.02] * len(models), lambda message: None)
-    assert timed == [2] * (len(draft_choice.HEADS) - 1)  # the incumbent raced against each other candidate alone
+                                      lambda s: False, compile, lambda a, b, t: timed.append((a, b)) or
+                                      race.verdict([0.02] * 4, [0.02] * 4), None, lambda message: None)
+    assert len(timed) == len(draft_choice.HEADS) - 1  # the incumbent raced against each other candidate alone
+    assert all(a is timed[0][0] for a, _ in timed)
     same, *others = options
     assert same.head_tokens == 0 and same.acceptance_rate() == 1.0 and sum(same.tested) > 0
     assert all(o.acceptance_rate() < 0.5 for o in others)
@@ -181,12 +182,38 @@ def test_the_plan_holds_two_drafts_at_a_time_and_chains_their_steps_through_the_
         weakref.finalize(model, lambda: alive.__setitem__(0, alive[0] - 1))
         return model
 
-    def timer(models, other):
-        races.append(len(models))
-        return [len(races) * (0.02 if m.head_tokens == 50 else 0.01) for m in models]
+    def timer(incumbent, challenger, other):
+        races.append(challenger.head_tokens)
+        return race.verdict([len(races) * 0.02] * 4, [len(races) * (0.02 if challenger.head_tokens == 50 else 0.01)] * 4)
 
     examples = [{"prompt": [1, 2, 3], "answer": [4, 5, 6, 7, 8]}]
     options, incumbent = draft_choice.measure(target, DEFAULT_DRAFT, examples, lambda e: (e["prompt"], e["answer"]),
-                                              lambda s: False, compile, timer, lambda message: None)
-    assert most[0] == 2 and races == [2] * (len(options) - 1) and incumbent.head_tokens == 50
+                                              lambda s: False, compile, timer, None, lambda message: None)
+    assert most[0] == 2 and len(races) == len(options) - 1 and incumbent.head_tokens == 50
     assert options[0].step_s == pytest.approx(0.02) and all(o.step_s == pytest.approx(0.01) for o in options[1:])
+
+
+def test_a_held_incumbent_is_not_compiled_again_and_the_targets_choices_are_computed_once():
+    """tune hands the plan the draft its search kept; the target's greedy choices on each example are the same for
+    every candidate, so they are computed once (they were once per candidate: five passes of the 1.5B target)."""
+    vocab = 50
+    target = FakeModel(vocab, "target", scale=3.0)
+    held = FakeModel(vocab, "target", scale=3.0)
+    held.head_tokens = vocab
+    compiled, calls = [], []
+    forward = target.forward
+    target.forward = lambda ids, logits_to_keep=1: calls.append(len(ids)) or forward(ids, logits_to_keep)
+
+    def compile(settings: ModelSettings):
+        compiled.append(settings.head_tokens)
+        model = FakeModel(vocab, "other", scale=3.0)
+        model.head_tokens = settings.head_tokens
+        return model
+
+    examples = [{"prompt": [1, 2, 3], "answer": [4, 5, 6, 7, 8, 9, 10]}]
+    options, incumbent = draft_choice.measure(target, DEFAULT_DRAFT, examples, lambda e: (e["prompt"], e["answer"]),
+                                              lambda s: False, compile, lambda a, b, t: race.verdict([0.02] * 4,
+                                                                                                     [0.02] * 4),
+                                              None, lambda message: None, incumbent=held)
+    assert incumbent is held and 0 not in compiled and options[0].acceptance_rate() == 1.0
+    assert calls == [3, 6]  # one teacher-forced pass of the target: the prompt, then the answer (a piece of 16 at most)

@@ -24,21 +24,24 @@ FROM_PLAN = "the draft plan"  # marks a compile setting a precision got from the
 class Setting:
     """What tune varies for one model."""
 
-    dynamic_quantization_group_size: int  # 0: off
-    inference_precision: str  # f32, bf16, f16
-    kv_cache_precision: str  # f32, f16, u8
+    dynamic_quantization_group_size: int  # 0: off; -1: the plugin's own (32 in OpenVINO 2024–2026)
+    inference_precision: str  # f32, bf16, f16; "": ours (f32 on the CPU: compat.compile_config)
+    kv_cache_precision: str  # f32, f16, u8; "": ours (f32 on the CPU)
     num_threads: int = 0  # 0: every core
 
     def apply(self, base: ModelSettings) -> ModelSettings:
         return replace(base, **asdict(self))
 
     def describe(self) -> str:
-        group = f"group {self.dynamic_quantization_group_size}" if self.dynamic_quantization_group_size else "no dyn. quant."
+        group = self.dynamic_quantization_group_size
+        text = "dyn. quant. default" if group == -1 else f"group {group}" if group else "no dyn. quant."
         threads = f", {self.num_threads} threads" if self.num_threads else ""
-        return f"{group}, {self.inference_precision}, KV {self.kv_cache_precision}{threads}"
+        return f"{text}, {self.inference_precision or 'f32'}, KV {self.kv_cache_precision or 'f32'}{threads}"
 
 
-DEFAULT = Setting(32, "f32", "f32")  # what a compile gets without tune: the plugin's group size, our f32 choices
+# What a compile gets without tune, in the very settings an untuned compile has, so that a pair tune leaves at the
+# defaults is the pair the page compiled and measured already (the same cost curve, batching noise and acceptance keys).
+DEFAULT = Setting(-1, "", "")
 
 
 REFERENCE = Setting(0, "f32", "f32")  # the fidelity reference: no dynamic quantization
