@@ -14,8 +14,9 @@ from pathlib import Path
 
 from specdemo import compat, errors, memory, runfile, sources, strict_json
 from specdemo.drafters import STRATEGIES
-from specdemo.settings import (AUTO, CONFIGURATIONS, KPolicy, DEFAULT_DRAFT, DEFAULT_TARGET, DRAFT_PRECISION,
-                               MAX_PROMPT_TOKENS, PRECISIONS, GenerationSettings, ModelSettings, RunSettings)
+from specdemo.settings import (AUTO, CONFIGURATIONS, FAITHFUL, FAITHFUL_PRECISIONS, KPolicy, DEFAULT_DRAFT,
+                               DEFAULT_TARGET, DRAFT_PRECISION, MAX_PROMPT_TOKENS, PRECISIONS, GenerationSettings,
+                               ModelSettings, RunSettings)
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m specdemo", description="Speculative decoding on OpenVINO, measured.")
@@ -59,10 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--configuration", default="faithful", choices=list(CONFIGURATIONS),
-                        help="faithful (INT8 target, the default) or fastest (INT4 target: faster, another model's text)")
+                        help="faithful (a full-fidelity target, INT8 or the GGUF's own blocks, whichever steps faster "
+                             "here; the default) or fastest (INT4 target: faster, another model's text)")
     parser.add_argument("--target", default=DEFAULT_TARGET.source, help="preset, HF model id, local folder or .gguf file")
     parser.add_argument("--draft", default=DEFAULT_DRAFT.source, help="preset, HF model id, local folder or .gguf file")
-    parser.add_argument("--target-precision", default=None, choices=PRECISIONS, help="overrides the configuration's")
+    parser.add_argument("--target-precision", default=None, choices=PRECISIONS + (FAITHFUL,),
+                        help="overrides the configuration's (faithful: the full-fidelity layout that steps fastest on "
+                             f"this machine, chosen by `tune`; {FAITHFUL_PRECISIONS[0]} until it has)")
     parser.add_argument("--draft-precision", default=None, choices=PRECISIONS + (AUTO,),
                         help="overrides the configuration's (auto: the draft plan `tune` chose for this machine, "
                              f"{DRAFT_PRECISION} until there is one)")
@@ -256,7 +260,7 @@ def _tune(settings: RunSettings, again: bool = True) -> int:
     """Measure the candidate compile settings, keep the fastest faithful one per model, print the table, check that greedy
     speculative output stays exact under a target setting other than the defaults, and measure the cost model under
     the choice. `again` False leaves a draft tuned and planned before as it is (tune.tune)."""
-    from specdemo import builtin, tune
+    from specdemo import builtin, target_choice, tune
     from specdemo.engine import Engine
     from specdemo.profile import choices, machine_profile
 
@@ -265,9 +269,12 @@ def _tune(settings: RunSettings, again: bool = True) -> int:
     def log(message: str) -> None:
         print(f"[{time.perf_counter() - started:5.0f} s] {message}", flush=True)
 
-    trials, drafts = tune.tune(settings.target, settings.draft, log, again=again)
     profile = machine_profile()
-    models = {"target": settings.target, "draft": settings.draft}
+    if settings.target.precision == FAITHFUL and (again or profile.faithful_choice(settings.target) is None):
+        target_choice.choose(settings.target, log, profile)
+    target = profile.resolve_precision(settings.target)  # the faithful layout chosen: the one tuned
+    trials, drafts = tune.tune(target, settings.draft, log, again=again)
+    models = {"target": target, "draft": settings.draft}
     profile.keep_tune(trials, models, drafts)
     engine = Engine.load(settings)
     # The defaults' exactness is what the tests prove; a target setting of tune's own is checked here.
@@ -311,10 +318,11 @@ def _plan_draft(settings: RunSettings) -> int:
     from specdemo.profile import machine_profile
 
     started = time.perf_counter()
-    drafts = tune.replan_draft(settings.target, settings.draft,
-                               lambda message: print(f"[{time.perf_counter() - started:5.0f} s] {message}", flush=True))
     profile = machine_profile()
-    profile.keep_tune([], {"target": settings.target, "draft": settings.draft}, drafts)
+    target = profile.resolve_precision(settings.target)
+    drafts = tune.replan_draft(target, settings.draft,
+                               lambda message: print(f"[{time.perf_counter() - started:5.0f} s] {message}", flush=True))
+    profile.keep_tune([], {"target": target, "draft": settings.draft}, drafts)
     _print_draft_plan(drafts)
     print(f"\nkept in {profile.store.path}; it applies to the draft from the next load")
     return 0
@@ -344,7 +352,7 @@ def _print_draft_plan(drafts: list) -> None:
 def _prepare(settings: RunSettings) -> int:
     from specdemo.profile import machine_profile
 
-    for model in (settings.target, machine_profile().resolve_precision(settings.draft)):
+    for model in map(machine_profile().resolve_precision, (settings.target, settings.draft)):
         folder = sources.prepare(model)
         print(f"{model.source} ({model.precision}): {folder}")
     return 0

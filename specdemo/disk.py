@@ -11,11 +11,11 @@
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from specdemo import sources
-from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET
+from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET, FAITHFUL_PRECISIONS
 
 KINDS = ("compiled", "bench", "other-models", "old-versions", "scratch")
 
@@ -43,8 +43,11 @@ def inventory(home: Path | None = None) -> list[Item]:
     items: list[Item] = []
     from specdemo.profile import machine_profile
 
-    draft = machine_profile(home).resolve_precision(DEFAULT_DRAFT)
-    defaults = {sources.cached_folder(model).name for model in (DEFAULT_TARGET, draft)}
+    # the default pair: the draft as it runs here, the target at each faithful layout (the one it runs, and the one
+    # raced against it)
+    pair = [machine_profile(home).resolve_precision(DEFAULT_DRAFT)] + \
+        [replace(DEFAULT_TARGET, precision=p) for p in FAITHFUL_PRECISIONS]
+    defaults = {sources.cached_folder(model).name for model in pair}
     models = home / "models"
     for version in sorted(models.iterdir()) if models.is_dir() else []:
         if not version.is_dir():

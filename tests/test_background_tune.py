@@ -40,11 +40,13 @@ def finish(background: tuning.BackgroundWork) -> None:
 
 
 def tuned_here(*precisions: str, targets=(DEFAULT_TARGET,)) -> None:
-    """A tune with a choice for each of `targets` (the default one) and, given `precisions`, a draft plan that
-    priced them (a full head each), as `python -m specdemo tune` leaves it in the machine profile."""
+    """A tune with a choice for each of `targets` (the default one, its faithful layout raced) and, given `precisions`,
+    a draft plan that priced them (a full head each), as `python -m specdemo tune` leaves it in the machine profile."""
     setting = {"dynamic_quantization_group_size": 128, "inference_precision": "f32", "kv_cache_precision": "u8",
                "num_threads": 0}
-    data = {"models": {choices.model_key(target): {"setting": setting, "relative": 0.8} for target in targets}}
+    resolved = [machine_profile().resolve_precision(target) for target in targets]  # a faithful target: its layout
+    data = {"models": {choices.model_key(target): {"setting": setting, "relative": 0.8} for target in resolved},
+            "faithful": {t.source: {"precision": r.precision} for t, r in zip(targets, resolved) if t != r}}
     if precisions:
         options = [{"precision": p, "head_tokens": 0, "predicted_speedup": 1.5} for p in precisions]
         data["drafts"] = {choices.draft_key(DEFAULT_DRAFT): {"options": options}}

@@ -13,7 +13,7 @@ def _file(path, n_bytes):
 
 def _home(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDEMO_HOME", str(tmp_path))
-    _file(sources.cached_folder(DEFAULT_TARGET) / "openvino_model.bin", 300)
+    _file(sources.cached_folder(replace(DEFAULT_TARGET, precision="int8")) / "openvino_model.bin", 300)
     _file(sources.cached_folder(replace(DEFAULT_DRAFT, precision=DRAFT_PRECISION)) / "openvino_model.bin", 100)
     _file(tmp_path / "models" / sources.CACHE_VERSION / "qwen2.5-coder-0.5b-fp16" / "openvino_model.bin", 50)
     _file(tmp_path / "models" / "v1" / "qwen2.5-coder-1.5b-int8" / "openvino_model.bin", 40)
@@ -49,7 +49,7 @@ def test_clean_removes_only_the_kinds_asked_for(tmp_path, monkeypatch, capsys):
     assert cli.main(["clean", "--remove", "compiled,bench,scratch"]) == 0
     assert not (home / "ov_cache").exists() and not (home / "bench").exists()
     assert not (home / "models" / sources.CACHE_VERSION / ".qwen2.5-coder-1.5b-int8-abc").exists()
-    assert (sources.cached_folder(DEFAULT_TARGET) / "openvino_model.bin").is_file()
+    assert (sources.cached_folder(replace(DEFAULT_TARGET, precision="int8")) / "openvino_model.bin").is_file()
     assert (home / "models" / "v1").exists() and (home / "profile" / "abc.json").is_file()
     assert "freed 60 bytes" in capsys.readouterr().out
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from specdemo import memory, sources
+from specdemo.profile import machine_profile
 from specdemo.settings import DEFAULT_TARGET
 from tests.conftest import ROOT, TEST_HOME
 
@@ -68,7 +69,7 @@ def run_sampled(command: list[str], env: dict, cgroup: Path | None) -> tuple[int
 
 def test_the_first_background_step_finishes_within_a_memory_limit_and_reports_its_peak(tmp_path):
     home = tmp_path / "home"
-    target = sources.cached_folder(DEFAULT_TARGET).relative_to(TEST_HOME)
+    target = sources.cached_folder(machine_profile().resolve_precision(DEFAULT_TARGET)).relative_to(TEST_HOME)
     if (TEST_HOME / target / sources.COMPLETE_MARKER).is_file():  # the target is ready in the page's first start
         (home / target).parent.mkdir(parents=True)
         (home / target).symlink_to((TEST_HOME / target).resolve(), target_is_directory=True)

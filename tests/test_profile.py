@@ -5,6 +5,7 @@ damaged file, a failed read, a full disk or a read-only home, and none of these 
 import builtins
 import errno
 import io
+import dataclasses
 import json
 import logging
 import os
@@ -310,14 +311,15 @@ def test_what_an_older_specdemo_kept_in_tune_and_costs_is_imported_once(tmp_path
     tune_file.parent.mkdir(parents=True)
     setting = {"dynamic_quantization_group_size": 32, "inference_precision": "f32", "kv_cache_precision": "u8",
                "num_threads": 0}
-    tune_file.write_text(json.dumps({"version": 1, "models": {model_key(DEFAULT_TARGET): {"setting": setting}}}))
+    target = dataclasses.replace(DEFAULT_TARGET, precision="int8")  # an older specdemo's default target
+    tune_file.write_text(json.dumps({"version": 1, "models": {model_key(target): {"setting": setting}}}))
     (tmp_path / "costs").mkdir()
     (tmp_path / "costs" / "abc.json").write_text(json.dumps({"key": {"n_max": 13}, "costs": COSTS.to_dict()}))
     (tmp_path / "costs" / "abc.noise.json").write_text(json.dumps(BatchingNoise(0.2, 96, (2,)).to_dict()))
     (tmp_path / "costs" / "acceptance-models.json").write_text(
         json.dumps({"model/greedy": {"tested": [10], "accepted": [9]}}))
     profile = Profile(tmp_path)
-    assert profile.chosen(DEFAULT_TARGET) == Setting(32, "f32", "u8") and profile.costs("abc") == COSTS
+    assert profile.chosen(target) == Setting(32, "f32", "u8") and profile.costs("abc") == COSTS
     assert profile.noise("abc").max_gap_change == 0.2 and profile.acceptance("models").has_evidence("model", True)
     profile.keep_costs("other", COSTS)  # the first write keeps what was imported, in the profile's own file
     data = json.loads(profile.store.path.read_text())

@@ -15,6 +15,7 @@ from hypothesis import example, given
 from specdemo import sources
 from specdemo.engine import Engine, clean_instruction
 from specdemo.models import LoadedModel
+from specdemo.profile import machine_profile
 from specdemo.settings import DEFAULT_TARGET, GenerationSettings
 from tests.hostile_text import ANY_TEXT, FAST
 
@@ -28,9 +29,10 @@ def qwen():
     """The default target's tokenizer and context, in an engine that never runs a model."""
     from transformers import AutoTokenizer
 
-    folder = sources.prepare(DEFAULT_TARGET)
+    target = machine_profile().resolve_precision(DEFAULT_TARGET)
+    folder = sources.prepare(target)
     config = json.loads((folder / "config.json").read_text())
-    return Engine(LoadedModel(DEFAULT_TARGET, folder, None, AutoTokenizer.from_pretrained(folder), config), None)
+    return Engine(LoadedModel(target, folder, None, AutoTokenizer.from_pretrained(folder), config), None)
 
 
 def _rendered(engine: Engine, instruction: str) -> str:

@@ -8,9 +8,10 @@ import pytest
 
 from specdemo import compat, genai, identity, race, tune
 from specdemo.events import TokenEvent
-from specdemo.settings import DEFAULT_TARGET
+from specdemo.settings import DEFAULT_TARGET as FAITHFUL_TARGET
 from specdemo.profile import machine_profile
 from specdemo.profile.choices import DEFAULT, Setting, model_key
+TARGET = replace(FAITHFUL_TARGET, precision="int8")  # the default target at one of its layouts, as tune is given it
 
 # Three CPU classes, by their flags: an AMX Xeon (Sapphire Rapids), an AMD Zen 4 (AVX-512 with VNNI and BF16, no
 # AMX) and an AVX2-only AMD EPYC (Zen 2 or 3: no VNNI at all).
@@ -50,7 +51,7 @@ def timed(seconds):
 def search(cpu=AMX_XEON, layout=INT8_TARGET, **kwargs):
     log = []
     kwargs = {"compile": lambda settings: settings, "fidelity": fake_fidelity, "timer": timed(fake_seconds), **kwargs}
-    trials, _ = tune.search("target", DEFAULT_TARGET, None, [], log.append, cpu, layout, **kwargs)
+    trials, _ = tune.search("target", TARGET, None, [], log.append, cpu, layout, **kwargs)
     return trials, log
 
 
@@ -102,8 +103,8 @@ def test_a_faster_setting_whose_verify_calls_part_more_often_than_the_defaults_i
     assert any("at 9.0 per 1,000 positions" in line for line in log)
     # measured for settings that would replace the one kept, and once for the defaults, where the first parts more
     # than once
-    assert judged == [Setting(-1, "bf16", "").apply(DEFAULT_TARGET), DEFAULT.apply(DEFAULT_TARGET),
-                      Setting(-1, "f16", "").apply(DEFAULT_TARGET)]
+    assert judged == [Setting(-1, "bf16", "").apply(TARGET), DEFAULT.apply(TARGET),
+                      Setting(-1, "f16", "").apply(TARGET)]
     without, _ = search(layout=F16_TARGET, fidelity=fidelity)
     assert next(t for t in without if t.chosen).setting.inference_precision == "bf16"
 
@@ -116,7 +117,7 @@ def test_a_winner_that_parts_at_most_once_is_kept_without_measuring_the_defaults
     trials, _ = search(cpu=ZEN4, fidelity=lambda model, probes: 1.0,
                        parting=lambda model: judged.append(model) or BatchingNoise(0.3, 320, (2, 13), flips=1))
     assert next(t for t in trials if t.chosen).setting == Setting(256, "", "")
-    assert judged == [Setting(256, "", "").apply(DEFAULT_TARGET)]
+    assert judged == [Setting(256, "", "").apply(TARGET)]
 
 
 def test_only_the_fastest_configurations_target_may_trade_identity_for_speed():
@@ -195,8 +196,8 @@ def test_the_defaults_are_the_settings_of_an_untuned_compile():
     settings, so the same cost curve, batching noise and acceptance keys (none measured again)."""
     from specdemo import compat
 
-    assert DEFAULT.apply(DEFAULT_TARGET) == DEFAULT_TARGET
-    assert compat.compile_config(DEFAULT.apply(DEFAULT_TARGET), None) == compat.compile_config(DEFAULT_TARGET, None)
+    assert DEFAULT.apply(TARGET) == TARGET
+    assert compat.compile_config(DEFAULT.apply(TARGET), None) == compat.compile_config(TARGET, None)
     assert DEFAULT.describe() == "dyn. quant. default, f32, KV f32"
 
 
@@ -237,14 +238,14 @@ def test_the_chosen_settings_reach_our_compiles_and_genais(tmp_path, monkeypatch
     monkeypatch.setenv("SPECDEMO_HOME", str(tmp_path))
     trials = [tune.Trial("target", Setting(128, "f32", "u8"), seconds=0.03, relative=0.75, faithful=True, chosen=True),
               tune.Trial("target", DEFAULT, seconds=0.04, relative=1.0, faithful=True)]
-    machine_profile().keep_tune(trials, {"target": DEFAULT_TARGET})
-    tuned = machine_profile().resolve(DEFAULT_TARGET)
+    machine_profile().keep_tune(trials, {"target": TARGET})
+    tuned = machine_profile().resolve(TARGET)
     assert (tuned.dynamic_quantization_group_size, tuned.kv_cache_precision) == (128, "u8")
     assert compat.compile_config(tuned, None)["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 128
-    assert genai.compile_properties(DEFAULT_TARGET)["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 128  # GenAI's lane too
-    assert machine_profile().resolve(replace(DEFAULT_TARGET, kv_cache_precision="f16")).kv_cache_precision == "f16"
-    when = machine_profile().tune()["models"][model_key(DEFAULT_TARGET)]["tuned_at"][11:16]
-    assert machine_profile().gain(DEFAULT_TARGET) == f"tuned at {when}: 25% faster than the defaults"
+    assert genai.compile_properties(TARGET)["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 128  # GenAI's lane too
+    assert machine_profile().resolve(replace(TARGET, kv_cache_precision="f16")).kv_cache_precision == "f16"
+    when = machine_profile().tune()["models"][model_key(TARGET)]["tuned_at"][11:16]
+    assert machine_profile().gain(TARGET) == f"tuned at {when}: 25% faster than the defaults"
 
     from specdemo import engine, models
     from specdemo.settings import RunSettings
@@ -252,7 +253,7 @@ def test_the_chosen_settings_reach_our_compiles_and_genais(tmp_path, monkeypatch
     seen = []
     monkeypatch.setattr(models.sources, "prepare", lambda settings, progress=None: seen.append(settings) or 1 / 0)
     with pytest.raises(ZeroDivisionError):
-        engine.Engine.load(RunSettings())
+        engine.Engine.load(RunSettings(TARGET))
     assert seen[0].dynamic_quantization_group_size == 128  # what our engine compiles with
 
 
@@ -266,8 +267,8 @@ def test_each_model_of_the_bench_genai_peer_gets_its_own_tuned_settings(tmp_path
     monkeypatch.setenv("SPECDEMO_HOME", str(tmp_path))
     trials = [tune.Trial("target", Setting(256, "f32", "f32"), chosen=True),
               tune.Trial("draft", Setting(128, "f32", "f16"), chosen=True)]
-    machine_profile().keep_tune(trials, {"target": DEFAULT_TARGET, "draft": DEFAULT_DRAFT})
-    target, draft = SimpleNamespace(settings=DEFAULT_TARGET), SimpleNamespace(settings=DEFAULT_DRAFT)
+    machine_profile().keep_tune(trials, {"target": TARGET, "draft": DEFAULT_DRAFT})
+    target, draft = SimpleNamespace(settings=TARGET), SimpleNamespace(settings=DEFAULT_DRAFT)
     ours, theirs = genai_properties(target, draft)
     assert ours["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 256 and theirs["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 128
     assert theirs["KV_CACHE_PRECISION"] == "f16"
@@ -284,7 +285,7 @@ def test_another_configurations_target_is_searched_beside_the_draft_as_tuned(tmp
     from specdemo.settings import DEFAULT_DRAFT
 
     monkeypatch.setenv("SPECDEMO_HOME", str(tmp_path))
-    int4_target, draft = replace(DEFAULT_TARGET, precision="int4"), replace(DEFAULT_DRAFT, precision="int4")
+    int4_target, draft = replace(TARGET, precision="int4"), replace(DEFAULT_DRAFT, precision="int4")
     searched, partners = [], []
 
     def fake_search(role, base, other, probes, log, cpu, layout, parting=None):
@@ -336,9 +337,9 @@ def test_a_cpu_with_nothing_to_race_keeps_the_defaults_without_compiling_a_refer
     monkeypatch.setattr(tune.Layout, "of", staticmethod(lambda folder: INT8_TARGET))
     monkeypatch.setattr("transformers.AutoTokenizer.from_pretrained", lambda folder: SimpleNamespace())
     monkeypatch.setattr(tune, "plan_draft", lambda *args, incumbent: ["a plan"])
-    trials, plan = tune.tune(DEFAULT_TARGET, DEFAULT_DRAFT, log=lambda m: None)
+    trials, plan = tune.tune(TARGET, DEFAULT_DRAFT, log=lambda m: None)
     assert [(t.role, t.setting, t.chosen) for t in trials] == [("target", DEFAULT, True), ("draft", DEFAULT, True)]
-    assert plan == ["a plan"] and compiled == [DEFAULT.apply(DEFAULT_TARGET)]  # only the target the plan measures against
+    assert plan == ["a plan"] and compiled == [DEFAULT.apply(TARGET)]  # only the target the plan measures against
 
 
 def test_a_target_race_sees_a_compile_whose_verify_calls_jump_past_four_tokens():
@@ -390,7 +391,7 @@ class Compile:
 def compiles(monkeypatch, parting=None, fidelity=fake_fidelity):
     monkeypatch.setattr(Compile, "most", 0)
     monkeypatch.setattr(Compile, "made", [])
-    trials, held = tune.search("target", DEFAULT_TARGET, None, [], lambda m: None, AMX_XEON, INT8_TARGET, compile=Compile,
+    trials, held = tune.search("target", TARGET, None, [], lambda m: None, AMX_XEON, INT8_TARGET, compile=Compile,
                                fidelity=lambda model, probes: fidelity(model.settings, probes),
                                timer=timed(lambda m: fake_seconds(m.settings)), parting=parting)
     return trials, held
@@ -403,7 +404,7 @@ def test_the_search_holds_two_compiles_of_the_model_at_a_time_and_still_keeps_th
     assert Compile.most == 2
     chosen = next(t for t in trials if t.chosen)
     assert chosen.setting == Setting(128, "", "") and chosen.relative == pytest.approx(0.038 / 0.048)
-    assert held.settings == chosen.setting.apply(DEFAULT_TARGET)
+    assert held.settings == chosen.setting.apply(TARGET)
 
 
 def test_no_setting_is_compiled_twice_so_the_tune_never_waits_for_memory_it_holds_itself(monkeypatch):

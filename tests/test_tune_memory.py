@@ -8,6 +8,7 @@ import pytest
 
 from conftest import TEST_HOME, link_converted_models
 from specdemo import memory, race, sources, tune
+from specdemo.profile import machine_profile
 from specdemo.profile.choices import DEFAULT, REFERENCE
 from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET
 
@@ -23,10 +24,11 @@ def test_the_tunes_compiles_fit_in_the_peak_it_waited_for(tmp_path, monkeypatch)
     as before (no blob cache: a fresh compile of the INT8 target holds 2.3 GiB, an import 1.6), the challenger did not
     fit."""
     draft_settings = DEFAULT.apply(tune.searched(DEFAULT_DRAFT))
-    sources.prepare(DEFAULT_TARGET), sources.prepare(draft_settings)  # the tests' home
+    target = machine_profile().resolve_precision(DEFAULT_TARGET)  # the faithful layout the tests' home runs
+    sources.prepare(target), sources.prepare(draft_settings)  # the tests' home
     link_converted_models(TEST_HOME, tmp_path / "home")
     monkeypatch.setenv("SPECDEMO_HOME", str(tmp_path / "home"))
-    need = memory.tune_need(sources.weights_bytes(DEFAULT_TARGET), sources.weights_bytes(draft_settings))
+    need = memory.tune_need(sources.weights_bytes(target), sources.weights_bytes(draft_settings))
     bound = memory.tree_anonymous(os.getpid()) + need
     monkeypatch.setenv(memory.BUDGET_VARIABLE, str(bound))
     monkeypatch.setattr(memory, "wait_for", functools.partial(memory.wait_for, wait_s=1.0, poll_s=0.2))
@@ -44,12 +46,12 @@ def test_the_tunes_compiles_fit_in_the_peak_it_waited_for(tmp_path, monkeypatch)
         holding()  # both compiles and the draft alive
         return race.verdict([1.0] * race.MIN_PAIRS, [1.0] * race.MIN_PAIRS)
 
-    reference = tune.admitted(REFERENCE.apply(DEFAULT_TARGET), "the target's reference compile", log.append, fresh=True)
+    reference = tune.admitted(REFERENCE.apply(target), "the target's reference compile", log.append, fresh=True)
     fidelity(reference, [])
     del reference
     draft = tune.admitted(draft_settings, "the draft, beside the target", log.append)
-    trials, kept = tune.search("target", DEFAULT_TARGET, draft, [], log.append, VNNI,
-                               tune.Layout.of(sources.prepare(DEFAULT_TARGET)), fidelity=fidelity, timer=tie)
+    trials, kept = tune.search("target", target, draft, [], log.append, VNNI,
+                               tune.Layout.of(sources.prepare(target)), fidelity=fidelity, timer=tie)
     assert [t.setting.dynamic_quantization_group_size for t in trials] == [-1, 256]  # the challenger was compiled
     assert not [line for line in log if line.startswith("memory:")]  # nothing waited, nothing was skipped
     assert max(held) <= bound, f"held {max(held) / 2**30:.2f} GiB of a {bound / 2**30:.2f} GiB bound"

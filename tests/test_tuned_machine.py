@@ -31,7 +31,8 @@ def tuned(tmp_path, monkeypatch, request):
     """A home holding the real pair (linked from the tests' home) and a tune file forcing `request.param`."""
     inference, kv = request.param
     home = tmp_path / "home"
-    sources.prepare(DEFAULT_TARGET), sources.prepare(machine_profile().resolve_precision(DEFAULT_DRAFT))  # the tests' home
+    sources.prepare(machine_profile().resolve_precision(DEFAULT_TARGET))  # the tests' home
+    sources.prepare(machine_profile().resolve_precision(DEFAULT_DRAFT))
     link_converted_models(TEST_HOME, home)
     monkeypatch.setenv("SPECDEMO_HOME", str(home))
     force_tune(home, inference, kv)
@@ -69,7 +70,7 @@ def test_an_openvino_refusal_reads_as_one_sentence_with_what_to_try(tiny_target)
 @pytest.mark.parametrize("tuned", CHOICES, ids=[f"{i}-kv-{k}" for i, k in CHOICES], indirect=True)
 def test_every_consumer_compiles_and_runs_under_the_tune_s_choice(tuned):
     inference, kv = tuned
-    target = sources.prepare(DEFAULT_TARGET)
+    target = sources.prepare(machine_profile().resolve_precision(DEFAULT_TARGET))
     draft = sources.prepare(machine_profile().resolve_precision(DEFAULT_DRAFT))
     settings = GenerationSettings(max_new_tokens=6, k_policy=KPolicy.fixed(3))
     engine = Engine.load(RunSettings(generation=settings))

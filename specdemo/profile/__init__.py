@@ -1,7 +1,7 @@
 """The machine profile: the one owner of what this machine has learnt, asked through one object.
 
     profile = machine_profile()                        # this SPECDEMO_HOME's, for this CPU and OpenVINO
-    settings = profile.resolve(settings)               # tune's compile setting and draft plan where left open
+    settings = profile.resolve(settings)               # tune's compile setting, faithful layout and draft plan where left open
     costs = profile.costs(keys.costs)                  # the cost curve, as measured and corrected by runs
     prior = profile.acceptance(keys.pair).prior("model", greedy=True)
     profile.learn(keys, generation, result.rounds)     # by whoever drained a lane, outside the engine's lock
@@ -72,8 +72,17 @@ class Profile:
         return choices.apply(settings, self.tune())
 
     def resolve_precision(self, settings: ModelSettings) -> ModelSettings:
-        """`settings` with an auto precision replaced by the draft plan's choice (the weights a run will load)."""
+        """`settings` with a faithful precision replaced by this machine's faithful layout and an auto one by the draft
+        plan's choice (the weights a run will load)."""
         return choices.resolve_precision(settings, self.tune())
+
+    def faithful_choice(self, target: ModelSettings) -> dict | None:
+        """The faithful layout this machine chose for a target left to it ({precision, seconds, chosen_at}), or None."""
+        return choices.faithful_choice(target, self.tune())
+
+    def keep_faithful(self, target: ModelSettings, precision: str, seconds: dict[str, float]) -> None:
+        """Keep `precision` as the target's faithful layout here (`seconds`: each raced layout's single step)."""
+        self.store.update("tune", lambda tune: choices.with_faithful(tune, target, precision, seconds))
 
     def chosen(self, settings: ModelSettings) -> choices.Setting | None:
         return choices.chosen(settings, self.tune())

@@ -6,6 +6,7 @@ the draft plan write it through `with_tune`.
 
     {"models": {model_key: {setting, seconds, relative, tuned_at[, from]}},
      "drafts": {draft_key: {precision, head_tokens, options, planned_at}},
+     "faithful": {target source: {precision, seconds: {precision: step s}, chosen_at}},
      "trials": [the last tune's trials], "changed_ns": when a choice last changed}
 """
 
@@ -15,7 +16,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 
 from specdemo import sources
-from specdemo.settings import AUTO, DRAFT_PRECISION, ModelSettings
+from specdemo.settings import AUTO, DRAFT_PRECISION, FAITHFUL, FAITHFUL_PRECISIONS, ModelSettings
 
 FROM_PLAN = "the draft plan"  # marks a compile setting a precision got from the draft plan, not from its own search
 
@@ -75,9 +76,36 @@ def planned_options(settings: ModelSettings, tune: dict) -> list:
 
 
 def resolve_precision(settings: ModelSettings, tune: dict) -> ModelSettings:
-    """`settings` with an auto precision replaced by the draft plan's choice where its IR is prepared, else by
-    DRAFT_PRECISION; an explicit precision is kept."""
-    return resolve_draft(settings, tune, heads=False)
+    """`settings` with a faithful precision replaced by this machine's faithful layout (resolve_faithful) and an auto
+    one by the draft plan's choice where its IR is prepared, else by DRAFT_PRECISION; an explicit precision is kept."""
+    return resolve_draft(resolve_faithful(settings, tune), tune, heads=False)
+
+
+def resolve_faithful(settings: ModelSettings, tune: dict) -> ModelSettings:
+    """`settings` with a faithful precision replaced by the layout this machine chose (target_choice), or, before it
+    chose or where its choice is not prepared, by the first of FAITHFUL_PRECISIONS that is prepared (nothing to
+    convert), else the first of them; any other precision is kept."""
+    if settings.precision != FAITHFUL:
+        return settings
+    if not sources.is_gguf(settings.source):  # a GGUF layout needs a GGUF: INT8 is the faithful one of any other source
+        return replace(settings, precision="int8")
+    entry = _entry("faithful", settings.source, tune)
+    order = list(dict.fromkeys(([entry.get("precision")] if entry else []) + list(FAITHFUL_PRECISIONS)))
+    order = [p for p in order if p in FAITHFUL_PRECISIONS]
+    ready = [p for p in order if sources.is_prepared(replace(settings, precision=p))]
+    return replace(settings, precision=(ready or order)[0])
+
+
+def faithful_choice(target: ModelSettings, tune: dict) -> dict | None:
+    """This machine's faithful choice for the target's source ({precision, seconds, chosen_at}), None before it chose."""
+    return _entry("faithful", target.source, tune) if target.precision == FAITHFUL else None
+
+
+def with_faithful(tune: dict, target: ModelSettings, precision: str, seconds: dict[str, float]) -> dict:
+    """The tune section with `precision` chosen as the faithful layout of the target's source (`seconds`: each raced
+    layout's single step here); a new stamp, so a running page compiles the choice."""
+    entry = {"precision": precision, "seconds": seconds, "chosen_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    return {**tune, "faithful": {**tune.get("faithful", {}), target.source: entry}, "changed_ns": time.time_ns()}
 
 
 def resolve_draft(settings: ModelSettings, tune: dict, heads: bool = True) -> ModelSettings:
@@ -99,8 +127,8 @@ def resolve_draft(settings: ModelSettings, tune: dict, heads: bool = True) -> Mo
 
 
 def chosen(settings: ModelSettings, tune: dict) -> Setting | None:
-    """The setting tune chose for this model on this machine, or None."""
-    entry = _entry("models", model_key(settings), tune)
+    """The setting tune chose for this model on this machine (a faithful target: for its layout here), or None."""
+    entry = _entry("models", model_key(resolve_faithful(settings, tune)), tune)
     try:
         return Setting(**entry["setting"]) if entry else None
     except (KeyError, TypeError):
@@ -110,7 +138,7 @@ def chosen(settings: ModelSettings, tune: dict) -> Setting | None:
 def gain(settings: ModelSettings, tune: dict) -> str:
     """What tune's choice bought this model, in words ("tuned at 22:41: 24% faster than the defaults"), or "" if
     untuned."""
-    entry = _entry("models", model_key(settings), tune)
+    entry = _entry("models", model_key(resolve_faithful(settings, tune)), tune)
     if not entry:
         return ""
     when = f" at {entry['tuned_at'][11:16]}" if len(entry.get("tuned_at") or "") >= 16 else ""
@@ -149,7 +177,7 @@ def apply(settings: ModelSettings, tune: dict) -> ModelSettings:
     precision, no precision hint, no KV precision, the plugin's group size, every core, the head size left at -1).
     Explicit settings win."""
     cpu = settings.device.upper().startswith("CPU")
-    settings = resolve_draft(settings, tune)
+    settings = resolve_draft(resolve_faithful(settings, tune), tune)
     setting = chosen(settings, tune) if cpu else None
     if setting is None:
         return settings
@@ -167,7 +195,8 @@ def with_tune(tune: dict, trials: list, settings: dict[str, ModelSettings], draf
     record). The draft's other precisions the plan priced get the draft's setting too (they were measured under it),
     unless tuned on their own."""
     models = dict(tune.get("models", {}))
-    settings = {role: searched(model) for role, model in settings.items()}  # an auto draft was searched as int4
+    # an auto draft was searched as int4, a faithful target at its layout here
+    settings = {role: searched(resolve_faithful(model, tune)) for role, model in settings.items()}
     now = time.strftime("%Y-%m-%dT%H:%M:%S")
     for trial in trials:
         if trial.chosen:

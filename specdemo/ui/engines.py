@@ -105,7 +105,7 @@ def _load_engine(settings: RunSettings, with_draft: bool):
 def _load_genai(settings: RunSettings, prompt_lookup: bool):
     def load(report):
         report(None, "loading OpenVINO GenAI's pipeline on the same model folders")
-        target = sources.prepare(settings.target, report)
+        target = sources.prepare(machine_profile().resolve_precision(settings.target), report)
         # The draft our lane runs: an auto precision is the draft plan's (GenAI keeps the full LM head).
         draft = None if prompt_lookup else sources.prepare(machine_profile().resolve_precision(settings.draft), report)
         properties = genai.compile_properties(settings.target)
@@ -135,7 +135,7 @@ def loading_for(role: str, settings: RunSettings, with_draft: bool = True, on_do
 def genai_loading_for(settings: RunSettings, prompt_lookup: bool, reserve: int = 0) -> Loading:
     """The loading of GenAI's speculative pipeline (draft model or prompt lookup) for the third lane, admitted like every
     optional role (`reserve`: bytes the background work may still need)."""
-    models = [settings.target] + ([] if prompt_lookup else [machine_profile().resolve_precision(settings.draft)])
+    models = [machine_profile().resolve_precision(m) for m in [settings.target] + ([] if prompt_lookup else [settings.draft])]
     return _loading(GENAI, (settings.target, settings.draft, prompt_lookup), lambda: _load_genai(settings, prompt_lookup),
                     admission=Admission("OpenVINO GenAI's pipeline", models, reserve))
 
@@ -270,20 +270,20 @@ def lane_loadings(mode: str, target_device: str, draft_device: str, configuratio
     cores, because an engine runs one generation at a time, both admitted. `reserve`: bytes the background work may
     still need (admit)."""
     settings = device_settings(target_device, draft_device, configuration)
-    draft = machine_profile().resolve_precision(settings.draft)
+    target, draft = map(machine_profile().resolve_precision, (settings.target, settings.draft))  # the weights they load
     if mode == ONE_AFTER_ANOTHER:
         if settings == device_settings(target_device, draft_device):
             pair = loading_for(KEPT, settings, True)
         else:
             pair = _optional(f"pair-{configuration}", settings, True,
-                             Admission(f"the {configuration} configuration", [settings.target, draft], reserve))
+                             Admission(f"the {configuration} configuration", [target, draft], reserve))
         return {AUTOREGRESSIVE: pair, SPECULATIVE: pair}
     threads = race_threads()
     half = RunSettings(replace(settings.target, num_threads=threads), replace(settings.draft, num_threads=threads))
     return {AUTOREGRESSIVE: _optional("race-autoregressive", half, False,
-                                      Admission("a race's autoregressive engine", [settings.target], reserve)),
+                                      Admission("a race's autoregressive engine", [target], reserve)),
             SPECULATIVE: _optional("race-speculative", half, True,
-                                   Admission("a race's speculative engine", [settings.target, draft], reserve))}
+                                   Admission("a race's speculative engine", [target, draft], reserve))}
 
 
 def _optional(role: str, settings: RunSettings, with_draft: bool, admission: Admission) -> Loading:

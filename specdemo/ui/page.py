@@ -145,11 +145,12 @@ def _add_controls(c: dict) -> None:
                                  info="The same model folders, prompt tokens and K; loads a second copy of the models "
                                       "where memory allows it, released again after a few idle minutes.")
         c["configuration"] = gr.Radio(
-            [("Faithful: INT8 target (the default)", "faithful"), ("Fastest: INT4 target", "fastest")],
+            [("Faithful: the GGUF's answers (the default)", "faithful"), ("Fastest: INT4 target", "fastest")],
             value=defaults.configuration, label="Configuration", elem_id="configuration",
-            info="The INT4 target is faster here but answers like another model (its greedy text parts from the INT8 "
-                 "target's after ~17 tokens); it is offered once this machine's background work has prepared it. "
-                 "Speculation is lossless either way.")
+            info="The faithful target keeps the GGUF's greedy choices: INT8 or the GGUF's own 4-bit blocks, whichever "
+                 "steps faster on this machine (its background work races them). The INT4 target is faster but "
+                 "answers like another model (its greedy text parts from the faithful target's after ~17 tokens); it "
+                 "is offered once the background work has prepared it. Speculation is lossless either way.")
         with gr.Row():
             c["adaptive"] = gr.Checkbox(value=defaults.adaptive, label="Adaptive K", elem_id="adaptive",
                                         info="K grows after a fully accepted round and shrinks after a rejection.")

@@ -32,7 +32,7 @@ from typing import Callable, Iterator
 
 from specdemo import memory, sources
 from specdemo.profile import machine_profile
-from specdemo.settings import AUTO, CONFIGURATIONS, RunSettings
+from specdemo.settings import AUTO, CONFIGURATIONS, FAITHFUL, RunSettings
 from specdemo.ui.progress import Follower, Progress
 
 ROOT = Path(__file__).resolve().parents[2]  # where `-m specdemo` resolves, whatever the server's working folder
@@ -196,7 +196,7 @@ def reserve(settings: RunSettings = RunSettings()) -> int:
     left = [label for label, _ in work.steps[work.index - 1:]]
     profile = machine_profile()
     if any(label == PLANNING or label.startswith("tuning") for label in left):
-        need = memory.tune_need(sources.weights_bytes(settings.target),
+        need = memory.tune_need(sources.weights_bytes(profile.resolve_precision(settings.target)),
                                 sources.weights_bytes(profile.resolve_precision(settings.draft)))
     else:
         need = max(memory.conversion_need(sources.source_bytes(m.source)) for m in (settings.target, settings.draft))
@@ -231,9 +231,10 @@ def configuration_tune(name: str) -> str:
 def background_steps(settings: RunSettings, model_bytes: int, log: Callable[[str], None] = print) -> list:
     """What this machine still needs: the draft's other weight precisions, so that the tune's draft plan can price them
     (a draft left to the plan, and only a 0.5B draft: ~1 min); the tune when there is no choice for the pair's target
-    (and the memory bound leaves room for it beside the page: memory.tune_need, `model_bytes` the target's weights on
-    disk); and each named configuration's models that are not prepared yet, then their targets' tunes. Each step
-    checks the memory again as it goes, and waits or skips (memory.wait_for)."""
+    or, for a faithful target, no faithful layout raced yet (target_choice, which tune runs first), and the memory
+    bound leaves room for it beside the page (memory.tune_need, `model_bytes` the target's weights on disk); and each
+    named configuration's models that are not prepared yet, then their targets' tunes. Each step checks the memory
+    again as it goes, and waits or skips (memory.wait_for)."""
     from specdemo.draft_choice import PRECISIONS as DRAFT_PRECISIONS
 
     steps = []
@@ -244,7 +245,8 @@ def background_steps(settings: RunSettings, model_bytes: int, log: Callable[[str
     profile = machine_profile()
     room = memory.room()
     needed = memory.tune_need(model_bytes, sources.weights_bytes(profile.resolve_precision(settings.draft)))
-    if profile.chosen(settings.target) is None:
+    unraced = settings.target.precision == FAITHFUL and profile.faithful_choice(settings.target) is None
+    if unraced or profile.chosen(profile.resolve_precision(settings.target)) is None:  # tune races the layouts first
         if room.left >= needed:
             steps.append((TUNING, [sys.executable, "-m", "specdemo", "tune"]))
         else:

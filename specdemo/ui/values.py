@@ -46,7 +46,7 @@ class PageValues:
     draft_device: str = "CPU"
     mode: str = ONE_AFTER_ANOTHER  # ONE_AFTER_ANOTHER or RACE
     genai: bool = False  # also run OpenVINO GenAI's speculative pipeline as a third lane
-    configuration: str = "faithful"  # "faithful" (INT8 target) or "fastest" (INT4 target)
+    configuration: str = "faithful"  # "faithful" (the GGUF's fidelity: settings.FAITHFUL) or "fastest" (INT4 target)
 
     def generation(self) -> GenerationSettings:
         """GenerationSettings from these values. Raises ValueError with a sentence for a user."""
