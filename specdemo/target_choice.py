@@ -70,6 +70,6 @@ def _compiled(settings: ModelSettings, log: Callable[[str], None]):
     compiled once memory allows it (tune.compiled_in_bound), or None."""
     from specdemo import sources, tune
 
-    sources.prepare(settings, lambda fraction, message: log(f"  {message}"))
+    sources.prepare(settings)  # its stages on the standard output, as `prepare` prints them
     return tune.compiled_in_bound(settings, f"compiling the target at {settings.precision}, for the faithful layout", log,
                                   fresh=True)
