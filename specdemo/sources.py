@@ -240,25 +240,28 @@ def _remove_stale_scratch(folder: Path) -> None:
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-def terminal_progress(source: str, stream=None) -> Progress:
+def terminal_progress(source: str, stream=None, clock: float | None = None) -> Progress:
     """Progress for a terminal: one line per stage, with the time so far and an estimate of what is left.
 
     A stage is a message without its running count ("(3/22)"), so 22 parts make one line, not 22.
-    Nothing is printed for a model that is already converted.
+    Nothing is printed for a model that is already converted. `clock`: a time.perf_counter() the lines count from
+    (a first start's, where two models convert at once), else this model's first stage.
     """
     state = {"stage": None, "start": time.perf_counter()}
+    clock = state["start"] if clock is None else clock
 
     def report(fraction: float, message: str) -> None:
         stage = re.sub(r"\s*\(\d+/\d+\)$", "", message)
         if stage == state["stage"]:
             return
         state["stage"] = stage
-        elapsed = time.perf_counter() - state["start"]
+        now = time.perf_counter()
+        elapsed = now - state["start"]
         if fraction is None:  # a stage without a fraction: waiting for memory
-            print(f"[{_minutes(elapsed):>6}] {stage}", file=stream or sys.stderr, flush=True)
+            print(f"[{_minutes(now - clock):>6}] {stage}", file=stream or sys.stderr, flush=True)
             return
         left = f", about {_minutes(elapsed / fraction - elapsed)} left" if 0.05 <= fraction < 1.0 else ""
-        print(f"[{_minutes(elapsed):>6}] {stage} ({fraction:.0%}{left})", file=stream or sys.stderr, flush=True)
+        print(f"[{_minutes(now - clock):>6}] {stage} ({fraction:.0%}{left})", file=stream or sys.stderr, flush=True)
 
     return report
 

@@ -21,6 +21,27 @@ def test_preparing_reports_to_the_page_and_prints_one_terminal_line_per_stage(ca
         "Small: assembling and checking 1 parts (0%)", "small: ready (100%)"]
 
 
+def test_two_models_converting_at_once_keep_their_own_stages_each_line_on_the_loading_clock(capsys, monkeypatch):
+    import itertools
+    import time
+
+    ticks = itertools.count(0, 5)
+    monkeypatch.setattr(time, "perf_counter", lambda: float(next(ticks)))  # 5 s each time a clock is read
+    report = _also_in_the_terminal(lambda fraction, message: None)
+    for fraction, message in [(0.0, "Big-Instruct: assembling and checking 3 parts (0/3)"),
+                              (0.0, "Small-Instruct: assembling and checking 1 parts (0/1)"),
+                              (0.15, "big: dequantizing"), (0.15, "small: dequantizing"), (0.8, "big: saving"),
+                              (0.7, "small: saving"), (1.0, "small: ready"), (1.0, "big: ready")]:
+        report(fraction, message)
+    lines = capsys.readouterr().err.splitlines()
+    stages = [re.sub(r" \(.*\)$", "", line.split("] ", 1)[1]) for line in lines]
+    assert stages == ["Big-Instruct: assembling and checking 3 parts", "Small-Instruct: assembling and checking 1 parts",
+                      "big: dequantizing", "small: dequantizing", "big: saving", "small: saving", "small: ready",
+                      "big: ready"]  # a model's stage is not taken for a new conversion of the other
+    seconds = [int(line[1:].split(" s]")[0]) for line in lines]
+    assert seconds == sorted(seconds) and seconds[-1] > 30  # one clock, since loading began, never restarted
+
+
 def _fake_engines(monkeypatch, home):
     """Engines that load at once and record when; the tune file in the test's own home."""
     import threading

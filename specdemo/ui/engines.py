@@ -73,20 +73,21 @@ class Loading:
 
 
 def _also_in_the_terminal(report: Callable) -> Callable:
-    """`report` for the page, and one line per stage in the server's terminal. Each model's conversion reports
-    fractions from 0 to 1, so a fraction lower than the last starts the next model's clock; a stage without a fraction
-    (compiling, measuring) is one line with the time since loading began."""
-    state = {"fraction": 1.0, "terminal": None, "start": time.perf_counter()}
+    """`report` for the page, and one line per stage in the server's terminal, each with the time since loading began:
+    a conversion's stages by model (the target and the draft may convert at once; each estimates what is left from
+    its own start), a stage without a fraction (compiling, measuring) as it comes."""
+    start, terminals = time.perf_counter(), {}
 
     def both(fraction: float | None, message: str) -> None:
         report(fraction, message)
         if fraction is None:
-            print(f"[{time.perf_counter() - state['start']:5.0f} s] {message}", file=sys.stderr, flush=True)
+            print(f"[{time.perf_counter() - start:5.0f} s] {message}", file=sys.stderr, flush=True)
             return
-        if fraction < state["fraction"] or state["terminal"] is None:
-            state["terminal"] = sources.terminal_progress(message.split(":")[0])
-        state["fraction"] = fraction
-        state["terminal"](fraction, message)
+        model = message.split(":")[0].lower().removesuffix("-instruct")  # the preset's name, then its source's
+        if model not in terminals or fraction < terminals[model][0]:  # a fraction lower than the last: a new conversion
+            terminals[model] = [fraction, sources.terminal_progress(model, clock=start)]
+        terminals[model][0] = fraction
+        terminals[model][1](fraction, message)
     return both
 
 
