@@ -18,7 +18,8 @@ INSTRUCTION = "Write a Python function that reverses a string."
 @pytest.fixture(scope="module")
 def pipeline():
     settings = RunSettings()
-    return genai.make_pipeline(sources.prepare(settings.target), "CPU", genai.compile_properties(settings.target),
+    return genai.make_pipeline(sources.prepare(machine_profile().resolve_precision(settings.target)), "CPU",
+                               genai.compile_properties(settings.target),
                                sources.prepare(machine_profile().resolve_precision(settings.draft)))
 
 
