@@ -14,6 +14,8 @@ import pytest
 from gradio_client import Client
 
 from specdemo import sources
+from specdemo.profile import machine_profile
+from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET
 from specdemo.ui.handlers import OUTPUTS
 from specdemo.ui.page import INPUTS
 from specdemo.ui.values import PageValues
@@ -200,8 +202,8 @@ def test_the_serving_process_keeps_torch_out_and_stays_lean(server):
     """Conversion ran in a child process; the server itself never loads torch (nor NNCF, nor optimum)."""
     maps = Path(f"/proc/{server.process.pid}/maps").read_text()
     assert "libtorch" not in maps
-    model_files = sum(f.stat().st_size for name in ("qwen2.5-coder-1.5b-int8", "qwen2.5-coder-0.5b-int4")
-                      for f in (sources.specdemo_home() / "models" / sources.CACHE_VERSION / name).glob("openvino_model.*"))
+    pair = [machine_profile().resolve_precision(model) for model in (DEFAULT_TARGET, DEFAULT_DRAFT)]  # as the server ran
+    model_files = sum(f.stat().st_size for model in pair for f in sources.cached_folder(model).glob("openvino_model.*"))
     rss = server.rss()
     print(f"serving process RSS {rss / 2**30:.2f} GiB for {model_files / 2**30:.2f} GiB of model files")
     assert rss < model_files + 2**30  # the plugin's own copy of the weights, and a little more; not the files twice
