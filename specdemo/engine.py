@@ -201,13 +201,14 @@ class Engine:
         """Both models compiled as this machine's profile resolves `settings` (tune's choice where they leave it open)."""
         profile = profile or machine_profile()
 
-        def load(model: ModelSettings) -> LoadedModel:
-            resolved = profile.resolve(model)
+        def load(model: ModelSettings, resolved: ModelSettings) -> LoadedModel:
             return load_model(resolved, progress, profile.gain(resolved), planned=model.precision == AUTO)
 
-        if with_draft:
-            _convert_beside(profile.resolve(settings.draft), profile.resolve(settings.target), progress)
-        return cls(load(settings.target), load(settings.draft) if with_draft else None, profile)
+        target = profile.resolve(settings.target)
+        draft = profile.resolve(settings.draft) if with_draft else None
+        if draft is not None:
+            _convert_beside(draft, target, progress)
+        return cls(load(settings.target, target), load(settings.draft, draft) if draft is not None else None, profile)
 
     def prompt_ids(self, instruction: str, settings: GenerationSettings) -> list[int]:
         """The instruction wrapped in the target's chat template, as token ids.

@@ -26,8 +26,8 @@ from specdemo.settings import FAITHFUL, FAITHFUL_PRECISIONS, ModelSettings
 
 def choose(target: ModelSettings, log: Callable[[str], None] = print, profile=None, compile=None, timer=None) -> str:
     """The faithful layout `target` (precision FAITHFUL) runs on this machine, raced and kept in the profile.
-    `compile(settings)` (a compile admitted by memory, or None when memory does not allow it; default
-    tune.compiled_in_bound) and `timer(incumbent, challenger) -> race.Verdict` (default: race.race on single steps) are
+    `compile(settings)` (a compile admitted by memory, or None when memory does not allow it; default: the layout
+    prepared, then tune.compiled_in_bound) and `timer(incumbent, challenger) -> race.Verdict` (default: race.race on single steps) are
     what tests replace."""
     from specdemo.profile import machine_profile
 

@@ -89,9 +89,8 @@ def resolve_faithful(settings: ModelSettings, tune: dict) -> ModelSettings:
         return settings
     if not sources.is_gguf(settings.source):  # a GGUF layout needs a GGUF: INT8 is the faithful one of any other source
         return replace(settings, precision="int8")
-    entry = _entry("faithful", settings.source, tune)
-    order = list(dict.fromkeys(([entry.get("precision")] if entry else []) + list(FAITHFUL_PRECISIONS)))
-    order = [p for p in order if p in FAITHFUL_PRECISIONS]
+    chosen = (_entry("faithful", settings.source, tune) or {}).get("precision")
+    order = sorted(FAITHFUL_PRECISIONS, key=lambda p: p != chosen)  # the choice first, then the quickest to prepare
     ready = [p for p in order if sources.is_prepared(replace(settings, precision=p))]
     return replace(settings, precision=(ready or order)[0])
 
