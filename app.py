@@ -46,7 +46,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ready: {url} in {time.perf_counter() - started:.0f} s (models compiled, a first measurement of this "
               "machine; the rest is learnt in the background)", flush=True)
         log = lambda message: print(message, flush=True)  # noqa: E731
-        handlers.learn_in_turns(engine, log, then=lambda: start_background(engine))
+        steps = tuning.needed_steps(model_bytes=engine.target.describe()["size_on_disk_bytes"], log=log)
+        # A tune measures the cost curve and the noise of the compile it keeps: until then runs plan provisionally.
+        handlers.learn_in_turns(engine, log, then=lambda: start_background(steps),
+                                pair_only=tuning.tunes_the_pair(steps))
 
     engines.prepare(on_ready=ready)
     page.launch(page.build(), args.host, args.port, args.share)
@@ -65,11 +68,9 @@ def port_in_use(host: str, port: int) -> str:
     return ""
 
 
-def start_background(engine) -> None:
+def start_background(steps: list) -> None:
     """The background work this machine still needs (ui/tuning.py), once the page's own learning is done."""
-    background = tuning.start_if_needed(model_bytes=engine.target.describe()["size_on_disk_bytes"],
-                                        on_end=say_background_done, log=lambda message: print(message, flush=True),
-                                        on_step=apply_when_tuned)
+    background = tuning.start_if_needed(on_end=say_background_done, on_step=apply_when_tuned, steps=steps)
     if background is not None:
         print(f"in the background at low priority, paused while visitors' runs hold the machine: "
               f"{'; '.join(label for label, _ in background.steps)} (minutes; log: {background.log_path}); "
@@ -92,6 +93,7 @@ def say_background_done(background: tuning.BackgroundWork) -> None:
     else:
         print(f"the background work failed while {background.step} (exit {background.returncode}); "
               f"see {background.log_path}", flush=True)
+        handlers.learn_the_rest(log=lambda message: print(message, flush=True))  # what the page left to the tune
 
 
 if __name__ == "__main__":

@@ -134,16 +134,17 @@ class Engine:
         self.warm_up_s = time.perf_counter() - start
         return self.warm_up_s
 
-    def to_learn(self, k_max: int = K_MAX, log=lambda message: None,
-                 interrupted=lambda: False) -> list[tuple[str, Callable[[], None]]]:
-        """What a quick warm-up left to learn (warmup.remaining; `interrupted()` may stop the longest step part-way),
-        each step taking the engine's lock as it runs: the caller runs them one at a time, between runs."""
+    def to_learn(self, k_max: int = K_MAX, log=lambda message: None, interrupted=lambda: False,
+                 pair_only: bool = False) -> list[tuple[str, Callable[[], None]]]:
+        """What a quick warm-up left to learn (warmup.remaining; `interrupted()` may stop the longest step part-way;
+        `pair_only`, what outlives this compile), each step taking the engine's lock as it runs: the caller runs them
+        one at a time, between runs."""
         def locked(step: Callable[[], None]) -> Callable[[], None]:
             def run() -> None:
                 with self.lock:
                     step()
             return run
-        return [(what, locked(step)) for what, step in warmup.remaining(self, k_max, log, interrupted)]
+        return [(what, locked(step)) for what, step in warmup.remaining(self, k_max, log, interrupted, pair_only)]
 
     @property
     def provisional(self) -> str:

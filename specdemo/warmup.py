@@ -49,17 +49,21 @@ def needs_calibration(engine) -> bool:
     return engine.draft is not None and engine.profile.learns() and not engine.acceptance().has_evidence(MASKED, True)
 
 
-def remaining(engine, k_max: int, log, interrupted=lambda: False) -> list[tuple[str, Callable[[], None]]]:
+def remaining(engine, k_max: int, log, interrupted=lambda: False,
+              pair_only: bool = False) -> list[tuple[str, Callable[[], None]]]:
     """What a quickly warmed-up `engine` (know_machine(quick=True)) still has to learn, as (what, step) to run one at a
     time, each with the engine's lock held by the caller: the full cost curve where it is provisional (stopped by
     `interrupted()`, measuring.Interrupted), the batching noise where it is unknown, the acceptance evidence where there
-    is none. [] once it knows them all."""
-    steps = []
-    costs = engine.costs
-    if costs is not None and costs.provisional:
+    is none. [] once it knows them all.
+
+    `pair_only`: only what the pair keeps whatever its compile (the acceptance evidence). A tune about to run measures
+    the cost curve afresh and the noise of the compile it chooses (cli._tune): measured here first, they would serve
+    only the runs before it ends, and hold its start back by a minute."""
+    steps, of_the_compile = [], not pair_only
+    if of_the_compile and engine.costs is not None and engine.costs.provisional:
         steps.append(("measuring this machine's call costs in full",
                       lambda: _measure_in_full(engine, k_max, log, interrupted)))
-    if engine.noise is None:
+    if of_the_compile and engine.noise is None:
         steps.append(("measuring the batching noise", lambda: setattr(engine, "noise", batching_noise(engine, k_max, log))))
     if needs_calibration(engine):
         steps.append(("learning how often the draft agrees with the target", lambda: calibrate(engine, k_max)))

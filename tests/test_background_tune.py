@@ -86,13 +86,15 @@ def test_a_machine_tuned_before_its_draft_plan_covered_precisions_plans_the_draf
 
 def test_a_draft_with_its_own_precision_needs_no_other(turned_on):
     settings = RunSettings(draft=replace(DEFAULT_DRAFT, precision="int4"))
-    assert [label for label, _ in tuning.background_steps(settings, 1)][0] == tuning.TUNING
+    steps = tuning.background_steps(settings, 1)
+    assert [label for label, _ in steps][0] == tuning.TUNING and tuning.tunes_the_pair(steps)
 
 
 def test_a_machine_tuned_and_prepared_needs_nothing_and_starts_nothing(turned_on):
     tuned_here("int4", "int8", targets=(DEFAULT_TARGET, CONFIGURATIONS["fastest"][0]))
     prepared(*CONFIGURATIONS["faithful"], replace(DEFAULT_DRAFT, precision="int8"))
     assert [label for label, _ in tuning.background_steps(RunSettings(), 1)] == ["preparing the fastest configuration's models"]
+    assert not tuning.tunes_the_pair(tuning.needed_steps(model_bytes=1))  # the page learns all of its pair itself
     prepared(*CONFIGURATIONS["fastest"])
     assert tuning.background_steps(RunSettings(), 1) == []
     assert tuning.start_if_needed(model_bytes=1) is None and tuning.current() is None
@@ -115,6 +117,7 @@ def test_too_little_memory_skips_the_tune_and_says_so(turned_on):
 
 def test_nothing_starts_when_turned_off(turned_on, monkeypatch):
     monkeypatch.setenv(tuning.TUNE_AT_START, "0")
+    assert tuning.needed_steps(model_bytes=1) == []
     assert tuning.start_if_needed(model_bytes=1) is None and tuning.current() is None
 
 

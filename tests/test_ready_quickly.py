@@ -40,6 +40,15 @@ def test_a_quick_warm_up_is_provisional_and_leaves_the_rest_to_learn_one_step_at
     assert not engine.costs.provisional and engine.to_learn(12) == []
 
 
+def test_with_a_tune_next_only_what_outlives_the_compile_is_learnt_first(engine):
+    engine.warm_up(12, quick=True)
+    steps = engine.to_learn(12, pair_only=True)  # the tune measures the cost curve and noise of the compile it keeps
+    assert [what for what, _ in steps] == ["learning how often the draft agrees with the target"]
+    steps[0][1]()
+    assert engine.to_learn(12, pair_only=True) == [] and engine.costs.provisional and engine.noise is None
+    assert [what.split()[0] for what, _ in engine.to_learn(12)] == ["measuring", "measuring"]  # left, not forgotten
+
+
 def test_the_page_learns_the_rest_in_turns_of_its_own_behind_a_visitors_run(engine, monkeypatch):
     from specdemo.ui import handlers, waiting
 
@@ -115,7 +124,7 @@ def test_learning_stopped_for_a_visitor_goes_on_once_the_line_is_empty(monkeypat
             raise measuring.Interrupted("a visitor came")
         done.append("full")
 
-    engine = SimpleNamespace(to_learn=lambda k, log, interrupted: [] if done else [("full", lambda: full(interrupted))])
+    engine = SimpleNamespace(to_learn=lambda k, log, interrupted, pair_only: [] if done else [("full", lambda: full(interrupted))])
     then, said = threading.Event(), []
     handlers.learn_in_turns(engine, said.append, then=then.set)
     assert then.wait(10) and done == ["full"] and len(tries) == 2

@@ -321,11 +321,12 @@ def final_view(lanes: dict[str, LaneRun], mode: str, settings: GenerationSetting
 LEARN_RETRY_S = 5.0  # how often learning that stopped for a visitor looks for the line to be empty again
 
 
-def learn_in_turns(engine: Engine, log=print, then=lambda: None) -> threading.Thread:
+def learn_in_turns(engine: Engine, log=print, then=lambda: None, pair_only: bool = False) -> threading.Thread:
     """What a quickly warmed-up engine still has to learn of this machine (Engine.to_learn: the full cost curve, the
-    batching noise, the acceptance evidence), each step in a turn of its own in the visitors' line that lets visitors
-    go first: a visitor's run that comes while the full measurement runs stops it (measuring.Interrupted, nothing
-    kept), and it is taken again once the line is empty; then `then()` (the background work)."""
+    batching noise, the acceptance evidence; `pair_only`, only the last, when a tune comes next and measures the rest
+    for the compile it chooses), each step in a turn of its own in the visitors' line that lets visitors go first: a
+    visitor's run that comes while the full measurement runs stops it (measuring.Interrupted, nothing kept), and it is
+    taken again once the line is empty; then `then()` (the background work)."""
 
     def learn() -> None:
         try:
@@ -334,7 +335,8 @@ def learn_in_turns(engine: Engine, log=print, then=lambda: None) -> threading.Th
                 try:
                     for _ in LINE.wait(ticket, threading.Event()):
                         pass
-                    steps = engine.to_learn(MAX_K, log, interrupted=lambda: LINE.visitors_behind(ticket))
+                    steps = engine.to_learn(MAX_K, log, interrupted=lambda: LINE.visitors_behind(ticket),
+                                            pair_only=pair_only)
                     if not steps:
                         break
                     what, step = steps[0]
@@ -354,6 +356,12 @@ def learn_in_turns(engine: Engine, log=print, then=lambda: None) -> threading.Th
     thread = threading.Thread(target=learn, daemon=True, name="specdemo-learn")
     thread.start()
     return thread
+
+
+def learn_the_rest(settings: RunSettings = RunSettings(), log=print) -> threading.Thread:
+    """What the default pair left to a tune that did not end (the background work failed): learnt in turns, as after a
+    start without one."""
+    return learn_in_turns(loading_for("pair", settings, True, refresh=False).wait(), log)
 
 
 def apply_tune(settings: RunSettings = RunSettings(), log=print) -> threading.Thread:

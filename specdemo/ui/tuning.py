@@ -203,19 +203,31 @@ def reserve(settings: RunSettings = RunSettings()) -> int:
     return max(0, need - work.holds())
 
 
+def needed_steps(settings: RunSettings = RunSettings(), model_bytes: int = 0,
+                 log: Callable[[str], None] = print) -> list:
+    """The background work this machine still needs (background_steps); [] where SPECDEMO_TUNE_AT_START=0, the pair is
+    not on the CPU or this server started its work already."""
+    if os.environ.get(TUNE_AT_START, "1") == "0" or not settings.target.device.upper().startswith("CPU") \
+            or _CURRENT is not None:
+        return []
+    return background_steps(settings, model_bytes, log)
+
+
 def start_if_needed(settings: RunSettings = RunSettings(), model_bytes: int = 0,
                     on_end: Callable[[BackgroundWork], None] | None = None,
                     log: Callable[[str], None] = print,
-                    on_step: Callable[[BackgroundWork, str], None] | None = None) -> BackgroundWork | None:
-    """Start the background work this machine still needs (background_steps), unless SPECDEMO_TUNE_AT_START=0, the pair
-    is not on the CPU or it was started already; None when nothing was started."""
+                    on_step: Callable[[BackgroundWork, str], None] | None = None,
+                    steps: list | None = None) -> BackgroundWork | None:
+    """Start `steps` (by default needed_steps, decided now); None when nothing was started."""
     try:
-        if os.environ.get(TUNE_AT_START, "1") == "0" or not settings.target.device.upper().startswith("CPU") \
-                or _CURRENT is not None:
-            return None
-        return start(background_steps(settings, model_bytes, log), on_end, on_step)
+        return start(needed_steps(settings, model_bytes, log) if steps is None else steps, on_end, on_step)
     finally:
         _DECIDED.set()
+
+
+def tunes_the_pair(steps: list) -> bool:
+    """Whether `steps` tune the pair's target (and so measure its cost curve and batching noise afresh)."""
+    return any(label == TUNING for label, _ in steps)
 
 
 def decided() -> bool:
