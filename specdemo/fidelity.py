@@ -133,12 +133,16 @@ class BatchingNoise:
 
 
 def batching_noise(model, examples: list[tuple[list[int], list[int]]], positions: int = NOISE_POSITIONS,
-                   sizes: tuple[int, ...] = NOISE_SIZES) -> BatchingNoise:
+                   sizes: tuple[int, ...] = NOISE_SIZES, clean: bool = True) -> BatchingNoise:
     """Score up to `positions` answer tokens of `examples` (prompt ids, answer ids) one token per call, as the
     autoregressive lane does, then `size` tokens per call for each size, as verify calls do: once from a fresh cache
     with nothing rolled back, once with REJECTED more tokens scored by each call and rolled back out of the cache (as
-    the loop rolls back rejected drafts). Compare the gap between the single steps' top two tokens at each position."""
-    clean_change = rolled_change = 0.0
+    the loop rolls back rejected drafts). Compare the gap between the single steps' top two tokens at each position.
+
+    `clean` False skips the calls with nothing rolled back (a third of the time; clean_gap_change then NaN, so the
+    result judges no parting): where only the flips count (identity's parting rate)."""
+    clean_change = 0.0 if clean else float("nan")
+    rolled_change = 0.0
     compared = flips = 0
     for prompt, answer in examples:
         fed = answer[: min(len(answer), positions - compared + 1)][:-1]
@@ -154,7 +158,8 @@ def batching_noise(model, examples: list[tuple[list[int], list[int]]], positions
 
         flipped = np.zeros(len(fed), dtype=bool)
         for size in sizes:
-            clean_change = max(clean_change, moved(_scored(model, prompt, fed, size)))
+            if clean:
+                clean_change = max(clean_change, moved(_scored(model, prompt, fed, size)))
             rolled = _scored(model, prompt, fed, size, REJECTED)
             rolled_change = max(rolled_change, moved(rolled))
             flipped |= rolled.argmax(axis=-1) != top2[:, 1]

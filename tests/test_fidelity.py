@@ -87,6 +87,16 @@ def test_batching_noise_is_the_largest_move_of_the_top_two_gap_between_single_an
     assert all(before - after == fidelity.REJECTED for before, after in model.rollbacks)  # each call's drafts rolled back
 
 
+def test_the_parting_rate_alone_needs_no_calls_with_nothing_rolled_back():
+    from tests.fake_models import StaleRollbackModel
+
+    examples = [([1, 2], [(7 * j + 3) % 32 for j in range(40)]), ([3, 4], [(5 * j + 1) % 32 for j in range(40)])]
+    full = fidelity.batching_noise(StaleRollbackModel(32, "target", scale=3.0), examples)
+    flips = fidelity.batching_noise(StaleRollbackModel(32, "target", scale=3.0), examples, clean=False)
+    assert (flips.flips, flips.positions, flips.max_gap_change) == (full.flips, full.positions, full.max_gap_change)
+    assert flips.parting_rate == full.parting_rate > 0 and flips.clean_gap_change != flips.clean_gap_change  # NaN
+
+
 def test_a_rollback_that_moves_the_gaps_makes_the_compile_suspect_and_is_kept_apart_from_the_kernels_noise():
     from tests.fake_models import StaleRollbackModel
 
