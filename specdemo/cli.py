@@ -354,7 +354,9 @@ def _print_draft_plan(drafts: list) -> None:
 def _prepare(settings: RunSettings) -> int:
     from specdemo.profile import machine_profile
 
-    for model in map(machine_profile().resolve_precision, (settings.target, settings.draft)):
+    target, draft = map(machine_profile().resolve_precision, (settings.target, settings.draft))
+    sources.convert_beside(draft, target, None)  # both at once where memory allows
+    for model in (target, draft):
         folder = sources.prepare(model)
         print(f"{model.source} ({model.precision}): {folder}")
     return 0

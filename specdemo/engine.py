@@ -59,28 +59,6 @@ def check_same_tokenizer(target, draft) -> None:
             )
 
 
-def _convert_beside(draft: ModelSettings, target: ModelSettings, progress: sources.Progress | None) -> None:
-    """Start converting `draft` in a thread while the caller converts `target`, where both need converting and memory
-    allows the two at once: a first start's draft is then ready when its target is (two conversion children, one a
-    core: 20 s sooner on 2 cores). A failure is left to the draft's own load, which waits for this one (a lock per
-    model folder) and converts again or says why."""
-    from specdemo import memory
-
-    if sources.is_prepared(draft) or sources.is_prepared(target):
-        return
-    need = sum(memory.conversion_need(sources.source_bytes(m.source)) for m in (draft, target))
-    if memory.room().left < need:
-        return
-
-    def convert() -> None:
-        try:
-            sources.prepare(draft, progress)
-        except Exception:  # noqa: BLE001 - said by the draft's own load, which tries again
-            pass
-
-    threading.Thread(target=convert, name="draft-conversion", daemon=True).start()
-
-
 def clean_instruction(instruction: str | None) -> str:
     """The instruction as the model will see it, or ValueError("the instruction is empty").
 
@@ -208,7 +186,7 @@ class Engine:
         target = profile.resolve(settings.target)
         draft = profile.resolve(settings.draft) if with_draft else None
         if draft is not None:
-            _convert_beside(draft, target, progress)
+            sources.convert_beside(draft, target, progress)
         return cls(load(settings.target, target), load(settings.draft, draft) if draft is not None else None, profile)
 
     def prompt_ids(self, instruction: str, settings: GenerationSettings) -> list[int]:

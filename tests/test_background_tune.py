@@ -64,10 +64,12 @@ def prepared(*models) -> None:
 def test_a_new_machine_needs_the_drafts_other_precision_then_the_tune_then_the_other_configurations_models(turned_on):
     prepared(*CONFIGURATIONS["faithful"])  # the first start prepared the default pair before the page was ready
     steps = tuning.background_steps(RunSettings(), model_bytes=1)
-    assert [label for label, _ in steps] == ["preparing the draft at int8, for the draft plan", tuning.TUNING,
+    assert [label for label, _ in steps] == ["preparing the draft at int8, for the draft plan, and the target at int8, "
+                                             "for the faithful race", tuning.TUNING,
                                              "preparing the fastest configuration's models",
                                              "tuning the fastest configuration's target"]
-    assert steps[0][1][-2:] == ["--draft-precision", "int8"]  # before the tune, whose draft plan then prices it
+    # before the tune, whose draft plan then prices the draft and whose race needs the other faithful layout: both at once
+    assert steps[0][1][-4:] == ["--draft-precision", "int8", "--target-precision", "int8"]
     assert steps[1][1][-3:] == ["-m", "specdemo", "tune"] and steps[2][1][-2:] == ["--configuration", "fastest"]
     # its INT4 target, once prepared, searched beside the draft as the tune before it chose
     assert steps[3][1][-4:] == ["tune", "--configuration", "fastest", "--target-only"]

@@ -32,7 +32,7 @@ from typing import Callable, Iterator
 
 from specdemo import memory, sources
 from specdemo.profile import machine_profile
-from specdemo.settings import AUTO, CONFIGURATIONS, FAITHFUL, RunSettings
+from specdemo.settings import AUTO, CONFIGURATIONS, FAITHFUL, FAITHFUL_PRECISIONS, RunSettings
 from specdemo.ui.progress import Follower, Progress
 
 ROOT = Path(__file__).resolve().parents[2]  # where `-m specdemo` resolves, whatever the server's working folder
@@ -242,24 +242,30 @@ def configuration_tune(name: str) -> str:
 
 def background_steps(settings: RunSettings, model_bytes: int, log: Callable[[str], None] = print) -> list:
     """What this machine still needs: the draft's other weight precisions, so that the tune's draft plan can price them
-    (a draft left to the plan, and only a 0.5B draft: ~1 min); the tune when there is no choice for the pair's target
+    (a draft left to the plan, and only a 0.5B draft: ~1 min), beside the faithful race's other layout where the tune
+    will race it (two conversions at once, memory allowing: ~20 s sooner than in turn); the tune when there is no choice for the pair's target
     or, for a faithful target, no faithful layout raced yet (target_choice, which tune runs first), and the memory
     bound leaves room for it beside the page (memory.tune_need, `model_bytes` the target's weights on disk); and each
     named configuration's models that are not prepared yet, then their targets' tunes. Each step checks the memory
     again as it goes, and waits or skips (memory.wait_for)."""
     from specdemo.draft_choice import PRECISIONS as DRAFT_PRECISIONS
 
+    profile = machine_profile()
+    unraced = settings.target.precision == FAITHFUL and profile.faithful_choice(settings.target) is None
     steps = []
     if settings.draft.precision == AUTO:
         steps += [(f"preparing the draft at {p}, for the draft plan",
                    [sys.executable, "-m", "specdemo", "prepare", "--draft-precision", p]) for p in DRAFT_PRECISIONS
                   if not sources.is_prepared(replace(settings.draft, precision=p))]
-    profile = machine_profile()
     room = memory.room()
     needed = memory.tune_need(model_bytes, sources.weights_bytes(profile.resolve_precision(settings.draft)))
-    unraced = settings.target.precision == FAITHFUL and profile.faithful_choice(settings.target) is None
     if unraced or profile.chosen(profile.resolve_precision(settings.target)) is None:  # tune races the layouts first
         if room.left >= needed:
+            rivals = [p for p in FAITHFUL_PRECISIONS if not sources.is_prepared(replace(settings.target, precision=p))]
+            if unraced and rivals and steps:  # the race's other layout converted beside the draft, not in the tune
+                label, command = steps.pop()
+                steps.append((f"{label}, and the target at {rivals[0]}, for the faithful race",
+                              command + ["--target-precision", rivals[0]]))
             steps.append((TUNING, [sys.executable, "-m", "specdemo", "tune"]))
         else:
             log(f"not tuning this machine in the background: it needs about {memory.gib(needed)} of memory beside the "
