@@ -213,7 +213,7 @@ def tune_need(target_weights: int, draft_weights: int) -> int:
     default pair), the incumbent up to a fresh compile's half the weights more (on the AMX Xeon an import of the
     reference's blob held 2.3 GiB instead of 1.5 in 3 of 7 first tunes: the challenger then did not fit); and 0.5 GiB
     for the interpreter with the tokenizer (torch kept out), the calls' working memory and a fidelity check's logits.
-    For the default pair 4.9 GiB; measured 3.7–4.1 GiB at its peak (2-core AMX Xeon, OpenVINO 2026.4)."""
+    For the INT8 target and the INT4 draft 4.7 GiB; measured 3.7–4.1 GiB at its peak (2-core AMX Xeon, OpenVINO 2026.4)."""
     return target_weights * 5 // 2 + draft_weights + 2**29
 
 
