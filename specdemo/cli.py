@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from specdemo import compat, errors, memory, runfile, sources, strict_json
+from specdemo import compat, drafters, errors, memory, runfile, sources, strict_json
 from specdemo.drafters import STRATEGIES
 from specdemo.settings import (AUTO, CONFIGURATIONS, FAITHFUL, FAITHFUL_PRECISIONS, KPolicy, DEFAULT_DRAFT,
                                DEFAULT_TARGET, DRAFT_PRECISION, MAX_PROMPT_TOKENS, PRECISIONS, GenerationSettings,
@@ -122,7 +122,7 @@ def settings_from(args: argparse.Namespace) -> RunSettings:
                           args.kv_cache_precision)
     generation = GenerationSettings()
     if hasattr(args, "k"):
-        generation = GenerationSettings(
+        generation = drafters.checked(GenerationSettings(
             max_new_tokens=args.max_new_tokens,
             temperature=args.temperature,
             top_k=args.top_k,
@@ -131,7 +131,7 @@ def settings_from(args: argparse.Namespace) -> RunSettings:
             k_policy=k_policy(args.k, args.adaptive),
             drafter=args.drafter,
             draft_p_min=args.draft_p_min,
-        )
+        ))
     return RunSettings(target, draft, generation)
 
 

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from specdemo.engine import Engine, clean_instruction
 from specdemo.lane import drain
 from specdemo.drafters import STRATEGIES as DRAFTERS
+from specdemo.drafters import checked
 from specdemo.settings import GenerationSettings, KPolicy
 from specdemo.ui.values import MAX_NEW_TOKENS_CAP, PageValues
 from tests.hostile_text import ANY_TEXT, FAST
@@ -89,7 +90,7 @@ def test_any_instruction_and_k_run_to_the_end_and_speculation_stays_exact(tiny_e
                        st.booleans(), st.text(max_size=5)))
 def test_any_setting_is_accepted_or_refused_with_a_sentence(field, value):
     try:
-        settings = GenerationSettings(**{field: value})
+        settings = checked(GenerationSettings(**{field: value}))  # as the edges take a user's settings
     except ValueError as error:
         assert str(error).split()[0] in SETTINGS_FIELDS and " must " in str(error)
         return

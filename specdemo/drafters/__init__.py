@@ -14,9 +14,10 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
+from specdemo import settings
 from specdemo.drafters.base import Drafter, Proposal, Strategy
 
-__all__ = ["Drafter", "Proposal", "Strategy", "STRATEGIES", "DEFAULT", "MASKED", "strategy", "make_drafter", "memories",
+__all__ = ["Drafter", "Proposal", "Strategy", "STRATEGIES", "DEFAULT", "MASKED", "strategy", "checked", "make_drafter", "memories",
            "choices", "with_counterpart"]
 
 
@@ -32,6 +33,7 @@ def _discover() -> dict[str, Strategy]:
 
 STRATEGIES: dict[str, Strategy] = _discover()
 DEFAULT = next(iter(STRATEGIES))  # the first choice: the draft model
+assert DEFAULT == settings.DRAFTER, f"settings.DRAFTER names {settings.DRAFTER!r}, the first strategy is {DEFAULT!r}"
 MASKED = next(s.name for s in STRATEGIES.values() if s.taught_by_mask)  # the draft model's own strategy
 
 
@@ -40,6 +42,13 @@ def strategy(name: str) -> Strategy:
     if name not in STRATEGIES:
         raise ValueError(f"drafter must be one of {', '.join(STRATEGIES)}, got {name!r}")
     return STRATEGIES[name]
+
+
+def checked(generation: settings.GenerationSettings) -> settings.GenerationSettings:
+    """`generation` if its drafter is a strategy here, else ValueError naming the ones there are: the check the edges
+    (the CLI, the page, the bench) make on settings a user gave, since settings know nothing of this registry."""
+    strategy(generation.drafter)
+    return generation
 
 
 def make_drafter(kind: str, draft_model, settings, rng, price=None, stops: tuple[float, ...] = (),

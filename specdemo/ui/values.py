@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdemo import errors
+from specdemo import drafters, errors
 from specdemo.settings import CONFIGURATIONS, K_MAX, MAX_PROMPT_TOKENS, GenerationSettings, KPolicy
 
 ONE_AFTER_ANOTHER, RACE = "one after another", "race"
@@ -54,7 +54,7 @@ class PageValues:
         if isinstance(max_new_tokens, int) and max_new_tokens > MAX_NEW_TOKENS_CAP:
             raise ValueError(f"max new tokens is capped at {MAX_NEW_TOKENS_CAP:,} on this page, got {max_new_tokens:,}")
         sampling = self.decoding == "sampling"
-        return GenerationSettings(
+        return drafters.checked(GenerationSettings(
             max_new_tokens=max_new_tokens,
             temperature=self.temperature if sampling else 0.0,
             top_k=_whole(self.top_k) if sampling else 0,
@@ -62,7 +62,7 @@ class PageValues:
             seed=None if self.seed is None or self.seed == "" else _whole(self.seed),
             k_policy=self.k_policy(),
             drafter=self.drafter,
-        )
+        ))
 
     def k_policy(self) -> KPolicy:
         """The page's K controls as one KPolicy: Adaptive wins over Auto K, and both start from the slider's K."""
