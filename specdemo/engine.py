@@ -26,6 +26,7 @@ from specdemo.models import LoadedModel, load_model
 from specdemo.planner import Plan, make_plan
 from specdemo.profile import Keys, Profile, machine_profile
 from specdemo.settings import AUTO, K_MAX, GenerationSettings, ModelSettings, RunSettings
+from specdemo.text import clean_instruction
 
 # Stands in for the instruction when the chat template is rendered; no template contains it.
 _INSTRUCTION_SLOT = "\x00specdemo-instruction\x00"
@@ -79,19 +80,6 @@ def _convert_beside(draft: ModelSettings, target: ModelSettings, progress: sourc
             pass
 
     threading.Thread(target=convert, name="draft-conversion", daemon=True).start()
-
-
-def clean_instruction(instruction: str | None) -> str:
-    """The instruction as the model will see it, or ValueError("the instruction is empty").
-
-    Lone UTF-16 surrogates (from invalid UTF-8 on a command line, or a "\\ud800" escape sent to the
-    page's API) cannot be encoded, so each becomes U+FFFD, the replacement character; properly
-    paired surrogates become the character they encode. Everything else, control characters
-    included, is kept as typed.
-    """
-    if instruction is None or not instruction.strip():
-        raise ValueError("the instruction is empty")
-    return instruction.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 class Engine:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from specdemo import machine, strict_json
 from specdemo.compat import compile_config
-from specdemo.engine import clean_instruction
+from specdemo.text import clean_instruction
 from specdemo.events import TokenEvent
 from specdemo.lane import Result
 from specdemo.failures import where_drafts_fail

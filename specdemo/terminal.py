@@ -27,7 +27,8 @@ _STRIKE, _RESET = "\033[9;2m", "\033[0m"
 
 def generate(args: argparse.Namespace, settings: RunSettings) -> int:
     """`python -m specdemo generate`: both lanes on one instruction, streamed, then their figures."""
-    from specdemo.engine import Engine, clean_instruction
+    from specdemo.engine import Engine
+    from specdemo.text import clean_instruction
     from specdemo.sidebyside import SideBySide
 
     clean_instruction(args.instruction)  # an empty instruction is refused before the models load

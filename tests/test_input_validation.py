@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import settings as examples
 from hypothesis import strategies as st
 
-from specdemo.engine import Engine, clean_instruction
+from specdemo.engine import Engine
+from specdemo.text import clean_instruction
 from specdemo.lane import drain
 from specdemo.drafters import STRATEGIES as DRAFTERS
 from specdemo.drafters import checked

@@ -13,7 +13,8 @@ import pytest
 from hypothesis import example, given
 
 from specdemo import sources
-from specdemo.engine import Engine, clean_instruction
+from specdemo.engine import Engine
+from specdemo.text import clean_instruction
 from specdemo.models import LoadedModel
 from specdemo.profile import machine_profile
 from specdemo.settings import DEFAULT_TARGET, GenerationSettings

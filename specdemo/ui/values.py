@@ -92,7 +92,7 @@ def check_instruction(instruction: str) -> None:
     """Refuse an empty instruction, or one over the server-side cap, before it takes a place in the line (one too long
     for the context: the engine)."""
     if instruction is None or not instruction.strip():
-        raise ValueError("the instruction is empty")  # as engine.clean_instruction says it
+        raise ValueError("the instruction is empty")  # as text.clean_instruction says it
     if len(instruction or "") > MAX_INSTRUCTION_CHARS:
         raise ValueError(
             f"the instruction is {len(instruction):,} characters; this page accepts at most {MAX_INSTRUCTION_CHARS:,}"
