@@ -12,7 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from specdemo import compat, drafters, errors, memory, runfile, sources, strict_json
+from specdemo import drafters, errors, runfile, sources, strict_json
+from specdemo.host import compat, memory
 from specdemo.drafters import STRATEGIES
 from specdemo.settings import (AUTO, CONFIGURATIONS, FAITHFUL, FAITHFUL_PRECISIONS, KPolicy, DEFAULT_DRAFT,
                                DEFAULT_TARGET, DRAFT_PRECISION, MAX_PROMPT_TOKENS, PRECISIONS, GenerationSettings,

@@ -119,7 +119,7 @@ def measure(target, draft: ModelSettings, examples: list[dict], encode, prepared
     measured, raced against it alone and let go. A candidate's step is the incumbent's first time scaled by their ratio
     in its own race, so the machine's drift between races cancels in what `price` reads (steps over the incumbent's).
     The target's greedy choices on the examples are computed once and compared with each candidate's."""
-    from specdemo import memory
+    from specdemo.host import memory
     from specdemo.counterfactual import greedy_choices, mask_counts
 
     texts = [encode(example) for example in examples]

@@ -65,7 +65,7 @@ def _convert_beside(draft: ModelSettings, target: ModelSettings, progress: sourc
     allows the two at once: a first start's draft is then ready when its target is (two conversion children, one a
     core: 20 s sooner on 2 cores). A failure is left to the draft's own load, which waits for this one (a lock per
     model folder) and converts again or says why."""
-    from specdemo import memory
+    from specdemo.host import memory
 
     if sources.is_prepared(draft) or sources.is_prepared(target):
         return

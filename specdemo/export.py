@@ -21,7 +21,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from specdemo import compat, strict_json
+from specdemo import strict_json
+from specdemo.host import compat
 from specdemo.settings import GGUF_LAYOUTS, PRECISIONS, ModelSettings
 from specdemo.sources import CACHE_VERSION, COMPLETE_MARKER, PRESETS, EmbeddedModel, ModelSourceError, Progress
 

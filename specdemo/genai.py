@@ -18,7 +18,8 @@ from typing import Iterator
 
 import numpy as np
 
-from specdemo import compat, errors, sources
+from specdemo import errors, sources
+from specdemo.host import compat
 from specdemo.drafters import DEFAULT, strategy
 from specdemo.profile import machine_profile
 from specdemo import metrics

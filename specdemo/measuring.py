@@ -18,7 +18,8 @@ import statistics
 import time
 from dataclasses import asdict, replace
 
-from specdemo import machine, strict_json
+from specdemo import strict_json
+from specdemo.host import machine
 from specdemo.costs import CostModel, monotone
 from specdemo.runtime import OVModel
 from specdemo.settings import K_MAX

@@ -12,7 +12,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdemo import compat, sources, vocab
+from specdemo import sources, vocab
+from specdemo.host import compat
 from specdemo.runtime import OVModel
 from specdemo.settings import WEIGHTS, ModelSettings
 

@@ -17,8 +17,9 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from specdemo import machine, strict_json
-from specdemo.compat import compile_config
+from specdemo import strict_json
+from specdemo.host import machine
+from specdemo.host.compat import compile_config
 from specdemo.text import clean_instruction
 from specdemo.events import TokenEvent
 from specdemo.lane import Result

@@ -25,7 +25,7 @@ import numpy as np
 import openvino as ov
 
 from specdemo import graph
-from specdemo.compat import compile_config
+from specdemo.host.compat import compile_config
 from specdemo.settings import ModelSettings
 
 

@@ -176,8 +176,8 @@ def prepare(settings: ModelSettings, progress: Progress | None = None) -> Path:
 
 
 def _wait_for_memory(settings: ModelSettings, progress: Progress) -> None:
-    """Until memory allows the conversion (specdemo/memory.py), saying so; memory.Short when it does not."""
-    from specdemo import memory
+    """Until memory allows the conversion (specdemo/host/memory.py), saying so; memory.Short when it does not."""
+    from specdemo.host import memory
 
     what = f"converting {settings.source} to {settings.precision}"
     if not memory.wait_for(memory.conversion_need(source_bytes(settings.source)), what,

@@ -32,7 +32,7 @@ imported, so one blob serves every candidate (checked: the same logits as a fres
 holds 0.7 GiB less than a fresh compile of the 1.5B target (the graph's fused weights stay in the blob). The incumbent's
 compile is held across dimensions and a winner's is kept, so no setting is compiled twice.
 
-Memory is bounded (specdemo/memory.py): the tune waits for room for its whole peak (memory.tune_need) before it
+Memory is bounded (specdemo/host/memory.py): the tune waits for room for its whole peak (memory.tune_need) before it
 compiles anything, then holds at most two compiles of a model (the incumbent and one challenger) beside the other
 model, each admitted before it is compiled; a tune memory does not allow ends with memory.Short (exit memory.SKIPPED).
 
@@ -53,7 +53,8 @@ from pathlib import Path
 
 import numpy as np
 
-from specdemo import builtin, identity, machine, memory, sources
+from specdemo import builtin, identity, sources
+from specdemo.host import machine, memory
 from specdemo.fidelity import teacher_forced_logits
 from specdemo.profile import machine_profile
 from specdemo.profile.choices import DEFAULT, REFERENCE, Setting, searched

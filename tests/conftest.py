@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from specdemo import compat
+from specdemo.host import compat
 from specdemo.engine import Engine
 from specdemo.models import LoadedModel, load_model
 from specdemo.settings import ModelSettings, RunSettings

@@ -7,7 +7,7 @@ from dataclasses import asdict
 import pytest
 
 from specdemo import bench
-from specdemo import machine
+from specdemo.host import machine
 from specdemo.bench import report, report_tables
 from specdemo.bench.harness import Context, Lane, Output, Run, measure
 from specdemo.bench.sections import paper_figures

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from specdemo import memory, sources
+from specdemo import sources
+from specdemo.host import memory
 from specdemo.profile import machine_profile
 from specdemo.settings import DEFAULT_TARGET
 from tests.conftest import ROOT, TEST_HOME

@@ -6,7 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from specdemo import compat, genai, identity, race, tune
+from specdemo import genai, identity, race, tune
+from specdemo.host import compat
 from specdemo.events import TokenEvent
 from specdemo.settings import DEFAULT_TARGET as FAITHFUL_TARGET
 from specdemo.profile import machine_profile
@@ -194,7 +195,7 @@ def test_the_layout_is_read_from_the_irs_constants_and_config(tmp_path):
 def test_the_defaults_are_the_settings_of_an_untuned_compile():
     """A pair tune keeps at the defaults is the very pair the page compiled and measured before the tune: the same
     settings, so the same cost curve, batching noise and acceptance keys (none measured again)."""
-    from specdemo import compat
+    from specdemo.host import compat
 
     assert DEFAULT.apply(TARGET) == TARGET
     assert compat.compile_config(DEFAULT.apply(TARGET), None) == compat.compile_config(TARGET, None)
@@ -438,7 +439,7 @@ def test_a_challengers_time_is_its_ratio_to_the_incumbent_in_their_own_race_so_d
 
 
 def test_a_challenger_memory_does_not_allow_is_left_out_and_the_incumbent_one_stops_the_tune_with_a_sentence():
-    from specdemo import memory
+    from specdemo.host import memory
 
     trials, _ = search(cpu=ZEN4, fidelity=lambda model, probes: 1.0, admit=lambda what: "group 256" not in what)
     skipped = next(t for t in trials if t.setting.dynamic_quantization_group_size == 256)

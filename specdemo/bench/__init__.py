@@ -26,7 +26,7 @@ report, a JSON file (keys: schema.py) and PNG plots.
 
 The modules: settings (what a run measures), harness (lanes, measuring, the shared Context),
 sections and sweeps (what each section runs), memory, peers (GenAI, transformers), stats,
-targets, report and report_tables, plots; the machine description is specdemo/machine.py.
+targets, report and report_tables, plots; the machine description is specdemo/host/machine.py.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from specdemo import machine, strict_json
+from specdemo import strict_json
+from specdemo.host import machine
 from specdemo.profile import machine_profile
 from specdemo.bench.settings import FULL, QUICK, SECTIONS, BenchSettings, check_generation
 from specdemo.settings import RunSettings
@@ -52,7 +53,8 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
     """The whole benchmark: load and warm up the pair in `settings`, run `bench.sections`,
     judge the targets, and write the report, JSON and plots into `out` (None: write nothing).
     `command` is recorded for the report's "reproduce" line. Returns the results (keys: schema.py). Raises ValueError for settings the benchmark cannot measure."""
-    from specdemo import memory, sources
+    from specdemo import sources
+    from specdemo.host import memory
     from specdemo.bench.harness import Context
     from specdemo.bench.memory import section_need
     from specdemo.bench.sections import RUNNERS

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from specdemo import export, machine, sources
+from specdemo import export, sources
+from specdemo.host import machine
 from specdemo.bench.peers import PeerRun
 
 SKIPPED = "llama.cpp: skipped (pip install -r requirements-llamacpp.txt)"

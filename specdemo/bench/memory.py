@@ -1,6 +1,6 @@
 """The memory section: peak RSS of autoregressive vs speculative decoding, each in a fresh process; and what each
 section loads beside the bench's own pair, so that the bench waits for room or skips a section rather than go past the
-memory bound (specdemo/memory.py).
+memory bound (specdemo/host/memory.py).
 
 A fresh process per mode: RSS never shrinks back, and one process holding both models would charge
 the draft to autoregressive decoding too.
@@ -35,7 +35,7 @@ TRANSFORMERS_F32 = 4  # f32 bytes over INT8 IR bytes per weight (an INT4 draft's
 
 def section_need(name: str, target_bytes: int, draft_bytes: int, genai_k_values: tuple[int, ...] = ()) -> int:
     """Bytes of anonymous memory section `name` takes beside the bench's pair, about (see SECTION_COPIES)."""
-    from specdemo import memory
+    from specdemo.host import memory
 
     if name == "transformers":
         return TRANSFORMERS_F32 * target_bytes + 2 * TRANSFORMERS_F32 * draft_bytes + 2**30
@@ -86,7 +86,7 @@ def measure_memory(settings: RunSettings, mode: str, instruction: str, n: int) -
 
     from specdemo.engine import Engine
 
-    from specdemo import memory
+    from specdemo.host import memory
 
     process = psutil.Process()
     peak = {"process": 0, "generating": 0, "anon_process": 0, "anon_generating": 0}
@@ -117,7 +117,7 @@ def measure_memory(settings: RunSettings, mode: str, instruction: str, n: int) -
         "rss_loaded_bytes": loaded,  # after loading and a short warm-up
         "peak_rss_generating_bytes": peak["generating"],
         "peak_rss_process_bytes": peak["process"],  # loading and compiling included
-        # Anonymous memory (RssAnon), what the memory bound counts (specdemo/memory.py): no mapped files.
+        # Anonymous memory (RssAnon), what the memory bound counts (specdemo/host/memory.py): no mapped files.
         "peak_anon_generating_bytes": peak["anon_generating"],
         "peak_anon_process_bytes": peak["anon_process"],
         # RSS counts the memory-mapped IR weights too (file pages the kernel may drop); this does not.

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from specdemo import compat, export, genai, sources
+from specdemo import export, genai, sources
+from specdemo.host import compat
 from specdemo.settings import GenerationSettings
 
 

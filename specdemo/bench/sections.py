@@ -193,7 +193,8 @@ def run_fidelity(ctx: Context) -> dict:
     import gc
     from dataclasses import asdict
 
-    from specdemo import builtin, fidelity, memory, sources, tune
+    from specdemo import builtin, fidelity, sources, tune
+    from specdemo.host import memory
     from specdemo.bench import llamacpp
     from specdemo.models import describe_compile
     from specdemo.race import PIECE

@@ -7,7 +7,8 @@ import hashlib
 import json
 from pathlib import Path
 
-from specdemo import machine, strict_json
+from specdemo import strict_json
+from specdemo.host import machine
 
 
 def import_stores(home: Path) -> dict:

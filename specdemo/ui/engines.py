@@ -5,7 +5,7 @@ show its progress. Per-run state never lives here, so visitors never see each ot
 
 The default pair ("pair") is loaded at start and kept. Whatever else a visitor's choice loads (OpenVINO GenAI's
 pipeline, a race's two engines, the fastest configuration's pair) lives inside the memory bound like the background
-work (specdemo/memory.py): it is loaded only where it fits beside what the app holds and what the background work may
+work (specdemo/host/memory.py): it is loaded only where it fits beside what the app holds and what the background work may
 still need (else memory.Short with a sentence), only from models already prepared (a conversion never runs inside a
 visitor's turn: ModelSourceError says it is being prepared), and released once it sat unused for IDLE_S.
 """
@@ -20,7 +20,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from specdemo import genai, machine, memory, sources
+from specdemo import genai, sources
+from specdemo.host import machine, memory
 from specdemo.engine import Engine
 from specdemo.profile import machine_profile
 from specdemo.runtime import release_weight_pages

@@ -10,7 +10,7 @@ Zen 5), since the lanes share caches and memory bandwidth, not only cores.
 It ends with the server. What it chose is applied when it is done, without a restart: the page compiles the default
 pair again in a turn of its own in the visitors' line (handlers.apply_tune), and any engine compiled before the tune
 last changed is compiled again when a run next asks for it (engines.loading_for).
-Memory is bounded for the page and its steps together (specdemo/memory.py): each step counts the page beside itself,
+Memory is bounded for the page and its steps together (specdemo/host/memory.py): each step counts the page beside itself,
 waits for room before each conversion or compile, and leaves what does not fit with a line in the log (exit
 memory.SKIPPED): that step is skipped and the next one runs. The page says where the work stands (ui/background.py).
 SPECDEMO_TUNE_AT_START=0 turns it off (the tests' and the benchmark's servers).
@@ -30,7 +30,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterator
 
-from specdemo import memory, sources
+from specdemo import sources
+from specdemo.host import memory
 from specdemo.profile import machine_profile
 from specdemo.settings import AUTO, CONFIGURATIONS, FAITHFUL, RunSettings
 from specdemo.ui.progress import Follower, Progress
@@ -84,7 +85,7 @@ class BackgroundWork:
         threading.Thread(target=self._run, daemon=True, name="specdemo-background").start()
 
     def _run(self) -> None:
-        # Each step counts the page beside itself in the memory bound (specdemo/memory.py).
+        # Each step counts the page beside itself in the memory bound (specdemo/host/memory.py).
         environment = {**os.environ, memory.ROOT_VARIABLE: str(os.getpid())}
         for index, (label, command) in enumerate(self.steps, 1):
             self.step, self.index = label, index
