@@ -12,7 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from specdemo import drafters, errors, runfile, sources, strict_json
+from specdemo import drafters, errors, runfile, strict_json
+from specdemo.models import sources
 from specdemo.host import compat, memory
 from specdemo.drafters import STRATEGIES
 from specdemo.settings import (AUTO, CONFIGURATIONS, FAITHFUL, FAITHFUL_PRECISIONS, KPolicy, DEFAULT_DRAFT,

@@ -39,7 +39,7 @@ from specdemo.drafters import MASKED, STRATEGIES, strategy
 from specdemo.drafters.base import stop_threshold
 from specdemo.drafters.model import top_probability
 from specdemo.planner import confidence_stops, round_cost
-from specdemo.runtime import OVModel
+from specdemo.models.runtime import OVModel
 
 PIECE = 64  # answer tokens per teacher-forced call: 64 rows of logits (~39 MB for a 151,936-token vocabulary)
 

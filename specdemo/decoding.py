@@ -24,7 +24,7 @@ from specdemo.costs import CostModel
 from specdemo.drafters import Drafter, Proposal
 from specdemo.events import ACCEPTED, BONUS, CORRECTED, TARGET, Detokenizer, End, Round, TokenEvent
 from specdemo.k_rules import KRule, policy_for
-from specdemo.runtime import OVModel
+from specdemo.models.runtime import OVModel
 from specdemo.settings import GenerationSettings
 from specdemo.verification import process_logits, sample, shared_vocabulary, top2_gap, verify_greedy, verify_sampled
 

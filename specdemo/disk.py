@@ -14,7 +14,7 @@ import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from specdemo import sources
+from specdemo.models import sources
 from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET, FAITHFUL_PRECISIONS
 
 KINDS = ("compiled", "bench", "other-models", "old-versions", "scratch")

@@ -5,7 +5,7 @@
         ...                                       # TokenEvents, then one Summary
 
 The engine yields plain events and knows nothing of how they are shown (CLI, app, benchmark). Loading one model is
-specdemo/models.py's; what a pair learns of the machine at warm-up, specdemo/warmup.py's.
+specdemo/models/loading.py's; what a pair learns of the machine at warm-up, specdemo/warmup.py's.
 """
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from specdemo import decoding, k_rules, planner, sources, warmup
+from specdemo import decoding, k_rules, planner, warmup
+from specdemo.models import sources
 from specdemo.costs import CostModel
 from specdemo.counterfactual import Counterfactual, counterfactual, draft_pass
 from specdemo.drafters import STRATEGIES, make_drafter, strategy
-from specdemo.models import LoadedModel, load_model
+from specdemo.models.loading import LoadedModel, load_model
 from specdemo.planner import Plan, make_plan
 from specdemo.profile import Keys, Profile, machine_profile
 from specdemo.settings import AUTO, K_MAX, GenerationSettings, ModelSettings, RunSettings

@@ -1,6 +1,6 @@
 """How faithful a compiled model is to the GGUF it came from.
 
-The reference is the GGUF itself: its own blocks (precision gguf, specdemo/gguf_weights.py) compiled with f32
+The reference is the GGUF itself: its own blocks (precision gguf, specdemo/models/gguf_weights.py) compiled with f32
 arithmetic and no dynamic quantization, so its weights are gguf's dequantization and its arithmetic is exact to f32.
 Each candidate (a weight precision under the compile settings it runs with) is teacher forced over the built-in
 answers (assets/calibration.json) beside it, and compared at every position:

@@ -18,7 +18,8 @@ from typing import Iterator
 
 import numpy as np
 
-from specdemo import errors, sources
+from specdemo import errors
+from specdemo.models import sources
 from specdemo.host import compat
 from specdemo.drafters import DEFAULT, strategy
 from specdemo.profile import machine_profile

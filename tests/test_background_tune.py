@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from specdemo import sources
+from specdemo.models import sources
 from specdemo.profile import choices, machine_profile
 from specdemo.settings import CONFIGURATIONS, DEFAULT_DRAFT, DEFAULT_TARGET, RunSettings
 from specdemo.ui import handlers, tuning

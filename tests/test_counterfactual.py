@@ -179,7 +179,7 @@ def test_the_planner_moves_off_k_zero_after_one_run_whose_masks_say_drafts_match
                                                                                   monkeypatch):
     """A new machine whose prior says nothing pays runs K = 0 at first; the greedy run's match mask (a draft identical
     to the target matches everywhere) teaches the planner, and the next plan drafts."""
-    from specdemo.models import load_model
+    from specdemo.models.loading import load_model
     from tests.conftest import exact
 
     monkeypatch.setenv("SPECDEMO_LEARN", "1")

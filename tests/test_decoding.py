@@ -11,7 +11,7 @@ import pytest
 from specdemo.engine import Engine
 from specdemo.events import ACCEPTED, BONUS, CORRECTED, TARGET
 from specdemo.lane import drain
-from specdemo.models import load_model
+from specdemo.models.loading import load_model
 from specdemo.settings import GenerationSettings, KPolicy
 from tests.conftest import exact
 
@@ -146,7 +146,7 @@ def test_warm_up_is_not_part_of_a_lanes_time(tiny_pair, monkeypatch):
 
     The slow call moves the clock on by an hour instead of sleeping, so a lane that contained it would
     report an hour whatever the machine's load, and one that did not reports seconds at most."""
-    from specdemo.runtime import OVModel
+    from specdemo.models.runtime import OVModel
 
     hour, clock, skew = 3600.0, time.perf_counter, {"s": 0.0}
     monkeypatch.setattr(time, "perf_counter", lambda: clock() + skew["s"])

@@ -6,7 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from specdemo import draft_choice, race, sources, tune
+from specdemo import draft_choice, race, tune
+from specdemo.models import sources
 from specdemo.profile import Profile, choices
 from specdemo.draft_choice import DraftOption, candidates, price
 from specdemo.settings import AUTO, DEFAULT_DRAFT, DRAFT_PRECISION, ModelSettings

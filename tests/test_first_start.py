@@ -6,7 +6,8 @@ import threading
 
 import pytest
 
-from specdemo import engine, sources
+from specdemo import engine
+from specdemo.models import sources
 from specdemo.host import memory
 from specdemo.settings import RunSettings
 

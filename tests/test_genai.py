@@ -4,7 +4,8 @@ import threading
 
 import pytest
 
-from specdemo import genai, sources
+from specdemo import genai
+from specdemo.models import sources
 from specdemo.profile import machine_profile
 from specdemo.events import TARGET
 from specdemo.lane import drain

@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from specdemo import export
+from specdemo.models import export
 from specdemo.bench import FULL, QUICK, llamacpp
 from specdemo.bench.harness import Context, Lane, Run
 from specdemo.bench.report_gguf import llamacpp_section

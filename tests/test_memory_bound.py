@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from specdemo import sources
+from specdemo.models import sources
 from specdemo.host import memory
 from specdemo.profile import machine_profile
 from specdemo.settings import DEFAULT_TARGET

@@ -60,7 +60,7 @@ def _fake_engines(monkeypatch, home):
 def _retune() -> None:
     """A tune in another process changes the choice (a new stamp in the profile)."""
     from specdemo.profile import Profile
-    from specdemo.sources import specdemo_home
+    from specdemo.models.sources import specdemo_home
 
     Profile(specdemo_home()).store.update("tune", lambda tune: {**tune, "changed_ns": tune.get("changed_ns", 0) + 10**9})
 
@@ -108,7 +108,7 @@ def _room(left_gib: float):
 
 def _prepared(monkeypatch, weights_gib: float = 1.0):
     """Every model prepared, each 1 GiB of weights: compile_need 1.25 GiB."""
-    from specdemo import sources
+    from specdemo.models import sources
 
     monkeypatch.setattr(sources, "is_prepared", lambda settings: True)
     monkeypatch.setattr(sources, "weights_bytes", lambda settings: int(weights_gib * 2**30))
@@ -151,7 +151,7 @@ def test_loadings_under_way_are_counted_so_a_race_s_two_engines_are_not_both_let
 def test_the_fastest_configuration_is_never_converted_in_a_visitor_s_turn(home, monkeypatch):
     import pytest
 
-    from specdemo import sources
+    from specdemo.models import sources
 
     engines, loads = _fake_engines(monkeypatch, home)
     monkeypatch.setattr(sources, "is_prepared", lambda settings: settings.precision != "int4")

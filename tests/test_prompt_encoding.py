@@ -12,10 +12,10 @@ from dataclasses import replace
 import pytest
 from hypothesis import example, given
 
-from specdemo import sources
+from specdemo.models import sources
 from specdemo.engine import Engine
 from specdemo.text import clean_instruction
-from specdemo.models import LoadedModel
+from specdemo.models.loading import LoadedModel
 from specdemo.profile import machine_profile
 from specdemo.settings import DEFAULT_TARGET, GenerationSettings
 from tests.hostile_text import ANY_TEXT, FAST

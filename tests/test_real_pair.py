@@ -164,7 +164,7 @@ def test_auto_k_on_the_real_pair_keeps_greedy_output_and_predicts_its_speedup(en
 def test_a_trimmed_draft_head_keeps_greedy_output_on_the_real_pair(engine):
     from dataclasses import replace
 
-    from specdemo.models import load_model
+    from specdemo.models.loading import load_model
 
     draft = load_model(replace(engine.draft.settings, head_tokens=16_000))
     assert 16_000 <= draft.runtime.head_tokens < draft.runtime.vocab_size

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from specdemo import sources
+from specdemo.models import sources
 from specdemo.settings import ModelSettings
 
 

@@ -8,7 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from specdemo import race, sources, target_choice
+from specdemo import race, target_choice
+from specdemo.models import sources
 from specdemo.profile import machine_profile
 from specdemo.settings import DEFAULT_TARGET, FAITHFUL, FAITHFUL_PRECISIONS, RunSettings
 from specdemo.ui import tuning

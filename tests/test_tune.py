@@ -248,11 +248,12 @@ def test_the_chosen_settings_reach_our_compiles_and_genais(tmp_path, monkeypatch
     when = machine_profile().tune()["models"][model_key(TARGET)]["tuned_at"][11:16]
     assert machine_profile().gain(TARGET) == f"tuned at {when}: 25% faster than the defaults"
 
-    from specdemo import engine, models
+    from specdemo import engine
+    from specdemo.models import loading
     from specdemo.settings import RunSettings
 
     seen = []
-    monkeypatch.setattr(models.sources, "prepare", lambda settings, progress=None: seen.append(settings) or 1 / 0)
+    monkeypatch.setattr(loading.sources, "prepare", lambda settings, progress=None: seen.append(settings) or 1 / 0)
     with pytest.raises(ZeroDivisionError):
         engine.Engine.load(RunSettings(TARGET))
     assert [s for s in seen if s.source == TARGET.source][0].dynamic_quantization_group_size == 128  # our engine's

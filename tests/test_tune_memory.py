@@ -8,7 +8,8 @@ from dataclasses import replace
 import pytest
 
 from conftest import TEST_HOME, link_converted_models
-from specdemo import race, sources, tune
+from specdemo import race, tune
+from specdemo.models import sources
 from specdemo.host import memory
 from specdemo.profile.choices import DEFAULT, REFERENCE
 from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET

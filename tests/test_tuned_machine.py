@@ -5,7 +5,8 @@ prompt lookup) compile and run on the real pair. Each case writes the tune file 
 import pytest
 
 from conftest import TEST_HOME, link_converted_models
-from specdemo import errors, genai, sources, tune
+from specdemo import errors, genai, tune
+from specdemo.models import sources
 from specdemo.profile import Profile, choices, machine_profile
 from specdemo.engine import Engine
 from specdemo.lane import drain

@@ -53,7 +53,7 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
     """The whole benchmark: load and warm up the pair in `settings`, run `bench.sections`,
     judge the targets, and write the report, JSON and plots into `out` (None: write nothing).
     `command` is recorded for the report's "reproduce" line. Returns the results (keys: schema.py). Raises ValueError for settings the benchmark cannot measure."""
-    from specdemo import sources
+    from specdemo.models import sources
     from specdemo.host import memory
     from specdemo.bench.harness import Context
     from specdemo.bench.memory import section_need

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdemo import export, sources
+from specdemo.models import export, sources
 from specdemo.host import machine
 from specdemo.bench.peers import PeerRun
 

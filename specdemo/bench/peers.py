@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from specdemo import export, genai, sources
+from specdemo import genai
+from specdemo.models import export, sources
 from specdemo.host import compat
 from specdemo.settings import GenerationSettings
 

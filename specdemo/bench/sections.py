@@ -4,7 +4,7 @@ them all. Each section returns the dict the report reads (keys: schema.py)."""
 
 from __future__ import annotations
 
-from specdemo import sources
+from specdemo.models import sources
 from specdemo.drafters import STRATEGIES, with_counterpart
 from specdemo.bench import memory, stats, sweeps
 from specdemo.bench.harness import Context, Lane, Run, find, genai_compile, log_progress, measure, our_lane, peer_lane
@@ -193,10 +193,11 @@ def run_fidelity(ctx: Context) -> dict:
     import gc
     from dataclasses import asdict
 
-    from specdemo import builtin, fidelity, sources, tune
+    from specdemo import builtin, fidelity, tune
+    from specdemo.models import sources
     from specdemo.host import memory
     from specdemo.bench import llamacpp
-    from specdemo.models import describe_compile
+    from specdemo.models.loading import describe_compile
     from specdemo.race import PIECE
 
     if llamacpp.gguf_path(ctx.settings.target.source) is None:

@@ -89,7 +89,7 @@ def counterfactuals(ctx: Context, runs: list[Run], ar: Lane, observer: Lane | No
 def run_vocab(ctx: Context) -> dict:
     """The draft's LM head trimmed to its N most frequent tokens: draft step, α̂ and speedup for each N."""
     from specdemo.engine import Engine
-    from specdemo.models import load_model
+    from specdemo.models.loading import load_model
 
     generation = replace(ctx.generation, k_policy=KPolicy.auto(K_MAX))
     ar = our_lane("autoregressive", ctx.engine, "autoregressive", generation)
@@ -131,7 +131,7 @@ def run_precision(ctx: Context) -> dict:
 
 def _models_by_precision(ctx: Context) -> dict:
     """("target"|"draft", precision) -> LoadedModel, reusing the engine's own and converting on first use."""
-    from specdemo.models import load_model
+    from specdemo.models.loading import load_model
 
     models = {("target", ctx.engine.target.settings.precision): ctx.engine.target, ("draft", ctx.engine.draft.settings.precision): ctx.engine.draft}
     for role, precisions, base in (
@@ -148,7 +148,7 @@ def _models_by_precision(ctx: Context) -> dict:
 def run_kv(ctx: Context) -> dict:
     """KV cache precision of both models: time, acceptance and cache bytes."""
     from specdemo.engine import Engine
-    from specdemo.models import load_model
+    from specdemo.models.loading import load_model
 
     generation = ctx.generation
     lanes, precisions = [], {}

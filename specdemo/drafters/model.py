@@ -11,7 +11,7 @@ from specdemo.drafters.base import Proposal, Strategy, stop_threshold
 from specdemo.verification import process_logits, sample
 
 if TYPE_CHECKING:
-    from specdemo.runtime import OVModel
+    from specdemo.models.runtime import OVModel
     from specdemo.settings import GenerationSettings
 
 

@@ -15,7 +15,7 @@ def keep_torch_out() -> None:
 
     transformers imports torch whenever it is installed, which costs a serving process ~6 s of start-up
     and ~350 MB it never uses (tokenizers and chat templates need no torch). Conversion, which does
-    need it, runs in a child process (specdemo/convert.py). Call this before transformers is imported.
+    need it, runs in a child process (specdemo/models/convert.py). Call this before transformers is imported.
     """
     if "torch" not in sys.modules:
         sys.modules["torch"] = None  # importlib then answers "not installed"

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from specdemo import sources
+from specdemo.models import sources
 from specdemo.host import machine
 from specdemo.costs import CostModel, fold
 from specdemo.profile import choices

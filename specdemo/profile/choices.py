@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, replace
 
-from specdemo import sources
+from specdemo.models import sources
 from specdemo.settings import AUTO, DRAFT_PRECISION, FAITHFUL, FAITHFUL_PRECISIONS, ModelSettings
 
 FROM_PLAN = "the draft plan"  # marks a compile setting a precision got from the draft plan, not from its own search

@@ -20,11 +20,12 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from specdemo import genai, sources
+from specdemo import genai
+from specdemo.models import sources
 from specdemo.host import machine, memory
 from specdemo.engine import Engine
 from specdemo.profile import machine_profile
-from specdemo.runtime import release_weight_pages
+from specdemo.models.runtime import release_weight_pages
 from specdemo.settings import CONFIGURATIONS, GenerationSettings, ModelSettings, RunSettings
 from specdemo.ui.lanes import AUTOREGRESSIVE, GENAI, SPECULATIVE
 from specdemo.ui.values import MAX_K, ONE_AFTER_ANOTHER

@@ -30,7 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterator
 
-from specdemo import sources
+from specdemo.models import sources
 from specdemo.host import memory
 from specdemo.profile import machine_profile
 from specdemo.settings import AUTO, CONFIGURATIONS, FAITHFUL, RunSettings

@@ -6,7 +6,7 @@ A model source is one of:
 - a local Hugging Face folder (config.json) or a local .gguf file;
 - a Hugging Face model id (needs the network on first use).
 
-Everything but a ready IR is converted once (specdemo/export.py), in a child process (specdemo/convert.py) so
+Everything but a ready IR is converted once (specdemo/models/export.py), in a child process (specdemo/models/convert.py) so
 the converters stay out of this one. Results live in a versioned cache under SPECDEMO_HOME (default
 ~/.cache/specdemo), one folder per source and precision; a lock lets one process convert while others wait
 for its result.
@@ -192,7 +192,7 @@ def log_path(folder: Path) -> Path:
 
 
 def _convert_in_child(settings: ModelSettings, folder: Path, progress: Progress) -> None:
-    """Convert in a child process (specdemo/convert.py) and relay its progress.
+    """Convert in a child process (specdemo/models/convert.py) and relay its progress.
 
     Why a child: conversion imports NNCF and transformers' tokenizer conversion (and, for a Hugging Face model,
     torch, transformers' model code and optimum), which a server would otherwise keep in memory for good
@@ -201,7 +201,7 @@ def _convert_in_child(settings: ModelSettings, folder: Path, progress: Progress)
     """
     log = log_path(folder)
     log.parent.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "specdemo.convert", strict_json.dumps(asdict(settings)), str(folder)]
+    command = [sys.executable, "-m", "specdemo.models.convert", strict_json.dumps(asdict(settings)), str(folder)]
     error = ""
     with open(log, "w") as log_file:
         child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log_file, text=True)

@@ -23,7 +23,7 @@ import numpy as np
 import openvino as ov
 from openvino import opset13 as ops
 
-from specdemo.gguf_file import GGUFFile
+from specdemo.models.gguf_file import GGUFFile
 
 ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}  # GGUF architecture → transformers class
 MASKED = -65504.0  # the additive attention mask's "never": what optimum's export puts there (f16's lowest)

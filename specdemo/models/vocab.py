@@ -25,7 +25,7 @@ import numpy as np
 from specdemo import strict_json
 
 CORPUS_BYTES = 6_000_000  # of standard-library sources: enough for a stable ranking, a few seconds to count
-EXAMPLES = Path(__file__).resolve().parent.parent / "assets" / "examples.json"
+EXAMPLES = Path(__file__).resolve().parents[2] / "assets" / "examples.json"
 
 
 def corpus_texts(limit: int = CORPUS_BYTES) -> list[str]:

@@ -24,7 +24,7 @@ from typing import Callable
 import numpy as np
 import openvino as ov
 
-from specdemo import graph
+from specdemo.models import graph
 from specdemo.host.compat import compile_config
 from specdemo.settings import ModelSettings
 

@@ -1,4 +1,4 @@
-"""The conversion child: `python -m specdemo.convert SETTINGS_JSON FOLDER` (started by specdemo.sources).
+"""The conversion child: `python -m specdemo.models.convert SETTINGS_JSON FOLDER` (started by specdemo.models.sources).
 
 Converts one model with export.convert. Progress and a final error, if any, go to the parent as JSON
 lines on the standard output it was started with; everything the converters print themselves (NNCF's
@@ -13,7 +13,8 @@ import os
 import sys
 from pathlib import Path
 
-from specdemo import export, sources, strict_json
+from specdemo import strict_json
+from specdemo.models import export, sources
 from specdemo.settings import ModelSettings
 
 

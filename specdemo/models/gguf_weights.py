@@ -1,5 +1,5 @@
 """A GGUF file's quantized blocks, unpacked, and the two ways specdemo lays them out as OpenVINO compressed weights
-(precisions "gguf", "gguf-fused" and "gguf-mixed"; specdemo/gguf_import.py puts them into the graph built from the file).
+(precisions "gguf", "gguf-fused" and "gguf-mixed"; specdemo/models/gguf_import.py puts them into the graph built from the file).
 
 Notation of ggml's block formats (ggml-quants.c): d the block's scale, sc / m a sub-block's 6-bit scale and min, q the
 quantized values.

@@ -2,13 +2,13 @@
 
 A GGUF file (a preset, first assembled from its part packages and checked by sha256, or a local .gguf) of an
 architecture specdemo builds (qwen2, llama) goes straight to the IR, without torch: the stateful graph built from its
-metadata (specdemo/gguf_graph.py), its weights laid by specdemo/gguf_import.py (the file's own blocks for the gguf
+metadata (specdemo/models/gguf_graph.py), its weights laid by specdemo/models/gguf_import.py (the file's own blocks for the gguf
 precisions; gguf's dequantization as f16, or compressed by NNCF for int8 and int4), its config and tokenizer written by
-specdemo/gguf_metadata.py. Anything else (a Hugging Face id or folder, a GGUF of another architecture) is exported by
+specdemo/models/gguf_metadata.py. Anything else (a Hugging Face id or folder, a GGUF of another architecture) is exported by
 optimum-intel through torch (stateful, text-generation-with-past, plus the OpenVINO tokenizer and detokenizer where
 the tokenizer converts; a GGUF dequantized into a plain folder first), then compressed by NNCF. The IR is built in a
 scratch folder and renamed into place only when complete, so an interrupted conversion is redone rather than
-half-loaded. This module imports the converters as it goes: it runs in the conversion child (specdemo/convert.py), and
+half-loaded. This module imports the converters as it goes: it runs in the conversion child (specdemo/models/convert.py), and
 in the bench where it dequantizes a preset.
 """
 
@@ -24,7 +24,7 @@ from pathlib import Path
 from specdemo import strict_json
 from specdemo.host import compat
 from specdemo.settings import GGUF_LAYOUTS, PRECISIONS, ModelSettings
-from specdemo.sources import CACHE_VERSION, COMPLETE_MARKER, PRESETS, EmbeddedModel, ModelSourceError, Progress
+from specdemo.models.sources import CACHE_VERSION, COMPLETE_MARKER, PRESETS, EmbeddedModel, ModelSourceError, Progress
 
 
 def convert(settings: ModelSettings, folder: Path, progress: Progress) -> None:
@@ -59,7 +59,7 @@ def from_gguf(file, precision: str, out: Path, progress: Progress, source: str =
     weights, config and tokenizer, no torch. `source` names it in the progress messages."""
     import openvino as ov
 
-    from specdemo import gguf_graph, gguf_import, gguf_metadata
+    from specdemo.models import gguf_graph, gguf_import, gguf_metadata
 
     source = source or file.path.name
     try:
@@ -85,7 +85,7 @@ def from_gguf(file, precision: str, out: Path, progress: Progress, source: str =
 
 def _unbuilt(file) -> str | None:
     """Why specdemo does not build the graph of `file` (a GGUFFile) itself, in words; None when it does."""
-    from specdemo import gguf_graph
+    from specdemo.models import gguf_graph
 
     try:
         gguf_graph.hyperparameters(file)
@@ -97,7 +97,7 @@ def _unbuilt(file) -> str | None:
 def _gguf_file(source: str, scratch: Path, progress: Progress):
     """The GGUF file of `source` (a preset assembled into `scratch`, or a local .gguf) as a gguf_file.GGUFFile, or None
     for a folder or an id."""
-    from specdemo.gguf_file import GGUFFile, GGUFFormatError
+    from specdemo.models.gguf_file import GGUFFile, GGUFFormatError
 
     path = Path(source).expanduser()
     if source in PRESETS:
@@ -184,7 +184,7 @@ def gguf_to_hf_folder(folder: str, gguf_file: str, dest: str) -> None:
     from transformers.modeling_gguf_pytorch_utils import (TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map,
                                                           load_gguf_checkpoint, read_field)
 
-    from specdemo.gguf_import import dequantized
+    from specdemo.models.gguf_import import dequantized
 
     path, out = Path(folder) / gguf_file, Path(dest)
     out.mkdir(parents=True, exist_ok=True)

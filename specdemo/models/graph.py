@@ -1,6 +1,6 @@
-"""Edits to an exported model's graph before it is compiled (specdemo/runtime.py makes them on every load):
+"""Edits to an exported model's graph before it is compiled (specdemo/models/runtime.py makes them on every load):
 
-- trim_lm_head: keep only some rows of the LM head (a cheaper draft: specdemo/vocab.py);
+- trim_lm_head: keep only some rows of the LM head (a cheaper draft: specdemo/models/vocab.py);
 - keep_only_last_logits: an input `logits_to_keep`, so a prefill runs the LM head on its last position alone;
 - fuse_projections: MatMuls reading the same activations (a layer's q, k and v; its gate and up) become one, their
   compressed weights concatenated row-wise and the output split again.

@@ -1,7 +1,7 @@
-"""A GGUF file's weights as nodes of the graph built from it (specdemo/gguf_graph.py), laid out for the chosen
+"""A GGUF file's weights as nodes of the graph built from it (specdemo/models/gguf_graph.py), laid out for the chosen
 precision:
 
-- BlockWeights (precisions gguf, gguf-fused, gguf-mixed): the file's own blocks (specdemo/gguf_weights.py) as the
+- BlockWeights (precisions gguf, gguf-fused, gguf-mixed): the file's own blocks (specdemo/models/gguf_weights.py) as the
   pattern the CPU plugin fuses into its compressed FullyConnected (or Gather): a low-bit Constant, Convert, [Subtract a
   zero point,] Multiply by an f16 scale per group, Reshape, Convert to f32; exact Q4_K's offset added after the MatMul
   as a group sum of the activations. A tensor of a type gguf_weights does not unpack goes in as f16, dequantized.
@@ -28,8 +28,8 @@ import numpy as np
 import openvino as ov
 from openvino import opset13 as ops
 
-from specdemo.gguf_file import GGUFFile
-from specdemo.gguf_weights import SUPPORTED, Blocks, hf_row_order, lay_out, unpack
+from specdemo.models.gguf_file import GGUFFile
+from specdemo.models.gguf_weights import SUPPORTED, Blocks, hf_row_order, lay_out, unpack
 
 PERMUTED = ("llama",)  # architectures whose attn_q / attn_k rows llama.cpp permutes (and transformers restores)
 CHECKED_ROWS = 24  # rows of each tensor compared with gguf's dequantization: a misplaced row differs by the weights' size

@@ -7,7 +7,7 @@ runs without them, but not with a draft model (its speculative lane checks the t
 transformers reads a GGUF's metadata with load_gguf_checkpoint, which refuses to run without torch (it is written to
 load the tensors too) and parses each of the target's 300,000 tokenizer strings through gguf-py's reader: 17 s a call
 on a loaded 2-core Xeon, and a config and a tokenizer take two. For the length of the two calls its answer comes from
-specdemo/gguf_file.py instead, renamed by transformers' own table (GGUF_TO_TRANSFORMERS_MAPPING); everything else
+specdemo/models/gguf_file.py instead, renamed by transformers' own table (GGUF_TO_TRANSFORMERS_MAPPING); everything else
 (the config class, the tokenizer's class and conversion) is transformers' own, so for the default pair the files are
 byte for byte those the torch path wrote, but for a config without "dtype" (these weights are not f32) and a
 tokenizer_config without "is_local".
@@ -20,8 +20,8 @@ import copy
 from pathlib import Path
 from unittest import mock
 
-from specdemo.gguf_file import GGUFFile
-from specdemo.gguf_graph import ARCHITECTURES
+from specdemo.models.gguf_file import GGUFFile
+from specdemo.models.gguf_graph import ARCHITECTURES
 
 # Where transformers' GGUF loading calls load_gguf_checkpoint from (the config, AutoTokenizer, the tokenizer itself).
 _READERS = ("transformers.configuration_utils", "transformers.models.auto.tokenization_auto",

@@ -4,7 +4,7 @@ gguf-py's GGUFReader makes two numpy views of every string of the file (the targ
 merges): 11-12 s on a loaded 2-core Xeon before a conversion could start, for a header a plain parse reads in 0.5 s. This
 reads the header with struct, keeps the values as Python values and maps each tensor's bytes as a numpy view of the
 file, as gguf-py does (its layout: github.com/ggml-org/ggml docs/gguf.md). gguf-py still owns the quantization types
-(GGML_QUANT_SIZES) and dequantizes (specdemo/gguf_import.py).
+(GGML_QUANT_SIZES) and dequantizes (specdemo/models/gguf_import.py).
 """
 
 from __future__ import annotations

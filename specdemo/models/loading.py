@@ -12,9 +12,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdemo import sources, vocab
+from specdemo.models import sources, vocab
 from specdemo.host import compat
-from specdemo.runtime import OVModel
+from specdemo.models.runtime import OVModel
 from specdemo.settings import WEIGHTS, ModelSettings
 
 
