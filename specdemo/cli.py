@@ -12,10 +12,11 @@ import sys
 import time
 from pathlib import Path
 
-from specdemo import drafters, errors, runfile, strict_json
+from specdemo import errors, runfile, strict_json
+from specdemo.decoding import drafters
 from specdemo.models import sources
 from specdemo.host import compat, memory
-from specdemo.drafters import STRATEGIES
+from specdemo.decoding.drafters import STRATEGIES
 from specdemo.settings import (AUTO, CONFIGURATIONS, FAITHFUL, FAITHFUL_PRECISIONS, KPolicy, DEFAULT_DRAFT,
                                DEFAULT_TARGET, DRAFT_PRECISION, MAX_PROMPT_TOKENS, PRECISIONS, GenerationSettings,
                                ModelSettings, RunSettings)

@@ -27,10 +27,10 @@ import gc
 import math
 from dataclasses import dataclass, field, replace
 
-from specdemo import planner
-from specdemo.costs import CostModel
-from specdemo.drafters import MASKED, strategy
-from specdemo.planner import Acceptance
+from specdemo.decoding import planner
+from specdemo.decoding.costs import CostModel
+from specdemo.decoding.drafters import MASKED, strategy
+from specdemo.decoding.planner import Acceptance
 from specdemo.settings import AUTO, DRAFT_PRECISION, K_MAX, ModelSettings
 
 HEADS = (0, 32_000, 16_000, 8_000)  # LM-head sizes tried (0: the full vocabulary)

@@ -18,13 +18,14 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from specdemo import decoding, k_rules, planner, warmup
+from specdemo import warmup
+from specdemo.decoding import k_rules, loops, planner
 from specdemo.models import sources
-from specdemo.costs import CostModel
+from specdemo.decoding.costs import CostModel
 from specdemo.counterfactual import Counterfactual, counterfactual, draft_pass
-from specdemo.drafters import STRATEGIES, make_drafter, strategy
+from specdemo.decoding.drafters import STRATEGIES, make_drafter, strategy
 from specdemo.models.loading import LoadedModel, load_model
-from specdemo.planner import Plan, make_plan
+from specdemo.decoding.planner import Plan, make_plan
 from specdemo.profile import Keys, Profile, machine_profile
 from specdemo.settings import AUTO, K_MAX, GenerationSettings, ModelSettings, RunSettings
 from specdemo.text import clean_instruction
@@ -245,13 +246,13 @@ class Engine:
     # the instruction forms run one lane by itself (a library call, the tests).
 
     def autoregressive(self, instruction: str, settings: GenerationSettings,
-                       cancel: threading.Event | None = None) -> Iterator[decoding.Event]:
+                       cancel: threading.Event | None = None) -> Iterator[loops.Event]:
         yield from self.autoregressive_ids(self.prompt_ids(instruction, settings), settings, cancel)
 
     def autoregressive_ids(self, ids: list[int], settings: GenerationSettings,
-                           cancel: threading.Event | None = None) -> Iterator[decoding.Event]:
+                           cancel: threading.Event | None = None) -> Iterator[loops.Event]:
         with self.lock:
-            yield from decoding.autoregressive(self.target.runtime, self.tokenizer, ids, settings, self.eos_ids, cancel)
+            yield from loops.autoregressive(self.target.runtime, self.tokenizer, ids, settings, self.eos_ids, cancel)
 
     def speculative(self, instruction: str, settings: GenerationSettings,
                     cancel: threading.Event | None = None) -> Iterator:
@@ -284,7 +285,7 @@ class Engine:
         if plan is not None:
             yield plan
         with self.lock:
-            yield from decoding.speculative(self.target.runtime, drafter, self.tokenizer, ids, settings, self.eos_ids,
+            yield from loops.speculative(self.target.runtime, drafter, self.tokenizer, ids, settings, self.eos_ids,
                                             cancel, rng, policy, self.costs)
 
     def would_have_given(self, prompt_ids: list[int], settings: GenerationSettings, answer_ids: list[int],

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
-    from specdemo.events import TokenEvent
+    from specdemo.decoding.events import TokenEvent
 
 FAILURE_KINDS = ("indentation / whitespace", "identifier", "keyword", "punctuation", "number", "word", "special token")
 

@@ -21,10 +21,10 @@ import numpy as np
 from specdemo import errors
 from specdemo.models import sources
 from specdemo.host import compat
-from specdemo.drafters import DEFAULT, strategy
+from specdemo.decoding.drafters import DEFAULT, strategy
 from specdemo.profile import machine_profile
 from specdemo import metrics
-from specdemo.events import TARGET, Detokenizer, TokenEvent
+from specdemo.decoding.events import TARGET, Detokenizer, TokenEvent
 from specdemo.metrics import Summary
 from specdemo.settings import GenerationSettings, ModelSettings
 

@@ -1,4 +1,4 @@
-"""One lane's stream, consumed: the plan, token events and rounds a decoding loop yields (specdemo/events.py),
+"""One lane's stream, consumed: the plan, token events and rounds a decoding loop yields (specdemo/decoding/events.py),
 collected until its end into a Result whose summary specdemo/metrics.py derives. The one consumer of a loop's stream:
 the CLI, the page and the benchmark all read lanes through it.
 """
@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from specdemo.events import End, Round, TokenEvent
+from specdemo.decoding.events import End, Round, TokenEvent
 from specdemo.metrics import Summary, summarize
-from specdemo.planner import Plan
+from specdemo.decoding.planner import Plan
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """Measuring this machine's call costs the way the decoding loop makes its calls: the cost model's first estimate
-(specdemo/costs.py says what it holds and how runs correct it).
+(specdemo/decoding/costs.py says what it holds and how runs correct it).
 
 A single step is timed as the autoregressive lane makes it, again and again on one shape; t(n), n ≥ 2, as a round
 makes it: a few draft steps, then one target call on n tokens with n rows of logits, both caches rolled back; each
@@ -20,7 +20,7 @@ from dataclasses import asdict, replace
 
 from specdemo import strict_json
 from specdemo.host import machine
-from specdemo.costs import CostModel, monotone
+from specdemo.decoding.costs import CostModel, monotone
 from specdemo.models.runtime import OVModel
 from specdemo.settings import K_MAX
 

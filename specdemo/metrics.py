@@ -12,11 +12,11 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
-from specdemo.planner import Acceptance, predicted_lane_speedup
-from specdemo.verification import NEAR_TIE_LOGIT_GAP
+from specdemo.decoding.planner import Acceptance, predicted_lane_speedup
+from specdemo.decoding.verification import NEAR_TIE_LOGIT_GAP
 
 if TYPE_CHECKING:
-    from specdemo.events import End, Round, TokenEvent
+    from specdemo.decoding.events import End, Round, TokenEvent
 
 
 @dataclass

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 from specdemo.fidelity import NOISE_CEILING
-from specdemo.verification import NEAR_TIE_LOGIT_GAP
+from specdemo.decoding.verification import NEAR_TIE_LOGIT_GAP
 
 if TYPE_CHECKING:
-    from specdemo.events import TokenEvent
+    from specdemo.decoding.events import TokenEvent
 
 
 @dataclass

@@ -21,7 +21,7 @@ from specdemo import strict_json
 from specdemo.host import machine
 from specdemo.host.compat import compile_config
 from specdemo.text import clean_instruction
-from specdemo.events import TokenEvent
+from specdemo.decoding.events import TokenEvent
 from specdemo.lane import Result
 from specdemo.failures import where_drafts_fail
 from specdemo.figures import BOTH, SHOW, figure, placed, value

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 
 # Settings import nothing of specdemo: they are the leaf every other module may read. Whether a drafter of this name
 # exists is the drafter registry's to say (drafters.checked), at the edges that take a name from a user.
-DRAFTER = "model"  # the default drafting strategy: the draft model (specdemo/drafters/model.py; the registry's first)
+DRAFTER = "model"  # the default drafting strategy: the draft model (specdemo/decoding/drafters/model.py; the registry's first)
 
 # gguf: a GGUF source's own quantized blocks, exactly; gguf-fused: the same blocks as the CPU plugin's fused kernels
 # take them (specdemo/models/gguf_weights.py)
@@ -180,7 +180,7 @@ class GenerationSettings:
     top_p: float = 1.0  # keep the smallest set with this much probability mass; 1.0 keeps all
     seed: int | None = None  # seeds sampling so a run can be repeated exactly
     k_policy: KPolicy = KPolicy()  # how the speculative lane picks K: fixed, adaptive or auto, with its bounds
-    drafter: str = DRAFTER  # a strategy of specdemo/drafters, by name (its module says what it drafts): the draft model by default
+    drafter: str = DRAFTER  # a strategy of specdemo/decoding/drafters, by name (its module says what it drafts): the draft model by default
     lookup_ngram: int = 3  # prompt lookup: longest n-gram to match at the end of the text
     system_prompt: str = ""  # optional system message for the chat template
     # The confidence stop: a round's drafting ends once the product of the draft's probabilities for its drafts falls

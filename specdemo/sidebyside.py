@@ -20,8 +20,9 @@ import threading
 from dataclasses import dataclass
 from typing import Iterator, Mapping
 
-from specdemo import planner, runfile
-from specdemo.drafters import strategy, with_counterpart
+from specdemo import runfile
+from specdemo.decoding import planner
+from specdemo.decoding.drafters import strategy, with_counterpart
 from specdemo.engine import Engine
 from specdemo.lane import Result
 from specdemo.parting import Parting, parting

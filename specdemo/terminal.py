@@ -10,11 +10,11 @@ import time
 from pathlib import Path
 
 from specdemo import runfile
-from specdemo.drafters import strategy
-from specdemo.events import ACCEPTED, BONUS, CORRECTED, TokenEvent
+from specdemo.decoding.drafters import strategy
+from specdemo.decoding.events import ACCEPTED, BONUS, CORRECTED, TokenEvent
 from specdemo.figures import SPECULATION, TABLE, figure, placed, value
 from specdemo.lane import Result, drain
-from specdemo.planner import Plan
+from specdemo.decoding.planner import Plan
 from specdemo.settings import RunSettings
 from specdemo.text import shown
 

@@ -179,7 +179,7 @@ class Probe:
 
 def probes_of(model, tokenizer, examples: list[dict]) -> list[Probe]:
     """Teacher-forced greedy choices and margins of the reference compile over each example's answer."""
-    from specdemo.verification import NEAR_TIE_LOGIT_GAP
+    from specdemo.decoding.verification import NEAR_TIE_LOGIT_GAP
 
     out = []
     for example in examples:
@@ -430,7 +430,7 @@ def check_exact(engine, examples: list[dict], tokens: int = 48) -> str:
     settings (a difference allowed only where both lanes saw a near-tie, as the tests allow); else a sentence."""
     from specdemo.lane import drain
     from specdemo.settings import GenerationSettings, KPolicy
-    from specdemo.verification import NEAR_TIE_LOGIT_GAP
+    from specdemo.decoding.verification import NEAR_TIE_LOGIT_GAP
 
     settings = GenerationSettings(max_new_tokens=tokens, k_policy=KPolicy.fixed(4))
     for example in examples:

@@ -13,7 +13,7 @@ from typing import Callable
 
 from specdemo import builtin, fidelity, measuring
 from specdemo.counterfactual import agreement_mask, mask_counts
-from specdemo.drafters import MASKED
+from specdemo.decoding.drafters import MASKED
 from specdemo.profile import Keys
 from specdemo.models.runtime import release_weight_pages
 from specdemo.settings import GenerationSettings

@@ -4,7 +4,7 @@ the imports inside functions and the drafters the package discovers; the engine 
 import ast
 from pathlib import Path
 
-from specdemo.drafters import STRATEGIES
+from specdemo.decoding.drafters import STRATEGIES
 
 PACKAGE = Path(__file__).resolve().parent.parent / "specdemo"
 
@@ -45,7 +45,7 @@ def test_no_module_outside_the_drafters_decides_by_a_strategys_name():
     names = set(STRATEGIES)
     offenders = []
     for name, path in modules().items():
-        if name.startswith("specdemo.drafters"):
+        if name.startswith("specdemo.decoding.drafters"):
             continue
         offenders += [f"{path.relative_to(PACKAGE.parent)}:{line}: {value!r}"
                       for line, value in string_literals_compared(ast.parse(path.read_text())) if value in names]
@@ -87,7 +87,7 @@ def import_graph() -> dict[str, set[str]]:
                     if target in known and target != name and not own_package.startswith(target):
                         graph[name].add(target)
                     target = target.rpartition(".")[0]
-    graph["specdemo.drafters"] |= {n for n in known if n.startswith("specdemo.drafters.")}
+    graph["specdemo.decoding.drafters"] |= {n for n in known if n.startswith("specdemo.decoding.drafters.")}
     return graph
 
 

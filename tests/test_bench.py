@@ -21,7 +21,7 @@ from specdemo.bench.stats import (
 from specdemo.bench.sweeps import sweep
 from specdemo.bench.targets import judge_targets
 from specdemo.cli import benchmark_settings, build_parser
-from specdemo.events import Round
+from specdemo.decoding.events import Round
 from specdemo.metrics import leviathan_speedup, speedup_from_calls
 from specdemo.settings import GenerationSettings, RunSettings
 
@@ -379,7 +379,7 @@ def test_what_watching_costs_is_reported_as_ratios_to_the_cli():
 
 
 def test_where_two_of_our_lanes_part_the_run_record_judges_the_parting_by_its_margins():
-    from specdemo.events import TokenEvent
+    from specdemo.decoding.events import TokenEvent
 
     def lane(name, ids, margins, kind="autoregressive"):
         tokens = [TokenEvent(i, f"w{i}", "target", step, 0.0, margin=m) for step, (i, m) in enumerate(zip(ids, margins))]

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from specdemo.engine import Engine
-from specdemo.events import End
+from specdemo.decoding.events import End
 from specdemo.lane import LaneLog, drain
 from specdemo.models.runtime import OVModel
 from specdemo.settings import GenerationSettings, KPolicy

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from specdemo.engine import Engine
-from specdemo.events import ACCEPTED, BONUS, CORRECTED, TARGET
+from specdemo.decoding.events import ACCEPTED, BONUS, CORRECTED, TARGET
 from specdemo.lane import drain
 from specdemo.models.loading import load_model
 from specdemo.settings import GenerationSettings, KPolicy
@@ -180,7 +180,7 @@ def test_a_trimmed_draft_head_keeps_greedy_speculation_exact(tiny_pair, tiny_dra
 def test_a_trimmed_draft_head_samples_from_a_proper_distribution(tiny_draft):
     import numpy as np
 
-    from specdemo.drafters.model import ModelDrafter
+    from specdemo.decoding.drafters.model import ModelDrafter
 
     draft = load_model(exact(tiny_draft, head_tokens=100))
     settings = GenerationSettings(temperature=1.0, seed=3)

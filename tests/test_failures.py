@@ -1,6 +1,6 @@
 """Where the drafts fail: each token's kind, and a run's rejections grouped by what the target wanted."""
 
-from specdemo.events import TokenEvent
+from specdemo.decoding.events import TokenEvent
 from specdemo.failures import token_kind, where_drafts_fail
 
 

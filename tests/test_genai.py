@@ -7,7 +7,7 @@ import pytest
 from specdemo import genai
 from specdemo.models import sources
 from specdemo.profile import machine_profile
-from specdemo.events import TARGET
+from specdemo.decoding.events import TARGET
 from specdemo.lane import drain
 from specdemo.settings import KPolicy, GenerationSettings, RunSettings
 

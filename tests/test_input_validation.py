@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from specdemo.engine import Engine
 from specdemo.text import clean_instruction
 from specdemo.lane import drain
-from specdemo.drafters import STRATEGIES as DRAFTERS
-from specdemo.drafters import checked
+from specdemo.decoding.drafters import STRATEGIES as DRAFTERS
+from specdemo.decoding.drafters import checked
 from specdemo.settings import GenerationSettings, KPolicy
 from specdemo.ui.values import MAX_NEW_TOKENS_CAP, PageValues
 from tests.hostile_text import ANY_TEXT, FAST

@@ -2,8 +2,8 @@
 
 import pytest
 
-from specdemo.costs import CostModel
-from specdemo.events import End, Round, TokenEvent
+from specdemo.decoding.costs import CostModel
+from specdemo.decoding.events import End, Round, TokenEvent
 from specdemo.metrics import (
     acceptance_by_position,
     accepted_histogram,

@@ -1,6 +1,6 @@
 """What the page shows, from events and summaries: pure renderers checked without a browser."""
 
-from specdemo.events import ACCEPTED, BONUS, CORRECTED, TARGET, TokenEvent
+from specdemo.decoding.events import ACCEPTED, BONUS, CORRECTED, TARGET, TokenEvent
 from specdemo.metrics import Summary, measured_speedup
 from specdemo.settings import GenerationSettings, KPolicy
 from specdemo.ui import render

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from specdemo.costs import CostModel
-from specdemo.events import Round
+from specdemo.decoding.costs import CostModel
+from specdemo.decoding.events import Round
 from specdemo.fidelity import BatchingNoise
 from specdemo.profile import Keys, Profile, store
 from specdemo.profile.choices import DEFAULT, Setting, model_key

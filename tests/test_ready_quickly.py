@@ -64,7 +64,7 @@ def test_a_prediction_before_the_machine_is_learnt_says_it_is_provisional():
     from specdemo.ui.values import ONE_AFTER_ANOTHER
     from tests.test_page_render import lane_with, token
 
-    from specdemo.events import TARGET
+    from specdemo.decoding.events import TARGET
     from specdemo.settings import GenerationSettings
 
     lanes = {AUTOREGRESSIVE: lane_with([token("a", TARGET)], mode="autoregressive", tokens_per_s=5.0, stop_reason="eos"),

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from specdemo.engine import Engine, IncompatibleModelsError, check_same_tokenizer
-from specdemo.events import SOURCES, TokenEvent
+from specdemo.decoding.events import SOURCES, TokenEvent
 from specdemo.lane import drain
 from specdemo.settings import GenerationSettings, KPolicy
-from specdemo.verification import NEAR_TIE_LOGIT_GAP
+from specdemo.decoding.verification import NEAR_TIE_LOGIT_GAP
 
 pytestmark = pytest.mark.real_models
 

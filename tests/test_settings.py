@@ -4,7 +4,8 @@ import math
 
 import pytest
 
-from specdemo import drafters, settings as settings_module
+from specdemo import settings as settings_module
+from specdemo.decoding import drafters
 from specdemo.settings import KPolicy, GenerationSettings, ModelSettings
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from specdemo import genai, identity, race, tune
 from specdemo.host import compat
-from specdemo.events import TokenEvent
+from specdemo.decoding.events import TokenEvent
 from specdemo.settings import DEFAULT_TARGET as FAITHFUL_TARGET
 from specdemo.profile import machine_profile
 from specdemo.profile.choices import DEFAULT, Setting, model_key
@@ -215,14 +215,14 @@ class StubEngine:
         self.margin = margin
 
     def autoregressive(self, instruction, settings):
-        from specdemo.events import End
+        from specdemo.decoding.events import End
 
         for i in (1, 2, 3, 4):
             yield TokenEvent(i, "x", "target", 0, 0.1, margin=self.margin)
         yield End("autoregressive", "eos", 1.0, 5)
 
     def speculative(self, instruction, settings):
-        from specdemo.events import End
+        from specdemo.decoding.events import End
 
         for i in (1, 2, 9, 4):
             yield TokenEvent(i, "x", "target", 0, 0.1, margin=self.margin)

@@ -14,8 +14,8 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Literal, get_args
 
-from specdemo import drafters
-from specdemo.drafters import STRATEGIES, Strategy, with_counterpart
+from specdemo.decoding import drafters
+from specdemo.decoding.drafters import STRATEGIES, Strategy, with_counterpart
 from specdemo.bench.settings import CODE_INSTRUCTIONS, BenchSettings
 from specdemo.lane import drain
 from specdemo.parting import parting

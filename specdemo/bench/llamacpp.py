@@ -164,7 +164,7 @@ class LlamaCppPeer:
         return run
 
     def _drafter(self, drafter: str, k: int, ngram: int):
-        from specdemo.drafters import STRATEGIES
+        from specdemo.decoding.drafters import STRATEGIES
 
         if not STRATEGIES[drafter].needs_model:
             from llama_cpp.llama_speculative import LlamaPromptLookupDecoding

@@ -54,8 +54,8 @@ def _surface(results: dict):
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from specdemo import planner
-    from specdemo.costs import CostModel
+    from specdemo.decoding import planner
+    from specdemo.decoding.costs import CostModel
 
     costs = CostModel.from_dict(results.get("costs_end") or results["costs"])
     ks, alphas = list(range(1, costs.n_max)), [0.5 + 0.0125 * i for i in range(41)]

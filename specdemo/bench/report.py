@@ -17,7 +17,7 @@ from specdemo.bench.schema import GENAI_AR, GENAI_SPEC, HF_SPEC, OURS_AR, OURS_S
 from specdemo.bench.stats import COMPONENTS
 from specdemo.metrics import speedup_from_calls
 from specdemo.bench.targets import fastest
-from specdemo.costs import CostModel
+from specdemo.decoding.costs import CostModel
 from specdemo.disk import size
 
 
@@ -114,7 +114,7 @@ def _costs(results: dict, plots: dict) -> str:
     if plan:
         text += f"\n\n**The plan** for the first code instruction: {plan['reason']}"
     if "costs_end" in results or "costs" in results:
-        from specdemo.planner import surface_sentence
+        from specdemo.decoding.planner import surface_sentence
 
         final = CostModel.from_dict(results.get("costs_end") or results["costs"])
         text += f"\n\n**Where speculation pays here**, from the cost model as the run left it: {surface_sentence(final, final.n_max - 1)}"

@@ -301,7 +301,7 @@ def method_section(results: dict) -> str:
         "* Interleaving: for each instruction all lanes of a section run back to back, so the shared machine's load "
         "affects them alike; ratios are computed per instruction, then summarised as median (min–max).\n"
         "* Times are wall-clock seconds of the whole generate call, prompt ids in hand to the last token (prefill included).\n"
-        "* α̂, c and the time breakdown come from the loops' per-round records (`specdemo/events.py`), derived by `specdemo/metrics.py`."
+        "* α̂, c and the time breakdown come from the loops' per-round records (`specdemo/decoding/events.py`), derived by `specdemo/metrics.py`."
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specdemo.drafters import MASKED
+from specdemo.decoding.drafters import MASKED
 from specdemo.settings import GenerationSettings
 
 CODE_INSTRUCTIONS = [

@@ -7,7 +7,7 @@ import math
 from dataclasses import replace
 from typing import Callable
 
-from specdemo.drafters import with_counterpart
+from specdemo.decoding.drafters import with_counterpart
 from specdemo.bench import stats
 from specdemo.bench.harness import Context, Lane, Run, log_progress, measure, our_lane
 from specdemo.bench.settings import EDIT_INSTRUCTIONS

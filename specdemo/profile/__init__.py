@@ -8,7 +8,7 @@
 
 What it holds (one file, one atomic write, a schema version: specdemo/profile/store.py): `tune`, the compile choice
 and draft plan (written by `python -m specdemo tune`, specdemo/tune.py); `costs`, per compiled pair, the cost curve
-(specdemo/costs.py) with its corrections; `noise`, per compiled pair, how far batched calls move a top-2 gap
+(specdemo/decoding/costs.py) with its corrections; `noise`, per compiled pair, how far batched calls move a top-2 gap
 (specdemo/fidelity.py); `acceptance`, per model pair, the drafts tested and accepted at each position
 (specdemo/profile/acceptance.py).
 
@@ -27,7 +27,7 @@ from typing import Sequence
 
 from specdemo.models import sources
 from specdemo.host import machine
-from specdemo.costs import CostModel, fold
+from specdemo.decoding.costs import CostModel, fold
 from specdemo.profile import choices
 from specdemo.profile.acceptance import AcceptanceHistory, folded
 from specdemo.profile.store import Store, path_for

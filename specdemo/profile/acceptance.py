@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from specdemo.drafters import STRATEGIES
-from specdemo.planner import Acceptance
+from specdemo.decoding.drafters import STRATEGIES
+from specdemo.decoding.planner import Acceptance
 
 DECAY = 0.9
 PRIOR_WEIGHT = 5.0  # the built-in default counts as this many tested drafts

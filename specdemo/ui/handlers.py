@@ -20,7 +20,7 @@ from specdemo import genai, measuring, metrics, runfile
 from specdemo.models import sources
 from specdemo.host import memory
 from specdemo.disk import inventory
-from specdemo.drafters import strategy
+from specdemo.decoding.drafters import strategy
 from specdemo.engine import Engine
 from specdemo.settings import GenerationSettings, RunSettings
 from specdemo.ui import charts, render, tuning, waiting

@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Callable, Iterator
 
-from specdemo.events import TokenEvent
+from specdemo.decoding.events import TokenEvent
 from specdemo.lane import LaneLog
 from specdemo.ui.values import ONE_AFTER_ANOTHER, as_sentence
 

@@ -9,8 +9,8 @@ import pandas as pd
 
 from specdemo.disk import size
 from specdemo import genai
-from specdemo.drafters import strategy
-from specdemo.events import ACCEPTED, BONUS, CORRECTED, TokenEvent
+from specdemo.decoding.drafters import strategy
+from specdemo.decoding.events import ACCEPTED, BONUS, CORRECTED, TokenEvent
 from specdemo.figures import RESULTS, figure, placed, value
 from specdemo.metrics import Summary, measured_speedup
 from specdemo.parting import first_difference, parting

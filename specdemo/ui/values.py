@@ -11,7 +11,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdemo import drafters, errors
+from specdemo import errors
+from specdemo.decoding import drafters
 from specdemo.settings import CONFIGURATIONS, K_MAX, MAX_PROMPT_TOKENS, GenerationSettings, KPolicy
 
 ONE_AFTER_ANOTHER, RACE = "one after another", "race"
@@ -36,7 +37,7 @@ class PageValues:
     k: float = KPolicy.k  # drafts per round when K is not automatic
     k_auto: bool = True  # the planner picks K for this machine
     adaptive: bool = False  # K grows after a fully accepted round and shrinks after a rejection
-    drafter: str = GenerationSettings.drafter  # a strategy's name (specdemo/drafters)
+    drafter: str = GenerationSettings.drafter  # a strategy's name (specdemo/decoding/drafters)
     decoding: str = "greedy"  # "greedy" or "sampling"
     temperature: float = 0.7  # sampling only, like top_p, top_k and seed
     top_p: float = 0.95

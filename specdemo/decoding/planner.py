@@ -4,7 +4,7 @@ A round drafts K tokens and scores them in one target call. The i-th draft is ac
 a(i) given that drafts 1 .. i-1 were (a(i) = α for every i is the geometric model of Leviathan et al.):
 
     tokens per round      E(K) = 1 + Σ_{i=1..K} a(1)·…·a(i)            (the target's own token, plus accepted drafts)
-    seconds per round     R(K) = K·d(1) + t(K+1) + rollbacks            (measured costs, specdemo/costs.py)
+    seconds per round     R(K) = K·d(1) + t(K+1) + rollbacks            (measured costs, specdemo/decoding/costs.py)
     predicted speedup     S(K) = E(K) · t(1) / R(K)                      (the autoregressive lane pays t(1) a token)
 
 Leviathan's eq. 1 is the special case a(i) = α, t(K+1) = t(1) and d(1) = c·t(1). K = 0 means "no
@@ -22,8 +22,8 @@ import re
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from specdemo.costs import CostModel
-from specdemo.drafters import MASKED, strategy
+from specdemo.decoding.costs import CostModel
+from specdemo.decoding.drafters import MASKED, strategy
 
 MIN_GAIN = 1.03  # speculate only where the prediction beats the target alone by this much (noise margin)
 PRIOR_WEIGHT = 20.0  # the prior counts as this many tested drafts at each position against the run's own evidence
@@ -186,7 +186,7 @@ class Plan:
     """How the speculative lane will run, and why. It travels beside the lane's result, never inside it:
     its figures are what the planner expected before the run, the summary's what the run measured."""
 
-    drafter: str  # a strategy's name (specdemo/drafters): "model", "prompt-lookup" or "hybrid"
+    drafter: str  # a strategy's name (specdemo/decoding/drafters): "model", "prompt-lookup" or "hybrid"
     k: int  # drafts in the first round; 0 = the target alone (speculation would not pay here)
     acceptance_prior: Acceptance  # the acceptance the plan assumed (what earlier runs on this machine taught)
     planned_speedup: float  # S(K) after the prompt, at that acceptance

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Callable
 
-from specdemo.drafters import lookup, model
-from specdemo.drafters.base import Proposal, Strategy
-from specdemo.drafters.lookup import PromptLookupDrafter
-from specdemo.drafters.model import ModelDrafter
+from specdemo.decoding.drafters import lookup, model
+from specdemo.decoding.drafters.base import Proposal, Strategy
+from specdemo.decoding.drafters.lookup import PromptLookupDrafter
+from specdemo.decoding.drafters.model import ModelDrafter
 
 
 class HybridDrafter:

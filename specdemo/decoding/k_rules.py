@@ -1,16 +1,16 @@
 """How a running speculative lane picks each round's K: the rule its settings name (settings.KPolicy: fixed,
 adaptive, auto), made into an object the loop asks before every round, showing it the run's rounds so far
 (events.Round). Auto K re-plans from this machine's costs and the run's own evidence, position by position
-(specdemo/planner.py prices it).
+(specdemo/decoding/planner.py prices it).
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
-from specdemo.costs import CostModel
-from specdemo.drafters import strategy
-from specdemo.planner import Acceptance, Plan, best_k, predicted_speedup
+from specdemo.decoding.costs import CostModel
+from specdemo.decoding.drafters import strategy
+from specdemo.decoding.planner import Acceptance, Plan, best_k, predicted_speedup
 from specdemo.settings import GenerationSettings
 
 HOLD = 0.02  # auto K changes K only for a predicted gain of more than this: a new verify size makes its first calls slow

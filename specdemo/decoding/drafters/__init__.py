@@ -1,6 +1,6 @@
 """Drafting strategies: whatever proposes the next few tokens for the target to check.
 
-Each strategy is one module here holding its drafter (propose / keep, specdemo/drafters/base.py) and its STRATEGY
+Each strategy is one module here holding its drafter (propose / keep, specdemo/decoding/drafters/base.py) and its STRATEGY
 (name, pricing, prior, maker); this package finds them, so adding a drafter is adding its module (and its test):
 
     model.py    a small LLM drafts token by token with its own KV cache
@@ -15,7 +15,7 @@ import importlib
 import pkgutil
 
 from specdemo import settings
-from specdemo.drafters.base import Drafter, Proposal, Strategy
+from specdemo.decoding.drafters.base import Drafter, Proposal, Strategy
 
 __all__ = ["Drafter", "Proposal", "Strategy", "STRATEGIES", "DEFAULT", "MASKED", "strategy", "checked", "make_drafter", "memories",
            "choices", "with_counterpart"]

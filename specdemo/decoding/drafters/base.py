@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 import numpy as np
 
 if TYPE_CHECKING:
-    from specdemo.costs import CostModel
+    from specdemo.decoding.costs import CostModel
 
 
 @dataclass

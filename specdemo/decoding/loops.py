@@ -20,13 +20,13 @@ from typing import Iterator
 
 import numpy as np
 
-from specdemo.costs import CostModel
-from specdemo.drafters import Drafter, Proposal
-from specdemo.events import ACCEPTED, BONUS, CORRECTED, TARGET, Detokenizer, End, Round, TokenEvent
-from specdemo.k_rules import KRule, policy_for
+from specdemo.decoding.costs import CostModel
+from specdemo.decoding.drafters import Drafter, Proposal
+from specdemo.decoding.events import ACCEPTED, BONUS, CORRECTED, TARGET, Detokenizer, End, Round, TokenEvent
+from specdemo.decoding.k_rules import KRule, policy_for
 from specdemo.models.runtime import OVModel
 from specdemo.settings import GenerationSettings
-from specdemo.verification import process_logits, sample, shared_vocabulary, top2_gap, verify_greedy, verify_sampled
+from specdemo.decoding.verification import process_logits, sample, shared_vocabulary, top2_gap, verify_greedy, verify_sampled
 
 Event = TokenEvent | Round | End
 

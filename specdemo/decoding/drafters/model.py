@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from specdemo.drafters.base import Proposal, Strategy, stop_threshold
-from specdemo.verification import process_logits, sample
+from specdemo.decoding.drafters.base import Proposal, Strategy, stop_threshold
+from specdemo.decoding.verification import process_logits, sample
 
 if TYPE_CHECKING:
     from specdemo.models.runtime import OVModel

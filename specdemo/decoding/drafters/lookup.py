@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from specdemo.drafters.base import Proposal, Strategy
+from specdemo.decoding.drafters.base import Proposal, Strategy
 
 
 class PromptLookupDrafter:

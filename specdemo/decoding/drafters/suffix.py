@@ -22,8 +22,8 @@ import time
 from collections import Counter
 from typing import Sequence
 
-from specdemo.drafters import lookup
-from specdemo.drafters.base import Proposal, Strategy
+from specdemo.decoding.drafters import lookup
+from specdemo.decoding.drafters.base import Proposal, Strategy
 
 # A match's length counts the text's last tokens that agree with an earlier place. Two is the shortest drafted from: a
 # single token such as "," or an indent is one in 25-35 tokens of code, so with the store full a round counting its
