@@ -12,7 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from specdemo import errors, runfile, strict_json
+from specdemo import errors, strict_json
+from specdemo.results import runfile
 from specdemo.decoding import drafters
 from specdemo.models import sources
 from specdemo.host import compat, memory

@@ -120,7 +120,7 @@ def measure(target, draft: ModelSettings, examples: list[dict], encode, prepared
     in its own race, so the machine's drift between races cancels in what `price` reads (steps over the incumbent's).
     The target's greedy choices on the examples are computed once and compared with each candidate's."""
     from specdemo.host import memory
-    from specdemo.counterfactual import greedy_choices, mask_counts
+    from specdemo.results.counterfactual import greedy_choices, mask_counts
 
     texts = [encode(example) for example in examples]
     theirs = [greedy_choices(target, prompt, text) for prompt, text in texts]

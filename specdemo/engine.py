@@ -22,7 +22,7 @@ from specdemo import warmup
 from specdemo.decoding import k_rules, loops, planner
 from specdemo.models import sources
 from specdemo.decoding.costs import CostModel
-from specdemo.counterfactual import Counterfactual, counterfactual, draft_pass
+from specdemo.results.counterfactual import Counterfactual, counterfactual, draft_pass
 from specdemo.decoding.drafters import STRATEGIES, make_drafter, strategy
 from specdemo.models.loading import LoadedModel, load_model
 from specdemo.decoding.planner import Plan, make_plan

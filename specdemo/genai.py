@@ -23,9 +23,9 @@ from specdemo.models import sources
 from specdemo.host import compat
 from specdemo.decoding.drafters import DEFAULT, strategy
 from specdemo.profile import machine_profile
-from specdemo import metrics
+from specdemo.results import metrics
 from specdemo.decoding.events import TARGET, Detokenizer, TokenEvent
-from specdemo.metrics import Summary
+from specdemo.results.metrics import Summary
 from specdemo.settings import GenerationSettings, ModelSettings
 
 _DONE = object()  # the generate thread's last word
@@ -171,7 +171,7 @@ def stream(pipeline, tokenizer, prompt_ids: list[int], settings: GenerationSetti
 
 
 def _summary(result, events: list[TokenEvent], wall_s: float, k: int | None, drafter: str, cancelled: bool) -> Summary:
-    """GenAI's figures, by our names (specdemo/metrics.py): it reports totals only, so no per-round figures."""
+    """GenAI's figures, by our names (specdemo/results/metrics.py): it reports totals only, so no per-round figures."""
     summary = Summary(mode="speculative" if k is not None else "autoregressive", tokens=len(events), wall_s=wall_s,
                       ttft_s=events[0].t if events else 0.0, tokens_per_s=metrics.tokens_per_s(len(events), wall_s),
                       stop_reason="cancelled" if cancelled else "", mean_k=float(k or 0), drafter=drafter if k else "")

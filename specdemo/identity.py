@@ -34,7 +34,7 @@ def examples(code: list[dict]) -> list[dict]:
 
 def judge(pairs: list[tuple[list[int], list[int]]]):
     """model -> fidelity.BatchingNoise over `pairs` (prompt ids, answer ids), up to POSITIONS tokens."""
-    from specdemo.fidelity import batching_noise
+    from specdemo.results.fidelity import batching_noise
 
     return lambda model: batching_noise(model, pairs, POSITIONS, SIZES)
 

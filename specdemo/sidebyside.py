@@ -20,12 +20,12 @@ import threading
 from dataclasses import dataclass
 from typing import Iterator, Mapping
 
-from specdemo import runfile
+from specdemo.results import runfile
 from specdemo.decoding import planner
 from specdemo.decoding.drafters import strategy, with_counterpart
 from specdemo.engine import Engine
-from specdemo.lane import Result
-from specdemo.parting import Parting, parting
+from specdemo.results.lane import Result
+from specdemo.results.parting import Parting, parting
 from specdemo.settings import RunSettings
 
 AUTOREGRESSIVE, SPECULATIVE = "autoregressive", "speculative"  # the lanes, as the run's JSON names them

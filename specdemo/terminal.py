@@ -1,5 +1,5 @@
 """`python -m specdemo generate`: both lanes of one instruction in a terminal, streamed with the tokens coloured by
-where they came from, then their figures (each said and written as specdemo/figures.py describes it), where the lanes
+where they came from, then their figures (each said and written as specdemo/results/figures.py describes it), where the lanes
 part, what each K would have given and where the drafts failed."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import sys
 import time
 from pathlib import Path
 
-from specdemo import runfile
+from specdemo.results import runfile
 from specdemo.decoding.drafters import strategy
 from specdemo.decoding.events import ACCEPTED, BONUS, CORRECTED, TokenEvent
-from specdemo.figures import SPECULATION, TABLE, figure, placed, value
-from specdemo.lane import Result, drain
+from specdemo.results.figures import SPECULATION, TABLE, figure, placed, value
+from specdemo.results.lane import Result, drain
 from specdemo.decoding.planner import Plan
 from specdemo.settings import RunSettings
 from specdemo.text import shown

@@ -56,7 +56,7 @@ import numpy as np
 from specdemo import builtin, identity
 from specdemo.models import sources
 from specdemo.host import machine, memory
-from specdemo.fidelity import teacher_forced_logits
+from specdemo.results.fidelity import teacher_forced_logits
 from specdemo.profile import machine_profile
 from specdemo.profile.choices import DEFAULT, REFERENCE, Setting, searched
 from specdemo.race import CONTEXT, MARGIN, PIECE, alone, race, sample_draft, sample_target
@@ -428,7 +428,7 @@ def tune_choice(trials: list[Trial], role: str, base: ModelSettings | None = Non
 def check_exact(engine, examples: list[dict], tokens: int = 48) -> str:
     """"" when greedy speculative output equals autoregressive output on the examples under the engine's compile
     settings (a difference allowed only where both lanes saw a near-tie, as the tests allow); else a sentence."""
-    from specdemo.lane import drain
+    from specdemo.results.lane import drain
     from specdemo.settings import GenerationSettings, KPolicy
     from specdemo.decoding.verification import NEAR_TIE_LOGIT_GAP
 

@@ -1,6 +1,6 @@
 """What a loaded pair learns about this machine, kept in the machine profile: its cost curve (specdemo/measuring.py,
 once per compiled pair; the calls also pay every first-call cost), how far its batched calls move a top-2 gap
-(specdemo/fidelity.py, once per compile), and the draft's first acceptance evidence (once per pair).
+(specdemo/results/fidelity.py, once per compile), and the draft's first acceptance evidence (once per pair).
 
 A page learns it in two stages so that it is ready in seconds: before it is ready, every shape warmed up and a quick,
 provisional cost curve (`quick`); after, in turns of their own between visitors' runs, each of the rest (`remaining`):
@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from specdemo import builtin, fidelity, measuring
-from specdemo.counterfactual import agreement_mask, mask_counts
+from specdemo import builtin, measuring
+from specdemo.results import fidelity
+from specdemo.results.counterfactual import agreement_mask, mask_counts
 from specdemo.decoding.drafters import MASKED
 from specdemo.profile import Keys
 from specdemo.models.runtime import release_weight_pages

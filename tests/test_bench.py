@@ -22,7 +22,7 @@ from specdemo.bench.sweeps import sweep
 from specdemo.bench.targets import judge_targets
 from specdemo.cli import benchmark_settings, build_parser
 from specdemo.decoding.events import Round
-from specdemo.metrics import leviathan_speedup, speedup_from_calls
+from specdemo.results.metrics import leviathan_speedup, speedup_from_calls
 from specdemo.settings import GenerationSettings, RunSettings
 
 AR = Lane("ar", "specdemo", "autoregressive")

@@ -9,7 +9,7 @@ import pytest
 
 from specdemo.engine import Engine
 from specdemo.decoding.events import End
-from specdemo.lane import LaneLog, drain
+from specdemo.results.lane import LaneLog, drain
 from specdemo.models.runtime import OVModel
 from specdemo.settings import GenerationSettings, KPolicy
 from tests.conftest import watch_forward

@@ -6,7 +6,7 @@ import pytest
 
 from specdemo.decoding import loops
 from specdemo.decoding.costs import CostModel
-from specdemo.counterfactual import (
+from specdemo.results.counterfactual import (
     accepted_run,
     corrected,
     counterfactual,
@@ -22,7 +22,7 @@ from specdemo.counterfactual import (
 from specdemo.decoding.drafters.lookup import PromptLookupDrafter
 from specdemo.decoding.drafters.model import ModelDrafter
 from specdemo.engine import Engine
-from specdemo.lane import drain
+from specdemo.results.lane import drain
 from specdemo.profile import Keys, Profile
 from specdemo.settings import GenerationSettings, KPolicy
 from tests.fake_models import FakeModel, FakeTokenizer

@@ -10,7 +10,7 @@ import pytest
 
 from specdemo.engine import Engine
 from specdemo.decoding.events import ACCEPTED, BONUS, CORRECTED, TARGET
-from specdemo.lane import drain
+from specdemo.results.lane import drain
 from specdemo.models.loading import load_model
 from specdemo.settings import GenerationSettings, KPolicy
 from tests.conftest import exact

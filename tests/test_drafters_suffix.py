@@ -5,7 +5,7 @@ rule is untouched, so is the output."""
 from specdemo.decoding import loops
 from specdemo.decoding.drafters import STRATEGIES, make_drafter, memories
 from specdemo.decoding.drafters.suffix import AnswerStore, SuffixDrafter
-from specdemo.lane import drain
+from specdemo.results.lane import drain
 from specdemo.settings import GenerationSettings, KPolicy
 from tests.fake_models import FakeModel, FakeTokenizer
 

@@ -46,7 +46,7 @@ def test_the_hybrid_drafter_drafts_from_the_text_without_a_model_call_where_it_r
     from specdemo.decoding import loops
     from specdemo.decoding.drafters.hybrid import HybridDrafter
     from specdemo.decoding.drafters.model import ModelDrafter
-    from specdemo.lane import drain
+    from specdemo.results.lane import drain
     from specdemo.settings import GenerationSettings
     from tests.fake_models import FakeModel, FakeTokenizer
 
@@ -95,7 +95,7 @@ def test_the_confidence_stop_ends_a_round_once_the_drafts_running_confidence_fal
 def test_greedy_output_is_unchanged_by_the_confidence_stop():
     from specdemo.decoding import loops
     from specdemo.decoding.drafters.model import ModelDrafter
-    from specdemo.lane import drain
+    from specdemo.results.lane import drain
     from tests.fake_models import FakeModel, FakeTokenizer
 
     target, draft = FakeModel(3, "target"), FakeModel(3, "draft")

@@ -5,8 +5,8 @@ import threading
 import pytest
 
 from specdemo.decoding.events import TARGET, Detokenizer, End, Round, TokenEvent
-from specdemo.lane import drain
-from specdemo.metrics import Summary
+from specdemo.results.lane import drain
+from specdemo.results.metrics import Summary
 from specdemo.decoding.planner import Acceptance, Plan
 
 

@@ -1,10 +1,10 @@
-"""Fidelity to the GGUF (specdemo/fidelity.py) and our greedy text against llama.cpp's (bench/sections.py), on
+"""Fidelity to the GGUF (specdemo/results/fidelity.py) and our greedy text against llama.cpp's (bench/sections.py), on
 known logits and known texts."""
 
 import numpy as np
 import pytest
 
-from specdemo import fidelity
+from specdemo.results import fidelity
 from specdemo.bench.harness import Lane, Run
 from specdemo.bench.sections import text_agreement
 

@@ -1,12 +1,12 @@
-"""Each figure described once (specdemo/figures.py): the CLI, the page and `show` say it by the same label and write
+"""Each figure described once (specdemo/results/figures.py): the CLI, the page and `show` say it by the same label and write
 its value the same way, so a new figure is its description and nothing else."""
 
 import pytest
 
-from specdemo import runfile
-from specdemo.figures import FIGURES, GLOSSARY, figure
-from specdemo.lane import drain
-from specdemo.metrics import Summary, measured_speedup
+from specdemo.results import runfile
+from specdemo.results.figures import FIGURES, GLOSSARY, figure
+from specdemo.results.lane import drain
+from specdemo.results.metrics import Summary, measured_speedup
 from specdemo.settings import KPolicy, GenerationSettings, RunSettings
 from specdemo.ui import render
 from specdemo.ui.lanes import AUTOREGRESSIVE, SPECULATIVE, LaneRun
@@ -58,8 +58,8 @@ def test_the_cli_the_page_and_show_say_and_write_a_figure_the_same_way(tiny_engi
 
 def test_a_new_figure_is_its_description_and_nothing_else(tiny_engine, tiny_target, tiny_draft, capsys, monkeypatch):
     """Described with its places, a figure the renderers never heard of appears in the CLI, the page and `show`."""
-    from specdemo import figures
-    from specdemo.figures import EVERYWHERE, Figure
+    from specdemo.results import figures
+    from specdemo.results.figures import EVERYWHERE, Figure
     from specdemo.terminal import _print_summaries
 
     rate = Figure("rollback_s", "time rolling back", "ms", 2, places=EVERYWHERE)

@@ -8,7 +8,7 @@ from specdemo import genai
 from specdemo.models import sources
 from specdemo.profile import machine_profile
 from specdemo.decoding.events import TARGET
-from specdemo.lane import drain
+from specdemo.results.lane import drain
 from specdemo.settings import KPolicy, GenerationSettings, RunSettings
 
 pytestmark = [pytest.mark.real_models, pytest.mark.slow]

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from specdemo.engine import Engine
 from specdemo.text import clean_instruction
-from specdemo.lane import drain
+from specdemo.results.lane import drain
 from specdemo.decoding.drafters import STRATEGIES as DRAFTERS
 from specdemo.decoding.drafters import checked
 from specdemo.settings import GenerationSettings, KPolicy

@@ -6,7 +6,7 @@ import pytest
 
 from specdemo.decoding import planner
 from specdemo.decoding.costs import CostModel
-from specdemo.counterfactual import counterfactual
+from specdemo.results.counterfactual import counterfactual
 from specdemo.settings import GenerationSettings, KPolicy
 from specdemo.ui import charts
 

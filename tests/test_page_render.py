@@ -1,7 +1,7 @@
 """What the page shows, from events and summaries: pure renderers checked without a browser."""
 
 from specdemo.decoding.events import ACCEPTED, BONUS, CORRECTED, TARGET, TokenEvent
-from specdemo.metrics import Summary, measured_speedup
+from specdemo.results.metrics import Summary, measured_speedup
 from specdemo.settings import GenerationSettings, KPolicy
 from specdemo.ui import render
 from specdemo.ui.lanes import AUTOREGRESSIVE, GENAI, SPECULATIVE, LaneRun
@@ -154,7 +154,7 @@ def test_lanes_that_part_at_a_near_tie_show_the_margins_measured_there():
 
 
 def test_a_parting_is_judged_against_the_noise_this_compile_showed():
-    from specdemo.fidelity import BatchingNoise
+    from specdemo.results.fidelity import BatchingNoise
 
     wide = render.render_results(parted_lanes(0.19, 0.07), ONE_AFTER_ANOTHER, GenerationSettings(),
                                  noise=BatchingNoise(0.12, 96, (2, 13)))
@@ -180,7 +180,7 @@ def test_sampled_lanes_that_happen_to_write_the_same_text_say_so():
 
 
 def test_a_compile_whose_batched_calls_match_its_single_steps_still_has_true_ties():
-    from specdemo.fidelity import BatchingNoise
+    from specdemo.results.fidelity import BatchingNoise
 
     exact = BatchingNoise(0.0, 96, (2, 13))  # as measured on the Zen 5's tuned f32 INT8 target
     tie = render.render_results(parted_lanes(0.004, 0.01), ONE_AFTER_ANOTHER, GenerationSettings(), noise=exact)

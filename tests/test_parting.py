@@ -1,14 +1,14 @@
-"""Whether a parting of greedy lanes is a near-tie or a defect (specdemo/parting.py): the band a compile's measured
+"""Whether a parting of greedy lanes is a near-tie or a defect (specdemo/results/parting.py): the band a compile's measured
 batching noise allows, and that no bug can buy itself a wider one."""
 
 import numpy as np
 
-from specdemo import fidelity
+from specdemo.results import fidelity
 from specdemo.decoding import loops
 from specdemo.decoding.drafters.model import ModelDrafter
 from specdemo.decoding.events import TokenEvent
-from specdemo.lane import drain
-from specdemo.parting import BAND_CAP, near_tie_band, parting
+from specdemo.results.lane import drain
+from specdemo.results.parting import BAND_CAP, near_tie_band, parting
 from specdemo.settings import GenerationSettings, KPolicy
 from tests.fake_models import FakeModel, FakeTokenizer, StaleRollbackModel
 

@@ -11,8 +11,8 @@ from specdemo.decoding import loops
 from specdemo.decoding.costs import CostModel
 from specdemo.decoding.drafters.model import ModelDrafter
 from specdemo.decoding.events import ACCEPTED, Round
-from specdemo.lane import drain
-from specdemo.metrics import alpha_hat, leviathan_speedup
+from specdemo.results.lane import drain
+from specdemo.results.metrics import alpha_hat, leviathan_speedup
 from specdemo.decoding.k_rules import PROBE_EVERY, AutoK, GrowShrinkK
 from specdemo.decoding.planner import (
     Acceptance,

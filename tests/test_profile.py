@@ -18,7 +18,7 @@ import pytest
 
 from specdemo.decoding.costs import CostModel
 from specdemo.decoding.events import Round
-from specdemo.fidelity import BatchingNoise
+from specdemo.results.fidelity import BatchingNoise
 from specdemo.profile import Keys, Profile, store
 from specdemo.profile.choices import DEFAULT, Setting, model_key
 from specdemo.settings import KPolicy, DEFAULT_DRAFT, DEFAULT_TARGET, GenerationSettings
@@ -237,7 +237,7 @@ def test_a_home_that_refuses_a_write_keeps_its_profile_and_turns_learning_off(tm
 @pytest.mark.parametrize("when", ["at-load", "during-the-run"])
 def test_a_home_that_refuses_writes_fails_neither_a_model_load_nor_a_page_run(tiny_pair, tmp_path, monkeypatch, when):
     from specdemo.engine import Engine
-    from specdemo.lane import drain
+    from specdemo.results.lane import drain
     from specdemo.settings import RunSettings
     from specdemo.sidebyside import SideBySide
 

@@ -12,7 +12,7 @@ import pytest
 
 from specdemo.engine import Engine, IncompatibleModelsError, check_same_tokenizer
 from specdemo.decoding.events import SOURCES, TokenEvent
-from specdemo.lane import drain
+from specdemo.results.lane import drain
 from specdemo.settings import GenerationSettings, KPolicy
 from specdemo.decoding.verification import NEAR_TIE_LOGIT_GAP
 
@@ -38,7 +38,7 @@ def _first_difference(a, b):
 
 @pytest.mark.parametrize("instruction", INSTRUCTIONS)
 def test_greedy_speculative_equals_autoregressive(engine, instruction):
-    from specdemo.parting import parting
+    from specdemo.results.parting import parting
 
     engine.warm_up()  # measures this compile's batching noise (once per compile), which a parting is judged by
     assert engine.noise is not None and engine.noise.positions > 0

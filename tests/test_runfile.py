@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from specdemo import runfile
-from specdemo.lane import drain
-from specdemo.failures import FAILURE_KINDS
+from specdemo.results import runfile
+from specdemo.results.lane import drain
+from specdemo.results.failures import FAILURE_KINDS
 from specdemo.settings import KPolicy, GenerationSettings, RunSettings
 from specdemo.sidebyside import SideBySide
 from tests.conftest import ROOT, exact

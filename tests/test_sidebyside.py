@@ -7,9 +7,10 @@ import threading
 
 import pytest
 
-from specdemo import bench, runfile, terminal
+from specdemo import bench, terminal
+from specdemo.results import runfile
 from specdemo.engine import Engine
-from specdemo.lane import drain
+from specdemo.results.lane import drain
 from specdemo.settings import KPolicy, GenerationSettings, RunSettings
 from specdemo.sidebyside import SideBySide, finished
 from tests.conftest import exact

@@ -6,8 +6,8 @@ import json
 import math
 from dataclasses import asdict, replace
 
-from specdemo import runfile
-from specdemo.parting import Parting
+from specdemo.results import runfile
+from specdemo.results.parting import Parting
 from specdemo.profile import Profile
 from specdemo.profile.choices import FROM_PLAN, Setting, model_key
 from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET

@@ -89,7 +89,7 @@ def test_a_faster_setting_whose_verify_calls_part_more_often_than_the_defaults_i
     """fp16 weights on an AMX Xeon: bf16 keeps every greedy choice here and is fastest, but its verify calls part from
     its single steps at 9 per 1,000 positions where the defaults part at 2: the faithful configuration's target takes
     f16, which parts no more than the defaults; without the identity judge bf16 would win."""
-    from specdemo.fidelity import BatchingNoise
+    from specdemo.results.fidelity import BatchingNoise
 
     def parting(settings) -> BatchingNoise:
         return BatchingNoise(0.3, 1000, (2, 13), flips=9 if settings.inference_precision == "bf16" else 2)
@@ -112,7 +112,7 @@ def test_a_faster_setting_whose_verify_calls_part_more_often_than_the_defaults_i
 
 def test_a_winner_that_parts_at_most_once_is_kept_without_measuring_the_defaults():
     """Up to one parting passes against any defaults (the counting noise allows one): ~1 min spared."""
-    from specdemo.fidelity import BatchingNoise
+    from specdemo.results.fidelity import BatchingNoise
 
     judged = []
     trials, _ = search(cpu=ZEN4, fidelity=lambda model, probes: 1.0,
@@ -414,7 +414,7 @@ def test_no_setting_is_compiled_twice_so_the_tune_never_waits_for_memory_it_hold
     race, to count its partings; it waited the full 10 min for that memory, skipped it and waited again for the next.
     Now the leader is judged on its own compile while it is held, and the incumbent is held across dimensions: every
     setting is compiled once, and never a third compile beside two."""
-    from specdemo.fidelity import BatchingNoise
+    from specdemo.results.fidelity import BatchingNoise
 
     noise = lambda model: BatchingNoise(0.3, 1000, (2, 13), flips=2)  # noqa: E731
     trials, _ = compiles(monkeypatch, parting=noise, fidelity=lambda settings, probes: 1.0)

@@ -9,7 +9,7 @@ from specdemo import errors, genai, tune
 from specdemo.models import sources
 from specdemo.profile import Profile, choices, machine_profile
 from specdemo.engine import Engine
-from specdemo.lane import drain
+from specdemo.results.lane import drain
 from specdemo.settings import KPolicy, DEFAULT_DRAFT, DEFAULT_TARGET, GenerationSettings, RunSettings
 
 _ANY_WEIGHTS = tune.Layout(True, frozenset(), frozenset(), 0.0)  # inference precisions do not depend on the weights

@@ -115,7 +115,7 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
 def sample_run(engine, settings: RunSettings, instruction: str) -> dict | None:
     """Both our lanes on one instruction through the run's one owner (specdemo/sidebyside.py), its record as
     `generate --json` writes it (None if a lane did not finish): what `show` renders beside the tables."""
-    from specdemo.lane import drain
+    from specdemo.results.lane import drain
     from specdemo.sidebyside import SideBySide
 
     side = SideBySide({"autoregressive": engine, "speculative": engine}, instruction, settings)

@@ -17,8 +17,8 @@ from typing import Callable, Literal, get_args
 from specdemo.decoding import drafters
 from specdemo.decoding.drafters import STRATEGIES, Strategy, with_counterpart
 from specdemo.bench.settings import CODE_INSTRUCTIONS, BenchSettings
-from specdemo.lane import drain
-from specdemo.parting import parting
+from specdemo.results.lane import drain
+from specdemo.results.parting import parting
 from specdemo.settings import GenerationSettings, KPolicy, ModelSettings, RunSettings
 from specdemo.sidebyside import SideBySide
 

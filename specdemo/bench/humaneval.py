@@ -135,8 +135,8 @@ def run_section(ctx) -> dict:
 def problem_rows(problems: list[Problem], runs: list, lanes: dict, decode, k_max: int, log) -> list[dict]:
     """Per problem (the first pass over them): each lane's tokens, seconds and verdict, our speculative lane's acceptance
     and whether its text is the autoregressive one."""
-    from specdemo import metrics
-    from specdemo.parting import first_difference
+    from specdemo.results import metrics
+    from specdemo.results.parting import first_difference
 
     first = {(r.lane, r.instruction): r for r in runs if r.repeat == 0}
     cache: dict[str, sandbox.Verdict] = {}
@@ -165,7 +165,7 @@ def problem_rows(problems: list[Problem], runs: list, lanes: dict, decode, k_max
 def summarize(rows: list[dict], runs: list, lanes: dict, k_max: int) -> dict:
     """The section's figures: speedups as the mean of per-problem ratios and as the ratio of summed times (Spec-Bench
     reports both), pass@1 per lane, pooled acceptance, and the problems where the lanes' texts or verdicts part."""
-    from specdemo import metrics
+    from specdemo.results import metrics
     from specdemo.bench import stats
 
     def speedups(baseline, lane) -> dict:

@@ -18,7 +18,7 @@ from pathlib import Path
 from specdemo import strict_json
 from specdemo.bench.harness import Context
 from specdemo.bench.settings import CODE_INSTRUCTIONS
-from specdemo.lane import drain
+from specdemo.results.lane import drain
 from specdemo.settings import GenerationSettings, ModelSettings, RunSettings
 
 

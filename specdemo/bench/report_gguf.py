@@ -1,5 +1,5 @@
 """The report's sections on the GGUF files the default pair ships as: llama.cpp running them as they are beside our
-lanes, and each target precision's fidelity to them (specdemo/fidelity.py)."""
+lanes, and each target precision's fidelity to them (specdemo/results/fidelity.py)."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def _text_agreement(rows: list | None) -> str:
 
 
 def fidelity_section(section: dict | None) -> str:
-    """Each target precision against the GGUF it came from (specdemo/fidelity.py)."""
+    """Each target precision against the GGUF it came from (specdemo/results/fidelity.py)."""
     if not section:
         return ""
     title = "## Fidelity to the GGUF\n\n"

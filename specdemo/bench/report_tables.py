@@ -10,7 +10,7 @@ from specdemo.bench import schema
 from specdemo.bench.schema import OURS_AR, OURS_SPEC
 from specdemo.bench.stats import COMPONENTS
 from specdemo.disk import size
-from specdemo.figures import figure
+from specdemo.results.figures import figure
 
 
 def seconds(spread: dict, digits: int = 2) -> str:
@@ -301,7 +301,7 @@ def method_section(results: dict) -> str:
         "* Interleaving: for each instruction all lanes of a section run back to back, so the shared machine's load "
         "affects them alike; ratios are computed per instruction, then summarised as median (min–max).\n"
         "* Times are wall-clock seconds of the whole generate call, prompt ids in hand to the last token (prefill included).\n"
-        "* α̂, c and the time breakdown come from the loops' per-round records (`specdemo/decoding/events.py`), derived by `specdemo/metrics.py`."
+        "* α̂, c and the time breakdown come from the loops' per-round records (`specdemo/decoding/events.py`), derived by `specdemo/results/metrics.py`."
     )
 
 

@@ -9,7 +9,7 @@ from specdemo.decoding.drafters import STRATEGIES, with_counterpart
 from specdemo.bench import memory, stats, sweeps
 from specdemo.bench.harness import Context, Lane, Run, find, genai_compile, log_progress, measure, our_lane, peer_lane
 from specdemo.bench.settings import PAPER
-from specdemo.parting import first_difference
+from specdemo.results.parting import first_difference
 
 
 def run_paper(ctx: Context) -> dict:
@@ -189,11 +189,12 @@ def llamacpp_figures(lanes: list[Lane], runs: list[Run]) -> dict:
 
 def run_fidelity(ctx: Context) -> dict:
     """Each target precision, under the compile settings it runs with here, against the GGUF it came from
-    (specdemo/fidelity.py): top-1 agreement and mean |logit error| on the built-in answers."""
+    (specdemo/results/fidelity.py): top-1 agreement and mean |logit error| on the built-in answers."""
     import gc
     from dataclasses import asdict
 
-    from specdemo import builtin, fidelity, tune
+    from specdemo import builtin, tune
+    from specdemo.results import fidelity
     from specdemo.models import sources
     from specdemo.host import memory
     from specdemo.bench import llamacpp

@@ -1,8 +1,8 @@
 """What the decoding loops yield: a TokenEvent per emitted token, a Round per target call, then an End.
 
-The CLI, the app and the benchmark all consume these plain objects through specdemo/lane.py (LaneLog,
+The CLI, the app and the benchmark all consume these plain objects through specdemo/results/lane.py (LaneLog,
 drain); nothing here knows how they are shown, and nothing here computes a figure: the summary is
-derived from the records by specdemo/metrics.py. Times are seconds from
+derived from the records by specdemo/results/metrics.py. Times are seconds from
 `time.perf_counter()`, relative to the start of generation.
 """
 
@@ -43,7 +43,7 @@ class Round:
 
     The speculative lane records its prefill (index 0), then one Round per verify call; the autoregressive
     lane one per step (k = 0, nothing drafted). Every figure of a run is derived from these by
-    specdemo/metrics.py; the loops themselves count nothing.
+    specdemo/results/metrics.py; the loops themselves count nothing.
     """
 
     index: int  # 0 is the prefill

@@ -1,6 +1,6 @@
 """The two decoding loops. Both yield a TokenEvent per token as it is decided and a Round per target call (what
 was drafted, accepted and emitted, and what each call cost), then one End. They record and count nothing else:
-specdemo/metrics.py derives every figure from the records.
+specdemo/results/metrics.py derives every figure from the records.
 
 Cache invariant shared by both loops (as in gpt-fast): every model's KV cache holds the sequence
 *except its last token*, whose logits are still to be computed. A step therefore feeds the last

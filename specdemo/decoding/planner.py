@@ -12,7 +12,7 @@ drafting": the speculative lane then runs at the target's own speed, S = 1.
 
 The acceptance model is learnt per drafter and decoding mode (specdemo/profile/acceptance.py): from the
 teacher-forced match masks of greedy runs (every position of an answer is evidence, even when the run
-drafted nothing; specdemo/counterfactual.py) and from the rounds of sampled runs. Positions with little
+drafted nothing; specdemo/results/counterfactual.py) and from the rounds of sampled runs. Positions with little
 evidence lean on the pooled rate, so the model is geometric unless the data say otherwise.
 """
 

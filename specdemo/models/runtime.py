@@ -60,7 +60,7 @@ class OVModel:
         self._mask = np.zeros(0, dtype=np.int64)  # per position in the plugin's cache: 1 kept, 0 forgotten
         self.length = 0  # tokens kept (the cache as callers see it)
         self.calls = 0  # inference calls since the last reset
-        self.last_call_s = 0.0  # seconds of the latest call (the loops record it; specdemo/metrics.py sums)
+        self.last_call_s = 0.0  # seconds of the latest call (the loops record it; specdemo/results/metrics.py sums)
         self.requests = 0  # inference requests since compilation, never reset (a long prompt is several)
         self._beam = np.zeros(1, dtype=np.int32)
         # For an input longer than PREFILL_CHUNK: called as on_piece(tokens fed, of n) before the first piece

@@ -9,7 +9,7 @@
 What it holds (one file, one atomic write, a schema version: specdemo/profile/store.py): `tune`, the compile choice
 and draft plan (written by `python -m specdemo tune`, specdemo/tune.py); `costs`, per compiled pair, the cost curve
 (specdemo/decoding/costs.py) with its corrections; `noise`, per compiled pair, how far batched calls move a top-2 gap
-(specdemo/fidelity.py); `acceptance`, per model pair, the drafts tested and accepted at each position
+(specdemo/results/fidelity.py); `acceptance`, per model pair, the drafts tested and accepted at each position
 (specdemo/profile/acceptance.py).
 
 SPECDEMO_LEARN=0 (the tests set it) freezes what runs teach, and keeps what a warm-up measures (costs, noise) in this
@@ -137,7 +137,7 @@ class Profile:
 
     def noise(self, key: str | None):
         """fidelity.BatchingNoise of this compile, or None before it was measured."""
-        from specdemo.fidelity import BatchingNoise
+        from specdemo.results.fidelity import BatchingNoise
 
         entry = self.store.section("noise").get(key) if key else None
         try:
@@ -176,7 +176,7 @@ class Profile:
     def learn(self, keys: Keys, settings: GenerationSettings, rounds: Sequence, finished: bool = True) -> None:
         """Correct the cost curve by what a lane's calls cost; a finished sampled speculative lane also teaches the
         acceptance prior by its rounds (greedy ones teach by their answer's match mask: learn_from_answer)."""
-        from specdemo import metrics
+        from specdemo.results import metrics
 
         if not self.learns() or not rounds or keys.costs is None:
             return

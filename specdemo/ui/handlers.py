@@ -16,7 +16,8 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Iterator
 
-from specdemo import genai, measuring, metrics, runfile
+from specdemo import genai, measuring
+from specdemo.results import metrics, runfile
 from specdemo.models import sources
 from specdemo.host import memory
 from specdemo.disk import inventory

@@ -14,7 +14,7 @@ import time
 from typing import Callable, Iterator
 
 from specdemo.decoding.events import TokenEvent
-from specdemo.lane import LaneLog
+from specdemo.results.lane import LaneLog
 from specdemo.ui.values import ONE_AFTER_ANOTHER, as_sentence
 
 # The page is updated once a second while lanes run: every update costs the browser's renderer ~25 ms of CPU on the

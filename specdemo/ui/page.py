@@ -8,7 +8,7 @@ from dataclasses import fields
 import gradio as gr
 from starlette.middleware import Middleware
 
-from specdemo import figures
+from specdemo.results import figures
 from specdemo.decoding import drafters
 from specdemo.ui import background, charts, handlers, render
 from specdemo.ui.asgi import FirstInHead, OneLineErrors

@@ -11,9 +11,9 @@ from specdemo.disk import size
 from specdemo import genai
 from specdemo.decoding.drafters import strategy
 from specdemo.decoding.events import ACCEPTED, BONUS, CORRECTED, TokenEvent
-from specdemo.figures import RESULTS, figure, placed, value
-from specdemo.metrics import Summary, measured_speedup
-from specdemo.parting import first_difference, parting
+from specdemo.results.figures import RESULTS, figure, placed, value
+from specdemo.results.metrics import Summary, measured_speedup
+from specdemo.results.parting import first_difference, parting
 from specdemo.settings import GenerationSettings
 from specdemo.text import shown
 from specdemo.ui.engines import race_threads

@@ -2,7 +2,7 @@
 
 The decoding loops record (events.Round: one per target call; events.TokenEvent: one per token) and
 count nothing; the CLI, the page, the bench and the GenAI adapter read their figures from here.
-How each figure is named, written and what other tools call it is said once, in specdemo/figures.py (the README's
+How each figure is named, written and what other tools call it is said once, in specdemo/results/figures.py (the README's
 glossary is its table).
 """
 

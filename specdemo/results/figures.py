@@ -1,6 +1,6 @@
 """Every figure a run shows, described once: its label, unit and format, and (for the glossary) its formula and what
 other tools call it. The page, the CLI, `show` and the bench say and format a figure only through its description
-here, so a label cannot drift between them; specdemo/metrics.py derives the values.
+here, so a label cannot drift between them; specdemo/results/metrics.py derives the values.
 
     figure("alpha_hat").label                 # "α̂ (acceptance)"
     figure("verify_call_s").format(0.0612)    # "61 ms"
@@ -121,7 +121,7 @@ def value(f: Figure, summaries: dict):
     """The value of `f` in a run, from its lanes' summaries ({lane: metrics.Summary, or its dict from a run file});
     None where it means nothing (a drafting figure of a lane that drafted nothing). A BOTH figure: the speculative
     lane's (ask per lane for the other)."""
-    from specdemo.metrics import measured_speedup
+    from specdemo.results.metrics import measured_speedup
 
     lanes = {lane: SimpleNamespace(**s) if isinstance(s, dict) else s for lane, s in summaries.items()}
     if f.lane == PAIR:

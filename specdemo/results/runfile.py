@@ -22,11 +22,11 @@ from specdemo.host import machine
 from specdemo.host.compat import compile_config
 from specdemo.text import clean_instruction
 from specdemo.decoding.events import TokenEvent
-from specdemo.lane import Result
-from specdemo.failures import where_drafts_fail
-from specdemo.figures import BOTH, SHOW, figure, placed, value
-from specdemo.metrics import measured_speedup
-from specdemo.parting import Parting, parting
+from specdemo.results.lane import Result
+from specdemo.results.failures import where_drafts_fail
+from specdemo.results.figures import BOTH, SHOW, figure, placed, value
+from specdemo.results.metrics import measured_speedup
+from specdemo.results.parting import Parting, parting
 
 SCHEMA = 1
 
@@ -99,7 +99,7 @@ def load(path: Path) -> dict:
 
 
 def _figure_rows() -> list[tuple]:
-    """`show`'s rows of the figures placed there (specdemo/figures.py): a row per lane for a figure each lane has."""
+    """`show`'s rows of the figures placed there (specdemo/results/figures.py): a row per lane for a figure each lane has."""
     rows = []
     for f in placed(SHOW):
         if f.lane == BOTH:

@@ -1,5 +1,5 @@
 """One lane's stream, consumed: the plan, token events and rounds a decoding loop yields (specdemo/decoding/events.py),
-collected until its end into a Result whose summary specdemo/metrics.py derives. The one consumer of a loop's stream:
+collected until its end into a Result whose summary specdemo/results/metrics.py derives. The one consumer of a loop's stream:
 the CLI, the page and the benchmark all read lanes through it.
 """
 
@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from specdemo.decoding.events import End, Round, TokenEvent
-from specdemo.metrics import Summary, summarize
+from specdemo.results.metrics import Summary, summarize
 from specdemo.decoding.planner import Plan
 
 
