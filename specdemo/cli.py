@@ -238,7 +238,7 @@ def _check_devices(settings: RunSettings) -> None:
 
 
 def _clean(args: argparse.Namespace) -> int:
-    from specdemo import disk
+    from specdemo.learning import disk
 
     items = disk.inventory()
     home = sources.specdemo_home()
@@ -264,9 +264,9 @@ def _tune(settings: RunSettings, again: bool = True) -> int:
     """Measure the candidate compile settings, keep the fastest faithful one per model, print the table, check that greedy
     speculative output stays exact under a target setting other than the defaults, and measure the cost model under
     the choice. `again` False leaves a draft tuned and planned before as it is (tune.tune)."""
-    from specdemo import builtin, target_choice, tune
+    from specdemo.learning import builtin, target_choice, tune
     from specdemo.engine import Engine
-    from specdemo.profile import choices, machine_profile
+    from specdemo.learning.profile import choices, machine_profile
 
     started = time.perf_counter()
 
@@ -305,7 +305,7 @@ def _tune(settings: RunSettings, again: bool = True) -> int:
         mark = "  <- chosen" if t.chosen else ("" if t.faithful or t.agreement != t.agreement else "  (not faithful)")
         print(f"{t.role:8}{t.setting.describe():44}{known(t.agreement, f'{t.agreement:.1%}'):>12}{time_:>10}{ratio:>12}"
               f"{known(t.parting_rate, f'{t.parting_rate:.1f}'):>12}{mark}")
-    print("(only what can beat the defaults on this CPU class is raced (specdemo/tune.py); time: in the race a setting"
+    print("(only what can beat the defaults on this CPU class is raced (specdemo/learning/tune.py); time: in the race a setting"
           " last ran in; vs default: chained through the races, each against the setting kept so far; parting/1k:"
           " positions per 1,000 of built-in code and prose answers where verify calls choose another greedy token than"
           " single steps, measured for the target settings that would replace the one kept; none may part more often"
@@ -318,8 +318,8 @@ def _tune(settings: RunSettings, again: bool = True) -> int:
 
 def _plan_draft(settings: RunSettings) -> int:
     """`tune --draft-plan`: the draft plan alone, kept beside the compile settings already chosen."""
-    from specdemo import tune
-    from specdemo.profile import machine_profile
+    from specdemo.learning import tune
+    from specdemo.learning.profile import machine_profile
 
     started = time.perf_counter()
     profile = machine_profile()
@@ -334,7 +334,7 @@ def _plan_draft(settings: RunSettings) -> int:
 
 def _forget_tune() -> int:
     """`tune --forget`: this machine's compile choice and draft plan are dropped (a running page compiles again)."""
-    from specdemo.profile import machine_profile
+    from specdemo.learning.profile import machine_profile
 
     profile = machine_profile()
     profile.forget_tune()
@@ -343,7 +343,7 @@ def _forget_tune() -> int:
 
 
 def _print_draft_plan(drafts: list) -> None:
-    from specdemo.draft_choice import table
+    from specdemo.learning.draft_choice import table
 
     if not drafts:
         return
@@ -354,7 +354,7 @@ def _print_draft_plan(drafts: list) -> None:
 
 
 def _prepare(settings: RunSettings) -> int:
-    from specdemo.profile import machine_profile
+    from specdemo.learning.profile import machine_profile
 
     for model in map(machine_profile().resolve_precision, (settings.target, settings.draft)):
         folder = sources.prepare(model)

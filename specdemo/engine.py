@@ -5,7 +5,7 @@
         ...                                       # TokenEvents, then one Summary
 
 The engine yields plain events and knows nothing of how they are shown (CLI, app, benchmark). Loading one model is
-specdemo/models/loading.py's; what a pair learns of the machine at warm-up, specdemo/warmup.py's.
+specdemo/models/loading.py's; what a pair learns of the machine at warm-up, specdemo/learning/warmup.py's.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from specdemo import warmup
+from specdemo.learning import warmup
 from specdemo.decoding import k_rules, loops, planner
 from specdemo.models import sources
 from specdemo.decoding.costs import CostModel
@@ -26,7 +26,7 @@ from specdemo.results.counterfactual import Counterfactual, counterfactual, draf
 from specdemo.decoding.drafters import STRATEGIES, make_drafter, strategy
 from specdemo.models.loading import LoadedModel, load_model
 from specdemo.decoding.planner import Plan, make_plan
-from specdemo.profile import Keys, Profile, machine_profile
+from specdemo.learning.profile import Keys, Profile, machine_profile
 from specdemo.settings import AUTO, K_MAX, GenerationSettings, ModelSettings, RunSettings
 from specdemo.text import clean_instruction
 

@@ -22,7 +22,7 @@ from specdemo import errors
 from specdemo.models import sources
 from specdemo.host import compat
 from specdemo.decoding.drafters import DEFAULT, strategy
-from specdemo.profile import machine_profile
+from specdemo.learning.profile import machine_profile
 from specdemo.results import metrics
 from specdemo.decoding.events import TARGET, Detokenizer, TokenEvent
 from specdemo.results.metrics import Summary

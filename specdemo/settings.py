@@ -29,7 +29,7 @@ AUTO = "auto"  # a draft's precision left to `python -m specdemo tune`'s draft p
 DRAFT_PRECISION = "int4"  # what an auto draft precision runs until there is a plan (or when its choice is not prepared)
 FAITHFUL = "faithful"  # a target's precision left to this machine: the full-fidelity layout whose step is fastest here
 # The full-fidelity layouts (`bench --only fidelity`: as close to the GGUF as INT8 or closer), the first the one a
-# machine runs before it has raced them (`python -m specdemo tune`, specdemo/target_choice.py): the quickest to
+# machine runs before it has raced them (`python -m specdemo tune`, specdemo/learning/target_choice.py): the quickest to
 # prepare (20 s against INT8's 35 s, 2-core AMX Xeon). Which steps faster depends on the CPU: INT8 on the AMX Xeon
 # (0.87x gguf-mixed's step), gguf-mixed on a Zen 4 (our autoregressive lane 0.67x llama.cpp's rate against 0.57x).
 FAITHFUL_PRECISIONS = ("gguf-mixed", "int8")
@@ -50,7 +50,7 @@ class ModelSettings:
     num_threads: int = 0  # INFERENCE_NUM_THREADS; 0 lets OpenVINO use every core
     inference_precision: str = ""  # INFERENCE_PRECISION_HINT (f32, bf16, f16); "" = f32 on CPU, else the plugin's default
     # keep only the ~N most frequent tokens in the LM head (a cheaper draft; specdemo/models/vocab.py); 0 keeps all; -1 leaves
-    # it to `python -m specdemo tune`'s draft plan for this machine (specdemo/draft_choice.py), else the full head
+    # it to `python -m specdemo tune`'s draft plan for this machine (specdemo/learning/draft_choice.py), else the full head
     head_tokens: int = -1
     # DYNAMIC_QUANTIZATION_GROUP_SIZE: activations quantized in groups of this many for the int8/int4 kernels; 0 turns
     # it off; -1 leaves the plugin's default (32) or what `python -m specdemo tune` chose for this machine

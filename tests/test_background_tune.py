@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from specdemo.models import sources
-from specdemo.profile import choices, machine_profile
+from specdemo.learning.profile import choices, machine_profile
 from specdemo.settings import CONFIGURATIONS, DEFAULT_DRAFT, DEFAULT_TARGET, RunSettings
 from specdemo.ui import handlers, tuning
 

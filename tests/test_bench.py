@@ -323,8 +323,9 @@ def test_renamed_lanes_are_still_paired_by_their_fields_in_figures_targets_and_r
 
 def test_the_report_shows_the_tune_the_models_ran_under_settings_by_times_and_the_draft_plan(tmp_path):
     """The tune file's trials and draft plan, as the bench records them, become the report's "Tuned" section."""
-    from specdemo import draft_choice, strict_json, tune
-    from specdemo.profile import Profile, choices
+    from specdemo import strict_json
+    from specdemo.learning import draft_choice, tune
+    from specdemo.learning.profile import Profile, choices
     from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET
     from tests.test_draft_choice import AVX2, option
 

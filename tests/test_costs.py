@@ -4,7 +4,7 @@ across processes, and said in words. The runs are the real loops on fake models 
 import numpy as np
 import pytest
 
-from specdemo import measuring
+from specdemo.learning import measuring
 from specdemo.results import metrics
 from specdemo.decoding import loops
 from specdemo.decoding.costs import CostModel, fold, monotone
@@ -84,7 +84,7 @@ def test_a_runs_verify_calls_are_compared_with_the_same_moments_single_steps():
 
 
 def test_a_folded_model_survives_the_machine_profile(tmp_path, monkeypatch):
-    from specdemo.profile import Profile
+    from specdemo.learning.profile import Profile
 
     monkeypatch.setenv("SPECDEMO_LEARN", "1")  # what is measured is written (with learning off it stays in memory)
     model = fold_runs(MEASURED, target_seconds(0.035, 0.125), lambda n: 0.01, runs=2)

@@ -23,7 +23,7 @@ from specdemo.decoding.drafters.lookup import PromptLookupDrafter
 from specdemo.decoding.drafters.model import ModelDrafter
 from specdemo.engine import Engine
 from specdemo.results.lane import drain
-from specdemo.profile import Keys, Profile
+from specdemo.learning.profile import Keys, Profile
 from specdemo.settings import GenerationSettings, KPolicy
 from tests.fake_models import FakeModel, FakeTokenizer
 

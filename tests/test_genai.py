@@ -6,7 +6,7 @@ import pytest
 
 from specdemo import genai
 from specdemo.models import sources
-from specdemo.profile import machine_profile
+from specdemo.learning.profile import machine_profile
 from specdemo.decoding.events import TARGET
 from specdemo.results.lane import drain
 from specdemo.settings import KPolicy, GenerationSettings, RunSettings

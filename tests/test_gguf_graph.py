@@ -224,7 +224,7 @@ def test_openvino_genai_runs_the_built_folder_as_our_runtime_does_with_a_draft_t
 @pytest.mark.real_models
 @pytest.mark.slow  # converts the 1.5B target twice (about a minute each on 2 cores) and scores 285 positions twice
 def test_the_default_target_converts_without_torch_and_keeps_the_ggufs_choices(home, tmp_path):
-    from specdemo import builtin, tune
+    from specdemo.learning import builtin, tune
     from specdemo.results import fidelity
     from specdemo.models.loading import load_model
 

@@ -16,7 +16,7 @@ import pytest
 
 from specdemo.models import sources
 from specdemo.host import memory
-from specdemo.profile import machine_profile
+from specdemo.learning.profile import machine_profile
 from specdemo.settings import DEFAULT_TARGET
 from tests.conftest import ROOT, TEST_HOME
 

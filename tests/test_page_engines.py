@@ -59,7 +59,7 @@ def _fake_engines(monkeypatch, home):
 
 def _retune() -> None:
     """A tune in another process changes the choice (a new stamp in the profile)."""
-    from specdemo.profile import Profile
+    from specdemo.learning.profile import Profile
     from specdemo.models.sources import specdemo_home
 
     Profile(specdemo_home()).store.update("tune", lambda tune: {**tune, "changed_ns": tune.get("changed_ns", 0) + 10**9})

@@ -19,10 +19,10 @@ import pytest
 from specdemo.decoding.costs import CostModel
 from specdemo.decoding.events import Round
 from specdemo.results.fidelity import BatchingNoise
-from specdemo.profile import Keys, Profile, store
-from specdemo.profile.choices import DEFAULT, Setting, model_key
+from specdemo.learning.profile import Keys, Profile, store
+from specdemo.learning.profile.choices import DEFAULT, Setting, model_key
 from specdemo.settings import KPolicy, DEFAULT_DRAFT, DEFAULT_TARGET, GenerationSettings
-from specdemo.tune import Trial
+from specdemo.learning.tune import Trial
 from tests.conftest import ROOT
 
 COSTS = CostModel(target_s=tuple(0.05 + 0.002 * n for n in range(13)), target_prefill_tps=900.0,
@@ -272,7 +272,7 @@ def test_a_warm_up_with_learning_off_measures_for_this_process_and_writes_nothin
 WRITER = """
 import sys, time
 from pathlib import Path
-from specdemo.profile.store import Store
+from specdemo.learning.profile.store import Store
 
 path, go, name = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 store = Store(path, {"cpu": "test"})
@@ -305,7 +305,7 @@ def test_two_processes_writing_at_once_keep_every_entry(tmp_path):
 
 
 def test_what_an_older_specdemo_kept_in_tune_and_costs_is_imported_once(tmp_path):
-    from specdemo.profile.legacy import _tune_path
+    from specdemo.learning.profile.legacy import _tune_path
 
     tune_file = _tune_path(tmp_path)
     tune_file.parent.mkdir(parents=True)

@@ -16,7 +16,7 @@ from specdemo.models import sources
 from specdemo.engine import Engine
 from specdemo.text import clean_instruction
 from specdemo.models.loading import LoadedModel
-from specdemo.profile import machine_profile
+from specdemo.learning.profile import machine_profile
 from specdemo.settings import DEFAULT_TARGET, GenerationSettings
 from tests.hostile_text import ANY_TEXT, FAST
 

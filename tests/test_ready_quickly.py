@@ -1,4 +1,4 @@
-"""Ready in seconds: a page's engine is warmed up with a quick, provisional cost curve (specdemo/measuring.py,
+"""Ready in seconds: a page's engine is warmed up with a quick, provisional cost curve (specdemo/learning/measuring.py,
 quick=True) and learns the rest of the machine (the full curve, the batching noise, the acceptance evidence) after
 the page is ready, each in a turn of its own between visitors' runs; until then its predictions say they are
 provisional."""
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from specdemo import measuring
+from specdemo.learning import measuring
 from specdemo.engine import Engine
 from specdemo.settings import RunSettings
 from tests.conftest import exact

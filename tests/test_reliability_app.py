@@ -14,7 +14,7 @@ import pytest
 from gradio_client import Client
 
 from specdemo.models import sources
-from specdemo.profile import machine_profile
+from specdemo.learning.profile import machine_profile
 from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET
 from specdemo.ui.handlers import OUTPUTS
 from specdemo.ui.page import INPUTS

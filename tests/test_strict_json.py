@@ -8,10 +8,10 @@ from dataclasses import asdict, replace
 
 from specdemo.results import runfile
 from specdemo.results.parting import Parting
-from specdemo.profile import Profile
-from specdemo.profile.choices import FROM_PLAN, Setting, model_key
+from specdemo.learning.profile import Profile
+from specdemo.learning.profile.choices import FROM_PLAN, Setting, model_key
 from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET
-from specdemo.tune import Trial
+from specdemo.learning.tune import Trial
 from tests.test_draft_choice import option
 
 

@@ -6,12 +6,13 @@ from dataclasses import replace
 
 import pytest
 
-from specdemo import genai, identity, race, tune
+from specdemo import genai
+from specdemo.learning import identity, race, tune
 from specdemo.host import compat
 from specdemo.decoding.events import TokenEvent
 from specdemo.settings import DEFAULT_TARGET as FAITHFUL_TARGET
-from specdemo.profile import machine_profile
-from specdemo.profile.choices import DEFAULT, Setting, model_key
+from specdemo.learning.profile import machine_profile
+from specdemo.learning.profile.choices import DEFAULT, Setting, model_key
 TARGET = replace(FAITHFUL_TARGET, precision="int8")  # the default target at one of its layouts, as tune is given it
 
 # Three CPU classes, by their flags: an AMX Xeon (Sapphire Rapids), an AMD Zen 4 (AVX-512 with VNNI and BF16, no
@@ -283,7 +284,7 @@ def test_another_configurations_target_is_searched_beside_the_draft_as_tuned(tmp
     a tuned draft both are searched."""
     from types import SimpleNamespace
 
-    from specdemo import draft_choice
+    from specdemo.learning import draft_choice
     from specdemo.settings import DEFAULT_DRAFT
 
     monkeypatch.setenv("SPECDEMO_HOME", str(tmp_path))

@@ -39,7 +39,7 @@ from typing import Callable
 
 from specdemo import strict_json
 from specdemo.host import machine
-from specdemo.profile import machine_profile
+from specdemo.learning.profile import machine_profile
 from specdemo.bench.settings import FULL, QUICK, SECTIONS, BenchSettings, check_generation
 from specdemo.settings import RunSettings
 

@@ -223,7 +223,7 @@ class Context:
     def target_settings(self) -> list[ModelSettings]:
         """The target at the run's precision, then at each other precision of the bench, each compiled as this
         machine's profile resolves it (its tune applied): what the fidelity and nodes sections compare."""
-        from specdemo.profile import machine_profile
+        from specdemo.learning.profile import machine_profile
 
         precisions = dict.fromkeys((self.settings.target.precision, *self.bench.target_precisions))
         return [machine_profile().resolve(replace(self.settings.target, precision=p)) for p in precisions]

@@ -181,7 +181,7 @@ def gguf_read_bytes(path: Path) -> int:
 
 def profile_target(settings, prompt: list[int], tokens_per_call: tuple[int, ...], log) -> dict:
     """One target precision compiled as it runs here, with counters on: per group and call size, ms and bytes."""
-    from specdemo import tune
+    from specdemo.learning import tune
     from specdemo.models.loading import describe_compile
 
     model = tune.compile_model(settings, profiled=True)

@@ -18,7 +18,7 @@ from specdemo.bench.stats import COMPONENTS
 from specdemo.results.metrics import speedup_from_calls
 from specdemo.bench.targets import fastest
 from specdemo.decoding.costs import CostModel
-from specdemo.disk import size
+from specdemo.learning.disk import size
 
 
 def render(results: dict, plots: dict[str, str]) -> str:

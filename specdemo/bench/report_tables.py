@@ -9,7 +9,7 @@ import math
 from specdemo.bench import schema
 from specdemo.bench.schema import OURS_AR, OURS_SPEC
 from specdemo.bench.stats import COMPONENTS
-from specdemo.disk import size
+from specdemo.learning.disk import size
 from specdemo.results.figures import figure
 
 
@@ -103,8 +103,8 @@ def _error(spread: dict | None) -> str:
 def tune_section(record: dict | None) -> str:
     """The compile settings and the draft this run's models were loaded under, as `python -m specdemo tune` chose them:
     every trial of the tune (settings × times) and the draft plan."""
-    from specdemo.profile.choices import Setting
-    from specdemo.race import VERIFY_SIZES
+    from specdemo.learning.profile.choices import Setting
+    from specdemo.learning.race import VERIFY_SIZES
 
     if not record:
         return ("## Tuned for this machine\n\nNot tuned: every model ran on the default compile settings "
@@ -126,7 +126,7 @@ def tune_section(record: dict | None) -> str:
             "answers; none may part more often than the defaults beyond the counting noise of theirs: one standard deviation "
             "of their count, at least one parting).\n\n"
             + table(["model", "setting", "greedy kept", "time", "vs default", "parting /1k", ""], rows))
-    from specdemo.draft_choice import from_dict
+    from specdemo.learning.draft_choice import from_dict
 
     plan = record.get("draft_plan") or {}
     if plan.get("options"):

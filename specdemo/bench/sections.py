@@ -79,7 +79,7 @@ def paper_figures(lanes: list[Lane], runs: list[Run], n: int) -> dict:
 def run_transformers(ctx: Context) -> dict:
     """transformers generate() and assisted generation beside ours, same prompts, same K."""
     from specdemo.bench import peers
-    from specdemo.disk import size
+    from specdemo.learning.disk import size
 
     missing = [m for m in (ctx.engine.target, ctx.engine.draft) if peers.hf_weights_missing(m.settings.source)]
     if missing:  # say what it costs on disk before writing it
@@ -193,13 +193,13 @@ def run_fidelity(ctx: Context) -> dict:
     import gc
     from dataclasses import asdict
 
-    from specdemo import builtin, tune
+    from specdemo.learning import builtin, tune
     from specdemo.results import fidelity
     from specdemo.models import sources
     from specdemo.host import memory
     from specdemo.bench import llamacpp
     from specdemo.models.loading import describe_compile
-    from specdemo.race import PIECE
+    from specdemo.learning.race import PIECE
 
     if llamacpp.gguf_path(ctx.settings.target.source) is None:
         return {"skipped": "fidelity: skipped (its reference is the target's GGUF: use a preset or a local .gguf file)"}

@@ -1,5 +1,5 @@
 """What a call costs on this machine: the cost model the planner and the predictions use, measured the way the
-loop makes its calls (specdemo/measuring.py) and corrected by every run.
+loop makes its calls (specdemo/learning/measuring.py) and corrected by every run.
 
 Leviathan et al. assume scoring K+1 tokens in one target call costs one single-token step. That holds
 where the target is memory-bound (an AMX Xeon: a 5-token call costs ~1.2 steps) and fails where it
@@ -18,7 +18,7 @@ scaled like their nearest neighbours, and the loop's own time per step and per r
 run under load moves none of these; two runs that agree move them all. A shared machine drifts (the same target step was 47 ms and 35 ms an hour
 apart), so the model follows what runs pay now.
 
-Kept in the machine profile (specdemo/profile) keyed by the models, precisions, device, threads, CPU and OpenVINO
+Kept in the machine profile (specdemo/learning/profile) keyed by the models, precisions, device, threads, CPU and OpenVINO
 (measuring.cost_key), so a machine is measured once; measuring again forgets the corrections.
 """
 

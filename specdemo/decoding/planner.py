@@ -10,7 +10,7 @@ a(i) given that drafts 1 .. i-1 were (a(i) = α for every i is the geometric mod
 Leviathan's eq. 1 is the special case a(i) = α, t(K+1) = t(1) and d(1) = c·t(1). K = 0 means "no
 drafting": the speculative lane then runs at the target's own speed, S = 1.
 
-The acceptance model is learnt per drafter and decoding mode (specdemo/profile/acceptance.py): from the
+The acceptance model is learnt per drafter and decoding mode (specdemo/learning/profile/acceptance.py): from the
 teacher-forced match masks of greedy runs (every position of an answer is evidence, even when the run
 drafted nothing; specdemo/results/counterfactual.py) and from the rounds of sampled runs. Positions with little
 evidence lean on the pooled rate, so the model is geometric unless the data say otherwise.

@@ -192,7 +192,7 @@ def accepted_run(mask: list[int], j: int, cap: int) -> int:
 
 def mask_counts(mask: list[int], k_max: int) -> tuple[list[int], list[int]]:
     """(tested, accepted) at draft positions 1 … k_max over every round start: position i is tested where the
-    i - 1 drafts before it matched. The acceptance model's evidence (specdemo/profile/acceptance.py)."""
+    i - 1 drafts before it matched. The acceptance model's evidence (specdemo/learning/profile/acceptance.py)."""
     tested, accepted = [0] * k_max, [0] * k_max
     for j in range(1, len(mask)):
         for i in range(k_max):

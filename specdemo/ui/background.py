@@ -40,7 +40,7 @@ async def follow(poll_s: float = 2.0, settle_s: float = 900.0) -> AsyncIterator[
 def applied(progress) -> str:
     """What the finished tune steps changed, in words ("the default target tuned at 17:20: 18% faster than the
     defaults"): the page compiles under it from the next run on."""
-    from specdemo.profile import machine_profile
+    from specdemo.learning.profile import machine_profile
     from specdemo.settings import CONFIGURATIONS
 
     profile, out = machine_profile(), []

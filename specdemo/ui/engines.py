@@ -24,7 +24,7 @@ from specdemo import genai
 from specdemo.models import sources
 from specdemo.host import machine, memory
 from specdemo.engine import Engine
-from specdemo.profile import machine_profile
+from specdemo.learning.profile import machine_profile
 from specdemo.models.runtime import release_weight_pages
 from specdemo.settings import CONFIGURATIONS, GenerationSettings, ModelSettings, RunSettings
 from specdemo.ui.lanes import AUTOREGRESSIVE, GENAI, SPECULATIVE

@@ -16,11 +16,12 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Iterator
 
-from specdemo import genai, measuring
+from specdemo import genai
+from specdemo.learning import measuring
 from specdemo.results import metrics, runfile
 from specdemo.models import sources
 from specdemo.host import memory
-from specdemo.disk import inventory
+from specdemo.learning.disk import inventory
 from specdemo.decoding.drafters import strategy
 from specdemo.engine import Engine
 from specdemo.settings import GenerationSettings, RunSettings

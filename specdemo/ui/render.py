@@ -7,7 +7,7 @@ import html
 
 import pandas as pd
 
-from specdemo.disk import size
+from specdemo.learning.disk import size
 from specdemo import genai
 from specdemo.decoding.drafters import strategy
 from specdemo.decoding.events import ACCEPTED, BONUS, CORRECTED, TokenEvent

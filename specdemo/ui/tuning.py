@@ -32,7 +32,7 @@ from typing import Callable, Iterator
 
 from specdemo.models import sources
 from specdemo.host import memory
-from specdemo.profile import machine_profile
+from specdemo.learning.profile import machine_profile
 from specdemo.settings import AUTO, CONFIGURATIONS, FAITHFUL, RunSettings
 from specdemo.ui.progress import Follower, Progress
 
@@ -236,7 +236,7 @@ def background_steps(settings: RunSettings, model_bytes: int, log: Callable[[str
     bound leaves room for it beside the page (memory.tune_need, `model_bytes` the target's weights on disk); and each
     named configuration's models that are not prepared yet, then their targets' tunes. Each step checks the memory
     again as it goes, and waits or skips (memory.wait_for)."""
-    from specdemo.draft_choice import PRECISIONS as DRAFT_PRECISIONS
+    from specdemo.learning.draft_choice import PRECISIONS as DRAFT_PRECISIONS
 
     steps = []
     if settings.draft.precision == AUTO:

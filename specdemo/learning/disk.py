@@ -41,7 +41,7 @@ def inventory(home: Path | None = None) -> list[Item]:
     """Everything under SPECDEMO_HOME, each sorted into a kind."""
     home = home or sources.specdemo_home()
     items: list[Item] = []
-    from specdemo.profile import machine_profile
+    from specdemo.learning.profile import machine_profile
 
     # the default pair: the draft as it runs here, the target at each faithful layout (the one it runs, and the one
     # raced against it)

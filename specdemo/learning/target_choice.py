@@ -20,7 +20,7 @@ import gc
 from dataclasses import replace
 from typing import Callable
 
-from specdemo.race import race, sample_step
+from specdemo.learning.race import race, sample_step
 from specdemo.settings import FAITHFUL, FAITHFUL_PRECISIONS, ModelSettings
 
 
@@ -29,7 +29,7 @@ def choose(target: ModelSettings, log: Callable[[str], None] = print, profile=No
     `compile(settings)` (a compile admitted by memory, or None when memory does not allow it; default: the layout
     prepared, then tune.compiled_in_bound) and `timer(incumbent, challenger) -> race.Verdict` (default: race.race on single steps) are
     what tests replace."""
-    from specdemo.profile import machine_profile
+    from specdemo.learning.profile import machine_profile
 
     assert target.precision == FAITHFUL
     profile = profile or machine_profile()
@@ -68,7 +68,7 @@ def choose(target: ModelSettings, log: Callable[[str], None] = print, profile=No
 def _compiled(settings: ModelSettings, log: Callable[[str], None]):
     """The layout prepared (converted from the GGUF when missing, in a child that waits for memory itself), then
     compiled once memory allows it (tune.compiled_in_bound), or None."""
-    from specdemo import tune
+    from specdemo.learning import tune
     from specdemo.models import sources
 
     sources.prepare(settings)  # its stages on the standard output, as `prepare` prints them

@@ -6,11 +6,11 @@
     prior = profile.acceptance(keys.pair).prior("model", greedy=True)
     profile.learn(keys, generation, result.rounds)     # by whoever drained a lane, outside the engine's lock
 
-What it holds (one file, one atomic write, a schema version: specdemo/profile/store.py): `tune`, the compile choice
-and draft plan (written by `python -m specdemo tune`, specdemo/tune.py); `costs`, per compiled pair, the cost curve
+What it holds (one file, one atomic write, a schema version: specdemo/learning/profile/store.py): `tune`, the compile choice
+and draft plan (written by `python -m specdemo tune`, specdemo/learning/tune.py); `costs`, per compiled pair, the cost curve
 (specdemo/decoding/costs.py) with its corrections; `noise`, per compiled pair, how far batched calls move a top-2 gap
 (specdemo/results/fidelity.py); `acceptance`, per model pair, the drafts tested and accepted at each position
-(specdemo/profile/acceptance.py).
+(specdemo/learning/profile/acceptance.py).
 
 SPECDEMO_LEARN=0 (the tests set it) freezes what runs teach, and keeps what a warm-up measures (costs, noise) in this
 process's memory only; tune's choice, asked for by a command, is still written. A home that refuses a write (a full
@@ -28,9 +28,9 @@ from typing import Sequence
 from specdemo.models import sources
 from specdemo.host import machine
 from specdemo.decoding.costs import CostModel, fold
-from specdemo.profile import choices
-from specdemo.profile.acceptance import AcceptanceHistory, folded
-from specdemo.profile.store import Store, path_for
+from specdemo.learning.profile import choices
+from specdemo.learning.profile.acceptance import AcceptanceHistory, folded
+from specdemo.learning.profile.store import Store, path_for
 from specdemo.settings import GenerationSettings, ModelSettings
 
 
@@ -62,7 +62,7 @@ class Profile:
         has not refused a write."""
         return learning() and not self.store.refused
 
-    # ---- what tune chose (specdemo/profile/choices.py)
+    # ---- what tune chose (specdemo/learning/profile/choices.py)
 
     def tune(self) -> dict:
         return self.store.section("tune")
@@ -148,7 +148,7 @@ class Profile:
     def keep_noise(self, key: str, noise) -> None:
         self.store.update("noise", lambda section: {**section, key: noise.to_dict()}, save=self.learns())
 
-    # ---- the acceptance history of one model pair (specdemo/profile/acceptance.py)
+    # ---- the acceptance history of one model pair (specdemo/learning/profile/acceptance.py)
 
     def acceptance(self, pair: str) -> AcceptanceHistory:
         return AcceptanceHistory(self.store.section("acceptance").get(pair))

@@ -21,7 +21,7 @@ an AMX Xeon's, a Zen 4's and an AVX2-only EPYC's flags: tests/test_tune.py):
 * each challenger is compiled and checked for fidelity: its greedy choices, teacher forced over built-in answers
   (assets/calibration.json), must equal the reference compile's (f32, no dynamic quantization) wherever the
   reference is not at a near-tie;
-* a faithful one races the incumbent in the loop's own call pattern (specdemo/race.py: a sequential test on paired
+* a faithful one races the incumbent in the loop's own call pattern (specdemo/learning/race.py: a sequential test on paired
   samples that stops once the leader is clear) and replaces it only when clearly MARGIN faster; groups are tried
   largest first, and the first that is not faster ends its dimension (a smaller group does more work per row);
 * the chosen pair must still give greedy speculative output equal to autoregressive output.
@@ -36,7 +36,7 @@ Memory is bounded (specdemo/host/memory.py): the tune waits for room for its who
 compiles anything, then holds at most two compiles of a model (the incumbent and one challenger) beside the other
 model, each admitted before it is compiled; a tune memory does not allow ends with memory.Short (exit memory.SKIPPED).
 
-The choice is kept in the machine profile (specdemo/profile: Profile.keep_tune, read by Profile.resolve) and applied
+The choice is kept in the machine profile (specdemo/learning/profile: Profile.keep_tune, read by Profile.resolve) and applied
 to every compile of these models (ours, GenAI's lane in the page, the bench's GenAI peers), so comparisons stay like
 for like; the cost model is measured again under it.
 """
@@ -53,13 +53,13 @@ from pathlib import Path
 
 import numpy as np
 
-from specdemo import builtin, identity
+from specdemo.learning import builtin, identity
 from specdemo.models import sources
 from specdemo.host import machine, memory
 from specdemo.results.fidelity import teacher_forced_logits
-from specdemo.profile import machine_profile
-from specdemo.profile.choices import DEFAULT, REFERENCE, Setting, searched
-from specdemo.race import CONTEXT, MARGIN, PIECE, alone, race, sample_draft, sample_target
+from specdemo.learning.profile import machine_profile
+from specdemo.learning.profile.choices import DEFAULT, REFERENCE, Setting, searched
+from specdemo.learning.race import CONTEXT, MARGIN, PIECE, alone, race, sample_draft, sample_target
 from specdemo.settings import ModelSettings
 
 GROUP_SIZES = (16, 32, 64, 128, 256)  # dynamic quantization's groups: multiples of the kernels' 16 lanes (0: off)
@@ -321,7 +321,7 @@ def search(role: str, base: ModelSettings, other, probes: list[Probe], log, cpu:
 
 def tune(target: ModelSettings, draft: ModelSettings, log=print, again: bool = True) -> tuple[list[Trial], list]:
     """Choose each model's compile setting on this machine (see the module's docstring), then the draft's head size
-    (specdemo/draft_choice.py); returns the trials and the draft options.
+    (specdemo/learning/draft_choice.py); returns the trials and the draft options.
 
     With `again` False, a draft this machine has a setting and a plan for is not searched again: only the target is
     (another configuration's target beside the same draft, e.g. the fastest configuration's INT4), against the draft
@@ -386,7 +386,7 @@ def plan_draft(setting: Setting, target, draft: ModelSettings, tokenizer, exampl
     """The draft plan under the draft's compile `setting`: each candidate draft measured against `target` (the tuned
     target's runtime) and priced by the planner on the target's cost curve, measured here quickly (draft_choice);
     `incumbent`: the configured draft's compile at `setting`, if held."""
-    from specdemo import draft_choice, measuring
+    from specdemo.learning import draft_choice, measuring
     from specdemo.settings import K_MAX
 
     log("draft plan: each candidate draft's acceptance on the built-in answers and its step in a round, priced by the "

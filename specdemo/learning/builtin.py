@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
 CALIBRATION = ASSETS / "calibration.json"
 PROSE = ASSETS / "prose.json"
 

@@ -1,5 +1,5 @@
 """Timing races between two compiles of one model, in the decoding loop's own call patterns: how tune (and the draft
-plan, specdemo/draft_choice.py) tell whether a challenger is faster than the incumbent on a shared machine.
+plan, specdemo/learning/draft_choice.py) tell whether a challenger is faster than the incumbent on a shared machine.
 
     verdict = race(incumbent, challenger, draft, sample_target)   # t(1) + t(4) + t(7) of two targets
     verdict = race(incumbent, challenger, target, sample_draft)   # a draft step inside a round, of two drafts

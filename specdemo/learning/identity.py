@@ -9,7 +9,7 @@ trade identity for speed.
 
 from __future__ import annotations
 
-from specdemo import builtin
+from specdemo.learning import builtin
 from specdemo.settings import ModelSettings
 
 POSITIONS = 320  # built-in code and prose answer tokens scored by single steps and by verify calls (~1 min)

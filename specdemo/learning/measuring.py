@@ -7,7 +7,7 @@ shape repeated before the next, at a context answers reach. (Timing the sizes in
 every call a change of shape, which the CPU plugin pays for: t(1) came out 40 % above what the loop pays on an
 AVX-512 EPYC.)
 
-A measurement is kept in the machine profile (specdemo/profile) under cost_key: the models, precisions, device,
+A measurement is kept in the machine profile (specdemo/learning/profile) under cost_key: the models, precisions, device,
 threads, CPU and OpenVINO, so a machine is measured once. Measuring runs every shape, so it doubles as the warm-up.
 """
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from specdemo import strict_json
-from specdemo.profile.legacy import import_stores
+from specdemo.learning.profile.legacy import import_stores
 
 SCHEMA = 1  # bump when a section's meaning changes; a profile of another schema is kept aside and started afresh
 SECTIONS = ("tune", "costs", "noise", "acceptance")

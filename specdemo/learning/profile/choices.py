@@ -1,7 +1,7 @@
 """What tune chose for this machine: the machine profile's `tune` section, holding each model's compile setting (by
 source, precision and device) and each draft model's plan. Pure functions over that section (a dict): the profile
-(specdemo/profile/__init__.py) reads it wherever a model is compiled (ours, GenAI's lane, the bench's peers) and
-applies it where the settings leave the choice open; `python -m specdemo tune` (specdemo/tune.py, the measuring) and
+(specdemo/learning/profile/__init__.py) reads it wherever a model is compiled (ours, GenAI's lane, the bench's peers) and
+applies it where the settings leave the choice open; `python -m specdemo tune` (specdemo/learning/tune.py, the measuring) and
 the draft plan write it through `with_tune`.
 
     {"models": {model_key: {setting, seconds, relative, tuned_at[, from]}},
@@ -66,7 +66,7 @@ def searched(draft: ModelSettings) -> ModelSettings:
 
 def planned_options(settings: ModelSettings, tune: dict) -> list:
     """The draft plan's priced options for this draft model on this machine (none: no plan yet, or not on the CPU)."""
-    from specdemo.draft_choice import from_dict
+    from specdemo.learning.draft_choice import from_dict
 
     entry = _entry("drafts", draft_key(settings), tune) if settings.device.upper().startswith("CPU") else None
     try:
@@ -110,7 +110,7 @@ def with_faithful(tune: dict, target: ModelSettings, precision: str, seconds: di
 def resolve_draft(settings: ModelSettings, tune: dict, heads: bool = True) -> ModelSettings:
     """The draft plan's choice where `settings` leave it open: an auto precision, among the prepared precisions, and
     a head size of -1 (draft_choice.choose); without a plan, DRAFT_PRECISION and the full head."""
-    from specdemo.draft_choice import choose
+    from specdemo.learning.draft_choice import choose
 
     options = planned_options(settings, tune) if settings.precision == AUTO or settings.head_tokens == -1 else []
     choice = None
@@ -203,7 +203,7 @@ def with_tune(tune: dict, trials: list, settings: dict[str, ModelSettings], draf
                                                        "relative": trial.relative, "tuned_at": now}
     tune = {**tune, "models": models, "changed_ns": time.time_ns()}
     if drafts:
-        from specdemo.draft_choice import to_dict
+        from specdemo.learning.draft_choice import to_dict
 
         best = next(o for o in drafts if o.chosen)
         tune["drafts"] = {**tune.get("drafts", {}), draft_key(settings["draft"]): {
@@ -223,7 +223,7 @@ def with_tune(tune: dict, trials: list, settings: dict[str, ModelSettings], draf
 def needs_plan(draft: ModelSettings, tune: dict) -> bool:
     """Whether the draft plan is missing something a draft left to it could run: no plan yet, or a prepared precision
     it did not price."""
-    from specdemo.draft_choice import PRECISIONS
+    from specdemo.learning.draft_choice import PRECISIONS
 
     if draft.precision != AUTO and draft.head_tokens != -1:
         return False

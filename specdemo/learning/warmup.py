@@ -1,4 +1,4 @@
-"""What a loaded pair learns about this machine, kept in the machine profile: its cost curve (specdemo/measuring.py,
+"""What a loaded pair learns about this machine, kept in the machine profile: its cost curve (specdemo/learning/measuring.py,
 once per compiled pair; the calls also pay every first-call cost), how far its batched calls move a top-2 gap
 (specdemo/results/fidelity.py, once per compile), and the draft's first acceptance evidence (once per pair).
 
@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Callable
 
-from specdemo import builtin, measuring
+from specdemo.learning import builtin, measuring
 from specdemo.results import fidelity
 from specdemo.results.counterfactual import agreement_mask, mask_counts
 from specdemo.decoding.drafters import MASKED
-from specdemo.profile import Keys
+from specdemo.learning.profile import Keys
 from specdemo.models.runtime import release_weight_pages
 from specdemo.settings import GenerationSettings
 
