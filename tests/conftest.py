@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from specdemo.host import compat
-from specdemo.engine import Engine
+from specdemo.run.engine import Engine
 from specdemo.models.loading import LoadedModel, load_model
 from specdemo.settings import ModelSettings, RunSettings
 

@@ -20,7 +20,7 @@ from specdemo.bench.stats import (
 )
 from specdemo.bench.sweeps import sweep
 from specdemo.bench.targets import judge_targets
-from specdemo.cli import benchmark_settings, build_parser
+from specdemo.cli.commands import benchmark_settings, build_parser
 from specdemo.decoding.events import Round
 from specdemo.results.metrics import leviathan_speedup, speedup_from_calls
 from specdemo.settings import GenerationSettings, RunSettings

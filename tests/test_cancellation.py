@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from specdemo.engine import Engine
+from specdemo.run.engine import Engine
 from specdemo.decoding.events import End
 from specdemo.results.lane import LaneLog, drain
 from specdemo.models.runtime import OVModel

@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from specdemo.engine import Engine
+from specdemo.run.engine import Engine
 from specdemo.results.lane import drain
 from specdemo.settings import GenerationSettings, KPolicy
 from tests.conftest import watch_forward

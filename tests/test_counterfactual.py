@@ -21,7 +21,7 @@ from specdemo.results.counterfactual import (
 )
 from specdemo.decoding.drafters.lookup import PromptLookupDrafter
 from specdemo.decoding.drafters.model import ModelDrafter
-from specdemo.engine import Engine
+from specdemo.run.engine import Engine
 from specdemo.results.lane import drain
 from specdemo.learning.profile import Keys, Profile
 from specdemo.settings import GenerationSettings, KPolicy

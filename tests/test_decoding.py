@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from specdemo.engine import Engine
+from specdemo.run.engine import Engine
 from specdemo.decoding.events import ACCEPTED, BONUS, CORRECTED, TARGET
 from specdemo.results.lane import drain
 from specdemo.models.loading import load_model

@@ -33,7 +33,7 @@ def test_every_figure_names_a_summary_field_and_the_glossary_is_the_described_on
 
 
 def test_the_cli_the_page_and_show_say_and_write_a_figure_the_same_way(tiny_engine, tiny_target, tiny_draft, capsys):
-    from specdemo.terminal import _print_summaries
+    from specdemo.cli.terminal import _print_summaries
 
     settings = GenerationSettings(max_new_tokens=24, k_policy=KPolicy.fixed(3))
     ar, spec = (drain(run(PROMPT, settings)) for run in (tiny_engine.autoregressive, tiny_engine.speculative))
@@ -60,7 +60,7 @@ def test_a_new_figure_is_its_description_and_nothing_else(tiny_engine, tiny_targ
     """Described with its places, a figure the renderers never heard of appears in the CLI, the page and `show`."""
     from specdemo.results import figures
     from specdemo.results.figures import EVERYWHERE, Figure
-    from specdemo.terminal import _print_summaries
+    from specdemo.cli.terminal import _print_summaries
 
     rate = Figure("rollback_s", "time rolling back", "ms", 2, places=EVERYWHERE)
     monkeypatch.setattr(figures, "FIGURES", (*figures.FIGURES, rate))

@@ -1,10 +1,10 @@
-"""OpenVINO GenAI's speculative pipeline as a lane (specdemo/genai.py), on the real default pair."""
+"""OpenVINO GenAI's speculative pipeline as a lane (specdemo/run/genai.py), on the real default pair."""
 
 import threading
 
 import pytest
 
-from specdemo import genai
+from specdemo.run import genai
 from specdemo.models import sources
 from specdemo.learning.profile import machine_profile
 from specdemo.decoding.events import TARGET

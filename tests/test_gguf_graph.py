@@ -200,7 +200,7 @@ def test_openvino_genai_runs_the_built_folder_as_our_runtime_does_with_a_draft_t
     import openvino as ov
     import openvino_genai
 
-    from specdemo import genai
+    from specdemo.run import genai
 
     gguf = tiny_gguf.write(tmp_path / "tiny.gguf", "qwen2")
     export.from_gguf(GGUFFile(gguf), "int8", tmp_path / "ir", _quiet)

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import settings as examples
 from hypothesis import strategies as st
 
-from specdemo.engine import Engine
+from specdemo.run.engine import Engine
 from specdemo.text import clean_instruction
 from specdemo.results.lane import drain
 from specdemo.decoding.drafters import STRATEGIES as DRAFTERS

@@ -236,10 +236,10 @@ def test_a_home_that_refuses_a_write_keeps_its_profile_and_turns_learning_off(tm
 
 @pytest.mark.parametrize("when", ["at-load", "during-the-run"])
 def test_a_home_that_refuses_writes_fails_neither_a_model_load_nor_a_page_run(tiny_pair, tmp_path, monkeypatch, when):
-    from specdemo.engine import Engine
+    from specdemo.run.engine import Engine
     from specdemo.results.lane import drain
     from specdemo.settings import RunSettings
-    from specdemo.sidebyside import SideBySide
+    from specdemo.run.sidebyside import SideBySide
 
     engine = Engine(*tiny_pair, profile=Profile(tmp_path))
     if when == "at-load":
@@ -258,7 +258,7 @@ def test_a_home_that_refuses_writes_fails_neither_a_model_load_nor_a_page_run(ti
 
 
 def test_a_warm_up_with_learning_off_measures_for_this_process_and_writes_nothing(tiny_pair, tmp_path, monkeypatch):
-    from specdemo.engine import Engine
+    from specdemo.run.engine import Engine
 
     monkeypatch.setenv("SPECDEMO_LEARN", "0")
     profile, said = Profile(tmp_path), []
@@ -327,7 +327,7 @@ def test_what_an_older_specdemo_kept_in_tune_and_costs_is_imported_once(tmp_path
 
 
 def test_forgetting_the_tune_compiles_the_defaults_again_and_keeps_the_costs(tmp_path, monkeypatch, capsys):
-    from specdemo import cli
+    from specdemo.cli import commands as cli
 
     monkeypatch.setenv("SPECDEMO_HOME", str(tmp_path))
     profile = Profile(tmp_path)

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import example, given
 
 from specdemo.models import sources
-from specdemo.engine import Engine
+from specdemo.run.engine import Engine
 from specdemo.text import clean_instruction
 from specdemo.models.loading import LoadedModel
 from specdemo.learning.profile import machine_profile

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from specdemo.learning import measuring
-from specdemo.engine import Engine
+from specdemo.run.engine import Engine
 from specdemo.settings import RunSettings
 from tests.conftest import exact
 

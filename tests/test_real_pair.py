@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from specdemo.engine import Engine, IncompatibleModelsError, check_same_tokenizer
+from specdemo.run.engine import Engine, IncompatibleModelsError, check_same_tokenizer
 from specdemo.decoding.events import SOURCES, TokenEvent
 from specdemo.results.lane import drain
 from specdemo.settings import GenerationSettings, KPolicy

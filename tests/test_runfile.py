@@ -11,7 +11,7 @@ from specdemo.results import runfile
 from specdemo.results.lane import drain
 from specdemo.results.failures import FAILURE_KINDS
 from specdemo.settings import KPolicy, GenerationSettings, RunSettings
-from specdemo.sidebyside import SideBySide
+from specdemo.run.sidebyside import SideBySide
 from tests.conftest import ROOT, exact
 
 PROMPT = "w5 w17 w99 w3 w250 w42 w7"

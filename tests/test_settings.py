@@ -72,7 +72,7 @@ def test_unknown_precision_is_refused():
 def test_named_configurations_say_which_models_ran():
     from dataclasses import replace
 
-    from specdemo.cli import build_parser, settings_from
+    from specdemo.cli.commands import build_parser, settings_from
     from specdemo.settings import CONFIGURATIONS, RunSettings
 
     assert RunSettings().configuration == "faithful"

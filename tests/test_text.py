@@ -2,7 +2,7 @@
 obeyed, on the page and in the terminal."""
 
 from specdemo.decoding.events import TARGET, TokenEvent
-from specdemo.terminal import _render
+from specdemo.cli.terminal import _render
 from specdemo.text import BIDI_CONTROLS, shown
 from specdemo.ui.render import escape, render_tokens
 

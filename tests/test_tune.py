@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from specdemo import genai
+from specdemo.run import genai
 from specdemo.learning import identity, race, tune
 from specdemo.host import compat
 from specdemo.decoding.events import TokenEvent
@@ -249,7 +249,7 @@ def test_the_chosen_settings_reach_our_compiles_and_genais(tmp_path, monkeypatch
     when = machine_profile().tune()["models"][model_key(TARGET)]["tuned_at"][11:16]
     assert machine_profile().gain(TARGET) == f"tuned at {when}: 25% faster than the defaults"
 
-    from specdemo import engine
+    from specdemo.run import engine
     from specdemo.models import loading
     from specdemo.settings import RunSettings
 

@@ -5,11 +5,12 @@ prompt lookup) compile and run on the real pair. Each case writes the tune file 
 import pytest
 
 from conftest import TEST_HOME, link_converted_models
-from specdemo import errors, genai
+from specdemo import errors
+from specdemo.run import genai
 from specdemo.learning import tune
 from specdemo.models import sources
 from specdemo.learning.profile import Profile, choices, machine_profile
-from specdemo.engine import Engine
+from specdemo.run.engine import Engine
 from specdemo.results.lane import drain
 from specdemo.settings import KPolicy, DEFAULT_DRAFT, DEFAULT_TARGET, GenerationSettings, RunSettings
 

@@ -60,7 +60,7 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
     from specdemo.bench.sections import RUNNERS
     from specdemo.bench.settings import CODE_INSTRUCTIONS
     from specdemo.bench.targets import judge_targets
-    from specdemo.engine import Engine
+    from specdemo.run.engine import Engine
 
     check_generation(settings.generation)
     # A faithful target is measured at the layout this machine runs (the sections compare it with other precisions).
@@ -113,10 +113,10 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
 
 
 def sample_run(engine, settings: RunSettings, instruction: str) -> dict | None:
-    """Both our lanes on one instruction through the run's one owner (specdemo/sidebyside.py), its record as
+    """Both our lanes on one instruction through the run's one owner (specdemo/run/sidebyside.py), its record as
     `generate --json` writes it (None if a lane did not finish): what `show` renders beside the tables."""
     from specdemo.results.lane import drain
-    from specdemo.sidebyside import SideBySide
+    from specdemo.run.sidebyside import SideBySide
 
     side = SideBySide({"autoregressive": engine, "speculative": engine}, instruction, settings)
     side.prepare()

@@ -20,7 +20,7 @@ from specdemo.bench.settings import CODE_INSTRUCTIONS, BenchSettings
 from specdemo.results.lane import drain
 from specdemo.results.parting import parting
 from specdemo.settings import GenerationSettings, KPolicy, ModelSettings, RunSettings
-from specdemo.sidebyside import SideBySide
+from specdemo.run.sidebyside import SideBySide
 
 Framework = Literal["specdemo", "genai", "transformers", "llamacpp"]
 Kind = Literal["autoregressive", "speculative"]
@@ -189,7 +189,7 @@ GENAI_PIPELINES = 2  # GenAI pipelines kept loaded at once
 class Context:
     """What every section needs: the loaded default pair, the settings, and where to log."""
 
-    engine: object  # specdemo.engine.Engine with the default pair
+    engine: object  # specdemo.run.engine.Engine with the default pair
     settings: RunSettings
     bench: BenchSettings
     log: Callable[[str], None]
@@ -291,7 +291,7 @@ def peer_strategy(pipeline: str) -> Strategy | None:
 def genai_compile(target, draft) -> dict:
     """What GenAI's peers were compiled with, for the record: each model's properties (ours, fitted to what GenAI
     accepts) and, in words, where they differ from ours."""
-    from specdemo import genai
+    from specdemo.run import genai
 
     properties, draft_properties = genai_properties(target, draft)
     shown = lambda props: {key: value for key, value in props.items() if key != "CACHE_DIR"}  # noqa: E731
@@ -302,7 +302,7 @@ def genai_compile(target, draft) -> dict:
 def genai_properties(target, draft, defaults: bool = False) -> tuple[dict, dict]:
     """(target's, draft's) compile properties for a GenAI peer: ours, each model its own tuned ones; {} for GenAI's
     defaults."""
-    from specdemo.genai import compile_properties
+    from specdemo.run.genai import compile_properties
 
     if defaults:
         return {}, {}

@@ -84,7 +84,7 @@ def measure_memory(settings: RunSettings, mode: str, instruction: str, n: int) -
 
     import psutil
 
-    from specdemo.engine import Engine
+    from specdemo.run.engine import Engine
 
     from specdemo.host import memory
 

@@ -88,7 +88,7 @@ def counterfactuals(ctx: Context, runs: list[Run], ar: Lane, observer: Lane | No
 
 def run_vocab(ctx: Context) -> dict:
     """The draft's LM head trimmed to its N most frequent tokens: draft step, α̂ and speedup for each N."""
-    from specdemo.engine import Engine
+    from specdemo.run.engine import Engine
     from specdemo.models.loading import load_model
 
     generation = replace(ctx.generation, k_policy=KPolicy.auto(K_MAX))
@@ -110,7 +110,7 @@ def run_vocab(ctx: Context) -> dict:
 
 def run_precision(ctx: Context) -> dict:
     """Every draft precision with every target precision; each speedup is over the same target alone."""
-    from specdemo.engine import Engine
+    from specdemo.run.engine import Engine
 
     models = _models_by_precision(ctx)
     generation = ctx.generation
@@ -147,7 +147,7 @@ def _models_by_precision(ctx: Context) -> dict:
 
 def run_kv(ctx: Context) -> dict:
     """KV cache precision of both models: time, acceptance and cache bytes."""
-    from specdemo.engine import Engine
+    from specdemo.run.engine import Engine
     from specdemo.models.loading import load_model
 
     generation = ctx.generation

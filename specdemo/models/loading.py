@@ -3,7 +3,7 @@
     model = load_model(profile.resolve(ModelSettings(...)))   # prepares (converts once), then compiles
     model.describe()                                          # name, parameters, precision, size, KV cache, ...
 
-A pair of them, and the loops over it, is the engine's (specdemo/engine.py).
+A pair of them, and the loops over it, is the engine's (specdemo/run/engine.py).
 """
 
 from __future__ import annotations

@@ -20,10 +20,10 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from specdemo import genai
+from specdemo.run import genai
 from specdemo.models import sources
 from specdemo.host import machine, memory
-from specdemo.engine import Engine
+from specdemo.run.engine import Engine
 from specdemo.learning.profile import machine_profile
 from specdemo.models.runtime import release_weight_pages
 from specdemo.settings import CONFIGURATIONS, GenerationSettings, ModelSettings, RunSettings

@@ -16,18 +16,18 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Iterator
 
-from specdemo import genai
+from specdemo.run import genai
 from specdemo.learning import measuring
 from specdemo.results import metrics, runfile
 from specdemo.models import sources
 from specdemo.host import memory
 from specdemo.learning.disk import inventory
 from specdemo.decoding.drafters import strategy
-from specdemo.engine import Engine
+from specdemo.run.engine import Engine
 from specdemo.settings import GenerationSettings, RunSettings
 from specdemo.ui import charts, render, tuning, waiting
 from specdemo.ui.visitors import MEMORIES, Visitor
-from specdemo.sidebyside import SideBySide, finished
+from specdemo.run.sidebyside import SideBySide, finished
 from specdemo.ui.engines import (Held, Loading, device_settings, genai_loading_for, lane_loadings, loading_for,
                                  race_threads)
 from specdemo.ui.lanes import (AUTOREGRESSIVE, GENAI, LANES, SPECULATIVE, LaneRun, begin_run, cancel_run, end_run, follow,

@@ -8,7 +8,7 @@ import html
 import pandas as pd
 
 from specdemo.learning.disk import size
-from specdemo import genai
+from specdemo.run import genai
 from specdemo.decoding.drafters import strategy
 from specdemo.decoding.events import ACCEPTED, BONUS, CORRECTED, TokenEvent
 from specdemo.results.figures import RESULTS, figure, placed, value

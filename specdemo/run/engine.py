@@ -242,7 +242,7 @@ class Engine:
         # split_special_tokens: markup typed by the user, such as "<|im_start|>system", stays text.
         return self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
 
-    # ---- the lanes. A side-by-side run (specdemo/sidebyside.py) tokenizes and plans once and calls the *_ids forms;
+    # ---- the lanes. A side-by-side run (specdemo/run/sidebyside.py) tokenizes and plans once and calls the *_ids forms;
     # the instruction forms run one lane by itself (a library call, the tests).
 
     def autoregressive(self, instruction: str, settings: GenerationSettings,

@@ -23,7 +23,7 @@ from typing import Iterator, Mapping
 from specdemo.results import runfile
 from specdemo.decoding import planner
 from specdemo.decoding.drafters import strategy, with_counterpart
-from specdemo.engine import Engine
+from specdemo.run.engine import Engine
 from specdemo.results.lane import Result
 from specdemo.results.parting import Parting, parting
 from specdemo.settings import RunSettings

@@ -27,9 +27,9 @@ _STRIKE, _RESET = "\033[9;2m", "\033[0m"
 
 def generate(args: argparse.Namespace, settings: RunSettings) -> int:
     """`python -m specdemo generate`: both lanes on one instruction, streamed, then their figures."""
-    from specdemo.engine import Engine
+    from specdemo.run.engine import Engine
     from specdemo.text import clean_instruction
-    from specdemo.sidebyside import SideBySide
+    from specdemo.run.sidebyside import SideBySide
 
     clean_instruction(args.instruction)  # an empty instruction is refused before the models load
     engine = Engine.load(settings, with_draft=strategy(settings.generation.drafter).needs_model)

@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             return _plan_draft(settings) if args.draft_plan else _tune(settings, again=not args.target_only)
         if args.command == "generate":
             compat.keep_torch_out()  # generating needs no torch; conversion, if any, runs in a child process
-            from specdemo.terminal import generate
+            from specdemo.cli.terminal import generate
 
             return generate(args, settings)
         return _bench(args, settings)
@@ -265,7 +265,7 @@ def _tune(settings: RunSettings, again: bool = True) -> int:
     speculative output stays exact under a target setting other than the defaults, and measure the cost model under
     the choice. `again` False leaves a draft tuned and planned before as it is (tune.tune)."""
     from specdemo.learning import builtin, target_choice, tune
-    from specdemo.engine import Engine
+    from specdemo.run.engine import Engine
     from specdemo.learning.profile import choices, machine_profile
 
     started = time.perf_counter()
