@@ -27,6 +27,9 @@ report, a JSON file (keys: schema.py) and PNG plots.
 The modules: settings (what a run measures), harness (lanes, measuring, the shared Context),
 sections and sweeps (what each section runs), memory, peers (GenAI, transformers), stats,
 targets, report and report_tables, plots; the machine description is specdemo/host/machine.py.
+
+May import: the page (specdemo.ui: the watching section measures it), the run and everything below it; never the
+command line.
 """
 
 from __future__ import annotations

@@ -46,11 +46,9 @@ def section_need(name: str, target_bytes: int, draft_bytes: int, genai_k_values:
 
 def run_memory(ctx: Context) -> dict:
     """Peak RSS of a process that only decodes autoregressively vs one that decodes speculatively."""
-    import specdemo
-
     n = ctx.sweep_tokens
     figures = {"max_new_tokens": n}
-    root = str(Path(specdemo.__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])  # the folder holding specdemo/, for the child's imports
     for mode in ("autoregressive", "speculative"):
         ctx.log(f"memory: {mode} in a fresh process")
         request = strict_json.dumps({"settings": asdict(ctx.settings), "mode": mode, "instruction": CODE_INSTRUCTIONS[0], "n": n})
