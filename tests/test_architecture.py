@@ -240,3 +240,17 @@ def test_each_package_says_what_it_owns_and_may_import():
     for init in PACKAGE.glob("*/__init__.py"):
         docstring = ast.get_docstring(ast.parse(init.read_text())) or ""
         assert "May import" in docstring or "may import" in docstring, init
+
+
+def test_the_lane_names_are_spelled_once():
+    """specdemo/names.py defines them; everyone else says AUTOREGRESSIVE and SPECULATIVE (an f-string's text aside)."""
+    names = {"autoregressive", "speculative"}
+    offenders = []
+    for name, path in modules().items():
+        if name == "specdemo.names":
+            continue
+        tree = ast.parse(path.read_text())
+        in_fstrings = {id(part) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for part in node.values}
+        offenders += [f"{path.relative_to(PACKAGE.parent)}:{node.lineno}" for node in ast.walk(tree)
+                      if isinstance(node, ast.Constant) and node.value in names and id(node) not in in_fstrings]
+    assert offenders == [], "use specdemo.names:\n" + "\n".join(offenders)

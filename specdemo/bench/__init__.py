@@ -44,6 +44,7 @@ from specdemo import strict_json
 from specdemo.host import machine
 from specdemo.learning.profile import machine_profile
 from specdemo.bench.settings import FULL, QUICK, SECTIONS, BenchSettings, check_generation
+from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.settings import RunSettings
 
 # The measuring modules are imported in run(), not here, so `import specdemo.bench` stays light (the
@@ -121,7 +122,7 @@ def sample_run(engine, settings: RunSettings, instruction: str) -> dict | None:
     from specdemo.results.lane import drain
     from specdemo.run.sidebyside import SideBySide
 
-    side = SideBySide({"autoregressive": engine, "speculative": engine}, instruction, settings)
+    side = SideBySide({AUTOREGRESSIVE: engine, SPECULATIVE: engine}, instruction, settings)
     side.prepare()
     return side.finish({mode: drain(side.lane(mode)) for mode in side.engines}).run
 

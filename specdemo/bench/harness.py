@@ -17,13 +17,14 @@ from typing import Callable, Literal, get_args
 from specdemo.decoding import drafters
 from specdemo.decoding.drafters import STRATEGIES, Strategy, with_counterpart
 from specdemo.bench.settings import CODE_INSTRUCTIONS, BenchSettings
+from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results.lane import drain
 from specdemo.results.parting import parting
 from specdemo.settings import GenerationSettings, KPolicy, ModelSettings, RunSettings
 from specdemo.run.sidebyside import SideBySide
 
 Framework = Literal["specdemo", "genai", "transformers", "llamacpp"]
-Kind = Literal["autoregressive", "speculative"]
+Kind = Literal[AUTOREGRESSIVE, SPECULATIVE]
 KMode = Literal["fixed", "adaptive", "auto"]
 
 
@@ -57,7 +58,7 @@ class Lane:
     def __post_init__(self):
         if self.framework not in get_args(Framework) or self.kind not in get_args(Kind):
             raise ValueError(f"lane {self.label!r}: unknown framework {self.framework!r} or kind {self.kind!r}")
-        if self.kind == "speculative" and self.baseline is None:
+        if self.kind == SPECULATIVE and self.baseline is None:
             raise ValueError(f"speculative lane {self.label!r} needs the autoregressive baseline its speedup is over")
 
     def fields(self) -> dict:
@@ -119,7 +120,7 @@ def our_lane(label: str, engine, mode: Kind, generation: GenerationSettings, bas
         run.teach(mode, result)
         return Output(result.ids, wall_s, result.summary.to_dict(), result.rounds, result.tokens, engine.noise)
 
-    if mode == "autoregressive":
+    if mode == AUTOREGRESSIVE:
         return Lane(label, "specdemo", mode, baseline, reference, generate=generate)
     policy = generation.k_policy.rule
     k = None if generation.k_policy.is_auto else generation.k_policy.k
@@ -271,15 +272,15 @@ class Context:
         drafting = peer_strategy(pipeline)
         k = k or self.k
         if drafting is None:
-            lane = Lane(label, "genai", "autoregressive")
+            lane = Lane(label, "genai", AUTOREGRESSIVE)
         else:
-            lane = Lane(label, "genai", "speculative", baseline, k=k, k_policy="fixed", drafter=drafting.name)
+            lane = Lane(label, "genai", SPECULATIVE, baseline, k=k, k_policy="fixed", drafter=drafting.name)
         generate = self.genai_pipeline(pipeline).generate
         return peer_lane(lane, generate, eos_ids=self.engine.eos_ids, k=k, ngram=self.generation.lookup_ngram)
 
 
 # GenAI's pipelines by the drafting of ours each mirrors (Strategy.counterpart): a draft model, prompt lookup, none
-GENAI_DRAFTING = {"plain": "", "speculative": "draft", "lookup": "lookup"}
+GENAI_DRAFTING = {"plain": "", SPECULATIVE: "draft", "lookup": "lookup"}
 
 
 def peer_strategy(pipeline: str) -> Strategy | None:

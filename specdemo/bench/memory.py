@@ -18,6 +18,7 @@ from pathlib import Path
 from specdemo import strict_json
 from specdemo.bench.harness import Context
 from specdemo.bench.settings import CODE_INSTRUCTIONS
+from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results.lane import drain
 from specdemo.settings import GenerationSettings, ModelSettings, RunSettings
 
@@ -49,7 +50,7 @@ def run_memory(ctx: Context) -> dict:
     n = ctx.sweep_tokens
     figures = {"max_new_tokens": n}
     root = str(Path(__file__).resolve().parents[2])  # the folder holding specdemo/, for the child's imports
-    for mode in ("autoregressive", "speculative"):
+    for mode in (AUTOREGRESSIVE, SPECULATIVE):
         ctx.log(f"memory: {mode} in a fresh process")
         request = strict_json.dumps({"settings": asdict(ctx.settings), "mode": mode, "instruction": CODE_INSTRUCTIONS[0], "n": n})
         child = subprocess.run(
@@ -101,7 +102,7 @@ def measure_memory(settings: RunSettings, mode: str, instruction: str, n: int) -
     sampler = threading.Thread(target=sample)
     sampler.start()
     try:
-        engine = Engine.load(settings, with_draft=mode == "speculative")
+        engine = Engine.load(settings, with_draft=mode == SPECULATIVE)
         generation = replace(settings.generation, max_new_tokens=n)
         drain(getattr(engine, mode)(instruction, replace(generation, max_new_tokens=8)))
         loaded = process.memory_info().rss

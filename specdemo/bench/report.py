@@ -19,6 +19,7 @@ from specdemo.results.metrics import speedup_from_calls
 from specdemo.bench.targets import fastest
 from specdemo.decoding.costs import CostModel
 from specdemo.learning.disk import size
+from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 
 
 def render(results: dict, plots: dict[str, str]) -> str:
@@ -163,7 +164,7 @@ def _headlines(sections: dict) -> str:
         lines.append("On edits that repeat their input, speedup over our autoregressive loop: " + ", ".join(cells) + " (§4).")
     memory = sections.get("memory")
     if memory:
-        extra = memory["speculative"]["peak_rss_generating_bytes"] - memory["autoregressive"]["peak_rss_generating_bytes"]
+        extra = memory[SPECULATIVE]["peak_rss_generating_bytes"] - memory[AUTOREGRESSIVE]["peak_rss_generating_bytes"]
         lines.append(f"Speculative decoding needs {size(extra)} more peak RSS than autoregressive: the draft's weights and KV cache (§5).")
     return "## Headlines\n\n" + "\n".join(f"* {line}" for line in lines) if lines else ""
 
@@ -196,7 +197,7 @@ def diagnose(target: dict, sections: dict) -> str:
     shares = longest["time_shares"][schema.label(longest["lanes"], OURS_SPEC)]
     where = ", ".join(f"{name} {percent(shares[name], 0)}" for name in COMPONENTS)
     if target["id"] in ("speedup", "speedup_best_k"):
-        spec = longest["speculative"]
+        spec = longest[SPECULATIVE]
         k_rows = sections.get("k", {}).get("rows", [])
         if target["id"] == "speedup_best_k" and k_rows:
             spec = fastest(k_rows)
@@ -273,7 +274,7 @@ def _peers(paper: dict | None, hf: dict | None, plots: dict) -> str:
         f = paper["by_tokens"][n]
         rows = []
         for lane, figures in f["lanes"].items():
-            acceptance = (f["speculative"]["draft_acceptance_rate"] if schema.is_lane(figures, OURS_SPEC)
+            acceptance = (f[SPECULATIVE]["draft_acceptance_rate"] if schema.is_lane(figures, OURS_SPEC)
                           else f["genai_acceptance"].get(lane))
             rows.append(
                 [

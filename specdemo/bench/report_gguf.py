@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from specdemo.bench.report_tables import cell, k_text, ms, ms_value, percent, seconds, table, times
+from specdemo.names import AUTOREGRESSIVE
 
 
 def llamacpp_section(cpp: dict | None) -> str:
@@ -118,4 +119,4 @@ def _llamacpp_plain(cpp: dict | None) -> float | None:
     if not cpp or "lanes" not in cpp:
         return None
     return next((lane["per_token_s"]["median"] for lane in cpp["lanes"].values()
-                 if lane["framework"] == "llamacpp" and lane["kind"] == "autoregressive"), None)
+                 if lane["framework"] == "llamacpp" and lane["kind"] == AUTOREGRESSIVE), None)

@@ -10,6 +10,7 @@ from specdemo.bench import schema
 from specdemo.bench.schema import OURS_AR, OURS_SPEC
 from specdemo.bench.stats import COMPONENTS
 from specdemo.learning.disk import size
+from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results.figures import figure
 
 
@@ -252,7 +253,7 @@ def memory_section(memory: dict | None) -> str:
     if not memory:
         return ""
     rows = []
-    for mode in ("autoregressive", "speculative"):
+    for mode in (AUTOREGRESSIVE, SPECULATIVE):
         m = memory[mode]
         kv = ", ".join(f"{model} {size(b)}" for model, b in m["kv_cache_bytes"].items())
         anon = m.get("peak_anon_process_bytes")
@@ -278,14 +279,14 @@ def breakdown_section(paper: dict | None, plots: dict) -> str:
     shares = f["time_shares"]
     spec, ar = schema.label(f["lanes"], OURS_SPEC), schema.label(f["lanes"], OURS_AR)
     rows = [[name, percent(shares[spec][name]), percent(shares[ar][name])] for name in COMPONENTS]
-    spec = f["speculative"]
+    spec = f[SPECULATIVE]
     return (
         f"## 6. Where the time goes\n\nShares of wall time summed over the N = {n} runs of section 1. \"our Python\" is "
         "everything outside model calls and cache rollbacks: the loop, acceptance, copying logits out of the plugin, "
         f"incremental detokenizing. Verify call {ms(spec['verify_call_s'])}, draft step {ms(spec['draft_step_s'])}, "
         f"autoregressive step {f['autoregressive_step_s'] * 1000:.1f} ms; mean acceptance length (tokens per verify call) "
         f"{spec['mean_acceptance_length']['median']:.2f}; accepted drafts per round (0..K): {spec['accepted_histogram']}.\n\n"
-        + table(["component", "speculative", "autoregressive"], rows)
+        + table(["component", SPECULATIVE, AUTOREGRESSIVE], rows)
         + image(plots, "breakdown", "Shares of wall time")
     )
 

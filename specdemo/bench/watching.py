@@ -19,6 +19,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
@@ -30,7 +32,7 @@ FIGURES = ("autoregressive step", "verify call", "drafting", "speedup")  # read 
 
 def figures(run: dict) -> dict[str, float]:
     """The step times and the speedup of one saved run."""
-    ar, spec = run["autoregressive"]["summary"], run["speculative"]["summary"]
+    ar, spec = run[AUTOREGRESSIVE]["summary"], run[SPECULATIVE]["summary"]
     return {"autoregressive step": ar["target_step_s"], "verify call": spec["verify_call_s"], "drafting": spec["draft_s"],
             "speedup": run["measured_speedup"]}
 

@@ -15,6 +15,7 @@ from specdemo.decoding.events import ACCEPTED, BONUS, CORRECTED, TokenEvent
 from specdemo.results.figures import SPECULATION, TABLE, figure, placed, value
 from specdemo.results.lane import Result, drain
 from specdemo.decoding.planner import Plan
+from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.settings import RunSettings
 from specdemo.text import shown
 
@@ -33,7 +34,7 @@ def generate(args: argparse.Namespace, settings: RunSettings) -> int:
 
     clean_instruction(args.instruction)  # an empty instruction is refused before the models load
     engine = Engine.load(settings, with_draft=strategy(settings.generation.drafter).needs_model)
-    run = SideBySide({"autoregressive": engine, "speculative": engine}, args.instruction, settings)  # refused if too long
+    run = SideBySide({AUTOREGRESSIVE: engine, SPECULATIVE: engine}, args.instruction, settings)  # refused if too long
     if args.max_prompt_tokens and len(run.prompt) > args.max_prompt_tokens:
         raise ValueError(f"the prompt is {len(run.prompt):,} tokens and the command line accepts at most "
                          f"{args.max_prompt_tokens:,}; --max-prompt-tokens 0 allows up to the model's context")
@@ -46,7 +47,7 @@ def generate(args: argparse.Namespace, settings: RunSettings) -> int:
             print(_prefill_estimate(engine, len(run.prompt), settings.generation.max_new_tokens), flush=True)
             _show_prefill_progress(engine)
     lanes = {}
-    for mode in ("autoregressive", "speculative"):
+    for mode in (AUTOREGRESSIVE, SPECULATIVE):
         if not args.json:
             print(f"\n== {mode} ==", flush=True)
         lanes[mode] = _consume(run.lane(mode), show=not args.json)
@@ -56,8 +57,8 @@ def generate(args: argparse.Namespace, settings: RunSettings) -> int:
     if args.json:
         print(runfile.dumps(record.run))
     else:
-        _print_summaries(lanes["autoregressive"], lanes["speculative"], settings.generation.greedy, record.parting)
-        _print_counterfactual(record.would, lanes["speculative"])
+        _print_summaries(lanes[AUTOREGRESSIVE], lanes[SPECULATIVE], settings.generation.greedy, record.parting)
+        _print_counterfactual(record.would, lanes[SPECULATIVE])
         _print_failures(record.run["failures"] if record.run else [])
         if args.save:
             print(f"saved to {args.save} (show it again: python -m specdemo show {args.save})")
@@ -120,9 +121,9 @@ def _render(event: TokenEvent, colour: bool) -> str:
 
 def _print_summaries(ar_result: Result, spec_result: Result, greedy: bool, parted=None) -> None:
     ar, spec = ar_result.summary, spec_result.summary
-    lanes = {"autoregressive": ar, "speculative": spec}
+    lanes = {AUTOREGRESSIVE: ar, SPECULATIVE: spec}
     print("\n== summary ==")
-    print(f"{'':28}{'autoregressive':>16}{'speculative':>16}")
+    print(f"{'':28}{AUTOREGRESSIVE:>16}{SPECULATIVE:>16}")
     for f in placed(TABLE):
         print(f"{f.heading():28}{f.format(getattr(ar, f.key), unit=False):>16}{f.format(getattr(spec, f.key), unit=False):>16}")
     measured, predicted, leviathan = (figure(k) for k in ("measured_speedup", "predicted_speedup", "leviathan_speedup"))

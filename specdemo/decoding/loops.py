@@ -27,6 +27,7 @@ from specdemo.decoding.k_rules import KRule, policy_for
 from specdemo.models.runtime import OVModel
 from specdemo.settings import GenerationSettings
 from specdemo.decoding.verification import process_logits, sample, shared_vocabulary, top2_gap, verify_greedy, verify_sampled
+from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 
 Event = TokenEvent | Round | End
 
@@ -104,7 +105,7 @@ def autoregressive(
         yield out.emit(token, TARGET, step=target.calls - 1, **extra)
         yield _step(target.calls - 1, context, len(feed), target.last_call_s, out.now())
         feed = [token]
-    yield out.end("autoregressive", len(prompt_ids), {"target": target.kv_cache_bytes()})
+    yield out.end(AUTOREGRESSIVE, len(prompt_ids), {"target": target.kv_cache_bytes()})
 
 
 def speculative(
@@ -178,7 +179,7 @@ def speculative(
         yield rounds[-1]
 
     kv = {"target": target.kv_cache_bytes(), **drafter.kv_cache_bytes()}
-    yield out.end("speculative", len(prompt_ids), kv, k_max=settings.k_max, drafter=drafter.kind, costs=costs)
+    yield out.end(SPECULATIVE, len(prompt_ids), kv, k_max=settings.k_max, drafter=drafter.kind, costs=costs)
 
 
 def _verify_round(target: OVModel, seq: list[int], proposal: Proposal, settings: GenerationSettings,

@@ -13,7 +13,8 @@ import math
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-AUTOREGRESSIVE, SPECULATIVE = "autoregressive", "speculative"  # the lane whose summary holds a figure
+from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
+
 BOTH = "both"  # each lane has its own, shown side by side
 PAIR = "pair"  # one figure of the two lanes together
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from specdemo.results.fidelity import NOISE_CEILING
 from specdemo.decoding.verification import NEAR_TIE_LOGIT_GAP
+from specdemo.names import SPECULATIVE
 
 if TYPE_CHECKING:
     from specdemo.decoding.events import TokenEvent
@@ -42,7 +43,7 @@ class Parting:
     def band(self) -> float:
         return near_tie_band(self.noise)
 
-    def sentence(self, other: str = "speculative") -> str:
+    def sentence(self, other: str = SPECULATIVE) -> str:
         """The parting in words, with the measured margins and what they are compared with."""
         where = (f"The texts part at token {self.index + 1} ({self.tokens[0]!r} autoregressive, {self.tokens[1]!r} "
                  f"{other}): the target's top-2 margin there was {_logits(self.margin[0], ' logits')} in the "

@@ -22,6 +22,7 @@ from specdemo.host import machine
 from specdemo.host.compat import compile_config
 from specdemo.text import clean_instruction
 from specdemo.decoding.events import TokenEvent
+from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results.lane import Result
 from specdemo.results.failures import where_drafts_fail
 from specdemo.results.figures import BOTH, SHOW, figure, placed, value
@@ -56,8 +57,8 @@ def run_dict(instruction: str, settings, engine, autoregressive: Result, specula
         "machine": machine.describe(),
         "models": {role: {**model.describe(), "compile_properties": compile_config(model.settings, None)}
                    for role, model in models.items() if model is not None},
-        "autoregressive": lane_dict(autoregressive),
-        "speculative": lane_dict(speculative),
+        AUTOREGRESSIVE: lane_dict(autoregressive),
+        SPECULATIVE: lane_dict(speculative),
         "measured_speedup": measured_speedup(autoregressive.summary, speculative.summary),
         # greedy lanes that part: where, the tokens, the target's margin there in each lane, the verdict
         "parting": _parting(autoregressive, speculative, settings.generation.greedy, engine.noise),
@@ -93,7 +94,7 @@ def load(path: Path) -> dict:
         raise ValueError(f"cannot read {path}: {error.strerror or error}") from None
     except ValueError:
         raise ValueError(f"{path} is not JSON: save a run with `generate --save FILE` or the page's download") from None
-    if not isinstance(run, dict) or run.get("schema") != SCHEMA or "speculative" not in run:
+    if not isinstance(run, dict) or run.get("schema") != SCHEMA or SPECULATIVE not in run:
         raise ValueError(f"{path} is not a specdemo run (schema {SCHEMA}): save one with `generate --save FILE`")
     return run
 
@@ -104,10 +105,10 @@ def _figure_rows() -> list[tuple]:
     for f in placed(SHOW):
         if f.lane == BOTH:
             rows += [(f"{lane} {f.label}", lambda r, f=f, lane=lane: f.format(r[lane]["summary"][f.key]))
-                     for lane in ("autoregressive", "speculative")]
+                     for lane in (AUTOREGRESSIVE, SPECULATIVE)]
         else:
             rows.append((f.label, lambda r, f=f: f.format(value(f, {lane: r[lane]["summary"]
-                                                                 for lane in ("autoregressive", "speculative")}))))
+                                                                 for lane in (AUTOREGRESSIVE, SPECULATIVE)}))))
     return rows
 
 

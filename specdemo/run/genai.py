@@ -25,6 +25,7 @@ from specdemo.decoding.drafters import DEFAULT, strategy
 from specdemo.learning.profile import machine_profile
 from specdemo.results import metrics
 from specdemo.decoding.events import TARGET, Detokenizer, TokenEvent
+from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results.metrics import Summary
 from specdemo.settings import GenerationSettings, ModelSettings
 
@@ -172,7 +173,7 @@ def stream(pipeline, tokenizer, prompt_ids: list[int], settings: GenerationSetti
 
 def _summary(result, events: list[TokenEvent], wall_s: float, k: int | None, drafter: str, cancelled: bool) -> Summary:
     """GenAI's figures, by our names (specdemo/results/metrics.py): it reports totals only, so no per-round figures."""
-    summary = Summary(mode="speculative" if k is not None else "autoregressive", tokens=len(events), wall_s=wall_s,
+    summary = Summary(mode=SPECULATIVE if k is not None else AUTOREGRESSIVE, tokens=len(events), wall_s=wall_s,
                       ttft_s=events[0].t if events else 0.0, tokens_per_s=metrics.tokens_per_s(len(events), wall_s),
                       stop_reason="cancelled" if cancelled else "", mean_k=float(k or 0), drafter=drafter if k else "")
     perf = result.extended_perf_metrics

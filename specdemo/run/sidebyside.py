@@ -23,12 +23,11 @@ from typing import Iterator, Mapping
 from specdemo.results import runfile
 from specdemo.decoding import planner
 from specdemo.decoding.drafters import strategy, with_counterpart
+from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.run.engine import Engine
 from specdemo.results.lane import Result
 from specdemo.results.parting import Parting, parting
 from specdemo.settings import RunSettings
-
-AUTOREGRESSIVE, SPECULATIVE = "autoregressive", "speculative"  # the lanes, as the run's JSON names them
 
 
 def finished(result: Result | None) -> bool:

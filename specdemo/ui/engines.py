@@ -26,8 +26,8 @@ from specdemo.host import machine, memory
 from specdemo.run.engine import Engine
 from specdemo.learning.profile import machine_profile
 from specdemo.models.runtime import release_weight_pages
+from specdemo.names import AUTOREGRESSIVE, GENAI, SPECULATIVE
 from specdemo.settings import CONFIGURATIONS, GenerationSettings, ModelSettings, RunSettings
-from specdemo.ui.lanes import AUTOREGRESSIVE, GENAI, SPECULATIVE
 from specdemo.ui.values import MAX_K, ONE_AFTER_ANOTHER
 
 GENAI_WARM_UP_TOKENS = 8  # GenAI compiles its kernels on its first generate: done at load, never in a lane's time

@@ -14,6 +14,7 @@ import time
 from typing import Callable, Iterator
 
 from specdemo.decoding.events import TokenEvent
+from specdemo.names import AUTOREGRESSIVE, GENAI, LANES, SPECULATIVE
 from specdemo.results.lane import LaneLog
 from specdemo.ui.values import ONE_AFTER_ANOTHER, as_sentence
 
@@ -24,8 +25,6 @@ UPDATE_INTERVAL_S = 1.0
 
 _STARTED = object()  # a worker's marker: this lane's generation begins now
 
-AUTOREGRESSIVE, SPECULATIVE, GENAI = "autoregressive", "speculative", "genai"
-LANES = (AUTOREGRESSIVE, SPECULATIVE)  # our two lanes; GENAI is the optional third
 
 # One lane's work: given the run's cancel Event, the lane's events (TokenEvents, then a Summary).
 Run = Callable[[threading.Event], Iterator]

@@ -11,13 +11,14 @@ from specdemo.learning.disk import size
 from specdemo.run import genai
 from specdemo.decoding.drafters import strategy
 from specdemo.decoding.events import ACCEPTED, BONUS, CORRECTED, TokenEvent
+from specdemo.names import AUTOREGRESSIVE, GENAI, LANES, SPECULATIVE
 from specdemo.results.figures import RESULTS, figure, placed, value
 from specdemo.results.metrics import Summary, measured_speedup
 from specdemo.results.parting import first_difference, parting
 from specdemo.settings import GenerationSettings
 from specdemo.text import shown
 from specdemo.ui.engines import race_threads
-from specdemo.ui.lanes import AUTOREGRESSIVE, GENAI, LANES, SPECULATIVE, LaneRun
+from specdemo.ui.lanes import LaneRun
 from specdemo.ui.values import RACE
 
 # How the speculative lane names each provenance; each has a CSS class sd-<source> in assets/style.css
