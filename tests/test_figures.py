@@ -45,7 +45,7 @@ def test_the_cli_the_page_and_show_say_and_write_a_figure_the_same_way(tiny_engi
         lanes[name].summary = result.summary
     page = render.render_results(lanes, ONE_AFTER_ANOTHER, settings)
     run = runfile.run_dict(PROMPT, RunSettings(exact(tiny_target), exact(tiny_draft), settings), tiny_engine, ar, spec,
-                           None)
+                           None, None)
     show = runfile.compare([run], ["run.json"])
     s = spec.summary
     shown = {"alpha_hat": s.alpha_hat, "mean_acceptance_length": s.mean_acceptance_length,
@@ -71,7 +71,7 @@ def test_a_new_figure_is_its_description_and_nothing_else(tiny_engine, tiny_targ
     lanes = {AUTOREGRESSIVE: LaneRun(ar.tokens), SPECULATIVE: LaneRun(spec.tokens)}
     lanes[AUTOREGRESSIVE].summary, lanes[SPECULATIVE].summary = ar.summary, spec.summary
     run = runfile.run_dict(PROMPT, RunSettings(exact(tiny_target), exact(tiny_draft), settings), tiny_engine, ar, spec,
-                           None)
+                           None, None)
     for text in (capsys.readouterr().out, render.render_results(lanes, ONE_AFTER_ANOTHER, settings),
                  runfile.compare([run], ["run.json"])):
         assert "time rolling back" in text and written in text

@@ -27,7 +27,7 @@ from specdemo.results.lane import Result
 from specdemo.results.failures import where_drafts_fail
 from specdemo.results.figures import BOTH, SHOW, figure, placed, value
 from specdemo.results.metrics import measured_speedup
-from specdemo.results.parting import Parting, parting
+from specdemo.results.parting import Parting
 
 SCHEMA = 1
 
@@ -43,8 +43,10 @@ def _token_dict(event: TokenEvent) -> dict:
     return {key: round(value, 6) if key == "t" else value for key, value in event.to_dict().items() if key in keep}
 
 
-def run_dict(instruction: str, settings, engine, autoregressive: Result, speculative: Result, would) -> dict:
-    """The whole run in the schema above. `settings` is the RunSettings the engine was loaded with and ran."""
+def run_dict(instruction: str, settings, engine, autoregressive: Result, speculative: Result, would,
+             parted: Parting | None) -> dict:
+    """The whole run in the schema above. `settings` is the RunSettings the engine was loaded with and ran; `would` and
+    `parted` what the run judged of it (sidebyside.Record: the counterfactual, where greedy lanes part)."""
     tokenizer = engine.tokenizer
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
     special = set(getattr(tokenizer, "all_special_ids", []))
@@ -61,7 +63,7 @@ def run_dict(instruction: str, settings, engine, autoregressive: Result, specula
         SPECULATIVE: lane_dict(speculative),
         "measured_speedup": measured_speedup(autoregressive.summary, speculative.summary),
         # greedy lanes that part: where, the tokens, the target's margin there in each lane, the verdict
-        "parting": _parting(autoregressive, speculative, settings.generation.greedy, engine.noise),
+        "parting": asdict(parted) if parted is not None else None,
         # how far the target's batched calls moved a top-2 gap from its single steps (fidelity.BatchingNoise)
         "batching_noise": engine.noise.to_dict() if getattr(engine, "noise", None) is not None else None,
         "warm_up_s": engine.warm_up_s,
@@ -70,11 +72,6 @@ def run_dict(instruction: str, settings, engine, autoregressive: Result, specula
         "counterfactual": would.to_dict() if would is not None else None,
         "failures": [asdict(f) for f in where_drafts_fail(speculative.tokens, decode, special)],
     }
-
-
-def _parting(autoregressive: Result, speculative: Result, greedy: bool, noise) -> dict | None:
-    parted = parting(autoregressive.tokens, speculative.tokens, noise) if greedy else None
-    return asdict(parted) if parted is not None else None
 
 
 def dumps(run: dict) -> str:

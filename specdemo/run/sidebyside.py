@@ -41,7 +41,7 @@ class Record:
 
     results: dict[str, Result]  # by lane
     would: object | None  # counterfactual.Counterfactual (a finished greedy pair), else None
-    parting: Parting | None  # where greedy lanes part, judged; None when identical or not both greedy and finished
+    parting: Parting | None  # where greedy lanes part, judged once; None when identical or not both greedy and finished
     run: dict | None  # the run's record (runfile.run_dict) when both lanes finished, else None
 
 
@@ -111,14 +111,16 @@ class SideBySide:
         failed). `stopped`: Stop was pressed."""
         for mode, result in results.items():
             self.teach(mode, result)
-        both = all(finished(results.get(mode)) for mode in (AUTOREGRESSIVE, SPECULATIVE)) and not stopped
         ar, spec = results.get(AUTOREGRESSIVE), results.get(SPECULATIVE)
+        both = finished(ar) and finished(spec) and not stopped
         would = None
         if both and self.generation.greedy:
             would = self.speculative.would_have_given(self.prompt, self.generation, spec.ids, spec.rounds)
             if would is not None:
                 self.speculative.profile.learn_from_answer(self.speculative.keys, would.evidence)
-        parted = parting(ar.tokens, spec.tokens, self.speculative.noise) if both and self.generation.greedy else None
-        run = runfile.run_dict(self.instruction, self.settings, self.speculative, ar, spec, would) if both else None
+        # Judged once, here, for every renderer and the run file; a Stop pressed after both lanes ended still shows it.
+        judged = finished(ar) and finished(spec) and self.generation.greedy
+        parted = parting(ar.tokens, spec.tokens, self.speculative.noise) if judged else None
+        run = runfile.run_dict(self.instruction, self.settings, self.speculative, ar, spec, would, parted) if both else None
         return Record(dict(results), would, parted, run)
 
