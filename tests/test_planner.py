@@ -295,3 +295,12 @@ class SureDraft(FakeModel):
         return self.row
 
 
+
+
+def test_a_fixed_k_lane_beside_ours_takes_our_k_or_the_plans_first():
+    from specdemo.decoding.planner import Plan, fixed_k
+
+    plan = lambda k: Plan("model", k, Acceptance.geometric(0.5), 1.0, True, "")  # noqa: E731
+    assert fixed_k(KPolicy.fixed(5), plan(3)) == 5 and fixed_k(KPolicy.adaptive(2), plan(3)) == 2
+    assert fixed_k(KPolicy.auto(k=4), plan(6)) == 6  # auto K: the plan's first K
+    assert fixed_k(KPolicy.auto(k=4), plan(0)) == 4 and fixed_k(KPolicy.auto(k=4), None) == 4  # the target alone: ours

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Callable
 
 from specdemo import strict_json
+from specdemo.decoding import planner
 from specdemo.host import machine
 from specdemo.learning.profile import machine_profile
 from specdemo.bench.settings import FULL, QUICK, SECTIONS, BenchSettings, check_generation
@@ -90,9 +91,7 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
     plan = engine.plan(CODE_INSTRUCTIONS[0], settings.generation)
     results["plan"] = asdict(plan)
     log(plan.reason)
-    policy = settings.generation.k_policy
-    k = (plan.k or policy.k) if policy.is_auto else policy.k
-    ctx = Context(engine, settings, bench, log, k)
+    ctx = Context(engine, settings, bench, log, planner.fixed_k(settings.generation.k_policy, plan))
     results["sample_run"] = sample_run(engine, settings, CODE_INSTRUCTIONS[0])
     log("a sample side-by-side run of the first code instruction, as `generate --json` writes it: run.json")
     weights = [sources.weights_bytes(model.settings) for model in (engine.target, engine.draft)]

@@ -24,6 +24,7 @@ from typing import Sequence
 
 from specdemo.decoding.costs import CostModel
 from specdemo.decoding.drafters import MASKED, strategy
+from specdemo.settings import KPolicy
 
 MIN_GAIN = 1.03  # speculate only where the prediction beats the target alone by this much (noise margin)
 PRIOR_WEIGHT = 20.0  # the prior counts as this many tested drafts at each position against the run's own evidence
@@ -196,6 +197,13 @@ class Plan:
 
 
 STOP_CAP = 0.95  # a threshold above this would stop nearly every round: the draft is then simply not drafted
+
+
+def fixed_k(policy: KPolicy, plan: Plan | None) -> int:
+    """The one K of a lane that keeps K fixed (OpenVINO GenAI's pipeline, the bench's peers) beside ours: ours when
+    fixed (adaptive K's first); under auto K the plan's first K, its K = 0 ("the target alone") becoming the policy's
+    default K."""
+    return (plan.k or policy.k) if policy.is_auto and plan is not None else policy.k
 
 
 def confidence_stops(costs: CostModel, k_max: int) -> tuple[float, ...]:

@@ -96,9 +96,7 @@ class SideBySide:
         kind = strategy(drafter).counterpart
         if not kind:
             raise RuntimeError(f"OpenVINO GenAI has nothing like {strategy(drafter).label} to run beside it")
-        policy = self.generation.k_policy
-        k = (self.plan.k or policy.k) if policy.is_auto and self.plan is not None else policy.k
-        return with_counterpart(kind), k
+        return with_counterpart(kind), planner.fixed_k(self.generation.k_policy, self.plan)
 
     def teach(self, mode: str, result: Result | None) -> None:
         """Hand a lane's rounds to the machine profile (its cost curve; a finished sampled lane's acceptance)."""
