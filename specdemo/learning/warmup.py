@@ -22,11 +22,12 @@ from specdemo.settings import GenerationSettings
 _NO_LIMIT = GenerationSettings(max_new_tokens=1)  # a built-in prompt is checked against the context, not an answer
 
 
-def know_machine(engine, k_max: int, fresh: bool, log, quick: bool = False) -> None:
+def know_machine(engine, k_max: int, fresh: bool, log, quick: bool = False) -> tuple[Keys, fidelity.BatchingNoise | None]:
     """Warm `engine` (an engine.Engine, its lock held) up: its costs known or measured (`fresh`: measured again), its
-    batching noise, a first acceptance prior; `engine.keys` and `engine.noise` set. `quick`: only what a first run
-    needs (every shape warmed up, the costs known or measured quickly, the noise if known); the rest is `remaining`.
-    With learning off (profile.learns) what it measures serves this process only, and the prior is not calibrated."""
+    batching noise, a first acceptance prior, kept in the profile. Returns the pair's keys (their costs' key now known)
+    and its batching noise, for the engine to hold. `quick`: only what a first run needs (every shape warmed up, the
+    costs known or measured quickly, the noise if known, else None); the rest is `remaining`. With learning off
+    (profile.learns) what it measures serves this process only, and the prior is not calibrated."""
     target, draft = engine.target.runtime, engine.draft.runtime if engine.draft else None
     description = measuring.describe_key(target, draft, k_max + 1)
     key = measuring.cost_key(description)
@@ -34,15 +35,16 @@ def know_machine(engine, k_max: int, fresh: bool, log, quick: bool = False) -> N
     measured = measuring.measure(target, draft, k_max + 1, known, log, quick)
     if measured is not known:
         engine.profile.keep_costs(key, measured, description)
-    engine.keys = Keys(key, engine.keys.pair)
+    keys = Keys(key, engine.keys.pair)
     if quick:
-        engine.noise = engine.profile.noise(key)
+        noise = engine.profile.noise(key)
     else:
-        engine.noise = batching_noise(engine, k_max, log)
+        noise = batching_noise(engine, k_max, log, key)
         if needs_calibration(engine):
             log("learning how often the draft agrees with the target, on built-in answers (once per machine)")
             calibrate(engine, k_max)
     release_weight_pages()  # every shape has run: the plugin works from its own copies of the weights now
+    return keys, noise
 
 
 def needs_calibration(engine) -> bool:
@@ -80,15 +82,17 @@ def _examples(engine) -> list[tuple[list[int], list[int]]]:
             for e in builtin.code_answers()]
 
 
-def batching_noise(engine, k_max: int, log) -> fidelity.BatchingNoise:
+def batching_noise(engine, k_max: int, log, key: str | None = None) -> fidelity.BatchingNoise:
     """How far this target's batched calls move a top-2 gap from its single steps (fidelity.BatchingNoise): what a
-    parting of the greedy lanes is judged against. Measured once per compile (~7 s on 2 cores)."""
-    noise = engine.profile.noise(engine.keys.costs)
+    parting of the greedy lanes is judged against. Measured once per compile (~7 s on 2 cores), kept under `key` (the
+    pair's costs key; default the engine's)."""
+    key = key or engine.keys.costs
+    noise = engine.profile.noise(key)
     if noise is None:
         log("measuring how far this compile's batched calls differ from its single steps (once per compile)")
         sizes = tuple(n for n in fidelity.NOISE_SIZES if n <= k_max + 1)
         noise = fidelity.batching_noise(engine.target.runtime, _examples(engine), sizes=sizes)
-        engine.profile.keep_noise(engine.keys.costs, noise)
+        engine.profile.keep_noise(key, noise)
     if noise.suspect:
         log(f"this compile is suspect: {noise.suspect}")
     return noise

@@ -120,7 +120,7 @@ class Engine:
         """
         start = time.perf_counter()
         with self.lock:
-            warmup.know_machine(self, k_max, fresh, log, quick)
+            self.keys, self.noise = warmup.know_machine(self, k_max, fresh, log, quick)
         self.warm_up_s = time.perf_counter() - start
         return self.warm_up_s
 
