@@ -42,10 +42,12 @@ from typing import Callable
 
 from specdemo import strict_json
 from specdemo.decoding import planner
-from specdemo.host import machine
+from specdemo.host import machine, memory
 from specdemo.learning.profile import machine_profile
-from specdemo.bench.settings import FULL, QUICK, SECTIONS, BenchSettings, check_generation
+from specdemo.bench.settings import BenchSettings, CODE_INSTRUCTIONS, FULL, QUICK, SECTIONS, check_generation
+from specdemo.models import sources
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
+from specdemo.results.lane import drain
 from specdemo.settings import RunSettings
 
 # The measuring modules are imported in run(), not here, so `import specdemo.bench` stays light (the
@@ -58,12 +60,9 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
     """The whole benchmark: load and warm up the pair in `settings`, run `bench.sections`,
     judge the targets, and write the report, JSON and plots into `out` (None: write nothing).
     `command` is recorded for the report's "reproduce" line. Returns the results (keys: schema.py). Raises ValueError for settings the benchmark cannot measure."""
-    from specdemo.models import sources
-    from specdemo.host import memory
     from specdemo.bench.harness import Context
     from specdemo.bench.memory import section_need
     from specdemo.bench.sections import RUNNERS
-    from specdemo.bench.settings import CODE_INSTRUCTIONS
     from specdemo.bench.targets import judge_targets
     from specdemo.run.engine import Engine
 
@@ -118,7 +117,6 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
 def sample_run(engine, settings: RunSettings, instruction: str) -> dict | None:
     """Both our lanes on one instruction through the run's one owner (specdemo/run/sidebyside.py), its record as
     `generate --json` writes it (None if a lane did not finish): what `show` renders beside the tables."""
-    from specdemo.results.lane import drain
     from specdemo.run.sidebyside import SideBySide
 
     side = SideBySide({AUTOREGRESSIVE: engine, SPECULATIVE: engine}, instruction, settings)

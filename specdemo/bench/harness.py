@@ -17,9 +17,12 @@ from typing import Callable, Literal, get_args
 from specdemo.decoding import drafters
 from specdemo.decoding.drafters import STRATEGIES, Strategy, with_counterpart
 from specdemo.bench.settings import CODE_INSTRUCTIONS, BenchSettings
+from specdemo.learning.profile import machine_profile
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results.lane import drain
 from specdemo.results.parting import parting
+from specdemo.run import genai
+from specdemo.run.genai import compile_properties
 from specdemo.settings import GenerationSettings, KPolicy, ModelSettings, RunSettings
 from specdemo.run.sidebyside import SideBySide
 
@@ -224,8 +227,6 @@ class Context:
     def target_settings(self) -> list[ModelSettings]:
         """The target at the run's precision, then at each other precision of the bench, each compiled as this
         machine's profile resolves it (its tune applied): what the fidelity and nodes sections compare."""
-        from specdemo.learning.profile import machine_profile
-
         precisions = dict.fromkeys((self.settings.target.precision, *self.bench.target_precisions))
         return [machine_profile().resolve(replace(self.settings.target, precision=p)) for p in precisions]
 
@@ -292,8 +293,6 @@ def peer_strategy(pipeline: str) -> Strategy | None:
 def genai_compile(target, draft) -> dict:
     """What GenAI's peers were compiled with, for the record: each model's properties (ours, fitted to what GenAI
     accepts) and, in words, where they differ from ours."""
-    from specdemo.run import genai
-
     properties, draft_properties = genai_properties(target, draft)
     shown = lambda props: {key: value for key, value in props.items() if key != "CACHE_DIR"}  # noqa: E731
     return {"target": shown(properties), "draft": shown(draft_properties),
@@ -303,8 +302,6 @@ def genai_compile(target, draft) -> dict:
 def genai_properties(target, draft, defaults: bool = False) -> tuple[dict, dict]:
     """(target's, draft's) compile properties for a GenAI peer: ours, each model its own tuned ones; {} for GenAI's
     defaults."""
-    from specdemo.run.genai import compile_properties
-
     if defaults:
         return {}, {}
     return compile_properties(target.settings), compile_properties(draft.settings) if draft is not None else {}

@@ -20,8 +20,10 @@ import json
 import re
 from dataclasses import dataclass
 
-from specdemo.bench import sandbox
+from specdemo.bench import llamacpp, sandbox
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
+from specdemo.results import metrics
+from specdemo.results.parting import first_difference
 
 SKIPPED = "humaneval: skipped (pip install -r requirements-humaneval.txt)"
 EXECUTING = ("humaneval: executing the code each lane generated, one sandbox per program (an unprivileged user in "
@@ -98,7 +100,6 @@ def run_section(ctx) -> dict:
     """The section: every problem through our autoregressive and speculative lanes (the run's K policy, auto by
     default), GenAI's plain and speculative pipelines and, where installed, llama.cpp's plain decoding; then every
     answer run against its tests. Opt-in: only `--only humaneval` runs it."""
-    from specdemo.bench import llamacpp
     from specdemo.bench.harness import Lane, log_progress, measure, our_lane, peer_lane
 
     refusal = sandbox.missing()  # asked before minutes of generation, not at the first answer
@@ -136,9 +137,6 @@ def run_section(ctx) -> dict:
 def problem_rows(problems: list[Problem], runs: list, lanes: dict, decode, k_max: int, log) -> list[dict]:
     """Per problem (the first pass over them): each lane's tokens, seconds and verdict, our speculative lane's acceptance
     and whether its text is the autoregressive one."""
-    from specdemo.results import metrics
-    from specdemo.results.parting import first_difference
-
     first = {(r.lane, r.instruction): r for r in runs if r.repeat == 0}
     cache: dict[str, sandbox.Verdict] = {}
     rows = []
@@ -166,7 +164,6 @@ def problem_rows(problems: list[Problem], runs: list, lanes: dict, decode, k_max
 def summarize(rows: list[dict], runs: list, lanes: dict, k_max: int) -> dict:
     """The section's figures: speedups as the mean of per-problem ratios and as the ratio of summed times (Spec-Bench
     reports both), pass@1 per lane, pooled acceptance, and the problems where the lanes' texts or verdicts part."""
-    from specdemo.results import metrics
     from specdemo.bench import stats
 
     def speedups(baseline, lane) -> dict:

@@ -18,8 +18,10 @@ from pathlib import Path
 from specdemo import strict_json
 from specdemo.bench.harness import Context
 from specdemo.bench.settings import CODE_INSTRUCTIONS
+from specdemo.host import memory
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results.lane import drain
+from specdemo.run.engine import Engine
 from specdemo.settings import GenerationSettings, ModelSettings, RunSettings
 
 
@@ -36,8 +38,6 @@ TRANSFORMERS_F32 = 4  # f32 bytes over INT8 IR bytes per weight (an INT4 draft's
 
 def section_need(name: str, target_bytes: int, draft_bytes: int, genai_k_values: tuple[int, ...] = ()) -> int:
     """Bytes of anonymous memory section `name` takes beside the bench's pair, about (see SECTION_COPIES)."""
-    from specdemo.host import memory
-
     if name == "transformers":
         return TRANSFORMERS_F32 * target_bytes + 2 * TRANSFORMERS_F32 * draft_bytes + 2**30
     no_genai = name == "k" and not genai_k_values  # the K sweep without GenAI's lanes loads nothing beside the pair
@@ -82,10 +82,6 @@ def measure_memory(settings: RunSettings, mode: str, instruction: str, n: int) -
     import threading
 
     import psutil
-
-    from specdemo.run.engine import Engine
-
-    from specdemo.host import memory
 
     process = psutil.Process()
     peak = {"process": 0, "generating": 0, "anon_process": 0, "anon_generating": 0}

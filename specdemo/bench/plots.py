@@ -12,6 +12,8 @@ from pathlib import Path
 from specdemo.bench import schema
 from specdemo.bench.schema import GENAI_SPEC, OURS_SPEC
 from specdemo.bench.stats import COMPONENTS
+from specdemo.decoding import planner
+from specdemo.decoding.costs import CostModel
 from specdemo.names import SPECULATIVE
 
 _OURS, _GENAI, _PAPER, _HF = "#1f77b4", "#ff7f0e", "#7f7f7f", "#2ca02c"
@@ -54,9 +56,6 @@ def _surface(results: dict):
     K's point (pooled α̂, mean K) when the K section ran."""
     import matplotlib.pyplot as plt
     import numpy as np
-
-    from specdemo.decoding import planner
-    from specdemo.decoding.costs import CostModel
 
     costs = CostModel.from_dict(results.get("costs_end") or results["costs"])
     ks, alphas = list(range(1, costs.n_max)), [0.5 + 0.0125 * i for i in range(41)]

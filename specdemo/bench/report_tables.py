@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import math
 
-from specdemo.bench import schema
+from specdemo.bench import schema, watching
 from specdemo.bench.schema import OURS_AR, OURS_SPEC
 from specdemo.bench.stats import COMPONENTS
 from specdemo.learning.disk import size
+from specdemo.learning.draft_choice import from_dict
+from specdemo.learning.profile.choices import Setting
+from specdemo.learning.race import VERIFY_SIZES
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results.figures import figure
 
@@ -104,9 +107,6 @@ def _error(spread: dict | None) -> str:
 def tune_section(record: dict | None) -> str:
     """The compile settings and the draft this run's models were loaded under, as `python -m specdemo tune` chose them:
     every trial of the tune (settings × times) and the draft plan."""
-    from specdemo.learning.profile.choices import Setting
-    from specdemo.learning.race import VERIFY_SIZES
-
     if not record:
         return ("## Tuned for this machine\n\nNot tuned: every model ran on the default compile settings "
                 "(`python -m specdemo tune` chooses them by measurement).") if record is not None else ""
@@ -127,7 +127,6 @@ def tune_section(record: dict | None) -> str:
             "answers; none may part more often than the defaults beyond the counting noise of theirs: one standard deviation "
             "of their count, at least one parting).\n\n"
             + table(["model", "setting", "greedy kept", "time", "vs default", "parting /1k", ""], rows))
-    from specdemo.learning.draft_choice import from_dict
 
     plan = record.get("draft_plan") or {}
     if plan.get("options"):
@@ -310,6 +309,5 @@ def watching_section(section: dict | None) -> str:
     """What watching costs (watching.py): step times and the speedup shown, by where the run was made."""
     if not section:
         return ""
-    from specdemo.bench import watching
 
     return "## 8. What watching costs\n\n" + watching.report(section).split("\n", 2)[2]

@@ -11,7 +11,9 @@ from specdemo.decoding.drafters import with_counterpart
 from specdemo.bench import stats
 from specdemo.bench.harness import Context, Lane, Run, log_progress, measure, our_lane
 from specdemo.bench.settings import EDIT_INSTRUCTIONS
+from specdemo.models.loading import load_model
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
+from specdemo.run.engine import Engine
 from specdemo.settings import K_MAX, KPolicy
 
 
@@ -89,9 +91,6 @@ def counterfactuals(ctx: Context, runs: list[Run], ar: Lane, observer: Lane | No
 
 def run_vocab(ctx: Context) -> dict:
     """The draft's LM head trimmed to its N most frequent tokens: draft step, α̂ and speedup for each N."""
-    from specdemo.run.engine import Engine
-    from specdemo.models.loading import load_model
-
     generation = replace(ctx.generation, k_policy=KPolicy.auto(K_MAX))
     ar = our_lane(AUTOREGRESSIVE, ctx.engine, AUTOREGRESSIVE, generation)
     lanes, heads = [ar], {}
@@ -111,8 +110,6 @@ def run_vocab(ctx: Context) -> dict:
 
 def run_precision(ctx: Context) -> dict:
     """Every draft precision with every target precision; each speedup is over the same target alone."""
-    from specdemo.run.engine import Engine
-
     models = _models_by_precision(ctx)
     generation = ctx.generation
     lanes, pairs = [], {}
@@ -132,8 +129,6 @@ def run_precision(ctx: Context) -> dict:
 
 def _models_by_precision(ctx: Context) -> dict:
     """("target"|"draft", precision) -> LoadedModel, reusing the engine's own and converting on first use."""
-    from specdemo.models.loading import load_model
-
     models = {("target", ctx.engine.target.settings.precision): ctx.engine.target, ("draft", ctx.engine.draft.settings.precision): ctx.engine.draft}
     for role, precisions, base in (
         ("target", ctx.bench.target_precisions, ctx.settings.target),
@@ -148,9 +143,6 @@ def _models_by_precision(ctx: Context) -> dict:
 
 def run_kv(ctx: Context) -> dict:
     """KV cache precision of both models: time, acceptance and cache bytes."""
-    from specdemo.run.engine import Engine
-    from specdemo.models.loading import load_model
-
     generation = ctx.generation
     lanes, precisions = [], {}
     for kv in ctx.bench.kv_cache_precisions:

@@ -20,6 +20,7 @@ import urllib.request
 from pathlib import Path
 
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
+from specdemo.ui.values import PageValues
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 CHROMIUM = Path("/usr/bin/chromium")
@@ -71,7 +72,6 @@ class Page:
 
         from specdemo.ui.handlers import OUTPUTS
         from specdemo.ui.page import INPUTS
-        from specdemo.ui.values import PageValues
 
         values = {**vars(PageValues()), "instruction": instruction, "max_new_tokens": n}
         outputs = dict(zip(OUTPUTS, Client(self.url, verbose=False).predict(*[values[k] for k in INPUTS],

@@ -12,12 +12,16 @@ import sys
 import time
 from pathlib import Path
 
-from specdemo import errors, strict_json
+from specdemo import bench, errors, strict_json
+from specdemo.bench import FULL, QUICK, SECTIONS
 from specdemo.results import runfile
 from specdemo.decoding import drafters
 from specdemo.models import sources
 from specdemo.host import compat, memory
 from specdemo.decoding.drafters import STRATEGIES
+from specdemo.learning import builtin, disk, target_choice, tune
+from specdemo.learning.draft_choice import table
+from specdemo.learning.profile import choices, machine_profile
 from specdemo.settings import (AUTO, CONFIGURATIONS, FAITHFUL, FAITHFUL_PRECISIONS, KPolicy, DEFAULT_DRAFT,
                                DEFAULT_TARGET, DRAFT_PRECISION, MAX_PROMPT_TOKENS, PRECISIONS, GenerationSettings,
                                ModelSettings, RunSettings)
@@ -98,8 +102,6 @@ def _add_generation_flags(parser: argparse.ArgumentParser, max_new_tokens: int =
 
 def _add_benchmark_flags(parser: argparse.ArgumentParser) -> None:
     """The bench command's own flags (model and generation flags are shared with generate)."""
-    from specdemo.bench import SECTIONS
-
     parser.add_argument("--quick", action="store_true", help="a couple of minutes: default pair only, 2 instructions, short outputs")
     parser.add_argument("--only", default="", help=f"comma-separated sections to run, of: {', '.join(SECTIONS)}")
     parser.add_argument("--repeats", type=int, default=1, help="passes over the instructions after the warm-up")
@@ -201,8 +203,6 @@ def benchmark_settings(args: argparse.Namespace):
     """BenchSettings from the bench command's flags. Raises ValueError with a message for users."""
     from dataclasses import replace
 
-    from specdemo.bench import FULL, QUICK, SECTIONS
-
     preset = QUICK if args.quick else FULL
     asked = {s.strip() for s in args.only.split(",") if s.strip()}
     # In the order of SECTIONS; unknown names go last, for BenchSettings to refuse.
@@ -212,8 +212,6 @@ def benchmark_settings(args: argparse.Namespace):
 
 
 def _bench(args: argparse.Namespace, settings: RunSettings) -> int:
-    from specdemo import bench
-
     measure = benchmark_settings(args)  # refused flags and settings end here, before the models load
     bench.check_generation(settings.generation)
     started = time.perf_counter()
@@ -238,8 +236,6 @@ def _check_devices(settings: RunSettings) -> None:
 
 
 def _clean(args: argparse.Namespace) -> int:
-    from specdemo.learning import disk
-
     items = disk.inventory()
     home = sources.specdemo_home()
     if not items:
@@ -264,9 +260,7 @@ def _tune(settings: RunSettings, again: bool = True) -> int:
     """Measure the candidate compile settings, keep the fastest faithful one per model, print the table, check that greedy
     speculative output stays exact under a target setting other than the defaults, and measure the cost model under
     the choice. `again` False leaves a draft tuned and planned before as it is (tune.tune)."""
-    from specdemo.learning import builtin, target_choice, tune
     from specdemo.run.engine import Engine
-    from specdemo.learning.profile import choices, machine_profile
 
     started = time.perf_counter()
 
@@ -318,9 +312,6 @@ def _tune(settings: RunSettings, again: bool = True) -> int:
 
 def _plan_draft(settings: RunSettings) -> int:
     """`tune --draft-plan`: the draft plan alone, kept beside the compile settings already chosen."""
-    from specdemo.learning import tune
-    from specdemo.learning.profile import machine_profile
-
     started = time.perf_counter()
     profile = machine_profile()
     target = profile.resolve_precision(settings.target)
@@ -334,8 +325,6 @@ def _plan_draft(settings: RunSettings) -> int:
 
 def _forget_tune() -> int:
     """`tune --forget`: this machine's compile choice and draft plan are dropped (a running page compiles again)."""
-    from specdemo.learning.profile import machine_profile
-
     profile = machine_profile()
     profile.forget_tune()
     print(f"forgot this machine's tune in {profile.store.path}: every compile uses the defaults until the next tune")
@@ -343,8 +332,6 @@ def _forget_tune() -> int:
 
 
 def _print_draft_plan(drafts: list) -> None:
-    from specdemo.learning.draft_choice import table
-
     if not drafts:
         return
 
@@ -354,8 +341,6 @@ def _print_draft_plan(drafts: list) -> None:
 
 
 def _prepare(settings: RunSettings) -> int:
-    from specdemo.learning.profile import machine_profile
-
     for model in map(machine_profile().resolve_precision, (settings.target, settings.draft)):
         folder = sources.prepare(model)
         print(f"{model.source} ({model.precision}): {folder}")

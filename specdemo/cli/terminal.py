@@ -17,7 +17,7 @@ from specdemo.results.lane import Result, drain
 from specdemo.decoding.planner import Plan
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.settings import RunSettings
-from specdemo.text import shown
+from specdemo.text import clean_instruction, shown
 
 LONG_PROMPT_TOKENS = 300  # above this, say up front how long the prefill will take
 
@@ -29,7 +29,6 @@ _STRIKE, _RESET = "\033[9;2m", "\033[0m"
 def generate(args: argparse.Namespace, settings: RunSettings) -> int:
     """`python -m specdemo generate`: both lanes on one instruction, streamed, then their figures."""
     from specdemo.run.engine import Engine
-    from specdemo.text import clean_instruction
     from specdemo.run.sidebyside import SideBySide
 
     clean_instruction(args.instruction)  # an empty instruction is refused before the models load

@@ -31,6 +31,7 @@ from specdemo.decoding import planner
 from specdemo.decoding.costs import CostModel
 from specdemo.decoding.drafters import MASKED, strategy
 from specdemo.decoding.planner import Acceptance
+from specdemo.host import memory
 from specdemo.settings import AUTO, DRAFT_PRECISION, K_MAX, ModelSettings
 
 HEADS = (0, 32_000, 16_000, 8_000)  # LM-head sizes tried (0: the full vocabulary)
@@ -119,7 +120,6 @@ def measure(target, draft: ModelSettings, examples: list[dict], encode, prepared
     measured, raced against it alone and let go. A candidate's step is the incumbent's first time scaled by their ratio
     in its own race, so the machine's drift between races cancels in what `price` reads (steps over the incumbent's).
     The target's greedy choices on the examples are computed once and compared with each candidate's."""
-    from specdemo.host import memory
     from specdemo.results.counterfactual import greedy_choices, mask_counts
 
     texts = [encode(example) for example in examples]

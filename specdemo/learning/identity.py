@@ -10,7 +10,7 @@ trade identity for speed.
 from __future__ import annotations
 
 from specdemo.learning import builtin
-from specdemo.settings import ModelSettings
+from specdemo.settings import CONFIGURATIONS, ModelSettings
 
 POSITIONS = 320  # built-in code and prose answer tokens scored by single steps and by verify calls (~1 min)
 SIZES = (2, 4, 8, 13)  # verify-call sizes tried: K = 1, 3, 7 and 12
@@ -19,8 +19,6 @@ SIZES = (2, 4, 8, 13)  # verify-call sizes tried: K = 1, 3, 7 and 12
 def keeps_identity(target: ModelSettings) -> bool:
     """Whether tune holds this target to the defaults' parting rate: every target but the fastest configuration's,
     which trades identity for speed by design."""
-    from specdemo.settings import CONFIGURATIONS
-
     fastest = CONFIGURATIONS["fastest"][0]
     return (target.source, target.precision) != (fastest.source, fastest.precision)
 

@@ -21,6 +21,7 @@ from dataclasses import replace
 from typing import Callable
 
 from specdemo.learning.race import race, sample_step
+from specdemo.models import sources
 from specdemo.settings import FAITHFUL, FAITHFUL_PRECISIONS, ModelSettings
 
 
@@ -69,7 +70,6 @@ def _compiled(settings: ModelSettings, log: Callable[[str], None]):
     """The layout prepared (converted from the GGUF when missing, in a child that waits for memory itself), then
     compiled once memory allows it (tune.compiled_in_bound), or None."""
     from specdemo.learning import tune
-    from specdemo.models import sources
 
     sources.prepare(settings)  # its stages on the standard output, as `prepare` prints them
     return tune.compiled_in_bound(settings, f"compiling the target at {settings.precision}, for the faithful layout", log,

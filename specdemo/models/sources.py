@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Callable
 
 from specdemo import strict_json
+from specdemo.host import memory
 from specdemo.settings import PRECISIONS, ModelSettings
 
 CACHE_VERSION = "v3"  # bump when the conversion changes, so old caches are not reused (v3: GGUF files built without torch)
@@ -177,8 +178,6 @@ def prepare(settings: ModelSettings, progress: Progress | None = None) -> Path:
 
 def _wait_for_memory(settings: ModelSettings, progress: Progress) -> None:
     """Until memory allows the conversion (specdemo/host/memory.py), saying so; memory.Short when it does not."""
-    from specdemo.host import memory
-
     what = f"converting {settings.source} to {settings.precision}"
     if not memory.wait_for(memory.conversion_need(source_bytes(settings.source)), what,
                            lambda message: progress(None, message)):

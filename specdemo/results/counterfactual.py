@@ -38,7 +38,7 @@ from specdemo.decoding.costs import CostModel
 from specdemo.decoding.drafters import MASKED, STRATEGIES, strategy
 from specdemo.decoding.drafters.base import stop_threshold
 from specdemo.decoding.drafters.model import top_probability
-from specdemo.decoding.planner import confidence_stops, round_cost
+from specdemo.decoding.planner import confidence_stops, describe_stops, round_cost
 from specdemo.models.runtime import OVModel
 
 PIECE = 64  # answer tokens per teacher-forced call: 64 rows of logits (~39 MB for a 151,936-token vocabulary)
@@ -93,7 +93,6 @@ class Counterfactual:
         """What this machine's confidence stop would have done at the best fixed K, in words ("" without the pass)."""
         if not self.stopped:
             return ""
-        from specdemo.decoding.planner import describe_stops
 
         best = self.best_fixed()
         stopped = self.stopped[best.k - 1]

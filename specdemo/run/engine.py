@@ -26,6 +26,7 @@ from specdemo.results.counterfactual import Counterfactual, counterfactual, draf
 from specdemo.decoding.drafters import STRATEGIES, make_drafter, strategy
 from specdemo.models.loading import LoadedModel, load_model
 from specdemo.decoding.planner import Plan, make_plan
+from specdemo.host import memory
 from specdemo.learning.profile import Keys, Profile, machine_profile
 from specdemo.settings import AUTO, K_MAX, GenerationSettings, ModelSettings, RunSettings
 from specdemo.text import clean_instruction
@@ -67,8 +68,6 @@ def _convert_beside(draft: ModelSettings, target: ModelSettings, progress: sourc
     allows the two at once: a first start's draft is then ready when its target is (two conversion children, one a
     core: 20 s sooner on 2 cores). A failure is left to the draft's own load, which waits for this one (a lock per
     model folder) and converts again or says why."""
-    from specdemo.host import memory
-
     if sources.is_prepared(draft) or sources.is_prepared(target):
         return
     need = sum(memory.conversion_need(sources.source_bytes(m.source)) for m in (draft, target))

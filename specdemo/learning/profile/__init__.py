@@ -31,6 +31,8 @@ from specdemo.decoding.costs import CostModel, fold
 from specdemo.learning.profile import choices
 from specdemo.learning.profile.acceptance import AcceptanceHistory, folded
 from specdemo.learning.profile.store import Store, path_for
+from specdemo.results import metrics
+from specdemo.results.fidelity import BatchingNoise
 from specdemo.settings import GenerationSettings, ModelSettings
 
 
@@ -137,8 +139,6 @@ class Profile:
 
     def noise(self, key: str | None):
         """fidelity.BatchingNoise of this compile, or None before it was measured."""
-        from specdemo.results.fidelity import BatchingNoise
-
         entry = self.store.section("noise").get(key) if key else None
         try:
             return BatchingNoise.from_dict(entry) if entry else None
@@ -176,8 +176,6 @@ class Profile:
     def learn(self, keys: Keys, settings: GenerationSettings, rounds: Sequence, finished: bool = True) -> None:
         """Correct the cost curve by what a lane's calls cost; a finished sampled speculative lane also teaches the
         acceptance prior by its rounds (greedy ones teach by their answer's match mask: learn_from_answer)."""
-        from specdemo.results import metrics
-
         if not self.learns() or not rounds or keys.costs is None:
             return
         observation = metrics.call_seconds(rounds)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, replace
 
+from specdemo.learning.draft_choice import PRECISIONS, choose, from_dict
 from specdemo.models import sources
 from specdemo.settings import AUTO, DRAFT_PRECISION, FAITHFUL, FAITHFUL_PRECISIONS, ModelSettings
 
@@ -66,8 +67,6 @@ def searched(draft: ModelSettings) -> ModelSettings:
 
 def planned_options(settings: ModelSettings, tune: dict) -> list:
     """The draft plan's priced options for this draft model on this machine (none: no plan yet, or not on the CPU)."""
-    from specdemo.learning.draft_choice import from_dict
-
     entry = _entry("drafts", draft_key(settings), tune) if settings.device.upper().startswith("CPU") else None
     try:
         return [from_dict(o) for o in entry["options"]] if entry else []
@@ -110,8 +109,6 @@ def with_faithful(tune: dict, target: ModelSettings, precision: str, seconds: di
 def resolve_draft(settings: ModelSettings, tune: dict, heads: bool = True) -> ModelSettings:
     """The draft plan's choice where `settings` leave it open: an auto precision, among the prepared precisions, and
     a head size of -1 (draft_choice.choose); without a plan, DRAFT_PRECISION and the full head."""
-    from specdemo.learning.draft_choice import choose
-
     options = planned_options(settings, tune) if settings.precision == AUTO or settings.head_tokens == -1 else []
     choice = None
     if settings.precision == AUTO:
@@ -223,8 +220,6 @@ def with_tune(tune: dict, trials: list, settings: dict[str, ModelSettings], draf
 def needs_plan(draft: ModelSettings, tune: dict) -> bool:
     """Whether the draft plan is missing something a draft left to it could run: no plan yet, or a prepared precision
     it did not price."""
-    from specdemo.learning.draft_choice import PRECISIONS
-
     if draft.precision != AUTO and draft.head_tokens != -1:
         return False
     priced = {o.precision for o in planned_options(draft, tune)}
