@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from specdemo.host import compat
-from specdemo.run.engine import Engine
 from specdemo.models.loading import LoadedModel, load_model
+from specdemo.run.engine import Engine
 from specdemo.settings import ModelSettings, RunSettings
 
 TINY_VOCAB = 512

@@ -11,8 +11,8 @@ import time
 import psutil
 import pytest
 
-from specdemo.models import sources
 from specdemo.learning.profile import choices, machine_profile
+from specdemo.models import sources
 from specdemo.settings import CONFIGURATIONS, DEFAULT_DRAFT, DEFAULT_TARGET, RunSettings
 from specdemo.ui import handlers, tuning
 

@@ -7,7 +7,6 @@ from dataclasses import asdict
 import pytest
 
 from specdemo import bench
-from specdemo.host import machine
 from specdemo.bench import report, report_tables
 from specdemo.bench.harness import Context, Lane, Output, Run, measure
 from specdemo.bench.sections import paper_figures
@@ -22,6 +21,7 @@ from specdemo.bench.sweeps import sweep
 from specdemo.bench.targets import judge_targets
 from specdemo.cli.commands import benchmark_settings, build_parser
 from specdemo.decoding.events import Round
+from specdemo.host import machine
 from specdemo.results.metrics import leviathan_speedup, speedup_from_calls
 from specdemo.settings import GenerationSettings, RunSettings
 

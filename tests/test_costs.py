@@ -4,11 +4,11 @@ across processes, and said in words. The runs are the real loops on fake models 
 import numpy as np
 import pytest
 
-from specdemo.learning import measuring
-from specdemo.results import metrics
 from specdemo.decoding import loops
 from specdemo.decoding.costs import CostModel, fold, monotone
 from specdemo.decoding.drafters.model import ModelDrafter
+from specdemo.learning import measuring
+from specdemo.results import metrics
 from specdemo.results.lane import drain
 from specdemo.settings import GenerationSettings, KPolicy
 from tests.fake_models import FakeModel, FakeTokenizer

@@ -6,6 +6,9 @@ import pytest
 
 from specdemo.decoding import loops
 from specdemo.decoding.costs import CostModel
+from specdemo.decoding.drafters.lookup import PromptLookupDrafter
+from specdemo.decoding.drafters.model import ModelDrafter
+from specdemo.learning.profile import Keys, Profile
 from specdemo.results.counterfactual import (
     accepted_run,
     corrected,
@@ -19,11 +22,8 @@ from specdemo.results.counterfactual import (
     walk_oracle,
     walk_replayed,
 )
-from specdemo.decoding.drafters.lookup import PromptLookupDrafter
-from specdemo.decoding.drafters.model import ModelDrafter
-from specdemo.run.engine import Engine
 from specdemo.results.lane import drain
-from specdemo.learning.profile import Keys, Profile
+from specdemo.run.engine import Engine
 from specdemo.settings import GenerationSettings, KPolicy
 from tests.fake_models import FakeModel, FakeTokenizer
 

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from specdemo.run.engine import Engine
 from specdemo.decoding.events import ACCEPTED, BONUS, CORRECTED, TARGET
-from specdemo.results.lane import drain
 from specdemo.models.loading import load_model
+from specdemo.results.lane import drain
+from specdemo.run.engine import Engine
 from specdemo.settings import GenerationSettings, KPolicy
 from tests.conftest import exact
 

@@ -7,9 +7,9 @@ from dataclasses import replace
 import pytest
 
 from specdemo.learning import draft_choice, race, tune
-from specdemo.models import sources
-from specdemo.learning.profile import Profile, choices
 from specdemo.learning.draft_choice import DraftOption, candidates, price
+from specdemo.learning.profile import Profile, choices
+from specdemo.models import sources
 from specdemo.settings import AUTO, DEFAULT_DRAFT, DRAFT_PRECISION, ModelSettings
 from tests.fake_models import FakeModel
 from tests.test_planner import machine

@@ -5,8 +5,8 @@ profile without a change anywhere else."""
 import pytest
 
 from specdemo.decoding.drafters import STRATEGIES, Proposal, Strategy, checked, make_drafter, strategy
-from specdemo.results.lane import drain
 from specdemo.decoding.planner import Acceptance, predicted_speedup, round_seconds
+from specdemo.results.lane import drain
 from specdemo.settings import GenerationSettings, KPolicy
 from tests.test_planner import machine
 

@@ -5,9 +5,9 @@ import threading
 import pytest
 
 from specdemo.decoding.events import TARGET, Detokenizer, End, Round, TokenEvent
+from specdemo.decoding.planner import Acceptance, Plan
 from specdemo.results.lane import drain
 from specdemo.results.metrics import Summary
-from specdemo.decoding.planner import Acceptance, Plan
 
 
 class ByteTokenizer:

@@ -4,9 +4,9 @@ known logits and known texts."""
 import numpy as np
 import pytest
 
-from specdemo.results import fidelity
 from specdemo.bench.harness import Lane, Run
 from specdemo.bench.sections import text_agreement
+from specdemo.results import fidelity
 
 
 class Logits:

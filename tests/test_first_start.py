@@ -6,9 +6,9 @@ import threading
 
 import pytest
 
-from specdemo.run import engine
-from specdemo.models import sources
 from specdemo.host import memory
+from specdemo.models import sources
+from specdemo.run import engine
 from specdemo.settings import RunSettings
 
 

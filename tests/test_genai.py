@@ -4,11 +4,11 @@ import threading
 
 import pytest
 
-from specdemo.run import genai
-from specdemo.models import sources
-from specdemo.learning.profile import machine_profile
 from specdemo.decoding.events import TARGET
+from specdemo.learning.profile import machine_profile
+from specdemo.models import sources
 from specdemo.results.lane import drain
+from specdemo.run import genai
 from specdemo.settings import KPolicy, GenerationSettings, RunSettings
 
 pytestmark = [pytest.mark.real_models, pytest.mark.slow]

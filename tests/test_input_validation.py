@@ -9,12 +9,12 @@ from hypothesis import given
 from hypothesis import settings as examples
 from hypothesis import strategies as st
 
-from specdemo.run.engine import Engine
-from specdemo.text import clean_instruction
-from specdemo.results.lane import drain
 from specdemo.decoding.drafters import STRATEGIES as DRAFTERS
 from specdemo.decoding.drafters import checked
+from specdemo.results.lane import drain
+from specdemo.run.engine import Engine
 from specdemo.settings import GenerationSettings, KPolicy
+from specdemo.text import clean_instruction
 from specdemo.ui.values import MAX_NEW_TOKENS_CAP, PageValues
 from tests.hostile_text import ANY_TEXT, FAST
 

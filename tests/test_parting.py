@@ -3,10 +3,10 @@ batching noise allows, and that no bug can buy itself a wider one."""
 
 import numpy as np
 
-from specdemo.results import fidelity
 from specdemo.decoding import loops
 from specdemo.decoding.drafters.model import ModelDrafter
 from specdemo.decoding.events import TokenEvent
+from specdemo.results import fidelity
 from specdemo.results.lane import drain
 from specdemo.results.parting import BAND_CAP, near_tie_band, parting
 from specdemo.settings import GenerationSettings, KPolicy

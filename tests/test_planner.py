@@ -11,8 +11,6 @@ from specdemo.decoding import loops
 from specdemo.decoding.costs import CostModel
 from specdemo.decoding.drafters.model import ModelDrafter
 from specdemo.decoding.events import ACCEPTED, Round
-from specdemo.results.lane import drain
-from specdemo.results.metrics import alpha_hat, leviathan_speedup
 from specdemo.decoding.k_rules import PROBE_EVERY, AutoK, GrowShrinkK
 from specdemo.decoding.planner import (
     Acceptance,
@@ -22,6 +20,8 @@ from specdemo.decoding.planner import (
     predicted_speedup,
     quotes_text,
 )
+from specdemo.results.lane import drain
+from specdemo.results.metrics import alpha_hat, leviathan_speedup
 from specdemo.settings import GenerationSettings, KPolicy
 from tests.fake_models import FakeModel, FakeTokenizer
 

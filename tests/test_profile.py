@@ -18,11 +18,11 @@ import pytest
 
 from specdemo.decoding.costs import CostModel
 from specdemo.decoding.events import Round
-from specdemo.results.fidelity import BatchingNoise
 from specdemo.learning.profile import Keys, Profile, store
 from specdemo.learning.profile.choices import DEFAULT, Setting, model_key
-from specdemo.settings import KPolicy, DEFAULT_DRAFT, DEFAULT_TARGET, GenerationSettings
 from specdemo.learning.tune import Trial
+from specdemo.results.fidelity import BatchingNoise
+from specdemo.settings import KPolicy, DEFAULT_DRAFT, DEFAULT_TARGET, GenerationSettings
 from tests.conftest import ROOT
 
 COSTS = CostModel(target_s=tuple(0.05 + 0.002 * n for n in range(13)), target_prefill_tps=900.0,

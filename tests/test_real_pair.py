@@ -10,11 +10,11 @@ import sys
 import numpy as np
 import pytest
 
-from specdemo.run.engine import Engine, IncompatibleModelsError, check_same_tokenizer
 from specdemo.decoding.events import SOURCES, TokenEvent
-from specdemo.results.lane import drain
-from specdemo.settings import GenerationSettings, KPolicy
 from specdemo.decoding.verification import NEAR_TIE_LOGIT_GAP
+from specdemo.results.lane import drain
+from specdemo.run.engine import Engine, IncompatibleModelsError, check_same_tokenizer
+from specdemo.settings import GenerationSettings, KPolicy
 
 pytestmark = pytest.mark.real_models
 

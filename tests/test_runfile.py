@@ -8,10 +8,10 @@ import sys
 import pytest
 
 from specdemo.results import runfile
-from specdemo.results.lane import drain
 from specdemo.results.failures import FAILURE_KINDS
-from specdemo.settings import KPolicy, GenerationSettings, RunSettings
+from specdemo.results.lane import drain
 from specdemo.run.sidebyside import SideBySide
+from specdemo.settings import KPolicy, GenerationSettings, RunSettings
 from tests.conftest import ROOT, exact
 
 PROMPT = "w5 w17 w99 w3 w250 w42 w7"

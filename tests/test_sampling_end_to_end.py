@@ -19,9 +19,9 @@ from specdemo.decoding import loops
 from specdemo.decoding.drafters.hybrid import HybridDrafter
 from specdemo.decoding.drafters.lookup import PromptLookupDrafter
 from specdemo.decoding.drafters.model import ModelDrafter
+from specdemo.decoding.verification import process_logits
 from specdemo.results.lane import drain
 from specdemo.settings import GenerationSettings, KPolicy
-from specdemo.decoding.verification import process_logits
 from tests.fake_models import FakeModel, FakeTokenizer
 
 PROMPT = [0, 2, 1]

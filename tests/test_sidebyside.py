@@ -10,10 +10,10 @@ import pytest
 from specdemo import bench
 from specdemo.cli import terminal
 from specdemo.results import runfile
-from specdemo.run.engine import Engine
 from specdemo.results.lane import drain
-from specdemo.settings import KPolicy, GenerationSettings, RunSettings
+from specdemo.run.engine import Engine
 from specdemo.run.sidebyside import SideBySide, finished
+from specdemo.settings import KPolicy, GenerationSettings, RunSettings
 from tests.conftest import exact
 
 INSTRUCTION = "w5 w17 w99 w3 w250 w42 w7"

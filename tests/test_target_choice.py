@@ -9,8 +9,8 @@ from dataclasses import replace
 import pytest
 
 from specdemo.learning import race, target_choice
-from specdemo.models import sources
 from specdemo.learning.profile import machine_profile
+from specdemo.models import sources
 from specdemo.settings import DEFAULT_TARGET, FAITHFUL, FAITHFUL_PRECISIONS, RunSettings
 from specdemo.ui import tuning
 

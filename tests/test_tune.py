@@ -6,13 +6,13 @@ from dataclasses import replace
 
 import pytest
 
-from specdemo.run import genai
-from specdemo.learning import identity, race, tune
-from specdemo.host import compat
 from specdemo.decoding.events import TokenEvent
-from specdemo.settings import DEFAULT_TARGET as FAITHFUL_TARGET
+from specdemo.host import compat
+from specdemo.learning import identity, race, tune
 from specdemo.learning.profile import machine_profile
 from specdemo.learning.profile.choices import DEFAULT, Setting, model_key
+from specdemo.run import genai
+from specdemo.settings import DEFAULT_TARGET as FAITHFUL_TARGET
 TARGET = replace(FAITHFUL_TARGET, precision="int8")  # the default target at one of its layouts, as tune is given it
 
 # Three CPU classes, by their flags: an AMX Xeon (Sapphire Rapids), an AMD Zen 4 (AVX-512 with VNNI and BF16, no

@@ -6,12 +6,12 @@ import pytest
 
 from conftest import TEST_HOME, link_converted_models
 from specdemo import errors
-from specdemo.run import genai
 from specdemo.learning import tune
-from specdemo.models import sources
 from specdemo.learning.profile import Profile, choices, machine_profile
-from specdemo.run.engine import Engine
+from specdemo.models import sources
 from specdemo.results.lane import drain
+from specdemo.run import genai
+from specdemo.run.engine import Engine
 from specdemo.settings import KPolicy, DEFAULT_DRAFT, DEFAULT_TARGET, GenerationSettings, RunSettings
 
 _ANY_WEIGHTS = tune.Layout(True, frozenset(), frozenset(), 0.0)  # inference precisions do not depend on the weights

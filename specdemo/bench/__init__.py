@@ -41,10 +41,10 @@ from pathlib import Path
 from typing import Callable
 
 from specdemo import strict_json
+from specdemo.bench.settings import BenchSettings, CODE_INSTRUCTIONS, FULL, QUICK, SECTIONS, check_generation
 from specdemo.decoding import planner
 from specdemo.host import machine, memory
 from specdemo.learning.profile import machine_profile
-from specdemo.bench.settings import BenchSettings, CODE_INSTRUCTIONS, FULL, QUICK, SECTIONS, check_generation
 from specdemo.models import sources
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results.lane import drain

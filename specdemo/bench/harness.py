@@ -14,17 +14,17 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Literal, get_args
 
+from specdemo.bench.settings import CODE_INSTRUCTIONS, BenchSettings
 from specdemo.decoding import drafters
 from specdemo.decoding.drafters import STRATEGIES, Strategy, with_counterpart
-from specdemo.bench.settings import CODE_INSTRUCTIONS, BenchSettings
 from specdemo.learning.profile import machine_profile
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results.lane import drain
 from specdemo.results.parting import parting
 from specdemo.run import genai
 from specdemo.run.genai import compile_properties
-from specdemo.settings import GenerationSettings, KPolicy, ModelSettings, RunSettings
 from specdemo.run.sidebyside import SideBySide
+from specdemo.settings import GenerationSettings, KPolicy, ModelSettings, RunSettings
 
 Framework = Literal["specdemo", "genai", "transformers", "llamacpp"]
 Kind = Literal[AUTOREGRESSIVE, SPECULATIVE]

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from specdemo.models import export, sources
-from specdemo.host import machine
 from specdemo.bench.peers import PeerRun
 from specdemo.decoding.drafters import STRATEGIES
+from specdemo.host import machine
+from specdemo.models import export, sources
 
 SKIPPED = "llama.cpp: skipped (pip install -r requirements-llamacpp.txt)"
 N_CTX = 4096  # tokens of context per llama.cpp model: the longest prompt the CLI takes (2,048) plus 1,024 new, and more

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from specdemo.run import genai
-from specdemo.models import export, sources
 from specdemo.host import compat
+from specdemo.models import export, sources
+from specdemo.run import genai
 from specdemo.settings import GenerationSettings
 
 

@@ -15,11 +15,11 @@ from specdemo.bench import schema
 from specdemo.bench.report_tables import image, k_text, ms, percent, seconds, table, times
 from specdemo.bench.schema import GENAI_AR, GENAI_SPEC, HF_SPEC, OURS_AR, OURS_SPEC
 from specdemo.bench.stats import COMPONENTS
-from specdemo.results.metrics import speedup_from_calls
 from specdemo.bench.targets import fastest
 from specdemo.decoding.costs import CostModel
 from specdemo.learning.disk import size
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
+from specdemo.results.metrics import speedup_from_calls
 
 
 def render(results: dict, plots: dict[str, str]) -> str:

@@ -4,11 +4,11 @@ them all. Each section returns the dict the report reads (keys: schema.py)."""
 
 from __future__ import annotations
 
-from specdemo.models import sources
-from specdemo.decoding.drafters import STRATEGIES, with_counterpart
 from specdemo.bench import memory, stats, sweeps
 from specdemo.bench.harness import Context, Lane, Run, find, genai_compile, log_progress, measure, our_lane, peer_lane
 from specdemo.bench.settings import PAPER
+from specdemo.decoding.drafters import STRATEGIES, with_counterpart
+from specdemo.models import sources
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results.parting import first_difference
 

@@ -7,10 +7,10 @@ import math
 from dataclasses import replace
 from typing import Callable
 
-from specdemo.decoding.drafters import with_counterpart
 from specdemo.bench import stats
 from specdemo.bench.harness import Context, Lane, Run, log_progress, measure, our_lane
 from specdemo.bench.settings import EDIT_INSTRUCTIONS
+from specdemo.decoding.drafters import with_counterpart
 from specdemo.models.loading import load_model
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.run.engine import Engine

@@ -14,14 +14,14 @@ from pathlib import Path
 
 from specdemo import bench, errors, strict_json
 from specdemo.bench import FULL, QUICK, SECTIONS
-from specdemo.results import runfile
 from specdemo.decoding import drafters
-from specdemo.models import sources
-from specdemo.host import compat, memory
 from specdemo.decoding.drafters import STRATEGIES
+from specdemo.host import compat, memory
 from specdemo.learning import builtin, disk, target_choice, tune
 from specdemo.learning.draft_choice import table
 from specdemo.learning.profile import choices, machine_profile
+from specdemo.models import sources
+from specdemo.results import runfile
 from specdemo.settings import (AUTO, CONFIGURATIONS, FAITHFUL, FAITHFUL_PRECISIONS, KPolicy, DEFAULT_DRAFT,
                                DEFAULT_TARGET, DRAFT_PRECISION, MAX_PROMPT_TOKENS, PRECISIONS, GenerationSettings,
                                ModelSettings, RunSettings)

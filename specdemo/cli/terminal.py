@@ -9,13 +9,13 @@ import sys
 import time
 from pathlib import Path
 
-from specdemo.results import runfile
 from specdemo.decoding.drafters import strategy
 from specdemo.decoding.events import ACCEPTED, BONUS, CORRECTED, TokenEvent
-from specdemo.results.figures import SPECULATION, TABLE, figure, placed, value
-from specdemo.results.lane import Result, drain
 from specdemo.decoding.planner import Plan
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
+from specdemo.results import runfile
+from specdemo.results.figures import SPECULATION, TABLE, figure, placed, value
+from specdemo.results.lane import Result, drain
 from specdemo.settings import RunSettings
 from specdemo.text import clean_instruction, shown
 

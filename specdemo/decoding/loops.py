@@ -24,10 +24,10 @@ from specdemo.decoding.costs import CostModel
 from specdemo.decoding.drafters import Drafter, Proposal
 from specdemo.decoding.events import ACCEPTED, BONUS, CORRECTED, TARGET, Detokenizer, End, Round, TokenEvent
 from specdemo.decoding.k_rules import KRule, policy_for
-from specdemo.models.runtime import OVModel
-from specdemo.settings import GenerationSettings
 from specdemo.decoding.verification import process_logits, sample, shared_vocabulary, top2_gap, verify_greedy, verify_sampled
+from specdemo.models.runtime import OVModel
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
+from specdemo.settings import GenerationSettings
 
 Event = TokenEvent | Round | End
 

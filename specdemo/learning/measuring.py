@@ -19,8 +19,8 @@ import time
 from dataclasses import asdict, replace
 
 from specdemo import strict_json
-from specdemo.host import machine
 from specdemo.decoding.costs import CostModel, monotone
+from specdemo.host import machine
 from specdemo.models.runtime import OVModel
 from specdemo.settings import K_MAX
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 from specdemo import strict_json
 from specdemo.host import compat
-from specdemo.settings import GGUF_LAYOUTS, PRECISIONS, ModelSettings
 from specdemo.models.sources import CACHE_VERSION, COMPLETE_MARKER, PRESETS, EmbeddedModel, ModelSourceError, Progress
+from specdemo.settings import GGUF_LAYOUTS, PRECISIONS, ModelSettings
 
 
 def convert(settings: ModelSettings, folder: Path, progress: Progress) -> None:

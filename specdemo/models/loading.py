@@ -12,8 +12,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdemo.models import sources, vocab
 from specdemo.host import compat
+from specdemo.models import sources, vocab
 from specdemo.models.runtime import OVModel
 from specdemo.settings import WEIGHTS, ModelSettings
 

@@ -24,8 +24,8 @@ from typing import Callable
 import numpy as np
 import openvino as ov
 
-from specdemo.models import graph
 from specdemo.host.compat import compile_config
+from specdemo.models import graph
 from specdemo.settings import ModelSettings
 
 

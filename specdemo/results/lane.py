@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from specdemo.decoding.events import End, Round, TokenEvent
-from specdemo.results.metrics import Summary, summarize
 from specdemo.decoding.planner import Plan
+from specdemo.results.metrics import Summary, summarize
 
 
 @dataclass

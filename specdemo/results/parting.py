@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
-from specdemo.results.fidelity import NOISE_CEILING
 from specdemo.decoding.verification import NEAR_TIE_LOGIT_GAP
 from specdemo.names import SPECULATIVE
+from specdemo.results.fidelity import NOISE_CEILING
 
 if TYPE_CHECKING:
     from specdemo.decoding.events import TokenEvent

@@ -18,16 +18,16 @@ from dataclasses import asdict
 from pathlib import Path
 
 from specdemo import strict_json
+from specdemo.decoding.events import TokenEvent
 from specdemo.host import machine
 from specdemo.host.compat import compile_config
-from specdemo.text import clean_instruction
-from specdemo.decoding.events import TokenEvent
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
-from specdemo.results.lane import Result
 from specdemo.results.failures import where_drafts_fail
 from specdemo.results.figures import BOTH, SHOW, figure, placed, value
+from specdemo.results.lane import Result
 from specdemo.results.metrics import measured_speedup
 from specdemo.results.parting import Parting
+from specdemo.text import clean_instruction
 
 SCHEMA = 1
 

@@ -18,16 +18,16 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from specdemo.learning import warmup
 from specdemo.decoding import k_rules, loops, planner
-from specdemo.models import sources
 from specdemo.decoding.costs import CostModel
-from specdemo.results.counterfactual import Counterfactual, counterfactual, draft_pass
 from specdemo.decoding.drafters import STRATEGIES, make_drafter, strategy
-from specdemo.models.loading import LoadedModel, load_model
 from specdemo.decoding.planner import Plan, make_plan
 from specdemo.host import memory
+from specdemo.learning import warmup
 from specdemo.learning.profile import Keys, Profile, machine_profile
+from specdemo.models import sources
+from specdemo.models.loading import LoadedModel, load_model
+from specdemo.results.counterfactual import Counterfactual, counterfactual, draft_pass
 from specdemo.settings import AUTO, K_MAX, GenerationSettings, ModelSettings, RunSettings
 from specdemo.text import clean_instruction
 

@@ -19,13 +19,13 @@ from typing import Iterator
 import numpy as np
 
 from specdemo import errors
-from specdemo.models import sources
-from specdemo.host import compat
 from specdemo.decoding.drafters import DEFAULT, strategy
-from specdemo.learning.profile import machine_profile
-from specdemo.results import metrics
 from specdemo.decoding.events import TARGET, Detokenizer, TokenEvent
+from specdemo.host import compat
+from specdemo.learning.profile import machine_profile
+from specdemo.models import sources
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
+from specdemo.results import metrics
 from specdemo.results.metrics import Summary
 from specdemo.settings import GenerationSettings, ModelSettings
 

@@ -20,13 +20,13 @@ import threading
 from dataclasses import dataclass
 from typing import Iterator, Mapping
 
-from specdemo.results import runfile
 from specdemo.decoding import planner
 from specdemo.decoding.drafters import strategy, with_counterpart
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
-from specdemo.run.engine import Engine
+from specdemo.results import runfile
 from specdemo.results.lane import Result
 from specdemo.results.parting import Parting, parting
+from specdemo.run.engine import Engine
 from specdemo.settings import RunSettings
 
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from specdemo.decoding import planner
 from specdemo.decoding.costs import CostModel
-from specdemo.results.counterfactual import Counterfactual
 from specdemo.decoding.drafters import strategy
+from specdemo.results.counterfactual import Counterfactual
 
 BLUE, ORANGE, GREEN, PURPLE, GREY = "#0072B2", "#E69F00", "#009E73", "#CC79A7", "#7f7f7f"
 WIDTH, HEIGHT = 520, 290

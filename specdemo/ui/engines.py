@@ -20,13 +20,13 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from specdemo.run import genai
-from specdemo.models import sources
 from specdemo.host import machine, memory
-from specdemo.run.engine import Engine
 from specdemo.learning.profile import machine_profile
+from specdemo.models import sources
 from specdemo.models.runtime import release_weight_pages
 from specdemo.names import AUTOREGRESSIVE, GENAI, SPECULATIVE
+from specdemo.run import genai
+from specdemo.run.engine import Engine
 from specdemo.settings import CONFIGURATIONS, GenerationSettings, ModelSettings, RunSettings
 from specdemo.ui.values import MAX_K, ONE_AFTER_ANOTHER
 

@@ -7,14 +7,14 @@ import html
 
 import pandas as pd
 
-from specdemo.learning.disk import size
-from specdemo.run import genai
 from specdemo.decoding.drafters import strategy
 from specdemo.decoding.events import ACCEPTED, BONUS, CORRECTED, TokenEvent
+from specdemo.learning.disk import size
 from specdemo.names import AUTOREGRESSIVE, GENAI, LANES, SPECULATIVE
 from specdemo.results.figures import RESULTS, figure, placed, value
 from specdemo.results.metrics import Summary, measured_speedup
 from specdemo.results.parting import Parting, first_difference
+from specdemo.run import genai
 from specdemo.settings import GenerationSettings
 from specdemo.text import shown
 from specdemo.ui.engines import race_threads

@@ -25,12 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from specdemo.models import sources
-from specdemo.host import machine
 from specdemo.decoding.costs import CostModel, fold
+from specdemo.host import machine
 from specdemo.learning.profile import choices
 from specdemo.learning.profile.acceptance import AcceptanceHistory, folded
 from specdemo.learning.profile.store import Store, path_for
+from specdemo.models import sources
 from specdemo.results import metrics
 from specdemo.results.fidelity import BatchingNoise
 from specdemo.settings import GenerationSettings, ModelSettings
