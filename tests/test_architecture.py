@@ -254,3 +254,20 @@ def test_the_lane_names_are_spelled_once():
         offenders += [f"{path.relative_to(PACKAGE.parent)}:{node.lineno}" for node in ast.walk(tree)
                       if isinstance(node, ast.Constant) and node.value in names and id(node) not in in_fstrings]
     assert offenders == [], "use specdemo.names:\n" + "\n".join(offenders)
+
+
+def test_no_package_hides_a_module_of_its_own_behind_an_imported_name():
+    """A package's __init__.py that binds `memory` to another module makes `from package import memory` return that
+    one, whatever the package's own memory.py holds."""
+    hidden = []
+    for init in PACKAGE.rglob("__init__.py"):
+        own = {p.stem for p in init.parent.glob("*.py")} | {p.parent.name for p in init.parent.glob("*/__init__.py")}
+        package = ".".join(init.parent.relative_to(PACKAGE.parent).parts)
+        for node in ast.parse(init.read_text()).body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for alias in node.names:
+                    bound = alias.asname or alias.name.split(".")[0]
+                    source = f"{node.module}.{alias.name}" if isinstance(node, ast.ImportFrom) else alias.name
+                    if bound in own and source != f"{package}.{bound}":
+                        hidden.append(f"{package}: {bound} is {source}")
+    assert hidden == []

@@ -165,6 +165,13 @@ def test_default_is_the_full_preset_with_every_section_but_the_opt_in_ones():
     assert benchmark_settings(_args()).sections == tuple(s for s in bench.SECTIONS if s != "humaneval")
 
 
+def test_every_registered_section_has_its_runner_and_nothing_else_does():
+    from specdemo.bench.sections import RUNNERS
+    from specdemo.bench.settings import REGISTRY
+
+    assert set(RUNNERS) == {section.name for section in REGISTRY}
+
+
 def test_only_runs_the_named_sections_in_the_standard_order():
     assert benchmark_settings(_args("--only", "memory, paper")).sections == ("paper", "memory")
 

@@ -43,7 +43,7 @@ from typing import Callable
 from specdemo import strict_json
 from specdemo.bench.settings import BenchSettings, CODE_INSTRUCTIONS, FULL, QUICK, SECTIONS, check_generation
 from specdemo.decoding import planner
-from specdemo.host import machine, memory
+from specdemo.host import machine
 from specdemo.learning.profile import machine_profile
 from specdemo.models import sources
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
@@ -64,6 +64,7 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
     from specdemo.bench.memory import section_need
     from specdemo.bench.sections import RUNNERS
     from specdemo.bench.targets import judge_targets
+    from specdemo.host import memory  # here, not at the top: there `memory` would hide this package's memory section
     from specdemo.run.engine import Engine
 
     check_generation(settings.generation)

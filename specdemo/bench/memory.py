@@ -17,7 +17,7 @@ from pathlib import Path
 
 from specdemo import strict_json
 from specdemo.bench.harness import Context
-from specdemo.bench.settings import CODE_INSTRUCTIONS
+from specdemo.bench.settings import BY_NAME, CODE_INSTRUCTIONS
 from specdemo.host import memory
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results.lane import drain
@@ -25,23 +25,16 @@ from specdemo.run.engine import Engine
 from specdemo.settings import GenerationSettings, ModelSettings, RunSettings
 
 
-# Copies of (target, draft) compiles a section loads beside the bench's pair at its peak: estimates from what each
-# section loads (GenAI's pipelines, the precision and KV sweeps' models, the fidelity section's precisions), not
-# measured one by one. The transformers peer holds both models in f32: TRANSFORMERS_F32 times their IR's weights.
-# GenAI's two pipelines (plain, speculative: K is a per-call setting) hold two targets and a draft; every section drops
-# its pipelines when it ends (bench.run), so none is counted twice.
-SECTION_COPIES = {"paper": (2, 1), "humaneval": (2, 1), "precision": (2, 2), "kv": (1, 1), "fidelity": (1, 0),
-                  "nodes": (1, 0), "memory": (1, 1), "vocab": (0, 1), "k": (2, 1),
-                  "lookup": (2, 0)}
+# The transformers peer holds both models in f32: TRANSFORMERS_F32 times their IR's weights.
 TRANSFORMERS_F32 = 4  # f32 bytes over INT8 IR bytes per weight (an INT4 draft's are 8: counted in the draft's copies)
 
 
 def section_need(name: str, target_bytes: int, draft_bytes: int, genai_k_values: tuple[int, ...] = ()) -> int:
-    """Bytes of anonymous memory section `name` takes beside the bench's pair, about (see SECTION_COPIES)."""
+    """Bytes of anonymous memory section `name` takes beside the bench's pair, about (its Section.copies)."""
     if name == "transformers":
         return TRANSFORMERS_F32 * target_bytes + 2 * TRANSFORMERS_F32 * draft_bytes + 2**30
     no_genai = name == "k" and not genai_k_values  # the K sweep without GenAI's lanes loads nothing beside the pair
-    targets, drafts = (0, 0) if no_genai else SECTION_COPIES.get(name, (0, 0))
+    targets, drafts = (0, 0) if no_genai or name not in BY_NAME else BY_NAME[name].copies
     return targets * memory.compile_need(target_bytes) + drafts * memory.compile_need(draft_bytes) + 2**28
 
 

@@ -1,6 +1,6 @@
 """The sections that put us beside others: the paper's experiment (with OpenVINO GenAI in the same
 loop), transformers and llama.cpp. The sweeps are in sweeps.py, the memory probe in memory.py; RUNNERS names
-them all. Each section returns the dict the report reads (keys: schema.py)."""
+them all, one for each section of settings.REGISTRY. Each section returns the dict the report reads (keys: schema.py)."""
 
 from __future__ import annotations
 
