@@ -13,7 +13,7 @@ import socket
 import sys
 import time
 
-from specdemo import compat
+from specdemo.host import compat
 
 compat.keep_torch_out()  # the server never needs torch: conversion runs in a child process
 

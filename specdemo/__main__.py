@@ -1,5 +1,5 @@
 import sys
 
-from specdemo.cli import main
+from specdemo.cli.commands import main
 
 sys.exit(main())

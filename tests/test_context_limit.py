@@ -5,8 +5,8 @@ from dataclasses import replace
 
 import pytest
 
-from specdemo.engine import Engine
-from specdemo.lane import drain
+from specdemo.results.lane import drain
+from specdemo.run.engine import Engine
 from specdemo.settings import GenerationSettings, KPolicy
 from tests.conftest import watch_forward
 

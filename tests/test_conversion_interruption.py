@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from specdemo import export, sources
-from specdemo.runtime import OVModel
+from specdemo.models import export, sources
+from specdemo.models.runtime import OVModel
 from specdemo.settings import ModelSettings
 
 pytestmark = pytest.mark.slow  # each test converts a model with optimum-intel (about 20 s)
@@ -46,7 +46,7 @@ def test_an_interrupted_conversion_leaves_nothing_half_made(home, tiny_hf, monke
 # export is on disk in the scratch folder, the cache folder and its marker are not.
 _CONVERT_AND_HANG = """
 import sys, time
-from specdemo import export, sources
+from specdemo.models import export, sources
 from specdemo.settings import ModelSettings
 
 def hang(folder, precision):

@@ -4,10 +4,12 @@ across processes, and said in words. The runs are the real loops on fake models 
 import numpy as np
 import pytest
 
-from specdemo import decoding, measuring, metrics
-from specdemo.costs import CostModel, fold, monotone
-from specdemo.drafters.model import ModelDrafter
-from specdemo.lane import drain
+from specdemo.decoding import loops
+from specdemo.decoding.costs import CostModel, fold, monotone
+from specdemo.decoding.drafters.model import ModelDrafter
+from specdemo.learning import measuring
+from specdemo.results import metrics
+from specdemo.results.lane import drain
 from specdemo.settings import GenerationSettings, KPolicy
 from tests.fake_models import FakeModel, FakeTokenizer
 
@@ -26,9 +28,9 @@ def observe_a_pair(target_cost, draft_cost, k: int = 4) -> dict:
     """One autoregressive and one speculative run of the real loops; what their calls cost, as folded into the model."""
     target, draft = FakeModel(3, "target", seconds=target_cost), FakeModel(3, "draft", seconds=draft_cost)
     settings = GenerationSettings(max_new_tokens=40, k_policy=KPolicy.fixed(k))
-    ar = drain(decoding.autoregressive(target, FakeTokenizer(), PROMPT, settings, set()))
+    ar = drain(loops.autoregressive(target, FakeTokenizer(), PROMPT, settings, set()))
     drafter = ModelDrafter(draft, settings, np.random.default_rng(0))
-    spec = drain(decoding.speculative(target, drafter, FakeTokenizer(), PROMPT, settings, set()))
+    spec = drain(loops.speculative(target, drafter, FakeTokenizer(), PROMPT, settings, set()))
     return ar.rounds, spec.rounds
 
 
@@ -82,7 +84,7 @@ def test_a_runs_verify_calls_are_compared_with_the_same_moments_single_steps():
 
 
 def test_a_folded_model_survives_the_machine_profile(tmp_path, monkeypatch):
-    from specdemo.profile import Profile
+    from specdemo.learning.profile import Profile
 
     monkeypatch.setenv("SPECDEMO_LEARN", "1")  # what is measured is written (with learning off it stays in memory)
     model = fold_runs(MEASURED, target_seconds(0.035, 0.125), lambda n: 0.01, runs=2)
@@ -107,7 +109,7 @@ def test_the_cost_model_survives_a_round_trip_through_json():
 
 
 def test_the_loops_own_time_per_step_and_round_joins_the_model_and_the_prediction():
-    from specdemo.planner import Acceptance, predicted_speedup
+    from specdemo.decoding.planner import Acceptance, predicted_speedup
 
     model = MEASURED
     for i in range(3):

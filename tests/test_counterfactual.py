@@ -4,9 +4,12 @@ fake models, and the planner learning from the match masks."""
 import numpy as np
 import pytest
 
-from specdemo import decoding
-from specdemo.costs import CostModel
-from specdemo.counterfactual import (
+from specdemo.decoding import loops
+from specdemo.decoding.costs import CostModel
+from specdemo.decoding.drafters.lookup import PromptLookupDrafter
+from specdemo.decoding.drafters.model import ModelDrafter
+from specdemo.learning.profile import Keys, Profile
+from specdemo.results.counterfactual import (
     accepted_run,
     corrected,
     counterfactual,
@@ -19,11 +22,8 @@ from specdemo.counterfactual import (
     walk_oracle,
     walk_replayed,
 )
-from specdemo.drafters.lookup import PromptLookupDrafter
-from specdemo.drafters.model import ModelDrafter
-from specdemo.engine import Engine
-from specdemo.lane import drain
-from specdemo.profile import Keys, Profile
+from specdemo.results.lane import drain
+from specdemo.run.engine import Engine
 from specdemo.settings import GenerationSettings, KPolicy
 from tests.fake_models import FakeModel, FakeTokenizer
 
@@ -34,7 +34,7 @@ COSTS = CostModel(target_s=tuple(0.05 * (1 + 0.1 * n) for n in range(13)), targe
 
 
 def answer_of(target: FakeModel, n: int = N) -> list[int]:
-    return drain(decoding.autoregressive(target, FakeTokenizer(), PROMPT, GenerationSettings(max_new_tokens=n), set())).ids
+    return drain(loops.autoregressive(target, FakeTokenizer(), PROMPT, GenerationSettings(max_new_tokens=n), set())).ids
 
 
 def test_every_fixed_k_accepts_round_by_round_what_a_real_run_accepts():
@@ -45,7 +45,7 @@ def test_every_fixed_k_accepts_round_by_round_what_a_real_run_accepts():
     for k in range(1, 9):
         settings = GenerationSettings(max_new_tokens=N, k_policy=KPolicy.fixed(k))
         drafter = ModelDrafter(draft, settings, np.random.default_rng(0))
-        run = drain(decoding.speculative(target, drafter, FakeTokenizer(), PROMPT, settings, set()))
+        run = drain(loops.speculative(target, drafter, FakeTokenizer(), PROMPT, settings, set()))
         assert run.ids == answer
         walk = walk_fixed(mask, k, COSTS, len(PROMPT), N, 1.0)
         assert walk.accepted == [r.accepted for r in run.rounds[1:]], f"K = {k}"
@@ -64,7 +64,7 @@ def test_the_confidence_stop_is_walked_as_a_stopped_run_drafts():
         for k in (2, 5, 8):
             settings = GenerationSettings(max_new_tokens=N, k_policy=KPolicy.fixed(k))
             drafter = ModelDrafter(draft, settings, np.random.default_rng(0), stops)
-            run = drain(decoding.speculative(target, drafter, FakeTokenizer(), PROMPT, settings, set()))
+            run = drain(loops.speculative(target, drafter, FakeTokenizer(), PROMPT, settings, set()))
             assert run.ids == answer
             walk = walk_fixed(mask, k, COSTS, len(PROMPT), N, 1.0, confidence, stops)
             assert walk.accepted == [r.accepted for r in run.rounds[1:]], (stops, k)
@@ -80,7 +80,7 @@ def test_prompt_lookup_accepts_round_by_round_what_a_real_lookup_run_accepts():
     answer = answer_of(target)
     for k in (1, 3, 6):
         settings = GenerationSettings(max_new_tokens=N, k_policy=KPolicy.fixed(k), drafter="prompt-lookup")
-        run = drain(decoding.speculative(target, PromptLookupDrafter(3), FakeTokenizer(), PROMPT, settings, set()))
+        run = drain(loops.speculative(target, PromptLookupDrafter(3), FakeTokenizer(), PROMPT, settings, set()))
         walk = walk_replayed(PromptLookupDrafter(3), PROMPT, answer, k, COSTS, N, 1.0)
         assert walk.accepted == [r.accepted for r in run.rounds[1:]] and sum(walk.accepted) > 0
 
@@ -103,7 +103,7 @@ def test_the_runs_own_drafting_replaces_the_passes_guesses_so_its_k_is_walked_ex
     answer = answer_of(target)
     k = 3
     settings = GenerationSettings(max_new_tokens=N, k_policy=KPolicy.fixed(k))
-    run = drain(decoding.speculative(target, ModelDrafter(draft, settings, np.random.default_rng(0)), FakeTokenizer(),
+    run = drain(loops.speculative(target, ModelDrafter(draft, settings, np.random.default_rng(0)), FakeTokenizer(),
                                      PROMPT, settings, set()))
     assert run.ids == answer
     guessed = match_mask(draft, PROMPT, answer)
@@ -115,7 +115,7 @@ def test_the_runs_own_drafting_replaces_the_passes_guesses_so_its_k_is_walked_ex
 
 
 def test_what_a_run_observed_is_read_from_its_rounds():
-    from specdemo.events import Round
+    from specdemo.decoding.events import Round
 
     def round_(index, drafter, drafted, accepted, emitted):
         return Round(index=index, context=0, k=drafted, drafter=drafter, draft_calls=[], draft_s=0.0,
@@ -164,7 +164,7 @@ def test_lookup_counts_come_from_proposals_alone():
 
 
 def test_without_a_draft_model_only_the_model_free_strategies_are_walked():
-    from specdemo.drafters import STRATEGIES
+    from specdemo.decoding.drafters import STRATEGIES
 
     answer = answer_of(FakeModel(3, "target"), 20)
     result = counterfactual(None, PROMPT, answer, COSTS, GenerationSettings(max_new_tokens=20, k_policy=KPolicy("fixed", k=4, k_max=4)))
@@ -179,7 +179,7 @@ def test_the_planner_moves_off_k_zero_after_one_run_whose_masks_say_drafts_match
                                                                                   monkeypatch):
     """A new machine whose prior says nothing pays runs K = 0 at first; the greedy run's match mask (a draft identical
     to the target matches everywhere) teaches the planner, and the next plan drafts."""
-    from specdemo.models import load_model
+    from specdemo.models.loading import load_model
     from tests.conftest import exact
 
     monkeypatch.setenv("SPECDEMO_LEARN", "1")
@@ -205,13 +205,13 @@ def test_an_answer_that_ends_in_an_eos_is_walked_to_its_end_as_the_run_went():
     the EOS is among drafts the target accepted (the drafts after it never count)."""
     target, eos = FakeModel(6, "target", scale=2.0), {3}
     settings = GenerationSettings(max_new_tokens=N)
-    answer = drain(decoding.autoregressive(target, FakeTokenizer(), PROMPT, settings, eos)).ids
+    answer = drain(loops.autoregressive(target, FakeTokenizer(), PROMPT, settings, eos)).ids
     assert answer[-1] == 3 and 5 < len(answer) < N  # the EOS ended it, well before the budget
     for draft in (FakeModel(6, "target", scale=2.0), FakeModel(6, "draft", scale=2.0)):  # agrees always, or sometimes
         mask = match_mask(draft, PROMPT, answer)
         for k in (1, 3, 6):
             fixed = GenerationSettings(max_new_tokens=N, k_policy=KPolicy.fixed(k))
-            run = drain(decoding.speculative(target, ModelDrafter(draft, fixed, np.random.default_rng(0)), FakeTokenizer(),
+            run = drain(loops.speculative(target, ModelDrafter(draft, fixed, np.random.default_rng(0)), FakeTokenizer(),
                                              PROMPT, fixed, eos))
             assert run.ids == answer
             walk = walk_fixed(mask, k, COSTS, len(PROMPT), N, 1.0)

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from specdemo.engine import Engine
-from specdemo.events import ACCEPTED, BONUS, CORRECTED, TARGET
-from specdemo.lane import drain
-from specdemo.models import load_model
+from specdemo.decoding.events import ACCEPTED, BONUS, CORRECTED, TARGET
+from specdemo.models.loading import load_model
+from specdemo.results.lane import drain
+from specdemo.run.engine import Engine
 from specdemo.settings import GenerationSettings, KPolicy
 from tests.conftest import exact
 
@@ -146,7 +146,7 @@ def test_warm_up_is_not_part_of_a_lanes_time(tiny_pair, monkeypatch):
 
     The slow call moves the clock on by an hour instead of sleeping, so a lane that contained it would
     report an hour whatever the machine's load, and one that did not reports seconds at most."""
-    from specdemo.runtime import OVModel
+    from specdemo.models.runtime import OVModel
 
     hour, clock, skew = 3600.0, time.perf_counter, {"s": 0.0}
     monkeypatch.setattr(time, "perf_counter", lambda: clock() + skew["s"])
@@ -180,7 +180,7 @@ def test_a_trimmed_draft_head_keeps_greedy_speculation_exact(tiny_pair, tiny_dra
 def test_a_trimmed_draft_head_samples_from_a_proper_distribution(tiny_draft):
     import numpy as np
 
-    from specdemo.drafters.model import ModelDrafter
+    from specdemo.decoding.drafters.model import ModelDrafter
 
     draft = load_model(exact(tiny_draft, head_tokens=100))
     settings = GenerationSettings(temperature=1.0, seed=3)

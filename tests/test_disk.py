@@ -2,7 +2,9 @@
 
 from dataclasses import replace
 
-from specdemo import cli, disk, sources
+from specdemo.cli import commands as cli
+from specdemo.learning import disk
+from specdemo.models import sources
 from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET, DRAFT_PRECISION
 
 

@@ -6,9 +6,10 @@ from dataclasses import replace
 
 import pytest
 
-from specdemo import draft_choice, race, sources, tune
-from specdemo.profile import Profile, choices
-from specdemo.draft_choice import DraftOption, candidates, price
+from specdemo.learning import draft_choice, race, tune
+from specdemo.learning.draft_choice import DraftOption, candidates, price
+from specdemo.learning.profile import Profile, choices
+from specdemo.models import sources
 from specdemo.settings import AUTO, DEFAULT_DRAFT, DRAFT_PRECISION, ModelSettings
 from tests.fake_models import FakeModel
 from tests.test_planner import machine

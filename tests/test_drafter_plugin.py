@@ -1,4 +1,4 @@
-"""A drafting strategy is one module: written by someone else and dropped into specdemo/drafters/ of a copy of the
+"""A drafting strategy is one module: written by someone else and dropped into specdemo/decoding/drafters/ of a copy of the
 project, with no other file changed, it runs through `python -m specdemo generate --drafter NAME` (greedy, lossless,
 its rounds named by it) and appears among the page's drafting choices."""
 
@@ -13,14 +13,14 @@ import pytest
 
 from tests.conftest import ROOT
 
-# A strategy as a newcomer would write it from specdemo/drafters/base.py alone: propose the token that followed the
+# A strategy as a newcomer would write it from specdemo/decoding/drafters/base.py alone: propose the token that followed the
 # text's last token the first time it occurred (a one-token lookup), repeated along.
 ELSEWHERE = textwrap.dedent('''
     """Echo: what followed the text's last token where it first occurred, walked on (a strategy written elsewhere)."""
 
     import time
 
-    from specdemo.drafters.base import Proposal, Strategy
+    from specdemo.decoding.drafters.base import Proposal, Strategy
 
 
     class EchoDrafter:
@@ -64,7 +64,7 @@ def copy_with_echo(tmp_path_factory):
     for folder in ("specdemo", "assets"):
         shutil.copytree(ROOT / folder, root / folder, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "app.py", root / "app.py")
-    (root / "specdemo" / "drafters" / "echo.py").write_text(ELSEWHERE)
+    (root / "specdemo" / "decoding" / "drafters" / "echo.py").write_text(ELSEWHERE)
     return root
 
 

@@ -1,12 +1,12 @@
-"""Drafters as objects: each strategy is one module of specdemo/drafters carrying its name, how its round is priced
+"""Drafters as objects: each strategy is one module of specdemo/decoding/drafters carrying its name, how its round is priced
 and the prior it starts from; the package finds them, and a new one runs through the planner, the loop and the
 profile without a change anywhere else."""
 
 import pytest
 
-from specdemo.drafters import STRATEGIES, Proposal, Strategy, make_drafter, strategy
-from specdemo.lane import drain
-from specdemo.planner import Acceptance, predicted_speedup, round_seconds
+from specdemo.decoding.drafters import STRATEGIES, Proposal, Strategy, checked, make_drafter, strategy
+from specdemo.decoding.planner import Acceptance, predicted_speedup, round_seconds
+from specdemo.results.lane import drain
 from specdemo.settings import GenerationSettings, KPolicy
 from tests.test_planner import machine
 
@@ -14,7 +14,7 @@ from tests.test_planner import machine
 def test_the_package_finds_every_strategy_module_by_its_name_in_the_order_of_their_choices():
     from pathlib import Path
 
-    modules = {p.stem for p in (Path(__file__).parent.parent / "specdemo" / "drafters").glob("*.py")} - {"__init__", "base"}
+    modules = {p.stem for p in (Path(__file__).parent.parent / "specdemo" / "decoding" / "drafters").glob("*.py")} - {"__init__", "base"}
     assert len(STRATEGIES) == len(modules)  # every module of the package is a strategy, found by the package
     assert list(STRATEGIES)[:3] == ["model", "prompt-lookup", "hybrid"]  # the built-in ones first (Strategy.order)
     assert {name: STRATEGIES[name].needs_model for name in ("model", "prompt-lookup", "hybrid")} == \
@@ -23,7 +23,7 @@ def test_the_package_finds_every_strategy_module_by_its_name_in_the_order_of_the
     with pytest.raises(ValueError, match="no draft model is loaded"):
         make_drafter("model", None, GenerationSettings(), None)
     with pytest.raises(ValueError, match="drafter must be one of model, prompt-lookup, hybrid.*, got 'eagle'"):
-        GenerationSettings(drafter="eagle")
+        checked(GenerationSettings(drafter="eagle"))  # the edges' check (settings know no registry)
 
 
 def test_each_strategy_prices_its_own_drafting():

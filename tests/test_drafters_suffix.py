@@ -1,11 +1,11 @@
-"""Suffix decoding (specdemo/drafters/suffix.py): drafts continue the text's longest suffix where it occurred before,
+"""Suffix decoding (specdemo/decoding/drafters/suffix.py): drafts continue the text's longest suffix where it occurred before,
 in this run's text or in its owner's earlier answers (a visitor's, a bench lane's: never anyone else's); the acceptance
 rule is untouched, so is the output."""
 
-from specdemo import decoding
-from specdemo.drafters import STRATEGIES, make_drafter, memories
-from specdemo.drafters.suffix import AnswerStore, SuffixDrafter
-from specdemo.lane import drain
+from specdemo.decoding import loops
+from specdemo.decoding.drafters import STRATEGIES, make_drafter, memories
+from specdemo.decoding.drafters.suffix import AnswerStore, SuffixDrafter
+from specdemo.results.lane import drain
 from specdemo.settings import GenerationSettings, KPolicy
 from tests.fake_models import FakeModel, FakeTokenizer
 
@@ -30,10 +30,10 @@ def test_a_fresh_store_and_a_text_that_never_repeats_give_no_drafts():
 def test_a_run_repeating_an_earlier_answer_drafts_it_and_its_output_is_unchanged():
     target, prompt = FakeModel(50, "target", scale=3.0), [7, 3, 11, 42, 5]
     settings = GenerationSettings(max_new_tokens=40, k_policy=KPolicy.fixed(4), drafter="suffix")
-    alone = drain(decoding.autoregressive(target, FakeTokenizer(), prompt, settings, set())).ids
+    alone = drain(loops.autoregressive(target, FakeTokenizer(), prompt, settings, set())).ids
     store = AnswerStore()
     # A new drafter for each run, as the engine makes them: what carries over is the store alone.
-    first, second = (drain(decoding.speculative(target, SuffixDrafter(store), FakeTokenizer(), prompt, settings, set()))
+    first, second = (drain(loops.speculative(target, SuffixDrafter(store), FakeTokenizer(), prompt, settings, set()))
                      for _ in range(2))
     assert first.ids == alone and second.ids == alone  # lossless, with the store empty and with it full
     rounds = second.rounds[1:]  # after the prefill

@@ -3,7 +3,7 @@ model's confidence stop ends a round where further drafts would not pay."""
 
 import numpy as np
 
-from specdemo.drafters.lookup import PromptLookupDrafter, lookup_continuation
+from specdemo.decoding.drafters.lookup import PromptLookupDrafter, lookup_continuation
 from specdemo.settings import GenerationSettings, KPolicy
 
 
@@ -43,20 +43,20 @@ def test_prompt_lookup_drafter_times_its_lookup_calls_no_model_and_has_no_cache_
 def test_the_hybrid_drafter_drafts_from_the_text_without_a_model_call_where_it_repeats_and_stays_lossless():
     import numpy as np
 
-    from specdemo import decoding
-    from specdemo.drafters.hybrid import HybridDrafter
-    from specdemo.drafters.model import ModelDrafter
-    from specdemo.lane import drain
+    from specdemo.decoding import loops
+    from specdemo.decoding.drafters.hybrid import HybridDrafter
+    from specdemo.decoding.drafters.model import ModelDrafter
+    from specdemo.results.lane import drain
     from specdemo.settings import GenerationSettings
     from tests.fake_models import FakeModel, FakeTokenizer
 
     settings = GenerationSettings(max_new_tokens=60, k_policy=KPolicy.fixed(4))
     target, draft = FakeModel(5, "target", scale=3.0), FakeModel(5, "draft")  # a small vocabulary: the text repeats
     prompt = [0, 1, 2, 0, 1]
-    alone = drain(decoding.autoregressive(target, FakeTokenizer(), prompt, settings, set())).ids
+    alone = drain(loops.autoregressive(target, FakeTokenizer(), prompt, settings, set())).ids
     hybrid = HybridDrafter(ModelDrafter(draft, settings, np.random.default_rng(0)), PromptLookupDrafter(3),
                            price=lambda name, k: 0.6 * k if name == "prompt-lookup" else 1.0)  # lookup from 2 tokens
-    run = drain(decoding.speculative(target, hybrid, FakeTokenizer(), prompt, settings, set()))
+    run = drain(loops.speculative(target, hybrid, FakeTokenizer(), prompt, settings, set()))
     assert run.ids == alone  # lossless
     lookup = [r for r in run.rounds if r.drafter == "prompt-lookup"]
     assert lookup and all(r.draft_calls == [] for r in lookup) and sum(r.accepted for r in lookup) > 0
@@ -72,7 +72,7 @@ def _softmax_top(row) -> float:
 def test_the_confidence_stop_ends_a_round_once_the_drafts_running_confidence_falls_below_it():
     """Greedy: the draft keeps drafting while the product of its top probabilities stays at or above p_min; the draft
     that takes it below is still proposed (its step is paid), the ones after it are not."""
-    from specdemo.drafters.model import ModelDrafter
+    from specdemo.decoding.drafters.model import ModelDrafter
     from tests.fake_models import FakeModel
 
     prompt, settings = [0, 1, 2], GenerationSettings(k_policy=KPolicy.fixed(6))
@@ -93,15 +93,15 @@ def test_the_confidence_stop_ends_a_round_once_the_drafts_running_confidence_fal
 
 
 def test_greedy_output_is_unchanged_by_the_confidence_stop():
-    from specdemo import decoding
-    from specdemo.drafters.model import ModelDrafter
-    from specdemo.lane import drain
+    from specdemo.decoding import loops
+    from specdemo.decoding.drafters.model import ModelDrafter
+    from specdemo.results.lane import drain
     from tests.fake_models import FakeModel, FakeTokenizer
 
     target, draft = FakeModel(3, "target"), FakeModel(3, "draft")
     settings = GenerationSettings(max_new_tokens=60, k_policy=KPolicy.fixed(5))
-    plain = drain(decoding.autoregressive(target, FakeTokenizer(), [0, 1, 2], settings, set()))
+    plain = drain(loops.autoregressive(target, FakeTokenizer(), [0, 1, 2], settings, set()))
     for p_min in (0.0, 0.3, 0.7):
-        run = drain(decoding.speculative(target, ModelDrafter(draft, settings, np.random.default_rng(0), (p_min,)),
+        run = drain(loops.speculative(target, ModelDrafter(draft, settings, np.random.default_rng(0), (p_min,)),
                                          FakeTokenizer(), [0, 1, 2], settings, set()))
         assert run.ids == plain.ids, p_min

@@ -4,10 +4,10 @@ import threading
 
 import pytest
 
-from specdemo.events import TARGET, Detokenizer, End, Round, TokenEvent
-from specdemo.lane import drain
-from specdemo.metrics import Summary
-from specdemo.planner import Acceptance, Plan
+from specdemo.decoding.events import TARGET, Detokenizer, End, Round, TokenEvent
+from specdemo.decoding.planner import Acceptance, Plan
+from specdemo.results.lane import drain
+from specdemo.results.metrics import Summary
 
 
 class ByteTokenizer:

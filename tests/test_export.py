@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from specdemo import export, sources
+from specdemo.models import export, sources
 
 
 def _quiet(fraction, message):

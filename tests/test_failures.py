@@ -1,7 +1,7 @@
 """Where the drafts fail: each token's kind, and a run's rejections grouped by what the target wanted."""
 
-from specdemo.events import TokenEvent
-from specdemo.failures import token_kind, where_drafts_fail
+from specdemo.decoding.events import TokenEvent
+from specdemo.results.failures import token_kind, where_drafts_fail
 
 
 def test_token_kinds_tell_code_from_prose():

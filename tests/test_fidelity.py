@@ -1,12 +1,12 @@
-"""Fidelity to the GGUF (specdemo/fidelity.py) and our greedy text against llama.cpp's (bench/sections.py), on
+"""Fidelity to the GGUF (specdemo/results/fidelity.py) and our greedy text against llama.cpp's (bench/sections.py), on
 known logits and known texts."""
 
 import numpy as np
 import pytest
 
-from specdemo import fidelity
 from specdemo.bench.harness import Lane, Run
 from specdemo.bench.sections import text_agreement
+from specdemo.results import fidelity
 
 
 class Logits:
@@ -119,7 +119,7 @@ def test_a_compile_is_suspect_only_where_its_calls_move_a_gap_beyond_what_sound_
 def test_warm_up_says_when_the_compile_it_loaded_is_suspect():
     from types import SimpleNamespace
 
-    from specdemo import warmup
+    from specdemo.learning import warmup
 
     loud = fidelity.BatchingNoise(4.2, 96, (2, 13), clean_gap_change=0.0)
     engine = SimpleNamespace(profile=SimpleNamespace(noise=lambda key: loud), keys=SimpleNamespace(costs="key"))

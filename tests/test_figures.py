@@ -1,12 +1,12 @@
-"""Each figure described once (specdemo/figures.py): the CLI, the page and `show` say it by the same label and write
+"""Each figure described once (specdemo/results/figures.py): the CLI, the page and `show` say it by the same label and write
 its value the same way, so a new figure is its description and nothing else."""
 
 import pytest
 
-from specdemo import runfile
-from specdemo.figures import FIGURES, GLOSSARY, figure
-from specdemo.lane import drain
-from specdemo.metrics import Summary, measured_speedup
+from specdemo.results import runfile
+from specdemo.results.figures import FIGURES, GLOSSARY, figure
+from specdemo.results.lane import drain
+from specdemo.results.metrics import Summary, measured_speedup
 from specdemo.settings import KPolicy, GenerationSettings, RunSettings
 from specdemo.ui import render
 from specdemo.ui.lanes import AUTOREGRESSIVE, SPECULATIVE, LaneRun
@@ -33,7 +33,7 @@ def test_every_figure_names_a_summary_field_and_the_glossary_is_the_described_on
 
 
 def test_the_cli_the_page_and_show_say_and_write_a_figure_the_same_way(tiny_engine, tiny_target, tiny_draft, capsys):
-    from specdemo.terminal import _print_summaries
+    from specdemo.cli.terminal import _print_summaries
 
     settings = GenerationSettings(max_new_tokens=24, k_policy=KPolicy.fixed(3))
     ar, spec = (drain(run(PROMPT, settings)) for run in (tiny_engine.autoregressive, tiny_engine.speculative))
@@ -45,7 +45,7 @@ def test_the_cli_the_page_and_show_say_and_write_a_figure_the_same_way(tiny_engi
         lanes[name].summary = result.summary
     page = render.render_results(lanes, ONE_AFTER_ANOTHER, settings)
     run = runfile.run_dict(PROMPT, RunSettings(exact(tiny_target), exact(tiny_draft), settings), tiny_engine, ar, spec,
-                           None)
+                           None, None)
     show = runfile.compare([run], ["run.json"])
     s = spec.summary
     shown = {"alpha_hat": s.alpha_hat, "mean_acceptance_length": s.mean_acceptance_length,
@@ -58,9 +58,9 @@ def test_the_cli_the_page_and_show_say_and_write_a_figure_the_same_way(tiny_engi
 
 def test_a_new_figure_is_its_description_and_nothing_else(tiny_engine, tiny_target, tiny_draft, capsys, monkeypatch):
     """Described with its places, a figure the renderers never heard of appears in the CLI, the page and `show`."""
-    from specdemo import figures
-    from specdemo.figures import EVERYWHERE, Figure
-    from specdemo.terminal import _print_summaries
+    from specdemo.results import figures
+    from specdemo.results.figures import EVERYWHERE, Figure
+    from specdemo.cli.terminal import _print_summaries
 
     rate = Figure("rollback_s", "time rolling back", "ms", 2, places=EVERYWHERE)
     monkeypatch.setattr(figures, "FIGURES", (*figures.FIGURES, rate))
@@ -71,7 +71,7 @@ def test_a_new_figure_is_its_description_and_nothing_else(tiny_engine, tiny_targ
     lanes = {AUTOREGRESSIVE: LaneRun(ar.tokens), SPECULATIVE: LaneRun(spec.tokens)}
     lanes[AUTOREGRESSIVE].summary, lanes[SPECULATIVE].summary = ar.summary, spec.summary
     run = runfile.run_dict(PROMPT, RunSettings(exact(tiny_target), exact(tiny_draft), settings), tiny_engine, ar, spec,
-                           None)
+                           None, None)
     for text in (capsys.readouterr().out, render.render_results(lanes, ONE_AFTER_ANOTHER, settings),
                  runfile.compare([run], ["run.json"])):
         assert "time rolling back" in text and written in text

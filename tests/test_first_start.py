@@ -6,7 +6,9 @@ import threading
 
 import pytest
 
-from specdemo import engine, memory, sources
+from specdemo.host import memory
+from specdemo.models import sources
+from specdemo.run import engine
 from specdemo.settings import RunSettings
 
 
@@ -49,7 +51,7 @@ def test_the_draft_waits_for_the_target_when_memory_allows_one_conversion(home, 
 _FIRST_START = """
 import sys
 sys.modules['torch'] = None  # the default pair's first start must not need torch
-from specdemo.engine import Engine
+from specdemo.run.engine import Engine
 from specdemo.settings import K_MAX, RunSettings
 engine = Engine.load(RunSettings(), progress=lambda fraction, message: None)
 engine.warm_up(K_MAX, log=lambda message: None, quick=True)

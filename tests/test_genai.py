@@ -1,13 +1,14 @@
-"""OpenVINO GenAI's speculative pipeline as a lane (specdemo/genai.py), on the real default pair."""
+"""OpenVINO GenAI's speculative pipeline as a lane (specdemo/run/genai.py), on the real default pair."""
 
 import threading
 
 import pytest
 
-from specdemo import genai, sources
-from specdemo.profile import machine_profile
-from specdemo.events import TARGET
-from specdemo.lane import drain
+from specdemo.decoding.events import TARGET
+from specdemo.learning.profile import machine_profile
+from specdemo.models import sources
+from specdemo.results.lane import drain
+from specdemo.run import genai
 from specdemo.settings import KPolicy, GenerationSettings, RunSettings
 
 pytestmark = [pytest.mark.real_models, pytest.mark.slow]

@@ -1,4 +1,4 @@
-"""A GGUF file straight to an IR folder, without torch (specdemo/gguf_file.py, gguf_graph.py, gguf_metadata.py,
+"""A GGUF file straight to an IR folder, without torch (specdemo/models/gguf_file.py, gguf_graph.py, gguf_metadata.py,
 export.from_gguf): on tiny Qwen2 and Llama files written here, the metadata reads as gguf-py reads it; the built graph
 computes transformers' logits for the same file (a Llama file's permuted q/k rows restored, which an unrestored one
 would not); every precision converts in a process where torch cannot be imported, into a folder the runtime, the
@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specdemo import export, gguf_import, sources
-from specdemo.gguf_file import GGUFFile
-from specdemo.runtime import OVModel
+from specdemo.models import export, gguf_import, sources
+from specdemo.models.gguf_file import GGUFFile
+from specdemo.models.runtime import OVModel
 from specdemo.settings import PRECISIONS, ModelSettings
 from tests import tiny_gguf
 
@@ -112,7 +112,7 @@ def test_a_llama_file_read_in_its_own_row_order_would_compute_other_logits(tmp_p
 _NO_TORCH = "import sys\nsys.modules['torch'] = None  # a GGUF's conversion must not need torch\n"
 _PREPARE_EACH = """
 import sys
-from specdemo import sources
+from specdemo.models import sources
 from specdemo.settings import ModelSettings
 for precision in sys.argv[2:]:
     sources.prepare(ModelSettings(sys.argv[1], precision=precision), lambda fraction, message: None)
@@ -162,7 +162,7 @@ def test_the_gguf_precisions_of_an_architecture_not_built_here_are_refused_with_
 def test_the_folder_holds_what_specdemo_reads(tmp_path):
     import json
 
-    from specdemo.models import _count_parameters
+    from specdemo.models.loading import _count_parameters
 
     gguf = tiny_gguf.write(tmp_path / "tiny.gguf", "qwen2")
     export.from_gguf(GGUFFile(gguf), "gguf-mixed", tmp_path / "ir", _quiet)
@@ -200,7 +200,7 @@ def test_openvino_genai_runs_the_built_folder_as_our_runtime_does_with_a_draft_t
     import openvino as ov
     import openvino_genai
 
-    from specdemo import genai
+    from specdemo.run import genai
 
     gguf = tiny_gguf.write(tmp_path / "tiny.gguf", "qwen2")
     export.from_gguf(GGUFFile(gguf), "int8", tmp_path / "ir", _quiet)
@@ -224,8 +224,9 @@ def test_openvino_genai_runs_the_built_folder_as_our_runtime_does_with_a_draft_t
 @pytest.mark.real_models
 @pytest.mark.slow  # converts the 1.5B target twice (about a minute each on 2 cores) and scores 285 positions twice
 def test_the_default_target_converts_without_torch_and_keeps_the_ggufs_choices(home, tmp_path):
-    from specdemo import builtin, fidelity, tune
-    from specdemo.models import load_model
+    from specdemo.learning import builtin, tune
+    from specdemo.results import fidelity
+    from specdemo.models.loading import load_model
 
     (tmp_path / "no_torch").mkdir()
     (tmp_path / "no_torch" / "sitecustomize.py").write_text(_NO_TORCH)

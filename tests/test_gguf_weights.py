@@ -1,4 +1,4 @@
-"""A GGUF's own blocks as OpenVINO compressed weights (specdemo/gguf_weights.py, specdemo/gguf_import.py): on tiny
+"""A GGUF's own blocks as OpenVINO compressed weights (specdemo/models/gguf_weights.py, specdemo/models/gguf_import.py): on tiny
 GGUFs written here, for every quantization type the default pair's files hold, the exact layout decompresses to
 gguf's own dequantization up to f16 rounding of each group's scale and offset, in a MatMul and in the embedding's
 Gather; the fused layout takes the kernels' element types and stays within its stated error; a weight whose rows are
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from specdemo import gguf_import, gguf_weights
-from specdemo.gguf_file import GGUFFile
+from specdemo.models import gguf_import, gguf_weights
+from specdemo.models.gguf_file import GGUFFile
 
 TYPES = [T.Q4_K, T.Q6_K, T.Q5_0, T.Q8_0]  # what the default target (Q4_K, Q6_K) and draft (+ Q5_0, Q8_0) hold
 SCALES = {T.Q4_K: [0, 2], T.Q6_K: [208], T.Q5_0: [0], T.Q8_0: [0]}  # byte offsets of each block's f16 scales

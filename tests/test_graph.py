@@ -1,4 +1,4 @@
-"""Graph edits before compiling (specdemo/graph.py): fusing the projections that read the same activations computes
+"""Graph edits before compiling (specdemo/models/graph.py): fusing the projections that read the same activations computes
 exactly what the separate ones did, on an exported model and on compressed weights of every layout specdemo makes."""
 
 import numpy as np
@@ -6,7 +6,7 @@ import openvino as ov
 import pytest
 from openvino import opset13 as ops
 
-from specdemo import graph
+from specdemo.models import graph
 
 EXACT = {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0, "KV_CACHE_PRECISION": "f32"}
 
@@ -78,8 +78,8 @@ def test_fusing_compressed_weights_with_biases_changes_nothing_but_the_node_coun
 
 @pytest.mark.parametrize("precision", ["int8", "gguf"])
 def test_every_edit_finds_its_nodes_on_a_graph_built_from_a_gguf(tmp_path, precision):
-    from specdemo import export
-    from specdemo.gguf_file import GGUFFile
+    from specdemo.models import export
+    from specdemo.models.gguf_file import GGUFFile
     from tests import tiny_gguf
 
     gguf = tiny_gguf.write(tmp_path / "tiny.gguf", "llama")  # an LM head of its own

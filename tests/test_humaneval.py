@@ -11,8 +11,8 @@ import pytest
 from specdemo import bench
 from specdemo.bench import humaneval, report_humaneval, sandbox
 from specdemo.bench.harness import Lane, Run
-from specdemo.cli import benchmark_settings, build_parser
-from specdemo.events import Round
+from specdemo.cli.commands import benchmark_settings, build_parser
+from specdemo.decoding.events import Round
 from specdemo.settings import GenerationSettings, RunSettings
 
 PROBLEMS = humaneval.load_problems(164)

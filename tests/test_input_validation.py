@@ -9,10 +9,12 @@ from hypothesis import given
 from hypothesis import settings as examples
 from hypothesis import strategies as st
 
-from specdemo.engine import Engine, clean_instruction
-from specdemo.lane import drain
-from specdemo.drafters import STRATEGIES as DRAFTERS
+from specdemo.decoding.drafters import STRATEGIES as DRAFTERS
+from specdemo.decoding.drafters import checked
+from specdemo.results.lane import drain
+from specdemo.run.engine import Engine
 from specdemo.settings import GenerationSettings, KPolicy
+from specdemo.text import clean_instruction
 from specdemo.ui.values import MAX_NEW_TOKENS_CAP, PageValues
 from tests.hostile_text import ANY_TEXT, FAST
 
@@ -89,7 +91,7 @@ def test_any_instruction_and_k_run_to_the_end_and_speculation_stays_exact(tiny_e
                        st.booleans(), st.text(max_size=5)))
 def test_any_setting_is_accepted_or_refused_with_a_sentence(field, value):
     try:
-        settings = GenerationSettings(**{field: value})
+        settings = checked(GenerationSettings(**{field: value}))  # as the edges take a user's settings
     except ValueError as error:
         assert str(error).split()[0] in SETTINGS_FIELDS and " must " in str(error)
         return

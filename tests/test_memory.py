@@ -1,4 +1,4 @@
-"""The memory bound (specdemo/memory.py) on synthetic numbers: the budget read from the environment, the anonymous
+"""The memory bound (specdemo/host/memory.py) on synthetic numbers: the budget read from the environment, the anonymous
 memory of a process tree, what a cgroup v1 or v2 limit leaves (files written in a temporary folder as the kernel lays
 them out), and a step that waits for room, goes on when there is, and skips with a sentence when there is not."""
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from specdemo import memory
+from specdemo.host import memory
 
 GIB = 2**30
 

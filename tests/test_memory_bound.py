@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from specdemo import memory, sources
-from specdemo.profile import machine_profile
+from specdemo.host import memory
+from specdemo.learning.profile import machine_profile
+from specdemo.models import sources
 from specdemo.settings import DEFAULT_TARGET
 from tests.conftest import ROOT, TEST_HOME
 

@@ -2,9 +2,9 @@
 
 import pytest
 
-from specdemo.costs import CostModel
-from specdemo.events import End, Round, TokenEvent
-from specdemo.metrics import (
+from specdemo.decoding.costs import CostModel
+from specdemo.decoding.events import End, Round, TokenEvent
+from specdemo.results.metrics import (
     acceptance_by_position,
     accepted_histogram,
     alpha_hat,
@@ -133,8 +133,8 @@ BY_HAND = {
 def test_every_glossary_formula_gives_the_field_it_names():
     from dataclasses import fields
 
-    from specdemo import metrics
-    from specdemo.figures import GLOSSARY
+    from specdemo.results import metrics
+    from specdemo.results.figures import GLOSSARY
 
     costs = CostModel(target_s=(0.04,) * 13, target_prefill_tps=500.0, target_rollback_s=0.001, draft_s=(0.01, 0.012),
                       draft_prefill_tps=2000.0)
@@ -157,7 +157,7 @@ def test_every_glossary_formula_gives_the_field_it_names():
 def test_the_figures_page_carries_the_glossary_as_the_code_defines_it():
     from pathlib import Path
 
-    from specdemo.figures import glossary_markdown
+    from specdemo.results.figures import glossary_markdown
 
     assert glossary_markdown() in (Path(__file__).parent.parent / "docs" / "figures.md").read_text(encoding="utf-8")
 

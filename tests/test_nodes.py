@@ -6,7 +6,7 @@ import openvino as ov
 import openvino.opset13 as ops
 
 from specdemo.bench import nodes, report_gguf
-from specdemo.runtime import OVModel
+from specdemo.models.runtime import OVModel
 from tests.conftest import exact
 
 

@@ -4,9 +4,9 @@ import re
 
 import pytest
 
-from specdemo import planner
-from specdemo.costs import CostModel
-from specdemo.counterfactual import counterfactual
+from specdemo.decoding import planner
+from specdemo.decoding.costs import CostModel
+from specdemo.results.counterfactual import counterfactual
 from specdemo.settings import GenerationSettings, KPolicy
 from specdemo.ui import charts
 

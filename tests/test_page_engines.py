@@ -59,8 +59,8 @@ def _fake_engines(monkeypatch, home):
 
 def _retune() -> None:
     """A tune in another process changes the choice (a new stamp in the profile)."""
-    from specdemo.profile import Profile
-    from specdemo.sources import specdemo_home
+    from specdemo.learning.profile import Profile
+    from specdemo.models.sources import specdemo_home
 
     Profile(specdemo_home()).store.update("tune", lambda tune: {**tune, "changed_ns": tune.get("changed_ns", 0) + 10**9})
 
@@ -100,7 +100,7 @@ def test_the_new_tune_is_applied_in_a_turn_of_its_own_after_the_run_that_holds_t
 
 def _room(left_gib: float):
     """memory.room() as a machine with `left_gib` GiB left in the bound."""
-    from specdemo import memory
+    from specdemo.host import memory
 
     budget = 8 * 2**30
     return lambda environ=None: memory.Room(budget, budget - int(left_gib * 2**30), None, 64 * 2**30)
@@ -108,7 +108,7 @@ def _room(left_gib: float):
 
 def _prepared(monkeypatch, weights_gib: float = 1.0):
     """Every model prepared, each 1 GiB of weights: compile_need 1.25 GiB."""
-    from specdemo import sources
+    from specdemo.models import sources
 
     monkeypatch.setattr(sources, "is_prepared", lambda settings: True)
     monkeypatch.setattr(sources, "weights_bytes", lambda settings: int(weights_gib * 2**30))
@@ -117,7 +117,7 @@ def _prepared(monkeypatch, weights_gib: float = 1.0):
 def test_a_visitor_s_genai_lane_loads_only_beside_what_the_background_work_may_still_need(home, monkeypatch):
     import pytest
 
-    from specdemo import memory
+    from specdemo.host import memory
     from specdemo.settings import RunSettings
 
     engines, loads = _fake_engines(monkeypatch, home)
@@ -136,7 +136,7 @@ def test_loadings_under_way_are_counted_so_a_race_s_two_engines_are_not_both_let
 
     import pytest
 
-    from specdemo import memory
+    from specdemo.host import memory
 
     engines, loads = _fake_engines(monkeypatch, home)
     slow = threading.Event()
@@ -151,7 +151,7 @@ def test_loadings_under_way_are_counted_so_a_race_s_two_engines_are_not_both_let
 def test_the_fastest_configuration_is_never_converted_in_a_visitor_s_turn(home, monkeypatch):
     import pytest
 
-    from specdemo import sources
+    from specdemo.models import sources
 
     engines, loads = _fake_engines(monkeypatch, home)
     monkeypatch.setattr(sources, "is_prepared", lambda settings: settings.precision != "int4")
@@ -161,7 +161,7 @@ def test_the_fastest_configuration_is_never_converted_in_a_visitor_s_turn(home, 
 
 
 def test_optional_models_sitting_idle_are_released_and_the_default_pair_and_a_running_run_s_are_kept(home, monkeypatch):
-    from specdemo import memory
+    from specdemo.host import memory
     from specdemo.settings import RunSettings
 
     engines, loads = _fake_engines(monkeypatch, home)
@@ -182,7 +182,7 @@ def test_optional_models_sitting_idle_are_released_and_the_default_pair_and_a_ru
 def test_what_the_background_work_may_still_need_is_its_step_s_need_less_what_it_holds(monkeypatch):
     from types import SimpleNamespace
 
-    from specdemo import memory
+    from specdemo.host import memory
     from specdemo.ui import tuning
 
     _prepared(monkeypatch)

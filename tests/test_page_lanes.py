@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from specdemo.events import TARGET, TokenEvent
-from specdemo.metrics import Summary
+from specdemo.decoding.events import TARGET, TokenEvent
+from specdemo.results.metrics import Summary
 from specdemo.settings import GenerationSettings
 from specdemo.ui.lanes import (AUTOREGRESSIVE, GENAI, LANES, SPECULATIVE, UPDATE_INTERVAL_S, LaneRun, begin_run, cancel_run,
                                end_run, follow, start_lanes)

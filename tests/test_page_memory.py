@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from specdemo import memory
+from specdemo.host import memory
 from specdemo.settings import GenerationSettings, KPolicy, RunSettings
 from specdemo.ui import engines, handlers, tuning
 from specdemo.ui.engines import Admission

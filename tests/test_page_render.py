@@ -1,7 +1,8 @@
 """What the page shows, from events and summaries: pure renderers checked without a browser."""
 
-from specdemo.events import ACCEPTED, BONUS, CORRECTED, TARGET, TokenEvent
-from specdemo.metrics import Summary, measured_speedup
+from specdemo.decoding.events import ACCEPTED, BONUS, CORRECTED, TARGET, TokenEvent
+from specdemo.results.metrics import Summary, measured_speedup
+from specdemo.results.parting import parting
 from specdemo.settings import GenerationSettings, KPolicy
 from specdemo.ui import render
 from specdemo.ui.lanes import AUTOREGRESSIVE, GENAI, SPECULATIVE, LaneRun
@@ -146,29 +147,37 @@ def parted_lanes(ar_margin: float, spec_margin: float):
     return {AUTOREGRESSIVE: ar, SPECULATIVE: spec}
 
 
+def judged(lanes, noise=None):
+    """Where the lanes part, as the run judges it once (sidebyside.Record.parting) and hands the page."""
+    return parting(lanes[AUTOREGRESSIVE].events, lanes[SPECULATIVE].events, noise)
+
+
 def test_lanes_that_part_at_a_near_tie_show_the_margins_measured_there():
-    results = render.render_results(parted_lanes(0.19, 0.07), ONE_AFTER_ANOTHER, GenerationSettings())
+    results = render.render_results(parted_lanes(0.19, 0.07), ONE_AFTER_ANOTHER, GenerationSettings(),
+                                 parted=judged(parted_lanes(0.19, 0.07)))
     assert "part at token 2 (&#x27; imperative&#x27; autoregressive, &#x27; a&#x27; speculative)" in results
     assert "0.19 logits in the autoregressive lane and 0.07 in the speculative one" in results and "a near-tie" in results
     assert "same 2 tokens" not in results and "defect" not in results
 
 
 def test_a_parting_is_judged_against_the_noise_this_compile_showed():
-    from specdemo.fidelity import BatchingNoise
+    from specdemo.results.fidelity import BatchingNoise
 
     wide = render.render_results(parted_lanes(0.19, 0.07), ONE_AFTER_ANOTHER, GenerationSettings(),
-                                 noise=BatchingNoise(0.12, 96, (2, 13)))
+                                 parted=judged(parted_lanes(0.19, 0.07), BatchingNoise(0.12, 96, (2, 13))))
     assert "within the 0.24-logit band of twice the largest gap change" in wide and "(0.12 logits over 96 positions" in wide
     assert "a near-tie, where" in wide
     narrow = render.render_results(parted_lanes(0.19, 0.07), ONE_AFTER_ANOTHER, GenerationSettings(),
-                                   noise=BatchingNoise(0.05, 96, (2, 13)))
+                                 parted=judged(parted_lanes(0.19, 0.07), BatchingNoise(0.05, 96, (2, 13))))
     assert "beyond the 0.10-logit band" in narrow and "not a near-tie but a defect" in narrow
-    unmeasured = render.render_results(parted_lanes(0.19, 0.07), ONE_AFTER_ANOTHER, GenerationSettings())
+    unmeasured = render.render_results(parted_lanes(0.19, 0.07), ONE_AFTER_ANOTHER, GenerationSettings(),
+                                 parted=judged(parted_lanes(0.19, 0.07)))
     assert "0.5-logit near-tie band (a constant" in unmeasured  # never presented as this compile's noise
 
 
 def test_lanes_that_part_where_the_margin_was_wide_are_called_a_defect():
-    results = render.render_results(parted_lanes(1.4, 0.9), ONE_AFTER_ANOTHER, GenerationSettings())
+    results = render.render_results(parted_lanes(1.4, 0.9), ONE_AFTER_ANOTHER, GenerationSettings(),
+                                 parted=judged(parted_lanes(1.4, 0.9)))
     assert "1.40 logits" in results and "not a near-tie but a defect" in results and "a near-tie, where" not in results
 
 
@@ -180,10 +189,12 @@ def test_sampled_lanes_that_happen_to_write_the_same_text_say_so():
 
 
 def test_a_compile_whose_batched_calls_match_its_single_steps_still_has_true_ties():
-    from specdemo.fidelity import BatchingNoise
+    from specdemo.results.fidelity import BatchingNoise
 
     exact = BatchingNoise(0.0, 96, (2, 13))  # as measured on the Zen 5's tuned f32 INT8 target
-    tie = render.render_results(parted_lanes(0.004, 0.01), ONE_AFTER_ANOTHER, GenerationSettings(), noise=exact)
+    tie = render.render_results(parted_lanes(0.004, 0.01), ONE_AFTER_ANOTHER, GenerationSettings(),
+                                 parted=judged(parted_lanes(0.004, 0.01), exact))
     assert "within the 0.02-logit band" in tie and "a near-tie, where" in tie
-    wide = render.render_results(parted_lanes(0.19, 0.07), ONE_AFTER_ANOTHER, GenerationSettings(), noise=exact)
+    wide = render.render_results(parted_lanes(0.19, 0.07), ONE_AFTER_ANOTHER, GenerationSettings(),
+                                 parted=judged(parted_lanes(0.19, 0.07), exact))
     assert "not a near-tie but a defect" in wide

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from specdemo.drafters import STRATEGIES as DRAFTERS
+from specdemo.decoding.drafters import STRATEGIES as DRAFTERS
 from specdemo.settings import GenerationSettings, KPolicy
 from specdemo.ui import page
 from specdemo.ui.values import (MAX_INSTRUCTION_CHARS, MAX_PROMPT_TOKENS, ONE_AFTER_ANOTHER, RACE, PageValues, as_sentence,

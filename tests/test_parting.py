@@ -1,13 +1,14 @@
-"""Whether a parting of greedy lanes is a near-tie or a defect (specdemo/parting.py): the band a compile's measured
+"""Whether a parting of greedy lanes is a near-tie or a defect (specdemo/results/parting.py): the band a compile's measured
 batching noise allows, and that no bug can buy itself a wider one."""
 
 import numpy as np
 
-from specdemo import decoding, fidelity
-from specdemo.drafters.model import ModelDrafter
-from specdemo.events import TokenEvent
-from specdemo.lane import drain
-from specdemo.parting import BAND_CAP, near_tie_band, parting
+from specdemo.decoding import loops
+from specdemo.decoding.drafters.model import ModelDrafter
+from specdemo.decoding.events import TokenEvent
+from specdemo.results import fidelity
+from specdemo.results.lane import drain
+from specdemo.results.parting import BAND_CAP, near_tie_band, parting
 from specdemo.settings import GenerationSettings, KPolicy
 from tests.fake_models import FakeModel, FakeTokenizer, StaleRollbackModel
 
@@ -24,8 +25,8 @@ def test_a_rollback_that_leaves_a_stale_token_visible_is_a_defect_at_every_parti
     verdicts = []
     for i in range(100):
         prompt = [i % vocab, i // vocab, 1]
-        ar = drain(decoding.autoregressive(target, FakeTokenizer(), prompt, settings, set()))
-        spec = drain(decoding.speculative(target, ModelDrafter(draft, settings, np.random.default_rng(0)),
+        ar = drain(loops.autoregressive(target, FakeTokenizer(), prompt, settings, set()))
+        spec = drain(loops.speculative(target, ModelDrafter(draft, settings, np.random.default_rng(0)),
                                           FakeTokenizer(), prompt, settings, set()))
         parted = parting(ar.tokens, spec.tokens, noise)
         verdicts.append(parted.verdict if parted else None)

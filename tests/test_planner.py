@@ -7,14 +7,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from specdemo import decoding
-from specdemo.costs import CostModel
-from specdemo.drafters.model import ModelDrafter
-from specdemo.events import ACCEPTED, Round
-from specdemo.lane import drain
-from specdemo.metrics import alpha_hat, leviathan_speedup
-from specdemo.k_rules import PROBE_EVERY, AutoK, GrowShrinkK
-from specdemo.planner import (
+from specdemo.decoding import loops
+from specdemo.decoding.costs import CostModel
+from specdemo.decoding.drafters.model import ModelDrafter
+from specdemo.decoding.events import ACCEPTED, Round
+from specdemo.decoding.k_rules import PROBE_EVERY, AutoK, GrowShrinkK
+from specdemo.decoding.planner import (
     Acceptance,
     best_k,
     make_plan,
@@ -22,6 +20,8 @@ from specdemo.planner import (
     predicted_speedup,
     quotes_text,
 )
+from specdemo.results.lane import drain
+from specdemo.results.metrics import alpha_hat, leviathan_speedup
 from specdemo.settings import GenerationSettings, KPolicy
 from tests.fake_models import FakeModel, FakeTokenizer
 
@@ -170,7 +170,7 @@ def _adaptive_rounds(draft: FakeModel, settings: GenerationSettings) -> list[tup
         return propose(seq, k)
 
     drafter.propose = spy
-    run = drain(decoding.speculative(FakeModel(3, "target"), drafter, FakeTokenizer(), prompt, settings, set()))
+    run = drain(loops.speculative(FakeModel(3, "target"), drafter, FakeTokenizer(), prompt, settings, set()))
     kept = [sum(t.source == ACCEPTED and t.step == step for t in run.tokens) for step in range(1, len(drafted) + 1)]
     return [(k, n, left) for (k, left), n in zip(drafted, kept)]
 
@@ -243,7 +243,7 @@ def test_auto_k_at_zero_does_not_probe_while_the_drafts_keep_failing():
 
 
 def test_the_confidence_stop_is_where_one_more_draft_stops_paying_on_this_machine():
-    from specdemo.planner import confidence_stops, with_confidence_stop
+    from specdemo.decoding.planner import confidence_stops, with_confidence_stop
 
     # the draft after the j-th costs a draft step and one more verified token, against a target step's worth of token
     assert confidence_stops(MEMORY_BOUND, 8) == pytest.approx([(0.25 * STEP + 0.02 * STEP) / STEP] * 7)  # 0.27
@@ -272,7 +272,7 @@ def test_a_confident_round_drafts_its_planned_k_whatever_lies_past_it(costs):
     """Each draft position is priced by its own marginal cost, d(1) + t(j + 2) − t(j + 1): a cliff right after the
     planned verify size raises the price of the draft past K alone, so drafts whose confidence pays the cliff-free
     positions are never cut below the planned K."""
-    from specdemo.planner import confidence_stops
+    from specdemo.decoding.planner import confidence_stops
 
     k = 4  # verify size 5: the last one before the cliff
     stops = confidence_stops(costs, 12)
@@ -295,3 +295,12 @@ class SureDraft(FakeModel):
         return self.row
 
 
+
+
+def test_a_fixed_k_lane_beside_ours_takes_our_k_or_the_plans_first():
+    from specdemo.decoding.planner import Plan, fixed_k
+
+    plan = lambda k: Plan("model", k, Acceptance.geometric(0.5), 1.0, True, "")  # noqa: E731
+    assert fixed_k(KPolicy.fixed(5), plan(3)) == 5 and fixed_k(KPolicy.adaptive(2), plan(3)) == 2
+    assert fixed_k(KPolicy.auto(k=4), plan(6)) == 6  # auto K: the plan's first K
+    assert fixed_k(KPolicy.auto(k=4), plan(0)) == 4 and fixed_k(KPolicy.auto(k=4), None) == 4  # the target alone: ours

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from specdemo.costs import CostModel
-from specdemo.events import Round
-from specdemo.fidelity import BatchingNoise
-from specdemo.profile import Keys, Profile, store
-from specdemo.profile.choices import DEFAULT, Setting, model_key
+from specdemo.decoding.costs import CostModel
+from specdemo.decoding.events import Round
+from specdemo.learning.profile import Keys, Profile, store
+from specdemo.learning.profile.choices import DEFAULT, Setting, model_key
+from specdemo.learning.tune import Trial
+from specdemo.results.fidelity import BatchingNoise
 from specdemo.settings import KPolicy, DEFAULT_DRAFT, DEFAULT_TARGET, GenerationSettings
-from specdemo.tune import Trial
 from tests.conftest import ROOT
 
 COSTS = CostModel(target_s=tuple(0.05 + 0.002 * n for n in range(13)), target_prefill_tps=900.0,
@@ -236,10 +236,10 @@ def test_a_home_that_refuses_a_write_keeps_its_profile_and_turns_learning_off(tm
 
 @pytest.mark.parametrize("when", ["at-load", "during-the-run"])
 def test_a_home_that_refuses_writes_fails_neither_a_model_load_nor_a_page_run(tiny_pair, tmp_path, monkeypatch, when):
-    from specdemo.engine import Engine
-    from specdemo.lane import drain
+    from specdemo.run.engine import Engine
+    from specdemo.results.lane import drain
     from specdemo.settings import RunSettings
-    from specdemo.sidebyside import SideBySide
+    from specdemo.run.sidebyside import SideBySide
 
     engine = Engine(*tiny_pair, profile=Profile(tmp_path))
     if when == "at-load":
@@ -258,7 +258,7 @@ def test_a_home_that_refuses_writes_fails_neither_a_model_load_nor_a_page_run(ti
 
 
 def test_a_warm_up_with_learning_off_measures_for_this_process_and_writes_nothing(tiny_pair, tmp_path, monkeypatch):
-    from specdemo.engine import Engine
+    from specdemo.run.engine import Engine
 
     monkeypatch.setenv("SPECDEMO_LEARN", "0")
     profile, said = Profile(tmp_path), []
@@ -272,7 +272,7 @@ def test_a_warm_up_with_learning_off_measures_for_this_process_and_writes_nothin
 WRITER = """
 import sys, time
 from pathlib import Path
-from specdemo.profile.store import Store
+from specdemo.learning.profile.store import Store
 
 path, go, name = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 store = Store(path, {"cpu": "test"})
@@ -305,7 +305,7 @@ def test_two_processes_writing_at_once_keep_every_entry(tmp_path):
 
 
 def test_what_an_older_specdemo_kept_in_tune_and_costs_is_imported_once(tmp_path):
-    from specdemo.profile.legacy import _tune_path
+    from specdemo.learning.profile.legacy import _tune_path
 
     tune_file = _tune_path(tmp_path)
     tune_file.parent.mkdir(parents=True)
@@ -327,7 +327,7 @@ def test_what_an_older_specdemo_kept_in_tune_and_costs_is_imported_once(tmp_path
 
 
 def test_forgetting_the_tune_compiles_the_defaults_again_and_keeps_the_costs(tmp_path, monkeypatch, capsys):
-    from specdemo import cli
+    from specdemo.cli import commands as cli
 
     monkeypatch.setenv("SPECDEMO_HOME", str(tmp_path))
     profile = Profile(tmp_path)

@@ -12,11 +12,12 @@ from dataclasses import replace
 import pytest
 from hypothesis import example, given
 
-from specdemo import sources
-from specdemo.engine import Engine, clean_instruction
-from specdemo.models import LoadedModel
-from specdemo.profile import machine_profile
+from specdemo.learning.profile import machine_profile
+from specdemo.models import sources
+from specdemo.models.loading import LoadedModel
+from specdemo.run.engine import Engine
 from specdemo.settings import DEFAULT_TARGET, GenerationSettings
+from specdemo.text import clean_instruction
 from tests.hostile_text import ANY_TEXT, FAST
 
 pytestmark = pytest.mark.real_models

@@ -1,12 +1,12 @@
 """The race's stopping rule on synthetic timings: a clear winner stops early, a tie runs to the cap and keeps the
-incumbent, and noisy data does not crown a false winner more often than specdemo/race.py's docstring says."""
+incumbent, and noisy data does not crown a false winner more often than specdemo/learning/race.py's docstring says."""
 
 import math
 
 import numpy as np
 import pytest
 
-from specdemo import race
+from specdemo.learning import race
 
 
 class Timed:

@@ -1,4 +1,4 @@
-"""Ready in seconds: a page's engine is warmed up with a quick, provisional cost curve (specdemo/measuring.py,
+"""Ready in seconds: a page's engine is warmed up with a quick, provisional cost curve (specdemo/learning/measuring.py,
 quick=True) and learns the rest of the machine (the full curve, the batching noise, the acceptance evidence) after
 the page is ready, each in a turn of its own between visitors' runs; until then its predictions say they are
 provisional."""
@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from specdemo import measuring
-from specdemo.engine import Engine
+from specdemo.learning import measuring
+from specdemo.run.engine import Engine
 from specdemo.settings import RunSettings
 from tests.conftest import exact
 
@@ -73,7 +73,7 @@ def test_a_prediction_before_the_machine_is_learnt_says_it_is_provisional():
     from specdemo.ui.values import ONE_AFTER_ANOTHER
     from tests.test_page_render import lane_with, token
 
-    from specdemo.events import TARGET
+    from specdemo.decoding.events import TARGET
     from specdemo.settings import GenerationSettings
 
     lanes = {AUTOREGRESSIVE: lane_with([token("a", TARGET)], mode="autoregressive", tokens_per_s=5.0, stop_reason="eos"),

@@ -10,11 +10,11 @@ import sys
 import numpy as np
 import pytest
 
-from specdemo.engine import Engine, IncompatibleModelsError, check_same_tokenizer
-from specdemo.events import SOURCES, TokenEvent
-from specdemo.lane import drain
+from specdemo.decoding.events import SOURCES, TokenEvent
+from specdemo.decoding.verification import NEAR_TIE_LOGIT_GAP
+from specdemo.results.lane import drain
+from specdemo.run.engine import Engine, IncompatibleModelsError, check_same_tokenizer
 from specdemo.settings import GenerationSettings, KPolicy
-from specdemo.verification import NEAR_TIE_LOGIT_GAP
 
 pytestmark = pytest.mark.real_models
 
@@ -38,7 +38,7 @@ def _first_difference(a, b):
 
 @pytest.mark.parametrize("instruction", INSTRUCTIONS)
 def test_greedy_speculative_equals_autoregressive(engine, instruction):
-    from specdemo.parting import parting
+    from specdemo.results.parting import parting
 
     engine.warm_up()  # measures this compile's batching noise (once per compile), which a parting is judged by
     assert engine.noise is not None and engine.noise.positions > 0
@@ -164,7 +164,7 @@ def test_auto_k_on_the_real_pair_keeps_greedy_output_and_predicts_its_speedup(en
 def test_a_trimmed_draft_head_keeps_greedy_output_on_the_real_pair(engine):
     from dataclasses import replace
 
-    from specdemo.models import load_model
+    from specdemo.models.loading import load_model
 
     draft = load_model(replace(engine.draft.settings, head_tokens=16_000))
     assert 16_000 <= draft.runtime.head_tokens < draft.runtime.vocab_size

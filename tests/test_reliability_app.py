@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from gradio_client import Client
 
-from specdemo import sources
-from specdemo.profile import machine_profile
+from specdemo.learning.profile import machine_profile
+from specdemo.models import sources
 from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET
 from specdemo.ui.handlers import OUTPUTS
 from specdemo.ui.page import INPUTS

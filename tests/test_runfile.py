@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
-from specdemo import runfile
-from specdemo.lane import drain
-from specdemo.failures import FAILURE_KINDS
+from specdemo.results import runfile
+from specdemo.results.failures import FAILURE_KINDS
+from specdemo.results.lane import drain
+from specdemo.run.sidebyside import SideBySide
 from specdemo.settings import KPolicy, GenerationSettings, RunSettings
-from specdemo.sidebyside import SideBySide
 from tests.conftest import ROOT, exact
 
 PROMPT = "w5 w17 w99 w3 w250 w42 w7"
@@ -57,3 +57,14 @@ def test_show_refuses_a_file_that_is_not_a_run_with_one_line(tmp_path):
                             cwd=ROOT, timeout=120)
     assert result.returncode == 2
     assert result.stderr.strip() == f"error: {bad} is not a specdemo run (schema 1): save one with `generate --save FILE`"
+
+
+def test_show_never_loads_openvino(tmp_path):
+    """`show` reads JSON and renders text: the run file takes no engine, so the command loads no OpenVINO (1 s, not 5)."""
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"schema": runfile.SCHEMA, "instruction": "hi", "autoregressive": {}, "speculative": {}}))
+    code = ("import sys; from specdemo.cli.commands import main; status = main(['show', sys.argv[1]]); "
+            "print(status, 'openvino' in sys.modules, file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.stderr.strip().splitlines()[-1] == "0 False", done.stderr[-2000:]
+    assert "hi" in done.stdout

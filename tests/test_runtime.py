@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from specdemo.runtime import OVModel
+from specdemo.models.runtime import OVModel
 from specdemo.settings import ModelSettings
 
 PROMPT = [5, 17, 99, 3, 250, 42, 7]
@@ -54,7 +54,7 @@ def test_rollback_is_exact_with_compressed_caches_and_default_precisions(tiny_ta
 def test_rounds_of_drafts_and_rollbacks_past_compaction_score_like_plain_decoding(tiny_target, monkeypatch):
     """Rollback masks the forgotten positions; when they pile up the cache is compacted. Either way the next scores are
     those of a cache that never held them."""
-    from specdemo import runtime
+    from specdemo.models import runtime
 
     monkeypatch.setattr(runtime, "COMPACT_AFTER", 12)
     plain, plain_rows = _greedy(_model(tiny_target), PROMPT, 40)
@@ -115,7 +115,7 @@ def test_kv_cache_size_is_reported_in_bytes(tiny_target):
 
 
 def test_a_long_input_fed_in_pieces_scores_like_one_call(tiny_target, monkeypatch):
-    from specdemo import runtime
+    from specdemo.models import runtime
 
     model = _model(tiny_target)
     whole = model.forward(PROMPT * 3, logits_to_keep=2)
@@ -139,7 +139,7 @@ def test_compacting_a_u8_cache_changes_no_score(tiny_target, monkeypatch):
     """The plugin's default cache is u8: compaction copies its kept positions out and back. The same rounds of drafts
     and rollbacks score the same whether the cache was compacted along the way or never (a u8 cache's batched calls
     differ from single steps by up to ~0.1 logits here, compaction or not, so the comparison is round against round)."""
-    from specdemo import runtime
+    from specdemo.models import runtime
 
     def rounds(compact_after: int) -> tuple[np.ndarray, int]:
         monkeypatch.setattr(runtime, "COMPACT_AFTER", compact_after)

@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from specdemo import decoding
-from specdemo.drafters.hybrid import HybridDrafter
-from specdemo.drafters.lookup import PromptLookupDrafter
-from specdemo.drafters.model import ModelDrafter
-from specdemo.lane import drain
+from specdemo.decoding import loops
+from specdemo.decoding.drafters.hybrid import HybridDrafter
+from specdemo.decoding.drafters.lookup import PromptLookupDrafter
+from specdemo.decoding.drafters.model import ModelDrafter
+from specdemo.decoding.verification import process_logits
+from specdemo.results.lane import drain
 from specdemo.settings import GenerationSettings, KPolicy
-from specdemo.verification import process_logits
 from tests.fake_models import FakeModel, FakeTokenizer
 
 PROMPT = [0, 2, 1]
@@ -52,7 +52,7 @@ def speculative_runs(target: FakeModel, draft: FakeModel, settings: GenerationSe
     if hybrid:
         drafter = HybridDrafter(drafter, PromptLookupDrafter(2), price=lambda name, k: 0.6 * k if name == "prompt-lookup" else 1.0)
     for _ in range(runs):
-        yield drain(decoding.speculative(target, drafter, FakeTokenizer(), PROMPT, settings, set(), rng=rng))
+        yield drain(loops.speculative(target, drafter, FakeTokenizer(), PROMPT, settings, set(), rng=rng))
 
 
 def pooled_chisquare(observed: dict, expected: dict) -> float:

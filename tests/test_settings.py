@@ -4,6 +4,8 @@ import math
 
 import pytest
 
+from specdemo import settings as settings_module
+from specdemo.decoding import drafters
 from specdemo.settings import KPolicy, GenerationSettings, ModelSettings
 
 
@@ -17,13 +19,22 @@ from specdemo.settings import KPolicy, GenerationSettings, ModelSettings
         ("top_p", 1.5, "top_p must be in"),
         ("top_k", -3, "top_k must be between"),
         ("seed", -1, "seed must be between"),
-        ("drafter", "telepathy", "drafter must be one of"),
         ("k_policy", 4, "k_policy must be a KPolicy"),
     ],
 )
 def test_bad_generation_settings_are_refused_with_a_message(field, value, words):
     with pytest.raises(ValueError, match=words):
         GenerationSettings(**{field: value})
+
+
+def test_an_unknown_drafter_is_refused_at_the_edge_with_the_names_there_are():
+    # Settings know no registry (they import nothing of specdemo); the edges check a user's drafter by drafters.checked.
+    with pytest.raises(ValueError, match="drafter must be one of model, prompt-lookup"):
+        drafters.checked(GenerationSettings(drafter="telepathy"))
+
+
+def test_the_default_drafter_of_the_settings_is_the_registrys_first():
+    assert settings_module.DRAFTER == drafters.DEFAULT == GenerationSettings().drafter
 
 
 @pytest.mark.parametrize("change, words", [
@@ -61,7 +72,7 @@ def test_unknown_precision_is_refused():
 def test_named_configurations_say_which_models_ran():
     from dataclasses import replace
 
-    from specdemo.cli import build_parser, settings_from
+    from specdemo.cli.commands import build_parser, settings_from
     from specdemo.settings import CONFIGURATIONS, RunSettings
 
     assert RunSettings().configuration == "faithful"

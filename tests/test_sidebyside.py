@@ -1,4 +1,4 @@
-"""One run, one owner (specdemo/sidebyside.py): the prompt is tokenized once, the plan made once, and the CLI, the
+"""One run, one owner (specdemo/run/sidebyside.py): the prompt is tokenized once, the plan made once, and the CLI, the
 page and the bench produce the same run record for the same settings, all through SideBySide."""
 
 import argparse
@@ -7,11 +7,13 @@ import threading
 
 import pytest
 
-from specdemo import bench, runfile, terminal
-from specdemo.engine import Engine
-from specdemo.lane import drain
+from specdemo import bench
+from specdemo.cli import terminal
+from specdemo.results import runfile
+from specdemo.results.lane import drain
+from specdemo.run.engine import Engine
+from specdemo.run.sidebyside import SideBySide, finished
 from specdemo.settings import KPolicy, GenerationSettings, RunSettings
-from specdemo.sidebyside import SideBySide, finished
 from tests.conftest import exact
 
 INSTRUCTION = "w5 w17 w99 w3 w250 w42 w7"

@@ -6,12 +6,12 @@ import json
 import math
 from dataclasses import asdict, replace
 
-from specdemo import runfile
-from specdemo.parting import Parting
-from specdemo.profile import Profile
-from specdemo.profile.choices import FROM_PLAN, Setting, model_key
+from specdemo.learning.profile import Profile
+from specdemo.learning.profile.choices import FROM_PLAN, Setting, model_key
+from specdemo.learning.tune import Trial
+from specdemo.results import runfile
+from specdemo.results.parting import Parting
 from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET
-from specdemo.tune import Trial
 from tests.test_draft_choice import option
 
 

@@ -8,8 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from specdemo import race, sources, target_choice
-from specdemo.profile import machine_profile
+from specdemo.learning import race, target_choice
+from specdemo.learning.profile import machine_profile
+from specdemo.models import sources
 from specdemo.settings import DEFAULT_TARGET, FAITHFUL, FAITHFUL_PRECISIONS, RunSettings
 from specdemo.ui import tuning
 
@@ -109,7 +110,7 @@ def test_a_tuned_machine_whose_faithful_layouts_were_never_raced_tunes_again(hom
     target = machine_profile().resolve_precision(DEFAULT_TARGET)
     setting = {"dynamic_quantization_group_size": -1, "inference_precision": "", "kv_cache_precision": "",
                "num_threads": 0}
-    from specdemo.profile import choices
+    from specdemo.learning.profile import choices
 
     machine_profile().store.update("tune", lambda tune: {"models": {choices.model_key(target): {"setting": setting}}})
     assert tuning.TUNING in [label for label, _ in tuning.background_steps(RunSettings(), 1)]

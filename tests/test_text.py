@@ -1,8 +1,8 @@
 """Model output as people see it (specdemo/text.py): bidirectional controls and terminal escapes are shown, never
 obeyed, on the page and in the terminal."""
 
-from specdemo.events import TARGET, TokenEvent
-from specdemo.terminal import _render
+from specdemo.cli.terminal import _render
+from specdemo.decoding.events import TARGET, TokenEvent
 from specdemo.text import BIDI_CONTROLS, shown
 from specdemo.ui.render import escape, render_tokens
 

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from specdemo.engine import Engine, IncompatibleModelsError, check_same_tokenizer
+from specdemo.run.engine import Engine, IncompatibleModelsError, check_same_tokenizer
 
 
 def word_tokenizer(words: list[str]):

@@ -6,11 +6,13 @@ from dataclasses import replace
 
 import pytest
 
-from specdemo import compat, genai, identity, race, tune
-from specdemo.events import TokenEvent
+from specdemo.decoding.events import TokenEvent
+from specdemo.host import compat
+from specdemo.learning import identity, race, tune
+from specdemo.learning.profile import machine_profile
+from specdemo.learning.profile.choices import DEFAULT, Setting, model_key
+from specdemo.run import genai
 from specdemo.settings import DEFAULT_TARGET as FAITHFUL_TARGET
-from specdemo.profile import machine_profile
-from specdemo.profile.choices import DEFAULT, Setting, model_key
 TARGET = replace(FAITHFUL_TARGET, precision="int8")  # the default target at one of its layouts, as tune is given it
 
 # Three CPU classes, by their flags: an AMX Xeon (Sapphire Rapids), an AMD Zen 4 (AVX-512 with VNNI and BF16, no
@@ -88,7 +90,7 @@ def test_a_faster_setting_whose_verify_calls_part_more_often_than_the_defaults_i
     """fp16 weights on an AMX Xeon: bf16 keeps every greedy choice here and is fastest, but its verify calls part from
     its single steps at 9 per 1,000 positions where the defaults part at 2: the faithful configuration's target takes
     f16, which parts no more than the defaults; without the identity judge bf16 would win."""
-    from specdemo.fidelity import BatchingNoise
+    from specdemo.results.fidelity import BatchingNoise
 
     def parting(settings) -> BatchingNoise:
         return BatchingNoise(0.3, 1000, (2, 13), flips=9 if settings.inference_precision == "bf16" else 2)
@@ -111,7 +113,7 @@ def test_a_faster_setting_whose_verify_calls_part_more_often_than_the_defaults_i
 
 def test_a_winner_that_parts_at_most_once_is_kept_without_measuring_the_defaults():
     """Up to one parting passes against any defaults (the counting noise allows one): ~1 min spared."""
-    from specdemo.fidelity import BatchingNoise
+    from specdemo.results.fidelity import BatchingNoise
 
     judged = []
     trials, _ = search(cpu=ZEN4, fidelity=lambda model, probes: 1.0,
@@ -194,7 +196,7 @@ def test_the_layout_is_read_from_the_irs_constants_and_config(tmp_path):
 def test_the_defaults_are_the_settings_of_an_untuned_compile():
     """A pair tune keeps at the defaults is the very pair the page compiled and measured before the tune: the same
     settings, so the same cost curve, batching noise and acceptance keys (none measured again)."""
-    from specdemo import compat
+    from specdemo.host import compat
 
     assert DEFAULT.apply(TARGET) == TARGET
     assert compat.compile_config(DEFAULT.apply(TARGET), None) == compat.compile_config(TARGET, None)
@@ -214,14 +216,14 @@ class StubEngine:
         self.margin = margin
 
     def autoregressive(self, instruction, settings):
-        from specdemo.events import End
+        from specdemo.decoding.events import End
 
         for i in (1, 2, 3, 4):
             yield TokenEvent(i, "x", "target", 0, 0.1, margin=self.margin)
         yield End("autoregressive", "eos", 1.0, 5)
 
     def speculative(self, instruction, settings):
-        from specdemo.events import End
+        from specdemo.decoding.events import End
 
         for i in (1, 2, 9, 4):
             yield TokenEvent(i, "x", "target", 0, 0.1, margin=self.margin)
@@ -247,11 +249,12 @@ def test_the_chosen_settings_reach_our_compiles_and_genais(tmp_path, monkeypatch
     when = machine_profile().tune()["models"][model_key(TARGET)]["tuned_at"][11:16]
     assert machine_profile().gain(TARGET) == f"tuned at {when}: 25% faster than the defaults"
 
-    from specdemo import engine, models
+    from specdemo.run import engine
+    from specdemo.models import loading
     from specdemo.settings import RunSettings
 
     seen = []
-    monkeypatch.setattr(models.sources, "prepare", lambda settings, progress=None: seen.append(settings) or 1 / 0)
+    monkeypatch.setattr(loading.sources, "prepare", lambda settings, progress=None: seen.append(settings) or 1 / 0)
     with pytest.raises(ZeroDivisionError):
         engine.Engine.load(RunSettings(TARGET))
     assert [s for s in seen if s.source == TARGET.source][0].dynamic_quantization_group_size == 128  # our engine's
@@ -281,7 +284,7 @@ def test_another_configurations_target_is_searched_beside_the_draft_as_tuned(tmp
     a tuned draft both are searched."""
     from types import SimpleNamespace
 
-    from specdemo import draft_choice
+    from specdemo.learning import draft_choice
     from specdemo.settings import DEFAULT_DRAFT
 
     monkeypatch.setenv("SPECDEMO_HOME", str(tmp_path))
@@ -412,7 +415,7 @@ def test_no_setting_is_compiled_twice_so_the_tune_never_waits_for_memory_it_hold
     race, to count its partings; it waited the full 10 min for that memory, skipped it and waited again for the next.
     Now the leader is judged on its own compile while it is held, and the incumbent is held across dimensions: every
     setting is compiled once, and never a third compile beside two."""
-    from specdemo.fidelity import BatchingNoise
+    from specdemo.results.fidelity import BatchingNoise
 
     noise = lambda model: BatchingNoise(0.3, 1000, (2, 13), flips=2)  # noqa: E731
     trials, _ = compiles(monkeypatch, parting=noise, fidelity=lambda settings, probes: 1.0)
@@ -438,7 +441,7 @@ def test_a_challengers_time_is_its_ratio_to_the_incumbent_in_their_own_race_so_d
 
 
 def test_a_challenger_memory_does_not_allow_is_left_out_and_the_incumbent_one_stops_the_tune_with_a_sentence():
-    from specdemo import memory
+    from specdemo.host import memory
 
     trials, _ = search(cpu=ZEN4, fidelity=lambda model, probes: 1.0, admit=lambda what: "group 256" not in what)
     skipped = next(t for t in trials if t.setting.dynamic_quantization_group_size == 256)

@@ -8,8 +8,10 @@ from dataclasses import replace
 import pytest
 
 from conftest import TEST_HOME, link_converted_models
-from specdemo import memory, race, sources, tune
-from specdemo.profile.choices import DEFAULT, REFERENCE
+from specdemo.host import memory
+from specdemo.learning import race, tune
+from specdemo.learning.profile.choices import DEFAULT, REFERENCE
+from specdemo.models import sources
 from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET
 
 VNNI = tune.CPU(frozenset({"avx2", "avx512f", "avx512_vnni"}), 2)  # so that group sizes are raced on any CPU

@@ -5,10 +5,13 @@ prompt lookup) compile and run on the real pair. Each case writes the tune file 
 import pytest
 
 from conftest import TEST_HOME, link_converted_models
-from specdemo import errors, genai, sources, tune
-from specdemo.profile import Profile, choices, machine_profile
-from specdemo.engine import Engine
-from specdemo.lane import drain
+from specdemo import errors
+from specdemo.learning import tune
+from specdemo.learning.profile import Profile, choices, machine_profile
+from specdemo.models import sources
+from specdemo.results.lane import drain
+from specdemo.run import genai
+from specdemo.run.engine import Engine
 from specdemo.settings import KPolicy, DEFAULT_DRAFT, DEFAULT_TARGET, GenerationSettings, RunSettings
 
 _ANY_WEIGHTS = tune.Layout(True, frozenset(), frozenset(), 0.0)  # inference precisions do not depend on the weights

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from specdemo.settings import GenerationSettings
-from specdemo.verification import (process_logits, sample, shared_vocabulary, top2_gap, verify_greedy,
+from specdemo.decoding.verification import (process_logits, sample, shared_vocabulary, top2_gap, verify_greedy,
                                     verify_sampled)
+from specdemo.settings import GenerationSettings
 
 P = np.array([0.05, 0.40, 0.10, 0.25, 0.20])  # the target's distribution
 Q = np.array([0.30, 0.10, 0.35, 0.05, 0.20])  # a draft that disagrees with it a lot

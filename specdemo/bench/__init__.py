@@ -26,7 +26,10 @@ report, a JSON file (keys: schema.py) and PNG plots.
 
 The modules: settings (what a run measures), harness (lanes, measuring, the shared Context),
 sections and sweeps (what each section runs), memory, peers (GenAI, transformers), stats,
-targets, report and report_tables, plots; the machine description is specdemo/machine.py.
+targets, report and report_tables, plots; the machine description is specdemo/host/machine.py.
+
+May import: the page (specdemo.ui: the watching section measures it), the run and everything below it; never the
+command line.
 """
 
 from __future__ import annotations
@@ -37,9 +40,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from specdemo import machine, strict_json
-from specdemo.profile import machine_profile
-from specdemo.bench.settings import FULL, QUICK, SECTIONS, BenchSettings, check_generation
+from specdemo import strict_json
+from specdemo.bench.settings import BenchSettings, CODE_INSTRUCTIONS, FULL, QUICK, SECTIONS, check_generation
+from specdemo.decoding import planner
+from specdemo.host import machine
+from specdemo.learning.profile import machine_profile
+from specdemo.models import sources
+from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
+from specdemo.results.lane import drain
 from specdemo.settings import RunSettings
 
 # The measuring modules are imported in run(), not here, so `import specdemo.bench` stays light (the
@@ -52,13 +60,12 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
     """The whole benchmark: load and warm up the pair in `settings`, run `bench.sections`,
     judge the targets, and write the report, JSON and plots into `out` (None: write nothing).
     `command` is recorded for the report's "reproduce" line. Returns the results (keys: schema.py). Raises ValueError for settings the benchmark cannot measure."""
-    from specdemo import memory, sources
     from specdemo.bench.harness import Context
     from specdemo.bench.memory import section_need
     from specdemo.bench.sections import RUNNERS
-    from specdemo.bench.settings import CODE_INSTRUCTIONS
     from specdemo.bench.targets import judge_targets
-    from specdemo.engine import Engine
+    from specdemo.host import memory  # here, not at the top: there `memory` would hide this package's memory section
+    from specdemo.run.engine import Engine
 
     check_generation(settings.generation)
     # A faithful target is measured at the layout this machine runs (the sections compare it with other precisions).
@@ -84,9 +91,7 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
     plan = engine.plan(CODE_INSTRUCTIONS[0], settings.generation)
     results["plan"] = asdict(plan)
     log(plan.reason)
-    policy = settings.generation.k_policy
-    k = (plan.k or policy.k) if policy.is_auto else policy.k
-    ctx = Context(engine, settings, bench, log, k)
+    ctx = Context(engine, settings, bench, log, planner.fixed_k(settings.generation.k_policy, plan))
     results["sample_run"] = sample_run(engine, settings, CODE_INSTRUCTIONS[0])
     log("a sample side-by-side run of the first code instruction, as `generate --json` writes it: run.json")
     weights = [sources.weights_bytes(model.settings) for model in (engine.target, engine.draft)]
@@ -111,12 +116,11 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
 
 
 def sample_run(engine, settings: RunSettings, instruction: str) -> dict | None:
-    """Both our lanes on one instruction through the run's one owner (specdemo/sidebyside.py), its record as
+    """Both our lanes on one instruction through the run's one owner (specdemo/run/sidebyside.py), its record as
     `generate --json` writes it (None if a lane did not finish): what `show` renders beside the tables."""
-    from specdemo.lane import drain
-    from specdemo.sidebyside import SideBySide
+    from specdemo.run.sidebyside import SideBySide
 
-    side = SideBySide({"autoregressive": engine, "speculative": engine}, instruction, settings)
+    side = SideBySide({AUTOREGRESSIVE: engine, SPECULATIVE: engine}, instruction, settings)
     side.prepare()
     return side.finish({mode: drain(side.lane(mode)) for mode in side.engines}).run
 

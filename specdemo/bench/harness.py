@@ -14,16 +14,20 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Literal, get_args
 
-from specdemo import drafters
-from specdemo.drafters import STRATEGIES, Strategy, with_counterpart
 from specdemo.bench.settings import CODE_INSTRUCTIONS, BenchSettings
-from specdemo.lane import drain
-from specdemo.parting import parting
+from specdemo.decoding import drafters
+from specdemo.decoding.drafters import STRATEGIES, Strategy, with_counterpart
+from specdemo.learning.profile import machine_profile
+from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
+from specdemo.results.lane import drain
+from specdemo.results.parting import parting
+from specdemo.run import genai
+from specdemo.run.genai import compile_properties
+from specdemo.run.sidebyside import SideBySide
 from specdemo.settings import GenerationSettings, KPolicy, ModelSettings, RunSettings
-from specdemo.sidebyside import SideBySide
 
 Framework = Literal["specdemo", "genai", "transformers", "llamacpp"]
-Kind = Literal["autoregressive", "speculative"]
+Kind = Literal[AUTOREGRESSIVE, SPECULATIVE]
 KMode = Literal["fixed", "adaptive", "auto"]
 
 
@@ -57,7 +61,7 @@ class Lane:
     def __post_init__(self):
         if self.framework not in get_args(Framework) or self.kind not in get_args(Kind):
             raise ValueError(f"lane {self.label!r}: unknown framework {self.framework!r} or kind {self.kind!r}")
-        if self.kind == "speculative" and self.baseline is None:
+        if self.kind == SPECULATIVE and self.baseline is None:
             raise ValueError(f"speculative lane {self.label!r} needs the autoregressive baseline its speedup is over")
 
     def fields(self) -> dict:
@@ -119,7 +123,7 @@ def our_lane(label: str, engine, mode: Kind, generation: GenerationSettings, bas
         run.teach(mode, result)
         return Output(result.ids, wall_s, result.summary.to_dict(), result.rounds, result.tokens, engine.noise)
 
-    if mode == "autoregressive":
+    if mode == AUTOREGRESSIVE:
         return Lane(label, "specdemo", mode, baseline, reference, generate=generate)
     policy = generation.k_policy.rule
     k = None if generation.k_policy.is_auto else generation.k_policy.k
@@ -189,7 +193,7 @@ GENAI_PIPELINES = 2  # GenAI pipelines kept loaded at once
 class Context:
     """What every section needs: the loaded default pair, the settings, and where to log."""
 
-    engine: object  # specdemo.engine.Engine with the default pair
+    engine: object  # specdemo.run.engine.Engine with the default pair
     settings: RunSettings
     bench: BenchSettings
     log: Callable[[str], None]
@@ -223,8 +227,6 @@ class Context:
     def target_settings(self) -> list[ModelSettings]:
         """The target at the run's precision, then at each other precision of the bench, each compiled as this
         machine's profile resolves it (its tune applied): what the fidelity and nodes sections compare."""
-        from specdemo.profile import machine_profile
-
         precisions = dict.fromkeys((self.settings.target.precision, *self.bench.target_precisions))
         return [machine_profile().resolve(replace(self.settings.target, precision=p)) for p in precisions]
 
@@ -271,15 +273,15 @@ class Context:
         drafting = peer_strategy(pipeline)
         k = k or self.k
         if drafting is None:
-            lane = Lane(label, "genai", "autoregressive")
+            lane = Lane(label, "genai", AUTOREGRESSIVE)
         else:
-            lane = Lane(label, "genai", "speculative", baseline, k=k, k_policy="fixed", drafter=drafting.name)
+            lane = Lane(label, "genai", SPECULATIVE, baseline, k=k, k_policy="fixed", drafter=drafting.name)
         generate = self.genai_pipeline(pipeline).generate
         return peer_lane(lane, generate, eos_ids=self.engine.eos_ids, k=k, ngram=self.generation.lookup_ngram)
 
 
 # GenAI's pipelines by the drafting of ours each mirrors (Strategy.counterpart): a draft model, prompt lookup, none
-GENAI_DRAFTING = {"plain": "", "speculative": "draft", "lookup": "lookup"}
+GENAI_DRAFTING = {"plain": "", SPECULATIVE: "draft", "lookup": "lookup"}
 
 
 def peer_strategy(pipeline: str) -> Strategy | None:
@@ -291,8 +293,6 @@ def peer_strategy(pipeline: str) -> Strategy | None:
 def genai_compile(target, draft) -> dict:
     """What GenAI's peers were compiled with, for the record: each model's properties (ours, fitted to what GenAI
     accepts) and, in words, where they differ from ours."""
-    from specdemo import genai
-
     properties, draft_properties = genai_properties(target, draft)
     shown = lambda props: {key: value for key, value in props.items() if key != "CACHE_DIR"}  # noqa: E731
     return {"target": shown(properties), "draft": shown(draft_properties),
@@ -302,8 +302,6 @@ def genai_compile(target, draft) -> dict:
 def genai_properties(target, draft, defaults: bool = False) -> tuple[dict, dict]:
     """(target's, draft's) compile properties for a GenAI peer: ours, each model its own tuned ones; {} for GenAI's
     defaults."""
-    from specdemo.genai import compile_properties
-
     if defaults:
         return {}, {}
     return compile_properties(target.settings), compile_properties(draft.settings) if draft is not None else {}

@@ -20,7 +20,10 @@ import json
 import re
 from dataclasses import dataclass
 
-from specdemo.bench import sandbox
+from specdemo.bench import llamacpp, sandbox
+from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
+from specdemo.results import metrics
+from specdemo.results.parting import first_difference
 
 SKIPPED = "humaneval: skipped (pip install -r requirements-humaneval.txt)"
 EXECUTING = ("humaneval: executing the code each lane generated, one sandbox per program (an unprivileged user in "
@@ -97,7 +100,6 @@ def run_section(ctx) -> dict:
     """The section: every problem through our autoregressive and speculative lanes (the run's K policy, auto by
     default), GenAI's plain and speculative pipelines and, where installed, llama.cpp's plain decoding; then every
     answer run against its tests. Opt-in: only `--only humaneval` runs it."""
-    from specdemo.bench import llamacpp
     from specdemo.bench.harness import Lane, log_progress, measure, our_lane, peer_lane
 
     refusal = sandbox.missing()  # asked before minutes of generation, not at the first answer
@@ -107,16 +109,16 @@ def run_section(ctx) -> dict:
         return {"skipped": skipped}
     problems = load_problems(ctx.bench.humaneval_problems)
     n, generation = ctx.bench.humaneval_tokens, ctx.generation
-    ours_ar = our_lane("ours autoregressive", ctx.engine, "autoregressive", generation)
-    ours_spec = our_lane("ours speculative", ctx.engine, "speculative", generation, baseline=ours_ar)
+    ours_ar = our_lane("ours autoregressive", ctx.engine, AUTOREGRESSIVE, generation)
+    ours_spec = our_lane("ours speculative", ctx.engine, SPECULATIVE, generation, baseline=ours_ar)
     genai_ar = ctx.genai_lane("GenAI autoregressive", "plain")
-    genai_spec = ctx.genai_lane("GenAI speculative", "speculative", baseline=genai_ar)
-    lanes = {"autoregressive": ours_ar, "speculative": ours_spec, "genai_autoregressive": genai_ar, "genai": genai_spec}
+    genai_spec = ctx.genai_lane("GenAI speculative", SPECULATIVE, baseline=genai_ar)
+    lanes = {AUTOREGRESSIVE: ours_ar, SPECULATIVE: ours_spec, "genai_autoregressive": genai_ar, "genai": genai_spec}
     cpp_line = llamacpp.missing()
     target_gguf = None if cpp_line else llamacpp.gguf_path(ctx.settings.target.source, log_progress(ctx.log, "target GGUF"))
     if target_gguf is not None:
         peer = llamacpp.LlamaCppPeer(target_gguf)
-        lanes["llamacpp"] = peer_lane(Lane("llama.cpp autoregressive", "llamacpp", "autoregressive", reference=ours_ar),
+        lanes["llamacpp"] = peer_lane(Lane("llama.cpp autoregressive", "llamacpp", AUTOREGRESSIVE, reference=ours_ar),
                                       peer.generate, eos_ids=ctx.engine.eos_ids)
     elif cpp_line:
         ctx.log(cpp_line)
@@ -135,25 +137,22 @@ def run_section(ctx) -> dict:
 def problem_rows(problems: list[Problem], runs: list, lanes: dict, decode, k_max: int, log) -> list[dict]:
     """Per problem (the first pass over them): each lane's tokens, seconds and verdict, our speculative lane's acceptance
     and whether its text is the autoregressive one."""
-    from specdemo import metrics
-    from specdemo.parting import first_difference
-
     first = {(r.lane, r.instruction): r for r in runs if r.repeat == 0}
     cache: dict[str, sandbox.Verdict] = {}
     rows = []
     for i, problem in enumerate(problems):
         mine = {key: first[(lane, i)] for key, lane in lanes.items() if (lane, i) in first}
         verdicts = {key: check(problem, decode(run.ids), cache) for key, run in mine.items()}
-        spec = mine["speculative"]
+        spec = mine[SPECULATIVE]
         rows.append({
             "task_id": problem.task_id,
             "tokens": {key: run.tokens for key, run in mine.items()},
             "wall_s": {key: run.wall_s for key, run in mine.items()},
             "passed": {key: v.passed for key, v in verdicts.items()},
             "reason": {key: v.reason for key, v in verdicts.items()},
-            "speedup": mine["autoregressive"].per_token_s / spec.per_token_s if spec.tokens else float("nan"),
-            "same_text": spec.ids == mine["autoregressive"].ids,
-            "parted_at": None if spec.ids == mine["autoregressive"].ids else first_difference(spec.ids, mine["autoregressive"].ids),
+            "speedup": mine[AUTOREGRESSIVE].per_token_s / spec.per_token_s if spec.tokens else float("nan"),
+            "same_text": spec.ids == mine[AUTOREGRESSIVE].ids,
+            "parted_at": None if spec.ids == mine[AUTOREGRESSIVE].ids else first_difference(spec.ids, mine[AUTOREGRESSIVE].ids),
             "mean_acceptance_length": metrics.mean_acceptance_length(spec.rounds),
             "acceptance_by_position": metrics.acceptance_by_position(spec.rounds, k_max),
         })
@@ -165,17 +164,16 @@ def problem_rows(problems: list[Problem], runs: list, lanes: dict, decode, k_max
 def summarize(rows: list[dict], runs: list, lanes: dict, k_max: int) -> dict:
     """The section's figures: speedups as the mean of per-problem ratios and as the ratio of summed times (Spec-Bench
     reports both), pass@1 per lane, pooled acceptance, and the problems where the lanes' texts or verdicts part."""
-    from specdemo import metrics
     from specdemo.bench import stats
 
     def speedups(baseline, lane) -> dict:
         spread = stats.spread(stats.paired_ratios(runs, baseline, lane))
         return {"mean": spread["mean"], "of_sums": stats.ratio_of_sums(runs, baseline, lane), "spread": spread}
 
-    spec_runs = stats.lane_runs(runs, lanes["speculative"])
+    spec_runs = stats.lane_runs(runs, lanes[SPECULATIVE])
     rounds = [r for run in spec_runs for r in run.rounds]
     after_prefill = [r for run in spec_runs for r in run.rounds[1:]]
-    ours, genai = speedups(lanes["autoregressive"], lanes["speculative"]), speedups(lanes["genai_autoregressive"], lanes["genai"])
+    ours, genai = speedups(lanes[AUTOREGRESSIVE], lanes[SPECULATIVE]), speedups(lanes["genai_autoregressive"], lanes["genai"])
     proposed = sum(r.summary.get("proposed", 0) for r in stats.lane_runs(runs, lanes["genai"]))
     accepted = sum(r.summary.get("accepted", 0) for r in stats.lane_runs(runs, lanes["genai"]))
     return {
@@ -184,9 +182,9 @@ def summarize(rows: list[dict], runs: list, lanes: dict, k_max: int) -> dict:
         "speedup": {"ours": ours, "genai": genai},
         "pass_at_1": {key: sum(row["passed"][key] for row in rows) / len(rows) for key in lanes if rows},
         "same_text": sum(row["same_text"] for row in rows),
-        "verdicts_differ": [row["task_id"] for row in rows if row["passed"]["speculative"] != row["passed"]["autoregressive"]],
+        "verdicts_differ": [row["task_id"] for row in rows if row["passed"][SPECULATIVE] != row["passed"][AUTOREGRESSIVE]],
         "mean_acceptance_length": sum(r.emitted for r in after_prefill) / len(after_prefill) if after_prefill else 0.0,
         "acceptance_by_position": metrics.acceptance_by_position(rounds, k_max),
-        "speculative": stats.speculative_figures(spec_runs),
+        SPECULATIVE: stats.speculative_figures(spec_runs),
         "genai_acceptance": accepted / proposed if proposed else None,
     }

@@ -21,8 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from specdemo import export, machine, sources
 from specdemo.bench.peers import PeerRun
+from specdemo.decoding.drafters import STRATEGIES
+from specdemo.host import machine
+from specdemo.models import export, sources
 
 SKIPPED = "llama.cpp: skipped (pip install -r requirements-llamacpp.txt)"
 N_CTX = 4096  # tokens of context per llama.cpp model: the longest prompt the CLI takes (2,048) plus 1,024 new, and more
@@ -163,8 +165,6 @@ class LlamaCppPeer:
         return run
 
     def _drafter(self, drafter: str, k: int, ngram: int):
-        from specdemo.drafters import STRATEGIES
-
         if not STRATEGIES[drafter].needs_model:
             from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 

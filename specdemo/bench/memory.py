@@ -1,6 +1,6 @@
 """The memory section: peak RSS of autoregressive vs speculative decoding, each in a fresh process; and what each
 section loads beside the bench's own pair, so that the bench waits for room or skips a section rather than go past the
-memory bound (specdemo/memory.py).
+memory bound (specdemo/host/memory.py).
 
 A fresh process per mode: RSS never shrinks back, and one process holding both models would charge
 the draft to autoregressive decoding too.
@@ -17,41 +17,33 @@ from pathlib import Path
 
 from specdemo import strict_json
 from specdemo.bench.harness import Context
-from specdemo.bench.settings import CODE_INSTRUCTIONS
-from specdemo.lane import drain
+from specdemo.bench.settings import BY_NAME, CODE_INSTRUCTIONS
+from specdemo.host import memory
+from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
+from specdemo.results.lane import drain
+from specdemo.run.engine import Engine
 from specdemo.settings import GenerationSettings, ModelSettings, RunSettings
 
 
-# Copies of (target, draft) compiles a section loads beside the bench's pair at its peak: estimates from what each
-# section loads (GenAI's pipelines, the precision and KV sweeps' models, the fidelity section's precisions), not
-# measured one by one. The transformers peer holds both models in f32: TRANSFORMERS_F32 times their IR's weights.
-# GenAI's two pipelines (plain, speculative: K is a per-call setting) hold two targets and a draft; every section drops
-# its pipelines when it ends (bench.run), so none is counted twice.
-SECTION_COPIES = {"paper": (2, 1), "humaneval": (2, 1), "precision": (2, 2), "kv": (1, 1), "fidelity": (1, 0),
-                  "nodes": (1, 0), "memory": (1, 1), "vocab": (0, 1), "k": (2, 1),
-                  "lookup": (2, 0)}
+# The transformers peer holds both models in f32: TRANSFORMERS_F32 times their IR's weights.
 TRANSFORMERS_F32 = 4  # f32 bytes over INT8 IR bytes per weight (an INT4 draft's are 8: counted in the draft's copies)
 
 
 def section_need(name: str, target_bytes: int, draft_bytes: int, genai_k_values: tuple[int, ...] = ()) -> int:
-    """Bytes of anonymous memory section `name` takes beside the bench's pair, about (see SECTION_COPIES)."""
-    from specdemo import memory
-
+    """Bytes of anonymous memory section `name` takes beside the bench's pair, about (its Section.copies)."""
     if name == "transformers":
         return TRANSFORMERS_F32 * target_bytes + 2 * TRANSFORMERS_F32 * draft_bytes + 2**30
     no_genai = name == "k" and not genai_k_values  # the K sweep without GenAI's lanes loads nothing beside the pair
-    targets, drafts = (0, 0) if no_genai else SECTION_COPIES.get(name, (0, 0))
+    targets, drafts = (0, 0) if no_genai or name not in BY_NAME else BY_NAME[name].copies
     return targets * memory.compile_need(target_bytes) + drafts * memory.compile_need(draft_bytes) + 2**28
 
 
 def run_memory(ctx: Context) -> dict:
     """Peak RSS of a process that only decodes autoregressively vs one that decodes speculatively."""
-    import specdemo
-
     n = ctx.sweep_tokens
     figures = {"max_new_tokens": n}
-    root = str(Path(specdemo.__file__).resolve().parent.parent)
-    for mode in ("autoregressive", "speculative"):
+    root = str(Path(__file__).resolve().parents[2])  # the folder holding specdemo/, for the child's imports
+    for mode in (AUTOREGRESSIVE, SPECULATIVE):
         ctx.log(f"memory: {mode} in a fresh process")
         request = strict_json.dumps({"settings": asdict(ctx.settings), "mode": mode, "instruction": CODE_INSTRUCTIONS[0], "n": n})
         child = subprocess.run(
@@ -84,10 +76,6 @@ def measure_memory(settings: RunSettings, mode: str, instruction: str, n: int) -
 
     import psutil
 
-    from specdemo.engine import Engine
-
-    from specdemo import memory
-
     process = psutil.Process()
     peak = {"process": 0, "generating": 0, "anon_process": 0, "anon_generating": 0}
     done = threading.Event()
@@ -103,7 +91,7 @@ def measure_memory(settings: RunSettings, mode: str, instruction: str, n: int) -
     sampler = threading.Thread(target=sample)
     sampler.start()
     try:
-        engine = Engine.load(settings, with_draft=mode == "speculative")
+        engine = Engine.load(settings, with_draft=mode == SPECULATIVE)
         generation = replace(settings.generation, max_new_tokens=n)
         drain(getattr(engine, mode)(instruction, replace(generation, max_new_tokens=8)))
         loaded = process.memory_info().rss
@@ -117,7 +105,7 @@ def measure_memory(settings: RunSettings, mode: str, instruction: str, n: int) -
         "rss_loaded_bytes": loaded,  # after loading and a short warm-up
         "peak_rss_generating_bytes": peak["generating"],
         "peak_rss_process_bytes": peak["process"],  # loading and compiling included
-        # Anonymous memory (RssAnon), what the memory bound counts (specdemo/memory.py): no mapped files.
+        # Anonymous memory (RssAnon), what the memory bound counts (specdemo/host/memory.py): no mapped files.
         "peak_anon_generating_bytes": peak["anon_generating"],
         "peak_anon_process_bytes": peak["anon_process"],
         # RSS counts the memory-mapped IR weights too (file pages the kernel may drop); this does not.

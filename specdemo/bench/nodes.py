@@ -20,6 +20,10 @@ from pathlib import Path
 
 import openvino as ov
 
+from specdemo.learning import tune
+from specdemo.models import graph
+from specdemo.models.loading import describe_compile
+
 # Groups, in the order the report lists them: (name, test on the node's original name and type).
 GROUPS = (
     ("LM head", lambda name, kind: "lm_head" in name),
@@ -51,8 +55,6 @@ class NodeGroup:
 def as_compiled(folder: Path):
     """The IR of `folder` with the edits runtime.OVModel makes before compiling that move weights between nodes (the
     projections fused: graph.fuse_projections), so node names and weight bytes match the compiled model's."""
-    from specdemo import graph
-
     model = ov.Core().read_model(Path(folder) / "openvino_model.xml")
     graph.fuse_projections(model)
     return model
@@ -181,9 +183,6 @@ def gguf_read_bytes(path: Path) -> int:
 
 def profile_target(settings, prompt: list[int], tokens_per_call: tuple[int, ...], log) -> dict:
     """One target precision compiled as it runs here, with counters on: per group and call size, ms and bytes."""
-    from specdemo import tune
-    from specdemo.models import describe_compile
-
     model = tune.compile_model(settings, profiled=True)
     original = as_compiled(model.folder)
     sizes = weight_bytes(original)

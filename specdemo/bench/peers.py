@@ -21,7 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from specdemo import compat, export, genai, sources
+from specdemo.host import compat
+from specdemo.models import export, sources
+from specdemo.run import genai
 from specdemo.settings import GenerationSettings
 
 
@@ -36,7 +38,7 @@ class PeerRun:
 
 
 class GenAIPipeline:
-    """openvino_genai.LLMPipeline on specdemo's IR folders (specdemo/genai.py): plain, with a draft model, or
+    """openvino_genai.LLMPipeline on specdemo's IR folders (specdemo/run/genai.py): plain, with a draft model, or
     prompt lookup, all on GenAI's continuous-batching (paged attention) backend, its default on CPU.
 
     `properties` (the target's) and `draft_properties` (the draft's; None: the target's) are OpenVINO compile

@@ -12,6 +12,9 @@ from pathlib import Path
 from specdemo.bench import schema
 from specdemo.bench.schema import GENAI_SPEC, OURS_SPEC
 from specdemo.bench.stats import COMPONENTS
+from specdemo.decoding import planner
+from specdemo.decoding.costs import CostModel
+from specdemo.names import SPECULATIVE
 
 _OURS, _GENAI, _PAPER, _HF = "#1f77b4", "#ff7f0e", "#7f7f7f", "#2ca02c"
 
@@ -53,9 +56,6 @@ def _surface(results: dict):
     K's point (pooled α̂, mean K) when the K section ran."""
     import matplotlib.pyplot as plt
     import numpy as np
-
-    from specdemo import planner
-    from specdemo.costs import CostModel
 
     costs = CostModel.from_dict(results.get("costs_end") or results["costs"])
     ks, alphas = list(range(1, costs.n_max)), [0.5 + 0.0125 * i for i in range(41)]
@@ -234,7 +234,7 @@ def _humaneval(results: dict):
     rows = results["sections"]["humaneval"]["rows"]
     figure, axis = plt.subplots(figsize=(6, 4))
     for passed, style in ((True, {"color": _OURS}), (False, {"facecolors": "none", "edgecolors": _OURS})):
-        mine = [r for r in rows if r["passed"]["speculative"] == passed]
+        mine = [r for r in rows if r["passed"][SPECULATIVE] == passed]
         axis.scatter([r["mean_acceptance_length"] for r in mine], [r["speedup"] for r in mine], s=22,
                      label="speculative answer passes" if passed else "fails its tests", **style)
     axis.axhline(1.0, color=_PAPER, linewidth=0.8)

@@ -15,10 +15,11 @@ from specdemo.bench import schema
 from specdemo.bench.report_tables import image, k_text, ms, percent, seconds, table, times
 from specdemo.bench.schema import GENAI_AR, GENAI_SPEC, HF_SPEC, OURS_AR, OURS_SPEC
 from specdemo.bench.stats import COMPONENTS
-from specdemo.metrics import speedup_from_calls
 from specdemo.bench.targets import fastest
-from specdemo.costs import CostModel
-from specdemo.disk import size
+from specdemo.decoding.costs import CostModel
+from specdemo.learning.disk import size
+from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
+from specdemo.results.metrics import speedup_from_calls
 
 
 def render(results: dict, plots: dict[str, str]) -> str:
@@ -114,7 +115,7 @@ def _costs(results: dict, plots: dict) -> str:
     if plan:
         text += f"\n\n**The plan** for the first code instruction: {plan['reason']}"
     if "costs_end" in results or "costs" in results:
-        from specdemo.planner import surface_sentence
+        from specdemo.decoding.planner import surface_sentence
 
         final = CostModel.from_dict(results.get("costs_end") or results["costs"])
         text += f"\n\n**Where speculation pays here**, from the cost model as the run left it: {surface_sentence(final, final.n_max - 1)}"
@@ -163,7 +164,7 @@ def _headlines(sections: dict) -> str:
         lines.append("On edits that repeat their input, speedup over our autoregressive loop: " + ", ".join(cells) + " (§4).")
     memory = sections.get("memory")
     if memory:
-        extra = memory["speculative"]["peak_rss_generating_bytes"] - memory["autoregressive"]["peak_rss_generating_bytes"]
+        extra = memory[SPECULATIVE]["peak_rss_generating_bytes"] - memory[AUTOREGRESSIVE]["peak_rss_generating_bytes"]
         lines.append(f"Speculative decoding needs {size(extra)} more peak RSS than autoregressive: the draft's weights and KV cache (§5).")
     return "## Headlines\n\n" + "\n".join(f"* {line}" for line in lines) if lines else ""
 
@@ -196,7 +197,7 @@ def diagnose(target: dict, sections: dict) -> str:
     shares = longest["time_shares"][schema.label(longest["lanes"], OURS_SPEC)]
     where = ", ".join(f"{name} {percent(shares[name], 0)}" for name in COMPONENTS)
     if target["id"] in ("speedup", "speedup_best_k"):
-        spec = longest["speculative"]
+        spec = longest[SPECULATIVE]
         k_rows = sections.get("k", {}).get("rows", [])
         if target["id"] == "speedup_best_k" and k_rows:
             spec = fastest(k_rows)
@@ -273,7 +274,7 @@ def _peers(paper: dict | None, hf: dict | None, plots: dict) -> str:
         f = paper["by_tokens"][n]
         rows = []
         for lane, figures in f["lanes"].items():
-            acceptance = (f["speculative"]["draft_acceptance_rate"] if schema.is_lane(figures, OURS_SPEC)
+            acceptance = (f[SPECULATIVE]["draft_acceptance_rate"] if schema.is_lane(figures, OURS_SPEC)
                           else f["genai_acceptance"].get(lane))
             rows.append(
                 [

@@ -1,11 +1,12 @@
 """The report's sections on the GGUF files the default pair ships as: llama.cpp running them as they are beside our
-lanes, and each target precision's fidelity to them (specdemo/fidelity.py)."""
+lanes, and each target precision's fidelity to them (specdemo/results/fidelity.py)."""
 
 from __future__ import annotations
 
 import math
 
 from specdemo.bench.report_tables import cell, k_text, ms, ms_value, percent, seconds, table, times
+from specdemo.names import AUTOREGRESSIVE
 
 
 def llamacpp_section(cpp: dict | None) -> str:
@@ -60,7 +61,7 @@ def _text_agreement(rows: list | None) -> str:
 
 
 def fidelity_section(section: dict | None) -> str:
-    """Each target precision against the GGUF it came from (specdemo/fidelity.py)."""
+    """Each target precision against the GGUF it came from (specdemo/results/fidelity.py)."""
     if not section:
         return ""
     title = "## Fidelity to the GGUF\n\n"
@@ -118,4 +119,4 @@ def _llamacpp_plain(cpp: dict | None) -> float | None:
     if not cpp or "lanes" not in cpp:
         return None
     return next((lane["per_token_s"]["median"] for lane in cpp["lanes"].values()
-                 if lane["framework"] == "llamacpp" and lane["kind"] == "autoregressive"), None)
+                 if lane["framework"] == "llamacpp" and lane["kind"] == AUTOREGRESSIVE), None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from specdemo.bench.report_tables import image, percent, table, times
+from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 
 
 def humaneval_section(section: dict | None, plots: dict) -> str:
@@ -19,7 +20,7 @@ def humaneval_section(section: dict | None, plots: dict) -> str:
         ["GenAI's pipelines, here", "the default pair", str(section["problems"]), f"{genai['mean']:.2f}×",
          f"{genai['of_sums']:.2f}×", percent(section["pass_at_1"]["genai"], 0)],
         ["ours, here", "the default pair", str(section["problems"]), f"{ours['mean']:.2f}×", f"{ours['of_sums']:.2f}×",
-         percent(section["pass_at_1"]["speculative"], 0)],
+         percent(section["pass_at_1"][SPECULATIVE], 0)],
     ]
     passes = [[lanes[key]["label"], percent(value, 0), f"{round(value * section['problems'])} of {section['problems']}"]
               for key, value in section["pass_at_1"].items()]
@@ -58,7 +59,7 @@ def _rows(section: dict) -> str:
     rows = []
     for row in section["rows"]:
         same = "" if row["same_text"] else f" (texts part at token {row['parted_at']})"
-        rows.append([row["task_id"] + same, str(row["tokens"]["autoregressive"]),
+        rows.append([row["task_id"] + same, str(row["tokens"][AUTOREGRESSIVE]),
                      f"{row['speedup']:.2f}×", f"{row['mean_acceptance_length']:.2f}",
                      *("pass" if row["passed"].get(k) else f"fail: {row['reason'].get(k, '')[:60]}" for k in keys)])
     return "\n\n<details><summary>Every problem</summary>\n\n" + table(header, rows) + "\n\n</details>"

@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import math
 
-from specdemo.bench import schema
+from specdemo.bench import schema, watching
 from specdemo.bench.schema import OURS_AR, OURS_SPEC
 from specdemo.bench.stats import COMPONENTS
-from specdemo.disk import size
-from specdemo.figures import figure
+from specdemo.learning.disk import size
+from specdemo.learning.draft_choice import from_dict
+from specdemo.learning.profile.choices import Setting
+from specdemo.learning.race import VERIFY_SIZES
+from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
+from specdemo.results.figures import figure
 
 
 def seconds(spread: dict, digits: int = 2) -> str:
@@ -103,9 +107,6 @@ def _error(spread: dict | None) -> str:
 def tune_section(record: dict | None) -> str:
     """The compile settings and the draft this run's models were loaded under, as `python -m specdemo tune` chose them:
     every trial of the tune (settings × times) and the draft plan."""
-    from specdemo.profile.choices import Setting
-    from specdemo.race import VERIFY_SIZES
-
     if not record:
         return ("## Tuned for this machine\n\nNot tuned: every model ran on the default compile settings "
                 "(`python -m specdemo tune` chooses them by measurement).") if record is not None else ""
@@ -126,7 +127,6 @@ def tune_section(record: dict | None) -> str:
             "answers; none may part more often than the defaults beyond the counting noise of theirs: one standard deviation "
             "of their count, at least one parting).\n\n"
             + table(["model", "setting", "greedy kept", "time", "vs default", "parting /1k", ""], rows))
-    from specdemo.draft_choice import from_dict
 
     plan = record.get("draft_plan") or {}
     if plan.get("options"):
@@ -252,7 +252,7 @@ def memory_section(memory: dict | None) -> str:
     if not memory:
         return ""
     rows = []
-    for mode in ("autoregressive", "speculative"):
+    for mode in (AUTOREGRESSIVE, SPECULATIVE):
         m = memory[mode]
         kv = ", ".join(f"{model} {size(b)}" for model, b in m["kv_cache_bytes"].items())
         anon = m.get("peak_anon_process_bytes")
@@ -278,14 +278,14 @@ def breakdown_section(paper: dict | None, plots: dict) -> str:
     shares = f["time_shares"]
     spec, ar = schema.label(f["lanes"], OURS_SPEC), schema.label(f["lanes"], OURS_AR)
     rows = [[name, percent(shares[spec][name]), percent(shares[ar][name])] for name in COMPONENTS]
-    spec = f["speculative"]
+    spec = f[SPECULATIVE]
     return (
         f"## 6. Where the time goes\n\nShares of wall time summed over the N = {n} runs of section 1. \"our Python\" is "
         "everything outside model calls and cache rollbacks: the loop, acceptance, copying logits out of the plugin, "
         f"incremental detokenizing. Verify call {ms(spec['verify_call_s'])}, draft step {ms(spec['draft_step_s'])}, "
         f"autoregressive step {f['autoregressive_step_s'] * 1000:.1f} ms; mean acceptance length (tokens per verify call) "
         f"{spec['mean_acceptance_length']['median']:.2f}; accepted drafts per round (0..K): {spec['accepted_histogram']}.\n\n"
-        + table(["component", "speculative", "autoregressive"], rows)
+        + table(["component", SPECULATIVE, AUTOREGRESSIVE], rows)
         + image(plots, "breakdown", "Shares of wall time")
     )
 
@@ -301,7 +301,7 @@ def method_section(results: dict) -> str:
         "* Interleaving: for each instruction all lanes of a section run back to back, so the shared machine's load "
         "affects them alike; ratios are computed per instruction, then summarised as median (min–max).\n"
         "* Times are wall-clock seconds of the whole generate call, prompt ids in hand to the last token (prefill included).\n"
-        "* α̂, c and the time breakdown come from the loops' per-round records (`specdemo/events.py`), derived by `specdemo/metrics.py`."
+        "* α̂, c and the time breakdown come from the loops' per-round records (`specdemo/decoding/events.py`), derived by `specdemo/results/metrics.py`."
     )
 
 
@@ -309,6 +309,5 @@ def watching_section(section: dict | None) -> str:
     """What watching costs (watching.py): step times and the speedup shown, by where the run was made."""
     if not section:
         return ""
-    from specdemo.bench import watching
 
     return "## 8. What watching costs\n\n" + watching.report(section).split("\n", 2)[2]

@@ -63,13 +63,15 @@ A target: id, target (a sentence), where, goal, sense ("≤" | "≥"), unit ("ra
 
 from __future__ import annotations
 
+from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
+
 # (framework, kind) of the lanes the report names.
-OURS_AR = ("specdemo", "autoregressive")
-OURS_SPEC = ("specdemo", "speculative")
-GENAI_AR = ("genai", "autoregressive")
-GENAI_SPEC = ("genai", "speculative")
-HF_AR = ("transformers", "autoregressive")
-HF_SPEC = ("transformers", "speculative")
+OURS_AR = ("specdemo", AUTOREGRESSIVE)
+OURS_SPEC = ("specdemo", SPECULATIVE)
+GENAI_AR = ("genai", AUTOREGRESSIVE)
+GENAI_SPEC = ("genai", SPECULATIVE)
+HF_AR = ("transformers", AUTOREGRESSIVE)
+HF_SPEC = ("transformers", SPECULATIVE)
 
 
 def is_lane(figures: dict, framework_kind: tuple[str, str]) -> bool:

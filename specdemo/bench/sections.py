@@ -1,15 +1,16 @@
 """The sections that put us beside others: the paper's experiment (with OpenVINO GenAI in the same
 loop), transformers and llama.cpp. The sweeps are in sweeps.py, the memory probe in memory.py; RUNNERS names
-them all. Each section returns the dict the report reads (keys: schema.py)."""
+them all, one for each section of settings.REGISTRY. Each section returns the dict the report reads (keys: schema.py)."""
 
 from __future__ import annotations
 
-from specdemo import sources
-from specdemo.drafters import STRATEGIES, with_counterpart
 from specdemo.bench import memory, stats, sweeps
 from specdemo.bench.harness import Context, Lane, Run, find, genai_compile, log_progress, measure, our_lane, peer_lane
 from specdemo.bench.settings import PAPER
-from specdemo.parting import first_difference
+from specdemo.decoding.drafters import STRATEGIES, with_counterpart
+from specdemo.models import sources
+from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
+from specdemo.results.parting import first_difference
 
 
 def run_paper(ctx: Context) -> dict:
@@ -18,10 +19,10 @@ def run_paper(ctx: Context) -> dict:
     Then, if asked, a shorter pass with GenAI on its own compile defaults instead of ours.
     """
     generation, k = ctx.generation, ctx.k
-    ours_ar = our_lane("ours autoregressive", ctx.engine, "autoregressive", generation)
-    ours = [ours_ar, our_lane("ours speculative", ctx.engine, "speculative", generation, baseline=ours_ar)]
+    ours_ar = our_lane("ours autoregressive", ctx.engine, AUTOREGRESSIVE, generation)
+    ours = [ours_ar, our_lane("ours speculative", ctx.engine, SPECULATIVE, generation, baseline=ours_ar)]
     genai_ar = ctx.genai_lane("GenAI autoregressive", "plain")
-    lanes = ours + [genai_ar, ctx.genai_lane("GenAI speculative", "speculative", baseline=genai_ar)]
+    lanes = ours + [genai_ar, ctx.genai_lane("GenAI speculative", SPECULATIVE, baseline=genai_ar)]
     instructions = ctx.code_instructions()
     by_n = {}
     for n in ctx.bench.paper_tokens:
@@ -48,15 +49,15 @@ def run_paper(ctx: Context) -> dict:
 def paper_figures(lanes: list[Lane], runs: list[Run], n: int) -> dict:
     """Figures of one paper pass: every lane's times, each speculative lane's speedup over its baseline,
     each GenAI lane's time against our lane of the same kind, and where our loops' time goes."""
-    ar, spec = find(lanes, "specdemo", "autoregressive"), find(lanes, "specdemo", "speculative")
+    ar, spec = find(lanes, "specdemo", AUTOREGRESSIVE), find(lanes, "specdemo", SPECULATIVE)
     genai = [lane for lane in lanes if lane.framework == "genai"]
     figures = {
         "lanes": {lane.label: {**lane.fields(), **stats.lane_figures(runs, lane)} for lane in lanes},
         "speedup": {
-            lane.label: stats.spread(stats.paired_ratios(runs, lane.baseline, lane)) for lane in lanes if lane.kind == "speculative"
+            lane.label: stats.spread(stats.paired_ratios(runs, lane.baseline, lane)) for lane in lanes if lane.kind == SPECULATIVE
         },
         "ratios": stats.ratios(runs, [(find(lanes, "specdemo", lane.kind), lane) for lane in genai]),
-        "speculative": stats.speculative_figures(stats.lane_runs(runs, spec)),
+        SPECULATIVE: stats.speculative_figures(stats.lane_runs(runs, spec)),
         "genai_acceptance": {},
         "time_shares": {
             spec.label: stats.time_shares(stats.lane_runs(runs, spec)),
@@ -68,7 +69,7 @@ def paper_figures(lanes: list[Lane], runs: list[Run], n: int) -> dict:
     for lane in genai:
         peer = stats.lane_runs(runs, lane)
         proposed = sum(r.summary.get("proposed", 0) for r in peer)
-        if lane.kind == "speculative" and proposed:
+        if lane.kind == SPECULATIVE and proposed:
             figures["genai_acceptance"][lane.label] = sum(r.summary.get("accepted", 0) for r in peer) / proposed
     if n in PAPER:
         paper_ar, paper_spec = PAPER[n]
@@ -79,7 +80,7 @@ def paper_figures(lanes: list[Lane], runs: list[Run], n: int) -> dict:
 def run_transformers(ctx: Context) -> dict:
     """transformers generate() and assisted generation beside ours, same prompts, same K."""
     from specdemo.bench import peers
-    from specdemo.disk import size
+    from specdemo.learning.disk import size
 
     missing = [m for m in (ctx.engine.target, ctx.engine.draft) if peers.hf_weights_missing(m.settings.source)]
     if missing:  # say what it costs on disk before writing it
@@ -93,10 +94,10 @@ def run_transformers(ctx: Context) -> dict:
     ctx.log(f"loading transformers models (float32) from {target_hf.parent}")
     pair = peers.TransformersPair(target_hf, draft_hf)
     generation, k, n = ctx.generation, ctx.k, min(ctx.bench.transformers_tokens, ctx.generation.max_new_tokens)
-    ours_ar = our_lane("ours autoregressive", ctx.engine, "autoregressive", generation)
-    ours_spec = our_lane("ours speculative", ctx.engine, "speculative", generation, baseline=ours_ar)
-    hf_ar = peer_lane(Lane("transformers autoregressive", "transformers", "autoregressive"), pair.generate, eos_ids=ctx.engine.eos_ids)
-    assisted = Lane("transformers assisted", "transformers", "speculative", baseline=hf_ar, reference=hf_ar, k=k,
+    ours_ar = our_lane("ours autoregressive", ctx.engine, AUTOREGRESSIVE, generation)
+    ours_spec = our_lane("ours speculative", ctx.engine, SPECULATIVE, generation, baseline=ours_ar)
+    hf_ar = peer_lane(Lane("transformers autoregressive", "transformers", AUTOREGRESSIVE), pair.generate, eos_ids=ctx.engine.eos_ids)
+    assisted = Lane("transformers assisted", "transformers", SPECULATIVE, baseline=hf_ar, reference=hf_ar, k=k,
                     k_policy="fixed", drafter=with_counterpart("draft"))
     hf_spec = peer_lane(assisted, pair.generate, eos_ids=ctx.engine.eos_ids, k=k)
     lanes = [ours_ar, ours_spec, hf_ar, hf_spec]
@@ -132,15 +133,15 @@ def run_llamacpp(ctx: Context) -> dict:
     draft = llamacpp.gguf_path(ctx.settings.draft.source, log_progress(ctx.log, "draft GGUF"))
     peer = llamacpp.LlamaCppPeer(target, draft)
     generation, k, eos_ids = ctx.generation, ctx.k, ctx.engine.eos_ids
-    ours_ar = our_lane("ours autoregressive", ctx.engine, "autoregressive", generation)
-    lanes = [ours_ar, our_lane("ours speculative", ctx.engine, "speculative", generation, baseline=ours_ar)]
-    cpp_ar = peer_lane(Lane("llama.cpp autoregressive", "llamacpp", "autoregressive"), peer.generate, eos_ids=eos_ids)
+    ours_ar = our_lane("ours autoregressive", ctx.engine, AUTOREGRESSIVE, generation)
+    lanes = [ours_ar, our_lane("ours speculative", ctx.engine, SPECULATIVE, generation, baseline=ours_ar)]
+    cpp_ar = peer_lane(Lane("llama.cpp autoregressive", "llamacpp", AUTOREGRESSIVE), peer.generate, eos_ids=eos_ids)
     lanes.append(cpp_ar)
     for kind, label in (("lookup", "llama.cpp prompt lookup"), ("draft", "llama.cpp draft model")):
         drafting = STRATEGIES[with_counterpart(kind)]
         if drafting.needs_model and draft is None:
             continue  # a draft that is no GGUF: llama.cpp cannot run it
-        lane = Lane(label, "llamacpp", "speculative", baseline=cpp_ar, reference=cpp_ar, k=k, k_policy="fixed",
+        lane = Lane(label, "llamacpp", SPECULATIVE, baseline=cpp_ar, reference=cpp_ar, k=k, k_policy="fixed",
                     drafter=drafting.name)
         lanes.append(peer_lane(lane, peer.generate, eos_ids=eos_ids, drafter=drafting.name, k=k,
                                ngram=generation.lookup_ngram))
@@ -167,15 +168,15 @@ def text_agreement(runs: list[Run], ours: Lane, theirs: Lane) -> list[dict]:
 def llamacpp_figures(lanes: list[Lane], runs: list[Run]) -> dict:
     """Every lane's times and tokens/s; our speculative tokens/s over each llama.cpp lane's (and our autoregressive
     over llama.cpp's), paired per instruction; each speculative lane's speedup and llama.cpp's acceptance."""
-    ours_ar, ours_spec = find(lanes, "specdemo", "autoregressive"), find(lanes, "specdemo", "speculative")
+    ours_ar, ours_spec = find(lanes, "specdemo", AUTOREGRESSIVE), find(lanes, "specdemo", SPECULATIVE)
     cpp = [lane for lane in lanes if lane.framework == "llamacpp"]
     figures = {
         "lanes": {lane.label: {**lane.fields(), **stats.lane_figures(runs, lane),
                                "tokens_per_s": stats.spread([r.tokens / r.wall_s for r in stats.lane_runs(runs, lane) if r.wall_s])}
                   for lane in lanes},
         # A time ratio per token of llama.cpp over ours is our tokens/s over llama.cpp's.
-        "ratios": stats.ratios(runs, [(lane, ours_spec) for lane in cpp] + [(find(lanes, "llamacpp", "autoregressive"), ours_ar)]),
-        "speedup": {lane.label: stats.spread(stats.paired_ratios(runs, lane.baseline, lane)) for lane in lanes if lane.kind == "speculative"},
+        "ratios": stats.ratios(runs, [(lane, ours_spec) for lane in cpp] + [(find(lanes, "llamacpp", AUTOREGRESSIVE), ours_ar)]),
+        "speedup": {lane.label: stats.spread(stats.paired_ratios(runs, lane.baseline, lane)) for lane in lanes if lane.kind == SPECULATIVE},
         "acceptance": {},
         "runs": [r.to_dict() for r in runs],
     }
@@ -189,14 +190,17 @@ def llamacpp_figures(lanes: list[Lane], runs: list[Run]) -> dict:
 
 def run_fidelity(ctx: Context) -> dict:
     """Each target precision, under the compile settings it runs with here, against the GGUF it came from
-    (specdemo/fidelity.py): top-1 agreement and mean |logit error| on the built-in answers."""
+    (specdemo/results/fidelity.py): top-1 agreement and mean |logit error| on the built-in answers."""
     import gc
     from dataclasses import asdict
 
-    from specdemo import builtin, fidelity, memory, sources, tune
+    from specdemo.learning import builtin, tune
+    from specdemo.results import fidelity
+    from specdemo.models import sources
+    from specdemo.host import memory
     from specdemo.bench import llamacpp
-    from specdemo.models import describe_compile
-    from specdemo.race import PIECE
+    from specdemo.models.loading import describe_compile
+    from specdemo.learning.race import PIECE
 
     if llamacpp.gguf_path(ctx.settings.target.source) is None:
         return {"skipped": "fidelity: skipped (its reference is the target's GGUF: use a preset or a local .gguf file)"}

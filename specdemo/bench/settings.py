@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specdemo.drafters import MASKED
+from specdemo.decoding.drafters import MASKED
 from specdemo.settings import GenerationSettings
 
 CODE_INSTRUCTIONS = [
@@ -45,10 +45,41 @@ EDIT_INSTRUCTIONS = [
 # The paper's measurements: new tokens N -> (autoregressive s, speculative s), Dolly v2 12B target, 3B draft.
 PAPER = {40: (19.87, 13.61), 100: (44.25, 26.97)}
 
-SECTIONS = ("paper", "k", "vocab", "lookup", "transformers", "llamacpp", "fidelity", "nodes", "precision", "kv", "memory",
-            "watching", "humaneval")  # in the order they run
-# Sections only --only runs: humaneval executes the code the models write (and takes most of an hour).
-OPT_IN = ("humaneval",)
+
+
+@dataclass(frozen=True)
+class Section:
+    """One section as a bench run plans it. What it runs is sections.RUNNERS[name] (kept apart: it imports the models,
+    and this module stays light for the CLI's flags); what it reports, report.py and plots.py."""
+
+    name: str  # for --only and as its key in benchmarks.json
+    # Copies of (target, draft) compiles it loads beside the bench's pair at its peak: estimates from what it loads
+    # (GenAI's pipelines, the precision and KV sweeps' models, the fidelity section's precisions), not measured one by
+    # one. GenAI's two pipelines (plain, speculative: K is a per-call setting) hold two targets and a draft; every
+    # section drops its pipelines when it ends (bench.run), so none is counted twice. memory.section_need prices them.
+    copies: tuple[int, int] = (0, 0)
+    quick: bool = False  # QUICK runs it
+    opt_in: bool = False  # only --only runs it: humaneval executes the code the models write (and takes most of an hour)
+
+
+REGISTRY = (  # in the order they run
+    Section("paper", (2, 1), quick=True),
+    Section("k", (2, 1), quick=True),
+    Section("vocab", (0, 1), quick=True),
+    Section("lookup", (2, 0), quick=True),
+    Section("transformers", quick=True),  # holds both models in f32: memory.section_need prices it from their weights
+    Section("llamacpp"),  # an optional peer that loads two more copies of the target: the full run measures it
+    Section("fidelity", (1, 0)),
+    Section("nodes", (1, 0)),
+    Section("precision", (2, 2)),
+    Section("kv", (1, 1)),
+    Section("memory", (1, 1)),
+    Section("watching"),
+    Section("humaneval", (2, 1), opt_in=True),
+)
+SECTIONS = tuple(s.name for s in REGISTRY)
+OPT_IN = tuple(s.name for s in REGISTRY if s.opt_in)
+BY_NAME = {s.name: s for s in REGISTRY}
 
 # The issue's targets: what "as fast as the best" means here (judged in targets.py).
 TARGET_GENAI_RATIO = 1.0  # our speculative time / GenAI's C++ speculative time, at most
@@ -113,8 +144,7 @@ QUICK = BenchSettings(
     transformers_instructions=1,
     transformers_tokens=16,
     lookup_instructions=1,
-    # llama.cpp is an optional peer that loads two more copies of the target: the full run measures it.
-    sections=tuple(s for s in SECTIONS if s not in ("llamacpp", "fidelity", "nodes", "precision", "kv", "memory", "watching", *OPT_IN)),
+    sections=tuple(s.name for s in REGISTRY if s.quick),
 )
 
 

@@ -14,7 +14,7 @@ import math
 import statistics
 
 from specdemo.bench.harness import Lane, Run
-from specdemo import metrics
+from specdemo.results import metrics
 
 
 def spread(values: list[float]) -> dict:

@@ -7,10 +7,13 @@ import math
 from dataclasses import replace
 from typing import Callable
 
-from specdemo.drafters import with_counterpart
 from specdemo.bench import stats
 from specdemo.bench.harness import Context, Lane, Run, log_progress, measure, our_lane
 from specdemo.bench.settings import EDIT_INSTRUCTIONS
+from specdemo.decoding.drafters import with_counterpart
+from specdemo.models.loading import load_model
+from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
+from specdemo.run.engine import Engine
 from specdemo.settings import K_MAX, KPolicy
 
 
@@ -23,7 +26,7 @@ def sweep(ctx: Context, what: str, lanes: list[Lane], extra: Callable[[Lane, lis
     instructions = instructions or ctx.code_instructions()
     ctx.log(f"{what}: N={n}, {len(lanes)} lanes, {len(instructions)} instructions")
     runs = measure(lanes, instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log)
-    rows = rows if rows is not None else [lane for lane in lanes if lane.kind == "speculative"]
+    rows = rows if rows is not None else [lane for lane in lanes if lane.kind == SPECULATIVE]
     table = [{"label": lane.label, **lane.fields(), **stats.sweep_row(runs, lane), **(extra(lane, runs) if extra else {})}
              for lane in rows]
     return {"max_new_tokens": n, "rows": table, "runs": [r.to_dict() for r in runs]}
@@ -33,20 +36,20 @@ def run_k(ctx: Context) -> dict:
     """Fixed K = 1..8, adaptive and auto K against one autoregressive baseline; GenAI at a few K; and on every answer,
     what each K would have given (the counterfactual, greedy), beside what each lane measured."""
     generation = ctx.generation
-    ar = our_lane("autoregressive", ctx.engine, "autoregressive", generation)
-    ours = [our_lane(f"K={k}", ctx.engine, "speculative", ctx.fixed(k), baseline=ar) for k in ctx.bench.k_values]
+    ar = our_lane(AUTOREGRESSIVE, ctx.engine, AUTOREGRESSIVE, generation)
+    ours = [our_lane(f"K={k}", ctx.engine, SPECULATIVE, ctx.fixed(k), baseline=ar) for k in ctx.bench.k_values]
     adaptive = replace(generation, k_policy=KPolicy.adaptive(min(generation.k_policy.k, K_MAX), 1, K_MAX))
-    ours.append(our_lane("adaptive K", ctx.engine, "speculative", adaptive, baseline=ar))
+    ours.append(our_lane("adaptive K", ctx.engine, SPECULATIVE, adaptive, baseline=ar))
     auto = replace(generation, k_policy=KPolicy.auto(K_MAX))
     # auto K as it runs by default (with this machine's confidence stop; the first auto row, which the targets and the
     # plots read), then without the stop, to show what it buys
-    auto_lane = our_lane("auto K", ctx.engine, "speculative", auto, baseline=ar)
-    ours += [auto_lane, our_lane("auto K, no confidence stop", ctx.engine, "speculative", replace(auto, draft_p_min=0.0),
+    auto_lane = our_lane("auto K", ctx.engine, SPECULATIVE, auto, baseline=ar)
+    ours += [auto_lane, our_lane("auto K, no confidence stop", ctx.engine, SPECULATIVE, replace(auto, draft_p_min=0.0),
                                  baseline=ar)]
     genai = []
     if ctx.bench.genai_k_values:
         genai_ar = ctx.genai_lane("GenAI autoregressive", "plain")
-        genai = [genai_ar] + [ctx.genai_lane(f"GenAI K={k}", "speculative", baseline=genai_ar, k=k) for k in ctx.bench.genai_k_values]
+        genai = [genai_ar] + [ctx.genai_lane(f"GenAI K={k}", SPECULATIVE, baseline=genai_ar, k=k) for k in ctx.bench.genai_k_values]
 
     would: dict = {}  # (instruction, repeat) -> the counterfactual on the autoregressive lane's answer
 
@@ -55,7 +58,7 @@ def run_k(ctx: Context) -> dict:
         if not would:
             would.update(counterfactuals(ctx, runs, ar, observer=auto_lane))  # corrected by what auto K observed
         figures = stats.counterfactual_figures(runs, lane, would)
-        same_k = [g for g in genai if g.kind == "speculative" and lane.k_policy == "fixed" and g.k == lane.k]
+        same_k = [g for g in genai if g.kind == SPECULATIVE and lane.k_policy == "fixed" and g.k == lane.k]
         if same_k:
             figures.update(genai_speedup=stats.spread(stats.paired_ratios(runs, same_k[0].baseline, same_k[0])),
                            ours_over_genai=stats.spread(stats.paired_ratios(runs, lane, same_k[0])))
@@ -88,11 +91,8 @@ def counterfactuals(ctx: Context, runs: list[Run], ar: Lane, observer: Lane | No
 
 def run_vocab(ctx: Context) -> dict:
     """The draft's LM head trimmed to its N most frequent tokens: draft step, α̂ and speedup for each N."""
-    from specdemo.engine import Engine
-    from specdemo.models import load_model
-
     generation = replace(ctx.generation, k_policy=KPolicy.auto(K_MAX))
-    ar = our_lane("autoregressive", ctx.engine, "autoregressive", generation)
+    ar = our_lane(AUTOREGRESSIVE, ctx.engine, AUTOREGRESSIVE, generation)
     lanes, heads = [ar], {}
     for n_head in ctx.bench.head_tokens:
         label = f"head {n_head // 1000}k" if n_head else "full head"
@@ -101,7 +101,7 @@ def run_vocab(ctx: Context) -> dict:
         else:
             engine = Engine(ctx.engine.target, load_model(replace(ctx.engine.draft.settings, head_tokens=n_head)))
             engine.warm_up(K_MAX, log=lambda m: ctx.log(f"  {label}: {m}"))
-        lane = our_lane(label, engine, "speculative", generation, baseline=ar)
+        lane = our_lane(label, engine, SPECULATIVE, generation, baseline=ar)
         heads[lane] = {"head_tokens": n_head, "rows_kept": engine.draft.runtime.head_tokens,
                        "draft_step_costed_s": engine.costs.d(1) if engine.costs else math.nan}
         lanes.append(lane)
@@ -110,18 +110,16 @@ def run_vocab(ctx: Context) -> dict:
 
 def run_precision(ctx: Context) -> dict:
     """Every draft precision with every target precision; each speedup is over the same target alone."""
-    from specdemo.engine import Engine
-
     models = _models_by_precision(ctx)
     generation = ctx.generation
     lanes, pairs = [], {}
     for tp in ctx.bench.target_precisions:
         target = models[("target", tp)]
-        ar = our_lane(f"target {tp} autoregressive", Engine(target, None), "autoregressive", generation)
+        ar = our_lane(f"target {tp} autoregressive", Engine(target, None), AUTOREGRESSIVE, generation)
         lanes.append(ar)
         for dp in ctx.bench.draft_precisions:
             draft = models[("draft", dp)]
-            lane = our_lane(f"target {tp} + draft {dp}", Engine(target, draft), "speculative", generation, baseline=ar, reference=ar)
+            lane = our_lane(f"target {tp} + draft {dp}", Engine(target, draft), SPECULATIVE, generation, baseline=ar, reference=ar)
             pairs[lane] = {"target": tp, "draft": dp, "draft_bytes": draft.describe()["size_on_disk_bytes"]}
             lanes.append(lane)
     figures = sweep(ctx, f"precision sweep, {generation.k_policy.describe()}, {len(pairs)} pairs", lanes,
@@ -131,8 +129,6 @@ def run_precision(ctx: Context) -> dict:
 
 def _models_by_precision(ctx: Context) -> dict:
     """("target"|"draft", precision) -> LoadedModel, reusing the engine's own and converting on first use."""
-    from specdemo.models import load_model
-
     models = {("target", ctx.engine.target.settings.precision): ctx.engine.target, ("draft", ctx.engine.draft.settings.precision): ctx.engine.draft}
     for role, precisions, base in (
         ("target", ctx.bench.target_precisions, ctx.settings.target),
@@ -147,9 +143,6 @@ def _models_by_precision(ctx: Context) -> dict:
 
 def run_kv(ctx: Context) -> dict:
     """KV cache precision of both models: time, acceptance and cache bytes."""
-    from specdemo.engine import Engine
-    from specdemo.models import load_model
-
     generation = ctx.generation
     lanes, precisions = [], {}
     for kv in ctx.bench.kv_cache_precisions:
@@ -162,8 +155,8 @@ def run_kv(ctx: Context) -> dict:
                 load_model(replace(ctx.settings.draft, kv_cache_precision=kv)),
             )
         label = engine.target.runtime.kv_cache_precision + ("" if kv else " (default)")
-        ar = our_lane(f"KV {label} autoregressive", engine, "autoregressive", generation)
-        spec = our_lane(f"KV {label} speculative", engine, "speculative", generation, baseline=ar, reference=ar)
+        ar = our_lane(f"KV {label} autoregressive", engine, AUTOREGRESSIVE, generation)
+        spec = our_lane(f"KV {label} speculative", engine, SPECULATIVE, generation, baseline=ar, reference=ar)
         lanes += [ar, spec]
         precisions[spec] = label
 
@@ -181,15 +174,15 @@ def run_kv(ctx: Context) -> dict:
 def run_lookup(ctx: Context) -> dict:
     """Prompt lookup vs the draft model on edits that repeat their input; GenAI's prompt lookup beside."""
     generation = ctx.generation
-    ar = our_lane("ours autoregressive", ctx.engine, "autoregressive", generation)
+    ar = our_lane("ours autoregressive", ctx.engine, AUTOREGRESSIVE, generation)
     lookup = replace(ctx.fixed(ctx.k), drafter=with_counterpart("lookup"))
     planner = replace(generation, k_policy=KPolicy.auto(generation.k_max))
     genai_ar = ctx.genai_lane("GenAI autoregressive", "plain")
     lanes = [
         ar,
-        our_lane("ours draft model", ctx.engine, "speculative", ctx.fixed(ctx.k), baseline=ar),
-        our_lane("ours prompt lookup", ctx.engine, "speculative", lookup, baseline=ar),
-        our_lane("ours planner (auto)", ctx.engine, "speculative", planner, baseline=ar),
+        our_lane("ours draft model", ctx.engine, SPECULATIVE, ctx.fixed(ctx.k), baseline=ar),
+        our_lane("ours prompt lookup", ctx.engine, SPECULATIVE, lookup, baseline=ar),
+        our_lane("ours planner (auto)", ctx.engine, SPECULATIVE, planner, baseline=ar),
         genai_ar,
         ctx.genai_lane("GenAI prompt lookup", "lookup", baseline=genai_ar),
     ]

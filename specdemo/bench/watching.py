@@ -19,6 +19,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
+from specdemo.ui.values import PageValues
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
@@ -30,7 +33,7 @@ FIGURES = ("autoregressive step", "verify call", "drafting", "speedup")  # read 
 
 def figures(run: dict) -> dict[str, float]:
     """The step times and the speedup of one saved run."""
-    ar, spec = run["autoregressive"]["summary"], run["speculative"]["summary"]
+    ar, spec = run[AUTOREGRESSIVE]["summary"], run[SPECULATIVE]["summary"]
     return {"autoregressive step": ar["target_step_s"], "verify call": spec["verify_call_s"], "drafting": spec["draft_s"],
             "speedup": run["measured_speedup"]}
 
@@ -69,7 +72,6 @@ class Page:
 
         from specdemo.ui.handlers import OUTPUTS
         from specdemo.ui.page import INPUTS
-        from specdemo.ui.values import PageValues
 
         values = {**vars(PageValues()), "instruction": instruction, "max_new_tokens": n}
         outputs = dict(zip(OUTPUTS, Client(self.url, verbose=False).predict(*[values[k] for k in INPUTS],

@@ -6,4 +6,7 @@
 - render.py: pure renderers (events and summaries to HTML and chart frames);
 - handlers.py: what Generate, Stop and page load do, as generators of whole page updates;
 - page.py: the Gradio layout and glue, the only module that imports gradio.
+
+May import: specdemo.run, specdemo.learning, specdemo.results, specdemo.decoding, specdemo.models, specdemo.host and the
+root leaves; never the bench or the command line (the bench measures the page, not the other way round).
 """

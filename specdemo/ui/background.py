@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import AsyncIterator
 
-from specdemo.settings import RunSettings
+from specdemo.learning.profile import machine_profile
+from specdemo.settings import CONFIGURATIONS, RunSettings
 from specdemo.ui import render, tuning
 from specdemo.ui.engines import loading_for
 
@@ -40,9 +41,6 @@ async def follow(poll_s: float = 2.0, settle_s: float = 900.0) -> AsyncIterator[
 def applied(progress) -> str:
     """What the finished tune steps changed, in words ("the default target tuned at 17:20: 18% faster than the
     defaults"): the page compiles under it from the next run on."""
-    from specdemo.profile import machine_profile
-    from specdemo.settings import CONFIGURATIONS
-
     profile, out = machine_profile(), []
     if tuning.TUNING in progress.finished:
         out.append(f"the default target {profile.gain(RunSettings().target) or 'kept its defaults'}")

@@ -11,10 +11,10 @@ import html
 import math
 from dataclasses import dataclass
 
-from specdemo import planner
-from specdemo.costs import CostModel
-from specdemo.counterfactual import Counterfactual
-from specdemo.drafters import strategy
+from specdemo.decoding import planner
+from specdemo.decoding.costs import CostModel
+from specdemo.decoding.drafters import strategy
+from specdemo.results.counterfactual import Counterfactual
 
 BLUE, ORANGE, GREEN, PURPLE, GREY = "#0072B2", "#E69F00", "#009E73", "#CC79A7", "#7f7f7f"
 WIDTH, HEIGHT = 520, 290

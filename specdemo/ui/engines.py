@@ -5,7 +5,7 @@ show its progress. Per-run state never lives here, so visitors never see each ot
 
 The default pair ("pair") is loaded at start and kept. Whatever else a visitor's choice loads (OpenVINO GenAI's
 pipeline, a race's two engines, the fastest configuration's pair) lives inside the memory bound like the background
-work (specdemo/memory.py): it is loaded only where it fits beside what the app holds and what the background work may
+work (specdemo/host/memory.py): it is loaded only where it fits beside what the app holds and what the background work may
 still need (else memory.Short with a sentence), only from models already prepared (a conversion never runs inside a
 visitor's turn: ModelSourceError says it is being prepared), and released once it sat unused for IDLE_S.
 """
@@ -20,12 +20,14 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from specdemo import genai, machine, memory, sources
-from specdemo.engine import Engine
-from specdemo.profile import machine_profile
-from specdemo.runtime import release_weight_pages
+from specdemo.host import machine, memory
+from specdemo.learning.profile import machine_profile
+from specdemo.models import sources
+from specdemo.models.runtime import release_weight_pages
+from specdemo.names import AUTOREGRESSIVE, GENAI, SPECULATIVE
+from specdemo.run import genai
+from specdemo.run.engine import Engine
 from specdemo.settings import CONFIGURATIONS, GenerationSettings, ModelSettings, RunSettings
-from specdemo.ui.lanes import AUTOREGRESSIVE, GENAI, SPECULATIVE
 from specdemo.ui.values import MAX_K, ONE_AFTER_ANOTHER
 
 GENAI_WARM_UP_TOKENS = 8  # GenAI compiles its kernels on its first generate: done at load, never in a lane's time

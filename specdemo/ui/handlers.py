@@ -16,14 +16,18 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Iterator
 
-from specdemo import genai, measuring, memory, metrics, runfile, sources
-from specdemo.disk import inventory
-from specdemo.drafters import strategy
-from specdemo.engine import Engine
+from specdemo.run import genai
+from specdemo.learning import measuring
+from specdemo.results import metrics, runfile
+from specdemo.models import sources
+from specdemo.host import memory
+from specdemo.learning.disk import inventory
+from specdemo.decoding.drafters import strategy
+from specdemo.run.engine import Engine
 from specdemo.settings import GenerationSettings, RunSettings
 from specdemo.ui import charts, render, tuning, waiting
 from specdemo.ui.visitors import MEMORIES, Visitor
-from specdemo.sidebyside import SideBySide, finished
+from specdemo.run.sidebyside import SideBySide, finished
 from specdemo.ui.engines import (Held, Loading, device_settings, genai_loading_for, lane_loadings, loading_for,
                                  race_threads)
 from specdemo.ui.lanes import (AUTOREGRESSIVE, GENAI, LANES, SPECULATIVE, LaneRun, begin_run, cancel_run, end_run, follow,
@@ -182,7 +186,8 @@ def _run_lanes(values: PageValues, settings: GenerationSettings, run_id: str, ca
     if not stopped and settings.greedy and all(finished(r) for r in results.values()):
         yield View(status="Working out what each K would have given on this answer (one pass of the draft model)…")
     record = run.finish(results, stopped)
-    view = final_view(lanes, values.mode, settings, run.speculative, stopped, record.would, values.configuration)
+    view = final_view(lanes, values.mode, settings, run.speculative, stopped, record.would, values.configuration,
+                      record.parting)
     if record.run is not None:
         view.download = save_run(record.run, run_id)
         view.results += render.render_failures(record.run["failures"])
@@ -287,7 +292,7 @@ STOPPED_STATUS = "Stopped. The lanes show what was generated before Stop."
 
 
 def final_view(lanes: dict[str, LaneRun], mode: str, settings: GenerationSettings, engine: Engine,
-               stopped: bool = False, would=None, configuration: str = "faithful") -> View:
+               stopped: bool = False, would=None, configuration: str = "faithful", parted=None) -> View:
     """The last update: final texts and figures, the results, the run's charts (what each K would have given, acceptance
     by position, the cost surface with the run's point), the cost note and the model panel with KV sizes."""
     spec = lanes[SPECULATIVE]
@@ -298,7 +303,7 @@ def final_view(lanes: dict[str, LaneRun], mode: str, settings: GenerationSetting
         status = STOPPED_STATUS if stopped else f"Finished ({render.describe_mode(mode)}). Hover a token for its step."
     view = live_view(lanes, mode, plot=True, whole=True)
     view.status = ("⚠️ " if errors else "") + status
-    view.results = render.render_results(lanes, mode, settings, would, configuration, engine.noise, engine.provisional)
+    view.results = render.render_results(lanes, mode, settings, would, configuration, parted, engine.provisional)
     s = spec.summary
     done = all_finished(lanes)
     # The prior's chance that draft i is kept when drafted: drafts 1 … i all accepted (the bars' quantity).

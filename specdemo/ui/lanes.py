@@ -13,8 +13,9 @@ import threading
 import time
 from typing import Callable, Iterator
 
-from specdemo.events import TokenEvent
-from specdemo.lane import LaneLog
+from specdemo.decoding.events import TokenEvent
+from specdemo.names import AUTOREGRESSIVE, GENAI, LANES, SPECULATIVE
+from specdemo.results.lane import LaneLog
 from specdemo.ui.values import ONE_AFTER_ANOTHER, as_sentence
 
 # The page is updated once a second while lanes run: every update costs the browser's renderer ~25 ms of CPU on the
@@ -24,8 +25,6 @@ UPDATE_INTERVAL_S = 1.0
 
 _STARTED = object()  # a worker's marker: this lane's generation begins now
 
-AUTOREGRESSIVE, SPECULATIVE, GENAI = "autoregressive", "speculative", "genai"
-LANES = (AUTOREGRESSIVE, SPECULATIVE)  # our two lanes; GENAI is the optional third
 
 # One lane's work: given the run's cancel Event, the lane's events (TokenEvents, then a Summary).
 Run = Callable[[threading.Event], Iterator]

@@ -7,17 +7,18 @@ import html
 
 import pandas as pd
 
-from specdemo.disk import size
-from specdemo import genai
-from specdemo.drafters import strategy
-from specdemo.events import ACCEPTED, BONUS, CORRECTED, TokenEvent
-from specdemo.figures import RESULTS, figure, placed, value
-from specdemo.metrics import Summary, measured_speedup
-from specdemo.parting import first_difference, parting
+from specdemo.decoding.drafters import strategy
+from specdemo.decoding.events import ACCEPTED, BONUS, CORRECTED, TokenEvent
+from specdemo.learning.disk import size
+from specdemo.names import AUTOREGRESSIVE, GENAI, LANES, SPECULATIVE
+from specdemo.results.figures import RESULTS, figure, placed, value
+from specdemo.results.metrics import Summary, measured_speedup
+from specdemo.results.parting import Parting, first_difference
+from specdemo.run import genai
 from specdemo.settings import GenerationSettings
 from specdemo.text import shown
 from specdemo.ui.engines import race_threads
-from specdemo.ui.lanes import AUTOREGRESSIVE, GENAI, LANES, SPECULATIVE, LaneRun
+from specdemo.ui.lanes import LaneRun
 from specdemo.ui.values import RACE
 
 # How the speculative lane names each provenance; each has a CSS class sd-<source> in assets/style.css
@@ -106,10 +107,11 @@ def lane_speedup(lanes: dict[str, LaneRun]) -> float:
 
 
 def render_results(lanes: dict[str, LaneRun], mode: str, settings: GenerationSettings, would=None,
-                   configuration: str = "faithful", noise=None, provisional: str = "") -> str:
+                   configuration: str = "faithful", parted: Parting | None = None, provisional: str = "") -> str:
     """The headline figures once both lanes are done: measured against predicted speedup, mean acceptance length and
     α̂, target calls saved, which run mode produced them, what each K would have given, and GenAI's lane if it ran.
-    `provisional`: what the engine has not learnt of this machine yet (Engine.provisional): the prediction says so."""
+    `would` and `parted`: what the run judged once (sidebyside.Record). `provisional`: what the engine has not learnt
+    of this machine yet (Engine.provisional): the prediction says so."""
     ar, spec = lanes[AUTOREGRESSIVE], lanes[SPECULATIVE]
     a, s = ar.summary, spec.summary
     if a is None or s is None or "cancelled" in (a.stop_reason, s.stop_reason):
@@ -150,7 +152,7 @@ def render_results(lanes: dict[str, LaneRun], mode: str, settings: GenerationSet
         f"{figure('verify_call_s').format(s.verify_call_s)}, {figure('target_step_s').label} "
         f"{figure('target_step_s').format(a.target_step_s)}), drafting {s.draft_s:.2f} s, KV cache rollback "
         f"{s.rollback_s:.3f} s.",
-        compare_outputs(ar.events, spec.events, settings, noise),
+        compare_outputs(ar.events, spec.events, settings, parted),
         escape(would_line(would, s)),
         render_genai_line(lanes[GENAI], spec, settings) if GENAI in lanes else "",
     ]
@@ -183,16 +185,16 @@ def render_failures(failures: list[dict]) -> str:
             f"<th>rejections</th><th>examples</th></tr></thead><tbody>{rows}</tbody></table></div>")
 
 
-def compare_outputs(ar: list[TokenEvent], spec: list[TokenEvent], settings: GenerationSettings, noise=None) -> str:
-    """Whether the lanes wrote the same text; where greedy lanes part, the margins measured there and their verdict
-    against the compile's measured batching `noise` (fidelity.BatchingNoise)."""
+def compare_outputs(ar: list[TokenEvent], spec: list[TokenEvent], settings: GenerationSettings,
+                    parted: Parting | None = None) -> str:
+    """Whether the lanes wrote the same text; where greedy lanes part (`parted`, as the run judged it), the margins
+    measured there and their verdict against the compile's measured batching noise."""
     ar_ids, spec_ids = [e.id for e in ar], [e.id for e in spec]
     if not settings.greedy:
         if ar_ids == spec_ids:
             return (f"Sampling, and the two lanes' samples happen to be the same {len(ar_ids)} tokens (each is a draw "
                     "from the same distribution).")
         return "Sampling: the two lanes draw different samples from the same distribution, so their texts differ."
-    parted = parting(ar, spec, noise)
     if parted is None:
         if len(ar_ids) == len(spec_ids):
             return f"Both lanes produced the same {len(ar_ids)} tokens: speculation changed the speed, not the text."

@@ -10,7 +10,7 @@ Zen 5), since the lanes share caches and memory bandwidth, not only cores.
 It ends with the server. What it chose is applied when it is done, without a restart: the page compiles the default
 pair again in a turn of its own in the visitors' line (handlers.apply_tune), and any engine compiled before the tune
 last changed is compiled again when a run next asks for it (engines.loading_for).
-Memory is bounded for the page and its steps together (specdemo/memory.py): each step counts the page beside itself,
+Memory is bounded for the page and its steps together (specdemo/host/memory.py): each step counts the page beside itself,
 waits for room before each conversion or compile, and leaves what does not fit with a line in the log (exit
 memory.SKIPPED): that step is skipped and the next one runs. The page says where the work stands (ui/background.py).
 SPECDEMO_TUNE_AT_START=0 turns it off (the tests' and the benchmark's servers).
@@ -30,8 +30,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterator
 
-from specdemo import memory, sources
-from specdemo.profile import machine_profile
+from specdemo.models import sources
+from specdemo.host import memory
+from specdemo.learning.profile import machine_profile
 from specdemo.settings import AUTO, CONFIGURATIONS, FAITHFUL, FAITHFUL_PRECISIONS, RunSettings
 from specdemo.ui.progress import Follower, Progress
 
@@ -84,7 +85,7 @@ class BackgroundWork:
         threading.Thread(target=self._run, daemon=True, name="specdemo-background").start()
 
     def _run(self) -> None:
-        # Each step counts the page beside itself in the memory bound (specdemo/memory.py).
+        # Each step counts the page beside itself in the memory bound (specdemo/host/memory.py).
         environment = {**os.environ, memory.ROOT_VARIABLE: str(os.getpid())}
         for index, (label, command) in enumerate(self.steps, 1):
             self.step, self.index = label, index
@@ -248,7 +249,7 @@ def background_steps(settings: RunSettings, model_bytes: int, log: Callable[[str
     bound leaves room for it beside the page (memory.tune_need, `model_bytes` the target's weights on disk); and each
     named configuration's models that are not prepared yet, then their targets' tunes. Each step checks the memory
     again as it goes, and waits or skips (memory.wait_for)."""
-    from specdemo.draft_choice import PRECISIONS as DRAFT_PRECISIONS
+    from specdemo.learning.draft_choice import PRECISIONS as DRAFT_PRECISIONS
 
     profile = machine_profile()
     unraced = settings.target.precision == FAITHFUL and profile.faithful_choice(settings.target) is None

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdemo import errors
+from specdemo.decoding import drafters
 from specdemo.settings import CONFIGURATIONS, K_MAX, MAX_PROMPT_TOKENS, GenerationSettings, KPolicy
 
 ONE_AFTER_ANOTHER, RACE = "one after another", "race"
@@ -36,7 +37,7 @@ class PageValues:
     k: float = KPolicy.k  # drafts per round when K is not automatic
     k_auto: bool = True  # the planner picks K for this machine
     adaptive: bool = False  # K grows after a fully accepted round and shrinks after a rejection
-    drafter: str = GenerationSettings.drafter  # a strategy's name (specdemo/drafters)
+    drafter: str = GenerationSettings.drafter  # a strategy's name (specdemo/decoding/drafters)
     decoding: str = "greedy"  # "greedy" or "sampling"
     temperature: float = 0.7  # sampling only, like top_p, top_k and seed
     top_p: float = 0.95
@@ -54,7 +55,7 @@ class PageValues:
         if isinstance(max_new_tokens, int) and max_new_tokens > MAX_NEW_TOKENS_CAP:
             raise ValueError(f"max new tokens is capped at {MAX_NEW_TOKENS_CAP:,} on this page, got {max_new_tokens:,}")
         sampling = self.decoding == "sampling"
-        return GenerationSettings(
+        return drafters.checked(GenerationSettings(
             max_new_tokens=max_new_tokens,
             temperature=self.temperature if sampling else 0.0,
             top_k=_whole(self.top_k) if sampling else 0,
@@ -62,7 +63,7 @@ class PageValues:
             seed=None if self.seed is None or self.seed == "" else _whole(self.seed),
             k_policy=self.k_policy(),
             drafter=self.drafter,
-        )
+        ))
 
     def k_policy(self) -> KPolicy:
         """The page's K controls as one KPolicy: Adaptive wins over Auto K, and both start from the slider's K."""
@@ -92,7 +93,7 @@ def check_instruction(instruction: str) -> None:
     """Refuse an empty instruction, or one over the server-side cap, before it takes a place in the line (one too long
     for the context: the engine)."""
     if instruction is None or not instruction.strip():
-        raise ValueError("the instruction is empty")  # as engine.clean_instruction says it
+        raise ValueError("the instruction is empty")  # as text.clean_instruction says it
     if len(instruction or "") > MAX_INSTRUCTION_CHARS:
         raise ValueError(
             f"the instruction is {len(instruction):,} characters; this page accepts at most {MAX_INSTRUCTION_CHARS:,}"

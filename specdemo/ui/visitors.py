@@ -15,7 +15,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from specdemo import drafters
+from specdemo.decoding import drafters
 
 IDLE_S = 3600.0  # a session that ran nothing for this long is forgotten
 MAX_VISITORS = 512  # sessions whose memories are held at once; each store is bounded by its strategy

@@ -1,0 +1,357 @@
+"""Command line: `python -m specdemo {prepare,generate,show,bench,clean}`.
+
+A thin layer: argparse builds one RunSettings, the engine does the work, this file prints. Errors a
+user can fix are printed as one line (exit status 2), never as a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import sys
+import time
+from pathlib import Path
+
+from specdemo import bench, errors, strict_json
+from specdemo.bench import FULL, QUICK, SECTIONS
+from specdemo.decoding import drafters
+from specdemo.decoding.drafters import STRATEGIES
+from specdemo.host import compat, memory
+from specdemo.learning import builtin, disk, identity, target_choice, tune
+from specdemo.learning.draft_choice import table
+from specdemo.learning.profile import choices, machine_profile
+from specdemo.models import sources
+from specdemo.results import runfile
+from specdemo.settings import (AUTO, CONFIGURATIONS, FAITHFUL, FAITHFUL_PRECISIONS, KPolicy, DEFAULT_DRAFT,
+                               DEFAULT_TARGET, DRAFT_PRECISION, MAX_PROMPT_TOKENS, PRECISIONS, GenerationSettings,
+                               ModelSettings, RunSettings)
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m specdemo", description="Speculative decoding on OpenVINO, measured.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    prepare = commands.add_parser("prepare", help="assemble and convert the models once (shows progress)")
+    _add_model_flags(prepare)
+
+    generate = commands.add_parser("generate", help="run autoregressive and speculative generation on one instruction")
+    generate.add_argument("instruction", help="what to ask the model")
+    _add_model_flags(generate)
+    _add_generation_flags(generate)
+    generate.add_argument("--json", action="store_true", help="print the run as one JSON object instead of text")
+    generate.add_argument("--save", default=None, metavar="FILE", help="also write the run to FILE as JSON (show it again "
+                          "with `python -m specdemo show FILE`)")
+    generate.add_argument("--max-prompt-tokens", type=int, default=MAX_PROMPT_TOKENS,
+                          help=f"refuse longer prompts (default {MAX_PROMPT_TOKENS:,}, as in the page); 0 allows up to the model's context")
+
+    tune = commands.add_parser("tune", help="choose the compile settings of both models for this machine, by measurement")
+    _add_model_flags(tune)
+    tune.add_argument("--draft-plan", action="store_true", help="only the draft plan (~2 min), under the compile settings "
+                      "tune chose: after the draft's other precision was prepared")
+    tune.add_argument("--target-only", action="store_true", help="search the target alone when this machine's draft is "
+                      "tuned and planned already (another configuration's target, e.g. --configuration fastest)")
+    tune.add_argument("--forget", action="store_true", help="forget what tune chose on this machine (compile settings "
+                      "and draft plan): every compile goes back to the defaults; costs and history are kept")
+
+    show = commands.add_parser("show", help="render saved runs again, several side by side (from generate --save or the page)")
+    show.add_argument("files", nargs="+", help="JSON files of saved runs")
+
+    clean = commands.add_parser("clean", help="list what specdemo keeps on disk, and remove what can go")
+    clean.add_argument("--remove", default="", help="comma-separated kinds to delete: compiled, bench, other-models, "
+                       "old-versions, scratch (the default pair and the measurements are never removed)")
+
+    bench = commands.add_parser("bench", help="median autoregressive vs speculative time on code instructions")
+    _add_model_flags(bench)
+    _add_generation_flags(bench, max_new_tokens=100)
+    _add_benchmark_flags(bench)
+    return parser
+
+
+def _add_model_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--configuration", default="faithful", choices=list(CONFIGURATIONS),
+                        help="faithful (a full-fidelity target, INT8 or the GGUF's own blocks, whichever steps faster "
+                             "here; the default) or fastest (INT4 target: faster, another model's text)")
+    parser.add_argument("--target", default=DEFAULT_TARGET.source, help="preset, HF model id, local folder or .gguf file")
+    parser.add_argument("--draft", default=DEFAULT_DRAFT.source, help="preset, HF model id, local folder or .gguf file")
+    parser.add_argument("--target-precision", default=None, choices=PRECISIONS + (FAITHFUL,),
+                        help="overrides the configuration's (faithful: the full-fidelity layout that steps fastest on "
+                             f"this machine, chosen by `tune`; {FAITHFUL_PRECISIONS[0]} until it has)")
+    parser.add_argument("--draft-precision", default=None, choices=PRECISIONS + (AUTO,),
+                        help="overrides the configuration's (auto: the draft plan `tune` chose for this machine, "
+                             f"{DRAFT_PRECISION} until there is one)")
+    parser.add_argument("--device", default="CPU", help="OpenVINO device of the target (and of the draft unless --draft-device)")
+    parser.add_argument("--draft-device", default=None, help="OpenVINO device of the draft model")
+    parser.add_argument("--kv-cache-precision", default="", help="OpenVINO KV_CACHE_PRECISION for both models (u8, f16, bf16, f32)")
+
+
+def _add_generation_flags(parser: argparse.ArgumentParser, max_new_tokens: int = 128) -> None:
+    defaults = GenerationSettings()
+    parser.add_argument("--k", type=_k_value, default="auto",
+                        help="draft tokens per round, or auto (default): the planner picks K from this machine's measured costs")
+    parser.add_argument("--remeasure", action="store_true", help="measure this machine's call costs again instead of using the cached ones")
+    parser.add_argument("--adaptive", action="store_true", help="adapt K: longer after a fully accepted round, shorter after a rejection")
+    parser.add_argument("--drafter", default=defaults.drafter, choices=list(STRATEGIES))
+    parser.add_argument("--draft-p-min", type=float, default=None, metavar="P",
+                        help="the confidence stop: end a round's drafting once the draft's confidence in its drafts falls "
+                             "below P (0 turns it off; default: this machine's break-even under auto K, off otherwise)")
+    parser.add_argument("--temperature", type=float, default=defaults.temperature, help="0 is greedy")
+    parser.add_argument("--top-p", type=float, default=defaults.top_p)
+    parser.add_argument("--top-k", type=int, default=defaults.top_k)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
+
+
+def _add_benchmark_flags(parser: argparse.ArgumentParser) -> None:
+    """The bench command's own flags (model and generation flags are shared with generate)."""
+    parser.add_argument("--quick", action="store_true", help="a couple of minutes: default pair only, 2 instructions, short outputs")
+    parser.add_argument("--only", default="", help=f"comma-separated sections to run, of: {', '.join(SECTIONS)}")
+    parser.add_argument("--repeats", type=int, default=1, help="passes over the instructions after the warm-up")
+    parser.add_argument("--problems", type=int, default=None,
+                        help="HumanEval problems of --only humaneval (the first N; default 50, as OpenVINO's notebook)")
+    parser.add_argument("--out", default="bench-results", help="folder for benchmarks.md, benchmarks.json and the plots")
+    parser.add_argument("--json", action="store_true", help="also print the results as JSON on stdout")
+
+
+def _k_value(text: str):
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"K must be a whole number or auto, got {text!r}") from None
+
+
+def settings_from(args: argparse.Namespace) -> RunSettings:
+    """One RunSettings from parsed flags. Raises ValueError with a user-facing message."""
+    base_target, base_draft = CONFIGURATIONS[args.configuration]
+    target = ModelSettings(args.target, args.target_precision or base_target.precision, args.device, args.kv_cache_precision)
+    draft = ModelSettings(args.draft, args.draft_precision or base_draft.precision, args.draft_device or args.device,
+                          args.kv_cache_precision)
+    generation = GenerationSettings()
+    if hasattr(args, "k"):
+        generation = drafters.checked(GenerationSettings(
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            seed=args.seed,
+            k_policy=k_policy(args.k, args.adaptive),
+            drafter=args.drafter,
+            draft_p_min=args.draft_p_min,
+        ))
+    return RunSettings(target, draft, generation)
+
+
+def k_policy(k: str | int, adaptive: bool) -> KPolicy:
+    """--k auto (or a number) and --adaptive as one KPolicy: --adaptive starts from --k's number (4 under auto)."""
+    start = KPolicy.k if k == "auto" else int(k)
+    if adaptive:
+        return KPolicy.adaptive(start)
+    return KPolicy.auto() if k == "auto" else KPolicy.fixed(start)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "clean":
+            return _clean(args)
+        if args.command == "show":
+            return _show(args)
+        settings = settings_from(args)
+        _check_devices(settings)
+        if args.command == "prepare":
+            return _prepare(settings)
+        if args.command == "tune":
+            if args.forget:
+                return _forget_tune()
+            compat.keep_torch_out()  # tokenizers need no torch: 0.3 GiB less beside the compiles (conversion is a child)
+            return _plan_draft(settings) if args.draft_plan else _tune(settings, again=not args.target_only)
+        if args.command == "generate":
+            compat.keep_torch_out()  # generating needs no torch; conversion, if any, runs in a child process
+            from specdemo.cli.terminal import generate
+
+            return generate(args, settings)
+        return _bench(args, settings)
+    except (ValueError, sources.ModelSourceError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except memory.Short as error:  # waited for memory and gave up: not an error, a step for later
+        print(f"skipped: {error}", file=sys.stderr)
+        return memory.SKIPPED
+    except RuntimeError as error:  # OpenVINO refused a compile or a call: one sentence, not its C++ source lines
+        if not (errors.is_openvino(error) or isinstance(error, errors.GenAIError)):
+            raise
+        print(f"error: {errors.describe(error)}", file=sys.stderr)
+        return 1
+    except OSError as error:  # the disk (full, read-only, a permission): one sentence with what to do
+        print(f"error: {disk_sentence(error)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def disk_sentence(error: OSError) -> str:
+    """What failed on the disk and what to do, in one sentence (ENOSPC: `clean` frees what specdemo keeps)."""
+    where = f" ({error.filename})" if error.filename else ""
+    advice = {errno.ENOSPC: "free space on that disk (`python -m specdemo clean` lists what specdemo keeps) and run it again",
+              errno.EROFS: "point SPECDEMO_HOME at a writable folder",
+              errno.EACCES: "point SPECDEMO_HOME at a folder you may write"}.get(error.errno, "check the disk and run it again")
+    return f"a file could not be read or written{where}: {error.strerror or error}; {advice}"
+
+
+def benchmark_settings(args: argparse.Namespace):
+    """BenchSettings from the bench command's flags. Raises ValueError with a message for users."""
+    from dataclasses import replace
+
+    preset = QUICK if args.quick else FULL
+    asked = {s.strip() for s in args.only.split(",") if s.strip()}
+    # In the order of SECTIONS; unknown names go last, for BenchSettings to refuse.
+    sections = tuple(s for s in SECTIONS if s in asked) + tuple(sorted(asked - set(SECTIONS)))
+    problems = {} if args.problems is None else {"humaneval_problems": args.problems}
+    return replace(preset, repeats=args.repeats, sections=sections or preset.sections, **problems)
+
+
+def _bench(args: argparse.Namespace, settings: RunSettings) -> int:
+    measure = benchmark_settings(args)  # refused flags and settings end here, before the models load
+    bench.check_generation(settings.generation)
+    started = time.perf_counter()
+    stream = sys.stderr if args.json else sys.stdout
+
+    def log(message: str) -> None:
+        print(f"[{time.perf_counter() - started:6.0f} s] {message}", file=stream, flush=True)
+
+    results = bench.run(settings, measure, Path(args.out), log, command="python -m specdemo " + " ".join(sys.argv[1:]))
+    if args.json:
+        print(strict_json.dumps(results, indent=2, default=str))
+    return 0
+
+
+def _check_devices(settings: RunSettings) -> None:
+    import openvino as ov
+
+    available = ov.Core().available_devices
+    for model in (settings.target, settings.draft):
+        if model.device.split(".")[0].split(":")[0] not in {d.split(".")[0] for d in available} | {"AUTO", "HETERO", "MULTI"}:
+            raise ValueError(f"device {model.device!r} is not available; OpenVINO lists {', '.join(available)}")
+
+
+def _clean(args: argparse.Namespace) -> int:
+    items = disk.inventory()
+    home = sources.specdemo_home()
+    if not items:
+        print(f"{home} holds nothing of specdemo's")
+        return 0
+    kinds = {kind.strip() for kind in args.remove.split(",") if kind.strip()}
+    gone = disk.remove(items, kinds) if kinds else []
+    print(f"{home}: {disk.size(sum(item.bytes for item in items))} in all")
+    for item in items:
+        state = "removed" if item in gone else item.kind
+        print(f"  {disk.size(item.bytes):>11}  {state:<15} {item.path.relative_to(home)}  ({item.what})")
+    if gone:
+        print(f"freed {disk.size(sum(item.bytes for item in gone))}")
+    else:
+        removable = sorted({item.kind for item in items} & set(disk.KINDS))
+        if removable:
+            print(f"to free space: python -m specdemo clean --remove {','.join(removable)}")
+    return 0
+
+
+def _tune(settings: RunSettings, again: bool = True) -> int:
+    """Measure the candidate compile settings, keep the fastest faithful one per model, print the table, check that greedy
+    speculative output stays exact under a target setting other than the defaults, and measure the cost model under
+    the choice. `again` False leaves a draft tuned and planned before as it is (tune.tune)."""
+    from specdemo.run.engine import Engine
+
+    started = time.perf_counter()
+
+    def log(message: str) -> None:
+        print(f"[{time.perf_counter() - started:5.0f} s] {message}", flush=True)
+
+    profile = machine_profile()
+    if settings.target.precision == FAITHFUL and (again or profile.faithful_choice(settings.target) is None):
+        target_choice.choose(settings.target, log, profile)
+    target = profile.resolve_precision(settings.target)  # the faithful layout chosen: the one tuned
+    trials, drafts = tune.tune(target, settings.draft, log, again=again)
+    models = {"target": target, "draft": settings.draft}
+    profile.keep_tune(trials, models, drafts)
+    engine = Engine.load(settings)
+    # The defaults' exactness is what the tests prove; a target setting of tune's own is checked here, unless it is the
+    # fastest configuration's, which trades identity for speed by design (identity.keeps_identity).
+    changed = identity.keeps_identity(target) and any(t.chosen and t.setting != choices.DEFAULT
+                                                      for t in trials if t.role == "target")
+    if changed:
+        log("checking that greedy speculative output equals autoregressive output under the choice")
+    problem = tune.check_exact(engine, builtin.code_answers()) if changed else ""
+    if problem:
+        for trial in trials:  # keep the defaults: a faster setting that changes the text is no setting
+            trial.chosen = trial.setting == choices.DEFAULT
+        for option in drafts:
+            option.chosen = option is drafts[0]
+        profile.keep_tune(trials, models, drafts)
+        log(f"not kept: {problem}; the defaults stay")
+        engine = Engine.load(settings)
+    # The cost model measured again under the choice (and the batching noise, the acceptance, where not known). For
+    # another configuration's target (--target-only) a quick measurement: the page learns the rest if it is ever used.
+    engine.warm_up(fresh=True, log=log, quick=not again)
+    known = lambda value, text: text if value == value else "–"  # noqa: E731 (NaN: not measured)
+    print(f"\n{'model':8}{'setting':44}{'greedy kept':>12}{'time':>10}{'vs default':>12}{'parting/1k':>12}")
+    for t in trials:
+        time_ = known(t.seconds, f"{t.seconds * 1e3:.1f} ms") if t.faithful else "–"
+        ratio = known(t.relative, f"{t.relative:.2f}x") if t.faithful else "–"
+        mark = "  <- chosen" if t.chosen else ("" if t.faithful or t.agreement != t.agreement else "  (not faithful)")
+        print(f"{t.role:8}{t.setting.describe():44}{known(t.agreement, f'{t.agreement:.1%}'):>12}{time_:>10}{ratio:>12}"
+              f"{known(t.parting_rate, f'{t.parting_rate:.1f}'):>12}{mark}")
+    print("(only what can beat the defaults on this CPU class is raced (specdemo/learning/tune.py); time: in the race a setting"
+          " last ran in; vs default: chained through the races, each against the setting kept so far; parting/1k:"
+          " positions per 1,000 of built-in code and prose answers where verify calls choose another greedy token than"
+          " single steps, measured for the target settings that would replace the one kept; none may part more often"
+          " than the defaults beyond the counting noise of theirs, except in the fastest configuration)")
+    _print_draft_plan(drafts)
+    print(f"\nkept in {profile.store.path}; every compile of these models on this machine uses it (ours, GenAI's lane, the bench).")
+    print(f"{engine.costs.sentence()} (the cost model, measured again under it)")
+    return 0
+
+
+def _plan_draft(settings: RunSettings) -> int:
+    """`tune --draft-plan`: the draft plan alone, kept beside the compile settings already chosen."""
+    started = time.perf_counter()
+    profile = machine_profile()
+    target = profile.resolve_precision(settings.target)
+    drafts = tune.replan_draft(target, settings.draft,
+                               lambda message: print(f"[{time.perf_counter() - started:5.0f} s] {message}", flush=True))
+    profile.keep_tune([], {"target": target, "draft": settings.draft}, drafts)
+    _print_draft_plan(drafts)
+    print(f"\nkept in {profile.store.path}; it applies to the draft from the next load")
+    return 0
+
+
+def _forget_tune() -> int:
+    """`tune --forget`: this machine's compile choice and draft plan are dropped (a running page compiles again)."""
+    profile = machine_profile()
+    profile.forget_tune()
+    print(f"forgot this machine's tune in {profile.store.path}: every compile uses the defaults until the next tune")
+    return 0
+
+
+def _print_draft_plan(drafts: list) -> None:
+    if not drafts:
+        return
+
+    print("\nthe draft plan (step: a draft step in a round; accepted: drafts equal to the target's greedy token on the "
+          "built-in answers; predicted: speedup at the best K on this machine)")
+    print("\n".join(table(drafts)))
+
+
+def _prepare(settings: RunSettings) -> int:
+    target, draft = map(machine_profile().resolve_precision, (settings.target, settings.draft))
+    sources.convert_beside(draft, target, None)  # both at once where memory allows
+    for model in (target, draft):
+        folder = sources.prepare(model)
+        print(f"{model.source} ({model.precision}): {folder}")
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    runs = [runfile.load(Path(name)) for name in args.files]
+    print(runfile.compare(runs, list(args.files)))
+    return 0

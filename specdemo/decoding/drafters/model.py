@@ -1,0 +1,95 @@
+"""The draft model: a small LLM drafts token by token with its own KV cache."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from specdemo.decoding.drafters.base import Proposal, Strategy, stop_threshold
+from specdemo.decoding.verification import process_logits, sample
+
+if TYPE_CHECKING:
+    from specdemo.models.runtime import OVModel
+    from specdemo.settings import GenerationSettings
+
+
+class ModelDrafter:
+    """A small LLM drafts token by token with its own KV cache.
+
+    Invariant between rounds: the draft's cache holds a prefix of `seq`; propose() first feeds the
+    part it has not seen (the whole prompt on the first round, then one or two tokens).
+
+    With `stops` (the confidence stop, per draft position: planner.confidence_stops), a round ends early once the
+    product of the draft's probabilities for the j tokens it drafted falls below stops[j - 1]: the low-confidence draft
+    is still proposed (its step is paid), the steps after it are saved. The stop looks at the draft alone, so the
+    acceptance rule stays exact.
+    """
+
+    kind = "model"
+
+    def __init__(self, model: "OVModel", settings: "GenerationSettings", rng: np.random.Generator,
+                 stops: tuple[float, ...] = ()):
+        self.model = model
+        self.settings = settings
+        self.rng = rng
+        self.stops = stops
+
+    def kv_cache_bytes(self) -> dict[str, int]:
+        return {"draft": self.model.kv_cache_bytes()}
+
+    def reset(self) -> None:
+        self.model.reset()
+
+    def propose(self, seq: list[int], k: int) -> Proposal:
+        start = time.perf_counter()
+        tokens: list[int] = []
+        rows: list[np.ndarray] = []
+        calls: list[tuple[int, float]] = []
+        feed = seq[self.model.length :]
+        head = self.model.head_ids  # (V',) token ids of the LM head's rows when it was trimmed, else None
+        confidence = 1.0  # the product of the draft's probabilities for this round's drafts so far
+        for drafted in range(k):
+            if confidence < stop_threshold(self.stops, drafted):
+                break  # the confidence stop: the next draft would likely be rejected, and its step costs
+            logits = self.model.forward(feed)  # (1, V or V'): scores for the token after `feed`
+            calls.append((len(feed), self.model.last_call_s))
+            if self.settings.greedy:
+                best = int(logits[0].argmax())
+                token = best if head is None else int(head[best])
+                if self.stops:
+                    confidence *= top_probability(logits[0])
+            else:
+                q = process_logits(logits, self.settings)[0]
+                if head is not None:  # a proper distribution over the whole vocabulary, zero off the head
+                    full = np.zeros(self.model.vocab_size, dtype=q.dtype)
+                    full[head] = q
+                    q = full
+                token = sample(q, self.rng)
+                rows.append(q)
+                confidence *= float(q[token])
+            tokens.append(token)
+            feed = [token]
+        # The last token is not fed: if it is accepted, the next round feeds it together with the target's.
+        return Proposal(tokens, np.stack(rows) if rows else None, calls, time.perf_counter() - start, self.kind)
+
+    def keep(self, length: int) -> None:
+        self.model.rollback(min(length, self.model.length))
+
+
+def top_probability(logits: np.ndarray) -> float:
+    """The softmax probability of the largest of `logits` along the last axis ((V,) -> a float, (n, V) -> (n,)): the
+    draft's confidence in its greedy token."""
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return 1.0 / np.exp(shifted, dtype=np.float64).sum(axis=-1)
+
+
+def make(draft_model, settings, rng, price=None, stops: tuple[float, ...] = ()) -> ModelDrafter:
+    if draft_model is None:
+        raise ValueError("no draft model is loaded; use the prompt-lookup drafter")
+    return ModelDrafter(draft_model, settings, rng, stops)
+
+
+STRATEGY = Strategy("model", "draft model", needs_model=True, default_alpha=0.8, prior="model", make=make, order=0,
+                    counterpart="draft", when_quoting="hybrid", taught_by_mask=True)

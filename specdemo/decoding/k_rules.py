@@ -1,0 +1,104 @@
+"""How a running speculative lane picks each round's K: the rule its settings name (settings.KPolicy: fixed,
+adaptive, auto), made into an object the loop asks before every round, showing it the run's rounds so far
+(events.Round). Auto K re-plans from this machine's costs and the run's own evidence, position by position
+(specdemo/decoding/planner.py prices it).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from specdemo.decoding.costs import CostModel
+from specdemo.decoding.drafters import strategy
+from specdemo.decoding.planner import Acceptance, Plan, best_k, predicted_speedup
+from specdemo.settings import GenerationSettings
+
+HOLD = 0.02  # auto K changes K only for a predicted gain of more than this: a new verify size makes its first calls slow
+# Plain steps auto K takes at K = 0, mid-run, between two probe rounds of one draft: without them no evidence could
+# arrive and a run that fell to K = 0 would never draft again. A probe costs about a draft step and a 2-token call
+# (~0.4-0.6 of a step), so one every 8 steps costs a run that stays at K = 0 some 5-8 %.
+PROBE_EVERY = 8
+
+
+class KRule(Protocol):
+    def next_k(self, rounds: list) -> int: ...
+
+
+class FixedK:
+    """The same K every round."""
+
+    def __init__(self, k: int):
+        self.k = k
+
+    def next_k(self, rounds: list) -> int:
+        return self.k
+
+
+class GrowShrinkK:
+    """The simple adaptive rule: one more draft after a fully accepted round, one fewer after a rejection."""
+
+    def __init__(self, k: int, k_min: int, k_max: int):
+        self.k, self.k_min, self.k_max = k, k_min, k_max
+        self.seen = 0  # rounds already looked at
+
+    def next_k(self, rounds: list) -> int:
+        for r in rounds[self.seen:]:
+            if r.drafted:
+                self.k = max(self.k - 1, self.k_min) if r.rejected else min(self.k + 1, self.k_max)
+        self.seen = len(rounds)
+        return self.k
+
+
+class AutoK:
+    """The best K at the running acceptance: the plan's prior, corrected by the run's own rounds, position by position.
+
+    When the plan found no K that pays, every round is a plain target step: the lane runs at the target's own
+    speed, and the run teaches the planner through its match mask afterwards (greedy decoding).
+    """
+
+    def __init__(self, costs: CostModel, plan: Plan, k_max: int):
+        self.costs, self.plan, self.k_max = costs, plan, k_max
+        self.tested = [0] * k_max
+        self.accepted = [0] * k_max
+        self.seen = 0
+        self.k = plan.k
+
+    def next_k(self, rounds: list) -> int:
+        if self.plan.k == 0:
+            return 0
+        for r in rounds[self.seen:]:
+            if r.drafter and r.drafter != strategy(self.plan.drafter).prior:
+                continue  # a hybrid's K is the draft model's: its lookup rounds say nothing of the model's acceptance
+            n_tested, n_accepted = r.tested()  # positions 1 .. accepted, and the rejected one
+            for i in range(min(n_tested, self.k_max)):
+                self.tested[i] += 1
+                self.accepted[i] += i < n_accepted
+        self.seen = len(rounds)
+        acceptance = Acceptance.from_counts(self.tested, self.accepted, self.plan.acceptance_prior)
+        k, speedup = best_k(self.costs, acceptance, self.k_max, self.plan.drafter)
+        if k and self.k and speedup <= (1 + HOLD) * predicted_speedup(self.costs, acceptance, self.k, self.plan.drafter):
+            return self.k  # not worth a new verify size
+        self.k = k
+        if k == 0 and _plain_steps_since_drafting(rounds) >= PROBE_EVERY:
+            return 1  # a probe: its outcome is the evidence that can bring K back
+        return k
+
+
+def _plain_steps_since_drafting(rounds: list) -> int:
+    """Rounds at the end of `rounds` that drafted nothing (the prefill's step included)."""
+    count = 0
+    for r in reversed(rounds):
+        if r.drafted:
+            break
+        count += 1
+    return count
+
+
+def policy_for(settings: GenerationSettings, costs: CostModel | None = None, plan: Plan | None = None) -> KRule:
+    """The one place that turns settings (and a plan) into the K policy a run uses."""
+    policy = settings.k_policy
+    if policy.is_auto and costs is not None and plan is not None:
+        return AutoK(costs, plan, policy.k_max)
+    if policy.is_adaptive:
+        return GrowShrinkK(policy.k, policy.k_min, policy.k_max)
+    return FixedK(policy.k)

@@ -1,0 +1,222 @@
+"""Measuring this machine's call costs the way the decoding loop makes its calls: the cost model's first estimate
+(specdemo/decoding/costs.py says what it holds and how runs correct it).
+
+A single step is timed as the autoregressive lane makes it, again and again on one shape; t(n), n ≥ 2, as a round
+makes it: a few draft steps, then one target call on n tokens with n rows of logits, both caches rolled back; each
+shape repeated before the next, at a context answers reach. (Timing the sizes interleaved, one after another, made
+every call a change of shape, which the CPU plugin pays for: t(1) came out 40 % above what the loop pays on an
+AVX-512 EPYC.)
+
+A measurement is kept in the machine profile (specdemo/learning/profile) under cost_key: the models, precisions, device,
+threads, CPU and OpenVINO, so a machine is measured once. Measuring runs every shape, so it doubles as the warm-up.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import statistics
+import time
+from dataclasses import asdict, replace
+
+from specdemo import strict_json
+from specdemo.decoding.costs import CostModel, monotone
+from specdemo.host import machine
+from specdemo.models.runtime import OVModel
+from specdemo.settings import K_MAX
+
+COSTS_VERSION = 3  # bump when what is measured changes, so old caches are not reused
+CONTEXT_TOKENS = 160  # the context every timed call follows: a short prompt and part of an answer
+PREFILL_TOKENS = 128  # the prompt whose prefill gives the prompt rate
+REPEATS = 5  # timed calls per shape, after UNTIMED calls of that shape; the median is kept
+FIRST_CALLS_SHARE = 0.4  # measuring ÷ (UNTIMED + REPEATS) × warm-up, at the least: what the warm-up's first calls overpay
+UNTIMED = 2  # the first calls after a change of shape are slow (seen: 66, 54, then 45 ms for one step)
+ROUND_DRAFT_STEPS = 3  # draft steps before each timed target call (the round's pattern; more would only cost time)
+N_MAX = K_MAX + 1  # calls of up to this many tokens are always timed, so one cache serves every K
+# The quick first measurement (a page's start): these call sizes, QUICK_REPEATS timed calls each after one untimed, the
+# sizes between them interpolated; about 40 calls where the full measurement makes some 170. The curve is smooth
+# between them on every CPU class measured (a knee, where the plugin changes kernels, moves the interpolated sizes by a
+# step at most), and the full measurement replaces it in the background.
+QUICK_SIZES = (2, 3, 5, 9, 13)
+QUICK_REPEATS = 2
+
+
+class Interrupted(Exception):
+    """A measurement stopped part-way because something more urgent wants the machine (a visitor's run): nothing of
+    it is kept; measure again later."""
+
+
+def measure(target: OVModel, draft: OVModel | None, n_max: int, known: CostModel | None = None,
+            log=lambda message: None, quick: bool = False, interrupted=lambda: False) -> CostModel:
+    """The cost model for these compiled models: `known` (what the machine profile holds for them), or measured;
+    `quick`: a provisional one from a few calls (QUICK_SIZES), where nothing is known, in seconds; a provisional
+    `known` is measured again in full unless `quick`. `interrupted()` is asked between call sizes: True stops the
+    measurement (Interrupted), both caches emptied.
+
+    Both models' caches are left empty. Every shape a run will use (prefill, 1 and up to n_max tokens)
+    has run at least once when this returns, so the first timed lane pays no first-call costs.
+    """
+    n_max = max(n_max, N_MAX)
+    if known is not None and (quick or not known.provisional):
+        log(f"cost model from this machine's profile ({known.standing()}); warming up")
+        _warm_up(target, n_max)
+        if draft is not None:
+            _warm_up(draft, 2)
+        return known
+    start = time.perf_counter()
+    _warm_up(target, n_max)
+    if draft is not None:
+        _warm_up(draft, 2)
+    if quick:
+        log(f"measuring this machine quickly (calls of {', '.join(map(str, QUICK_SIZES))} tokens; the full measurement "
+            "follows in the background)")
+        costs = _time_loop(target, draft, n_max, sizes=[n for n in QUICK_SIZES if n <= n_max], untimed=1,
+                           repeats=QUICK_REPEATS)
+        return replace(costs, seconds=time.perf_counter() - start, provisional=True)
+    # Measuring makes each call shape UNTIMED + REPEATS times where warming up made it once; but a shape's first call
+    # costs more than the later ones (on a Zen 5: 7 s of warm-up, then 19 s of measuring, not 46), hence a range.
+    most = (UNTIMED + REPEATS) * (time.perf_counter() - start)
+    log(f"measuring this machine the way the loop calls it ({FIRST_CALLS_SHARE * most:.0f}–{most:.0f} s, once per "
+        "machine): single steps, "
+        f"then rounds scoring 2..{n_max} tokens" + (" after draft steps" if draft else ""))
+    try:
+        costs = _time_loop(target, draft, n_max, interrupted=interrupted)
+    except Interrupted:
+        target.reset()
+        if draft is not None:
+            draft.reset()
+        raise
+    return replace(costs, seconds=time.perf_counter() - start)
+
+
+def _warm_up(model: OVModel, n_max: int) -> None:
+    """Run each shape once, untimed: the plugin's first call of a shape costs much more than later ones."""
+    model.reset()
+    model.forward(_ids(CONTEXT_TOKENS))
+    for n in range(1, n_max + 1):
+        model.forward(_ids(n), logits_to_keep=n)
+        model.rollback(CONTEXT_TOKENS)
+    model.reset()
+
+
+def _time_loop(target: OVModel, draft: OVModel | None, n_max: int, sizes: list[int] | None = None,
+               untimed: int = UNTIMED, repeats: int = REPEATS, interrupted=lambda: False) -> CostModel:
+    """Time every call shape the way the decoding loop makes it (see the module's docstring), or only `sizes` (2 and
+    n_max among them; the others interpolated), `untimed` + `repeats` calls of each; every shape has run once already
+    (_warm_up)."""
+    sizes = sorted(set(sizes or range(2, n_max + 1)) | {2, n_max})
+    target_prefill, target_rollback = _time_prefill(target, repeats), []
+    fields = {}
+    if draft is not None:
+        fields["draft_prefill_tps"] = _time_prefill(draft, repeats)
+        draft.forward(_ids(CONTEXT_TOKENS))
+    target.forward(_ids(CONTEXT_TOKENS))
+
+    # t(1), once now and once after the rounds: the lower is kept (load only adds time)
+    steps = [_time_steps(target, untimed, repeats)]
+    target_rollback.append(_timed_rollback(target, CONTEXT_TOKENS))
+    calls, draft_steps, draft_pairs, draft_rollback = [], [], [], []
+    for n in sizes:  # t(n): a round's pattern, a few draft steps then the verify call
+        if interrupted():
+            raise Interrupted(f"measuring stopped before calls of {n} tokens")
+        timed = []
+        for i in range(untimed + repeats):
+            if draft is not None:
+                for _ in range(min(n - 1, ROUND_DRAFT_STEPS)):
+                    draft.forward(_ids(1))
+                    if i >= untimed:
+                        draft_steps.append(draft.last_call_s)
+            target.forward(_ids(n), logits_to_keep=n)
+            if i >= untimed:
+                timed.append(target.last_call_s)
+            target_rollback.append(_timed_rollback(target, CONTEXT_TOKENS))
+            if draft is not None:
+                draft_rollback.append(_timed_rollback(draft, CONTEXT_TOKENS))
+                if n == 2 and i >= untimed:  # after a fully accepted round the draft is fed two tokens
+                    draft.forward(_ids(2))
+                    draft_pairs.append(draft.last_call_s)
+                    draft.rollback(CONTEXT_TOKENS)
+        calls.append(statistics.median(timed))
+    steps.append(_time_steps(target, untimed, repeats))
+    calls = [min(steps)] + _interpolated(sizes, calls, n_max)
+    target.reset()
+    if draft is not None:
+        draft.reset()
+        fields.update(draft_s=(statistics.median(draft_steps), statistics.median(draft_pairs)),
+                      draft_rollback_s=statistics.median(draft_rollback))
+    return CostModel(target_s=monotone(calls), target_prefill_tps=target_prefill,
+                     target_rollback_s=statistics.median(target_rollback), cpu=machine.cpu_name(),
+                     measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"), **fields)
+
+
+def _interpolated(sizes: list[int], seconds: list[float], n_max: int) -> list[float]:
+    """t(2) .. t(n_max) from the timed `sizes` (ascending, 2 and n_max among them), straight lines between them."""
+    out = []
+    for n in range(2, n_max + 1):
+        upper = next(i for i, size in enumerate(sizes) if size >= n)
+        if sizes[upper] == n:
+            out.append(seconds[upper])
+            continue
+        (a, ta), (b, tb) = (sizes[upper - 1], seconds[upper - 1]), (sizes[upper], seconds[upper])
+        out.append(ta + (tb - ta) * (n - a) / (b - a))
+    return out
+
+
+def _time_steps(model: OVModel, untimed: int = UNTIMED, repeats: int = REPEATS) -> float:
+    """Median seconds of a single-token call made as the autoregressive lane makes them: one after another, the
+    context growing (the first `untimed` are left out: a change of shape makes them slow)."""
+    steps = []
+    for i in range(untimed + repeats):
+        model.forward(_ids(1))
+        if i >= untimed:
+            steps.append(model.last_call_s)
+    return statistics.median(steps)
+
+
+def _time_prefill(model: OVModel, repeats: int = REPEATS) -> float:
+    """Prompt tokens per second: the fastest of `repeats` prefills of PREFILL_TOKENS."""
+    rates = []
+    for _ in range(repeats):
+        model.reset()
+        model.forward(_ids(PREFILL_TOKENS))
+        rates.append(PREFILL_TOKENS / model.last_call_s)
+    model.reset()
+    return max(rates)
+
+
+def _timed_rollback(model: OVModel, length: int) -> float:
+    start = time.perf_counter()
+    model.rollback(length)
+    return time.perf_counter() - start
+
+
+
+def _ids(n: int) -> list[int]:
+    # Ordinary token ids (common sub-words in any large vocabulary); their values do not change the cost.
+    return [(1000 + 37 * i) % 30000 + 100 for i in range(n)]
+
+
+def describe_key(target: OVModel, draft: OVModel | None, n_max: int) -> dict:
+    """What a cost model depends on: the models and how they are compiled, the CPU, OpenVINO, the calls timed (n_max,
+    at least N_MAX, as measure times them)."""
+    import openvino as ov
+
+    def model_key(model: OVModel) -> dict:
+        xml = model.folder / "openvino_model.xml"
+        return {"folder": str(model.folder.resolve()), "modified": xml.stat().st_mtime if xml.is_file() else 0,
+                **asdict(model.settings), "head_tokens": model.head_tokens}
+
+    return {
+        "version": COSTS_VERSION,
+        "target": model_key(target),
+        "draft": model_key(draft) if draft is not None else None,
+        "cpu": machine.cpu_name(),
+        "cpu_features": machine.cpu_features(),
+        "openvino": ov.get_version(),
+        "n_max": max(n_max, N_MAX),
+    }
+
+
+def cost_key(description: dict) -> str:
+    """The machine profile's key for the costs (and batching noise) of the compiled models `description`
+    (describe_key) names."""
+    return hashlib.sha256(strict_json.dumps(description, sort_keys=True).encode()).hexdigest()[:16]

@@ -1,0 +1,227 @@
+"""What tune chose for this machine: the machine profile's `tune` section, holding each model's compile setting (by
+source, precision and device) and each draft model's plan. Pure functions over that section (a dict): the profile
+(specdemo/learning/profile/__init__.py) reads it wherever a model is compiled (ours, GenAI's lane, the bench's peers) and
+applies it where the settings leave the choice open; `python -m specdemo tune` (specdemo/learning/tune.py, the measuring) and
+the draft plan write it through `with_tune`.
+
+    {"models": {model_key: {setting, seconds, relative, tuned_at[, from]}},
+     "drafts": {draft_key: {precision, head_tokens, options, planned_at}},
+     "faithful": {target source: {precision, seconds: {precision: step s}, chosen_at}},
+     "trials": [the last tune's trials], "changed_ns": when a choice last changed}
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, replace
+
+from specdemo.learning.draft_choice import PRECISIONS, choose, from_dict
+from specdemo.models import sources
+from specdemo.settings import AUTO, DRAFT_PRECISION, FAITHFUL, FAITHFUL_PRECISIONS, ModelSettings
+
+FROM_PLAN = "the draft plan"  # marks a compile setting a precision got from the draft plan, not from its own search
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What tune varies for one model."""
+
+    dynamic_quantization_group_size: int  # 0: off; -1: the plugin's own (32 in OpenVINO 2024–2026)
+    inference_precision: str  # f32, bf16, f16; "": ours (f32 on the CPU: compat.compile_config)
+    kv_cache_precision: str  # f32, f16, u8; "": ours (f32 on the CPU)
+    num_threads: int = 0  # 0: every core
+
+    def apply(self, base: ModelSettings) -> ModelSettings:
+        return replace(base, **asdict(self))
+
+    def describe(self) -> str:
+        group = self.dynamic_quantization_group_size
+        text = "dyn. quant. default" if group == -1 else f"group {group}" if group else "no dyn. quant."
+        threads = f", {self.num_threads} threads" if self.num_threads else ""
+        return f"{text}, {self.inference_precision or 'f32'}, KV {self.kv_cache_precision or 'f32'}{threads}"
+
+
+# What a compile gets without tune, in the very settings an untuned compile has, so that a pair tune leaves at the
+# defaults is the pair the page compiled and measured already (the same cost curve, batching noise and acceptance keys).
+DEFAULT = Setting(-1, "", "")
+
+
+REFERENCE = Setting(0, "f32", "f32")  # the fidelity reference: no dynamic quantization
+
+
+def model_key(settings: ModelSettings) -> str:
+    # Compile settings are chosen on the full head and serve every head size (the head is one MatMul of many).
+    return f"{settings.source}/{settings.precision}/{settings.device}/head0"
+
+
+def draft_key(settings: ModelSettings) -> str:
+    # One draft plan per draft model and device: its options span the precisions and head sizes it priced.
+    return f"{settings.source}/{settings.device}"
+
+
+def searched(draft: ModelSettings) -> ModelSettings:
+    """The draft whose compile settings tune searches: an auto precision searches DRAFT_PRECISION (the draft plan then
+    prices the other precisions under the same setting)."""
+    return replace(draft, precision=DRAFT_PRECISION) if draft.precision == AUTO else draft
+
+
+def planned_options(settings: ModelSettings, tune: dict) -> list:
+    """The draft plan's priced options for this draft model on this machine (none: no plan yet, or not on the CPU)."""
+    entry = _entry("drafts", draft_key(settings), tune) if settings.device.upper().startswith("CPU") else None
+    try:
+        return [from_dict(o) for o in entry["options"]] if entry else []
+    except (KeyError, TypeError, ValueError):
+        return []
+
+
+def resolve_precision(settings: ModelSettings, tune: dict) -> ModelSettings:
+    """`settings` with a faithful precision replaced by this machine's faithful layout (resolve_faithful) and an auto
+    one by the draft plan's choice where its IR is prepared, else by DRAFT_PRECISION; an explicit precision is kept."""
+    return resolve_draft(resolve_faithful(settings, tune), tune, heads=False)
+
+
+def resolve_faithful(settings: ModelSettings, tune: dict) -> ModelSettings:
+    """`settings` with a faithful precision replaced by the layout this machine chose (target_choice), or, before it
+    chose or where its choice is not prepared, by the first of FAITHFUL_PRECISIONS that is prepared (nothing to
+    convert), else the first of them; any other precision is kept."""
+    if settings.precision != FAITHFUL:
+        return settings
+    if not sources.is_gguf(settings.source):  # a GGUF layout needs a GGUF: INT8 is the faithful one of any other source
+        return replace(settings, precision="int8")
+    chosen = (_entry("faithful", settings.source, tune) or {}).get("precision")
+    order = sorted(FAITHFUL_PRECISIONS, key=lambda p: p != chosen)  # the choice first, then the quickest to prepare
+    ready = [p for p in order if sources.is_prepared(replace(settings, precision=p))]
+    return replace(settings, precision=(ready or order)[0])
+
+
+def faithful_choice(target: ModelSettings, tune: dict) -> dict | None:
+    """This machine's faithful choice for the target's source ({precision, seconds, chosen_at}), None before it chose."""
+    return _entry("faithful", target.source, tune) if target.precision == FAITHFUL else None
+
+
+def with_faithful(tune: dict, target: ModelSettings, precision: str, seconds: dict[str, float]) -> dict:
+    """The tune section with `precision` chosen as the faithful layout of the target's source (`seconds`: each raced
+    layout's single step here); a new stamp, so a running page compiles the choice."""
+    entry = {"precision": precision, "seconds": seconds, "chosen_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    return {**tune, "faithful": {**tune.get("faithful", {}), target.source: entry}, "changed_ns": time.time_ns()}
+
+
+def resolve_draft(settings: ModelSettings, tune: dict, heads: bool = True) -> ModelSettings:
+    """The draft plan's choice where `settings` leave it open: an auto precision, among the prepared precisions, and
+    a head size of -1 (draft_choice.choose); without a plan, DRAFT_PRECISION and the full head."""
+    options = planned_options(settings, tune) if settings.precision == AUTO or settings.head_tokens == -1 else []
+    choice = None
+    if settings.precision == AUTO:
+        ready = [o for o in options if sources.is_prepared(replace(settings, precision=o.precision))]
+        choice = choose(ready, AUTO, settings.head_tokens)
+        settings = replace(settings, precision=choice.precision if choice else DRAFT_PRECISION)
+    if heads and settings.head_tokens == -1:
+        if choice is None or choice.precision != settings.precision:
+            choice = choose(options, settings.precision)
+        settings = replace(settings, head_tokens=choice.head_tokens if choice else 0)
+    return settings
+
+
+def chosen(settings: ModelSettings, tune: dict) -> Setting | None:
+    """The setting tune chose for this model on this machine (a faithful target: for its layout here), or None."""
+    entry = _entry("models", model_key(resolve_faithful(settings, tune)), tune)
+    try:
+        return Setting(**entry["setting"]) if entry else None
+    except (KeyError, TypeError):
+        return None
+
+
+def gain(settings: ModelSettings, tune: dict) -> str:
+    """What tune's choice bought this model, in words ("tuned at 22:41: 24% faster than the defaults"), or "" if
+    untuned."""
+    entry = _entry("models", model_key(resolve_faithful(settings, tune)), tune)
+    if not entry:
+        return ""
+    when = f" at {entry['tuned_at'][11:16]}" if len(entry.get("tuned_at") or "") >= 16 else ""
+    ratio = entry.get("relative")
+    if not isinstance(ratio, (int, float)) or ratio != ratio:  # null (NaN before): the defaults were not timed
+        return f"tuned{when}"
+    return f"tuned{when}: {abs(1 - ratio):.0%} {'faster' if ratio < 1 else 'slower'} than the defaults" \
+        if abs(1 - ratio) >= 0.01 else f"tuned{when}: the defaults were fastest"
+
+
+def stamp(tune: dict) -> int:
+    """When a choice last changed (ns since the epoch), 0 before any: what was compiled before a later stamp is stale
+    (ui/engines.py compiles it again between visitors' runs)."""
+    value = tune.get("changed_ns", 0)
+    return value if isinstance(value, int) else 0
+
+
+def record(draft: ModelSettings, tune: dict) -> dict:
+    """What the tune holds, for a benchmark's record: every trial of the last tune (settings × times) and the draft
+    plan of `draft` (its options), or {} when the machine is not tuned."""
+    if not tune.get("trials"):
+        return {}
+    plan = tune.get("drafts", {}).get(draft_key(draft)) if isinstance(tune.get("drafts"), dict) else None
+    return {"trials": tune["trials"], "draft_plan": plan if isinstance(plan, dict) else None}
+
+
+def _entry(section: str, key: str, tune: dict) -> dict | None:
+    """One entry of the tune, or None (none yet; a damaged one only loses the choice)."""
+    entries = tune.get(section)
+    entry = entries.get(key) if isinstance(entries, dict) else None
+    return entry if isinstance(entry, dict) else None
+
+
+def apply(settings: ModelSettings, tune: dict) -> ModelSettings:
+    """`settings` with tune's choice for this machine where they leave the choice open (the defaults: an auto draft
+    precision, no precision hint, no KV precision, the plugin's group size, every core, the head size left at -1).
+    Explicit settings win."""
+    cpu = settings.device.upper().startswith("CPU")
+    settings = resolve_draft(resolve_faithful(settings, tune), tune)
+    setting = chosen(settings, tune) if cpu else None
+    if setting is None:
+        return settings
+    return replace(settings,
+                   dynamic_quantization_group_size=(setting.dynamic_quantization_group_size
+                                                    if settings.dynamic_quantization_group_size == -1
+                                                    else settings.dynamic_quantization_group_size),
+                   inference_precision=settings.inference_precision or setting.inference_precision,
+                   kv_cache_precision=settings.kv_cache_precision or setting.kv_cache_precision,
+                   num_threads=settings.num_threads or setting.num_threads)
+
+
+def with_tune(tune: dict, trials: list, settings: dict[str, ModelSettings], drafts: list | None = None) -> dict:
+    """The tune section with the chosen setting of each model and the draft plan kept (and every trial, for the
+    record). The draft's other precisions the plan priced get the draft's setting too (they were measured under it),
+    unless tuned on their own."""
+    models = dict(tune.get("models", {}))
+    # an auto draft was searched as int4, a faithful target at its layout here
+    settings = {role: searched(resolve_faithful(model, tune)) for role, model in settings.items()}
+    now = time.strftime("%Y-%m-%dT%H:%M:%S")
+    for trial in trials:
+        if trial.chosen:
+            models[model_key(settings[trial.role])] = {"setting": asdict(trial.setting), "seconds": trial.seconds,
+                                                       "relative": trial.relative, "tuned_at": now}
+    tune = {**tune, "models": models, "changed_ns": time.time_ns()}
+    if drafts:
+        from specdemo.learning.draft_choice import to_dict
+
+        best = next(o for o in drafts if o.chosen)
+        tune["drafts"] = {**tune.get("drafts", {}), draft_key(settings["draft"]): {
+            "precision": best.precision, "head_tokens": best.head_tokens, "options": [to_dict(o) for o in drafts],
+            "planned_at": now}}
+        measured_under = models.get(model_key(settings["draft"]))
+        for option in drafts:
+            key = model_key(replace(settings["draft"], precision=option.precision))
+            own = models.get(key)  # a setting tuned for this precision itself stays
+            if measured_under and (own is None or own.get("from") == FROM_PLAN):
+                models[key] = {**measured_under, "relative": float("nan"), "from": FROM_PLAN}
+    if trials:  # a draft plan alone keeps the tune's record
+        tune["trials"] = [{**asdict(t), "setting": asdict(t.setting)} for t in trials]
+    return tune
+
+
+def needs_plan(draft: ModelSettings, tune: dict) -> bool:
+    """Whether the draft plan is missing something a draft left to it could run: no plan yet, or a prepared precision
+    it did not price."""
+    if draft.precision != AUTO and draft.head_tokens != -1:
+        return False
+    priced = {o.precision for o in planned_options(draft, tune)}
+    precisions = PRECISIONS if draft.precision == AUTO else (draft.precision,)
+    return not priced or any(p not in priced and sources.is_prepared(replace(draft, precision=p)) for p in precisions)

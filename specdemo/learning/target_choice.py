@@ -1,0 +1,76 @@
+"""Which faithful layout a target left to this machine runs here (precision FAITHFUL, the default target's).
+
+The full-fidelity layouts (settings.FAITHFUL_PRECISIONS: the GGUF's own Q4_K blocks with its Q6_K per channel in 8
+bits, and NNCF's INT8 per channel) keep the GGUF's greedy choices about as well as each other (`bench --only
+fidelity`), so the one to run is the one whose single step is fastest here: the autoregressive lane is the page's
+baseline, and a slow baseline flatters the speedup. Which one that is depends on the CPU plugin's kernels for the
+CPU: INT8 on the 2-core AMX Xeon (gguf-mixed's step 1.10-1.15x INT8's), gguf-mixed on a 2-core Zen 4 (our
+autoregressive lane at 0.67x llama.cpp's rate against INT8's 0.57x).
+
+So `python -m specdemo tune` runs `choose` before it tunes the target: each layout prepared (tens of seconds from the
+GGUF), compiled with its own compile setting (the defaults until tuned), and the two single steps raced as the
+autoregressive lane makes them (race.race with race.sample_step); the challenger replaces the layout the page ran
+first only when clearly MARGIN faster. The choice and both step times are kept in the machine profile
+(Profile.keep_faithful) and read wherever a target is resolved (profile.choices.resolve_faithful).
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import replace
+from typing import Callable
+
+from specdemo.learning.race import race, sample_step
+from specdemo.models import sources
+from specdemo.settings import FAITHFUL, FAITHFUL_PRECISIONS, ModelSettings
+
+
+def choose(target: ModelSettings, log: Callable[[str], None] = print, profile=None, compile=None, timer=None) -> str:
+    """The faithful layout `target` (precision FAITHFUL) runs on this machine, raced and kept in the profile.
+    `compile(settings)` (a compile admitted by memory, or None when memory does not allow it; default: the layout
+    prepared, then tune.compiled_in_bound) and `timer(incumbent, challenger) -> race.Verdict` (default: race.race on single steps) are
+    what tests replace."""
+    from specdemo.learning.profile import machine_profile
+
+    assert target.precision == FAITHFUL
+    profile = profile or machine_profile()
+    compile = compile or (lambda settings: _compiled(settings, log))
+    timer = timer or (lambda incumbent, challenger: race(incumbent, challenger, None, sample_step))
+    incumbent = profile.resolve_precision(target).precision  # what the page ran until now
+    log(f"target: the faithful layout, {incumbent} (running) against "
+        f"{', '.join(p for p in FAITHFUL_PRECISIONS if p != incumbent)}: each one's single step, raced")
+    held = compile(profile.resolve(replace(target, precision=incumbent)))
+    if held is None:
+        log("target: memory does not allow the faithful layouts' race now; the running one stays")
+        return incumbent
+    seconds = {}
+    for precision in FAITHFUL_PRECISIONS:
+        if precision == incumbent:
+            continue
+        challenger = compile(profile.resolve(replace(target, precision=precision)))
+        if challenger is None:
+            log(f"target: {precision} skipped (memory); {incumbent} stays")
+            continue
+        verdict = timer(held, challenger)
+        seconds.update({incumbent: verdict.incumbent_s, precision: verdict.challenger_s})
+        log(f"target: {precision}'s single step takes {verdict.ratio:.2f}x {incumbent}'s ({verdict.low:.2f}-"
+            f"{verdict.high:.2f}, {verdict.pairs} pairs): " + ("faster, it runs from now on" if verdict.faster
+                                                              else f"not clearly faster, {incumbent} stays"))
+        if verdict.faster:
+            incumbent, held = precision, challenger
+        del challenger
+        gc.collect()
+    del held
+    gc.collect()
+    profile.keep_faithful(target, incumbent, seconds)
+    return incumbent
+
+
+def _compiled(settings: ModelSettings, log: Callable[[str], None]):
+    """The layout prepared (converted from the GGUF when missing, in a child that waits for memory itself), then
+    compiled once memory allows it (tune.compiled_in_bound), or None."""
+    from specdemo.learning import tune
+
+    sources.prepare(settings)  # its stages on the standard output, as `prepare` prints them
+    return tune.compiled_in_bound(settings, f"compiling the target at {settings.precision}, for the faithful layout", log,
+                                  fresh=True)

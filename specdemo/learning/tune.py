@@ -1,0 +1,451 @@
+"""Compile settings chosen per machine by measurement: `python -m specdemo tune`.
+
+Which kernels OpenVINO's CPU plugin runs depends on the CPU and on the weights, so no setting is best everywhere, and
+most settings cannot win on a given CPU class at all. Its source (OpenVINO 2025–2026, intel_cpu) says which:
+
+* dynamic quantization of activations (the int8 dot-product kernels) needs VNNI (avx512_vnni or avx_vnni), f32
+  activations and 8- or 4-bit weights; its group must be a multiple of 16, and a group that does not divide the
+  weights' own groups (a GGUF's Q6_K blocks of 16, Q4_K of 32, NNCF's 128) or the rows falls to the slow path;
+* bf16 or f16 inference turns dynamic quantization off, and with 8- or 4-bit weights on a VNNI CPU the int8 kernels
+  win even where AMX runs bf16 (on the AMX Xeon bf16 took 2.0 times as long for the INT8 target, 1.7 times for the
+  INT4 draft; on a Zen 5 it also parted the lanes 3 times as often): bf16 (avx512_bf16, amx_bf16) and f16
+  (avx512_fp16, amx_fp16) are raced only where dynamic quantization cannot run anyway (f16 weights, no VNNI);
+* a KV-cache precision changes only the bytes a call reads from the cache: at the CONTEXT tokens a race runs, an
+  f32 cache is under 1.5 % of the default pair's weights, so u8 or f16 cannot be MARGIN faster there (f16 without
+  avx512_fp16 is slower still);
+* threads only where there are cores to spare (4 or more).
+
+So `challengers` races, from our defaults and one setting at a time, only what can win here (the rules are tested on
+an AMX Xeon's, a Zen 4's and an AVX2-only EPYC's flags: tests/test_tune.py):
+
+* each challenger is compiled and checked for fidelity: its greedy choices, teacher forced over built-in answers
+  (assets/calibration.json), must equal the reference compile's (f32, no dynamic quantization) wherever the
+  reference is not at a near-tie;
+* a faithful one races the incumbent in the loop's own call pattern (specdemo/learning/race.py: a sequential test on paired
+  samples that stops once the leader is clear) and replaces it only when clearly MARGIN faster; groups are tried
+  largest first, and the first that is not faster ends its dimension (a smaller group does more work per row);
+* the chosen pair must still give greedy speculative output equal to autoregressive output.
+
+Every compile goes through OpenVINO's compiled-model cache (SPECDEMO_HOME/ov_cache, the page's): the CPU plugin's
+blob holds the graph, and the settings tune varies (group, precision, KV cache, threads) are applied as it is
+imported, so one blob serves every candidate (checked: the same logits as a fresh compile). An import is faster and
+holds 0.7 GiB less than a fresh compile of the 1.5B target (the graph's fused weights stay in the blob). The incumbent's
+compile is held across dimensions and a winner's is kept, so no setting is compiled twice.
+
+Memory is bounded (specdemo/host/memory.py): the tune waits for room for its whole peak (memory.tune_need) before it
+compiles anything, then holds at most two compiles of a model (the incumbent and one challenger) beside the other
+model, each admitted before it is compiled; a tune memory does not allow ends with memory.Short (exit memory.SKIPPED).
+
+The choice is kept in the machine profile (specdemo/learning/profile: Profile.keep_tune, read by Profile.resolve) and applied
+to every compile of these models (ours, GenAI's lane in the page, the bench's GenAI peers), so comparisons stay like
+for like; the cost model is measured again under it.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from specdemo.learning import builtin, identity
+from specdemo.models import sources
+from specdemo.host import machine, memory
+from specdemo.results.fidelity import teacher_forced_logits
+from specdemo.learning.profile import machine_profile
+from specdemo.learning.profile.choices import DEFAULT, REFERENCE, Setting, searched
+from specdemo.learning.race import CONTEXT, MARGIN, PIECE, alone, race, sample_draft, sample_target
+from specdemo.settings import ModelSettings
+
+GROUP_SIZES = (16, 32, 64, 128, 256)  # dynamic quantization's groups: multiples of the kernels' 16 lanes (0: off)
+PLUGIN_GROUP = 32  # the group the CPU plugin takes when a compile leaves it (-1, as DEFAULT does)
+KV_PRECISIONS = ("f32", "u8", "f16")
+FAITHFUL = 0.99  # share of the reference's decided (not near-tie) greedy choices a candidate must keep
+DIMENSIONS = ("dynamic_quantization_group_size", "inference_precision", "kv_cache_precision", "num_threads")
+DIMENSION_NAMES = {"dynamic_quantization_group_size": "dynamic-quantization group size",
+                   "inference_precision": "inference precision", "kv_cache_precision": "KV-cache precision",
+                   "num_threads": "threads"}
+
+
+@dataclass(frozen=True)
+class CPU:
+    """What the CPU offers the plugin's kernels, from its flags (/proc/cpuinfo), and the cores this process may use."""
+
+    flags: frozenset[str]
+    cores: int
+
+    @staticmethod
+    def here() -> "CPU":
+        return CPU(frozenset(machine.cpu_features() + _extra_flags()), machine.usable_cores())
+
+    @property
+    def vnni(self) -> bool:
+        """int8 dot products: what dynamic quantization's kernels need (oneDNN's avx512_core_vnni or avx2_vnni)."""
+        return bool({"avx512_vnni", "avx_vnni"} & self.flags)
+
+    def describe(self) -> str:
+        """The CPU's class in words, e.g. "AVX-512 with VNNI and BF16, no AMX"."""
+        if "amx_bf16" in self.flags:
+            return "AMX" + (" with FP16" if "amx_fp16" in self.flags else "")
+        if "avx512f" in self.flags:
+            extras = [name for flag, name in (("avx512_vnni", "VNNI"), ("avx512_bf16", "BF16")) if flag in self.flags]
+            return f"AVX-512{' with ' + ' and '.join(extras) if extras else ''}, no AMX"
+        return "AVX2" + (" with VNNI" if "avx_vnni" in self.flags else " without VNNI")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a model's IR holds that the rules read."""
+
+    compressed: bool  # some weights are in 8 or 4 bits (dynamic quantization applies to those only)
+    groups: frozenset[int]  # the group sizes of its grouped weights (none: per channel, or not compressed)
+    rows: frozenset[int]  # the lengths of its compressed weights' rows (the MatMuls' inputs)
+    kv_share: float  # an f32 KV cache of race.CONTEXT tokens over the weights' bytes
+
+    @staticmethod
+    def of(folder: Path) -> "Layout":
+        """Read from the IR's XML (each constant's element type and shape) and config.json."""
+        shapes = [(kind, [int(n) for n in shape.split(",")]) for kind, shape in
+                  re.findall(r'<data element_type="(u4|i4|u8|i8|nf4)" shape="([0-9, ]+)"', (folder / "openvino_model.xml")
+                             .read_text(errors="replace"))]
+        weights = [shape for _, shape in shapes if len(shape) >= 2 and shape[-1] > 1]  # zero points end in 1
+        config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
+        heads = config.get("num_attention_heads", 1)
+        per_token = 2 * 4 * config.get("num_hidden_layers", 0) * config.get("num_key_value_heads", heads) * \
+            config.get("head_dim", config.get("hidden_size", 0) // heads)  # keys and values, f32
+        size = (folder / "openvino_model.bin").stat().st_size if (folder / "openvino_model.bin").is_file() else 0
+        return Layout(bool(weights), frozenset(s[-1] for s in weights if len(s) >= 3),
+                      frozenset(math.prod(s[1:]) for s in weights), per_token * CONTEXT / size if size else 0.0)
+
+    def groups_allowed(self) -> list[int]:
+        """The dynamic-quantization groups that divide every group of the weights and every row, smallest first."""
+        return [g for g in GROUP_SIZES if all(w % g == 0 for w in self.groups) and all(r % g == 0 for r in self.rows)]
+
+
+def challengers(current: Setting, dimension: str, cpu: CPU, layout: Layout) -> list[Setting]:
+    """The settings that can beat `current` in `dimension` on this CPU class with these weights, the most promising
+    first; none: nothing to race there (the module's docstring says why)."""
+    group = current.dynamic_quantization_group_size if current.dynamic_quantization_group_size != -1 else PLUGIN_GROUP
+    if dimension == "dynamic_quantization_group_size":
+        if not (cpu.vnni and layout.compressed and current.inference_precision in ("", "f32")):
+            return []
+        allowed = layout.groups_allowed()
+        values = [g for g in reversed(allowed) if g > group or group not in allowed]
+    elif dimension == "inference_precision":
+        quantizes = cpu.vnni and layout.compressed  # bf16 and f16 would switch dynamic quantization off
+        values = [] if quantizes else [p for p, flags in (("bf16", {"avx512_bf16", "amx_bf16"}),
+                                                          ("f16", {"avx512_fp16", "amx_fp16"})) if flags & cpu.flags]
+    elif dimension == "kv_cache_precision":
+        values = (["u8"] + (["f16"] if "avx512_fp16" in cpu.flags else [])) if layout.kv_share >= MARGIN else []
+    else:
+        values = [cpu.cores - 1] if cpu.cores >= 4 else []
+    return [replace(current, **{dimension: value}) for value in values if value != getattr(current, dimension)]
+
+
+def nothing_to_race(cpu: CPU, layout: Layout) -> bool:
+    """Whether no dimension offers the defaults a challenger here (an AVX2-only CPU without VNNI, on 2 cores)."""
+    return not any(challengers(DEFAULT, dimension, cpu, layout) for dimension in DIMENSIONS)
+
+
+@dataclass
+class Trial:
+    """One candidate setting of one model, as tune found it."""
+
+    role: str  # "target" or "draft"
+    setting: Setting
+    seconds: float = float("nan")  # the score: target t(1) + its verify calls' (race.VERIFY_SIZES); draft: a step in a round
+    relative: float = float("nan")  # its score over the defaults', chained through the races it and they ran in
+    agreement: float = float("nan")  # share of the reference's decided greedy choices kept
+    parting_rate: float = float("nan")  # per 1,000 positions: verify calls choosing another token than single steps
+    parting_positions: int = 0  # the positions that rate was counted over
+    faithful: bool = False
+    chosen: bool = False
+
+
+@dataclass
+class Probe:
+    """The reference's greedy choices over one built-in answer, and where it was decided (not at a near-tie)."""
+
+    prompt: list[int]
+    text: list[int]
+    choices: np.ndarray
+    decided: np.ndarray  # bool: the reference's top-2 margin was at least NEAR_TIE_LOGIT_GAP
+
+
+def probes_of(model, tokenizer, examples: list[dict]) -> list[Probe]:
+    """Teacher-forced greedy choices and margins of the reference compile over each example's answer."""
+    from specdemo.decoding.verification import NEAR_TIE_LOGIT_GAP
+
+    out = []
+    for example in examples:
+        prompt, text = encode(tokenizer, example)
+        logits = teacher_forced_logits(model, prompt, text, PIECE)  # (len - 1, V)
+        top2 = np.partition(logits, -2, axis=-1)[:, -2:]
+        out.append(Probe(prompt, text, logits.argmax(axis=-1), (top2[:, 1] - top2[:, 0]) >= NEAR_TIE_LOGIT_GAP))
+    return out
+
+
+def encode(tokenizer, example: dict) -> tuple[list[int], list[int]]:
+    """A built-in example as (prompt ids with the chat template, answer ids)."""
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": example["instruction"]}],
+                                         add_generation_prompt=True, tokenize=False)
+    return tokenizer.encode(chat, add_special_tokens=False), tokenizer.encode(example["answer"], add_special_tokens=False)
+
+
+def agreement(model, probes: list[Probe]) -> float:
+    """The share of the reference's decided greedy choices this compile makes too."""
+    kept = total = 0
+    for probe in probes:
+        choices = teacher_forced_logits(model, probe.prompt, probe.text, PIECE).argmax(axis=-1)
+        kept += int(((choices == probe.choices) & probe.decided).sum())
+        total += int(probe.decided.sum())
+    return kept / total if total else 1.0
+
+
+def compile_model(settings: ModelSettings, tokenizer=None, profiled: bool = False):
+    """A compile for measuring. The full head goes through the compiled-model cache the page's compiles use (one blob
+    per graph serves every setting tune varies); a head size above 0 trims the LM head (needs the `tokenizer`), a
+    graph compiled once here, without the cache; profiled turns the per-node counters on."""
+    from specdemo.models import vocab
+    from specdemo.models.runtime import OVModel
+
+    folder = sources.prepare(settings)
+    config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
+    head = vocab.head_for(tokenizer, settings.head_tokens, config, sources.specdemo_home() / "vocab")
+    cache = sources.specdemo_home() / "ov_cache" if head is None else None
+    return OVModel(folder, settings, cache_dir=cache, head_ids=head, profiled=profiled)
+
+
+def compiled_in_bound(settings: ModelSettings, what: str, log, tokenizer=None, fresh: bool = False):
+    """compile_model once memory allows it (memory.wait_for, which says so when it waits or gives up); else None.
+    `fresh`: the first compile of its graph, which holds more than an import of its blob (memory.compile_need)."""
+    if not memory.wait_for(memory.compile_need(sources.weights_bytes(settings), fresh), what, log):
+        return None
+    return compile_model(settings, tokenizer)
+
+
+def admitted(settings: ModelSettings, what: str, log, tokenizer=None, fresh: bool = False):
+    """compiled_in_bound, or memory.Short when memory does not allow the compile."""
+    model = compiled_in_bound(settings, what, log, tokenizer, fresh)
+    if model is None:
+        raise memory.Short(f"memory does not allow {what}; `python -m specdemo tune` tries again")
+    return model
+
+
+def search(role: str, base: ModelSettings, other, probes: list[Probe], log, cpu: CPU, layout: Layout,
+           compile=None, fidelity=None, timer=None, parting=None, admit=None) -> tuple[list[Trial], object]:
+    """Coordinate descent over DIMENSIONS from DEFAULT for one model, racing only `challengers`; every trial (the chosen
+    one marked) and the chosen setting's compile (None when nothing was raced). `compile`, `fidelity` and
+    `timer(incumbent, challenger, other) -> race.Verdict` default to compiling for real, `agreement` and the role's
+    race; `admit(what)` whether memory allows one more compile (for real compiles, memory.wait_for
+    memory.compile_need of `base`).
+
+    Two compiles of the model at a time: the incumbent's compile is held from dimension to dimension; each challenger
+    is compiled, checked and raced against it alone, then let go, unless it wins, when it is held instead (a 1.5B
+    target holds 1.6 GiB a compile: six at once took 11 GiB). A challenger's time is a ratio to the incumbent's in
+    their own race, chained to the defaults through the incumbents, so the drift of a shared machine between races
+    cancels. A challenger memory does not allow is skipped, and the log says so.
+
+    `parting` (model -> fidelity.BatchingNoise, identity.judge), for a target whose greedy lanes must stay identical: a
+    winner replaces the incumbent only if its parting rate (single steps against verify calls), measured on its own
+    compile while it is held, is no worse than the defaults' beyond their counting noise (identity.parts_no_more); a
+    faster one that parts more often is passed over, and the table says so."""
+    compile = compile or compile_model
+    fidelity = fidelity or agreement
+    sample = sample_target if role == "target" else sample_draft
+    timer = timer or (lambda incumbent, challenger, other: race(incumbent, challenger, other, sample))
+    if admit is None:  # real compiles wait for memory; stand-ins take none
+        need = memory.compile_need(sources.weights_bytes(base))
+        admit = (lambda what: memory.wait_for(need, what, log)) if compile is compile_model else (lambda what: True)
+
+    def compiled(trial: Trial):
+        """The trial's compile, or None when memory does not allow it."""
+        return compile(trial.setting.apply(base)) if admit(f"compiling the {role} at {trial.setting.describe()}") else None
+
+    def checked(trial: Trial, model) -> None:
+        if trial.agreement != trial.agreement:
+            trial.agreement = fidelity(model, probes)
+            log(f"  {role} {trial.setting.describe()}: keeps {trial.agreement:.1%} of the reference's greedy choices")
+        trial.faithful = trial.agreement >= FAITHFUL
+
+    best, held = Trial(role, DEFAULT, relative=1.0), None  # the incumbent and its compile
+    trials, defaults = [best], best
+    for dimension in DIMENSIONS:
+        options = [Trial(role, s) for s in challengers(best.setting, dimension, cpu, layout)]
+        if not options:
+            continue
+        if held is None:
+            held = compiled(best)
+            if held is None:
+                raise memory.Short(f"memory does not allow the {role}'s incumbent compile, which every other one "
+                                   "races; `python -m specdemo tune` tries again")
+            checked(best, held)
+        log(f"{role}: {DIMENSION_NAMES[dimension]}, {len(options)} settings, each raced against {best.setting.describe()}")
+        for trial in options:
+            trials.append(trial)
+            model = compiled(trial)
+            if model is None:
+                continue
+            checked(trial, model)
+            if not trial.faithful:  # a smaller group is more faithful: try the next
+                del model
+                gc.collect()
+                continue
+            verdict = timer(held, model, other)
+            best.seconds, trial.seconds = verdict.incumbent_s, verdict.challenger_s
+            trial.relative = best.relative * verdict.ratio
+            log(f"  {role} {trial.setting.describe()}: {trial.seconds * 1e3:.1f} ms, {verdict.ratio:.2f}× the incumbent "
+                f"({verdict.low:.2f}–{verdict.high:.2f}, {verdict.pairs} pairs; {trial.relative:.2f}× the defaults)")
+            wins = verdict.faster or not best.faithful
+            if wins and parting is not None:  # the defaults' rate only where the challenger's does not settle it
+                wins = identity.measured(trial, model, compiled, parting, log) and (
+                    identity.parts_no_more(trial, None) or
+                    identity.measured(defaults, held if best is defaults else None, compiled, parting, log) and
+                    identity.parts_no_more(trial, defaults))
+            if wins:
+                best, held = trial, model
+                break
+            del model
+            gc.collect()
+            if dimension == "dynamic_quantization_group_size":  # the smaller groups after it do more work a row
+                break
+    for trial in trials:
+        trial.chosen = trial is best
+    return trials, held
+
+
+def tune(target: ModelSettings, draft: ModelSettings, log=print, again: bool = True) -> tuple[list[Trial], list]:
+    """Choose each model's compile setting on this machine (see the module's docstring), then the draft's head size
+    (specdemo/learning/draft_choice.py); returns the trials and the draft options.
+
+    With `again` False, a draft this machine has a setting and a plan for is not searched again: only the target is
+    (another configuration's target beside the same draft, e.g. the fastest configuration's INT4), against the draft
+    as tuned, and the options come back empty (the plan stays as it was)."""
+    from transformers import AutoTokenizer
+
+    examples = builtin.code_answers()
+    cpu = CPU.here()
+    tokenizer = AutoTokenizer.from_pretrained(sources.prepare(target))
+    profile = machine_profile()
+    draft_done = not again and profile.chosen(searched(draft)) is not None and not profile.needs_plan(draft)
+    drafted = profile.resolve(draft) if draft_done else DEFAULT.apply(searched(draft))
+    wait_for_peak(target, drafted, log)
+    log(f"this CPU: {cpu.describe()} ({', '.join(sorted(cpu.flags)) or 'no notable flags'}), {cpu.cores} cores")
+    roles = [("target", target)] + ([] if draft_done else [("draft", searched(draft))])
+    trials, kept = [], {}  # kept: each role's chosen compile, while it is worth holding
+    for role, base in roles:
+        layout = Layout.of(sources.prepare(base))
+        if nothing_to_race(cpu, layout):
+            log(f"{role}: nothing can beat the defaults on this CPU (dynamic quantization needs VNNI, bf16 and f16 AMX, "
+                "a KV-cache precision a longer context, threads more cores): kept without a race")
+            trials.append(Trial(role, DEFAULT, relative=1.0, faithful=True, chosen=True))
+            continue
+        log(f"{role}: the reference (f32, no dynamic quantization), for fidelity")
+        reference = admitted(REFERENCE.apply(base), f"the {role}'s reference compile", log, fresh=True)
+        probes = probes_of(reference, tokenizer, examples)
+        del reference
+        gc.collect()
+        if role == "draft":
+            other = kept.get("target") or admitted(tune_choice(trials, "target", target), "the tuned target, beside the "
+                                                                                          "draft", log)
+        else:  # the target is timed beside the draft as this machine runs it: tuned if it is, else the defaults
+            # The draft as this machine runs it, its LM head trimmed where the plan chose so (the tokenizer says how).
+            other = admitted(drafted, "the draft, beside the target", log, tokenizer, fresh=drafted.head_tokens > 0)
+        judge = identity.judge([encode(tokenizer, e) for e in identity.examples(examples)]) \
+            if role == "target" and identity.keeps_identity(target) else None
+        found, kept[role] = search(role, base, other, probes, log, cpu, layout, parting=judge)
+        trials += found
+        del other
+        gc.collect()
+    if draft_done:
+        log("draft: tuned and planned already on this machine; kept as it is")
+        return trials, []
+    # The draft plan measures against the tuned target, its incumbent the draft as tuned.
+    target_model = kept.pop("target", None) or admitted(tune_choice(trials, "target", target), "the tuned target, for "
+                                                                                                "the draft plan", log)
+    return trials, plan_draft(tune_choice(trials, "draft"), target_model, draft, tokenizer, examples, log,
+                              incumbent=kept.pop("draft", None))
+
+
+def wait_for_peak(target: ModelSettings, draft: ModelSettings, log) -> None:
+    """Wait for room for the tune's whole peak (memory.tune_need) beside the rest of the app, what this process holds
+    already counted as its own, so that no tune starts that memory would stop halfway; memory.Short if there is none."""
+    need = memory.tune_need(sources.weights_bytes(target), sources.weights_bytes(draft))
+    if not memory.wait_for(need - memory.anonymous(os.getpid()), "the tune", log):
+        raise memory.Short(f"memory does not allow the tune (about {memory.gib(need)} at its peak); `python -m "
+                           "specdemo tune` tries again")
+
+
+def plan_draft(setting: Setting, target, draft: ModelSettings, tokenizer, examples: list[dict], log,
+               incumbent=None) -> list:
+    """The draft plan under the draft's compile `setting`: each candidate draft measured against `target` (the tuned
+    target's runtime) and priced by the planner on the target's cost curve, measured here quickly (draft_choice);
+    `incumbent`: the configured draft's compile at `setting`, if held."""
+    from specdemo.learning import draft_choice, measuring
+    from specdemo.settings import K_MAX
+
+    log("draft plan: each candidate draft's acceptance on the built-in answers and its step in a round, priced by the "
+        "planner")
+    options, incumbent = draft_choice.measure(
+        target, draft, examples, lambda example: encode(tokenizer, example), sources.is_prepared,
+        lambda settings: compiled_in_bound(setting.apply(settings), f"compiling the draft {settings.precision}, head "
+                                           f"{settings.head_tokens or 'full'}", log, tokenizer, fresh=True),
+        lambda a, b, other: race(a, b, other, sample_draft, measuring=True),
+        lambda model, other: alone(model, other, sample_draft), log,
+        incumbent)
+    log("  the target's cost curve, for pricing")
+    # Quick (a few call sizes): pricing needs the curve's shape; the chosen pair's curve is measured in full after.
+    curve = measuring.measure(target, incumbent, K_MAX + 1, log=log, quick=True)
+    best = draft_choice.price(options, curve, draft.precision)
+    log(f"  draft plan: {best.describe()} (predicted {best.predicted_speedup:.2f}× at K = {best.k})")
+    return options
+
+
+def replan_draft(target: ModelSettings, draft: ModelSettings, log=print) -> list:
+    """The draft plan alone, under the compile settings tune already chose (`tune --draft-plan`, ~2 min): for a draft
+    whose other precision was prepared after the tune, or a tune file from before the plan covered precisions."""
+    from transformers import AutoTokenizer
+
+    examples = builtin.code_answers()
+    tokenizer = AutoTokenizer.from_pretrained(sources.prepare(target))
+    profile = machine_profile()
+    wait_for_peak(target, DEFAULT.apply(searched(draft)), log)
+    tuned_target = admitted(profile.resolve(target), "the tuned target, for the draft plan", log)
+    return plan_draft(profile.chosen(searched(draft)) or DEFAULT, tuned_target, draft, tokenizer, examples, log)
+
+
+def tune_choice(trials: list[Trial], role: str, base: ModelSettings | None = None):
+    """The chosen setting of `role` among `trials`, applied to `base` when given."""
+    best = next(t for t in trials if t.role == role and t.chosen)
+    return best.setting.apply(base) if base is not None else best.setting
+
+
+def check_exact(engine, examples: list[dict], tokens: int = 48) -> str:
+    """"" when greedy speculative output equals autoregressive output on the examples under the engine's compile
+    settings (a difference allowed only where both lanes saw a near-tie, as the tests allow); else a sentence."""
+    from specdemo.results.lane import drain
+    from specdemo.settings import GenerationSettings, KPolicy
+    from specdemo.decoding.verification import NEAR_TIE_LOGIT_GAP
+
+    settings = GenerationSettings(max_new_tokens=tokens, k_policy=KPolicy.fixed(4))
+    for example in examples:
+        ar = drain(engine.autoregressive(example["instruction"], settings))
+        spec = drain(engine.speculative(example["instruction"], settings))
+        i = next((j for j, (a, b) in enumerate(zip(ar.ids, spec.ids)) if a != b), None)
+        if i is not None and max(ar.tokens[i].margin, spec.tokens[i].margin) >= NEAR_TIE_LOGIT_GAP:
+            return f"speculative output parts from autoregressive output at token {i + 1} of {example['instruction']!r}"
+    return ""
+
+
+def _extra_flags() -> list[str]:
+    """Flags tune asks about beyond machine.cpu_features (f16 arithmetic)."""
+    try:
+        flags = set(open("/proc/cpuinfo").read().split())
+    except OSError:
+        return []
+    return [f for f in ("avx512_fp16", "amx_fp16") if f in flags]

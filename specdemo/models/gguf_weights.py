@@ -1,0 +1,170 @@
+"""A GGUF file's quantized blocks, unpacked, and the two ways specdemo lays them out as OpenVINO compressed weights
+(precisions "gguf", "gguf-fused" and "gguf-mixed"; specdemo/models/gguf_import.py puts them into the graph built from the file).
+
+Notation of ggml's block formats (ggml-quants.c): d the block's scale, sc / m a sub-block's 6-bit scale and min, q the
+quantized values.
+
+    Q8_0   32 weights: d, q (8-bit signed)                  w = d·q              i8, group 32
+    Q5_0   32 weights: d, q (5-bit, offset 16)              w = d·(q − 16)       i8, group 32
+    Q6_K  256 weights: d, 16 × sc (8-bit), q (6-bit, −32)   w = d·sc·(q − 32)    i8, group 16
+    Q4_K  256 weights: d, dmin, 8 × (sc, m), q (4-bit)      w = d·sc·q − dmin·m  i4, group 32, + an offset
+
+**Exact** (precision gguf): the weights the kernels see are gguf's own dequantization up to f16 rounding of the scales.
+Q4_K's min per group is not a multiple of its scale, so it cannot be an integer zero point, and a fractional (f16)
+zero point leaves the plugin's int8 kernels for a float path ~5× slower (measured on a Zen 5). So the weight is split:
+w = s·(q − 8) + b with s = d·sc and b = 8·s − dmin·m, the first part an i4 weight with no zero point (the fast
+symmetric kernel), the second added after the MatMul as a group-sum of the activations times a small (rows, groups)
+matrix. Q6_K stays i8 in groups of 16: 9 bits a weight, as OpenVINO's CPU plugin has no 6-bit type.
+
+**Fused** (precision gguf-fused): what the CPU plugin's compressed FullyConnected takes whole, dynamic quantization
+included (u4/u8 weights with a u4/u8 zero point, or i4/i8 without one): Q4_K as u4 with a u4 zero point per group of
+32, the min rounded to the scale's grid (zp = round(dmin·m / s): an error of at most s/2 per group, the size of the
+quantization step itself, and no extra MatMul); Q6_K, the LM head and the embedding re-quantized per output channel
+to i8 (8 bits instead of 9, one scale a row: the kernel's fastest path). That is how OpenVINO GenAI's GGUF reader lays
+Q4_K and how llama.cpp's OpenVINO backend lays both; it is not the file's exact arithmetic, so bench --only fidelity
+measures what it costs against the exact blocks. On the 1.5B target it costs more than INT8 (top-1 98.6 % against
+99.6 %, mean |logit error| 0.25 against 0.055, 285 positions), and the Q4_K zero point is all of it: Q6_K, the head
+and the embedding per channel alone keep 99.6 % at 0.064.
+
+**Mixed** (precision gguf-mixed): so Q4_K as the exact layout keeps it and Q6_K, the head and the embedding per
+channel as the fused one lays them: 8 bits instead of 9 where the file has 6.56, no groups of 16 (every weight then
+divides a dynamic-quantization group of 32), the file's own Q4_K arithmetic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+SUPPORTED = ("Q4_K", "Q6_K", "Q5_0", "Q8_0")
+LAYOUTS = ("exact", "fused", "mixed")
+PER_CHANNEL = ("output.weight", "token_embd.weight")  # re-quantized per channel in the fused layout, whatever their type
+CHUNK_BYTES = 16 << 20  # f32 weights re-quantized per channel in one step
+
+
+@dataclass
+class Blocks:
+    """One tensor's weights as groups: w[r, g·G + j] = scale[r, g]·(q[r, g, j] − zero_point[r, g]) + offset[r, g]."""
+
+    q: np.ndarray  # (rows, groups, G) int8 (signed) or uint8 (with a zero point); 4-bit values fit [-8, 7] / [0, 15]
+    scale: np.ndarray  # (rows, groups) float16
+    offset: np.ndarray | None  # (rows, groups) float16 (exact Q4_K's b), or None
+    bits: int  # 4 or 8: the element type the IR stores q in
+    zero_point: np.ndarray | None = None  # (rows, groups) uint8, or None: symmetric, q signed
+
+    def dequantize(self) -> np.ndarray:
+        """(rows, columns) float32, as the kernels decompress it."""
+        w = self.q.astype(np.float32)
+        if self.zero_point is not None:
+            w -= self.zero_point.astype(np.float32)[..., None]
+        w *= self.scale.astype(np.float32)[..., None]
+        if self.offset is not None:
+            w += self.offset.astype(np.float32)[..., None]
+        return w.reshape(self.q.shape[0], -1)
+
+    def take_rows(self, rows: np.ndarray) -> "Blocks":
+        """These rows (output channels) only, in this order."""
+        pick = lambda a: None if a is None else np.ascontiguousarray(a[rows])  # noqa: E731
+        return Blocks(pick(self.q), pick(self.scale), pick(self.offset), self.bits, pick(self.zero_point))
+
+
+def unpack(kind: str, raw: np.ndarray) -> Blocks:
+    """The exact blocks of one tensor of quantization type `kind` from its raw bytes, (rows, bytes per row) uint8."""
+    rows = raw.shape[0]
+    if kind == "Q8_0":
+        b = raw.reshape(rows, -1, 34)
+        return Blocks(b[..., 2:].view(np.int8).copy(), _f16(b[..., 0:2]), None, 8)
+    if kind == "Q5_0":
+        b = raw.reshape(rows, -1, 22)
+        high = np.unpackbits(b[..., 2:6], axis=-1, bitorder="little")  # (rows, blocks, 32): weight j's 5th bit
+        low = np.concatenate([b[..., 6:22] & 0x0F, b[..., 6:22] >> 4], axis=-1)  # weights 0-15 low nibbles, 16-31 high
+        q = (low | (high << 4)).view(np.int8) - 16
+        return Blocks(q, _f16(b[..., 0:2]), None, 8)
+    if kind == "Q6_K":
+        b = raw.reshape(rows, -1, 210)
+        ql, qh, sc, d = b[..., 0:128], b[..., 128:192], b[..., 192:208].view(np.int8), b[..., 208:210]
+        halves = []
+        for h in range(2):  # each half: 128 weights from 64 bytes of low nibbles and 32 bytes of high bits
+            low, high = ql[..., 64 * h:64 * h + 64], qh[..., 32 * h:32 * h + 32]
+            halves += [(low[..., :32] & 0x0F) | ((high & 3) << 4), (low[..., 32:] & 0x0F) | (((high >> 2) & 3) << 4),
+                       (low[..., :32] >> 4) | (((high >> 4) & 3) << 4), (low[..., 32:] >> 4) | (((high >> 6) & 3) << 4)]
+        q = (np.concatenate(halves, axis=-1).astype(np.int8) - 32).reshape(rows, -1, 16)  # groups of 16
+        scale = (_f16(d).astype(np.float32)[..., None] * sc.astype(np.float32)).astype(np.float16)  # (rows, blocks, 16)
+        return Blocks(q, scale.reshape(rows, -1), None, 8)
+    if kind == "Q4_K":
+        b = raw.reshape(rows, -1, 144)
+        d, dmin = _f16(b[..., 0:2]).astype(np.float32), _f16(b[..., 2:4]).astype(np.float32)
+        s = b[..., 4:16]
+        sc = np.concatenate([s[..., 0:4] & 63, (s[..., 8:12] & 0x0F) | ((s[..., 0:4] >> 6) << 4)], axis=-1)
+        m = np.concatenate([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], axis=-1)
+        qs = b[..., 16:144].reshape(rows, -1, 4, 1, 32)  # 4 chunks of 32 bytes: low nibbles then high nibbles
+        q = np.concatenate([qs & 0x0F, qs >> 4], axis=3).reshape(rows, -1, 32)  # (rows, groups, 32), 0..15
+        scale = (d[..., None] * sc).reshape(rows, -1)  # (rows, groups) float32
+        offset = 8 * scale - (dmin[..., None] * m).reshape(rows, -1)
+        return Blocks(q.astype(np.int8) - 8, scale.astype(np.float16), offset.astype(np.float16), 4)
+    raise ValueError(f"GGUF quantization type {kind} is not supported (supported: {', '.join(SUPPORTED)})")
+
+
+def _f16(pair: np.ndarray) -> np.ndarray:
+    """(…, 2) uint8 little-endian half floats as (…) float16."""
+    return np.ascontiguousarray(pair).view("<f2")[..., 0]
+
+
+# ---- the fused layout
+
+
+def lay_out(blocks: Blocks, kind: str, name: str, layout: str) -> Blocks:
+    """`blocks` (exact, from unpack) as `layout` lays tensor `name` of type `kind` (see the module's docstring)."""
+    if layout == "exact":
+        return blocks
+    if layout not in LAYOUTS:
+        raise ValueError(f"GGUF layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    if kind == "Q6_K" or name in PER_CHANNEL:
+        return _per_channel(blocks)
+    if blocks.offset is not None and layout == "fused":
+        return with_zero_point(blocks)
+    return blocks  # Q8_0, Q5_0: symmetric i8 in groups of 32 is already the fast path; Q4_K exact in the mixed layout
+
+
+def with_zero_point(blocks: Blocks) -> Blocks:
+    """Exact Q4_K blocks (w = s·(q − 8) + b) as u4 with a u4 zero point: w ≈ s·((q + 8) − zp), zp = round((8·s − b)/s)
+    = round(dmin·m / s), clipped to [0, 15] (a group whose values are all positive has m = 0)."""
+    scale = blocks.scale.astype(np.float32)
+    minimum = 8 * scale - blocks.offset.astype(np.float32)  # dmin·m ≥ 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        zero_point = np.where(scale > 0, np.rint(minimum / scale), 0.0)
+    zero_point = np.clip(zero_point, 0, 15).astype(np.uint8)
+    return Blocks((blocks.q + 8).astype(np.uint8), blocks.scale, None, 4, zero_point)
+
+
+def per_channel_int8(w: np.ndarray) -> Blocks:
+    """(rows, columns) float32 as symmetric i8 with one f16 scale a row: a single group per row. `w` is overwritten."""
+    scale = (np.maximum(w.max(axis=1), -w.min(axis=1)) / 127.0).astype(np.float16)  # (rows,)
+    safe = np.where(scale > 0, scale.astype(np.float32), np.float32(1.0))
+    np.divide(w, safe[:, None], out=w)
+    np.clip(np.rint(w, out=w), -127, 127, out=w)
+    return Blocks(w.astype(np.int8)[:, None, :], scale[:, None], None, 8)
+
+
+def _per_channel(blocks: Blocks) -> Blocks:
+    """per_channel_int8 of the blocks' weights, CHUNK_BYTES of f32 at a time (a 151,936-row LM head is 0.9 GB of f32,
+    and each whole-tensor step of the re-quantization held another)."""
+    rows, columns = blocks.q.shape[0], blocks.q.shape[1] * blocks.q.shape[2]
+    step = max(1, CHUNK_BYTES // (4 * columns))
+    parts = [per_channel_int8(blocks.take_rows(np.arange(begin, min(begin + step, rows))).dequantize())
+             for begin in range(0, rows, step)]
+    return Blocks(np.concatenate([p.q for p in parts]), np.concatenate([p.scale for p in parts]), None, 8)
+
+
+# ---- llama.cpp's row order of attention projections
+
+
+def hf_row_order(rows: int, heads: int) -> np.ndarray:
+    """For each row in transformers' order, the row of a Llama GGUF's attn_q / attn_k holding it: llama.cpp's converter
+    interleaves each head's two rotary halves, which transformers undoes when it loads such a file, and the graph
+    specdemo builds rotates halves as transformers does. hf row (h, j, i) = gguf row (h, i, j), heads × 2 halves ×
+    rows/heads/2."""
+    if rows % (2 * heads):
+        raise ValueError(f"a {rows}-row attention projection cannot hold {heads} heads of two rotary halves")
+    return np.arange(rows).reshape(heads, rows // heads // 2, 2).swapaxes(1, 2).reshape(-1)

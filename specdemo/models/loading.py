@@ -1,0 +1,118 @@
+"""One model loaded: a compiled model with its tokenizer and the facts the panel shows.
+
+    model = load_model(profile.resolve(ModelSettings(...)))   # prepares (converts once), then compiles
+    model.describe()                                          # name, parameters, precision, size, KV cache, ...
+
+A pair of them, and the loops over it, is the engine's (specdemo/run/engine.py).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from specdemo.host import compat
+from specdemo.models import sources, vocab
+from specdemo.models.runtime import OVModel
+from specdemo.settings import WEIGHTS, ModelSettings
+
+
+@dataclass
+class LoadedModel:
+    """A compiled model with its tokenizer and facts for display."""
+
+    settings: ModelSettings
+    folder: Path
+    runtime: OVModel
+    tokenizer: object  # a transformers tokenizer
+    config: dict  # the model's config.json
+    tuned: str = ""  # what tune's choice bought, as it stood when this model was compiled (Profile.gain)
+    planned_precision: bool = False  # its weight precision was left to the draft plan (auto) and resolved at load
+
+    @property
+    def name(self) -> str:
+        source = self.settings.source
+        title = sources.PRESETS[source].title if source in sources.PRESETS else Path(source).name or source
+        return title
+
+    @property
+    def context_length(self) -> int:
+        return int(self.config.get("max_position_embeddings", 2048))
+
+    def kv_bytes_per_token(self) -> int:
+        """Bytes the KV cache grows by per token: keys and values of every layer, at the cache's precision."""
+        c = self.config
+        heads = c.get("num_attention_heads", 1) or 1
+        head_dim = c.get("head_dim", c.get("hidden_size", 0) // heads)
+        kv_heads = c.get("num_key_value_heads", heads)
+        return 2 * c.get("num_hidden_layers", 0) * kv_heads * head_dim * self.runtime.kv_cache_element_bytes
+
+    def eos_ids(self) -> set[int]:
+        """End-of-sequence ids: the tokenizer's and generation_config's (chat models end turns with another)."""
+        ids = {self.tokenizer.eos_token_id} - {None}
+        path = self.folder / "generation_config.json"
+        if path.is_file():
+            eos = json.loads(path.read_text()).get("eos_token_id")
+            ids |= set(eos if isinstance(eos, list) else [eos]) - {None}
+        return ids
+
+    def describe(self) -> dict:
+        """Facts for the model panel: name, parameters, precision, size on disk, device, KV cache."""
+        c = self.config
+        return {
+            "name": self.name,
+            "source": self.settings.source,
+            "parameters": _count_parameters(c),
+            "precision": self.settings.precision,
+            "weights": WEIGHTS.get(self.settings.precision, self.settings.precision),
+            "precision_from": "the draft plan" if self.planned_precision else "the settings",
+            "size_on_disk_bytes": sum(f.stat().st_size for f in self.folder.glob("openvino_model.*")),
+            "device": self.settings.device,
+            "kv_cache_precision": self.runtime.kv_cache_precision,
+            "layers": c.get("num_hidden_layers"),
+            "context_length": self.context_length,
+            "compile_settings": describe_compile(self.settings),
+            "lm_head_rows": self.runtime.head_tokens,  # fewer than the vocabulary when the head was trimmed
+            "tuned": self.tuned,
+        }
+
+
+def load_model(settings: ModelSettings, progress: sources.Progress | None = None, tuned: str = "",
+               planned: bool = False) -> LoadedModel:
+    """Prepare (convert once) and compile one model as `settings` say: resolved already (Profile.resolve), so nothing
+    is left open but what the plugin decides. `tuned` and `planned` are for display (LoadedModel)."""
+    compat.hide_broken_torchvision()
+    from transformers import AutoTokenizer
+
+    folder = sources.prepare(settings, progress)
+    if progress is not None:
+        progress(None, f"compiling {folder.name} for {settings.device}")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
+    head = vocab.head_for(tokenizer, settings.head_tokens, config, sources.specdemo_home() / "vocab")
+    runtime = OVModel(folder, settings, cache_dir=sources.specdemo_home() / "ov_cache", head_ids=head)
+    return LoadedModel(settings, folder, runtime, tokenizer, config, tuned, planned)
+
+
+def describe_compile(settings: ModelSettings) -> str:
+    """The compile settings that decide the kernels, in words ("group 128, f32, KV f32")."""
+    group = settings.dynamic_quantization_group_size
+    group_text = "dyn. quant. default" if group == -1 else f"group {group}" if group else "no dyn. quant."
+    head = f", LM head {settings.head_tokens // 1000}k tokens" if settings.head_tokens > 0 else ""
+    return f"{group_text}, {settings.inference_precision or 'f32'}, KV {settings.kv_cache_precision or 'f32'}{head}"
+
+
+def _count_parameters(config: dict) -> int:
+    """Approximate parameter count of a decoder-only transformer from its config."""
+    h = config.get("hidden_size", 0)
+    layers = config.get("num_hidden_layers", 0)
+    vocab = config.get("vocab_size", 0)
+    inter = config.get("intermediate_size", 4 * h)
+    heads = config.get("num_attention_heads", 1) or 1
+    kv = config.get("num_key_value_heads", heads)
+    head_dim = config.get("head_dim", h // heads)
+    attention = h * heads * head_dim + 2 * h * kv * head_dim + heads * head_dim * h
+    per_layer = attention + 3 * h * inter + 2 * h
+    embeddings = vocab * h * (1 if config.get("tie_word_embeddings", False) else 2)
+    return int(layers * per_layer + embeddings)

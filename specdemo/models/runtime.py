@@ -1,0 +1,216 @@
+"""One compiled OpenVINO model with its KV cache.
+
+The model is the stateful IR optimum-intel exports for text-generation-with-past: inputs
+input_ids / attention_mask / position_ids (1, n) and beam_idx (1,), output logits (1, n, V), and one
+state variable per layer for keys and another for values, shaped (1, kv_heads, tokens, head_dim).
+The KV cache lives in the plugin; this class is its only owner. Callers feed tokens and ask to roll
+back to a length; nobody else touches the state.
+
+Rolling back forgets positions by masking them: the attention mask we pass with every call marks them 0, so no
+later token attends to them, exactly as if they were gone (positions are passed explicitly, so the text's positions
+stay right). Copying every layer's kept keys and values out of the plugin and back cost 2-4 ms a round, most of a
+round's time outside the model calls; masking costs nothing. Forgotten positions stay in the plugin's memory (and in
+every attention) until they exceed COMPACT_AFTER, when the cache is compacted by one such copy.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import openvino as ov
+
+from specdemo.host.compat import compile_config
+from specdemo.models import graph
+from specdemo.settings import ModelSettings
+
+
+# Inputs longer than this are fed in pieces: the activations of one call grow with its length (a
+# 4,096-token prompt in one call took 5.9 GB), while the KV cache makes pieces cost the same in total.
+PREFILL_CHUNK = 512
+COMPACT_AFTER = 64  # forgotten positions kept in the plugin's cache before it is compacted (every one is attended to)
+
+
+class OVModel:
+    """A stateful causal LM compiled on one device. `length` is the number of tokens in its KV cache."""
+
+    def __init__(self, folder: Path, settings: ModelSettings, core: ov.Core | None = None, cache_dir: Path | None = None,
+                 head_ids: np.ndarray | None = None, profiled: bool = False):
+        """head_ids: keep only these rows of the LM head (sorted token ids); logits then score just them. profiled:
+        compile with the plugin's per-node counters on (bench/nodes.py reads them; they cost a little per node)."""
+        self.folder = Path(folder)
+        self.settings = settings
+        core = core or ov.Core()
+        model = core.read_model(self.folder / "openvino_model.xml")
+        self.vocab_size = model.output("logits").get_partial_shape()[-1].get_length()  # V of the full head
+        self.head_ids = head_ids if head_ids is not None and graph.trim_lm_head(model, head_ids) else None
+        self.sliced_logits = graph.keep_only_last_logits(model)
+        self.fused = graph.fuse_projections(model)  # MatMuls fused (q, k, v into one; gate and up into one)
+        self._seq_axis = _sequence_axis(model)
+        config = compile_config(settings, cache_dir)
+        if profiled:
+            config["PERF_COUNT"] = True
+        self.compiled = core.compile_model(model, settings.device, config)
+        self.request = self.compiled.create_infer_request()
+        self._kv_type = _kv_cache_type(self.compiled)
+        self._mask = np.zeros(0, dtype=np.int64)  # per position in the plugin's cache: 1 kept, 0 forgotten
+        self.length = 0  # tokens kept (the cache as callers see it)
+        self.calls = 0  # inference calls since the last reset
+        self.last_call_s = 0.0  # seconds of the latest call (the loops record it; specdemo/results/metrics.py sums)
+        self.requests = 0  # inference requests since compilation, never reset (a long prompt is several)
+        self._beam = np.zeros(1, dtype=np.int32)
+        # For an input longer than PREFILL_CHUNK: called as on_piece(tokens fed, of n) before the first piece
+        # (0) and after each piece, so a long prefill can show its progress; None: silent.
+        self.on_piece: Callable[[int, int], None] | None = None
+
+    # ---- decoding
+    def forward(self, ids: list[int], logits_to_keep: int = 1) -> np.ndarray:
+        """Feed `ids` after the cached tokens; return logits (logits_to_keep, V) for the last positions.
+
+        Row i scores the token that follows ids[len(ids) - logits_to_keep + i]. A long input (a prompt)
+        is fed in pieces of PREFILL_CHUNK tokens; it still counts as one call.
+        """
+        n = len(ids)
+        if n == 0:
+            raise ValueError("forward() needs at least one token")
+        keep = min(logits_to_keep, n)
+        cuts = list(range(0, n - keep, PREFILL_CHUNK))[1:]  # the last piece always holds the kept positions
+        start = time.perf_counter()
+        if cuts and self.on_piece is not None:
+            self.on_piece(0, n)
+        for begin, end in zip([0] + cuts, cuts + [n]):
+            self._infer(ids[begin:end], keep if end == n else 1)
+            if cuts and self.on_piece is not None:
+                self.on_piece(end, n)
+        self.last_call_s = time.perf_counter() - start
+        self.calls += 1
+        logits = self.request.get_tensor("logits").data[0]  # (kept or n, V), a view into plugin memory
+        return np.array(logits[-keep:], dtype=np.float32)  # copy: the next call overwrites it
+
+    def _infer(self, ids: list[int], keep: int) -> None:
+        n = len(ids)
+        mask = np.concatenate([self._mask, np.ones(n, dtype=np.int64)])
+        inputs = {
+            "input_ids": np.asarray([ids], dtype=np.int64),
+            "attention_mask": mask[None, :],  # the forgotten positions are 0
+            "position_ids": np.arange(self.length, self.length + n, dtype=np.int64)[None, :],
+            "beam_idx": self._beam,
+        }
+        if self.sliced_logits:
+            inputs["logits_to_keep"] = np.asarray([keep], dtype=np.int64)
+        self.request.infer(inputs, share_inputs=True)
+        self.requests += 1
+        self._mask = mask
+        self.length += n
+
+    def rollback(self, length: int) -> None:
+        """Forget every cached token from position `length` on, so the cache holds exactly `length` tokens."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot roll back a {self.length}-token cache to {length} tokens")
+        if length == self.length:
+            return
+        if length == 0:
+            self.reset_cache()
+            return
+        kept = np.flatnonzero(self._mask)
+        self._mask = self._mask.copy()  # the last call's inputs may still share the old one
+        self._mask[kept[length:]] = 0
+        self.length = length
+        if self.forgotten > COMPACT_AFTER:
+            self._compact()
+
+    @property
+    def forgotten(self) -> int:
+        """Positions the plugin's cache still holds but every call masks (rolled back, not yet compacted)."""
+        return len(self._mask) - self.length
+
+    def _compact(self) -> None:
+        """Drop the forgotten positions from the plugin's cache: one copy of every layer's kept keys and values."""
+        kept = np.flatnonzero(self._mask)
+        for state in self.request.query_state():
+            state.state = ov.Tensor(np.ascontiguousarray(np.take(state.state.data, kept, axis=self._seq_axis)))
+        self._mask = np.ones(len(kept), dtype=np.int64)
+
+    def reset_cache(self) -> None:
+        """Empty the cache (the counters stay)."""
+        self.request.reset_state()
+        self._mask = np.zeros(0, dtype=np.int64)
+        self.length = 0
+
+    def reset(self) -> None:
+        """Empty the cache and the counters, ready for a new prompt."""
+        self.reset_cache()
+        self.calls = 0
+        self.last_call_s = 0.0
+
+    @property
+    def head_tokens(self) -> int:
+        """Rows of the LM head: the vocabulary size, or fewer when the head was trimmed."""
+        return len(self.head_ids) if self.head_ids is not None else self.vocab_size
+
+    # ---- reporting
+    @property
+    def kv_cache_precision(self) -> str:
+        """The element type the plugin stores the KV cache in, e.g. "u8" or "f16"."""
+        return self._kv_type.to_string()
+
+    @property
+    def kv_cache_element_bytes(self) -> int:
+        return self._kv_type.size
+
+    def kv_cache_bytes(self) -> int:
+        """Bytes the cache holds now, at the plugin's KV cache precision (quantization scales not counted)."""
+        if self.length == 0:
+            return 0
+        elements = sum(int(np.prod(state.state.shape)) for state in self.request.query_state())
+        return elements * self._kv_type.size
+
+
+_MADV_DONTNEED = 4
+_WEIGHT_FILES = (".bin", ".blob")  # an IR's weights; OpenVINO's compiled-model cache entries
+
+
+def release_weight_pages() -> int:
+    """Drop the resident pages of the model files this process maps read-only; returns the bytes of mappings released.
+
+    OpenVINO maps a model's weights file, and on the first inference of a shape the CPU plugin repacks the
+    weights into buffers of its own; the mapped pages stay resident though nothing reads them again, which
+    made the serving process hold the model files twice (RSS 3.9 GiB for 2.0 GiB of files on the AMX Xeon,
+    2.2 GiB after this). MADV_DONTNEED on a read-only file mapping loses nothing: a page read later faults
+    back in from the file (from the page cache, usually). Linux only; elsewhere a no-op.
+    """
+    if not sys.platform.startswith("linux"):
+        return 0
+    madvise = ctypes.CDLL(None, use_errno=True).madvise
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    released = 0
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            if len(fields) < 6 or not fields[1].startswith("r--") or not fields[5].rstrip().endswith(_WEIGHT_FILES):
+                continue
+            start, end = (int(address, 16) for address in fields[0].split("-"))
+            if madvise(start, end - start, _MADV_DONTNEED) == 0:
+                released += end - start
+    return released
+
+
+def _kv_cache_type(compiled: ov.CompiledModel) -> ov.Type:
+    try:
+        return compiled.get_property("KV_CACHE_PRECISION")
+    except RuntimeError:  # a plugin without the property keeps the model's own precision
+        return ov.Type.f32
+
+
+def _sequence_axis(model: ov.Model) -> int:
+    """The token axis of the KV state: the last dynamic dimension of a state variable's shape."""
+    for op in model.get_ops():
+        if op.get_type_name() == "ReadValue":
+            shape = op.get_output_partial_shape(0)
+            dynamic = [i for i in range(shape.rank.get_length()) if shape[i].is_dynamic]
+            return dynamic[-1]
+    raise ValueError("this model has no KV cache state: export it stateful (text-generation-with-past)")

@@ -1,0 +1,286 @@
+"""The engine: a loaded model pair and the two ways to run it on one instruction.
+
+    engine = Engine.load(RunSettings())           # prepares (converts once) and compiles both models
+    for event in engine.speculative("Write a function ...", GenerationSettings()):
+        ...                                       # TokenEvents, then one Summary
+
+The engine yields plain events and knows nothing of how they are shown (CLI, app, benchmark). Loading one model is
+specdemo/models/loading.py's; what a pair learns of the machine at warm-up, specdemo/learning/warmup.py's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from dataclasses import replace
+from typing import Callable, Iterator
+
+import numpy as np
+
+from specdemo.decoding import k_rules, loops, planner
+from specdemo.decoding.costs import CostModel
+from specdemo.decoding.drafters import STRATEGIES, make_drafter, strategy
+from specdemo.decoding.planner import Plan, make_plan
+from specdemo.learning import warmup
+from specdemo.learning.profile import Keys, Profile, machine_profile
+from specdemo.models import sources
+from specdemo.models.loading import LoadedModel, load_model
+from specdemo.results.counterfactual import Counterfactual, counterfactual, draft_pass
+from specdemo.settings import AUTO, K_MAX, GenerationSettings, ModelSettings, RunSettings
+from specdemo.text import clean_instruction
+
+# Stands in for the instruction when the chat template is rendered; no template contains it.
+_INSTRUCTION_SLOT = "\x00specdemo-instruction\x00"
+
+# Encodings compared when checking that a draft tokenizer matches the target's.
+_PROBE_TEXTS = ["def fibonacci(n):\n    return n", "Hello, world! Ünïcödé 你好 🙂", "<|im_start|>user\nhi<|im_end|>"]
+
+
+def no_draft_model() -> str:
+    """What a lane that needs the draft model says when none is loaded."""
+    return (f"no draft model is loaded; choose a drafter that needs none "
+            f"({', '.join(s.name for s in STRATEGIES.values() if not s.needs_model)})")
+
+
+class IncompatibleModelsError(ValueError):
+    """The draft cannot draft for the target (different tokenizers)."""
+
+
+def check_same_tokenizer(target, draft) -> None:
+    """Raise IncompatibleModelsError unless both tokenizers map text to the same ids."""
+    if len(target) != len(draft):
+        raise IncompatibleModelsError(
+            f"the draft model's tokenizer has {len(draft):,} tokens and the target's {len(target):,}: "
+            "draft tokens would not be target tokens; pick a draft from the same model family"
+        )
+    for text in _PROBE_TEXTS:
+        if target.encode(text) != draft.encode(text):
+            raise IncompatibleModelsError(
+                f"the draft model's tokenizer encodes {text!r} differently from the target's; "
+                "pick a draft from the same model family"
+            )
+
+
+
+
+class Engine:
+    """A target model, optionally a draft model, and the decoding loops over them."""
+
+    def __init__(self, target: LoadedModel, draft: LoadedModel | None, profile: Profile | None = None):
+        if draft is not None:
+            check_same_tokenizer(target.tokenizer, draft.tokenizer)
+        self.target = target
+        self.draft = draft
+        self.tokenizer = target.tokenizer
+        self.eos_ids = target.eos_ids()
+        self.lock = threading.Lock()  # one generation at a time: the KV caches are shared state
+        self.profile = profile or machine_profile()  # what this machine has learnt; the engine only reads it in a run
+        self.keys = Keys(None, self._pair_key())  # where this pair's costs (after warm_up) and history live there
+        self.noise = None  # fidelity.BatchingNoise of the target's compile, after warm_up(): what partings are judged by
+        self.warm_up_s = 0.0  # seconds the last warm_up() took (compilation, first calls, measuring)
+
+    @property
+    def costs(self) -> CostModel | None:
+        """This machine's call costs for this pair, after warm_up(), as the runs since have corrected them."""
+        return self.profile.costs(self.keys.costs)
+
+    def _pair_key(self) -> str:
+        names = [str(self.target.folder), str(self.draft.folder) if self.draft else "", str(self.draft.settings.head_tokens) if self.draft else ""]
+        return hashlib.sha256("|".join(names).encode()).hexdigest()[:12]
+
+    def warm_up(self, k_max: int = K_MAX, fresh: bool = False, log=lambda message: None, quick: bool = False) -> float:
+        """Pay every first-call cost before anything is timed, and know this machine's call costs.
+
+        Runs each shape a generation uses (the prompt's prefill, one token, and up to k_max + 1 tokens)
+        on both models; the first time for these models on this machine it also times them (about a
+        minute; `quick`: a few seconds, provisional, the rest left for `learn`) and keeps the cost model
+        in the machine profile; `fresh` re-measures. Returns the seconds it took, also kept in
+        `warm_up_s`; no lane's figures include them.
+        """
+        start = time.perf_counter()
+        with self.lock:
+            self.keys, self.noise = warmup.know_machine(self, k_max, fresh, log, quick)
+        self.warm_up_s = time.perf_counter() - start
+        return self.warm_up_s
+
+    def to_learn(self, k_max: int = K_MAX, log=lambda message: None, interrupted=lambda: False,
+                 pair_only: bool = False) -> list[tuple[str, Callable[[], None]]]:
+        """What a quick warm-up left to learn (warmup.remaining; `interrupted()` may stop the longest step part-way;
+        `pair_only`, what outlives this compile), each step taking the engine's lock as it runs: the caller runs them
+        one at a time, between runs."""
+        def locked(step: Callable[[], None]) -> Callable[[], None]:
+            def run() -> None:
+                with self.lock:
+                    step()
+            return run
+        return [(what, locked(step)) for what, step in warmup.remaining(self, k_max, log, interrupted, pair_only)]
+
+    @property
+    def provisional(self) -> str:
+        """What this pair has not learnt yet, in words ("" once it knows it all): its predictions rest on less until
+        then."""
+        missing = []
+        costs = self.costs
+        if costs is not None and costs.provisional:
+            missing.append("a quick first measurement of its call costs")
+        if self.noise is None:
+            missing.append("no batching noise measured yet")
+        if warmup.needs_calibration(self):
+            missing.append("the strategies' prior acceptance, not yet this machine's")
+        return "; ".join(missing)
+
+    def plan(self, instruction: str, settings: GenerationSettings) -> Plan:
+        """How the speculative lane will run this instruction: which drafter, which K, and why. Needs this machine's
+        costs for these models (warm_up first).
+
+        Under auto K, where the instruction quotes text for the answer to copy, the settings' strategy may hand over to
+        another (Strategy.when_quoting: the draft model to the hybrid, which drafts by lookup where the text repeats);
+        a fixed K keeps the drafter the settings name.
+        """
+        if self.costs is None or self.costs.n_max < settings.k_max + 1:
+            raise RuntimeError("plan() needs this machine's call costs for these models up to K + 1 tokens: warm_up() first")
+        asked = strategy(settings.drafter)
+        if asked.needs_model and self.draft is None:
+            raise ValueError(no_draft_model())
+        auto = settings.k_policy.is_auto
+        drafter = asked.when_quoting if auto and asked.when_quoting and planner.quotes_text(instruction) \
+            else asked.name
+        plan = make_plan(self.costs, drafter, self._prior(drafter, settings.greedy), settings.k_max, auto,
+                         settings.k_policy.k)
+        if drafter != asked.name:
+            plan = replace(plan, reason=plan.reason + " (The instruction quotes text for the answer to copy.)")
+        return plan
+
+    def acceptance(self):
+        """This pair's acceptance history, as the machine profile holds it now."""
+        return self.profile.acceptance(self.keys.pair)
+
+    def _prior(self, drafter: str, greedy: bool) -> planner.Acceptance:
+        """The acceptance a drafter's plan assumes: a hybrid's K is the draft model's."""
+        return self.acceptance().prior(strategy(drafter).prior, greedy)
+
+    def _price(self, greedy: bool):
+        """price(drafter, k): this machine's predicted speedup of one round, for the hybrid drafter's choice each round."""
+        history, costs_now = self.acceptance(), self.costs
+        priors = {name: history.prior(strategy(name).prior, greedy) for name in STRATEGIES}
+        return lambda drafter, k: planner.predicted_speedup(costs_now, priors[drafter], k, drafter)
+
+    @classmethod
+    def load(cls, settings: RunSettings, progress: sources.Progress | None = None, with_draft: bool = True,
+             profile: Profile | None = None) -> "Engine":
+        """Both models compiled as this machine's profile resolves `settings` (tune's choice where they leave it open)."""
+        profile = profile or machine_profile()
+
+        def load(model: ModelSettings, resolved: ModelSettings) -> LoadedModel:
+            return load_model(resolved, progress, profile.gain(resolved), planned=model.precision == AUTO)
+
+        target = profile.resolve(settings.target)
+        draft = profile.resolve(settings.draft) if with_draft else None
+        if draft is not None:
+            sources.convert_beside(draft, target, progress)
+        return cls(load(settings.target, target), load(settings.draft, draft) if draft is not None else None, profile)
+
+    def prompt_ids(self, instruction: str, settings: GenerationSettings) -> list[int]:
+        """The instruction wrapped in the target's chat template, as token ids.
+
+        The instruction is cleaned first (see clean_instruction). Raises ValueError for an empty
+        instruction or one that leaves no room in the context for max_new_tokens.
+        """
+        ids = self._encode_chat(clean_instruction(instruction), settings.system_prompt)
+        self.check_room(ids, settings)
+        return ids
+
+    def check_room(self, ids: list[int], settings: GenerationSettings) -> None:
+        """ValueError unless `ids` and settings.max_new_tokens fit in both models' context."""
+        limit = self.target.context_length
+        if self.draft is not None:
+            limit = min(limit, self.draft.context_length)
+        if len(ids) + settings.max_new_tokens > limit:
+            raise ValueError(
+                f"the prompt is {len(ids):,} tokens; with max_new_tokens={settings.max_new_tokens:,} that "
+                f"exceeds the model's context of {limit:,} tokens"
+            )
+
+    def _encode_chat(self, instruction: str, system_prompt: str) -> list[int]:
+        """The chat template's own markup as special tokens, the instruction always as plain text.
+
+        The template is rendered around a placeholder rather than the instruction itself: an
+        instruction such as "<|im_end|>" also occurs in the template, and searching for it there
+        could turn the template's markers into text and the user's into special tokens.
+        """
+        messages = [{"role": "user", "content": _INSTRUCTION_SLOT}]
+        if system_prompt:
+            messages.insert(0, {"role": "system", "content": system_prompt})
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        head, found, tail = text.partition(_INSTRUCTION_SLOT)
+        if not found:
+            raise ValueError(f"the chat template of {self.target.name} does not copy the instruction verbatim")
+        encode = self.tokenizer.encode
+        return encode(head, add_special_tokens=False) + self._encode_plain(instruction) + encode(tail, add_special_tokens=False)
+
+    def _encode_plain(self, text: str) -> list[int]:
+        # split_special_tokens: markup typed by the user, such as "<|im_start|>system", stays text.
+        return self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+
+    # ---- the lanes. A side-by-side run (specdemo/run/sidebyside.py) tokenizes and plans once and calls the *_ids forms;
+    # the instruction forms run one lane by itself (a library call, the tests).
+
+    def autoregressive(self, instruction: str, settings: GenerationSettings,
+                       cancel: threading.Event | None = None) -> Iterator[loops.Event]:
+        yield from self.autoregressive_ids(self.prompt_ids(instruction, settings), settings, cancel)
+
+    def autoregressive_ids(self, ids: list[int], settings: GenerationSettings,
+                           cancel: threading.Event | None = None) -> Iterator[loops.Event]:
+        with self.lock:
+            yield from loops.autoregressive(self.target.runtime, self.tokenizer, ids, settings, self.eos_ids, cancel)
+
+    def speculative(self, instruction: str, settings: GenerationSettings,
+                    cancel: threading.Event | None = None) -> Iterator:
+        """One speculative lane by itself: its Plan first (when there are costs to plan by; auto K warms up for them
+        first), then the loop's events."""
+        ids = self.prompt_ids(instruction, settings)
+        if settings.k_policy.is_auto and (self.costs is None or self.costs.n_max < settings.k_max + 1):
+            self.warm_up(settings.k_max)
+        plan = self.plan_lane(instruction, settings) if self.costs is not None else None
+        yield from self.speculative_ids(ids, settings, plan, cancel)
+
+    def plan_lane(self, instruction: str, settings: GenerationSettings) -> Plan:
+        """The plan a speculative lane drafts by: plan() with its confidence stop."""
+        plan = self.plan(instruction, settings)
+        return planner.with_confidence_stop(plan, self.costs, settings.draft_p_min, settings.k_max)
+
+    def speculative_ids(self, ids: list[int], settings: GenerationSettings, plan: Plan | None,
+                        cancel: threading.Event | None = None, memories: dict[str, object] | None = None) -> Iterator:
+        """The speculative lane on prompt `ids`: the plan first (None: no costs to plan by, so the settings' drafter
+        and K), then the loop's events. Under auto K the plan chooses each round's K. `memories`: what the run's owner's
+        earlier runs left a drafter that keeps something across runs (drafters.memories(); None: nothing)."""
+        kind = plan.drafter if plan is not None else settings.drafter
+        if strategy(kind).needs_model and self.draft is None:
+            raise ValueError(no_draft_model())
+        stops = plan.stops if plan is not None else ((settings.draft_p_min,) if settings.draft_p_min else ())
+        rng = np.random.default_rng(settings.seed)
+        price = self._price(settings.greedy) if self.costs is not None else None
+        drafter = make_drafter(kind, self.draft.runtime if self.draft else None, settings, rng, price, stops, memories)
+        policy = k_rules.policy_for(settings, self.costs, plan)
+        if plan is not None:
+            yield plan
+        with self.lock:
+            yield from loops.speculative(self.target.runtime, drafter, self.tokenizer, ids, settings, self.eos_ids,
+                                            cancel, rng, policy, self.costs)
+
+    def would_have_given(self, prompt_ids: list[int], settings: GenerationSettings, answer_ids: list[int],
+                         rounds=None) -> Counterfactual | None:
+        """What every K, the per-round oracle and every model-free strategy would have given on this greedy answer
+        (None when sampling: a sampled answer has no such counterfactual). One teacher-forced draft pass, corrected by
+        the `rounds` of the speculative run that wrote the answer where they observed the draft (counterfactual.py); it
+        carries what it teaches the planner (`evidence`: each walked strategy's acceptance at every position, even after
+        a run that drafted nothing; the caller hands it to Profile.learn_from_answer). Needs this machine's costs."""
+        if not settings.greedy or not answer_ids:
+            return None
+        if self.costs is None:
+            raise RuntimeError("would_have_given() prices by this machine's costs: warm_up() first")
+        with self.lock:
+            mask, confidence = draft_pass(self.draft.runtime, prompt_ids, answer_ids) if self.draft is not None \
+                else (None, None)
+        return counterfactual(mask, prompt_ids, answer_ids, self.costs, settings, rounds, confidence)

@@ -1,0 +1,124 @@
+"""One side-by-side run, owned here from the instruction to its record: the CLI (terminal.py), the page
+(ui/handlers.py) and the benchmark (bench/harness.py) only stream and render what it gives them.
+
+    run = SideBySide({AUTOREGRESSIVE: engine, SPECULATIVE: engine}, instruction, settings)   # tokenized once
+    run.prepare(log)                        # warm-up where a pair has no costs yet, then the one plan
+    results = {mode: drain(run.lane(mode)) for mode in run.engines}   # or in threads, or one lane (the bench)
+    record = run.finish(results)            # teach the profile, walk the counterfactual, judge the parting, the JSON
+
+A run's life cycle, in this order and nowhere else: the prompt is tokenized once (with the stricter context of the
+engines); every engine without this machine's costs is warmed up explicitly, before anything is timed; the plan is made
+once and the speculative lane drafts by it (GenAI's lane takes its counterpart from it); the lanes run; then one rule
+says whether a lane finished (it ended by itself: no error, no Stop), finished lanes teach the machine profile, a
+finished greedy pair gets its counterfactual (which teaches the acceptance prior), its parting and failures judged,
+and the run's record (runfile.py's schema) written.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Iterator, Mapping
+
+from specdemo.decoding import planner
+from specdemo.decoding.drafters import strategy, with_counterpart
+from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
+from specdemo.results import runfile
+from specdemo.results.lane import Result
+from specdemo.results.parting import Parting, parting
+from specdemo.run.engine import Engine
+from specdemo.settings import RunSettings
+
+
+def finished(result: Result | None) -> bool:
+    """The one rule for "finished": the lane ended by itself (no error, no Stop)."""
+    return result is not None and result.summary is not None and result.summary.stop_reason != "cancelled"
+
+
+@dataclass
+class Record:
+    """What a finished run comes to, for the entry points to render."""
+
+    results: dict[str, Result]  # by lane
+    would: object | None  # counterfactual.Counterfactual (a finished greedy pair), else None
+    parting: Parting | None  # where greedy lanes part, judged once; None when identical or not both greedy and finished
+    run: dict | None  # the run's record (runfile.run_dict) when both lanes finished, else None
+
+
+class SideBySide:
+    """One instruction through one or both lanes, on `engines` by lane (the page may give each lane its own engine:
+    a race runs each on half the threads); `settings` as the engines were loaded with, generation included;
+    `memories`: what the run's owner's earlier runs left the drafters that keep something (drafters.memories(): a
+    visitor's own on the page; None: the run draws on itself alone)."""
+
+    def __init__(self, engines: Mapping[str, Engine], instruction: str, settings: RunSettings,
+                 memories: dict[str, object] | None = None):
+        self.engines = dict(engines)
+        self.memories = memories
+        self.instruction = instruction
+        self.settings = settings
+        self.generation = settings.generation
+        # Tokenized once (the engines share the target's tokenizer); an instruction too long for any lane's context is
+        # refused here.
+        first, *others = dict.fromkeys(self.engines.values())
+        self.prompt = first.prompt_ids(instruction, self.generation)
+        for engine in others:
+            engine.check_room(self.prompt, self.generation)
+        self.plan: planner.Plan | None = None
+
+    @property
+    def speculative(self) -> Engine | None:
+        return self.engines.get(SPECULATIVE)
+
+    def prepare(self, log=lambda message: None, fresh: bool = False) -> None:
+        """Warm up every engine that has no costs for this machine yet (or all, `fresh`), then plan the speculative
+        lane once. Nothing of it is timed in any lane."""
+        for engine in dict.fromkeys(self.engines.values()):
+            if fresh or engine.costs is None or engine.costs.n_max < self.generation.k_max + 1:
+                engine.warm_up(self.generation.k_max, fresh=fresh, log=log)
+        if self.speculative is not None:
+            self.plan = self.speculative.plan_lane(self.instruction, self.generation)
+
+    def lane(self, mode: str, cancel: threading.Event | None = None) -> Iterator:
+        """The events of one lane (a speculative lane's plan first), on the prompt tokenized once."""
+        engine = self.engines[mode]
+        if mode == AUTOREGRESSIVE:
+            return engine.autoregressive_ids(self.prompt, self.generation, cancel)
+        if self.plan is None:
+            raise RuntimeError("prepare() the run before its speculative lane")
+        return engine.speculative_ids(self.prompt, self.generation, self.plan, cancel, self.memories)
+
+    def genai_counterpart(self) -> tuple[str, int]:
+        """The drafter (Strategy.counterpart) and K OpenVINO GenAI runs beside the speculative lane: GenAI keeps K
+        fixed, so ours when fixed; under auto K the plan's first K (its K = 0, "the target alone", becomes our default
+        K). RuntimeError where GenAI has nothing like the plan's drafter."""
+        drafter = self.plan.drafter if self.plan is not None else self.generation.drafter
+        kind = strategy(drafter).counterpart
+        if not kind:
+            raise RuntimeError(f"OpenVINO GenAI has nothing like {strategy(drafter).label} to run beside it")
+        return with_counterpart(kind), planner.fixed_k(self.generation.k_policy, self.plan)
+
+    def teach(self, mode: str, result: Result | None) -> None:
+        """Hand a lane's rounds to the machine profile (its cost curve; a finished sampled lane's acceptance)."""
+        if result is not None and result.rounds:
+            engine = self.engines[mode]
+            engine.profile.learn(engine.keys, self.generation, result.rounds, finished(result))
+
+    def finish(self, results: Mapping[str, Result | None], stopped: bool = False) -> Record:
+        """Teach, walk, judge and record, once the lanes let go of the engines (`results` by lane; None: the lane
+        failed). `stopped`: Stop was pressed."""
+        for mode, result in results.items():
+            self.teach(mode, result)
+        ar, spec = results.get(AUTOREGRESSIVE), results.get(SPECULATIVE)
+        both = finished(ar) and finished(spec) and not stopped
+        would = None
+        if both and self.generation.greedy:
+            would = self.speculative.would_have_given(self.prompt, self.generation, spec.ids, spec.rounds)
+            if would is not None:
+                self.speculative.profile.learn_from_answer(self.speculative.keys, would.evidence)
+        # Judged once, here, for every renderer and the run file; a Stop pressed after both lanes ended still shows it.
+        judged = finished(ar) and finished(spec) and self.generation.greedy
+        parted = parting(ar.tokens, spec.tokens, self.speculative.noise) if judged else None
+        run = runfile.run_dict(self.instruction, self.settings, self.speculative, ar, spec, would, parted) if both else None
+        return Record(dict(results), would, parted, run)
+
