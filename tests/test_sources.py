@@ -79,7 +79,7 @@ def test_the_terminal_shows_one_line_per_stage_with_time_and_estimate():
 def test_conversion_runs_in_a_child_that_keeps_torch_out_of_this_process(home, tiny_hf):
     import subprocess
 
-    script = ("import sys; from specdemo import sources; from specdemo.settings import ModelSettings; "
+    script = ("import sys; from specdemo.models import sources; from specdemo.settings import ModelSettings; "
               "sources.prepare(ModelSettings(sys.argv[1], precision='int8'), lambda f, m: None); "
               "print('torch' in sys.modules, 'nncf' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", script, str(tiny_hf)], capture_output=True, text=True, timeout=600,
