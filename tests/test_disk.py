@@ -68,3 +68,42 @@ def test_the_page_says_how_much_is_on_disk(tmp_path, monkeypatch):
     _home(tmp_path, monkeypatch)
     line = render.render_disk(disk.inventory())
     assert "On disk: 555 bytes" in line and "default models 400 bytes" in line and "specdemo clean" in line
+
+
+def _profile_of_this_cpu(home, openvino_build, draft_precision):
+    """A profile file as an older OpenVINO's specdemo wrote it on this CPU, whose draft plan chose `draft_precision`."""
+    import json
+
+    from specdemo.host import machine
+    from specdemo.learning.profile import store
+
+    option = {"precision": draft_precision, "head_tokens": 0, "predicted_speedup": 2.0, "chosen": True}
+    facts = {**machine.cpu_facts(), "openvino": openvino_build}
+    data = {"schema": store.SCHEMA, "machine": facts,
+            "tune": {"drafts": {f"{DEFAULT_DRAFT.source}/{DEFAULT_DRAFT.device}": {"options": [option]}}}}
+    path = store.path_for(home, facts)
+    path.write_text(json.dumps(data))
+
+
+def test_the_draft_a_tune_of_this_cpu_chose_is_a_default_model_whatever_openvino_chose_it(tmp_path, monkeypatch):
+    home = _home(tmp_path, monkeypatch)
+    chosen = sources.cached_folder(replace(DEFAULT_DRAFT, precision="int8"))
+    _file(chosen / "openvino_model.bin", 70)
+    _file(chosen / sources.COMPLETE_MARKER, 1)
+    _profile_of_this_cpu(home, "2099.1.0-older-build", "int8")
+    kinds = {item.path.relative_to(home).as_posix(): item.kind for item in disk.inventory()}
+    assert kinds[chosen.relative_to(home).as_posix()] == "default-models"
+
+
+def test_clean_never_loads_openvino(tmp_path):
+    """`clean` lists files: it learns the default draft from the profiles' JSON, so it loads no OpenVINO (1 s, not 5)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from specdemo.cli.commands import main; status = main(['clean']); "
+            "print(status, 'openvino' in sys.modules, file=sys.stderr)")
+    env = {**__import__("os").environ, "SPECDEMO_HOME": str(tmp_path)}
+    (tmp_path / "ov_cache").mkdir()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert done.stderr.strip().splitlines()[-1] == "0 False", done.stderr[-2000:]
+    assert "ov_cache" in done.stdout

@@ -14,6 +14,9 @@ import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from specdemo.host import machine
+from specdemo.learning.profile import choices
+from specdemo.learning.profile.store import tunes_on
 from specdemo.models import sources
 from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET, FAITHFUL_PRECISIONS
 
@@ -41,11 +44,10 @@ def inventory(home: Path | None = None) -> list[Item]:
     """Everything under SPECDEMO_HOME, each sorted into a kind."""
     home = home or sources.specdemo_home()
     items: list[Item] = []
-    from specdemo.learning.profile import machine_profile
-
-    # the default pair: the draft as it runs here, the target at each faithful layout (the one it runs, and the one
-    # raced against it)
-    pair = [machine_profile(home).resolve_precision(DEFAULT_DRAFT)] + \
+    # the default pair: the draft as any tune of this CPU runs it (under whichever OpenVINO: the listing loads none),
+    # the target at each faithful layout (the one it runs, and the one raced against it)
+    tunes = tunes_on(home, machine.cpu_facts()) or [{}]
+    pair = [choices.resolve_precision(DEFAULT_DRAFT, tune) for tune in tunes] + \
         [replace(DEFAULT_TARGET, precision=p) for p in FAITHFUL_PRECISIONS]
     defaults = {sources.cached_folder(model).name for model in pair}
     models = home / "models"

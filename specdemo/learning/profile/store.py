@@ -46,6 +46,21 @@ def path_for(home: Path, facts: dict) -> Path:
     return home / "profile" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
+def tunes_on(home: Path, cpu: dict) -> list[dict]:
+    """The tune sections of every profile under `home` made on this CPU (`cpu`: machine.compile_facts()'s cpu and
+    flags), whatever OpenVINO made them: read without asking OpenVINO its build, for a command that loads none (clean)."""
+    tunes = []
+    for path in sorted((home / "profile").glob("*.json")):
+        try:
+            data = _profile(path.read_bytes())
+        except OSError:
+            continue
+        machine = data.get("machine") if data else None
+        if isinstance(machine, dict) and all(machine.get(key) == value for key, value in cpu.items()):
+            tunes.append(_section(data, "tune"))
+    return tunes
+
+
 class Store:
     """One profile file, read lazily and again whenever another process has replaced it, with the changes this
     process kept in memory only laid over it."""
