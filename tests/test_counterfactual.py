@@ -13,9 +13,8 @@ from specdemo.results.counterfactual import (
     accepted_run,
     corrected,
     counterfactual,
-    mask_counts,
     draft_pass,
-    match_mask,
+    mask_counts,
     observed_matches,
     replay_counts,
     walk_fixed,
@@ -40,7 +39,7 @@ def answer_of(target: FakeModel, n: int = N) -> list[int]:
 def test_every_fixed_k_accepts_round_by_round_what_a_real_run_accepts():
     target, draft = FakeModel(3, "target"), FakeModel(3, "draft")
     answer = answer_of(target)
-    mask = match_mask(draft, PROMPT, answer)
+    mask = draft_pass(draft, PROMPT, answer)[0]
     assert 0.2 < sum(mask) / len(mask) < 0.9  # the draft agrees sometimes: rejections and accepted runs both happen
     for k in range(1, 9):
         settings = GenerationSettings(max_new_tokens=N, k_policy=KPolicy.fixed(k))
@@ -58,7 +57,7 @@ def test_the_confidence_stop_is_walked_as_a_stopped_run_drafts():
     target, draft = FakeModel(3, "target"), FakeModel(3, "draft")
     answer = answer_of(target)
     mask, confidence = draft_pass(draft, PROMPT, answer)
-    assert mask == match_mask(draft, PROMPT, answer) and 0.0 < min(confidence) < max(confidence[1:]) <= 1.0
+    assert mask == draft_pass(draft, PROMPT, answer)[0] and 0.0 < min(confidence) < max(confidence[1:]) <= 1.0
     cut = 0
     for stops in ((0.3,), (0.6,), (0.2, 0.4, 0.6, 0.3)):  # one threshold everywhere, or one per draft position
         for k in (2, 5, 8):
@@ -106,7 +105,7 @@ def test_the_runs_own_drafting_replaces_the_passes_guesses_so_its_k_is_walked_ex
     run = drain(loops.speculative(target, ModelDrafter(draft, settings, np.random.default_rng(0)), FakeTokenizer(),
                                      PROMPT, settings, set()))
     assert run.ids == answer
-    guessed = match_mask(draft, PROMPT, answer)
+    guessed = draft_pass(draft, PROMPT, answer)[0]
     assert walk_fixed(guessed, k, COSTS, len(PROMPT), N, 1.0).accepted != [r.accepted for r in run.rounds[1:]]
     would = counterfactual(guessed, PROMPT, answer, COSTS, GenerationSettings(max_new_tokens=N, k_policy=KPolicy("fixed", k_max=8)), run.rounds)
     walk = would.fixed[k - 1]
@@ -142,7 +141,7 @@ def test_a_round_accepts_the_run_of_matches_from_its_start_capped_at_k():
 def test_the_oracle_is_never_slower_than_any_fixed_k_and_may_skip_drafting():
     target, draft = FakeModel(3, "target"), FakeModel(3, "draft")
     answer = answer_of(target)
-    mask = match_mask(draft, PROMPT, answer)
+    mask = draft_pass(draft, PROMPT, answer)[0]
     ar = 0.05 * N
     oracle = walk_oracle(mask, 8, COSTS, len(PROMPT), N, ar)
     assert all(oracle.seconds <= walk_fixed(mask, k, COSTS, len(PROMPT), N, ar).seconds + 1e-9 for k in range(1, 9))
@@ -208,7 +207,7 @@ def test_an_answer_that_ends_in_an_eos_is_walked_to_its_end_as_the_run_went():
     answer = drain(loops.autoregressive(target, FakeTokenizer(), PROMPT, settings, eos)).ids
     assert answer[-1] == 3 and 5 < len(answer) < N  # the EOS ended it, well before the budget
     for draft in (FakeModel(6, "target", scale=2.0), FakeModel(6, "draft", scale=2.0)):  # agrees always, or sometimes
-        mask = match_mask(draft, PROMPT, answer)
+        mask = draft_pass(draft, PROMPT, answer)[0]
         for k in (1, 3, 6):
             fixed = GenerationSettings(max_new_tokens=N, k_policy=KPolicy.fixed(k))
             run = drain(loops.speculative(target, ModelDrafter(draft, fixed, np.random.default_rng(0)), FakeTokenizer(),

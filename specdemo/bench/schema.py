@@ -70,7 +70,6 @@ OURS_AR = ("specdemo", AUTOREGRESSIVE)
 OURS_SPEC = ("specdemo", SPECULATIVE)
 GENAI_AR = ("genai", AUTOREGRESSIVE)
 GENAI_SPEC = ("genai", SPECULATIVE)
-HF_AR = ("transformers", AUTOREGRESSIVE)
 HF_SPEC = ("transformers", SPECULATIVE)
 
 

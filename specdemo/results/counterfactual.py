@@ -127,15 +127,10 @@ def greedy_choices(model: OVModel, prompt_ids: list[int], text_ids: list[int],
     return chosen, (np.concatenate(confidences) if confidences else np.zeros(0))
 
 
-def match_mask(draft: OVModel, prompt_ids: list[int], answer_ids: list[int]) -> list[int]:
-    """m[j] for every position of the answer: does the draft's greedy token after prompt + answer[:j] equal answer[j]?
-    m[0] is 1 by convention (the first token is the target's prefill, never drafted)."""
-    return _matches(greedy_choices(draft, prompt_ids, answer_ids), answer_ids)
-
-
 def draft_pass(draft: OVModel, prompt_ids: list[int], answer_ids: list[int]) -> tuple[list[int], list[float]]:
-    """The match mask and, per answer position, the draft's top probability there (position 0: 1.0, never drafted):
-    what the confidence stop reads."""
+    """The match mask m and, per answer position, the draft's top probability there (position 0: 1.0, never drafted):
+    what the confidence stop reads. m[j]: does the draft's greedy token after prompt + answer[:j] equal answer[j]? m[0]
+    is 1 by convention (the first token is the target's prefill, never drafted)."""
     choices, confidence = greedy_choices(draft, prompt_ids, answer_ids, with_confidence=True)
     return _matches(choices, answer_ids), [1.0] + [float(c) for c in confidence]
 
@@ -145,7 +140,7 @@ def _matches(choices: np.ndarray, answer_ids: list[int]) -> list[int]:
 
 
 def agreement_mask(target: OVModel, draft: OVModel, prompt_ids: list[int], text_ids: list[int]) -> list[int]:
-    """Like match_mask on any text, not only the target's own answer: does the draft's greedy token equal the
+    """Like draft_pass's mask on any text, not only the target's own answer: does the draft's greedy token equal the
     target's at every position? (On the target's greedy answer the two are the same.)"""
     ours, theirs = greedy_choices(draft, prompt_ids, text_ids), greedy_choices(target, prompt_ids, text_ids)
     return [1] + [int(x) for x in ours == theirs]

@@ -16,7 +16,7 @@ import statistics
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator
 
 from specdemo.ui.visitors import Visitor
@@ -38,7 +38,6 @@ class Ticket:
     tokens: int  # new tokens it asked for (what its run will take scales with them)
     visitor: Visitor | None = None  # whose run it is (None: the server's own turn, such as applying a tune)
     yields: bool = False  # the server's own work that lets visitors go first (learning the machine: RunQueue.join)
-    joined: float = field(default_factory=time.perf_counter)
     started: float | None = None  # when its turn came
 
 
