@@ -13,16 +13,15 @@ from dataclasses import dataclass, field, replace
 # exists is the drafter registry's to say (drafters.checked), at the edges that take a name from a user.
 DRAFTER = "model"  # the default drafting strategy: the draft model (specdemo/decoding/drafters/model.py; the registry's first)
 
-# gguf: a GGUF source's own quantized blocks, exactly; gguf-fused: the same blocks as the CPU plugin's fused kernels
-# take them (specdemo/models/gguf_weights.py)
-PRECISIONS = ("fp16", "int8", "int4", "gguf", "gguf-fused", "gguf-mixed")
-GGUF_LAYOUTS = {"gguf": "exact", "gguf-fused": "fused", "gguf-mixed": "mixed"}  # the GGUF precisions, by their layout of the file's blocks
+# gguf: a GGUF source's own quantized blocks, exactly; gguf-mixed: its Q4_K exactly, the rest per channel in 8 bits
+# (specdemo/models/gguf_weights.py)
+PRECISIONS = ("fp16", "int8", "int4", "gguf", "gguf-mixed")
+GGUF_LAYOUTS = {"gguf": "exact", "gguf-mixed": "mixed"}  # the GGUF precisions, by their layout of the file's blocks
 WEIGHTS = {  # what each precision's weights are, for the model panel and the run's JSON
     "fp16": "FP16 (dequantized)",
     "int8": "INT8 (re-quantized by NNCF, per channel)",
     "int4": "INT4 (re-quantized by NNCF, groups of 128)",
     "gguf": "the GGUF's own blocks (Q4_K, Q6_K, …)",
-    "gguf-fused": "the GGUF's own blocks as the fused kernels take them (Q4_K with a zero point, Q6_K per channel)",
     "gguf-mixed": "the GGUF's own Q4_K blocks, its Q6_K, head and embedding per channel in 8 bits",
 }
 AUTO = "auto"  # a draft's precision left to `python -m specdemo tune`'s draft plan for this machine (draft_choice.py)
@@ -44,7 +43,7 @@ class ModelSettings:
     """One model: where it comes from and how it is compiled."""
 
     source: str  # preset name ("qwen2.5-coder-1.5b"), HF model id, local folder or .gguf file
-    precision: str = "int8"  # weights: fp16 | int8 | int4 (NNCF) | gguf, gguf-fused (the file's blocks) | auto (drafts)
+    precision: str = "int8"  # weights: fp16 | int8 | int4 (NNCF) | gguf, gguf-mixed (the file's blocks) | auto (drafts)
     device: str = "CPU"  # any device OpenVINO lists in Core().available_devices
     kv_cache_precision: str = ""  # OpenVINO KV_CACHE_PRECISION; "" = f32 on CPU, else the plugin's default
     num_threads: int = 0  # INFERENCE_NUM_THREADS; 0 lets OpenVINO use every core

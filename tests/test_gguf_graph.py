@@ -117,10 +117,10 @@ from specdemo.settings import ModelSettings
 for precision in sys.argv[2:]:
     sources.prepare(ModelSettings(sys.argv[1], precision=precision), lambda fraction, message: None)
 """
-WEIGHT_TYPES = {"fp16": {"f16"}, "int8": {"u8"}, "int4": {"u4"}, "gguf": {"i8"}, "gguf-fused": {"i8"}, "gguf-mixed": {"i8"}}
+WEIGHT_TYPES = {"fp16": {"f16"}, "int8": {"u8"}, "int4": {"u4"}, "gguf": {"i8"}, "gguf-mixed": {"i8"}}
 
 
-@pytest.mark.slow  # NNCF and transformers' tokenizer conversion imported in a fresh child for each of six precisions
+@pytest.mark.slow  # NNCF and transformers' tokenizer conversion imported in a fresh child for each of five precisions
 def test_every_precision_of_a_gguf_converts_in_processes_without_torch(home, tmp_path):
     import openvino as ov
     from transformers import AutoTokenizer

@@ -35,7 +35,7 @@ def test_fused_projections_give_the_exported_models_logits_with_fewer_matmuls(ti
 
 def compressed(rows: int, columns: int, layout: str, seed: int):
     """A weight's decompression subgraph as specdemo's IRs hold it: per channel u8 with a zero point (NNCF int8), u4
-    with a zero point in groups of 32 (NNCF int4, gguf-fused), or i8 per channel (gguf-fused's Q6_K)."""
+    with a zero point in groups of 32 (NNCF int4), or i8 per channel (gguf-mixed's Q6_K)."""
     rng = np.random.default_rng(seed)
     if layout == "u8 per channel":
         q = ops.convert(ops.constant(rng.integers(0, 256, (rows, columns)).astype(np.uint8), dtype=ov.Type.u8), ov.Type.f16)

@@ -103,7 +103,7 @@ class BenchSettings:
     head_tokens: tuple[int, ...] = (8000, 16000, 32000, 64000, 0)  # draft LM head sizes of the vocab section (0 = full)
     genai_k_values: tuple[int, ...] = (2, 4, 6, 8)  # K at which GenAI's speculative pipeline joins the sweep
     genai_defaults_instructions: int = 3  # a pass with GenAI on its own compile defaults (0 = none)
-    target_precisions: tuple[str, ...] = ("int8", "gguf-mixed", "gguf-fused", "gguf", "int4")
+    target_precisions: tuple[str, ...] = ("int8", "gguf-mixed", "gguf", "int4")
     draft_precisions: tuple[str, ...] = ("int4", "int8", "fp16")
     kv_cache_precisions: tuple[str, ...] = ("u8", "f16", "")  # "" = our default (f32 on CPU)
     transformers_instructions: int = 3  # transformers is slow on CPU: fewer instructions

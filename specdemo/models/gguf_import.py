@@ -1,10 +1,10 @@
 """A GGUF file's weights as nodes of the graph built from it (specdemo/models/gguf_graph.py), laid out for the chosen
 precision:
 
-- BlockWeights (precisions gguf, gguf-fused, gguf-mixed): the file's own blocks (specdemo/models/gguf_weights.py) as the
-  pattern the CPU plugin fuses into its compressed FullyConnected (or Gather): a low-bit Constant, Convert, [Subtract a
-  zero point,] Multiply by an f16 scale per group, Reshape, Convert to f32; exact Q4_K's offset added after the MatMul
-  as a group sum of the activations. A tensor of a type gguf_weights does not unpack goes in as f16, dequantized.
+- BlockWeights (precisions gguf, gguf-mixed): the file's own blocks (specdemo/models/gguf_weights.py) as the
+  pattern the CPU plugin fuses into its compressed FullyConnected (or Gather): a signed low-bit Constant, Convert,
+  Multiply by an f16 scale per group, Reshape, Convert to f32; exact Q4_K's offset added after the MatMul as a group
+  sum of the activations. A tensor of a type gguf_weights does not unpack goes in as f16, dequantized.
 - DequantizedWeights (fp16, int8, int4): gguf's own dequantization of each tensor, as f16 or compressed by NNCF the way
   export.compress_weights compresses an exported model: tensor by tensor, since NNCF's int8 (per channel) and int4
   (groups of 128, every layer) need no data and no other tensor, in batches of BATCH_BYTES of f32 (a larger tensor in
@@ -273,17 +273,11 @@ def _return_freed_memory() -> None:
 def weight_node(blocks: Blocks):
     """The decompression subgraph of `blocks` without its offset: (rows, columns) f32."""
     rows, groups, size = blocks.q.shape
-    signed = blocks.zero_point is None
-    element = {(4, True): ov.Type.i4, (4, False): ov.Type.u4, (8, True): ov.Type.i8, (8, False): ov.Type.u8}
     if groups == 1:  # one scale a row: the per-channel pattern, no grouping reshape
         q, scale = blocks.q[:, 0, :], blocks.scale
-        zero_point = None if signed else blocks.zero_point
     else:
         q, scale = blocks.q, blocks.scale[..., None]
-        zero_point = None if signed else blocks.zero_point[..., None]
-    weight = ops.convert(_constant(q, element[blocks.bits, signed]), ov.Type.f16)
-    if zero_point is not None:
-        weight = ops.subtract(weight, ops.convert(_constant(zero_point, element[blocks.bits, False]), ov.Type.f16))
+    weight = ops.convert(_constant(q, {4: ov.Type.i4, 8: ov.Type.i8}[blocks.bits]), ov.Type.f16)
     scaled = ops.multiply(weight, ops.constant(scale))
     if groups > 1:
         scaled = ops.reshape(scaled, ops.constant(np.array([rows, groups * size], dtype=np.int64)), False)
@@ -294,7 +288,7 @@ def _constant(values: np.ndarray, element: ov.Type) -> ov.Node:
     """A Constant of `element` holding `values` (integers in its range). 4-bit values are packed here, two a byte, low
     nibble first as OpenVINO stores them: its own conversion goes through a Python list (16 s for the target's
     embedding alone)."""
-    if element not in (ov.Type.i4, ov.Type.u4):
+    if element != ov.Type.i4:
         return ops.constant(values, dtype=element)
     flat = values.reshape(-1).astype(np.uint8) & 0x0F
     if flat.size % 2:

@@ -1,5 +1,5 @@
 """A GGUF file's quantized blocks, unpacked, and the two ways specdemo lays them out as OpenVINO compressed weights
-(precisions "gguf", "gguf-fused" and "gguf-mixed"; specdemo/models/gguf_import.py puts them into the graph built from the file).
+(precisions "gguf" and "gguf-mixed"; specdemo/models/gguf_import.py puts them into the graph built from the file).
 
 Notation of ggml's block formats (ggml-quants.c): d the block's scale, sc / m a sub-block's 6-bit scale and min, q the
 quantized values.
@@ -16,19 +16,16 @@ w = s·(q − 8) + b with s = d·sc and b = 8·s − dmin·m, the first part an 
 symmetric kernel), the second added after the MatMul as a group-sum of the activations times a small (rows, groups)
 matrix. Q6_K stays i8 in groups of 16: 9 bits a weight, as OpenVINO's CPU plugin has no 6-bit type.
 
-**Fused** (precision gguf-fused): what the CPU plugin's compressed FullyConnected takes whole, dynamic quantization
-included (u4/u8 weights with a u4/u8 zero point, or i4/i8 without one): Q4_K as u4 with a u4 zero point per group of
-32, the min rounded to the scale's grid (zp = round(dmin·m / s): an error of at most s/2 per group, the size of the
-quantization step itself, and no extra MatMul); Q6_K, the LM head and the embedding re-quantized per output channel
-to i8 (8 bits instead of 9, one scale a row: the kernel's fastest path). That is how OpenVINO GenAI's GGUF reader lays
-Q4_K and how llama.cpp's OpenVINO backend lays both; it is not the file's exact arithmetic, so bench --only fidelity
-measures what it costs against the exact blocks. On the 1.5B target it costs more than INT8 (top-1 98.6 % against
-99.6 %, mean |logit error| 0.25 against 0.055, 285 positions), and the Q4_K zero point is all of it: Q6_K, the head
-and the embedding per channel alone keep 99.6 % at 0.064.
+**Mixed** (precision gguf-mixed): Q4_K as the exact layout keeps it; Q6_K, the LM head and the embedding re-quantized
+per output channel to i8 (8 bits instead of 9 where the file has 6.56, one scale a row: the kernel's fastest path, and
+every weight then divides a dynamic-quantization group of 32).
 
-**Mixed** (precision gguf-mixed): so Q4_K as the exact layout keeps it and Q6_K, the head and the embedding per
-channel as the fused one lays them: 8 bits instead of 9 where the file has 6.56, no groups of 16 (every weight then
-divides a dynamic-quantization group of 32), the file's own Q4_K arithmetic.
+Not kept: Q4_K as u4 with its min rounded to a u4 zero point per group, as OpenVINO GenAI's GGUF reader and llama.cpp's
+OpenVINO backend lay it (no extra MatMul, an error of up to half a step per weight). Measured as precision
+"gguf-fused" (docs/amd-epyc-zen4/fidelity/): top-1 98.2 % at a mean |logit error| of 0.24 on the 1.5B target, against
+INT8's 99.6 % / 0.06, the zero point's rounding all of it. Its step (65.9 ms there) was neither faithful's (the
+faithful race is INT8 against gguf-mixed) nor fastest's (NNCF's INT4, 32.8 ms): no configuration ran it, so it was
+retired (issue 42).
 """
 
 from __future__ import annotations
@@ -38,26 +35,23 @@ from dataclasses import dataclass
 import numpy as np
 
 SUPPORTED = ("Q4_K", "Q6_K", "Q5_0", "Q8_0")
-LAYOUTS = ("exact", "fused", "mixed")
-PER_CHANNEL = ("output.weight", "token_embd.weight")  # re-quantized per channel in the fused layout, whatever their type
+LAYOUTS = ("exact", "mixed")
+PER_CHANNEL = ("output.weight", "token_embd.weight")  # re-quantized per channel in the mixed layout, whatever their type
 CHUNK_BYTES = 16 << 20  # f32 weights re-quantized per channel in one step
 
 
 @dataclass
 class Blocks:
-    """One tensor's weights as groups: w[r, g·G + j] = scale[r, g]·(q[r, g, j] − zero_point[r, g]) + offset[r, g]."""
+    """One tensor's weights as groups: w[r, g·G + j] = scale[r, g]·q[r, g, j] + offset[r, g]."""
 
-    q: np.ndarray  # (rows, groups, G) int8 (signed) or uint8 (with a zero point); 4-bit values fit [-8, 7] / [0, 15]
+    q: np.ndarray  # (rows, groups, G) int8, signed (symmetric, no zero point); 4-bit values fit [-8, 7]
     scale: np.ndarray  # (rows, groups) float16
     offset: np.ndarray | None  # (rows, groups) float16 (exact Q4_K's b), or None
     bits: int  # 4 or 8: the element type the IR stores q in
-    zero_point: np.ndarray | None = None  # (rows, groups) uint8, or None: symmetric, q signed
 
     def dequantize(self) -> np.ndarray:
         """(rows, columns) float32, as the kernels decompress it."""
         w = self.q.astype(np.float32)
-        if self.zero_point is not None:
-            w -= self.zero_point.astype(np.float32)[..., None]
         w *= self.scale.astype(np.float32)[..., None]
         if self.offset is not None:
             w += self.offset.astype(np.float32)[..., None]
@@ -66,7 +60,7 @@ class Blocks:
     def take_rows(self, rows: np.ndarray) -> "Blocks":
         """These rows (output channels) only, in this order."""
         pick = lambda a: None if a is None else np.ascontiguousarray(a[rows])  # noqa: E731
-        return Blocks(pick(self.q), pick(self.scale), pick(self.offset), self.bits, pick(self.zero_point))
+        return Blocks(pick(self.q), pick(self.scale), pick(self.offset), self.bits)
 
 
 def unpack(kind: str, raw: np.ndarray) -> Blocks:
@@ -111,7 +105,7 @@ def _f16(pair: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(pair).view("<f2")[..., 0]
 
 
-# ---- the fused layout
+# ---- the mixed layout
 
 
 def lay_out(blocks: Blocks, kind: str, name: str, layout: str) -> Blocks:
@@ -122,20 +116,7 @@ def lay_out(blocks: Blocks, kind: str, name: str, layout: str) -> Blocks:
         raise ValueError(f"GGUF layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
     if kind == "Q6_K" or name in PER_CHANNEL:
         return _per_channel(blocks)
-    if blocks.offset is not None and layout == "fused":
-        return with_zero_point(blocks)
-    return blocks  # Q8_0, Q5_0: symmetric i8 in groups of 32 is already the fast path; Q4_K exact in the mixed layout
-
-
-def with_zero_point(blocks: Blocks) -> Blocks:
-    """Exact Q4_K blocks (w = s·(q − 8) + b) as u4 with a u4 zero point: w ≈ s·((q + 8) − zp), zp = round((8·s − b)/s)
-    = round(dmin·m / s), clipped to [0, 15] (a group whose values are all positive has m = 0)."""
-    scale = blocks.scale.astype(np.float32)
-    minimum = 8 * scale - blocks.offset.astype(np.float32)  # dmin·m ≥ 0
-    with np.errstate(divide="ignore", invalid="ignore"):
-        zero_point = np.where(scale > 0, np.rint(minimum / scale), 0.0)
-    zero_point = np.clip(zero_point, 0, 15).astype(np.uint8)
-    return Blocks((blocks.q + 8).astype(np.uint8), blocks.scale, None, 4, zero_point)
+    return blocks  # Q4_K exact; Q8_0, Q5_0: symmetric i8 in groups of 32 is already the fast path
 
 
 def per_channel_int8(w: np.ndarray) -> Blocks:
