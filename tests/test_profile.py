@@ -5,7 +5,6 @@ damaged file, a failed read, a full disk or a read-only home, and none of these 
 import builtins
 import errno
 import io
-import dataclasses
 import json
 import logging
 import os
@@ -19,7 +18,7 @@ import pytest
 from specdemo.decoding.costs import CostModel
 from specdemo.decoding.events import Round
 from specdemo.learning.profile import Keys, Profile, store
-from specdemo.learning.profile.choices import DEFAULT, Setting, model_key
+from specdemo.learning.profile.choices import DEFAULT, Setting
 from specdemo.learning.tune import Trial
 from specdemo.results.fidelity import BatchingNoise
 from specdemo.settings import KPolicy, DEFAULT_DRAFT, DEFAULT_TARGET, GenerationSettings
@@ -302,28 +301,6 @@ def test_two_processes_writing_at_once_keep_every_entry(tmp_path):
     go.touch()  # both start writing at once
     assert [w.wait(timeout=120) for w in writers] == [0, 0]
     assert len(json.loads(path.read_text())["costs"]) == 300
-
-
-def test_what_an_older_specdemo_kept_in_tune_and_costs_is_imported_once(tmp_path):
-    from specdemo.learning.profile.legacy import _tune_path
-
-    tune_file = _tune_path(tmp_path)
-    tune_file.parent.mkdir(parents=True)
-    setting = {"dynamic_quantization_group_size": 32, "inference_precision": "f32", "kv_cache_precision": "u8",
-               "num_threads": 0}
-    target = dataclasses.replace(DEFAULT_TARGET, precision="int8")  # an older specdemo's default target
-    tune_file.write_text(json.dumps({"version": 1, "models": {model_key(target): {"setting": setting}}}))
-    (tmp_path / "costs").mkdir()
-    (tmp_path / "costs" / "abc.json").write_text(json.dumps({"key": {"n_max": 13}, "costs": COSTS.to_dict()}))
-    (tmp_path / "costs" / "abc.noise.json").write_text(json.dumps(BatchingNoise(0.2, 96, (2,)).to_dict()))
-    (tmp_path / "costs" / "acceptance-models.json").write_text(
-        json.dumps({"model/greedy": {"tested": [10], "accepted": [9]}}))
-    profile = Profile(tmp_path)
-    assert profile.chosen(target) == Setting(32, "f32", "u8") and profile.costs("abc") == COSTS
-    assert profile.noise("abc").max_gap_change == 0.2 and profile.acceptance("models").has_evidence("model", True)
-    profile.keep_costs("other", COSTS)  # the first write keeps what was imported, in the profile's own file
-    data = json.loads(profile.store.path.read_text())
-    assert set(data["costs"]) == {"abc", "other"} and data["tune"]["models"] and data["acceptance"]["models"]
 
 
 def test_forgetting_the_tune_compiles_the_defaults_again_and_keeps_the_costs(tmp_path, monkeypatch, capsys):

@@ -70,6 +70,8 @@ def inventory(home: Path | None = None) -> list[Item]:
         ("bench", "bench", "the benchmark's float32 copies for transformers and GGUF files for llama.cpp"),
         ("profile", "measurements", "what this machine learnt: tune, call costs, acceptance history"),
         ("vocab", "measurements", "token rankings for trimmed draft heads"),
+        ("tune", "old-versions", "an older specdemo's compile choices (of models converted before cache v3)"),
+        ("costs", "old-versions", "an older specdemo's cost curves (of models converted before cache v3)"),
     ):
         path = home / name
         if path.exists():

@@ -55,7 +55,7 @@ class Profile:
     def __init__(self, home: Path | None = None):
         self.home = home or sources.specdemo_home()
         facts = machine.compile_facts()
-        self.store = Store(path_for(self.home, facts), facts, legacy_home=self.home)
+        self.store = Store(path_for(self.home, facts), facts)
         self._memo: dict = {}  # CostModels parsed from the data read last (the loop prices rounds with them)
         self._memo_of: dict | None = None
 

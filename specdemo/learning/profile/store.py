@@ -28,11 +28,9 @@ from pathlib import Path
 from typing import Callable
 
 from specdemo import strict_json
-from specdemo.learning.profile.legacy import import_stores
 
 SCHEMA = 1  # bump when a section's meaning changes; a profile of another schema is kept aside and started afresh
 SECTIONS = ("tune", "costs", "noise", "acceptance")
-_LEGACY = ("legacy",)  # what Store._seen holds while there is no profile file and the older stores stand in
 READ_TRIES = 3  # reads of the file before a write is given up (a transient EMFILE, EIO)
 READ_PAUSE_S = 0.05  # between those reads
 REFUSED = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}  # a home that will not take writes
@@ -65,10 +63,9 @@ class Store:
     """One profile file, read lazily and again whenever another process has replaced it, with the changes this
     process kept in memory only laid over it."""
 
-    def __init__(self, path: Path, facts: dict, legacy_home: Path | None = None):
+    def __init__(self, path: Path, facts: dict):
         self.path = path
         self.facts = facts  # machine.compile_facts(): what the file is valid for, written into it
-        self.legacy_home = legacy_home  # where the stores before the profile lived (imported once, on first write)
         self.refused = ""  # why the home refused a write ("No space left on device"): this process writes no more
         self._seen: tuple | None = None  # (inode, mtime_ns, size) of the file last read: each write is a new inode
         self._unsaved: list[tuple[str, Callable[[dict], dict]]] = []  # changes kept in memory, replayed over each read
@@ -77,8 +74,8 @@ class Store:
     def read(self) -> dict:
         """The whole profile (treat as read-only); {} sections when there is none yet or it is damaged."""
         seen = self._stat()
-        if seen is None and self._seen != _LEGACY:  # no profile yet: an older specdemo's stores, read once
-            self._take(self._legacy(), _LEGACY)
+        if seen is None and self._seen is not None:  # the file was removed (`clean`, by hand): nothing learnt now
+            self._take({}, None)
         elif seen is not None and seen != self._seen:
             try:
                 self._take(_profile(self.path.read_bytes()) or {}, seen)
@@ -128,14 +125,14 @@ class Store:
             return False
 
     def _read_locked(self) -> dict:
-        """The file's content, read under the lock: the older stores' when there is none yet, {} once a file that is
-        not a profile of this schema was kept aside. The last OSError when it cannot be read, try after try."""
+        """The file's content, read under the lock: {} when there is none yet, or once a file that is not a profile of
+        this schema was kept aside. The last OSError when it cannot be read, try after try."""
         for attempt in range(READ_TRIES):
             try:
                 raw = self.path.read_bytes()
                 break
             except FileNotFoundError:
-                return self._legacy()
+                return {}
             except OSError:
                 if attempt == READ_TRIES - 1:
                     raise
@@ -170,9 +167,6 @@ class Store:
         except OSError:
             return None
         return stat.st_ino, stat.st_mtime_ns, stat.st_size
-
-    def _legacy(self) -> dict:
-        return import_stores(self.legacy_home) if self.legacy_home is not None else {}
 
 
 def _profile(raw: bytes) -> dict | None:
