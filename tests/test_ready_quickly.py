@@ -53,7 +53,7 @@ def test_the_page_learns_the_rest_in_turns_of_its_own_behind_a_visitors_run(engi
     from specdemo.ui import handlers, waiting
 
     line = waiting.RunQueue(max_waiting=4)
-    monkeypatch.setattr(handlers, "LINE", line)
+    monkeypatch.setattr(waiting, "LINE", line)
     engine.warm_up(12, quick=True)
     visitor = line.join(16)  # a visitor's run holds the machine
     then, said = threading.Event(), []
@@ -114,7 +114,7 @@ def test_learning_stopped_for_a_visitor_goes_on_once_the_line_is_empty(monkeypat
     from specdemo.ui import handlers, waiting
 
     line = waiting.RunQueue(max_waiting=4)
-    monkeypatch.setattr(handlers, "LINE", line)
+    monkeypatch.setattr(waiting, "LINE", line)
     monkeypatch.setattr(handlers, "LEARN_RETRY_S", 0.05)
     tries, done = [], []
 

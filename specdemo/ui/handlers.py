@@ -36,8 +36,6 @@ from specdemo.ui.values import MAX_K, RACE, PageValues, as_sentence, check_promp
 
 SETTLE_S = 0.5  # the browser renders the run's first update before the lanes start, not while they run
 SKIP = object()  # an output this update leaves as it is
-MAX_WAITING_RUNS = 32  # runs that may wait for the machine; one more is refused with a sentence
-LINE = waiting.RunQueue(MAX_WAITING_RUNS)  # every visitor's runs take turns on this machine
 
 
 @dataclass
@@ -91,7 +89,7 @@ def generate(values: PageValues, visitor: Visitor) -> Iterator[View]:
     starts with ⚠️ and raises nothing."""
     try:
         settings = values.check()
-        ticket = LINE.join(settings.max_new_tokens, visitor)
+        ticket = waiting.LINE.join(settings.max_new_tokens, visitor)
     except ValueError as error:  # QueueFull too
         yield View(status=f"⚠️ {as_sentence(error)}")
         return
@@ -105,14 +103,14 @@ def generate(values: PageValues, visitor: Visitor) -> Iterator[View]:
         yield from views
     finally:
         # A run that had its turn (the line started its clock) and was not stopped teaches the line its pace.
-        LINE.leave(ticket, finished=ticket.started is not None and not cancel.is_set())
+        waiting.LINE.leave(ticket, finished=ticket.started is not None and not cancel.is_set())
         end_run(run_id)
 
 
 def _turn(values: PageValues, settings: GenerationSettings, visitor: Visitor, run_id: str, cancel,
           ticket: waiting.Ticket) -> Iterator[View]:
     """Wait for this run's turn in the line, saying its place, then run it."""
-    for ahead, seconds in LINE.wait(ticket, cancel):
+    for ahead, seconds in waiting.LINE.wait(ticket, cancel):
         yield View(status=waiting.describe_place(ahead, seconds))
     if cancel.is_set():
         yield View(status=LEFT_QUEUE_STATUS)
@@ -336,11 +334,11 @@ def learn_in_turns(engine: Engine, log=print, then=lambda: None, pair_only: bool
     def learn() -> None:
         try:
             while True:
-                ticket = LINE.join(1, yields=True)
+                ticket = waiting.LINE.join(1, yields=True)
                 try:
-                    for _ in LINE.wait(ticket, threading.Event()):
+                    for _ in waiting.LINE.wait(ticket, threading.Event()):
                         pass
-                    steps = engine.to_learn(MAX_K, log, interrupted=lambda: LINE.visitors_behind(ticket),
+                    steps = engine.to_learn(MAX_K, log, interrupted=lambda: waiting.LINE.visitors_behind(ticket),
                                             pair_only=pair_only)
                     if not steps:
                         break
@@ -351,8 +349,8 @@ def learn_in_turns(engine: Engine, log=print, then=lambda: None, pair_only: bool
                 except measuring.Interrupted:
                     log("learning this machine stopped for a visitor's run; it goes on when the line is empty")
                 finally:
-                    LINE.leave(ticket, finished=False)
-                while len(LINE):
+                    waiting.LINE.leave(ticket, finished=False)
+                while len(waiting.LINE):
                     time.sleep(LEARN_RETRY_S)
         except Exception as error:  # the page runs on what it has; the terminal says what is missing
             log(f"could not finish learning this machine: {as_sentence(error)}")
@@ -375,9 +373,9 @@ def apply_tune(settings: RunSettings = RunSettings(), log=print) -> threading.Th
     next run starts on it. (Whatever a run asks for is compiled under the newest tune anyway: loading_for.)"""
 
     def apply() -> None:
-        ticket = LINE.join(1)
+        ticket = waiting.LINE.join(1)
         try:
-            for _ in LINE.wait(ticket, threading.Event()):
+            for _ in waiting.LINE.wait(ticket, threading.Event()):
                 pass
             started = time.perf_counter()
             engine = loading_for("pair", settings, True).wait()
@@ -388,7 +386,7 @@ def apply_tune(settings: RunSettings = RunSettings(), log=print) -> threading.Th
         except Exception as error:  # the page's next run says it again, in its own status line
             log(f"could not apply this machine's tune: {as_sentence(error)}")
         finally:
-            LINE.leave(ticket, finished=False)
+            waiting.LINE.leave(ticket, finished=False)
 
     thread = threading.Thread(target=apply, daemon=True, name="specdemo-apply-tune")
     thread.start()
