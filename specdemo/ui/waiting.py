@@ -9,8 +9,8 @@ requested token. The line is fair: one visitor holds at most PER_SESSION places,
 from this machine itself share no address cap (its owner, the tests; a reverse proxy on this machine must forward the
 client's address in X-Forwarded-For, as a Hugging Face Space's does: visitors.address_of).
 
-LINE is this process's one line: the visitors' runs and the server's own turns, learning the machine and applying a
-tune, join it (handlers.py).
+LINE is this process's one line: the visitors' runs (handlers.py) and the server's own turns, learning the machine and
+applying a tune (learning.py), join it.
 """
 
 from __future__ import annotations
