@@ -17,7 +17,7 @@ from specdemo.host import compat
 
 compat.keep_torch_out()  # the server never needs torch: conversion runs in a child process
 
-from specdemo.ui import engines, handlers, page, tuning  # noqa: E402 - after keep_torch_out, so transformers does not load torch
+from specdemo.ui import engines, learning, page, tuning  # noqa: E402 - after keep_torch_out, so transformers does not load torch
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         log = lambda message: print(message, flush=True)  # noqa: E731
         steps = tuning.needed_steps(model_bytes=engine.target.describe()["size_on_disk_bytes"], log=log)
         # A tune measures the cost curve and the noise of the compile it keeps: until then runs plan provisionally.
-        handlers.learn_in_turns(engine, log, then=lambda: start_background(steps),
+        learning.learn_in_turns(engine, log, then=lambda: start_background(steps),
                                 pair_only=tuning.tunes_the_pair(steps))
 
     engines.prepare(on_ready=ready)
@@ -83,7 +83,7 @@ def apply_when_tuned(background: tuning.BackgroundWork, step: str) -> None:
     if step in (tuning.TUNING, tuning.PLANNING):
         print(f"{step}: done after {(time.perf_counter() - background.started) / 60:.1f} min in the background; "
               "applying the choice now, in a turn of its own between visitors' runs", flush=True)
-        handlers.apply_tune(log=lambda message: print(message, flush=True))
+        learning.apply_tune(log=lambda message: print(message, flush=True))
 
 
 def say_background_done(background: tuning.BackgroundWork) -> None:
@@ -93,7 +93,7 @@ def say_background_done(background: tuning.BackgroundWork) -> None:
     else:
         print(f"the background work failed while {background.step} (exit {background.returncode}); "
               f"see {background.log_path}", flush=True)
-        handlers.learn_the_rest(log=lambda message: print(message, flush=True))  # what the page left to the tune
+        learning.learn_the_rest(log=lambda message: print(message, flush=True))  # what the page left to the tune
 
 
 if __name__ == "__main__":

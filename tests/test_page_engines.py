@@ -82,20 +82,20 @@ def test_a_run_after_the_tune_changed_compiles_again_and_a_page_load_does_not(ho
 
 def test_the_new_tune_is_applied_in_a_turn_of_its_own_after_the_run_that_holds_the_machine(home, monkeypatch):
     from specdemo.settings import RunSettings
-    from specdemo.ui import handlers
+    from specdemo.ui import learning, waiting
 
     engines, loads = _fake_engines(monkeypatch, home)
     engines.loading_for("pair", RunSettings()).wait()
-    run = handlers.LINE.join(16)  # a visitor's run holds the machine
+    run = waiting.LINE.join(16)  # a visitor's run holds the machine
     _retune()
     said = []
-    applying = handlers.apply_tune(log=said.append)
+    applying = learning.apply_tune(log=said.append)
     applying.join(0.5)
     assert applying.is_alive() and len(loads) == 1  # waits in the line: no compile beside the run
-    handlers.LINE.leave(run)
+    waiting.LINE.leave(run)
     applying.join(10)
     assert len(loads) == 2 and said[0].startswith("applied this machine's tune in") and "no restart" in said[0]
-    assert len(handlers.LINE) == 0
+    assert len(waiting.LINE) == 0
 
 
 def _room(left_gib: float):

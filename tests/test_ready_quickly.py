@@ -50,16 +50,16 @@ def test_with_a_tune_next_only_what_outlives_the_compile_is_learnt_first(engine)
 
 
 def test_the_page_learns_the_rest_in_turns_of_its_own_behind_a_visitors_run(engine, monkeypatch):
-    from specdemo.ui import handlers, waiting
+    from specdemo.ui import learning, waiting
 
     line = waiting.RunQueue(max_waiting=4)
-    monkeypatch.setattr(handlers, "LINE", line)
+    monkeypatch.setattr(waiting, "LINE", line)
     engine.warm_up(12, quick=True)
     visitor = line.join(16)  # a visitor's run holds the machine
     then, said = threading.Event(), []
-    learning = handlers.learn_in_turns(engine, said.append, then=then.set)
-    learning.join(1.0)
-    assert learning.is_alive() and engine.costs.provisional  # it waits its turn: nothing measured beside the run
+    thread = learning.learn_in_turns(engine, said.append, then=then.set)
+    thread.join(1.0)
+    assert thread.is_alive() and engine.costs.provisional  # it waits its turn: nothing measured beside the run
     line.leave(visitor)
     assert then.wait(120) and not engine.costs.provisional and engine.noise is not None
     assert [line.split(":")[0] for line in said if ": done in" in line] == [
@@ -111,11 +111,11 @@ def test_visitors_go_ahead_of_the_servers_yielding_work_and_stop_it_once_it_runs
 def test_learning_stopped_for_a_visitor_goes_on_once_the_line_is_empty(monkeypatch):
     from types import SimpleNamespace
 
-    from specdemo.ui import handlers, waiting
+    from specdemo.ui import learning, waiting
 
     line = waiting.RunQueue(max_waiting=4)
-    monkeypatch.setattr(handlers, "LINE", line)
-    monkeypatch.setattr(handlers, "LEARN_RETRY_S", 0.05)
+    monkeypatch.setattr(waiting, "LINE", line)
+    monkeypatch.setattr(learning, "LEARN_RETRY_S", 0.05)
     tries, done = [], []
 
     def full(interrupted):
@@ -126,6 +126,6 @@ def test_learning_stopped_for_a_visitor_goes_on_once_the_line_is_empty(monkeypat
 
     engine = SimpleNamespace(to_learn=lambda k, log, interrupted, pair_only: [] if done else [("full", lambda: full(interrupted))])
     then, said = threading.Event(), []
-    handlers.learn_in_turns(engine, said.append, then=then.set)
+    learning.learn_in_turns(engine, said.append, then=then.set)
     assert then.wait(10) and done == ["full"] and len(tries) == 2
     assert any("stopped for a visitor's run" in line for line in said)

@@ -8,7 +8,7 @@ import pytest
 
 from specdemo.decoding.events import TokenEvent
 from specdemo.host import compat
-from specdemo.learning import identity, race, tune
+from specdemo.learning import candidates, identity, race, tune
 from specdemo.learning.profile import machine_profile
 from specdemo.learning.profile.choices import DEFAULT, Setting, model_key
 from specdemo.run import genai
@@ -17,17 +17,17 @@ TARGET = replace(FAITHFUL_TARGET, precision="int8")  # the default target at one
 
 # Three CPU classes, by their flags: an AMX Xeon (Sapphire Rapids), an AMD Zen 4 (AVX-512 with VNNI and BF16, no
 # AMX) and an AVX2-only AMD EPYC (Zen 2 or 3: no VNNI at all).
-AMX_XEON = tune.CPU(frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8",
+AMX_XEON = candidates.CPU(frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8",
                                "avx512_fp16"}), 2)
-ZEN4 = tune.CPU(frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16"}), 2)
-AVX2_EPYC = tune.CPU(frozenset({"avx2"}), 2)
+ZEN4 = candidates.CPU(frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16"}), 2)
+AVX2_EPYC = candidates.CPU(frozenset({"avx2"}), 2)
 # The weights the rules read: the 1.5B target's INT8 (per channel), the 0.5B draft's INT4 (NNCF's groups of 128), the
 # target's gguf-mixed (Q4_K in groups of 32, Q6_K per channel) and gguf (Q6_K in groups of 16) layouts.
-INT8_TARGET = tune.Layout(True, frozenset(), frozenset({1536, 8960}), 0.005)
-INT4_DRAFT = tune.Layout(True, frozenset({128}), frozenset({896, 4864}), 0.012)
-GGUF_MIXED_TARGET = tune.Layout(True, frozenset({32}), frozenset({1536, 8960}), 0.005)
-GGUF_TARGET = tune.Layout(True, frozenset({16, 32}), frozenset({1536, 8960}), 0.005)
-F16_TARGET = tune.Layout(False, frozenset(), frozenset(), 0.003)  # fp16 weights: no dynamic quantization
+INT8_TARGET = candidates.Layout(True, frozenset(), frozenset({1536, 8960}), 0.005)
+INT4_DRAFT = candidates.Layout(True, frozenset({128}), frozenset({896, 4864}), 0.012)
+GGUF_MIXED_TARGET = candidates.Layout(True, frozenset({32}), frozenset({1536, 8960}), 0.005)
+GGUF_TARGET = candidates.Layout(True, frozenset({16, 32}), frozenset({1536, 8960}), 0.005)
+F16_TARGET = candidates.Layout(False, frozenset(), frozenset(), 0.003)  # fp16 weights: no dynamic quantization
 
 
 def fake_seconds(settings, other=None) -> float:
@@ -130,7 +130,8 @@ def test_only_the_fastest_configurations_target_may_trade_identity_for_speed():
 
 def raced(cpu, layout, current=DEFAULT) -> dict[str, list]:
     """What each dimension races against `current` on `cpu` with `layout`, as the values of that dimension."""
-    return {d: [getattr(s, d) for s in tune.challengers(current, d, cpu, layout)] for d in tune.DIMENSIONS}
+    return {d: [getattr(s, d) for s in candidates.challengers(current, d, cpu, layout)]
+            for d in candidates.DIMENSIONS}
 
 
 def test_an_amx_xeon_races_the_largest_groups_the_weights_allow_and_bf16_only_where_nothing_is_quantized():
@@ -150,18 +151,18 @@ def test_a_zen4_races_group_sizes_and_bf16_only_where_nothing_is_quantized():
 
 def test_an_avx2_only_epyc_has_nothing_to_race_and_keeps_the_defaults_untimed():
     """No VNNI: dynamic quantization never runs, so its group is moot; no bf16; two cores; a short context."""
-    assert not any(raced(AVX2_EPYC, INT8_TARGET).values()) and tune.nothing_to_race(AVX2_EPYC, INT8_TARGET)
-    assert tune.nothing_to_race(AVX2_EPYC, INT4_DRAFT)
-    assert not tune.nothing_to_race(ZEN4, INT8_TARGET)
+    assert not any(raced(AVX2_EPYC, INT8_TARGET).values()) and candidates.nothing_to_race(AVX2_EPYC, INT8_TARGET)
+    assert candidates.nothing_to_race(AVX2_EPYC, INT4_DRAFT)
+    assert not candidates.nothing_to_race(ZEN4, INT8_TARGET)
     # an AVX2 CPU with AVX-VNNI (Alder Lake and later) does run dynamic quantization
-    assert raced(tune.CPU(frozenset({"avx2", "avx_vnni"}), 2), INT8_TARGET)["dynamic_quantization_group_size"]
+    assert raced(candidates.CPU(frozenset({"avx2", "avx_vnni"}), 2), INT8_TARGET)["dynamic_quantization_group_size"]
 
 
 def test_a_group_must_divide_the_weights_own_groups_and_rows():
     assert raced(ZEN4, INT4_DRAFT)["dynamic_quantization_group_size"] == [128, 64]  # 256 splits NNCF's 128 and 896
     assert raced(ZEN4, GGUF_MIXED_TARGET)["dynamic_quantization_group_size"] == []  # 32, the default, is the largest
     assert raced(ZEN4, GGUF_TARGET)["dynamic_quantization_group_size"] == [16]  # Q6_K's 16: the default 32 splits it
-    uncompressed = tune.Layout(False, frozenset(), frozenset(), 0.005)  # f16 weights: dynamic quantization never runs
+    uncompressed = candidates.Layout(False, frozenset(), frozenset(), 0.005)  # f16 weights: dynamic quantization never runs
     assert raced(ZEN4, uncompressed)["dynamic_quantization_group_size"] == []
     # under bf16 inference (chosen by hand) there is no dynamic quantization to tune
     assert raced(AMX_XEON, INT8_TARGET, Setting(32, "bf16", "f32"))["dynamic_quantization_group_size"] == []
@@ -188,7 +189,7 @@ def test_the_layout_is_read_from_the_irs_constants_and_config(tmp_path):
     (tmp_path / "config.json").write_text('{"num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,'
                                           ' "hidden_size": 896}')
     (tmp_path / "openvino_model.bin").write_bytes(b"\0" * 1_000_000)
-    layout = tune.Layout.of(tmp_path)
+    layout = candidates.Layout.of(tmp_path)
     assert layout.compressed and layout.groups == {128} and layout.rows == {896}
     assert layout.kv_share == pytest.approx(2 * 4 * 24 * 2 * 64 * race.CONTEXT / 1_000_000)
 
@@ -304,8 +305,8 @@ def test_another_configurations_target_is_searched_beside_the_draft_as_tuned(tmp
     monkeypatch.setattr(tune, "compile_model", fake_compile)
     monkeypatch.setattr(tune, "probes_of", lambda model, tokenizer, examples: [])
     monkeypatch.setattr(tune.sources, "prepare", lambda settings, progress=None: tmp_path)
-    monkeypatch.setattr(tune.CPU, "here", staticmethod(lambda: ZEN4))
-    monkeypatch.setattr(tune.Layout, "of", staticmethod(lambda folder: INT8_TARGET))
+    monkeypatch.setattr(candidates.CPU, "here", staticmethod(lambda: ZEN4))
+    monkeypatch.setattr(candidates.Layout, "of", staticmethod(lambda folder: INT8_TARGET))
     monkeypatch.setattr("transformers.AutoTokenizer.from_pretrained", lambda folder: SimpleNamespace())
     plans = []
     monkeypatch.setattr(tune, "plan_draft", lambda *args, incumbent: plans.append((args[1], incumbent)) or ["a plan"])
@@ -336,8 +337,8 @@ def test_a_cpu_with_nothing_to_race_keeps_the_defaults_without_compiling_a_refer
     monkeypatch.setattr(tune, "compile_model", lambda settings, tokenizer=None: compiled.append(settings) or settings)
     monkeypatch.setattr(tune, "search", lambda *args, **kwargs: pytest.fail("nothing should be raced"))
     monkeypatch.setattr(tune.sources, "prepare", lambda settings, progress=None: tmp_path)
-    monkeypatch.setattr(tune.CPU, "here", staticmethod(lambda: AVX2_EPYC))
-    monkeypatch.setattr(tune.Layout, "of", staticmethod(lambda folder: INT8_TARGET))
+    monkeypatch.setattr(candidates.CPU, "here", staticmethod(lambda: AVX2_EPYC))
+    monkeypatch.setattr(candidates.Layout, "of", staticmethod(lambda folder: INT8_TARGET))
     monkeypatch.setattr("transformers.AutoTokenizer.from_pretrained", lambda folder: SimpleNamespace())
     monkeypatch.setattr(tune, "plan_draft", lambda *args, incumbent: ["a plan"])
     trials, plan = tune.tune(TARGET, DEFAULT_DRAFT, log=lambda m: None)

@@ -9,12 +9,12 @@ import pytest
 
 from conftest import TEST_HOME, link_converted_models
 from specdemo.host import memory
-from specdemo.learning import race, tune
+from specdemo.learning import candidates, race, tune
 from specdemo.learning.profile.choices import DEFAULT, REFERENCE
 from specdemo.models import sources
 from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET
 
-VNNI = tune.CPU(frozenset({"avx2", "avx512f", "avx512_vnni"}), 2)  # so that group sizes are raced on any CPU
+VNNI = candidates.CPU(frozenset({"avx2", "avx512f", "avx512_vnni"}), 2)  # so that group sizes are raced on any CPU
 
 
 @pytest.mark.real_models
@@ -53,7 +53,7 @@ def test_the_tunes_compiles_fit_in_the_peak_it_waited_for(tmp_path, monkeypatch)
     del reference
     draft = tune.admitted(draft_settings, "the draft, beside the target", log.append)
     trials, kept = tune.search("target", target, draft, [], log.append, VNNI,
-                               tune.Layout.of(sources.prepare(target)), fidelity=fidelity, timer=tie)
+                               candidates.Layout.of(sources.prepare(target)), fidelity=fidelity, timer=tie)
     assert [t.setting.dynamic_quantization_group_size for t in trials] == [-1, 256]  # the challenger was compiled
     assert not [line for line in log if line.startswith("memory:")]  # nothing waited, nothing was skipped
     assert max(held) <= bound, f"held {max(held) / 2**30:.2f} GiB of a {bound / 2**30:.2f} GiB bound"

@@ -6,7 +6,7 @@ import pytest
 
 from conftest import TEST_HOME, link_converted_models
 from specdemo import errors
-from specdemo.learning import tune
+from specdemo.learning import candidates, tune
 from specdemo.learning.profile import Profile, choices, machine_profile
 from specdemo.models import sources
 from specdemo.results.lane import drain
@@ -14,10 +14,11 @@ from specdemo.run import genai
 from specdemo.run.engine import Engine
 from specdemo.settings import KPolicy, DEFAULT_DRAFT, DEFAULT_TARGET, GenerationSettings, RunSettings
 
-_ANY_WEIGHTS = tune.Layout(True, frozenset(), frozenset(), 0.0)  # inference precisions do not depend on the weights
+_ANY_WEIGHTS = candidates.Layout(True, frozenset(), frozenset(), 0.0)  # inference precisions do not depend on the weights
 INFERENCE = [choices.DEFAULT.inference_precision] + [
-    s.inference_precision for s in tune.challengers(choices.DEFAULT, "inference_precision", tune.CPU.here(), _ANY_WEIGHTS)]
-CHOICES = [(inference, kv) for inference in INFERENCE for kv in tune.KV_PRECISIONS]
+    s.inference_precision
+    for s in candidates.challengers(choices.DEFAULT, "inference_precision", candidates.CPU.here(), _ANY_WEIGHTS)]
+CHOICES = [(inference, kv) for inference in INFERENCE for kv in candidates.KV_PRECISIONS]
 INSTRUCTION = "Write a Python function that reverses a string."
 
 

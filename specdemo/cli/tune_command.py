@@ -58,8 +58,8 @@ def tune_machine(settings: RunSettings, again: bool = True) -> int:
         mark = "  <- chosen" if t.chosen else ("" if t.faithful or t.agreement != t.agreement else "  (not faithful)")
         print(f"{t.role:8}{t.setting.describe():44}{known(t.agreement, f'{t.agreement:.1%}'):>12}{time_:>10}{ratio:>12}"
               f"{known(t.parting_rate, f'{t.parting_rate:.1f}'):>12}{mark}")
-    print("(only what can beat the defaults on this CPU class is raced (specdemo/learning/tune.py); time: in the race a setting"
-          " last ran in; vs default: chained through the races, each against the setting kept so far; parting/1k:"
+    print("(only what can beat the defaults on this CPU class is raced (specdemo/learning/candidates.py); time: in the"
+          " race a setting last ran in; vs default: chained through the races, each against the setting kept so far; parting/1k:"
           " positions per 1,000 of built-in code and prose answers where verify calls choose another greedy token than"
           " single steps, measured for the target settings that would replace the one kept; none may part more often"
           " than the defaults beyond the counting noise of theirs, except in the fastest configuration)")

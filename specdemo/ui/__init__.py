@@ -5,6 +5,8 @@
 - lanes.py: one run's worker threads, the events they send, Stop;
 - render.py: pure renderers (events and summaries to HTML and chart frames);
 - handlers.py: what Generate, Stop and page load do, as generators of whole page updates;
+- learning.py: the page's learning of the machine (the rest of a quick warm-up, a new tune applied), in turns of its
+  own in the visitors' line;
 - page.py: the Gradio layout and glue, the only module that imports gradio.
 
 May import: specdemo.run, specdemo.learning, specdemo.results, specdemo.decoding, specdemo.models, specdemo.host and the

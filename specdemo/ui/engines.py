@@ -99,7 +99,7 @@ def _load_engine(settings: RunSettings, with_draft: bool):
         engine = Engine.load(settings, progress=both, with_draft=with_draft)
         both(None, "warming up")
         # Every K the page offers; quick: what the first run needs, the rest learnt after the page is ready
-        # (handlers.learn_in_turns).
+        # (learning.learn_in_turns).
         engine.warm_up(MAX_K, log=lambda message: both(None, message), quick=True)
         return engine
     return load

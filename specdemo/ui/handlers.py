@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import queue
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Iterator
 
 from specdemo.run import genai
-from specdemo.learning import measuring
 from specdemo.results import metrics, runfile
 from specdemo.models import sources
 from specdemo.host import memory
@@ -36,8 +34,6 @@ from specdemo.ui.values import MAX_K, RACE, PageValues, as_sentence, check_promp
 
 SETTLE_S = 0.5  # the browser renders the run's first update before the lanes start, not while they run
 SKIP = object()  # an output this update leaves as it is
-MAX_WAITING_RUNS = 32  # runs that may wait for the machine; one more is refused with a sentence
-LINE = waiting.RunQueue(MAX_WAITING_RUNS)  # every visitor's runs take turns on this machine
 
 
 @dataclass
@@ -91,7 +87,7 @@ def generate(values: PageValues, visitor: Visitor) -> Iterator[View]:
     starts with ⚠️ and raises nothing."""
     try:
         settings = values.check()
-        ticket = LINE.join(settings.max_new_tokens, visitor)
+        ticket = waiting.LINE.join(settings.max_new_tokens, visitor)
     except ValueError as error:  # QueueFull too
         yield View(status=f"⚠️ {as_sentence(error)}")
         return
@@ -105,14 +101,14 @@ def generate(values: PageValues, visitor: Visitor) -> Iterator[View]:
         yield from views
     finally:
         # A run that had its turn (the line started its clock) and was not stopped teaches the line its pace.
-        LINE.leave(ticket, finished=ticket.started is not None and not cancel.is_set())
+        waiting.LINE.leave(ticket, finished=ticket.started is not None and not cancel.is_set())
         end_run(run_id)
 
 
 def _turn(values: PageValues, settings: GenerationSettings, visitor: Visitor, run_id: str, cancel,
           ticket: waiting.Ticket) -> Iterator[View]:
     """Wait for this run's turn in the line, saying its place, then run it."""
-    for ahead, seconds in LINE.wait(ticket, cancel):
+    for ahead, seconds in waiting.LINE.wait(ticket, cancel):
         yield View(status=waiting.describe_place(ahead, seconds))
     if cancel.is_set():
         yield View(status=LEFT_QUEUE_STATUS)
@@ -321,78 +317,6 @@ def final_view(lanes: dict[str, LaneRun], mode: str, settings: GenerationSetting
     view.models = render.render_models(describe_model(engine.target), describe_model(engine.draft) if engine.draft else None,
                                        engine.target.settings.num_threads, kv)
     return view
-
-
-LEARN_RETRY_S = 5.0  # how often learning that stopped for a visitor looks for the line to be empty again
-
-
-def learn_in_turns(engine: Engine, log=print, then=lambda: None, pair_only: bool = False) -> threading.Thread:
-    """What a quickly warmed-up engine still has to learn of this machine (Engine.to_learn: the full cost curve, the
-    batching noise, the acceptance evidence; `pair_only`, only the last, when a tune comes next and measures the rest
-    for the compile it chooses), each step in a turn of its own in the visitors' line that lets visitors go first: a
-    visitor's run that comes while the full measurement runs stops it (measuring.Interrupted, nothing kept), and it is
-    taken again once the line is empty; then `then()` (the background work)."""
-
-    def learn() -> None:
-        try:
-            while True:
-                ticket = LINE.join(1, yields=True)
-                try:
-                    for _ in LINE.wait(ticket, threading.Event()):
-                        pass
-                    steps = engine.to_learn(MAX_K, log, interrupted=lambda: LINE.visitors_behind(ticket),
-                                            pair_only=pair_only)
-                    if not steps:
-                        break
-                    what, step = steps[0]
-                    started = time.perf_counter()
-                    step()
-                    log(f"{what}: done in {time.perf_counter() - started:.0f} s, between visitors' runs")
-                except measuring.Interrupted:
-                    log("learning this machine stopped for a visitor's run; it goes on when the line is empty")
-                finally:
-                    LINE.leave(ticket, finished=False)
-                while len(LINE):
-                    time.sleep(LEARN_RETRY_S)
-        except Exception as error:  # the page runs on what it has; the terminal says what is missing
-            log(f"could not finish learning this machine: {as_sentence(error)}")
-        then()
-
-    thread = threading.Thread(target=learn, daemon=True, name="specdemo-learn")
-    thread.start()
-    return thread
-
-
-def learn_the_rest(settings: RunSettings = RunSettings(), log=print) -> threading.Thread:
-    """What the default pair left to a tune that did not end (the background work failed): learnt in turns, as after a
-    start without one."""
-    return learn_in_turns(loading_for("pair", settings, True, refresh=False).wait(), log)
-
-
-def apply_tune(settings: RunSettings = RunSettings(), log=print) -> threading.Thread:
-    """After this machine's tune changed (the background work, or `tune` in another terminal): the default pair compiled
-    again under it, in a turn of its own in the line, so no visitor's run shares the machine with the compile and the
-    next run starts on it. (Whatever a run asks for is compiled under the newest tune anyway: loading_for.)"""
-
-    def apply() -> None:
-        ticket = LINE.join(1)
-        try:
-            for _ in LINE.wait(ticket, threading.Event()):
-                pass
-            started = time.perf_counter()
-            engine = loading_for("pair", settings, True).wait()
-            for _, step in engine.to_learn(MAX_K, log):  # the new compile's costs in full, its noise, in this turn
-                step()
-            log(f"applied this machine's tune in {time.perf_counter() - started:.0f} s (target "
-                f"{engine.target.tuned or 'untuned'}; draft {engine.draft.tuned or 'untuned'}); no restart needed")
-        except Exception as error:  # the page's next run says it again, in its own status line
-            log(f"could not apply this machine's tune: {as_sentence(error)}")
-        finally:
-            LINE.leave(ticket, finished=False)
-
-    thread = threading.Thread(target=apply, daemon=True, name="specdemo-apply-tune")
-    thread.start()
-    return thread
 
 
 def describe_model(model) -> dict:

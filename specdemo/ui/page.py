@@ -12,11 +12,12 @@ from specdemo.decoding import drafters
 from specdemo.results import figures
 from specdemo.ui import background, charts, handlers, render
 from specdemo.ui.asgi import FirstInHead, OneLineErrors
-from specdemo.ui.handlers import MAX_WAITING_RUNS, OUTPUTS, SKIP
+from specdemo.ui.handlers import OUTPUTS, SKIP
 from specdemo.ui.lanes import LaneRun
 from specdemo.ui.values import (ASSETS, MAX_INSTRUCTION_CHARS, MAX_K, MAX_NEW_TOKENS_CAP, ONE_AFTER_ANOTHER, RACE,
                                 PageValues, load_examples, offered_devices)
 from specdemo.ui.visitors import MEMORIES, Visitor, address_of
+from specdemo.ui.waiting import MAX_WAITING_RUNS
 
 INPUTS = tuple(f.name for f in fields(PageValues))  # the page's inputs, in the order generate() receives them
 MAX_UPLOAD_BYTES = 64 << 10  # the page takes no files; Gradio's upload route refuses anything larger than this

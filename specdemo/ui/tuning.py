@@ -8,7 +8,7 @@ waits for it. While a visitor's run holds the machine the work is stopped (SIGST
 conversion included), then continued: niced but running, the tune doubled a target step (92 ms against ~45 on a 2-core
 Zen 5), since the lanes share caches and memory bandwidth, not only cores.
 It ends with the server. What it chose is applied when it is done, without a restart: the page compiles the default
-pair again in a turn of its own in the visitors' line (handlers.apply_tune), and any engine compiled before the tune
+pair again in a turn of its own in the visitors' line (learning.apply_tune), and any engine compiled before the tune
 last changed is compiled again when a run next asks for it (engines.loading_for).
 Memory is bounded for the page and its steps together (specdemo/host/memory.py): each step counts the page beside itself,
 waits for room before each conversion or compile, and leaves what does not fit with a line in the log (exit

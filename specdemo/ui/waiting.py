@@ -8,6 +8,9 @@ requested token. The line is fair: one visitor holds at most PER_SESSION places,
 (a classroom behind one router shares an address; a client making up new sessions does not get more places). Requests
 from this machine itself share no address cap (its owner, the tests; a reverse proxy on this machine must forward the
 client's address in X-Forwarded-For, as a Hugging Face Space's does: visitors.address_of).
+
+LINE is this process's one line: the visitors' runs (handlers.py) and the server's own turns, learning the machine and
+applying a tune (learning.py), join it.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ DEFAULT_SECONDS_PER_TOKEN = 0.12  # before any run finished: both lanes of a 2-c
 POLL_S = 0.25  # how often a waiting visitor's place is re-read
 PER_SESSION = 1  # places one browser session may hold (its run, running or waiting)
 PER_ADDRESS = 3  # places the sessions of one network address may hold together
+MAX_WAITING_RUNS = 32  # runs that may wait for the machine; one more is refused with a sentence
 
 
 class QueueFull(ValueError):
@@ -132,6 +136,9 @@ class RunQueue:
     def __len__(self) -> int:
         with self._changed:
             return len(self._line)
+
+
+LINE = RunQueue(MAX_WAITING_RUNS)  # every visitor's runs take turns on this machine
 
 
 def describe_place(ahead: int, seconds: float) -> str:
