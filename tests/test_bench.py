@@ -5,6 +5,7 @@ import math
 from dataclasses import asdict
 
 import pytest
+from conftest import exact
 
 from specdemo import bench
 from specdemo.bench import report, report_tables
@@ -403,3 +404,16 @@ def test_where_two_of_our_lanes_part_the_run_record_judges_the_parting_by_its_ma
     assert wide["index"] == 2 and wide["verdict"] == "defect"  # margins of 2 and 2.5 logits are no tie
     assert same is None and runs[0].to_dict()["parting"] is None
     assert "spec 1.00s (parted at token 2: near-tie)" in log[-1]
+
+
+def test_the_memory_probe_measures_a_speculative_run_of_the_tiny_pair(tiny_target, tiny_draft):
+    """bench --only memory's probe, in this process: it loads, generates and reports its peaks (it once named its
+    result after the memory module it reads, and failed before measuring anything)."""
+    from specdemo.bench.memory import measure_memory
+    from specdemo.names import SPECULATIVE
+
+    settings = RunSettings(exact(tiny_target), exact(tiny_draft), GenerationSettings(max_new_tokens=8))
+    figures = measure_memory(settings, SPECULATIVE, "Write a function that adds two numbers.", 8)
+    assert 0 < figures["rss_loaded_bytes"] <= figures["peak_rss_process_bytes"]
+    assert 0 < figures["peak_anon_generating_bytes"] <= figures["peak_anon_process_bytes"]
+    assert figures["tokens"] > 0 and figures["private_bytes"] > 0

@@ -2,7 +2,6 @@
 fake models, and the planner learning from the match masks."""
 
 import numpy as np
-import pytest
 
 from specdemo.decoding import loops
 from specdemo.decoding.costs import CostModel

@@ -9,7 +9,8 @@ from specdemo.results.lane import drain
 from specdemo.results.metrics import Summary, measured_speedup
 from specdemo.settings import KPolicy, GenerationSettings, RunSettings
 from specdemo.ui import render
-from specdemo.ui.lanes import AUTOREGRESSIVE, SPECULATIVE, LaneRun
+from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
+from specdemo.ui.lanes import LaneRun
 from specdemo.ui.values import ONE_AFTER_ANOTHER
 from tests.conftest import exact
 

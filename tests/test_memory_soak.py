@@ -12,7 +12,8 @@ import psutil
 import pytest
 
 from specdemo.settings import GenerationSettings
-from specdemo.ui.lanes import AUTOREGRESSIVE, LANES, SPECULATIVE, LaneRun, follow, start_lanes
+from specdemo.names import AUTOREGRESSIVE, LANES, SPECULATIVE
+from specdemo.ui.lanes import LaneRun, follow, start_lanes
 from specdemo.ui.values import ONE_AFTER_ANOTHER
 
 pytestmark = pytest.mark.slow  # about a minute

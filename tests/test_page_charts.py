@@ -2,8 +2,6 @@
 
 import re
 
-import pytest
-
 from specdemo.decoding import planner
 from specdemo.decoding.costs import CostModel
 from specdemo.results.counterfactual import counterfactual

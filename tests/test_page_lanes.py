@@ -9,8 +9,8 @@ import pytest
 from specdemo.decoding.events import TARGET, TokenEvent
 from specdemo.results.metrics import Summary
 from specdemo.settings import GenerationSettings
-from specdemo.ui.lanes import (AUTOREGRESSIVE, GENAI, LANES, SPECULATIVE, UPDATE_INTERVAL_S, LaneRun, begin_run, cancel_run,
-                               end_run, follow, start_lanes)
+from specdemo.names import AUTOREGRESSIVE, GENAI, LANES, SPECULATIVE
+from specdemo.ui.lanes import UPDATE_INTERVAL_S, LaneRun, begin_run, cancel_run, end_run, follow, start_lanes
 from specdemo.ui.values import ONE_AFTER_ANOTHER, RACE
 
 

@@ -5,7 +5,8 @@ from specdemo.results.metrics import Summary, measured_speedup
 from specdemo.results.parting import parting
 from specdemo.settings import GenerationSettings, KPolicy
 from specdemo.ui import render
-from specdemo.ui.lanes import AUTOREGRESSIVE, GENAI, SPECULATIVE, LaneRun
+from specdemo.names import AUTOREGRESSIVE, GENAI, SPECULATIVE
+from specdemo.ui.lanes import LaneRun
 from specdemo.ui.values import ONE_AFTER_ANOTHER, RACE
 
 

@@ -100,7 +100,7 @@ def measure_memory(settings: RunSettings, mode: str, instruction: str, n: int) -
     finally:
         done.set()
         sampler.join()
-    memory = process.memory_info()
+    usage = process.memory_info()
     return {
         "rss_loaded_bytes": loaded,  # after loading and a short warm-up
         "peak_rss_generating_bytes": peak["generating"],
@@ -109,7 +109,7 @@ def measure_memory(settings: RunSettings, mode: str, instruction: str, n: int) -
         "peak_anon_generating_bytes": peak["anon_generating"],
         "peak_anon_process_bytes": peak["anon_process"],
         # RSS counts the memory-mapped IR weights too (file pages the kernel may drop); this does not.
-        "private_bytes": memory.rss - memory.shared,
+        "private_bytes": usage.rss - usage.shared,
         "kv_cache_bytes": summary.kv_cache_bytes,
         "tokens": summary.tokens,
     }

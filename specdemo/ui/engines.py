@@ -27,7 +27,7 @@ from specdemo.models.runtime import release_weight_pages
 from specdemo.names import AUTOREGRESSIVE, GENAI, SPECULATIVE
 from specdemo.run import genai
 from specdemo.run.engine import Engine
-from specdemo.settings import CONFIGURATIONS, GenerationSettings, ModelSettings, RunSettings
+from specdemo.settings import CONFIGURATIONS, ModelSettings, RunSettings
 from specdemo.ui.values import MAX_K, ONE_AFTER_ANOTHER
 
 GENAI_WARM_UP_TOKENS = 8  # GenAI compiles its kernels on its first generate: done at load, never in a lane's time

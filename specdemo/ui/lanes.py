@@ -14,7 +14,7 @@ import time
 from typing import Callable, Iterator
 
 from specdemo.decoding.events import TokenEvent
-from specdemo.names import AUTOREGRESSIVE, GENAI, LANES, SPECULATIVE
+from specdemo.names import GENAI, LANES
 from specdemo.results.lane import LaneLog
 from specdemo.ui.values import ONE_AFTER_ANOTHER, as_sentence
 
