@@ -168,7 +168,7 @@ def test_without_a_draft_model_only_the_model_free_strategies_are_walked():
     result = counterfactual(None, PROMPT, answer, COSTS, GenerationSettings(max_new_tokens=20, k_policy=KPolicy("fixed", k=4, k_max=4)))
     assert result.fixed == [] and result.greedy_only
     assert "prompt-lookup" in result.replayed and "suffix" not in result.replayed  # suffix keeps state across runs
-    assert set(result.replayed) == {name for name, s in STRATEGIES.items() if not s.needs_model and s.replayable}
+    assert set(result.replayed) == {name for name, s in STRATEGIES.items() if not s.needs_model and s.counterfactual.replayable}
     assert all(len(walks) == 4 for walks in result.replayed.values())
     assert set(result.evidence) == set(result.replayed)
 

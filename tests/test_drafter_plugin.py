@@ -20,7 +20,7 @@ ELSEWHERE = textwrap.dedent('''
 
     import time
 
-    from specdemo.decoding.drafters.base import Proposal, Strategy
+    from specdemo.decoding.drafters.base import Planning, Proposal, Strategy
 
 
     class EchoDrafter:
@@ -53,7 +53,7 @@ ELSEWHERE = textwrap.dedent('''
         return EchoDrafter()
 
 
-    STRATEGY = Strategy("echo", "echo of the text", needs_model=False, default_alpha=0.3, prior="echo", make=make)
+    STRATEGY = Strategy("echo", "echo of the text", make, planning=Planning(default_alpha=0.3))
 ''')
 
 

@@ -5,6 +5,7 @@ profile without a change anywhere else."""
 import pytest
 
 from specdemo.decoding.drafters import STRATEGIES, Proposal, Strategy, checked, make_drafter, strategy
+from specdemo.decoding.drafters.base import Planning
 from specdemo.decoding.planner import Acceptance, predicted_speedup, round_seconds
 from specdemo.results.lane import drain
 from specdemo.settings import GenerationSettings, KPolicy
@@ -33,7 +34,7 @@ def test_each_strategy_prices_its_own_drafting():
     assert lookup == pytest.approx(costs.t(5) + costs.target_rollback_s + costs.round_overhead_s)  # drafting is free
     assert model == pytest.approx(lookup + strategy("model").draft_seconds(costs, 4, geometric.all_accepted(4)))
     assert hybrid == model  # a hybrid's K is the draft model's, priced as its rounds
-    assert strategy("hybrid").prior == "model" and strategy("prompt-lookup").default_alpha == 0.5
+    assert strategy("hybrid").planning.prior == "model" and strategy("prompt-lookup").planning.default_alpha == 0.5
 
 
 class RepeatDrafter:
@@ -55,8 +56,8 @@ class RepeatDrafter:
 
 
 def test_a_new_strategy_runs_through_the_planner_the_loop_and_the_profile_unchanged(tiny_engine, monkeypatch):
-    repeat = Strategy("repeat", "the last token again", needs_model=False, default_alpha=0.1, prior="repeat",
-                      make=lambda *args, **kwargs: RepeatDrafter())
+    repeat = Strategy("repeat", "the last token again", lambda *args, **kwargs: RepeatDrafter(),
+                      planning=Planning(default_alpha=0.1))
     monkeypatch.setitem(STRATEGIES, "repeat", repeat)  # what a module drafters/repeat.py defining STRATEGY would do
     costs = machine(0.10, draft_steps=0.30, n_max=13)
     assert predicted_speedup(costs, Acceptance.geometric(0.1), 2, "repeat") < 1.0  # rarely right, priced as free

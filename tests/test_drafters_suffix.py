@@ -99,8 +99,8 @@ def test_the_store_keeps_its_bounds_by_dropping_the_oldest_answers():
 
 def test_the_registry_finds_the_suffix_strategy_and_the_settings_accept_it():
     suffix = STRATEGIES["suffix"]
-    assert (suffix.label, suffix.needs_model, suffix.prior) == ("your earlier answers (suffix match)", False, "suffix")
-    assert "no one else's answers" in suffix.note  # the page says what it draws on
+    assert (suffix.label, suffix.needs_model, suffix.planning.prior) == ("your earlier answers (suffix match)", False, "suffix")
+    assert "no one else's answers" in suffix.planning.note  # the page says what it draws on
     settings = GenerationSettings(drafter="suffix")
     assert make_drafter(settings.drafter, None, settings, None).kind == "suffix"
 

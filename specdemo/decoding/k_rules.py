@@ -67,7 +67,7 @@ class AutoK:
         if self.plan.k == 0:
             return 0
         for r in rounds[self.seen:]:
-            if r.drafter and r.drafter != strategy(self.plan.drafter).prior:
+            if r.drafter and r.drafter != strategy(self.plan.drafter).planning.prior:
                 continue  # a hybrid's K is the draft model's: its lookup rounds say nothing of the model's acceptance
             n_tested, n_accepted = r.tested()  # positions 1 .. accepted, and the rejected one
             for i in range(min(n_tested, self.k_max)):

@@ -248,7 +248,7 @@ def with_confidence_stop(plan: Plan, costs: CostModel, asked: float | None, k_ma
 def make_plan(costs: CostModel, drafter: str, acceptance: Acceptance, k_max: int, auto: bool, k: int) -> Plan:
     """The plan: the best K for this machine at this acceptance when `auto`, else the fixed K with its prediction."""
     said = acceptance.describe()
-    lookup = strategy(drafter).note
+    lookup = strategy(drafter).planning.note
     if not auto:
         speedup = predicted_speedup(costs, acceptance, k, drafter)
         return Plan(drafter, k, acceptance, speedup, False, f"Fixed K = {k}: predicted {speedup:.2f}× at {said}.{lookup}")

@@ -59,7 +59,7 @@ class DraftOption:
         return f"{self.precision}, {head}"
 
     def acceptance(self) -> Acceptance:
-        return Acceptance.from_counts(self.tested, self.accepted, Acceptance.geometric(strategy(MASKED).default_alpha))
+        return Acceptance.from_counts(self.tested, self.accepted, Acceptance.geometric(strategy(MASKED).planning.default_alpha))
 
     def acceptance_rate(self) -> float:
         """Accepted ÷ tested over every position: one number for the table."""

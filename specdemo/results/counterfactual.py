@@ -68,7 +68,7 @@ class Counterfactual:
     autoregressive_s: float  # predicted seconds of the autoregressive lane on this answer
     fixed: list[Walk]  # the draft model at K = 1 … k_max
     oracle: Walk  # the best K for every round
-    replayed: dict[str, list[Walk]]  # each model-free strategy (Strategy.replayed) at K = 1 … k_max, by name
+    replayed: dict[str, list[Walk]]  # each replayable model-free strategy (replay_drafters) at K = 1 … k_max, by name
     greedy_only: bool = True  # a reminder for readers of the JSON: sampled runs have no counterfactual
     observed: int = 0  # positions of the mask the run's own drafting observed (the rest from the teacher-forced pass)
     corrected: int = 0  # of them, where the teacher-forced pass had guessed otherwise
@@ -304,9 +304,11 @@ def walk_replayed(drafter, prompt_ids: list[int], answer_ids: list[int], k: int,
 
 
 def replay_drafters(settings) -> dict:
-    """A fresh drafter of every model-free strategy (Strategy.replayed), by name, for `settings` (GenerationSettings)."""
+    """A fresh drafter of every model-free strategy the counterfactual may replay (Walking.replayable), by name, for
+    `settings` (GenerationSettings)."""
     rng = np.random.default_rng(0)  # deterministic drafters: the generator is never drawn from
-    return {name: s.make(None, settings, rng) for name, s in STRATEGIES.items() if s.replayed}
+    return {name: s.make(None, settings, rng) for name, s in STRATEGIES.items()
+            if not s.needs_model and s.counterfactual.replayable}
 
 
 def autoregressive_seconds(costs: CostModel, prompt_tokens: int, tokens: int) -> float:

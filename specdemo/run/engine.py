@@ -135,7 +135,7 @@ class Engine:
         costs for these models (warm_up first).
 
         Under auto K, where the instruction quotes text for the answer to copy, the settings' strategy may hand over to
-        another (Strategy.when_quoting: the draft model to the hybrid, which drafts by lookup where the text repeats);
+        another (Planning.when_quoting: the draft model to the hybrid, which drafts by lookup where the text repeats);
         a fixed K keeps the drafter the settings name.
         """
         if self.costs is None or self.costs.n_max < settings.k_max + 1:
@@ -144,8 +144,8 @@ class Engine:
         if asked.needs_model and self.draft is None:
             raise ValueError(no_draft_model())
         auto = settings.k_policy.is_auto
-        drafter = asked.when_quoting if auto and asked.when_quoting and planner.quotes_text(instruction) \
-            else asked.name
+        quoting = asked.planning.when_quoting
+        drafter = quoting if auto and quoting and planner.quotes_text(instruction) else asked.name
         plan = make_plan(self.costs, drafter, self._prior(drafter, settings.greedy), settings.k_max, auto,
                          settings.k_policy.k)
         if drafter != asked.name:
@@ -158,12 +158,12 @@ class Engine:
 
     def _prior(self, drafter: str, greedy: bool) -> planner.Acceptance:
         """The acceptance a drafter's plan assumes: a hybrid's K is the draft model's."""
-        return self.acceptance().prior(strategy(drafter).prior, greedy)
+        return self.acceptance().prior(strategy(drafter).planning.prior, greedy)
 
     def _price(self, greedy: bool):
         """price(drafter, k): this machine's predicted speedup of one round, for the hybrid drafter's choice each round."""
         history, costs_now = self.acceptance(), self.costs
-        priors = {name: history.prior(strategy(name).prior, greedy) for name in STRATEGIES}
+        priors = {name: history.prior(strategy(name).planning.prior, greedy) for name in STRATEGIES}
         return lambda drafter, k: planner.predicted_speedup(costs_now, priors[drafter], k, drafter)
 
     @classmethod

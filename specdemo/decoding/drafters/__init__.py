@@ -1,7 +1,8 @@
 """Drafting strategies: whatever proposes the next few tokens for the target to check.
 
 Each strategy is one module here holding its drafter (propose / keep, specdemo/decoding/drafters/base.py) and its STRATEGY
-(name, pricing, prior, maker); this package finds them, so adding a drafter is adding its module (and its test):
+(name, label, maker, whether it needs the draft model, and what the planner, the counterfactual, the peers and its
+owners read of it: base.Strategy); this package finds them, so adding a drafter is adding its module (and its test):
 
     model.py    a small LLM drafts token by token with its own KV cache
     lookup.py   prompt lookup: what followed the text's last n-gram where it occurred before, no model
@@ -34,7 +35,7 @@ def _discover() -> dict[str, Strategy]:
 STRATEGIES: dict[str, Strategy] = _discover()
 DEFAULT = next(iter(STRATEGIES))  # the first choice: the draft model
 assert DEFAULT == settings.DRAFTER, f"settings.DRAFTER names {settings.DRAFTER!r}, the first strategy is {DEFAULT!r}"
-MASKED = next(s.name for s in STRATEGIES.values() if s.taught_by_mask)  # the draft model's own strategy
+MASKED = next(s.name for s in STRATEGIES.values() if s.counterfactual.taught_by_mask)  # the draft model's own strategy
 
 
 def strategy(name: str) -> Strategy:

@@ -5,13 +5,14 @@ Every drafter answers two calls (the shape of transformers' candidate generators
   distributions they were drawn from when drafting was random;
 - keep(length): the first `length` tokens of `seq` are confirmed; forget anything after them.
 
-And every strategy carries a Strategy: its name, how the planner prices its round, what the acceptance prior starts
-from, and how a drafter of it is made.
+And every strategy carries a Strategy: its name, label and maker, whether it needs the draft model (and so how its
+round and prefill are priced), and a part for each concern that reads more: the planner's (Planning), the
+counterfactual's (Walking), the peers' (counterpart) and its owners' (memory).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Protocol
 
 import numpy as np
@@ -50,42 +51,64 @@ def stop_threshold(stops: tuple[float, ...], drafted: int) -> float:
 
 
 @dataclass(frozen=True)
+class Planning:
+    """What the planner reads of a strategy (planner.py, the engine's plan, the K rules, the acceptance profile)."""
+
+    default_alpha: float = 0.5  # the acceptance a plan assumes before any evidence on this machine
+    # Whose acceptance history prices its K: "" its own (a hybrid's is the model's: its lookup rounds are free extras)
+    prior: str = ""
+    when_quoting: str = ""  # under auto K, the strategy that drafts instead where the instruction quotes text to copy
+    note: str = ""  # what a plan adds to its reason for people, when it runs this strategy
+
+
+@dataclass(frozen=True)
+class Walking:
+    """How the counterfactual (results/counterfactual.py) walks a strategy over a finished answer: by the draft's
+    teacher-forced match mask, by replaying its drafter on the answer, or not at all (a mix of the two, as the hybrid)."""
+
+    # The draft model's own strategy (drafters.MASKED): its acceptance is what the draft's match mask shows (warm-up's
+    # first evidence, the counterfactual's fixed-K walks and oracle).
+    taught_by_mask: bool = False
+    # Whether the counterfactual may replay the drafter of a model-free strategy on a finished answer: its proposals
+    # depend on the text alone, unless it keeps state across runs (the answer being explained would already be in it).
+    replayable: bool = True
+
+
+@dataclass(frozen=True)
 class Strategy:
-    """One way of drafting, as the planner, the profile and the page see it."""
+    """One way of drafting: what every caller needs, and one part for each concern that reads more (its comment says
+    whose). A model-free strategy written elsewhere needs only its name, label and maker, and a planning part when
+    its drafts are accepted more or less often than half the time:
+
+        STRATEGY = Strategy("echo", "echo of the text", make, planning=Planning(default_alpha=0.3))
+    """
 
     name: str  # as GenerationSettings.drafter, Round.drafter and the run JSON say it
     label: str  # for people: "draft model", "prompt lookup", …
-    needs_model: bool  # drafts with the draft model: it needs one loaded, prefills it, and pays draft steps
-    default_alpha: float  # the acceptance a plan assumes before any evidence on this machine
-    prior: str  # whose acceptance history prices its K ("hybrid": the model's; its lookup rounds are free extras)
     make: Callable[..., "Drafter"]  # make(draft_model, settings, rng, price, stops) -> Drafter
-    note: str = ""  # what a plan adds to its reason for people, when it runs this strategy
+    # Drafts with the draft model: it needs one loaded (the engine, the CLI, the page and the bench ask), prefills it,
+    # and pays draft steps (draft_seconds, prefill_seconds); the peers run a draft model or prompt lookup for it.
+    needs_model: bool = False
     order: int = 100  # its place among the page's and the CLI's choices (the built-in ones first)
-    # What the peers (OpenVINO GenAI, llama.cpp) run in its place: "draft" (a draft model: GenAI's draft_model=), "lookup"
-    # (prompt lookup: GenAI's prompt_lookup=True), "": they have nothing like it
+    planning: Planning = Planning()  # the planner's: its prior acceptance, whose history prices its K, what a plan says
+    counterfactual: Walking = Walking()  # the counterfactual's: how it walks this strategy over a finished answer
+    # The peers' (OpenVINO GenAI, llama.cpp): what they run in its place: "draft" (a draft model: GenAI's draft_model=),
+    # "lookup" (prompt lookup: GenAI's prompt_lookup=True), "": they have nothing like it
     counterpart: str = ""
-    when_quoting: str = ""  # under auto K, the strategy that drafts instead where the instruction quotes text to copy
-    # The draft model's own strategy: its acceptance is what the draft's teacher-forced match mask shows (warm-up's
-    # first evidence, the counterfactual's fixed-K walks and oracle). A model-free strategy is walked by replaying its
-    # drafter on the answer instead; one that mixes the two (hybrid) is not walked.
-    taught_by_mask: bool = False
-    # Whether the counterfactual may replay its drafter on a finished answer: a model-free drafter's proposals depend on
-    # the text alone, unless it keeps state across runs (the answer being explained would already be in it).
-    replayable: bool = True
-    # What it keeps across runs (earlier answers), made empty by calling it: None, it keeps nothing. Each owner of runs
-    # holds one of its own (a visitor of the page, a bench lane; drafters.memories()) and hands it to make_drafter, so
-    # a drafter draws on its owner's earlier runs and on no one else's; a run given none remembers only itself.
+    # Its owners' (the page's visitors, the bench's lanes; drafters.memories()): what it keeps across runs (earlier
+    # answers), made empty by calling it: None, it keeps nothing. Each owner of runs holds one of its own and hands it
+    # to make_drafter, so a drafter draws on its owner's earlier runs and on no one else's; a run given none remembers
+    # only itself.
     memory: Callable[[], object] | None = None
+
+    def __post_init__(self):
+        if not self.planning.prior:  # its own history prices its K (frozen: set once, here)
+            object.__setattr__(self, "planning", replace(self.planning, prior=self.name))
 
     @property
     def choice(self) -> str:
         """How the page names it among the drafting choices: its label, capitalised."""
         return self.label[:1].upper() + self.label[1:]
-
-    @property
-    def replayed(self) -> bool:
-        """Whether the counterfactual walks it by replaying its own drafter on the answer (no model to run)."""
-        return not self.needs_model and self.replayable
 
     def draft_seconds(self, costs: "CostModel", k: int, full: float) -> float:
         """Seconds of drafting K tokens in one round (and trimming the draft's cache after it). `full`: the chance

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Callable
 
 from specdemo.decoding.drafters import lookup, model
-from specdemo.decoding.drafters.base import Proposal, Strategy
+from specdemo.decoding.drafters.base import Planning, Proposal, Strategy
 from specdemo.decoding.drafters.lookup import PromptLookupDrafter
 from specdemo.decoding.drafters.model import ModelDrafter
 
@@ -48,6 +48,8 @@ def make(draft_model, settings, rng, price=None, stops: tuple[float, ...] = ()) 
 
 # A hybrid round is priced as the draft model's: its lookup rounds are the free exceptions. Its rounds name the part
 # that drafted them, so what they teach goes to those strategies' histories.
-STRATEGY = Strategy("hybrid", "draft model and prompt lookup", needs_model=True, default_alpha=0.8, prior="model",
-                    make=make, note=" Where the text so far repeats, drafts come from it by lookup instead, without a "
-                                    "model call.", order=2, counterpart="draft")
+STRATEGY = Strategy("hybrid", "draft model and prompt lookup", make, needs_model=True, order=2,
+                    planning=Planning(default_alpha=0.8, prior=model.STRATEGY.name,
+                                      note=" Where the text so far repeats, drafts come from it by lookup instead, "
+                                           "without a model call."),
+                    counterpart="draft")

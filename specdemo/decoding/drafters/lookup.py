@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from specdemo.decoding.drafters.base import Proposal, Strategy
+from specdemo.decoding.drafters.base import Planning, Proposal, Strategy
 
 
 class PromptLookupDrafter:
@@ -53,5 +53,5 @@ def make(draft_model, settings, rng, price=None, stops: tuple[float, ...] = ()) 
     return PromptLookupDrafter(settings.lookup_ngram)
 
 
-STRATEGY = Strategy("prompt-lookup", "prompt lookup", needs_model=False, default_alpha=0.5, prior="prompt-lookup",
-                    make=make, order=1, counterpart="lookup")
+STRATEGY = Strategy("prompt-lookup", "prompt lookup", make, order=1, planning=Planning(default_alpha=0.5),
+                    counterpart="lookup")

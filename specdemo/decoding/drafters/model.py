@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from specdemo.decoding.drafters.base import Proposal, Strategy, stop_threshold
+from specdemo.decoding.drafters.base import Planning, Proposal, Strategy, Walking, stop_threshold
 from specdemo.decoding.verification import process_logits, sample
 
 if TYPE_CHECKING:
@@ -91,5 +91,6 @@ def make(draft_model, settings, rng, price=None, stops: tuple[float, ...] = ()) 
     return ModelDrafter(draft_model, settings, rng, stops)
 
 
-STRATEGY = Strategy("model", "draft model", needs_model=True, default_alpha=0.8, prior="model", make=make, order=0,
-                    counterpart="draft", when_quoting="hybrid", taught_by_mask=True)
+STRATEGY = Strategy("model", "draft model", make, needs_model=True, order=0,
+                    planning=Planning(default_alpha=0.8, when_quoting="hybrid"),
+                    counterfactual=Walking(taught_by_mask=True), counterpart="draft")

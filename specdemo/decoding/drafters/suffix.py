@@ -23,7 +23,7 @@ from collections import Counter
 from typing import Sequence
 
 from specdemo.decoding.drafters import lookup
-from specdemo.decoding.drafters.base import Proposal, Strategy
+from specdemo.decoding.drafters.base import Planning, Proposal, Strategy, Walking
 
 # A match's length counts the text's last tokens that agree with an earlier place. Two is the shortest drafted from: a
 # single token such as "," or an indent is one in 25-35 tokens of code, so with the store full a round counting its
@@ -205,11 +205,12 @@ def make(draft_model, settings, rng, price=None, stops: tuple[float, ...] = (), 
 # Its drafts are earlier text copied verbatim, as prompt lookup's are, so until this machine's history says otherwise it
 # starts from lookup's prior. Teacher-forced on this repository's code (as for MIN_CONFIDENCE) its drafts were accepted
 # at α̂ 0.56 with the store and 0.58 without: the prior is the cautious side of that; its own history then prices it.
-STRATEGY = Strategy("suffix", "your earlier answers (suffix match)", needs_model=False,
-                    default_alpha=lookup.STRATEGY.default_alpha, prior="suffix", make=make,
-                    note=" Drafts continue the text where it, or one of your earlier answers in this session, went on "
-                         "the same way before, without a model call (no one else's answers are drawn on).",
-                    memory=AnswerStore,
+STRATEGY = Strategy("suffix", "your earlier answers (suffix match)", make,
+                    planning=Planning(default_alpha=lookup.STRATEGY.planning.default_alpha,
+                                      note=" Drafts continue the text where it, or one of your earlier answers in this "
+                                           "session, went on the same way before, without a model call (no one else's "
+                                           "answers are drawn on)."),
                     # Not replayed by the counterfactual: the answer it would explain is in the store by then, and a
                     # replay would draft it from itself (and write it there again).
-                    replayable=False)
+                    counterfactual=Walking(replayable=False),
+                    memory=AnswerStore)

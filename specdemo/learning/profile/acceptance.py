@@ -32,7 +32,7 @@ class AcceptanceHistory:
         return sum(self.counts.get(key(drafter, greedy), {}).get("tested", [])) > 0
 
     def prior(self, drafter: str, greedy: bool) -> Acceptance:
-        default = Acceptance.geometric(STRATEGIES[drafter].default_alpha if drafter in STRATEGIES else 0.5)
+        default = Acceptance.geometric(STRATEGIES[drafter].planning.default_alpha if drafter in STRATEGIES else 0.5)
         counts = self.counts.get(key(drafter, greedy))
         if not counts:
             return default
