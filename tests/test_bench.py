@@ -406,14 +406,18 @@ def test_where_two_of_our_lanes_part_the_run_record_judges_the_parting_by_its_ma
     assert "spec 1.00s (parted at token 2: near-tie)" in log[-1]
 
 
-def test_the_memory_probe_measures_a_speculative_run_of_the_tiny_pair(tiny_target, tiny_draft):
-    """bench --only memory's probe, in this process: it loads, generates and reports its peaks (it once named its
-    result after the memory module it reads, and failed before measuring anything)."""
-    from specdemo.bench.memory import measure_memory
+def test_the_memory_probe_measures_a_speculative_run_of_the_tiny_pair(tiny_target, tiny_draft, capsys):
+    """bench --only memory's probe, as its child process runs it: the settings back from their JSON, a load, a run
+    and its peaks on one line (it once failed before measuring: its result shadowed the memory module it reads, and
+    the K policy came back from JSON as a dict)."""
+    from specdemo import strict_json
+    from specdemo.bench import memory
     from specdemo.names import SPECULATIVE
 
     settings = RunSettings(exact(tiny_target), exact(tiny_draft), GenerationSettings(max_new_tokens=8))
-    figures = measure_memory(settings, SPECULATIVE, "Write a function that adds two numbers.", 8)
+    memory.child(strict_json.dumps({"settings": asdict(settings), "mode": SPECULATIVE, "n": 8,
+                                    "instruction": "Write a function that adds two numbers."}))
+    figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert 0 < figures["rss_loaded_bytes"] <= figures["peak_rss_process_bytes"]
     assert 0 < figures["peak_anon_generating_bytes"] <= figures["peak_anon_process_bytes"]
     assert figures["tokens"] > 0 and figures["private_bytes"] > 0

@@ -22,7 +22,7 @@ from specdemo.host import memory
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results.lane import drain
 from specdemo.run.engine import Engine
-from specdemo.settings import GenerationSettings, ModelSettings, RunSettings
+from specdemo.settings import GenerationSettings, KPolicy, ModelSettings, RunSettings
 
 
 # The transformers peer holds both models in f32: TRANSFORMERS_F32 times their IR's weights.
@@ -62,7 +62,8 @@ def child(request: str) -> None:
     """The memory probe's process: measure, then print one JSON line on stdout."""
     r = json.loads(request)
     s = r["settings"]
-    settings = RunSettings(ModelSettings(**s["target"]), ModelSettings(**s["draft"]), GenerationSettings(**s["generation"]))
+    generation = GenerationSettings(**{**s["generation"], "k_policy": KPolicy(**s["generation"]["k_policy"])})
+    settings = RunSettings(ModelSettings(**s["target"]), ModelSettings(**s["draft"]), generation)
     print(strict_json.dumps(measure_memory(settings, r["mode"], r["instruction"], r["n"])))
 
 
