@@ -6,7 +6,8 @@ from specdemo.bench.report_tables import image, percent, table, times
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 
 
-def humaneval_section(section: dict | None, plots: dict) -> str:
+def humaneval_section(sections: dict, plots: dict) -> str:
+    section = sections.get("humaneval")
     if not section:
         return ""
     title = "## 9. HumanEval, the notebook's workload\n\n"

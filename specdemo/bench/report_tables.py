@@ -142,7 +142,8 @@ def tune_section(record: dict | None) -> str:
     return text
 
 
-def k_section(k: dict | None, plots: dict) -> str:
+def k_section(sections: dict, plots: dict) -> str:
+    k = sections.get("k")
     if not k:
         return ""
     rows = _sweep_rows(k["rows"], [[r["label"]] for r in k["rows"]])
@@ -194,7 +195,8 @@ def _counterfactual_table(rows: list[dict]) -> str:
     return text
 
 
-def precision_section(precision: dict | None, plots: dict) -> str:
+def precision_section(sections: dict, plots: dict) -> str:
+    precision = sections.get("precision")
     if not precision:
         return ""
     rows = _sweep_rows(precision["rows"], [[r["target"], r["draft"], size(r["draft_bytes"])] for r in precision["rows"]])
@@ -208,7 +210,8 @@ def precision_section(precision: dict | None, plots: dict) -> str:
     return text + image(plots, "precision", "Measured and predicted speedup by weight precision")
 
 
-def kv_section(kv: dict | None) -> str:
+def kv_section(sections: dict, plots: dict) -> str:
+    kv = sections.get("kv")
     if not kv:
         return ""
     rows = _sweep_rows(kv["rows"], [[r["kv_cache_precision"]] for r in kv["rows"]])
@@ -222,7 +225,8 @@ def kv_section(kv: dict | None) -> str:
     )
 
 
-def lookup_section(lookup: dict | None) -> str:
+def lookup_section(sections: dict, plots: dict) -> str:
+    lookup = sections.get("lookup")
     if not lookup:
         return ""
     rows = _sweep_rows(lookup["rows"], [[r["label"]] for r in lookup["rows"]])
@@ -236,7 +240,8 @@ def lookup_section(lookup: dict | None) -> str:
     )
 
 
-def vocab_section(vocab: dict | None) -> str:
+def vocab_section(sections: dict, plots: dict) -> str:
+    vocab = sections.get("vocab")
     if not vocab:
         return ""
     rows = _sweep_rows(vocab["rows"], [[r["label"], f"{r['rows_kept']:,}", ms_value(r["draft_step_costed_s"])] for r in vocab["rows"]])
@@ -248,7 +253,8 @@ def vocab_section(vocab: dict | None) -> str:
     )
 
 
-def memory_section(memory: dict | None) -> str:
+def memory_section(sections: dict, plots: dict) -> str:
+    memory = sections.get("memory")
     if not memory:
         return ""
     rows = []
@@ -270,7 +276,9 @@ def memory_section(memory: dict | None) -> str:
     )
 
 
-def breakdown_section(paper: dict | None, plots: dict) -> str:
+def breakdown_section(sections: dict, plots: dict) -> str:
+    """§6: where the time of the paper section's longest runs goes."""
+    paper = sections.get("paper")
     if not paper:
         return ""
     n = max(paper["by_tokens"], key=int)
@@ -305,9 +313,9 @@ def method_section(results: dict) -> str:
     )
 
 
-def watching_section(section: dict | None) -> str:
+def watching_section(sections: dict, plots: dict) -> str:
     """What watching costs (watching.py): step times and the speedup shown, by where the run was made."""
+    section = sections.get("watching")
     if not section:
         return ""
-
     return "## 8. What watching costs\n\n" + watching.report(section).split("\n", 2)[2]
