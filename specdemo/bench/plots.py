@@ -83,8 +83,7 @@ def _errors(spreads: list[dict]) -> list[list[float]]:
 def draw_costs(results: dict):
     import matplotlib.pyplot as plt
 
-    c = results.get("costs")
-    if not c:
+    if not (c := results.get("costs")):
         return None
     ns = list(range(1, len(c["target_s"]) + 1))
     figure, ax = plt.subplots(figsize=(6, 3.6))
@@ -101,8 +100,7 @@ def draw_costs(results: dict):
 def draw_paper(results: dict):
     import matplotlib.pyplot as plt
 
-    paper = results["sections"].get("paper")
-    if not paper:
+    if not (paper := results["sections"].get("paper")):
         return None
     by_n = paper["by_tokens"]
     ns = list(by_n)
@@ -159,8 +157,7 @@ def draw_peers(results: dict):
 def draw_k(results: dict):
     import matplotlib.pyplot as plt
 
-    k = results["sections"].get("k")
-    if not k:
+    if not (k := results["sections"].get("k")):
         return None
     rows = k["rows"]
     fixed = schema.rows_with(rows, k_policy="fixed")
@@ -193,8 +190,7 @@ def draw_k(results: dict):
 def draw_precision(results: dict):
     import matplotlib.pyplot as plt
 
-    precision = results["sections"].get("precision")
-    if not precision:
+    if not (precision := results["sections"].get("precision")):
         return None
     rows = precision["rows"]
     labels = [f"{r['target']} / {r['draft']}" for r in rows]
@@ -214,8 +210,7 @@ def draw_precision(results: dict):
 def draw_breakdown(results: dict):
     import matplotlib.pyplot as plt
 
-    paper = results["sections"].get("paper")
-    if not paper:
+    if not (paper := results["sections"].get("paper")):
         return None
     by_n = paper["by_tokens"]
     shares = by_n[max(by_n, key=int)]["time_shares"]
@@ -241,8 +236,7 @@ def draw_humaneval(results: dict):
     """Per HumanEval problem: our speculative speedup against the mean acceptance length; failed answers hollow."""
     import matplotlib.pyplot as plt
 
-    rows = (results["sections"].get("humaneval") or {}).get("rows")
-    if not rows:
+    if not (rows := (results["sections"].get("humaneval") or {}).get("rows")):
         return None
     figure, axis = plt.subplots(figsize=(6, 4))
     for passed, style in ((True, {"color": _OURS}), (False, {"facecolors": "none", "edgecolors": _OURS})):

@@ -223,8 +223,7 @@ def _round_costs(spec: dict, step_s: float, target: dict) -> str:
 
 def paper_section(sections: dict, plots: dict) -> str:
     """§1: autoregressive vs speculative at the paper's N, ours and GenAI's, beside the paper's figures."""
-    paper = sections.get("paper")
-    if not paper:
+    if not (paper := sections.get("paper")):
         return ""
     rows = []
     for n, f in paper["by_tokens"].items():

@@ -11,8 +11,7 @@ from specdemo.names import AUTOREGRESSIVE
 
 def llamacpp_section(sections: dict, plots: dict) -> str:
     """llama.cpp on the same GGUF files: each lane's tokens/s, and our speculative tokens/s over each llama.cpp mode's."""
-    cpp = sections.get("llamacpp")
-    if not cpp:
+    if not (cpp := sections.get("llamacpp")):
         return ""
     title = "## 7. llama.cpp on the same GGUF files\n\n"
     if "skipped" in cpp:
@@ -63,8 +62,7 @@ def _text_agreement(rows: list | None) -> str:
 
 def fidelity_section(sections: dict, plots: dict) -> str:
     """Each target precision against the GGUF it came from (specdemo/results/fidelity.py)."""
-    section = sections.get("fidelity")
-    if not section:
+    if not (section := sections.get("fidelity")):
         return ""
     title = "## Fidelity to the GGUF\n\n"
     if "skipped" in section:
@@ -80,8 +78,7 @@ def fidelity_section(sections: dict, plots: dict) -> str:
 def nodes_section(sections: dict, plots: dict) -> str:
     """Where a target call's time goes (specdemo/bench/nodes.py), per target precision, beside the GGUF's own bytes
     (and llama.cpp's rate reading them, when the llamacpp section ran)."""
-    section = sections.get("nodes")
-    if not section or not section.get("targets"):
+    if not (section := sections.get("nodes")) or not section.get("targets"):
         return ""
     calls = section["tokens_per_call"]
     parts = ["## Where a target call's time goes\n\nOpenVINO's per-node counters (PERF_COUNT) over windows of 8 calls of "

@@ -7,8 +7,7 @@ from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 
 
 def humaneval_section(sections: dict, plots: dict) -> str:
-    section = sections.get("humaneval")
-    if not section:
+    if not (section := sections.get("humaneval")):
         return ""
     title = "## 9. HumanEval, the notebook's workload\n\n"
     if "skipped" in section:

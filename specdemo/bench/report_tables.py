@@ -143,8 +143,7 @@ def tune_section(record: dict | None) -> str:
 
 
 def k_section(sections: dict, plots: dict) -> str:
-    k = sections.get("k")
-    if not k:
+    if not (k := sections.get("k")):
         return ""
     rows = _sweep_rows(k["rows"], [[r["label"]] for r in k["rows"]])
     for row, r in zip(rows, k["rows"]):
@@ -196,8 +195,7 @@ def _counterfactual_table(rows: list[dict]) -> str:
 
 
 def precision_section(sections: dict, plots: dict) -> str:
-    precision = sections.get("precision")
-    if not precision:
+    if not (precision := sections.get("precision")):
         return ""
     rows = _sweep_rows(precision["rows"], [[r["target"], r["draft"], size(r["draft_bytes"])] for r in precision["rows"]])
     for row, r in zip(rows, precision["rows"]):
@@ -211,8 +209,7 @@ def precision_section(sections: dict, plots: dict) -> str:
 
 
 def kv_section(sections: dict, plots: dict) -> str:
-    kv = sections.get("kv")
-    if not kv:
+    if not (kv := sections.get("kv")):
         return ""
     rows = _sweep_rows(kv["rows"], [[r["kv_cache_precision"]] for r in kv["rows"]])
     for row, r in zip(rows, kv["rows"]):
@@ -226,8 +223,7 @@ def kv_section(sections: dict, plots: dict) -> str:
 
 
 def lookup_section(sections: dict, plots: dict) -> str:
-    lookup = sections.get("lookup")
-    if not lookup:
+    if not (lookup := sections.get("lookup")):
         return ""
     rows = _sweep_rows(lookup["rows"], [[r["label"]] for r in lookup["rows"]])
     for row, r in zip(rows, lookup["rows"]):
@@ -241,8 +237,7 @@ def lookup_section(sections: dict, plots: dict) -> str:
 
 
 def vocab_section(sections: dict, plots: dict) -> str:
-    vocab = sections.get("vocab")
-    if not vocab:
+    if not (vocab := sections.get("vocab")):
         return ""
     rows = _sweep_rows(vocab["rows"], [[r["label"], f"{r['rows_kept']:,}", ms_value(r["draft_step_costed_s"])] for r in vocab["rows"]])
     return (
@@ -254,8 +249,7 @@ def vocab_section(sections: dict, plots: dict) -> str:
 
 
 def memory_section(sections: dict, plots: dict) -> str:
-    memory = sections.get("memory")
-    if not memory:
+    if not (memory := sections.get("memory")):
         return ""
     rows = []
     for mode in (AUTOREGRESSIVE, SPECULATIVE):
@@ -278,8 +272,7 @@ def memory_section(sections: dict, plots: dict) -> str:
 
 def breakdown_section(sections: dict, plots: dict) -> str:
     """§6: where the time of the paper section's longest runs goes."""
-    paper = sections.get("paper")
-    if not paper:
+    if not (paper := sections.get("paper")):
         return ""
     n = max(paper["by_tokens"], key=int)
     f = paper["by_tokens"][n]
@@ -315,7 +308,6 @@ def method_section(results: dict) -> str:
 
 def watching_section(sections: dict, plots: dict) -> str:
     """What watching costs (watching.py): step times and the speedup shown, by where the run was made."""
-    section = sections.get("watching")
-    if not section:
+    if not (section := sections.get("watching")):
         return ""
     return "## 8. What watching costs\n\n" + watching.report(section).split("\n", 2)[2]
