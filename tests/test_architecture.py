@@ -1,11 +1,12 @@
 """How the code is put together, checked on its source: folders by owner, stacked in LAYERS, whose arrows only point
 down (every import counted, inside functions and under TYPE_CHECKING too); settings import nothing of specdemo; few
-modules loose at the root; strategies decide, not their names; no import cycle, counting the imports inside functions
-and the drafters the package discovers; the engine knows nothing of the page."""
+modules loose at the root; strategies decide, not their names; no import cycle, counting the imports inside functions,
+the drafters the package discovers and the modules the bench's registry names; the engine knows nothing of the page."""
 
 import ast
 from pathlib import Path
 
+from specdemo.bench.settings import REGISTRY
 from specdemo.decoding.drafters import STRATEGIES
 
 PACKAGE = Path(__file__).resolve().parent.parent / "specdemo"
@@ -73,7 +74,8 @@ def import_graph() -> dict[str, set[str]]:
     """Module → the specdemo modules it imports anywhere in its source (inside functions too; not for annotations
     alone, under TYPE_CHECKING), the parent packages an
     import runs first included (outside the importer's own package), and the drafters package → every module in it
-    (its discovery imports them all)."""
+    (its discovery imports them all), and the bench package → every module its REGISTRY names (bench.found imports
+    them)."""
     known = modules()
     graph = {name: set() for name in known}
     for name, path in known.items():
@@ -90,6 +92,8 @@ def import_graph() -> dict[str, set[str]]:
                         graph[name].add(target)
                     target = target.rpartition(".")[0]
     graph["specdemo.decoding.drafters"] |= {n for n in known if n.startswith("specdemo.decoding.drafters.")}
+    graph["specdemo.bench"] |= {"specdemo.bench" + ref.partition(":")[0] for section in REGISTRY
+                                for ref in (section.run, *(part for _, part in section.report), *section.plots)}
     return graph
 
 
@@ -125,7 +129,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_no_import_cycle_counting_function_level_imports_and_the_drafters_discovery():
+def test_no_import_cycle_counting_function_level_imports_the_drafters_discovery_and_the_bench_registry():
     assert cycles(import_graph()) == []
 
 

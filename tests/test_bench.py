@@ -11,6 +11,7 @@ from specdemo import bench
 from specdemo.bench import report, report_tables
 from specdemo.bench.harness import Context, Lane, Output, Run, measure
 from specdemo.bench.sections import paper_figures
+from specdemo.bench.settings import REGISTRY
 from specdemo.bench.stats import (
     COMPONENTS,
     paired_ratios,
@@ -23,6 +24,7 @@ from specdemo.bench.targets import judge_targets
 from specdemo.cli.commands import benchmark_settings, build_parser
 from specdemo.decoding.events import Round
 from specdemo.host import machine
+from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results.metrics import leviathan_speedup, speedup_from_calls
 from specdemo.settings import GenerationSettings, RunSettings
 
@@ -166,11 +168,59 @@ def test_default_is_the_full_preset_with_every_section_but_the_opt_in_ones():
     assert benchmark_settings(_args()).sections == tuple(s for s in bench.SECTIONS if s != "humaneval")
 
 
-def test_every_registered_section_has_its_runner_and_nothing_else_does():
-    from specdemo.bench.sections import RUNNERS
-    from specdemo.bench.settings import REGISTRY
+def test_every_registered_section_names_its_runner_report_parts_and_plots_and_asks_room_for_its_copies():
+    from specdemo.bench.memory import section_need
+    from specdemo.host.memory import compile_need
 
-    assert set(RUNNERS) == {section.name for section in REGISTRY}
+    target, draft = 1_780_000_000, 400_000_000
+    for section in REGISTRY:
+        assert callable(bench.found(section.run)), section.name
+        assert section.report and all(callable(bench.found(part)) for _, part in section.report), section.name
+        assert all(bench.found(painter).__name__.startswith("draw_") for painter in section.plots), section.name
+        copies = section.copies[0] * compile_need(target) + section.copies[1] * compile_need(draft)
+        assert section_need(section.name, target, draft, (2, 4)) >= copies, section.name
+
+
+def test_only_offers_exactly_the_registered_sections_in_the_order_they_run():
+    everything = ",".join(reversed(bench.SECTIONS))
+    assert benchmark_settings(_args("--only", everything)).sections == tuple(s.name for s in REGISTRY)
+
+
+def run_echo(ctx):
+    return {"said": "hello"}
+
+
+def echo_part(sections: dict, plots: dict) -> str:
+    echo = sections.get("echo")
+    return f"## 4½. Echo\n\nIt said {echo['said']}.{report_tables.image(plots, 'echo', 'echo')}" if echo else ""
+
+
+def draw_echo(results: dict):
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=(1, 1))[0] if results["sections"].get("echo") else None
+
+
+def test_a_section_registered_in_one_line_gets_its_report_part_in_its_place_and_its_plot(monkeypatch, tmp_path):
+    from specdemo.bench import plots
+    from specdemo.bench.settings import Section
+
+    echo = Section("echo", f"{__name__}:run_echo", ((4, f"{__name__}:echo_part"),), (f"{__name__}:draw_echo",))
+    for module in (report, plots):
+        monkeypatch.setattr(module, "REGISTRY", (*REGISTRY, echo))
+    results = {"command": "test", "started": "now", "seconds": 1.0, "machine": machine.describe(),
+               "bench": asdict(bench.BenchSettings()), "sections": {"echo": run_echo(None), "memory": _memory_section()}}
+    drawn = plots.draw(results, tmp_path)
+    text = report.render(results, drawn)
+    assert drawn == {"echo": "benchmarks-echo.png"} and (tmp_path / "benchmarks-echo.png").exists()
+    assert "It said hello.\n\n![echo](benchmarks-echo.png)" in text
+    assert text.index("## 4½. Echo") < text.index("## 5. Memory") < text.index("## Method")  # § 4, then § 5
+
+
+def _memory_section() -> dict:
+    mode = {"rss_loaded_bytes": 1, "peak_rss_generating_bytes": 2, "peak_rss_process_bytes": 3, "private_bytes": 1,
+            "kv_cache_bytes": {"target": 1}}
+    return {"max_new_tokens": 8, AUTOREGRESSIVE: mode, SPECULATIVE: mode}
 
 
 def test_only_runs_the_named_sections_in_the_standard_order():
@@ -382,7 +432,7 @@ def test_what_watching_costs_is_reported_as_ratios_to_the_cli():
                "page in Chromium": {"autoregressive step": 0.050, "verify call": 0.06, "drafting": 2.5, "speedup": 1.2}}
     section = {"max_new_tokens": 128, "repeats": 2, "medians": medians,
                "over_cli": {mode: {k: m[k] / medians["CLI"][k] for k in m} for mode, m in medians.items()}}
-    text = report_tables.watching_section(section)
+    text = report_tables.watching_section({"watching": section}, {})
     assert text.startswith("## 8. What watching costs")
     assert "| page in Chromium | 50.0 ms (1.25×) | 60.0 ms (1.20×) | 2.50 s (1.25×) | 1.20× (0.80×) |" in text
 

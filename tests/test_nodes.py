@@ -55,11 +55,11 @@ def test_the_report_shows_each_group_with_its_rate_and_the_gguf_at_llamacpps_tim
                       "5": [group("LM head", 31.0, 262.0), group("attention (SDPA with the KV cache)", 5.0, 0)]}}]}
     cpp = {"lanes": {"llama.cpp autoregressive": {"framework": "llamacpp", "kind": "autoregressive",
                                                   "per_token_s": {"median": 0.0365}}}}
-    text = report_gguf.nodes_section(section, cpp)
+    text = report_gguf.nodes_section({"nodes": section, "llamacpp": cpp}, {})
     assert "| LM head | 262 MB | 10.0 ms | 26.2 GB/s | 31.0 ms | 8.5 GB/s |" in text
     assert "| the call, wall time |  | 52.0 ms |  | 80.0 ms |  |" in text
     assert "0.83 GB of weights per token; at llama.cpp's 36.5 ms per token in this run that is 22.7 GB/s" in text
-    assert report_gguf.nodes_section(None, cpp) == ""
+    assert report_gguf.nodes_section({"llamacpp": cpp}, {}) == ""
 
 
 def test_a_matmul_whose_bias_the_plugin_fuses_keeps_its_weights_under_the_fused_nodes_name():

@@ -24,9 +24,10 @@ instruction every lane of a section runs back to back, so the shared machine's n
 alike; ratios are taken per instruction and summarised as median with min-max. Output: a markdown
 report, a JSON file (keys: schema.py) and PNG plots.
 
-The modules: settings (what a run measures), harness (lanes, measuring, the shared Context),
-sections and sweeps (what each section runs), memory, peers (GenAI, transformers), stats,
-targets, report and report_tables, plots; the machine description is specdemo/host/machine.py.
+The modules: settings (what a run measures, and REGISTRY: each section's runner, report parts and plots, found by
+found()), harness (lanes, measuring, the shared Context), sections and sweeps (what most sections run), memory, peers
+(GenAI, transformers), stats, targets, report and report_tables, plots; the machine description is
+specdemo/host/machine.py. A new section is one module (its runner, its report part, any plot) and one line in REGISTRY.
 
 May import: the page (specdemo.ui: the watching section measures it), the run and everything below it; never the
 command line.
@@ -34,6 +35,7 @@ command line.
 
 from __future__ import annotations
 
+import importlib
 import time
 from dataclasses import asdict, replace
 from datetime import datetime, timezone
@@ -41,7 +43,7 @@ from pathlib import Path
 from typing import Callable
 
 from specdemo import strict_json
-from specdemo.bench.settings import BenchSettings, CODE_INSTRUCTIONS, FULL, QUICK, SECTIONS, check_generation
+from specdemo.bench.settings import BY_NAME, BenchSettings, CODE_INSTRUCTIONS, FULL, QUICK, SECTIONS, check_generation
 from specdemo.decoding import planner
 from specdemo.host import machine
 from specdemo.learning.profile import machine_profile
@@ -53,7 +55,13 @@ from specdemo.settings import RunSettings
 # The measuring modules are imported in run(), not here, so `import specdemo.bench` stays light (the
 # CLI's argument parsing needs only the settings).
 
-__all__ = ["FULL", "QUICK", "SECTIONS", "BenchSettings", "check_generation", "run", "write"]
+__all__ = ["FULL", "QUICK", "SECTIONS", "BenchSettings", "check_generation", "found", "run", "write"]
+
+
+def found(ref: str) -> Callable:
+    """The function a REGISTRY entry names as "module:function", its module imported now (".x" is specdemo.bench.x)."""
+    module, _, function = ref.partition(":")
+    return getattr(importlib.import_module(module, __name__), function)
 
 
 def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Callable[[str], None], command: str = "") -> dict:
@@ -62,7 +70,6 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
     `command` is recorded for the report's "reproduce" line. Returns the results (keys: schema.py). Raises ValueError for settings the benchmark cannot measure."""
     from specdemo.bench.harness import Context
     from specdemo.bench.memory import section_need
-    from specdemo.bench.sections import RUNNERS
     from specdemo.bench.targets import judge_targets
     from specdemo.host import memory  # here, not at the top: there `memory` would hide this package's memory section
     from specdemo.run.engine import Engine
@@ -101,7 +108,7 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
         if not memory.wait_for(section_need(name, *weights, bench.genai_k_values), f"the {name} section", log):
             results.setdefault("skipped_for_memory", []).append(name)  # the report leaves it out, as if not asked
             continue
-        section = results["sections"][name] = RUNNERS[name](ctx)
+        section = results["sections"][name] = found(BY_NAME[name].run)(ctx)
         section["seconds"] = time.perf_counter() - section_start
         section["load_average_end"] = machine.load_average()
         # GenAI's copies of the models go with their section: the next section's memory need counts only its own.

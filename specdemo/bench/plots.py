@@ -1,16 +1,17 @@
 """PNG plots of the benchmark results (matplotlib, no display needed).
 
 Each plot reads the results the run writes as JSON (keys: schema.py), finding lanes by their fields;
-a section that did not run draws nothing. Error bars span min to max over the instructions, around
-the median.
+a section that did not run draws nothing (its painter returns None). Error bars span min to max over the
+instructions, around the median. The sections' painters are named by settings.REGISTRY; draw() draws them all.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from specdemo.bench import schema
+from specdemo.bench import found, schema
 from specdemo.bench.schema import GENAI_SPEC, OURS_SPEC
+from specdemo.bench.settings import REGISTRY
 from specdemo.bench.stats import COMPONENTS
 from specdemo.decoding import planner
 from specdemo.decoding.costs import CostModel
@@ -20,28 +21,20 @@ _OURS, _GENAI, _PAPER, _HF = "#1f77b4", "#ff7f0e", "#7f7f7f", "#2ca02c"
 
 
 def draw(results: dict, out: Path) -> dict[str, str]:
-    """Write every plot the results allow into `out`; return {name: file name}."""
+    """Write every plot the results allow into `out`: this machine's cost curve and surface, then every registered
+    section's (settings.REGISTRY); return {name: file name}."""
     import matplotlib
 
     matplotlib.use("Agg")
-    sections = results["sections"]
+    painters = [draw_costs, draw_surface] + [found(painter) for section in REGISTRY for painter in section.plots]
     drawn = {}
-    for name, painter, data in (
-        ("costs", _costs, results.get("costs")),
-        ("surface", _surface, results.get("costs_end") or results.get("costs")),
-        ("paper", _paper, sections.get("paper")),
-        ("peers", _peers, sections.get("paper") or sections.get("transformers")),
-        ("k", _k, sections.get("k")),
-        ("precision", _precision, sections.get("precision")),
-        ("breakdown", _breakdown, sections.get("paper")),
-        ("humaneval", _humaneval, (sections.get("humaneval") or {}).get("rows")),
-    ):
-        if data:
-            file = f"benchmarks-{name}.png"
-            figure = painter(results)
-            figure.savefig(out / file, dpi=110, bbox_inches="tight")
+    for painter in painters:
+        figure = painter(results)
+        if figure is not None:
+            name = painter.__name__.removeprefix("draw_")
+            figure.savefig(out / f"benchmarks-{name}.png", dpi=110, bbox_inches="tight")
             _close(figure)
-            drawn[name] = file
+            drawn[name] = f"benchmarks-{name}.png"
     return drawn
 
 
@@ -51,12 +44,14 @@ def _close(figure) -> None:
     plt.close(figure)
 
 
-def _surface(results: dict):
+def draw_surface(results: dict):
     """This machine's predicted speedup over K × α (its cost model as the run left it), the break-even line, and auto
     K's point (pooled α̂, mean K) when the K section ran."""
     import matplotlib.pyplot as plt
     import numpy as np
 
+    if not (results.get("costs_end") or results.get("costs")):
+        return None
     costs = CostModel.from_dict(results.get("costs_end") or results["costs"])
     ks, alphas = list(range(1, costs.n_max)), [0.5 + 0.0125 * i for i in range(41)]
     grid = np.array(planner.cost_surface(costs, ks, alphas))
@@ -85,10 +80,11 @@ def _errors(spreads: list[dict]) -> list[list[float]]:
     return [[s["median"] - s["min"] for s in spreads], [s["max"] - s["median"] for s in spreads]]
 
 
-def _costs(results: dict):
+def draw_costs(results: dict):
     import matplotlib.pyplot as plt
 
-    c = results["costs"]
+    if not (c := results.get("costs")):
+        return None
     ns = list(range(1, len(c["target_s"]) + 1))
     figure, ax = plt.subplots(figsize=(6, 3.6))
     ax.plot(ns, [s / c["target_s"][0] for s in c["target_s"]], marker="o", color=_OURS, label="this machine")
@@ -101,10 +97,12 @@ def _costs(results: dict):
     return figure
 
 
-def _paper(results: dict):
+def draw_paper(results: dict):
     import matplotlib.pyplot as plt
 
-    by_n = results["sections"]["paper"]["by_tokens"]
+    if not (paper := results["sections"].get("paper")):
+        return None
+    by_n = paper["by_tokens"]
     ns = list(by_n)
     lanes = next(iter(by_n.values()))["lanes"]
     groups = [("ours", schema.label(lanes, OURS_SPEC), _OURS), ("OpenVINO GenAI", schema.label(lanes, GENAI_SPEC), _GENAI)]
@@ -120,17 +118,19 @@ def _paper(results: dict):
     ax.set_xticks([j + width * len(groups) / 2 for j in range(len(ns))], [f"N = {n}" for n in ns])
     ax.set_ylabel("speedup over autoregressive (×)")
     ax.set_ylim(0, 1.3 * max([by_n[n]["speedup"][groups[0][1]]["max"] for n in ns] + papers))
-    paper = results["sections"]["paper"]
     ax.set_title(f"Speculative vs autoregressive, {paper.get('k_label') or 'K = ' + str(paper['k'])}", fontsize=9)
     ax.legend(fontsize=8, ncol=3, loc="upper left")
     return figure
 
 
-def _peers(results: dict):
+def draw_peers(results: dict):
+    """Milliseconds per token of every lane of the paper section and of the transformers section, whichever ran."""
     import matplotlib.pyplot as plt
 
     bars = []  # (label, spread of seconds per token, colour)
-    paper = results["sections"].get("paper")
+    paper, hf = results["sections"].get("paper"), results["sections"].get("transformers")
+    if not paper and not hf:
+        return None
     if paper:
         n = max(paper["by_tokens"], key=int)
         for lane, figures in paper["by_tokens"][n]["lanes"].items():
@@ -139,7 +139,6 @@ def _peers(results: dict):
         for lane, figures in defaults.items():
             if figures["framework"] == "genai":
                 bars.append((f"{lane} (N={n})", figures["per_token_s"], "#ffbb78"))
-    hf = results["sections"].get("transformers")
     if hf and "lanes" in hf:
         for lane, figures in hf["lanes"].items():
             colour = _OURS if figures["framework"] == "specdemo" else _HF
@@ -155,10 +154,12 @@ def _peers(results: dict):
     return figure
 
 
-def _k(results: dict):
+def draw_k(results: dict):
     import matplotlib.pyplot as plt
 
-    rows = results["sections"]["k"]["rows"]
+    if not (k := results["sections"].get("k")):
+        return None
+    rows = k["rows"]
     fixed = schema.rows_with(rows, k_policy="fixed")
     ks = [r["k"] for r in fixed]
     figure, ax = plt.subplots(figsize=(7, 4))
@@ -182,14 +183,16 @@ def _k(results: dict):
     lines, labels = ax.get_legend_handles_labels()
     more, more_labels = twin.get_legend_handles_labels()
     ax.legend(lines + more, labels + more_labels, fontsize=8, loc="lower right")
-    ax.set_title(f"Draft length K, N = {results['sections']['k']['max_new_tokens']}")
+    ax.set_title(f"Draft length K, N = {k['max_new_tokens']}")
     return figure
 
 
-def _precision(results: dict):
+def draw_precision(results: dict):
     import matplotlib.pyplot as plt
 
-    rows = results["sections"]["precision"]["rows"]
+    if not (precision := results["sections"].get("precision")):
+        return None
+    rows = precision["rows"]
     labels = [f"{r['target']} / {r['draft']}" for r in rows]
     measured = [r["measured_speedup"] for r in rows]
     figure, ax = plt.subplots(figsize=(7, 4))
@@ -204,10 +207,12 @@ def _precision(results: dict):
     return figure
 
 
-def _breakdown(results: dict):
+def draw_breakdown(results: dict):
     import matplotlib.pyplot as plt
 
-    by_n = results["sections"]["paper"]["by_tokens"]
+    if not (paper := results["sections"].get("paper")):
+        return None
+    by_n = paper["by_tokens"]
     shares = by_n[max(by_n, key=int)]["time_shares"]
     lanes = list(shares)
     colours = ["#aec7e8", "#1f77b4", "#ffbb78", "#ff7f0e", "#9467bd", "#d62728"]
@@ -227,11 +232,12 @@ def _breakdown(results: dict):
     return figure
 
 
-def _humaneval(results: dict):
+def draw_humaneval(results: dict):
     """Per HumanEval problem: our speculative speedup against the mean acceptance length; failed answers hollow."""
     import matplotlib.pyplot as plt
 
-    rows = results["sections"]["humaneval"]["rows"]
+    if not (rows := (results["sections"].get("humaneval") or {}).get("rows")):
+        return None
     figure, axis = plt.subplots(figsize=(6, 4))
     for passed, style in ((True, {"color": _OURS}), (False, {"facecolors": "none", "edgecolors": _OURS})):
         mine = [r for r in rows if r["passed"][SPECULATIVE] == passed]

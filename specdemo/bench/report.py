@@ -1,6 +1,7 @@
 """The benchmark's markdown report, rendered from the results the run also writes as JSON (keys:
-schema.py): the opening (machine, cost curve, headlines, targets) and sections 1 and 2; the cells,
-the tables and the later sections are in report_tables.py, the GGUF files' (llama.cpp, fidelity) in report_gguf.py.
+schema.py): the opening (machine, cost curve, headlines and targets, which read several sections), then each section's
+parts where settings.REGISTRY places them, then the method. Sections 1 and 2 are here; the cells, the tables and the
+later sections are in report_tables.py, the GGUF files' (llama.cpp, fidelity, nodes) in report_gguf.py.
 
 Pure formatting: no measuring, no models. Lanes are found by their fields (schema.label), so the
 report does not depend on how lanes are labelled.
@@ -10,10 +11,11 @@ from __future__ import annotations
 
 import math
 
-from specdemo.bench import report_gguf, report_humaneval, report_tables as tables
+from specdemo.bench import found, report_tables as tables
 from specdemo.bench import schema
 from specdemo.bench.report_tables import image, k_text, ms, percent, seconds, table, times
 from specdemo.bench.schema import GENAI_AR, GENAI_SPEC, HF_SPEC, OURS_AR, OURS_SPEC
+from specdemo.bench.settings import REGISTRY
 from specdemo.bench.stats import COMPONENTS
 from specdemo.bench.targets import fastest
 from specdemo.decoding.costs import CostModel
@@ -23,32 +25,14 @@ from specdemo.results.metrics import speedup_from_calls
 
 
 def render(results: dict, plots: dict[str, str]) -> str:
-    """The whole report. `plots` maps a plot's name to its file name, relative to the report."""
+    """The whole report: its opening, every registered section's parts by their § (settings.REGISTRY), the method.
+    `plots` maps a plot's name to its file name, relative to the report."""
     sections = results["sections"]
-    parts = [
-        _header(results),
-        _machine(results),
-        tables.tune_section(results.get("tune")),
-        _costs(results, plots),
-        _headlines(sections),
-        _targets(results),
-        _paper(sections.get("paper"), plots),
-        _peers(sections.get("paper"), sections.get("transformers"), plots),
-        tables.k_section(sections.get("k"), plots),
-        tables.vocab_section(sections.get("vocab")),
-        tables.precision_section(sections.get("precision"), plots),
-        tables.kv_section(sections.get("kv")),
-        tables.lookup_section(sections.get("lookup")),
-        tables.memory_section(sections.get("memory")),
-        tables.breakdown_section(sections.get("paper"), plots),
-        report_gguf.llamacpp_section(sections.get("llamacpp")),
-        report_gguf.fidelity_section(sections.get("fidelity")),
-        report_gguf.nodes_section(sections.get("nodes"), sections.get("llamacpp")),
-        tables.watching_section(sections.get("watching")),
-        report_humaneval.humaneval_section(sections.get("humaneval"), plots),
-        tables.method_section(results),
-    ]
-    return "\n\n".join(part for part in parts if part) + "\n"
+    opening = [_header(results), _machine(results), tables.tune_section(results.get("tune")), _costs(results, plots),
+               _headlines(sections), _targets(results)]
+    placed = sorted((part for section in REGISTRY for part in section.report), key=lambda part: part[0])  # stable: run order
+    parts = [found(part)(sections, plots) for _, part in placed]
+    return "\n\n".join(part for part in [*opening, *parts, tables.method_section(results)] if part) + "\n"
 
 
 def _header(results: dict) -> str:
@@ -237,8 +221,9 @@ def _round_costs(spec: dict, step_s: float, target: dict) -> str:
     )
 
 
-def _paper(paper: dict | None, plots: dict) -> str:
-    if not paper:
+def paper_section(sections: dict, plots: dict) -> str:
+    """§1: autoregressive vs speculative at the paper's N, ours and GenAI's, beside the paper's figures."""
+    if not (paper := sections.get("paper")):
         return ""
     rows = []
     for n, f in paper["by_tokens"].items():
@@ -265,7 +250,9 @@ def _paper(paper: dict | None, plots: dict) -> str:
     return text + image(plots, "paper", "Speedup over autoregressive: ours, GenAI, the paper")
 
 
-def _peers(paper: dict | None, hf: dict | None, plots: dict) -> str:
+def peers_section(sections: dict, plots: dict) -> str:
+    """§2: GenAI's pipelines from the paper section and transformers from its own, beside our lanes."""
+    paper, hf = sections.get("paper"), sections.get("transformers")
     if not paper and not hf:
         return ""
     text = "## 2. Peers in the same run\n\n"

@@ -9,9 +9,9 @@ from specdemo.bench.report_tables import cell, k_text, ms, ms_value, percent, se
 from specdemo.names import AUTOREGRESSIVE
 
 
-def llamacpp_section(cpp: dict | None) -> str:
+def llamacpp_section(sections: dict, plots: dict) -> str:
     """llama.cpp on the same GGUF files: each lane's tokens/s, and our speculative tokens/s over each llama.cpp mode's."""
-    if not cpp:
+    if not (cpp := sections.get("llamacpp")):
         return ""
     title = "## 7. llama.cpp on the same GGUF files\n\n"
     if "skipped" in cpp:
@@ -60,9 +60,9 @@ def _text_agreement(rows: list | None) -> str:
             f"they part: {cells}.")
 
 
-def fidelity_section(section: dict | None) -> str:
+def fidelity_section(sections: dict, plots: dict) -> str:
     """Each target precision against the GGUF it came from (specdemo/results/fidelity.py)."""
-    if not section:
+    if not (section := sections.get("fidelity")):
         return ""
     title = "## Fidelity to the GGUF\n\n"
     if "skipped" in section:
@@ -75,9 +75,10 @@ def fidelity_section(section: dict | None) -> str:
             + table(["weights", "compile settings", "top-1 agreement", "mean |logit error|"], rows))
 
 
-def nodes_section(section: dict | None, cpp: dict | None) -> str:
-    """Where a target call's time goes (specdemo/bench/nodes.py), per target precision, beside the GGUF's own bytes."""
-    if not section or not section.get("targets"):
+def nodes_section(sections: dict, plots: dict) -> str:
+    """Where a target call's time goes (specdemo/bench/nodes.py), per target precision, beside the GGUF's own bytes
+    (and llama.cpp's rate reading them, when the llamacpp section ran)."""
+    if not (section := sections.get("nodes")) or not section.get("targets"):
         return ""
     calls = section["tokens_per_call"]
     parts = ["## Where a target call's time goes\n\nOpenVINO's per-node counters (PERF_COUNT) over windows of 8 calls of "
@@ -103,7 +104,7 @@ def nodes_section(section: dict | None, cpp: dict | None) -> str:
     if section.get("gguf_read_bytes"):
         gguf = section["gguf_read_bytes"]
         line = f"The GGUF file's matmuls read {gguf / 1e9:.2f} GB of weights per token"
-        plain = _llamacpp_plain(cpp)
+        plain = _llamacpp_plain(sections.get("llamacpp"))
         if plain:
             line += f"; at llama.cpp's {plain * 1e3:.1f} ms per token in this run that is {gguf / plain / 1e9:.1f} GB/s"
         parts.append(line + ".")

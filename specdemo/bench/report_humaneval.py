@@ -6,8 +6,8 @@ from specdemo.bench.report_tables import image, percent, table, times
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 
 
-def humaneval_section(section: dict | None, plots: dict) -> str:
-    if not section:
+def humaneval_section(sections: dict, plots: dict) -> str:
+    if not (section := sections.get("humaneval")):
         return ""
     title = "## 9. HumanEval, the notebook's workload\n\n"
     if "skipped" in section:

@@ -142,8 +142,8 @@ def tune_section(record: dict | None) -> str:
     return text
 
 
-def k_section(k: dict | None, plots: dict) -> str:
-    if not k:
+def k_section(sections: dict, plots: dict) -> str:
+    if not (k := sections.get("k")):
         return ""
     rows = _sweep_rows(k["rows"], [[r["label"]] for r in k["rows"]])
     for row, r in zip(rows, k["rows"]):
@@ -194,8 +194,8 @@ def _counterfactual_table(rows: list[dict]) -> str:
     return text
 
 
-def precision_section(precision: dict | None, plots: dict) -> str:
-    if not precision:
+def precision_section(sections: dict, plots: dict) -> str:
+    if not (precision := sections.get("precision")):
         return ""
     rows = _sweep_rows(precision["rows"], [[r["target"], r["draft"], size(r["draft_bytes"])] for r in precision["rows"]])
     for row, r in zip(rows, precision["rows"]):
@@ -208,8 +208,8 @@ def precision_section(precision: dict | None, plots: dict) -> str:
     return text + image(plots, "precision", "Measured and predicted speedup by weight precision")
 
 
-def kv_section(kv: dict | None) -> str:
-    if not kv:
+def kv_section(sections: dict, plots: dict) -> str:
+    if not (kv := sections.get("kv")):
         return ""
     rows = _sweep_rows(kv["rows"], [[r["kv_cache_precision"]] for r in kv["rows"]])
     for row, r in zip(rows, kv["rows"]):
@@ -222,8 +222,8 @@ def kv_section(kv: dict | None) -> str:
     )
 
 
-def lookup_section(lookup: dict | None) -> str:
-    if not lookup:
+def lookup_section(sections: dict, plots: dict) -> str:
+    if not (lookup := sections.get("lookup")):
         return ""
     rows = _sweep_rows(lookup["rows"], [[r["label"]] for r in lookup["rows"]])
     for row, r in zip(rows, lookup["rows"]):
@@ -236,8 +236,8 @@ def lookup_section(lookup: dict | None) -> str:
     )
 
 
-def vocab_section(vocab: dict | None) -> str:
-    if not vocab:
+def vocab_section(sections: dict, plots: dict) -> str:
+    if not (vocab := sections.get("vocab")):
         return ""
     rows = _sweep_rows(vocab["rows"], [[r["label"], f"{r['rows_kept']:,}", ms_value(r["draft_step_costed_s"])] for r in vocab["rows"]])
     return (
@@ -248,8 +248,8 @@ def vocab_section(vocab: dict | None) -> str:
     )
 
 
-def memory_section(memory: dict | None) -> str:
-    if not memory:
+def memory_section(sections: dict, plots: dict) -> str:
+    if not (memory := sections.get("memory")):
         return ""
     rows = []
     for mode in (AUTOREGRESSIVE, SPECULATIVE):
@@ -270,8 +270,9 @@ def memory_section(memory: dict | None) -> str:
     )
 
 
-def breakdown_section(paper: dict | None, plots: dict) -> str:
-    if not paper:
+def breakdown_section(sections: dict, plots: dict) -> str:
+    """§6: where the time of the paper section's longest runs goes."""
+    if not (paper := sections.get("paper")):
         return ""
     n = max(paper["by_tokens"], key=int)
     f = paper["by_tokens"][n]
@@ -305,9 +306,8 @@ def method_section(results: dict) -> str:
     )
 
 
-def watching_section(section: dict | None) -> str:
+def watching_section(sections: dict, plots: dict) -> str:
     """What watching costs (watching.py): step times and the speedup shown, by where the run was made."""
-    if not section:
+    if not (section := sections.get("watching")):
         return ""
-
     return "## 8. What watching costs\n\n" + watching.report(section).split("\n", 2)[2]

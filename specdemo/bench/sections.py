@@ -1,10 +1,11 @@
 """The sections that put us beside others: the paper's experiment (with OpenVINO GenAI in the same
-loop), transformers and llama.cpp. The sweeps are in sweeps.py, the memory probe in memory.py; RUNNERS names
-them all, one for each section of settings.REGISTRY. Each section returns the dict the report reads (keys: schema.py)."""
+loop), transformers and llama.cpp; the GGUF's fidelity, where a target call's time goes, what watching costs. The
+sweeps are in sweeps.py, the memory probe in memory.py, HumanEval in humaneval.py; settings.REGISTRY names each
+section's runner. Each returns the dict the report reads (keys: schema.py)."""
 
 from __future__ import annotations
 
-from specdemo.bench import memory, stats, sweeps
+from specdemo.bench import stats
 from specdemo.bench.harness import Context, Lane, Run, find, genai_compile, log_progress, measure, our_lane, peer_lane
 from specdemo.bench.settings import PAPER
 from specdemo.decoding.drafters import STRATEGIES, with_counterpart
@@ -248,26 +249,3 @@ def run_watching(ctx: Context) -> dict:
 
     return watching.run_watching(ctx.code_instructions(3)[2], ctx.sweep_tokens, ctx.bench.watching_repeats, ctx.log)
 
-
-def run_humaneval(ctx: Context) -> dict:
-    """HumanEval's problems through every lane, speed and pass@1 side by side (humaneval.py)."""
-    from specdemo.bench import humaneval
-
-    return humaneval.run_section(ctx)
-
-
-RUNNERS = {
-    "humaneval": run_humaneval,
-    "fidelity": run_fidelity,
-    "nodes": run_nodes,
-    "paper": run_paper,
-    "transformers": run_transformers,
-    "llamacpp": run_llamacpp,
-    "watching": run_watching,
-    "k": sweeps.run_k,
-    "vocab": sweeps.run_vocab,
-    "precision": sweeps.run_precision,
-    "kv": sweeps.run_kv,
-    "lookup": sweeps.run_lookup,
-    "memory": memory.run_memory,
-}

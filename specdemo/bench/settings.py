@@ -49,10 +49,17 @@ PAPER = {40: (19.87, 13.61), 100: (44.25, 26.97)}
 
 @dataclass(frozen=True)
 class Section:
-    """One section as a bench run plans it. What it runs is sections.RUNNERS[name] (kept apart: it imports the models,
-    and this module stays light for the CLI's flags); what it reports, report.py and plots.py."""
+    """One section of a bench run, registered in REGISTRY: what it loads, and where its runner, its report parts and its
+    plots are. Those are named as "module:function" (".sweeps" is specdemo.bench.sweeps), not imported: they load the
+    models, and this module stays light for the CLI's flags; bench.found() imports one when the run, the report or the
+    plots call it. So a new section is one module holding the three, and one line here."""
 
     name: str  # for --only and as its key in benchmarks.json
+    run: str  # its runner: Context -> the dict the report and the plots read (keys: schema.py)
+    # Its parts of the report: (the § they go in, (sections, plots) -> markdown, "" when there is nothing to say), the
+    # parts of one § in the order their sections run. A part may read other sections (§2 sets ours beside the peers).
+    report: tuple[tuple[int, str], ...]
+    plots: tuple[str, ...] = ()  # its painters: results -> a figure, or None; draw_x writes benchmarks-x.png
     # Copies of (target, draft) compiles it loads beside the bench's pair at its peak: estimates from what it loads
     # (GenAI's pipelines, the precision and KV sweeps' models, the fidelity section's precisions), not measured one by
     # one. GenAI's two pipelines (plain, speculative: K is a per-call setting) hold two targets and a draft; every
@@ -63,19 +70,25 @@ class Section:
 
 
 REGISTRY = (  # in the order they run
-    Section("paper", (2, 1), quick=True),
-    Section("k", (2, 1), quick=True),
-    Section("vocab", (0, 1), quick=True),
-    Section("lookup", (2, 0), quick=True),
-    Section("transformers", quick=True),  # holds both models in f32: memory.section_need prices it from their weights
-    Section("llamacpp"),  # an optional peer that loads two more copies of the target: the full run measures it
-    Section("fidelity", (1, 0)),
-    Section("nodes", (1, 0)),
-    Section("precision", (2, 2)),
-    Section("kv", (1, 1)),
-    Section("memory", (1, 1)),
-    Section("watching"),
-    Section("humaneval", (2, 1), opt_in=True),
+    Section("paper", ".sections:run_paper", ((1, ".report:paper_section"), (6, ".report_tables:breakdown_section")),
+            (".plots:draw_paper", ".plots:draw_breakdown"), copies=(2, 1), quick=True),
+    Section("k", ".sweeps:run_k", ((3, ".report_tables:k_section"),), (".plots:draw_k",), copies=(2, 1), quick=True),
+    Section("vocab", ".sweeps:run_vocab", ((3, ".report_tables:vocab_section"),), copies=(0, 1), quick=True),
+    Section("lookup", ".sweeps:run_lookup", ((4, ".report_tables:lookup_section"),), copies=(2, 0), quick=True),
+    # holds both models in f32: memory.section_need prices it from their weights
+    Section("transformers", ".sections:run_transformers", ((2, ".report:peers_section"),), (".plots:draw_peers",),
+            quick=True),
+    # an optional peer that loads two more copies of the target: the full run measures it
+    Section("llamacpp", ".sections:run_llamacpp", ((7, ".report_gguf:llamacpp_section"),)),
+    Section("fidelity", ".sections:run_fidelity", ((7, ".report_gguf:fidelity_section"),), copies=(1, 0)),
+    Section("nodes", ".sections:run_nodes", ((7, ".report_gguf:nodes_section"),), copies=(1, 0)),
+    Section("precision", ".sweeps:run_precision", ((3, ".report_tables:precision_section"),), (".plots:draw_precision",),
+            copies=(2, 2)),
+    Section("kv", ".sweeps:run_kv", ((3, ".report_tables:kv_section"),), copies=(1, 1)),
+    Section("memory", ".memory:run_memory", ((5, ".report_tables:memory_section"),), copies=(1, 1)),
+    Section("watching", ".sections:run_watching", ((8, ".report_tables:watching_section"),)),
+    Section("humaneval", ".humaneval:run_section", ((9, ".report_humaneval:humaneval_section"),),
+            (".plots:draw_humaneval",), copies=(2, 1), opt_in=True),
 )
 SECTIONS = tuple(s.name for s in REGISTRY)
 OPT_IN = tuple(s.name for s in REGISTRY if s.opt_in)
