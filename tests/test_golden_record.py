@@ -48,7 +48,9 @@ def record(flags: list[str], target: Path, draft: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_generate_json_gives_the_golden_record_where_nothing_is_measured(tiny_target, tiny_draft):
+def test_generate_json_gives_the_golden_record_where_nothing_is_measured(tiny_target, tiny_draft, home):
+    # `home`: an empty SPECDEMO_HOME of its own, so no tune or profile another test left in the tests' home can change
+    # the compile settings the record names
     records = {name: record(flags, tiny_target, tiny_draft) for name, flags in CASES.items()}
     if os.environ.get("SPECDEMO_WRITE_GOLDEN") == "1":
         GOLDEN.write_text(json.dumps(records, indent=1, ensure_ascii=False, sort_keys=True) + "\n", encoding="utf-8")
