@@ -2,7 +2,7 @@
 
 import json
 import math
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import pytest
 from conftest import exact
@@ -471,3 +471,78 @@ def test_the_memory_probe_measures_a_speculative_run_of_the_tiny_pair(tiny_targe
     assert 0 < figures["rss_loaded_bytes"] <= figures["peak_rss_process_bytes"]
     assert 0 < figures["peak_anon_generating_bytes"] <= figures["peak_anon_process_bytes"]
     assert figures["tokens"] > 0 and figures["private_bytes"] > 0
+
+
+def test_the_precision_sweep_holds_one_target_at_a_time_beside_the_pair(monkeypatch):
+    """Every target and draft precision held at once took 14 GiB of anonymous memory (AMX Xeon): the sweep now measures
+    one target precision at a time (alone, then with each draft, back to back), letting each go before the next."""
+    import gc
+    import weakref
+    from types import SimpleNamespace
+
+    from specdemo.bench import sweeps
+    from specdemo.settings import ModelSettings
+
+    class Loaded:  # a loaded model: its settings, and how big it is on disk
+        def __init__(self, settings):
+            self.settings = settings
+
+        def describe(self):
+            return {"size_on_disk_bytes": 1}
+
+    live: list[weakref.ref] = []  # every target the sweep loaded
+
+    def load(settings, progress=None):
+        model = Loaded(settings)
+        if settings.source == "target":
+            live.append(weakref.ref(model))
+        return model
+
+    held = []  # targets alive beside the pair at each sweep
+
+    def measure_lanes(ctx, what, lanes, extra=None):
+        gc.collect()
+        held.append(sum(ref() is not None for ref in live))
+        return {"rows": [{"label": lane.label, **extra(lane, [])} for lane in lanes[1:]], "runs": []}
+
+    monkeypatch.setattr(sweeps, "load_model", load)
+    monkeypatch.setattr(sweeps, "sweep", measure_lanes)
+    monkeypatch.setattr(sweeps, "Engine", lambda target, draft: SimpleNamespace(target=target, draft=draft))
+    class Lane:  # a lane: its label (lanes key the sweep's rows, as harness.Lane does)
+        def __init__(self, label, engine, mode, generation, **kw):
+            self.label = label
+
+    monkeypatch.setattr(sweeps, "our_lane", Lane)
+    pair = SimpleNamespace(target=Loaded(ModelSettings("target", "int8")), draft=Loaded(ModelSettings("draft", "int4")))
+    ctx = SimpleNamespace(engine=pair, settings=RunSettings(ModelSettings("target", "int8"), ModelSettings("draft", "int4")),
+                          bench=replace(bench.FULL, target_precisions=("int8", "gguf-mixed", "gguf", "int4"),
+                                        draft_precisions=("int4", "int8", "fp16")),
+                          log=lambda message: None, generation=GenerationSettings(), sweep_tokens=8,
+                          k_label=lambda: "K = 4")
+    figures = sweeps.run_precision(ctx)
+    assert held == [0, 1, 1, 1]  # the pair's own target first, then each other precision alone
+    assert [(r["target"], r["draft"]) for r in figures["rows"]] == [
+        (t, d) for t in ("int8", "gguf-mixed", "gguf", "int4") for d in ("int4", "int8", "fp16")]
+
+
+def test_the_kv_sweep_compiles_the_pair_as_it_was_loaded_not_its_open_settings(monkeypatch):
+    """The run's settings leave the target's layout and the draft's precision to the machine (faithful, auto); the KV
+    sweep compiles the precisions the pair was loaded at (it once asked for the folder of an 'auto' draft and failed)."""
+    from types import SimpleNamespace
+
+    from specdemo.bench import sweeps
+    from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET, ModelSettings
+
+    loaded = []
+    monkeypatch.setattr(sweeps, "load_model", lambda settings, progress=None: loaded.append(settings) or settings)
+    monkeypatch.setattr(sweeps, "sweep", lambda ctx, what, lanes, extra=None: {"rows": [], "runs": []})
+    monkeypatch.setattr(sweeps, "Engine", lambda target, draft: SimpleNamespace(
+        target=SimpleNamespace(runtime=SimpleNamespace(kv_cache_precision=target.kv_cache_precision or "f32"))))
+    monkeypatch.setattr(sweeps, "our_lane", lambda *args, **kw: object())
+    pair = SimpleNamespace(target=SimpleNamespace(settings=ModelSettings(DEFAULT_TARGET.source, "gguf-mixed"),
+                                                  runtime=SimpleNamespace(kv_cache_precision="f32")),
+                           draft=SimpleNamespace(settings=ModelSettings(DEFAULT_DRAFT.source, "int4")))
+    ctx = SimpleNamespace(engine=pair, settings=RunSettings(), bench=replace(bench.FULL, kv_cache_precisions=("u8", "")),
+                          log=lambda message: None, generation=GenerationSettings(), k_label=lambda: "K = 4")
+    sweeps.run_kv(ctx)
+    assert [(s.precision, s.kv_cache_precision) for s in loaded] == [("gguf-mixed", "u8"), ("int4", "u8")]
