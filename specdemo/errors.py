@@ -1,4 +1,4 @@
-"""OpenVINO's exceptions as sentences for users.
+"""OpenVINO's exceptions, and the disk's, as sentences for users.
 
 OpenVINO raises RuntimeError with several lines: where it was thrown, at every layer it crossed ("Exception from
 src/inference/src/cpp/core.cpp:117:"), the check that failed with its source path, and last the kernel's own words
@@ -7,6 +7,7 @@ src/inference/src/cpp/core.cpp:117:"), the check that failed with its source pat
 
 from __future__ import annotations
 
+import errno
 import re
 
 # What to try when a compile is refused: the settings that decide which kernels run, and this machine's tune, which
@@ -42,8 +43,20 @@ def is_openvino(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and bool(re.search(r"Exception from |Check '.*' failed", str(error)))
 
 
+def disk_sentence(error: OSError) -> str:
+    """What failed on the disk and what to do, in one sentence (ENOSPC: `clean` frees what specdemo keeps)."""
+    where = f" ({error.filename})" if error.filename else ""
+    advice = {errno.ENOSPC: "free space on that disk (`python -m specdemo clean` lists what specdemo keeps) and run it again",
+              errno.EROFS: "point SPECDEMO_HOME at a writable folder",
+              errno.EACCES: "point SPECDEMO_HOME at a folder you may write"}.get(error.errno, "check the disk and run it again")
+    return f"a file could not be read or written{where}: {error.strerror or error}; {advice}"
+
+
 def describe(error: BaseException, what: str = "run the models") -> str:
-    """Any error as one line: OpenVINO's raw exceptions as openvino_sentence, ours as they are."""
+    """Any error as one line: OpenVINO's raw exceptions as openvino_sentence, the disk's as disk_sentence, ours as
+    they are."""
     if is_openvino(error):
         return openvino_sentence(error, what)
+    if isinstance(error, OSError) and error.errno is not None:
+        return disk_sentence(error)
     return " ".join(str(error).split()) or type(error).__name__

@@ -76,3 +76,20 @@ def test_a_full_disk_is_one_sentence_with_what_to_do_not_a_traceback(monkeypatch
     assert err.count("\n") == 0 and "Traceback" not in err
     assert err.startswith("error: a file could not be read or written (/home/u/.cache/specdemo/bench/model.gguf)")
     assert "specdemo clean" in err
+
+
+def test_a_conversion_that_fills_the_disk_tells_the_page_what_to_do(tmp_path):
+    """The conversion child's last word when the disk fills (seen on a full disk: the page said only "OSError: [Errno
+    28] No space left on device"): which file, and that `clean` frees what specdemo keeps."""
+    import errno
+
+    from specdemo.models import convert
+    from specdemo.models.sources import ModelSourceError
+    from specdemo.settings import ModelSettings
+    from specdemo.ui.values import as_sentence
+
+    error = OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "model.gguf"))
+    said = as_sentence(ModelSourceError(convert.failure(ModelSettings("qwen2.5-coder-1.5b"), error, tmp_path / "x.log")))
+    assert said.startswith(f"Could not convert qwen2.5-coder-1.5b: a file could not be read or written ({tmp_path}")
+    assert "No space left on device; free space on that disk (`python -m specdemo clean`" in said
+    assert said.endswith(f"(details in {tmp_path / 'x.log'}).") and "\n" not in said

@@ -7,7 +7,6 @@ user can fix are printed as one line (exit status 2), never as a traceback.
 from __future__ import annotations
 
 import argparse
-import errno
 import sys
 import time
 from pathlib import Path
@@ -185,20 +184,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {errors.describe(error)}", file=sys.stderr)
         return 1
     except OSError as error:  # the disk (full, read-only, a permission): one sentence with what to do
-        print(f"error: {disk_sentence(error)}", file=sys.stderr)
+        print(f"error: {errors.disk_sentence(error)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-
-
-def disk_sentence(error: OSError) -> str:
-    """What failed on the disk and what to do, in one sentence (ENOSPC: `clean` frees what specdemo keeps)."""
-    where = f" ({error.filename})" if error.filename else ""
-    advice = {errno.ENOSPC: "free space on that disk (`python -m specdemo clean` lists what specdemo keeps) and run it again",
-              errno.EROFS: "point SPECDEMO_HOME at a writable folder",
-              errno.EACCES: "point SPECDEMO_HOME at a folder you may write"}.get(error.errno, "check the disk and run it again")
-    return f"a file could not be read or written{where}: {error.strerror or error}; {advice}"
 
 
 def benchmark_settings(args: argparse.Namespace):

@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from specdemo import strict_json
+from specdemo import errors, strict_json
 from specdemo.models import export, sources
 from specdemo.settings import ModelSettings
 
@@ -35,11 +35,17 @@ def main(argv: list[str]) -> int:
         import traceback
 
         traceback.print_exc()
-        log = sources.log_path(folder)
-        to_parent.write(strict_json.dumps({"error": f"could not convert {settings.source}: {type(error).__name__}: {error} "
-                                             f"(details in {log})"}) + "\n")
+        to_parent.write(strict_json.dumps({"error": failure(settings, error, sources.log_path(folder))}) + "\n")
         return 1
     return 0
+
+
+def failure(settings: ModelSettings, error: Exception, log: Path) -> str:
+    """What the parent says of a failed conversion: the disk's errors with what to do (a full disk: free space), any
+    other as its type and words; where the details are."""
+    reason = errors.disk_sentence(error) if isinstance(error, OSError) and error.errno else \
+        f"{type(error).__name__}: {error}"
+    return f"could not convert {settings.source}: {reason} (details in {log})"
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable
 
+from specdemo import errors
 from specdemo.host import machine, memory
 from specdemo.learning.profile import machine_profile
 from specdemo.models import sources
@@ -57,8 +58,9 @@ class Loading:
     def _load(self, load: Callable) -> None:
         try:
             self.value = load(self.report)
-        except Exception as error:  # raised again in every handler that waits for it
+        except Exception as error:  # raised again in every handler that waits for it; said in the server's log too
             self.error = error
+            print(f"loading failed: {errors.describe(error)}", flush=True)
         finally:
             self.done.set()
         if self.error is None and self.on_done is not None:
