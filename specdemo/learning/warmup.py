@@ -60,8 +60,8 @@ def remaining(engine, k_max: int, log, interrupted=lambda: False,
     is none. [] once it knows them all.
 
     `pair_only`: only what the pair keeps whatever its compile (the acceptance evidence). A tune about to run measures
-    the cost curve afresh and the noise of the compile it chooses (cli._tune): measured here first, they would serve
-    only the runs before it ends, and hold its start back by a minute."""
+    the cost curve afresh and the noise of the compile it chooses (cli/tune_command.tune_machine): measured here first,
+    they would serve only the runs before it ends, and hold its start back by a minute."""
     steps, of_the_compile = [], not pair_only
     if of_the_compile and engine.costs is not None and engine.costs.provisional:
         steps.append(("measuring this machine's call costs in full",

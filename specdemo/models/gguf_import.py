@@ -29,7 +29,7 @@ import openvino as ov
 from openvino import opset13 as ops
 
 from specdemo.models.gguf_file import GGUFFile
-from specdemo.models.gguf_weights import SUPPORTED, Blocks, hf_row_order, lay_out, unpack
+from specdemo.models.gguf_weights import SUPPORTED, Blocks, hf_row_order, lay_out, unpack, weight_node
 
 PERMUTED = ("llama",)  # architectures whose attn_q / attn_k rows llama.cpp permutes (and transformers restores)
 CHECKED_ROWS = 24  # rows of each tensor compared with gguf's dequantization: a misplaced row differs by the weights' size
@@ -268,34 +268,6 @@ def _return_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
-
-
-def weight_node(blocks: Blocks):
-    """The decompression subgraph of `blocks` without its offset: (rows, columns) f32."""
-    rows, groups, size = blocks.q.shape
-    if groups == 1:  # one scale a row: the per-channel pattern, no grouping reshape
-        q, scale = blocks.q[:, 0, :], blocks.scale
-    else:
-        q, scale = blocks.q, blocks.scale[..., None]
-    weight = ops.convert(_constant(q, {4: ov.Type.i4, 8: ov.Type.i8}[blocks.bits]), ov.Type.f16)
-    scaled = ops.multiply(weight, ops.constant(scale))
-    if groups > 1:
-        scaled = ops.reshape(scaled, ops.constant(np.array([rows, groups * size], dtype=np.int64)), False)
-    return ops.convert(scaled, ov.Type.f32)
-
-
-def _constant(values: np.ndarray, element: ov.Type) -> ov.Node:
-    """A Constant of `element` holding `values` (integers in its range). 4-bit values are packed here, two a byte, low
-    nibble first as OpenVINO stores them: its own conversion goes through a Python list (16 s for the target's
-    embedding alone)."""
-    if element != ov.Type.i4:
-        return ops.constant(values, dtype=element)
-    flat = values.reshape(-1).astype(np.uint8) & 0x0F
-    if flat.size % 2:
-        flat = np.append(flat, np.uint8(0))
-    tensor = ov.Tensor(element, ov.Shape(list(values.shape)))
-    tensor.data[:] = flat[0::2] | (flat[1::2] << 4)
-    return ov.op.Constant(tensor)
 
 
 def dequantized(data: np.ndarray, kind: str) -> np.ndarray:

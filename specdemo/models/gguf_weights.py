@@ -1,5 +1,6 @@
-"""A GGUF file's quantized blocks, unpacked, and the two ways specdemo lays them out as OpenVINO compressed weights
-(precisions "gguf" and "gguf-mixed"; specdemo/models/gguf_import.py puts them into the graph built from the file).
+"""A GGUF file's quantized blocks, unpacked, the two ways specdemo lays them out (precisions "gguf" and "gguf-mixed"),
+and the OpenVINO decompression subgraph that holds them (weight_node); specdemo/models/gguf_import.py puts them into
+the graph built from the file.
 
 Notation of ggml's block formats (ggml-quants.c): d the block's scale, sc / m a sub-block's 6-bit scale and min, q the
 quantized values.
@@ -33,6 +34,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import openvino as ov
+from openvino import opset13 as ops
 
 SUPPORTED = ("Q4_K", "Q6_K", "Q5_0", "Q8_0")
 LAYOUTS = ("exact", "mixed")
@@ -136,6 +139,37 @@ def _per_channel(blocks: Blocks) -> Blocks:
     parts = [per_channel_int8(blocks.take_rows(np.arange(begin, min(begin + step, rows))).dequantize())
              for begin in range(0, rows, step)]
     return Blocks(np.concatenate([p.q for p in parts]), np.concatenate([p.scale for p in parts]), None, 8)
+
+
+# ---- as the graph holds them
+
+
+def weight_node(blocks: Blocks):
+    """The decompression subgraph of `blocks` without its offset: (rows, columns) f32."""
+    rows, groups, size = blocks.q.shape
+    if groups == 1:  # one scale a row: the per-channel pattern, no grouping reshape
+        q, scale = blocks.q[:, 0, :], blocks.scale
+    else:
+        q, scale = blocks.q, blocks.scale[..., None]
+    weight = ops.convert(_constant(q, {4: ov.Type.i4, 8: ov.Type.i8}[blocks.bits]), ov.Type.f16)
+    scaled = ops.multiply(weight, ops.constant(scale))
+    if groups > 1:
+        scaled = ops.reshape(scaled, ops.constant(np.array([rows, groups * size], dtype=np.int64)), False)
+    return ops.convert(scaled, ov.Type.f32)
+
+
+def _constant(values: np.ndarray, element: ov.Type) -> ov.Node:
+    """A Constant of `element` holding `values` (integers in its range). 4-bit values are packed here, two a byte, low
+    nibble first as OpenVINO stores them: its own conversion goes through a Python list (16 s for the target's
+    embedding alone)."""
+    if element != ov.Type.i4:
+        return ops.constant(values, dtype=element)
+    flat = values.reshape(-1).astype(np.uint8) & 0x0F
+    if flat.size % 2:
+        flat = np.append(flat, np.uint8(0))
+    tensor = ov.Tensor(element, ov.Shape(list(values.shape)))
+    tensor.data[:] = flat[0::2] | (flat[1::2] << 4)
+    return ov.op.Constant(tensor)
 
 
 # ---- llama.cpp's row order of attention projections

@@ -62,8 +62,6 @@ def check_same_tokenizer(target, draft) -> None:
             )
 
 
-
-
 class Engine:
     """A target model, optionally a draft model, and the decoding loops over them."""
 
