@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specdemo.models import export, gguf_import, sources
+from specdemo.models import export, gguf_import, kernels, sources
 from specdemo.models.gguf_file import GGUFFile
 from specdemo.models.runtime import OVModel
 from specdemo.settings import PRECISIONS, ModelSettings
@@ -117,10 +117,11 @@ from specdemo.settings import ModelSettings
 for precision in sys.argv[2:]:
     sources.prepare(ModelSettings(sys.argv[1], precision=precision), lambda fraction, message: None)
 """
-WEIGHT_TYPES = {"fp16": {"f16"}, "int8": {"u8"}, "int4": {"u4"}, "gguf": {"i8"}, "gguf-mixed": {"i8"}}
+WEIGHT_TYPES = {"fp16": {"f16"}, "int8": {"u8"}, "int4": {"u4"}, "gguf": {"i8"}, "gguf-mixed": {"i8"},
+                "gguf-native": {"u8"}}  # the file's raw blocks
 
 
-@pytest.mark.slow  # NNCF and transformers' tokenizer conversion imported in a fresh child for each of five precisions
+@pytest.mark.slow  # NNCF and transformers' tokenizer conversion imported in a fresh child for each of six precisions
 def test_every_precision_of_a_gguf_converts_in_processes_without_torch(home, tmp_path):
     import openvino as ov
     from transformers import AutoTokenizer
@@ -140,7 +141,7 @@ def test_every_precision_of_a_gguf_converts_in_processes_without_torch(home, tmp
     for precision in PRECISIONS:
         folder = sources.cached_folder(ModelSettings(str(gguf), precision=precision))
         assert (folder / sources.COMPLETE_MARKER).is_file()
-        weights = {op.get_element_type().get_type_name() for op in ov.Core().read_model(folder / "openvino_model.xml")
+        weights = {op.get_element_type().get_type_name() for op in kernels.new_core().read_model(folder / "openvino_model.xml")
                    .get_ops() if op.get_type_name() == "Constant" and len(op.get_output_shape(0)) >= 2}
         assert WEIGHT_TYPES[precision] <= weights, (precision, weights)
         assert AutoTokenizer.from_pretrained(folder).encode(TEXT) == ids

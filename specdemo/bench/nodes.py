@@ -21,7 +21,7 @@ from pathlib import Path
 import openvino as ov
 
 from specdemo.learning import tune
-from specdemo.models import graph
+from specdemo.models import graph, kernels
 from specdemo.models.loading import describe_compile
 
 # Groups, in the order the report lists them: (name, test on the node's original name and type).
@@ -55,7 +55,7 @@ class NodeGroup:
 def as_compiled(folder: Path):
     """The IR of `folder` with the edits runtime.OVModel makes before compiling that move weights between nodes (the
     projections fused: graph.fuse_projections), so node names and weight bytes match the compiled model's."""
-    model = ov.Core().read_model(Path(folder) / "openvino_model.xml")
+    model = kernels.new_core().read_model(Path(folder) / "openvino_model.xml")
     graph.fuse_projections(model)
     return model
 

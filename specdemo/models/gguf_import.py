@@ -1,6 +1,8 @@
 """A GGUF file's weights as nodes of the graph built from it (specdemo/models/gguf_graph.py), laid out for the chosen
 precision:
 
+- BlockWeights (precision gguf-native): each MatMul a BlockMatMul over the file's own bytes (specdemo/models/kernels.py),
+  the embedding's Gather on the exact layout below.
 - BlockWeights (precisions gguf, gguf-mixed): the file's own blocks (specdemo/models/gguf_weights.py) as the
   pattern the CPU plugin fuses into its compressed FullyConnected (or Gather): a signed low-bit Constant, Convert,
   Multiply by an f16 scale per group, Reshape, Convert to f32; exact Q4_K's offset added after the MatMul as a group
@@ -28,6 +30,7 @@ import numpy as np
 import openvino as ov
 from openvino import opset13 as ops
 
+from specdemo.models import kernels
 from specdemo.models.gguf_file import GGUFFile
 from specdemo.models.gguf_weights import SUPPORTED, Blocks, hf_row_order, lay_out, unpack, weight_node
 
@@ -99,8 +102,11 @@ class BlockWeights(_FileWeights):
         self.sums = {}  # activations' group sums, shared by the MatMuls reading the same input (q, k, v; gate, up)
 
     def linear(self, x: ov.Output, name: str, node_name: str) -> ov.Output:
-        """x · Wᵀ for tensor `name` (rows, columns): the MatMul named `node_name` [+ x's group sums · offsetᵀ]."""
+        """x · Wᵀ for tensor `name` (rows, columns): the MatMul named `node_name` [+ x's group sums · offsetᵀ]; in the
+        native layout the BlockMatMul of its raw blocks."""
         x = _output(x)
+        if self.layout == "native" and self.file.tensors[name].kind in kernels.KINDS:
+            return kernels.block_matmul(x, self._raw(name), self.file.tensors[name].kind, node_name).output(0)
         blocks = self._blocks(name)
         if blocks is None:
             return _matmul(x, _f16_weight(self.values(name)), node_name)
@@ -128,6 +134,17 @@ class BlockWeights(_FileWeights):
         spread = ops.add(grouped, ops.unsqueeze(offsets, ops.constant(np.array([-1], dtype=np.int64))))
         return ops.reshape(spread, ops.constant(np.array([0, 0, groups * size], dtype=np.int64)), True).output(0)
 
+    def _raw(self, name: str) -> np.ndarray:
+        """(rows, bytes per row) u8: the file's blocks of `name` in the graph's row order, a sample of rows checked."""
+        tensor = self.file.tensors[name]
+        raw = np.asarray(tensor.data)
+        order = self._order(name, raw.shape[0])
+        if order is not None:
+            raw = raw[order]
+        sample = _sample(raw.shape[0])
+        self.check(name, dequantized(raw[sample], tensor.kind), sample)
+        return raw
+
     def _blocks(self, name: str) -> Blocks | None:
         """The exact blocks of `name` in the graph's row order, checked, then laid out; None for a type not unpacked."""
         tensor = self.file.tensors[name]
@@ -139,7 +156,7 @@ class BlockWeights(_FileWeights):
             blocks = blocks.take_rows(order)
         sample = _sample(blocks.q.shape[0])
         self.check(name, blocks.take_rows(sample).dequantize(), sample)
-        return lay_out(blocks, tensor.kind, name, self.layout)
+        return lay_out(blocks, tensor.kind, name, "exact" if self.layout == "native" else self.layout)
 
 
 class DequantizedWeights(_FileWeights):

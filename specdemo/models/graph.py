@@ -3,7 +3,8 @@
 - trim_lm_head: keep only some rows of the LM head (a cheaper draft: specdemo/models/vocab.py);
 - keep_only_last_logits: an input `logits_to_keep`, so a prefill runs the LM head on its last position alone;
 - fuse_projections: MatMuls reading the same activations (a layer's q, k and v; its gate and up) become one, their
-  compressed weights concatenated row-wise and the output split again.
+  compressed weights concatenated row-wise and the output split again; BlockMatMuls of one block type likewise
+  (specdemo/models/kernels.py: a GGUF tensor's own blocks, rows of bytes).
 
 Why fuse: a decode step of a 1.5B model is ~850 nodes on the CPU plugin, and the calls' wall time exceeds the sum of
 the nodes' own times by 4-6 ms (thread hand-offs between nodes on 2 cores; bench --only nodes). The plugin fuses q/k/v
@@ -24,10 +25,13 @@ from openvino import opset13 as ops
 _LOW_BIT = (ov.Type.u4, ov.Type.i4)
 
 
+BLOCK_MATMUL = "BlockMatMul"  # specdemo's op over a GGUF tensor's own blocks (kernels.py): a row of bytes per output
+
+
 def lm_head(model: ov.Model):
-    """The LM head's MatMul (hidden states x vocabulary), or None when the graph hides it."""
+    """The LM head's MatMul or BlockMatMul (hidden states x vocabulary), or None when the graph hides it."""
     node = model.output("logits").get_node().input_value(0).get_node()  # skip the Result
-    while node.get_type_name() != "MatMul":
+    while node.get_type_name() not in ("MatMul", BLOCK_MATMUL):
         if node.get_input_size() == 0 or node.get_type_name() not in ("Convert", "Multiply", "Add", "Tanh", "Divide"):
             return None
         node = node.input_value(0).get_node()
@@ -44,6 +48,11 @@ def trim_lm_head(model: ov.Model, ids: np.ndarray) -> bool:
     when the head or its weight layout (vocabulary rows first, transposed MatMul) is not recognised.
     """
     head = lm_head(model)
+    if head is not None and head.get_type_name() == BLOCK_MATMUL:  # its blocks are rows of bytes: take the rows kept
+        blocks = head.input_value(1).get_node()
+        head.input(1).replace_source_output(_with_rows(blocks, [_rows(blocks)[ids]]).output(0))
+        model.validate_nodes_and_infer_types()
+        return True
     if head is None or not head.get_attributes().get("transpose_b", False):
         return False
     vocab = head.get_output_partial_shape(0)[-1].get_length()
@@ -89,7 +98,11 @@ def fuse_projections(model: ov.Model) -> int:
     Returns how many MatMuls were removed (0: nothing to fuse, the model unchanged)."""
     groups = defaultdict(list)  # (activations, weight layout) -> MatMuls
     for op in model.get_ordered_ops():
-        if op.get_type_name() == "MatMul" and op.get_attributes().get("transpose_b") and \
+        if op.get_type_name() == BLOCK_MATMUL and op.input_value(1).get_node().get_type_name() == "Constant":
+            x = op.input_value(0)
+            attributes = op.get_attributes()
+            groups[(x.get_node().get_friendly_name(), x.get_index(), attributes["kind"], attributes["columns"])].append(op)
+        elif op.get_type_name() == "MatMul" and op.get_attributes().get("transpose_b") and \
                 not op.get_attributes().get("transpose_a"):
             layout = _layout(op.input_value(1))
             if layout is not None:
@@ -129,25 +142,31 @@ def _layout(output: ov.Output):
 
 
 def _fuse(matmuls: list) -> None:
-    """MatMul(x, W_i) for each i → Split(MatMul(x, concat_i W_i)), bias Adds likewise concatenated."""
+    """MatMul(x, W_i) for each i → Split(MatMul(x, concat_i W_i)), bias Adds likewise concatenated. BlockMatMuls: the
+    first one takes every row (an op of the extension cannot be made here, only rewired), the others are left unread."""
     rows = [m.get_input_partial_shape(1).to_shape()[0] for m in matmuls]
     weight = _concat_rows([m.input_value(1) for m in matmuls], rows)
+    biases = [_bias_of(m) for m in matmuls]
+    ends = [add for _, add in biases] if all(b is not None for b in biases) else list(matmuls)
+    readers = [list(end.output(0).get_target_inputs()) for end in ends]  # before the fused node gains its own
     # Named after the first projection, so a profile of the compiled model (bench/nodes.py) finds them again.
     name = matmuls[0].get_friendly_name() + "/fused"
-    fused = ops.matmul(matmuls[0].input_value(0), weight, False, True)
+    if matmuls[0].get_type_name() == BLOCK_MATMUL:
+        fused = matmuls[0]
+        fused.input(1).replace_source_output(weight)
+        fused.validate_and_infer_types()
+    else:
+        fused = ops.matmul(matmuls[0].input_value(0), weight, False, True)
     fused.set_friendly_name(name)
-    biases = [_bias_of(m) for m in matmuls]
-    ends = [m for m in matmuls]
     if all(b is not None for b in biases):
         fused = ops.add(fused, ops.constant(np.concatenate([b.get_data().reshape(-1) for b, _ in biases])
                                             .astype(biases[0][0].get_data().dtype)))
         fused.set_friendly_name(name + "/bias")
-        ends = [add for _, add in biases]
     parts = ops.variadic_split(fused, ops.constant(np.array(-1, dtype=np.int64)),
                                ops.constant(np.array(rows, dtype=np.int64)))
     parts.set_friendly_name(name + "/split")
-    for i, end in enumerate(ends):
-        for consumer in list(end.output(0).get_target_inputs()):
+    for i, consumers in enumerate(readers):
+        for consumer in consumers:
             consumer.replace_source_output(parts.output(i))
 
 

@@ -25,7 +25,7 @@ import numpy as np
 import openvino as ov
 
 from specdemo.host.compat import compile_config
-from specdemo.models import graph
+from specdemo.models import graph, kernels
 from specdemo.settings import ModelSettings
 
 
@@ -44,7 +44,9 @@ class OVModel:
         compile with the plugin's per-node counters on (bench/nodes.py reads them; they cost a little per node)."""
         self.folder = Path(folder)
         self.settings = settings
-        core = core or ov.Core()
+        if settings.precision == "gguf-native" and kernels.unavailable():
+            raise RuntimeError(f"{settings.source} at gguf-native runs on specdemo's kernels: {kernels.unavailable()}")
+        core = core or kernels.new_core()
         model = core.read_model(self.folder / "openvino_model.xml")
         self.vocab_size = model.output("logits").get_partial_shape()[-1].get_length()  # V of the full head
         self.head_ids = head_ids if head_ids is not None and graph.trim_lm_head(model, head_ids) else None

@@ -1,0 +1,57 @@
+"""Builds the BlockMatMul extension with CMake while pip installs this package. A build that fails (no C++ compiler, a
+compiler too old for the SIMD paths) does not fail the install: the package is installed without the library and
+says why in BUILD_ERROR, and specdemo runs on the CPU plugin's own kernels (specdemo/models/kernels.py says so once)."""
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+from setuptools.dist import Distribution
+
+HERE = Path(__file__).resolve().parent
+LIBRARY = "libspecdemo_kernels.so"
+
+
+class BuildWithCMake(build_py):
+    def run(self):
+        super().run()
+        package = Path(self.build_lib) / "specdemo_kernels"
+        for stale in (package / LIBRARY, package / "BUILD_ERROR"):
+            stale.unlink(missing_ok=True)
+        try:
+            shutil.copy2(compile_library(), package / LIBRARY)
+        except Exception as error:  # noqa: BLE001 - any failure: install without it, and say why
+            (package / "BUILD_ERROR").write_text(f"{error}".strip()[-2000:] + "\n")
+            print(f"specdemo-kernels: the extension was not built ({str(error).strip().splitlines()[-1]}); specdemo "
+                  "will run on OpenVINO's own kernels", file=sys.stderr)
+
+
+def compile_library() -> Path:
+    """The built library's path; raises with the compiler's last words when CMake fails."""
+    if os.environ.get("SPECDEMO_KERNELS_BUILD") == "fail":  # tests: a machine that cannot build it
+        raise RuntimeError("the build was told to fail (SPECDEMO_KERNELS_BUILD=fail)")
+    import openvino
+
+    cmake_dir = Path(openvino.__file__).parent / "cmake"
+    build = Path(tempfile.mkdtemp(prefix="specdemo-kernels-"))
+    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+    for command in (["cmake", "-S", str(HERE), "-B", str(build), *generator, "-DCMAKE_BUILD_TYPE=Release",
+                     f"-DOpenVINO_DIR={cmake_dir}", f"-DTBB_DIR={cmake_dir}"],
+                    ["cmake", "--build", str(build), "--parallel"]):
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"{' '.join(command[:2])} failed:\n{(done.stdout + done.stderr)[-1500:]}")
+    return build / LIBRARY
+
+
+class BinaryDistribution(Distribution):
+    def has_ext_modules(self):  # a platform wheel: it holds a library built for this machine
+        return True
+
+
+setup(cmdclass={"build_py": BuildWithCMake}, distclass=BinaryDistribution)

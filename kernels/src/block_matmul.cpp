@@ -1,0 +1,102 @@
+#include "block_matmul.hpp"
+
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
+#include <vector>
+
+#include "formats.hpp"
+
+namespace specdemo {
+
+namespace {
+
+Kind parse_kind(const std::string& kind) {
+    if (kind == "Q4_K") return Kind::Q4_K;
+    if (kind == "Q6_K") return Kind::Q6_K;
+    if (kind == "Q8_0") return Kind::Q8_0;
+    if (kind == "Q5_0") return Kind::Q5_0;
+    OPENVINO_THROW("BlockMatMul: block type ", kind, " is not one of Q4_K, Q6_K, Q8_0, Q5_0");
+}
+
+constexpr size_t ROWS_A_TASK = 16;  // output rows a task takes: 16 Q4_K rows of 1536 weights are 14 KiB of blocks
+constexpr size_t ACTIVATIONS_A_PASS = 64;  // activation rows dotted with a weight row while it is in L1
+
+}  // namespace
+
+BlockMatMul::BlockMatMul(const ov::Output<ov::Node>& x, const ov::Output<ov::Node>& weights, const std::string& kind,
+                         int64_t columns)
+    : Op({x, weights}), m_kind(kind), m_columns(columns) {
+    constructor_validate_and_infer_types();
+}
+
+void BlockMatMul::validate_and_infer_types() {
+    const Kind kind = parse_kind(m_kind);
+    const auto& x = get_input_partial_shape(0);
+    const auto& w = get_input_partial_shape(1);
+    NODE_VALIDATION_CHECK(this, get_input_element_type(0) == ov::element::f32, "BlockMatMul takes f32 activations");
+    NODE_VALIDATION_CHECK(this, get_input_element_type(1) == ov::element::u8, "BlockMatMul takes u8 blocks");
+    NODE_VALIDATION_CHECK(this, m_columns > 0 && m_columns % block_values(kind) == 0,
+                          "BlockMatMul: ", m_columns, " columns are not whole ", m_kind, " blocks");
+    NODE_VALIDATION_CHECK(this, w.rank().is_static() && w.rank().get_length() == 2, "BlockMatMul: blocks must be 2-D");
+    if (w[1].is_static()) {
+        NODE_VALIDATION_CHECK(this, size_t(w[1].get_length()) == m_columns / block_values(kind) * block_bytes(kind),
+                              "BlockMatMul: a row of ", w[1].get_length(), " bytes is not ", m_columns, " ", m_kind,
+                              " weights");
+    }
+    ov::PartialShape y = x;
+    if (x.rank().is_static()) {
+        NODE_VALIDATION_CHECK(this, x.rank().get_length() >= 1 && x[x.rank().get_length() - 1].compatible(m_columns),
+                              "BlockMatMul: activations' last dimension must be ", m_columns);
+        y[y.rank().get_length() - 1] = w[0];
+    }
+    set_output_type(0, ov::element::f32, y);
+}
+
+std::shared_ptr<ov::Node> BlockMatMul::clone_with_new_inputs(const ov::OutputVector& inputs) const {
+    check_new_args_count(this, inputs);
+    return std::make_shared<BlockMatMul>(inputs[0], inputs[1], m_kind, m_columns);
+}
+
+bool BlockMatMul::visit_attributes(ov::AttributeVisitor& visitor) {
+    visitor.on_attribute("kind", m_kind);
+    visitor.on_attribute("columns", m_columns);
+    return true;
+}
+
+bool BlockMatMul::evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const {
+    const Kind kind = parse_kind(m_kind);
+    const ov::Shape x_shape = inputs[0].get_shape();
+    const size_t columns = x_shape.back(), rows = inputs[1].get_shape()[0], row_bytes = inputs[1].get_shape()[1];
+    const size_t m_rows = ov::shape_size(x_shape) / columns;
+    ov::Shape y_shape = x_shape;
+    y_shape.back() = rows;
+    outputs[0].set_shape(y_shape);
+
+    const float* x = inputs[0].data<const float>();
+    const uint8_t* w = static_cast<const uint8_t*>(inputs[1].data());
+    float* y = outputs[0].data<float>();
+
+    // (M, columns) f32 → M quantized rows, once a call
+    const size_t q_bytes = quantized_row_bytes(kind, int(columns));
+    thread_local std::vector<uint8_t> quantized;
+    quantized.resize(m_rows * q_bytes);
+    uint8_t* q = quantized.data();
+    tbb::parallel_for(size_t(0), m_rows, [&](size_t m) { quantize_row(kind, x + m * columns, int(columns), q + m * q_bytes); });
+
+    const DotFn dot = chosen_kernels().dot[int(kind)];
+    const int blocks = int(columns / block_values(kind));
+    tbb::parallel_for(
+        tbb::blocked_range<size_t>(0, rows, ROWS_A_TASK),
+        [&](const tbb::blocked_range<size_t>& range) {
+            for (size_t first = 0; first < m_rows; first += ACTIVATIONS_A_PASS) {
+                const size_t last = std::min(m_rows, first + ACTIVATIONS_A_PASS);
+                for (size_t n = range.begin(); n < range.end(); ++n)
+                    dot(w + n * row_bytes, blocks, q + first * q_bytes, q_bytes, int(last - first), y + first * rows + n, rows);
+            }
+        },
+        tbb::static_partitioner());
+    return true;
+}
+
+}  // namespace specdemo

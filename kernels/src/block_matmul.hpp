@@ -1,0 +1,35 @@
+// BlockMatMul: y = x · Wᵀ with W a GGUF tensor's own blocks.
+//   input 0  x  f32 (…, columns)            activations: M = the product of the leading dimensions
+//   input 1  W  u8  (rows, bytes per row)    the file's raw blocks, a row per output channel
+//   output   y  f32 (…, rows)
+//   attribute kind: "Q4_K", "Q6_K", "Q8_0" or "Q5_0"; columns: the number of weights a row
+// Each activation row is quantized to 8 bits once a call (formats.hpp), then every output row's blocks are dotted with
+// the M quantized rows while they are in cache, output rows shared among the plugin's threads.
+#pragma once
+
+#include <string>
+
+#include "openvino/op/op.hpp"
+
+namespace specdemo {
+
+class BlockMatMul : public ov::op::Op {
+public:
+    OPENVINO_OP("BlockMatMul", "specdemo");
+
+    BlockMatMul() = default;
+    BlockMatMul(const ov::Output<ov::Node>& x, const ov::Output<ov::Node>& weights, const std::string& kind,
+                int64_t columns);
+
+    void validate_and_infer_types() override;
+    std::shared_ptr<ov::Node> clone_with_new_inputs(const ov::OutputVector& inputs) const override;
+    bool visit_attributes(ov::AttributeVisitor& visitor) override;
+    bool evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const override;
+    bool has_evaluate() const override { return true; }
+
+private:
+    std::string m_kind;
+    int64_t m_columns = 0;
+};
+
+}  // namespace specdemo

@@ -1,0 +1,136 @@
+// The GGUF block formats this op reads, and the 8-bit activations it multiplies them with.
+//
+// Notation (ggml's): d a block's scale, dmin its min scale, sc / m a sub-block's scale and min, q the quantized values.
+//
+//   Q4_K  256 weights, 144 bytes: d, dmin (f16), 12 bytes of 8 × (sc, m) 6-bit, 128 bytes of 4-bit q
+//         w = d·sc·q − dmin·m; bytes 32c..32c+31 hold weights 64c+i (low nibble) and 64c+32+i (high nibble)
+//   Q6_K  256 weights, 210 bytes: 128 bytes of low 4 bits, 64 of high 2 bits, 16 × sc (i8), d (f16)
+//         w = d·sc·(q − 32), a scale per 16 weights
+//   Q8_0   32 weights,  34 bytes: d (f16), 32 × q (i8)                     w = d·q
+//   Q5_0   32 weights,  22 bytes: d (f16), 32 fifth bits, 16 bytes of nibbles  w = d·(q − 16)
+//
+// Activations are quantized once per call, a row at a time, the way llama.cpp pairs them with each format:
+//   Q8_K (for Q4_K, Q6_K): 256 values, one f32 scale, i8 q, and the sums of q per 16 (for the mins and offsets)
+//   Q8_0 (for Q8_0, Q5_0):  32 values, one f16 scale (rounded as stored), i8 q
+// so that a block's dot product is integer arithmetic times the two scales.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+namespace specdemo {
+
+enum class Kind { Q4_K, Q6_K, Q8_0, Q5_0 };
+
+struct BlockQ8K {
+    float d;              // the activations' scale: x ≈ d·q
+    int8_t q[256];
+    int16_t bsums[16];    // Σ q over each 16 values
+};
+
+struct BlockQ8_0 {
+    float d;              // f16-rounded, as ggml stores it
+    int8_t q[32];
+};
+
+constexpr size_t Q4_K_BYTES = 144, Q6_K_BYTES = 210, Q8_0_BYTES = 34, Q5_0_BYTES = 22;
+
+inline size_t block_bytes(Kind kind) {
+    switch (kind) {
+    case Kind::Q4_K: return Q4_K_BYTES;
+    case Kind::Q6_K: return Q6_K_BYTES;
+    case Kind::Q8_0: return Q8_0_BYTES;
+    default: return Q5_0_BYTES;
+    }
+}
+
+inline int block_values(Kind kind) { return kind == Kind::Q4_K || kind == Kind::Q6_K ? 256 : 32; }
+
+// Half to single precision, exactly (the scales are the only halves, read once per block).
+inline float fp16_to_fp32(uint16_t h) {
+    const uint32_t sign = uint32_t(h & 0x8000) << 16;
+    uint32_t exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF, bits;
+    if (exponent == 0) {
+        if (mantissa == 0) {
+            bits = sign;
+        } else {  // subnormal: normalise
+            exponent = 127 - 15 + 1;
+            while (!(mantissa & 0x400)) { mantissa <<= 1; --exponent; }
+            bits = sign | (exponent << 23) | ((mantissa & 0x3FF) << 13);
+        }
+    } else if (exponent == 31) {
+        bits = sign | 0x7F800000 | (mantissa << 13);
+    } else {
+        bits = sign | ((exponent + 127 - 15) << 23) | (mantissa << 13);
+    }
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+inline float read_fp16(const uint8_t* p) { return fp16_to_fp32(uint16_t(p[0] | (p[1] << 8))); }
+
+float fp16_round(float x);  // x rounded to the nearest half (ties to even), as a float
+
+// Q4_K's 12 scale bytes as 8 scales and 8 mins (6 bits each), four at a time in 32-bit words:
+//   sc 0–3 = s 0–3 & 63          sc 4–7 = (s 8–11 & 15) | (s 0–3 >> 6) << 4
+//   m  0–3 = s 4–7 & 63          m  4–7 = (s 8–11 >> 4) | (s 4–7 >> 6) << 4
+// As two 64-bit words, byte j the j-th scale (min): SIMD paths move them to vector registers without a store.
+inline void unpack_q4_k_scales(const uint8_t* s, uint64_t& sc, uint64_t& m) {
+    uint32_t word[3];
+    std::memcpy(word, s, 12);
+    sc = (word[0] & 0x3F3F3F3Fu) | uint64_t((word[2] & 0x0F0F0F0Fu) | (((word[0] >> 6) & 0x03030303u) << 4)) << 32;
+    m = (word[1] & 0x3F3F3F3Fu) | uint64_t(((word[2] >> 4) & 0x0F0F0F0Fu) | (((word[1] >> 6) & 0x03030303u) << 4)) << 32;
+}
+
+inline void unpack_q4_k_scales(const uint8_t* s, uint8_t sc[8], uint8_t m[8]) {
+    uint64_t scales, mins;
+    unpack_q4_k_scales(s, scales, mins);
+    std::memcpy(sc, &scales, 8);
+    std::memcpy(m, &mins, 8);
+}
+
+// Runs a kernel templated on the number of activation rows it shares a weight block with (1 … MAX_SHARED), over
+// all M rows: `call.template operator()<R>(first row)`.
+template <typename Call>
+inline void in_groups_of_rows(int m_rows, Call&& call) {
+    int m = 0;
+    for (; m + 4 <= m_rows; m += 4) call.template operator()<4>(m);
+    switch (m_rows - m) {
+    case 3: call.template operator()<3>(m); break;
+    case 2: call.template operator()<2>(m); break;
+    case 1: call.template operator()<1>(m); break;
+    default: break;
+    }
+}
+
+// Activations of one row (`columns` f32) in the form `kind`'s dot product takes; `out` holds columns/256 BlockQ8K
+// (Q4_K, Q6_K) or columns/32 BlockQ8_0 (Q8_0, Q5_0).
+void quantize_row(Kind kind, const float* x, int columns, void* out);
+size_t quantized_row_bytes(Kind kind, int columns);
+
+// One weight row's dot products with M quantized activation rows: out[m·out_stride] = Σ over `blocks` blocks, m < M.
+// Activation row m starts at activations + m·row_bytes. The row's blocks are decoded once for up to MAX_SHARED rows.
+using DotFn = void (*)(const uint8_t* weights, int blocks, const uint8_t* activations, size_t row_bytes, int m_rows,
+                       float* out, size_t out_stride);
+constexpr int MAX_SHARED = 4;  // activation rows a weight block is decoded once for (their sums stay in registers)
+
+struct Kernels {
+    const char* isa;  // "scalar", "avx2", "avx512"
+    DotFn dot[4];     // by Kind
+};
+
+const Kernels& scalar_kernels();
+const Kernels* avx2_kernels();    // nullptr when not compiled in
+const Kernels* avx512_kernels();  // nullptr when not compiled in
+
+// The kernels every BlockMatMul runs: the widest ISA this CPU has, or the one SPECDEMO_KERNEL_ISA names (scalar, avx2,
+// avx512) where the CPU has it; chosen at the first call, until use_kernels changes them.
+const Kernels& chosen_kernels();
+// Run `isa`'s kernels from now on ("" or nullptr: the widest again); false, changing nothing, where the CPU lacks it.
+bool use_kernels(const char* isa);
+// The kernels of `isa` if this CPU runs them, else nullptr.
+const Kernels* kernels_for(const char* isa);
+
+}  // namespace specdemo

@@ -1,0 +1,119 @@
+"""One layer's MatMul, three ways, against this machine's read bandwidth (issue 47's first step): specdemo's BlockMatMul
+over the file's own blocks on each ISA path this CPU runs, and the CPU plugin's MatMul on the same weights as
+`gguf-mixed` lays them (Q4_K as i4 in groups of 32 plus the offsets' MatMul; Q6_K per channel in i8).
+
+For M activation rows a call (1: a step; K + 1: a verification; more: a prefill's piece), each path's median time a
+layer and the GB/s it streams the tensor's bytes at (the file's bytes for BlockMatMul, the IR's for the plugin), beside
+the read bandwidth measured in the same run: a pass over a buffer larger than the caches by as many threads as the
+compiles use, so "streams at x % of the bandwidth" compares like with like.
+
+A call runs the layer of every block of the model side by side (the same shape, e.g. each ffn_up of 28 blocks), so
+that its weights come from memory as a step's do (a single 7.7 MB layer stays in a large L3 between calls: 260 MiB on
+the Xeon this was written on) and the threads stay as busy as in a step (a lone node pays their wake-up).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import openvino as ov
+from openvino import opset13 as ops
+
+from specdemo.models import kernels
+from specdemo.models.gguf_file import GGUFFile
+from specdemo.models.gguf_import import BlockWeights
+
+BANDWIDTH_BYTES = 1 << 30  # the read pass's buffer: far above any L3 these machines have
+
+
+def read_bandwidth(threads: int, repeats: int = 5) -> float:
+    """Bytes a second `threads` threads read from memory together (the best of `repeats` passes; numpy's reductions
+    release the GIL, so the threads run at once)."""
+    buffer = np.ones(BANDWIDTH_BYTES // 8, dtype=np.int64)
+    parts = np.array_split(buffer, threads)
+    best = 0.0
+    for _ in range(repeats):
+        workers = [threading.Thread(target=np.bitwise_or.reduce, args=(part,)) for part in parts]
+        start = time.perf_counter()
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        best = max(best, buffer.nbytes / (time.perf_counter() - start))
+    return best
+
+
+def compile_layers(file: GGUFFile, tensors: list[str], way: str, threads: int) -> tuple[ov.CompiledModel, int]:
+    """x (1, M, columns) → x · Wᵀ for each of `tensors` (one shape), the `way` ("blocks": BlockMatMul; "gguf-mixed": the
+    plugin's MatMul), compiled on the CPU with `threads`; and the bytes of weights a call reads."""
+    columns = file.tensors[tensors[0]].shape[1]
+    x = ops.parameter([1, -1, columns], ov.Type.f32, name="x")  # (1, M, columns), as the graph feeds it
+    weights, outputs, read = BlockWeights(file, "mixed"), [], 0
+    for tensor in tensors:
+        if way == "blocks":
+            raw = np.asarray(file.tensors[tensor].data)
+            outputs.append(kernels.block_matmul(x.output(0), raw, file.tensors[tensor].kind))
+            read += raw.nbytes
+        else:
+            outputs.append(weights.linear(x.output(0), tensor, tensor))
+    model = ov.Model([ops.result(y) for y in outputs], [x])
+    with tempfile.TemporaryDirectory() as folder:  # through the IR, as every model specdemo runs
+        ov.save_model(model, Path(folder) / "layer.xml", compress_to_fp16=False)
+        core = kernels.new_core()
+        model = core.read_model(Path(folder) / "layer.xml")
+        if way != "blocks":
+            read = sum(op.get_byte_size() for op in model.get_ops() if op.get_type_name() == "Constant"
+                       and op.get_byte_size() > 1 << 16)  # the weights, scales and offsets; not the reshapes' shapes
+        compiled = core.compile_model(model, "CPU", {"INFERENCE_NUM_THREADS": threads, "NUM_STREAMS": 1,
+                                                     "INFERENCE_PRECISION_HINT": "f32"})
+    return compiled, read
+
+
+def time_calls(compiled: ov.CompiledModel, m: int, columns: int, repeats: int) -> float:
+    """The median seconds of a call on M = `m` random activation rows (after two warm-up calls)."""
+    request = compiled.create_infer_request()
+    x = np.random.default_rng(m).standard_normal((1, m, columns)).astype(np.float32)
+    times = []
+    for i in range(repeats + 2):
+        start = time.perf_counter()
+        request.infer({0: x})
+        if i >= 2:
+            times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def measure_layer(path: Path, layer: str = "ffn_up", rows_per_call=(1, 2, 5, 9, 16), threads: int = 2,
+                  repeats: int = 15, log=print) -> dict:
+    """The table of the module's docstring for `layer` (e.g. "ffn_up") of the GGUF at `path`: {"bandwidth_gbs", "ways":
+    {way: {M: {"ms", "gbs"}}}} a layer, every way timed at each M back to back (so the host's drift hits them alike)."""
+    file = GGUFFile(path)
+    tensors = sorted((name for name in file.tensors if name.endswith(f".{layer}.weight")),
+                     key=lambda name: int(name.split(".")[1]))
+    kinds = {file.tensors[name].kind for name in tensors}
+    if len(kinds) > 1:  # Q4_K_M mixes Q4_K and Q6_K in ffn_down and attn_v: measure one kind at a time
+        kind = file.tensors[tensors[0]].kind
+        tensors = [name for name in tensors if file.tensors[name].kind == kind]
+    tensor, count = tensors[0], len(tensors)
+    columns = file.tensors[tensor].shape[1]
+    bandwidth = read_bandwidth(threads)
+    log(f"read bandwidth, {threads} threads: {bandwidth / 1e9:.1f} GB/s")
+    ways = {"gguf-mixed": compile_layers(file, tensors, "gguf-mixed", threads)}
+    blocks = compile_layers(file, tensors, "blocks", threads)
+    isas = kernels.supported_isas()
+    for isa in isas:
+        ways[f"blocks/{isa}"] = blocks
+    results = {way: {} for way in ways}
+    for m in rows_per_call:
+        for way, (compiled, read) in ways.items():
+            if way.startswith("blocks/"):
+                kernels.use(way.split("/")[1])
+            seconds = time_calls(compiled, m, columns, repeats if way != "blocks/scalar" else 2) / count
+            results[way][m] = {"ms": 1e3 * seconds, "gbs": read / count / seconds / 1e9, "bytes": read // count}
+        log(f"M = {m}: " + ", ".join(f"{way} {r[m]['ms']:.3f} ms ({r[m]['gbs']:.1f} GB/s)" for way, r in results.items()))
+    kernels.use("")
+    return {"layer": layer, "layers": count, "kind": file.tensors[tensor].kind, "shape": list(file.tensors[tensor].shape),
+            "threads": threads, "bandwidth_gbs": bandwidth / 1e9, "ways": results}

@@ -1,0 +1,193 @@
+"""specdemo's own kernels: BlockMatMul, a MatMul over a GGUF tensor's own blocks with integer dot products (the C++
+extension in kernels/, built by `pip install -r requirements.txt`), and what Python needs of it.
+
+    y (…, rows) f32 = x (…, columns) f32 · Wᵀ,  W the file's raw blocks (rows, bytes per row) u8 of one block type
+
+Each activation row is quantized to 8 bits once a call, as llama.cpp pairs it with the format (Q8_K: a scale per 256
+for Q4_K and Q6_K; Q8_0: an f16 scale per 32 for Q8_0 and Q5_0), and every block's dot product is integer arithmetic
+times the two scales: llama.cpp's arithmetic, streamed from the file's own bytes (4.5 bits a Q4_K weight, 6.56 a Q6_K).
+The dot products are written per ISA (scalar reference, AVX2 with FMA, AVX-512 with VNNI) and chosen once by the CPU's
+flags (kernels/src/dispatch.cpp); `use` holds another for a test or a bench.
+
+Graphs are built in Python with a stand-in op of the same type and attributes (its shapes only: it never runs); the
+IR saved from them holds `BlockMatMul` of version `specdemo`, which a Core with the extension added reads and the CPU
+plugin runs inside its graph, its threads shared through TBB.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import openvino as ov
+
+TYPE = "BlockMatMul"
+KINDS = {"Q4_K": (256, 144), "Q6_K": (256, 210), "Q8_0": (32, 34), "Q5_0": (32, 22)}  # values, bytes a block
+ISAS = ("scalar", "avx2", "avx512")
+
+
+@lru_cache(maxsize=1)
+def library() -> Path | None:
+    """The built extension, or None where it was not built or cannot load here (unavailable() says why)."""
+    return None if unavailable() else _built()
+
+
+def _built() -> Path | None:
+    try:
+        import specdemo_kernels
+    except ImportError:
+        return None
+    return specdemo_kernels.library_path()
+
+
+@lru_cache(maxsize=1)
+def unavailable() -> str | None:
+    """Why specdemo's kernels cannot run in this process, as a sentence; None where they can."""
+    try:
+        import specdemo_kernels
+    except ImportError:
+        return ("specdemo's kernels are not installed (pip install -r requirements.txt builds them from kernels/), so "
+                "the GGUF's blocks run on OpenVINO's own kernels")
+    path = specdemo_kernels.library_path()
+    if path is None:
+        reason = (specdemo_kernels.build_error() or "no reason was recorded").strip().splitlines()[-1]
+        return (f"specdemo's kernels were not built when they were installed ({reason}), so the GGUF's blocks run on "
+                "OpenVINO's own kernels; install a C++ compiler and run pip install --force-reinstall ./kernels")
+    try:
+        ov.Core().add_extension(str(path))
+        ctypes.CDLL(str(path)).specdemo_kernels_isa()
+    except (RuntimeError, OSError, AttributeError) as error:
+        return (f"specdemo's kernels did not load ({str(error).strip().splitlines()[0][:200]}), so the GGUF's blocks run "
+                "on OpenVINO's own kernels; rebuild them with pip install --force-reinstall ./kernels")
+    return None
+
+
+_said = False
+
+
+def say_once_if_unavailable(stream=sys.stderr) -> None:
+    """Print why the kernels cannot run, once a process, where they cannot."""
+    global _said
+    if unavailable() and not _said:
+        _said = True
+        print(unavailable(), file=stream, flush=True)
+
+
+def add_to(core: ov.Core) -> ov.Core:
+    """`core` with the extension added where it runs here (unchanged elsewhere): read_model then knows BlockMatMul."""
+    if library() is not None:
+        core.add_extension(str(library()))
+    return core
+
+
+def new_core() -> ov.Core:
+    """A Core that reads every IR specdemo writes, BlockMatMul's included where the kernels run here."""
+    return add_to(ov.Core())
+
+
+# ---- the ISA (held by tests and benches)
+
+
+def _functions():
+    path = library()
+    if path is None:
+        raise RuntimeError(unavailable())
+    lib = ctypes.CDLL(str(path))  # the same copy the Cores loaded: dlopen shares one per path
+    lib.specdemo_kernels_isa.restype = ctypes.c_char_p
+    lib.specdemo_kernels_use.argtypes = [ctypes.c_char_p]
+    return lib
+
+
+def isa() -> str:
+    """The dot products every BlockMatMul of this process runs: "scalar", "avx2" or "avx512"."""
+    return _functions().specdemo_kernels_isa().decode()
+
+
+def use(name: str = "") -> bool:
+    """Run `name`'s dot products from now on ("" : the widest this CPU has); False where this CPU lacks it."""
+    return bool(_functions().specdemo_kernels_use(name.encode()))
+
+
+def supported_isas() -> list[str]:
+    """The ISAs this CPU runs, widest last."""
+    current = isa()
+    found = [name for name in ISAS if use(name)]
+    use(current)
+    return found
+
+
+# ---- building graphs
+
+
+class BlockMatMul(ov.Op):
+    """The stand-in graphs are built with: BlockMatMul's inputs, attributes and output shape, saved to the IR as the
+    extension's op. It has no evaluate: compile only what a Core with the extension read back."""
+
+    class_type_info = ov.DiscreteTypeInfo(TYPE, "specdemo")
+
+    def __init__(self, inputs=None, kind: str = "Q4_K", columns: int = 0):
+        super().__init__(self, inputs)
+        self._kind, self._columns = kind, columns
+
+    def validate_and_infer_types(self):
+        x = self.get_input_partial_shape(0)
+        rows = self.get_input_partial_shape(1)[0]
+        self.set_output_type(0, ov.Type.f32, ov.PartialShape([x[i] for i in range(x.rank.get_length() - 1)] + [rows]))
+
+    def clone_with_new_inputs(self, new_inputs):
+        return BlockMatMul(new_inputs, self._kind, self._columns)
+
+    def visit_attributes(self, visitor):
+        visitor.on_attributes({"kind": self._kind, "columns": self._columns})
+        return True
+
+    def get_type_info(self):
+        return BlockMatMul.class_type_info
+
+
+def block_matmul(x: ov.Output, raw: np.ndarray, kind: str, name: str = "") -> ov.Node:
+    """x · Wᵀ over `raw` (rows, bytes per row) u8, one tensor's blocks of type `kind` as the file holds them."""
+    if kind not in KINDS:
+        raise ValueError(f"BlockMatMul reads {', '.join(KINDS)} blocks, not {kind}")
+    values, size = KINDS[kind]
+    columns = raw.shape[1] // size * values
+    weights = ov.op.Constant(ov.Tensor(np.ascontiguousarray(raw, dtype=np.uint8)))
+    node = BlockMatMul([x, weights.output(0)], kind=kind, columns=columns)
+    if name:
+        node.set_friendly_name(name)
+    return node
+
+
+# ---- the reference the kernels are held to
+
+
+def quantize_activations(x: np.ndarray, kind: str) -> np.ndarray:
+    """(M, columns) f32 as the kernels quantize it before `kind`'s dot products, dequantized again: d·q, f32."""
+    values = KINDS[kind][0]
+    blocks = x.astype(np.float32).reshape(x.shape[0], -1, values)
+    if values == 256:  # Q8_K: the value of largest magnitude becomes ∓127; ties to even; d = 1 / (−127 / largest)
+        index = np.abs(blocks).argmax(axis=-1)[..., None]
+        largest = np.take_along_axis(blocks, index, axis=-1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            inverse = np.where(largest != 0, np.float32(-127.0) / largest, np.float32(0)).astype(np.float32)
+            q = np.minimum(np.rint(inverse * blocks), 127)
+            d = np.where(inverse != 0, np.float32(1) / inverse, np.float32(0)).astype(np.float32)
+    else:  # Q8_0: d = max|x| / 127, rounded half away from zero, d kept as f16
+        d = (np.abs(blocks).max(axis=-1, keepdims=True) / np.float32(127)).astype(np.float32)
+        with np.errstate(divide="ignore"):
+            inverse = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+        scaled = blocks * inverse
+        q = np.sign(scaled) * np.floor(np.abs(scaled) + np.float32(0.5))
+        d = d.astype(np.float16).astype(np.float32)
+    return (q * d).reshape(x.shape).astype(np.float32)
+
+
+def reference(x: np.ndarray, raw: np.ndarray, kind: str) -> np.ndarray:
+    """(M, rows) f64: gguf-py's dequantization of `raw` times the 8-bit-quantized activations, in f64."""
+    from gguf import GGMLQuantizationType, dequantize
+
+    weights = np.asarray(dequantize(raw, GGMLQuantizationType[kind]), dtype=np.float64)
+    return quantize_activations(x, kind).astype(np.float64) @ weights.T

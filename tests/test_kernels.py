@@ -1,0 +1,155 @@
+"""specdemo's kernels (kernels/, specdemo/models/kernels.py): BlockMatMul over a GGUF tensor's own blocks equals
+gguf-py's dequantization of those blocks times the 8-bit-quantized activations, on every block type and on every ISA
+path this CPU runs (each one forced in turn); the graph built on them computes the exact layout's logits; a machine
+where they were not built still runs, and says why once."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import openvino as ov
+import pytest
+from openvino import opset13 as ops
+
+from specdemo.models import export, kernels, sources
+from specdemo.models.gguf_file import GGUFFile
+from specdemo.models.runtime import OVModel
+from specdemo.settings import ModelSettings
+from tests import tiny_gguf
+
+ROOT = Path(__file__).resolve().parent.parent
+HALVES = {"Q4_K": (0, 2), "Q6_K": (208,), "Q8_0": (0,), "Q5_0": (0,)}  # where each block holds its f16 scales
+
+pytestmark = pytest.mark.skipif(kernels.unavailable() is not None, reason=str(kernels.unavailable()))
+
+
+def random_blocks(kind: str, rows: int, columns: int, rng) -> np.ndarray:
+    """(rows, bytes per row) u8: random blocks of `kind`, every byte random but the scales, which are finite halves of
+    either sign (a random half can be inf or nan)."""
+    values, size = kernels.KINDS[kind]
+    raw = rng.integers(0, 256, (rows, columns // values, size), dtype=np.uint8)
+    for at in HALVES[kind]:
+        scales = rng.uniform(1e-3, 2e-2, raw.shape[:2]) * rng.choice([-1, 1], raw.shape[:2])
+        raw[..., at:at + 2] = scales.astype(np.float16)[..., None].view(np.uint8)
+    return raw.reshape(rows, -1)
+
+
+def compiled(raw: np.ndarray, kind: str, folder: Path) -> ov.CompiledModel:
+    """x (M, columns) → BlockMatMul(x, raw), through an IR as every model specdemo runs."""
+    x = ops.parameter([-1, raw.shape[1] // kernels.KINDS[kind][1] * kernels.KINDS[kind][0]], ov.Type.f32)
+    ov.save_model(ov.Model([ops.result(kernels.block_matmul(x.output(0), raw, kind))], [x]), folder / "op.xml")
+    core = kernels.new_core()
+    return core.compile_model(core.read_model(folder / "op.xml"), "CPU", {"INFERENCE_NUM_THREADS": 2})
+
+
+@pytest.fixture
+def each_isa():
+    """Every ISA path this CPU runs, held in turn; the widest again after."""
+    yield kernels.supported_isas()
+    kernels.use("")
+
+
+def test_this_cpu_runs_the_scalar_path_and_its_widest_by_default():
+    assert "scalar" in kernels.supported_isas()
+    assert kernels.isa() == kernels.supported_isas()[-1]
+
+
+@pytest.mark.parametrize("kind", list(kernels.KINDS))
+def test_block_matmul_equals_the_dequantized_blocks_times_the_8_bit_activations_on_every_isa(kind, each_isa, tmp_path):
+    rng = np.random.default_rng(len(kind))
+    columns = 2 * kernels.KINDS[kind][0] if kernels.KINDS[kind][0] == 256 else 96
+    raw = random_blocks(kind, 37, columns, rng)
+    model = compiled(raw, kind, tmp_path)
+    for m in (1, 2, 3, 4, 5, 9):  # a step, the row groups a block is decoded once for, and what is left of them
+        x = rng.standard_normal((m, columns)).astype(np.float32) * rng.uniform(0.1, 10)
+        expected = kernels.reference(x, raw, kind)
+        size = np.abs(kernels.quantize_activations(x, kind)).astype(np.float64) @ np.abs(
+            kernels.reference(np.eye(columns, dtype=np.float32), raw, kind))  # Σ|w·a|: what f32 rounding is relative to
+        for isa in each_isa:
+            kernels.use(isa)
+            got = model(x)[0]
+            assert got.shape == (m, 37)
+            assert np.all(np.abs(got - expected) <= 1e-6 * size + 1e-30), (kind, isa, m)
+
+
+def test_the_isa_a_test_forces_is_the_one_that_runs(each_isa):
+    for isa in each_isa:
+        assert kernels.use(isa) and kernels.isa() == isa
+    assert not kernels.use("avx1024")
+    assert kernels.isa() == each_isa[-1]  # a refused name changes nothing
+
+
+def test_activations_of_zeros_give_zeros_not_nan(tmp_path):
+    raw = random_blocks("Q4_K", 8, 256, np.random.default_rng(1))
+    assert np.array_equal(compiled(raw, "Q4_K", tmp_path)(np.zeros((2, 256), np.float32))[0], np.zeros((2, 8)))
+
+
+@pytest.mark.parametrize("architecture", ["qwen2", "llama"])
+def test_the_native_graph_computes_the_exact_layouts_logits_up_to_its_8_bit_activations(architecture, tmp_path, each_isa):
+    """The tiny GGUFs hold Q8_0 and Q5_0 blocks (a Llama file's q/k rows permuted): the native graph reads the same
+    rows, so its logits are the exact layout's but for the activations' 8-bit rounding (each MatMul exactly is held
+    above; a row out of place or a wrong block type would put them tens of percent apart)."""
+    gguf = tiny_gguf.write(tmp_path / "tiny.gguf", architecture)
+    settings = {p: ModelSettings(str(gguf), precision=p, inference_precision="f32", kv_cache_precision="f32",
+                                 dynamic_quantization_group_size=0) for p in ("gguf", "gguf-native")}
+    for precision in settings:
+        export.from_gguf(GGUFFile(gguf), precision, tmp_path / precision, lambda *_: None)
+    ids = list(range(40, 60))
+    exact = OVModel(tmp_path / "gguf", settings["gguf"]).forward(ids, logits_to_keep=len(ids))
+    for isa in each_isa:
+        kernels.use(isa)
+        native = OVModel(tmp_path / "gguf-native", settings["gguf-native"])
+        assert native.fused > 0  # q and v (both Q8_0), gate and down's neighbours: one BlockMatMul each
+        logits = native.forward(ids, logits_to_keep=len(ids))
+        assert np.abs(logits - exact).mean() <= 0.05 * np.abs(exact).mean(), isa  # 2.8 % on this random model
+        assert (logits.argmax(-1) == exact.argmax(-1)).mean() >= 0.9, isa
+
+
+def test_a_trimmed_native_head_scores_the_kept_tokens_as_the_whole_head_does(tmp_path):
+    gguf = tiny_gguf.write(tmp_path / "tiny.gguf", "llama")  # an LM head of its own
+    settings = ModelSettings(str(gguf), precision="gguf-native")
+    export.from_gguf(GGUFFile(gguf), "gguf-native", tmp_path / "ir", lambda *_: None)
+    kept = np.array([3, 17, 40, 41, 200])
+    whole = OVModel(tmp_path / "ir", settings).forward([40, 41, 42])
+    trimmed = OVModel(tmp_path / "ir", settings, head_ids=kept)
+    assert trimmed.head_tokens == len(kept)
+    assert np.allclose(trimmed.forward([40, 41, 42]), whole[:, kept], rtol=1e-5, atol=1e-5)
+
+
+BUILD_WITHOUT_A_COMPILER = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from specdemo.models import kernels
+print(kernels.unavailable())
+kernels.say_once_if_unavailable(sys.stdout)
+kernels.say_once_if_unavailable(sys.stdout)
+"""
+
+
+@pytest.mark.slow  # a build of the package (its CMake step told to fail) and a fresh interpreter
+def test_a_machine_that_cannot_build_the_kernels_installs_without_them_and_says_so_once(tmp_path):
+    env = {**os.environ, "SPECDEMO_KERNELS_BUILD": "fail"}
+    build = subprocess.run([sys.executable, "setup.py", "-q", "build", "--build-base", str(tmp_path / "build")],
+                           cwd=ROOT / "kernels", env=env, capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr[-2000:]  # the install goes on
+    assert "the extension was not built" in build.stderr
+    package = next((tmp_path / "build").glob("lib*/specdemo_kernels"))
+    assert (package / "BUILD_ERROR").is_file() and not list(package.glob("*.so"))
+    said = subprocess.run([sys.executable, "-c", BUILD_WITHOUT_A_COMPILER, str(package.parent)], cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
+    lines = said.stdout.strip().splitlines()
+    assert said.returncode == 0, said.stderr[-2000:]
+    assert lines[0].startswith("specdemo's kernels were not built when they were installed (the build was told to fail")
+    assert lines[0].endswith("so the GGUF's blocks run on OpenVINO's own kernels; install a C++ compiler and run pip "
+                             "install --force-reinstall ./kernels")
+    assert lines[1:] == [lines[0]]  # said once, whatever asks again
+
+
+def test_a_native_model_on_a_machine_without_the_kernels_is_refused_in_a_sentence(tmp_path, monkeypatch):
+    gguf = tiny_gguf.write(tmp_path / "tiny.gguf", "qwen2")
+    export.from_gguf(GGUFFile(gguf), "gguf-native", tmp_path / "ir", lambda *_: None)
+    monkeypatch.setattr(kernels, "unavailable", lambda: "specdemo's kernels are not installed (…)")
+    with pytest.raises(RuntimeError, match=r"at gguf-native runs on specdemo's kernels: specdemo's kernels are not"):
+        OVModel(tmp_path / "ir", ModelSettings(str(gguf), precision="gguf-native"))
