@@ -32,7 +32,8 @@ FAITHFUL = "faithful"  # a target's precision left to this machine: the full-fid
 # machine runs before it has raced them (`python -m specdemo tune`, specdemo/learning/target_choice.py): the quickest to
 # prepare (20 s against INT8's 35 s, 2-core AMX Xeon). Which steps faster depends on the CPU: INT8 on the AMX Xeon
 # (0.87x gguf-mixed's step), gguf-mixed on a Zen 4 (our autoregressive lane 0.67x llama.cpp's rate against 0.57x).
-FAITHFUL_PRECISIONS = ("gguf-mixed", "int8")
+# gguf-native (the file's own blocks on specdemo's kernels) is raced where those kernels run (models/kernels.runnable).
+FAITHFUL_PRECISIONS = ("gguf-mixed", "int8", "gguf-native")
 KV_CACHE_PRECISIONS = ("", "u8", "f16", "bf16", "f32")
 INFERENCE_PRECISIONS = ("", "f32", "bf16", "f16")
 MAX_PROMPT_TOKENS = 2048  # the page's and the CLI's default prompt cap: 2,048 tokens take ~15-40 s to prefill on 2 cores

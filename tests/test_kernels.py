@@ -14,6 +14,7 @@ import pytest
 from openvino import opset13 as ops
 
 from specdemo.models import export, kernels, sources
+from specdemo.models.block_matmul import block_matmul
 from specdemo.models.gguf_file import GGUFFile
 from specdemo.models.runtime import OVModel
 from specdemo.settings import ModelSettings
@@ -39,7 +40,7 @@ def random_blocks(kind: str, rows: int, columns: int, rng) -> np.ndarray:
 def compiled(raw: np.ndarray, kind: str, folder: Path) -> ov.CompiledModel:
     """x (M, columns) → BlockMatMul(x, raw), through an IR as every model specdemo runs."""
     x = ops.parameter([-1, raw.shape[1] // kernels.KINDS[kind][1] * kernels.KINDS[kind][0]], ov.Type.f32)
-    ov.save_model(ov.Model([ops.result(kernels.block_matmul(x.output(0), raw, kind))], [x]), folder / "op.xml")
+    ov.save_model(ov.Model([ops.result(block_matmul(x.output(0), raw, kind))], [x]), folder / "op.xml")
     core = kernels.new_core()
     return core.compile_model(core.read_model(folder / "op.xml"), "CPU", {"INFERENCE_NUM_THREADS": 2})
 

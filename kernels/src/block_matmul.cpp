@@ -82,9 +82,14 @@ bool BlockMatMul::evaluate(ov::TensorVector& outputs, const ov::TensorVector& in
     thread_local std::vector<uint8_t> quantized;
     quantized.resize(m_rows * q_bytes);
     uint8_t* q = quantized.data();
-    tbb::parallel_for(size_t(0), m_rows, [&](size_t m) { quantize_row(kind, x + m * columns, int(columns), q + m * q_bytes); });
+    const Kernels& kernels = chosen_kernels();
+    const ArrangeFn arrange = kernels.arrange[int(kind)];
+    tbb::parallel_for(size_t(0), m_rows, [&](size_t m) {
+        quantize_row(kind, x + m * columns, int(columns), q + m * q_bytes);
+        if (arrange) arrange(q + m * q_bytes, int(columns));
+    });
 
-    const DotFn dot = chosen_kernels().dot[int(kind)];
+    const DotFn dot = kernels.dot[int(kind)];
     const int blocks = int(columns / block_values(kind));
     tbb::parallel_for(
         tbb::blocked_range<size_t>(0, rows, ROWS_A_TASK),

@@ -32,11 +32,6 @@ inline __m256i dot_signed(__m256i w, __m256i a) {
     return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
 }
 
-// Q8_K sums per 32 values (the Q4_K sub-blocks') from its sums per 16: 8 i16.
-inline __m128i sums_per_32(const BlockQ8K& a) {
-    return _mm_hadd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a.bsums)),
-                          _mm_loadu_si128(reinterpret_cast<const __m128i*>(a.bsums + 8)));
-}
 
 template <int R>
 void q4_k_rows(const uint8_t* w, int blocks, const BlockQ8K* const* a, float* const* out) {
@@ -66,7 +61,8 @@ void q4_k_rows(const uint8_t* w, int blocks, const BlockQ8K* const* a, float* co
         }
         for (int r = 0; r < R; ++r) {
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(a[r][b].d * d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
-            const __m128i summ = _mm_madd_epi16(m16, sums_per_32(a[r][b]));  // Σ m·Σa, in 4 lanes
+            const __m128i sums = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a[r][b].sums32));
+            const __m128i summ = _mm_madd_epi16(m16, sums);  // Σ m·Σa, in 4 lanes
             mins[r] = _mm_fmadd_ps(_mm_set1_ps(a[r][b].d * dmin), _mm_cvtepi32_ps(summ), mins[r]);
         }
     }
@@ -172,7 +168,7 @@ template <int R> struct Q50 { static void run(const uint8_t* w, int n, const Blo
 
 const Kernels* avx2_kernels() {
     static const Kernels kernels{"avx2", {shared_rows<BlockQ8K, Q4K>, shared_rows<BlockQ8K, Q6K>,
-                                          shared_rows<BlockQ8_0, Q80>, shared_rows<BlockQ8_0, Q50>}};
+                                          shared_rows<BlockQ8_0, Q80>, shared_rows<BlockQ8_0, Q50>}, {}};
     return &kernels;
 }
 

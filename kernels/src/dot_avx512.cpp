@@ -27,10 +27,33 @@ struct Picks {
     }
     __m256i vector() const { return _mm256_load_si256(reinterpret_cast<const __m256i*>(index)); }
 };
-// Q4_K's scales of sub-blocks 2c and 2c + 1, 16 lanes each (the 64 weights of chunk c after maddubs)
-constexpr Picks Q4_K_PICKS[4] = {{0, 16}, {2, 16}, {4, 16}, {6, 16}};
 // Q6_K's four scales of 64 weights, 8 lanes each: weights 128h + 64k … for (h, k) = (0, 0), (0, 1), (1, 0), (1, 1)
 constexpr Picks Q6_K_PICKS[4] = {{0, 8}, {4, 8}, {8, 8}, {12, 8}};
+
+// i16 lane indices that spread two of Q4_K's 8 scales over 32 lanes, 16 each: the sub-blocks of 64 bytes' low
+// (or high) nibbles, bytes 64p…64p + 63: sub-blocks 4p, 4p + 2 (low) and 4p + 1, 4p + 3 (high).
+struct Spread {
+    alignas(64) int16_t index[32];
+    constexpr Spread(int first, int second) : index{} {
+        for (int i = 0; i < 32; ++i) index[i] = int16_t(i < 16 ? first : second);
+    }
+    __m512i vector() const { return _mm512_load_si512(index); }
+};
+constexpr Spread Q4_K_SPREAD[4] = {{0, 2}, {1, 3}, {4, 6}, {5, 7}};  // (p, low), (p, high) for p = 0, 1
+
+// Q4_K's activations in the order the nibbles of 64 bytes hold weights: each 128 values as sub-blocks 0, 2, 1, 3.
+void arrange_q4_k(void* row, int columns) {
+    auto* blocks = static_cast<BlockQ8K*>(row);
+    for (int b = 0; b < columns / 256; ++b) {
+        for (int half = 0; half < 2; ++half) {
+            int8_t* q = blocks[b].q + 128 * half;
+            int8_t second[32];
+            std::memcpy(second, q + 32, 32);
+            std::memcpy(q + 32, q + 64, 32);
+            std::memcpy(q + 64, second, 32);
+        }
+    }
+}
 
 template <int R>
 void q4_k_rows(const uint8_t* w, int blocks, const BlockQ8K* const* a, float* const* out) {
@@ -41,22 +64,29 @@ void q4_k_rows(const uint8_t* w, int blocks, const BlockQ8K* const* a, float* co
     for (int b = 0; b < blocks; ++b, w += Q4_K_BYTES) {
         uint64_t sc, m;
         unpack_q4_k_scales(w + 4, sc, m);
-        const __m256i scales = _mm256_set1_epi64x(int64_t(sc));  // the 8 scales in every 64 bits
+        const __m512i sc16 = _mm512_zextsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(sc))));
         const __m128i m16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(m)));
-        const float d = half(w), dmin = half(w + 2);
+        int halves;
+        std::memcpy(&halves, w, 4);
+        const __m128 scales = _mm_cvtph_ps(_mm_cvtsi32_si128(halves));  // d, dmin
+        const float d = _mm_cvtss_f32(scales), dmin = _mm_cvtss_f32(_mm_movehdup_ps(scales));
         __m512i sumi[R];
         for (int r = 0; r < R; ++r) sumi[r] = _mm512_setzero_si512();
-        for (int c = 0; c < 4; ++c) {  // weights 64c … 64c + 63: chunk c's low nibbles, then its high nibbles
-            const __m512i both = _mm512_broadcast_i64x4(load(w + 16 + 32 * c));
-            const __m512i q = _mm512_and_si512(_mm512_mask_blend_epi64(0xF0, both, _mm512_srli_epi16(both, 4)), nibble);
-            const __m512i scale = _mm512_cvtepu8_epi16(_mm256_shuffle_epi8(scales, Q4_K_PICKS[c].vector()));
-            for (int r = 0; r < R; ++r)
-                sumi[r] = _mm512_dpwssd_epi32(sumi[r], _mm512_maddubs_epi16(q, _mm512_loadu_si512(a[r][b].q + 64 * c)), scale);
+        for (int p = 0; p < 2; ++p) {  // 128 weights, bytes 64p…: low nibbles sub-blocks 4p, 4p+2; high 4p+1, 4p+3
+            const __m512i bytes = _mm512_loadu_si512(w + 16 + 64 * p);
+            const __m512i low = _mm512_and_si512(bytes, nibble);
+            const __m512i high = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), nibble);
+            const __m512i s_low = _mm512_permutexvar_epi16(Q4_K_SPREAD[2 * p].vector(), sc16);
+            const __m512i s_high = _mm512_permutexvar_epi16(Q4_K_SPREAD[2 * p + 1].vector(), sc16);
+            for (int r = 0; r < R; ++r) {  // the activations arranged to match (arrange_q4_k)
+                const int8_t* q8 = a[r][b].q + 128 * p;
+                sumi[r] = _mm512_dpwssd_epi32(sumi[r], _mm512_maddubs_epi16(low, _mm512_loadu_si512(q8)), s_low);
+                sumi[r] = _mm512_dpwssd_epi32(sumi[r], _mm512_maddubs_epi16(high, _mm512_loadu_si512(q8 + 64)), s_high);
+            }
         }
         for (int r = 0; r < R; ++r) {
             acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(a[r][b].d * d), _mm512_cvtepi32_ps(sumi[r]), acc[r]);
-            const __m128i sums = _mm_hadd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a[r][b].bsums)),
-                                                _mm_loadu_si128(reinterpret_cast<const __m128i*>(a[r][b].bsums + 8)));
+            const __m128i sums = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a[r][b].sums32));
             mins[r] = _mm_fmadd_ps(_mm_set1_ps(a[r][b].d * dmin), _mm_cvtepi32_ps(_mm_madd_epi16(m16, sums)), mins[r]);
         }
     }
@@ -159,7 +189,8 @@ template <int R> struct Q50 { static void run(const uint8_t* w, int n, const Blo
 
 const Kernels* avx512_kernels() {
     static const Kernels kernels{"avx512", {shared_rows<BlockQ8K, Q4K>, shared_rows<BlockQ8K, Q6K>,
-                                            shared_rows<BlockQ8_0, Q80>, shared_rows<BlockQ8_0, Q50>}};
+                                            shared_rows<BlockQ8_0, Q80>, shared_rows<BlockQ8_0, Q50>},
+                                           {arrange_q4_k, nullptr, nullptr, nullptr}};
     return &kernels;
 }
 

@@ -25,8 +25,9 @@ enum class Kind { Q4_K, Q6_K, Q8_0, Q5_0 };
 
 struct BlockQ8K {
     float d;              // the activations' scale: x ≈ d·q
-    int8_t q[256];
-    int16_t bsums[16];    // Σ q over each 16 values
+    int8_t q[256];        // in order, unless the ISA's kernels arrange them (Kernels::arrange)
+    int16_t bsums[16];    // Σ q over each 16 values, in order
+    int16_t sums32[8];    // Σ q over each 32 values (Q4_K's sub-blocks), in order
 };
 
 struct BlockQ8_0 {
@@ -116,9 +117,13 @@ using DotFn = void (*)(const uint8_t* weights, int blocks, const uint8_t* activa
                        float* out, size_t out_stride);
 constexpr int MAX_SHARED = 4;  // activation rows a weight block is decoded once for (their sums stay in registers)
 
+// Reorders one quantized row's values in place (`columns` of them) into the order an ISA's dot product loads them.
+using ArrangeFn = void (*)(void* row, int columns);
+
 struct Kernels {
-    const char* isa;  // "scalar", "avx2", "avx512"
-    DotFn dot[4];     // by Kind
+    const char* isa;       // "scalar", "avx2", "avx512"
+    DotFn dot[4];          // by Kind
+    ArrangeFn arrange[4];  // by Kind; nullptr: the values in order
 };
 
 const Kernels& scalar_kernels();

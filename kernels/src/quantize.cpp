@@ -21,6 +21,7 @@ void quantize_q8_k(const float* x, int columns, BlockQ8K* out) {
             block.d = 0;
             std::memset(block.q, 0, sizeof block.q);
             std::memset(block.bsums, 0, sizeof block.bsums);
+            std::memset(block.sums32, 0, sizeof block.sums32);
             continue;
         }
         const float inverse = -127.f / largest;  // the largest value becomes ∓127 exactly
@@ -33,6 +34,7 @@ void quantize_q8_k(const float* x, int columns, BlockQ8K* out) {
             for (int i = 0; i < 16; ++i) sum += block.q[16 * g + i];
             block.bsums[g] = int16_t(sum);
         }
+        for (int j = 0; j < 8; ++j) block.sums32[j] = int16_t(block.bsums[2 * j] + block.bsums[2 * j + 1]);
         block.d = 1 / inverse;
     }
 }

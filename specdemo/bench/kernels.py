@@ -24,6 +24,7 @@ import openvino as ov
 from openvino import opset13 as ops
 
 from specdemo.models import kernels
+from specdemo.models.block_matmul import block_matmul
 from specdemo.models.gguf_file import GGUFFile
 from specdemo.models.gguf_import import BlockWeights
 
@@ -56,7 +57,7 @@ def compile_layers(file: GGUFFile, tensors: list[str], way: str, threads: int) -
     for tensor in tensors:
         if way == "blocks":
             raw = np.asarray(file.tensors[tensor].data)
-            outputs.append(kernels.block_matmul(x.output(0), raw, file.tensors[tensor].kind))
+            outputs.append(block_matmul(x.output(0), raw, file.tensors[tensor].kind))
             read += raw.nbytes
         else:
             outputs.append(weights.linear(x.output(0), tensor, tensor))

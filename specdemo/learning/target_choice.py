@@ -1,7 +1,7 @@
 """Which faithful layout a target left to this machine runs here (precision FAITHFUL, the default target's).
 
 The full-fidelity layouts (settings.FAITHFUL_PRECISIONS: the GGUF's own Q4_K blocks with its Q6_K per channel in 8
-bits, and NNCF's INT8 per channel) keep the GGUF's greedy choices about as well as each other (`bench --only
+bits, NNCF's INT8 per channel, and the file's own blocks on specdemo's kernels where they run) keep the GGUF's greedy choices about as well as each other (`bench --only
 fidelity`), so the one to run is the one whose single step is fastest here: the autoregressive lane is the page's
 baseline, and a slow baseline flatters the speedup. Which one that is depends on the CPU plugin's kernels for the
 CPU: INT8 on the 2-core AMX Xeon (gguf-mixed's step 1.10-1.15x INT8's), gguf-mixed on a 2-core Zen 4 (our
@@ -21,7 +21,7 @@ from dataclasses import replace
 from typing import Callable
 
 from specdemo.learning.race import race, sample_step
-from specdemo.models import sources
+from specdemo.models import kernels, sources
 from specdemo.settings import FAITHFUL, FAITHFUL_PRECISIONS, ModelSettings
 
 
@@ -37,14 +37,17 @@ def choose(target: ModelSettings, log: Callable[[str], None] = print, profile=No
     compile = compile or (lambda settings: _compiled(settings, log))
     timer = timer or (lambda incumbent, challenger: race(incumbent, challenger, None, sample_step))
     incumbent = profile.resolve_precision(target).precision  # what the page ran until now
+    layouts = kernels.runnable(FAITHFUL_PRECISIONS)
+    if layouts != FAITHFUL_PRECISIONS:
+        log(f"target: {kernels.NATIVE} is not raced: {kernels.unavailable()}")
     log(f"target: the faithful layout, {incumbent} (running) against "
-        f"{', '.join(p for p in FAITHFUL_PRECISIONS if p != incumbent)}: each one's single step, raced")
+        f"{', '.join(p for p in layouts if p != incumbent)}: each one's single step, raced")
     held = compile(profile.resolve(replace(target, precision=incumbent)))
     if held is None:
         log("target: memory does not allow the faithful layouts' race now; the running one stays")
         return incumbent
     seconds = {}
-    for precision in FAITHFUL_PRECISIONS:
+    for precision in layouts:
         if precision == incumbent:
             continue
         challenger = compile(profile.resolve(replace(target, precision=precision)))

@@ -31,6 +31,7 @@ import openvino as ov
 from openvino import opset13 as ops
 
 from specdemo.models import kernels
+from specdemo.models.block_matmul import block_matmul
 from specdemo.models.gguf_file import GGUFFile
 from specdemo.models.gguf_weights import SUPPORTED, Blocks, hf_row_order, lay_out, unpack, weight_node
 
@@ -106,7 +107,7 @@ class BlockWeights(_FileWeights):
         native layout the BlockMatMul of its raw blocks."""
         x = _output(x)
         if self.layout == "native" and self.file.tensors[name].kind in kernels.KINDS:
-            return kernels.block_matmul(x, self._raw(name), self.file.tensors[name].kind, node_name).output(0)
+            return block_matmul(x, self._raw(name), self.file.tensors[name].kind, node_name).output(0)
         blocks = self._blocks(name)
         if blocks is None:
             return _matmul(x, _f16_weight(self.values(name)), node_name)

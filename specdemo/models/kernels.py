@@ -9,9 +9,10 @@ times the two scales: llama.cpp's arithmetic, streamed from the file's own bytes
 The dot products are written per ISA (scalar reference, AVX2 with FMA, AVX-512 with VNNI) and chosen once by the CPU's
 flags (kernels/src/dispatch.cpp); `use` holds another for a test or a bench.
 
-Graphs are built in Python with a stand-in op of the same type and attributes (its shapes only: it never runs); the
-IR saved from them holds `BlockMatMul` of version `specdemo`, which a Core with the extension added reads and the CPU
-plugin runs inside its graph, its threads shared through TBB.
+Graphs are built in Python with a stand-in op of the same type and attributes (block_matmul.py); the IR saved from
+them holds `BlockMatMul` of version `specdemo`, which a Core with the extension added reads and the CPU plugin runs
+inside its graph, its threads shared through TBB. This module imports no OpenVINO until a function needs it (`clean`
+and the CLI's help read `runnable`).
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
-import openvino as ov
 
 TYPE = "BlockMatMul"
+NATIVE = "gguf-native"  # the precision whose every MatMul is a BlockMatMul (gguf_import.BlockWeights, layout "native")
 KINDS = {"Q4_K": (256, 144), "Q6_K": (256, 210), "Q8_0": (32, 34), "Q5_0": (32, 22)}  # values, bytes a block
 ISAS = ("scalar", "avx2", "avx512")
 
@@ -56,6 +57,8 @@ def unavailable() -> str | None:
         reason = (specdemo_kernels.build_error() or "no reason was recorded").strip().splitlines()[-1]
         return (f"specdemo's kernels were not built when they were installed ({reason}), so the GGUF's blocks run on "
                 "OpenVINO's own kernels; install a C++ compiler and run pip install --force-reinstall ./kernels")
+    import openvino as ov
+
     try:
         ov.Core().add_extension(str(path))
         ctypes.CDLL(str(path)).specdemo_kernels_isa()
@@ -76,15 +79,24 @@ def say_once_if_unavailable(stream=sys.stderr) -> None:
         print(unavailable(), file=stream, flush=True)
 
 
-def add_to(core: ov.Core) -> ov.Core:
-    """`core` with the extension added where it runs here (unchanged elsewhere): read_model then knows BlockMatMul."""
+def runnable(precisions: tuple[str, ...]) -> tuple[str, ...]:
+    """`precisions` without gguf-native where the kernels were not built here (the others need nothing of them). Loads
+    no OpenVINO: a library that was built but cannot load is found where a model is loaded (unavailable)."""
+    return tuple(p for p in precisions if p != NATIVE or _built() is not None)
+
+
+def add_to(core):
+    """`core` (an openvino.Core) with the extension added where it runs here (unchanged elsewhere): read_model then
+    knows BlockMatMul."""
     if library() is not None:
         core.add_extension(str(library()))
     return core
 
 
-def new_core() -> ov.Core:
-    """A Core that reads every IR specdemo writes, BlockMatMul's included where the kernels run here."""
+def new_core():
+    """An openvino.Core that reads every IR specdemo writes, BlockMatMul's included where the kernels run here."""
+    import openvino as ov
+
     return add_to(ov.Core())
 
 
@@ -117,48 +129,6 @@ def supported_isas() -> list[str]:
     found = [name for name in ISAS if use(name)]
     use(current)
     return found
-
-
-# ---- building graphs
-
-
-class BlockMatMul(ov.Op):
-    """The stand-in graphs are built with: BlockMatMul's inputs, attributes and output shape, saved to the IR as the
-    extension's op. It has no evaluate: compile only what a Core with the extension read back."""
-
-    class_type_info = ov.DiscreteTypeInfo(TYPE, "specdemo")
-
-    def __init__(self, inputs=None, kind: str = "Q4_K", columns: int = 0):
-        super().__init__(self, inputs)
-        self._kind, self._columns = kind, columns
-
-    def validate_and_infer_types(self):
-        x = self.get_input_partial_shape(0)
-        rows = self.get_input_partial_shape(1)[0]
-        self.set_output_type(0, ov.Type.f32, ov.PartialShape([x[i] for i in range(x.rank.get_length() - 1)] + [rows]))
-
-    def clone_with_new_inputs(self, new_inputs):
-        return BlockMatMul(new_inputs, self._kind, self._columns)
-
-    def visit_attributes(self, visitor):
-        visitor.on_attributes({"kind": self._kind, "columns": self._columns})
-        return True
-
-    def get_type_info(self):
-        return BlockMatMul.class_type_info
-
-
-def block_matmul(x: ov.Output, raw: np.ndarray, kind: str, name: str = "") -> ov.Node:
-    """x · Wᵀ over `raw` (rows, bytes per row) u8, one tensor's blocks of type `kind` as the file holds them."""
-    if kind not in KINDS:
-        raise ValueError(f"BlockMatMul reads {', '.join(KINDS)} blocks, not {kind}")
-    values, size = KINDS[kind]
-    columns = raw.shape[1] // size * values
-    weights = ov.op.Constant(ov.Tensor(np.ascontiguousarray(raw, dtype=np.uint8)))
-    node = BlockMatMul([x, weights.output(0)], kind=kind, columns=columns)
-    if name:
-        node.set_friendly_name(name)
-    return node
 
 
 # ---- the reference the kernels are held to

@@ -30,7 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterator
 
-from specdemo.models import sources
+from specdemo.models import kernels, sources
 from specdemo.host import memory
 from specdemo.learning.profile import machine_profile
 from specdemo.settings import AUTO, CONFIGURATIONS, FAITHFUL, FAITHFUL_PRECISIONS, RunSettings
@@ -262,7 +262,8 @@ def background_steps(settings: RunSettings, model_bytes: int, log: Callable[[str
     needed = memory.tune_need(model_bytes, sources.weights_bytes(profile.resolve_precision(settings.draft)))
     if unraced or profile.chosen(profile.resolve_precision(settings.target)) is None:  # tune races the layouts first
         if room.left >= needed:
-            rivals = [p for p in FAITHFUL_PRECISIONS if not sources.is_prepared(replace(settings.target, precision=p))]
+            rivals = [p for p in kernels.runnable(FAITHFUL_PRECISIONS)
+                      if not sources.is_prepared(replace(settings.target, precision=p))]
             if unraced and rivals and steps:  # the race's other layout converted beside the draft, not in the tune
                 label, command = steps.pop()
                 steps.append((f"{label}, and the target at {rivals[0]}, for the faithful race",

@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 
 from specdemo.learning.draft_choice import PRECISIONS, choose, from_dict
-from specdemo.models import sources
+from specdemo.models import kernels, sources
 from specdemo.settings import AUTO, DRAFT_PRECISION, FAITHFUL, FAITHFUL_PRECISIONS, ModelSettings
 
 FROM_PLAN = "the draft plan"  # marks a compile setting a precision got from the draft plan, not from its own search
@@ -89,7 +89,7 @@ def resolve_faithful(settings: ModelSettings, tune: dict) -> ModelSettings:
     if not sources.is_gguf(settings.source):  # a GGUF layout needs a GGUF: INT8 is the faithful one of any other source
         return replace(settings, precision="int8")
     chosen = (_entry("faithful", settings.source, tune) or {}).get("precision")
-    order = sorted(FAITHFUL_PRECISIONS, key=lambda p: p != chosen)  # the choice first, then the quickest to prepare
+    order = sorted(kernels.runnable(FAITHFUL_PRECISIONS), key=lambda p: p != chosen)  # the choice, then the quickest
     ready = [p for p in order if sources.is_prepared(replace(settings, precision=p))]
     return replace(settings, precision=(ready or order)[0])
 
