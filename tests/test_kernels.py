@@ -154,3 +154,15 @@ def test_a_native_model_on_a_machine_without_the_kernels_is_refused_in_a_sentenc
     monkeypatch.setattr(kernels, "unavailable", lambda: "specdemo's kernels are not installed (…)")
     with pytest.raises(RuntimeError, match=r"at gguf-native runs on specdemo's kernels: specdemo's kernels are not"):
         OVModel(tmp_path / "ir", ModelSettings(str(gguf), precision="gguf-native"))
+
+
+def test_the_bench_measures_a_layer_on_every_isa_beside_the_plugin_and_reports_it(tmp_path):
+    from specdemo.bench.kernels import kernels_section, measure_layer
+
+    gguf = tiny_gguf.write(tmp_path / "tiny.gguf", "qwen2")
+    layer = measure_layer(gguf, "ffn_up", rows_per_call=(1, 3), repeats=2, log=lambda line: None)
+    assert list(layer["ways"]) == ["gguf-mixed"] + [f"blocks/{isa}" for isa in kernels.supported_isas()]
+    assert layer["layers"] == tiny_gguf.LAYERS and layer["bandwidth_gbs"] > 0
+    assert all(r[m]["ms"] > 0 and r[m]["bytes"] > 0 for r in layer["ways"].values() for m in (1, 3))
+    report = kernels_section({"kernels": {"cpu_isas": kernels.supported_isas(), "layers": [layer]}}, {})
+    assert "| blocks/scalar |" in report and "M = 3" in report

@@ -18,6 +18,7 @@ from specdemo.bench.settings import CODE_INSTRUCTIONS, BenchSettings
 from specdemo.decoding import drafters
 from specdemo.decoding.drafters import STRATEGIES, Strategy, with_counterpart
 from specdemo.learning.profile import machine_profile
+from specdemo.models import kernels
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results.lane import drain
 from specdemo.results.parting import parting
@@ -227,7 +228,7 @@ class Context:
     def target_settings(self) -> list[ModelSettings]:
         """The target at the run's precision, then at each other precision of the bench, each compiled as this
         machine's profile resolves it (its tune applied): what the fidelity and nodes sections compare."""
-        precisions = dict.fromkeys((self.settings.target.precision, *self.bench.target_precisions))
+        precisions = dict.fromkeys((self.settings.target.precision, *kernels.runnable(self.bench.target_precisions)))
         return [machine_profile().resolve(replace(self.settings.target, precision=p)) for p in precisions]
 
     def prompts(self, instructions: list[str]) -> list[list[int]]:

@@ -68,7 +68,7 @@ def compile_layers(file: GGUFFile, tensors: list[str], way: str, threads: int) -
         model = core.read_model(Path(folder) / "layer.xml")
         if way != "blocks":
             read = sum(op.get_byte_size() for op in model.get_ops() if op.get_type_name() == "Constant"
-                       and op.get_byte_size() > 1 << 16)  # the weights, scales and offsets; not the reshapes' shapes
+                       and len(op.get_output_shape(0)) >= 2)  # the weights, scales and offsets; not the reshapes' shapes
         compiled = core.compile_model(model, "CPU", {"INFERENCE_NUM_THREADS": threads, "NUM_STREAMS": 1,
                                                      "INFERENCE_PRECISION_HINT": "f32"})
     return compiled, read
@@ -118,3 +118,43 @@ def measure_layer(path: Path, layer: str = "ffn_up", rows_per_call=(1, 2, 5, 9, 
     kernels.use("")
     return {"layer": layer, "layers": count, "kind": file.tensors[tensor].kind, "shape": list(file.tensors[tensor].shape),
             "threads": threads, "bandwidth_gbs": bandwidth / 1e9, "ways": results}
+
+
+# ---- the bench section (settings.REGISTRY: "kernels")
+
+
+def run_kernels(ctx) -> dict:
+    """The table for the target's Q4_K layers (ffn_up: 1536 → 8960 on the default target) and its Q6_K ones (ffn_down,
+    those of that type), on the M of a step, of verifications and of a prefill's piece."""
+    from specdemo.bench import llamacpp
+
+    path = llamacpp.gguf_path(ctx.settings.target.source)
+    if path is None or kernels.unavailable():
+        return {"skipped": kernels.unavailable() or f"{ctx.settings.target.source} has no GGUF file to read blocks from"}
+    rows = tuple(sorted({1, 2, 5, 9, 16, ctx.k + 1}))
+    return {"cpu_isas": kernels.supported_isas(),
+            "layers": [measure_layer(path, layer, rows, log=ctx.log) for layer in ("ffn_up", "ffn_down")]}
+
+
+def kernels_section(sections: dict, plots: dict) -> str:
+    """The report's part: each layer's table, a row per way, a column per M, GB/s and the share of the bandwidth."""
+    from specdemo.bench.report_tables import table
+
+    section = sections.get("kernels")
+    if not section:
+        return ""
+    if section.get("skipped"):
+        return f"## specdemo's kernels, one layer\n\nNot measured: {section['skipped']}."
+    parts = ["## specdemo's kernels, one layer\n\nBlockMatMul over the file's own blocks on each ISA path this CPU runs "
+             f"({', '.join(section['cpu_isas'])}), each forced in turn, beside the CPU plugin's MatMul on the same weights "
+             "as gguf-mixed lays them; every layer of the model of that shape in one call, so the weights come from memory "
+             "as a step's do. Time a layer, the rate its weights stream at, and that rate's share of the read bandwidth "
+             "measured in the same run."]
+    for layer in section["layers"]:
+        ms = sorted(next(iter(layer["ways"].values())), key=int)
+        rows = [[way] + [f"{r[m]['ms']:.3f} ms, {r[m]['gbs']:.1f} GB/s ({r[m]['gbs'] / layer['bandwidth_gbs']:.0%})"
+                         for m in ms] for way, r in layer["ways"].items()]
+        parts.append(f"**{layer['layer']}** ({layer['kind']}, {layer['shape'][1]} → {layer['shape'][0]}, {layer['layers']} "
+                     f"layers; read bandwidth {layer['bandwidth_gbs']:.1f} GB/s with {layer['threads']} threads):\n\n"
+                     + table(["way"] + [f"M = {m}" for m in ms], rows))
+    return "\n\n".join(parts)

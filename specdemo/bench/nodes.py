@@ -61,12 +61,12 @@ def as_compiled(folder: Path):
 
 
 def weight_bytes(model) -> dict[str, int]:
-    """{node name: bytes of the constants on its weight input} for every MatMul of an ov.Model: the constants feeding
-    input 1 (the weights, with their decompression's scales and zero points), followed up through nodes computed from
-    constants only. A MatMul of two activations is left out."""
+    """{node name: bytes of the constants on its weight input} for every MatMul (and BlockMatMul: its raw blocks) of an
+    ov.Model: the constants feeding input 1 (the weights, with their decompression's scales and zero points), followed
+    up through nodes computed from constants only. A MatMul of two activations is left out."""
     sizes = {}
     for node in model.get_ordered_ops():
-        if node.get_type_name() != "MatMul":
+        if node.get_type_name() not in ("MatMul", graph.BLOCK_MATMUL):
             continue  # a Gather (the embedding) reads one row per token, not its table
         size = _constant_bytes(node.input_value(1).get_node())
         if size:
@@ -79,7 +79,7 @@ def bias_names(model, sizes: dict[str, int]) -> dict[str, str]:
     FullyConnected and names the fused node after the Add alone (Qwen's q, k and v projections)."""
     names = {}
     for node in model.get_ordered_ops():
-        if node.get_type_name() != "MatMul" or node.get_friendly_name() not in sizes:
+        if node.get_type_name() not in ("MatMul", graph.BLOCK_MATMUL) or node.get_friendly_name() not in sizes:
             continue
         consumers = list(node.output(0).get_target_inputs())
         if len(consumers) == 1 and consumers[0].get_node().get_type_name() == "Add":

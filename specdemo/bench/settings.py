@@ -82,6 +82,8 @@ REGISTRY = (  # in the order they run
     Section("llamacpp", ".sections:run_llamacpp", ((7, ".report_gguf:llamacpp_section"),)),
     Section("fidelity", ".sections:run_fidelity", ((7, ".report_gguf:fidelity_section"),), copies=(1, 0)),
     Section("nodes", ".sections:run_nodes", ((7, ".report_gguf:nodes_section"),), copies=(1, 0)),
+    # one layer of each shape, all blocks' copies (0.5 GB: the file's bytes and gguf-mixed's), beside the pair
+    Section("kernels", ".kernels:run_kernels", ((7, ".kernels:kernels_section"),)),
     # one other target at a time, and the INT8 and FP16 drafts (1.8 GB: about 6 INT4 drafts) throughout; measured 4.3 GiB
     # beside the pair (gguf-mixed + INT4, AMX Xeon), where this asks 4.8
     Section("precision", ".sweeps:run_precision", ((3, ".report_tables:precision_section"),), (".plots:draw_precision",),
@@ -119,7 +121,7 @@ class BenchSettings:
     head_tokens: tuple[int, ...] = (8000, 16000, 32000, 64000, 0)  # draft LM head sizes of the vocab section (0 = full)
     genai_k_values: tuple[int, ...] = (2, 4, 6, 8)  # K at which GenAI's speculative pipeline joins the sweep
     genai_defaults_instructions: int = 3  # a pass with GenAI on its own compile defaults (0 = none)
-    target_precisions: tuple[str, ...] = ("int8", "gguf-mixed", "gguf", "int4")
+    target_precisions: tuple[str, ...] = ("int8", "gguf-mixed", "gguf-native", "gguf", "int4")  # native: where it runs
     draft_precisions: tuple[str, ...] = ("int4", "int8", "fp16")
     kv_cache_precisions: tuple[str, ...] = ("u8", "f16", "")  # "" = our default (f32 on CPU)
     transformers_instructions: int = 3  # transformers is slow on CPU: fewer instructions
