@@ -17,6 +17,7 @@ from specdemo.host import compat
 
 compat.keep_torch_out()  # the server never needs torch: conversion runs in a child process
 
+from specdemo.models import kernels  # noqa: E402
 from specdemo.ui import engines, learning, page, tuning  # noqa: E402 - after keep_torch_out, so transformers does not load torch
 
 
@@ -39,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     url = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::', '') else args.host}:{args.port}"
     started = time.perf_counter()
+    kernels.say_once_if_unavailable(sys.stdout)  # the GGUF's blocks then run on the plugin's kernels, as before them
     # Convert (first start only), compile and measure the models quickly while the page comes up; say when runs can
     # start. Then learn the rest of this machine in turns between visitors' runs, and on a machine not tuned yet, tune
     # it in the background (specdemo/ui/tuning.py).

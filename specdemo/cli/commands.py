@@ -19,7 +19,7 @@ from specdemo.host import compat, memory
 from specdemo.cli import tune_command
 from specdemo.learning import disk
 from specdemo.learning.profile import machine_profile
-from specdemo.models import sources
+from specdemo.models import kernels, sources
 from specdemo.results import runfile
 from specdemo.settings import (AUTO, CONFIGURATIONS, FAITHFUL, FAITHFUL_PRECISIONS, KPolicy, DEFAULT_DRAFT,
                                DEFAULT_TARGET, DRAFT_PRECISION, MAX_PROMPT_TOKENS, PRECISIONS, GenerationSettings,
@@ -159,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         _check_devices(settings)
         if args.command == "prepare":
             return _prepare(settings)
+        kernels.say_once_if_unavailable()  # tune, generate and bench then run the plugin's kernels only
         if args.command == "tune":
             if args.forget:
                 return tune_command.forget_tune()
