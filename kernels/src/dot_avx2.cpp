@@ -33,6 +33,16 @@ inline __m256i dot_signed(__m256i w, __m256i a) {
 }
 
 
+// Byte indices that repeat i16 lane j (bytes 2j, 2j + 1) of each 128-bit half over all 16 lanes of a ymm.
+struct Spread {
+    alignas(32) int8_t index[32];
+    constexpr Spread(int j) : index{} {
+        for (int i = 0; i < 32; ++i) index[i] = int8_t(2 * j + i % 2);
+    }
+    __m256i vector() const { return _mm256_load_si256(reinterpret_cast<const __m256i*>(index)); }
+};
+constexpr Spread SPREAD[8] = {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}};
+
 template <int R>
 void q4_k_rows(const uint8_t* w, int blocks, const BlockQ8K* const* a, float* const* out) {
     const __m256i nibble = _mm256_set1_epi8(0x0F);
@@ -43,6 +53,8 @@ void q4_k_rows(const uint8_t* w, int blocks, const BlockQ8K* const* a, float* co
         uint64_t scales, m;
         unpack_q4_k_scales(w + 4, scales, m);
         const __m128i m16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(m)));
+        // the 8 scales as i16 in both 128-bit halves; scale j spread over a vector is one shuffle (SPREAD[j])
+        const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(scales))));
         const float d = half(w), dmin = half(w + 2);
         __m256i sumi[R];
         for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
@@ -50,8 +62,8 @@ void q4_k_rows(const uint8_t* w, int blocks, const BlockQ8K* const* a, float* co
             const __m256i bytes = load(w + 16 + 32 * c);
             const __m256i low = _mm256_and_si256(bytes, nibble);
             const __m256i high = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
-            const __m256i s_low = _mm256_set1_epi16(short(scales >> (16 * c) & 0xFF));
-            const __m256i s_high = _mm256_set1_epi16(short(scales >> (16 * c + 8) & 0xFF));
+            const __m256i s_low = _mm256_shuffle_epi8(sc16, SPREAD[2 * c].vector());
+            const __m256i s_high = _mm256_shuffle_epi8(sc16, SPREAD[2 * c + 1].vector());
             for (int r = 0; r < R; ++r) {
                 const int8_t* q8 = a[r][b].q + 64 * c;
                 const __m256i p_low = _mm256_madd_epi16(_mm256_maddubs_epi16(low, load(q8)), s_low);
@@ -69,6 +81,16 @@ void q4_k_rows(const uint8_t* w, int blocks, const BlockQ8K* const* a, float* co
     for (int r = 0; r < R; ++r) *out[r] = sum_lanes(acc[r]) - sum_lanes(mins[r]);
 }
 
+// Byte indices that pick scale 2p eight times, then scale 2p + 1 eight times (Q6_K's scales of 32 weights).
+struct Pair {
+    alignas(16) int8_t index[16];
+    constexpr Pair(int p) : index{} {
+        for (int i = 0; i < 16; ++i) index[i] = int8_t(2 * p + i / 8);
+    }
+    __m128i vector() const { return _mm_load_si128(reinterpret_cast<const __m128i*>(index)); }
+};
+constexpr Pair PAIRS[8] = {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}};
+
 template <int R>
 void q6_k_rows(const uint8_t* w, int blocks, const BlockQ8K* const* a, float* const* out) {
     const __m256i nibble = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3);
@@ -76,8 +98,8 @@ void q6_k_rows(const uint8_t* w, int blocks, const BlockQ8K* const* a, float* co
     for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
     for (int b = 0; b < blocks; ++b, w += Q6_K_BYTES) {
         const uint8_t *ql = w, *qh = w + 128;
-        const auto* sc = reinterpret_cast<const int8_t*>(w + 192);
-        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)));
+        const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 192));
+        const __m256i sc16 = _mm256_cvtepi8_epi16(sc);
         const float d = half(w + 208);
         __m256i sumi[R];
         for (int r = 0; r < R; ++r) {  // the −32 of every q, first: −32 · Σ sc·Σa per 16
@@ -96,8 +118,8 @@ void q6_k_rows(const uint8_t* w, int blocks, const BlockQ8K* const* a, float* co
                                 _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(high, 6), two), 4)),
             };
             for (int k = 0; k < 4; ++k) {
-                const int g = 8 * h + 2 * k;  // the two scales of these 32 weights, 16 each
-                const __m256i scale = _mm256_set_m128i(_mm_set1_epi16(sc[g + 1]), _mm_set1_epi16(sc[g]));
+                // the two scales of these 32 weights, 16 each: i16 lanes 0–7 and 8–15 after maddubs
+                const __m256i scale = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc, PAIRS[4 * h + k].vector()));
                 for (int r = 0; r < R; ++r) {
                     const __m256i a8 = load(a[r][b].q + 128 * h + 32 * k);
                     sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], a8), scale));
