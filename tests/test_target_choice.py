@@ -98,7 +98,7 @@ def test_the_race_keeps_the_layout_whose_single_step_is_clearly_faster_on_each_c
     assert target_choice.choose(DEFAULT_TARGET, log.append, compile=steps.compile, timer=steps.timer) == winner
     assert steps.compiled == ["gguf-mixed", "int8", "gguf-native"]  # the running layout first, each compiled once
     assert machine_profile().faithful_choice(DEFAULT_TARGET)["precision"] == winner
-    assert any("single step takes" in line for line in log)
+    assert any("single step and verification take" in line for line in log)
 
 
 def test_a_machine_without_specdemo_s_kernels_races_the_other_layouts_and_says_why(home, monkeypatch):

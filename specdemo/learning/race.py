@@ -59,6 +59,9 @@ def prefill(model) -> None:
         model.forward(context[begin:begin + PIECE])
 
 
+FAITHFUL_VERIFY = 5  # tokens of the verification the faithful race times beside a single step: K = 4, the plan's usual
+
+
 def sample_step(model, other=None) -> float:
     """One sample of a target's single step, as the autoregressive lane makes them one after another (the fastest of
     PER_SAMPLE after an untimed first call), the cache rolled back after; `other` is not called."""
@@ -68,6 +71,20 @@ def sample_step(model, other=None) -> float:
         steps.append(model.last_call_s)
     model.rollback(CONTEXT)
     return min(steps[UNTIMED:])
+
+
+def sample_step_and_verify(model, other=None) -> float:
+    """One sample of t(1) + t(FAITHFUL_VERIFY) of a target: a single step as the autoregressive lane makes them and a
+    verification call as the speculative lane makes it (n rows of logits), the cache rolled back after; `other` is not
+    called. The faithful race's sample: a layout must be quick at both lanes' calls (specdemo's kernels decode a weight
+    block once for 4 activation rows, the plugin's for many)."""
+    total = sample_step(model)
+    verifies = []
+    for _ in range(PER_SAMPLE):
+        model.forward(_ids(FAITHFUL_VERIFY), logits_to_keep=FAITHFUL_VERIFY)
+        verifies.append(model.last_call_s)
+        model.rollback(CONTEXT)
+    return total + min(verifies)
 
 
 def sample_target(model, draft) -> float:

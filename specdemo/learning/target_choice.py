@@ -1,17 +1,18 @@
 """Which faithful layout a target left to this machine runs here (precision FAITHFUL, the default target's).
 
 The full-fidelity layouts (settings.FAITHFUL_PRECISIONS: the GGUF's own Q4_K blocks with its Q6_K per channel in 8
-bits, NNCF's INT8 per channel, and the file's own blocks on specdemo's kernels where they run) keep the GGUF's greedy choices about as well as each other (`bench --only
-fidelity`), so the one to run is the one whose single step is fastest here: the autoregressive lane is the page's
-baseline, and a slow baseline flatters the speedup. Which one that is depends on the CPU plugin's kernels for the
-CPU: INT8 on the 2-core AMX Xeon (gguf-mixed's step 1.10-1.15x INT8's), gguf-mixed on a 2-core Zen 4 (our
-autoregressive lane at 0.67x llama.cpp's rate against INT8's 0.57x).
+bits, NNCF's INT8 per channel, and the file's own blocks on specdemo's kernels where they run) keep the GGUF's greedy
+choices about as well as each other (`bench --only fidelity`), so the one to run is the one whose calls are fastest
+here: the autoregressive lane is the page's baseline, and a slow baseline flatters the speedup. Which one that is
+depends on the kernels for the CPU: INT8 on the 2-core AMX Xeon (gguf-mixed's step 1.10-1.15x INT8's), gguf-mixed on
+a 2-core Zen 4 (our autoregressive lane at 0.67x llama.cpp's rate against INT8's 0.57x) before specdemo's kernels.
 
 So `python -m specdemo tune` runs `choose` before it tunes the target: each layout prepared (tens of seconds from the
-GGUF), compiled with its own compile setting (the defaults until tuned), and the two single steps raced as the
-autoregressive lane makes them (race.race with race.sample_step); the challenger replaces the layout the page ran
-first only when clearly MARGIN faster. The choice and both step times are kept in the machine profile
-(Profile.keep_faithful) and read wherever a target is resolved (profile.choices.resolve_faithful).
+GGUF), compiled with its own compile setting (the defaults until tuned), and raced on a single step as the
+autoregressive lane makes them plus a verification call as the speculative lane makes them (race.race with
+race.sample_step_and_verify); the challenger replaces the layout the page ran first only when clearly MARGIN faster.
+The choice and the raced times are kept in the machine profile (Profile.keep_faithful) and read wherever a target is
+resolved (profile.choices.resolve_faithful).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import gc
 from dataclasses import replace
 from typing import Callable
 
-from specdemo.learning.race import race, sample_step
+from specdemo.learning.race import FAITHFUL_VERIFY, race, sample_step_and_verify
 from specdemo.models import kernels, sources
 from specdemo.settings import FAITHFUL, FAITHFUL_PRECISIONS, ModelSettings
 
@@ -28,20 +29,21 @@ from specdemo.settings import FAITHFUL, FAITHFUL_PRECISIONS, ModelSettings
 def choose(target: ModelSettings, log: Callable[[str], None] = print, profile=None, compile=None, timer=None) -> str:
     """The faithful layout `target` (precision FAITHFUL) runs on this machine, raced and kept in the profile.
     `compile(settings)` (a compile admitted by memory, or None when memory does not allow it; default: the layout
-    prepared, then tune.compiled_in_bound) and `timer(incumbent, challenger) -> race.Verdict` (default: race.race on single steps) are
+    prepared, then tune.compiled_in_bound) and `timer(incumbent, challenger) -> race.Verdict` (default: race.race on a single step and a verification) are
     what tests replace."""
     from specdemo.learning.profile import machine_profile
 
     assert target.precision == FAITHFUL
     profile = profile or machine_profile()
     compile = compile or (lambda settings: _compiled(settings, log))
-    timer = timer or (lambda incumbent, challenger: race(incumbent, challenger, None, sample_step))
+    timer = timer or (lambda incumbent, challenger: race(incumbent, challenger, None, sample_step_and_verify))
     incumbent = profile.resolve_precision(target).precision  # what the page ran until now
     layouts = kernels.runnable(FAITHFUL_PRECISIONS)
     if layouts != FAITHFUL_PRECISIONS:
         log(f"target: {kernels.NATIVE} is not raced: {kernels.unavailable()}")
     log(f"target: the faithful layout, {incumbent} (running) against "
-        f"{', '.join(p for p in layouts if p != incumbent)}: each one's single step, raced")
+        f"{', '.join(p for p in layouts if p != incumbent)}: each one's single step and {FAITHFUL_VERIFY}-token "
+        "verification, raced")
     held = compile(profile.resolve(replace(target, precision=incumbent)))
     if held is None:
         log("target: memory does not allow the faithful layouts' race now; the running one stays")
@@ -56,7 +58,7 @@ def choose(target: ModelSettings, log: Callable[[str], None] = print, profile=No
             continue
         verdict = timer(held, challenger)
         seconds.update({incumbent: verdict.incumbent_s, precision: verdict.challenger_s})
-        log(f"target: {precision}'s single step takes {verdict.ratio:.2f}x {incumbent}'s ({verdict.low:.2f}-"
+        log(f"target: {precision}'s single step and verification take {verdict.ratio:.2f}x {incumbent}'s ({verdict.low:.2f}-"
             f"{verdict.high:.2f}, {verdict.pairs} pairs): " + ("faster, it runs from now on" if verdict.faster
                                                               else f"not clearly faster, {incumbent} stays"))
         if verdict.faster:
