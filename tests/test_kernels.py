@@ -166,3 +166,14 @@ def test_the_bench_measures_a_layer_on_every_isa_beside_the_plugin_and_reports_i
     assert all(r[m]["ms"] > 0 and r[m]["bytes"] > 0 for r in layer["ways"].values() for m in (1, 3))
     report = kernels_section({"kernels": {"cpu_isas": kernels.supported_isas(), "layers": [layer]}}, {})
     assert "| blocks/scalar |" in report and "M = 3" in report
+
+
+def test_genai_s_lane_on_a_native_model_is_refused_in_a_sentence(tmp_path):
+    from specdemo import errors
+    from specdemo.run import genai
+
+    gguf = tiny_gguf.write(tmp_path / "tiny.gguf", "qwen2")
+    export.from_gguf(GGUFFile(gguf), "gguf-native", tmp_path / "ir", lambda *_: None)
+    with pytest.raises(errors.GenAIError, match=r"^OpenVINO GenAI cannot run ir: its weights are laid out for specdemo's "
+                                                 r"own kernels \(gguf-native\)"):
+        genai.make_pipeline(tmp_path / "ir", "CPU", {})

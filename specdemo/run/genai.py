@@ -40,6 +40,11 @@ def make_pipeline(target: Path, device: str, properties: dict, draft: Path | Non
     sentence, when OpenVINO refuses to compile it."""
     import openvino_genai as genai
 
+    for folder in (target, draft):
+        if folder is not None and _on_specdemo_kernels(Path(folder)):
+            raise errors.GenAIError(f"OpenVINO GenAI cannot run {Path(folder).name}: its weights are laid out for "
+                                    "specdemo's own kernels (gguf-native), which GenAI's pipelines do not load; run "
+                                    "GenAI's lane on a gguf-mixed or int8 model")
     kwargs = dict(properties)
     # Prefix caching (on by default) keeps a prompt's KV blocks for the next request with the same prompt,
     # so repeating a prompt would time GenAI without a prefill. Off; no limit on tokens per batch.
@@ -56,6 +61,12 @@ def make_pipeline(target: Path, device: str, properties: dict, draft: Path | Non
         return genai.LLMPipeline(str(target), device, **kwargs)
     except RuntimeError as error:
         raise errors.GenAIError(errors.openvino_sentence(error, "compile OpenVINO GenAI's pipeline")) from error
+
+
+def _on_specdemo_kernels(folder: Path) -> bool:
+    """Whether the IR in `folder` holds specdemo's BlockMatMul (its XML names every op's type)."""
+    xml = folder / "openvino_model.xml"
+    return xml.is_file() and 'type="BlockMatMul"' in xml.read_text(errors="ignore")
 
 
 def fit(properties: dict) -> tuple[dict, str]:
