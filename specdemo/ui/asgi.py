@@ -5,6 +5,8 @@ here (starlette's Middleware wraps these in page.py).
   gets a short error response and leaves one line in the server's terminal, not uvicorn's traceback; the page and
   every other visitor carry on.
 - FirstInHead: a script put first in the page's <head>, before any of Gradio's (page.QUIET_TRACKERS_JS).
+- Closed: routes of Gradio's that the page does not use (the upload route: the page takes no files) answer 403 with a
+  sentence, before Gradio sees the request.
 """
 
 from __future__ import annotations
@@ -76,3 +78,21 @@ class FirstInHead:
         await self.app({**scope, "method": "GET"}, receive, insert)
 
 
+
+
+class Closed:
+    """ASGI middleware: a request to one of `routes` (a path, with or without a trailing slash, any method) answers 403
+    with that route's sentence; its body is never read, so nothing it carries is kept."""
+
+    def __init__(self, app, routes: dict[str, str]):
+        self.app, self.routes = app, routes
+
+    async def __call__(self, scope, receive, send):
+        sentence = self.routes.get(scope.get("path", "").rstrip("/")) if scope["type"] == "http" else None
+        if sentence is None:
+            return await self.app(scope, receive, send)
+        body = sentence.encode()
+        await send({"type": "http.response.start", "status": 403,
+                    "headers": [(b"content-type", b"text/plain; charset=utf-8"),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})

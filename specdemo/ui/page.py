@@ -11,7 +11,7 @@ from starlette.middleware import Middleware
 from specdemo.decoding import drafters
 from specdemo.results import figures
 from specdemo.ui import background, charts, handlers, render
-from specdemo.ui.asgi import FirstInHead, OneLineErrors
+from specdemo.ui.asgi import Closed, FirstInHead, OneLineErrors
 from specdemo.ui.handlers import OUTPUTS, SKIP
 from specdemo.ui.lanes import LaneRun
 from specdemo.ui.values import (ASSETS, MAX_INSTRUCTION_CHARS, MAX_K, MAX_NEW_TOKENS_CAP, ONE_AFTER_ANOTHER, RACE,
@@ -20,7 +20,13 @@ from specdemo.ui.visitors import MEMORIES, Visitor, address_of
 from specdemo.ui.waiting import MAX_WAITING_RUNS
 
 INPUTS = tuple(f.name for f in fields(PageValues))  # the page's inputs, in the order generate() receives them
-MAX_UPLOAD_BYTES = 64 << 10  # the page takes no files; Gradio's upload route refuses anything larger than this
+MAX_UPLOAD_BYTES = 64 << 10  # the page takes no files; what still parses a form (Gradio's component server) stops here
+# Gradio's routes that would keep a visitor's bytes on disk, closed (asgi.Closed): the upload route and its screen
+# recordings (the page has no file input, and the cap above is per file, not per visitor: 300 files of 60 KB were kept
+# in 1.5 s), and deep links, which write a session's whole page state to a served file (the page offers none).
+NO_FILES = "This page takes no files."
+CLOSED_ROUTES = {"/gradio_api/upload": NO_FILES, "/gradio_api/process_recording": NO_FILES}
+DEEP_LINKS = {"/gradio_api/deep_link": "Deep links are off on this page."}
 CACHE_CHECK_S, CACHE_AGE_S = 600, 3600  # Gradio's served copies: looked at every 10 min, removed after an hour
 
 
@@ -271,14 +277,16 @@ THEME = gr.themes.Default(primary_hue="blue",
                           font=[gr.themes.GoogleFont("Source Sans Pro", weights=(400, 700)), "ui-sans-serif", "sans-serif"])
 
 
-def launch(demo: gr.Blocks, host: str, port: int, share: bool) -> None:
+def launch(demo: gr.Blocks, host: str, port: int, share: bool, *, monitoring: bool = False,
+           deep_links: bool = False) -> None:
     """Serve the page: runs take turns in our queue (each waiting one holds a worker thread, hence the threads), no share
-    link unless asked."""
+    link, no /monitoring and no deep links unless asked."""
+    closed = CLOSED_ROUTES if deep_links else {**CLOSED_ROUTES, **DEEP_LINKS}
+    middleware = [Middleware(OneLineErrors), Middleware(Closed, routes=closed),
+                  Middleware(FirstInHead, html=f"<script>{QUIET_TRACKERS_JS}</script>")]
+    # enable_monitoring: Gradio's default (None) serves /monitoring/summary to anyone; False answers 403.
     demo.queue(max_size=2 * MAX_WAITING_RUNS).launch(server_name=host, server_port=port, share=share,
-                                                     max_file_size=MAX_UPLOAD_BYTES,
+                                                     max_file_size=MAX_UPLOAD_BYTES, enable_monitoring=monitoring,
                                                      css_paths=[ASSETS / "style.css"], theme=THEME,
-                                                     app_kwargs={"middleware": [
-                                                         Middleware(OneLineErrors),
-                                                         Middleware(FirstInHead,
-                                                                    html=f"<script>{QUIET_TRACKERS_JS}</script>")]},
+                                                     app_kwargs={"middleware": middleware},
                                                      max_threads=2 * MAX_WAITING_RUNS + 16)
