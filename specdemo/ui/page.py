@@ -3,6 +3,7 @@ only module under specdemo/ that imports gradio."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import fields
 
 import gradio as gr
@@ -11,7 +12,7 @@ from starlette.middleware import Middleware
 from specdemo.decoding import drafters
 from specdemo.results import figures
 from specdemo.ui import background, charts, handlers, render
-from specdemo.ui.asgi import Closed, FirstInHead, OneLineErrors
+from specdemo.ui.asgi import REFUSED, Closed, FirstInHead, OneLineErrors, RefusedIs400, one_line
 from specdemo.ui.handlers import OUTPUTS, SKIP
 from specdemo.ui.lanes import LaneRun
 from specdemo.ui.values import (ASSETS, MAX_INSTRUCTION_CHARS, MAX_K, MAX_NEW_TOKENS_CAP, ONE_AFTER_ANOTHER, RACE,
@@ -77,10 +78,30 @@ async def follow_background():
         yield line
 
 
+class Page(gr.Blocks):
+    """The page's Blocks: a call Gradio refuses leaves one line in the server's terminal, and its caller a short
+    sentence (a 400 on /run/: asgi.RefusedIs400).
+
+    This reaches into Gradio 6.31, which has no option or hook for it: every value it refuses (a slider out of bounds,
+    a choice not offered, too few values) is raised in Blocks.preprocess_data, before the event's handler runs, and
+    each route that calls it (the queue behind /queue/join and /call/, and /run/) prints the whole traceback, quoting
+    the value at the length it was sent, unless the error is a gr.Error with print_exception=False. Overriding the one
+    method they share catches exactly the refusals: an error in a handler of ours still prints its traceback."""
+
+    async def preprocess_data(self, block_fn, inputs, state, explicit_call=False):
+        try:
+            return await super().preprocess_data(block_fn, inputs, state, explicit_call)
+        except Exception as error:  # noqa: BLE001 - whatever Gradio refuses a call with, it is this one line
+            sentence = one_line(error.message if isinstance(error, gr.Error) else str(error))
+            print(f"refused a call to {one_line(str(block_fn.api_name or block_fn.name))}: {sentence}", file=sys.stderr,
+                  flush=True)
+            raise gr.Error(sentence, title=REFUSED, print_exception=False) from None
+
+
 def build() -> gr.Blocks:
     """The Blocks page. Call engines.prepare() first so the models load before the first visitor."""
     # Gradio's copies of the files it served (the runs' downloads) are removed an hour after they were made.
-    with gr.Blocks(title="specdemo: speculative decoding, live", analytics_enabled=False,
+    with Page(title="specdemo: speculative decoding, live", analytics_enabled=False,
                    delete_cache=(CACHE_CHECK_S, CACHE_AGE_S)) as demo:
         gr.Markdown(
             "# Speculative decoding, live\n"
@@ -282,7 +303,7 @@ def launch(demo: gr.Blocks, host: str, port: int, share: bool, *, monitoring: bo
     """Serve the page: runs take turns in our queue (each waiting one holds a worker thread, hence the threads), no share
     link, no /monitoring and no deep links unless asked."""
     closed = CLOSED_ROUTES if deep_links else {**CLOSED_ROUTES, **DEEP_LINKS}
-    middleware = [Middleware(OneLineErrors), Middleware(Closed, routes=closed),
+    middleware = [Middleware(OneLineErrors), Middleware(RefusedIs400), Middleware(Closed, routes=closed),
                   Middleware(FirstInHead, html=f"<script>{QUIET_TRACKERS_JS}</script>")]
     # enable_monitoring: Gradio's default (None) serves /monitoring/summary to anyone; False answers 403.
     demo.queue(max_size=2 * MAX_WAITING_RUNS).launch(server_name=host, server_port=port, share=share,
