@@ -12,6 +12,8 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 from specdemo.ui.asgi import one_line
+from specdemo.ui import waiting
+from specdemo.ui.handlers import OUTPUTS
 from specdemo.ui.page import INPUTS
 from specdemo.ui.values import PageValues
 
@@ -103,3 +105,25 @@ def test_a_quoted_value_is_one_line_its_middle_cut_out_and_its_controls_shown():
     line = one_line("Value: " + "x" * 100_000 + "\n\x1b[31m is not in the list of choices")
     assert len(line) < 300 and "\n" not in line and "\x1b" not in line
     assert line.startswith("Value: xxx") and line.endswith("␛[31m is not in the list of choices")
+
+
+# ----------------------------------------------------------------------------- a visitor's address
+
+
+def test_a_client_writing_an_outside_address_then_this_machine_s_gets_the_outside_address_s_cap(page_server):
+    """X-Forwarded-For is the client's to write: `<outside>, 127.0.0.1` must not make its runs this machine's, which
+    share no address cap. A session each (a client making them up); the page's line is held (conftest.page_server), so
+    admitted runs wait in it."""
+    def client() -> Client:
+        return Client(page_server.url, verbose=False, headers={"X-Forwarded-For": "203.0.113.9, 127.0.0.1"})
+
+    jobs = [client().submit(*arguments(instruction=f"Count to {i}."), api_name="/generate")
+            for i in range(waiting.PER_ADDRESS + 1)]
+    deadline = time.monotonic() + 30
+    while sum(job.done() for job in jobs) < 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1)  # time for a second refusal to show, if there were one
+    refused = [dict(zip(OUTPUTS, job.result()))["status"] for job in jobs if job.done()]
+    for job in jobs:
+        job.cancel()
+    assert len(refused) == 1 and "your network address" in refused[0], refused

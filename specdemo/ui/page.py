@@ -17,7 +17,7 @@ from specdemo.ui.handlers import OUTPUTS, SKIP
 from specdemo.ui.lanes import LaneRun
 from specdemo.ui.values import (ASSETS, MAX_INSTRUCTION_CHARS, MAX_K, MAX_NEW_TOKENS_CAP, ONE_AFTER_ANOTHER, RACE,
                                 PageValues, load_examples, offered_devices)
-from specdemo.ui.visitors import MEMORIES, Visitor, address_of
+from specdemo.ui.visitors import MEMORIES, Visitor, visitor_of
 from specdemo.ui.waiting import MAX_WAITING_RUNS
 
 INPUTS = tuple(f.name for f in fields(PageValues))  # the page's inputs, in the order generate() receives them
@@ -41,10 +41,12 @@ def _warn(status) -> None:
 
 
 def visitor(request: gr.Request) -> Visitor:
-    """Who sent `request`: their session, and their address (a proxy's forwarded one where the peer is a local proxy)."""
+    """Who sent `request`: their session, and their address (the one a proxy in front of the page forwarded for). For a
+    peer on this machine, uvicorn has already read X-Forwarded-For into request.client by the same rule (its
+    FORWARDED_ALLOW_IPS, loopback by default); visitors.address_of reads it for private-network proxies too."""
     headers = request.headers or {}
-    host = request.client.host if request.client is not None else ""
-    return Visitor(request.session_hash or "", address_of(host, headers.get("x-forwarded-for")))
+    peer = request.client.host if request.client is not None else ""
+    return visitor_of(request.session_hash or "", peer, headers.get("x-forwarded-for"))
 
 
 def generate(request: gr.Request, *values):
