@@ -2,7 +2,9 @@
 the real page without its models (conftest.page_server: up in seconds, nothing run). Figures: docs/reliability.md."""
 
 import json
+import os
 import re
+import stat
 import time
 import urllib.error
 import urllib.request
@@ -11,8 +13,8 @@ import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
+from specdemo.ui import handlers, waiting
 from specdemo.ui.asgi import one_line
-from specdemo.ui import waiting
 from specdemo.ui.handlers import OUTPUTS
 from specdemo.ui.page import INPUTS
 from specdemo.ui.values import PageValues
@@ -127,3 +129,14 @@ def test_a_client_writing_an_outside_address_then_this_machine_s_gets_the_outsid
     for job in jobs:
         job.cancel()
     assert len(refused) == 1 and "your network address" in refused[0], refused
+
+
+# ----------------------------------------------------------------------------- what the page keeps on disk
+
+
+def test_a_run_s_file_and_the_copy_gradio_serves_are_readable_by_the_app_s_user_alone(tmp_path):
+    from gradio.processing_utils import save_file_to_cache
+
+    path = handlers.save_run({"schema": 1}, "a-run-id", folder=tmp_path / "runs")
+    served = save_file_to_cache(path, str(tmp_path / "gradio"))  # as Gradio copies a download before serving it
+    assert [stat.S_IMODE(os.stat(p).st_mode) for p in (path, served)] == [0o600, 0o600]
