@@ -95,8 +95,6 @@ class FirstInHead:
         await self.app({**scope, "method": "GET"}, receive, insert)
 
 
-
-
 class RefusedIs400:
     """ASGI middleware: Gradio answers a direct call (POST /gradio_api/run/<name>, or its old alias /api/) 500 whatever
     went wrong; a call the page refused (its error titled REFUSED) answers 400 with the same body: the caller sent

@@ -104,7 +104,7 @@ def build() -> gr.Blocks:
     """The Blocks page. Call engines.prepare() first so the models load before the first visitor."""
     # Gradio's copies of the files it served (the runs' downloads) are removed an hour after they were made.
     with Page(title="specdemo: speculative decoding, live", analytics_enabled=False,
-                   delete_cache=(CACHE_CHECK_S, CACHE_AGE_S)) as demo:
+              delete_cache=(CACHE_CHECK_S, CACHE_AGE_S)) as demo:
         gr.Markdown(
             "# Speculative decoding, live\n"
             "One instruction, two lanes on OpenVINO: the **target** model alone, and a small **draft** model proposing "

@@ -33,12 +33,7 @@ class Visitor:
     def on_this_machine(self) -> bool:
         """Whether the request came from this machine itself (its owner's browser, the tests): no address to share a
         cap by. Never for a forwarded request, whatever address it names."""
-        if self.forwarded:
-            return False
-        try:
-            return _address(self.address).is_loopback
-        except ValueError:
-            return self.address in ("", "localhost")
+        return not self.forwarded and _on_this_machine(self.address)
 
 
 def visitor_of(session: str, peer: str | None, forwarded_for: str | None) -> Visitor:
@@ -78,7 +73,7 @@ def _on_this_machine(host: str) -> bool:
     try:
         return _address(host).is_loopback
     except ValueError:
-        return host == "localhost"
+        return host in ("", "localhost")  # "": a peer Gradio could not name
 
 
 # Where a proxy in front of the page sits: this machine, or a private network (RFC 1918, IPv6 unique local). Not
@@ -88,13 +83,10 @@ PROXY_NETWORKS = tuple(ipaddress.ip_network(net) for net in ("10.0.0.0/8", "172.
 
 
 def _is_proxy(host: str) -> bool:
-    if host in ("", "localhost"):
-        return True
     try:
-        address = _address(host)
+        return _on_this_machine(host) or any(_address(host) in net for net in PROXY_NETWORKS)
     except ValueError:
         return False
-    return address.is_loopback or any(address in net for net in PROXY_NETWORKS)
 
 
 class Memories:
