@@ -1,7 +1,8 @@
 """The specdemo page: `python app.py [--host HOST] [--port PORT] [--share]`, then open http://127.0.0.1:7860.
 
 Binds 127.0.0.1 unless told otherwise (--host, or GRADIO_SERVER_NAME as on Hugging Face Spaces) and
-creates no public link unless --share. The page itself lives in specdemo/ui/.
+creates no public link unless --share; Gradio's /monitoring and deep links are off unless --monitoring, --deep-links.
+The page itself lives in specdemo/ui/.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),
                         help="port to serve on (default 7860 or $GRADIO_SERVER_PORT)")
     parser.add_argument("--share", action="store_true", help="also create a public gradio.live link")
+    parser.add_argument("--monitoring", action="store_true",
+                        help="serve Gradio's /monitoring dashboard (its URL is printed here; its summary answers anyone)")
+    parser.add_argument("--deep-links", action="store_true",
+                        help="serve Gradio's deep links (each writes a session's page state to a file it serves)")
     return parser.parse_args(argv)
 
 
@@ -54,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
                                 pair_only=tuning.tunes_the_pair(steps))
 
     engines.prepare(on_ready=ready)
-    page.launch(page.build(), args.host, args.port, args.share)
+    page.launch(page.build(), args.host, args.port, args.share, monitoring=args.monitoring, deep_links=args.deep_links)
     return 0
 
 

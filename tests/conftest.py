@@ -228,12 +228,46 @@ def app_server(tmp_path_factory):
         server.wait_until_up()
         yield server
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process)
+
+
+def stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+# The page alone, as app.py serves it but with no model loaded: the server's own turn holds the line for good, so no
+# visitor's run starts (and none loads a model); what happens before a run (Gradio's routes, refusals, a place in the
+# line) is the real page's. Up in seconds, for tests of what strangers can send.
+PAGE_WITHOUT_MODELS = """
+import sys
+from specdemo.ui import page, waiting
+waiting.LINE.join(1)
+page.launch(page.build(), "127.0.0.1", int(sys.argv[1]), False)
+"""
+
+
+@pytest.fixture(scope="module")
+def page_server(tmp_path_factory):
+    """The page without its models (PAGE_WITHOUT_MODELS) on a free port, one per test module; Gradio's files go to a
+    folder of its own (GRADIO_TEMP_DIR), `server.gradio_files`, so a test can see what it keeps."""
+    port, folder = free_port(), tmp_path_factory.mktemp("page")
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "GRADIO_TEMP_DIR": str(folder / "gradio"),
+           "PYTHONPATH": str(ROOT)}
+    with open(folder / "page.log", "w") as out:
+        process = subprocess.Popen([sys.executable, "-c", PAGE_WITHOUT_MODELS, str(port)], cwd=ROOT, stdout=out,
+                                   stderr=subprocess.STDOUT, env=env)
+    server = AppServer(f"http://127.0.0.1:{port}/", process, folder / "page.log")
+    server.gradio_files = folder / "gradio"
+    try:
+        server.wait_until_up()
+        yield server
+    finally:
+        stop(process)
 
 
 def pytest_configure(config):

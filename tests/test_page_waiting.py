@@ -8,7 +8,7 @@ import pytest
 from specdemo.ui import handlers, waiting
 from specdemo.ui.lanes import cancel_run
 from specdemo.ui.values import PageValues
-from specdemo.ui.visitors import Visitor, address_of
+from specdemo.ui.visitors import Visitor, address_of, visitor_of
 
 
 def test_runs_take_turns_first_come_first_served():
@@ -98,6 +98,16 @@ def test_the_address_is_the_peer_s_unless_a_local_proxy_forwards_for_someone():
     assert address_of("93.184.216.34", "10.1.1.1") == "93.184.216.34"  # a remote peer cannot claim to forward
     assert address_of("10.0.0.2", "1.2.3.4, 198.51.100.7") == "198.51.100.7"  # the proxy's own entry, not the client's
     assert address_of("127.0.0.1", "") == "127.0.0.1"
+    assert address_of("10.0.0.2", "203.0.113.9, 127.0.0.1") == "203.0.113.9"  # this machine is never a visitor's
+    assert address_of("127.0.0.1", "127.0.0.1, ::1") == "127.0.0.1"  # nothing else: the first, as the client wrote it
+
+
+def test_a_forwarded_request_is_never_this_machine_s_whatever_address_it_names():
+    line = waiting.RunQueue(max_waiting=32)
+    for i in range(waiting.PER_ADDRESS):
+        line.join(8, visitor_of(f"claims-{i}", "127.0.0.1", "127.0.0.1"))
+    with pytest.raises(waiting.QueueFull, match="your network address"):
+        line.join(8, visitor_of("one-more", "10.0.0.2", "127.0.0.1"))
 
 
 def test_requests_from_this_machine_share_no_address_cap():

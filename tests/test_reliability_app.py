@@ -132,18 +132,6 @@ def test_files_outside_the_page_are_not_served(server):
         assert refused.value.code in (403, 404)
 
 
-def test_an_upload_is_capped_on_the_server(server):
-    """The page takes no files: Gradio's upload route refuses anything over page.MAX_UPLOAD_BYTES (64 KiB)."""
-    boundary = "specdemo-boundary"
-    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"files\"; filename=\"big.bin\"\r\n"
-            "Content-Type: application/octet-stream\r\n\r\n").encode() + b"x" * (2 << 20) + f"\r\n--{boundary}--\r\n".encode()
-    request = urllib.request.Request(server.url + "gradio_api/upload", body,
-                                     {"Content-Type": f"multipart/form-data; boundary={boundary}"})
-    with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(request, timeout=30)
-    assert refused.value.code in (400, 413)
-
-
 def test_a_malformed_api_call_leaves_one_line_in_the_terminal_not_a_traceback(server):
     before, failed = server.log.read_text(), 0
     for path, body in (("queue/join", {"data": [], "fn_index": 9999, "session_hash": "x", "trigger_id": 1}),

@@ -5,11 +5,29 @@ here (starlette's Middleware wraps these in page.py).
   gets a short error response and leaves one line in the server's terminal, not uvicorn's traceback; the page and
   every other visitor carry on.
 - FirstInHead: a script put first in the page's <head>, before any of Gradio's (page.QUIET_TRACKERS_JS).
+- RefusedIs400: a direct call (/run/) that the page refused answers 400, not Gradio's 500 for every error.
+- Closed: routes of Gradio's that the page does not use (the upload route: the page takes no files) answer 403 with a
+  sentence, before Gradio sees the request.
 """
 
 from __future__ import annotations
 
+import json
 import sys
+
+from specdemo.text import shown
+
+REFUSED = "Refused"  # the title of the error a refused call gets (page.Page), which RefusedIs400 recognises
+LINE_CHARS = 200  # a value or message quoted in the terminal is cut to about this many characters
+
+
+def one_line(text: str, limit: int = LINE_CHARS) -> str:
+    """`text` for one line of the terminal: whitespace runs (newlines too) as one space, control characters shown
+    (text.shown), and if longer than `limit`, its middle cut out (a refusal's sentence ends after the value it quotes)."""
+    text = shown(" ".join(text.split()), terminal=True)
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit * 3 // 4]} … ({len(text):,} characters) … {text[-limit // 4:]}"
 
 
 class OneLineErrors:
@@ -32,8 +50,9 @@ class OneLineErrors:
         try:
             await self.app(scope, receive, track)
         except Exception as error:  # noqa: BLE001 - any request's failure is this one line, whatever raised it
-            print(f"refused a request the page's API could not handle: {scope.get('method', '')} {scope.get('path', '')}: "
-                  f"{type(error).__name__}: {str(error)[:200]}", file=self.stream or sys.stderr, flush=True)
+            print(f"refused a request the page's API could not handle: {scope.get('method', '')} "
+                  f"{one_line(scope.get('path', ''))}: {type(error).__name__}: {one_line(str(error))}",
+                  file=self.stream or sys.stderr, flush=True)
             if not started:
                 body = b"The page could not handle this request; check the API call's fields."
                 await send({"type": "http.response.start", "status": 500,
@@ -76,3 +95,56 @@ class FirstInHead:
         await self.app({**scope, "method": "GET"}, receive, insert)
 
 
+class RefusedIs400:
+    """ASGI middleware: Gradio answers a direct call (POST /gradio_api/run/<name>, or its old alias /api/) 500 whatever
+    went wrong; a call the page refused (its error titled REFUSED) answers 400 with the same body: the caller sent
+    something wrong, the server did not fail."""
+
+    PATHS = ("/gradio_api/run/", "/gradio_api/api/")
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not scope.get("path", "").startswith(self.PATHS):
+            return await self.app(scope, receive, send)
+        start = None
+
+        async def answer(message):
+            nonlocal start
+            if message["type"] == "http.response.start" and message["status"] == 500:
+                start = message  # held until the body says whether it is a refusal
+                return
+            if start is not None and message["type"] == "http.response.body":
+                status = 400 if _is_refusal(message.get("body", b"")) else 500
+                await send({**start, "status": status})
+                start = None
+            await send(message)
+
+        await self.app(scope, receive, answer)
+
+
+def _is_refusal(body: bytes) -> bool:
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(answer, dict) and answer.get("title") == REFUSED
+
+
+class Closed:
+    """ASGI middleware: a request to one of `routes` (a path, with or without a trailing slash, any method) answers 403
+    with that route's sentence; its body is never read, so nothing it carries is kept."""
+
+    def __init__(self, app, routes: dict[str, str]):
+        self.app, self.routes = app, routes
+
+    async def __call__(self, scope, receive, send):
+        sentence = self.routes.get(scope.get("path", "").rstrip("/")) if scope["type"] == "http" else None
+        if sentence is None:
+            return await self.app(scope, receive, send)
+        body = sentence.encode()
+        await send({"type": "http.response.start", "status": 403,
+                    "headers": [(b"content-type", b"text/plain; charset=utf-8"),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})

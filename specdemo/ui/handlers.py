@@ -195,13 +195,14 @@ RUN_FILE_AGE_S = 3600.0  # a run's file is offered for download this long; older
 
 
 def save_run(run: dict, run_id: str, folder: Path = RUNS_FOLDER) -> str:
-    """Write a finished run for the page's download, named by its run id (no one else's page is told it); returns the
-    file's path. Files older than RUN_FILE_AGE_S go first (Gradio's copy it serves is cleaned by the page's
-    delete_cache)."""
+    """Write a finished run for the page's download, named by its run id (no one else's page is told it), readable by
+    this user alone; returns the file's path. Files older than RUN_FILE_AGE_S go first (Gradio's copy it serves is
+    cleaned by the page's delete_cache)."""
     folder.mkdir(mode=0o700, exist_ok=True)
     remove_old_runs(folder, RUN_FILE_AGE_S)
     path = folder / f"specdemo-run-{time.strftime('%Y%m%d-%H%M%S')}-{run_id}.json"
     runfile.save(run, path)
+    path.chmod(0o600)  # Gradio's copy keeps the mode (shutil.copy2) in a folder anyone may read
     return str(path)
 
 

@@ -3,6 +3,7 @@ only module under specdemo/ that imports gradio."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import fields
 
 import gradio as gr
@@ -11,16 +12,22 @@ from starlette.middleware import Middleware
 from specdemo.decoding import drafters
 from specdemo.results import figures
 from specdemo.ui import background, charts, handlers, render
-from specdemo.ui.asgi import FirstInHead, OneLineErrors
+from specdemo.ui.asgi import REFUSED, Closed, FirstInHead, OneLineErrors, RefusedIs400, one_line
 from specdemo.ui.handlers import OUTPUTS, SKIP
 from specdemo.ui.lanes import LaneRun
 from specdemo.ui.values import (ASSETS, MAX_INSTRUCTION_CHARS, MAX_K, MAX_NEW_TOKENS_CAP, ONE_AFTER_ANOTHER, RACE,
                                 PageValues, load_examples, offered_devices)
-from specdemo.ui.visitors import MEMORIES, Visitor, address_of
+from specdemo.ui.visitors import MEMORIES, Visitor, visitor_of
 from specdemo.ui.waiting import MAX_WAITING_RUNS
 
 INPUTS = tuple(f.name for f in fields(PageValues))  # the page's inputs, in the order generate() receives them
-MAX_UPLOAD_BYTES = 64 << 10  # the page takes no files; Gradio's upload route refuses anything larger than this
+MAX_UPLOAD_BYTES = 64 << 10  # the page takes no files; what still parses a form (Gradio's component server) stops here
+# Gradio's routes that would keep a visitor's bytes on disk, closed (asgi.Closed): the upload route and its screen
+# recordings (the page has no file input, and the cap above is per file, not per visitor: 300 files of 60 KB were kept
+# in 1.5 s), and deep links, which write a session's whole page state to a served file (the page offers none).
+NO_FILES = "This page takes no files."
+CLOSED_ROUTES = {"/gradio_api/upload": NO_FILES, "/gradio_api/process_recording": NO_FILES}
+DEEP_LINKS = {"/gradio_api/deep_link": "Deep links are off on this page."}
 CACHE_CHECK_S, CACHE_AGE_S = 600, 3600  # Gradio's served copies: looked at every 10 min, removed after an hour
 
 
@@ -34,10 +41,12 @@ def _warn(status) -> None:
 
 
 def visitor(request: gr.Request) -> Visitor:
-    """Who sent `request`: their session, and their address (a proxy's forwarded one where the peer is a local proxy)."""
+    """Who sent `request`: their session, and their address (the one a proxy in front of the page forwarded for). For a
+    peer on this machine, uvicorn has already read X-Forwarded-For into request.client by the same rule (its
+    FORWARDED_ALLOW_IPS, loopback by default); visitors.address_of reads it for private-network proxies too."""
     headers = request.headers or {}
-    host = request.client.host if request.client is not None else ""
-    return Visitor(request.session_hash or "", address_of(host, headers.get("x-forwarded-for")))
+    peer = request.client.host if request.client is not None else ""
+    return visitor_of(request.session_hash or "", peer, headers.get("x-forwarded-for"))
 
 
 def generate(request: gr.Request, *values):
@@ -71,11 +80,31 @@ async def follow_background():
         yield line
 
 
+class Page(gr.Blocks):
+    """The page's Blocks: a call Gradio refuses leaves one line in the server's terminal, and its caller a short
+    sentence (a 400 on /run/: asgi.RefusedIs400).
+
+    This reaches into Gradio 6.31, which has no option or hook for it: every value it refuses (a slider out of bounds,
+    a choice not offered, too few values) is raised in Blocks.preprocess_data, before the event's handler runs, and
+    each route that calls it (the queue behind /queue/join and /call/, and /run/) prints the whole traceback, quoting
+    the value at the length it was sent, unless the error is a gr.Error with print_exception=False. Overriding the one
+    method they share catches exactly the refusals: an error in a handler of ours still prints its traceback."""
+
+    async def preprocess_data(self, block_fn, inputs, state, explicit_call=False):
+        try:
+            return await super().preprocess_data(block_fn, inputs, state, explicit_call)
+        except Exception as error:  # noqa: BLE001 - whatever Gradio refuses a call with, it is this one line
+            sentence = one_line(error.message if isinstance(error, gr.Error) else str(error))
+            print(f"refused a call to {one_line(str(block_fn.api_name or block_fn.name))}: {sentence}", file=sys.stderr,
+                  flush=True)
+            raise gr.Error(sentence, title=REFUSED, print_exception=False) from None
+
+
 def build() -> gr.Blocks:
     """The Blocks page. Call engines.prepare() first so the models load before the first visitor."""
     # Gradio's copies of the files it served (the runs' downloads) are removed an hour after they were made.
-    with gr.Blocks(title="specdemo: speculative decoding, live", analytics_enabled=False,
-                   delete_cache=(CACHE_CHECK_S, CACHE_AGE_S)) as demo:
+    with Page(title="specdemo: speculative decoding, live", analytics_enabled=False,
+              delete_cache=(CACHE_CHECK_S, CACHE_AGE_S)) as demo:
         gr.Markdown(
             "# Speculative decoding, live\n"
             "One instruction, two lanes on OpenVINO: the **target** model alone, and a small **draft** model proposing "
@@ -271,14 +300,16 @@ THEME = gr.themes.Default(primary_hue="blue",
                           font=[gr.themes.GoogleFont("Source Sans Pro", weights=(400, 700)), "ui-sans-serif", "sans-serif"])
 
 
-def launch(demo: gr.Blocks, host: str, port: int, share: bool) -> None:
+def launch(demo: gr.Blocks, host: str, port: int, share: bool, *, monitoring: bool = False,
+           deep_links: bool = False) -> None:
     """Serve the page: runs take turns in our queue (each waiting one holds a worker thread, hence the threads), no share
-    link unless asked."""
+    link, no /monitoring and no deep links unless asked."""
+    closed = CLOSED_ROUTES if deep_links else {**CLOSED_ROUTES, **DEEP_LINKS}
+    middleware = [Middleware(OneLineErrors), Middleware(RefusedIs400), Middleware(Closed, routes=closed),
+                  Middleware(FirstInHead, html=f"<script>{QUIET_TRACKERS_JS}</script>")]
+    # enable_monitoring: Gradio's default (None) serves /monitoring/summary to anyone; False answers 403.
     demo.queue(max_size=2 * MAX_WAITING_RUNS).launch(server_name=host, server_port=port, share=share,
-                                                     max_file_size=MAX_UPLOAD_BYTES,
+                                                     max_file_size=MAX_UPLOAD_BYTES, enable_monitoring=monitoring,
                                                      css_paths=[ASSETS / "style.css"], theme=THEME,
-                                                     app_kwargs={"middleware": [
-                                                         Middleware(OneLineErrors),
-                                                         Middleware(FirstInHead,
-                                                                    html=f"<script>{QUIET_TRACKERS_JS}</script>")]},
+                                                     app_kwargs={"middleware": middleware},
                                                      max_threads=2 * MAX_WAITING_RUNS + 16)

@@ -27,34 +27,66 @@ class Visitor:
 
     session: str
     address: str = ""
+    forwarded: bool = False  # the request named an address in X-Forwarded-For, a header any client can write
 
     @property
     def on_this_machine(self) -> bool:
-        """Whether the request came from this machine itself (its owner's browser, the tests, a proxy that forwarded
-        no address): no address to share a cap by."""
-        try:
-            return ipaddress.ip_address(self.address).is_loopback
-        except ValueError:
-            return self.address in ("", "localhost")
+        """Whether the request came from this machine itself (its owner's browser, the tests): no address to share a
+        cap by. Never for a forwarded request, whatever address it names."""
+        return not self.forwarded and _on_this_machine(self.address)
 
 
-def address_of(client_host: str | None, forwarded_for: str | None) -> str:
-    """Where a request comes from: the peer's address, or, when the peer is a proxy on this machine or a private
-    network (a Hugging Face Space's, a reverse proxy's), the last address it says it forwarded for. Only the last one:
-    the ones before it are whatever the client wrote."""
-    host = client_host or ""
-    forwarded = [part.strip() for part in (forwarded_for or "").split(",") if part.strip()]
-    if forwarded and _is_local(host):
-        return forwarded[-1]
-    return host
+def visitor_of(session: str, peer: str | None, forwarded_for: str | None) -> Visitor:
+    """The visitor of a request from `peer` (the address connected to the page) carrying `forwarded_for` (its
+    X-Forwarded-For header, or None)."""
+    return Visitor(session, address_of(peer, forwarded_for), forwarded=bool(_entries(forwarded_for)))
 
 
-def _is_local(host: str) -> bool:
+def address_of(peer: str | None, forwarded_for: str | None) -> str:
+    """Where a request comes from: the peer's address; or, when the peer is a proxy (on this machine or a private
+    network: a local reverse proxy, a Hugging Face Space's), the address that proxy says it was connected from. Each
+    proxy appends that address to X-Forwarded-For, so it is the last entry; entries on this machine are skipped (a
+    proxy in front of a proxy here), as uvicorn does for the peers it trusts. What the client wrote comes before, and
+    is never read unless every entry is on this machine (then the first: a forwarded request is never this machine's).
+
+    >>> address_of("10.0.0.2", "1.2.3.4, 198.51.100.7")  # a Space: the client wrote 1.2.3.4, its proxy appended
+    '198.51.100.7'
+    >>> address_of("127.0.0.1", "203.0.113.9, 127.0.0.1")
+    '203.0.113.9'
+    """
+    peer, entries = peer or "", _entries(forwarded_for)
+    if not entries or not _is_proxy(peer):
+        return peer
+    return next((entry for entry in reversed(entries) if not _on_this_machine(entry)), entries[0])
+
+
+def _entries(forwarded_for: str | None) -> list[str]:
+    return [part.strip() for part in (forwarded_for or "").split(",") if part.strip()]
+
+
+def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    address = ipaddress.ip_address(text)
+    return getattr(address, "ipv4_mapped", None) or address  # ::ffff:127.0.0.1 is 127.0.0.1
+
+
+def _on_this_machine(host: str) -> bool:
     try:
-        address = ipaddress.ip_address(host)
+        return _address(host).is_loopback
     except ValueError:
-        return host in ("", "localhost")
-    return address.is_loopback or address.is_private
+        return host in ("", "localhost")  # "": a peer Gradio could not name
+
+
+# Where a proxy in front of the page sits: this machine, or a private network (RFC 1918, IPv6 unique local). Not
+# Python's is_private, which also counts the documentation ranges (203.0.113.0/24, ...) that stand for outside
+# addresses in examples and tests.
+PROXY_NETWORKS = tuple(ipaddress.ip_network(net) for net in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7"))
+
+
+def _is_proxy(host: str) -> bool:
+    try:
+        return _on_this_machine(host) or any(_address(host) in net for net in PROXY_NETWORKS)
+    except ValueError:
+        return False
 
 
 class Memories:

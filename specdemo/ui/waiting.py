@@ -6,8 +6,9 @@ The page's Generate handler joins the line, waits its turn yielding its place, a
 waiting leaves the line at once, and the runs behind move up. Estimates come from how long recent runs took per
 requested token. The line is fair: one visitor holds at most PER_SESSION places, and one address at most PER_ADDRESS
 (a classroom behind one router shares an address; a client making up new sessions does not get more places). Requests
-from this machine itself share no address cap (its owner, the tests; a reverse proxy on this machine must forward the
-client's address in X-Forwarded-For, as a Hugging Face Space's does: visitors.address_of).
+from this machine itself share no address cap (its owner, the tests), unless they forward for someone: a reverse proxy
+in front of the page appends its client's address to X-Forwarded-For, as a Hugging Face Space's does
+(visitors.address_of).
 
 LINE is this process's one line: the visitors' runs (handlers.py) and the server's own turns, learning the machine and
 applying a tune (learning.py), join it.

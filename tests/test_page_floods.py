@@ -1,0 +1,142 @@
+"""Floods a public page must hold (issue 50): what one stranger can send the page over plain HTTP and gradio_client, on
+the real page without its models (conftest.page_server: up in seconds, nothing run). Figures: docs/reliability.md."""
+
+import json
+import os
+import re
+import stat
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from gradio_client import Client
+from gradio_client.exceptions import AppError
+
+from specdemo.ui import handlers, waiting
+from specdemo.ui.asgi import one_line
+from specdemo.ui.handlers import OUTPUTS
+from specdemo.ui.page import INPUTS
+from specdemo.ui.values import PageValues
+
+UPLOADS, UPLOAD_BYTES = 300, 60_000  # what one client sent in the issue: all kept, 19.3 MB in 1.5 s
+
+
+def status_and_body(request: urllib.request.Request | str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def upload(url: str, name: str, size: int) -> urllib.request.Request:
+    """A POST of one file to Gradio's upload route, as its client sends it."""
+    boundary = "specdemo-boundary"
+    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"files\"; filename=\"{name}\"\r\n"
+            "Content-Type: application/octet-stream\r\n\r\n").encode() + b"x" * size + f"\r\n--{boundary}--\r\n".encode()
+    return urllib.request.Request(url + "gradio_api/upload", body,
+                                  {"Content-Type": f"multipart/form-data; boundary={boundary}"})
+
+
+def kept_bytes(folder) -> int:
+    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file()) if folder.exists() else 0
+
+
+def test_300_uploads_from_one_client_are_refused_with_a_sentence_and_nothing_is_kept(page_server):
+    answers = {status_and_body(upload(page_server.url, f"file-{i}.bin", UPLOAD_BYTES)) for i in range(UPLOADS)}
+    assert answers == {(403, "This page takes no files.")}
+    assert kept_bytes(page_server.gradio_files) <= 1 << 20, "at most 1 MB of what visitors sent may be kept"
+
+
+def test_deep_links_are_off_so_no_session_s_state_is_written_to_a_served_file(page_server):
+    assert status_and_body(page_server.url + "gradio_api/deep_link?session_hash=anyone") == \
+        (403, "Deep links are off on this page.")
+
+
+@pytest.mark.parametrize("path", ["monitoring", "monitoring/summary"])
+def test_gradio_s_monitoring_is_off(page_server, path):
+    assert status_and_body(page_server.url + path)[0] == 403
+
+
+# ----------------------------------------------------------------------------- refused calls in the server's terminal
+
+
+def arguments(**change) -> list:
+    values = {**vars(PageValues(max_new_tokens=16, k_auto=False)), "instruction": "hi", **change}
+    return [values[name] for name in INPUTS]
+
+
+def post(url: str, body: dict) -> tuple[int, str]:
+    return status_and_body(urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"}))
+
+
+def call_and_wait(server, **change) -> str:
+    """A run asked for over /call/ (as curl would), then the event that ended it: 'error' for a refused one."""
+    status, body = post(server.url + "gradio_api/call/generate", {"data": arguments(**change)})
+    assert status == 200, body
+    _, events = status_and_body(f"{server.url}gradio_api/call/generate/{json.loads(body)['event_id']}")
+    return re.findall(r"event: (\w+)", events)[-1]
+
+
+def test_ten_refused_calls_leave_ten_short_lines_in_the_terminal_and_no_traceback(page_server):
+    before, client = len(page_server.log.read_text()), Client(page_server.url, verbose=False)
+    for change in ({"max_new_tokens": 100_000}, {"k": 0}, {"target_device": "x" * 100_000},
+                   {"drafter": "other/model-id"}, {"mode": "sideways"}, {"top_p": 5.0}):
+        with pytest.raises(AppError) as refused:  # through Gradio's queue, as the page and gradio_client call
+            client.predict(*arguments(**change), api_name="/generate")
+        assert len(str(refused.value)) < 400
+    assert [call_and_wait(page_server, **change) for change in ({"decoding": "beam"}, {"seed": "four"})] == ["error"] * 2
+    assert post(page_server.url + "gradio_api/run/stop", {"data": []})[0] == 400  # too few values, straight to /run/
+    assert post(page_server.url + "gradio_api/queue/join", {"data": [], "fn_index": 0, "session_hash": "s"})[0] == 200
+    deadline = time.monotonic() + 10  # the queue prints its refusal as it processes the event, after answering
+    while page_server.log.read_text()[before:].count("refused a call to") < 10 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    added = page_server.log.read_text()[before:]
+    assert "Traceback" not in added and max(map(len, added.splitlines())) <= 2000
+    assert added.count("refused a call to") == 10, added[-3000:]
+
+
+def test_a_direct_call_with_too_few_values_answers_400_with_a_sentence_not_500(page_server):
+    status, body = post(page_server.url + "gradio_api/run/stop", {"data": []})
+    assert status == 400
+    assert json.loads(body)["error"].startswith("An event handler (stop) didn't receive enough input values")
+
+
+def test_a_quoted_value_is_one_line_its_middle_cut_out_and_its_controls_shown():
+    line = one_line("Value: " + "x" * 100_000 + "\n\x1b[31m is not in the list of choices")
+    assert len(line) < 300 and "\n" not in line and "\x1b" not in line
+    assert line.startswith("Value: xxx") and line.endswith("␛[31m is not in the list of choices")
+
+
+# ----------------------------------------------------------------------------- a visitor's address
+
+
+def test_a_client_writing_an_outside_address_then_this_machine_s_gets_the_outside_address_s_cap(page_server):
+    """X-Forwarded-For is the client's to write: `<outside>, 127.0.0.1` must not make its runs this machine's, which
+    share no address cap. A session each (a client making them up); the page's line is held (conftest.page_server), so
+    admitted runs wait in it."""
+    def client() -> Client:
+        return Client(page_server.url, verbose=False, headers={"X-Forwarded-For": "203.0.113.9, 127.0.0.1"})
+
+    jobs = [client().submit(*arguments(instruction=f"Count to {i}."), api_name="/generate")
+            for i in range(waiting.PER_ADDRESS + 1)]
+    deadline = time.monotonic() + 30
+    while sum(job.done() for job in jobs) < 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1)  # time for a second refusal to show, if there were one
+    refused = [dict(zip(OUTPUTS, job.result()))["status"] for job in jobs if job.done()]
+    for job in jobs:
+        job.cancel()
+    assert len(refused) == 1 and "your network address" in refused[0], refused
+
+
+# ----------------------------------------------------------------------------- what the page keeps on disk
+
+
+def test_a_run_s_file_and_the_copy_gradio_serves_are_readable_by_the_app_s_user_alone(tmp_path):
+    from gradio.processing_utils import save_file_to_cache
+
+    path = handlers.save_run({"schema": 1}, "a-run-id", folder=tmp_path / "runs")
+    served = save_file_to_cache(path, str(tmp_path / "gradio"))  # as Gradio copies a download before serving it
+    assert [stat.S_IMODE(os.stat(p).st_mode) for p in (path, served)] == [0o600, 0o600]
