@@ -50,6 +50,7 @@ void q4_k_rows(const uint8_t* w, int blocks, const BlockQ8K* const* a, float* co
     __m128 mins[R];
     for (int r = 0; r < R; ++r) { acc[r] = _mm256_setzero_ps(); mins[r] = _mm_setzero_ps(); }
     for (int b = 0; b < blocks; ++b, w += Q4_K_BYTES) {
+        prefetch_ahead(w, Q4_K_BYTES);
         uint64_t scales, m;
         unpack_q4_k_scales(w + 4, scales, m);
         const __m128i m16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(m)));
@@ -97,6 +98,7 @@ void q6_k_rows(const uint8_t* w, int blocks, const BlockQ8K* const* a, float* co
     __m256 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
     for (int b = 0; b < blocks; ++b, w += Q6_K_BYTES) {
+        prefetch_ahead(w, Q6_K_BYTES);
         const uint8_t *ql = w, *qh = w + 128;
         const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 192));
         const __m256i sc16 = _mm256_cvtepi8_epi16(sc);
@@ -155,6 +157,7 @@ struct Blocks32 {  // Q8_0 and Q5_0: a scale a block of 32, signed values
         __m256 acc[R];
         for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
         for (int b = 0; b < blocks; ++b, w += Bytes) {
+            prefetch_ahead(w, 1);  // a line a block: blocks of 22 or 34 bytes share lines
             const __m256i q = Values(w);
             const float d = half(w);
             for (int r = 0; r < R; ++r) {

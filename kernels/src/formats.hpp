@@ -92,6 +92,15 @@ inline void unpack_q4_k_scales(const uint8_t* s, uint8_t sc[8], uint8_t m[8]) {
     std::memcpy(m, &mins, 8);
 }
 
+// A call reads its weights once, straight from memory: while a block is decoded, ask for the bytes PREFETCH_AHEAD
+// further on (a line at a time), so a core has more lines in flight than its own loads would ask for (measured on the
+// 2-core Xeon: a Q4_K layer from 12 to 17-20 GB/s; 1, 4, 8 and 16 KiB ahead tried, 4 KiB and more alike).
+constexpr size_t PREFETCH_AHEAD = 4096;
+
+inline void prefetch_ahead(const uint8_t* block, size_t bytes) {
+    for (size_t line = 0; line < bytes; line += 64) __builtin_prefetch(block + PREFETCH_AHEAD + line, 0, 3);
+}
+
 // Runs a kernel templated on the number of activation rows it shares a weight block with (1 … MAX_SHARED), over
 // all M rows: `call.template operator()<R>(first row)`.
 template <typename Call>
