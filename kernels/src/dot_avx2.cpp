@@ -1,6 +1,6 @@
 // The dot products with AVX2 and FMA: 32 weights at a time, u8 × i8 pairs summed by maddubs, then scaled by the
 // sub-block's scale with madd (both exact in i16 / i32: |q| ≤ 63, |a| ≤ 127), one f32 FMA per block. A weight block is
-// decoded once for R activation rows (R ≤ MAX_SHARED), each row's sums in registers of its own.
+// decoded once for R activation rows (R ≤ SHARED), each row's sums in registers of its own.
 // Compiled with -mavx2 -mfma -mf16c; chosen only where the CPU has them (dispatch.cpp).
 #include <immintrin.h>
 
@@ -9,6 +9,8 @@
 namespace specdemo {
 
 namespace {
+
+constexpr int SHARED = 4;  // activation rows a weight block is decoded once for (their sums stay in registers)
 
 inline float sum_lanes(__m256 v) {
     __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -169,11 +171,11 @@ struct Blocks32 {  // Q8_0 and Q5_0: a scale a block of 32, signed values
     }
 };
 
-// The DotFn of a kernel over R rows: M rows in groups of MAX_SHARED, then the rest.
+// The DotFn of a kernel over R rows: M rows in groups of SHARED, then the rest.
 template <typename Block, template <int> class Rows>
 void shared_rows(const uint8_t* w, int blocks, const uint8_t* activations, size_t row_bytes, int m_rows, float* out,
                  size_t out_stride) {
-    in_groups_of_rows(m_rows, [&]<int R>(int first) {
+    in_groups_of_rows<SHARED>(m_rows, [&]<int R>(int first) {
         const Block* a[R];
         float* o[R];
         for (int r = 0; r < R; ++r) {

@@ -1,6 +1,6 @@
 // The dot products with AVX-512 (BW, VL) and VNNI: the K-quants 64 weights at a time, maddubs on zmm, each sub-block's
 // scale applied and accumulated in one vpdpwssd; Q8_0 and Q5_0 blocks (32 weights, a scale each) with one vpdpbusd on
-// ymm. A weight block is decoded once for R activation rows (R ≤ MAX_SHARED), each row's sums in its own registers.
+// ymm. A weight block is decoded once for R activation rows (R ≤ SHARED), each row's sums in its own registers.
 // Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512vnni; chosen only where the CPU has them (dispatch.cpp).
 #include <immintrin.h>
 
@@ -9,6 +9,8 @@
 namespace specdemo {
 
 namespace {
+
+constexpr int SHARED = 4;  // activation rows a weight block is decoded once for (8 measured no faster: registers spill)
 
 inline float half(const uint8_t* p) { return _cvtsh_ss(uint16_t(p[0] | (p[1] << 8))); }
 inline __m256i load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
@@ -172,7 +174,7 @@ struct Blocks32 {  // Q8_0 and Q5_0: a scale a block of 32, signed values: |w| �
 template <typename Block, template <int> class Rows>
 void shared_rows(const uint8_t* w, int blocks, const uint8_t* activations, size_t row_bytes, int m_rows, float* out,
                  size_t out_stride) {
-    in_groups_of_rows(m_rows, [&]<int R>(int first) {
+    in_groups_of_rows<SHARED>(m_rows, [&]<int R>(int first) {
         const Block* a[R];
         float* o[R];
         for (int r = 0; r < R; ++r) {

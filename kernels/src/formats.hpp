@@ -101,18 +101,21 @@ inline void prefetch_ahead(const uint8_t* block, size_t bytes) {
     for (size_t line = 0; line < bytes; line += 64) __builtin_prefetch(block + PREFETCH_AHEAD + line, 0, 3);
 }
 
-// Runs a kernel templated on the number of activation rows it shares a weight block with (1 … MAX_SHARED), over
-// all M rows: `call.template operator()<R>(first row)`.
-template <typename Call>
+// Runs a kernel templated on the number of activation rows it shares a weight block with (1 … Max), over all M rows:
+// `call.template operator()<R>(first row)`, in groups of Max, then one group of what is left.
+template <int R, typename Call>
+inline void rest_of_rows(int left, int first, Call& call) {
+    if constexpr (R > 0) {
+        if (left == R) return call.template operator()<R>(first);
+        rest_of_rows<R - 1>(left, first, call);
+    }
+}
+
+template <int Max, typename Call>
 inline void in_groups_of_rows(int m_rows, Call&& call) {
     int m = 0;
-    for (; m + 4 <= m_rows; m += 4) call.template operator()<4>(m);
-    switch (m_rows - m) {
-    case 3: call.template operator()<3>(m); break;
-    case 2: call.template operator()<2>(m); break;
-    case 1: call.template operator()<1>(m); break;
-    default: break;
-    }
+    for (; m + Max <= m_rows; m += Max) call.template operator()<Max>(m);
+    rest_of_rows<Max - 1>(m_rows - m, m, call);
 }
 
 // Activations of one row (`columns` f32) in the form `kind`'s dot product takes; `out` holds columns/256 BlockQ8K
@@ -121,10 +124,10 @@ void quantize_row(Kind kind, const float* x, int columns, void* out);
 size_t quantized_row_bytes(Kind kind, int columns);
 
 // One weight row's dot products with M quantized activation rows: out[m·out_stride] = Σ over `blocks` blocks, m < M.
-// Activation row m starts at activations + m·row_bytes. The row's blocks are decoded once for up to MAX_SHARED rows.
+// Activation row m starts at activations + m·row_bytes. Each block is decoded once for several rows (4: as many as
+// the registers hold the sums of without spilling).
 using DotFn = void (*)(const uint8_t* weights, int blocks, const uint8_t* activations, size_t row_bytes, int m_rows,
                        float* out, size_t out_stride);
-constexpr int MAX_SHARED = 4;  // activation rows a weight block is decoded once for (their sums stay in registers)
 
 // Reorders one quantized row's values in place (`columns` of them) into the order an ISA's dot product loads them.
 using ArrangeFn = void (*)(void* row, int columns);
