@@ -172,20 +172,6 @@ struct Blocks32 {  // Q8_0 and Q5_0: a scale a block of 32, signed values
 };
 
 // The DotFn of a kernel over R rows: M rows in groups of SHARED, then the rest.
-template <typename Block, template <int> class Rows>
-void shared_rows(const uint8_t* w, int blocks, const uint8_t* activations, size_t row_bytes, int m_rows, float* out,
-                 size_t out_stride) {
-    in_groups_of_rows<SHARED>(m_rows, [&]<int R>(int first) {
-        const Block* a[R];
-        float* o[R];
-        for (int r = 0; r < R; ++r) {
-            a[r] = reinterpret_cast<const Block*>(activations + (first + r) * row_bytes);
-            o[r] = out + (first + r) * out_stride;
-        }
-        Rows<R>::run(w, blocks, a, o);
-    });
-}
-
 template <int R> struct Q4K { static void run(const uint8_t* w, int n, const BlockQ8K* const* a, float* const* o) { q4_k_rows<R>(w, n, a, o); } };
 template <int R> struct Q6K { static void run(const uint8_t* w, int n, const BlockQ8K* const* a, float* const* o) { q6_k_rows<R>(w, n, a, o); } };
 template <int R> struct Q80 { static void run(const uint8_t* w, int n, const BlockQ8_0* const* a, float* const* o) { Blocks32<Q8_0_BYTES, q8_0_values>::rows<R>(w, n, a, o); } };
@@ -194,8 +180,8 @@ template <int R> struct Q50 { static void run(const uint8_t* w, int n, const Blo
 }  // namespace
 
 const Kernels* avx2_kernels() {
-    static const Kernels kernels{"avx2", {shared_rows<BlockQ8K, Q4K>, shared_rows<BlockQ8K, Q6K>,
-                                          shared_rows<BlockQ8_0, Q80>, shared_rows<BlockQ8_0, Q50>}, {}};
+    static const Kernels kernels{"avx2", {shared_rows<BlockQ8K, Q4K, SHARED>, shared_rows<BlockQ8K, Q6K, SHARED>,
+                                          shared_rows<BlockQ8_0, Q80, SHARED>, shared_rows<BlockQ8_0, Q50, SHARED>}, {}};
     return &kernels;
 }
 

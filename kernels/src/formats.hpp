@@ -37,6 +37,13 @@ struct BlockQ8_0 {
 
 constexpr size_t Q4_K_BYTES = 144, Q6_K_BYTES = 210, Q8_0_BYTES = 34, Q5_0_BYTES = 22;
 
+float fp16_round(float x);  // x rounded to the nearest half (ties to even), as a float
+
+// The helpers below are compiled into every file, each with its own ISA flags (dot_avx2.cpp, dot_avx512.cpp): internal
+// linkage keeps the linker from keeping one file's copy (an AVX-512 one, say) for all, which an AVX2-only CPU could not
+// run, and keeps each file's instantiations of shared_rows its own.
+namespace {
+
 inline size_t block_bytes(Kind kind) {
     switch (kind) {
     case Kind::Q4_K: return Q4_K_BYTES;
@@ -72,7 +79,6 @@ inline float fp16_to_fp32(uint16_t h) {
 
 inline float read_fp16(const uint8_t* p) { return fp16_to_fp32(uint16_t(p[0] | (p[1] << 8))); }
 
-float fp16_round(float x);  // x rounded to the nearest half (ties to even), as a float
 
 // Q4_K's 12 scale bytes as 8 scales and 8 mins (6 bits each), four at a time in 32-bit words:
 //   sc 0–3 = s 0–3 & 63          sc 4–7 = (s 8–11 & 15) | (s 0–3 >> 6) << 4
@@ -117,6 +123,24 @@ inline void in_groups_of_rows(int m_rows, Call&& call) {
     for (; m + Max <= m_rows; m += Max) call.template operator()<Max>(m);
     rest_of_rows<Max - 1>(m_rows - m, m, call);
 }
+
+// The DotFn of a kernel over R rows, `Rows<R>::run(weights, blocks, R activation rows, R outputs)`: M rows in groups
+// of Shared, then the rest.
+template <typename Block, template <int> class Rows, int Shared>
+void shared_rows(const uint8_t* w, int blocks, const uint8_t* activations, size_t row_bytes, int m_rows, float* out,
+                 size_t out_stride) {
+    in_groups_of_rows<Shared>(m_rows, [&]<int R>(int first) {
+        const Block* a[R];
+        float* o[R];
+        for (int r = 0; r < R; ++r) {
+            a[r] = reinterpret_cast<const Block*>(activations + (first + r) * row_bytes);
+            o[r] = out + (first + r) * out_stride;
+        }
+        Rows<R>::run(w, blocks, a, o);
+    });
+}
+
+}  // namespace
 
 // Activations of one row (`columns` f32) in the form `kind`'s dot product takes; `out` holds columns/256 BlockQ8K
 // (Q4_K, Q6_K) or columns/32 BlockQ8_0 (Q8_0, Q5_0).
