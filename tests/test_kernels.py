@@ -13,7 +13,7 @@ import openvino as ov
 import pytest
 from openvino import opset13 as ops
 
-from specdemo.models import export, kernels, sources
+from specdemo.models import export, kernels
 from specdemo.models.block_matmul import block_matmul
 from specdemo.models.gguf_file import GGUFFile
 from specdemo.models.runtime import OVModel

@@ -18,7 +18,6 @@ import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import openvino as ov
 
 from specdemo.learning import tune
 from specdemo.models import graph, kernels
