@@ -18,7 +18,6 @@ import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-
 from specdemo.learning import tune
 from specdemo.models import graph, kernels
 from specdemo.models.loading import describe_compile
