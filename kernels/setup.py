@@ -23,22 +23,24 @@ class BuildWithCMake(build_py):
         package = Path(self.build_lib) / "specdemo_kernels"
         for stale in (package / LIBRARY, package / "BUILD_ERROR"):
             stale.unlink(missing_ok=True)
+        build = Path(tempfile.mkdtemp(prefix="specdemo-kernels-"))
         try:
-            shutil.copy2(compile_library(), package / LIBRARY)
+            shutil.copy2(compile_library(build), package / LIBRARY)
         except Exception as error:  # noqa: BLE001 - any failure: install without it, and say why
             (package / "BUILD_ERROR").write_text(f"{error}".strip()[-2000:] + "\n")
             print(f"specdemo-kernels: the extension was not built ({str(error).strip().splitlines()[-1]}); specdemo "
                   "will run on OpenVINO's own kernels", file=sys.stderr)
+        finally:
+            shutil.rmtree(build, ignore_errors=True)
 
 
-def compile_library() -> Path:
-    """The built library's path; raises with the compiler's last words when CMake fails."""
+def compile_library(build: Path) -> Path:
+    """The library built in the folder `build`; raises with the compiler's last words when CMake fails."""
     if os.environ.get("SPECDEMO_KERNELS_BUILD") == "fail":  # tests: a machine that cannot build it
         raise RuntimeError("the build was told to fail (SPECDEMO_KERNELS_BUILD=fail)")
     import openvino
 
     cmake_dir = Path(openvino.__file__).parent / "cmake"
-    build = Path(tempfile.mkdtemp(prefix="specdemo-kernels-"))
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
     for command in (["cmake", "-S", str(HERE), "-B", str(build), *generator, "-DCMAKE_BUILD_TYPE=Release",
                      f"-DOpenVINO_DIR={cmake_dir}", f"-DTBB_DIR={cmake_dir}"],

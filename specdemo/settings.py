@@ -23,7 +23,7 @@ WEIGHTS = {  # what each precision's weights are, for the model panel and the ru
     "int4": "INT4 (re-quantized by NNCF, groups of 128)",
     "gguf": "the GGUF's own blocks (Q4_K, Q6_K, …)",
     "gguf-mixed": "the GGUF's own Q4_K blocks, its Q6_K, head and embedding per channel in 8 bits",
-    "gguf-native": "the GGUF's own blocks as the file holds them, multiplied by specdemo's kernels (llama.cpp's arithmetic)",
+    "gguf-native": "the GGUF's own blocks as the file holds them, on specdemo's kernels (llama.cpp's arithmetic)",
 }
 AUTO = "auto"  # a draft's precision left to `python -m specdemo tune`'s draft plan for this machine (draft_choice.py)
 DRAFT_PRECISION = "int4"  # what an auto draft precision runs until there is a plan (or when its choice is not prepared)

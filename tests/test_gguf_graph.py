@@ -123,7 +123,6 @@ WEIGHT_TYPES = {"fp16": {"f16"}, "int8": {"u8"}, "int4": {"u4"}, "gguf": {"i8"},
 
 @pytest.mark.slow  # NNCF and transformers' tokenizer conversion imported in a fresh child for each of six precisions
 def test_every_precision_of_a_gguf_converts_in_processes_without_torch(home, tmp_path):
-    import openvino as ov
     from transformers import AutoTokenizer
 
     gguf = tiny_gguf.write(tmp_path / "tiny.gguf", "qwen2")
@@ -141,8 +140,9 @@ def test_every_precision_of_a_gguf_converts_in_processes_without_torch(home, tmp
     for precision in PRECISIONS:
         folder = sources.cached_folder(ModelSettings(str(gguf), precision=precision))
         assert (folder / sources.COMPLETE_MARKER).is_file()
-        weights = {op.get_element_type().get_type_name() for op in kernels.new_core().read_model(folder / "openvino_model.xml")
-                   .get_ops() if op.get_type_name() == "Constant" and len(op.get_output_shape(0)) >= 2}
+        model = kernels.new_core().read_model(folder / "openvino_model.xml")
+        weights = {op.get_element_type().get_type_name() for op in model.get_ops()
+                   if op.get_type_name() == "Constant" and len(op.get_output_shape(0)) >= 2}
         assert WEIGHT_TYPES[precision] <= weights, (precision, weights)
         assert AutoTokenizer.from_pretrained(folder).encode(TEXT) == ids
         logits = exact(folder).forward(ids)

@@ -58,7 +58,8 @@ def choose(target: ModelSettings, log: Callable[[str], None] = print, profile=No
             continue
         verdict = timer(held, challenger)
         seconds.update({incumbent: verdict.incumbent_s, precision: verdict.challenger_s})
-        log(f"target: {precision}'s single step and verification take {verdict.ratio:.2f}x {incumbent}'s ({verdict.low:.2f}-"
+        log(f"target: {precision}'s single step and verification take {verdict.ratio:.2f}x {incumbent}'s "
+            f"({verdict.low:.2f}-"
             f"{verdict.high:.2f}, {verdict.pairs} pairs): " + ("faster, it runs from now on" if verdict.faster
                                                               else f"not clearly faster, {incumbent} stays"))
         if verdict.faster:

@@ -103,8 +103,8 @@ class BlockWeights(_FileWeights):
         self.sums = {}  # activations' group sums, shared by the MatMuls reading the same input (q, k, v; gate, up)
 
     def linear(self, x: ov.Output, name: str, node_name: str) -> ov.Output:
-        """x · Wᵀ for tensor `name` (rows, columns): the MatMul named `node_name` [+ x's group sums · offsetᵀ]; in the
-        native layout the BlockMatMul of its raw blocks."""
+        """x · Wᵀ for tensor `name` (rows, columns): the MatMul named `node_name` [+ x's group sums · offsetᵀ]; in
+        the native layout the BlockMatMul of its raw blocks."""
         x = _output(x)
         if self.layout == "native" and self.file.tensors[name].kind in kernels.KINDS:
             return block_matmul(x, self._raw(name), self.file.tensors[name].kind, node_name).output(0)

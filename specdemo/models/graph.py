@@ -101,7 +101,8 @@ def fuse_projections(model: ov.Model) -> int:
         if op.get_type_name() == BLOCK_MATMUL and op.input_value(1).get_node().get_type_name() == "Constant":
             x = op.input_value(0)
             attributes = op.get_attributes()
-            groups[(x.get_node().get_friendly_name(), x.get_index(), attributes["kind"], attributes["columns"])].append(op)
+            key = (x.get_node().get_friendly_name(), x.get_index(), attributes["kind"], attributes["columns"])
+            groups[key].append(op)
         elif op.get_type_name() == "MatMul" and op.get_attributes().get("transpose_b") and \
                 not op.get_attributes().get("transpose_a"):
             layout = _layout(op.input_value(1))
