@@ -60,16 +60,19 @@ def test_this_cpu_runs_the_scalar_path_and_its_widest_by_default():
 @pytest.mark.parametrize("kind", list(kernels.KINDS))
 def test_block_matmul_equals_the_dequantized_blocks_times_the_8_bit_activations_on_every_isa(kind, each_isa, tmp_path):
     rng = np.random.default_rng(len(kind))
-    columns = 2 * kernels.KINDS[kind][0] if kernels.KINDS[kind][0] == 256 else 96
-    raw = random_blocks(kind, 37, columns, rng)
+    columns = 1280  # more than the 1024 columns a panel decodes at once (panel.hpp), not a multiple of them
+    raw = random_blocks(kind, 37, columns, rng)  # whole panels of 16 or 32 rows, and 5 rows past them
     model = compiled(raw, kind, tmp_path)
-    for m in (1, 2, 3, 4, 5, 9):  # a step, the row groups a block is decoded once for, and what is left of them
+    # a step, the row groups a block is decoded once for, and what is left of them; then the many rows of a gemm from
+    # its first (8), its tiles of 2 or 4 activation rows and what is left of them, a prefill's
+    for m in (1, 2, 3, 4, 5, 8, 9, 13, 70):
         x = rng.standard_normal((m, columns)).astype(np.float32) * rng.uniform(0.1, 10)
         expected = kernels.reference(x, raw, kind)
         size = np.abs(kernels.quantize_activations(x, kind)).astype(np.float64) @ np.abs(
             kernels.reference(np.eye(columns, dtype=np.float32), raw, kind))  # Σ|w·a|: what f32 rounding is relative to
         for isa in each_isa:
             kernels.use(isa)
+            model(-x)  # a call that left its output in place would read as −expected, not pass
             got = model(x)[0]
             assert got.shape == (m, 37)
             assert np.all(np.abs(got - expected) <= 1e-6 * size + 1e-30), (kind, isa, m)

@@ -22,7 +22,8 @@ Kind parse_kind(const std::string& kind) {
 constexpr size_t TASKS_A_CALL = 32;  // output rows split into this many tasks (measured against a static halving: the
                                      // same or faster in a step of the 1.5B target, 2 threads)
 constexpr size_t MIN_ROWS_A_TASK = 16;  // 16 Q4_K rows of 1536 weights are 14 KiB of blocks
-constexpr size_t ACTIVATIONS_A_PASS = 64;  // activation rows dotted with a weight row while it is in L1
+constexpr size_t ACTIVATIONS_A_PASS = 64;
+constexpr size_t GEMM_FROM = 8;  // activation rows from which a call decodes panels (panel.hpp) instead of dotting rows  // activation rows dotted with a weight row while it is in L1
 
 }  // namespace
 
@@ -85,25 +86,43 @@ bool BlockMatMul::evaluate(ov::TensorVector& outputs, const ov::TensorVector& in
     quantized.resize(m_rows * q_bytes);
     uint8_t* q = quantized.data();
     const Kernels& kernels = chosen_kernels();
+    const GemmFn gemm = m_rows >= size_t(gemm_from()) ? kernels.gemm[int(kind)] : nullptr;
     const ArrangeFn arrange = kernels.arrange[int(kind)];
     tbb::parallel_for(size_t(0), m_rows, [&](size_t m) {
         quantize_row(kind, x + m * columns, int(columns), q + m * q_bytes);
-        if (arrange) arrange(q + m * q_bytes, int(columns));
+        if (arrange && !gemm) arrange(q + m * q_bytes, int(columns));
     });
 
     const DotFn dot = kernels.dot[int(kind)];
     const int blocks = int(columns / block_values(kind));
-    auto body = [&](const tbb::blocked_range<size_t>& range) {
+    auto dots = [&](size_t first_row, size_t last_row) {
         for (size_t first = 0; first < m_rows; first += ACTIVATIONS_A_PASS) {
             const size_t last = std::min(m_rows, first + ACTIVATIONS_A_PASS);
-            for (size_t n = range.begin(); n < range.end(); ++n)
+            for (size_t n = first_row; n < last_row; ++n)
                 dot(w + n * row_bytes, blocks, q + first * q_bytes, q_bytes, int(last - first), y + first * rows + n, rows);
         }
     };
-    // Tasks of rows / TASKS_A_CALL rows, taken by whichever thread is free: a worker that wakes late (a step runs ~130
-    // of these calls between the plugin's own nodes) leaves the first thread no fixed half to finish alone.
-    tbb::parallel_for(tbb::blocked_range<size_t>(0, rows, std::max(MIN_ROWS_A_TASK, rows / TASKS_A_CALL)), body,
-                      tbb::simple_partitioner());
+    if (!gemm) {
+        // Tasks of rows / TASKS_A_CALL rows, taken by whichever thread is free: a worker that wakes late (a step runs
+        // ~130 of these calls between the plugin's own nodes) leaves the first thread no fixed half to finish alone.
+        tbb::parallel_for(tbb::blocked_range<size_t>(0, rows, std::max(MIN_ROWS_A_TASK, rows / TASKS_A_CALL)),
+                          [&](const tbb::blocked_range<size_t>& range) { dots(range.begin(), range.end()); },
+                          tbb::simple_partitioner());
+        return true;
+    }
+    // Many rows: whole panels of weight rows a task (decoded once, then every activation row); the rows past the last
+    // whole panel (a trimmed LM head's) take the dot products.
+    thread_local ManyRows this_threads;
+    ManyRows& many = this_threads;  // the caller's, by reference: named in a task, a thread_local is the worker's own
+    many_rows(kind, q, q_bytes, int(m_rows), int(columns), many);  // the values in order, copied
+    const size_t panel = size_t(kernels.panel_rows), panels = rows / panel;
+    if (arrange && panels * panel < rows) {
+        tbb::parallel_for(size_t(0), m_rows, [&](size_t m) { arrange(q + m * q_bytes, int(columns)); });
+    }
+    tbb::parallel_for(tbb::blocked_range<size_t>(0, panels, 1), [&](const tbb::blocked_range<size_t>& range) {
+        gemm(w, row_bytes, many, y, rows, range.begin() * panel, range.end() * panel);
+    }, tbb::simple_partitioner());
+    dots(panels * panel, rows);
     return true;
 }
 

@@ -14,3 +14,7 @@ extern "C" __attribute__((visibility("default"))) const char* specdemo_kernels_i
 extern "C" __attribute__((visibility("default"))) int specdemo_kernels_use(const char* isa) {
     return specdemo::use_kernels(isa) ? 1 : 0;
 }
+
+extern "C" __attribute__((visibility("default"))) void specdemo_kernels_gemm_from(int rows) {
+    specdemo::set_gemm_from(rows);
+}

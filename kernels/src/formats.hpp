@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 namespace specdemo {
 
@@ -153,6 +154,25 @@ size_t quantized_row_bytes(Kind kind, int columns);
 using DotFn = void (*)(const uint8_t* weights, int blocks, const uint8_t* activations, size_t row_bytes, int m_rows,
                        float* out, size_t out_stride);
 
+// M activation rows as a gemm (panel.hpp) reads them: the values in order, and by slot (the run of weights that
+// share a scale: 32, or 16 for Q6_K) the activations' scale, −c·Σa (c: the weights' integer offset) and d_a·Σa.
+struct ManyRows {
+    int rows = 0, columns = 0, slot = 0;
+    std::vector<int8_t> q;            // (rows, columns)
+    std::vector<float> scale;         // (rows, slots) d_a over the slot
+    std::vector<int32_t> start;       // (rows, slots) −c·Σa: where the slot's integer sum starts
+    std::vector<float> scaled_sum;    // (rows, slots) d_a·Σa, for Q4_K's mins
+    int slots() const { return columns / slot; }
+};
+
+// Quantized rows (quantize_row's, in order: not arranged) as ManyRows.
+void many_rows(Kind kind, const uint8_t* quantized, size_t row_bytes, int m_rows, int columns, ManyRows& out);
+
+// Weight rows first_row … last_row − 1 (a whole number of the ISA's panel rows) with every activation row:
+// y[m·y_stride + n] for n in those rows. `w` is the whole tensor, a row every row_bytes.
+using GemmFn = void (*)(const uint8_t* w, size_t row_bytes, const ManyRows& a, float* y, size_t y_stride,
+                        size_t first_row, size_t last_row);
+
 // Reorders one quantized row's values in place (`columns` of them) into the order an ISA's dot product loads them.
 using ArrangeFn = void (*)(void* row, int columns);
 
@@ -160,7 +180,17 @@ struct Kernels {
     const char* isa;       // "scalar", "avx2", "avx512"
     DotFn dot[4];          // by Kind
     ArrangeFn arrange[4];  // by Kind; nullptr: the values in order
+    GemmFn gemm[4];        // by Kind, for many activation rows; nullptr: the dot products for any M
+    int panel_rows;        // the weight rows a gemm decodes at once (its row ranges are multiples of it)
 };
+
+// The gemms of a SIMD file (gemm_avx2.cpp, gemm_avx512.cpp), by Kind, and the panel rows they decode at once.
+struct Gemms {
+    GemmFn by_kind[4];
+    int panel_rows;
+};
+const Gemms& avx2_gemms();
+const Gemms& avx512_gemms();
 
 const Kernels& scalar_kernels();
 const Kernels* avx2_kernels();    // nullptr when not compiled in
@@ -171,6 +201,10 @@ const Kernels* avx512_kernels();  // nullptr when not compiled in
 const Kernels& chosen_kernels();
 // Run `isa`'s kernels from now on ("" or nullptr: the widest again); false, changing nothing, where the CPU lacks it.
 bool use_kernels(const char* isa);
+// The activation rows from which a call decodes panels and runs the gemm (where the ISA has one for the kind); a
+// bench sets it to compare the two ways on one call (0: the default).
+int gemm_from();
+void set_gemm_from(int rows);
 // The kernels of `isa` if this CPU runs them, else nullptr.
 const Kernels* kernels_for(const char* isa);
 

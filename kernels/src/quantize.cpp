@@ -80,6 +80,37 @@ size_t quantized_row_bytes(Kind kind, int columns) {
     return size_t(columns / 32) * sizeof(BlockQ8_0);
 }
 
+void many_rows(Kind kind, const uint8_t* quantized, size_t row_bytes, int m_rows, int columns, ManyRows& out) {
+    // the slot (values sharing a weight scale) and the weights' integer offset c, by kind (panel.hpp's Format)
+    static constexpr int SLOT[4] = {32, 16, 32, 32}, OFFSET[4] = {0, 32, 128, 16};
+    const int slot = SLOT[int(kind)], offset = OFFSET[int(kind)], slots = columns / slot;
+    out.rows = m_rows, out.columns = columns, out.slot = slot;
+    out.q.resize(size_t(m_rows) * columns);
+    out.scale.resize(size_t(m_rows) * slots);
+    out.start.resize(size_t(m_rows) * slots);
+    out.scaled_sum.resize(size_t(m_rows) * slots);
+    for (int m = 0; m < m_rows; ++m) {
+        const uint8_t* row = quantized + m * row_bytes;
+        int8_t* q = out.q.data() + size_t(m) * columns;
+        for (int j = 0; j < slots; ++j) {
+            float d;
+            const int8_t* values;
+            if (kind == Kind::Q4_K || kind == Kind::Q6_K) {
+                const auto& block = reinterpret_cast<const BlockQ8K*>(row)[j * slot / 256];
+                d = block.d, values = block.q + j * slot % 256;
+            } else {
+                const auto& block = reinterpret_cast<const BlockQ8_0*>(row)[j];
+                d = block.d, values = block.q;
+            }
+            int sum = 0;
+            for (int i = 0; i < slot; ++i) sum += values[i];
+            std::memcpy(q + j * slot, values, slot);
+            const size_t at = size_t(m) * slots + j;
+            out.scale[at] = d, out.start[at] = -offset * sum, out.scaled_sum[at] = d * float(sum);
+        }
+    }
+}
+
 void quantize_row(Kind kind, const float* x, int columns, void* out) {
     if (kind == Kind::Q4_K || kind == Kind::Q6_K) {
         quantize_q8_k(x, columns, static_cast<BlockQ8K*>(out));

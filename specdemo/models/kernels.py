@@ -123,6 +123,12 @@ def use(name: str = "") -> bool:
     return bool(_functions().specdemo_kernels_use(name.encode()))
 
 
+def gemm_from(rows: int = 0) -> None:
+    """Calls of at least `rows` activation rows run the gemm (decoded panels) from now on, fewer the dot products (0:
+    the default again): a bench times both ways on the same calls, a test holds each."""
+    _functions().specdemo_kernels_gemm_from(int(rows))
+
+
 def supported_isas() -> list[str]:
     """The ISAs this CPU runs, widest last."""
     current = isa()
