@@ -261,7 +261,7 @@ def left_out(options: list[DraftOption]) -> str:
                 f"{CEILING:.0%} of its drafts accepted (at best {best.best_case:.2f}×, {best.describe()}), so "
                 f"{options[0].describe()} stays, with K = 0 predicted.")
     return ("Not measured, as they could not change the plan on this machine's cost curve at any acceptance they could "
-            f"reach: {', '.join(f'{o.describe()} (at best {o.best_case:.2f}×)' for o in skipped)}.")
+            f"reach: {'; '.join(f'{o.describe()} (at best {o.best_case:.2f}×)' for o in skipped)}.")
 
 
 def table(options: list[DraftOption]) -> list[str]:
