@@ -53,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ready: {url} in {time.perf_counter() - started:.0f} s (models compiled, a first measurement of this "
               "machine; the rest is learnt in the background)", flush=True)
         log = lambda message: print(message, flush=True)  # noqa: E731
-        steps = tuning.needed_steps(model_bytes=engine.target.describe()["size_on_disk_bytes"], log=log)
+        steps = tuning.needed_steps(model_bytes=engine.target.describe()["size_on_disk_bytes"], log=log,
+                                    costs=engine.costs)  # what could not pay on its quick curve is not run
         # A tune measures the cost curve and the noise of the compile it keeps: until then runs plan provisionally.
         learning.learn_in_turns(engine, log, then=lambda: start_background(steps),
                                 pair_only=tuning.tunes_the_pair(steps))
@@ -78,10 +79,11 @@ def port_in_use(host: str, port: int) -> str:
 def start_background(steps: list) -> None:
     """The background work this machine still needs (ui/tuning.py), once the page's own learning is done."""
     background = tuning.start_if_needed(on_end=say_background_done, on_step=apply_when_tuned, steps=steps)
-    if background is not None:
-        print(f"in the background at low priority, paused while visitors' runs hold the machine: "
-              f"{'; '.join(label for label, _ in background.steps)} (minutes; log: {background.log_path}); "
-              "what it learns is applied as soon as it is done, between visitors' runs", flush=True)
+    labels = [label for label, _ in filter(tuning.runs, background.steps)] if background is not None else []
+    if labels:  # the steps not run were said when they were decided
+        print(f"in the background at low priority, paused while visitors' runs hold the machine: {'; '.join(labels)} "
+              f"(minutes; log: {background.log_path}); what it learns is applied as soon as it is done, between "
+              "visitors' runs", flush=True)
 
 
 def apply_when_tuned(background: tuning.BackgroundWork, step: str) -> None:

@@ -267,3 +267,52 @@ def test_each_step_counts_the_page_beside_itself_in_the_memory_bound(turned_on):
     background = tuning.start([(tuning.TUNING, [sys.executable, "-c", f"import os; print('root', os.environ['{memory.ROOT_VARIABLE}'])"])])
     finish(background)
     assert f"root {os.getpid()}" in background.log_path.read_text()
+
+
+# ---- what could not pay here is not run, and said (issue 48)
+
+
+def test_where_no_draft_can_pay_on_the_quick_curve_the_drafts_int8_is_not_prepared_and_that_is_said(turned_on):
+    from tests.test_draft_choice import COMPUTE_BOUND
+
+    prepared(*CONFIGURATIONS["faithful"])
+    said = []
+    steps = tuning.background_steps(RunSettings(), 1, said.append, costs=COMPUTE_BOUND)
+    int8, *rest = steps
+    assert int8[0] == "preparing the draft at int8, for the draft plan" and not tuning.runs(int8)
+    assert [label for label, _ in rest][0] == tuning.TUNING  # the faithful race's layout is converted by the tune
+    assert said == [tuning.skip_line(*int8)] and "at best 0.9" in said[0] and "any acceptance it could reach" in said[0]
+
+
+def test_where_a_draft_could_pay_on_the_quick_curve_the_drafts_int8_is_prepared(turned_on):
+    from tests.test_draft_choice import MEMORY_BOUND
+
+    prepared(*CONFIGURATIONS["faithful"])
+    steps = tuning.background_steps(RunSettings(), 1, costs=MEMORY_BOUND)
+    assert steps[0][0].startswith("preparing the draft at int8, for the draft plan") and all(map(tuning.runs, steps))
+
+
+def test_a_tuned_machine_does_not_plan_its_draft_where_no_draft_could_pay(turned_on):
+    from tests.test_draft_choice import COMPUTE_BOUND, QWEN_05B
+    import json
+
+    tuned_here()  # no draft plan yet
+    prepared(*CONFIGURATIONS["faithful"], *CONFIGURATIONS["fastest"])
+    draft = machine_profile().resolve(DEFAULT_DRAFT)
+    (sources.cached_folder(draft) / "config.json").write_text(json.dumps(QWEN_05B))  # its head's share of a step
+    steps = dict(tuning.background_steps(RunSettings(), 1, lambda message: None, costs=COMPUTE_BOUND))
+    assert "no other draft more" in steps[tuning.PLANNING] and not tuning.runs((tuning.PLANNING, steps[tuning.PLANNING]))
+
+
+def test_a_step_not_run_is_said_in_the_log_the_pages_line_and_the_panel(turned_on):
+    from specdemo.ui import render
+
+    why = "on this machine's cost curve int8, full head would give at best 0.95× at any acceptance it could reach"
+    background = tuning.start([("preparing the draft at int8, for the draft plan", why),
+                               ("preparing the fastest configuration's models", child(0))])
+    finish(background)
+    assert background.state == "done" and background.log_path.read_text().count("niceness") == 1  # one step ran
+    assert tuning.skip_line("preparing the draft at int8, for the draft plan", why) in background.log_path.read_text()
+    line = render.render_background(background.progress())
+    assert "Not run, as it could not pay here: preparing the draft at int8, for the draft plan." in line
+    assert "preparing the draft at int8, for the draft plan: not run, it could not pay here" in background.describe()

@@ -218,3 +218,116 @@ def test_a_held_incumbent_is_not_compiled_again_and_the_targets_choices_are_comp
                                               None, lambda message: None, incumbent=held)
     assert incumbent is held and 0 not in compiled and options[0].acceptance_rate() == 1.0
     assert calls == [3, 6]  # one teacher-forced pass of the target: the prompt, then the answer (a piece of 16 at most)
+
+
+# ---- only what could change the plan is measured (issue 48)
+
+QWEN_05B = {"hidden_size": 896, "vocab_size": 151_936, "num_hidden_layers": 24, "num_attention_heads": 14,
+            "num_key_value_heads": 2, "intermediate_size": 4864}  # the default draft's config.json
+ROWS = QWEN_05B["vocab_size"]
+
+
+def curve(verify_steps_per_token: float, draft_steps: float):
+    """A synthetic machine whose draft scales like its target: a draft call on 2 tokens costs what the target's does
+    over its single step."""
+    costs = machine(verify_steps_per_token, draft_steps=draft_steps, n_max=13)
+    return replace(costs, draft_s=(costs.d(1), costs.d(1) * costs.t(2) / costs.t(1)))
+
+
+COMPUTE_BOUND = curve(0.50, 0.50)  # an AVX2-only CPU on 2 cores: 5 tokens cost 3.0 steps, a draft step 0.5
+MEMORY_BOUND = curve(0.075, 0.20)  # 5 tokens cost 1.3 steps, a draft step 0.2
+
+
+def held_draft() -> FakeModel:
+    """The incumbent's compile, as tune holds it for the cost curve: a full head of the default draft's rows."""
+    model = FakeModel(50, "target", scale=3.0)
+    model.head_tokens = ROWS
+    return model
+
+
+def never(*args):
+    pytest.fail("measured a draft that could not pay")
+
+
+def planned_on(costs, compile=never, timer=never, encode=never, log=lambda message: None):
+    """The draft plan's measurement of the default draft (INT8 prepared) against a stand-in target on `costs`."""
+    return draft_choice.measure(FakeModel(50, "target", scale=3.0), DEFAULT_DRAFT, [{"prompt": [1, 2, 3], "answer": [4, 5, 6, 7]}],
+                                encode, lambda s: True, compile, timer, never, log, incumbent=held_draft(), costs=costs,
+                                share=draft_choice.head_share(QWEN_05B))
+
+
+def test_the_lm_head_of_the_default_draft_is_a_quarter_of_its_weights():
+    assert draft_choice.head_share(QWEN_05B) == pytest.approx(0.28, abs=0.01)
+    assert draft_choice.head_share({}) == 1.0  # unknown: a trimmed head is priced as free, so it is measured
+
+
+def test_a_draft_step_is_priced_no_cheaper_than_its_bytes_allow():
+    int4 = replace(DEFAULT_DRAFT, precision="int4", head_tokens=0)
+    assert draft_choice.step_floor(replace(int4, precision="int8"), int4, ROWS, 0.28) == 1.0  # INT8: never cheaper
+    assert draft_choice.step_floor(int4, replace(int4, precision="int8"), ROWS, 0.28) == 0.5  # INT4 beside INT8: half
+    assert draft_choice.step_floor(replace(int4, head_tokens=8_000), int4, ROWS, 0.28) == pytest.approx(1 - 0.28 * (1 - 8_000 / ROWS))
+
+
+def test_where_no_draft_could_pay_at_its_best_the_plan_measures_nothing_and_keeps_the_incumbent_at_k_0():
+    options, _ = planned_on(COMPUTE_BOUND)
+    assert len(options) == len(draft_choice.HEADS) + 1 and not any(o.measured for o in options)
+    assert all(o.best_case < 1 + draft_choice.MARGIN for o in options)
+    best = price(options, COMPUTE_BOUND)
+    assert best is options[0] and (best.k, best.predicted_speedup) == (0, 1.0)
+    assert draft_choice.left_out(options).startswith("The draft plan measured nothing: no draft could pay")
+
+
+def test_on_a_memory_bound_cpu_every_candidate_is_measured():
+    compiled = []
+
+    def compile(settings: ModelSettings):
+        compiled.append((settings.precision, settings.head_tokens))
+        return held_draft()
+
+    options, _ = planned_on(MEMORY_BOUND, compile, lambda a, b, t: race.verdict([0.02] * 4, [0.018] * 4),
+                            lambda e: (e["prompt"], e["answer"]))
+    assert all(o.measured for o in options) and len(compiled) == len(options) - 1
+    assert draft_choice.left_out(options) == ""
+
+
+def test_a_challenger_whose_best_case_cannot_beat_the_measured_incumbent_by_the_margin_is_not_measured():
+    """On a memory-bound CPU an incumbent that agrees with the target everywhere pays nearly its best case: INT8, whose
+    step is no cheaper and whose acceptance no higher at best, cannot beat it by MARGIN; the trimmed heads can."""
+    said, compiled = [], []
+
+    def compile(settings: ModelSettings):
+        compiled.append(settings.precision)
+        return held_draft()
+
+    options, _ = planned_on(MEMORY_BOUND, compile, lambda a, b, t: race.verdict([0.02] * 4, [0.018] * 4),
+                            lambda e: (e["prompt"], list(range(4, 60))), said.append)
+    int8 = options[-1]
+    assert int8.precision == "int8" and not int8.measured and "int8" not in compiled
+    assert all(o.measured for o in options[:-1])
+    assert said[-1] == f"  draft int8, full head: not measured: at best {int8.best_case:.2f}× at any acceptance it could " \
+                       "reach on this machine's curve"
+
+
+def test_a_plan_that_measured_nothing_is_kept_and_not_made_again(home, tmp_path):
+    profile = Profile(tmp_path / "machine")
+    options, _ = planned_on(COMPUTE_BOUND)
+    for precision in draft_choice.PRECISIONS:
+        prepare_stand_in(replace(DEFAULT_DRAFT, precision=precision))
+    price(options, COMPUTE_BOUND, AUTO)
+    profile.keep_tune([tune.Trial("draft", choices.DEFAULT, chosen=True)], {"target": DEFAULT_DRAFT, "draft": DEFAULT_DRAFT},
+                      options)
+    kept = profile.planned_options(DEFAULT_DRAFT)
+    assert not any(o.measured for o in kept) and kept[0].chosen
+    assert not profile.needs_plan(DEFAULT_DRAFT)
+    assert (profile.resolve(DEFAULT_DRAFT).precision, profile.resolve(DEFAULT_DRAFT).head_tokens) == ("int4", 0)
+
+
+def test_tune_says_in_one_sentence_what_it_did_not_measure(capsys):
+    from specdemo.cli.tune_command import print_draft_plan
+
+    options, _ = planned_on(COMPUTE_BOUND)
+    price(options, COMPUTE_BOUND)
+    print_draft_plan(options)
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[-1] == draft_choice.left_out(options) and printed[-1].count(". ") == 0
+    assert sum("not measured: at best" in line for line in printed) == len(options)

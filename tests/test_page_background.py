@@ -5,6 +5,7 @@ and applied; sent to the browser only when it changes, and not at all where ther
 import asyncio
 import html
 import threading
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,7 +17,8 @@ def work(log: Path, index: int = 2, state: str = "running", held: bool = False, 
     steps = [("preparing the draft at int8, for the draft plan", []), (tuning.TUNING, []),
              ("preparing the fastest configuration's models", []), (tuning.configuration_tune("fastest"), [])]
     return SimpleNamespace(index=index, steps=steps, step=steps[index - 1][0], state=state, held=held,
-                           finished=list(finished), skipped=list(skipped), log_path=log, started=0.0, seconds=120.0)
+                           finished=list(finished), skipped=list(skipped), log_path=log, started=0.0, seconds=120.0,
+                           passed_over=[])
 
 
 TUNE_LOG = """[  12 s] target: the reference (f32, no dynamic quantization), for fidelity
@@ -132,3 +134,20 @@ def test_following_the_work_does_not_keep_the_engine_a_tune_replaces(monkeypatch
         return progress.Progress(2, 4, tuning.TUNING, "", "running", False, (), (), 1.0)
 
     assert asyncio.run(freed_while_following())
+
+
+def test_the_line_says_which_drafts_the_plan_did_not_measure_as_they_could_not_pay_here(home):
+    from specdemo.learning import tune
+    from specdemo.learning.draft_choice import price
+    from specdemo.learning.profile import choices, machine_profile
+    from specdemo.settings import DEFAULT_DRAFT
+    from tests.test_draft_choice import COMPUTE_BOUND, planned_on
+
+    options, _ = planned_on(COMPUTE_BOUND)  # nothing could pay: nothing measured
+    price(options, COMPUTE_BOUND)
+    machine_profile().keep_tune([tune.Trial("draft", choices.DEFAULT, chosen=True)],
+                                {"target": DEFAULT_DRAFT, "draft": DEFAULT_DRAFT}, options)
+    done = progress.Progress(4, 4, tuning.configuration_tune("fastest"), "", "done", False, (tuning.TUNING,), (), 600.0)
+    assert background.not_measured(done) == ("measuring any draft for the draft plan",)
+    line = html.unescape(render.render_background(replace(done, passed_over=background.not_measured(done))))
+    assert "Not run, as it could not pay here: measuring any draft for the draft plan." in line

@@ -132,7 +132,7 @@ def tune_section(record: dict | None) -> str:
     if plan.get("options"):
         options = [[from_dict(o).describe(), f"{o.get('rows', 0):,}", ms_value(o.get("step_s", math.nan)),
                     percent(o.get("acceptance", math.nan)), str(o.get("k", "–")),
-                    number(o.get("predicted_speedup"), ".2f", "×"), "chosen" if o.get("chosen") else ""]
+                    number(o.get("predicted_speedup"), ".2f", "×"), _plan_note(o)]
                    for o in plan["options"]]
         text += ("\n\n**The draft plan** (planned " + str(plan.get("planned_at", "–")).replace("T", " ")
                  + "): each candidate draft's step in a round, its acceptance on the built-in answers and the planner's "
@@ -140,6 +140,13 @@ def tune_section(record: dict | None) -> str:
                  "plan.\n\n"
                  + table(["draft", "head rows", "step", "accepted", "best K", "predicted", ""], options))
     return text
+
+
+def _plan_note(option: dict) -> str:
+    """The draft plan table's last cell: chosen, or not measured (it could not change the plan here)."""
+    if option.get("measured", True):
+        return "chosen" if option.get("chosen") else ""
+    return ("chosen, " if option.get("chosen") else "") + f"not measured: at best {number(option.get('best_case'), '.2f', '×')}"
 
 
 def k_section(sections: dict, plots: dict) -> str:

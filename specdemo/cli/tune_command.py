@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 from specdemo.learning import builtin, identity, target_choice, tune
-from specdemo.learning.draft_choice import table
+from specdemo.learning.draft_choice import left_out, table
 from specdemo.learning.profile import choices, machine_profile
 from specdemo.settings import FAITHFUL, RunSettings
 
@@ -97,3 +97,5 @@ def print_draft_plan(drafts: list) -> None:
     print("\nthe draft plan (step: a draft step in a round; accepted: drafts equal to the target's greedy token on the "
           "built-in answers; predicted: speedup at the best K on this machine)")
     print("\n".join(table(drafts)))
+    if skipped := left_out(drafts):
+        print(skipped)

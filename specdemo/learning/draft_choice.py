@@ -19,6 +19,13 @@ A draft whose precision is left to the plan (`auto`, the default draft's) gets t
 (Profile.resolve), among the precisions prepared here; a draft with an explicit precision gets the best head of that
 precision by the same rule, and a head given explicitly is kept. Another precision is priced only when its IR is
 already prepared (the page's background work prepares the default draft's INT8 before it tunes).
+
+**Only what could change the plan is measured.** Measuring five drafts took 4.3 min on a 2-core Zen 3 where no draft
+could pay at all (issue 48). So before anything is measured each candidate is priced at its best case on the target's
+quick cost curve (best_case): acceptance CEILING at every draft position and the cheapest step its bytes allow
+(step_floor). Where no candidate could pay even so, nothing is measured and the incumbent stays with K = 0; once the
+incumbent is measured, a challenger is compiled, measured and raced only if its best case could beat the incumbent's
+price by MARGIN. Each one left out says so in one line of the tune's log, and its row in the table.
 """
 
 from __future__ import annotations
@@ -37,6 +44,14 @@ from specdemo.settings import AUTO, DRAFT_PRECISION, K_MAX, ModelSettings
 HEADS = (0, 32_000, 16_000, 8_000)  # LM-head sizes tried (0: the full vocabulary)
 PRECISIONS = ("int4", "int8")  # draft weight precisions priced when prepared
 MARGIN = 0.03  # another draft replaces the configured one only if predicted at least this much faster
+# The acceptance a candidate is priced at before it is measured, at every draft position: above any draft of the default
+# pair measured so far (92.2 % of tested drafts for the INT4 full head, 94.0 % for INT8, 83-89 % for trimmed heads on
+# the built-in answers, Zen 5; on HumanEval 95 % at the first position, falling to 76 % at the 12th), so a draft that
+# cannot pay at it cannot pay at what it would measure. Not 1.0: a draft that is another model never agrees everywhere,
+# and at 1.0 a long enough round "pays" on any curve (5 tokens for 2.4 steps, a draft step 0.45: 1.21× at K = 12,
+# 1.09× at 0.97). A pair whose incumbent is measured above it is priced at 1.0 from then on (measure).
+CEILING = 0.97
+BITS = {"fp16": 16, "int8": 8, "int4": 4}  # bits per weight of the precisions a draft may take (others: taken as 16)
 
 
 @dataclass
@@ -53,6 +68,8 @@ class DraftOption:
     predicted_speedup: float = math.nan  # at that K, over the target alone
     applies: bool = True  # whether the configured draft may run it (its precision, or any when the precision is auto)
     chosen: bool = False
+    measured: bool = True  # False: left out, its best case could not change the plan (best_case says what it was)
+    best_case: float = math.nan  # its predicted speedup at the best K, at acceptance CEILING and its step_floor
 
     def describe(self) -> str:
         head = "full head" if not self.head_tokens else f"head {self.head_tokens // 1000}k"
@@ -64,6 +81,11 @@ class DraftOption:
     def acceptance_rate(self) -> float:
         """Accepted ÷ tested over every position: one number for the table."""
         return sum(self.accepted) / sum(self.tested) if sum(self.tested) else math.nan
+
+    def left_out(self) -> str:
+        """The tune's line for an option not measured."""
+        return (f"draft {self.describe()}: not measured: at best {self.best_case:.2f}× at any acceptance it could reach "
+                "on this machine's curve")
 
 
 def candidates(draft: ModelSettings, prepared) -> list[ModelSettings]:
@@ -78,12 +100,55 @@ def candidates(draft: ModelSettings, prepared) -> list[ModelSettings]:
     return out
 
 
+def head_share(config: dict) -> float:
+    """The LM head's share of the weights a draft step reads (config.json of a Llama-like model: Qwen2.5 0.5B, 151,936
+    × 896 of 494 M parameters, 0.28); 1.0 where the config does not say (a trimmed head is then priced as nearly free,
+    so it is measured). On a compute-bound CPU a step's work is its weights; where memory-bound, their bytes: a trimmed
+    head saves at most this share (measured: an 8k head saved 15 % of the Zen 5's step)."""
+    try:
+        hidden, vocab, layers = config["hidden_size"], config["vocab_size"], config["num_hidden_layers"]
+        heads = config["num_attention_heads"]
+        kv = config.get("num_key_value_heads", heads) * config.get("head_dim", hidden // heads)
+        layer = 2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * config["intermediate_size"]
+    except (KeyError, TypeError, ZeroDivisionError):
+        return 1.0
+    return vocab * hidden / (vocab * hidden + layers * layer)
+
+
+def step_floor(settings: ModelSettings, incumbent: ModelSettings, rows: int, share: float) -> float:
+    """The cheapest `settings`' draft step could be, over the incumbent's (a full head): the rows its head drops (of
+    the full head's `rows`; all of them when `rows` is 0, unknown) save at most their part of the head's `share`; fewer
+    bits per weight at most their part of the bytes, more bits nothing (INT8 reads twice INT4's bytes and multiplies as
+    many weights: its step was 1.5× INT4's on a Zen 5)."""
+    ratio = min(1.0, BITS.get(settings.precision, 16) / BITS.get(incumbent.precision, 16))
+    if settings.head_tokens:
+        kept = min(settings.head_tokens / rows, 1.0) if rows else 0.0
+        ratio *= 1 - share * (1 - kept)
+    return ratio
+
+
+def best_case(costs: CostModel, step_ratio: float, ceiling: float = CEILING, k_max: int = K_MAX) -> float:
+    """The predicted speedup at the best K of a draft whose step is `step_ratio` of the curve's draft step and whose
+    drafts are accepted at `ceiling`: what no measurement of it could exceed. Below 1: no K pays."""
+    scaled = replace(costs, draft_s=tuple(d * step_ratio for d in costs.draft_s))
+    return max(planner.predicted_speedup(scaled, Acceptance.geometric(ceiling), k) for k in range(1, k_max + 1))
+
+
+def could_change(option: DraftOption, incumbent: float = 1.0) -> bool:
+    """Whether `option`'s best case could change the plan: beat `incumbent` (its predicted speedup; 1.0, the target
+    alone, before it is measured) by MARGIN, as `choose` asks."""
+    return option.best_case >= (1 + MARGIN) * max(incumbent, 1.0)
+
+
 def price(options: list[DraftOption], costs: CostModel, precision: str = AUTO, k_max: int = K_MAX) -> DraftOption:
     """Each option's best K and predicted speedup on this machine, and the one a draft of `precision` runs (marked).
     `costs` is the target's curve with the first option's draft; the others' draft calls are scaled by their step over
     its step, both taken in the same race."""
     base = options[0]
     for option in options:
+        if not option.measured:  # it cannot pay here: the plan runs it, if ever, as the target alone
+            option.k, option.predicted_speedup = 0, 1.0 if option.best_case < 1 + MARGIN else math.nan
+            continue
         scale = option.step_s / base.step_s
         scaled = replace(costs, draft_s=tuple(d * scale for d in costs.draft_s))
         option.k, option.predicted_speedup = planner.best_k(scaled, option.acceptance(), k_max)
@@ -108,7 +173,7 @@ def choose(options: list[DraftOption], precision: str = AUTO, head_tokens: int =
 
 
 def measure(target, draft: ModelSettings, examples: list[dict], encode, prepared, compile, timer, alone, log,
-            incumbent=None) -> tuple[list[DraftOption], object]:
+            incumbent=None, costs: CostModel | None = None, share: float = 1.0) -> tuple[list[DraftOption], object]:
     """Every candidate's acceptance on the examples and its draft step in a round, against `target` (a runtime), and
     the incumbent's compiled draft (for the cost curve `price` needs). `encode(example)` gives (prompt ids, answer
     ids); `compile(settings)` a draft runtime, or None when memory does not allow one (the candidate is left out;
@@ -116,16 +181,30 @@ def measure(target, draft: ModelSettings, examples: list[dict], encode, prepared
     round (race.race over race.sample_draft), `alone(model, target)` a step's seconds when there is no one to race;
     `incumbent`: the first candidate's compile, when the caller holds it already.
 
+    Given `costs` (the target's quick curve with the incumbent as its draft) and `share` (head_share of the draft),
+    only what could change the plan is measured: nothing where no candidate could pay at its best case (every option
+    comes back unmeasured), and after the incumbent only the challengers whose best case could beat its price by
+    MARGIN; the others come back unmeasured, each said in one line of `log`.
+
     Two drafts at a time beside the target: the incumbent's compile is held while each other candidate is compiled,
     measured, raced against it alone and let go. A candidate's step is the incumbent's first time scaled by their ratio
     in its own race, so the machine's drift between races cancels in what `price` reads (steps over the incumbent's).
     The target's greedy choices on the examples are computed once and compared with each candidate's."""
     from specdemo.results.counterfactual import greedy_choices, mask_counts
 
+    pool, rows = candidates(draft, prepared), incumbent.head_tokens if incumbent is not None else 0
+    hoped = lambda settings, ceiling=CEILING: hope(settings, pool[0], rows, share, costs, draft, ceiling)  # noqa: E731
+    if costs is not None and not any(could_change(hoped(settings)) for settings in pool):
+        return [hoped(settings) for settings in pool], incumbent  # no draft can pay here: nothing measured
     texts = [encode(example) for example in examples]
     theirs = [greedy_choices(target, prompt, text) for prompt, text in texts]
-    options, held = [], None
-    for settings in candidates(draft, prepared):
+    options, held, priced, ceiling = [], None, 1.0, CEILING  # the incumbent's predicted speedup, once measured
+    for settings in pool:
+        best = hoped(settings, ceiling) if costs is not None and held is not None else None
+        if best is not None and not could_change(best, priced):
+            log(f"  {best.left_out()}")
+            options.append(best)
+            continue
         model = incumbent if held is None and incumbent is not None else compile(settings)
         if model is None:
             if held is None:
@@ -133,7 +212,8 @@ def measure(target, draft: ModelSettings, examples: list[dict], encode, prepared
                                    "--draft-plan` tries again")
             continue
         option = DraftOption(settings.precision, settings.head_tokens, rows=model.head_tokens,
-                             applies=draft.precision in (AUTO, settings.precision))
+                             applies=draft.precision in (AUTO, settings.precision),
+                             best_case=best.best_case if best else math.nan)
         option.tested, option.accepted = [0] * K_MAX, [0] * K_MAX
         for (prompt, text), target_choices in zip(texts, theirs):
             mask = [1] + [int(x) for x in greedy_choices(model, prompt, text) == target_choices]
@@ -145,6 +225,9 @@ def measure(target, draft: ModelSettings, examples: list[dict], encode, prepared
         options.append(option)
         if held is None:
             held = model
+            if costs is not None:  # a pair that agrees above CEILING is like none measured: its challengers at 1.0
+                priced = planner.best_k(costs, option.acceptance(), K_MAX)[1]
+                ceiling = CEILING if max(option.acceptance().rates) <= CEILING else 1.0
             continue
         verdict = timer(held, model, target)
         if options[0].step_s != options[0].step_s:
@@ -152,9 +235,33 @@ def measure(target, draft: ModelSettings, examples: list[dict], encode, prepared
         option.step_s = options[0].step_s * verdict.ratio
         del model
         gc.collect()
-    if len(options) == 1:  # raced against no one: timed alone
-        options[0].step_s = alone(held, target)
+    if options[0].step_s != options[0].step_s:  # raced against no one: the curve's step, else timed alone
+        options[0].step_s = costs.d(1) if costs is not None else alone(held, target)
     return options, held
+
+
+def hope(settings: ModelSettings, incumbent: ModelSettings, rows: int, share: float, costs: CostModel,
+         draft: ModelSettings, ceiling: float = CEILING) -> DraftOption:
+    """`settings` as an option not measured (yet): its best case on `costs` (the incumbent's curve; `rows` of its
+    full head, 0 when unknown: a trimmed head is then priced as free) at its step_floor and `ceiling`."""
+    return DraftOption(settings.precision, settings.head_tokens, rows=settings.head_tokens or rows,
+                       applies=draft.precision in (AUTO, settings.precision), measured=False,
+                       best_case=best_case(costs, step_floor(settings, incumbent, rows, share), ceiling))
+
+
+def left_out(options: list[DraftOption]) -> str:
+    """One sentence for the CLI and the page on the options not measured because they could not pay here ("" when
+    every option was measured)."""
+    skipped = [o for o in options if not o.measured]
+    if not skipped:
+        return ""
+    best = max(skipped, key=lambda o: o.best_case)
+    if len(skipped) == len(options):
+        return (f"The draft plan measured nothing: no draft could pay on this machine's cost curve even with "
+                f"{CEILING:.0%} of its drafts accepted (at best {best.best_case:.2f}×, {best.describe()}), so "
+                f"{options[0].describe()} stays, with K = 0 predicted.")
+    return ("Not measured, as they could not change the plan on this machine's cost curve at any acceptance they could "
+            f"reach: {'; '.join(f'{o.describe()} (at best {o.best_case:.2f}×)' for o in skipped)}.")
 
 
 def table(options: list[DraftOption]) -> list[str]:
@@ -162,6 +269,10 @@ def table(options: list[DraftOption]) -> list[str]:
     lines = [f"{'draft':22}{'head rows':>11}{'step':>10}{'accepted':>10}{'best K':>8}{'predicted':>11}"]
     for o in options:
         mark = "  <- chosen" if o.chosen else ("" if o.applies else "  (another precision: --draft-precision auto may take it)")
+        if not o.measured:
+            lines.append(f"{o.describe():22}{o.rows:>11,}{'–':>10}{'–':>10}{'–':>8}   not measured: at best "
+                         f"{o.best_case:.2f}×{mark}")
+            continue
         lines.append(f"{o.describe():22}{o.rows:>11,}{o.step_s * 1e3:>7.1f} ms{o.acceptance_rate():>10.1%}{o.k:>8}"
                      f"{o.predicted_speedup:>10.2f}×{mark}")
     return lines
@@ -170,7 +281,8 @@ def table(options: list[DraftOption]) -> list[str]:
 def to_dict(option: DraftOption) -> dict:
     return {"precision": option.precision, "head_tokens": option.head_tokens, "rows": option.rows,
             "step_s": option.step_s, "acceptance": option.acceptance_rate(), "k": option.k,
-            "predicted_speedup": option.predicted_speedup, "applies": option.applies, "chosen": option.chosen}
+            "predicted_speedup": option.predicted_speedup, "applies": option.applies, "chosen": option.chosen,
+            "measured": option.measured, "best_case": option.best_case}
 
 
 def from_dict(data: dict) -> DraftOption:
@@ -178,4 +290,5 @@ def from_dict(data: dict) -> DraftOption:
     number = lambda value: math.nan if value is None else float(value)  # noqa: E731 (null: not measured)
     return DraftOption(str(data["precision"]), int(data["head_tokens"]), rows=int(data.get("rows", 0)),
                        step_s=number(data.get("step_s")), k=int(data.get("k", 0)),
-                       predicted_speedup=number(data["predicted_speedup"]), chosen=bool(data.get("chosen", False)))
+                       predicted_speedup=number(data["predicted_speedup"]), chosen=bool(data.get("chosen", False)),
+                       measured=bool(data.get("measured", True)), best_case=number(data.get("best_case")))

@@ -279,25 +279,36 @@ def wait_for_peak(target: ModelSettings, draft: ModelSettings, log) -> None:
 
 def plan_draft(setting: Setting, target, draft: ModelSettings, tokenizer, examples: list[dict], log,
                incumbent=None) -> list:
-    """The draft plan under the draft's compile `setting`: each candidate draft measured against `target` (the tuned
-    target's runtime) and priced by the planner on the target's cost curve, measured here quickly (draft_choice);
+    """The draft plan under the draft's compile `setting`: the target's cost curve with the incumbent draft first
+    (quick, or as this machine's profile knows it), then each candidate draft that could change the plan measured
+    against `target` (the tuned target's runtime) and priced by the planner on that curve (draft_choice);
     `incumbent`: the configured draft's compile at `setting`, if held."""
     from specdemo.learning import draft_choice, measuring
     from specdemo.settings import K_MAX
 
-    log("draft plan: each candidate draft's acceptance on the built-in answers and its step in a round, priced by the "
-        "planner")
-    options, incumbent = draft_choice.measure(
-        target, draft, examples, lambda example: encode(tokenizer, example), sources.is_prepared,
-        lambda settings: compiled_in_bound(setting.apply(settings), f"compiling the draft {settings.precision}, head "
-                                           f"{settings.head_tokens or 'full'}", log, tokenizer, fresh=True),
-        lambda a, b, other: race(a, b, other, sample_draft, measuring=True),
-        lambda model, other: alone(model, other, sample_draft), log,
-        incumbent)
-    log("  the target's cost curve, for pricing")
+    def compile(settings: ModelSettings):
+        return compiled_in_bound(setting.apply(settings), f"compiling the draft {settings.precision}, head "
+                                 f"{settings.head_tokens or 'full'}", log, tokenizer, fresh=True)
+
+    first = draft_choice.candidates(draft, sources.is_prepared)[0]
+    incumbent = incumbent or compile(first)
+    if incumbent is None:
+        raise memory.Short("memory does not allow the draft plan's incumbent draft; `python -m specdemo tune "
+                           "--draft-plan` tries again")
+    log("draft plan: the target's cost curve with the incumbent draft; then each candidate draft that could change the "
+        "plan on it, its acceptance on the built-in answers and its step in a round")
     # Quick (a few call sizes): pricing needs the curve's shape; the chosen pair's curve is measured in full after.
-    curve = measuring.measure(target, incumbent, K_MAX + 1, log=log, quick=True)
+    known = machine_profile().costs(measuring.cost_key(measuring.describe_key(target, incumbent, K_MAX + 1)))
+    curve = measuring.measure(target, incumbent, K_MAX + 1, known, log=log, quick=True)
+    config = incumbent.folder / "config.json"
+    share = draft_choice.head_share(json.loads(config.read_text()) if config.is_file() else {})
+    options, incumbent = draft_choice.measure(
+        target, draft, examples, lambda example: encode(tokenizer, example), sources.is_prepared, compile,
+        lambda a, b, other: race(a, b, other, sample_draft, measuring=True),
+        lambda model, other: alone(model, other, sample_draft), log, incumbent, curve, share)
     best = draft_choice.price(options, curve, draft.precision)
+    if skipped := draft_choice.left_out(options):
+        log(f"  {skipped}")
     log(f"  draft plan: {best.describe()} (predicted {best.predicted_speedup:.2f}× at K = {best.k})")
     return options
 

@@ -4,6 +4,7 @@ changed. The page binds `follow` to its load event; no gradio here."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import AsyncIterator
 
 from specdemo.learning.profile import machine_profile
@@ -29,6 +30,7 @@ async def follow(poll_s: float = 2.0, settle_s: float = 900.0) -> AsyncIterator[
     work, last = tuning.current(), None
     while work is not None:
         progress = work.progress()
+        progress = replace(progress, passed_over=progress.passed_over + not_measured(progress))
         line = render.render_background(progress, applied(progress))
         if line != last:
             yield line
@@ -47,3 +49,15 @@ def applied(progress) -> str:
     out += [f"the {name} configuration's target {profile.gain(target) or 'kept its defaults'}"
             for name, (target, _) in CONFIGURATIONS.items() if tuning.configuration_tune(name) in progress.finished]
     return "; ".join(out)
+
+
+def not_measured(progress) -> tuple[str, ...]:
+    """The drafts a finished draft plan of the default pair left unmeasured, as they could not pay here, as one more
+    thing the work did not do."""
+    if tuning.TUNING not in progress.finished and tuning.PLANNING not in progress.finished:
+        return ()
+    options = machine_profile().planned_options(RunSettings().draft)
+    left = [o.describe().replace(", ", " ") for o in options if not o.measured]  # "int4 head 8k"
+    if not left:
+        return ()
+    return (f"measuring {'any draft' if len(left) == len(options) else ', '.join(left)} for the draft plan",)

@@ -32,6 +32,7 @@ class Progress:
     finished: tuple[str, ...]  # the steps done
     skipped: tuple[str, ...]  # the steps memory did not allow
     seconds: float  # since the work started
+    passed_over: tuple[str, ...] = ()  # the steps not run: their result could not change what runs here
 
 
 class Follower:
@@ -52,7 +53,8 @@ class Follower:
             self._take_new_lines(work.log_path)
             return Progress(work.index, len(work.steps), work.step, self._detail() if work.state == "running" else "",
                             work.state, work.held, tuple(work.finished), tuple(work.skipped),
-                            (time.perf_counter() - work.started) if work.state == "running" else work.seconds)
+                            (time.perf_counter() - work.started) if work.state == "running" else work.seconds,
+                            tuple(work.passed_over))
 
     def _take_new_lines(self, path) -> None:
         try:

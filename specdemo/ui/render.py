@@ -332,6 +332,7 @@ def render_background(progress, applied: str = "") -> str:
         line = f"Background work stopped at step {progress.index} of {progress.count} ({progress.step}); its log says why."
     done = f" Done: {'; '.join(progress.finished)}." if progress.finished else ""
     skipped = f" Skipped, memory did not allow it: {'; '.join(progress.skipped)}." if progress.skipped else ""
+    skipped += f" Not run, as it could not pay here: {'; '.join(progress.passed_over)}." if progress.passed_over else ""
     applied = f" Applied: {applied}." if applied else ""
     return f'<p class="sd-background">{escape(line + done + skipped + applied)}</p>'
 

@@ -12,13 +12,16 @@ pair again in a turn of its own in the visitors' line (learning.apply_tune), and
 last changed is compiled again when a run next asks for it (engines.loading_for).
 Memory is bounded for the page and its steps together (specdemo/host/memory.py): each step counts the page beside itself,
 waits for room before each conversion or compile, and leaves what does not fit with a line in the log (exit
-memory.SKIPPED): that step is skipped and the next one runs. The page says where the work stands (ui/background.py).
+memory.SKIPPED): that step is skipped and the next one runs. A step whose result could not change what runs here, given
+the page's quick cost curve (the draft's INT8 for a draft plan where no draft could pay, the plan itself), is not run:
+the terminal, the work's log and the page say so, one line each. The page says where the work stands (ui/background.py).
 SPECDEMO_TUNE_AT_START=0 turns it off (the tests' and the benchmark's servers).
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import signal
 import subprocess
@@ -55,9 +58,10 @@ def _in_the_child() -> None:
 
 class BackgroundWork:
     """The background work, step after step, each a child process: `steps` are (what it does, command), e.g. ("tuning
-    this machine", [python, -m, specdemo, tune]). `state` is "running", then "done" or "failed" (the failed step's exit
-    code in `returncode`); `step` is what runs now, `index` its number from 1. A step that leaves its work for lack of
-    memory (exit memory.SKIPPED, the reason in its log) is skipped and the next one runs."""
+    this machine", [python, -m, specdemo, tune]), or (what it would do, why it could not pay here): not run, said in
+    the log. `state` is "running", then "done" or "failed" (the failed step's exit code in `returncode`); `step` is
+    what runs now, `index` its number from 1. A step that leaves its work for lack of memory (exit memory.SKIPPED, the
+    reason in its log) is skipped and the next one runs."""
 
     def __init__(self, steps: list[tuple[str, list[str]]], log_path: Path,
                  on_end: Callable[["BackgroundWork"], None] | None = None, stopped: bool = False,
@@ -69,6 +73,7 @@ class BackgroundWork:
         self.index = 1  # the step running now, from 1
         self.finished: list[str] = []  # the steps that ended well, in order
         self.skipped: list[str] = []  # the steps that left their work for lack of memory (memory.SKIPPED)
+        self.passed_over: list[str] = []  # the steps not run: their result could not change what runs here
         self.returncode: int | None = None
         self.started = time.perf_counter()
         self.seconds = 0.0
@@ -89,6 +94,11 @@ class BackgroundWork:
         environment = {**os.environ, memory.ROOT_VARIABLE: str(os.getpid())}
         for index, (label, command) in enumerate(self.steps, 1):
             self.step, self.index = label, index
+            if not runs((label, command)):
+                with open(self.log_path, "a", encoding="utf-8") as log:
+                    log.write(skip_line(label, command) + "\n")
+                self.passed_over.append(label)
+                continue
             with self._lock:
                 try:
                     with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
@@ -111,7 +121,7 @@ class BackgroundWork:
             if self.on_step is not None:
                 self.on_step(self, label)
         self.seconds = time.perf_counter() - self.started
-        self.state = "done" if self.returncode in (0, memory.SKIPPED) else "failed"
+        self.state = "done" if self.returncode in (None, 0, memory.SKIPPED) else "failed"  # None: none had to run
         if self.on_end is not None:
             self.on_end(self)
 
@@ -130,13 +140,14 @@ class BackgroundWork:
 
     @property
     def tunes(self) -> bool:
-        return any(label == PLANNING or label.startswith("tuning") for label, _ in self.steps)  # TUNING and its kin
+        return any(label == PLANNING or label.startswith("tuning") for label, _ in filter(runs, self.steps))  # TUNING, kin
 
     def describe(self) -> str:
         """A few words for the model panel."""
         if self.state == "running":
             return f"{self.step} in the background, at low priority; applied as soon as it is done"
         skipped = f" ({', '.join(self.skipped)}: skipped, memory did not allow it)" if self.skipped else ""
+        skipped += f" ({', '.join(self.passed_over)}: not run, it could not pay here)" if self.passed_over else ""
         if self.state == "done":
             return ("tuned" if self.tunes and TUNING not in self.skipped else "done") + \
                 f" in the background; applied between visitors' runs{skipped}"
@@ -194,7 +205,7 @@ def reserve(settings: RunSettings = RunSettings()) -> int:
     work = _CURRENT
     if work is None or work.state != "running":
         return 0
-    left = [label for label, _ in work.steps[work.index - 1:]]
+    left = [label for label, _ in filter(runs, work.steps[work.index - 1:])]
     profile = machine_profile()
     if any(label == PLANNING or label.startswith("tuning") for label in left):
         need = memory.tune_need(sources.weights_bytes(profile.resolve_precision(settings.target)),
@@ -205,13 +216,13 @@ def reserve(settings: RunSettings = RunSettings()) -> int:
 
 
 def needed_steps(settings: RunSettings = RunSettings(), model_bytes: int = 0,
-                 log: Callable[[str], None] = print) -> list:
+                 log: Callable[[str], None] = print, costs=None) -> list:
     """The background work this machine still needs (background_steps); [] where SPECDEMO_TUNE_AT_START=0, the pair is
     not on the CPU or this server started its work already."""
     if os.environ.get(TUNE_AT_START, "1") == "0" or not settings.target.device.upper().startswith("CPU") \
             or _CURRENT is not None:
         return []
-    return background_steps(settings, model_bytes, log)
+    return background_steps(settings, model_bytes, log, costs)
 
 
 def start_if_needed(settings: RunSettings = RunSettings(), model_bytes: int = 0,
@@ -241,21 +252,54 @@ def configuration_tune(name: str) -> str:
     return f"tuning the {name} configuration's target"
 
 
-def background_steps(settings: RunSettings, model_bytes: int, log: Callable[[str], None] = print) -> list:
+def runs(step: tuple) -> bool:
+    """Whether a step of the work runs (a command), or is only said (why it could not pay here)."""
+    return not isinstance(step[1], str)
+
+
+def skip_line(label: str, why: str) -> str:
+    """A step not run, in the terminal's and the work's log: one line."""
+    return f"{label}: not run, as it could not change what runs here: {why}"
+
+
+def cannot_pay(settings: RunSettings, costs, precision: str = "") -> str:
+    """Why no draft the plan could choose (given `precision`: that precision's full head) could pay on `costs`, the
+    page's pair's quick curve, at its best case (draft_choice.hope: its step as cheap as its bits and head allow, its
+    drafts accepted at CEILING), so preparing or planning it could not change what runs here; "" when one could, or
+    nothing is known."""
+    from specdemo.learning import draft_choice
+
+    if costs is None or not costs.draft_s:
+        return ""
+    running = machine_profile().resolve(settings.draft)  # the draft the curve was measured with
+    pool = [replace(running, precision=precision, head_tokens=0)] if precision else \
+        draft_choice.candidates(settings.draft, lambda candidate: True)
+    config = sources.cached_folder(running) / "config.json"
+    share = draft_choice.head_share(json.loads(config.read_text()) if config.is_file() else {})
+    best = max((draft_choice.hope(s, running, 0, share, costs, settings.draft) for s in pool), key=lambda o: o.best_case)
+    if draft_choice.could_change(best):
+        return ""
+    return (f"on this machine's cost curve {best.describe()} would give at best {best.best_case:.2f}× at any "
+            f"acceptance it could reach{', and no other draft more' if not precision else ''}")
+
+
+def background_steps(settings: RunSettings, model_bytes: int, log: Callable[[str], None] = print,
+                     costs=None) -> list:
     """What this machine still needs: the draft's other weight precisions, so that the tune's draft plan can price them
     (a draft left to the plan, and only a 0.5B draft: ~1 min), beside the faithful race's other layout where the tune
     will race it (two conversions at once, memory allowing: ~20 s sooner than in turn); the tune when there is no choice for the pair's target
     or, for a faithful target, no faithful layout raced yet (target_choice, which tune runs first), and the memory
     bound leaves room for it beside the page (memory.tune_need, `model_bytes` the target's weights on disk); and each
     named configuration's models that are not prepared yet, then their targets' tunes. Each step checks the memory
-    again as it goes, and waits or skips (memory.wait_for)."""
+    again as it goes, and waits or skips (memory.wait_for). Given `costs` (the page's pair's quick curve), a draft
+    precision or a draft plan that could not pay here (cannot_pay) is a step not run, said in `log`."""
     from specdemo.learning.draft_choice import PRECISIONS as DRAFT_PRECISIONS
 
     profile = machine_profile()
     unraced = settings.target.precision == FAITHFUL and profile.faithful_choice(settings.target) is None
     steps = []
     if settings.draft.precision == AUTO:
-        steps += [(f"preparing the draft at {p}, for the draft plan",
+        steps += [(f"preparing the draft at {p}, for the draft plan", cannot_pay(settings, costs, p) or
                    [sys.executable, "-m", "specdemo", "prepare", "--draft-precision", p]) for p in DRAFT_PRECISIONS
                   if not sources.is_prepared(replace(settings.draft, precision=p))]
     room = memory.room()
@@ -264,7 +308,7 @@ def background_steps(settings: RunSettings, model_bytes: int, log: Callable[[str
         if room.left >= needed:
             rivals = [p for p in kernels.runnable(FAITHFUL_PRECISIONS)
                       if not sources.is_prepared(replace(settings.target, precision=p))]
-            if unraced and rivals and steps:  # the race's other layout converted beside the draft, not in the tune
+            if unraced and rivals and steps and runs(steps[-1]):  # the race's layout converted beside the draft
                 label, command = steps.pop()
                 steps.append((f"{label}, and the target at {rivals[0]}, for the faithful race",
                               command + ["--target-precision", rivals[0]]))
@@ -272,8 +316,8 @@ def background_steps(settings: RunSettings, model_bytes: int, log: Callable[[str
         else:
             log(f"not tuning this machine in the background: it needs about {memory.gib(needed)} of memory beside the "
                 f"page and there is {room.describe()}; `python -m specdemo tune` does it when there is room")
-    elif steps or profile.needs_plan(settings.draft):  # tuned, but the plan has not priced every draft it could run
-        steps.append((PLANNING, [sys.executable, "-m", "specdemo", "tune", "--draft-plan"]))
+    elif any(map(runs, steps)) or profile.needs_plan(settings.draft):  # tuned, but not every draft it could run priced
+        steps.append((PLANNING, cannot_pay(settings, costs) or [sys.executable, "-m", "specdemo", "tune", "--draft-plan"]))
     steps += [(f"preparing the {name} configuration's models",
                [sys.executable, "-m", "specdemo", "prepare", "--configuration", name])
               for name, models in CONFIGURATIONS.items()
@@ -285,6 +329,8 @@ def background_steps(settings: RunSettings, model_bytes: int, log: Callable[[str
               for name, (target, _) in CONFIGURATIONS.items()
               if (target.source, target.precision) != (settings.target.source, settings.target.precision)
               and profile.chosen(target) is None and room.left >= needed]
+    for label, why in [step for step in steps if not runs(step)]:
+        log(skip_line(label, why))
     return steps
 
 
