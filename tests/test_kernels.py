@@ -3,6 +3,7 @@ gguf-py's dequantization of those blocks times the 8-bit-quantized activations, 
 path this CPU runs (each one forced in turn); the graph built on them computes the exact layout's logits; a machine
 where they were not built still runs, and says why once."""
 
+import itertools
 import os
 import subprocess
 import sys
@@ -47,9 +48,10 @@ def compiled(raw: np.ndarray, kind: str, folder: Path) -> ov.CompiledModel:
 
 @pytest.fixture
 def each_isa():
-    """Every ISA path this CPU runs, held in turn; the widest again after."""
+    """Every ISA path this CPU runs, held in turn; the widest again after, and each ISA's own way for many rows."""
     yield kernels.supported_isas()
     kernels.use("")
+    kernels.gemm_from(0)
 
 
 def test_this_cpu_runs_the_scalar_path_and_its_widest_by_default():
@@ -70,12 +72,13 @@ def test_block_matmul_equals_the_dequantized_blocks_times_the_8_bit_activations_
         expected = kernels.reference(x, raw, kind)
         size = np.abs(kernels.quantize_activations(x, kind)).astype(np.float64) @ np.abs(
             kernels.reference(np.eye(columns, dtype=np.float32), raw, kind))  # Σ|w·a|: what f32 rounding is relative to
-        for isa in each_isa:
+        for isa, way in itertools.product(each_isa, ("dots", "gemm")):
             kernels.use(isa)
+            kernels.gemm_from(1 if way == "gemm" else 10**6)  # where the ISA has no gemm for the kind: dots both times
             model(-x)  # a call that left its output in place would read as −expected, not pass
             got = model(x)[0]
             assert got.shape == (m, 37)
-            assert np.all(np.abs(got - expected) <= 1e-6 * size + 1e-30), (kind, isa, m)
+            assert np.all(np.abs(got - expected) <= 1e-6 * size + 1e-30), (kind, isa, way, m)
 
 
 def test_the_isa_a_test_forces_is_the_one_that_runs(each_isa):

@@ -3,6 +3,7 @@
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 
+#include <mutex>
 #include <vector>
 
 #include "formats.hpp"
@@ -24,6 +25,36 @@ constexpr size_t TASKS_A_CALL = 32;  // output rows split into this many tasks (
 constexpr size_t MIN_ROWS_A_TASK = 16;  // 16 Q4_K rows of 1536 weights are 14 KiB of blocks
 constexpr size_t ACTIVATIONS_A_PASS = 64;
 constexpr size_t GEMM_FROM = 8;  // activation rows from which a call decodes panels (panel.hpp) instead of dotting rows  // activation rows dotted with a weight row while it is in L1
+
+}  // namespace
+
+// The weights packed for the gemm, for the tensor at `from` and the ISA of `gemms`: packed again if either changes
+// (a test holds another ISA; a compiled model's constant stays where it is).
+struct PackCache {
+    std::mutex lock;
+    std::shared_ptr<const PackedWeights> packed;
+    const void* from = nullptr;
+    const Gemms* gemms = nullptr;
+};
+
+std::shared_ptr<PackCache> BlockMatMul::make_cache() { return std::make_shared<PackCache>(); }
+
+namespace {
+
+std::shared_ptr<const PackedWeights> packed_for(PackCache& cache, const Gemms& gemms, Kind kind, const uint8_t* w,
+                                                size_t rows, size_t row_bytes, int blocks) {
+    std::lock_guard<std::mutex> hold(cache.lock);
+    if (cache.packed && cache.from == w && cache.gemms == &gemms) return cache.packed;
+    auto packed = std::make_shared<PackedWeights>();
+    packed->panels = rows / gemms.panel_rows, packed->blocks = blocks;
+    packed->bytes.reset(new uint8_t[packed->panels * blocks * gemms.packed_block_bytes[int(kind)]]);
+    const PackFn pack = gemms.pack[int(kind)];
+    tbb::parallel_for(tbb::blocked_range<size_t>(0, packed->panels, 4), [&](const tbb::blocked_range<size_t>& range) {
+        pack(w, row_bytes, range.begin(), range.end(), blocks, *packed);
+    });
+    cache.packed = packed, cache.from = w, cache.gemms = &gemms;
+    return packed;
+}
 
 }  // namespace
 
@@ -86,7 +117,9 @@ bool BlockMatMul::evaluate(ov::TensorVector& outputs, const ov::TensorVector& in
     quantized.resize(m_rows * q_bytes);
     uint8_t* q = quantized.data();
     const Kernels& kernels = chosen_kernels();
-    const GemmFn gemm = m_rows >= size_t(gemm_from()) ? kernels.gemm[int(kind)] : nullptr;
+    const Gemms* gemms = kernels.gemms;
+    const GemmFn gemm = gemms && m_rows >= size_t(gemm_from(*gemms)) && rows >= size_t(gemms->panel_rows)
+                            ? gemms->gemm[int(kind)] : nullptr;
     const ArrangeFn arrange = kernels.arrange[int(kind)];
     tbb::parallel_for(size_t(0), m_rows, [&](size_t m) {
         quantize_row(kind, x + m * columns, int(columns), q + m * q_bytes);
@@ -110,17 +143,18 @@ bool BlockMatMul::evaluate(ov::TensorVector& outputs, const ov::TensorVector& in
                           tbb::simple_partitioner());
         return true;
     }
-    // Many rows: whole panels of weight rows a task (decoded once, then every activation row); the rows past the last
-    // whole panel (a trimmed LM head's) take the dot products.
+    // Many rows: the packed panels, a few a task; the rows past the last whole panel (a trimmed LM head's) take the
+    // dot products.
+    const auto packed = packed_for(*m_cache, *gemms, kind, w, rows, row_bytes, blocks);
     thread_local ManyRows this_threads;
     ManyRows& many = this_threads;  // the caller's, by reference: named in a task, a thread_local is the worker's own
     many_rows(kind, q, q_bytes, int(m_rows), int(columns), many);  // the values in order, copied
-    const size_t panel = size_t(kernels.panel_rows), panels = rows / panel;
+    const size_t panel = size_t(gemms->panel_rows), panels = packed->panels;
     if (arrange && panels * panel < rows) {
         tbb::parallel_for(size_t(0), m_rows, [&](size_t m) { arrange(q + m * q_bytes, int(columns)); });
     }
     tbb::parallel_for(tbb::blocked_range<size_t>(0, panels, 1), [&](const tbb::blocked_range<size_t>& range) {
-        gemm(w, row_bytes, many, y, rows, range.begin() * panel, range.end() * panel);
+        gemm(*packed, many, y, rows, range.begin(), range.end());
     }, tbb::simple_partitioner());
     dots(panels * panel, rows);
     return true;

@@ -3,15 +3,20 @@
 //   input 1  W  u8  (rows, bytes per row)    the file's raw blocks, a row per output channel
 //   output   y  f32 (…, rows)
 //   attribute kind: "Q4_K", "Q6_K", "Q8_0" or "Q5_0"; columns: the number of weights a row
-// Each activation row is quantized to 8 bits once a call (formats.hpp), then every output row's blocks are dotted with
-// the M quantized rows while they are in cache, output rows shared among the plugin's threads.
+// Each activation row is quantized to 8 bits once a call (formats.hpp). A call of few rows (a step) dots every output
+// row's blocks with them while they are in cache; a call of many (a verification, a prefill) multiplies them with the
+// blocks repacked into panels (panel.hpp), packed at its first such call and kept. Output rows are shared among the
+// plugin's threads.
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "openvino/op/op.hpp"
 
 namespace specdemo {
+
+struct PackCache;  // the weights repacked for the gemm, made at the first call that needs them (block_matmul.cpp)
 
 class BlockMatMul : public ov::op::Op {
 public:
@@ -30,6 +35,8 @@ public:
 private:
     std::string m_kind;
     int64_t m_columns = 0;
+    std::shared_ptr<PackCache> m_cache = make_cache();
+    static std::shared_ptr<PackCache> make_cache();
 };
 
 }  // namespace specdemo

@@ -62,13 +62,15 @@ bool use_kernels(const char* isa) {
 
 namespace {
 
-constexpr int GEMM_FROM = 8;  // measured on the 2-core Xeon (AVX-512 VNNI): a Q4_K layer's gemm ahead of the dots from here
-std::atomic<int> gemm_rows{GEMM_FROM};
+std::atomic<int> gemm_rows{0};  // 0: each ISA's own
 
 }  // namespace
 
-int gemm_from() { return gemm_rows.load(std::memory_order_relaxed); }
+int gemm_from(const Gemms& gemms) {
+    const int rows = gemm_rows.load(std::memory_order_relaxed);
+    return rows > 0 ? rows : gemms.from_rows;
+}
 
-void set_gemm_from(int rows) { gemm_rows.store(rows > 0 ? rows : GEMM_FROM, std::memory_order_relaxed); }
+void set_gemm_from(int rows) { gemm_rows.store(rows > 0 ? rows : 0, std::memory_order_relaxed); }
 
 }  // namespace specdemo

@@ -180,11 +180,9 @@ template <int R> struct Q50 { static void run(const uint8_t* w, int n, const Blo
 }  // namespace
 
 const Kernels* avx2_kernels() {
-    const Gemms& gemms = avx2_gemms();
     static const Kernels kernels{"avx2", {shared_rows<BlockQ8K, Q4K, SHARED>, shared_rows<BlockQ8K, Q6K, SHARED>,
                                           shared_rows<BlockQ8_0, Q80, SHARED>, shared_rows<BlockQ8_0, Q50, SHARED>}, {},
-                                 {gemms.by_kind[0], gemms.by_kind[1], gemms.by_kind[2], gemms.by_kind[3]},
-                                 gemms.panel_rows};
+                                 avx2_gemms()};
     return &kernels;
 }
 

@@ -179,12 +179,10 @@ template <int R> struct Q50 { static void run(const uint8_t* w, int n, const Blo
 }  // namespace
 
 const Kernels* avx512_kernels() {
-    const Gemms& gemms = avx512_gemms();
     static const Kernels kernels{"avx512", {shared_rows<BlockQ8K, Q4K, SHARED>, shared_rows<BlockQ8K, Q6K, SHARED>,
                                             shared_rows<BlockQ8_0, Q80, SHARED>, shared_rows<BlockQ8_0, Q50, SHARED>},
                                            {arrange_q4_k, nullptr, nullptr, nullptr},
-                                           {gemms.by_kind[0], gemms.by_kind[1], gemms.by_kind[2], gemms.by_kind[3]},
-                                           gemms.panel_rows};
+                                           avx512_gemms()};
     return &kernels;
 }
 

@@ -93,7 +93,7 @@ void each_row(const uint8_t* w, int blocks, const uint8_t* activations, size_t r
 
 const Kernels& scalar_kernels() {
     static const Kernels kernels{
-        "scalar", {each_row<dot_q4_k_row>, each_row<dot_q6_k_row>, each_row<dot_q8_0_row>, each_row<dot_q5_0_row>}, {}, {}, 0};
+        "scalar", {each_row<dot_q4_k_row>, each_row<dot_q6_k_row>, each_row<dot_q8_0_row>, each_row<dot_q5_0_row>}, {}, nullptr};
     return kernels;
 }
 

@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 namespace specdemo {
@@ -168,10 +169,30 @@ struct ManyRows {
 // Quantized rows (quantize_row's, in order: not arranged) as ManyRows.
 void many_rows(Kind kind, const uint8_t* quantized, size_t row_bytes, int m_rows, int columns, ManyRows& out);
 
-// Weight rows first_row … last_row − 1 (a whole number of the ISA's panel rows) with every activation row:
-// y[m·y_stride + n] for n in those rows. `w` is the whole tensor, a row every row_bytes.
-using GemmFn = void (*)(const uint8_t* w, size_t row_bytes, const ManyRows& a, float* y, size_t y_stride,
-                        size_t first_row, size_t last_row);
+// A tensor's blocks repacked for the gemm (panel.hpp): its whole panels, made once, kept for the model's life.
+struct PackedWeights {
+    std::unique_ptr<uint8_t[]> bytes;  // panel p's block b at (p·blocks + b)·the format's packed block bytes
+    size_t panels = 0;                 // rows / the ISA's panel rows (the rows past them take the dot products)
+    int blocks = 0;                    // blocks a row
+};
+
+// Packs panels first_panel … last_panel − 1 of `w` (the whole tensor, a row every row_bytes) into `out` (allocated).
+using PackFn = void (*)(const uint8_t* w, size_t row_bytes, size_t first_panel, size_t last_panel, int blocks,
+                        PackedWeights& out);
+// Panels first_panel … last_panel − 1 of `w` with every activation row: y[m·y_stride + n] for those panels' rows n.
+using GemmFn = void (*)(const PackedWeights& w, const ManyRows& a, float* y, size_t y_stride, size_t first_panel,
+                        size_t last_panel);
+
+// The gemm of an ISA (gemm_avx2.cpp, gemm_avx512.cpp), by Kind (nullptr: that kind's many rows take the dot products).
+struct Gemms {
+    PackFn pack[4];
+    GemmFn gemm[4];
+    size_t packed_block_bytes[4];  // a block of a panel, packed
+    int panel_rows;
+    int from_rows;                 // the fewest activation rows a call runs the gemm for (fewer: the dot products)
+};
+const Gemms* avx2_gemms();
+const Gemms* avx512_gemms();
 
 // Reorders one quantized row's values in place (`columns` of them) into the order an ISA's dot product loads them.
 using ArrangeFn = void (*)(void* row, int columns);
@@ -180,17 +201,8 @@ struct Kernels {
     const char* isa;       // "scalar", "avx2", "avx512"
     DotFn dot[4];          // by Kind
     ArrangeFn arrange[4];  // by Kind; nullptr: the values in order
-    GemmFn gemm[4];        // by Kind, for many activation rows; nullptr: the dot products for any M
-    int panel_rows;        // the weight rows a gemm decodes at once (its row ranges are multiples of it)
+    const Gemms* gemms;    // for many activation rows; nullptr: the dot products for any M
 };
-
-// The gemms of a SIMD file (gemm_avx2.cpp, gemm_avx512.cpp), by Kind, and the panel rows they decode at once.
-struct Gemms {
-    GemmFn by_kind[4];
-    int panel_rows;
-};
-const Gemms& avx2_gemms();
-const Gemms& avx512_gemms();
 
 const Kernels& scalar_kernels();
 const Kernels* avx2_kernels();    // nullptr when not compiled in
@@ -201,9 +213,9 @@ const Kernels* avx512_kernels();  // nullptr when not compiled in
 const Kernels& chosen_kernels();
 // Run `isa`'s kernels from now on ("" or nullptr: the widest again); false, changing nothing, where the CPU lacks it.
 bool use_kernels(const char* isa);
-// The activation rows from which a call decodes panels and runs the gemm (where the ISA has one for the kind); a
-// bench sets it to compare the two ways on one call (0: the default).
-int gemm_from();
+// The activation rows from which a call runs the gemm, where the ISA has one for the kind: a bench sets it to time both
+// ways on the same calls (0: the ISA's own, Gemms::from_rows).
+int gemm_from(const Gemms& gemms);
 void set_gemm_from(int rows);
 // The kernels of `isa` if this CPU runs them, else nullptr.
 const Kernels* kernels_for(const char* isa);

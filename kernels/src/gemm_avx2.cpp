@@ -1,4 +1,4 @@
-// Many activation rows with AVX2: a panel of 16 weight rows (two ymm of 8 rows × 4 values) times 2 activation rows at a
+// Many activation rows with AVX2: a packed panel of 16 weight rows (two ymm of 8 rows × 4 values) times 2 activation rows at a
 // time, each activation's 4 values broadcast; two quads' maddubs added in i16 (|4 products| ≤ 4·63·127 < 2^15), then
 // madd by ones to i32. Q8_0 has none here: its unsigned values (q + 128) would saturate maddubs, so its many rows take
 // the dot products. Per slot: the i32 sums to f32, times s·d_a, and Q4_K's mins (panel.hpp).
@@ -15,6 +15,9 @@ namespace {
 
 constexpr int NR = 2, ROWS = 8 * NR;  // ymm of weight rows a tile holds; the panel's rows
 constexpr int MR = 2;                 // activation rows a tile holds: 16 ymm registers
+// From 4 rows on: with the AVX2 path held on the 2-core Xeon, a single step of the whole target took 1.13–1.59× the
+// dot products' time on the gemm, 5 rows 0.70–0.85×, and one Q4_K layer 4 rows 0.85×, 2 rows 0.94×.
+constexpr int FROM_ROWS = 4;
 
 inline __m256i broadcast4(const int8_t* p) {
     int32_t word;
@@ -49,55 +52,88 @@ struct Interleave {
     }
 };
 
+// The 8·n-th to 8·n + 7-th rows' values of quad q of slot j in a packed block.
+template <Kind K>
+inline __m256i values(const uint8_t* block, int j, int q, int n) {
+    using P = Packed<K, ROWS>;
+    if constexpr (K == Kind::Q4_K) {  // slots 2c and 2c + 1 share the nibbles of quad q of group c
+        const __m256i nibbles = _mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(block + P::V + ((j / 2) * 8 + q) * P::QUAD + 32 * n));
+        return _mm256_and_si256(j % 2 ? _mm256_srli_epi16(nibbles, 4) : nibbles, _mm256_set1_epi8(0x0F));
+    } else {
+        return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + P::V + (j * (P::SLOT / 4) + q) * P::QUAD + 32 * n));
+    }
+}
+
+// 8 bytes of a packed block's per-slot bytes (sc, m) as f32: unsigned for Q4_K, signed for Q6_K's scales.
+template <bool Signed>
+inline __m256 bytes_as_floats(const uint8_t* p) {
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    return _mm256_cvtepi32_ps(Signed ? _mm256_cvtepi8_epi32(bytes) : _mm256_cvtepu8_epi32(bytes));
+}
+
+// y[m0 + m, 0…ROWS) (+)= a panel's `blocks` packed blocks (from `panel`; the activations' block first_block on)
+// dotted with activation row m0 + m; `first`: y is written, not added to.
 template <Kind K, int M>
-void tile(const PanelOf<K, ROWS>& panel, int slots, const ManyRows& a, int m0, int first_slot, float* y,
-          size_t y_stride, bool first) {
-    using F = Format<K>;
-    constexpr int QUADS = F::SLOT / 4;
+void tile(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int first_block, float* y, size_t y_stride,
+          bool first) {
+    using P = Packed<K, ROWS>;
+    constexpr int SLOTS = P::VALUES / P::SLOT, QUADS = P::SLOT / 4;
     const int a_slots = a.slots();
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[M][NR];
     for (int m = 0; m < M; ++m)
         for (int n = 0; n < NR; ++n)
             acc[m][n] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + (m0 + m) * y_stride + 8 * n);
-    for (int j = 0; j < slots; ++j) {
-        const size_t at = size_t(m0) * a_slots + first_slot + j;
-        const int8_t* q = a.q.data() + size_t(m0) * a.columns + (first_slot + j) * F::SLOT;
-        __m256i sum[M][NR];
-        for (int m = 0; m < M; ++m) {
-            const __m256i start = _mm256_set1_epi32(a.start[at + m * a_slots]);
-            for (int n = 0; n < NR; ++n) sum[m][n] = start;
-        }
-        const uint8_t* v = panel.values.data() + size_t(j) * QUADS * ROWS * 4;
-        for (int quad = 0; quad < QUADS; quad += 2, v += 2 * ROWS * 4) {
-            __m256i w0[NR], w1[NR];
-            for (int n = 0; n < NR; ++n) {
-                w0[n] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 32 * n));
-                w1[n] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + ROWS * 4 + 32 * n));
-            }
+    for (int b = 0; b < blocks; ++b) {
+        const uint8_t* block = panel + b * P::BYTES;
+        const auto* d = reinterpret_cast<const float*>(block + P::D);
+        for (int j = 0; j < SLOTS; ++j) {
+            if (m0 == 0) prefetch_slot_of_next(block, j, SLOTS, P::BYTES);
+            const int slot = (first_block + b) * SLOTS + j;
+            const size_t at = size_t(m0) * a_slots + slot;
+            const int8_t* q = a.q.data() + size_t(m0) * a.columns + slot * P::SLOT;
+            __m256i sum[M][NR];
             for (int m = 0; m < M; ++m) {
-                const __m256i x0 = broadcast4(q + m * a.columns + 4 * quad);
-                const __m256i x1 = broadcast4(q + m * a.columns + 4 * quad + 4);
-                for (int n = 0; n < NR; ++n) {
-                    const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(w0[n], x0),
-                                                           _mm256_maddubs_epi16(w1[n], x1));
-                    sum[m][n] = _mm256_add_epi32(sum[m][n], _mm256_madd_epi16(pairs, ones));
+                const __m256i start = _mm256_set1_epi32(a.start[at + m * a_slots]);
+                for (int n = 0; n < NR; ++n) sum[m][n] = start;
+            }
+            for (int quad = 0; quad < QUADS; quad += 2) {
+                __m256i w0[NR], w1[NR];
+                for (int n = 0; n < NR; ++n) w0[n] = values<K>(block, j, quad, n), w1[n] = values<K>(block, j, quad + 1, n);
+                for (int m = 0; m < M; ++m) {
+                    const __m256i x0 = broadcast4(q + m * a.columns + 4 * quad);
+                    const __m256i x1 = broadcast4(q + m * a.columns + 4 * quad + 4);
+                    for (int n = 0; n < NR; ++n) {
+                        const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(w0[n], x0),
+                                                               _mm256_maddubs_epi16(w1[n], x1));
+                        sum[m][n] = _mm256_add_epi32(sum[m][n], _mm256_madd_epi16(pairs, ones));
+                    }
                 }
             }
-        }
-        __m256 s[NR];
-        for (int n = 0; n < NR; ++n) s[n] = _mm256_loadu_ps(panel.scale.data() + j * ROWS + 8 * n);
-        for (int m = 0; m < M; ++m) {
-            const __m256 d = _mm256_set1_ps(a.scale[at + m * a_slots]);
-            for (int n = 0; n < NR; ++n)
-                acc[m][n] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[m][n]), _mm256_mul_ps(s[n], d), acc[m][n]);
-        }
-        if constexpr (F::FLOAT_OFFSET) {
+            __m256 s[NR];
+            for (int n = 0; n < NR; ++n) {
+                if constexpr (K == Kind::Q4_K || K == Kind::Q6_K)
+                    s[n] = _mm256_mul_ps(_mm256_loadu_ps(d + 8 * n),
+                                         bytes_as_floats<K == Kind::Q6_K>(block + P::SC + j * ROWS + 8 * n));
+                else
+                    s[n] = _mm256_loadu_ps(d + 8 * n);
+            }
             for (int m = 0; m < M; ++m) {
-                const __m256 d_sum = _mm256_set1_ps(a.scaled_sum[at + m * a_slots]);
+                const __m256 da = _mm256_set1_ps(a.scale[at + m * a_slots]);
                 for (int n = 0; n < NR; ++n)
-                    acc[m][n] = _mm256_fnmadd_ps(_mm256_loadu_ps(panel.offset.data() + j * ROWS + 8 * n), d_sum,
-                                                 acc[m][n]);
+                    acc[m][n] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[m][n]), _mm256_mul_ps(s[n], da), acc[m][n]);
+            }
+            if constexpr (K == Kind::Q4_K) {  // − dmin·m · d_a·Σa
+                const auto* dmin = reinterpret_cast<const float*>(block + P::DMIN);
+                for (int m = 0; m < M; ++m) {
+                    const __m256 d_sum = _mm256_set1_ps(a.scaled_sum[at + m * a_slots]);
+                    for (int n = 0; n < NR; ++n) {
+                        const __m256 o = _mm256_mul_ps(_mm256_loadu_ps(dmin + 8 * n),
+                                                       bytes_as_floats<false>(block + P::M + j * ROWS + 8 * n));
+                        acc[m][n] = _mm256_fnmadd_ps(o, d_sum, acc[m][n]);
+                    }
+                }
             }
         }
     }
@@ -106,28 +142,34 @@ void tile(const PanelOf<K, ROWS>& panel, int slots, const ManyRows& a, int m0, i
 }
 
 template <Kind K>
-void gemm(const uint8_t* w, size_t row_bytes, const ManyRows& a, float* y, size_t y_stride, size_t first_row,
-          size_t last_row) {
-    using F = Format<K>;
-    constexpr int SLOTS = F::VALUES / F::SLOT, CHUNK_BLOCKS = CHUNK_VALUES / F::VALUES;
-    thread_local PanelOf<K, ROWS> panel;
-    const int blocks = a.columns / F::VALUES;
-    for (size_t n0 = first_row; n0 + ROWS <= last_row; n0 += ROWS) {
-        for (int b0 = 0; b0 < blocks; b0 += CHUNK_BLOCKS) {
-            const int chunk = std::min(CHUNK_BLOCKS, blocks - b0);
-            panel.template fill<Interleave>(w + n0 * row_bytes, row_bytes, b0, chunk);
+void gemm(const PackedWeights& w, const ManyRows& a, float* y, size_t y_stride, size_t first_panel, size_t last_panel) {
+    using P = Packed<K, ROWS>;
+    constexpr int CHUNK = std::max(1, CHUNK_VALUES / P::VALUES);
+    for (size_t p = first_panel; p < last_panel; ++p) {
+        const uint8_t* panel = w.bytes.get() + p * w.blocks * P::BYTES;
+        for (int b0 = 0; b0 < w.blocks; b0 += CHUNK) {
+            const int blocks = std::min(CHUNK, w.blocks - b0);
             in_groups_of_rows<MR>(a.rows, [&]<int R>(int m0) {
-                tile<K, R>(panel, chunk * SLOTS, a, m0, b0 * SLOTS, y + n0, y_stride, b0 == 0);
+                tile<K, R>(panel + b0 * P::BYTES, blocks, a, m0, b0, y + p * ROWS, y_stride, b0 == 0);
             });
         }
     }
 }
 
+template <Kind K>
+void pack(const uint8_t* w, size_t row_bytes, size_t first_panel, size_t last_panel, int blocks, PackedWeights& out) {
+    pack_panels<K, ROWS, Interleave>(w, row_bytes, first_panel, last_panel, blocks, out);
+}
+
 }  // namespace
 
-const Gemms& avx2_gemms() {
-    static const Gemms gemms{{gemm<Kind::Q4_K>, gemm<Kind::Q6_K>, nullptr, gemm<Kind::Q5_0>}, ROWS};
-    return gemms;
+const Gemms* avx2_gemms() {  // no Q8_0: its unsigned values (q + 128) would saturate maddubs
+    static const Gemms gemms{{pack<Kind::Q4_K>, pack<Kind::Q6_K>, nullptr, pack<Kind::Q5_0>},
+                             {gemm<Kind::Q4_K>, gemm<Kind::Q6_K>, nullptr, gemm<Kind::Q5_0>},
+                             {Packed<Kind::Q4_K, ROWS>::BYTES, Packed<Kind::Q6_K, ROWS>::BYTES, 0,
+                              Packed<Kind::Q5_0, ROWS>::BYTES},
+                             ROWS, FROM_ROWS};
+    return &gemms;
 }
 
 }  // namespace specdemo
