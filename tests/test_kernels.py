@@ -62,23 +62,30 @@ def test_this_cpu_runs_the_scalar_path_and_its_widest_by_default():
 @pytest.mark.parametrize("kind", list(kernels.KINDS))
 def test_block_matmul_equals_the_dequantized_blocks_times_the_8_bit_activations_on_every_isa(kind, each_isa, tmp_path):
     rng = np.random.default_rng(len(kind))
-    columns = 1280  # more than the 1024 columns a panel decodes at once (panel.hpp), not a multiple of them
+    columns = 1280  # more than the 1024 columns of a panel a gemm multiplies at once (panel.hpp), not a multiple of them
     raw = random_blocks(kind, 37, columns, rng)  # whole panels of 16 or 32 rows, and 5 rows past them
     model = compiled(raw, kind, tmp_path)
-    # a step, the row groups a block is decoded once for, and what is left of them; then the many rows of a gemm from
-    # its first (8), its tiles of 2 or 4 activation rows and what is left of them, a prefill's
+    # a step, the row groups a block is decoded once for by the dot products, the gemm's tiles of 2 or 4 activation
+    # rows, and what is left of both; a prefill's many rows
     for m in (1, 2, 3, 4, 5, 8, 9, 13, 70):
         x = rng.standard_normal((m, columns)).astype(np.float32) * rng.uniform(0.1, 10)
-        expected = kernels.reference(x, raw, kind)
-        size = np.abs(kernels.quantize_activations(x, kind)).astype(np.float64) @ np.abs(
-            kernels.reference(np.eye(columns, dtype=np.float32), raw, kind))  # Σ|w·a|: what f32 rounding is relative to
         for isa, way in itertools.product(each_isa, ("dots", "gemm")):
             kernels.use(isa)
-            kernels.gemm_from(1 if way == "gemm" else 10**6)  # where the ISA has no gemm for the kind: dots both times
+            kernels.gemm_from(1 if way == "gemm" else 10**6)
+            ran = way if kind in kernels.gemm_kinds() else "dots"  # an ISA without a gemm for the kind dots both times
+            expected = kernels.reference(x, raw, kind, ran)
+            size = np.abs(kernels.quantize_activations(x, kind, ran)).astype(np.float64) @ np.abs(
+                kernels.reference(np.eye(columns, dtype=np.float32), raw, kind))  # Σ|w·a|: what f32 rounding is relative to
             model(-x)  # a call that left its output in place would read as −expected, not pass
             got = model(x)[0]
             assert got.shape == (m, 37)
-            assert np.all(np.abs(got - expected) <= 1e-6 * size + 1e-30), (kind, isa, way, m)
+            assert np.all(np.abs(got - expected) <= 1e-6 * size + 1e-30), (kind, isa, ran, m)
+
+
+def test_every_simd_isa_has_a_gemm_for_the_k_quants_and_scalar_has_none(each_isa):
+    for isa in each_isa:
+        kernels.use(isa)
+        assert {"Q4_K", "Q6_K"} <= set(kernels.gemm_kinds()) if isa != "scalar" else kernels.gemm_kinds() == []
 
 
 def test_the_isa_a_test_forces_is_the_one_that_runs(each_isa):

@@ -3,6 +3,7 @@
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 
+#include <cstring>
 #include <mutex>
 #include <vector>
 
@@ -23,10 +24,17 @@ Kind parse_kind(const std::string& kind) {
 constexpr size_t TASKS_A_CALL = 32;  // output rows split into this many tasks (measured against a static halving: the
                                      // same or faster in a step of the 1.5B target, 2 threads)
 constexpr size_t MIN_ROWS_A_TASK = 16;  // 16 Q4_K rows of 1536 weights are 14 KiB of blocks
-constexpr size_t ACTIVATIONS_A_PASS = 64;
-constexpr size_t GEMM_FROM = 8;  // activation rows from which a call decodes panels (panel.hpp) instead of dotting rows  // activation rows dotted with a weight row while it is in L1
+constexpr size_t ACTIVATIONS_A_PASS = 64;  // activation rows dotted with a weight row while it is in L1
 
 }  // namespace
+
+// One call's weight tensor: `rows` rows of `row_bytes` bytes of `kind` blocks, `columns` weights (`blocks` blocks) each.
+struct Weights {
+    Kind kind;
+    const uint8_t* bytes;
+    size_t rows, row_bytes;
+    int columns, blocks;
+};
 
 // The weights packed for the gemm, for the tensor at `from` and the ISA of `gemms`: packed again if either changes
 // (a test holds another ISA; a compiled model's constant stays where it is).
@@ -41,19 +49,79 @@ std::shared_ptr<PackCache> BlockMatMul::make_cache() { return std::make_shared<P
 
 namespace {
 
-std::shared_ptr<const PackedWeights> packed_for(PackCache& cache, const Gemms& gemms, Kind kind, const uint8_t* w,
-                                                size_t rows, size_t row_bytes, int blocks) {
+// A padded copy of the rows past the last whole panel (zero bytes are blocks of zero weights), so that they are packed
+// and multiplied as one more panel.
+std::vector<uint8_t> last_panel_rows(const Weights& w, size_t panel) {
+    std::vector<uint8_t> padded(panel * w.row_bytes, 0);
+    const size_t whole = w.rows / panel * panel;
+    std::memcpy(padded.data(), w.bytes + whole * w.row_bytes, (w.rows - whole) * w.row_bytes);
+    return padded;
+}
+
+std::shared_ptr<const PackedWeights> packed_for(PackCache& cache, const Gemms& gemms, const Weights& w) {
     std::lock_guard<std::mutex> hold(cache.lock);
-    if (cache.packed && cache.from == w && cache.gemms == &gemms) return cache.packed;
+    if (cache.packed && cache.from == w.bytes && cache.gemms == &gemms) return cache.packed;
+    const size_t panel = size_t(gemms.panel_rows), whole = w.rows / panel;
     auto packed = std::make_shared<PackedWeights>();
-    packed->panels = rows / gemms.panel_rows, packed->blocks = blocks;
-    packed->bytes.reset(new uint8_t[packed->panels * blocks * gemms.packed_block_bytes[int(kind)]]);
-    const PackFn pack = gemms.pack[int(kind)];
-    tbb::parallel_for(tbb::blocked_range<size_t>(0, packed->panels, 4), [&](const tbb::blocked_range<size_t>& range) {
-        pack(w, row_bytes, range.begin(), range.end(), blocks, *packed);
+    packed->panels = (w.rows + panel - 1) / panel, packed->blocks = w.blocks;
+    packed->bytes.reset(new uint8_t[packed->panels * w.blocks * gemms.packed_block_bytes[int(w.kind)]]);
+    const PackFn pack = gemms.pack[int(w.kind)];
+    tbb::parallel_for(tbb::blocked_range<size_t>(0, whole, 4), [&](const tbb::blocked_range<size_t>& range) {
+        for (size_t p = range.begin(); p < range.end(); ++p)
+            pack(w.bytes + p * panel * w.row_bytes, w.row_bytes, p, w.blocks, *packed);
     });
-    cache.packed = packed, cache.from = w, cache.gemms = &gemms;
+    if (whole < packed->panels) pack(last_panel_rows(w, panel).data(), w.row_bytes, whole, w.blocks, *packed);
+    cache.packed = packed, cache.from = w.bytes, cache.gemms = &gemms;
     return packed;
+}
+
+// y (M, rows) = x (M, columns) · Wᵀ on the packed panels: the activations quantized a slot at a time (formats.hpp:
+// ManyRows), then a few panels a task; the last panel, when rows end inside it, into a buffer of its own first.
+void multiply_packed(const Weights& w, const Gemms& gemms, const PackedWeights& packed, const float* x, size_t m_rows,
+                     float* y) {
+    thread_local ManyRows this_threads;
+    ManyRows& a = this_threads;  // the caller's, by reference: named in a task, a thread_local is the worker's own
+    a.resize(w.kind, int(m_rows), w.columns);
+    tbb::parallel_for(size_t(0), m_rows, [&](size_t m) { quantize_slots(x + m * w.columns, int(m), a); });
+    const size_t panel = size_t(gemms.panel_rows), whole = w.rows / panel;
+    const GemmFn gemm = gemms.gemm[int(w.kind)];
+    tbb::parallel_for(tbb::blocked_range<size_t>(0, whole, 1), [&](const tbb::blocked_range<size_t>& range) {
+        gemm(packed, a, y + range.begin() * panel, w.rows, range.begin(), range.end());
+    }, tbb::simple_partitioner());
+    if (whole < packed.panels) {
+        std::vector<float> last(m_rows * panel);
+        gemm(packed, a, last.data(), panel, whole, whole + 1);
+        for (size_t m = 0; m < m_rows; ++m)
+            std::memcpy(y + m * w.rows + whole * panel, last.data() + m * panel, (w.rows - whole * panel) * 4);
+    }
+}
+
+// y (M, rows) = x (M, columns) · Wᵀ by dot products of each weight row with the M rows quantized as llama.cpp does
+// (formats.hpp): a step's way where the ISA has no gemm for it.
+void dot_rows(const Weights& w, const Kernels& kernels, const float* x, size_t m_rows, float* y) {
+    const size_t q_bytes = quantized_row_bytes(w.kind, w.columns);
+    thread_local std::vector<uint8_t> quantized;
+    quantized.resize(m_rows * q_bytes);
+    uint8_t* q = quantized.data();
+    const ArrangeFn arrange = kernels.arrange[int(w.kind)];
+    tbb::parallel_for(size_t(0), m_rows, [&](size_t m) {
+        quantize_row(w.kind, x + m * w.columns, w.columns, q + m * q_bytes);
+        if (arrange) arrange(q + m * q_bytes, w.columns);
+    });
+    const DotFn dot = kernels.dot[int(w.kind)];
+    // Tasks of rows / TASKS_A_CALL rows, taken by whichever thread is free: a worker that wakes late (a step runs ~130
+    // of these calls between the plugin's own nodes) leaves the first thread no fixed half to finish alone.
+    tbb::parallel_for(
+        tbb::blocked_range<size_t>(0, w.rows, std::max(MIN_ROWS_A_TASK, w.rows / TASKS_A_CALL)),
+        [&](const tbb::blocked_range<size_t>& range) {
+            for (size_t first = 0; first < m_rows; first += ACTIVATIONS_A_PASS) {
+                const size_t last = std::min(m_rows, first + ACTIVATIONS_A_PASS);
+                for (size_t n = range.begin(); n < range.end(); ++n)
+                    dot(w.bytes + n * w.row_bytes, w.blocks, q + first * q_bytes, q_bytes, int(last - first),
+                        y + first * w.rows + n, w.rows);
+            }
+        },
+        tbb::simple_partitioner());
 }
 
 }  // namespace
@@ -110,53 +178,14 @@ bool BlockMatMul::evaluate(ov::TensorVector& outputs, const ov::TensorVector& in
     const float* x = inputs[0].data<const float>();
     const uint8_t* w = static_cast<const uint8_t*>(inputs[1].data());
     float* y = outputs[0].data<float>();
-
-    // (M, columns) f32 → M quantized rows, once a call
-    const size_t q_bytes = quantized_row_bytes(kind, int(columns));
-    thread_local std::vector<uint8_t> quantized;
-    quantized.resize(m_rows * q_bytes);
-    uint8_t* q = quantized.data();
+    const Weights weights{kind, w, rows, row_bytes, int(columns), int(columns / block_values(kind))};
     const Kernels& kernels = chosen_kernels();
     const Gemms* gemms = kernels.gemms;
-    const GemmFn gemm = gemms && m_rows >= size_t(gemm_from(*gemms)) && rows >= size_t(gemms->panel_rows)
-                            ? gemms->gemm[int(kind)] : nullptr;
-    const ArrangeFn arrange = kernels.arrange[int(kind)];
-    tbb::parallel_for(size_t(0), m_rows, [&](size_t m) {
-        quantize_row(kind, x + m * columns, int(columns), q + m * q_bytes);
-        if (arrange && !gemm) arrange(q + m * q_bytes, int(columns));
-    });
-
-    const DotFn dot = kernels.dot[int(kind)];
-    const int blocks = int(columns / block_values(kind));
-    auto dots = [&](size_t first_row, size_t last_row) {
-        for (size_t first = 0; first < m_rows; first += ACTIVATIONS_A_PASS) {
-            const size_t last = std::min(m_rows, first + ACTIVATIONS_A_PASS);
-            for (size_t n = first_row; n < last_row; ++n)
-                dot(w + n * row_bytes, blocks, q + first * q_bytes, q_bytes, int(last - first), y + first * rows + n, rows);
-        }
-    };
-    if (!gemm) {
-        // Tasks of rows / TASKS_A_CALL rows, taken by whichever thread is free: a worker that wakes late (a step runs
-        // ~130 of these calls between the plugin's own nodes) leaves the first thread no fixed half to finish alone.
-        tbb::parallel_for(tbb::blocked_range<size_t>(0, rows, std::max(MIN_ROWS_A_TASK, rows / TASKS_A_CALL)),
-                          [&](const tbb::blocked_range<size_t>& range) { dots(range.begin(), range.end()); },
-                          tbb::simple_partitioner());
-        return true;
+    if (gemms && gemms->gemm[int(kind)] && m_rows >= size_t(gemm_from(*gemms))) {
+        multiply_packed(weights, *gemms, *packed_for(*m_cache, *gemms, weights), x, m_rows, y);
+    } else {
+        dot_rows(weights, kernels, x, m_rows, y);
     }
-    // Many rows: the packed panels, a few a task; the rows past the last whole panel (a trimmed LM head's) take the
-    // dot products.
-    const auto packed = packed_for(*m_cache, *gemms, kind, w, rows, row_bytes, blocks);
-    thread_local ManyRows this_threads;
-    ManyRows& many = this_threads;  // the caller's, by reference: named in a task, a thread_local is the worker's own
-    many_rows(kind, q, q_bytes, int(m_rows), int(columns), many);  // the values in order, copied
-    const size_t panel = size_t(gemms->panel_rows), panels = packed->panels;
-    if (arrange && panels * panel < rows) {
-        tbb::parallel_for(size_t(0), m_rows, [&](size_t m) { arrange(q + m * q_bytes, int(columns)); });
-    }
-    tbb::parallel_for(tbb::blocked_range<size_t>(0, panels, 1), [&](const tbb::blocked_range<size_t>& range) {
-        gemm(*packed, many, y, rows, range.begin(), range.end());
-    }, tbb::simple_partitioner());
-    dots(panels * panel, rows);
     return true;
 }
 

@@ -1,6 +1,8 @@
 // The library OpenVINO loads with Core.add_extension: the op, and a C entry for Python to ask which kernels run.
 #include "block_matmul.hpp"
 #include "formats.hpp"
+
+#include <string>
 #include "openvino/core/extension.hpp"
 #include "openvino/core/op_extension.hpp"
 
@@ -17,4 +19,16 @@ extern "C" __attribute__((visibility("default"))) int specdemo_kernels_use(const
 
 extern "C" __attribute__((visibility("default"))) void specdemo_kernels_gemm_from(int rows) {
     specdemo::set_gemm_from(rows);
+}
+
+// The block types the running ISA has a gemm for, comma-separated ("" for none: every call takes the dot products).
+extern "C" __attribute__((visibility("default"))) const char* specdemo_kernels_gemm_kinds() {
+    static const char* names[4] = {"Q4_K", "Q6_K", "Q8_0", "Q5_0"};
+    thread_local std::string kinds;
+    kinds.clear();
+    if (const specdemo::Gemms* gemms = specdemo::chosen_kernels().gemms) {
+        for (int k = 0; k < 4; ++k)
+            if (gemms->gemm[k]) kinds.append(kinds.empty() ? "" : ",").append(names[k]);
+    }
+    return kinds.c_str();
 }

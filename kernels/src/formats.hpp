@@ -155,19 +155,22 @@ size_t quantized_row_bytes(Kind kind, int columns);
 using DotFn = void (*)(const uint8_t* weights, int blocks, const uint8_t* activations, size_t row_bytes, int m_rows,
                        float* out, size_t out_stride);
 
-// M activation rows as a gemm (panel.hpp) reads them: the values in order, and by slot (the run of weights that
-// share a scale: 32, or 16 for Q6_K) the activations' scale, −c·Σa (c: the weights' integer offset) and d_a·Σa.
+// M activation rows as the gemm (panel.hpp) reads them: by slot (the run of weights that share a scale: 32, or 16 for
+// Q6_K), each slot quantized to 8 bits with a scale of its own (finer than llama.cpp's one per 256 for the K-quants:
+// the gemm pays nothing for it), d_a = max|x| / 127, q = x · 127 / max|x| rounded to nearest, ties to even; with −c·Σq
+// (c: the weights' integer offset) and d_a·Σq.
 struct ManyRows {
-    int rows = 0, columns = 0, slot = 0;
+    int rows = 0, columns = 0, slot = 0, offset = 0;
     std::vector<int8_t> q;            // (rows, columns)
-    std::vector<float> scale;         // (rows, slots) d_a over the slot
-    std::vector<int32_t> start;       // (rows, slots) −c·Σa: where the slot's integer sum starts
-    std::vector<float> scaled_sum;    // (rows, slots) d_a·Σa, for Q4_K's mins
+    std::vector<float> scale;         // (rows, slots) d_a
+    std::vector<int32_t> start;       // (rows, slots) −c·Σq: where the slot's integer sum starts
+    std::vector<float> scaled_sum;    // (rows, slots) d_a·Σq, for Q4_K's mins
     int slots() const { return columns / slot; }
+    void resize(Kind kind, int m_rows, int m_columns);
 };
 
-// Quantized rows (quantize_row's, in order: not arranged) as ManyRows.
-void many_rows(Kind kind, const uint8_t* quantized, size_t row_bytes, int m_rows, int columns, ManyRows& out);
+// Row m of x (`a.columns` f32) quantized into `a` (resized for the call).
+void quantize_slots(const float* x, int m, ManyRows& a);
 
 // A tensor's blocks repacked for the gemm (panel.hpp): its whole panels, made once, kept for the model's life.
 struct PackedWeights {
@@ -176,10 +179,10 @@ struct PackedWeights {
     int blocks = 0;                    // blocks a row
 };
 
-// Packs panels first_panel … last_panel − 1 of `w` (the whole tensor, a row every row_bytes) into `out` (allocated).
-using PackFn = void (*)(const uint8_t* w, size_t row_bytes, size_t first_panel, size_t last_panel, int blocks,
-                        PackedWeights& out);
-// Panels first_panel … last_panel − 1 of `w` with every activation row: y[m·y_stride + n] for those panels' rows n.
+// Packs the panel of rows `rows` on (a panel's rows, row_bytes apart) into panel `panel` of `out` (allocated).
+using PackFn = void (*)(const uint8_t* rows, size_t row_bytes, size_t panel, int blocks, PackedWeights& out);
+// Panels first_panel … last_panel − 1 of `w` with every activation row: y[m·y_stride + n] for those panels' rows n, from
+// first_panel's first row.
 using GemmFn = void (*)(const PackedWeights& w, const ManyRows& a, float* y, size_t y_stride, size_t first_panel,
                         size_t last_panel);
 

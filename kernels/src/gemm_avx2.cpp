@@ -150,15 +150,15 @@ void gemm(const PackedWeights& w, const ManyRows& a, float* y, size_t y_stride, 
         for (int b0 = 0; b0 < w.blocks; b0 += CHUNK) {
             const int blocks = std::min(CHUNK, w.blocks - b0);
             in_groups_of_rows<MR>(a.rows, [&]<int R>(int m0) {
-                tile<K, R>(panel + b0 * P::BYTES, blocks, a, m0, b0, y + p * ROWS, y_stride, b0 == 0);
+                tile<K, R>(panel + b0 * P::BYTES, blocks, a, m0, b0, y + (p - first_panel) * ROWS, y_stride, b0 == 0);
             });
         }
     }
 }
 
 template <Kind K>
-void pack(const uint8_t* w, size_t row_bytes, size_t first_panel, size_t last_panel, int blocks, PackedWeights& out) {
-    pack_panels<K, ROWS, Interleave>(w, row_bytes, first_panel, last_panel, blocks, out);
+void pack(const uint8_t* rows, size_t row_bytes, size_t panel, int blocks, PackedWeights& out) {
+    pack_panel<K, ROWS, Interleave>(rows, row_bytes, panel, blocks, out);
 }
 
 }  // namespace

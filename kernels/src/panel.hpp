@@ -140,15 +140,13 @@ inline void prefetch_slot_of_next(const uint8_t* block, int j, int slots, size_t
 // packed Q4_K, 35 KiB of Q6_K, kept in L1 and L2 while the activation rows pass.
 constexpr int CHUNK_VALUES = 1024;
 
-// A tensor's whole panels (rows / ROWS of them) packed: panel p's block b at (p·blocks + b)·BYTES.
+// A panel of ROWS rows (from `rows`, row_bytes apart) packed into panel `panel` of `out`: block b at
+// (panel·blocks + b)·BYTES.
 template <Kind K, int ROWS, typename Interleave>
-void pack_panels(const uint8_t* w, size_t row_bytes, size_t first_panel, size_t last_panel, int blocks,
-                 PackedWeights& out) {
+void pack_panel(const uint8_t* rows, size_t row_bytes, size_t panel, int blocks, PackedWeights& out) {
     using P = Packed<K, ROWS>;
-    for (size_t p = first_panel; p < last_panel; ++p)
-        for (int b = 0; b < blocks; ++b)
-            P::template pack<Interleave>(w + p * ROWS * row_bytes + b * P::RAW, row_bytes,
-                                         out.bytes.get() + (p * blocks + b) * P::BYTES);
+    for (int b = 0; b < blocks; ++b)
+        P::template pack<Interleave>(rows + b * P::RAW, row_bytes, out.bytes.get() + (panel * blocks + b) * P::BYTES);
 }
 
 }  // namespace

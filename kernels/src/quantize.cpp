@@ -80,34 +80,31 @@ size_t quantized_row_bytes(Kind kind, int columns) {
     return size_t(columns / 32) * sizeof(BlockQ8_0);
 }
 
-void many_rows(Kind kind, const uint8_t* quantized, size_t row_bytes, int m_rows, int columns, ManyRows& out) {
-    // the slot (values sharing a weight scale) and the weights' integer offset c, by kind (panel.hpp's Format)
+void ManyRows::resize(Kind kind, int m_rows, int m_columns) {
+    // the slot (values sharing a weight scale) and the weights' integer offset c, by kind (panel.hpp's Packed)
     static constexpr int SLOT[4] = {32, 16, 32, 32}, OFFSET[4] = {0, 32, 128, 16};
-    const int slot = SLOT[int(kind)], offset = OFFSET[int(kind)], slots = columns / slot;
-    out.rows = m_rows, out.columns = columns, out.slot = slot;
-    out.q.resize(size_t(m_rows) * columns);
-    out.scale.resize(size_t(m_rows) * slots);
-    out.start.resize(size_t(m_rows) * slots);
-    out.scaled_sum.resize(size_t(m_rows) * slots);
-    for (int m = 0; m < m_rows; ++m) {
-        const uint8_t* row = quantized + m * row_bytes;
-        int8_t* q = out.q.data() + size_t(m) * columns;
-        for (int j = 0; j < slots; ++j) {
-            float d;
-            const int8_t* values;
-            if (kind == Kind::Q4_K || kind == Kind::Q6_K) {
-                const auto& block = reinterpret_cast<const BlockQ8K*>(row)[j * slot / 256];
-                d = block.d, values = block.q + j * slot % 256;
-            } else {
-                const auto& block = reinterpret_cast<const BlockQ8_0*>(row)[j];
-                d = block.d, values = block.q;
-            }
-            int sum = 0;
-            for (int i = 0; i < slot; ++i) sum += values[i];
-            std::memcpy(q + j * slot, values, slot);
-            const size_t at = size_t(m) * slots + j;
-            out.scale[at] = d, out.start[at] = -offset * sum, out.scaled_sum[at] = d * float(sum);
+    rows = m_rows, columns = m_columns, slot = SLOT[int(kind)], offset = OFFSET[int(kind)];
+    q.resize(size_t(rows) * columns);
+    scale.resize(size_t(rows) * slots());
+    start.resize(size_t(rows) * slots());
+    scaled_sum.resize(size_t(rows) * slots());
+}
+
+void quantize_slots(const float* x, int m, ManyRows& a) {
+    int8_t* q = a.q.data() + size_t(m) * a.columns;
+    for (int j = 0; j < a.slots(); ++j, x += a.slot, q += a.slot) {
+        float amax = 0;
+        for (int i = 0; i < a.slot; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+        const float inverse = amax > 0 ? 127.f / amax : 0.f;
+        int sum = 0;
+        for (int i = 0; i < a.slot; ++i) {
+            const int value = nearest(x[i] * inverse);
+            q[i] = int8_t(value > 127 ? 127 : value < -127 ? -127 : value);
+            sum += q[i];
         }
+        const size_t at = size_t(m) * a.slots() + j;
+        const float d = amax / 127.f;
+        a.scale[at] = d, a.start[at] = -a.offset * sum, a.scaled_sum[at] = d * float(sum);
     }
 }
 

@@ -110,6 +110,7 @@ def _functions():
     lib = ctypes.CDLL(str(path))  # the same copy the Cores loaded: dlopen shares one per path
     lib.specdemo_kernels_isa.restype = ctypes.c_char_p
     lib.specdemo_kernels_use.argtypes = [ctypes.c_char_p]
+    lib.specdemo_kernels_gemm_kinds.restype = ctypes.c_char_p
     return lib
 
 
@@ -121,6 +122,11 @@ def isa() -> str:
 def use(name: str = "") -> bool:
     """Run `name`'s dot products from now on ("" : the widest this CPU has); False where this CPU lacks it."""
     return bool(_functions().specdemo_kernels_use(name.encode()))
+
+
+def gemm_kinds() -> list[str]:
+    """The block types the running ISA multiplies many rows of on packed panels (the gemm), the others by dot products."""
+    return [kind for kind in _functions().specdemo_kernels_gemm_kinds().decode().split(",") if kind]
 
 
 def gemm_from(rows: int = 0) -> None:
@@ -140,8 +146,11 @@ def supported_isas() -> list[str]:
 # ---- the reference the kernels are held to
 
 
-def quantize_activations(x: np.ndarray, kind: str) -> np.ndarray:
-    """(M, columns) f32 as the kernels quantize it before `kind`'s dot products, dequantized again: d·q, f32."""
+def quantize_activations(x: np.ndarray, kind: str, way: str = "dots") -> np.ndarray:
+    """(M, columns) f32 as the kernels quantize it before `kind`'s dot products ("dots": llama.cpp's way) or before the
+    gemm ("gemm": a scale a slot), dequantized again: d·q, f32."""
+    if way == "gemm":
+        return quantize_slots(x, 16 if kind == "Q6_K" else 32)
     values = KINDS[kind][0]
     blocks = x.astype(np.float32).reshape(x.shape[0], -1, values)
     if values == 256:  # Q8_K: the value of largest magnitude becomes ∓127; ties to even; d = 1 / (−127 / largest)
@@ -161,9 +170,20 @@ def quantize_activations(x: np.ndarray, kind: str) -> np.ndarray:
     return (q * d).reshape(x.shape).astype(np.float32)
 
 
-def reference(x: np.ndarray, raw: np.ndarray, kind: str) -> np.ndarray:
-    """(M, rows) f64: gguf-py's dequantization of `raw` times the 8-bit-quantized activations, in f64."""
+def quantize_slots(x: np.ndarray, slot: int) -> np.ndarray:
+    """The gemm's activations (formats.hpp, ManyRows): each `slot` values with a scale max|x| / 127, q = x · (127 /
+    max|x|) rounded to nearest, ties to even, all in f32; dequantized again."""
+    slots = x.astype(np.float32).reshape(x.shape[0], -1, slot)
+    amax = np.abs(slots).max(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inverse = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.clip(np.rint(slots * inverse), -127, 127)
+    return (q * (amax / np.float32(127))).reshape(x.shape).astype(np.float32)
+
+
+def reference(x: np.ndarray, raw: np.ndarray, kind: str, way: str = "dots") -> np.ndarray:
+    """(M, rows) f64: gguf-py's dequantization of `raw` times the activations quantized `way`'s, in f64."""
     from gguf import GGMLQuantizationType, dequantize
 
     weights = np.asarray(dequantize(raw, GGMLQuantizationType[kind]), dtype=np.float64)
-    return quantize_activations(x, kind).astype(np.float64) @ weights.T
+    return quantize_activations(x, kind, way).astype(np.float64) @ weights.T
