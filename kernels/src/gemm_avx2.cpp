@@ -15,9 +15,11 @@ namespace {
 
 constexpr int NR = 2, ROWS = 8 * NR;  // ymm of weight rows a tile holds; the panel's rows
 constexpr int MR = 2;                 // activation rows a tile holds: 16 ymm registers
-// From 4 rows on: with the AVX2 path held on the 2-core Xeon, a single step of the whole target took 1.13–1.59× the
-// dot products' time on the gemm, 5 rows 0.70–0.85×, and one Q4_K layer 4 rows 0.85×, 2 rows 0.94×.
-constexpr int FROM_ROWS = 4;
+// From a single step on, as on AVX-512, though a step streams at 0.87–0.90× the dot products' rate (28 Q4_K layers with
+// the AVX2 path held on the 2-core Xeon; 5 rows 0.70–0.85× their time): one way for every call, so a row's logits do
+// not depend on how many rows its call holds (each row quantized and summed alike), and a verification of K drafts
+// scores them exactly as K single steps would.
+constexpr int FROM_ROWS = 1;
 
 inline __m256i broadcast4(const int8_t* p) {
     int32_t word;

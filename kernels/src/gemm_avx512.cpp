@@ -16,7 +16,8 @@ namespace {
 constexpr int NR = 2, ROWS = 16 * NR;  // zmm of weight rows a tile holds; the panel's rows
 constexpr int MR = 4;                  // activation rows a tile holds: 2·4 sums and 2·4 accumulators in registers
 // From a single step on: on the 2-core Xeon (AVX-512 VNNI) the whole 1.5B target's step took 0.92–0.94× the dot
-// products' time, a call of 5 rows 0.70–0.73× (9 rows: 0.56–0.57× llama.cpp's time, the dot products' ~1.5×).
+// products' time, a call of 5 rows 0.70–0.73× (9 rows: 0.56–0.57× llama.cpp's time, the dot products' ~1.5×); and one
+// way for every call, so a row's logits do not depend on how many rows its call holds (gemm_avx2.cpp).
 constexpr int FROM_ROWS = 1;
 
 inline __m512i broadcast4(const int8_t* p) {
