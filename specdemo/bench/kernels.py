@@ -1,6 +1,8 @@
-"""One layer's MatMul, three ways, against this machine's read bandwidth (issue 47's first step): specdemo's BlockMatMul
-over the file's own blocks on each ISA path this CPU runs, and the CPU plugin's MatMul on the same weights as
-`gguf-mixed` lays them (Q4_K as i4 in groups of 32 plus the offsets' MatMul; Q6_K per channel in i8).
+"""One layer's MatMul, several ways, against this machine's read bandwidth (issue 47's first step): specdemo's
+BlockMatMul over the file's own blocks on each ISA path this CPU runs, its own way (the gemm on packed panels, where it
+has one) and its dot products of each row (llama.cpp's arithmetic, "…/dots"), and the CPU plugin's MatMul on the same
+weights as `gguf-mixed` lays them (Q4_K as i4 in groups of 32 plus the offsets' MatMul; Q6_K per channel in i8). The
+rate is of the file's bytes for BlockMatMul either way (the packed panels are 1.06× them for Q4_K, 1.3× for Q6_K).
 
 For M activation rows a call (1: a step; K + 1: a verification; more: a prefill's piece), each path's median time a
 layer and the GB/s it streams the tensor's bytes at (the file's bytes for BlockMatMul, the IR's for the plugin), beside
@@ -104,18 +106,22 @@ def measure_layer(path: Path, layer: str = "ffn_up", rows_per_call=(1, 2, 5, 9, 
     log(f"read bandwidth, {threads} threads: {bandwidth / 1e9:.1f} GB/s")
     ways = {"gguf-mixed": compile_layers(file, tensors, "gguf-mixed", threads)}
     blocks = compile_layers(file, tensors, "blocks", threads)
-    isas = kernels.supported_isas()
-    for isa in isas:
+    for isa in kernels.supported_isas():  # each ISA its own way (the gemm, where it has one), then its dot products
         ways[f"blocks/{isa}"] = blocks
+        kernels.use(isa)
+        if file.tensors[tensor].kind in kernels.gemm_kinds():
+            ways[f"blocks/{isa}/dots"] = blocks
     results = {way: {} for way in ways}
     for m in rows_per_call:
         for way, (compiled, read) in ways.items():
             if way.startswith("blocks/"):
                 kernels.use(way.split("/")[1])
+                kernels.gemm_from(10**9 if way.endswith("/dots") else 0)
             seconds = time_calls(compiled, m, columns, repeats if way != "blocks/scalar" else 2) / count
             results[way][m] = {"ms": 1e3 * seconds, "gbs": read / count / seconds / 1e9, "bytes": read // count}
         log(f"M = {m}: " + ", ".join(f"{way} {r[m]['ms']:.3f} ms ({r[m]['gbs']:.1f} GB/s)" for way, r in results.items()))
     kernels.use("")
+    kernels.gemm_from(0)
     return {"layer": layer, "layers": count, "kind": file.tensors[tensor].kind, "shape": list(file.tensors[tensor].shape),
             "threads": threads, "bandwidth_gbs": bandwidth / 1e9, "ways": results}
 
