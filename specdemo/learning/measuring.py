@@ -21,6 +21,7 @@ from dataclasses import asdict, replace
 from specdemo import strict_json
 from specdemo.decoding.costs import CostModel, monotone
 from specdemo.host import machine
+from specdemo.models import kernels
 from specdemo.models.runtime import OVModel
 from specdemo.settings import K_MAX
 
@@ -205,8 +206,10 @@ def describe_key(target: OVModel, draft: OVModel | None, n_max: int) -> dict:
         return {"folder": str(model.folder.resolve()), "modified": xml.stat().st_mtime if xml.is_file() else 0,
                 **asdict(model.settings), "head_tokens": model.head_tokens}
 
+    natives = [m for m in (target, draft) if m is not None and m.settings.precision == kernels.NATIVE]
     return {
         "version": COSTS_VERSION,
+        **({"kernels": kernels.identity()} if natives else {}),  # ours, rebuilt or on another ISA: other costs
         "target": model_key(target),
         "draft": model_key(draft) if draft is not None else None,
         "cpu": machine.cpu_name(),

@@ -114,6 +114,13 @@ def _functions():
     return lib
 
 
+def identity() -> str:
+    """Which kernels a measurement was taken on: the ISA running and the built library's size and time (a rebuild is
+    other kernels), for the keys of what is learnt about a gguf-native model."""
+    stat = library().stat()
+    return f"{isa()} {stat.st_size} {int(stat.st_mtime)}"
+
+
 def isa() -> str:
     """The dot products every BlockMatMul of this process runs: "scalar", "avx2" or "avx512"."""
     return _functions().specdemo_kernels_isa().decode()
