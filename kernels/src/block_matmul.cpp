@@ -28,7 +28,8 @@ constexpr size_t ACTIVATIONS_A_PASS = 64;  // activation rows dotted with a weig
 
 }  // namespace
 
-// One call's weight tensor: `rows` rows of `row_bytes` bytes of `kind` blocks, `columns` weights (`blocks` blocks) each.
+// One call's weight tensor: `rows` rows of `row_bytes` bytes of `kind` blocks, `columns` weights (`blocks` blocks)
+// each.
 struct Weights {
     Kind kind;
     const uint8_t* bytes;

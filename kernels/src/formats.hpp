@@ -181,8 +181,8 @@ struct PackedWeights {
 
 // Packs the panel of rows `rows` on (a panel's rows, row_bytes apart) into panel `panel` of `out` (allocated).
 using PackFn = void (*)(const uint8_t* rows, size_t row_bytes, size_t panel, int blocks, PackedWeights& out);
-// Panels first_panel … last_panel − 1 of `w` with every activation row: y[m·y_stride + n] for those panels' rows n, from
-// first_panel's first row.
+// Panels first_panel … last_panel − 1 of `w` with every activation row: y[m·y_stride + n] for those panels' rows n,
+// from first_panel's first row.
 using GemmFn = void (*)(const PackedWeights& w, const ManyRows& a, float* y, size_t y_stride, size_t first_panel,
                         size_t last_panel);
 

@@ -1,6 +1,6 @@
-// Many activation rows with AVX2: a packed panel of 16 weight rows (two ymm of 8 rows × 4 values) times 2 activation rows at a
-// time, each activation's 4 values broadcast; two quads' maddubs added in i16 (|4 products| ≤ 4·63·127 < 2^15), then
-// madd by ones to i32. Q8_0 has none here: its unsigned values (q + 128) would saturate maddubs, so its many rows take
+// Many activation rows with AVX2: a packed panel of 16 weight rows (two ymm of 8 rows × 4 values) times 2 activation
+// rows at a time, each activation's 4 values broadcast; two quads' maddubs added in i16 (|4 products| ≤ 4·63·127 <
+// 2^15), then madd by ones to i32. Q8_0 has none here: its unsigned values (q + 128) would saturate maddubs, so its many rows take
 // the dot products. Per slot: the i32 sums to f32, times s·d_a, and Q4_K's mins (panel.hpp).
 // Compiled with -mavx2 -mfma -mf16c; chosen only where the CPU has them (dispatch.cpp).
 #include <immintrin.h>
@@ -63,7 +63,8 @@ inline __m256i values(const uint8_t* block, int j, int q, int n) {
             reinterpret_cast<const __m256i*>(block + P::V + ((j / 2) * 8 + q) * P::QUAD + 32 * n));
         return _mm256_and_si256(j % 2 ? _mm256_srli_epi16(nibbles, 4) : nibbles, _mm256_set1_epi8(0x0F));
     } else {
-        return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + P::V + (j * (P::SLOT / 4) + q) * P::QUAD + 32 * n));
+        const uint8_t* quad = block + P::V + (j * (P::SLOT / 4) + q) * P::QUAD;
+        return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(quad + 32 * n));
     }
 }
 
@@ -102,7 +103,8 @@ void tile(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int first
             }
             for (int quad = 0; quad < QUADS; quad += 2) {
                 __m256i w0[NR], w1[NR];
-                for (int n = 0; n < NR; ++n) w0[n] = values<K>(block, j, quad, n), w1[n] = values<K>(block, j, quad + 1, n);
+                for (int n = 0; n < NR; ++n)
+                    w0[n] = values<K>(block, j, quad, n), w1[n] = values<K>(block, j, quad + 1, n);
                 for (int m = 0; m < M; ++m) {
                     const __m256i x0 = broadcast4(q + m * a.columns + 4 * quad);
                     const __m256i x1 = broadcast4(q + m * a.columns + 4 * quad + 4);

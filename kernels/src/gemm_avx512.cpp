@@ -26,8 +26,8 @@ inline __m512i broadcast4(const int8_t* p) {
     return _mm512_set1_epi32(word);
 }
 
-// Rows' 32 bytes (16 rows at a time, `stride` apart) as 8 quads of those rows, `quad_bytes` apart: a 16 × 8 transpose of
-// i32, the two halves of a zmm (rows i and i + 8) transposed at once as two 8 × 8 (unpacks in 128-bit lanes, then
+// Rows' 32 bytes (16 rows at a time, `stride` apart) as 8 quads of those rows, `quad_bytes` apart: a 16 × 8 transpose
+// of i32, the two halves of a zmm (rows i and i + 8) transposed at once as two 8 × 8 (unpacks in 128-bit lanes, then
 // one vpermt2q to gather the lanes).
 struct Interleave {
     static void run(const uint8_t* v, size_t stride, uint8_t* dst, size_t quad_bytes) {
