@@ -75,8 +75,6 @@ inline __m256 bytes_as_floats(const uint8_t* p) {
     return _mm256_cvtepi32_ps(Signed ? _mm256_cvtepi8_epi32(bytes) : _mm256_cvtepu8_epi32(bytes));
 }
 
-// y[m0 + m, 0…ROWS) (+)= a panel's `blocks` packed blocks (from `panel`; the activations' block first_block on)
-// dotted with activation row m0 + m; `first`: y is written, not added to.
 template <Kind K, int M>
 void tile(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int first_block, float* y, size_t y_stride,
           bool first) {
@@ -146,30 +144,15 @@ void tile(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int first
 }
 
 template <Kind K>
-void gemm(const PackedWeights& w, const ManyRows& a, float* y, size_t y_stride, size_t first_panel, size_t last_panel) {
-    using P = Packed<K, ROWS>;
-    constexpr int CHUNK = std::max(1, CHUNK_VALUES / P::VALUES);
-    for (size_t p = first_panel; p < last_panel; ++p) {
-        const uint8_t* panel = w.bytes.get() + p * w.blocks * P::BYTES;
-        for (int b0 = 0; b0 < w.blocks; b0 += CHUNK) {
-            const int blocks = std::min(CHUNK, w.blocks - b0);
-            in_groups_of_rows<MR>(a.rows, [&]<int R>(int m0) {
-                tile<K, R>(panel + b0 * P::BYTES, blocks, a, m0, b0, y + (p - first_panel) * ROWS, y_stride, b0 == 0);
-            });
-        }
-    }
-}
-
+constexpr GemmFn GEMM = gemm_panels<K, ROWS, MR>;
 template <Kind K>
-void pack(const uint8_t* rows, size_t row_bytes, size_t panel, int blocks, PackedWeights& out) {
-    pack_panel<K, ROWS, Interleave>(rows, row_bytes, panel, blocks, out);
-}
+constexpr PackFn PACK = pack_panel<K, ROWS, Interleave>;
 
 }  // namespace
 
 const Gemms* avx2_gemms() {  // no Q8_0: its unsigned values (q + 128) would saturate maddubs
-    static const Gemms gemms{{pack<Kind::Q4_K>, pack<Kind::Q6_K>, nullptr, pack<Kind::Q5_0>},
-                             {gemm<Kind::Q4_K>, gemm<Kind::Q6_K>, nullptr, gemm<Kind::Q5_0>},
+    static const Gemms gemms{{PACK<Kind::Q4_K>, PACK<Kind::Q6_K>, nullptr, PACK<Kind::Q5_0>},
+                             {GEMM<Kind::Q4_K>, GEMM<Kind::Q6_K>, nullptr, GEMM<Kind::Q5_0>},
                              {Packed<Kind::Q4_K, ROWS>::BYTES, Packed<Kind::Q6_K, ROWS>::BYTES, 0,
                               Packed<Kind::Q5_0, ROWS>::BYTES},
                              ROWS, FROM_ROWS};

@@ -23,6 +23,8 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
+
 #include "formats.hpp"
 
 namespace specdemo {
@@ -147,6 +149,30 @@ void pack_panel(const uint8_t* rows, size_t row_bytes, size_t panel, int blocks,
     using P = Packed<K, ROWS>;
     for (int b = 0; b < blocks; ++b)
         P::template pack<Interleave>(rows + b * P::RAW, row_bytes, out.bytes.get() + (panel * blocks + b) * P::BYTES);
+}
+
+// Each ISA's tile, defined in its gemm_*.cpp: y[m0 + m, 0…ROWS) (+)= a panel's `blocks` packed blocks (from `panel`;
+// the activations' block first_block on) dotted with activation row m0 + m, m < M; `first`: y is written, not added to.
+template <Kind K, int M>
+void tile(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int first_block, float* y, size_t y_stride,
+          bool first);
+
+// An ISA's gemm (GemmFn): each panel first_panel … last_panel − 1, its columns CHUNK_VALUES at a time (kept in cache),
+// times every activation row, MR rows a tile, then what is left.
+template <Kind K, int ROWS, int MR>
+void gemm_panels(const PackedWeights& w, const ManyRows& a, float* y, size_t y_stride, size_t first_panel,
+                 size_t last_panel) {
+    using P = Packed<K, ROWS>;
+    constexpr int CHUNK = CHUNK_VALUES / P::VALUES > 1 ? CHUNK_VALUES / P::VALUES : 1;
+    for (size_t p = first_panel; p < last_panel; ++p) {
+        const uint8_t* panel = w.bytes.get() + p * w.blocks * P::BYTES;
+        for (int b0 = 0; b0 < w.blocks; b0 += CHUNK) {
+            const int blocks = std::min(CHUNK, w.blocks - b0);
+            in_groups_of_rows<MR>(a.rows, [&]<int R>(int m0) {
+                tile<K, R>(panel + b0 * P::BYTES, blocks, a, m0, b0, y + (p - first_panel) * ROWS, y_stride, b0 == 0);
+            });
+        }
+    }
 }
 
 }  // namespace
