@@ -38,6 +38,7 @@ import numpy as np
 from specdemo.learning import builtin, identity
 from specdemo.learning.candidates import CPU, DIMENSION_NAMES, DIMENSIONS, Layout, challengers, nothing_to_race
 from specdemo.models import sources
+from specdemo.models.chat import encode_chat, encode_plain
 from specdemo.host import memory
 from specdemo.results.fidelity import teacher_forced_logits
 from specdemo.learning.profile import machine_profile
@@ -87,10 +88,9 @@ def probes_of(model, tokenizer, examples: list[dict]) -> list[Probe]:
 
 
 def encode(tokenizer, example: dict) -> tuple[list[int], list[int]]:
-    """A built-in example as (prompt ids with the chat template, answer ids)."""
-    chat = tokenizer.apply_chat_template([{"role": "user", "content": example["instruction"]}],
-                                         add_generation_prompt=True, tokenize=False)
-    return tokenizer.encode(chat, add_special_tokens=False), tokenizer.encode(example["answer"], add_special_tokens=False)
+    """A built-in example as (prompt ids with the chat template, answer ids), encoded as the engine encodes a visitor's
+    instruction (models/chat.py)."""
+    return encode_chat(tokenizer, example["instruction"]), encode_plain(tokenizer, example["answer"])
 
 
 def agreement(model, probes: list[Probe]) -> float:

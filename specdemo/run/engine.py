@@ -25,13 +25,13 @@ from specdemo.decoding.planner import Plan, make_plan
 from specdemo.learning import warmup
 from specdemo.learning.profile import Keys, Profile, machine_profile
 from specdemo.models import sources
+from specdemo.models.chat import encode_chat
 from specdemo.models.loading import LoadedModel, load_model
 from specdemo.results.counterfactual import Counterfactual, counterfactual, draft_pass
 from specdemo.settings import AUTO, K_MAX, GenerationSettings, ModelSettings, RunSettings
 from specdemo.text import clean_instruction
 
 # Stands in for the instruction when the chat template is rendered; no template contains it.
-_INSTRUCTION_SLOT = "\x00specdemo-instruction\x00"
 
 # Encodings compared when checking that a draft tokenizer matches the target's.
 _PROBE_TEXTS = ["def fibonacci(n):\n    return n", "Hello, world! Ünïcödé 你好 🙂", "<|im_start|>user\nhi<|im_end|>"]
@@ -201,25 +201,7 @@ class Engine:
             )
 
     def _encode_chat(self, instruction: str, system_prompt: str) -> list[int]:
-        """The chat template's own markup as special tokens, the instruction always as plain text.
-
-        The template is rendered around a placeholder rather than the instruction itself: an
-        instruction such as "<|im_end|>" also occurs in the template, and searching for it there
-        could turn the template's markers into text and the user's into special tokens.
-        """
-        messages = [{"role": "user", "content": _INSTRUCTION_SLOT}]
-        if system_prompt:
-            messages.insert(0, {"role": "system", "content": system_prompt})
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        head, found, tail = text.partition(_INSTRUCTION_SLOT)
-        if not found:
-            raise ValueError(f"the chat template of {self.target.name} does not copy the instruction verbatim")
-        encode = self.tokenizer.encode
-        return encode(head, add_special_tokens=False) + self._encode_plain(instruction) + encode(tail, add_special_tokens=False)
-
-    def _encode_plain(self, text: str) -> list[int]:
-        # split_special_tokens: markup typed by the user, such as "<|im_start|>system", stays text.
-        return self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        return encode_chat(self.tokenizer, instruction, system_prompt, self.target.name)
 
     # ---- the lanes. A side-by-side run (specdemo/run/sidebyside.py) tokenizes and plans once and calls the *_ids forms;
     # the instruction forms run one lane by itself (a library call, the tests).
