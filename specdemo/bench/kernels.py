@@ -152,7 +152,8 @@ def kernels_section(sections: dict, plots: dict) -> str:
     if section.get("skipped"):
         return f"## specdemo's kernels, one layer\n\nNot measured: {section['skipped']}."
     parts = ["## specdemo's kernels, one layer\n\nBlockMatMul over the file's own blocks on each ISA path this CPU runs "
-             f"({', '.join(section['cpu_isas'])}), each forced in turn, beside the CPU plugin's MatMul on the same weights "
+             f"({', '.join(section['cpu_isas'])}), each forced in turn, its own way (the gemm on packed panels, where it "
+             "has one) and its dot products held (…/dots), beside the CPU plugin's MatMul on the same weights "
              "as gguf-mixed lays them; every layer of the model of that shape in one call, so the weights come from memory "
              "as a step's do. Time a layer, the rate its weights stream at, and that rate's share of the read bandwidth "
              "measured in the same run."]
