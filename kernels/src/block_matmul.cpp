@@ -14,10 +14,8 @@ namespace specdemo {
 namespace {
 
 Kind parse_kind(const std::string& kind) {
-    if (kind == "Q4_K") return Kind::Q4_K;
-    if (kind == "Q6_K") return Kind::Q6_K;
-    if (kind == "Q8_0") return Kind::Q8_0;
-    if (kind == "Q5_0") return Kind::Q5_0;
+    for (int k = 0; k < 4; ++k)
+        if (kind == KIND_NAMES[k]) return Kind(k);
     OPENVINO_THROW("BlockMatMul: block type ", kind, " is not one of Q4_K, Q6_K, Q8_0, Q5_0");
 }
 

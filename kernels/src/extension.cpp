@@ -23,12 +23,11 @@ extern "C" __attribute__((visibility("default"))) void specdemo_kernels_gemm_fro
 
 // The block types the running ISA has a gemm for, comma-separated ("" for none: every call takes the dot products).
 extern "C" __attribute__((visibility("default"))) const char* specdemo_kernels_gemm_kinds() {
-    static const char* names[4] = {"Q4_K", "Q6_K", "Q8_0", "Q5_0"};
     thread_local std::string kinds;
     kinds.clear();
     if (const specdemo::Gemms* gemms = specdemo::chosen_kernels().gemms) {
         for (int k = 0; k < 4; ++k)
-            if (gemms->gemm[k]) kinds.append(kinds.empty() ? "" : ",").append(names[k]);
+            if (gemms->gemm[k]) kinds.append(kinds.empty() ? "" : ",").append(specdemo::KIND_NAMES[k]);
     }
     return kinds.c_str();
 }

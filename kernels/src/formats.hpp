@@ -24,6 +24,7 @@
 namespace specdemo {
 
 enum class Kind { Q4_K, Q6_K, Q8_0, Q5_0 };
+constexpr const char* KIND_NAMES[4] = {"Q4_K", "Q6_K", "Q8_0", "Q5_0"};  // by Kind, as the op's attribute says them
 
 struct BlockQ8K {
     float d;              // the activations' scale: x ≈ d·q
@@ -56,6 +57,12 @@ inline size_t block_bytes(Kind kind) {
 }
 
 inline int block_values(Kind kind) { return kind == Kind::Q4_K || kind == Kind::Q6_K ? 256 : 32; }
+
+// The gemm's slot (the weights that share a scale: panel.hpp) and the weights' integer offset c there (w = s·(v − c)).
+constexpr int slot_values(Kind kind) { return kind == Kind::Q6_K ? 16 : 32; }
+constexpr int weight_offset(Kind kind) {
+    return kind == Kind::Q6_K ? 32 : kind == Kind::Q8_0 ? 128 : kind == Kind::Q5_0 ? 16 : 0;
+}
 
 // Half to single precision, exactly (the scales are the only halves, read once per block).
 inline float fp16_to_fp32(uint16_t h) {

@@ -40,7 +40,7 @@ struct Packed;
 
 template <int ROWS>
 struct Packed<Kind::Q4_K, ROWS> {
-    static constexpr int SLOT = 32, VALUES = 256, OFFSET = 0;
+    static constexpr int SLOT = slot_values(Kind::Q4_K), VALUES = 256;
     static constexpr size_t RAW = Q4_K_BYTES, QUAD = ROWS * 4, D = 0, DMIN = 4 * ROWS, SC = 8 * ROWS, M = 16 * ROWS,
                             V = 24 * ROWS, BYTES = V + 128 * ROWS;
 
@@ -66,7 +66,7 @@ struct Packed<Kind::Q4_K, ROWS> {
 
 template <int ROWS>
 struct Packed<Kind::Q6_K, ROWS> {
-    static constexpr int SLOT = 16, VALUES = 256, OFFSET = 32;
+    static constexpr int SLOT = slot_values(Kind::Q6_K), VALUES = 256;
     static constexpr size_t RAW = Q6_K_BYTES, QUAD = ROWS * 4, D = 0, SC = 4 * ROWS, V = 20 * ROWS,
                             BYTES = V + 256 * ROWS;
 
@@ -97,9 +97,9 @@ struct Packed<Kind::Q6_K, ROWS> {
 };
 
 // Q8_0 and Q5_0: 32 weights a block, one scale. `Decode(block, 32 values)` a row at a time, then the ROWS transposed.
-template <int ROWS, size_t RAW_BYTES, int OFFSET_, void (*Decode)(const uint8_t*, uint8_t*)>
+template <int ROWS, size_t RAW_BYTES, void (*Decode)(const uint8_t*, uint8_t*)>
 struct Packed32 {
-    static constexpr int SLOT = 32, VALUES = 32, OFFSET = OFFSET_;
+    static constexpr int SLOT = 32, VALUES = 32;
     static constexpr size_t RAW = RAW_BYTES, QUAD = ROWS * 4, D = 0, V = 4 * ROWS, BYTES = V + 8 * QUAD;
 
     template <typename Interleave>
@@ -127,9 +127,9 @@ inline void decode_q5_0(const uint8_t* w, uint8_t* v) {  // v = q (0…31)
 }
 
 template <int ROWS>
-struct Packed<Kind::Q8_0, ROWS> : Packed32<ROWS, Q8_0_BYTES, 128, decode_q8_0> {};
+struct Packed<Kind::Q8_0, ROWS> : Packed32<ROWS, Q8_0_BYTES, decode_q8_0> {};
 template <int ROWS>
-struct Packed<Kind::Q5_0, ROWS> : Packed32<ROWS, Q5_0_BYTES, 16, decode_q5_0> {};
+struct Packed<Kind::Q5_0, ROWS> : Packed32<ROWS, Q5_0_BYTES, decode_q5_0> {};
 
 // The first tile of a chunk reads the panel from memory, the others from cache: while it multiplies slot j of `block`,
 // it asks for the j-th of `slots` parts of the next block (its lines in order, so the hardware's streamer follows on).

@@ -81,9 +81,7 @@ size_t quantized_row_bytes(Kind kind, int columns) {
 }
 
 void ManyRows::resize(Kind kind, int m_rows, int m_columns) {
-    // the slot (values sharing a weight scale) and the weights' integer offset c, by kind (panel.hpp's Packed)
-    static constexpr int SLOT[4] = {32, 16, 32, 32}, OFFSET[4] = {0, 32, 128, 16};
-    rows = m_rows, columns = m_columns, slot = SLOT[int(kind)], offset = OFFSET[int(kind)];
+    rows = m_rows, columns = m_columns, slot = slot_values(kind), offset = weight_offset(kind);
     q.resize(size_t(rows) * columns);
     scale.resize(size_t(rows) * slots());
     start.resize(size_t(rows) * slots());
