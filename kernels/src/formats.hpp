@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -180,8 +181,12 @@ struct ManyRows {
 void quantize_slots(const float* x, int m, ManyRows& a);
 
 // A tensor's blocks repacked for the gemm (panel.hpp): its whole panels, made once, kept for the model's life.
+struct FreeBytes {
+    void operator()(uint8_t* bytes) const { std::free(bytes); }
+};
+
 struct PackedWeights {
-    std::unique_ptr<uint8_t[]> bytes;  // panel p's block b at (p·blocks + b)·the format's packed block bytes
+    std::unique_ptr<uint8_t[], FreeBytes> bytes;  // panel p's block b at (p·blocks + b)·the format's packed block bytes
     size_t panels = 0;                 // rows / the ISA's panel rows (the rows past them take the dot products)
     int blocks = 0;                    // blocks a row
 };

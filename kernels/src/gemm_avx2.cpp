@@ -62,6 +62,14 @@ inline __m256i values(const uint8_t* block, int j, int q, int n) {
         const __m256i nibbles = _mm256_loadu_si256(
             reinterpret_cast<const __m256i*>(block + P::V + ((j / 2) * 8 + q) * P::QUAD + 32 * n));
         return _mm256_and_si256(j % 2 ? _mm256_srli_epi16(nibbles, 4) : nibbles, _mm256_set1_epi8(0x0F));
+    } else if constexpr (K == Kind::Q6_K) {  // the quad's nibbles, and its 2 high bits moved to bits 4 and 5
+        const uint8_t* slot = block + P::V + j * P::SLOT_BYTES + 32 * n;
+        const __m256i nibbles = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(slot + (q / 2) * P::QUAD));
+        const __m256i highs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(slot + 2 * P::QUAD));
+        const __m256i low = _mm256_and_si256(q % 2 ? _mm256_srli_epi16(nibbles, 4) : nibbles, _mm256_set1_epi8(0x0F));
+        const __m256i high = q == 0 ? _mm256_slli_epi16(highs, 4) : q == 1 ? _mm256_slli_epi16(highs, 2)
+                           : q == 2 ? highs : _mm256_srli_epi16(highs, 2);
+        return _mm256_or_si256(low, _mm256_and_si256(high, _mm256_set1_epi8(0x30)));
     } else {
         const uint8_t* quad = block + P::V + (j * (P::SLOT / 4) + q) * P::QUAD;
         return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(quad + 32 * n));
@@ -73,6 +81,11 @@ template <bool Signed>
 inline __m256 bytes_as_floats(const uint8_t* p) {
     const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
     return _mm256_cvtepi32_ps(Signed ? _mm256_cvtepi8_epi32(bytes) : _mm256_cvtepu8_epi32(bytes));
+}
+
+// 8 f16 of a packed block's (d, dmin) as f32.
+inline __m256 halves(const uint8_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
 template <Kind K, int M>
@@ -88,7 +101,8 @@ void tile(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int first
             acc[m][n] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + (m0 + m) * y_stride + 8 * n);
     for (int b = 0; b < blocks; ++b) {
         const uint8_t* block = panel + b * P::BYTES;
-        const auto* d = reinterpret_cast<const float*>(block + P::D);
+        __m256 d[NR];
+        for (int n = 0; n < NR; ++n) d[n] = halves(block + P::D + 16 * n);
         for (int j = 0; j < SLOTS; ++j) {
             if (m0 == 0) prefetch_slot_of_next(block, j, SLOTS, P::BYTES);
             const int slot = (first_block + b) * SLOTS + j;
@@ -116,10 +130,10 @@ void tile(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int first
             __m256 s[NR];
             for (int n = 0; n < NR; ++n) {
                 if constexpr (K == Kind::Q4_K || K == Kind::Q6_K)
-                    s[n] = _mm256_mul_ps(_mm256_loadu_ps(d + 8 * n),
+                    s[n] = _mm256_mul_ps(d[n],
                                          bytes_as_floats<K == Kind::Q6_K>(block + P::SC + j * ROWS + 8 * n));
                 else
-                    s[n] = _mm256_loadu_ps(d + 8 * n);
+                    s[n] = d[n];
             }
             for (int m = 0; m < M; ++m) {
                 const __m256 da = _mm256_set1_ps(a.scale[at + m * a_slots]);
@@ -127,11 +141,10 @@ void tile(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int first
                     acc[m][n] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[m][n]), _mm256_mul_ps(s[n], da), acc[m][n]);
             }
             if constexpr (K == Kind::Q4_K) {  // − dmin·m · d_a·Σa
-                const auto* dmin = reinterpret_cast<const float*>(block + P::DMIN);
                 for (int m = 0; m < M; ++m) {
                     const __m256 d_sum = _mm256_set1_ps(a.scaled_sum[at + m * a_slots]);
                     for (int n = 0; n < NR; ++n) {
-                        const __m256 o = _mm256_mul_ps(_mm256_loadu_ps(dmin + 8 * n),
+                        const __m256 o = _mm256_mul_ps(halves(block + P::DMIN + 16 * n),
                                                        bytes_as_floats<false>(block + P::M + j * ROWS + 8 * n));
                         acc[m][n] = _mm256_fnmadd_ps(o, d_sum, acc[m][n]);
                     }

@@ -65,6 +65,14 @@ inline __m512i values(const uint8_t* block, int j, int q, int n) {
     if constexpr (K == Kind::Q4_K) {  // slots 2c and 2c + 1 share the nibbles of quad q of group c
         const __m512i nibbles = _mm512_loadu_si512(block + P::V + ((j / 2) * 8 + q) * P::QUAD + 64 * n);
         return _mm512_and_si512(j % 2 ? _mm512_srli_epi16(nibbles, 4) : nibbles, _mm512_set1_epi8(0x0F));
+    } else if constexpr (K == Kind::Q6_K) {  // the quad's nibbles, and its 2 high bits moved to bits 4 and 5
+        const uint8_t* slot = block + P::V + j * P::SLOT_BYTES + 64 * n;
+        const __m512i nibbles = _mm512_loadu_si512(slot + (q / 2) * P::QUAD);
+        const __m512i highs = _mm512_loadu_si512(slot + 2 * P::QUAD);
+        const __m512i low = _mm512_and_si512(q % 2 ? _mm512_srli_epi16(nibbles, 4) : nibbles, _mm512_set1_epi8(0x0F));
+        const __m512i high = q == 0 ? _mm512_slli_epi16(highs, 4) : q == 1 ? _mm512_slli_epi16(highs, 2)
+                           : q == 2 ? highs : _mm512_srli_epi16(highs, 2);
+        return _mm512_or_si512(low, _mm512_and_si512(high, _mm512_set1_epi8(0x30)));
     } else {
         return _mm512_loadu_si512(block + P::V + (j * (P::SLOT / 4) + q) * P::QUAD + 64 * n);
     }
@@ -75,6 +83,11 @@ template <bool Signed>
 inline __m512 bytes_as_floats(const uint8_t* p) {
     const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     return _mm512_cvtepi32_ps(Signed ? _mm512_cvtepi8_epi32(bytes) : _mm512_cvtepu8_epi32(bytes));
+}
+
+// 16 f16 of a packed block's (d, dmin) as f32.
+inline __m512 halves(const uint8_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
 template <Kind K, int M>
@@ -90,7 +103,7 @@ void tile(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int first
     for (int b = 0; b < blocks; ++b) {
         const uint8_t* block = panel + b * P::BYTES;
         __m512 d[NR];
-        for (int n = 0; n < NR; ++n) d[n] = _mm512_loadu_ps(reinterpret_cast<const float*>(block + P::D) + 16 * n);
+        for (int n = 0; n < NR; ++n) d[n] = halves(block + P::D + 32 * n);
         for (int j = 0; j < SLOTS; ++j) {
             if (m0 == 0) prefetch_slot_of_next(block, j, SLOTS, P::BYTES);
             const int slot = (first_block + b) * SLOTS + j;
@@ -124,7 +137,7 @@ void tile(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int first
             if constexpr (K == Kind::Q4_K) {  // − dmin·m · d_a·Σa
                 __m512 o[NR];
                 for (int n = 0; n < NR; ++n)
-                    o[n] = _mm512_mul_ps(_mm512_loadu_ps(reinterpret_cast<const float*>(block + P::DMIN) + 16 * n),
+                    o[n] = _mm512_mul_ps(halves(block + P::DMIN + 32 * n),
                                          bytes_as_floats<false>(block + P::M + j * ROWS + 16 * n));
                 for (int m = 0; m < M; ++m) {
                     const __m512 d_sum = _mm512_set1_ps(a.scaled_sum[at + m * a_slots]);

@@ -11,12 +11,14 @@
 //
 // A panel is the ROWS rows' blocks one after another; a block of a panel, as the SIMD loop reads it, in address order
 // (a "quad" is 4 consecutive weights of a row, ROWS of them make a vector row of the panel):
-//   Q4_K  d [ROWS] f32, dmin [ROWS] f32, sc [8][ROWS] u8, m [8][ROWS] u8           s = d·sc, o = dmin·m
+//   Q4_K  d [ROWS] f16, dmin [ROWS] f16, sc [8][ROWS] u8, m [8][ROWS] u8           s = d·sc, o = dmin·m
 //         nibbles [4][8 quads][ROWS][4]: weights 64c + 4q… (low nibbles, slot 2c) and 64c + 32 + 4q… (high, 2c + 1)
-//   Q6_K  d [ROWS] f32, sc [16][ROWS] i8, values [64 quads][ROWS][4] u8 (0…63)    s = d·sc, c = 32
-//   Q8_0  d [ROWS] f32, values [8 quads][ROWS][4] u8 (q + 128)                     s = d, c = 128
-//   Q5_0  d [ROWS] f32, values [8 quads][ROWS][4] u8 (0…31)                        s = d, c = 16
-// The same bytes as the file's blocks give or take a few (Q4_K 152 a row's block against 144, Q6_K 276 against 210),
+//   Q6_K  d [ROWS] f16, sc [16][ROWS] i8, then per slot j (quads 4j + q, q < 4):        s = d·sc, c = 32
+//         nibbles [2][ROWS][4] (quads 4j and 4j + 1 low and high, then 4j + 2, 4j + 3), highs [ROWS][4] (2 bits each,
+//         quad 4j + q at bits 2q): the 6-bit values (0…63) in 0.75 bytes
+//   Q8_0  d [ROWS] f16, values [8 quads][ROWS][4] u8 (q + 128)                     s = d, c = 128
+//   Q5_0  d [ROWS] f16, values [8 quads][ROWS][4] u8 (0…31)                        s = d, c = 16
+// The same bytes as the file's blocks give or take a few (Q4_K 148 a row's block against 144, Q6_K and Q8_0 the same 210 and 34, Q5_0 34 against 22),
 // kept beside them (the dot products of a single step read the file's own) for the model's life.
 // Included by each gemm_*.cpp, compiled with its own ISA flags (internal linkage: see formats.hpp).
 #pragma once
@@ -41,18 +43,18 @@ struct Packed;
 template <int ROWS>
 struct Packed<Kind::Q4_K, ROWS> {
     static constexpr int SLOT = slot_values(Kind::Q4_K), VALUES = 256;
-    static constexpr size_t RAW = Q4_K_BYTES, QUAD = ROWS * 4, D = 0, DMIN = 4 * ROWS, SC = 8 * ROWS, M = 16 * ROWS,
-                            V = 24 * ROWS, BYTES = V + 128 * ROWS;
+    static constexpr size_t RAW = Q4_K_BYTES, QUAD = ROWS * 4, D = 0, DMIN = 2 * ROWS, SC = 4 * ROWS, M = 12 * ROWS,
+                            V = 20 * ROWS, BYTES = V + 128 * ROWS;
 
     template <typename Interleave>
     static void pack(const uint8_t* raw, size_t row_bytes, uint8_t* out) {
         for (int c = 0; c < 4; ++c) Interleave::run(raw + 16 + 32 * c, row_bytes, out + V + 8 * c * QUAD, QUAD);
         alignas(64) uint32_t word[8][ROWS];  // bytes 0…31 of each row: d and dmin, then the 12 bytes of 6-bit scales
         Interleave::run(raw, row_bytes, reinterpret_cast<uint8_t*>(word), QUAD);
-        auto* d = reinterpret_cast<float*>(out + D);
-        auto* dmin = reinterpret_cast<float*>(out + DMIN);
+        auto* d = reinterpret_cast<uint16_t*>(out + D);
+        auto* dmin = reinterpret_cast<uint16_t*>(out + DMIN);
         for (int r = 0; r < ROWS; ++r) {
-            d[r] = _cvtsh_ss(uint16_t(word[0][r])), dmin[r] = _cvtsh_ss(uint16_t(word[0][r] >> 16));
+            d[r] = uint16_t(word[0][r]), dmin[r] = uint16_t(word[0][r] >> 16);
             const uint32_t s0 = word[1][r], s1 = word[2][r], s2 = word[3][r];  // unpack_q4_k_scales, a row a lane
             const uint32_t sc[2] = {s0 & 0x3F3F3F3Fu, (s2 & 0x0F0F0F0Fu) | ((s0 >> 6) & 0x03030303u) << 4};
             const uint32_t m[2] = {s1 & 0x3F3F3F3Fu, ((s2 >> 4) & 0x0F0F0F0Fu) | ((s1 >> 6) & 0x03030303u) << 4};
@@ -67,17 +69,17 @@ struct Packed<Kind::Q4_K, ROWS> {
 template <int ROWS>
 struct Packed<Kind::Q6_K, ROWS> {
     static constexpr int SLOT = slot_values(Kind::Q6_K), VALUES = 256;
-    static constexpr size_t RAW = Q6_K_BYTES, QUAD = ROWS * 4, D = 0, SC = 4 * ROWS, V = 20 * ROWS,
-                            BYTES = V + 256 * ROWS;
+    static constexpr size_t RAW = Q6_K_BYTES, QUAD = ROWS * 4, D = 0, SC = 2 * ROWS, V = 18 * ROWS,
+                            SLOT_BYTES = 3 * QUAD, BYTES = V + 16 * SLOT_BYTES;
 
     template <typename Interleave>
     static void pack(const uint8_t* raw, size_t row_bytes, uint8_t* out) {
-        alignas(64) uint8_t low0[8 * QUAD], low1[8 * QUAD], high[8 * QUAD];
+        alignas(64) uint8_t low0[8 * QUAD], low1[8 * QUAD], high[8 * QUAD], six[64 * QUAD];
         for (int h = 0; h < 2; ++h) {  // each half: 128 weights from 64 bytes of low nibbles and 32 of high bits
             Interleave::run(raw + 64 * h, row_bytes, low0, QUAD);
             Interleave::run(raw + 64 * h + 32, row_bytes, low1, QUAD);
             Interleave::run(raw + 128 + 32 * h, row_bytes, high, QUAD);
-            uint8_t* v = out + V + 32 * h * QUAD;  // weights 128h + 32s + i: quad 32h + 8s + i / 4
+            uint8_t* v = six + 32 * h * QUAD;  // weights 128h + 32s + i: quad 32h + 8s + i / 4
             for (size_t i = 0; i < 8 * QUAD; ++i) {
                 v[i] = (low0[i] & 0x0F) | (high[i] & 3) << 4;
                 v[8 * QUAD + i] = (low1[i] & 0x0F) | ((high[i] >> 2) & 3) << 4;
@@ -85,12 +87,22 @@ struct Packed<Kind::Q6_K, ROWS> {
                 v[24 * QUAD + i] = (low1[i] >> 4) | (high[i] >> 6) << 4;
             }
         }
+        for (int j = 0; j < 16; ++j) {  // slot j's quads 4j + q: two bytes of nibbles (q = 0, 1; 2, 3) and the 2-bit highs
+            const uint8_t* q = six + 4 * j * QUAD;
+            uint8_t* slot = out + V + j * SLOT_BYTES;
+            for (size_t i = 0; i < QUAD; ++i) {
+                slot[i] = (q[i] & 0x0F) | (q[QUAD + i] & 0x0F) << 4;
+                slot[QUAD + i] = (q[2 * QUAD + i] & 0x0F) | (q[3 * QUAD + i] & 0x0F) << 4;
+                slot[2 * QUAD + i] = q[i] >> 4 | (q[QUAD + i] >> 4) << 2 | (q[2 * QUAD + i] >> 4) << 4 |
+                                     (q[3 * QUAD + i] >> 4) << 6;
+            }
+        }
         // bytes 176…207 of each row: quads 4–7 the 16 scales; d, at 208, a row at a time (32 bytes from 192 would read
         // past the tensor's last block)
         Interleave::run(raw + 176, row_bytes, low0, QUAD);
-        auto* d = reinterpret_cast<float*>(out + D);
+        auto* d = reinterpret_cast<uint16_t*>(out + D);
         for (int r = 0; r < ROWS; ++r) {
-            d[r] = read_fp16(raw + r * row_bytes + 208);
+            std::memcpy(d + r, raw + r * row_bytes + 208, 2);
             for (int g = 0; g < 16; ++g) out[SC + g * ROWS + r] = low0[(4 + g / 4) * QUAD + 4 * r + g % 4];
         }
     }
@@ -100,15 +112,15 @@ struct Packed<Kind::Q6_K, ROWS> {
 template <int ROWS, size_t RAW_BYTES, void (*Decode)(const uint8_t*, uint8_t*)>
 struct Packed32 {
     static constexpr int SLOT = 32, VALUES = 32;
-    static constexpr size_t RAW = RAW_BYTES, QUAD = ROWS * 4, D = 0, V = 4 * ROWS, BYTES = V + 8 * QUAD;
+    static constexpr size_t RAW = RAW_BYTES, QUAD = ROWS * 4, D = 0, V = 2 * ROWS, BYTES = V + 8 * QUAD;
 
     template <typename Interleave>
     static void pack(const uint8_t* raw, size_t row_bytes, uint8_t* out) {
         alignas(64) uint8_t v[ROWS][32];
-        auto* d = reinterpret_cast<float*>(out + D);
+        auto* d = reinterpret_cast<uint16_t*>(out + D);
         for (int r = 0; r < ROWS; ++r) {
             Decode(raw + r * row_bytes, v[r]);
-            d[r] = read_fp16(raw + r * row_bytes);
+            std::memcpy(d + r, raw + r * row_bytes, 2);
         }
         Interleave::run(&v[0][0], 32, out + V, QUAD);
     }

@@ -2,7 +2,7 @@
 BlockMatMul over the file's own blocks on each ISA path this CPU runs, its own way (the gemm on packed panels, where it
 has one) and its dot products of each row (llama.cpp's arithmetic, "…/dots"), and the CPU plugin's MatMul on the same
 weights as `gguf-mixed` lays them (Q4_K as i4 in groups of 32 plus the offsets' MatMul; Q6_K per channel in i8). The
-rate is of the file's bytes for BlockMatMul either way (the packed panels are 1.06× them for Q4_K, 1.3× for Q6_K).
+rate is of the file's bytes for BlockMatMul either way (the packed panels are 1.06× them for Q4_K, 1.01× for Q6_K).
 
 For M activation rows a call (1: a step; K + 1: a verification; more: a prefill's piece), each path's median time a
 layer and the GB/s it streams the tensor's bytes at (the file's bytes for BlockMatMul, the IR's for the plugin), beside
@@ -34,13 +34,15 @@ BANDWIDTH_BYTES = 1 << 30  # the read pass's buffer: far above any L3 these mach
 
 
 def read_bandwidth(threads: int, repeats: int = 5) -> float:
-    """Bytes a second `threads` threads read from memory together (the best of `repeats` passes; numpy's reductions
-    release the GIL, so the threads run at once)."""
+    """Bytes a second `threads` threads read from memory together (the best of `repeats` passes), each thread its part of
+    a buffer far larger than the caches: through the kernels' read pass (kernels.read: loads only), or where the kernels
+    do not run, numpy's reduction (its arithmetic makes it read ~15 % slower: the shares of the bandwidth read higher)."""
     buffer = np.ones(BANDWIDTH_BYTES // 8, dtype=np.int64)
     parts = np.array_split(buffer, threads)
+    read = kernels.read if kernels.unavailable() is None else np.bitwise_or.reduce
     best = 0.0
     for _ in range(repeats):
-        workers = [threading.Thread(target=np.bitwise_or.reduce, args=(part,)) for part in parts]
+        workers = [threading.Thread(target=read, args=(part,)) for part in parts]
         start = time.perf_counter()
         for worker in workers:
             worker.start()

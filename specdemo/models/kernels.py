@@ -142,6 +142,12 @@ def gemm_from(rows: int = 0) -> None:
     _functions().specdemo_kernels_gemm_from(int(rows))
 
 
+def read(part) -> None:
+    """Reads `part` (a C-contiguous numpy array, its whole 256-byte runs) once, as fast as a core can: the read pass the
+    kernels' streaming is judged against. ctypes lets go of the GIL meanwhile, so threads read beside each other."""
+    _functions().specdemo_kernels_read(ctypes.c_void_p(part.ctypes.data), ctypes.c_size_t(part.nbytes))  # → u64, unread
+
+
 def supported_isas() -> list[str]:
     """The ISAs this CPU runs, widest last."""
     current = isa()
