@@ -6,7 +6,7 @@ import pytest
 
 from specdemo.decoding.drafters import STRATEGIES, Proposal, Strategy, checked, make_drafter, strategy
 from specdemo.decoding.drafters.base import Planning
-from specdemo.decoding.planner import Acceptance, predicted_speedup, round_seconds
+from specdemo.decoding.pricing import Acceptance, predicted_speedup, round_seconds
 from specdemo.results.lane import drain
 from specdemo.settings import GenerationSettings, KPolicy
 from tests.test_planner import machine

@@ -5,7 +5,8 @@ import threading
 import pytest
 
 from specdemo.decoding.events import TARGET, Detokenizer, End, Round, TokenEvent
-from specdemo.decoding.planner import Acceptance, Plan
+from specdemo.decoding.planner import Plan
+from specdemo.decoding.pricing import Acceptance
 from specdemo.results.lane import drain
 from specdemo.results.metrics import Summary
 

@@ -12,14 +12,8 @@ from specdemo.decoding.costs import CostModel
 from specdemo.decoding.drafters.model import ModelDrafter
 from specdemo.decoding.events import ACCEPTED, Round
 from specdemo.decoding.k_rules import PROBE_EVERY, AutoK, GrowShrinkK
-from specdemo.decoding.planner import (
-    Acceptance,
-    best_k,
-    make_plan,
-    predicted_lane_speedup,
-    predicted_speedup,
-    quotes_text,
-)
+from specdemo.decoding.planner import make_plan, quotes_text
+from specdemo.decoding.pricing import Acceptance, best_k, predicted_lane_speedup, predicted_speedup
 from specdemo.results.lane import drain
 from specdemo.results.metrics import alpha_hat, leviathan_speedup
 from specdemo.settings import GenerationSettings, KPolicy
@@ -243,7 +237,8 @@ def test_auto_k_at_zero_does_not_probe_while_the_drafts_keep_failing():
 
 
 def test_the_confidence_stop_is_where_one_more_draft_stops_paying_on_this_machine():
-    from specdemo.decoding.planner import confidence_stops, with_confidence_stop
+    from specdemo.decoding.planner import with_confidence_stop
+    from specdemo.decoding.pricing import confidence_stops
 
     # the draft after the j-th costs a draft step and one more verified token, against a target step's worth of token
     assert confidence_stops(MEMORY_BOUND, 8) == pytest.approx([(0.25 * STEP + 0.02 * STEP) / STEP] * 7)  # 0.27
@@ -272,7 +267,7 @@ def test_a_confident_round_drafts_its_planned_k_whatever_lies_past_it(costs):
     """Each draft position is priced by its own marginal cost, d(1) + t(j + 2) − t(j + 1): a cliff right after the
     planned verify size raises the price of the draft past K alone, so drafts whose confidence pays the cliff-free
     positions are never cut below the planned K."""
-    from specdemo.decoding.planner import confidence_stops
+    from specdemo.decoding.pricing import confidence_stops
 
     k = 4  # verify size 5: the last one before the cliff
     stops = confidence_stops(costs, 12)

@@ -10,7 +10,8 @@ from typing import Protocol
 
 from specdemo.decoding.costs import CostModel
 from specdemo.decoding.drafters import strategy
-from specdemo.decoding.planner import Acceptance, Plan, best_k, predicted_speedup
+from specdemo.decoding.planner import Plan
+from specdemo.decoding.pricing import Acceptance, best_k, predicted_speedup
 from specdemo.settings import GenerationSettings
 
 HOLD = 0.02  # auto K changes K only for a predicted gain of more than this: a new verify size makes its first calls slow

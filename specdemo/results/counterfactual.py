@@ -18,7 +18,7 @@ single-token target calls order a near-tie differently, another K may write anot
 often that happens.
 
 The confidence stop (a round's drafting ends once the product of the draft's top probabilities for its j drafts
-falls below this machine's break-even at position j, planner.confidence_stops) is walked too, by the drafter's own
+falls below this machine's break-even at position j, pricing.confidence_stops) is walked too, by the drafter's own
 rule (drafters.base.stop_threshold), from the same pass's top probabilities: exact for every draft up to and
 including a round's first rejected one (the draft saw the answer's own tokens there); the drafts after it, rejected
 whatever they are, were drafted from the draft's own tokens, which the pass never saw, so their confidences stand in
@@ -38,7 +38,8 @@ from specdemo.decoding.costs import CostModel
 from specdemo.decoding.drafters import MASKED, STRATEGIES, strategy
 from specdemo.decoding.drafters.base import stop_threshold
 from specdemo.decoding.drafters.model import top_probability
-from specdemo.decoding.planner import confidence_stops, describe_stops, round_cost
+from specdemo.decoding.planner import describe_stops
+from specdemo.decoding.pricing import confidence_stops, round_cost
 from specdemo.models.runtime import OVModel
 
 PIECE = 64  # answer tokens per teacher-forced call: 64 rows of logits (~39 MB for a 151,936-token vocabulary)
@@ -73,7 +74,7 @@ class Counterfactual:
     observed: int = 0  # positions of the mask the run's own drafting observed (the rest from the teacher-forced pass)
     corrected: int = 0  # of them, where the teacher-forced pass had guessed otherwise
     stopped: list[Walk] = field(default_factory=list)  # the draft model at K = 1 … k_max with this machine's confidence
-    #                                                     stop (planner.confidence_stops); [] without the pass
+    #                                                     stop (pricing.confidence_stops); [] without the pass
     # What the answer teaches the acceptance prior, per drafter: (tested, accepted) drafts at positions 1 … k_max
     # (mask_counts, replay_counts); the engine fills it, whoever drained the run hands it to the machine profile.
     evidence: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)

@@ -12,7 +12,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
-from specdemo.decoding.planner import Acceptance, predicted_lane_speedup
+from specdemo.decoding.pricing import Acceptance, predicted_lane_speedup
 from specdemo.decoding.verification import NEAR_TIE_LOGIT_GAP
 
 if TYPE_CHECKING:
@@ -157,7 +157,7 @@ def acceptance_by_position(rounds: Sequence["Round"], k_max: int) -> list[float]
 
 def evidence_by_position(rounds: Sequence["Round"], k_max: int) -> tuple[list[int], list[int]]:
     """(tested, accepted) at positions 1 … k_max, where a draft counts as tested only if every draft before it was
-    accepted: the evidence for the conditional rates of the acceptance model (planner.Acceptance)."""
+    accepted: the evidence for the conditional rates of the acceptance model (pricing.Acceptance)."""
     tested, accepted = [0] * k_max, [0] * k_max
     for r in rounds:
         n_tested, n_accepted = r.tested()

@@ -18,7 +18,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from specdemo.decoding import k_rules, loops, planner
+from specdemo.decoding import k_rules, loops, planner, pricing
 from specdemo.decoding.costs import CostModel
 from specdemo.decoding.drafters import STRATEGIES, make_drafter, strategy
 from specdemo.decoding.planner import Plan, make_plan
@@ -154,7 +154,7 @@ class Engine:
         """This pair's acceptance history, as the machine profile holds it now."""
         return self.profile.acceptance(self.keys.pair)
 
-    def _prior(self, drafter: str, greedy: bool) -> planner.Acceptance:
+    def _prior(self, drafter: str, greedy: bool) -> pricing.Acceptance:
         """The acceptance a drafter's plan assumes: a hybrid's K is the draft model's."""
         return self.acceptance().prior(strategy(drafter).planning.prior, greedy)
 
@@ -162,7 +162,7 @@ class Engine:
         """price(drafter, k): this machine's predicted speedup of one round, for the hybrid drafter's choice each round."""
         history, costs_now = self.acceptance(), self.costs
         priors = {name: history.prior(strategy(name).planning.prior, greedy) for name in STRATEGIES}
-        return lambda drafter, k: planner.predicted_speedup(costs_now, priors[drafter], k, drafter)
+        return lambda drafter, k: pricing.predicted_speedup(costs_now, priors[drafter], k, drafter)
 
     @classmethod
     def load(cls, settings: RunSettings, progress: sources.Progress | None = None, with_draft: bool = True,
