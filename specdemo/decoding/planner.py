@@ -1,5 +1,6 @@
-"""Choosing how to speculate on this machine, and saying why: the plan for one run (its drafter and K), priced by
-pricing.py, and the sentences a plan and the cost surface say.
+"""Choosing how to speculate on this machine, and saying why: the plan for one run (its drafter, its first K and the
+rule that picks each round's K, from the settings' K policy), priced by pricing.py, and the sentences a plan and the
+cost surface say.
 """
 
 from __future__ import annotations
@@ -8,7 +9,8 @@ import re
 from dataclasses import dataclass, replace
 
 from specdemo.decoding.costs import CostModel
-from specdemo.decoding.drafters import strategy
+from specdemo.decoding.drafters import Strategy, when_quoting
+from specdemo.decoding.k_rules import AutoK, FixedK, GrowShrinkK, KRule
 from specdemo.decoding.pricing import Acceptance, best_k, break_even_alpha, confidence_stops, predicted_speedup
 from specdemo.settings import KPolicy
 
@@ -47,23 +49,61 @@ def surface_sentence(costs: CostModel, k_max: int, run_alpha: float | None = Non
 
 @dataclass(frozen=True)
 class Plan:
-    """How the speculative lane will run, and why. It travels beside the lane's result, never inside it:
-    its figures are what the planner expected before the run, the summary's what the run measured."""
+    """How the speculative lane will run, and why: made once (make_plan, or unpriced) from the settings' K policy, the
+    strategy and this machine's costs, then asked by everyone after: the loop for the rule that picks each round's K
+    (rule), OpenVINO GenAI's lane for its one K (first_k), the run's record for what it planned (to_dict). It travels
+    beside the lane's result, never inside it: its figures are what the planner expected before the run, the
+    summary's what the run measured."""
 
-    drafter: str  # a strategy's name (specdemo/decoding/drafters): "model", "prompt-lookup" or "hybrid"
+    policy: KPolicy  # the settings' K policy it carries out: fixed, adaptive or auto, with its bounds
+    drafter: Strategy  # the strategy the lane drafts with (under auto K, maybe not the one the settings name)
     k: int  # drafts in the first round; 0 = the target alone (speculation would not pay here)
-    acceptance_prior: Acceptance  # the acceptance the plan assumed (what earlier runs on this machine taught)
-    planned_speedup: float  # S(K) after the prompt, at that acceptance
-    auto: bool  # True: K is re-chosen every round from the run's own evidence
-    reason: str  # one sentence for the page and the CLI
+    costs: CostModel | None = None  # this machine's call costs it was priced by; None: unpriced (no warm-up yet)
+    acceptance_prior: Acceptance | None = None  # what it assumed (what earlier runs here taught); None: unpriced
+    planned_speedup: float = 0.0  # S(K) after the prompt, at that acceptance
+    reason: str = ""  # one sentence for the page and the CLI
     stops: tuple[float, ...] = ()  # the confidence stop the lane drafts with, per draft position (): off; confidence_stops
 
+    @property
+    def priced(self) -> bool:
+        return self.costs is not None
 
-def fixed_k(policy: KPolicy, plan: Plan | None) -> int:
-    """The one K of a lane that keeps K fixed (OpenVINO GenAI's pipeline, the bench's peers) beside ours: ours when
-    fixed (adaptive K's first); under auto K the plan's first K, its K = 0 ("the target alone") becoming the policy's
-    default K."""
-    return (plan.k or policy.k) if policy.is_auto and plan is not None else policy.k
+    def rule(self) -> KRule:
+        """A new K rule for one run of the lane (a rule keeps what it saw of its run): under auto K, the best K at the
+        running acceptance (AutoK); else the policy's own rule (rule_of)."""
+        if self.policy.is_auto and self.priced:
+            return AutoK(self.costs, self.acceptance_prior, self.drafter, self.k, self.policy.k_max)
+        return rule_of(self.policy)
+
+    @property
+    def first_k(self) -> int:
+        """The one K of a lane that keeps K fixed beside ours (OpenVINO GenAI's pipeline, the bench's peers): ours when
+        fixed (adaptive K's first); under auto K this plan's first K, its K = 0 ("the target alone") becoming the
+        policy's default K."""
+        return (self.k or self.policy.k) if self.policy.is_auto else self.policy.k
+
+    def to_dict(self) -> dict:
+        """The plan as a run's record keeps it (runfile.py's "plan"): the strategy by name, the policy as "auto"."""
+        prior = {"rates": self.acceptance_prior.rates} if self.acceptance_prior is not None else None
+        return {"drafter": self.drafter.name, "k": self.k, "acceptance_prior": prior,
+                "planned_speedup": self.planned_speedup, "auto": self.policy.is_auto, "reason": self.reason,
+                "stops": self.stops}
+
+
+def rule_of(policy: KPolicy) -> KRule:
+    """The rule a K policy runs by where no plan prices it: grow/shrink from adaptive K's first, else the policy's K
+    every round (auto K's default, with no costs to plan by)."""
+    return GrowShrinkK(policy.k, policy.k_min, policy.k_max) if policy.is_adaptive else FixedK(policy.k)
+
+
+def needs_costs(policy: KPolicy) -> bool:
+    """Whether a plan under `policy` chooses K by this machine's costs (auto K), so that a lane waits for warm-up."""
+    return policy.is_auto
+
+
+def calls_needed(policy: KPolicy) -> int:
+    """The largest verify call (tokens) a plan under `policy` may price: what warm-up must have measured first."""
+    return policy.k_max + 1
 
 
 def describe_stops(stops: tuple[float, ...]) -> str:
@@ -73,14 +113,14 @@ def describe_stops(stops: tuple[float, ...]) -> str:
     return f"{stops[0]:.2f} after the 1st draft … {stops[-1]:.2f} after the {_ordinal(len(stops))}"
 
 
-def with_confidence_stop(plan: Plan, costs: CostModel, asked: float | None, k_max: int) -> Plan:
+def with_confidence_stop(plan: Plan, asked: float | None) -> Plan:
     """`plan` with the confidence stop its lane drafts with: `asked` (the settings' draft_p_min, one threshold at every
     position) when given; else, under auto K with the draft model, this machine's break-even per position
     (confidence_stops); else off."""
     if asked is not None:
         stops = (asked,) if asked else ()
-    elif plan.auto and strategy(plan.drafter).needs_model and plan.k:
-        stops = confidence_stops(costs, k_max)
+    elif plan.policy.is_auto and plan.drafter.needs_model and plan.k and plan.priced:
+        stops = confidence_stops(plan.costs, plan.policy.k_max)
     else:
         return plan
     if not stops:
@@ -90,13 +130,29 @@ def with_confidence_stop(plan: Plan, costs: CostModel, asked: float | None, k_ma
                    f"drafts falls below {describe_stops(stops)}{why}")
 
 
-def make_plan(costs: CostModel, drafter: str, acceptance: Acceptance, k_max: int, auto: bool, k: int) -> Plan:
-    """The plan: the best K for this machine at this acceptance when `auto`, else the fixed K with its prediction."""
+def drafter_for(asked: Strategy, policy: KPolicy, instruction: str) -> Strategy:
+    """The strategy a lane drafts with: the one asked for, except under auto K where the instruction quotes text for
+    the answer to copy and the asked one hands over (Planning.when_quoting: the draft model to the hybrid)."""
+    instead = when_quoting(asked)
+    return instead if instead is not None and policy.is_auto and quotes_text(instruction) else asked
+
+
+def unpriced(policy: KPolicy, drafter: Strategy) -> Plan:
+    """The plan where there are no costs to plan by (no warm-up yet): the policy's K with the strategy asked for."""
+    return Plan(policy, drafter, policy.k)
+
+
+def make_plan(costs: CostModel, drafter: Strategy, acceptance: Acceptance, policy: KPolicy) -> Plan:
+    """The plan: under auto K the best K for this machine at this acceptance, else the policy's K with its
+    prediction."""
     said = describe_acceptance(acceptance)
-    lookup = strategy(drafter).planning.note
-    if not auto:
+    lookup = drafter.planning.note
+    if not policy.is_auto:
+        k = policy.k
         speedup = predicted_speedup(costs, acceptance, k, drafter)
-        return Plan(drafter, k, acceptance, speedup, False, f"Fixed K = {k}: predicted {speedup:.2f}× at {said}.{lookup}")
+        reason = f"Fixed K = {k}: predicted {speedup:.2f}× at {said}.{lookup}"
+        return Plan(policy, drafter, k, costs, acceptance, speedup, reason)
+    k_max = policy.k_max
     k, speedup = best_k(costs, acceptance, k_max, drafter)
     if k == 0:
         best = max(predicted_speedup(costs, acceptance, j, drafter) for j in range(1, k_max + 1))
@@ -106,7 +162,7 @@ def make_plan(costs: CostModel, drafter: str, acceptance: Acceptance, k_max: int
         reason = (f"K = {k} chosen for this machine: predicted {speedup:.2f}× at {said} "
                   f"(scoring {k + 1} tokens costs {costs.verify_steps(k + 1):.1f} steps, a draft step "
                   f"{costs.d(1) / costs.t(1):.2f}).{lookup}")
-    return Plan(drafter, k, acceptance, speedup, True, reason)
+    return Plan(policy, drafter, k, costs, acceptance, speedup, reason)
 
 
 def quotes_text(instruction: str, min_chars: int = 80) -> bool:

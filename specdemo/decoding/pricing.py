@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from specdemo.decoding.costs import CostModel
-from specdemo.decoding.drafters import MASKED, strategy
+from specdemo.decoding.drafters import MASKED_STRATEGY, Strategy
 
 MIN_GAIN = 1.03  # speculate only where the prediction beats the target alone by this much (noise margin)
 PRIOR_WEIGHT = 20.0  # the prior counts as this many tested drafts at each position against the run's own evidence
@@ -74,13 +74,13 @@ class Acceptance:
         return tokens
 
 
-def round_seconds(costs: CostModel, acceptance: Acceptance, k: int, drafter: str = MASKED) -> float:
+def round_seconds(costs: CostModel, acceptance: Acceptance, k: int, drafter: Strategy = MASKED_STRATEGY) -> float:
     """Expected seconds of one round with K drafts at this acceptance (round_cost, the previous round having kept every
     draft with this acceptance's chance)."""
     return round_cost(costs, k, drafter, acceptance.all_accepted(k) if k else 0.0)
 
 
-def round_cost(costs: CostModel, k: int, drafter: str = MASKED, full: float = 0.0) -> float:
+def round_cost(costs: CostModel, k: int, drafter: Strategy = MASKED_STRATEGY, full: float = 0.0) -> float:
     """Seconds of one round with K drafts (K = 0: one plain target step): the verify call, the trims, the loop's own
     time and the drafting as the strategy prices it (Strategy.draft_seconds; `full`, the chance or 0/1 that the round
     before kept every draft, makes a draft model's first step feed two tokens). The one price of a round: the planner
@@ -88,16 +88,16 @@ def round_cost(costs: CostModel, k: int, drafter: str = MASKED, full: float = 0.
     if k == 0:
         return costs.t(1) + costs.step_overhead_s
     seconds = costs.t(k + 1) + costs.target_rollback_s + costs.round_overhead_s
-    return seconds + strategy(drafter).draft_seconds(costs, k, full)
+    return seconds + drafter.draft_seconds(costs, k, full)
 
 
-def predicted_speedup(costs: CostModel, acceptance: Acceptance, k: int, drafter: str = MASKED) -> float:
+def predicted_speedup(costs: CostModel, acceptance: Acceptance, k: int, drafter: Strategy = MASKED_STRATEGY) -> float:
     """Tokens per second of speculation with K drafts over the target alone, after the prompt."""
     return acceptance.expected_tokens(k) * round_seconds(costs, acceptance, 0) / round_seconds(costs, acceptance, k, drafter)
 
 
 def predicted_lane_speedup(costs: CostModel, acceptance: Acceptance, k: float, tokens: int, prompt_tokens: int,
-                           drafter: str = MASKED) -> float:
+                           drafter: Strategy = MASKED_STRATEGY) -> float:
     """Whole-lane wall-time ratio for `tokens` new tokens after a `prompt_tokens` prompt.
 
     Both lanes prefill the target; the speculative lane also prefills the draft (when it drafts at all)
@@ -114,13 +114,14 @@ def predicted_lane_speedup(costs: CostModel, acceptance: Acceptance, k: float, t
     k = int(k)
     prefill = prompt_tokens / costs.target_prefill_tps
     autoregressive = prefill + (tokens - 1) * round_seconds(costs, acceptance, 0)
-    draft_prefill = strategy(drafter).prefill_seconds(costs, prompt_tokens)
+    draft_prefill = drafter.prefill_seconds(costs, prompt_tokens)
     rounds = (tokens - 1) / acceptance.expected_tokens(k)
     speculative = prefill + draft_prefill + rounds * round_seconds(costs, acceptance, k, drafter)
     return autoregressive / speculative
 
 
-def best_k(costs: CostModel, acceptance: Acceptance, k_max: int, drafter: str = MASKED) -> tuple[int, float]:
+def best_k(costs: CostModel, acceptance: Acceptance, k_max: int,
+           drafter: Strategy = MASKED_STRATEGY) -> tuple[int, float]:
     """(K, predicted speedup) maximising tokens per second; (0, 1.0) when no K beats the target by MIN_GAIN."""
     best, best_speedup = 0, 1.0
     for k in range(1, k_max + 1):
@@ -132,7 +133,7 @@ def best_k(costs: CostModel, acceptance: Acceptance, k_max: int, drafter: str = 
     return best, best_speedup
 
 
-def break_even_alpha(costs: CostModel, k: int, drafter: str = MASKED) -> float | None:
+def break_even_alpha(costs: CostModel, k: int, drafter: Strategy = MASKED_STRATEGY) -> float | None:
     """The α at which K drafts a round exactly pay for themselves on this machine (S(K) = 1, geometric acceptance);
     None when even α = 1 does not pay."""
     if predicted_speedup(costs, Acceptance.geometric(1.0), k, drafter) < 1.0:
@@ -147,7 +148,8 @@ def break_even_alpha(costs: CostModel, k: int, drafter: str = MASKED) -> float |
     return high
 
 
-def cost_surface(costs: CostModel, ks: Sequence[int], alphas: Sequence[float], drafter: str = MASKED) -> list[list[float]]:
+def cost_surface(costs: CostModel, ks: Sequence[int], alphas: Sequence[float],
+                 drafter: Strategy = MASKED_STRATEGY) -> list[list[float]]:
     """This machine's predicted speedup S(K) for every α (rows) and K (columns): where speculation pays, and how much."""
     return [[predicted_speedup(costs, Acceptance.geometric(a), k, drafter) for k in ks] for a in alphas]
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 
 from specdemo.decoding import pricing
 from specdemo.decoding.costs import CostModel
-from specdemo.decoding.drafters import MASKED, strategy
+from specdemo.decoding.drafters import MASKED_STRATEGY
 from specdemo.decoding.pricing import Acceptance
 from specdemo.host import memory
 from specdemo.settings import AUTO, DRAFT_PRECISION, K_MAX, ModelSettings
@@ -76,7 +76,7 @@ class DraftOption:
         return f"{self.precision}, {head}"
 
     def acceptance(self) -> Acceptance:
-        return Acceptance.from_counts(self.tested, self.accepted, Acceptance.geometric(strategy(MASKED).planning.default_alpha))
+        return Acceptance.from_counts(self.tested, self.accepted, Acceptance.geometric(MASKED_STRATEGY.planning.default_alpha))
 
     def acceptance_rate(self) -> float:
         """Accepted ÷ tested over every position: one number for the table."""

@@ -12,6 +12,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
+from specdemo.decoding.drafters import strategy
 from specdemo.decoding.pricing import Acceptance, predicted_lane_speedup
 from specdemo.decoding.verification import NEAR_TIE_LOGIT_GAP
 
@@ -106,7 +107,7 @@ def summarize(tokens: Sequence["TokenEvent"], rounds: Sequence["Round"], end: "E
     if end.costs is not None:  # drafting nothing, the lane runs at the target's own speed: 1.0
         acceptance = run_acceptance(rounds, end.k_max)
         summary.predicted_speedup = predicted_lane_speedup(end.costs, acceptance, mean_k, len(tokens), end.prompt_tokens,
-                                                           end.drafter)
+                                                           strategy(end.drafter))
     return summary
 
 

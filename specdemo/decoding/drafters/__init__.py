@@ -18,8 +18,8 @@ import pkgutil
 from specdemo import settings
 from specdemo.decoding.drafters.base import Drafter, Proposal, Strategy
 
-__all__ = ["Drafter", "Proposal", "Strategy", "STRATEGIES", "DEFAULT", "MASKED", "strategy", "checked", "make_drafter", "memories",
-           "choices", "with_counterpart"]
+__all__ = ["Drafter", "Proposal", "Strategy", "STRATEGIES", "DEFAULT", "MASKED", "MASKED_STRATEGY", "strategy", "when_quoting",
+           "checked", "make_drafter", "memories", "choices", "with_counterpart"]
 
 
 def _discover() -> dict[str, Strategy]:
@@ -35,7 +35,9 @@ def _discover() -> dict[str, Strategy]:
 STRATEGIES: dict[str, Strategy] = _discover()
 DEFAULT = next(iter(STRATEGIES))  # the first choice: the draft model
 assert DEFAULT == settings.DRAFTER, f"settings.DRAFTER names {settings.DRAFTER!r}, the first strategy is {DEFAULT!r}"
-MASKED = next(s.name for s in STRATEGIES.values() if s.counterfactual.taught_by_mask)  # the draft model's own strategy
+# The draft model's own strategy (the one its match mask teaches; what a price is of when it names none), and its name
+MASKED_STRATEGY = next(s for s in STRATEGIES.values() if s.counterfactual.taught_by_mask)
+MASKED = MASKED_STRATEGY.name
 
 
 def strategy(name: str) -> Strategy:
@@ -43,6 +45,12 @@ def strategy(name: str) -> Strategy:
     if name not in STRATEGIES:
         raise ValueError(f"drafter must be one of {', '.join(STRATEGIES)}, got {name!r}")
     return STRATEGIES[name]
+
+
+def when_quoting(asked: Strategy) -> Strategy | None:
+    """The strategy that drafts instead of `asked` where the instruction quotes text to copy (Planning.when_quoting),
+    or None."""
+    return STRATEGIES[asked.planning.when_quoting] if asked.planning.when_quoting else None
 
 
 def checked(generation: settings.GenerationSettings) -> settings.GenerationSettings:
