@@ -317,3 +317,10 @@ def test_a_plan_is_recorded_by_its_strategys_name_and_whether_k_was_automatic():
     assert list(recorded) == ["drafter", "k", "acceptance_prior", "planned_speedup", "auto", "reason", "stops"]
     assert recorded["drafter"] == "model" and recorded["auto"] is True
     assert recorded["acceptance_prior"] == {"rates": (0.9,)}
+
+
+def test_a_plan_says_how_its_lane_chose_k():
+    assert make_plan(MEMORY_BOUND, MODEL, geometric(0.9), KPolicy.fixed(3)).describe(3.0) == "K = 3"
+    assert make_plan(MEMORY_BOUND, MODEL, geometric(0.9), KPolicy.adaptive(3)).describe(3.24) == "K adaptive (mean 3.2)"
+    auto = make_plan(MEMORY_BOUND, MODEL, geometric(0.9), KPolicy.auto(8))
+    assert auto.describe(5.06) == "K chosen by the planner (mean 5.1)"

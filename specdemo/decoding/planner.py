@@ -51,9 +51,9 @@ def surface_sentence(costs: CostModel, k_max: int, run_alpha: float | None = Non
 class Plan:
     """How the speculative lane will run, and why: made once (make_plan, or unpriced) from the settings' K policy, the
     strategy and this machine's costs, then asked by everyone after: the loop for the rule that picks each round's K
-    (rule), OpenVINO GenAI's lane for its one K (first_k), the run's record for what it planned (to_dict). It travels
-    beside the lane's result, never inside it: its figures are what the planner expected before the run, the
-    summary's what the run measured."""
+    (rule), OpenVINO GenAI's lane for its one K (first_k), the page for how K was chosen (describe), the run's record
+    for what was planned (to_dict). It travels beside the lane's result, never inside it: its figures are what the
+    planner expected before the run, the summary's what the run measured."""
 
     policy: KPolicy  # the settings' K policy it carries out: fixed, adaptive or auto, with its bounds
     drafter: Strategy  # the strategy the lane drafts with (under auto K, maybe not the one the settings name)
@@ -81,6 +81,13 @@ class Plan:
         fixed (adaptive K's first); under auto K this plan's first K, its K = 0 ("the target alone") becoming the
         policy's default K."""
         return (self.k or self.policy.k) if self.policy.is_auto else self.policy.k
+
+    def describe(self, mean_k: float) -> str:
+        """How the lane chose K, with the run's mean K where it varied: "K = 4", "K adaptive (mean 3.2)", "K chosen by
+        the planner (mean 5.1)"."""
+        if self.policy.is_auto:
+            return f"K chosen by the planner (mean {mean_k:.1f})"
+        return f"K adaptive (mean {mean_k:.1f})" if self.policy.is_adaptive else f"K = {self.policy.k}"
 
     def to_dict(self) -> dict:
         """The plan as a run's record keeps it (runfile.py's "plan"): the strategy by name, the policy as "auto"."""
