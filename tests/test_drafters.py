@@ -20,9 +20,9 @@ def test_the_package_finds_every_strategy_module_by_its_name_in_the_order_of_the
     assert list(STRATEGIES)[:3] == ["model", "prompt-lookup", "hybrid"]  # the built-in ones first (Strategy.order)
     assert {name: STRATEGIES[name].needs_model for name in ("model", "prompt-lookup", "hybrid")} == \
         {"model": True, "hybrid": True, "prompt-lookup": False}
-    assert make_drafter("prompt-lookup", None, GenerationSettings(), None).kind == "prompt-lookup"
+    assert make_drafter(strategy("prompt-lookup"), None, GenerationSettings(), None).kind == "prompt-lookup"
     with pytest.raises(ValueError, match="no draft model is loaded"):
-        make_drafter("model", None, GenerationSettings(), None)
+        make_drafter(strategy("model"), None, GenerationSettings(), None)
     with pytest.raises(ValueError, match="drafter must be one of model, prompt-lookup, hybrid.*, got 'eagle'"):
         checked(GenerationSettings(drafter="eagle"))  # the edges' check (settings know no registry)
 

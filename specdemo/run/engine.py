@@ -242,7 +242,7 @@ class Engine:
             raise ValueError(no_draft_model())
         rng = np.random.default_rng(settings.seed)
         price = self._price(settings.greedy) if self.costs is not None else None
-        drafter = make_drafter(plan.drafter.name, self.draft.runtime if self.draft else None, settings, rng, price,
+        drafter = make_drafter(plan.drafter, self.draft.runtime if self.draft else None, settings, rng, price,
                                plan.stops, memories)
         if plan.priced:
             yield plan

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Iterator, Mapping
 
 from specdemo.decoding import planner
-from specdemo.decoding.drafters import with_counterpart
+from specdemo.decoding.drafters import Strategy, with_counterpart
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results import runfile
 from specdemo.results.lane import Result
@@ -88,7 +88,7 @@ class SideBySide:
             raise RuntimeError("prepare() the run before its speculative lane")
         return engine.speculative_ids(self.prompt, self.generation, self.plan, cancel, self.memories)
 
-    def genai_counterpart(self) -> tuple[str, int]:
+    def genai_counterpart(self) -> tuple[Strategy, int]:
         """The drafter (Strategy.counterpart) and K OpenVINO GenAI runs beside the speculative lane: GenAI keeps K
         fixed, so the plan's first K (Plan.first_k). RuntimeError where GenAI has nothing like the plan's drafter."""
         if self.plan is None:

@@ -60,16 +60,15 @@ def checked(generation: settings.GenerationSettings) -> settings.GenerationSetti
     return generation
 
 
-def make_drafter(kind: str, draft_model, settings, rng, price=None, stops: tuple[float, ...] = (),
+def make_drafter(described: Strategy, draft_model, settings, rng, price=None, stops: tuple[float, ...] = (),
                  memories: dict[str, object] | None = None) -> Drafter:
-    """The drafter of strategy `kind` (one that needs a model refuses to be made without one); `price(drafter, k)`
+    """The drafter of strategy `described` (one that needs a model refuses to be made without one); `price(drafter, k)`
     for a strategy choosing between parts each round; `stops`: the draft model's confidence stop per draft position
     ((): off); `memories`: what its owner's earlier runs left (memories()), for a strategy that keeps something across
     runs (without it, such a drafter starts empty: it draws on its own run alone)."""
-    described = strategy(kind)
     if described.memory is None:
         return described.make(draft_model, settings, rng, price, stops)
-    memory = (memories or {}).get(kind)
+    memory = (memories or {}).get(described.name)
     return described.make(draft_model, settings, rng, price, stops, memory=memory if memory is not None else described.memory())
 
 
@@ -84,7 +83,7 @@ def choices() -> list[tuple[str, str]]:
     return [(s.choice, s.name) for s in STRATEGIES.values()]
 
 
-def with_counterpart(kind: str) -> str:
+def with_counterpart(kind: str) -> Strategy:
     """The strategy whose own drafting a peer's `kind` ("draft", "lookup": Strategy.counterpart) is: what a peer's
     lane records as its drafter."""
-    return next(s.name for s in STRATEGIES.values() if s.counterpart == kind)
+    return next(s for s in STRATEGIES.values() if s.counterpart == kind)
