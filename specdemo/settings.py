@@ -186,7 +186,7 @@ class GenerationSettings:
     system_prompt: str = ""  # optional system message for the chat template
     # The confidence stop: a round's drafting ends once the product of the draft's probabilities for its drafts falls
     # below this (llama.cpp's --draft-p-min, GenAI's assistant_confidence_threshold). 0: off; None: this machine's
-    # break-even per draft position under auto K (planner.confidence_stops), off otherwise.
+    # break-even per draft position under auto K (pricing.confidence_stops), off otherwise.
     draft_p_min: float | None = None
 
     def __post_init__(self):

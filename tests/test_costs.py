@@ -109,7 +109,7 @@ def test_the_cost_model_survives_a_round_trip_through_json():
 
 
 def test_the_loops_own_time_per_step_and_round_joins_the_model_and_the_prediction():
-    from specdemo.decoding.planner import Acceptance, predicted_speedup
+    from specdemo.decoding.pricing import Acceptance, predicted_speedup
 
     model = MEASURED
     for i in range(3):

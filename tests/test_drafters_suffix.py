@@ -102,17 +102,17 @@ def test_the_registry_finds_the_suffix_strategy_and_the_settings_accept_it():
     assert (suffix.label, suffix.needs_model, suffix.planning.prior) == ("your earlier answers (suffix match)", False, "suffix")
     assert "no one else's answers" in suffix.planning.note  # the page says what it draws on
     settings = GenerationSettings(drafter="suffix")
-    assert make_drafter(settings.drafter, None, settings, None).kind == "suffix"
+    assert make_drafter(STRATEGIES[settings.drafter], None, settings, None).kind == "suffix"
 
 
 def test_each_owner_of_runs_has_a_store_of_its_own_and_a_run_without_one_remembers_only_itself():
     settings = GenerationSettings(drafter="suffix")
     mine, theirs = memories(), memories()
     assert set(mine) == {"suffix"} and mine["suffix"] is not theirs["suffix"]
-    first, again = (make_drafter("suffix", None, settings, None, memories=mine) for _ in range(2))
+    first, again = (make_drafter(STRATEGIES["suffix"], None, settings, None, memories=mine) for _ in range(2))
     assert first.store is again.store is mine["suffix"]  # one visitor's runs share their store
-    assert make_drafter("suffix", None, settings, None, memories=theirs).store is theirs["suffix"]
-    alone, other = (make_drafter("suffix", None, settings, None) for _ in range(2))
+    assert make_drafter(STRATEGIES["suffix"], None, settings, None, memories=theirs).store is theirs["suffix"]
+    alone, other = (make_drafter(STRATEGIES["suffix"], None, settings, None) for _ in range(2))
     assert alone.store is not other.store and alone.store is not mine["suffix"]  # no owner: a store of its own
 
 
@@ -123,6 +123,6 @@ def test_an_answer_written_for_one_owner_is_never_drafted_for_another():
     settings = GenerationSettings(drafter="suffix")
     asked = prompt + answer[:2]
     for owner, expected in ((mine, answer[2:6]), (theirs, [])):
-        drafter = make_drafter("suffix", None, settings, None, memories=owner)
+        drafter = make_drafter(STRATEGIES["suffix"], None, settings, None, memories=owner)
         drafter.reset()
         assert drafter.propose(asked, 4).tokens == expected

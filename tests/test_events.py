@@ -4,10 +4,13 @@ import threading
 
 import pytest
 
+from specdemo.decoding.drafters import STRATEGIES
 from specdemo.decoding.events import TARGET, Detokenizer, End, Round, TokenEvent
-from specdemo.decoding.planner import Acceptance, Plan
+from specdemo.decoding.planner import Plan
+from specdemo.decoding.pricing import Acceptance
 from specdemo.results.lane import drain
 from specdemo.results.metrics import Summary
+from specdemo.settings import KPolicy
 
 
 class ByteTokenizer:
@@ -48,7 +51,7 @@ def test_drain_refuses_a_loop_that_ends_without_a_summary():
 
 
 def test_drain_derives_the_summary_from_the_records_and_keeps_the_plan_beside_it():
-    plan = Plan("model", 2, Acceptance.geometric(0.8), 1.5, True, "K = 2 chosen")
+    plan = Plan(KPolicy.auto(), STRATEGIES["model"], 2, None, Acceptance.geometric(0.8), 1.5, "K = 2 chosen")
 
     def loop():
         yield plan

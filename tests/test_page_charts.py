@@ -2,7 +2,7 @@
 
 import re
 
-from specdemo.decoding import planner
+from specdemo.decoding import planner, pricing
 from specdemo.decoding.costs import CostModel
 from specdemo.results.counterfactual import counterfactual
 from specdemo.settings import GenerationSettings, KPolicy
@@ -22,27 +22,27 @@ STEEP = machine(0.45, 0.5)  # compute-bound: each extra token scored costs almos
 
 
 def test_on_a_flat_cost_curve_drafts_pay_at_low_acceptance():
-    assert planner.break_even_alpha(FLAT, 1) < 0.3
-    assert planner.break_even_alpha(FLAT, 8) < 0.7
+    assert pricing.break_even_alpha(FLAT, 1) < 0.3
+    assert pricing.break_even_alpha(FLAT, 8) < 0.7
 
 
 def test_on_a_steep_cost_curve_drafts_pay_only_near_full_acceptance():
-    assert planner.break_even_alpha(STEEP, 1) > 0.9
-    assert all((planner.break_even_alpha(STEEP, k) or 1.0) > 0.9 for k in range(1, 13))
-    assert planner.break_even_alpha(machine(2.0, 1.0), 1) is None  # nothing pays here, even every draft accepted
+    assert pricing.break_even_alpha(STEEP, 1) > 0.9
+    assert all((pricing.break_even_alpha(STEEP, k) or 1.0) > 0.9 for k in range(1, 13))
+    assert pricing.break_even_alpha(machine(2.0, 1.0), 1) is None  # nothing pays here, even every draft accepted
 
 
 def test_the_break_even_line_is_where_the_surface_crosses_one():
     for k in (1, 4, 8):
-        alpha = planner.break_even_alpha(FLAT, k)
-        below, above = planner.cost_surface(FLAT, [k], [alpha - 0.01, alpha + 0.01])
+        alpha = pricing.break_even_alpha(FLAT, k)
+        below, above = pricing.cost_surface(FLAT, [k], [alpha - 0.01, alpha + 0.01])
         assert below[0] < 1.0 < above[0]
 
 
 def test_the_surface_sentence_names_the_threshold_and_the_best_k_at_the_runs_acceptance():
-    text = planner.surface_sentence(FLAT, 12, 0.9, planner.Acceptance((0.9,)))
-    threshold = min(a for k in range(1, 13) if (a := planner.break_even_alpha(FLAT, k)) is not None)
-    best = planner.best_k(FLAT, planner.Acceptance((0.9,)), 12)[0]
+    text = planner.surface_sentence(FLAT, 12, 0.9, pricing.Acceptance((0.9,)))
+    threshold = min(a for k in range(1, 13) if (a := pricing.break_even_alpha(FLAT, k)) is not None)
+    best = pricing.best_k(FLAT, pricing.Acceptance((0.9,)), 12)[0]
     assert f"drafts pay when α is above {threshold:.2f}" in text and f"the best K is {best}" in text
     assert planner.surface_sentence(machine(2.0, 1.0), 12) == "On this machine no K pays, even if every draft were accepted."
 

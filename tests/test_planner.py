@@ -11,20 +11,16 @@ from specdemo.decoding import loops
 from specdemo.decoding.costs import CostModel
 from specdemo.decoding.drafters.model import ModelDrafter
 from specdemo.decoding.events import ACCEPTED, Round
-from specdemo.decoding.k_rules import PROBE_EVERY, AutoK, GrowShrinkK
-from specdemo.decoding.planner import (
-    Acceptance,
-    best_k,
-    make_plan,
-    predicted_lane_speedup,
-    predicted_speedup,
-    quotes_text,
-)
+from specdemo.decoding.drafters import STRATEGIES
+from specdemo.decoding.k_rules import PROBE_EVERY, AutoK, FixedK, GrowShrinkK
+from specdemo.decoding.planner import Plan, make_plan, quotes_text, unpriced
+from specdemo.decoding.pricing import Acceptance, best_k, predicted_lane_speedup, predicted_speedup
 from specdemo.results.lane import drain
 from specdemo.results.metrics import alpha_hat, leviathan_speedup
 from specdemo.settings import GenerationSettings, KPolicy
 from tests.fake_models import FakeModel, FakeTokenizer
 
+MODEL = STRATEGIES["model"]  # the draft model's strategy, which every plan below drafts with
 STEP = 0.1  # seconds of one target step in the synthetic machines below
 
 
@@ -92,24 +88,24 @@ def test_a_better_draft_never_gets_a_shorter_k():
 
 
 def test_a_plan_that_finds_no_gain_says_so_and_runs_the_target_alone():
-    plan = make_plan(COMPUTE_BOUND, "model", geometric(0.6), k_max=8, auto=True, k=4)
+    plan = make_plan(COMPUTE_BOUND, MODEL, geometric(0.6), KPolicy.auto(8))
     assert plan.k == 0 and plan.planned_speedup == 1.0
     assert "No K pays" in plan.reason
     # A plan at K = 0 holds for the whole run, whatever its rounds say: such a run teaches the planner through its match
     # mask afterwards (test_counterfactual), not by probing at 5-8 % of its time. A plan that drafts follows its rounds:
     # the same costs and prior, started at K = 4, go up on drafts that agree and to 0 on drafts that fail.
     agreeing, failing = rounds_of(*[(4, 4)] * 12), rounds_of(*[(4, 0)] * 12)
-    assert AutoK(COMPUTE_BOUND, plan, k_max=8).next_k(agreeing) == 0
-    assert AutoK(COMPUTE_BOUND, plan, k_max=8).next_k(failing) == 0
+    assert plan.rule().next_k(agreeing) == 0
+    assert plan.rule().next_k(failing) == 0
     drafting = replace(plan, k=4)
-    assert AutoK(COMPUTE_BOUND, drafting, k_max=8).next_k(agreeing) == 2
-    assert AutoK(COMPUTE_BOUND, drafting, k_max=8).next_k(failing) == 0
+    assert drafting.rule().next_k(agreeing) == 2
+    assert drafting.rule().next_k(failing) == 0
 
 
 def test_auto_k_follows_the_running_alpha():
-    plan = make_plan(MEMORY_BOUND, "model", geometric(0.8), k_max=8, auto=True, k=4)
-    high = AutoK(MEMORY_BOUND, plan, k_max=8).next_k(rounds_of(*[(6, 6)] * 60))
-    low = AutoK(MEMORY_BOUND, plan, k_max=8).next_k(rounds_of(*[(4, 0), (4, 1)] * 40))
+    plan = make_plan(MEMORY_BOUND, MODEL, geometric(0.8), KPolicy.auto(8))
+    high = plan.rule().next_k(rounds_of(*[(6, 6)] * 60))
+    low = plan.rule().next_k(rounds_of(*[(4, 0), (4, 1)] * 40))
     assert 1 <= low < high <= 8
 
 
@@ -208,15 +204,15 @@ def test_auto_k_keeps_its_k_for_a_gain_within_the_hold_margin():
     machine, at α = 0.9, K = 5 is predicted 1.3 % faster than K = 4; at α = 0.93, K = 7 is 4 % faster."""
 
 
-    running_at_four = replace(make_plan(MEMORY_BOUND, "model", geometric(0.9), k_max=8, auto=True, k=4), k=4)
+    running_at_four = replace(make_plan(MEMORY_BOUND, MODEL, geometric(0.9), KPolicy.auto(8)), k=4)
     assert best_k(MEMORY_BOUND, geometric(0.9), k_max=8)[0] == 5
-    assert AutoK(MEMORY_BOUND, running_at_four, k_max=8).next_k([]) == 4
-    assert AutoK(MEMORY_BOUND, replace(running_at_four, acceptance_prior=geometric(0.93)), k_max=8).next_k([]) == 7
+    assert running_at_four.rule().next_k([]) == 4
+    assert replace(running_at_four, acceptance_prior=geometric(0.93)).rule().next_k([]) == 7
 
 
 def test_auto_k_that_falls_to_zero_mid_run_probes_and_drafts_again_when_the_drafts_agree():
-    plan = make_plan(MEMORY_BOUND, "model", geometric(0.8), k_max=8, auto=True, k=4)
-    policy = AutoK(MEMORY_BOUND, plan, k_max=8)
+    plan = make_plan(MEMORY_BOUND, MODEL, geometric(0.8), KPolicy.auto(8))
+    policy = plan.rule()
     rounds = rounds_of(*[(4, 0)] * 30)  # the drafts stop agreeing: no K pays
     assert policy.next_k(rounds) == 0
     ks = []
@@ -231,8 +227,8 @@ def test_auto_k_that_falls_to_zero_mid_run_probes_and_drafts_again_when_the_draf
 
 
 def test_auto_k_at_zero_does_not_probe_while_the_drafts_keep_failing():
-    plan = make_plan(MEMORY_BOUND, "model", geometric(0.8), k_max=8, auto=True, k=4)
-    policy = AutoK(MEMORY_BOUND, plan, k_max=8)
+    plan = make_plan(MEMORY_BOUND, MODEL, geometric(0.8), KPolicy.auto(8))
+    policy = plan.rule()
     rounds = rounds_of(*[(4, 0)] * 30)
     ks = []
     for _ in range(40):
@@ -243,20 +239,20 @@ def test_auto_k_at_zero_does_not_probe_while_the_drafts_keep_failing():
 
 
 def test_the_confidence_stop_is_where_one_more_draft_stops_paying_on_this_machine():
-    from specdemo.decoding.planner import confidence_stops, with_confidence_stop
+    from specdemo.decoding.planner import with_confidence_stop
+    from specdemo.decoding.pricing import confidence_stops
 
     # the draft after the j-th costs a draft step and one more verified token, against a target step's worth of token
     assert confidence_stops(MEMORY_BOUND, 8) == pytest.approx([(0.25 * STEP + 0.02 * STEP) / STEP] * 7)  # 0.27
     assert confidence_stops(COMPUTE_BOUND, 8) == pytest.approx([(0.45 * STEP + 0.35 * STEP) / STEP] * 7)  # 0.8
     assert confidence_stops(MEMORY_BOUND, 1) == ()  # one draft a round: nothing to stop
-    plan = make_plan(MEMORY_BOUND, "model", geometric(0.9), k_max=8, auto=True, k=4)
-    assert with_confidence_stop(plan, MEMORY_BOUND, None, 8).stops == pytest.approx([0.27] * 7)
-    assert "falls below 0.27" in with_confidence_stop(plan, MEMORY_BOUND, None, 8).reason
-    assert with_confidence_stop(plan, MEMORY_BOUND, 0.0, 8).stops == ()  # asked off
-    assert with_confidence_stop(plan, MEMORY_BOUND, 0.6, 8).stops == (0.6,)  # asked: one threshold everywhere
-    fixed = make_plan(MEMORY_BOUND, "model", geometric(0.9), k_max=8, auto=True, k=4)
-    fixed = replace(fixed, auto=False)
-    assert with_confidence_stop(fixed, MEMORY_BOUND, None, 8).stops == ()  # a fixed K drafts K
+    plan = make_plan(MEMORY_BOUND, MODEL, geometric(0.9), KPolicy.auto(8))
+    assert with_confidence_stop(plan, None).stops == pytest.approx([0.27] * 7)
+    assert "falls below 0.27" in with_confidence_stop(plan, None).reason
+    assert with_confidence_stop(plan, 0.0).stops == ()  # asked off
+    assert with_confidence_stop(plan, 0.6).stops == (0.6,)  # asked: one threshold everywhere
+    fixed = make_plan(MEMORY_BOUND, MODEL, geometric(0.9), KPolicy.fixed(4))
+    assert with_confidence_stop(fixed, None).stops == ()  # a fixed K drafts K
 
 
 def cliff_after(n: int, before: float = 0.0, after: float = 1.2, n_max: int = 13) -> CostModel:
@@ -272,7 +268,7 @@ def test_a_confident_round_drafts_its_planned_k_whatever_lies_past_it(costs):
     """Each draft position is priced by its own marginal cost, d(1) + t(j + 2) − t(j + 1): a cliff right after the
     planned verify size raises the price of the draft past K alone, so drafts whose confidence pays the cliff-free
     positions are never cut below the planned K."""
-    from specdemo.decoding.planner import confidence_stops
+    from specdemo.decoding.pricing import confidence_stops
 
     k = 4  # verify size 5: the last one before the cliff
     stops = confidence_stops(costs, 12)
@@ -298,9 +294,33 @@ class SureDraft(FakeModel):
 
 
 def test_a_fixed_k_lane_beside_ours_takes_our_k_or_the_plans_first():
-    from specdemo.decoding.planner import Plan, fixed_k
+    plan = lambda policy, k: Plan(policy, MODEL, k)  # noqa: E731
+    assert plan(KPolicy.fixed(5), 3).first_k == 5 and plan(KPolicy.adaptive(2), 3).first_k == 2
+    assert plan(KPolicy.auto(k=4), 6).first_k == 6  # auto K: the plan's first K
+    assert plan(KPolicy.auto(k=4), 0).first_k == 4  # the target alone: ours
+    assert unpriced(KPolicy.auto(k=4), MODEL).first_k == 4  # no costs to plan by: ours
 
-    plan = lambda k: Plan("model", k, Acceptance.geometric(0.5), 1.0, True, "")  # noqa: E731
-    assert fixed_k(KPolicy.fixed(5), plan(3)) == 5 and fixed_k(KPolicy.adaptive(2), plan(3)) == 2
-    assert fixed_k(KPolicy.auto(k=4), plan(6)) == 6  # auto K: the plan's first K
-    assert fixed_k(KPolicy.auto(k=4), plan(0)) == 4 and fixed_k(KPolicy.auto(k=4), None) == 4  # the target alone: ours
+
+def test_a_plan_runs_by_the_rule_its_policy_names():
+    auto = make_plan(MEMORY_BOUND, MODEL, geometric(0.9), KPolicy.auto(8))
+    assert isinstance(auto.rule(), AutoK)  # the best K at the running acceptance, from this machine's costs
+    assert isinstance(unpriced(KPolicy.auto(k=3), MODEL).rule(), FixedK)  # no costs to plan by: the policy's K
+    assert unpriced(KPolicy.auto(k=3), MODEL).rule().next_k([]) == 3
+    assert isinstance(make_plan(MEMORY_BOUND, MODEL, geometric(0.9), KPolicy.adaptive(3)).rule(), GrowShrinkK)
+    assert make_plan(MEMORY_BOUND, MODEL, geometric(0.9), KPolicy.fixed(5)).rule().next_k(rounds_of((5, 0))) == 5
+    assert auto.rule() is not auto.rule()  # a rule keeps what it saw of its run: each run of the lane gets its own
+
+
+def test_a_plan_is_recorded_by_its_strategys_name_and_whether_k_was_automatic():
+    plan = make_plan(MEMORY_BOUND, MODEL, geometric(0.9), KPolicy.auto(8))
+    recorded = plan.to_dict()
+    assert list(recorded) == ["drafter", "k", "acceptance_prior", "planned_speedup", "auto", "reason", "stops"]
+    assert recorded["drafter"] == "model" and recorded["auto"] is True
+    assert recorded["acceptance_prior"] == {"rates": (0.9,)}
+
+
+def test_a_plan_says_how_its_lane_chose_k():
+    assert make_plan(MEMORY_BOUND, MODEL, geometric(0.9), KPolicy.fixed(3)).describe(3.0) == "K = 3"
+    assert make_plan(MEMORY_BOUND, MODEL, geometric(0.9), KPolicy.adaptive(3)).describe(3.24) == "K adaptive (mean 3.2)"
+    auto = make_plan(MEMORY_BOUND, MODEL, geometric(0.9), KPolicy.auto(8))
+    assert auto.describe(5.06) == "K chosen by the planner (mean 5.1)"

@@ -44,7 +44,6 @@ from typing import Callable
 
 from specdemo import strict_json
 from specdemo.bench.settings import BY_NAME, BenchSettings, CODE_INSTRUCTIONS, FULL, QUICK, SECTIONS, check_generation
-from specdemo.decoding import planner
 from specdemo.host import machine
 from specdemo.learning.profile import machine_profile
 from specdemo.models import sources
@@ -96,9 +95,9 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
     results["costs"] = engine.costs.to_dict()
     results["warm_up_s"] = engine.warm_up_s
     plan = engine.plan(CODE_INSTRUCTIONS[0], settings.generation)
-    results["plan"] = asdict(plan)
+    results["plan"] = plan.to_dict()
     log(plan.reason)
-    ctx = Context(engine, settings, bench, log, planner.fixed_k(settings.generation.k_policy, plan))
+    ctx = Context(engine, settings, bench, log, plan.first_k)
     results["sample_run"] = sample_run(engine, settings, CODE_INSTRUCTIONS[0])
     log("a sample side-by-side run of the first code instruction, as `generate --json` writes it: run.json")
     weights = [sources.weights_bytes(model.settings) for model in (engine.target, engine.draft)]

@@ -16,7 +16,7 @@ from typing import Callable, Literal, get_args
 
 from specdemo.bench.settings import CODE_INSTRUCTIONS, BenchSettings
 from specdemo.decoding import drafters
-from specdemo.decoding.drafters import STRATEGIES, Strategy, with_counterpart
+from specdemo.decoding.drafters import Strategy, with_counterpart
 from specdemo.learning.profile import machine_profile
 from specdemo.models import kernels
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
@@ -288,7 +288,7 @@ GENAI_DRAFTING = {"plain": "", SPECULATIVE: "draft", "lookup": "lookup"}
 def peer_strategy(pipeline: str) -> Strategy | None:
     """The strategy GenAI pipeline `pipeline` ("speculative (defaults)", ...) drafts as, None where it does not draft."""
     counterpart = GENAI_DRAFTING[pipeline.split()[0]]
-    return STRATEGIES[with_counterpart(counterpart)] if counterpart else None
+    return with_counterpart(counterpart) if counterpart else None
 
 
 def genai_compile(target, draft) -> dict:

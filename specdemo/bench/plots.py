@@ -13,7 +13,7 @@ from specdemo.bench import found, schema
 from specdemo.bench.schema import GENAI_SPEC, OURS_SPEC
 from specdemo.bench.settings import REGISTRY
 from specdemo.bench.stats import COMPONENTS
-from specdemo.decoding import planner
+from specdemo.decoding import pricing
 from specdemo.decoding.costs import CostModel
 from specdemo.names import SPECULATIVE
 
@@ -54,11 +54,11 @@ def draw_surface(results: dict):
         return None
     costs = CostModel.from_dict(results.get("costs_end") or results["costs"])
     ks, alphas = list(range(1, costs.n_max)), [0.5 + 0.0125 * i for i in range(41)]
-    grid = np.array(planner.cost_surface(costs, ks, alphas))
+    grid = np.array(pricing.cost_surface(costs, ks, alphas))
     figure, ax = plt.subplots(figsize=(6, 3.8))
     image = ax.imshow(np.log2(grid), origin="lower", aspect="auto", cmap="PuOr", vmin=-1, vmax=1,
                       extent=(ks[0] - 0.5, ks[-1] + 0.5, alphas[0] - 0.00625, alphas[-1] + 0.00625))
-    line = [(k, a) for k in ks if (a := planner.break_even_alpha(costs, k)) is not None]
+    line = [(k, a) for k in ks if (a := pricing.break_even_alpha(costs, k)) is not None]
     if line:
         ax.plot(*zip(*line), color="black", linewidth=1.5, label="break-even (1×)")
     auto = schema.rows_with(results["sections"].get("k", {}).get("rows", []), k_policy="auto")

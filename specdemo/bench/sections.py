@@ -8,7 +8,7 @@ from __future__ import annotations
 from specdemo.bench import stats
 from specdemo.bench.harness import Context, Lane, Run, find, genai_compile, log_progress, measure, our_lane, peer_lane
 from specdemo.bench.settings import PAPER
-from specdemo.decoding.drafters import STRATEGIES, with_counterpart
+from specdemo.decoding.drafters import with_counterpart
 from specdemo.models import sources
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results.parting import first_difference
@@ -99,7 +99,7 @@ def run_transformers(ctx: Context) -> dict:
     ours_spec = our_lane("ours speculative", ctx.engine, SPECULATIVE, generation, baseline=ours_ar)
     hf_ar = peer_lane(Lane("transformers autoregressive", "transformers", AUTOREGRESSIVE), pair.generate, eos_ids=ctx.engine.eos_ids)
     assisted = Lane("transformers assisted", "transformers", SPECULATIVE, baseline=hf_ar, reference=hf_ar, k=k,
-                    k_policy="fixed", drafter=with_counterpart("draft"))
+                    k_policy="fixed", drafter=with_counterpart("draft").name)
     hf_spec = peer_lane(assisted, pair.generate, eos_ids=ctx.engine.eos_ids, k=k)
     lanes = [ours_ar, ours_spec, hf_ar, hf_spec]
     instructions = ctx.code_instructions(ctx.bench.transformers_instructions)
@@ -139,7 +139,7 @@ def run_llamacpp(ctx: Context) -> dict:
     cpp_ar = peer_lane(Lane("llama.cpp autoregressive", "llamacpp", AUTOREGRESSIVE), peer.generate, eos_ids=eos_ids)
     lanes.append(cpp_ar)
     for kind, label in (("lookup", "llama.cpp prompt lookup"), ("draft", "llama.cpp draft model")):
-        drafting = STRATEGIES[with_counterpart(kind)]
+        drafting = with_counterpart(kind)
         if drafting.needs_model and draft is None:
             continue  # a draft that is no GGUF: llama.cpp cannot run it
         lane = Lane(label, "llamacpp", SPECULATIVE, baseline=cpp_ar, reference=cpp_ar, k=k, k_policy="fixed",

@@ -188,7 +188,7 @@ def run_lookup(ctx: Context) -> dict:
     """Prompt lookup vs the draft model on edits that repeat their input; GenAI's prompt lookup beside."""
     generation = ctx.generation
     ar = our_lane("ours autoregressive", ctx.engine, AUTOREGRESSIVE, generation)
-    lookup = replace(ctx.fixed(ctx.k), drafter=with_counterpart("lookup"))
+    lookup = replace(ctx.fixed(ctx.k), drafter=with_counterpart("lookup").name)
     planner = replace(generation, k_policy=KPolicy.auto(generation.k_max))
     genai_ar = ctx.genai_lane("GenAI autoregressive", "plain")
     lanes = [

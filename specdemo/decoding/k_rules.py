@@ -1,7 +1,7 @@
-"""How a running speculative lane picks each round's K: the rule its settings name (settings.KPolicy: fixed,
-adaptive, auto), made into an object the loop asks before every round, showing it the run's rounds so far
+"""How a running speculative lane picks each round's K: the rules a plan runs by (planner.Plan.rule chooses one from
+the settings' K policy), each an object the loop asks before every round, showing it the run's rounds so far
 (events.Round). Auto K re-plans from this machine's costs and the run's own evidence, position by position
-(specdemo/decoding/planner.py prices it).
+(specdemo/decoding/pricing.py prices it).
 """
 
 from __future__ import annotations
@@ -9,9 +9,8 @@ from __future__ import annotations
 from typing import Protocol
 
 from specdemo.decoding.costs import CostModel
-from specdemo.decoding.drafters import strategy
-from specdemo.decoding.planner import Acceptance, Plan, best_k, predicted_speedup
-from specdemo.settings import GenerationSettings
+from specdemo.decoding.drafters import Strategy
+from specdemo.decoding.pricing import Acceptance, best_k, predicted_speedup
 
 HOLD = 0.02  # auto K changes K only for a predicted gain of more than this: a new verify size makes its first calls slow
 # Plain steps auto K takes at K = 0, mid-run, between two probe rounds of one draft: without them no evidence could
@@ -52,31 +51,32 @@ class GrowShrinkK:
 class AutoK:
     """The best K at the running acceptance: the plan's prior, corrected by the run's own rounds, position by position.
 
-    When the plan found no K that pays, every round is a plain target step: the lane runs at the target's own
+    When the plan found no K that pays (`k` 0), every round is a plain target step: the lane runs at the target's own
     speed, and the run teaches the planner through its match mask afterwards (greedy decoding).
     """
 
-    def __init__(self, costs: CostModel, plan: Plan, k_max: int):
-        self.costs, self.plan, self.k_max = costs, plan, k_max
+    def __init__(self, costs: CostModel, prior: Acceptance, drafter: Strategy, k: int, k_max: int):
+        self.costs, self.prior, self.drafter, self.k_max = costs, prior, drafter, k_max
+        self.planned = k  # the plan's first K
         self.tested = [0] * k_max
         self.accepted = [0] * k_max
         self.seen = 0
-        self.k = plan.k
+        self.k = k
 
     def next_k(self, rounds: list) -> int:
-        if self.plan.k == 0:
+        if self.planned == 0:
             return 0
         for r in rounds[self.seen:]:
-            if r.drafter and r.drafter != strategy(self.plan.drafter).planning.prior:
+            if r.drafter and r.drafter != self.drafter.planning.prior:
                 continue  # a hybrid's K is the draft model's: its lookup rounds say nothing of the model's acceptance
             n_tested, n_accepted = r.tested()  # positions 1 .. accepted, and the rejected one
             for i in range(min(n_tested, self.k_max)):
                 self.tested[i] += 1
                 self.accepted[i] += i < n_accepted
         self.seen = len(rounds)
-        acceptance = Acceptance.from_counts(self.tested, self.accepted, self.plan.acceptance_prior)
-        k, speedup = best_k(self.costs, acceptance, self.k_max, self.plan.drafter)
-        if k and self.k and speedup <= (1 + HOLD) * predicted_speedup(self.costs, acceptance, self.k, self.plan.drafter):
+        acceptance = Acceptance.from_counts(self.tested, self.accepted, self.prior)
+        k, speedup = best_k(self.costs, acceptance, self.k_max, self.drafter)
+        if k and self.k and speedup <= (1 + HOLD) * predicted_speedup(self.costs, acceptance, self.k, self.drafter):
             return self.k  # not worth a new verify size
         self.k = k
         if k == 0 and _plain_steps_since_drafting(rounds) >= PROBE_EVERY:
@@ -92,13 +92,3 @@ def _plain_steps_since_drafting(rounds: list) -> int:
             break
         count += 1
     return count
-
-
-def policy_for(settings: GenerationSettings, costs: CostModel | None = None, plan: Plan | None = None) -> KRule:
-    """The one place that turns settings (and a plan) into the K policy a run uses."""
-    policy = settings.k_policy
-    if policy.is_auto and costs is not None and plan is not None:
-        return AutoK(costs, plan, policy.k_max)
-    if policy.is_adaptive:
-        return GrowShrinkK(policy.k, policy.k_min, policy.k_max)
-    return FixedK(policy.k)

@@ -20,10 +20,9 @@ from typing import Iterator
 
 import numpy as np
 
-from specdemo.decoding.costs import CostModel
 from specdemo.decoding.drafters import Drafter, Proposal
 from specdemo.decoding.events import ACCEPTED, BONUS, CORRECTED, TARGET, Detokenizer, End, Round, TokenEvent
-from specdemo.decoding.k_rules import KRule, policy_for
+from specdemo.decoding.planner import Plan, rule_of
 from specdemo.decoding.verification import process_logits, sample, shared_vocabulary, top2_gap, verify_greedy, verify_sampled
 from specdemo.models.runtime import OVModel
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
@@ -117,20 +116,19 @@ def speculative(
     eos_ids: set[int],
     cancel: threading.Event | None = None,
     rng: np.random.Generator | None = None,
-    policy: KRule | None = None,
-    costs: CostModel | None = None,
+    plan: Plan | None = None,
 ) -> Iterator[Event]:
     """Draft K tokens, score them all with one target call, keep the accepted prefix, repeat.
 
-    `policy` gives each round's K from the rounds so far (default: the settings' fixed or grow/shrink
-    rule); K = 0 makes a round one plain target step. `costs`, the cost model the lane was planned with,
-    is handed on in the End so the summary can predict the speedup for this machine.
+    `plan.rule()` gives each round's K from the rounds so far (no plan: the settings' fixed or grow/shrink
+    rule); K = 0 makes a round one plain target step. The costs the plan was priced by are handed on in
+    the End so the summary can predict the speedup for this machine.
     """
     start = time.perf_counter()
     target.reset()
     drafter.reset()
     rng = rng if rng is not None else np.random.default_rng(settings.seed)
-    policy = policy or policy_for(settings)
+    rule = plan.rule() if plan is not None else rule_of(settings.k_policy)
     out = _Emitter(tokenizer, prompt_ids, settings, eos_ids, start)
     seq = list(prompt_ids)
     rounds: list[Round] = []
@@ -144,7 +142,7 @@ def speculative(
     yield rounds[-1]
 
     while not out.stop_reason and not _cancelled(cancel):
-        k = policy.next_k(rounds)
+        k = rule.next_k(rounds)
         context = len(seq) - 1  # the target's cache holds seq but its last token
         # Never draft past max_new_tokens: a round emits at most k + 1 tokens.
         proposal = drafter.propose(seq, min(k, out.remaining - 1)) if k else Proposal([], None)
@@ -179,7 +177,8 @@ def speculative(
         yield rounds[-1]
 
     kv = {"target": target.kv_cache_bytes(), **drafter.kv_cache_bytes()}
-    yield out.end(SPECULATIVE, len(prompt_ids), kv, k_max=settings.k_max, drafter=drafter.kind, costs=costs)
+    yield out.end(SPECULATIVE, len(prompt_ids), kv, k_max=settings.k_max, drafter=drafter.kind,
+                  costs=plan.costs if plan is not None else None)
 
 
 def _verify_round(target: OVModel, seq: list[int], proposal: Proposal, settings: GenerationSettings,

@@ -1,165 +1,30 @@
-"""Choosing how to speculate on this machine: the acceptance model, the prediction and the K policies.
-
-A round drafts K tokens and scores them in one target call. The i-th draft is accepted with probability
-a(i) given that drafts 1 .. i-1 were (a(i) = α for every i is the geometric model of Leviathan et al.):
-
-    tokens per round      E(K) = 1 + Σ_{i=1..K} a(1)·…·a(i)            (the target's own token, plus accepted drafts)
-    seconds per round     R(K) = K·d(1) + t(K+1) + rollbacks            (measured costs, specdemo/decoding/costs.py)
-    predicted speedup     S(K) = E(K) · t(1) / R(K)                      (the autoregressive lane pays t(1) a token)
-
-Leviathan's eq. 1 is the special case a(i) = α, t(K+1) = t(1) and d(1) = c·t(1). K = 0 means "no
-drafting": the speculative lane then runs at the target's own speed, S = 1.
-
-The acceptance model is learnt per drafter and decoding mode (specdemo/learning/profile/acceptance.py): from the
-teacher-forced match masks of greedy runs (every position of an answer is evidence, even when the run
-drafted nothing; specdemo/results/counterfactual.py) and from the rounds of sampled runs. Positions with little
-evidence lean on the pooled rate, so the model is geometric unless the data say otherwise.
+"""Choosing how to speculate on this machine, and saying why: the plan for one run (its drafter, its first K and the
+rule that picks each round's K, from the settings' K policy), priced by pricing.py, and the sentences a plan and the
+cost surface say.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import Sequence
 
 from specdemo.decoding.costs import CostModel
-from specdemo.decoding.drafters import MASKED, strategy
+from specdemo.decoding.drafters import Strategy, when_quoting
+from specdemo.decoding.k_rules import AutoK, FixedK, GrowShrinkK, KRule
+from specdemo.decoding.pricing import Acceptance, best_k, break_even_alpha, confidence_stops, predicted_speedup
 from specdemo.settings import KPolicy
 
-MIN_GAIN = 1.03  # speculate only where the prediction beats the target alone by this much (noise margin)
-PRIOR_WEIGHT = 20.0  # the prior counts as this many tested drafts at each position against the run's own evidence
-POOL_WEIGHT = 10.0  # a position's own evidence against the pooled rate of all positions, in tested drafts
 
-
-@dataclass(frozen=True)
-class Acceptance:
-    """The chance that draft i of a round is accepted, given that drafts 1 .. i-1 were: rates[i - 1].
-    Positions past the last rate take the last rate."""
-
-    rates: tuple[float, ...]
-
-    @classmethod
-    def geometric(cls, alpha: float) -> "Acceptance":
-        return cls((alpha,))
-
-    @classmethod
-    def from_counts(cls, tested: Sequence[float], accepted: Sequence[float], prior: "Acceptance",
-                    weight: float = PRIOR_WEIGHT) -> "Acceptance":
-        """Rates from drafts tested and accepted at each position (1, 2, …). Each position is pulled towards the
-        pooled rate of all positions, so a position with few trials follows the others (geometric unless the data
-        say otherwise); the pooled rate is pulled towards `prior`, which counts as `weight` tested drafts."""
-        total_tested, total_accepted = sum(tested), sum(accepted)
-        rates = []
-        for i, (n, a) in enumerate(zip(tested, accepted), start=1):
-            pooled = (total_accepted + weight * prior.rate(i)) / (total_tested + weight)
-            rates.append((a + POOL_WEIGHT * pooled) / (n + POOL_WEIGHT))
-        return cls(tuple(rates)) if rates else prior
-
-    def rate(self, i: int) -> float:
-        return self.rates[min(i, len(self.rates)) - 1]
-
-    def all_accepted(self, k: int) -> float:
-        """The chance that every one of K drafts is accepted."""
-        chance = 1.0
-        for i in range(1, k + 1):
-            chance *= self.rate(i)
-        return chance
-
-    def expected_tokens(self, k: int) -> float:
-        """Tokens one round of K drafts emits on average: the accepted drafts plus the target's own token."""
-        tokens, chance = 1.0, 1.0
-        for i in range(1, k + 1):
-            chance *= self.rate(i)
-            tokens += chance
-        return tokens
-
-    def describe(self) -> str:
-        """"α 0.92" for one rate; "acceptance 0.95 at the first draft … 0.81 at the 6th" for several."""
-        if len(set(round(r, 2) for r in self.rates)) <= 1:
-            return f"α = {self.rates[0]:.2f}"
-        return f"acceptance {self.rates[0]:.2f} at the first draft … {self.rates[-1]:.2f} at the {_ordinal(len(self.rates))}"
+def describe_acceptance(acceptance: Acceptance) -> str:
+    """"α 0.92" for one rate; "acceptance 0.95 at the first draft … 0.81 at the 6th" for several."""
+    rates = acceptance.rates
+    if len(set(round(r, 2) for r in rates)) <= 1:
+        return f"α = {rates[0]:.2f}"
+    return f"acceptance {rates[0]:.2f} at the first draft … {rates[-1]:.2f} at the {_ordinal(len(rates))}"
 
 
 def _ordinal(n: int) -> str:
     return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
-
-
-def round_seconds(costs: CostModel, acceptance: Acceptance, k: int, drafter: str = MASKED) -> float:
-    """Expected seconds of one round with K drafts at this acceptance (round_cost, the previous round having kept every
-    draft with this acceptance's chance)."""
-    return round_cost(costs, k, drafter, acceptance.all_accepted(k) if k else 0.0)
-
-
-def round_cost(costs: CostModel, k: int, drafter: str = MASKED, full: float = 0.0) -> float:
-    """Seconds of one round with K drafts (K = 0: one plain target step): the verify call, the trims, the loop's own
-    time and the drafting as the strategy prices it (Strategy.draft_seconds; `full`, the chance or 0/1 that the round
-    before kept every draft, makes a draft model's first step feed two tokens). The one price of a round: the planner
-    takes its expectation, the counterfactual walks it round by round."""
-    if k == 0:
-        return costs.t(1) + costs.step_overhead_s
-    seconds = costs.t(k + 1) + costs.target_rollback_s + costs.round_overhead_s
-    return seconds + strategy(drafter).draft_seconds(costs, k, full)
-
-
-def predicted_speedup(costs: CostModel, acceptance: Acceptance, k: int, drafter: str = MASKED) -> float:
-    """Tokens per second of speculation with K drafts over the target alone, after the prompt."""
-    return acceptance.expected_tokens(k) * round_seconds(costs, acceptance, 0) / round_seconds(costs, acceptance, k, drafter)
-
-
-def predicted_lane_speedup(costs: CostModel, acceptance: Acceptance, k: float, tokens: int, prompt_tokens: int,
-                           drafter: str = MASKED) -> float:
-    """Whole-lane wall-time ratio for `tokens` new tokens after a `prompt_tokens` prompt.
-
-    Both lanes prefill the target; the speculative lane also prefills the draft (when it drafts at all)
-    and then runs rounds; the autoregressive lane runs single steps. A fractional k (the mean of an
-    adaptive or automatic run) is interpolated between its neighbours.
-    """
-    if tokens <= 1 or k <= 0:
-        return 1.0
-    low = int(k)
-    if low != k:
-        w = k - low
-        return (1 - w) * predicted_lane_speedup(costs, acceptance, low, tokens, prompt_tokens, drafter) + w * \
-            predicted_lane_speedup(costs, acceptance, low + 1, tokens, prompt_tokens, drafter)
-    k = int(k)
-    prefill = prompt_tokens / costs.target_prefill_tps
-    autoregressive = prefill + (tokens - 1) * round_seconds(costs, acceptance, 0)
-    draft_prefill = strategy(drafter).prefill_seconds(costs, prompt_tokens)
-    rounds = (tokens - 1) / acceptance.expected_tokens(k)
-    speculative = prefill + draft_prefill + rounds * round_seconds(costs, acceptance, k, drafter)
-    return autoregressive / speculative
-
-
-def best_k(costs: CostModel, acceptance: Acceptance, k_max: int, drafter: str = MASKED) -> tuple[int, float]:
-    """(K, predicted speedup) maximising tokens per second; (0, 1.0) when no K beats the target by MIN_GAIN."""
-    best, best_speedup = 0, 1.0
-    for k in range(1, k_max + 1):
-        speedup = predicted_speedup(costs, acceptance, k, drafter)
-        if speedup > best_speedup:
-            best, best_speedup = k, speedup
-    if best_speedup < MIN_GAIN:
-        return 0, 1.0
-    return best, best_speedup
-
-
-def break_even_alpha(costs: CostModel, k: int, drafter: str = MASKED) -> float | None:
-    """The α at which K drafts a round exactly pay for themselves on this machine (S(K) = 1, geometric acceptance);
-    None when even α = 1 does not pay."""
-    if predicted_speedup(costs, Acceptance.geometric(1.0), k, drafter) < 1.0:
-        return None
-    low, high = 0.0, 1.0  # S grows with α, so bisect
-    for _ in range(40):
-        middle = (low + high) / 2
-        if predicted_speedup(costs, Acceptance.geometric(middle), k, drafter) < 1.0:
-            low = middle
-        else:
-            high = middle
-    return high
-
-
-def cost_surface(costs: CostModel, ks: Sequence[int], alphas: Sequence[float], drafter: str = MASKED) -> list[list[float]]:
-    """This machine's predicted speedup S(K) for every α (rows) and K (columns): where speculation pays, and how much."""
-    return [[predicted_speedup(costs, Acceptance.geometric(a), k, drafter) for k in ks] for a in alphas]
 
 
 def surface_sentence(costs: CostModel, k_max: int, run_alpha: float | None = None,
@@ -184,41 +49,68 @@ def surface_sentence(costs: CostModel, k_max: int, run_alpha: float | None = Non
 
 @dataclass(frozen=True)
 class Plan:
-    """How the speculative lane will run, and why. It travels beside the lane's result, never inside it:
-    its figures are what the planner expected before the run, the summary's what the run measured."""
+    """How the speculative lane will run, and why: made once (make_plan, or unpriced) from the settings' K policy, the
+    strategy and this machine's costs, then asked by everyone after: the loop for the rule that picks each round's K
+    (rule), OpenVINO GenAI's lane for its one K (first_k), the page for how K was chosen (describe), the run's record
+    for what was planned (to_dict). It travels beside the lane's result, never inside it: its figures are what the
+    planner expected before the run, the summary's what the run measured."""
 
-    drafter: str  # a strategy's name (specdemo/decoding/drafters): "model", "prompt-lookup" or "hybrid"
+    policy: KPolicy  # the settings' K policy it carries out: fixed, adaptive or auto, with its bounds
+    drafter: Strategy  # the strategy the lane drafts with (under auto K, maybe not the one the settings name)
     k: int  # drafts in the first round; 0 = the target alone (speculation would not pay here)
-    acceptance_prior: Acceptance  # the acceptance the plan assumed (what earlier runs on this machine taught)
-    planned_speedup: float  # S(K) after the prompt, at that acceptance
-    auto: bool  # True: K is re-chosen every round from the run's own evidence
-    reason: str  # one sentence for the page and the CLI
+    costs: CostModel | None = None  # this machine's call costs it was priced by; None: unpriced (no warm-up yet)
+    acceptance_prior: Acceptance | None = None  # what it assumed (what earlier runs here taught); None: unpriced
+    planned_speedup: float = 0.0  # S(K) after the prompt, at that acceptance
+    reason: str = ""  # one sentence for the page and the CLI
     stops: tuple[float, ...] = ()  # the confidence stop the lane drafts with, per draft position (): off; confidence_stops
 
+    @property
+    def priced(self) -> bool:
+        return self.costs is not None
 
-STOP_CAP = 0.95  # a threshold above this would stop nearly every round: the draft is then simply not drafted
+    def rule(self) -> KRule:
+        """A new K rule for one run of the lane (a rule keeps what it saw of its run): under auto K, the best K at the
+        running acceptance (AutoK); else the policy's own rule (rule_of)."""
+        if self.policy.is_auto and self.priced:
+            return AutoK(self.costs, self.acceptance_prior, self.drafter, self.k, self.policy.k_max)
+        return rule_of(self.policy)
+
+    @property
+    def first_k(self) -> int:
+        """The one K of a lane that keeps K fixed beside ours (OpenVINO GenAI's pipeline, the bench's peers): ours when
+        fixed (adaptive K's first); under auto K this plan's first K, its K = 0 ("the target alone") becoming the
+        policy's default K."""
+        return (self.k or self.policy.k) if self.policy.is_auto else self.policy.k
+
+    def describe(self, mean_k: float) -> str:
+        """How the lane chose K, with the run's mean K where it varied: "K = 4", "K adaptive (mean 3.2)", "K chosen by
+        the planner (mean 5.1)"."""
+        if self.policy.is_auto:
+            return f"K chosen by the planner (mean {mean_k:.1f})"
+        return f"K adaptive (mean {mean_k:.1f})" if self.policy.is_adaptive else f"K = {self.policy.k}"
+
+    def to_dict(self) -> dict:
+        """The plan as a run's record keeps it (runfile.py's "plan"): the strategy by name, the policy as "auto"."""
+        prior = {"rates": self.acceptance_prior.rates} if self.acceptance_prior is not None else None
+        return {"drafter": self.drafter.name, "k": self.k, "acceptance_prior": prior,
+                "planned_speedup": self.planned_speedup, "auto": self.policy.is_auto, "reason": self.reason,
+                "stops": self.stops}
 
 
-def fixed_k(policy: KPolicy, plan: Plan | None) -> int:
-    """The one K of a lane that keeps K fixed (OpenVINO GenAI's pipeline, the bench's peers) beside ours: ours when
-    fixed (adaptive K's first); under auto K the plan's first K, its K = 0 ("the target alone") becoming the policy's
-    default K."""
-    return (plan.k or policy.k) if policy.is_auto and plan is not None else policy.k
+def rule_of(policy: KPolicy) -> KRule:
+    """The rule a K policy runs by where no plan prices it: grow/shrink from adaptive K's first, else the policy's K
+    every round (auto K's default, with no costs to plan by)."""
+    return GrowShrinkK(policy.k, policy.k_min, policy.k_max) if policy.is_adaptive else FixedK(policy.k)
 
 
-def confidence_stops(costs: CostModel, k_max: int) -> tuple[float, ...]:
-    """The confidence stop this machine pays for, per draft position: stops[j - 1] is the draft's running confidence
-    (the product of its top probabilities for drafts 1 … j) below which draft j + 1 does not pay. That draft costs a
-    draft step and one more row in the verify call, d(1) + t(j + 2) − t(j + 1), and brings a token worth at most a
-    target step t(1) with at most that probability. Priced position by position, not at the round's K: on a curve
-    with a cliff right after the planned verify size, the draft past K is dear (up to 0.95) but the drafts before it
-    are not, so a confident round still drafts its K. About 0.25 where a draft step is a quarter of a target step and
-    verifying is nearly free (AVX-512, AMX), about 0.7 on an AVX2-only CPU; () (off) without a draft model's costs.
-    Positions past k_max - 1 take the last value (the drafters' convention, as Acceptance.rates)."""
-    if k_max <= 1 or not costs.draft_s:
-        return ()
-    return tuple(round(min((costs.d(1) + max(costs.t(j + 2) - costs.t(j + 1), 0.0)) / costs.t(1), STOP_CAP), 3)
-                 for j in range(1, k_max))
+def needs_costs(policy: KPolicy) -> bool:
+    """Whether a plan under `policy` chooses K by this machine's costs (auto K), so that a lane waits for warm-up."""
+    return policy.is_auto
+
+
+def calls_needed(policy: KPolicy) -> int:
+    """The largest verify call (tokens) a plan under `policy` may price: what warm-up must have measured first."""
+    return policy.k_max + 1
 
 
 def describe_stops(stops: tuple[float, ...]) -> str:
@@ -228,14 +120,14 @@ def describe_stops(stops: tuple[float, ...]) -> str:
     return f"{stops[0]:.2f} after the 1st draft … {stops[-1]:.2f} after the {_ordinal(len(stops))}"
 
 
-def with_confidence_stop(plan: Plan, costs: CostModel, asked: float | None, k_max: int) -> Plan:
+def with_confidence_stop(plan: Plan, asked: float | None) -> Plan:
     """`plan` with the confidence stop its lane drafts with: `asked` (the settings' draft_p_min, one threshold at every
     position) when given; else, under auto K with the draft model, this machine's break-even per position
     (confidence_stops); else off."""
     if asked is not None:
         stops = (asked,) if asked else ()
-    elif plan.auto and strategy(plan.drafter).needs_model and plan.k:
-        stops = confidence_stops(costs, k_max)
+    elif plan.policy.is_auto and plan.drafter.needs_model and plan.k and plan.priced:
+        stops = confidence_stops(plan.costs, plan.policy.k_max)
     else:
         return plan
     if not stops:
@@ -245,13 +137,29 @@ def with_confidence_stop(plan: Plan, costs: CostModel, asked: float | None, k_ma
                    f"drafts falls below {describe_stops(stops)}{why}")
 
 
-def make_plan(costs: CostModel, drafter: str, acceptance: Acceptance, k_max: int, auto: bool, k: int) -> Plan:
-    """The plan: the best K for this machine at this acceptance when `auto`, else the fixed K with its prediction."""
-    said = acceptance.describe()
-    lookup = strategy(drafter).planning.note
-    if not auto:
+def drafter_for(asked: Strategy, policy: KPolicy, instruction: str) -> Strategy:
+    """The strategy a lane drafts with: the one asked for, except under auto K where the instruction quotes text for
+    the answer to copy and the asked one hands over (Planning.when_quoting: the draft model to the hybrid)."""
+    instead = when_quoting(asked)
+    return instead if instead is not None and policy.is_auto and quotes_text(instruction) else asked
+
+
+def unpriced(policy: KPolicy, drafter: Strategy) -> Plan:
+    """The plan where there are no costs to plan by (no warm-up yet): the policy's K with the strategy asked for."""
+    return Plan(policy, drafter, policy.k)
+
+
+def make_plan(costs: CostModel, drafter: Strategy, acceptance: Acceptance, policy: KPolicy) -> Plan:
+    """The plan: under auto K the best K for this machine at this acceptance, else the policy's K with its
+    prediction."""
+    said = describe_acceptance(acceptance)
+    lookup = drafter.planning.note
+    if not policy.is_auto:
+        k = policy.k
         speedup = predicted_speedup(costs, acceptance, k, drafter)
-        return Plan(drafter, k, acceptance, speedup, False, f"Fixed K = {k}: predicted {speedup:.2f}× at {said}.{lookup}")
+        reason = f"Fixed K = {k}: predicted {speedup:.2f}× at {said}.{lookup}"
+        return Plan(policy, drafter, k, costs, acceptance, speedup, reason)
+    k_max = policy.k_max
     k, speedup = best_k(costs, acceptance, k_max, drafter)
     if k == 0:
         best = max(predicted_speedup(costs, acceptance, j, drafter) for j in range(1, k_max + 1))
@@ -261,7 +169,7 @@ def make_plan(costs: CostModel, drafter: str, acceptance: Acceptance, k_max: int
         reason = (f"K = {k} chosen for this machine: predicted {speedup:.2f}× at {said} "
                   f"(scoring {k + 1} tokens costs {costs.verify_steps(k + 1):.1f} steps, a draft step "
                   f"{costs.d(1) / costs.t(1):.2f}).{lookup}")
-    return Plan(drafter, k, acceptance, speedup, True, reason)
+    return Plan(policy, drafter, k, costs, acceptance, speedup, reason)
 
 
 def quotes_text(instruction: str, min_chars: int = 80) -> bool:

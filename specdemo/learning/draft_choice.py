@@ -34,10 +34,10 @@ import gc
 import math
 from dataclasses import dataclass, field, replace
 
-from specdemo.decoding import planner
+from specdemo.decoding import pricing
 from specdemo.decoding.costs import CostModel
-from specdemo.decoding.drafters import MASKED, strategy
-from specdemo.decoding.planner import Acceptance
+from specdemo.decoding.drafters import MASKED_STRATEGY
+from specdemo.decoding.pricing import Acceptance
 from specdemo.host import memory
 from specdemo.settings import AUTO, DRAFT_PRECISION, K_MAX, ModelSettings
 
@@ -76,7 +76,7 @@ class DraftOption:
         return f"{self.precision}, {head}"
 
     def acceptance(self) -> Acceptance:
-        return Acceptance.from_counts(self.tested, self.accepted, Acceptance.geometric(strategy(MASKED).planning.default_alpha))
+        return Acceptance.from_counts(self.tested, self.accepted, Acceptance.geometric(MASKED_STRATEGY.planning.default_alpha))
 
     def acceptance_rate(self) -> float:
         """Accepted ÷ tested over every position: one number for the table."""
@@ -131,7 +131,7 @@ def best_case(costs: CostModel, step_ratio: float, ceiling: float = CEILING, k_m
     """The predicted speedup at the best K of a draft whose step is `step_ratio` of the curve's draft step and whose
     drafts are accepted at `ceiling`: what no measurement of it could exceed. Below 1: no K pays."""
     scaled = replace(costs, draft_s=tuple(d * step_ratio for d in costs.draft_s))
-    return max(planner.predicted_speedup(scaled, Acceptance.geometric(ceiling), k) for k in range(1, k_max + 1))
+    return max(pricing.predicted_speedup(scaled, Acceptance.geometric(ceiling), k) for k in range(1, k_max + 1))
 
 
 def could_change(option: DraftOption, incumbent: float = 1.0) -> bool:
@@ -151,7 +151,7 @@ def price(options: list[DraftOption], costs: CostModel, precision: str = AUTO, k
             continue
         scale = option.step_s / base.step_s
         scaled = replace(costs, draft_s=tuple(d * scale for d in costs.draft_s))
-        option.k, option.predicted_speedup = planner.best_k(scaled, option.acceptance(), k_max)
+        option.k, option.predicted_speedup = pricing.best_k(scaled, option.acceptance(), k_max)
     best = choose(options, precision)
     best.chosen = True
     return best
@@ -226,7 +226,7 @@ def measure(target, draft: ModelSettings, examples: list[dict], encode, prepared
         if held is None:
             held = model
             if costs is not None:  # a pair that agrees above CEILING is like none measured: its challengers at 1.0
-                priced = planner.best_k(costs, option.acceptance(), K_MAX)[1]
+                priced = pricing.best_k(costs, option.acceptance(), K_MAX)[1]
                 ceiling = CEILING if max(option.acceptance().rates) <= CEILING else 1.0
             continue
         verdict = timer(held, model, target)

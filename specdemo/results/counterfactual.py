@@ -18,7 +18,7 @@ single-token target calls order a near-tie differently, another K may write anot
 often that happens.
 
 The confidence stop (a round's drafting ends once the product of the draft's top probabilities for its j drafts
-falls below this machine's break-even at position j, planner.confidence_stops) is walked too, by the drafter's own
+falls below this machine's break-even at position j, pricing.confidence_stops) is walked too, by the drafter's own
 rule (drafters.base.stop_threshold), from the same pass's top probabilities: exact for every draft up to and
 including a round's first rejected one (the draft saw the answer's own tokens there); the drafts after it, rejected
 whatever they are, were drafted from the draft's own tokens, which the pass never saw, so their confidences stand in
@@ -35,10 +35,11 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from specdemo.decoding.costs import CostModel
-from specdemo.decoding.drafters import MASKED, STRATEGIES, strategy
+from specdemo.decoding.drafters import MASKED, MASKED_STRATEGY, STRATEGIES, Strategy, strategy
 from specdemo.decoding.drafters.base import stop_threshold
 from specdemo.decoding.drafters.model import top_probability
-from specdemo.decoding.planner import confidence_stops, describe_stops, round_cost
+from specdemo.decoding.planner import describe_stops
+from specdemo.decoding.pricing import confidence_stops, round_cost
 from specdemo.models.runtime import OVModel
 
 PIECE = 64  # answer tokens per teacher-forced call: 64 rows of logits (~39 MB for a 151,936-token vocabulary)
@@ -73,7 +74,7 @@ class Counterfactual:
     observed: int = 0  # positions of the mask the run's own drafting observed (the rest from the teacher-forced pass)
     corrected: int = 0  # of them, where the teacher-forced pass had guessed otherwise
     stopped: list[Walk] = field(default_factory=list)  # the draft model at K = 1 … k_max with this machine's confidence
-    #                                                     stop (planner.confidence_stops); [] without the pass
+    #                                                     stop (pricing.confidence_stops); [] without the pass
     # What the answer teaches the acceptance prior, per drafter: (tested, accepted) drafts at positions 1 … k_max
     # (mask_counts, replay_counts); the engine fills it, whoever drained the run hands it to the machine profile.
     evidence: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)
@@ -218,9 +219,9 @@ def replay_counts(drafter, prompt_ids: list[int], answer_ids: list[int], k_max: 
     return tested, accepted
 
 
-def _prefills(costs: CostModel, prompt_tokens: int, drafter: str) -> float:
-    """The target's prefill, and the drafter's own (`drafter` "": nothing drafted, no draft prefill)."""
-    draft = strategy(drafter).prefill_seconds(costs, prompt_tokens) if drafter else 0.0
+def _prefills(costs: CostModel, prompt_tokens: int, drafter: Strategy | None) -> float:
+    """The target's prefill, and the drafter's own (`drafter` None: nothing drafted, no draft prefill)."""
+    draft = drafter.prefill_seconds(costs, prompt_tokens) if drafter is not None else 0.0
     return prompt_tokens / costs.target_prefill_tps + draft
 
 
@@ -239,13 +240,13 @@ def walk_fixed(mask: list[int], k: int, costs: CostModel, prompt_tokens: int, ma
                autoregressive_s: float, confidence: list[float] | None = None, stops: tuple[float, ...] = ()) -> Walk:
     """The draft model at a fixed K, round by round over the answer, as the loop would have run it; with `stops` and
     the draft's `confidence` per position, under the confidence stop."""
-    j, accepted, draft_calls, seconds, full = 1, [], 0, _prefills(costs, prompt_tokens, MASKED), False
+    j, accepted, draft_calls, seconds, full = 1, [], 0, _prefills(costs, prompt_tokens, MASKED_STRATEGY), False
     while j < len(mask):
         cap = min(k, max_new_tokens - j - 1)  # the loop never drafts past max_new_tokens
         if stops and confidence is not None:
             cap = drafted_before_stop(confidence, j, cap, stops)
         n = accepted_run(mask, j, cap)
-        seconds += round_cost(costs, cap, MASKED, float(full))
+        seconds += round_cost(costs, cap, MASKED_STRATEGY, float(full))
         accepted.append(n)
         draft_calls += cap
         full = cap > 0 and n == cap
@@ -266,7 +267,7 @@ def walk_oracle(mask: list[int], k_max: int, costs: CostModel, prompt_tokens: in
             for k in range(0, min(k_max, max(max_new_tokens - j - 1, 0)) + 1):
                 n = accepted_run(mask, j, k)
                 after = min(j + n + 1, size)
-                options.append(round_cost(costs, k, MASKED, float(full)) + best[after, int(k > 0 and n == k)])
+                options.append(round_cost(costs, k, MASKED_STRATEGY, float(full)) + best[after, int(k > 0 and n == k)])
             choice[j, full] = int(np.argmin(options))
             best[j, full] = min(options)
     ks, accepted, j, full = [], [], 1, 0
@@ -278,7 +279,7 @@ def walk_oracle(mask: list[int], k_max: int, costs: CostModel, prompt_tokens: in
         full = int(k > 0 and n == k)
         j += n + 1
     drafts = sum(ks)
-    seconds = float(best[1, 0]) + _prefills(costs, prompt_tokens, MASKED if drafts else "")
+    seconds = float(best[1, 0]) + _prefills(costs, prompt_tokens, MASKED_STRATEGY if drafts else None)
     return Walk(0, len(ks), len(ks) + 1, drafts, seconds, autoregressive_s / seconds, accepted, ks)
 
 
@@ -287,15 +288,16 @@ def walk_replayed(drafter, prompt_ids: list[int], answer_ids: list[int], k: int,
     """A model-free drafter at a fixed K, round by round over the answer: its proposals need no model, only the text
     so far, so it is replayed as it is."""
     drafter.reset()
+    priced_as = strategy(drafter.kind)
     seq = list(prompt_ids) + answer_ids[:1]
-    j, accepted, seconds = 1, [], _prefills(costs, len(prompt_ids), drafter.kind)
+    j, accepted, seconds = 1, [], _prefills(costs, len(prompt_ids), priced_as)
     while j < len(answer_ids):
         cap = min(k, max_new_tokens - j - 1)
         drafts = drafter.propose(seq, cap).tokens if cap > 0 else []
         n = 0
         while n < len(drafts) and j + n < len(answer_ids) and drafts[n] == answer_ids[j + n]:
             n += 1
-        seconds += round_cost(costs, len(drafts), drafter.kind)
+        seconds += round_cost(costs, len(drafts), priced_as)
         accepted.append(n)
         seq.extend(answer_ids[j : j + n + 1])
         drafter.keep(len(seq) - 1)

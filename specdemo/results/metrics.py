@@ -12,7 +12,8 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
-from specdemo.decoding.planner import Acceptance, predicted_lane_speedup
+from specdemo.decoding.drafters import strategy
+from specdemo.decoding.pricing import Acceptance, predicted_lane_speedup
 from specdemo.decoding.verification import NEAR_TIE_LOGIT_GAP
 
 if TYPE_CHECKING:
@@ -106,7 +107,7 @@ def summarize(tokens: Sequence["TokenEvent"], rounds: Sequence["Round"], end: "E
     if end.costs is not None:  # drafting nothing, the lane runs at the target's own speed: 1.0
         acceptance = run_acceptance(rounds, end.k_max)
         summary.predicted_speedup = predicted_lane_speedup(end.costs, acceptance, mean_k, len(tokens), end.prompt_tokens,
-                                                           end.drafter)
+                                                           strategy(end.drafter))
     return summary
 
 
@@ -157,7 +158,7 @@ def acceptance_by_position(rounds: Sequence["Round"], k_max: int) -> list[float]
 
 def evidence_by_position(rounds: Sequence["Round"], k_max: int) -> tuple[list[int], list[int]]:
     """(tested, accepted) at positions 1 … k_max, where a draft counts as tested only if every draft before it was
-    accepted: the evidence for the conditional rates of the acceptance model (planner.Acceptance)."""
+    accepted: the evidence for the conditional rates of the acceptance model (pricing.Acceptance)."""
     tested, accepted = [0] * k_max, [0] * k_max
     for r in rounds:
         n_tested, n_accepted = r.tested()

@@ -68,7 +68,7 @@ def run_dict(instruction: str, settings, engine, autoregressive: Result, specula
         "batching_noise": engine.noise.to_dict() if getattr(engine, "noise", None) is not None else None,
         "warm_up_s": engine.warm_up_s,
         "costs": engine.costs.to_dict() if engine.costs is not None else None,
-        "plan": asdict(speculative.plan) if speculative.plan is not None else None,
+        "plan": speculative.plan.to_dict() if speculative.plan is not None else None,
         "counterfactual": would.to_dict() if would is not None else None,
         "failures": [asdict(f) for f in where_drafts_fail(speculative.tokens, decode, special)],
     }

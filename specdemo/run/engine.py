@@ -18,9 +18,9 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from specdemo.decoding import k_rules, loops, planner
+from specdemo.decoding import loops, planner, pricing
 from specdemo.decoding.costs import CostModel
-from specdemo.decoding.drafters import STRATEGIES, make_drafter, strategy
+from specdemo.decoding.drafters import STRATEGIES, Strategy, make_drafter, strategy
 from specdemo.decoding.planner import Plan, make_plan
 from specdemo.learning import warmup
 from specdemo.learning.profile import Keys, Profile, machine_profile
@@ -136,17 +136,14 @@ class Engine:
         another (Planning.when_quoting: the draft model to the hybrid, which drafts by lookup where the text repeats);
         a fixed K keeps the drafter the settings name.
         """
-        if self.costs is None or self.costs.n_max < settings.k_max + 1:
+        if not self.knows_costs(settings):
             raise RuntimeError("plan() needs this machine's call costs for these models up to K + 1 tokens: warm_up() first")
         asked = strategy(settings.drafter)
         if asked.needs_model and self.draft is None:
             raise ValueError(no_draft_model())
-        auto = settings.k_policy.is_auto
-        quoting = asked.planning.when_quoting
-        drafter = quoting if auto and quoting and planner.quotes_text(instruction) else asked.name
-        plan = make_plan(self.costs, drafter, self._prior(drafter, settings.greedy), settings.k_max, auto,
-                         settings.k_policy.k)
-        if drafter != asked.name:
+        drafter = planner.drafter_for(asked, settings.k_policy, instruction)
+        plan = make_plan(self.costs, drafter, self._prior(drafter, settings.greedy), settings.k_policy)
+        if drafter is not asked:
             plan = replace(plan, reason=plan.reason + " (The instruction quotes text for the answer to copy.)")
         return plan
 
@@ -154,15 +151,20 @@ class Engine:
         """This pair's acceptance history, as the machine profile holds it now."""
         return self.profile.acceptance(self.keys.pair)
 
-    def _prior(self, drafter: str, greedy: bool) -> planner.Acceptance:
+    def knows_costs(self, settings: GenerationSettings) -> bool:
+        """Whether this machine's costs for this pair span every verify call a plan under `settings` may price."""
+        return self.costs is not None and self.costs.n_max >= planner.calls_needed(settings.k_policy)
+
+    def _prior(self, drafter: Strategy, greedy: bool) -> pricing.Acceptance:
         """The acceptance a drafter's plan assumes: a hybrid's K is the draft model's."""
-        return self.acceptance().prior(strategy(drafter).planning.prior, greedy)
+        return self.acceptance().prior(drafter.planning.prior, greedy)
 
     def _price(self, greedy: bool):
-        """price(drafter, k): this machine's predicted speedup of one round, for the hybrid drafter's choice each round."""
+        """price(drafter, k): this machine's predicted speedup of one round, for the hybrid drafter's choice each round
+        (it names its parts)."""
         history, costs_now = self.acceptance(), self.costs
-        priors = {name: history.prior(strategy(name).planning.prior, greedy) for name in STRATEGIES}
-        return lambda drafter, k: planner.predicted_speedup(costs_now, priors[drafter], k, drafter)
+        priced = {s.name: (s, history.prior(s.planning.prior, greedy)) for s in STRATEGIES.values()}
+        return lambda name, k: pricing.predicted_speedup(costs_now, priced[name][1], k, priced[name][0])
 
     @classmethod
     def load(cls, settings: RunSettings, progress: sources.Progress | None = None, with_draft: bool = True,
@@ -217,37 +219,36 @@ class Engine:
 
     def speculative(self, instruction: str, settings: GenerationSettings,
                     cancel: threading.Event | None = None) -> Iterator:
-        """One speculative lane by itself: its Plan first (when there are costs to plan by; auto K warms up for them
-        first), then the loop's events."""
+        """One speculative lane by itself: its Plan first (when there are costs to plan by; a plan that chooses K by
+        them warms up for them first), then the loop's events."""
         ids = self.prompt_ids(instruction, settings)
-        if settings.k_policy.is_auto and (self.costs is None or self.costs.n_max < settings.k_max + 1):
+        if planner.needs_costs(settings.k_policy) and not self.knows_costs(settings):
             self.warm_up(settings.k_max)
-        plan = self.plan_lane(instruction, settings) if self.costs is not None else None
-        yield from self.speculative_ids(ids, settings, plan, cancel)
+        yield from self.speculative_ids(ids, settings, self.plan_lane(instruction, settings), cancel)
 
     def plan_lane(self, instruction: str, settings: GenerationSettings) -> Plan:
-        """The plan a speculative lane drafts by: plan() with its confidence stop."""
-        plan = self.plan(instruction, settings)
-        return planner.with_confidence_stop(plan, self.costs, settings.draft_p_min, settings.k_max)
+        """The plan a speculative lane drafts by: plan() with its confidence stop; without this machine's costs (no
+        warm-up), the settings' drafter and K, unpriced."""
+        plan = self.plan(instruction, settings) if self.costs is not None else \
+            planner.unpriced(settings.k_policy, strategy(settings.drafter))
+        return planner.with_confidence_stop(plan, settings.draft_p_min)
 
-    def speculative_ids(self, ids: list[int], settings: GenerationSettings, plan: Plan | None,
+    def speculative_ids(self, ids: list[int], settings: GenerationSettings, plan: Plan,
                         cancel: threading.Event | None = None, memories: dict[str, object] | None = None) -> Iterator:
-        """The speculative lane on prompt `ids`: the plan first (None: no costs to plan by, so the settings' drafter
-        and K), then the loop's events. Under auto K the plan chooses each round's K. `memories`: what the run's owner's
-        earlier runs left a drafter that keeps something across runs (drafters.memories(); None: nothing)."""
-        kind = plan.drafter if plan is not None else settings.drafter
-        if strategy(kind).needs_model and self.draft is None:
+        """The speculative lane on prompt `ids`: the plan first (when priced), then the loop's events; the plan's rule
+        chooses each round's K. `memories`: what the run's owner's earlier runs left a drafter that keeps something
+        across runs (drafters.memories(); None: nothing)."""
+        if plan.drafter.needs_model and self.draft is None:
             raise ValueError(no_draft_model())
-        stops = plan.stops if plan is not None else ((settings.draft_p_min,) if settings.draft_p_min else ())
         rng = np.random.default_rng(settings.seed)
         price = self._price(settings.greedy) if self.costs is not None else None
-        drafter = make_drafter(kind, self.draft.runtime if self.draft else None, settings, rng, price, stops, memories)
-        policy = k_rules.policy_for(settings, self.costs, plan)
-        if plan is not None:
+        drafter = make_drafter(plan.drafter, self.draft.runtime if self.draft else None, settings, rng, price,
+                               plan.stops, memories)
+        if plan.priced:
             yield plan
         with self.lock:
             yield from loops.speculative(self.target.runtime, drafter, self.tokenizer, ids, settings, self.eos_ids,
-                                            cancel, rng, policy, self.costs)
+                                         cancel, rng, plan)
 
     def would_have_given(self, prompt_ids: list[int], settings: GenerationSettings, answer_ids: list[int],
                          rounds=None) -> Counterfactual | None:

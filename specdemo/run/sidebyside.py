@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Iterator, Mapping
 
 from specdemo.decoding import planner
-from specdemo.decoding.drafters import strategy, with_counterpart
+from specdemo.decoding.drafters import Strategy, with_counterpart
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results import runfile
 from specdemo.results.lane import Result
@@ -74,7 +74,7 @@ class SideBySide:
         """Warm up every engine that has no costs for this machine yet (or all, `fresh`), then plan the speculative
         lane once. Nothing of it is timed in any lane."""
         for engine in dict.fromkeys(self.engines.values()):
-            if fresh or engine.costs is None or engine.costs.n_max < self.generation.k_max + 1:
+            if fresh or not engine.knows_costs(self.generation):
                 engine.warm_up(self.generation.k_max, fresh=fresh, log=log)
         if self.speculative is not None:
             self.plan = self.speculative.plan_lane(self.instruction, self.generation)
@@ -88,15 +88,15 @@ class SideBySide:
             raise RuntimeError("prepare() the run before its speculative lane")
         return engine.speculative_ids(self.prompt, self.generation, self.plan, cancel, self.memories)
 
-    def genai_counterpart(self) -> tuple[str, int]:
+    def genai_counterpart(self) -> tuple[Strategy, int]:
         """The drafter (Strategy.counterpart) and K OpenVINO GenAI runs beside the speculative lane: GenAI keeps K
-        fixed, so ours when fixed; under auto K the plan's first K (its K = 0, "the target alone", becomes our default
-        K). RuntimeError where GenAI has nothing like the plan's drafter."""
-        drafter = self.plan.drafter if self.plan is not None else self.generation.drafter
-        kind = strategy(drafter).counterpart
+        fixed, so the plan's first K (Plan.first_k). RuntimeError where GenAI has nothing like the plan's drafter."""
+        if self.plan is None:
+            raise RuntimeError("prepare() the run before GenAI's lane")
+        kind = self.plan.drafter.counterpart
         if not kind:
-            raise RuntimeError(f"OpenVINO GenAI has nothing like {strategy(drafter).label} to run beside it")
-        return with_counterpart(kind), planner.fixed_k(self.generation.k_policy, self.plan)
+            raise RuntimeError(f"OpenVINO GenAI has nothing like {self.plan.drafter.label} to run beside it")
+        return with_counterpart(kind), self.plan.first_k
 
     def teach(self, mode: str, result: Result | None) -> None:
         """Hand a lane's rounds to the machine profile (its cost curve; a finished sampled lane's acceptance)."""

@@ -11,7 +11,7 @@ import html
 import math
 from dataclasses import dataclass
 
-from specdemo.decoding import planner
+from specdemo.decoding import planner, pricing
 from specdemo.decoding.costs import CostModel
 from specdemo.decoding.drafters import strategy
 from specdemo.results.counterfactual import Counterfactual
@@ -177,14 +177,14 @@ ALPHAS = tuple(round(0.5 + 0.025 * i, 3) for i in range(21))  # 0.5 … 1.0
 
 
 def cost_surface(costs: CostModel | None, k_max: int, run_alpha: float | None = None, run_k: float | None = None,
-                 run_acceptance: planner.Acceptance | None = None) -> str:
+                 run_acceptance: pricing.Acceptance | None = None) -> str:
     """Heat map of this machine's predicted speedup over K (columns) and α (rows), the break-even line (speedup 1)
     and the run's own point (α̂, mean K); the caption names the best K at the run's own acceptance by position."""
     title = "Where speculation pays on this machine"
     if costs is None:
         return placeholder(title, "Drawn once this machine's call costs are measured.")
     ks = list(range(1, k_max + 1))
-    grid = planner.cost_surface(costs, ks, ALPHAS)
+    grid = pricing.cost_surface(costs, ks, ALPHAS)
     axes = Axes(0.5, k_max + 0.5, ALPHAS[0] - 0.0125, 1.0125)
     parts = []
     cell_w, cell_h = axes.x(1) - axes.x(0), axes.y(0) - axes.y(0.025)
@@ -194,7 +194,7 @@ def cost_surface(costs: CostModel | None, k_max: int, run_alpha: float | None = 
                          f'width="{cell_w + 0.5:.1f}" height="{cell_h + 0.5:.1f}" fill="{_heat(speedup)}">'
                          f"<title>K = {k}, α = {alpha:.3f}: {speedup:.2f}×</title></rect>")
     parts += _axes(axes, ks, [0.5, 0.6, 0.7, 0.8, 0.9, 1.0], "K, drafts per round", "acceptance α")
-    line = [(k, a) for k in ks if (a := planner.break_even_alpha(costs, k)) is not None]
+    line = [(k, a) for k in ks if (a := pricing.break_even_alpha(costs, k)) is not None]
     if line:  # clipped to the plot: below α = 0.5 the line leaves the map
         parts.append(f'<clipPath id="sd-surface-clip"><rect x="{LEFT}" y="{TOP}" width="{WIDTH - LEFT - RIGHT}" '
                      f'height="{HEIGHT - TOP - BOTTOM}"/></clipPath><g clip-path="url(#sd-surface-clip)">')

@@ -20,7 +20,6 @@ from specdemo.results import metrics, runfile
 from specdemo.models import sources
 from specdemo.host import memory
 from specdemo.learning.disk import inventory
-from specdemo.decoding.drafters import strategy
 from specdemo.run.engine import Engine
 from specdemo.settings import GenerationSettings, RunSettings
 from specdemo.ui import charts, render, tuning, waiting
@@ -241,12 +240,12 @@ def _genai_job(run: SideBySide, settings: GenerationSettings, held: Held, reserv
     """GenAI's lane: its pipeline for the counterpart of the drafter and the K our speculative lane starts with (the
     run's plan), on the same prompt ids; admitted beside what the background work may still need (`reserve`)."""
     drafter, k = run.genai_counterpart()
-    needs_draft = strategy(drafter).needs_model
+    needs_draft = drafter.needs_model
     pipeline = yield from _wait_for({GENAI: held.add(genai_loading_for(run.settings, not needs_draft, reserve))})
     compiled_as = genai.fitted(run.settings.target, run.settings.draft if needs_draft else None)
     engine = run.speculative
     return lambda cancel: genai.stream(pipeline[GENAI], engine.tokenizer, run.prompt, settings, engine.eos_ids, k, cancel,
-                                       drafter, compiled_as)
+                                       drafter.name, compiled_as)
 
 
 def _failed(error: Exception):

@@ -7,6 +7,7 @@ import html
 
 import pandas as pd
 
+from specdemo.decoding import planner
 from specdemo.decoding.drafters import strategy
 from specdemo.decoding.events import ACCEPTED, BONUS, CORRECTED, TokenEvent
 from specdemo.learning.disk import size
@@ -123,11 +124,9 @@ def render_results(lanes: dict[str, LaneRun], mode: str, settings: GenerationSet
     headline = tiles([(f.label, f.format(value(f, summaries))) for f in placed(RESULTS)]
                      + [("target calls saved", f"{saved} of {a.target_calls}")], "sd-results")
     drafter = strategy(s.drafter or settings.drafter).label
-    if settings.k_policy.is_auto:
-        k = f"K chosen by the planner (mean {s.mean_k:.1f})"
-    else:
-        k = f"K adaptive (mean {s.mean_k:.1f})" if settings.k_policy.is_adaptive else f"K = {settings.k_policy.k}"
     plan = spec.plan
+    # A lane that yielded no plan ran unpriced (no costs to plan by): its K is the settings' own
+    k = (plan or planner.unpriced(settings.k_policy, strategy(settings.drafter))).describe(s.mean_k)
     if drafted:
         by_position = figure("acceptance_by_position").format(s.acceptance_by_position)
         prediction = (f"Predicted from this machine's call costs at the run's own acceptance (α̂ = {alpha}; by draft "

@@ -18,8 +18,8 @@ import pkgutil
 from specdemo import settings
 from specdemo.decoding.drafters.base import Drafter, Proposal, Strategy
 
-__all__ = ["Drafter", "Proposal", "Strategy", "STRATEGIES", "DEFAULT", "MASKED", "strategy", "checked", "make_drafter", "memories",
-           "choices", "with_counterpart"]
+__all__ = ["Drafter", "Proposal", "Strategy", "STRATEGIES", "DEFAULT", "MASKED", "MASKED_STRATEGY", "strategy", "when_quoting",
+           "checked", "make_drafter", "memories", "choices", "with_counterpart"]
 
 
 def _discover() -> dict[str, Strategy]:
@@ -35,7 +35,9 @@ def _discover() -> dict[str, Strategy]:
 STRATEGIES: dict[str, Strategy] = _discover()
 DEFAULT = next(iter(STRATEGIES))  # the first choice: the draft model
 assert DEFAULT == settings.DRAFTER, f"settings.DRAFTER names {settings.DRAFTER!r}, the first strategy is {DEFAULT!r}"
-MASKED = next(s.name for s in STRATEGIES.values() if s.counterfactual.taught_by_mask)  # the draft model's own strategy
+# The draft model's own strategy (the one its match mask teaches; what a price is of when it names none), and its name
+MASKED_STRATEGY = next(s for s in STRATEGIES.values() if s.counterfactual.taught_by_mask)
+MASKED = MASKED_STRATEGY.name
 
 
 def strategy(name: str) -> Strategy:
@@ -45,6 +47,12 @@ def strategy(name: str) -> Strategy:
     return STRATEGIES[name]
 
 
+def when_quoting(asked: Strategy) -> Strategy | None:
+    """The strategy that drafts instead of `asked` where the instruction quotes text to copy (Planning.when_quoting),
+    or None."""
+    return STRATEGIES[asked.planning.when_quoting] if asked.planning.when_quoting else None
+
+
 def checked(generation: settings.GenerationSettings) -> settings.GenerationSettings:
     """`generation` if its drafter is a strategy here, else ValueError naming the ones there are: the check the edges
     (the CLI, the page, the bench) make on settings a user gave, since settings know nothing of this registry."""
@@ -52,16 +60,15 @@ def checked(generation: settings.GenerationSettings) -> settings.GenerationSetti
     return generation
 
 
-def make_drafter(kind: str, draft_model, settings, rng, price=None, stops: tuple[float, ...] = (),
+def make_drafter(described: Strategy, draft_model, settings, rng, price=None, stops: tuple[float, ...] = (),
                  memories: dict[str, object] | None = None) -> Drafter:
-    """The drafter of strategy `kind` (one that needs a model refuses to be made without one); `price(drafter, k)`
+    """The drafter of strategy `described` (one that needs a model refuses to be made without one); `price(drafter, k)`
     for a strategy choosing between parts each round; `stops`: the draft model's confidence stop per draft position
     ((): off); `memories`: what its owner's earlier runs left (memories()), for a strategy that keeps something across
     runs (without it, such a drafter starts empty: it draws on its own run alone)."""
-    described = strategy(kind)
     if described.memory is None:
         return described.make(draft_model, settings, rng, price, stops)
-    memory = (memories or {}).get(kind)
+    memory = (memories or {}).get(described.name)
     return described.make(draft_model, settings, rng, price, stops, memory=memory if memory is not None else described.memory())
 
 
@@ -76,7 +83,7 @@ def choices() -> list[tuple[str, str]]:
     return [(s.choice, s.name) for s in STRATEGIES.values()]
 
 
-def with_counterpart(kind: str) -> str:
+def with_counterpart(kind: str) -> Strategy:
     """The strategy whose own drafting a peer's `kind` ("draft", "lookup": Strategy.counterpart) is: what a peer's
     lane records as its drafter."""
-    return next(s.name for s in STRATEGIES.values() if s.counterpart == kind)
+    return next(s for s in STRATEGIES.values() if s.counterpart == kind)

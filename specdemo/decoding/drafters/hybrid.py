@@ -13,7 +13,7 @@ from specdemo.decoding.drafters.model import ModelDrafter
 class HybridDrafter:
     """Free drafts where the text repeats: where an n-gram of the text so far has a continuation, it is drafted from
     there without a model call; elsewhere the draft model drafts. Each round goes to whichever `price(drafter, k)`
-    (this machine's predicted speedup of a round, planner.py) rates higher. Lossless like every drafter: a lookup
+    (this machine's predicted speedup of a round, pricing.py) rates higher. Lossless like every drafter: a lookup
     proposal is deterministic (q one-hot), a model proposal carries its q.
 
     The draft model's cache may fall behind by the tokens of lookup rounds; its next proposal feeds them first.

@@ -21,7 +21,7 @@ class ModelDrafter:
     Invariant between rounds: the draft's cache holds a prefix of `seq`; propose() first feeds the
     part it has not seen (the whole prompt on the first round, then one or two tokens).
 
-    With `stops` (the confidence stop, per draft position: planner.confidence_stops), a round ends early once the
+    With `stops` (the confidence stop, per draft position: pricing.confidence_stops), a round ends early once the
     product of the draft's probabilities for the j tokens it drafted falls below stops[j - 1]: the low-confidence draft
     is still proposed (its step is paid), the steps after it are saved. The stop looks at the draft alone, so the
     acceptance rule stays exact.

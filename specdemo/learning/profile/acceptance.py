@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from specdemo.decoding.drafters import STRATEGIES
-from specdemo.decoding.planner import Acceptance
+from specdemo.decoding.pricing import Acceptance
 
 DECAY = 0.9
 PRIOR_WEIGHT = 5.0  # the built-in default counts as this many tested drafts
