@@ -19,6 +19,9 @@ constexpr int MR = 4;                  // activation rows a tile holds: 2·4 sum
 // products' time, a call of 5 rows 0.70–0.73× (9 rows: 0.56–0.57× llama.cpp's time, the dot products' ~1.5×); and one
 // way for every call, so a row's logits do not depend on how many rows its call holds (gemm_avx2.cpp).
 constexpr int FROM_ROWS = 1;
+// Q6_K decoded a chunk at a time from 16 rows a call on (panel.hpp: Decoded6). On the 2-core Xeon, 14 ffn_down, 2
+// threads, decoded ÷ decoded in each tile: 5 rows 1.17×, 9 rows 1.05×, 13 rows 1.00×, 17 0.97×, 33 0.89×, 64 0.82×.
+constexpr int DECODED_FROM_ROWS = 16;
 
 inline __m512i broadcast4(const int8_t* p) {
     int32_t word;
@@ -59,13 +62,12 @@ struct Interleave {
 };
 
 // The n-th 16 rows' values of quad q of slot j in a packed block.
-template <Kind K>
+template <Kind K, typename P>
 inline __m512i values(const uint8_t* block, int j, int q, int n) {
-    using P = Packed<K, ROWS>;
     if constexpr (K == Kind::Q4_K) {  // slots 2c and 2c + 1 share the nibbles of quad q of group c
         const __m512i nibbles = _mm512_loadu_si512(block + P::V + ((j / 2) * 8 + q) * P::QUAD + 64 * n);
         return _mm512_and_si512(j % 2 ? _mm512_srli_epi16(nibbles, 4) : nibbles, _mm512_set1_epi8(0x0F));
-    } else if constexpr (K == Kind::Q6_K) {  // the quad's nibbles, and its 2 high bits moved to bits 4 and 5
+    } else if constexpr (NIBBLES_AND_HIGHS<P>) {  // the quad's nibbles, and its 2 high bits moved to bits 4 and 5
         const uint8_t* slot = block + P::V + j * P::SLOT_BYTES + 64 * n;
         const __m512i nibbles = _mm512_loadu_si512(slot + (q / 2) * P::QUAD);
         const __m512i highs = _mm512_loadu_si512(slot + 2 * P::QUAD);
@@ -90,10 +92,9 @@ inline __m512 halves(const uint8_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
-template <Kind K, int M>
+template <Kind K, typename P, int M>
 void tile(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int first_block, float* y, size_t y_stride,
           bool first) {
-    using P = Packed<K, ROWS>;
     constexpr int SLOTS = P::VALUES / P::SLOT, QUADS = P::SLOT / 4;
     const int a_slots = a.slots();
     __m512 acc[M][NR];
@@ -105,7 +106,7 @@ void tile(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int first
         __m512 d[NR];
         for (int n = 0; n < NR; ++n) d[n] = halves(block + P::D + 32 * n);
         for (int j = 0; j < SLOTS; ++j) {
-            if (m0 == 0) prefetch_slot_of_next(block, j, SLOTS, P::BYTES);
+            if (STREAMED<P> && m0 == 0) prefetch_slot_of_next(block, j, SLOTS, P::BYTES);
             const int slot = (first_block + b) * SLOTS + j;
             const size_t at = size_t(m0) * a_slots + slot;  // activation row m0's slot
             const int8_t* q = a.q.data() + size_t(m0) * a.columns + slot * P::SLOT;
@@ -116,7 +117,7 @@ void tile(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int first
             }
             for (int quad = 0; quad < QUADS; ++quad) {
                 __m512i w[NR];
-                for (int n = 0; n < NR; ++n) w[n] = values<K>(block, j, quad, n);
+                for (int n = 0; n < NR; ++n) w[n] = values<K, P>(block, j, quad, n);
                 for (int m = 0; m < M; ++m) {
                     const __m512i x = broadcast4(q + m * a.columns + 4 * quad);
                     for (int n = 0; n < NR; ++n) sum[m][n] = _mm512_dpbusd_epi32(sum[m][n], w[n], x);
@@ -150,8 +151,23 @@ void tile(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int first
         for (int n = 0; n < NR; ++n) _mm512_storeu_ps(y + (m0 + m) * y_stride + 16 * n, acc[m][n]);
 }
 
+// A chunk's Q6_K blocks decoded for the tiles of a call of many rows, the next blocks asked for meanwhile.
+void decode6(const uint8_t* packed, int blocks, uint8_t* out) {
+    using P = Packed<Kind::Q6_K, ROWS>;
+    using D6 = Decoded6<ROWS>;
+    for (int b = 0; b < blocks; ++b, packed += P::BYTES, out += D6::BYTES) {
+        std::memcpy(out, packed, D6::V);  // d and sc
+        for (int j = 0; j < 16; ++j) {
+            prefetch_slot_of_next(packed, j, 16, P::BYTES);
+            for (int q = 0; q < 4; ++q)
+                for (int n = 0; n < NR; ++n)
+                    _mm512_storeu_si512(out + D6::V + (4 * j + q) * D6::QUAD + 64 * n, values<Kind::Q6_K, P>(packed, j, q, n));
+        }
+    }
+}
+
 template <Kind K>
-constexpr GemmFn GEMM = gemm_panels<K, ROWS, MR>;
+constexpr GemmFn GEMM = gemm_panels<K, ROWS, MR, DECODED_FROM_ROWS>;
 template <Kind K>
 constexpr PackFn PACK = pack_panel<K, ROWS, Interleave>;
 

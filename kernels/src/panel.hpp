@@ -108,6 +108,28 @@ struct Packed<Kind::Q6_K, ROWS> {
     }
 };
 
+// A Q6_K block of a panel decoded for a call of many rows: the same d and sc, then the 6-bit values as bytes, [64
+// quads][ROWS][4]. Where a call has many tiles, decoding the nibbles and highs again in each costs more than decoding a
+// chunk once into these bytes, which every tile then reads from L1 or L2 (each ISA's DECODED_FROM_ROWS).
+template <int ROWS>
+struct Decoded6 {
+    static constexpr int SLOT = 16, VALUES = 256;
+    static constexpr size_t QUAD = ROWS * 4, D = 0, SC = 2 * ROWS, V = 18 * ROWS, BYTES = V + 256 * ROWS;
+    static_assert(V == Packed<Kind::Q6_K, ROWS>::V, "d and sc are copied as they are");
+};
+
+// Whether a layout holds Q6_K's values as nibbles and highs (a panel's), not bytes (Decoded6's).
+template <typename P>
+constexpr bool NIBBLES_AND_HIGHS = false;
+template <int ROWS>
+constexpr bool NIBBLES_AND_HIGHS<Packed<Kind::Q6_K, ROWS>> = true;
+
+// Whether a tile reads its layout from memory (a panel: it asks for the next block) or from cache (Decoded6).
+template <typename P>
+constexpr bool STREAMED = true;
+template <int ROWS>
+constexpr bool STREAMED<Decoded6<ROWS>> = false;
+
 // Q8_0 and Q5_0: 32 weights a block, one scale. `Decode(block, 32 values)` a row at a time, then the ROWS transposed.
 template <int ROWS, size_t RAW_BYTES, void (*Decode)(const uint8_t*, uint8_t*)>
 struct Packed32 {
@@ -163,15 +185,21 @@ void pack_panel(const uint8_t* rows, size_t row_bytes, size_t panel, int blocks,
         P::template pack<Interleave>(rows + b * P::RAW, row_bytes, out.bytes.get() + (panel * blocks + b) * P::BYTES);
 }
 
-// Each ISA's tile, defined in its gemm_*.cpp: y[m0 + m, 0…ROWS) (+)= a panel's `blocks` packed blocks (from `panel`;
-// the activations' block first_block on) dotted with activation row m0 + m, m < M; `first`: y is written, not added to.
-template <Kind K, int M>
+// Each ISA's tile, defined in its gemm_*.cpp: y[m0 + m, 0…ROWS) (+)= a panel's `blocks` blocks in layout P (from
+// `panel`; the activations' block first_block on) dotted with activation row m0 + m, m < M; `first`: y is written, not
+// added to.
+template <Kind K, typename P, int M>
 void tile(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int first_block, float* y, size_t y_stride,
           bool first);
 
+// Each ISA's decoding of `blocks` Q6_K blocks of a panel (from `packed`) into Decoded6 blocks at `out`.
+void decode6(const uint8_t* packed, int blocks, uint8_t* out);
+
 // An ISA's gemm (GemmFn): each panel first_panel … last_panel − 1, its columns CHUNK_VALUES at a time (kept in cache),
-// times every activation row, MR rows a tile, then what is left.
-template <Kind K, int ROWS, int MR>
+// times every activation row, MR rows a tile, then what is left. Q6_K's chunk is decoded once first in a call of at
+// least DECODED_FROM rows (the ISA's crossover; the bytes are the same either way, so a row's result does not depend on
+// how many rows its call holds).
+template <Kind K, int ROWS, int MR, int DECODED_FROM>
 void gemm_panels(const PackedWeights& w, const ManyRows& a, float* y, size_t y_stride, size_t first_panel,
                  size_t last_panel) {
     using P = Packed<K, ROWS>;
@@ -180,8 +208,20 @@ void gemm_panels(const PackedWeights& w, const ManyRows& a, float* y, size_t y_s
         const uint8_t* panel = w.bytes.get() + p * w.blocks * P::BYTES;
         for (int b0 = 0; b0 < w.blocks; b0 += CHUNK) {
             const int blocks = std::min(CHUNK, w.blocks - b0);
+            float* y_panel = y + (p - first_panel) * ROWS;
+            if constexpr (K == Kind::Q6_K) {
+                if (a.rows >= DECODED_FROM) {
+                    using D6 = Decoded6<ROWS>;
+                    alignas(64) static thread_local uint8_t decoded[CHUNK * D6::BYTES];  // each worker's own
+                    decode6(panel + b0 * P::BYTES, blocks, decoded);
+                    in_groups_of_rows<MR>(a.rows, [&]<int R>(int m0) {
+                        tile<K, D6, R>(decoded, blocks, a, m0, b0, y_panel, y_stride, b0 == 0);
+                    });
+                    continue;
+                }
+            }
             in_groups_of_rows<MR>(a.rows, [&]<int R>(int m0) {
-                tile<K, R>(panel + b0 * P::BYTES, blocks, a, m0, b0, y + (p - first_panel) * ROWS, y_stride, b0 == 0);
+                tile<K, P, R>(panel + b0 * P::BYTES, blocks, a, m0, b0, y_panel, y_stride, b0 == 0);
             });
         }
     }
