@@ -34,9 +34,9 @@ UNTIMED = 2  # the first calls after a change of shape are slow (seen: 66, 54, t
 ROUND_DRAFT_STEPS = 3  # draft steps before each timed target call (the round's pattern; more would only cost time)
 N_MAX = K_MAX + 1  # calls of up to this many tokens are always timed, so one cache serves every K
 # The quick first measurement (a page's start): these call sizes, QUICK_REPEATS timed calls each after one untimed, the
-# sizes between them interpolated; about 40 calls where the full measurement makes some 170. The curve is smooth
-# between them on every CPU class measured (a knee, where the plugin changes kernels, moves the interpolated sizes by a
-# step at most), and the full measurement replaces it in the background.
+# sizes between them interpolated; 67 calls of both models after their first, where the full measurement makes some
+# 170. The curve is smooth between them on every CPU class measured (a knee, where the plugin changes kernels, moves the
+# interpolated sizes by a step at most), and the full measurement replaces it in the background.
 # Its warm-up is each model's first call, on one token (first_call); its untimed calls warm up the shapes it times, its
 # prompt rate is the context's own prefill, t(1) is timed once: 27 target calls, one of them a prefill, where warming
 # every shape up after a prefill and timing the prompt apart made 38 (4 prefills; on a 2-core Xeon family 6 model 207,
