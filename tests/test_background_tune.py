@@ -61,23 +61,27 @@ def prepared(*models) -> None:
         (folder / sources.COMPLETE_MARKER).write_text("")
 
 
-def test_a_new_machine_needs_the_drafts_other_precision_then_the_tune_then_the_other_configurations_models(turned_on):
+def test_a_new_machine_needs_the_drafts_nncf_precisions_then_the_tune_then_the_other_configurations_models(turned_on):
     prepared(*CONFIGURATIONS["faithful"])  # the first start prepared the default pair before the page was ready
+    assert machine_profile().resolve_precision(DEFAULT_DRAFT).precision == "gguf-mixed"  # the draft on the file's blocks
     steps = tuning.background_steps(RunSettings(), model_bytes=1)
-    assert [label for label, _ in steps] == ["preparing the draft at int8, for the draft plan, and the target at int8, "
+    assert [label for label, _ in steps] == ["preparing the draft at int4, for the draft plan",
+                                             "preparing the draft at int8, for the draft plan, and the target at int8, "
                                              "for the faithful race", tuning.TUNING,
                                              "preparing the fastest configuration's models",
                                              "tuning the fastest configuration's target"]
+    # NNCF's INT4 draft, left out of the first start, is the draft plan's incumbent: prepared in the background first
+    assert steps[0][1][-2:] == ["--draft-precision", "int4"]
     # before the tune, whose draft plan then prices the draft and whose race needs the other faithful layout: both at once
-    assert steps[0][1][-4:] == ["--draft-precision", "int8", "--target-precision", "int8"]
-    assert steps[1][1][-3:] == ["-m", "specdemo", "tune"] and steps[2][1][-2:] == ["--configuration", "fastest"]
+    assert steps[1][1][-4:] == ["--draft-precision", "int8", "--target-precision", "int8"]
+    assert steps[2][1][-3:] == ["-m", "specdemo", "tune"] and steps[3][1][-2:] == ["--configuration", "fastest"]
     # its INT4 target, once prepared, searched beside the draft as the tune before it chose
-    assert steps[3][1][-4:] == ["tune", "--configuration", "fastest", "--target-only"]
+    assert steps[4][1][-4:] == ["tune", "--configuration", "fastest", "--target-only"]
 
 
 def test_a_machine_tuned_before_its_draft_plan_covered_precisions_plans_the_draft_alone(turned_on):
     tuned_here()  # compile settings chosen, no draft plan in the file
-    prepared(*CONFIGURATIONS["faithful"], *CONFIGURATIONS["fastest"])
+    prepared(*CONFIGURATIONS["faithful"], *CONFIGURATIONS["fastest"], replace(DEFAULT_DRAFT, precision="int4"))
     steps = tuning.background_steps(RunSettings(), 1)
     assert [label for label, _ in steps] == ["preparing the draft at int8, for the draft plan", tuning.PLANNING,
                                              "tuning the fastest configuration's target"]
@@ -275,7 +279,7 @@ def test_each_step_counts_the_page_beside_itself_in_the_memory_bound(turned_on):
 def test_where_no_draft_can_pay_on_the_quick_curve_the_drafts_int8_is_not_prepared_and_that_is_said(turned_on):
     from tests.test_draft_choice import COMPUTE_BOUND
 
-    prepared(*CONFIGURATIONS["faithful"])
+    prepared(*CONFIGURATIONS["faithful"], replace(DEFAULT_DRAFT, precision="int4"))  # the curve's draft: INT4
     said = []
     steps = tuning.background_steps(RunSettings(), 1, said.append, costs=COMPUTE_BOUND)
     int8, *rest = steps
@@ -287,7 +291,7 @@ def test_where_no_draft_can_pay_on_the_quick_curve_the_drafts_int8_is_not_prepar
 def test_where_a_draft_could_pay_on_the_quick_curve_the_drafts_int8_is_prepared(turned_on):
     from tests.test_draft_choice import MEMORY_BOUND
 
-    prepared(*CONFIGURATIONS["faithful"])
+    prepared(*CONFIGURATIONS["faithful"], replace(DEFAULT_DRAFT, precision="int4"))  # the curve's draft: INT4
     steps = tuning.background_steps(RunSettings(), 1, costs=MEMORY_BOUND)
     assert steps[0][0].startswith("preparing the draft at int8, for the draft plan") and all(map(tuning.runs, steps))
 
@@ -297,7 +301,7 @@ def test_a_tuned_machine_does_not_plan_its_draft_where_no_draft_could_pay(turned
     import json
 
     tuned_here()  # no draft plan yet
-    prepared(*CONFIGURATIONS["faithful"], *CONFIGURATIONS["fastest"])
+    prepared(*CONFIGURATIONS["faithful"], *CONFIGURATIONS["fastest"], replace(DEFAULT_DRAFT, precision="int4"))
     draft = machine_profile().resolve(DEFAULT_DRAFT)
     (sources.cached_folder(draft) / "config.json").write_text(json.dumps(QWEN_05B))  # its head's share of a step
     steps = dict(tuning.background_steps(RunSettings(), 1, lambda message: None, costs=COMPUTE_BOUND))

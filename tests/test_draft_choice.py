@@ -10,7 +10,7 @@ from specdemo.learning import draft_choice, race, tune
 from specdemo.learning.draft_choice import DraftOption, candidates, price
 from specdemo.learning.profile import Profile, choices
 from specdemo.models import sources
-from specdemo.settings import AUTO, DEFAULT_DRAFT, DRAFT_PRECISION, ModelSettings
+from specdemo.settings import AUTO, DEFAULT_DRAFT, DRAFT_PRECISION, FIRST_DRAFT_PRECISION, ModelSettings
 from tests.fake_models import FakeModel
 from tests.test_planner import machine
 
@@ -110,7 +110,14 @@ def test_tune_applies_the_planned_head_only_where_it_is_left_open(home, tmp_path
     assert profile.resolve(replace(DEFAULT_DRAFT, precision="int8")).head_tokens == 0  # no int8 option priced
     assert profile.resolve(replace(DEFAULT_DRAFT, device="GPU")).head_tokens == 0  # planned on the CPU only
     assert Profile(tmp_path / "untuned").resolve(DEFAULT_DRAFT).head_tokens == 0  # no plan yet: the full head
-    assert Profile(tmp_path / "untuned").resolve(DEFAULT_DRAFT).precision == DRAFT_PRECISION
+
+
+def test_before_int4_is_prepared_a_gguf_draft_runs_the_files_own_blocks_then_int4_until_there_is_a_plan(home, tmp_path):
+    untuned = Profile(tmp_path / "untuned")
+    assert untuned.resolve(DEFAULT_DRAFT).precision == FIRST_DRAFT_PRECISION == "gguf-mixed"  # a first start: no NNCF
+    assert untuned.resolve(replace(DEFAULT_DRAFT, source="Qwen/Qwen2.5-0.5B")).precision == DRAFT_PRECISION  # no GGUF
+    prepare_stand_in(replace(DEFAULT_DRAFT, precision=DRAFT_PRECISION, head_tokens=0))  # the background's INT4
+    assert untuned.resolve(DEFAULT_DRAFT).precision == DRAFT_PRECISION
 
 
 def test_the_planned_precision_runs_where_left_open_and_its_weights_are_prepared(home, tmp_path):

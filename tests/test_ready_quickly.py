@@ -40,6 +40,22 @@ def test_a_quick_warm_up_is_provisional_and_leaves_the_rest_to_learn_one_step_at
     assert not engine.costs.provisional and engine.to_learn(12) == []
 
 
+def test_a_quick_measurement_pays_each_first_call_on_one_token_and_prefills_each_model_once(engine, monkeypatch):
+    sizes = {"target": [], "draft": []}  # tokens of each call, in order
+    for role in sizes:
+        model = getattr(engine, role).runtime
+        monkeypatch.setattr(model, "forward", lambda ids, logits_to_keep=1, forward=model.forward, calls=sizes[role]:
+                            calls.append(len(ids)) or forward(ids, logits_to_keep))
+    said = []
+    engine.warm_up(12, quick=True, log=said.append)
+    target, draft = sizes["target"], sizes["draft"]
+    assert target[0] == draft[0] == 1  # the first call, where the plugin lays out the weights, on the least work
+    assert target.count(measuring.CONTEXT_TOKENS) == draft.count(measuring.CONTEXT_TOKENS) == 1  # the timed prefill
+    assert set(range(1, 14)) <= set(target) and len(target) == 27  # every shape a run makes, in 27 calls (38 before)
+    assert "warmed up in" in said[0] and "(2 calls" in said[0]  # each stage says its seconds and its calls
+    assert said[-1].startswith("measured quickly in") and f"({len(target) + len(draft) - 2} calls)" in said[-1]
+
+
 def test_with_a_tune_next_only_what_outlives_the_compile_is_learnt_first(engine):
     engine.warm_up(12, quick=True)
     steps = engine.to_learn(12, pair_only=True)  # the tune measures the cost curve and noise of the compile it keeps

@@ -18,7 +18,7 @@ from specdemo.host import machine
 from specdemo.learning.profile import choices
 from specdemo.learning.profile.store import tunes_on
 from specdemo.models import sources
-from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET, FAITHFUL_PRECISIONS
+from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET, DRAFT_PRECISION, FAITHFUL_PRECISIONS
 
 KINDS = ("compiled", "bench", "other-models", "old-versions", "scratch")
 
@@ -44,10 +44,12 @@ def inventory(home: Path | None = None) -> list[Item]:
     """Everything under SPECDEMO_HOME, each sorted into a kind."""
     home = home or sources.specdemo_home()
     items: list[Item] = []
-    # the default pair: the draft as any tune of this CPU runs it (under whichever OpenVINO: the listing loads none),
-    # the target at each faithful layout (the one it runs, and the one raced against it)
+    # the default pair: the draft as any tune of this CPU runs it (under whichever OpenVINO: the listing loads none) and
+    # at DRAFT_PRECISION (the plan's incumbent, run once prepared), the target at each faithful layout (the one it runs,
+    # and the one raced against it)
     tunes = tunes_on(home, machine.cpu_facts()) or [{}]
     pair = [choices.resolve_precision(DEFAULT_DRAFT, tune) for tune in tunes] + \
+        [replace(DEFAULT_DRAFT, precision=DRAFT_PRECISION)] + \
         [replace(DEFAULT_TARGET, precision=p) for p in FAITHFUL_PRECISIONS]
     defaults = {sources.cached_folder(model).name for model in pair}
     models = home / "models"

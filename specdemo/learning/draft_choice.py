@@ -51,7 +51,10 @@ MARGIN = 0.03  # another draft replaces the configured one only if predicted at 
 # and at 1.0 a long enough round "pays" on any curve (5 tokens for 2.4 steps, a draft step 0.45: 1.21× at K = 12,
 # 1.09× at 0.97). A pair whose incumbent is measured above it is priced at 1.0 from then on (measure).
 CEILING = 0.97
-BITS = {"fp16": 16, "int8": 8, "int4": 4}  # bits per weight of the precisions a draft may take (others: taken as 16)
+# Bits per weight of the precisions a draft may take (others: taken as 16). The GGUF layouts (a first start's draft,
+# settings.FIRST_DRAFT_PRECISION) at most Q8_0's 8.5 (gguf-mixed's per-channel INT8 8, a Q4_K file fewer): a challenger's
+# step floor beside them errs low, so it is measured rather than wrongly left out.
+BITS = {"fp16": 16, "int8": 8, "int4": 4, **dict.fromkeys(("gguf", "gguf-mixed", "gguf-native"), 8.5)}
 
 
 @dataclass

@@ -34,9 +34,13 @@ UNTIMED = 2  # the first calls after a change of shape are slow (seen: 66, 54, t
 ROUND_DRAFT_STEPS = 3  # draft steps before each timed target call (the round's pattern; more would only cost time)
 N_MAX = K_MAX + 1  # calls of up to this many tokens are always timed, so one cache serves every K
 # The quick first measurement (a page's start): these call sizes, QUICK_REPEATS timed calls each after one untimed, the
-# sizes between them interpolated; about 40 calls where the full measurement makes some 170. The curve is smooth
-# between them on every CPU class measured (a knee, where the plugin changes kernels, moves the interpolated sizes by a
-# step at most), and the full measurement replaces it in the background.
+# sizes between them interpolated; 67 calls of both models after their first, where the full measurement makes some
+# 170. The curve is smooth between them on every CPU class measured (a knee, where the plugin changes kernels, moves the
+# interpolated sizes by a step at most), and the full measurement replaces it in the background.
+# Its warm-up is each model's first call, on one token (first_call); its untimed calls warm up the shapes it times, its
+# prompt rate is the context's own prefill, t(1) is timed once: 27 target calls, one of them a prefill, where warming
+# every shape up after a prefill and timing the prompt apart made 38 (4 prefills; on a 2-core Xeon family 6 model 207,
+# 1.5B gguf-mixed target: a first prefill of 160 tokens 13 s, the next 3.3 s).
 QUICK_SIZES = (2, 3, 5, 9, 13)
 QUICK_REPEATS = 2
 
@@ -64,15 +68,23 @@ def measure(target: OVModel, draft: OVModel | None, n_max: int, known: CostModel
             _warm_up(draft, 2)
         return known
     start = time.perf_counter()
+    if quick:
+        sizes = [n for n in QUICK_SIZES if n <= n_max]
+        calls = _requests(target, draft)
+        for model in (target, draft):
+            if model is not None:
+                first_call(model)
+        warmed = time.perf_counter()
+        log(f"warmed up in {warmed - start:.0f} s ({_requests(target, draft) - calls} calls: each model's first, where "
+            f"its weights are laid out); measuring this machine quickly (calls of {', '.join(map(str, sizes))} tokens, "
+            "the others run once; the full measurement follows in the background)")
+        calls = _requests(target, draft)
+        costs = _time_loop(target, draft, n_max, sizes=sizes, untimed=1, repeats=QUICK_REPEATS, quick=True)
+        log(f"measured quickly in {time.perf_counter() - warmed:.0f} s ({_requests(target, draft) - calls} calls)")
+        return replace(costs, seconds=time.perf_counter() - start, provisional=True)
     _warm_up(target, n_max)
     if draft is not None:
         _warm_up(draft, 2)
-    if quick:
-        log(f"measuring this machine quickly (calls of {', '.join(map(str, QUICK_SIZES))} tokens; the full measurement "
-            "follows in the background)")
-        costs = _time_loop(target, draft, n_max, sizes=[n for n in QUICK_SIZES if n <= n_max], untimed=1,
-                           repeats=QUICK_REPEATS)
-        return replace(costs, seconds=time.perf_counter() - start, provisional=True)
     # Measuring makes each call shape UNTIMED + REPEATS times where warming up made it once; but a shape's first call
     # costs more than the later ones (on a Zen 5: 7 s of warm-up, then 19 s of measuring, not 46), hence a range.
     most = (UNTIMED + REPEATS) * (time.perf_counter() - start)
@@ -93,26 +105,53 @@ def _warm_up(model: OVModel, n_max: int) -> None:
     """Run each shape once, untimed: the plugin's first call of a shape costs much more than later ones."""
     model.reset()
     model.forward(_ids(CONTEXT_TOKENS))
-    for n in range(1, n_max + 1):
-        model.forward(_ids(n), logits_to_keep=n)
-        model.rollback(CONTEXT_TOKENS)
+    _run_once(model, range(1, n_max + 1))
     model.reset()
 
 
+def _run_once(model: OVModel, sizes) -> None:
+    """A call of each of `sizes` tokens after the context the model's cache holds (CONTEXT_TOKENS), untimed, rolled back."""
+    for n in sizes:
+        model.forward(_ids(n), logits_to_keep=n)
+        model.rollback(CONTEXT_TOKENS)
+
+
+def first_call(model: OVModel) -> None:
+    """The first call of a fresh compile, on one token: the CPU plugin lays out its weights then (see QUICK_SIZES), so
+    it is paid on the least work. The cache is left empty."""
+    model.reset()
+    model.forward(_ids(1))
+    model.reset()
+
+
+def _requests(*models: OVModel | None) -> int:
+    """Inference requests the models made since they were compiled: what a stage's calls are counted by."""
+    return sum(model.requests for model in models if model is not None)
+
+
 def _time_loop(target: OVModel, draft: OVModel | None, n_max: int, sizes: list[int] | None = None,
-               untimed: int = UNTIMED, repeats: int = REPEATS, interrupted=lambda: False) -> CostModel:
+               untimed: int = UNTIMED, repeats: int = REPEATS, interrupted=lambda: False,
+               quick: bool = False) -> CostModel:
     """Time every call shape the way the decoding loop makes it (see the module's docstring), or only `sizes` (2 and
     n_max among them; the others interpolated), `untimed` + `repeats` calls of each; every shape has run once already
-    (_warm_up)."""
+    (_warm_up) but those of `sizes`, whose untimed calls come first. `quick`: the prompt rate from the context's own
+    prefill, and t(1) timed once (QUICK_SIZES)."""
     sizes = sorted(set(sizes or range(2, n_max + 1)) | {2, n_max})
-    target_prefill, target_rollback = _time_prefill(target, repeats), []
-    fields = {}
-    if draft is not None:
-        fields["draft_prefill_tps"] = _time_prefill(draft, repeats)
-        draft.forward(_ids(CONTEXT_TOKENS))
-    target.forward(_ids(CONTEXT_TOKENS))
+    fields, target_rollback = {}, []
+    if quick:  # a prefill of CONTEXT_TOKENS as a prompt is fed, after each model's first_call; then the shapes not timed
+        if draft is not None:
+            fields["draft_prefill_tps"] = _timed_prefill(draft)
+            _run_once(draft, (1, 2))
+        target_prefill = _timed_prefill(target)
+        _run_once(target, [n for n in range(1, n_max + 1) if n not in sizes and n != 1])
+    else:
+        target_prefill = _time_prefill(target, repeats)
+        if draft is not None:
+            fields["draft_prefill_tps"] = _time_prefill(draft, repeats)
+            draft.forward(_ids(CONTEXT_TOKENS))
+        target.forward(_ids(CONTEXT_TOKENS))
 
-    # t(1), once now and once after the rounds: the lower is kept (load only adds time)
+    # t(1), once now and (in full) once after the rounds: the lower is kept (load only adds time)
     steps = [_time_steps(target, untimed, repeats)]
     target_rollback.append(_timed_rollback(target, CONTEXT_TOKENS))
     calls, draft_steps, draft_pairs, draft_rollback = [], [], [], []
@@ -137,7 +176,8 @@ def _time_loop(target: OVModel, draft: OVModel | None, n_max: int, sizes: list[i
                     draft_pairs.append(draft.last_call_s)
                     draft.rollback(CONTEXT_TOKENS)
         calls.append(statistics.median(timed))
-    steps.append(_time_steps(target, untimed, repeats))
+    if not quick:
+        steps.append(_time_steps(target, untimed, repeats))
     calls = [min(steps)] + _interpolated(sizes, calls, n_max)
     target.reset()
     if draft is not None:
@@ -182,6 +222,13 @@ def _time_prefill(model: OVModel, repeats: int = REPEATS) -> float:
         rates.append(PREFILL_TOKENS / model.last_call_s)
     model.reset()
     return max(rates)
+
+
+def _timed_prefill(model: OVModel) -> float:
+    """Prompt tokens per second of the context's prefill (CONTEXT_TOKENS), once, into an empty cache; it stays."""
+    model.reset()
+    model.forward(_ids(CONTEXT_TOKENS))
+    return CONTEXT_TOKENS / model.last_call_s
 
 
 def _timed_rollback(model: OVModel, length: int) -> float:

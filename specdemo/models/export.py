@@ -18,6 +18,8 @@ import hashlib
 import importlib
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -59,9 +61,13 @@ def from_gguf(file, precision: str, out: Path, progress: Progress, source: str =
     weights, config and tokenizer, no torch. `source` names it in the progress messages."""
     import openvino as ov
 
-    from specdemo.models import gguf_graph, gguf_import, gguf_metadata
+    from specdemo.models import gguf_graph, gguf_import
 
     source = source or file.path.name
+    written = Path(tempfile.mkdtemp(prefix=".metadata-", dir=out.parent))
+    # A GGUF layout's graph is built well within memory.conversion_need, with room for the metadata's process beside it;
+    # NNCF's compression peaks at that bound, so there the metadata comes after (those run in the background anyway).
+    metadata = _write_metadata_beside(file, written) if precision in GGUF_LAYOUTS else None
     try:
         if precision in GGUF_LAYOUTS:
             progress(0.15, f"{source}: building the graph on the GGUF's own blocks ({precision})")
@@ -73,14 +79,33 @@ def from_gguf(file, precision: str, out: Path, progress: Progress, source: str =
             weights = gguf_import.DequantizedWeights(file, gguf_graph.matrices(file), compress)
             progress(0.7, f"{source}: building the graph")
         model = gguf_graph.build(file, weights)
-    except gguf_import.GGUFMismatchError as error:
-        raise ModelSourceError(str(error)) from error
+    except BaseException as error:
+        if metadata is not None:
+            metadata.kill()
+        if isinstance(error, gguf_import.GGUFMismatchError):
+            raise ModelSourceError(str(error)) from error
+        raise
     progress(0.8, f"{source}: saving the IR")
     out.mkdir(parents=True)
     ov.save_model(model, out / "openvino_model.xml", compress_to_fp16=True)
     del model, weights
     progress(0.9, f"{source}: writing its config and tokenizer")
-    gguf_metadata.write(file, out)
+    metadata = metadata or _write_metadata_beside(file, written)
+    if metadata.wait() != 0:
+        raise ModelSourceError(f"{source}: its config and tokenizer could not be written from the GGUF file (exit "
+                               f"status {metadata.returncode}; the conversion's log says why)")
+    for path in written.iterdir():
+        os.replace(path, out / path.name)
+    written.rmdir()
+
+
+def _write_metadata_beside(file, folder: Path) -> subprocess.Popen:
+    """gguf_metadata.write(file, folder) in a process of its own, started now: the config and tokenizer (~15 s on a
+    core, mostly importing transformers and openvino_tokenizers) are written while the graph is built, instead of after
+    it, so a first start's target (the longer of its two conversions) is ready that much sooner. Its messages go to
+    this conversion's log."""
+    return subprocess.Popen([sys.executable, "-m", "specdemo.models.gguf_metadata", str(file.path), str(folder)],
+                            stdout=sys.stderr, stderr=sys.stderr)
 
 
 def _unbuilt(file) -> str | None:

@@ -88,3 +88,12 @@ def _parsed(file: GGUFFile) -> dict[str, dict]:
     parsed["config"]["tie_word_embeddings"] = "output.weight" not in file.tensors
     parsed["config"].setdefault("vocab_size", len(parsed["tokenizer"].get("tokens", ())))
     return parsed
+
+
+if __name__ == "__main__":  # export.from_gguf runs it beside the graph's building: python -m … GGUF_FILE FOLDER
+    import sys
+
+    from specdemo.host import compat
+
+    compat.keep_torch_out()  # the metadata needs no torch (a Llama config would import it through torchvision)
+    write(GGUFFile(Path(sys.argv[1])), Path(sys.argv[2]))

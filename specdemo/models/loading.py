@@ -82,10 +82,10 @@ def load_model(settings: ModelSettings, progress: sources.Progress | None = None
                planned: bool = False) -> LoadedModel:
     """Prepare (convert once) and compile one model as `settings` say: resolved already (Profile.resolve), so nothing
     is left open but what the plugin decides. `tuned` and `planned` are for display (LoadedModel)."""
+    folder = sources.prepare(settings, progress)  # first: a conversion (its own process) need not wait for the import
     compat.hide_broken_torchvision()
     from transformers import AutoTokenizer
 
-    folder = sources.prepare(settings, progress)
     if progress is not None:
         progress(None, f"compiling {folder.name} for {settings.device}")
     tokenizer = AutoTokenizer.from_pretrained(folder)

@@ -152,16 +152,19 @@ def _prepared_folder(settings: ModelSettings) -> Path | None:
     return folder if (folder / COMPLETE_MARKER).is_file() else None
 
 
-def convert_beside(other: ModelSettings, model: ModelSettings, progress: Progress | None) -> None:
-    """Start converting `other` in a thread while the caller converts `model` (prepare), where both need converting and
-    memory allows the two at once: two conversion children, one a core (a first start's draft is ready when its target
-    is, 20 s sooner on 2 cores). A failure is left to `other`'s own prepare, which waits for this one (a lock per model
-    folder) and converts again or says why."""
-    from specdemo.host import memory
-
+def fits_beside(other: ModelSettings, model: ModelSettings) -> bool:
+    """Whether `other` may be converted while `model` is: both need converting, and memory allows the two at once."""
     if is_prepared(other) or is_prepared(model):
-        return
-    if memory.room().left < sum(memory.conversion_need(source_bytes(m.source)) for m in (other, model)):
+        return False
+    return memory.room().left >= sum(memory.conversion_need(source_bytes(m.source)) for m in (other, model))
+
+
+def convert_beside(other: ModelSettings, model: ModelSettings, progress: Progress | None) -> None:
+    """Start converting `other` in a thread while the caller converts `model` (prepare), where fits_beside: two
+    conversion children, one a core (a first start's draft is ready when its target is, 20 s sooner on 2 cores). A
+    failure is left to `other`'s own prepare, which waits for this one (a lock per model folder) and converts again or
+    says why."""
+    if not fits_beside(other, model):
         return
 
     def convert() -> None:

@@ -22,7 +22,7 @@ from specdemo.decoding import loops, planner, pricing
 from specdemo.decoding.costs import CostModel
 from specdemo.decoding.drafters import STRATEGIES, Strategy, make_drafter, strategy
 from specdemo.decoding.planner import Plan, make_plan
-from specdemo.learning import warmup
+from specdemo.learning import measuring, warmup
 from specdemo.learning.profile import Keys, Profile, machine_profile
 from specdemo.models import sources
 from specdemo.models.chat import encode_chat
@@ -177,9 +177,27 @@ class Engine:
 
         target = profile.resolve(settings.target)
         draft = profile.resolve(settings.draft) if with_draft else None
-        if draft is not None:
-            sources.convert_beside(draft, target, progress)
-        return cls(load(settings.target, target), load(settings.draft, draft) if draft is not None else None, profile)
+        if draft is None or not sources.fits_beside(draft, target):
+            return cls(load(settings.target, target), load(settings.draft, draft) if draft is not None else None, profile)
+        # A first start: the draft converted, compiled and its first call made (where the plugin lays out its weights) on a
+        # thread of its own while the target converts (two conversion children, one a core), so the shorter of the two
+        # is hidden in the longer.
+        drafted: dict = {}
+
+        def load_draft() -> None:
+            try:
+                drafted["model"] = load(settings.draft, draft)
+                measuring.first_call(drafted["model"].runtime)
+            except BaseException as error:  # noqa: BLE001 - raised again below, in the loading thread
+                drafted["error"] = error
+
+        beside = threading.Thread(target=load_draft, name="draft-beside", daemon=True)
+        beside.start()
+        loaded = load(settings.target, target)
+        beside.join()
+        if "error" in drafted:
+            raise drafted["error"]
+        return cls(loaded, drafted["model"], profile)
 
     def prompt_ids(self, instruction: str, settings: GenerationSettings) -> list[int]:
         """The instruction wrapped in the target's chat template, as token ids.

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, replace
 
 from specdemo.learning.draft_choice import PRECISIONS, choose, from_dict
 from specdemo.models import kernels, sources
-from specdemo.settings import AUTO, DRAFT_PRECISION, FAITHFUL, FAITHFUL_PRECISIONS, ModelSettings
+from specdemo.settings import AUTO, DRAFT_PRECISION, FAITHFUL, FAITHFUL_PRECISIONS, FIRST_DRAFT_PRECISION, ModelSettings
 
 FROM_PLAN = "the draft plan"  # marks a compile setting a precision got from the draft plan, not from its own search
 
@@ -76,7 +76,8 @@ def planned_options(settings: ModelSettings, tune: dict) -> list:
 
 def resolve_precision(settings: ModelSettings, tune: dict) -> ModelSettings:
     """`settings` with a faithful precision replaced by this machine's faithful layout (resolve_faithful) and an auto
-    one by the draft plan's choice where its IR is prepared, else by DRAFT_PRECISION; an explicit precision is kept."""
+    one by the draft plan's choice where its IR is prepared, else by DRAFT_PRECISION (without a plan, as unplanned_draft
+    says); an explicit precision is kept."""
     return resolve_draft(resolve_faithful(settings, tune), tune, heads=False)
 
 
@@ -108,18 +109,28 @@ def with_faithful(tune: dict, target: ModelSettings, precision: str, seconds: di
 
 def resolve_draft(settings: ModelSettings, tune: dict, heads: bool = True) -> ModelSettings:
     """The draft plan's choice where `settings` leave it open: an auto precision, among the prepared precisions, and
-    a head size of -1 (draft_choice.choose); without a plan, DRAFT_PRECISION and the full head."""
+    a head size of -1 (draft_choice.choose); without a plan, unplanned_draft's precision and the full head."""
     options = planned_options(settings, tune) if settings.precision == AUTO or settings.head_tokens == -1 else []
     choice = None
     if settings.precision == AUTO:
         ready = [o for o in options if sources.is_prepared(replace(settings, precision=o.precision))]
         choice = choose(ready, AUTO, settings.head_tokens)
-        settings = replace(settings, precision=choice.precision if choice else DRAFT_PRECISION)
+        fallback = DRAFT_PRECISION if options else unplanned_draft(settings)
+        settings = replace(settings, precision=choice.precision if choice else fallback)
     if heads and settings.head_tokens == -1:
         if choice is None or choice.precision != settings.precision:
             choice = choose(options, settings.precision)
         settings = replace(settings, head_tokens=choice.head_tokens if choice else 0)
     return settings
+
+
+def unplanned_draft(draft: ModelSettings) -> str:
+    """The precision an auto draft runs before there is a plan: DRAFT_PRECISION where it is prepared (or the source is
+    no GGUF), else the GGUF's own blocks (FIRST_DRAFT_PRECISION), the quickest to prepare: a first start converts no
+    draft with NNCF."""
+    if sources.is_gguf(draft.source) and not sources.is_prepared(replace(draft, precision=DRAFT_PRECISION)):
+        return FIRST_DRAFT_PRECISION
+    return DRAFT_PRECISION
 
 
 def chosen(settings: ModelSettings, tune: dict) -> Setting | None:
