@@ -263,16 +263,18 @@ def test_the_chosen_settings_reach_our_compiles_and_genais(tmp_path, monkeypatch
 
 def test_each_model_of_the_bench_genai_peer_gets_its_own_tuned_settings(tmp_path, monkeypatch):
     """A target tuned to group 256 must not hand its group to an INT4 draft (GenAI's draft would run its slow path)."""
+    from dataclasses import replace
     from types import SimpleNamespace
 
     from specdemo.bench.harness import genai_properties
     from specdemo.settings import DEFAULT_DRAFT
 
     monkeypatch.setenv("SPECDEMO_HOME", str(tmp_path))
+    draft_settings = replace(DEFAULT_DRAFT, precision="int4")  # an empty home's auto draft is the GGUF's own blocks
     trials = [tune.Trial("target", Setting(256, "f32", "f32"), chosen=True),
               tune.Trial("draft", Setting(128, "f32", "f16"), chosen=True)]
-    machine_profile().keep_tune(trials, {"target": TARGET, "draft": DEFAULT_DRAFT})
-    target, draft = SimpleNamespace(settings=TARGET), SimpleNamespace(settings=DEFAULT_DRAFT)
+    machine_profile().keep_tune(trials, {"target": TARGET, "draft": draft_settings})
+    target, draft = SimpleNamespace(settings=TARGET), SimpleNamespace(settings=draft_settings)
     ours, theirs = genai_properties(target, draft)
     assert ours["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 256 and theirs["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 128
     assert theirs["KV_CACHE_PRECISION"] == "f16"
