@@ -33,12 +33,16 @@ DRAFT_PRECISION = "int4"  # what an auto draft precision runs until there is a p
 # (ui/tuning.py). gguf-mixed, not gguf-native: OpenVINO GenAI's lane loads it.
 FIRST_DRAFT_PRECISION = "gguf-mixed"
 FAITHFUL = "faithful"  # a target's precision left to this machine: the full-fidelity layout whose step is fastest here
-# The full-fidelity layouts (`bench --only fidelity`: as close to the GGUF as INT8 or closer), the first the one a
-# machine runs before it has raced them (`python -m specdemo tune`, specdemo/learning/target_choice.py): the quickest to
-# prepare (20 s against INT8's 35 s, 2-core AMX Xeon). Which steps faster depends on the CPU: INT8 on the AMX Xeon
-# (0.87x gguf-mixed's step), gguf-mixed on a Zen 4 (our autoregressive lane 0.67x llama.cpp's rate against 0.57x).
-# gguf-native (the file's own blocks on specdemo's kernels) is raced where those kernels run (models/kernels.runnable).
-FAITHFUL_PRECISIONS = ("gguf-mixed", "int8", "gguf-native")
+# The full-fidelity layouts (`bench --only fidelity`: as close to the GGUF as INT8 or closer), the first runnable one
+# the one a machine runs before it has raced them (`python -m specdemo tune`, specdemo/learning/target_choice.py). First
+# the file's own blocks on specdemo's kernels where they were built here (models/kernels.runnable leaves it out
+# elsewhere): the quickest to prepare (its blocks copied, nothing requantized: ready 62 s from an empty home against
+# gguf-mixed's 111-115 s, Xeon family 6 model 207 on a loaded host) and, on every CPU without AMX we measured, the
+# fastest step (1.53x llama.cpp's rate there, gguf-mixed 0.71x). Then gguf-mixed, the quickest to prepare of the
+# plugin's (20 s against INT8's 35 s, 2-core AMX Xeon), which OpenVINO GenAI's lane runs where the race chose
+# gguf-native (Profile.for_plugin). Which steps fastest depends on the CPU: INT8 on the AMX Xeon (0.87x gguf-mixed's
+# step), gguf-mixed on a Zen 4 before our kernels (our autoregressive lane 0.67x llama.cpp's rate against 0.57x).
+FAITHFUL_PRECISIONS = ("gguf-native", "gguf-mixed", "int8")
 KV_CACHE_PRECISIONS = ("", "u8", "f16", "bf16", "f32")
 INFERENCE_PRECISIONS = ("", "f32", "bf16", "f16")
 MAX_PROMPT_TOKENS = 2048  # the page's and the CLI's default prompt cap: 2,048 tokens take ~15-40 s to prefill on 2 cores

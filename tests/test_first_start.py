@@ -7,9 +7,9 @@ import threading
 import pytest
 
 from specdemo.host import memory
-from specdemo.models import sources
+from specdemo.models import kernels, sources
 from specdemo.run import engine
-from specdemo.settings import RunSettings
+from specdemo.settings import FAITHFUL_PRECISIONS, RunSettings
 
 
 class Conversions:
@@ -72,5 +72,6 @@ def test_the_default_pairs_first_start_never_imports_torch(tmp_path):
     result = subprocess.run([sys.executable, "-c", _FIRST_START], env=env, capture_output=True, text=True, timeout=1200,
                             cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
-    # the quicker faithful layout, and the draft on the file's own blocks too: no NNCF before ready (INT4 comes later)
-    assert result.stdout.split() == ["gguf-mixed", "gguf-mixed", "None"]
+    # the quickest faithful layout (the file's own blocks on our kernels where they were built), and the draft on the
+    # file's own blocks too: no NNCF before ready (INT4 comes later)
+    assert result.stdout.split() == [kernels.runnable(FAITHFUL_PRECISIONS)[0], "gguf-mixed", "None"]

@@ -27,12 +27,32 @@ def resolved() -> str:
 
 
 def test_the_default_target_is_left_to_the_machine_and_runs_the_quickest_to_prepare_until_it_has_raced(home):
-    assert DEFAULT_TARGET.precision == FAITHFUL and FAITHFUL_PRECISIONS == ("gguf-mixed", "int8", "gguf-native")
-    assert resolved() == "gguf-mixed"  # an empty home converts the quicker layout for its first start
+    assert DEFAULT_TARGET.precision == FAITHFUL and FAITHFUL_PRECISIONS == ("gguf-native", "gguf-mixed", "int8")
+    assert resolved() == "gguf-native"  # an empty home lays the file's own blocks for its first start: nothing requantized
     prepared("int8")
     assert resolved() == "int8"  # an older home's INT8 runs at once: nothing to convert
     prepared("gguf-mixed")
     assert resolved() == "gguf-mixed"
+    prepared("gguf-native")
+    assert resolved() == "gguf-native"
+
+
+def test_without_specdemo_s_kernels_an_empty_home_starts_on_the_plugin_s_quickest_layout(home, monkeypatch):
+    monkeypatch.setattr(kernels, "_built", lambda: None)
+    assert resolved() == "gguf-mixed"
+
+
+def test_genai_s_lane_runs_the_plugin_s_fastest_faithful_layout_where_the_target_runs_our_kernels(home):
+    profile = machine_profile()
+    assert profile.for_plugin(DEFAULT_TARGET).precision == "gguf-mixed"  # nothing raced or prepared: the quickest
+    prepared("gguf-native", "int8")
+    assert resolved() == "gguf-native" and profile.for_plugin(DEFAULT_TARGET).precision == "int8"  # nothing to convert
+    profile.keep_faithful(DEFAULT_TARGET, "gguf-native", {"gguf-native": 0.060, "gguf-mixed": 0.066, "int8": 0.071})
+    assert profile.for_plugin(DEFAULT_TARGET).precision == "gguf-mixed"  # the race's fastest of the plugin's
+    profile.keep_faithful(DEFAULT_TARGET, "int8", {"gguf-native": 0.070, "int8": 0.067})
+    assert profile.for_plugin(DEFAULT_TARGET).precision == "faithful"  # the plugin runs it already: left as it is
+    explicit = replace(DEFAULT_TARGET, precision="gguf-native")
+    assert profile.for_plugin(explicit) == explicit  # asked for: GenAI says in a sentence that it cannot load it
 
 
 def test_the_race_s_choice_runs_wherever_the_target_is_resolved_and_a_page_recompiles(home):
@@ -87,7 +107,7 @@ class Steps:
 CPU_CLASSES = {"amx-xeon": ({"int8": 69.5, "gguf-mixed": 76.3, "gguf-native": 76.5}, "int8"),
                "zen4": ({"int8": 1 / 0.57, "gguf-mixed": 1 / 0.67, "gguf-native": 1 / 0.9}, "gguf-native"),
                "zen3": ({"int8": 1 / 0.48, "gguf-mixed": 1 / 0.50, "gguf-native": 1 / 0.9}, "gguf-native"),
-               "avx2-tie": ({"int8": 120.0, "gguf-mixed": 120.0, "gguf-native": 120.0}, "gguf-mixed")}
+               "avx2-tie": ({"int8": 120.0, "gguf-mixed": 120.0, "gguf-native": 120.0}, "gguf-native")}
 
 
 @pytest.mark.parametrize("cpu", CPU_CLASSES)
@@ -96,7 +116,7 @@ def test_the_race_keeps_the_layout_whose_single_step_is_clearly_faster_on_each_c
     steps = Steps(seconds)
     log = []
     assert target_choice.choose(DEFAULT_TARGET, log.append, compile=steps.compile, timer=steps.timer) == winner
-    assert steps.compiled == ["gguf-mixed", "int8", "gguf-native"]  # the running layout first, each compiled once
+    assert steps.compiled == ["gguf-native", "gguf-mixed", "int8"]  # the running layout first, each compiled once
     assert machine_profile().faithful_choice(DEFAULT_TARGET)["precision"] == winner
     assert any("single step and verification take" in line for line in log)
 
@@ -115,7 +135,7 @@ def test_a_machine_without_specdemo_s_kernels_races_the_other_layouts_and_says_w
 
 def test_memory_that_does_not_allow_the_race_keeps_the_running_layout_and_decides_nothing(home):
     log = []
-    assert target_choice.choose(DEFAULT_TARGET, log.append, compile=lambda settings: None, timer=None) == "gguf-mixed"
+    assert target_choice.choose(DEFAULT_TARGET, log.append, compile=lambda settings: None, timer=None) == "gguf-native"
     assert machine_profile().faithful_choice(DEFAULT_TARGET) is None and "memory" in log[-1]
 
 
@@ -129,5 +149,5 @@ def test_a_tuned_machine_whose_faithful_layouts_were_never_raced_tunes_again(hom
 
     machine_profile().store.update("tune", lambda tune: {"models": {choices.model_key(target): {"setting": setting}}})
     assert tuning.TUNING in [label for label, _ in tuning.background_steps(RunSettings(), 1)]
-    machine_profile().keep_faithful(DEFAULT_TARGET, "gguf-mixed", {})
+    machine_profile().keep_faithful(DEFAULT_TARGET, target.precision, {})
     assert tuning.TUNING not in [label for label, _ in tuning.background_steps(RunSettings(), 1)]

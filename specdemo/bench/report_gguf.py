@@ -36,7 +36,8 @@ def llamacpp_section(sections: dict, plots: dict) -> str:
         "lookup is the bindings' `LlamaPromptLookupDecoding`, the draft model the 0.5B GGUF behind the bindings' "
         "`draft_model` interface (`specdemo/bench/llamacpp.py`). Different weights give different tokens, so ratios use "
         "time per token; \"same tokens\" compares llama.cpp's speculative lanes with its autoregressive one, the others "
-        f"with ours AR. llama.cpp's CPU features: `{cpp['system_info']}`.\n\n"
+        f"with ours AR. llama.cpp's CPU features: `{cpp['system_info']}`."
+        + (f" Our kernels ran their {cpp['kernels_isa']} path." if cpp.get("kernels_isa") else "") + "\n\n"
         + table(["lane", "tokens/s", "per token", "wall time", "tokens", "draft acceptance rate", "speedup over own AR",
                  "same tokens as reference"], rows)
         + "\n\nOur tokens/s over llama.cpp's, per instruction then median (above 1 means ours is faster):\n\n"

@@ -9,7 +9,7 @@ from specdemo.bench import stats
 from specdemo.bench.harness import Context, Lane, Run, find, genai_compile, log_progress, measure, our_lane, peer_lane
 from specdemo.bench.settings import PAPER
 from specdemo.decoding.drafters import with_counterpart
-from specdemo.models import sources
+from specdemo.models import kernels, sources
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results.parting import first_difference
 
@@ -150,8 +150,10 @@ def run_llamacpp(ctx: Context) -> dict:
     ctx.log(f"llama.cpp {peer.version}: N={n}, K={k}, {peer.threads} threads, {len(instructions)} instructions")
     runs = measure(lanes, instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log)
     weights = {"target": ctx.engine.target.settings.precision, "draft": ctx.engine.draft.settings.precision}
+    # which of our kernels' paths ran (SPECDEMO_KERNEL_ISA may hold one below the CPU's widest), beside llama.cpp's
+    ours_isa = kernels.isa() if kernels.NATIVE in weights.values() and kernels.unavailable() is None else None
     return {"k": k, "k_label": ctx.k_label(), "max_new_tokens": n, "threads": peer.threads, "version": peer.version,
-            "system_info": peer.system_info, "weights": weights, **llamacpp_figures(lanes, runs),
+            "system_info": peer.system_info, "kernels_isa": ours_isa, "weights": weights, **llamacpp_figures(lanes, runs),
             "text_agreement": text_agreement(runs, ours_ar, cpp_ar)}
 
 

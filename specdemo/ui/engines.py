@@ -139,7 +139,9 @@ def loading_for(role: str, settings: RunSettings, with_draft: bool = True, on_do
 
 def genai_loading_for(settings: RunSettings, prompt_lookup: bool, reserve: int = 0) -> Loading:
     """The loading of GenAI's speculative pipeline (draft model or prompt lookup) for the third lane, admitted like every
-    optional role (`reserve`: bytes the background work may still need)."""
+    optional role (`reserve`: bytes the background work may still need). A faithful target that runs specdemo's kernels
+    here runs the plugin's fastest faithful layout in GenAI's pipeline, which cannot load them (Profile.for_plugin)."""
+    settings = replace(settings, target=machine_profile().for_plugin(settings.target))
     models = [machine_profile().resolve_precision(m) for m in [settings.target] + ([] if prompt_lookup else [settings.draft])]
     return _loading(GENAI, (settings.target, settings.draft, prompt_lookup), lambda: _load_genai(settings, prompt_lookup),
                     admission=Admission("OpenVINO GenAI's pipeline", models, reserve))

@@ -79,6 +79,11 @@ class Profile:
         plan's choice (the weights a run will load)."""
         return choices.resolve_precision(settings, self.tune())
 
+    def for_plugin(self, settings: ModelSettings) -> ModelSettings:
+        """`settings` as OpenVINO GenAI can load them: a faithful target on specdemo's kernels here gets the plugin's
+        fastest faithful layout instead (choices.for_plugin)."""
+        return choices.for_plugin(settings, self.tune())
+
     def faithful_choice(self, target: ModelSettings) -> dict | None:
         """The faithful layout this machine chose for a target left to it ({precision, seconds, chosen_at}), or None."""
         return choices.faithful_choice(target, self.tune())

@@ -95,6 +95,20 @@ def resolve_faithful(settings: ModelSettings, tune: dict) -> ModelSettings:
     return replace(settings, precision=(ready or order)[0])
 
 
+def for_plugin(settings: ModelSettings, tune: dict) -> ModelSettings:
+    """`settings` as OpenVINO's own pipelines (GenAI's lane) can load them: a faithful target whose layout here is
+    specdemo's kernels (gguf-native, which GenAI does not load) gets the plugin's faithful layout whose step the race
+    timed fastest, else the first of them that is prepared, else the first; anything else unchanged (an explicit
+    gguf-native stays: GenAI says it cannot load it)."""
+    if settings.precision != FAITHFUL or resolve_faithful(settings, tune).precision != kernels.NATIVE:
+        return settings
+    plugins = [p for p in FAITHFUL_PRECISIONS if p != kernels.NATIVE]
+    seconds = (_entry("faithful", settings.source, tune) or {}).get("seconds", {})
+    timed = sorted((seconds[p], p) for p in plugins if p in seconds)
+    ready = [p for p in plugins if sources.is_prepared(replace(settings, precision=p))]
+    return replace(settings, precision=(timed[0][1] if timed else (ready or plugins)[0]))
+
+
 def faithful_choice(target: ModelSettings, tune: dict) -> dict | None:
     """This machine's faithful choice for the target's source ({precision, seconds, chosen_at}), None before it chose."""
     return _entry("faithful", target.source, tune) if target.precision == FAITHFUL else None
