@@ -151,3 +151,24 @@ def test_a_tuned_machine_whose_faithful_layouts_were_never_raced_tunes_again(hom
     assert tuning.TUNING in [label for label, _ in tuning.background_steps(RunSettings(), 1)]
     machine_profile().keep_faithful(DEFAULT_TARGET, target.precision, {})
     assert tuning.TUNING not in [label for label, _ in tuning.background_steps(RunSettings(), 1)]
+
+
+def test_the_bench_s_genai_peers_load_the_plugin_s_layout_where_our_lanes_run_our_kernels(home):
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from specdemo.bench.harness import Context
+    from specdemo.bench.settings import FULL
+
+    prepared("gguf-native", "gguf-mixed")
+    ours = SimpleNamespace(settings=replace(DEFAULT_TARGET, precision="gguf-native"), folder=Path("ours"))
+    lines = []
+    ctx = Context(engine=SimpleNamespace(target=ours), settings=RunSettings(), bench=FULL, log=lines.append)
+    peer = ctx.genai_target()
+    assert peer.settings.precision == "gguf-mixed"  # GenAI's pipelines cannot load BlockMatMul
+    assert peer.folder == sources.cached_folder(peer.settings) and ctx.genai_target() is peer  # prepared once
+    assert lines == ["OpenVINO GenAI's pipelines run the target at gguf-mixed: they cannot load specdemo's kernels, "
+                     "which our lanes run (gguf-native)"]
+    plain = SimpleNamespace(settings=replace(DEFAULT_TARGET, precision="int8"), folder=Path("ours"))
+    assert Context(engine=SimpleNamespace(target=plain), settings=RunSettings(), bench=FULL,
+                   log=lines.append).genai_target().folder == Path("ours")  # the plugin's own: the very same folder

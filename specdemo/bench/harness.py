@@ -25,7 +25,7 @@ from specdemo.results.parting import parting
 from specdemo.run import genai
 from specdemo.run.genai import compile_properties
 from specdemo.run.sidebyside import SideBySide
-from specdemo.settings import GenerationSettings, KPolicy, ModelSettings, RunSettings
+from specdemo.settings import FAITHFUL, GenerationSettings, KPolicy, ModelSettings, RunSettings
 
 Framework = Literal["specdemo", "genai", "transformers", "llamacpp"]
 Kind = Literal[AUTOREGRESSIVE, SPECULATIVE]
@@ -190,6 +190,14 @@ def log_progress(log, what: str):
 GENAI_PIPELINES = 2  # GenAI pipelines kept loaded at once
 
 
+@dataclass(frozen=True)
+class PeerTarget:
+    """The target weights a peer pipeline loads (an OVModel's two fields of that name)."""
+
+    settings: ModelSettings
+    folder: object  # pathlib.Path of its IR
+
+
 @dataclass
 class Context:
     """What every section needs: the loaded default pair, the settings, and where to log."""
@@ -202,6 +210,7 @@ class Context:
     # code instruction, taken once when the bench starts (the acceptance prior moves as lanes run).
     k: int = KPolicy.k
     genai: OrderedDict = field(default_factory=OrderedDict)  # GenAI pipelines by name, least recently used first
+    _genai_target: PeerTarget | None = None
 
     @property
     def generation(self) -> GenerationSettings:
@@ -234,6 +243,24 @@ class Context:
     def prompts(self, instructions: list[str]) -> list[list[int]]:
         return [self.engine.prompt_ids(text, self.generation) for text in instructions]
 
+    def genai_target(self) -> PeerTarget:
+        """The target GenAI's pipelines load: the engine's, or where it runs specdemo's kernels (gguf-native, which
+        GenAI's pipelines cannot load), the plugin's fastest faithful layout here (Profile.for_plugin), prepared once
+        (converted from the GGUF, with its progress, where it is not yet) and said in the log."""
+        if self._genai_target is None:
+            ours = self.engine.target
+            if ours.settings.precision != kernels.NATIVE:
+                self._genai_target = PeerTarget(ours.settings, ours.folder)
+            else:
+                from specdemo.models import sources
+
+                profile = machine_profile()
+                settings = profile.resolve(profile.for_plugin(replace(ours.settings, precision=FAITHFUL)))
+                self.log(f"OpenVINO GenAI's pipelines run the target at {settings.precision}: they cannot load "
+                         f"specdemo's kernels, which our lanes run ({kernels.NATIVE})")
+                self._genai_target = PeerTarget(settings, sources.prepare(settings))
+        return self._genai_target
+
     def genai_pipeline(self, name: str):
         """GenAI pipelines on our IR folders: "plain", "speculative", "lookup", and "... (defaults)".
 
@@ -249,7 +276,7 @@ class Context:
                 self.genai.popitem(last=False)
                 gc.collect()
 
-            target, draft = self.engine.target, self.engine.draft
+            target, draft = self.genai_target(), self.engine.draft
             properties, draft_properties = genai_properties(target, draft, defaults=name.endswith("(defaults)"))
             drafting = peer_strategy(name)
             self.log(f"loading OpenVINO GenAI pipeline: {name}")

@@ -31,7 +31,10 @@ def run_paper(ctx: Context) -> dict:
         runs = measure(lanes, instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log)
         by_n[str(n)] = paper_figures(lanes, runs, n)
     figures = {"k": k, "k_label": ctx.k_label(peers=True), "k_policy": generation.k_policy.rule,
-               "by_tokens": by_n, "genai_compile": genai_compile(ctx.engine.target, ctx.engine.draft)}
+               "by_tokens": by_n, "genai_compile": genai_compile(ctx.genai_target(), ctx.engine.draft),
+               # GenAI's target where it is not ours (ours on specdemo's kernels), else None
+               "genai_target": (None if ctx.genai_target().settings.precision == ctx.engine.target.settings.precision
+                                else ctx.genai_target().settings.precision)}
     if ctx.bench.genai_defaults_instructions:
         n = max(ctx.bench.paper_tokens)
         # Let the pipelines above go before two more copies of the target load: the runs hold their lanes, the lanes
