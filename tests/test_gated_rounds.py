@@ -172,3 +172,16 @@ def test_gating_stops_once_it_has_cost_the_loss_limit():
         rounds.append(turned_back(i))
     lost = math.ceil(LOSS_LIMIT / 0.45)  # rounds turned back until the loss passes the limit
     assert ks == [2] * lost + [0] * (9 - lost)
+
+
+def test_the_benchs_curves_are_the_issues_compute_bound_class_and_gate_where_no_fixed_k_pays():
+    from specdemo.bench.gating import CURVES, leave_one_out
+
+    for costs in CURVES.values():
+        assert costs.verify_steps(5) >= 2.4 and costs.d(1) / costs.t(1) >= 0.4
+    # three answers whose drafts match 9 in 10: each one's prior is what the other two teach
+    masks = [[1] + [0 if j % 10 == 0 else 1 for j in range(1, 101)] for _ in range(3)]
+    prior = leave_one_out(masks, 0, 8)
+    assert 0.85 < prior.rate(1) < 0.95
+    edge = CURVES["t(5) = 2.4 steps, draft 0.40"]
+    assert make_plan(edge, MASKED_STRATEGY, Acceptance.geometric(0.8), KPolicy.auto(8)).gate == gate_threshold(edge)

@@ -85,8 +85,8 @@ class AutoK:
 
 
 # Gated rounds stop once they have cost the run this many plain target steps more than the target alone would have
-# taken, priced on the plan's curve: the lane then ends within this and one round of the target alone (2 steps are
-# 1.6 % of a 128-token answer; a round lost on a compute-bound curve costs at most ~1.5 steps more).
+# taken, priced on the plan's curve: the lane then ends within this, one round and the draft's prefill of the target
+# alone (2 steps are 1.6 % of a 128-token answer; a round lost on a compute-bound curve costs at most ~1.5 steps more).
 LOSS_LIMIT = 2.0
 
 
@@ -96,7 +96,10 @@ class GatedK:
     gating has not put the run more than LOSS_LIMIT plain steps behind the target alone: each round since the prefill
     priced on the plan's curve as it ran (pricing.priced_round) against the plain steps its tokens would have taken.
     Once behind by more, every round is a plain step to the end of the run, without probes (a probe's draft step is
-    the very cost that lost). What gating gained earlier counts: a run ahead may spend its gain before it stops."""
+    the very cost that lost). What gating gained earlier counts: a run ahead may spend its gain before it stops. The
+    draft's prefill of the prompt is not held against gating: it is the price of speculating at all, which the plan
+    took (a 40-token prompt is ~3 target steps on a compute-bound curve: counted here, it would end gating before its
+    first round)."""
 
     def __init__(self, costs: CostModel, k: int):
         self.costs, self.k = costs, k
@@ -108,7 +111,7 @@ class GatedK:
             return 0
         step = round_cost(self.costs, 0)
         for r in rounds[max(self.seen, 1):]:  # the prefill is the target's in both lanes
-            self.ahead += r.emitted * step - priced_round(self.costs, r)
+            self.ahead += r.emitted * step - priced_round(self.costs, r, draft_prefill=False)
         self.seen = len(rounds)
         if self.ahead < -LOSS_LIMIT * step:
             self.k = 0

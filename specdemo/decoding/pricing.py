@@ -99,14 +99,18 @@ def gated_out_cost(costs: CostModel, full: float = 0.0) -> float:
     return costs.d(1) + full * (costs.d(2) - costs.d(1)) + round_cost(costs, 0)
 
 
-def priced_round(costs: CostModel, r) -> float:
+def priced_round(costs: CostModel, r, draft_prefill: bool = True) -> float:
     """Seconds one of a run's rounds (events.Round) costs on this curve, its calls as it made them: each draft call
-    d(n) by the tokens it fed (a first call feeding the prompt at the draft's prefill rate), then the target's call,
-    a plain step's t(1) where nothing was verified (a plain step or a round the gate turned back) or t(K + 1) with
-    both trims. What a run would have taken on another machine's curve (the bench prices lanes so), or on its own
-    plan's (GatedK's running account)."""
-    drafting = sum(costs.d(n) if n <= 2 or not costs.draft_prefill_tps else n / costs.draft_prefill_tps
-                   for n, _ in r.draft_calls)
+    d(n) by the tokens it fed (a first call feeding the prompt at the draft's prefill rate; without `draft_prefill`,
+    as the one draft step it also is), then the target's call, a plain step's t(1) where nothing was verified (a plain
+    step or a round the gate turned back) or t(K + 1) with both trims. What a run would have taken on another
+    machine's curve (the bench prices lanes so), or on its own plan's (GatedK's running account)."""
+    def call(n: int) -> float:
+        if n <= 2 or not costs.draft_prefill_tps:
+            return costs.d(n)
+        return n / costs.draft_prefill_tps if draft_prefill else costs.d(1)
+
+    drafting = sum(call(n) for n, _ in r.draft_calls)
     if r.index == 0:
         return drafting + r.verify_tokens / costs.target_prefill_tps
     if not r.drafted:
