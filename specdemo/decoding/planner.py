@@ -172,13 +172,12 @@ def make_plan(costs: CostModel, drafter: Strategy, acceptance: Acceptance, polic
     k, speedup = best_k(costs, acceptance, k_max, drafter)
     if k == 0:
         best = max(predicted_speedup(costs, acceptance, j, drafter) for j in range(1, k_max + 1))
-        reason = (f"No K pays on this machine (best predicted {best:.2f}× at {said}: scoring "
-                  f"2 tokens costs {costs.verify_steps(2):.1f} steps), so the speculative lane runs the target alone.")
-        if drafter.counterfactual.taught_by_mask:
-            gated = gated_plan(costs, drafter, acceptance, policy)
-            if gated is not None:
-                return replace(gated, reason=reason.replace(", so the speculative lane runs the target alone.", "; ")
-                               + gated.reason)
+        why = (f"No K pays on this machine (best predicted {best:.2f}× at {said}: scoring "
+               f"2 tokens costs {costs.verify_steps(2):.1f} steps)")
+        gated = gated_plan(costs, drafter, acceptance, policy) if drafter.counterfactual.taught_by_mask else None
+        if gated is not None:
+            return replace(gated, reason=f"{why}; {gated.reason}")
+        reason = f"{why}, so the speculative lane runs the target alone."
     else:
         reason = (f"K = {k} chosen for this machine: predicted {speedup:.2f}× at {said} "
                   f"(scoring {k + 1} tokens costs {costs.verify_steps(k + 1):.1f} steps, a draft step "
@@ -197,7 +196,8 @@ def gated_plan(costs: CostModel, drafter: Strategy, acceptance: Acceptance, poli
     """Gated rounds where no fixed K pays (make_plan's K = 0 under auto K, with the draft model): the K at which they
     can pay at best on this machine (sharp_gate, pricing.gated_speedup) with this machine's gate
     (pricing.gate_threshold); None where even that does not beat the target by MIN_GAIN, or no gate exists. Where a
-    fixed K pays the gate stays off: it could only ever trade verify rows for draft steps already paid."""
+    fixed K pays the gate stays off: it is priced and measured only where nothing else pays (on a memory-bound curve
+    it would be ~0.02 and turn almost nothing back)."""
     gate = gate_threshold(costs)
     if not gate:
         return None
