@@ -2,6 +2,7 @@
 fake models, and the planner learning from the match masks."""
 
 import numpy as np
+import pytest
 
 from specdemo.decoding import loops
 from specdemo.decoding.costs import CostModel
@@ -71,6 +72,41 @@ def test_the_confidence_stop_is_walked_as_a_stopped_run_drafts():
             assert walk.draft_calls <= unstopped.draft_calls
             cut += unstopped.draft_calls - walk.draft_calls
     assert cut > 0  # the stop saved draft steps somewhere
+
+
+def test_gated_rounds_are_walked_as_a_gated_run_goes():
+    """In gated rounds the walk turns back the rounds a real gated run turns back and accepts round by round what it
+    accepts. Without a confidence stop (whose drafts after a rejected one the walk prices from stand-in confidences)
+    it costs what the run's calls cost on the same curve, but for the first round: the walk prices the draft's prefill
+    of the prompt and its first draft as two calls, the run feeds the prompt and the first token in one."""
+    from specdemo.decoding.pricing import priced_round
+
+    target, draft = FakeModel(3, "target"), FakeModel(3, "draft")
+    answer = answer_of(target)
+    mask, confidence = draft_pass(draft, PROMPT, answer)
+    for gate, stops in ((0.5, ()), (0.6, (0.4,)), (0.7, (0.3, 0.5))):
+        for k in (1, 3, 6):
+            settings = GenerationSettings(max_new_tokens=N, k_policy=KPolicy.fixed(k))
+            drafter = ModelDrafter(draft, settings, np.random.default_rng(0), stops, gate)
+            run = drain(loops.speculative(target, drafter, FakeTokenizer(), PROMPT, settings, set()))
+            assert run.ids == answer
+            walk = walk_fixed(mask, k, COSTS, len(PROMPT), N, 1.0, confidence, stops, gate)
+            assert walk.accepted == [r.accepted for r in run.rounds[1:]], (gate, k)
+            assert 0 < walk.gated == run.summary.gated < walk.rounds
+            if not stops:
+                priced = sum(priced_round(COSTS, r) for r in run.rounds)
+                assert walk.seconds - priced == pytest.approx(COSTS.d(1) - 1 / COSTS.draft_prefill_tps)
+
+
+def test_the_counterfactual_says_what_gating_would_have_done():
+    target, draft = FakeModel(3, "target"), FakeModel(3, "draft")
+    answer = answer_of(target)
+    mask, confidence = draft_pass(draft, PROMPT, answer)
+    would = counterfactual(mask, PROMPT, answer, COSTS, GenerationSettings(max_new_tokens=N), confidence=confidence)
+    best = max(would.gated, key=lambda w: w.speedup)
+    assert len(would.gated) == len(would.fixed) and best.gate == pytest.approx(0.12)  # t(2) / t(1) − 1, and a trim
+    assert f"gated: {best.rounds - best.gated} of {best.rounds} rounds drafted" in would.gate_sentence()
+    assert counterfactual(mask, PROMPT, answer, COSTS, GenerationSettings(max_new_tokens=N)).gate_sentence() == ""
 
 
 def test_prompt_lookup_accepts_round_by_round_what_a_real_lookup_run_accepts():

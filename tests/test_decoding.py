@@ -6,6 +6,7 @@ almost every round.
 
 import time
 
+import numpy as np
 import pytest
 
 from specdemo.decoding.events import ACCEPTED, BONUS, CORRECTED, TARGET
@@ -138,6 +139,25 @@ def test_auto_k_keeps_greedy_output_exact_and_reports_its_plan(engine):
     s = spec.summary
     assert spec.plan is not None and spec.plan.reason and s.drafter in ("model", "prompt-lookup")
     assert s.predicted_speedup > 0
+
+
+def test_gated_rounds_keep_greedy_output_exact(engine):
+    """A gate at the median of the draft's confidence along the answer turns about half the rounds back to plain
+    target steps: the compiled draft's cache must then take the target's token, and the text stays the target's."""
+    from specdemo.decoding.drafters import MASKED_STRATEGY
+    from specdemo.decoding.planner import Plan
+    from specdemo.results.counterfactual import draft_pass
+
+    settings = GenerationSettings(max_new_tokens=40, k_policy=KPolicy.fixed(3))
+    ids = engine.prompt_ids(PROMPT, settings)
+    ar = drain(engine.autoregressive_ids(ids, settings))
+    _, confidence = draft_pass(engine.draft.runtime, ids, ar.ids)
+    gate = float(np.median(confidence[1:]))
+    spec = drain(engine.speculative_ids(ids, settings, Plan(settings.k_policy, MASKED_STRATEGY, 3, gate=gate)))
+    assert spec.ids == ar.ids
+    gated = [r.gated for r in spec.rounds[1:] if r.k]
+    assert 0.2 < sum(gated) / len(gated) < 0.8
+    assert spec.summary.proposed > spec.summary.accepted  # rejections in the rounds let through: rollback exercised
 
 
 def test_warm_up_is_not_part_of_a_lanes_time(tiny_pair, monkeypatch):

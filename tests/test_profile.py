@@ -107,6 +107,17 @@ def test_a_sampled_run_teaches_the_prior_and_a_frozen_profile_learns_nothing(tmp
     assert not profile.acceptance("models").has_evidence("model", greedy=True)  # greedy is kept apart
 
 
+def test_a_sampled_run_with_gated_rounds_teaches_no_prior(tmp_path, monkeypatch):
+    """The rounds a gate let through are the ones the draft was sure of: their acceptance is above the draft's own."""
+    monkeypatch.setenv("SPECDEMO_LEARN", "1")
+    profile, keys = Profile(tmp_path), Keys("pair", "models")
+    profile.keep_costs("pair", COSTS)
+    turned_back = Round(11, 40, 3, "", [(1, 0.01)], 0.01, 1, 0.05, 0, 0, 1, 0.0, 1.0)
+    sampled = GenerationSettings(temperature=0.8, k_policy=KPolicy("fixed", k_max=3))
+    profile.learn(keys, sampled, _rounds(10, 4, 0.06, "model", 3, 3) + [turned_back])
+    assert profile.costs("pair").runs == 1 and not profile.acceptance("models").has_evidence("model", greedy=False)
+
+
 def test_the_acceptance_history_remembers_by_position_and_fades(tmp_path):
     profile = Profile(tmp_path)
     assert profile.acceptance("models").prior("model", greedy=True).rate(1) == pytest.approx(0.8)  # the default

@@ -16,6 +16,7 @@ import pytest
 from scipy.stats import chisquare
 
 from specdemo.decoding import loops
+from specdemo.decoding.drafters import Proposal
 from specdemo.decoding.drafters.hybrid import HybridDrafter
 from specdemo.decoding.drafters.lookup import PromptLookupDrafter
 from specdemo.decoding.drafters.model import ModelDrafter
@@ -43,12 +44,12 @@ def target_probability(target: FakeModel, settings: GenerationSettings, tokens: 
 
 
 def speculative_runs(target: FakeModel, draft: FakeModel, settings: GenerationSettings, runs: int, seed: int,
-                     hybrid: bool = False, p_min: float = 0.0):
+                     hybrid: bool = False, p_min: float = 0.0, gate: float = 0.0):
     """The token ids of `runs` speculative runs, drafts and verification sharing one seeded generator as the engine's do.
     `hybrid`: the hybrid drafter, taking every lookup proposal of two tokens or more (the draft model elsewhere);
-    `p_min`: the draft model's confidence stop."""
+    `p_min`: the draft model's confidence stop; `gate`: gated rounds."""
     rng = np.random.default_rng(seed)
-    drafter = ModelDrafter(draft, settings, rng, (p_min,) if p_min else ())
+    drafter = ModelDrafter(draft, settings, rng, (p_min,) if p_min else (), gate)
     if hybrid:
         drafter = HybridDrafter(drafter, PromptLookupDrafter(2), price=lambda name, k: 0.6 * k if name == "prompt-lookup" else 1.0)
     for _ in range(runs):
@@ -112,6 +113,49 @@ def test_the_confidence_stop_keeps_the_targets_distribution():
     assert 0.2 < drafted.count(1) / len(drafted) < 0.9  # the stop cut many rounds short, not all
     exact = {cell: runs * target_probability(target, settings, cell) for cell in itertools.product(range(vocab), repeat=TOKENS)}
     assert pooled_chisquare(observed, {cell: e for cell, e in exact.items() if e > 0}) > 0.001
+
+
+def test_gated_rounds_keep_the_targets_distribution():
+    """A round whose draft is unsure (its top probability below 0.7) is a plain target step: whether a round is
+    verified depends on the draft's distribution alone, decided before its draft is drawn, and the output still
+    follows the target."""
+    vocab, settings, runs = CASES["temperature"]
+    target, draft = FakeModel(vocab, "target"), FakeModel(vocab, "draft")
+    observed, gated = {}, []
+    for run in speculative_runs(target, draft, settings, runs, seed=8, gate=0.7):
+        observed[tuple(run.ids)] = observed.get(tuple(run.ids), 0) + 1
+        gated += [r.gated for r in run.rounds[1:] if r.k]
+    assert 0.2 < sum(gated) / len(gated) < 0.8  # the gate turned many rounds back, not all
+    exact = {cell: runs * target_probability(target, settings, cell) for cell in itertools.product(range(vocab), repeat=TOKENS)}
+    assert pooled_chisquare(observed, {cell: e for cell, e in exact.items() if e > 0}) > 0.001
+
+
+class GateOnTheDrawnDraft(ModelDrafter):
+    """The gate done wrong: a round's first draft thrown back, after the draw, for its own low q(x)."""
+
+    def __init__(self, *args, wrong_gate: float):
+        super().__init__(*args)
+        self.wrong_gate = wrong_gate
+
+    def propose(self, seq, k):
+        proposal = super().propose(seq, k)
+        if proposal.tokens and proposal.q[0, proposal.tokens[0]] < self.wrong_gate:
+            self.model.rollback(len(seq))
+            return Proposal([], None, proposal.calls, proposal.seconds, self.kind)
+        return proposal
+
+
+def test_the_same_check_refuses_a_gate_on_the_drawn_drafts_own_probability():
+    # The gated test above must be able to fail: verified drafts are then drawn from q cut to its likely tokens
+    vocab, settings, runs = CASES["temperature"]
+    target, draft = FakeModel(vocab, "target"), FakeModel(vocab, "draft")
+    rng, observed = np.random.default_rng(8), {}
+    drafter = GateOnTheDrawnDraft(draft, settings, rng, wrong_gate=0.7)
+    for _ in range(runs):
+        run = drain(loops.speculative(target, drafter, FakeTokenizer(), PROMPT, settings, set(), rng=rng))
+        observed[tuple(run.ids)] = observed.get(tuple(run.ids), 0) + 1
+    exact = {cell: runs * target_probability(target, settings, cell) for cell in itertools.product(range(vocab), repeat=TOKENS)}
+    assert pooled_chisquare(observed, {cell: e for cell, e in exact.items() if e > 0}) < 1e-6
 
 
 def test_the_same_check_refuses_the_drafts_own_distribution():

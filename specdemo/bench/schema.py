@@ -48,6 +48,9 @@ Every section has seconds and load_average_end, and:
                   genai_speedup, ours_over_genai), vocab (head_tokens, rows_kept, draft_step_costed_s),
                   precision (target, draft, draft_bytes), kv (kv_cache_precision, autoregressive_step_s,
                   kv_cache_bytes), lookup (GenAI rows: alpha, vs_ours_autoregressive)
+    gating        max_new_tokens, curves {name: CostModel}, rows [gating.Row: curve, instruction, tokens, alpha,
+                  oracle, best_fixed, best_k, planned, lane, gated, gated_walk, drafted, turned_back, stopped,
+                  same_text] (opt-in)
     humaneval     problems, max_new_tokens, k, k_label, framing, notebook {speedup, problems, target, draft, framework,
                   measure}, lanes {key: label + fields} (keys: autoregressive, speculative, genai_autoregressive, genai,
                   llamacpp where installed), speedup_mean and speedup_of_sums (ours), speedup {ours, genai: {mean,

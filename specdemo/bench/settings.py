@@ -94,6 +94,8 @@ REGISTRY = (  # in the order they run
     Section("watching", ".sections:run_watching", ((8, ".report_tables:watching_section"),)),
     Section("humaneval", ".humaneval:run_section", ((9, ".report_humaneval:humaneval_section"),),
             (".plots:draw_humaneval",), copies=(2, 1), opt_in=True),
+    # gated rounds priced on synthetic compute-bound curves: the pair alone, no timing worth comparing across sections
+    Section("gating", ".gating:run_gating", ((3, ".gating:gating_section"),), opt_in=True),
 )
 SECTIONS = tuple(s.name for s in REGISTRY)
 OPT_IN = tuple(s.name for s in REGISTRY if s.opt_in)

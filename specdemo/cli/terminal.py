@@ -162,12 +162,16 @@ def _print_counterfactual(would, spec: Result) -> None:
         print("speedup    " + "".join(f"{_times(w.speedup):>7}" for w in would.fixed))
         if would.stopped:  # each K with the confidence stop at this machine's break-even P for that K
             print("with stop  " + "".join(f"{_times(w.speedup):>7}" for w in would.stopped))
+        if would.gated:  # the same in gated rounds
+            print("gated      " + "".join(f"{_times(w.speedup):>7}" for w in would.gated))
         best = would.best_fixed()
         print(f"best fixed K = {best.k}: {_times(best.speedup)}; the oracle (best K each round): {_times(would.oracle.speedup)} "
               f"in {would.oracle.target_calls} target calls; this run: {spec.summary.target_calls} target calls, "
               f"mean K {spec.summary.mean_k:.1f}")
     if would.stopped:
         print(would.stop_sentence())
+    if would.gated:
+        print(would.gate_sentence())
     for sentence in would.replay_sentences():
         print(sentence)
 

@@ -75,6 +75,12 @@ class Round:
         """Whether the round ended in a rejected draft (not counting a text that ended before the rejection)."""
         return self.accepted < self.drafted and not self.cut
 
+    @property
+    def gated(self) -> bool:
+        """Whether the gate turned this round back (gated rounds): K drafts were asked for and the draft stepped, but
+        its first draft's confidence was too low to verify, so the call was a plain target step."""
+        return self.k > 0 and not self.drafted and bool(self.draft_calls)
+
     def tested(self) -> tuple[int, int]:
         """(drafts tested, of them accepted) in the sense of the acceptance model: drafts 1 … kept were tested and
         accepted, and a rejected draft right after them was tested too; later drafts were never tested."""

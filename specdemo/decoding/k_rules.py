@@ -10,7 +10,7 @@ from typing import Protocol
 
 from specdemo.decoding.costs import CostModel
 from specdemo.decoding.drafters import Strategy
-from specdemo.decoding.pricing import Acceptance, best_k, predicted_speedup
+from specdemo.decoding.pricing import Acceptance, best_k, predicted_speedup, priced_round, round_cost
 
 HOLD = 0.02  # auto K changes K only for a predicted gain of more than this: a new verify size makes its first calls slow
 # Plain steps auto K takes at K = 0, mid-run, between two probe rounds of one draft: without them no evidence could
@@ -82,6 +82,40 @@ class AutoK:
         if k == 0 and _plain_steps_since_drafting(rounds) >= PROBE_EVERY:
             return 1  # a probe: its outcome is the evidence that can bring K back
         return k
+
+
+# Gated rounds stop once they have cost the run this many plain target steps more than the target alone would have
+# taken, priced on the plan's curve: the lane then ends within this, one round and the draft's prefill of the target
+# alone (2 steps are 1.6 % of a 128-token answer; a round lost on a compute-bound curve costs at most ~1.5 steps more).
+LOSS_LIMIT = 2.0
+
+
+class GatedK:
+    """Gated rounds (planner.gated_plan): every round asks for the plan's K, and the drafter's gate turns back those
+    whose first draft is not confident enough (a plain target step after that draft step). The rule keeps asking while
+    gating has not put the run more than LOSS_LIMIT plain steps behind the target alone: each round since the prefill
+    priced on the plan's curve as it ran (pricing.priced_round) against the plain steps its tokens would have taken.
+    Once behind by more, every round is a plain step to the end of the run, without probes (a probe's draft step is
+    the very cost that lost). What gating gained earlier counts: a run ahead may spend its gain before it stops. The
+    draft's prefill of the prompt is not held against gating: it is the price of speculating at all, which the plan
+    took (a 40-token prompt is ~3 target steps on a compute-bound curve: counted here, it would end gating before its
+    first round)."""
+
+    def __init__(self, costs: CostModel, k: int):
+        self.costs, self.k = costs, k
+        self.ahead = 0.0  # seconds gating has saved the run so far against plain steps (< 0: lost)
+        self.seen = 0
+
+    def next_k(self, rounds: list) -> int:
+        if self.k == 0:
+            return 0
+        step = round_cost(self.costs, 0)
+        for r in rounds[max(self.seen, 1):]:  # the prefill is the target's in both lanes
+            self.ahead += r.emitted * step - priced_round(self.costs, r, draft_prefill=False)
+        self.seen = len(rounds)
+        if self.ahead < -LOSS_LIMIT * step:
+            self.k = 0
+        return self.k
 
 
 def _plain_steps_since_drafting(rounds: list) -> int:

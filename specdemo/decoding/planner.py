@@ -10,8 +10,9 @@ from dataclasses import dataclass, replace
 
 from specdemo.decoding.costs import CostModel
 from specdemo.decoding.drafters import Strategy, when_quoting
-from specdemo.decoding.k_rules import AutoK, FixedK, GrowShrinkK, KRule
-from specdemo.decoding.pricing import Acceptance, best_k, break_even_alpha, confidence_stops, predicted_speedup
+from specdemo.decoding.k_rules import LOSS_LIMIT, AutoK, FixedK, GatedK, GrowShrinkK, KRule
+from specdemo.decoding.pricing import (MIN_GAIN, Acceptance, best_k, break_even_alpha, confidence_stops, gate_threshold,
+                                       gated_speedup, predicted_speedup)
 from specdemo.settings import KPolicy
 
 
@@ -63,6 +64,9 @@ class Plan:
     planned_speedup: float = 0.0  # S(K) after the prompt, at that acceptance
     reason: str = ""  # one sentence for the page and the CLI
     stops: tuple[float, ...] = ()  # the confidence stop the lane drafts with, per draft position (): off; confidence_stops
+    # Gated rounds (gated_plan): a round whose first draft's confidence is below this is a plain target step
+    # (pricing.gate_threshold); 0: off, every round of K > 0 is verified
+    gate: float = 0.0
 
     @property
     def priced(self) -> bool:
@@ -71,6 +75,8 @@ class Plan:
     def rule(self) -> KRule:
         """A new K rule for one run of the lane (a rule keeps what it saw of its run): under auto K, the best K at the
         running acceptance (AutoK); else the policy's own rule (rule_of)."""
+        if self.gate and self.priced:
+            return GatedK(self.costs, self.k)
         if self.policy.is_auto and self.priced:
             return AutoK(self.costs, self.acceptance_prior, self.drafter, self.k, self.policy.k_max)
         return rule_of(self.policy)
@@ -82,9 +88,12 @@ class Plan:
         policy's default K."""
         return (self.k or self.policy.k) if self.policy.is_auto else self.policy.k
 
-    def describe(self, mean_k: float) -> str:
+    def describe(self, mean_k: float, drafted: int = 0, gated: int = 0) -> str:
         """How the lane chose K, with the run's mean K where it varied: "K = 4", "K adaptive (mean 3.2)", "K chosen by
-        the planner (mean 5.1)"."""
+        the planner (mean 5.1)"; with gated rounds, what the gate did of the run's `drafted` rounds and the `gated`
+        ones it turned back: "K chosen by the planner (mean 1.6); gated: 40 of 52 rounds drafted"."""
+        if self.gate:
+            return f"K chosen by the planner (mean {mean_k:.1f}); {gating_sentence(drafted, gated)}"
         if self.policy.is_auto:
             return f"K chosen by the planner (mean {mean_k:.1f})"
         return f"K adaptive (mean {mean_k:.1f})" if self.policy.is_adaptive else f"K = {self.policy.k}"
@@ -94,7 +103,7 @@ class Plan:
         prior = {"rates": self.acceptance_prior.rates} if self.acceptance_prior is not None else None
         return {"drafter": self.drafter.name, "k": self.k, "acceptance_prior": prior,
                 "planned_speedup": self.planned_speedup, "auto": self.policy.is_auto, "reason": self.reason,
-                "stops": self.stops}
+                "stops": self.stops, "gate": self.gate}
 
 
 def rule_of(policy: KPolicy) -> KRule:
@@ -163,13 +172,49 @@ def make_plan(costs: CostModel, drafter: Strategy, acceptance: Acceptance, polic
     k, speedup = best_k(costs, acceptance, k_max, drafter)
     if k == 0:
         best = max(predicted_speedup(costs, acceptance, j, drafter) for j in range(1, k_max + 1))
-        reason = (f"No K pays on this machine (best predicted {best:.2f}× at {said}: scoring "
-                  f"2 tokens costs {costs.verify_steps(2):.1f} steps), so the speculative lane runs the target alone.")
+        why = (f"No K pays on this machine (best predicted {best:.2f}× at {said}: scoring "
+               f"2 tokens costs {costs.verify_steps(2):.1f} steps)")
+        gated = gated_plan(costs, drafter, acceptance, policy) if drafter.counterfactual.taught_by_mask else None
+        if gated is not None:
+            return replace(gated, reason=f"{why}; {gated.reason}")
+        reason = f"{why}, so the speculative lane runs the target alone."
     else:
         reason = (f"K = {k} chosen for this machine: predicted {speedup:.2f}× at {said} "
                   f"(scoring {k + 1} tokens costs {costs.verify_steps(k + 1):.1f} steps, a draft step "
                   f"{costs.d(1) / costs.t(1):.2f}).{lookup}")
     return Plan(policy, drafter, k, costs, acceptance, speedup, reason)
+
+
+def sharp_gate(acceptance: Acceptance, k_max: int) -> tuple[float, Acceptance]:
+    """What gated rounds can give at best at this acceptance, what a gated plan is chosen by (GatedK then stops them
+    in a run where they lose): a gate that lets through exactly the rounds whose first draft will be accepted, a(1) of
+    them, whose later drafts are accepted at a(2), a(3), …: (share of rounds let through, their acceptance)."""
+    return acceptance.rate(1), Acceptance((1.0,) + tuple(acceptance.rate(i) for i in range(2, k_max + 1)))
+
+
+def gated_plan(costs: CostModel, drafter: Strategy, acceptance: Acceptance, policy: KPolicy) -> Plan | None:
+    """Gated rounds where no fixed K pays (make_plan's K = 0 under auto K, with the draft model): the K at which they
+    can pay at best on this machine (sharp_gate, pricing.gated_speedup) with this machine's gate
+    (pricing.gate_threshold); None where even that does not beat the target by MIN_GAIN, or no gate exists. Where a
+    fixed K pays the gate stays off: it is priced and measured only where nothing else pays (on a memory-bound curve
+    it would be ~0.02 and turn almost nothing back)."""
+    gate = gate_threshold(costs)
+    if not gate:
+        return None
+    passing, passed = sharp_gate(acceptance, policy.k_max)
+    speedup, k = max((gated_speedup(costs, passing, passed, j), j) for j in range(1, policy.k_max + 1))
+    if speedup < MIN_GAIN:
+        return None
+    reason = (f"gated rounds can pay at best {speedup:.2f}×: each round's first draft is verified only when the draft's "
+              f"confidence in it is at least {gate:.2f} (this machine's break-even for one draft, the draft step "
+              f"already paid), else the target takes a plain step; up to K = {k}, and back to the target alone for "
+              f"the rest of the run once gating has cost it {LOSS_LIMIT:.0f} target steps.")
+    return Plan(policy, drafter, k, costs, acceptance, speedup, reason, gate=gate)
+
+
+def gating_sentence(drafted: int, gated: int) -> str:
+    """"gated: 40 of 52 rounds drafted": of the rounds that asked for drafts, those the gate let through."""
+    return f"gated: {drafted} of {drafted + gated} rounds drafted"
 
 
 def quotes_text(instruction: str, min_chars: int = 80) -> bool:

@@ -91,6 +91,34 @@ def round_cost(costs: CostModel, k: int, drafter: Strategy = MASKED_STRATEGY, fu
     return seconds + drafter.draft_seconds(costs, k, full)
 
 
+def gated_out_cost(costs: CostModel, full: float = 0.0) -> float:
+    """Seconds of a round the gate turned back (gate_threshold): the first draft step, paid before the gate could look
+    (one token fed, two after a round that kept every draft: `full` as in round_cost), then a plain target step. On a
+    compute-bound curve (a draft step 0.45 of a target step) such a round costs 1.45 steps for its one token: the
+    gate's own price, which only the rounds it lets through can repay."""
+    return costs.d(1) + full * (costs.d(2) - costs.d(1)) + round_cost(costs, 0)
+
+
+def priced_round(costs: CostModel, r, draft_prefill: bool = True) -> float:
+    """Seconds one of a run's rounds (events.Round) costs on this curve, its calls as it made them: each draft call
+    d(n) by the tokens it fed (a first call feeding the prompt at the draft's prefill rate; without `draft_prefill`,
+    as the one draft step it also is), then the target's call, a plain step's t(1) where nothing was verified (a plain
+    step or a round the gate turned back) or t(K + 1) with both trims. What a run would have taken on another
+    machine's curve (the bench prices lanes so), or on its own plan's (GatedK's running account)."""
+    def call(n: int) -> float:
+        if n <= 2 or not costs.draft_prefill_tps:
+            return costs.d(n)
+        return n / costs.draft_prefill_tps if draft_prefill else costs.d(1)
+
+    drafting = sum(call(n) for n, _ in r.draft_calls)
+    if r.index == 0:
+        return drafting + r.verify_tokens / costs.target_prefill_tps
+    if not r.drafted:
+        return drafting + round_cost(costs, 0)
+    trims = costs.target_rollback_s + costs.round_overhead_s + (costs.draft_rollback_s if r.draft_calls else 0.0)
+    return drafting + costs.t(r.verify_tokens) + trims
+
+
 def predicted_speedup(costs: CostModel, acceptance: Acceptance, k: int, drafter: Strategy = MASKED_STRATEGY) -> float:
     """Tokens per second of speculation with K drafts over the target alone, after the prompt."""
     return acceptance.expected_tokens(k) * round_seconds(costs, acceptance, 0) / round_seconds(costs, acceptance, k, drafter)
@@ -170,3 +198,39 @@ def confidence_stops(costs: CostModel, k_max: int) -> tuple[float, ...]:
         return ()
     return tuple(round(min((costs.d(1) + max(costs.t(j + 2) - costs.t(j + 1), 0.0)) / costs.t(1), STOP_CAP), 3)
                  for j in range(1, k_max))
+
+
+def gate_threshold(costs: CostModel) -> float:
+    """The draft's confidence in a round's first draft below which the round is not verified as a draft round
+    (gated rounds): the target takes a plain step instead. At the gate the first draft step is already paid, and paid
+    whichever way it decides, so it does not enter the decision (gated_out_cost charges it to the plan). What remains:
+    verifying the draft, one more row in the call and a round's trims and bookkeeping beyond a plain step's,
+    t(2) − t(1) + rollback + round overhead − step overhead, against one more token, worth a plain step
+    t(1) + step overhead, with the chance the draft is accepted, which for a calibrated draft is its confidence. So
+    about t(2) / t(1) − 1: 0.35–0.43 on an AVX2-only CPU (t(5) = 2.4–2.7 steps), ~0.02 where verifying is nearly free
+    (AMX). It ignores what an accepted first draft opens (the drafts after it), so it errs towards plain steps.
+    0 (off) without a draft model's costs."""
+    if not costs.draft_s:
+        return 0.0
+    step = costs.t(1) + costs.step_overhead_s
+    extra = costs.t(2) + costs.target_rollback_s + costs.round_overhead_s - step
+    return round(min(max(extra, 0.0) / step, STOP_CAP), 3)
+
+
+def gated_speedup(costs: CostModel, passing: float, passed: Acceptance, k: int) -> float:
+    """Tokens per second of gated rounds with K drafts over the target alone, after the prompt. Every round starts
+    with a draft step; a share `passing` of them clears the gate and runs as a round of K drafts accepted at `passed`
+    (the acceptance of rounds that cleared it), the rest are a plain step after that draft step (gated_out_cost):
+
+        tokens per round    π · E_passed(K) + (1 − π)
+        seconds per round   π · R(K) + (1 − π) · (d(1) + t(1))
+
+    On a compute-bound curve (t(2) = 1.35 steps, a draft step 0.45) a turned-back round costs 1.45 steps for one
+    token, so the rounds let through must bring that back: at π = 0.7 and every passed first draft accepted (K = 1:
+    2 tokens for 1.8 steps), 1.7 tokens for 1.70 steps, 1.00×; gated rounds pay where the draft is confident and right
+    in long runs, which the drafts after the first carry (R(K) with the confidence stop drafts fewer: this errs low)."""
+    full = passed.all_accepted(k) * passing
+    inside = round_cost(costs, k, MASKED_STRATEGY, full)
+    tokens = passing * passed.expected_tokens(k) + (1 - passing)
+    seconds = passing * inside + (1 - passing) * gated_out_cost(costs, full)
+    return tokens * round_cost(costs, 0) / seconds

@@ -24,6 +24,10 @@ including a round's first rejected one (the draft saw the answer's own tokens th
 whatever they are, were drafted from the draft's own tokens, which the pass never saw, so their confidences stand in
 from the answer's (they change only how many draft steps the round pays).
 
+Gated rounds (a round whose first draft's confidence is below this machine's break-even for verifying it,
+pricing.gate_threshold, is a plain target step after that draft step) are walked the same way, from the same pass:
+the gate reads the first draft's confidence, drafted from the answer's own tokens, so it is exact.
+
 Sampled runs have no such mask (a sampled draft is not a function of the text), so none of this applies
 to them. The same masks are the planner's evidence of acceptance by draft position (mask_counts).
 """
@@ -38,8 +42,8 @@ from specdemo.decoding.costs import CostModel
 from specdemo.decoding.drafters import MASKED, MASKED_STRATEGY, STRATEGIES, Strategy, strategy
 from specdemo.decoding.drafters.base import stop_threshold
 from specdemo.decoding.drafters.model import top_probability
-from specdemo.decoding.planner import describe_stops
-from specdemo.decoding.pricing import confidence_stops, round_cost
+from specdemo.decoding.planner import describe_stops, gating_sentence
+from specdemo.decoding.pricing import confidence_stops, gate_threshold, gated_out_cost, round_cost
 from specdemo.models.runtime import OVModel
 
 PIECE = 64  # answer tokens per teacher-forced call: 64 rows of logits (~39 MB for a 151,936-token vocabulary)
@@ -58,6 +62,8 @@ class Walk:
     accepted: list[int] = field(default_factory=list)  # drafts accepted in each round
     ks: list[int] = field(default_factory=list)  # the oracle's K of each round
     stops: tuple[float, ...] = ()  # the confidence stop the walk drafted with, per draft position (): none
+    gate: float = 0.0  # the gate on a round's first draft the walk ran with (pricing.gate_threshold); 0: none
+    gated: int = 0  # of its rounds, those the gate turned back (a draft step, then a plain target step)
 
 
 @dataclass
@@ -75,6 +81,8 @@ class Counterfactual:
     corrected: int = 0  # of them, where the teacher-forced pass had guessed otherwise
     stopped: list[Walk] = field(default_factory=list)  # the draft model at K = 1 … k_max with this machine's confidence
     #                                                     stop (pricing.confidence_stops); [] without the pass
+    gated: list[Walk] = field(default_factory=list)  # the same in gated rounds (pricing.gate_threshold); [] without the
+    #                                                   pass or a gate
     # What the answer teaches the acceptance prior, per drafter: (tested, accepted) drafts at positions 1 … k_max
     # (mask_counts, replay_counts); the engine fills it, whoever drained the run hands it to the machine profile.
     evidence: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)
@@ -100,6 +108,17 @@ class Counterfactual:
         return (f"With the confidence stop (this machine's break-even per draft: {describe_stops(stopped.stops)}), K = "
                 f"{best.k} would have made {stopped.draft_calls} draft calls instead of {best.draft_calls}, for "
                 f"{stopped.speedup:.2f}× instead of {best.speedup:.2f}×.")
+
+    def gate_sentence(self) -> str:
+        """What gated rounds would have done at their best K, in words ("" without them): "In gated rounds (a round's
+        first draft verified only at a confidence of 0.43 or more, else a plain target step), K = 4 would have given
+        1.05× (gated: 51 of 55 rounds drafted)."."""
+        if not self.gated:
+            return ""
+        best = max(self.gated, key=lambda w: w.speedup)
+        return (f"In gated rounds (a round's first draft verified only at a confidence of {best.gate:.2f} or more, else "
+                f"a plain target step), K = {best.k} would have given {best.speedup:.2f}× "
+                f"({gating_sentence(best.rounds - best.gated, best.gated)}).")
 
     def to_dict(self) -> dict:
         return {name: value for name, value in asdict(self).items() if name != "evidence"}
@@ -237,12 +256,24 @@ def drafted_before_stop(confidence: list[float], j: int, cap: int, stops: tuple[
 
 
 def walk_fixed(mask: list[int], k: int, costs: CostModel, prompt_tokens: int, max_new_tokens: int,
-               autoregressive_s: float, confidence: list[float] | None = None, stops: tuple[float, ...] = ()) -> Walk:
+               autoregressive_s: float, confidence: list[float] | None = None, stops: tuple[float, ...] = (),
+               gate: float = 0.0) -> Walk:
     """The draft model at a fixed K, round by round over the answer, as the loop would have run it; with `stops` and
-    the draft's `confidence` per position, under the confidence stop."""
+    the draft's `confidence` per position, under the confidence stop; with a `gate` too, in gated rounds (a round
+    whose first draft's confidence is below it is a plain target step after that draft step: gated_out_cost). The
+    gate reads the first draft's confidence, drafted from the answer's own tokens: exact."""
     j, accepted, draft_calls, seconds, full = 1, [], 0, _prefills(costs, prompt_tokens, MASKED_STRATEGY), False
+    gated = 0
     while j < len(mask):
         cap = min(k, max_new_tokens - j - 1)  # the loop never drafts past max_new_tokens
+        if gate and cap > 0 and confidence is not None and confidence[j] < gate:
+            seconds += gated_out_cost(costs, float(full))
+            accepted.append(0)
+            draft_calls += 1
+            gated += 1
+            full = False
+            j += 1
+            continue
         if stops and confidence is not None:
             cap = drafted_before_stop(confidence, j, cap, stops)
         n = accepted_run(mask, j, cap)
@@ -252,7 +283,8 @@ def walk_fixed(mask: list[int], k: int, costs: CostModel, prompt_tokens: int, ma
         full = cap > 0 and n == cap
         j += n + 1
     return Walk(k, len(accepted), len(accepted) + 1, draft_calls, seconds, autoregressive_s / seconds, accepted,
-                stops=stops if confidence is not None else ())
+                stops=stops if confidence is not None else (), gate=gate if confidence is not None else 0.0,
+                gated=gated)
 
 
 def walk_oracle(mask: list[int], k_max: int, costs: CostModel, prompt_tokens: int, max_new_tokens: int,
@@ -335,12 +367,15 @@ def counterfactual(mask: list[int] | None, prompt_ids: list[int], answer_ids: li
     stops = confidence_stops(costs, k_max)
     stopped = [walk_fixed(mask, k, *args, confidence, stops) for k in range(1, k_max + 1)] \
         if mask is not None and confidence is not None and stops else []
+    gate = gate_threshold(costs)
+    gated = [walk_fixed(mask, k, *args, confidence, stops, gate) for k in range(1, k_max + 1)] \
+        if mask is not None and confidence is not None and gate else []
     oracle = walk_oracle(mask, k_max, *args) if mask is not None else Walk(0, 0, 0, 0, 0.0, 0.0)
     drafters = replay_drafters(settings)
     replayed = {name: [walk_replayed(d, prompt_ids, answer_ids, k, costs, max_new_tokens, ar) for k in range(1, k_max + 1)]
                 for name, d in drafters.items()}
     result = Counterfactual(len(answer_ids), mask or [], ar, fixed, oracle, replayed, observed=observed,
-                            corrected=changed, stopped=stopped)
+                            corrected=changed, stopped=stopped, gated=gated)
     result.evidence = {name: replay_counts(d, prompt_ids, answer_ids, k_max) for name, d in drafters.items()}
     if mask is not None:
         result.evidence[MASKED] = mask_counts(mask, k_max)

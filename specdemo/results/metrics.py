@@ -35,6 +35,7 @@ class Summary:
     proposed: int = 0  # draft tokens the target scored
     accepted: int = 0  # of them, kept by the acceptance rule
     rounds: int = 0  # rounds that drafted (plain target steps at K = 0 not counted)
+    gated: int = 0  # rounds the gate turned back: a draft step, then a plain target step (events.Round.gated)
     rejections: int = 0  # rounds that ended in a rejected draft
     alpha_hat: float = 0.0  # α̂ = accepted / (accepted + rejections)
     draft_acceptance_rate: float = 0.0  # accepted / proposed
@@ -84,6 +85,7 @@ def summarize(tokens: Sequence["TokenEvent"], rounds: Sequence["Round"], end: "E
         proposed=proposed,
         accepted=accepted,
         rounds=len(drafting),
+        gated=sum(r.gated for r in rounds),
         rejections=rejections,
         alpha_hat=alpha,
         draft_acceptance_rate=draft_acceptance_rate(accepted, proposed),

@@ -261,7 +261,7 @@ class Engine:
         rng = np.random.default_rng(settings.seed)
         price = self._price(settings.greedy) if self.costs is not None else None
         drafter = make_drafter(plan.drafter, self.draft.runtime if self.draft else None, settings, rng, price,
-                               plan.stops, memories)
+                               plan.stops, memories, plan.gate)
         if plan.priced:
             yield plan
         with self.lock:

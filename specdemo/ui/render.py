@@ -126,7 +126,7 @@ def render_results(lanes: dict[str, LaneRun], mode: str, settings: GenerationSet
     drafter = strategy(s.drafter or settings.drafter).label
     plan = spec.plan
     # A lane that yielded no plan ran unpriced (no costs to plan by): its K is the settings' own
-    k = (plan or planner.unpriced(settings.k_policy, strategy(settings.drafter))).describe(s.mean_k)
+    k = (plan or planner.unpriced(settings.k_policy, strategy(settings.drafter))).describe(s.mean_k, s.rounds, s.gated)
     if drafted:
         by_position = figure("acceptance_by_position").format(s.acceptance_by_position)
         prediction = (f"Predicted from this machine's call costs at the run's own acceptance (α̂ = {alpha}; by draft "
@@ -166,10 +166,10 @@ def would_line(would, s: Summary) -> str:
     if not would.fixed:
         return "On this answer " + "; ".join(would.replay_sentences()) + " (predicted)."
     best = would.best_fixed()
-    return (f"On this very answer (predicted from this machine's costs): the best fixed K = {best.k} would have given "
+    said = (f"On this very answer (predicted from this machine's costs): the best fixed K = {best.k} would have given "
             f"{best.speedup:.2f}× in {best.target_calls} target calls, the best K for every round {would.oracle.speedup:.2f}× "
-            f"in {would.oracle.target_calls}; this run took {s.target_calls}. {would.stop_sentence()} Greedy decoding "
-            "only.").replace("  ", " ")
+            f"in {would.oracle.target_calls}; this run took {s.target_calls}.")
+    return " ".join(part for part in (said, would.stop_sentence(), would.gate_sentence(), "Greedy decoding only.") if part)
 
 
 def render_failures(failures: list[dict]) -> str:

@@ -61,11 +61,14 @@ def checked(generation: settings.GenerationSettings) -> settings.GenerationSetti
 
 
 def make_drafter(described: Strategy, draft_model, settings, rng, price=None, stops: tuple[float, ...] = (),
-                 memories: dict[str, object] | None = None) -> Drafter:
+                 memories: dict[str, object] | None = None, gate: float = 0.0) -> Drafter:
     """The drafter of strategy `described` (one that needs a model refuses to be made without one); `price(drafter, k)`
     for a strategy choosing between parts each round; `stops`: the draft model's confidence stop per draft position
     ((): off); `memories`: what its owner's earlier runs left (memories()), for a strategy that keeps something across
-    runs (without it, such a drafter starts empty: it draws on its own run alone)."""
+    runs (without it, such a drafter starts empty: it draws on its own run alone); `gate`: gated rounds, the draft
+    model's own strategy only (planner.with_gate plans them; 0: off, and not handed to other makers)."""
+    if gate:
+        return described.make(draft_model, settings, rng, price, stops, gate=gate)
     if described.memory is None:
         return described.make(draft_model, settings, rng, price, stops)
     memory = (memories or {}).get(described.name)

@@ -25,16 +25,25 @@ class ModelDrafter:
     product of the draft's probabilities for the j tokens it drafted falls below stops[j - 1]: the low-confidence draft
     is still proposed (its step is paid), the steps after it are saved. The stop looks at the draft alone, so the
     acceptance rule stays exact.
+
+    With a `gate` (gated rounds: pricing.gate_threshold), a round whose first draft step leaves the draft's top
+    probability below it proposes nothing: the loop's round is then a plain target step, and the draft, whose cache
+    now holds all of `seq`, is fed the target's token next round. The gate reads the top probability of the draft's
+    distribution, never the probability of the token it samples: a sampled draft thrown back for its own low q(x)
+    would leave the acceptance rule verifying drafts drawn from q cut to its likely tokens, not from q, and the text
+    would lean towards them (q = (0.9, 0.1), p = (0.5, 0.5), a gate of 0.5: 0.55 / 0.45). The top probability is
+    known before the draw, so a gated round's draft is still drawn from q, and a plain step samples p: both exact.
     """
 
     kind = "model"
 
     def __init__(self, model: "OVModel", settings: "GenerationSettings", rng: np.random.Generator,
-                 stops: tuple[float, ...] = ()):
+                 stops: tuple[float, ...] = (), gate: float = 0.0):
         self.model = model
         self.settings = settings
         self.rng = rng
         self.stops = stops
+        self.gate = gate  # the first draft's top probability below which a round proposes nothing; 0: every round drafts
 
     def kv_cache_bytes(self) -> dict[str, int]:
         return {"draft": self.model.kv_cache_bytes()}
@@ -58,10 +67,14 @@ class ModelDrafter:
             if self.settings.greedy:
                 best = int(logits[0].argmax())
                 token = best if head is None else int(head[best])
-                if self.stops:
+                if self.stops or self.gate:
                     confidence *= top_probability(logits[0])
+                if not drafted and confidence < self.gate:
+                    break  # gated out: a plain target step this round
             else:
                 q = process_logits(logits, self.settings)[0]
+                if not drafted and float(q.max()) < self.gate:
+                    break  # gated out, by the distribution before the draw (see the class's docstring)
                 if head is not None:  # a proper distribution over the whole vocabulary, zero off the head
                     full = np.zeros(self.model.vocab_size, dtype=q.dtype)
                     full[head] = q
@@ -85,10 +98,10 @@ def top_probability(logits: np.ndarray) -> float:
     return 1.0 / np.exp(shifted, dtype=np.float64).sum(axis=-1)
 
 
-def make(draft_model, settings, rng, price=None, stops: tuple[float, ...] = ()) -> ModelDrafter:
+def make(draft_model, settings, rng, price=None, stops: tuple[float, ...] = (), gate: float = 0.0) -> ModelDrafter:
     if draft_model is None:
         raise ValueError("no draft model is loaded; use the prompt-lookup drafter")
-    return ModelDrafter(draft_model, settings, rng, stops)
+    return ModelDrafter(draft_model, settings, rng, stops, gate)
 
 
 STRATEGY = Strategy("model", "draft model", make, needs_model=True, order=0,

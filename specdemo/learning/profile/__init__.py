@@ -194,7 +194,9 @@ class Profile:
             return {**section, keys.costs: {**entry, "costs": fold(costs, observation).to_dict()}}
 
         self.store.update("costs", corrected)
-        if not settings.greedy and finished:  # each part of a hybrid teaches its own history
+        # Each part of a hybrid teaches its own history. A run with gated rounds teaches nothing: the rounds the gate
+        # let through are those the draft was sure of, and would teach an acceptance above the draft's own.
+        if not settings.greedy and finished and not any(r.gated for r in rounds):
             self._record(keys.pair, False, {name: metrics.evidence_by_position([r for r in rounds if r.drafter == name],
                                                                                  settings.k_max)
                                             for name in {r.drafter for r in rounds if r.drafter}})
