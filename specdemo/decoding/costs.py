@@ -26,9 +26,15 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
+
+from specdemo.host import load
 
 WINDOW = 5  # the latest observations a correction considers
+# A measurement taken on a busy host (CostModel.busy) stands corrected once this many runs are folded in and the latest
+# of them agree on t(1) (within host.load.SPREAD_BUSY): from 3 observations on, every estimate here is the runs' own
+# median, and the measurement no longer counts.
+CLEAN_RUNS = 3
 PAIR_WINDOW_S = 30 * 60  # a run's t(n) is compared with a t(1) observed at most this long before or after it
 
 
@@ -57,6 +63,11 @@ class CostModel:
     # A first quick measurement (measuring.measure(quick=True): a few calls of a few sizes, the sizes between them
     # interpolated), taken so the page is ready in seconds; the full measurement replaces it in the background.
     provisional: bool = False
+    host: dict = field(default_factory=dict)  # how loaded the host was while it was measured (host.load.HostLoad's
+    #                                           to_dict); {}: not watched (a measurement older than the watch)
+    # Why the measurement may not be this host's quiet costs, in one sentence (HostLoad.busy; "" when clean): the plans
+    # made on it are provisional until runs have replaced what was measured (fold, CLEAN_RUNS).
+    busy: str = ""
 
     def __post_init__(self):
         if not self.measured_target_s:
@@ -111,6 +122,8 @@ class CostModel:
     def standing(self) -> str:
         """Where the model stands: when it was measured, how many runs corrected it, and the last change."""
         text = f"{'a quick first measurement (provisional), ' if self.provisional else ''}measured {self.measured_at.replace('T', ' ')}"
+        if self.busy:
+            text += f" ({self.busy}: provisional until runs correct it)"
         if not self.runs:
             return text + "; no run has corrected it yet"
         text += f", corrected by {self.runs} run{'s' if self.runs != 1 else ''}"
@@ -142,10 +155,21 @@ def fold(costs: CostModel, observation: dict, at: float | None = None) -> CostMo
     overheads = {kind: _robust_median([o["overhead"][kind] for o in observations if kind in o["overhead"]], 0.0)
                  for kind in ("step", "round")}
     change = _describe_change(costs, target, draft)
+    busy = costs.busy if costs.runs + 1 < CLEAN_RUNS or not _runs_agree(observations) else ""
+    if busy != costs.busy:
+        change = ", ".join(filter(None, [change, f"no longer provisional: {costs.runs + 1} runs that agree replaced a "
+                                                 "measurement taken while the host was busy"]))
     return replace(costs, target_s=target, draft_s=draft, observations=observations, runs=costs.runs + 1,
                    step_overhead_s=overheads["step"], round_overhead_s=overheads["round"],
                    corrected_at=time.strftime("%Y-%m-%dT%H:%M:%S") if change else costs.corrected_at,
-                   last_change=change or costs.last_change)
+                   last_change=change or costs.last_change, busy=busy)
+
+
+def _runs_agree(observations: tuple[dict, ...]) -> bool:
+    """Whether the latest CLEAN_RUNS runs paid the same for a single step, within what a quiet host's repeats spread
+    (host.load.SPREAD_BUSY): runs on a busy host disagree as its measurement's repeats did."""
+    ones = [o["target"][1] for o in observations if 1 in o["target"]][-CLEAN_RUNS:]
+    return len(ones) == CLEAN_RUNS and load.spread([ones]) <= load.SPREAD_BUSY
 
 
 def _robust_median(values: list[float], base: float) -> float:
