@@ -63,6 +63,9 @@ class Plan:
     planned_speedup: float = 0.0  # S(K) after the prompt, at that acceptance
     reason: str = ""  # one sentence for the page and the CLI
     stops: tuple[float, ...] = ()  # the confidence stop the lane drafts with, per draft position (): off; confidence_stops
+    # Why it rests on costs that may not be this host's (CostModel.busy: measured while the host was busy, until runs
+    # correct them); "" when they are
+    provisional: str = ""
 
     @property
     def priced(self) -> bool:
@@ -94,7 +97,7 @@ class Plan:
         prior = {"rates": self.acceptance_prior.rates} if self.acceptance_prior is not None else None
         return {"drafter": self.drafter.name, "k": self.k, "acceptance_prior": prior,
                 "planned_speedup": self.planned_speedup, "auto": self.policy.is_auto, "reason": self.reason,
-                "stops": self.stops}
+                "stops": self.stops, "provisional": self.provisional}
 
 
 def rule_of(policy: KPolicy) -> KRule:
@@ -151,7 +154,29 @@ def unpriced(policy: KPolicy, drafter: Strategy) -> Plan:
 
 def make_plan(costs: CostModel, drafter: Strategy, acceptance: Acceptance, policy: KPolicy) -> Plan:
     """The plan: under auto K the best K for this machine at this acceptance, else the policy's K with its
-    prediction."""
+    prediction; provisional, and saying so, where the costs were measured on a busy host and runs have not corrected
+    them yet."""
+    plan = _priced_plan(costs, drafter, acceptance, policy)
+    if not costs.busy:
+        return plan
+    return replace(plan, provisional=costs.busy, reason=f"{plan.reason} Provisional: this machine's call costs were "
+                   f"{costs.busy}; the runs that follow correct them, and the plan with them.")
+
+
+def plan_change(before: Plan | None, after: Plan) -> str:
+    """One line where `after` plans another K than `before`, the plan last made for the same drafter and K policy, as
+    runs corrected the costs in between: "The plan changed after 3 runs: K 2 → 0 (t(1) 51.0 → 36.8 ms)."; ""
+    otherwise."""
+    if before is None or not (before.priced and after.priced) or before.k == after.k \
+            or (before.drafter, before.policy) != (after.drafter, after.policy):
+        return ""
+    runs = after.costs.runs
+    what = f" ({after.costs.last_change})" if after.costs.last_change else ""
+    return f"The plan changed after {runs} run{'s' if runs != 1 else ''}: K {before.k} → {after.k}{what}."
+
+
+def _priced_plan(costs: CostModel, drafter: Strategy, acceptance: Acceptance, policy: KPolicy) -> Plan:
+    """make_plan's plan, as the costs price it."""
     said = describe_acceptance(acceptance)
     lookup = drafter.planning.note
     if not policy.is_auto:

@@ -77,6 +77,7 @@ class Engine:
         self.keys = Keys(None, self._pair_key())  # where this pair's costs (after warm_up) and history live there
         self.noise = None  # fidelity.BatchingNoise of the target's compile, after warm_up(): what partings are judged by
         self.warm_up_s = 0.0  # seconds the last warm_up() took (compilation, first calls, measuring)
+        self.planned: dict[tuple[str, object], Plan] = {}  # the last plan() by drafter and K policy: what a plan changed
 
     @property
     def costs(self) -> CostModel | None:
@@ -122,6 +123,8 @@ class Engine:
         costs = self.costs
         if costs is not None and costs.provisional:
             missing.append("a quick first measurement of its call costs")
+        if costs is not None and costs.busy:
+            missing.append("call costs measured while the host was busy, until runs correct them")
         if self.noise is None:
             missing.append("no batching noise measured yet")
         if warmup.needs_calibration(self):
@@ -143,6 +146,10 @@ class Engine:
             raise ValueError(no_draft_model())
         drafter = planner.drafter_for(asked, settings.k_policy, instruction)
         plan = make_plan(self.costs, drafter, self._prior(drafter, settings.greedy), settings.k_policy)
+        changed = planner.plan_change(self.planned.get((drafter.name, settings.k_policy)), plan)
+        self.planned[(drafter.name, settings.k_policy)] = plan
+        if changed:
+            plan = replace(plan, reason=f"{plan.reason} {changed}")
         if drafter is not asked:
             plan = replace(plan, reason=plan.reason + " (The instruction quotes text for the answer to copy.)")
         return plan
