@@ -4,6 +4,7 @@ follows within a few runs and says when it changed. Synthetic: fake models whose
 /proc/stat texts."""
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from specdemo.decoding.drafters.model import ModelDrafter
 from specdemo.decoding.planner import make_plan, plan_change
 from specdemo.decoding.pricing import Acceptance
 from specdemo.host import load
-from specdemo.learning import measuring
+from specdemo.learning import measuring, race
 from specdemo.results import metrics
 from specdemo.results.lane import drain
 from specdemo.settings import GenerationSettings, KPolicy
@@ -176,4 +177,76 @@ def test_a_change_of_k_is_said_in_one_line_and_no_change_says_nothing():
     steep = CostModel(target_s=tuple(0.04 * n for n in range(1, 14)), target_prefill_tps=1000.0,
                       target_rollback_s=0.001, draft_s=(0.012, 0.013), runs=3, last_change="t(5)/t(1) 1.00 → 5.00")
     after = make_plan(steep, MODEL, ACCEPTANCE, AUTO)
-    assert plan_change(before, after) == f"The plan changed after 3 runs: K {before.k} → 0 (t(5)/t(1) 1.00 → 5.00)."
+    assert plan_change(before, after) == f"The plan changed after 3 runs: K {before.k} → 0 (costs: t(5)/t(1) 1.00 → 5.00)."
+
+
+# ---- the races tune and the draft plan decide by
+
+
+class Sampled:
+    """A stand-in compile whose samples are drawn one after another from `seconds`."""
+
+    def __init__(self, seconds):
+        self.seconds = iter(seconds)
+
+    def reset(self):
+        pass
+
+    def forward(self, ids, logits_to_keep=1):
+        pass
+
+
+def draw(model, other) -> float:
+    return next(model.seconds)
+
+
+def test_a_race_run_to_its_cap_on_a_busy_host_is_run_again_once_then_marked(host):
+    host(others=0.5)
+    taken = []
+
+    def counted(model, other):
+        taken.append(1)
+        return draw(model, other)
+    tie = itertools.cycle([0.050, 0.052, 0.049, 0.051])  # the challenger neither faster nor slower
+    verdict = race.race(Sampled(tie), Sampled(itertools.cycle([0.051, 0.049, 0.050, 0.052])), None, counted)
+    assert verdict.pairs == race.MAX_PAIRS and not verdict.faster
+    assert len(taken) == 2 * race.MAX_PAIRS * (1 + race.BUSY_REPEATS)
+    assert verdict.busy.startswith("measured while the host was busy")
+
+
+def test_a_race_that_settles_on_a_busy_host_stands_and_a_clean_one_is_not_marked(host):
+    host(others=0.5)
+    taken = []
+
+    def counted(model, other):
+        taken.append(1)
+        return draw(model, other)
+    clear = race.race(Sampled(itertools.repeat(0.050)), Sampled(itertools.repeat(0.040)), None, counted)
+    assert clear.faster and clear.pairs == race.MIN_PAIRS and len(taken) == 2 * race.MIN_PAIRS
+    host()
+    assert race.race(Sampled(itertools.repeat(0.050)), Sampled(itertools.repeat(0.050)), None, draw).busy == ""
+
+
+def test_a_draft_plan_priced_on_a_busy_curve_or_a_busy_race_is_provisional_and_kept_so():
+    from specdemo.learning.draft_choice import DraftOption, from_dict, price, to_dict
+    from tests.test_planner import machine
+
+    def option(head, step_s, busy=""):
+        return DraftOption("int4", head, rows=head or 151_936, step_s=step_s, tested=[10_000] * 12,
+                           accepted=[9_000] * 12, provisional=busy)
+    avx2 = machine(0.30, draft_steps=0.50, n_max=13)
+    best = price([option(0, 0.050), option(16_000, 0.0375, busy="measured while the host was busy: steal 18 %")], avx2)
+    assert best.provisional == "measured while the host was busy: steal 18 %"
+    busy_curve = replace(avx2, busy="measured while the host was busy: load 2.9 on 2 cores")
+    assert price([option(0, 0.050), option(16_000, 0.0375)], busy_curve).provisional == busy_curve.busy
+    assert price([option(0, 0.050), option(16_000, 0.0375)], avx2).provisional == ""
+    assert from_dict(to_dict(best)).provisional == best.provisional
+    assert from_dict({k: v for k, v in to_dict(best).items() if k != "provisional"}).provisional == ""  # an older file
+
+
+def test_a_change_of_k_by_what_runs_taught_of_acceptance_says_so():
+    costs = CostModel(target_s=tuple(0.04 * (1 + 0.25 * (n - 1)) for n in range(1, 14)), target_prefill_tps=1000.0,
+                      target_rollback_s=0.001, draft_s=(0.012, 0.013), runs=2)
+    before, after = (make_plan(costs, MODEL, Acceptance.geometric(alpha), AUTO) for alpha in (0.8, 0.3))
+    assert before.k != after.k
+    assert plan_change(before, after) == f"The plan changed after 2 runs: K {before.k} → {after.k} (α = 0.80 → α = 0.30)."

@@ -165,13 +165,18 @@ def make_plan(costs: CostModel, drafter: Strategy, acceptance: Acceptance, polic
 
 def plan_change(before: Plan | None, after: Plan) -> str:
     """One line where `after` plans another K than `before`, the plan last made for the same drafter and K policy, as
-    runs corrected the costs in between: "The plan changed after 3 runs: K 2 → 0 (t(1) 51.0 → 36.8 ms)."; ""
-    otherwise."""
+    runs corrected the costs and the acceptance in between, saying what moved: "The plan changed after 3 runs: K 2 → 0
+    (costs: t(1) 51.0 → 36.8 ms)."; "" otherwise."""
     if before is None or not (before.priced and after.priced) or before.k == after.k \
             or (before.drafter, before.policy) != (after.drafter, after.policy):
         return ""
-    runs = after.costs.runs
-    what = f" ({after.costs.last_change})" if after.costs.last_change else ""
+    runs, why = after.costs.runs, []
+    if after.costs.last_change and after.costs.to_dict() != before.costs.to_dict():
+        why.append(f"costs: {after.costs.last_change}")
+    said = [describe_acceptance(plan.acceptance_prior) for plan in (before, after)]
+    if said[0] != said[1]:
+        why.append(f"{said[0]} → {said[1]}")
+    what = f" ({'; '.join(why)})" if why else ""
     return f"The plan changed after {runs} run{'s' if runs != 1 else ''}: K {before.k} → {after.k}{what}."
 
 

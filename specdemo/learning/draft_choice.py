@@ -73,6 +73,9 @@ class DraftOption:
     chosen: bool = False
     measured: bool = True  # False: left out, its best case could not change the plan (best_case says what it was)
     best_case: float = math.nan  # its predicted speedup at the best K, at acceptance CEILING and its step_floor
+    # Why its price may not be the quiet host's, in one sentence (race.Verdict.busy of its race, or the cost curve's
+    # CostModel.busy); "" when measured clean
+    provisional: str = ""
 
     def describe(self) -> str:
         head = "full head" if not self.head_tokens else f"head {self.head_tokens // 1000}k"
@@ -157,6 +160,7 @@ def price(options: list[DraftOption], costs: CostModel, precision: str = AUTO, k
         option.k, option.predicted_speedup = pricing.best_k(scaled, option.acceptance(), k_max)
     best = choose(options, precision)
     best.chosen = True
+    best.provisional = best.provisional or options[0].provisional or costs.busy  # its price rests on all three
     return best
 
 
@@ -236,6 +240,7 @@ def measure(target, draft: ModelSettings, examples: list[dict], encode, prepared
         if options[0].step_s != options[0].step_s:
             options[0].step_s = verdict.incumbent_s
         option.step_s = options[0].step_s * verdict.ratio
+        option.provisional = verdict.busy
         del model
         gc.collect()
     if options[0].step_s != options[0].step_s:  # raced against no one: the curve's step, else timed alone
@@ -285,7 +290,7 @@ def to_dict(option: DraftOption) -> dict:
     return {"precision": option.precision, "head_tokens": option.head_tokens, "rows": option.rows,
             "step_s": option.step_s, "acceptance": option.acceptance_rate(), "k": option.k,
             "predicted_speedup": option.predicted_speedup, "applies": option.applies, "chosen": option.chosen,
-            "measured": option.measured, "best_case": option.best_case}
+            "measured": option.measured, "best_case": option.best_case, "provisional": option.provisional}
 
 
 def from_dict(data: dict) -> DraftOption:
@@ -294,4 +299,5 @@ def from_dict(data: dict) -> DraftOption:
     return DraftOption(str(data["precision"]), int(data["head_tokens"]), rows=int(data.get("rows", 0)),
                        step_s=number(data.get("step_s")), k=int(data.get("k", 0)),
                        predicted_speedup=number(data["predicted_speedup"]), chosen=bool(data.get("chosen", False)),
-                       measured=bool(data.get("measured", True)), best_case=number(data.get("best_case")))
+                       measured=bool(data.get("measured", True)), best_case=number(data.get("best_case")),
+                       provisional=str(data.get("provisional", "")))

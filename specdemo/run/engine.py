@@ -125,6 +125,10 @@ class Engine:
             missing.append("a quick first measurement of its call costs")
         if costs is not None and costs.busy:
             missing.append("call costs measured while the host was busy, until runs correct them")
+        if self.draft is not None and any(o.chosen and o.provisional
+                                          for o in self.profile.planned_options(self.draft.settings)):
+            missing.append("a draft plan measured while the host was busy (`python -m specdemo tune --draft-plan` "
+                           "measures it again)")
         if self.noise is None:
             missing.append("no batching noise measured yet")
         if warmup.needs_calibration(self):
