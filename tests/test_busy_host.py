@@ -177,7 +177,8 @@ def test_a_change_of_k_is_said_in_one_line_and_no_change_says_nothing():
     steep = CostModel(target_s=tuple(0.04 * n for n in range(1, 14)), target_prefill_tps=1000.0,
                       target_rollback_s=0.001, draft_s=(0.012, 0.013), runs=3, last_change="t(5)/t(1) 1.00 → 5.00")
     after = make_plan(steep, MODEL, ACCEPTANCE, AUTO)
-    assert plan_change(before, after) == f"The plan changed after 3 runs: K {before.k} → 0 (costs: t(5)/t(1) 1.00 → 5.00)."
+    said = f"The plan changed after 3 runs: K {before.k} → 0 (costs: t(5)/t(1) 1.00 → 5.00)."
+    assert plan_change(before, after) == said
 
 
 # ---- the races tune and the draft plan decide by
@@ -249,4 +250,5 @@ def test_a_change_of_k_by_what_runs_taught_of_acceptance_says_so():
                       target_rollback_s=0.001, draft_s=(0.012, 0.013), runs=2)
     before, after = (make_plan(costs, MODEL, Acceptance.geometric(alpha), AUTO) for alpha in (0.8, 0.3))
     assert before.k != after.k
-    assert plan_change(before, after) == f"The plan changed after 2 runs: K {before.k} → {after.k} (α = 0.80 → α = 0.30)."
+    said = f"The plan changed after 2 runs: K {before.k} → {after.k} (α = 0.80 → α = 0.30)."
+    assert plan_change(before, after) == said

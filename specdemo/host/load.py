@@ -82,7 +82,8 @@ def judge(host: HostLoad) -> str:
 
 
 def parse_stat(text: str) -> tuple[float, float, float]:
-    """(total, idle, steal) ticks of /proc/stat's first line ("cpu  user nice system idle iowait irq softirq steal …")."""
+    """(total, idle, steal) ticks of /proc/stat's first line ("cpu  user nice system idle iowait irq softirq steal
+    …")."""
     columns = [float(x) for x in text.split("\n", 1)[0].split()[1:9]]
     columns += [0.0] * (8 - len(columns))  # old kernels have no steal column
     return sum(columns), columns[_IDLE] + columns[_IOWAIT], columns[_STEAL]
@@ -107,8 +108,8 @@ def start(read: Callable[[], str] | None = None, own: Callable[[], float] = time
 
 
 def since(begun: Ticks, spread: float = 0.0, read: Callable[[], str] | None = None,
-          own: Callable[[], float] = time.process_time, load_average: Callable[[], float] = lambda: os.getloadavg()[0],
-          cores: int | None = None) -> HostLoad:
+          own: Callable[[], float] = time.process_time,
+          load_average: Callable[[], float] = lambda: os.getloadavg()[0], cores: int | None = None) -> HostLoad:
     """How loaded the host was since `begun` (start()), with the measurement's `spread` (see spread())."""
     now = start(read, own)
     total = now.total - begun.total
@@ -124,9 +125,9 @@ def since(begun: Ticks, spread: float = 0.0, read: Callable[[], str] | None = No
 
 
 def spread(repeats: Iterable[Sequence[float]]) -> float:
-    """The relative spread of repeated timings: for each shape's repeats (seconds), (slowest − fastest) ÷ fastest, and
-    the median over shapes (0 with fewer than two repeats anywhere). The median, so one burst in one shape is not a
-    busy host; a host loaded all along spreads every shape."""
+    """The relative spread of repeated timings: for each shape's repeats (seconds), (slowest − fastest) ÷ fastest,
+    and the median over shapes (shapes timed once are left out; 0 when none was timed twice). The median, so one burst
+    in one shape is not a busy host; a host loaded all along spreads every shape."""
     each = [(max(r) - min(r)) / min(r) for r in repeats if len(r) >= 2 and min(r) > 0]
     return statistics.median(each) if each else 0.0
 

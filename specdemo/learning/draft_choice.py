@@ -272,6 +272,14 @@ def left_out(options: list[DraftOption]) -> str:
             f"reach: {'; '.join(f'{o.describe()} (at best {o.best_case:.2f}×)' for o in skipped)}.")
 
 
+def said(best: DraftOption) -> str:
+    """The tune's line for the chosen option, provisional where it was priced on a busy host."""
+    line = f"draft plan: {best.describe()} (predicted {best.predicted_speedup:.2f}× at K = {best.k})"
+    if best.provisional:
+        line += f"; provisional, {best.provisional}: `tune --draft-plan` on a quieter host measures it again"
+    return line
+
+
 def table(options: list[DraftOption]) -> list[str]:
     """The draft plan as printed by `tune`."""
     lines = [f"{'draft':22}{'head rows':>11}{'step':>10}{'accepted':>10}{'best K':>8}{'predicted':>11}"]

@@ -310,9 +310,7 @@ def plan_draft(setting: Setting, target, draft: ModelSettings, tokenizer, exampl
     best = draft_choice.price(options, curve, draft.precision)
     if skipped := draft_choice.left_out(options):
         log(f"  {skipped}")
-    log(f"  draft plan: {best.describe()} (predicted {best.predicted_speedup:.2f}× at K = {best.k})"
-        + (f"; provisional, {best.provisional}: `python -m specdemo tune --draft-plan` on a quieter host measures it "
-           "again" if best.provisional else ""))
+    log(f"  {draft_choice.said(best)}")
     return options
 
 

@@ -77,7 +77,7 @@ class Engine:
         self.keys = Keys(None, self._pair_key())  # where this pair's costs (after warm_up) and history live there
         self.noise = None  # fidelity.BatchingNoise of the target's compile, after warm_up(): what partings are judged by
         self.warm_up_s = 0.0  # seconds the last warm_up() took (compilation, first calls, measuring)
-        self.planned: dict[tuple[str, object], Plan] = {}  # the last plan() by drafter and K policy: what a plan changed
+        self.planned: dict[tuple[str, object], Plan] = {}  # the last plan() by drafter and K policy (plan_change)
 
     @property
     def costs(self) -> CostModel | None:
