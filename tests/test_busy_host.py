@@ -94,7 +94,9 @@ def test_a_measurement_while_the_hypervisor_steals_time_is_taken_again_then_kept
 
 def test_a_measurement_while_another_process_takes_a_core_is_busy(host):
     host(others=0.5)
-    assert "other processes 50 %" in measure(quiet_target).busy
+    costs = measure(quiet_target)
+    assert abs(costs.host["others"] - 0.5) < 0.05  # less this process's own CPU time while measuring
+    assert "other processes" in costs.busy
 
 
 def test_repeats_far_apart_are_a_busy_host_even_where_the_counters_show_nothing(host):
