@@ -254,3 +254,15 @@ def test_a_change_of_k_by_what_runs_taught_of_acceptance_says_so():
     assert before.k != after.k
     said = f"The plan changed after 2 runs: K {before.k} → {after.k} (α = 0.80 → α = 0.30)."
     assert plan_change(before, after) == said
+
+
+def test_a_draft_plan_whose_losing_challenger_raced_on_a_busy_host_is_provisional_too():
+    from specdemo.learning.draft_choice import DraftOption, price
+    from tests.test_planner import machine
+
+    def option(head, step_s, busy=""):
+        return DraftOption("int4", head, rows=head or 151_936, step_s=step_s, tested=[10_000] * 12,
+                           accepted=[9_000] * 12, provisional=busy)
+    loser = option(16_000, 0.060, busy="measured while the host was busy: other processes 50 % of the CPU time")
+    best = price([option(0, 0.050), loser], machine(0.30, draft_steps=0.50, n_max=13))
+    assert not best.head_tokens and best.provisional == loser.provisional  # a quiet race might have crowned it

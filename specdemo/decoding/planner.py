@@ -171,7 +171,7 @@ def plan_change(before: Plan | None, after: Plan) -> str:
             or (before.drafter, before.policy) != (after.drafter, after.policy):
         return ""
     runs, why = after.costs.runs, []
-    if after.costs.last_change and after.costs.to_dict() != before.costs.to_dict():
+    if after.costs.last_change and after.costs.runs != before.costs.runs:
         why.append(f"costs: {after.costs.last_change}")
     said = [describe_acceptance(plan.acceptance_prior) for plan in (before, after)]
     if said[0] != said[1]:

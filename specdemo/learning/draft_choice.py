@@ -160,7 +160,8 @@ def price(options: list[DraftOption], costs: CostModel, precision: str = AUTO, k
         option.k, option.predicted_speedup = pricing.best_k(scaled, option.acceptance(), k_max)
     best = choose(options, precision)
     best.chosen = True
-    best.provisional = best.provisional or options[0].provisional or costs.busy  # its price rests on all three
+    # A choice rests on every race the plan ran (a busy one may have lost where a quiet one would win) and the curve
+    best.provisional = next((o.provisional for o in [best, *options] if o.provisional), costs.busy)
     return best
 
 

@@ -28,7 +28,7 @@ from specdemo.models import sources
 from specdemo.models.chat import encode_chat
 from specdemo.models.loading import LoadedModel, load_model
 from specdemo.results.counterfactual import Counterfactual, counterfactual, draft_pass
-from specdemo.settings import AUTO, K_MAX, GenerationSettings, ModelSettings, RunSettings
+from specdemo.settings import AUTO, K_MAX, GenerationSettings, KPolicy, ModelSettings, RunSettings
 from specdemo.text import clean_instruction
 
 # Stands in for the instruction when the chat template is rendered; no template contains it.
@@ -77,7 +77,7 @@ class Engine:
         self.keys = Keys(None, self._pair_key())  # where this pair's costs (after warm_up) and history live there
         self.noise = None  # fidelity.BatchingNoise of the target's compile, after warm_up(): what partings are judged by
         self.warm_up_s = 0.0  # seconds the last warm_up() took (compilation, first calls, measuring)
-        self.planned: dict[tuple[str, object], Plan] = {}  # the last plan() by drafter and K policy (plan_change)
+        self.planned: dict[tuple[str, KPolicy], Plan] = {}  # the last plan() by drafter and K policy (plan_change)
 
     @property
     def costs(self) -> CostModel | None:
