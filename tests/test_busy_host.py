@@ -119,6 +119,20 @@ def test_a_busy_take_then_a_quiet_one_keeps_the_quiet_one(host, monkeypatch):
     assert takes(log) == 2 and costs.busy == ""
 
 
+def test_where_every_take_is_busy_each_calls_fastest_is_kept_so_a_burst_in_one_take_is_not(host, monkeypatch):
+    host(others=0.5)
+    time_loop, take = measuring._time_loop, [0]
+    bursts = {1: 6, 2: 9, 3: 4}  # in each take a neighbour's burst lands on another call size: 3× its time
+
+    def counted(*args, **kwargs):
+        take[0] += 1
+        return time_loop(*args, **kwargs)
+    monkeypatch.setattr(measuring, "_time_loop", counted)
+    costs = measure(lambda n: busy_target(n) * (3.0 if n == bursts.get(take[0]) else 1.0))
+    monkeypatch.setattr(measuring, "_time_loop", time_loop)
+    assert costs.busy and costs.target_s == measure(busy_target).target_s  # the curve as if no burst had come
+
+
 def test_a_plan_made_on_a_busy_measurement_is_provisional_and_says_why():
     costs = CostModel(target_s=(0.04,) * 13, target_prefill_tps=1000.0, target_rollback_s=0.001,
                       draft_s=(0.012, 0.013), busy="measured while the host was busy: steal 18 %, load 2.9 on 2 cores")

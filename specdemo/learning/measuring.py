@@ -8,8 +8,8 @@ every call a change of shape, which the CPU plugin pays for: t(1) came out 40 % 
 AVX-512 EPYC.)
 
 A measurement taken while others load the host (host/load.py: stolen time, others' CPU time, its own repeats far apart)
-is taken again, BUSY_REPEATS times at most; still busy, the least busy take is kept and marked (CostModel.busy), and
-the runs that follow correct it (costs.fold).
+is taken again, BUSY_REPEATS times at most; still busy, each call's fastest over the takes is kept and marked
+(CostModel.busy), and the runs that follow correct it (costs.fold).
 
 A measurement is kept in the machine profile (specdemo/learning/profile) under cost_key: the models, precisions, device,
 threads, CPU and OpenVINO, so a machine is measured once. Measuring runs every shape, so it doubles as the warm-up.
@@ -48,7 +48,7 @@ N_MAX = K_MAX + 1  # calls of up to this many tokens are always timed, so one ca
 QUICK_SIZES = (2, 3, 5, 9, 13)
 QUICK_REPEATS = 2
 # A full measurement judged busy (host.load: stolen time, others' CPU time, its repeats far apart) is taken again at
-# most this many times; if every take is busy, the least busy is kept, marked (CostModel.busy), and runs correct it.
+# most this many times; if every take is busy, each call's fastest is kept, marked (CostModel.busy), and runs correct it.
 # The quick one is not repeated: it is provisional already, and the full measurement that follows is its repeat.
 BUSY_REPEATS = 2
 
@@ -90,7 +90,7 @@ def measure(target: OVModel, draft: OVModel | None, n_max: int, known: CostModel
         costs = _time_loop(target, draft, n_max, sizes=sizes, untimed=1, repeats=QUICK_REPEATS, quick=True)
         log(f"measured quickly in {time.perf_counter() - warmed:.0f} s ({_requests(target, draft) - calls} calls)"
             + (f"; {costs.busy}" if costs.busy else ""))
-        return replace(costs, seconds=time.perf_counter() - start, provisional=True)
+        return replace(levelled(costs), seconds=time.perf_counter() - start, provisional=True)
     _warm_up(target, n_max)
     if draft is not None:
         _warm_up(draft, 2)
@@ -111,19 +111,32 @@ def measure(target: OVModel, draft: OVModel | None, n_max: int, known: CostModel
         if draft is not None:
             draft.reset()
         raise
-    costs = least_busy(takes)
+    costs = quietest(takes)
     if costs.busy:
         log(f"kept as provisional, {costs.busy}: the runs that follow correct it")
     return replace(costs, seconds=time.perf_counter() - start)
 
 
-def least_busy(takes: list[CostModel]) -> CostModel:
-    """The take whose host was least loaded (the least CPU time stolen or used by others, then the closest repeats):
-    load only ever adds time, and unevenly, so no mix of takes is nearer the quiet host's costs than the quietest."""
-    def loaded(costs: CostModel) -> tuple[float, float]:
-        host = costs.host
-        return host.get("steal", 0.0) + host.get("others", 0.0), host.get("spread", 0.0)
-    return min(takes, key=lambda costs: (bool(costs.busy), *loaded(costs)))
+def levelled(costs: CostModel) -> CostModel:
+    """`costs` with its curve made non-decreasing (costs.monotone), as measured."""
+    return replace(costs, target_s=monotone(costs.target_s), measured_target_s=())
+
+
+def quietest(takes: list[CostModel]) -> CostModel:
+    """What the takes of one measurement (each as _time_loop timed it, not yet levelled) say of the quiet host, levelled:
+    a clean take as it is; where every take was busy, each call's fastest over the takes (load only ever adds time, and
+    a neighbour's burst lands on other calls in each take: one take alone kept a t(6) 2.6× its t(5) on a Xeon beside a
+    busy loop; levelled first, a burst would lift every size above it), with the least busy take's host and
+    sentence."""
+    clean = [costs for costs in takes if not costs.busy]
+    if clean:
+        return levelled(clean[0])
+    least = min(takes, key=lambda costs: (costs.host.get("steal", 0.0) + costs.host.get("others", 0.0),
+                                          costs.host.get("spread", 0.0)))
+    fastest = lambda field: tuple(map(min, zip(*(getattr(costs, field) for costs in takes))))  # noqa: E731
+    return levelled(replace(least, target_s=fastest("target_s"), draft_s=fastest("draft_s"), measured_draft_s=(),
+                            target_prefill_tps=max(costs.target_prefill_tps for costs in takes),
+                            draft_prefill_tps=max(costs.draft_prefill_tps for costs in takes)))
 
 
 def _warm_up(model: OVModel, n_max: int) -> None:
@@ -160,7 +173,7 @@ def _time_loop(target: OVModel, draft: OVModel | None, n_max: int, sizes: list[i
     """Time every call shape the way the decoding loop makes it (see the module's docstring), or only `sizes` (2 and
     n_max among them; the others interpolated), `untimed` + `repeats` calls of each; every shape has run once already
     (_warm_up) but those of `sizes`, whose untimed calls come first. `quick`: the prompt rate from the context's own
-    prefill, and t(1) timed once (QUICK_SIZES)."""
+    prefill, and t(1) timed once (QUICK_SIZES). The curve as timed, not yet levelled (levelled, quietest)."""
     sizes = sorted(set(sizes or range(2, n_max + 1)) | {2, n_max})
     fields, target_rollback, repeats_by_shape, watch = {}, [], [], load.start()
     if quick:  # a prefill of CONTEXT_TOKENS as a prompt is fed, after each model's first_call; then the shapes not timed
@@ -211,7 +224,7 @@ def _time_loop(target: OVModel, draft: OVModel | None, n_max: int, sizes: list[i
         fields.update(draft_s=(statistics.median(draft_steps), statistics.median(draft_pairs)),
                       draft_rollback_s=statistics.median(draft_rollback))
     host = load.since(watch, load.spread(steps + repeats_by_shape))
-    return CostModel(target_s=monotone(calls), target_prefill_tps=target_prefill,
+    return CostModel(target_s=tuple(calls), target_prefill_tps=target_prefill,
                      target_rollback_s=statistics.median(target_rollback), cpu=machine.cpu_name(),
                      measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"), host=host.to_dict(), busy=load.judge(host),
                      **fields)
