@@ -59,8 +59,3 @@ def test_spread_is_the_median_over_shapes_so_one_burst_is_not_a_busy_host():
 def test_without_proc_stat_only_the_spread_judges():
     host = load.since(load.start(read=lambda: ""), 0.05, read=lambda: "", load_average=lambda: 0.5, cores=2)
     assert host.steal == host.others == 0 and host.busy() == ""
-
-
-def test_a_host_load_survives_a_round_trip_through_a_dict_and_old_keys_are_ignored():
-    host = load.HostLoad(seconds=3.0, steal=0.1, others=0.2, load_average=1.5, cores=2, spread=0.04)
-    assert load.HostLoad.from_dict({**host.to_dict(), "from_a_later_version": 1}) == host
