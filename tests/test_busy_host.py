@@ -280,3 +280,14 @@ def test_a_draft_plan_whose_losing_challenger_raced_on_a_busy_host_is_provisiona
     loser = option(16_000, 0.060, busy="measured while the host was busy: other processes 50 % of the CPU time")
     best = price([option(0, 0.050), loser], machine(0.30, draft_steps=0.50, n_max=13))
     assert not best.head_tokens and best.provisional == loser.provisional  # a quiet race might have crowned it
+
+
+def test_runs_on_a_host_still_busy_leave_a_busy_measurement_provisional_even_when_they_agree():
+    costs = CostModel(target_s=(0.08,) * 13, target_prefill_tps=1000.0, target_rollback_s=0.001, busy="measured while "
+                      "the host was busy: other processes 80 % of the CPU time")
+    for i in range(5):  # a neighbour loading the host all along: every run pays the same, and was watched busy
+        costs = fold(costs, {"target": {1: 0.08}, "busy": True}, at=60.0 * i)
+    assert costs.busy
+    for i in range(CLEAN_RUNS):  # the neighbour gone
+        costs = fold(costs, {"target": {1: 0.04}}, at=600.0 + 60 * i)
+    assert not costs.busy and "no longer provisional: 3 clean runs" in costs.last_change
