@@ -4,12 +4,13 @@ the page is ready, each in a turn of its own between visitors' runs; until then 
 provisional."""
 
 import threading
+from dataclasses import replace
 
 import pytest
 
 from specdemo.learning import measuring
 from specdemo.run.engine import Engine
-from specdemo.settings import RunSettings
+from specdemo.settings import GenerationSettings, KPolicy, RunSettings
 from tests.conftest import exact
 
 
@@ -38,6 +39,15 @@ def test_a_quick_warm_up_is_provisional_and_leaves_the_rest_to_learn_one_step_at
     assert engine.to_learn(12) == []
     engine.warm_up(12, quick=True)  # a later start finds it all in the profile: nothing left, nothing provisional
     assert not engine.costs.provisional and engine.to_learn(12) == []
+
+
+def test_costs_measured_while_the_host_was_busy_make_the_engine_and_its_plan_say_provisional(engine):
+    engine.warm_up(12, quick=True)
+    busy = "measured while the host was busy: steal 18 %, other processes 50 % of the CPU time, load 2.9 on 2 cores"
+    engine.profile.keep_costs(engine.keys.costs, replace(engine.costs, busy=busy))
+    assert "call costs measured while the host was busy" in engine.provisional
+    plan = engine.plan("Write a function that adds two numbers.", GenerationSettings(k_policy=KPolicy.auto()))
+    assert plan.provisional == busy and f"Provisional: this machine's call costs were {busy}" in plan.reason
 
 
 def test_a_quick_measurement_pays_each_first_call_on_one_token_and_prefills_each_model_once(engine, monkeypatch):

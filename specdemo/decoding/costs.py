@@ -26,9 +26,15 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
+
+from specdemo.host import load
 
 WINDOW = 5  # the latest observations a correction considers
+# A measurement taken on a busy host (CostModel.busy) stands corrected once the latest this many runs were clean (their
+# observation not marked "busy": the run's owner watched the host) and agree on t(1) (within host.load.SPREAD_BUSY):
+# from 3 observations on, every estimate here is the runs' own median, and the measurement no longer counts.
+CLEAN_RUNS = 3
 PAIR_WINDOW_S = 30 * 60  # a run's t(n) is compared with a t(1) observed at most this long before or after it
 
 
@@ -48,7 +54,7 @@ class CostModel:
     measured_target_s: tuple[float, ...] = ()  # t(n) as measured, before any correction (= target_s until a run)
     measured_draft_s: tuple[float, ...] = ()  # d(n) as measured
     observations: tuple[dict, ...] = ()  # the latest runs' observations: {"at": epoch s, "target": {n: s}, "draft": {n: s},
-    #                                     "overhead": {"step": s, "round": s}}
+    #                                     "overhead": {"step": s, "round": s}, "busy": whether the host was busy}
     step_overhead_s: float = 0.0  # a single step's wall time beyond its call (the loop's own Python), as runs paid it
     round_overhead_s: float = 0.0  # a round's wall time beyond its calls and trims, as runs paid it
     runs: int = 0  # runs folded in since the measurement
@@ -57,6 +63,11 @@ class CostModel:
     # A first quick measurement (measuring.measure(quick=True): a few calls of a few sizes, the sizes between them
     # interpolated), taken so the page is ready in seconds; the full measurement replaces it in the background.
     provisional: bool = False
+    host: dict = field(default_factory=dict)  # how loaded the host was while it was measured (host.load.HostLoad's
+    #                                           to_dict); {}: not watched (a measurement older than the watch)
+    # Why the measurement may not be this host's quiet costs, in one sentence (HostLoad.busy; "" when clean): the plans
+    # made on it are provisional until runs have replaced what was measured (fold, CLEAN_RUNS).
+    busy: str = ""
 
     def __post_init__(self):
         if not self.measured_target_s:
@@ -111,6 +122,8 @@ class CostModel:
     def standing(self) -> str:
         """Where the model stands: when it was measured, how many runs corrected it, and the last change."""
         text = f"{'a quick first measurement (provisional), ' if self.provisional else ''}measured {self.measured_at.replace('T', ' ')}"
+        if self.busy:
+            text += f" ({self.busy}: provisional until runs correct it)"
         if not self.runs:
             return text + "; no run has corrected it yet"
         text += f", corrected by {self.runs} run{'s' if self.runs != 1 else ''}"
@@ -124,7 +137,8 @@ def _observation(o: dict) -> dict:
     return {"at": float(o.get("at", 0.0)),
             "target": {int(n): float(s) for n, s in o.get("target", {}).items()},
             "draft": {int(n): float(s) for n, s in o.get("draft", {}).items()},
-            "overhead": {kind: float(s) for kind, s in o.get("overhead", {}).items()}}
+            "overhead": {kind: float(s) for kind, s in o.get("overhead", {}).items()},
+            "busy": bool(o.get("busy", False))}
 
 
 # ---- correction by runs
@@ -142,10 +156,23 @@ def fold(costs: CostModel, observation: dict, at: float | None = None) -> CostMo
     overheads = {kind: _robust_median([o["overhead"][kind] for o in observations if kind in o["overhead"]], 0.0)
                  for kind in ("step", "round")}
     change = _describe_change(costs, target, draft)
+    busy = costs.busy if not _clean_runs_agree(observations) else ""
+    if busy != costs.busy:
+        change = ", ".join(filter(None, [change, f"no longer provisional: {CLEAN_RUNS} clean runs that agree replaced "
+                                                 "a measurement taken while the host was busy"]))
     return replace(costs, target_s=target, draft_s=draft, observations=observations, runs=costs.runs + 1,
                    step_overhead_s=overheads["step"], round_overhead_s=overheads["round"],
                    corrected_at=time.strftime("%Y-%m-%dT%H:%M:%S") if change else costs.corrected_at,
-                   last_change=change or costs.last_change)
+                   last_change=change or costs.last_change, busy=busy)
+
+
+def _clean_runs_agree(observations: tuple[dict, ...]) -> bool:
+    """Whether the latest CLEAN_RUNS runs that paid for single steps ran on a quiet host (none was judged busy: a host
+    loaded all along makes runs that agree too) and paid the same, within what a quiet host's repeats spread
+    (host.load.SPREAD_BUSY)."""
+    latest = [o for o in observations if 1 in o["target"]][-CLEAN_RUNS:]
+    ones = [o["target"][1] for o in latest]
+    return len(latest) == CLEAN_RUNS and not any(o["busy"] for o in latest) and load.spread([ones]) <= load.SPREAD_BUSY
 
 
 def _robust_median(values: list[float], base: float) -> float:

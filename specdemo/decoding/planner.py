@@ -67,6 +67,9 @@ class Plan:
     # Gated rounds (gated_plan): a round whose first draft's confidence is below this is a plain target step
     # (pricing.gate_threshold); 0: off, every round of K > 0 is verified
     gate: float = 0.0
+    # Why it rests on costs that may not be this host's (CostModel.busy: measured while the host was busy, until runs
+    # correct them); "" when they are
+    provisional: str = ""
 
     @property
     def priced(self) -> bool:
@@ -103,7 +106,7 @@ class Plan:
         prior = {"rates": self.acceptance_prior.rates} if self.acceptance_prior is not None else None
         return {"drafter": self.drafter.name, "k": self.k, "acceptance_prior": prior,
                 "planned_speedup": self.planned_speedup, "auto": self.policy.is_auto, "reason": self.reason,
-                "stops": self.stops, "gate": self.gate}
+                "stops": self.stops, "gate": self.gate, "provisional": self.provisional}
 
 
 def rule_of(policy: KPolicy) -> KRule:
@@ -160,7 +163,34 @@ def unpriced(policy: KPolicy, drafter: Strategy) -> Plan:
 
 def make_plan(costs: CostModel, drafter: Strategy, acceptance: Acceptance, policy: KPolicy) -> Plan:
     """The plan: under auto K the best K for this machine at this acceptance, else the policy's K with its
-    prediction."""
+    prediction; provisional, and saying so, where the costs were measured on a busy host and runs have not corrected
+    them yet."""
+    plan = _priced_plan(costs, drafter, acceptance, policy)
+    if not costs.busy:
+        return plan
+    return replace(plan, provisional=costs.busy, reason=f"{plan.reason} Provisional: this machine's call costs were "
+                   f"{costs.busy}; the runs that follow correct them, and the plan with them.")
+
+
+def plan_change(before: Plan | None, after: Plan) -> str:
+    """One line where `after` plans another K than `before`, the plan last made for the same drafter and K policy, as
+    runs corrected the costs and the acceptance in between, saying what moved: "The plan changed after 3 runs: K 2 → 0
+    (costs: t(1) 51.0 → 36.8 ms)."; "" otherwise."""
+    if before is None or not (before.priced and after.priced) or before.k == after.k \
+            or (before.drafter, before.policy) != (after.drafter, after.policy):
+        return ""
+    runs, why = after.costs.runs, []
+    if after.costs.last_change and after.costs.runs != before.costs.runs:
+        why.append(f"costs: {after.costs.last_change}")
+    said = [describe_acceptance(plan.acceptance_prior) for plan in (before, after)]
+    if said[0] != said[1]:
+        why.append(f"{said[0]} → {said[1]}")
+    what = f" ({'; '.join(why)})" if why else ""
+    return f"The plan changed after {runs} run{'s' if runs != 1 else ''}: K {before.k} → {after.k}{what}."
+
+
+def _priced_plan(costs: CostModel, drafter: Strategy, acceptance: Acceptance, policy: KPolicy) -> Plan:
+    """make_plan's plan, as the costs price it."""
     said = describe_acceptance(acceptance)
     lookup = drafter.planning.note
     if not policy.is_auto:

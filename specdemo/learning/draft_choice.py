@@ -73,6 +73,9 @@ class DraftOption:
     chosen: bool = False
     measured: bool = True  # False: left out, its best case could not change the plan (best_case says what it was)
     best_case: float = math.nan  # its predicted speedup at the best K, at acceptance CEILING and its step_floor
+    # Why its price may not be the quiet host's, in one sentence (race.Verdict.busy of its race, or the cost curve's
+    # CostModel.busy); "" when measured clean
+    provisional: str = ""
 
     def describe(self) -> str:
         head = "full head" if not self.head_tokens else f"head {self.head_tokens // 1000}k"
@@ -157,6 +160,8 @@ def price(options: list[DraftOption], costs: CostModel, precision: str = AUTO, k
         option.k, option.predicted_speedup = pricing.best_k(scaled, option.acceptance(), k_max)
     best = choose(options, precision)
     best.chosen = True
+    # A choice rests on every race the plan ran (a busy one may have lost where a quiet one would win) and the curve
+    best.provisional = next((o.provisional for o in [best, *options] if o.provisional), costs.busy)
     return best
 
 
@@ -236,6 +241,7 @@ def measure(target, draft: ModelSettings, examples: list[dict], encode, prepared
         if options[0].step_s != options[0].step_s:
             options[0].step_s = verdict.incumbent_s
         option.step_s = options[0].step_s * verdict.ratio
+        option.provisional = verdict.busy
         del model
         gc.collect()
     if options[0].step_s != options[0].step_s:  # raced against no one: the curve's step, else timed alone
@@ -267,6 +273,14 @@ def left_out(options: list[DraftOption]) -> str:
             f"reach: {'; '.join(f'{o.describe()} (at best {o.best_case:.2f}×)' for o in skipped)}.")
 
 
+def said(best: DraftOption) -> str:
+    """The tune's line for the chosen option, provisional where it was priced on a busy host."""
+    line = f"draft plan: {best.describe()} (predicted {best.predicted_speedup:.2f}× at K = {best.k})"
+    if best.provisional:
+        line += f"; provisional, {best.provisional}: `tune --draft-plan` on a quieter host measures it again"
+    return line
+
+
 def table(options: list[DraftOption]) -> list[str]:
     """The draft plan as printed by `tune`."""
     lines = [f"{'draft':22}{'head rows':>11}{'step':>10}{'accepted':>10}{'best K':>8}{'predicted':>11}"]
@@ -285,7 +299,7 @@ def to_dict(option: DraftOption) -> dict:
     return {"precision": option.precision, "head_tokens": option.head_tokens, "rows": option.rows,
             "step_s": option.step_s, "acceptance": option.acceptance_rate(), "k": option.k,
             "predicted_speedup": option.predicted_speedup, "applies": option.applies, "chosen": option.chosen,
-            "measured": option.measured, "best_case": option.best_case}
+            "measured": option.measured, "best_case": option.best_case, "provisional": option.provisional}
 
 
 def from_dict(data: dict) -> DraftOption:
@@ -294,4 +308,5 @@ def from_dict(data: dict) -> DraftOption:
     return DraftOption(str(data["precision"]), int(data["head_tokens"]), rows=int(data.get("rows", 0)),
                        step_s=number(data.get("step_s")), k=int(data.get("k", 0)),
                        predicted_speedup=number(data["predicted_speedup"]), chosen=bool(data.get("chosen", False)),
-                       measured=bool(data.get("measured", True)), best_case=number(data.get("best_case")))
+                       measured=bool(data.get("measured", True)), best_case=number(data.get("best_case")),
+                       provisional=str(data.get("provisional", "")))

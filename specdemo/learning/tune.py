@@ -196,7 +196,8 @@ def search(role: str, base: ModelSettings, other, probes: list[Probe], log, cpu:
             best.seconds, trial.seconds = verdict.incumbent_s, verdict.challenger_s
             trial.relative = best.relative * verdict.ratio
             log(f"  {role} {trial.setting.describe()}: {trial.seconds * 1e3:.1f} ms, {verdict.ratio:.2f}× the incumbent "
-                f"({verdict.low:.2f}–{verdict.high:.2f}, {verdict.pairs} pairs; {trial.relative:.2f}× the defaults)")
+                f"({verdict.low:.2f}–{verdict.high:.2f}, {verdict.pairs} pairs; {trial.relative:.2f}× the defaults)"
+                + (f"; {verdict.busy}" if verdict.busy else ""))
             wins = verdict.faster or not best.faithful
             if wins and parting is not None:  # the defaults' rate only where the challenger's does not settle it
                 wins = identity.measured(trial, model, compiled, parting, log) and (
@@ -309,7 +310,7 @@ def plan_draft(setting: Setting, target, draft: ModelSettings, tokenizer, exampl
     best = draft_choice.price(options, curve, draft.precision)
     if skipped := draft_choice.left_out(options):
         log(f"  {skipped}")
-    log(f"  draft plan: {best.describe()} (predicted {best.predicted_speedup:.2f}× at K = {best.k})")
+    log(f"  {draft_choice.said(best)}")
     return options
 
 

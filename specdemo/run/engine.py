@@ -28,7 +28,7 @@ from specdemo.models import sources
 from specdemo.models.chat import encode_chat
 from specdemo.models.loading import LoadedModel, load_model
 from specdemo.results.counterfactual import Counterfactual, counterfactual, draft_pass
-from specdemo.settings import AUTO, K_MAX, GenerationSettings, ModelSettings, RunSettings
+from specdemo.settings import AUTO, K_MAX, GenerationSettings, KPolicy, ModelSettings, RunSettings
 from specdemo.text import clean_instruction
 
 # Stands in for the instruction when the chat template is rendered; no template contains it.
@@ -77,6 +77,7 @@ class Engine:
         self.keys = Keys(None, self._pair_key())  # where this pair's costs (after warm_up) and history live there
         self.noise = None  # fidelity.BatchingNoise of the target's compile, after warm_up(): what partings are judged by
         self.warm_up_s = 0.0  # seconds the last warm_up() took (compilation, first calls, measuring)
+        self.planned: dict[tuple[str, KPolicy], Plan] = {}  # the last plan() by drafter and K policy (plan_change)
 
     @property
     def costs(self) -> CostModel | None:
@@ -122,6 +123,12 @@ class Engine:
         costs = self.costs
         if costs is not None and costs.provisional:
             missing.append("a quick first measurement of its call costs")
+        if costs is not None and costs.busy:
+            missing.append("call costs measured while the host was busy, until runs correct them")
+        if self.draft is not None and any(o.chosen and o.provisional
+                                          for o in self.profile.planned_options(self.draft.settings)):
+            missing.append("a draft plan measured while the host was busy (`python -m specdemo tune --draft-plan` "
+                           "measures it again)")
         if self.noise is None:
             missing.append("no batching noise measured yet")
         if warmup.needs_calibration(self):
@@ -143,6 +150,10 @@ class Engine:
             raise ValueError(no_draft_model())
         drafter = planner.drafter_for(asked, settings.k_policy, instruction)
         plan = make_plan(self.costs, drafter, self._prior(drafter, settings.greedy), settings.k_policy)
+        changed = planner.plan_change(self.planned.get((drafter.name, settings.k_policy)), plan)
+        self.planned[(drafter.name, settings.k_policy)] = plan
+        if changed:
+            plan = replace(plan, reason=f"{plan.reason} {changed}")
         if drafter is not asked:
             plan = replace(plan, reason=plan.reason + " (The instruction quotes text for the answer to copy.)")
         return plan

@@ -22,6 +22,7 @@ from typing import Iterator, Mapping
 
 from specdemo.decoding import planner
 from specdemo.decoding.drafters import Strategy, with_counterpart
+from specdemo.host import load
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results import runfile
 from specdemo.results.lane import Result
@@ -65,6 +66,7 @@ class SideBySide:
         for engine in others:
             engine.check_room(self.prompt, self.generation)
         self.plan: planner.Plan | None = None
+        self.watch: load.Ticks | None = None  # host.load.start() once prepared
 
     @property
     def speculative(self) -> Engine | None:
@@ -78,6 +80,7 @@ class SideBySide:
                 engine.warm_up(self.generation.k_max, fresh=fresh, log=log)
         if self.speculative is not None:
             self.plan = self.speculative.plan_lane(self.instruction, self.generation)
+        self.watch = load.start()  # the host's load while the lanes run: a busy run cannot show a measurement wrong
 
     def lane(self, mode: str, cancel: threading.Event | None = None) -> Iterator:
         """The events of one lane (a speculative lane's plan first), on the prompt tokenized once."""
@@ -102,7 +105,8 @@ class SideBySide:
         """Hand a lane's rounds to the machine profile (its cost curve; a finished sampled lane's acceptance)."""
         if result is not None and result.rounds:
             engine = self.engines[mode]
-            engine.profile.learn(engine.keys, self.generation, result.rounds, finished(result))
+            busy = self.watch is not None and bool(load.judge(load.since(self.watch)))
+            engine.profile.learn(engine.keys, self.generation, result.rounds, finished(result), busy)
 
     def finish(self, results: Mapping[str, Result | None], stopped: bool = False) -> Record:
         """Teach, walk, judge and record, once the lanes let go of the engines (`results` by lane; None: the lane

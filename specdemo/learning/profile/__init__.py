@@ -178,12 +178,14 @@ class Profile:
 
     # ---- learning from runs: called by whoever drained a lane (CLI, page, bench), never under the engine's lock
 
-    def learn(self, keys: Keys, settings: GenerationSettings, rounds: Sequence, finished: bool = True) -> None:
-        """Correct the cost curve by what a lane's calls cost; a finished sampled speculative lane also teaches the
+    def learn(self, keys: Keys, settings: GenerationSettings, rounds: Sequence, finished: bool = True,
+              busy: bool = False) -> None:
+        """Correct the cost curve by what a lane's calls cost (`busy`: the host was busy while it ran, so it cannot
+        show a busy measurement wrong: costs.CLEAN_RUNS); a finished sampled speculative lane also teaches the
         acceptance prior by its rounds (greedy ones teach by their answer's match mask: learn_from_answer)."""
         if not self.learns() or not rounds or keys.costs is None:
             return
-        observation = metrics.call_seconds(rounds)
+        observation = {**metrics.call_seconds(rounds), "busy": busy}
 
         def corrected(section: dict) -> dict:
             entry = section.get(keys.costs)
