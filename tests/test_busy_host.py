@@ -217,13 +217,18 @@ def draw(model, other) -> float:
     return next(model.seconds)
 
 
-def test_a_race_run_to_its_cap_on_a_busy_host_is_run_again_once_then_marked(host):
-    host(others=0.5)
-    taken = []
-
+def counting(taken: list):
+    """`draw`, noting each sample it takes in `taken`."""
     def counted(model, other):
         taken.append(1)
         return draw(model, other)
+    return counted
+
+
+def test_a_race_run_to_its_cap_on_a_busy_host_is_run_again_once_then_marked(host):
+    host(others=0.5)
+    taken = []
+    counted = counting(taken)
     tie = itertools.cycle([0.050, 0.052, 0.049, 0.051])  # the challenger neither faster nor slower
     verdict = race.race(Sampled(tie), Sampled(itertools.cycle([0.051, 0.049, 0.050, 0.052])), None, counted)
     assert verdict.pairs == race.MAX_PAIRS and not verdict.faster
@@ -234,11 +239,7 @@ def test_a_race_run_to_its_cap_on_a_busy_host_is_run_again_once_then_marked(host
 def test_a_race_that_settles_on_a_busy_host_stands_and_a_clean_one_is_not_marked(host):
     host(others=0.5)
     taken = []
-
-    def counted(model, other):
-        taken.append(1)
-        return draw(model, other)
-    clear = race.race(Sampled(itertools.repeat(0.050)), Sampled(itertools.repeat(0.040)), None, counted)
+    clear = race.race(Sampled(itertools.repeat(0.050)), Sampled(itertools.repeat(0.040)), None, counting(taken))
     assert clear.faster and clear.pairs == race.MIN_PAIRS and len(taken) == 2 * race.MIN_PAIRS
     host()
     assert race.race(Sampled(itertools.repeat(0.050)), Sampled(itertools.repeat(0.050)), None, draw).busy == ""
