@@ -75,3 +75,36 @@ def test_the_default_pairs_first_start_never_imports_torch(tmp_path):
     # the quickest faithful layout (the file's own blocks on our kernels where they were built), and the draft on the
     # file's own blocks too: no NNCF before ready (INT4 comes later)
     assert result.stdout.split() == [kernels.runnable(FAITHFUL_PRECISIONS)[0], "gguf-mixed", "None"]
+
+
+_TWO_THREADS = """
+import sys, threading
+sys.modules['torch'] = None  # as a first start runs: transformers' lazy modules without torch
+from specdemo.models.loading import load_tokenizer
+barrier, errors = threading.Barrier(2), []
+def load():
+    barrier.wait()
+    try:
+        load_tokenizer(sys.argv[1])
+    except Exception as error:
+        errors.append(repr(error))
+threads = [threading.Thread(target=load) for _ in range(2)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+print(errors)
+"""
+
+
+def test_the_target_and_the_draft_load_their_tokenizers_at_the_same_moment_in_a_fresh_process(tiny_target):
+    """A first start loads the draft on a thread beside the target; where both conversions end together, both threads
+    import transformers at once (its lazy modules once left one with "cannot import name 'AutoTokenizer'")."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    result = subprocess.run([sys.executable, "-c", _TWO_THREADS, str(tiny_target)], capture_output=True, text=True,
+                            timeout=300, cwd=ROOT)
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr[-2000:]

@@ -9,6 +9,7 @@ A pair of them, and the loops over it, is the engine's (specdemo/run/engine.py).
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,17 +79,29 @@ class LoadedModel:
         }
 
 
+_IMPORTING = threading.Lock()
+
+
+def load_tokenizer(folder: Path):
+    """The tokenizer in `folder`, loaded by one thread at a time: a first start loads the draft on a thread beside the
+    target (Engine.load), and where both conversions end together, two threads importing transformers' lazy modules at
+    once left one of them with "cannot import name 'AutoTokenizer' from 'transformers'" (a fresh venv, in CI). Loading
+    takes ~0.5 s, so the second thread waits that long at most."""
+    with _IMPORTING:
+        compat.hide_broken_torchvision()
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(folder)
+
+
 def load_model(settings: ModelSettings, progress: sources.Progress | None = None, tuned: str = "",
                planned: bool = False) -> LoadedModel:
     """Prepare (convert once) and compile one model as `settings` say: resolved already (Profile.resolve), so nothing
     is left open but what the plugin decides. `tuned` and `planned` are for display (LoadedModel)."""
     folder = sources.prepare(settings, progress)  # first: a conversion (its own process) need not wait for the import
-    compat.hide_broken_torchvision()
-    from transformers import AutoTokenizer
-
     if progress is not None:
         progress(None, f"compiling {folder.name} for {settings.device}")
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = load_tokenizer(folder)
     config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
     head = vocab.head_for(tokenizer, settings.head_tokens, config, sources.specdemo_home() / "vocab")
     runtime = OVModel(folder, settings, cache_dir=sources.specdemo_home() / "ov_cache", head_ids=head)
