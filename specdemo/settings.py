@@ -36,8 +36,8 @@ FAITHFUL = "faithful"  # a target's precision left to this machine: the full-fid
 # The full-fidelity layouts (`bench --only fidelity`: as close to the GGUF as INT8 or closer), the first runnable one
 # the one a machine runs before it has raced them (`python -m specdemo tune`, specdemo/learning/target_choice.py). First
 # the file's own blocks on specdemo's kernels where they were built here (models/kernels.runnable leaves it out
-# elsewhere): the quickest to prepare (its blocks copied, nothing requantized: ready 62 s from an empty home against
-# gguf-mixed's 111-115 s, Xeon family 6 model 207 on a loaded host) and, on every CPU without AMX we measured, the
+# elsewhere): the quickest to prepare (its blocks copied, nothing requantized: ready in 48 and 72 s from two empty homes
+# against gguf-mixed's 111-115 s, Xeon family 6 model 207 on a loaded host) and, on every CPU without AMX we measured, the
 # fastest step (1.53x llama.cpp's rate there, gguf-mixed 0.71x). Then gguf-mixed, the quickest to prepare of the
 # plugin's (20 s against INT8's 35 s, 2-core AMX Xeon), which OpenVINO GenAI's lane runs where the race chose
 # gguf-native (Profile.for_plugin). Which steps fastest depends on the CPU: INT8 on the AMX Xeon (0.87x gguf-mixed's
