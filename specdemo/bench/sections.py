@@ -30,11 +30,11 @@ def run_paper(ctx: Context) -> dict:
         ctx.log(f"paper: N={n}, K={k}, {len(lanes)} lanes")
         runs = measure(lanes, instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log)
         by_n[str(n)] = paper_figures(lanes, runs, n)
+    peer = ctx.genai_target().settings
     figures = {"k": k, "k_label": ctx.k_label(peers=True), "k_policy": generation.k_policy.rule,
                "by_tokens": by_n, "genai_compile": genai_compile(ctx.genai_target(), ctx.engine.draft),
                # GenAI's target where it is not ours (ours on specdemo's kernels), else None
-               "genai_target": (None if ctx.genai_target().settings.precision == ctx.engine.target.settings.precision
-                                else ctx.genai_target().settings.precision)}
+               "genai_target": None if peer.precision == ctx.engine.target.settings.precision else peer.precision}
     if ctx.bench.genai_defaults_instructions:
         n = max(ctx.bench.paper_tokens)
         # Let the pipelines above go before two more copies of the target load: the runs hold their lanes, the lanes
