@@ -11,6 +11,7 @@ import time
 import psutil
 import pytest
 
+from specdemo.learning.candidates import CPU
 from specdemo.learning.profile import choices, machine_profile
 from specdemo.models import sources
 from specdemo.settings import CONFIGURATIONS, DEFAULT_DRAFT, DEFAULT_TARGET, RunSettings
@@ -61,13 +62,18 @@ def prepared(*models) -> None:
         (folder / sources.COMPLETE_MARKER).write_text("")
 
 
-def test_a_new_machine_needs_the_drafts_nncf_precisions_then_the_tune_then_the_other_configurations_models(turned_on):
+@pytest.mark.parametrize("flags, why", [({"avx2", "avx512f", "avx512_vnni", "amx_int8"}, "the faithful race"),
+                                        ({"avx2", "avx512f", "avx512_vnni"}, "GenAI's lane")])
+def test_a_new_machine_needs_the_drafts_nncf_precisions_then_the_tune_then_the_other_configurations_models(
+        turned_on, monkeypatch, flags, why):
+    # the plugin's layouts race ours only on an AMX CPU (target_choice.raced); elsewhere gguf-mixed serves GenAI's lane
+    monkeypatch.setattr(CPU, "here", staticmethod(lambda: CPU(frozenset(flags), 2)))
     prepared(*CONFIGURATIONS["faithful"])  # the first start prepared the default pair before the page was ready
     assert machine_profile().resolve_precision(DEFAULT_DRAFT).precision == "gguf-mixed"  # the draft on the file's blocks
     steps = tuning.background_steps(RunSettings(), model_bytes=1)
     assert [label for label, _ in steps] == ["preparing the draft at int4, for the draft plan",
                                              "preparing the draft at int8, for the draft plan, and the target at "
-                                             "gguf-mixed, for the faithful race", tuning.TUNING,
+                                             f"gguf-mixed, for {why}", tuning.TUNING,
                                              "preparing the fastest configuration's models",
                                              "tuning the fastest configuration's target"]
     # NNCF's INT4 draft, left out of the first start, is the draft plan's incumbent: prepared in the background first

@@ -108,3 +108,23 @@ def test_the_target_and_the_draft_load_their_tokenizers_at_the_same_moment_in_a_
     result = subprocess.run([sys.executable, "-c", _TWO_THREADS, str(tiny_target)], capture_output=True, text=True,
                             timeout=300, cwd=ROOT)
     assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr[-2000:]
+
+
+def test_a_pair_whose_tokenizer_files_are_identical_loads_its_tokenizer_once(tiny_target, tmp_path):
+    """Loading Qwen2.5's tokenizer takes 1.5-3 s on 2 cores: the draft of a pair of one family shares the target's."""
+    import json
+    import shutil
+
+    from specdemo.models.loading import TOKENIZER_FILES, load_tokenizer
+
+    for name in ("target", "draft", "other"):
+        (tmp_path / name).mkdir()
+        for file in TOKENIZER_FILES:
+            if (tiny_target / file).is_file():
+                shutil.copy(tiny_target / file, tmp_path / name / file)
+    config = tmp_path / "other" / "tokenizer_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "model_max_length": 77}))
+    target = load_tokenizer(tmp_path / "target")
+    assert load_tokenizer(tmp_path / "draft") is target
+    other = load_tokenizer(tmp_path / "other")
+    assert other is not target and other.model_max_length == 77

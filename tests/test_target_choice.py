@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from specdemo.learning import race, target_choice
+from specdemo.learning.candidates import CPU
 from specdemo.learning.profile import machine_profile
 from specdemo.models import kernels, sources
 from specdemo.settings import DEFAULT_TARGET, FAITHFUL, FAITHFUL_PRECISIONS, RunSettings
@@ -108,6 +109,15 @@ CPU_CLASSES = {"amx-xeon": ({"int8": 69.5, "gguf-mixed": 76.3, "gguf-native": 76
                "zen4": ({"int8": 1 / 0.57, "gguf-mixed": 1 / 0.67, "gguf-native": 1 / 0.9}, "gguf-native"),
                "zen3": ({"int8": 1 / 0.48, "gguf-mixed": 1 / 0.50, "gguf-native": 1 / 0.9}, "gguf-native"),
                "avx2-tie": ({"int8": 120.0, "gguf-mixed": 120.0, "gguf-native": 120.0}, "gguf-native")}
+# Flags of the CPU classes seen (the rule that decides whether there is a race at all reads these; the race's own rule,
+# on the step times above, is held on a CPU where it runs).
+FLAGS = {"amx-xeon": {"avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8"},
+         "zen4": {"avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16"},
+         "xeon-207": {"avx2", "fma", "avx512f", "avx512_vnni"},
+         "zen3": {"avx2", "fma"},
+         "alder-lake": {"avx2", "fma", "avx_vnni"}}
+RACES = {"amx-xeon": True, "zen4": False, "xeon-207": False, "zen3": False, "alder-lake": True}
+AMX = CPU(frozenset(FLAGS["amx-xeon"]), 2)
 
 
 @pytest.mark.parametrize("cpu", CPU_CLASSES)
@@ -115,10 +125,23 @@ def test_the_race_keeps_the_layout_whose_single_step_is_clearly_faster_on_each_c
     seconds, winner = CPU_CLASSES[cpu]
     steps = Steps(seconds)
     log = []
-    assert target_choice.choose(DEFAULT_TARGET, log.append, compile=steps.compile, timer=steps.timer) == winner
+    assert target_choice.choose(DEFAULT_TARGET, log.append, compile=steps.compile, timer=steps.timer, cpu=AMX) == winner
     assert steps.compiled == ["gguf-native", "gguf-mixed", "int8"]  # the running layout first, each compiled once
     assert machine_profile().faithful_choice(DEFAULT_TARGET)["precision"] == winner
     assert any("single step and verification take" in line for line in log)
+
+
+@pytest.mark.parametrize("cpu", FLAGS)
+def test_the_plugin_s_layouts_race_ours_only_where_the_plugin_has_an_8_bit_unit_ours_lack(home, cpu):
+    steps, log = Steps(CPU_CLASSES["amx-xeon"][0]), []
+    chosen = target_choice.choose(DEFAULT_TARGET, log.append, compile=steps.compile, timer=steps.timer,
+                                  cpu=CPU(frozenset(FLAGS[cpu]), 2))
+    if RACES[cpu]:
+        assert steps.compiled == ["gguf-native", "gguf-mixed", "int8"] and chosen == "int8"
+    else:  # nothing compiled, nothing converted: the choice kept at once, and said
+        assert steps.compiled == [] and chosen == "gguf-native"
+        assert "gguf-native stays without a race" in log[-1]
+        assert machine_profile().faithful_choice(DEFAULT_TARGET)["precision"] == "gguf-native"
 
 
 def test_a_machine_without_specdemo_s_kernels_races_the_other_layouts_and_says_why(home, monkeypatch):
@@ -135,7 +158,8 @@ def test_a_machine_without_specdemo_s_kernels_races_the_other_layouts_and_says_w
 
 def test_memory_that_does_not_allow_the_race_keeps_the_running_layout_and_decides_nothing(home):
     log = []
-    assert target_choice.choose(DEFAULT_TARGET, log.append, compile=lambda settings: None, timer=None) == "gguf-native"
+    assert target_choice.choose(DEFAULT_TARGET, log.append, compile=lambda settings: None, timer=None,
+                                cpu=AMX) == "gguf-native"
     assert machine_profile().faithful_choice(DEFAULT_TARGET) is None and "memory" in log[-1]
 
 

@@ -57,6 +57,13 @@ class CPU:
         """int8 dot products: what dynamic quantization's kernels need (oneDNN's avx512_core_vnni or avx2_vnni)."""
         return bool({"avx512_vnni", "avx_vnni"} & self.flags)
 
+    @property
+    def int8_unit_beyond_ours(self) -> bool:
+        """Whether the plugin multiplies 8-bit weights on a unit specdemo's kernels leave unused: AMX (amx_int8), or
+        VNNI on a CPU without AVX-512 (avx_vnni: ours run their AVX2 path there, without it). Only there can the
+        plugin's faithful layouts beat ours (target_choice.raced)."""
+        return "amx_int8" in self.flags or ("avx_vnni" in self.flags and "avx512f" not in self.flags)
+
     def describe(self) -> str:
         """The CPU's class in words, e.g. "AVX-512 with VNNI and BF16, no AMX"."""
         if "amx_bf16" in self.flags:

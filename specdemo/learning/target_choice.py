@@ -21,16 +21,27 @@ import gc
 from dataclasses import replace
 from typing import Callable
 
+from specdemo.learning.candidates import CPU
 from specdemo.learning.race import FAITHFUL_VERIFY, race, sample_step_and_verify
 from specdemo.models import kernels, sources
 from specdemo.settings import FAITHFUL, FAITHFUL_PRECISIONS, ModelSettings
 
 
-def choose(target: ModelSettings, log: Callable[[str], None] = print, profile=None, compile=None, timer=None) -> str:
+def raced(incumbent: str, cpu: CPU) -> bool:
+    """Whether the plugin's faithful layouts are raced against `incumbent` on `cpu`: not where it is specdemo's kernels
+    and the plugin has no 8-bit unit they lack (CPU.int8_unit_beyond_ours): there ours won every race measured, by
+    more than any host's noise (gguf-mixed's single step and verification 1.43x ours, INT8's 1.26x, on the 2-core
+    AVX-512 VNNI Xeon family 6 model 207; on AVX2, ours 1.32x llama.cpp's rate where the plugin ran 0.5-0.7x it), and
+    the race would cost its INT8 conversion and the race itself, 2.5 min of a new machine's background work."""
+    return incumbent != kernels.NATIVE or cpu.int8_unit_beyond_ours
+
+
+def choose(target: ModelSettings, log: Callable[[str], None] = print, profile=None, compile=None, timer=None,
+           cpu: CPU | None = None) -> str:
     """The faithful layout `target` (precision FAITHFUL) runs on this machine, raced and kept in the profile.
     `compile(settings)` (a compile admitted by memory, or None when memory does not allow it; default: the layout
     prepared, then tune.compiled_in_bound) and `timer(incumbent, challenger) -> race.Verdict` (default: race.race on a single step and a verification) are
-    what tests replace."""
+    what tests replace; `cpu` the CPU whose class decides whether there is a race (raced; default: this one's)."""
     from specdemo.learning.profile import machine_profile
 
     assert target.precision == FAITHFUL
@@ -39,6 +50,13 @@ def choose(target: ModelSettings, log: Callable[[str], None] = print, profile=No
     timer = timer or (lambda incumbent, challenger: race(incumbent, challenger, None, sample_step_and_verify))
     incumbent = profile.resolve_precision(target).precision  # what the page ran until now
     layouts = kernels.runnable(FAITHFUL_PRECISIONS)
+    cpu = cpu or CPU.here()
+    if not raced(incumbent, cpu):
+        log(f"target: {incumbent} stays without a race: on this CPU ({cpu.describe()}) the plugin's faithful layouts "
+            "have no 8-bit unit specdemo's kernels lack (AMX, or VNNI without AVX-512), and they lost every race "
+            "measured on such CPUs")
+        profile.keep_faithful(target, incumbent, {})
+        return incumbent
     if layouts != FAITHFUL_PRECISIONS:
         log(f"target: {kernels.NATIVE} is not raced: {kernels.unavailable()}")
     log(f"target: the faithful layout, {incumbent} (running) against "

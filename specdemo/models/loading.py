@@ -8,6 +8,7 @@ A pair of them, and the loops over it, is the engine's (specdemo/run/engine.py).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 from dataclasses import dataclass
@@ -80,31 +81,50 @@ class LoadedModel:
 
 
 _IMPORTING = threading.Lock()
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
+_SHARED: dict[str, object] = {}  # tokenizer files' digest -> the tokenizer loaded from them (never changed once loaded)
 
 
 def load_tokenizer(folder: Path):
     """The tokenizer in `folder`, loaded by one thread at a time: a first start loads the draft on a thread beside the
     target (Engine.load), and where both conversions end together, two threads importing transformers' lazy modules at
-    once left one of them with "cannot import name 'AutoTokenizer' from 'transformers'" (a fresh venv, in CI). Loading
-    takes ~0.5 s, so the second thread waits that long at most."""
-    with _IMPORTING:
-        compat.hide_broken_torchvision()
-        from transformers import AutoTokenizer
+    once left one of them with "cannot import name 'AutoTokenizer' from 'transformers'" (a fresh venv, in CI).
 
-        return AutoTokenizer.from_pretrained(folder)
+    Folders whose tokenizer files are byte-identical share one instance: loading takes 1.5-3 s on 2 cores
+    (transformers parses the 11 MB tokenizer.json of Qwen2.5 in Python), and a pair of one family (the default pair) has
+    the same files. Nothing changes a loaded tokenizer: the engine encodes with the target's, and the draft's is only
+    compared with it and ranks its LM head's rows."""
+    digest = hashlib.sha256()
+    for name in TOKENIZER_FILES:
+        path = Path(folder) / name
+        digest.update(name.encode() + (path.read_bytes() if path.is_file() else b"\0"))
+    key = digest.hexdigest()
+    with _IMPORTING:
+        if key not in _SHARED:
+            compat.hide_broken_torchvision()
+            from transformers import AutoTokenizer
+
+            _SHARED[key] = AutoTokenizer.from_pretrained(folder)
+        return _SHARED[key]
 
 
 def load_model(settings: ModelSettings, progress: sources.Progress | None = None, tuned: str = "",
                planned: bool = False) -> LoadedModel:
     """Prepare (convert once) and compile one model as `settings` say: resolved already (Profile.resolve), so nothing
     is left open but what the plugin decides. `tuned` and `planned` are for display (LoadedModel)."""
+    fresh = not sources.is_prepared(settings)
     folder = sources.prepare(settings, progress)  # first: a conversion (its own process) need not wait for the import
     if progress is not None:
         progress(None, f"compiling {folder.name} for {settings.device}")
     tokenizer = load_tokenizer(folder)
     config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
     head = vocab.head_for(tokenizer, settings.head_tokens, config, sources.specdemo_home() / "vocab")
-    runtime = OVModel(folder, settings, cache_dir=sources.specdemo_home() / "ov_cache", head_ids=head)
+    # The compile that follows a conversion writes no blob to OpenVINO's model cache: writing it took 3 s of a first
+    # start's 42 (1.1 GB for the 1.5B target at gguf-native; Xeon family 6 model 207), and a Space starts from an empty
+    # disk each time, where it is never read. A later start writes it and imports it from then on (1 s quicker, and its
+    # weights file-backed rather than anonymous: 0.4 GiB less of the budget).
+    cache = None if fresh else sources.specdemo_home() / "ov_cache"
+    runtime = OVModel(folder, settings, cache_dir=cache, head_ids=head)
     return LoadedModel(settings, folder, runtime, tokenizer, config, tuned, planned)
 
 

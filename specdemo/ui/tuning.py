@@ -293,6 +293,8 @@ def background_steps(settings: RunSettings, model_bytes: int, log: Callable[[str
     named configuration's models that are not prepared yet, then their targets' tunes. Each step checks the memory
     again as it goes, and waits or skips (memory.wait_for). Given `costs` (the page's pair's quick curve), a draft
     precision or a draft plan that could not pay here (cannot_pay) is a step not run, said in `log`."""
+    from specdemo.learning import target_choice
+    from specdemo.learning.candidates import CPU
     from specdemo.learning.draft_choice import PRECISIONS as DRAFT_PRECISIONS
 
     profile = machine_profile()
@@ -310,7 +312,9 @@ def background_steps(settings: RunSettings, model_bytes: int, log: Callable[[str
                       if not sources.is_prepared(replace(settings.target, precision=p))]
             if unraced and rivals and steps and runs(steps[-1]):  # the race's layout converted beside the draft
                 label, command = steps.pop()
-                steps.append((f"{label}, and the target at {rivals[0]}, for the faithful race",
+                why = "the faithful race" if target_choice.raced(profile.resolve_precision(settings.target).precision,
+                                                                 CPU.here()) else "GenAI's lane"
+                steps.append((f"{label}, and the target at {rivals[0]}, for {why}",
                               command + ["--target-precision", rivals[0]]))
             steps.append((TUNING, [sys.executable, "-m", "specdemo", "tune"]))
         else:
