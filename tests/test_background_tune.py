@@ -29,7 +29,13 @@ def turned_on(home, monkeypatch):
     """This test's own empty SPECDEMO_HOME, background work on (conftest turns it off), none started yet."""
     monkeypatch.setenv(tuning.TUNE_AT_START, "1")
     monkeypatch.setattr(tuning, "_CURRENT", None)
+    # An AMX Xeon's flags, where every step may run (the plugin's layouts may beat our kernels); the CPU classes where
+    # they cannot are held by their own test
+    monkeypatch.setattr(CPU, "here", staticmethod(lambda: CPU(AMX_FLAGS, 2)))
     return home
+
+
+AMX_FLAGS = frozenset({"avx2", "avx512f", "avx512_vnni", "amx_int8"})
 
 
 def finish(background: tuning.BackgroundWork) -> None:
@@ -62,18 +68,13 @@ def prepared(*models) -> None:
         (folder / sources.COMPLETE_MARKER).write_text("")
 
 
-@pytest.mark.parametrize("flags, why", [({"avx2", "avx512f", "avx512_vnni", "amx_int8"}, "the faithful race"),
-                                        ({"avx2", "avx512f", "avx512_vnni"}, "GenAI's lane")])
-def test_a_new_machine_needs_the_drafts_nncf_precisions_then_the_tune_then_the_other_configurations_models(
-        turned_on, monkeypatch, flags, why):
-    # the plugin's layouts race ours only on an AMX CPU (target_choice.raced); elsewhere gguf-mixed serves GenAI's lane
-    monkeypatch.setattr(CPU, "here", staticmethod(lambda: CPU(frozenset(flags), 2)))
+def test_a_new_machine_needs_the_drafts_nncf_precisions_then_the_tune_then_the_other_configurations_models(turned_on):
     prepared(*CONFIGURATIONS["faithful"])  # the first start prepared the default pair before the page was ready
     assert machine_profile().resolve_precision(DEFAULT_DRAFT).precision == "gguf-mixed"  # the draft on the file's blocks
     steps = tuning.background_steps(RunSettings(), model_bytes=1)
     assert [label for label, _ in steps] == ["preparing the draft at int4, for the draft plan",
                                              "preparing the draft at int8, for the draft plan, and the target at "
-                                             f"gguf-mixed, for {why}", tuning.TUNING,
+                                             "gguf-mixed, for the faithful race", tuning.TUNING,
                                              "preparing the fastest configuration's models",
                                              "tuning the fastest configuration's target"]
     # NNCF's INT4 draft, left out of the first start, is the draft plan's incumbent: prepared in the background first
@@ -95,6 +96,22 @@ def test_a_machine_tuned_before_its_draft_plan_covered_precisions_plans_the_draf
     assert steps[1][1][-2:] == ["tune", "--draft-plan"]
     prepared(replace(DEFAULT_DRAFT, precision="int8"))
     assert [label for label, _ in tuning.background_steps(RunSettings(), 1)][0] == tuning.PLANNING  # still no plan
+
+
+@pytest.mark.parametrize("cpu", [{"avx2", "avx512f", "avx512_vnni"}, {"avx2", "fma"}])
+def test_where_the_plugin_cannot_beat_our_kernels_its_race_and_the_fastest_configuration_are_left_out(turned_on,
+                                                                                                     monkeypatch, cpu):
+    # a Zen 4 or a Xeon without AMX, a Zen 3: the plugin has no 8-bit unit our kernels lack (target_choice.plugin_may_win)
+    monkeypatch.setattr(CPU, "here", staticmethod(lambda: CPU(frozenset(cpu), 2)))
+    prepared(*CONFIGURATIONS["faithful"])
+    said = []
+    steps = tuning.background_steps(RunSettings(), model_bytes=1, log=said.append)
+    assert [label for label, _ in steps] == ["preparing the draft at int4, for the draft plan",
+                                             "preparing the draft at int8, for the draft plan, and the target at "
+                                             "gguf-mixed, for GenAI's lane", tuning.TUNING,
+                                             "preparing the fastest configuration's models"]
+    assert not tuning.runs(steps[3]) and "no faster than the faithful target on specdemo's kernels" in steps[3][1]
+    assert said == [tuning.skip_line(*steps[3])]  # said once, in the terminal and the work's log; its tune not listed
 
 
 def test_a_draft_with_its_own_precision_needs_no_other(turned_on):

@@ -61,7 +61,7 @@ class CPU:
     def int8_unit_beyond_ours(self) -> bool:
         """Whether the plugin multiplies 8-bit weights on a unit specdemo's kernels leave unused: AMX (amx_int8), or
         VNNI on a CPU without AVX-512 (avx_vnni: ours run their AVX2 path there, without it). Only there can the
-        plugin's faithful layouts beat ours (target_choice.raced)."""
+        plugin's layouts beat ours (target_choice.plugin_may_win)."""
         return "amx_int8" in self.flags or ("avx_vnni" in self.flags and "avx512f" not in self.flags)
 
     def describe(self) -> str:

@@ -171,8 +171,9 @@ class Admission:
             if not sources.is_prepared(model):
                 raise sources.ModelSourceError(
                     f"{self.what} needs {model.source} at {model.precision}, which is not prepared on this machine yet "
-                    "(the background work prepares it after the first start; `python -m specdemo prepare` does it by "
-                    "hand); try again later, or choose the default configuration")
+                    "(the background work prepares it after the first start where it can run faster than the default "
+                    "target; `python -m specdemo prepare` does it by hand); try again later, or choose the default "
+                    "configuration")
         room, held = memory.room(), self.reserve + pending
         if room.left - held < self.need:
             also = f", and {memory.gib(held)} of it is spoken for by the background work" if held > 0 else ""

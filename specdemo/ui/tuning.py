@@ -290,9 +290,11 @@ def background_steps(settings: RunSettings, model_bytes: int, log: Callable[[str
     will race it (two conversions at once, memory allowing: ~20 s sooner than in turn); the tune when there is no choice for the pair's target
     or, for a faithful target, no faithful layout raced yet (target_choice, which tune runs first), and the memory
     bound leaves room for it beside the page (memory.tune_need, `model_bytes` the target's weights on disk); and each
-    named configuration's models that are not prepared yet, then their targets' tunes. Each step checks the memory
-    again as it goes, and waits or skips (memory.wait_for). Given `costs` (the page's pair's quick curve), a draft
-    precision or a draft plan that could not pay here (cannot_pay) is a step not run, said in `log`."""
+    named configuration's models that are not prepared yet, then their targets' tunes, unless the configuration's target
+    is a plugin layout that cannot beat the faithful target on specdemo's kernels here (target_choice.plugin_may_win).
+    Each step checks the memory again as it goes, and waits or skips (memory.wait_for). Given `costs` (the page's pair's
+    quick curve), a draft precision or a draft plan that could not pay here (cannot_pay) is a step not run, said in
+    `log`."""
     from specdemo.learning import target_choice
     from specdemo.learning.candidates import CPU
     from specdemo.learning.draft_choice import PRECISIONS as DRAFT_PRECISIONS
@@ -304,6 +306,8 @@ def background_steps(settings: RunSettings, model_bytes: int, log: Callable[[str
         steps += [(f"preparing the draft at {p}, for the draft plan", cannot_pay(settings, costs, p) or
                    [sys.executable, "-m", "specdemo", "prepare", "--draft-precision", p]) for p in DRAFT_PRECISIONS
                   if not sources.is_prepared(replace(settings.draft, precision=p))]
+    cpu = CPU.here()
+    plugin_may_win = target_choice.plugin_may_win(profile.resolve_precision(settings.target).precision, cpu)
     room = memory.room()
     needed = memory.tune_need(model_bytes, sources.weights_bytes(profile.resolve_precision(settings.draft)))
     if unraced or profile.chosen(profile.resolve_precision(settings.target)) is None:  # tune races the layouts first
@@ -312,8 +316,7 @@ def background_steps(settings: RunSettings, model_bytes: int, log: Callable[[str
                       if not sources.is_prepared(replace(settings.target, precision=p))]
             if unraced and rivals and steps and runs(steps[-1]):  # the race's layout converted beside the draft
                 label, command = steps.pop()
-                why = "the faithful race" if target_choice.raced(profile.resolve_precision(settings.target).precision,
-                                                                 CPU.here()) else "GenAI's lane"
+                why = "the faithful race" if plugin_may_win else "GenAI's lane"
                 steps.append((f"{label}, and the target at {rivals[0]}, for {why}",
                               command + ["--target-precision", rivals[0]]))
             steps.append((TUNING, [sys.executable, "-m", "specdemo", "tune"]))
@@ -322,8 +325,12 @@ def background_steps(settings: RunSettings, model_bytes: int, log: Callable[[str
                 f"page and there is {room.describe()}; `python -m specdemo tune` does it when there is room")
     elif any(map(runs, steps)) or profile.needs_plan(settings.draft):  # tuned, but not every draft it could run priced
         steps.append((PLANNING, cannot_pay(settings, costs) or [sys.executable, "-m", "specdemo", "tune", "--draft-plan"]))
+    idle = {name: "" if plugin_may_win or target.precision in (FAITHFUL, *FAITHFUL_PRECISIONS) else
+            f"on this CPU ({cpu.describe()}) its {target.precision} target on OpenVINO's kernels is no faster than the "
+            f"faithful target on specdemo's kernels, and its answers are another model's (`python -m specdemo prepare "
+            f"--configuration {name}` prepares it)" for name, (target, _) in CONFIGURATIONS.items()}
     steps += [(f"preparing the {name} configuration's models",
-               [sys.executable, "-m", "specdemo", "prepare", "--configuration", name])
+               idle[name] or [sys.executable, "-m", "specdemo", "prepare", "--configuration", name])
               for name, models in CONFIGURATIONS.items()
               if not all(sources.is_prepared(profile.resolve_precision(m)) for m in models)]
     # Every configuration's target runs tuned: the others' targets (the fastest one's INT4) are searched beside the
@@ -332,7 +339,7 @@ def background_steps(settings: RunSettings, model_bytes: int, log: Callable[[str
                [sys.executable, "-m", "specdemo", "tune", "--configuration", name, "--target-only"])
               for name, (target, _) in CONFIGURATIONS.items()
               if (target.source, target.precision) != (settings.target.source, settings.target.precision)
-              and profile.chosen(target) is None and room.left >= needed]
+              and profile.chosen(target) is None and room.left >= needed and not idle[name]]
     for label, why in [step for step in steps if not runs(step)]:
         log(skip_line(label, why))
     return steps
