@@ -165,6 +165,24 @@ def test_a_plan_that_did_not_price_a_prepared_precision_is_made_again(home, tmp_
     assert not profile.needs_plan(replace(DEFAULT_DRAFT, precision="int4", head_tokens=0))  # nothing left open
 
 
+def busy(option: DraftOption) -> DraftOption:
+    option.provisional = "measured while the host was busy: steal 0 %, other processes 50 % of the CPU time"
+    return option
+
+
+def test_a_plan_priced_on_a_busy_host_is_made_again_until_one_is_clean_or_a_few_were_busy(home, tmp_path):
+    profile = Profile(tmp_path / "machine")
+    planned(profile, busy(option(0, 0.94, 0.050)))
+    assert profile.needs_plan(DEFAULT_DRAFT)  # provisional: the next start's background work plans again
+    planned(profile, option(0, 0.94, 0.050))
+    assert not profile.needs_plan(DEFAULT_DRAFT)  # a clean plan stands
+    for _ in range(choices.BUSY_PLANS - 1):
+        planned(profile, busy(option(0, 0.94, 0.050)))
+        assert profile.needs_plan(DEFAULT_DRAFT)
+    planned(profile, busy(option(0, 0.94, 0.050)))
+    assert not profile.needs_plan(DEFAULT_DRAFT)  # busy every time: kept, provisional, as `tune --draft-plan` says
+
+
 def test_a_draft_plan_alone_keeps_the_tunes_record(tmp_path):
     profile = Profile(tmp_path / "machine")
     planned(profile, option(0, 0.94, 0.050))

@@ -277,7 +277,8 @@ def said(best: DraftOption) -> str:
     """The tune's line for the chosen option, provisional where it was priced on a busy host."""
     line = f"draft plan: {best.describe()} (predicted {best.predicted_speedup:.2f}× at K = {best.k})"
     if best.provisional:
-        line += f"; provisional, {best.provisional}: `tune --draft-plan` on a quieter host measures it again"
+        line += (f"; provisional, {best.provisional}: the next start's background work plans again (a few times at "
+                 "most; `tune --draft-plan` on a quieter host does it now)")
     return line
 
 

@@ -5,7 +5,7 @@ applies it where the settings leave the choice open; `python -m specdemo tune` (
 the draft plan write it through `with_tune`.
 
     {"models": {model_key: {setting, seconds, relative, tuned_at[, from]}},
-     "drafts": {draft_key: {precision, head_tokens, options, planned_at}},
+     "drafts": {draft_key: {precision, head_tokens, options, planned_at, busy_plans}},
      "faithful": {target source: {precision, seconds: {precision: step s}, chosen_at}},
      "trials": [the last tune's trials], "changed_ns": when a choice last changed}
 """
@@ -20,6 +20,10 @@ from specdemo.models import kernels, sources
 from specdemo.settings import AUTO, DRAFT_PRECISION, FAITHFUL, FAITHFUL_PRECISIONS, FIRST_DRAFT_PRECISION, ModelSettings
 
 FROM_PLAN = "the draft plan"  # marks a compile setting a precision got from the draft plan, not from its own search
+# A draft plan priced while the host was busy (its choice provisional) is made again by the next start's background
+# work (needs_plan), until one is clean or this many were busy in a row: two empty homes on one machine, one of them
+# loaded, chose int4 with the full head (1.36x at K = 2) and int4 with a 16k head (1.51x at K = 5), both provisional.
+BUSY_PLANS = 3
 
 
 @dataclass(frozen=True)
@@ -228,9 +232,11 @@ def with_tune(tune: dict, trials: list, settings: dict[str, ModelSettings], draf
         from specdemo.learning.draft_choice import to_dict
 
         best = next(o for o in drafts if o.chosen)
+        before = tune.get("drafts", {}).get(draft_key(settings["draft"]), {})
+        busy_plans = before.get("busy_plans", 0) + 1 if best.provisional else 0
         tune["drafts"] = {**tune.get("drafts", {}), draft_key(settings["draft"]): {
             "precision": best.precision, "head_tokens": best.head_tokens, "options": [to_dict(o) for o in drafts],
-            "planned_at": now}}
+            "planned_at": now, "busy_plans": busy_plans}}
         measured_under = models.get(model_key(settings["draft"]))
         for option in drafts:
             key = model_key(replace(settings["draft"], precision=option.precision))
@@ -243,10 +249,12 @@ def with_tune(tune: dict, trials: list, settings: dict[str, ModelSettings], draf
 
 
 def needs_plan(draft: ModelSettings, tune: dict) -> bool:
-    """Whether the draft plan is missing something a draft left to it could run: no plan yet, or a prepared precision
-    it did not price."""
+    """Whether the draft plan is missing something a draft left to it could run: no plan yet, a prepared precision
+    it did not price, or a plan priced on a busy host (provisional) fewer than BUSY_PLANS times in a row."""
     if draft.precision != AUTO and draft.head_tokens != -1:
         return False
     priced = {o.precision for o in planned_options(draft, tune)}
     precisions = PRECISIONS if draft.precision == AUTO else (draft.precision,)
-    return not priced or any(p not in priced and sources.is_prepared(replace(draft, precision=p)) for p in precisions)
+    busy = (_entry("drafts", draft_key(draft), tune) or {}).get("busy_plans", 0)
+    return not priced or 0 < busy < BUSY_PLANS or \
+        any(p not in priced and sources.is_prepared(replace(draft, precision=p)) for p in precisions)
