@@ -50,7 +50,8 @@ class LaneLog:
             self.rounds.append(event)
         elif isinstance(event, End):
             self.end = event
-            self.summary = summarize(self.events, self.rounds, event)
+            # the prediction is priced on the plan the lane ran under (yielded first), not on anything the loop carries
+            self.summary = summarize(self.events, self.rounds, event, self.plan.costs if self.plan is not None else None)
         elif isinstance(event, Summary):
             self.summary = event
         elif isinstance(event, Plan):
