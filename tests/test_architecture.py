@@ -228,6 +228,26 @@ def test_the_layer_check_catches_an_added_upward_arrow_even_inside_a_function():
                                       "specdemo.settings -> specdemo.host.machine"]
 
 
+def reached(start: str) -> set[str]:
+    """Every specdemo module `start` imports, and what those import, on down (imports inside functions counted)."""
+    found = modules()
+    seen, todo = set(), [start]
+    while todo:
+        module = todo.pop()
+        for target in imported(module, found[module].read_text(), found[module].name == "__init__.py"):
+            target = next((name for name in (target, target.rpartition(".")[0]) if name in found), None)
+            if target is not None and target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+def test_the_run_file_and_its_record_reach_nothing_of_run():
+    """A saved run is read, written and shown from its Record alone: no engine, no model, nothing of run/."""
+    for module in ("specdemo.results.runfile", "specdemo.results.record"):
+        assert [name for name in reached(module) if name.startswith("specdemo.run")] == [], module
+
+
 def test_every_module_has_a_place_in_the_layers():
     assert [name for name in modules() if name != "specdemo" and level(name) is None] == []
 

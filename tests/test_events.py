@@ -67,3 +67,18 @@ def test_drain_derives_the_summary_from_the_records_and_keeps_the_plan_beside_it
     assert result.plan is plan and seen[0] is plan  # the plan travels beside the result, not inside its summary
     assert result.ids == [5, 6, 7, 8] and len(result.rounds) == 2
     assert result.summary.tokens == 4 and result.summary.accepted == 2 and result.summary.mean_acceptance_length == 3.0
+
+
+def test_a_lane_finished_when_it_ended_by_itself_not_by_stop_or_an_error():
+    from specdemo.results.lane import LaneLog, finished
+    from specdemo.results.metrics import Summary
+
+    def lane(summary):
+        log = LaneLog()
+        log.summary = summary
+        return log
+
+    assert finished(lane(Summary("speculative", stop_reason="eos")))
+    assert finished(lane(Summary("speculative", stop_reason="max_new_tokens")).result())
+    assert not finished(lane(Summary("speculative", stop_reason="cancelled")))  # Stop
+    assert not finished(lane(None)) and not finished(None)  # an error: no summary, or no lane at all

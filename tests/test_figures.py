@@ -1,20 +1,35 @@
 """Each figure described once (specdemo/results/figures.py): the CLI, the page and `show` say it by the same label and write
 its value the same way, so a new figure is its description and nothing else."""
 
+import json
+
 import pytest
 
 from specdemo.results import runfile
 from specdemo.results.figures import FIGURES, GLOSSARY, figure
 from specdemo.results.lane import drain
 from specdemo.results.metrics import Summary, measured_speedup
+from specdemo.results.record import Record
 from specdemo.settings import KPolicy, GenerationSettings, RunSettings
 from specdemo.ui import render
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
-from specdemo.ui.lanes import LaneRun
 from specdemo.ui.values import ONE_AFTER_ANOTHER
 from tests.conftest import exact
 
 PROMPT = "w5 w17 w99 w3 w250 w42 w7"
+
+
+def recorded(ar, spec, settings: RunSettings) -> Record:
+    return Record(PROMPT, settings.configuration, settings, {AUTOREGRESSIVE: ar, SPECULATIVE: spec})
+
+
+def rendered(record: Record, capsys) -> tuple[str, str, str]:
+    """The one Record as the terminal, the page and `show` (from its file form) say it."""
+    from specdemo.cli.terminal import print_record
+
+    print_record(record)
+    show = runfile.compare([Record.from_json(json.loads(runfile.dumps(record)))], ["run.json"])
+    return capsys.readouterr().out, render.render_results(record, ONE_AFTER_ANOTHER), show
 
 
 @pytest.mark.parametrize("key, value, written", [
@@ -34,20 +49,10 @@ def test_every_figure_names_a_summary_field_and_the_glossary_is_the_described_on
 
 
 def test_the_cli_the_page_and_show_say_and_write_a_figure_the_same_way(tiny_engine, tiny_target, tiny_draft, capsys):
-    from specdemo.cli.terminal import _print_summaries
-
     settings = GenerationSettings(max_new_tokens=24, k_policy=KPolicy.fixed(3))
     ar, spec = (drain(run(PROMPT, settings)) for run in (tiny_engine.autoregressive, tiny_engine.speculative))
-    _print_summaries(ar, spec, greedy=True)
-    cli = capsys.readouterr().out
-    lanes = {}
-    for name, result in ((AUTOREGRESSIVE, ar), (SPECULATIVE, spec)):
-        lanes[name] = LaneRun(result.tokens)
-        lanes[name].summary = result.summary
-    page = render.render_results(lanes, ONE_AFTER_ANOTHER, settings)
-    run = runfile.run_dict(PROMPT, RunSettings(exact(tiny_target), exact(tiny_draft), settings), tiny_engine, ar, spec,
-                           None, None)
-    show = runfile.compare([run], ["run.json"])
+    record = recorded(ar, spec, RunSettings(exact(tiny_target), exact(tiny_draft), settings))
+    cli, page, show = rendered(record, capsys)
     s = spec.summary
     shown = {"alpha_hat": s.alpha_hat, "mean_acceptance_length": s.mean_acceptance_length,
              "measured_speedup": measured_speedup(ar.summary, s), "verify_call_s": s.verify_call_s}
@@ -61,18 +66,11 @@ def test_a_new_figure_is_its_description_and_nothing_else(tiny_engine, tiny_targ
     """Described with its places, a figure the renderers never heard of appears in the CLI, the page and `show`."""
     from specdemo.results import figures
     from specdemo.results.figures import EVERYWHERE, Figure
-    from specdemo.cli.terminal import _print_summaries
-
     rate = Figure("rollback_s", "time rolling back", "ms", 2, places=EVERYWHERE)
     monkeypatch.setattr(figures, "FIGURES", (*figures.FIGURES, rate))
     settings = GenerationSettings(max_new_tokens=16, k_policy=KPolicy.fixed(3))
     ar, spec = (drain(run(PROMPT, settings)) for run in (tiny_engine.autoregressive, tiny_engine.speculative))
     written = rate.format(spec.summary.rollback_s)
-    _print_summaries(ar, spec, greedy=True)
-    lanes = {AUTOREGRESSIVE: LaneRun(ar.tokens), SPECULATIVE: LaneRun(spec.tokens)}
-    lanes[AUTOREGRESSIVE].summary, lanes[SPECULATIVE].summary = ar.summary, spec.summary
-    run = runfile.run_dict(PROMPT, RunSettings(exact(tiny_target), exact(tiny_draft), settings), tiny_engine, ar, spec,
-                           None, None)
-    for text in (capsys.readouterr().out, render.render_results(lanes, ONE_AFTER_ANOTHER, settings),
-                 runfile.compare([run], ["run.json"])):
+    record = recorded(ar, spec, RunSettings(exact(tiny_target), exact(tiny_draft), settings))
+    for text in rendered(record, capsys):
         assert "time rolling back" in text and written in text

@@ -89,8 +89,8 @@ def test_leviathans_equation_one():
 def test_the_summary_adds_up_from_the_records():
     costs = CostModel(target_s=(0.04,) * 13, target_prefill_tps=500.0, target_rollback_s=0.001, draft_s=(0.01, 0.012),
                       draft_prefill_tps=2000.0)
-    end = End("speculative", "eos", 1.0, 20, {"target": 100}, k_max=4, drafter="model", costs=costs)
-    s = summarize(TOKENS, ROUNDS, end)
+    end = End("speculative", "eos", 1.0, 20, {"target": 100}, k_max=4, drafter="model")
+    s = summarize(TOKENS, ROUNDS, end, costs)
     assert (s.tokens, s.target_calls, s.rounds, s.proposed, s.accepted, s.rejections) == (12, 5, 3, 12, 8, 1)
     assert s.draft_calls == 12 and s.mean_k == pytest.approx(4.0)
     assert s.draft_acceptance_rate == pytest.approx(8 / 12)
@@ -104,8 +104,8 @@ def test_the_summary_adds_up_from_the_records():
 
 def test_a_lane_that_drafted_nothing_is_predicted_at_the_targets_own_speed():
     costs = CostModel(target_s=(0.04,) * 13, target_prefill_tps=500.0, target_rollback_s=0.0)
-    end = End("speculative", "max_new_tokens", 0.2, 20, k_max=4, drafter="model", costs=costs)
-    s = summarize(TOKENS[:3], [step(0, 20), step(1), step(2)], end)
+    end = End("speculative", "max_new_tokens", 0.2, 20, k_max=4, drafter="model")
+    s = summarize(TOKENS[:3], [step(0, 20), step(1), step(2)], end, costs)
     assert s.predicted_speedup == 1.0 and s.alpha_hat == 0.0 and s.rounds == 0 and s.leviathan_speedup == 0.0
 
 
@@ -138,7 +138,7 @@ def test_every_glossary_formula_gives_the_field_it_names():
 
     costs = CostModel(target_s=(0.04,) * 13, target_prefill_tps=500.0, target_rollback_s=0.001, draft_s=(0.01, 0.012),
                       draft_prefill_tps=2000.0)
-    s = summarize(TOKENS, ROUNDS, End("speculative", "eos", 1.0, 20, k_max=5, drafter="model", costs=costs))
+    s = summarize(TOKENS, ROUNDS, End("speculative", "eos", 1.0, 20, k_max=5, drafter="model"), costs)
     names = {f.name for f in fields(s)}
     for term in GLOSSARY:
         assert term.key in names or callable(getattr(metrics, term.key, None)), term.key
@@ -161,3 +161,18 @@ def test_the_figures_page_carries_the_glossary_as_the_code_defines_it():
 
     assert glossary_markdown() in (Path(__file__).parent.parent / "docs" / "figures.md").read_text(encoding="utf-8")
 
+
+
+def test_a_lane_is_predicted_on_the_plan_it_ran_under_not_on_its_end():
+    from specdemo.decoding.drafters import strategy
+    from specdemo.decoding.planner import Plan
+    from specdemo.results.lane import drain
+    from specdemo.settings import KPolicy
+
+    costs = CostModel(target_s=(0.04,) * 13, target_prefill_tps=500.0, target_rollback_s=0.001, draft_s=(0.01, 0.012),
+                      draft_prefill_tps=2000.0)
+    end = End("speculative", "eos", 1.0, 20, k_max=4, drafter="model")
+    plan = Plan(KPolicy.fixed(4), strategy("model"), 4, costs)
+    priced = drain([plan, *TOKENS, *ROUNDS, end])
+    assert priced.summary.predicted_speedup == summarize(TOKENS, ROUNDS, end, costs).predicted_speedup > 1.0
+    assert drain([*TOKENS, *ROUNDS, end]).summary.predicted_speedup == 0.0  # unpriced: nothing predicted

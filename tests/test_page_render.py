@@ -3,9 +3,10 @@
 from specdemo.decoding.events import ACCEPTED, BONUS, CORRECTED, TARGET, TokenEvent
 from specdemo.results.metrics import Summary, measured_speedup
 from specdemo.results.parting import parting
-from specdemo.settings import GenerationSettings, KPolicy
+from specdemo.results.record import Record
+from specdemo.settings import GenerationSettings, KPolicy, RunSettings
 from specdemo.ui import render
-from specdemo.names import AUTOREGRESSIVE, GENAI, SPECULATIVE
+from specdemo.names import AUTOREGRESSIVE, GENAI, LANES, SPECULATIVE
 from specdemo.ui.lanes import LaneRun
 from specdemo.ui.values import ONE_AFTER_ANOTHER, RACE
 
@@ -18,6 +19,14 @@ def lane_with(events, **summary):
     lane = LaneRun(events=list(events))
     lane.summary = Summary(tokens=len(events), **summary)
     return lane
+
+
+def results_of(lanes, mode, settings, parted=None, would=None, provisional="", configuration="faithful"):
+    """The results block the page renders for lanes so run: their Record (as SideBySide.finish makes it), rendered."""
+    record = Record("", configuration, RunSettings(generation=settings),
+                    {lane: lanes[lane].result() if lanes[lane].summary is not None else None for lane in LANES},
+                    would=would, parting=parted, provisional=provisional)
+    return render.render_results(record, mode, lanes.get(GENAI))
 
 
 # ----------------------------------------------------------------------------- tokens
@@ -63,17 +72,17 @@ def test_results_say_which_mode_produced_the_numbers():
     ar = lane_with([token("a", TARGET)], mode="autoregressive", tokens_per_s=5.0, target_calls=48, stop_reason="eos")
     spec = lane_with([token("a", TARGET)], mode="speculative", tokens_per_s=10.0, target_calls=12, draft_acceptance_rate=0.75,
                      alpha_hat=0.8, rounds=11, mean_acceptance_length=4.0, leviathan_speedup=2.5, stop_reason="eos")
-    one = render.render_results({AUTOREGRESSIVE: ar, SPECULATIVE: spec}, ONE_AFTER_ANOTHER, GenerationSettings())
+    one = results_of({AUTOREGRESSIVE: ar, SPECULATIVE: spec}, ONE_AFTER_ANOTHER, GenerationSettings())
     assert "2.00×" in one and "2.50×" in one and "75%" in one and "36 of 48" in one
     assert "one after another" in one and "same 1 tokens" in one
-    assert "race" in render.render_results({AUTOREGRESSIVE: ar, SPECULATIVE: spec}, RACE, GenerationSettings())
+    assert "race" in results_of({AUTOREGRESSIVE: ar, SPECULATIVE: spec}, RACE, GenerationSettings())
 
 
 def test_results_of_a_stopped_run_give_no_speedup():
     ar = lane_with([], mode="autoregressive", stop_reason="eos")
     spec = lane_with([], mode="speculative", stop_reason="cancelled")
-    assert "Stopped" in render.render_results({AUTOREGRESSIVE: ar, SPECULATIVE: spec}, ONE_AFTER_ANOTHER, GenerationSettings())
-    assert "Stopped" in render.render_results({AUTOREGRESSIVE: ar, SPECULATIVE: LaneRun()}, ONE_AFTER_ANOTHER, GenerationSettings())
+    assert "Stopped" in results_of({AUTOREGRESSIVE: ar, SPECULATIVE: spec}, ONE_AFTER_ANOTHER, GenerationSettings())
+    assert "Stopped" in results_of({AUTOREGRESSIVE: ar, SPECULATIVE: LaneRun()}, ONE_AFTER_ANOTHER, GenerationSettings())
 
 
 def test_lane_figures_show_elapsed_tokens_rate_and_first_token():
@@ -106,7 +115,7 @@ def test_model_panel_shows_sizes_precisions_devices_and_kv_cache():
 
 
 def test_results_say_how_genai_compares_and_whether_its_tokens_equal_ours():
-    spec = lane_with([token("a"), token("bb")], mode="speculative", tokens_per_s=10.0, stop_reason="eos")
+    spec = lane_with([token("a"), token("bb")], mode="speculative", tokens_per_s=10.0, stop_reason="eos").result()
     same = lane_with([token("a", TARGET), token("bb", TARGET)], mode="speculative", tokens_per_s=8.0, proposed=10,
                      accepted=8, draft_acceptance_rate=0.8, mean_k=4.0, drafter="model", stop_reason="eos")
     line = render.render_genai_line(same, spec, GenerationSettings())
@@ -133,7 +142,7 @@ def test_a_run_that_drafted_nothing_shows_one_alpha_and_no_numeric_noise():
     ar = lane_with([token("a", TARGET)], mode="autoregressive", tokens_per_s=5.0, target_calls=8, stop_reason="eos")
     spec = lane_with([token("a", TARGET)], mode="speculative", tokens_per_s=5.0, target_calls=8, rounds=0, alpha_hat=0.0,
                      stop_reason="eos")
-    html = render.render_results({AUTOREGRESSIVE: ar, SPECULATIVE: spec}, ONE_AFTER_ANOTHER, GenerationSettings(k_policy=KPolicy.auto()))
+    html = results_of({AUTOREGRESSIVE: ar, SPECULATIVE: spec}, ONE_AFTER_ANOTHER, GenerationSettings(k_policy=KPolicy.auto()))
     assert "α̂ = 0.00" not in html and "α̂ –" in html and ">–</div><div class=\"sd-label\">α̂ (acceptance)" in html
     for page_part in (html, charts.acceptance_by_position([0.0] * 12), charts.would_have_given(None, 0.0, 0.0)):
         assert not re.search(r"\d\.\d{5,}", page_part)  # no "0.000000" anywhere
@@ -149,12 +158,12 @@ def parted_lanes(ar_margin: float, spec_margin: float):
 
 
 def judged(lanes, noise=None):
-    """Where the lanes part, as the run judges it once (sidebyside.Record.parting) and hands the page."""
+    """Where the lanes part, as the run judges it once (Record.parting) and hands the page."""
     return parting(lanes[AUTOREGRESSIVE].events, lanes[SPECULATIVE].events, noise)
 
 
 def test_lanes_that_part_at_a_near_tie_show_the_margins_measured_there():
-    results = render.render_results(parted_lanes(0.19, 0.07), ONE_AFTER_ANOTHER, GenerationSettings(),
+    results = results_of(parted_lanes(0.19, 0.07), ONE_AFTER_ANOTHER, GenerationSettings(),
                                  parted=judged(parted_lanes(0.19, 0.07)))
     assert "part at token 2 (&#x27; imperative&#x27; autoregressive, &#x27; a&#x27; speculative)" in results
     assert "0.19 logits in the autoregressive lane and 0.07 in the speculative one" in results and "a near-tie" in results
@@ -164,20 +173,20 @@ def test_lanes_that_part_at_a_near_tie_show_the_margins_measured_there():
 def test_a_parting_is_judged_against_the_noise_this_compile_showed():
     from specdemo.results.fidelity import BatchingNoise
 
-    wide = render.render_results(parted_lanes(0.19, 0.07), ONE_AFTER_ANOTHER, GenerationSettings(),
+    wide = results_of(parted_lanes(0.19, 0.07), ONE_AFTER_ANOTHER, GenerationSettings(),
                                  parted=judged(parted_lanes(0.19, 0.07), BatchingNoise(0.12, 96, (2, 13))))
     assert "within the 0.24-logit band of twice the largest gap change" in wide and "(0.12 logits over 96 positions" in wide
     assert "a near-tie, where" in wide
-    narrow = render.render_results(parted_lanes(0.19, 0.07), ONE_AFTER_ANOTHER, GenerationSettings(),
+    narrow = results_of(parted_lanes(0.19, 0.07), ONE_AFTER_ANOTHER, GenerationSettings(),
                                  parted=judged(parted_lanes(0.19, 0.07), BatchingNoise(0.05, 96, (2, 13))))
     assert "beyond the 0.10-logit band" in narrow and "not a near-tie but a defect" in narrow
-    unmeasured = render.render_results(parted_lanes(0.19, 0.07), ONE_AFTER_ANOTHER, GenerationSettings(),
+    unmeasured = results_of(parted_lanes(0.19, 0.07), ONE_AFTER_ANOTHER, GenerationSettings(),
                                  parted=judged(parted_lanes(0.19, 0.07)))
     assert "0.5-logit near-tie band (a constant" in unmeasured  # never presented as this compile's noise
 
 
 def test_lanes_that_part_where_the_margin_was_wide_are_called_a_defect():
-    results = render.render_results(parted_lanes(1.4, 0.9), ONE_AFTER_ANOTHER, GenerationSettings(),
+    results = results_of(parted_lanes(1.4, 0.9), ONE_AFTER_ANOTHER, GenerationSettings(),
                                  parted=judged(parted_lanes(1.4, 0.9)))
     assert "1.40 logits" in results and "not a near-tie but a defect" in results and "a near-tie, where" not in results
 
@@ -185,7 +194,7 @@ def test_lanes_that_part_where_the_margin_was_wide_are_called_a_defect():
 def test_sampled_lanes_that_happen_to_write_the_same_text_say_so():
     lanes = {AUTOREGRESSIVE: lane_with([token("a", TARGET)], mode="autoregressive", tokens_per_s=5.0, stop_reason="eos"),
              SPECULATIVE: lane_with([token("a", TARGET)], mode="speculative", tokens_per_s=9.0, stop_reason="eos")}
-    results = render.render_results(lanes, ONE_AFTER_ANOTHER, GenerationSettings(temperature=0.7))
+    results = results_of(lanes, ONE_AFTER_ANOTHER, GenerationSettings(temperature=0.7))
     assert "happen to be the same 1 tokens" in results and "so their texts differ" not in results
 
 
@@ -193,9 +202,9 @@ def test_a_compile_whose_batched_calls_match_its_single_steps_still_has_true_tie
     from specdemo.results.fidelity import BatchingNoise
 
     exact = BatchingNoise(0.0, 96, (2, 13))  # as measured on the Zen 5's tuned f32 INT8 target
-    tie = render.render_results(parted_lanes(0.004, 0.01), ONE_AFTER_ANOTHER, GenerationSettings(),
+    tie = results_of(parted_lanes(0.004, 0.01), ONE_AFTER_ANOTHER, GenerationSettings(),
                                  parted=judged(parted_lanes(0.004, 0.01), exact))
     assert "within the 0.02-logit band" in tie and "a near-tie, where" in tie
-    wide = render.render_results(parted_lanes(0.19, 0.07), ONE_AFTER_ANOTHER, GenerationSettings(),
+    wide = results_of(parted_lanes(0.19, 0.07), ONE_AFTER_ANOTHER, GenerationSettings(),
                                  parted=judged(parted_lanes(0.19, 0.07), exact))
     assert "not a near-tie but a defect" in wide

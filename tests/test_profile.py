@@ -262,7 +262,7 @@ def test_a_home_that_refuses_writes_fails_neither_a_model_load_nor_a_page_run(ti
     run = SideBySide({"autoregressive": engine, "speculative": engine}, "w5 w17 w99 w3", RunSettings(generation=settings))
     run.prepare()
     record = run.finish({mode: drain(run.lane(mode)) for mode in run.engines})  # teaches the profile, as a page run does
-    assert all(result.summary.tokens == 8 for result in record.results.values()) and engine.costs is not None
+    assert all(result.summary.tokens == 8 for result in record.lanes.values()) and engine.costs is not None
     assert not engine.profile.learns()
     assert (engine.profile.store.path.read_bytes() if engine.profile.store.path.exists() else None) == before
 

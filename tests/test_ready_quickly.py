@@ -94,10 +94,9 @@ def test_the_page_learns_the_rest_in_turns_of_its_own_behind_a_visitors_run(engi
 
 
 def test_a_prediction_before_the_machine_is_learnt_says_it_is_provisional():
-    from specdemo.ui import render
     from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
     from specdemo.ui.values import ONE_AFTER_ANOTHER
-    from tests.test_page_render import lane_with, token
+    from tests.test_page_render import lane_with, results_of, token
 
     from specdemo.decoding.events import TARGET
     from specdemo.settings import GenerationSettings
@@ -105,9 +104,9 @@ def test_a_prediction_before_the_machine_is_learnt_says_it_is_provisional():
     lanes = {AUTOREGRESSIVE: lane_with([token("a", TARGET)], mode="autoregressive", tokens_per_s=5.0, stop_reason="eos"),
              SPECULATIVE: lane_with([token("a", TARGET)], mode="speculative", tokens_per_s=9.0, rounds=3,
                                     alpha_hat=0.8, stop_reason="eos")}
-    html = render.render_results(lanes, ONE_AFTER_ANOTHER, GenerationSettings(), provisional="no batching noise")
+    html = results_of(lanes, ONE_AFTER_ANOTHER, GenerationSettings(), provisional="no batching noise")
     assert "Provisional: this machine is still being learnt in the background (no batching noise)" in html
-    assert "Provisional" not in render.render_results(lanes, ONE_AFTER_ANOTHER, GenerationSettings())
+    assert "Provisional" not in results_of(lanes, ONE_AFTER_ANOTHER, GenerationSettings())
 
 
 def test_a_full_measurement_stops_for_something_more_urgent_and_keeps_nothing(engine):

@@ -23,16 +23,16 @@ def saved(tiny_engine, tiny_target, tiny_draft, tmp_path_factory):
     side = SideBySide({"autoregressive": tiny_engine, "speculative": tiny_engine}, PROMPT,
                       RunSettings(exact(tiny_target), exact(tiny_draft), settings))
     side.prepare()
-    run = side.finish({mode: drain(side.lane(mode)) for mode in side.engines}).run
+    record = side.finish({mode: drain(side.lane(mode)) for mode in side.engines})
     path = tmp_path_factory.mktemp("runs") / "run.json"
-    runfile.save(run, path)
-    return path, run
+    runfile.save(record, path)
+    return path, record
 
 
 def test_a_saved_run_holds_both_lanes_their_records_the_machine_and_what_each_k_would_have_given(saved):
-    path, run = saved
-    again = runfile.load(path)
-    assert again == json.loads(json.dumps(run))  # JSON all the way down
+    path, record = saved
+    again = json.loads(path.read_text(encoding="utf-8"))
+    assert again == json.loads(json.dumps(record.to_json()))  # JSON all the way down
     for lane in ("autoregressive", "speculative"):
         assert again[lane]["summary"]["tokens"] == len(again[lane]["token_ids"]) == 24
         assert sum(r["emitted"] for r in again[lane]["rounds"]) == 24
@@ -41,13 +41,23 @@ def test_a_saved_run_holds_both_lanes_their_records_the_machine_and_what_each_k_
     assert {f["kind"] for f in again["failures"]} <= set(FAILURE_KINDS)
 
 
+def test_a_run_read_back_is_the_record_it_was_written_from(saved):
+    path, record = saved
+    again = runfile.load(path)
+    assert json.loads(runfile.dumps(again)) == json.loads(runfile.dumps(record))  # each part typed again, as kept
+    assert again.would.best_fixed().k == record.would.best_fixed().k and again.settings == record.settings
+    assert again.speculative.ids == record.speculative.ids and again.speculative.summary.tokens == 24
+
+
 def test_saved_runs_render_again_side_by_side(saved):
-    path, run = saved
+    path, record = saved
+    run = runfile.load(path)
     text = runfile.compare([run, run], [str(path), "other.json"])
     header, *rows = text.splitlines()
     assert "run.json" in header and "other.json" in header
     speedup = next(row for row in rows if row.startswith("measured speedup"))
-    assert speedup.count(f"{run['measured_speedup']:.2f}×") == 2  # as figures.py writes a speedup everywhere
+    measured = json.loads(path.read_text(encoding="utf-8"))["measured_speedup"]
+    assert speedup.count(f"{measured:.2f}×") == 2  # as figures.py writes a speedup everywhere
 
 
 def test_show_refuses_a_file_that_is_not_a_run_with_one_line(tmp_path):

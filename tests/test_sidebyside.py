@@ -7,12 +7,11 @@ import threading
 
 import pytest
 
-from specdemo import bench
+from specdemo import bench, strict_json
 from specdemo.cli import terminal
-from specdemo.results import runfile
-from specdemo.results.lane import drain
+from specdemo.results.lane import drain, finished
 from specdemo.run.engine import Engine
-from specdemo.run.sidebyside import SideBySide, finished
+from specdemo.run.sidebyside import SideBySide
 from specdemo.settings import KPolicy, GenerationSettings, RunSettings
 from tests.conftest import exact
 
@@ -70,7 +69,7 @@ def test_the_cli_the_page_and_the_bench_write_the_same_run_record(settings, engi
     # the bench's sample run, as it writes it into run.json
 
 
-    benched = json.loads(runfile.dumps(bench.sample_run(engine, settings, INSTRUCTION)))
+    benched = json.loads(strict_json.dumps(bench.sample_run(engine, settings, INSTRUCTION)))
 
     assert same_run(cli) == same_run(page) == same_run(benched)
     assert cli["counterfactual"] is not None and cli["plan"]["drafter"] == "model"
@@ -93,7 +92,7 @@ def test_a_run_tokenizes_its_prompt_once_and_plans_once(settings, engine, monkey
     run = SideBySide({"autoregressive": engine, "speculative": engine}, INSTRUCTION, settings)
     run.prepare()
     record = run.finish({mode: drain(run.lane(mode)) for mode in run.engines})
-    assert record.run is not None and calls == {"encode": 1, "plan": 1}
+    assert record.finished and calls == {"encode": 1, "plan": 1}
 
 
 def test_a_stopped_lane_teaches_no_acceptance_and_gets_no_record(settings, engine):
@@ -104,7 +103,7 @@ def test_a_stopped_lane_teaches_no_acceptance_and_gets_no_record(settings, engin
     results = {"autoregressive": drain(run.lane("autoregressive")), "speculative": drain(run.lane("speculative", stop))}
     assert finished(results["autoregressive"]) and not finished(results["speculative"])
     record = run.finish(results, stopped=True)
-    assert record.run is None and record.would is None and record.parting is None
+    assert not record.finished and record.would is None and record.parting is None and record.failures == []
 
 
 def test_a_run_needs_its_plan_before_its_speculative_lane(settings, engine):

@@ -4,13 +4,16 @@ specdemo reads null back as "not measured", as it read NaN."""
 
 import json
 import math
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 from specdemo.learning.profile import Profile
 from specdemo.learning.profile.choices import FROM_PLAN, Setting, model_key
 from specdemo.learning.tune import Trial
 from specdemo.results import runfile
+from specdemo.results.lane import Result
+from specdemo.results.metrics import Summary
 from specdemo.results.parting import Parting
+from specdemo.results.record import Record
 from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET
 from tests.test_draft_choice import option
 
@@ -43,12 +46,13 @@ def test_the_machine_profile_is_strict_json_and_its_null_figures_read_as_not_mea
 
 def test_a_saved_run_is_strict_json_and_shows_again_with_what_was_not_recorded(tmp_path):
     parted = Parting(3, ["a", "b"], [math.nan, 0.5], "defect")  # the autoregressive lane did not record its margin
-    run = {"schema": runfile.SCHEMA, "instruction": "w5", "autoregressive": {}, "speculative": {},
-           "measured_speedup": math.inf, "parting": asdict(parted)}
+    lanes = {lane: Result([], Summary(lane, ttft_s=math.nan)) for lane in ("autoregressive", "speculative")}
+    run = Record("w5", "custom", None, lanes, parting=parted)  # no first token: its time not measured
     path = tmp_path / "run.json"
     runfile.save(run, path)
     saved = strict(path.read_text())
-    assert saved["measured_speedup"] is None and saved == strict(runfile.dumps(run))  # as `generate --json` prints it
+    assert saved["parting"]["margin"][0] is None and saved["speculative"]["summary"]["ttft_s"] is None
+    assert saved == strict(runfile.dumps(run))  # as `generate --json` prints it
     text = runfile.compare([runfile.load(path)], [str(path)])
     assert "margin there was not recorded in the autoregressive lane and 0.50 in the speculative one" in text
 

@@ -128,7 +128,8 @@ def sample_run(engine, settings: RunSettings, instruction: str) -> dict | None:
 
     side = SideBySide({AUTOREGRESSIVE: engine, SPECULATIVE: engine}, instruction, settings)
     side.prepare()
-    return side.finish({mode: drain(side.lane(mode)) for mode in side.engines}).run
+    record = side.finish({mode: drain(side.lane(mode)) for mode in side.engines})
+    return record.to_json() if record.finished else None
 
 
 def write(results: dict, out: Path, log: Callable[[str], None]) -> None:

@@ -14,8 +14,10 @@ from specdemo.decoding.events import ACCEPTED, BONUS, CORRECTED, TokenEvent
 from specdemo.decoding.planner import Plan
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results import runfile
+from specdemo.results.failures import Failure
 from specdemo.results.figures import SPECULATION, TABLE, figure, placed, value
 from specdemo.results.lane import Result, drain
+from specdemo.results.record import Record
 from specdemo.settings import RunSettings
 from specdemo.text import clean_instruction, shown
 
@@ -51,14 +53,12 @@ def generate(args: argparse.Namespace, settings: RunSettings) -> int:
             print(f"\n== {mode} ==", flush=True)
         lanes[mode] = _consume(run.lane(mode), show=not args.json)
     record = run.finish(lanes)
-    if args.save and record.run is not None:
-        runfile.save(record.run, Path(args.save))
+    if args.save and record.finished:
+        runfile.save(record, Path(args.save))
     if args.json:
-        print(runfile.dumps(record.run))
+        print(runfile.dumps(record))
     else:
-        _print_summaries(lanes[AUTOREGRESSIVE], lanes[SPECULATIVE], settings.generation.greedy, record.parting)
-        _print_counterfactual(record.would, lanes[SPECULATIVE])
-        _print_failures(record.run["failures"] if record.run else [])
+        print_record(record)
         if args.save:
             print(f"saved to {args.save} (show it again: python -m specdemo show {args.save})")
     return 0
@@ -118,6 +118,13 @@ def _render(event: TokenEvent, colour: bool) -> str:
     return f"{rejected}{start}{shown(event.text, terminal=True)}{_RESET if start else ''}"
 
 
+def print_record(record: Record) -> None:
+    """A finished run's figures, where its lanes part, what each K would have given and where the drafts failed."""
+    _print_summaries(record.autoregressive, record.speculative, record.settings.generation.greedy, record.parting)
+    _print_counterfactual(record.would, record.speculative)
+    _print_failures(record.failures)
+
+
 def _print_summaries(ar_result: Result, spec_result: Result, greedy: bool, parted=None) -> None:
     ar, spec = ar_result.summary, spec_result.summary
     lanes = {AUTOREGRESSIVE: ar, SPECULATIVE: spec}
@@ -134,20 +141,20 @@ def _print_summaries(ar_result: Result, spec_result: Result, greedy: bool, parte
     if not greedy:
         print("note: sampling, and the two samples happen to be equal" if ar_result.ids == spec_result.ids
               else "note: sampling: the two outputs are different samples from the same distribution")
-    elif parted is not None:  # where the greedy lanes part, judged (sidebyside.Record.parting)
+    elif parted is not None:  # where the greedy lanes part, judged once (Record.parting)
         print(f"note: {parted.sentence()}")
     print(f"legend: {_COLOURS[ACCEPTED]}accepted draft{_RESET}  {_COLOURS[CORRECTED]}corrected by target{_RESET}  "
           f"{_COLOURS[BONUS]}bonus{_RESET}  {_STRIKE}rejected draft{_RESET}" if sys.stdout.isatty() else "")
 
 
-def _print_failures(failures: list[dict]) -> None:
+def _print_failures(failures: list[Failure]) -> None:
     """Where the drafts failed: the rejections by what the target wanted there, with examples."""
     if not failures:
         return
     print("\n== where the drafts failed (what the target wanted at each rejection) ==")
     for failure in failures:
-        examples = ", ".join(f"{drafted!r} → {wanted!r}" for drafted, wanted in failure["examples"])
-        print(f"{failure['kind']:26} {failure['count']:>4}   e.g. {examples}")
+        examples = ", ".join(f"{drafted!r} → {wanted!r}" for drafted, wanted in failure.examples)
+        print(f"{failure.kind:26} {failure.count:>4}   e.g. {examples}")
 
 
 def _print_counterfactual(would, spec: Result) -> None:

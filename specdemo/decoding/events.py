@@ -92,7 +92,8 @@ class Round:
 
 @dataclass
 class End:
-    """A loop's last word: how it ended and what the figures need beside the rounds."""
+    """A loop's last word: how it ended and what the figures need beside the rounds (what happened, nothing it was
+    planned with: the prediction prices the lane on the plan it ran under, metrics.summarize)."""
 
     mode: str  # "autoregressive" or "speculative"
     stop_reason: str  # "eos", "max_new_tokens" or "cancelled"
@@ -101,7 +102,6 @@ class End:
     kv_cache_bytes: dict[str, int] = field(default_factory=dict)  # per model, at the end
     k_max: int = 0  # the largest K the lane could ask for (the length of its per-position figures)
     drafter: str = ""  # speculative: the drafter the lane ran with ("model", "prompt-lookup", "hybrid")
-    costs: object = None  # the CostModel the lane was planned with (for this machine's prediction), or None
 
 
 class Detokenizer:

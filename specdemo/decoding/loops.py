@@ -177,8 +177,7 @@ def speculative(
         yield rounds[-1]
 
     kv = {"target": target.kv_cache_bytes(), **drafter.kv_cache_bytes()}
-    yield out.end(SPECULATIVE, len(prompt_ids), kv, k_max=settings.k_max, drafter=drafter.kind,
-                  costs=plan.costs if plan is not None else None)
+    yield out.end(SPECULATIVE, len(prompt_ids), kv, k_max=settings.k_max, drafter=drafter.kind)
 
 
 def _verify_round(target: OVModel, seq: list[int], proposal: Proposal, settings: GenerationSettings,

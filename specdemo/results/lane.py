@@ -31,6 +31,12 @@ class Result:
         return "".join(t.text for t in self.tokens)
 
 
+def finished(lane: "Result | LaneLog | None") -> bool:
+    """The one answer to "did the lane finish?": it ended by itself, at an EOS or its budget; not by an error (no
+    summary, or no lane at all) nor by Stop (a loop's End says "cancelled")."""
+    return lane is not None and lane.summary is not None and lane.summary.stop_reason != "cancelled"
+
+
 class LaneLog:
     """What one lane has yielded so far, and its summary once it ends: the one consumer of a loop's stream,
     used by `drain` and by the page. A loop ends with an End (the summary is then derived from its records
@@ -50,7 +56,8 @@ class LaneLog:
             self.rounds.append(event)
         elif isinstance(event, End):
             self.end = event
-            self.summary = summarize(self.events, self.rounds, event)
+            # the prediction is priced on the plan the lane ran under (yielded first), not on anything the loop carries
+            self.summary = summarize(self.events, self.rounds, event, self.plan.costs if self.plan is not None else None)
         elif isinstance(event, Summary):
             self.summary = event
         elif isinstance(event, Plan):

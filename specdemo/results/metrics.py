@@ -17,6 +17,7 @@ from specdemo.decoding.pricing import Acceptance, predicted_lane_speedup
 from specdemo.decoding.verification import NEAR_TIE_LOGIT_GAP
 
 if TYPE_CHECKING:
+    from specdemo.decoding.costs import CostModel
     from specdemo.decoding.events import End, Round, TokenEvent
 
 
@@ -62,14 +63,16 @@ class Summary:
         return asdict(self)
 
 
-def summarize(tokens: Sequence["TokenEvent"], rounds: Sequence["Round"], end: "End") -> Summary:
-    """The lane's Summary from its tokens, its rounds and its End."""
+def summarize(tokens: Sequence["TokenEvent"], rounds: Sequence["Round"], end: "End", costs: "CostModel | None" = None
+              ) -> Summary:
+    """The lane's Summary from its tokens, its rounds and its End; `costs`: the CostModel the lane was planned with
+    (Plan.costs), which prices the prediction and the target step; None: an unpriced lane, predicted nothing."""
     drafting = drafting_rounds(rounds)
     proposed = sum(r.drafted for r in drafting)
     accepted = sum(r.kept for r in drafting)
     rejections = sum(r.rejected for r in drafting)
     mean_k = proposed / len(drafting) if drafting else 0.0
-    t1 = end.costs.t(1) if end.costs is not None else target_step_s(rounds) or verify_call_s(rounds)
+    t1 = costs.t(1) if costs is not None else target_step_s(rounds) or verify_call_s(rounds)
     c = draft_cost(draft_step_s(rounds), t1)
     alpha = alpha_hat(rounds)
     by_position = acceptance_by_position(rounds, end.k_max)
@@ -106,9 +109,9 @@ def summarize(tokens: Sequence["TokenEvent"], rounds: Sequence["Round"], end: "E
         drafter=end.drafter,
         kv_cache_bytes=dict(end.kv_cache_bytes),
     )
-    if end.costs is not None:  # drafting nothing, the lane runs at the target's own speed: 1.0
+    if costs is not None:  # drafting nothing, the lane runs at the target's own speed: 1.0
         acceptance = run_acceptance(rounds, end.k_max)
-        summary.predicted_speedup = predicted_lane_speedup(end.costs, acceptance, mean_k, len(tokens), end.prompt_tokens,
+        summary.predicted_speedup = predicted_lane_speedup(costs, acceptance, mean_k, len(tokens), end.prompt_tokens,
                                                            strategy(end.drafter))
     return summary
 

@@ -4,46 +4,33 @@
     run = SideBySide({AUTOREGRESSIVE: engine, SPECULATIVE: engine}, instruction, settings)   # tokenized once
     run.prepare(log)                        # warm-up where a pair has no costs yet, then the one plan
     results = {mode: drain(run.lane(mode)) for mode in run.engines}   # or in threads, or one lane (the bench)
-    record = run.finish(results)            # teach the profile, walk the counterfactual, judge the parting, the JSON
+    record = run.finish(results)            # teach the profile, walk the counterfactual, judge: the run's Record
 
 A run's life cycle, in this order and nowhere else: the prompt is tokenized once (with the stricter context of the
 engines); every engine without this machine's costs is warmed up explicitly, before anything is timed; the plan is made
 once and the speculative lane drafts by it (GenAI's lane takes its counterpart from it); the lanes run; then one rule
 says whether a lane finished (it ended by itself: no error, no Stop), finished lanes teach the machine profile, a
 finished greedy pair gets its counterfactual (which teaches the acceptance prior), its parting and failures judged,
-and the run's record (runfile.py's schema) written.
+and all of it goes into the run's Record (results/record.py), which the entry points render and the run file keeps.
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 from typing import Iterator, Mapping
 
 from specdemo.decoding import planner
 from specdemo.decoding.drafters import Strategy, with_counterpart
-from specdemo.host import load
+from specdemo.host import load, machine
+from specdemo.host.compat import compile_config
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
-from specdemo.results import runfile
-from specdemo.results.lane import Result
-from specdemo.results.parting import Parting, parting
+from specdemo.results.failures import where_drafts_fail
+from specdemo.results.lane import Result, finished
+from specdemo.results.parting import parting
+from specdemo.results.record import Record
 from specdemo.run.engine import Engine
 from specdemo.settings import RunSettings
-
-
-def finished(result: Result | None) -> bool:
-    """The one rule for "finished": the lane ended by itself (no error, no Stop)."""
-    return result is not None and result.summary is not None and result.summary.stop_reason != "cancelled"
-
-
-@dataclass
-class Record:
-    """What a finished run comes to, for the entry points to render."""
-
-    results: dict[str, Result]  # by lane
-    would: object | None  # counterfactual.Counterfactual (a finished greedy pair), else None
-    parting: Parting | None  # where greedy lanes part, judged once; None when identical or not both greedy and finished
-    run: dict | None  # the run's record (runfile.run_dict) when both lanes finished, else None
+from specdemo.text import clean_instruction
 
 
 class SideBySide:
@@ -109,20 +96,38 @@ class SideBySide:
             engine.profile.learn(engine.keys, self.generation, result.rounds, finished(result), busy)
 
     def finish(self, results: Mapping[str, Result | None], stopped: bool = False) -> Record:
-        """Teach, walk, judge and record, once the lanes let go of the engines (`results` by lane; None: the lane
-        failed). `stopped`: Stop was pressed."""
+        """Teach, walk and judge once the lanes let go of the engines (`results` by lane; None: the lane failed), and
+        say all of it in the run's Record. `stopped`: Stop was pressed."""
         for mode, result in results.items():
             self.teach(mode, result)
         ar, spec = results.get(AUTOREGRESSIVE), results.get(SPECULATIVE)
-        both = finished(ar) and finished(spec) and not stopped
-        would = None
-        if both and self.generation.greedy:
-            would = self.speculative.would_have_given(self.prompt, self.generation, spec.ids, spec.rounds)
-            if would is not None:
-                self.speculative.profile.learn_from_answer(self.speculative.keys, would.evidence)
+        engine = self.speculative
+        record = Record(clean_instruction(self.instruction), self.settings.configuration, self.settings,
+                        {lane: results.get(lane) for lane in (AUTOREGRESSIVE, SPECULATIVE)}, stopped)
+        if record.finished and self.generation.greedy:
+            record.would = engine.would_have_given(self.prompt, self.generation, spec.ids, spec.rounds)
+            if record.would is not None:
+                engine.profile.learn_from_answer(engine.keys, record.would.evidence)
         # Judged once, here, for every renderer and the run file; a Stop pressed after both lanes ended still shows it.
-        judged = finished(ar) and finished(spec) and self.generation.greedy
-        parted = parting(ar.tokens, spec.tokens, self.speculative.noise) if judged else None
-        run = runfile.run_dict(self.instruction, self.settings, self.speculative, ar, spec, would, parted) if both else None
-        return Record(dict(results), would, parted, run)
+        if finished(ar) and finished(spec) and self.generation.greedy:
+            record.parting = parting(ar.tokens, spec.tokens, engine.noise)
+        if record.finished:
+            self._describe(record, engine)
+        record.provisional = engine.provisional if engine is not None else ""
+        return record
 
+    def _describe(self, record: Record, engine: Engine) -> None:
+        """What the run file keeps of a finished run beside its lanes: this machine, the models, what was measured and
+        planned before the lanes ran, and where the drafts failed."""
+        tokenizer = engine.tokenizer
+        special = set(getattr(tokenizer, "all_special_ids", []))
+        record.failures = where_drafts_fail(record.speculative.tokens,
+                                            lambda ids: tokenizer.decode(ids, skip_special_tokens=False), special)
+        record.machine = machine.describe()
+        record.models = {role: {**model.describe(), "compile_properties": compile_config(model.settings, None)}
+                         for role, model in (("target", engine.target), ("draft", engine.draft)) if model is not None}
+        record.batching_noise = getattr(engine, "noise", None)
+        record.warm_up_s = engine.warm_up_s
+        record.costs = engine.costs
+        plan = record.speculative.plan
+        record.planned = plan.to_dict() if plan is not None else None

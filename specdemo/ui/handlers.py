@@ -25,7 +25,9 @@ from specdemo.settings import GenerationSettings, RunSettings
 from specdemo.ui import charts, render, tuning, waiting
 from specdemo.ui.visitors import MEMORIES, Visitor
 from specdemo.names import AUTOREGRESSIVE, GENAI, LANES, SPECULATIVE
-from specdemo.run.sidebyside import SideBySide, finished
+from specdemo.results.lane import finished
+from specdemo.results.record import Record
+from specdemo.run.sidebyside import SideBySide
 from specdemo.ui.engines import (Held, Loading, device_settings, genai_loading_for, lane_loadings, loading_for,
                                  race_threads)
 from specdemo.ui.lanes import LaneRun, begin_run, cancel_run, end_run, follow, start_lanes
@@ -181,11 +183,9 @@ def _run_lanes(values: PageValues, settings: GenerationSettings, run_id: str, ca
     if not stopped and settings.greedy and all(finished(r) for r in results.values()):
         yield View(status="Working out what each K would have given on this answer (one pass of the draft model)…")
     record = run.finish(results, stopped)
-    view = final_view(lanes, values.mode, settings, run.speculative, stopped, record.would, values.configuration,
-                      record.parting)
-    if record.run is not None:
-        view.download = save_run(record.run, run_id)
-        view.results += render.render_failures(record.run["failures"])
+    view = final_view(lanes, values.mode, record, run.speculative)
+    if record.finished:
+        view.download = save_run(record, run_id)
     yield view
 
 
@@ -193,14 +193,14 @@ RUNS_FOLDER = Path(tempfile.gettempdir()) / "specdemo-runs"
 RUN_FILE_AGE_S = 3600.0  # a run's file is offered for download this long; older ones are removed at the next save
 
 
-def save_run(run: dict, run_id: str, folder: Path = RUNS_FOLDER) -> str:
+def save_run(record: Record, run_id: str, folder: Path = RUNS_FOLDER) -> str:
     """Write a finished run for the page's download, named by its run id (no one else's page is told it), readable by
     this user alone; returns the file's path. Files older than RUN_FILE_AGE_S go first (Gradio's copy it serves is
     cleaned by the page's delete_cache)."""
     folder.mkdir(mode=0o700, exist_ok=True)
     remove_old_runs(folder, RUN_FILE_AGE_S)
     path = folder / f"specdemo-run-{time.strftime('%Y%m%d-%H%M%S')}-{run_id}.json"
-    runfile.save(run, path)
+    runfile.save(record, path)
     path.chmod(0o600)  # Gradio's copy keeps the mode (shutil.copy2) in a folder anyone may read
     return str(path)
 
@@ -216,16 +216,6 @@ def remove_old_runs(folder: Path, age_s: float) -> int:
         except OSError:  # removed by another process meanwhile
             pass
     return removed
-
-
-def ran_to_its_end(lane: LaneRun) -> bool:
-    """Whether a lane ended by itself (sidebyside.finished, the one rule)."""
-    return finished(lane.result() if lane.summary is not None else None)
-
-
-def all_finished(lanes: dict[str, LaneRun]) -> bool:
-    """Whether our two lanes ran to their end (no error, no Stop)."""
-    return all(ran_to_its_end(lanes[name]) for name in LANES)
 
 
 def _wait_for(loadings: dict[str, Loading]):
@@ -287,33 +277,34 @@ def running_status(lanes: dict[str, LaneRun], mode: str) -> str:
 STOPPED_STATUS = "Stopped. The lanes show what was generated before Stop."
 
 
-def final_view(lanes: dict[str, LaneRun], mode: str, settings: GenerationSettings, engine: Engine,
-               stopped: bool = False, would=None, configuration: str = "faithful", parted=None) -> View:
-    """The last update: final texts and figures, the results, the run's charts (what each K would have given, acceptance
-    by position, the cost surface with the run's point), the cost note and the model panel with KV sizes."""
-    spec = lanes[SPECULATIVE]
+def final_view(lanes: dict[str, LaneRun], mode: str, record: Record, engine: Engine) -> View:
+    """The last update: final texts and figures, the results (the run's Record rendered), the run's charts (what each K
+    would have given, acceptance by position, the cost surface with the run's point), the cost note and the model panel
+    with KV sizes."""
+    settings = record.settings.generation
     errors = [f"The {name} lane failed: {lane.error}" for name, lane in lanes.items() if lane.error]
     if errors:
         status = " ".join(errors)
     else:
-        status = STOPPED_STATUS if stopped else f"Finished ({render.describe_mode(mode)}). Hover a token for its step."
+        status = STOPPED_STATUS if record.stopped else f"Finished ({render.describe_mode(mode)}). Hover a token for its step."
     view = live_view(lanes, mode, plot=True, whole=True)
     view.status = ("⚠️ " if errors else "") + status
-    view.results = render.render_results(lanes, mode, settings, would, configuration, parted, engine.provisional)
+    view.results = render.render_results(record, mode, lanes.get(GENAI)) + render.render_failures(record.failures)
+    spec = lanes[SPECULATIVE]
     s = spec.summary
-    done = all_finished(lanes)
+    done = record.lanes_finished
     # The prior's chance that draft i is kept when drafted: drafts 1 … i all accepted (the bars' quantity).
     prior = [spec.plan.acceptance_prior.all_accepted(i) for i in range(1, settings.k_max + 1)] if spec.plan else None
     view.positions = charts.acceptance_by_position(s.acceptance_by_position if s else [], prior if done else None)
-    speedup = render.lane_speedup(lanes) if done else 0.0
-    view.would = charts.would_have_given(would, s.mean_k if s else 0.0, speedup) if done else charts.placeholder(
+    speedup = metrics.measured_speedup(record.autoregressive.summary, s) if done else 0.0
+    view.would = charts.would_have_given(record.would, s.mean_k if s else 0.0, speedup) if done else charts.placeholder(
         "What each K would have given on this answer", "The run did not finish.")
     drafted = done and s.rounds > 0
     view.surface = charts.cost_surface(engine.costs, settings.k_max, s.alpha_hat if drafted else None,
                                        s.mean_k if drafted else None,
                                        metrics.run_acceptance(spec.rounds, settings.k_max) if drafted else None)
     view.costs_note = render.render_costs(engine.costs, engine.warm_up_s)
-    kv = spec.summary.kv_cache_bytes if spec.summary else {}
+    kv = s.kv_cache_bytes if s else {}
     view.models = render.render_models(describe_model(engine.target), describe_model(engine.draft) if engine.draft else None,
                                        engine.target.settings.num_threads, kv)
     return view

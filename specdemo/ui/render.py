@@ -13,8 +13,11 @@ from specdemo.decoding.events import ACCEPTED, BONUS, CORRECTED, TokenEvent
 from specdemo.learning.disk import size
 from specdemo.names import AUTOREGRESSIVE, GENAI, LANES, SPECULATIVE
 from specdemo.results.figures import RESULTS, figure, placed, value
-from specdemo.results.metrics import Summary, measured_speedup
+from specdemo.results.failures import Failure
+from specdemo.results.lane import Result, finished
+from specdemo.results.metrics import Summary
 from specdemo.results.parting import Parting, first_difference
+from specdemo.results.record import Record
 from specdemo.run import genai
 from specdemo.settings import GenerationSettings
 from specdemo.text import shown
@@ -101,22 +104,15 @@ def describe_mode(mode: str) -> str:
     return "one after another: each lane had the whole machine"
 
 
-def lane_speedup(lanes: dict[str, LaneRun]) -> float:
-    """The measured speedup of a finished run (metrics.measured_speedup), 0 before both lanes have a summary."""
-    a, s = lanes[AUTOREGRESSIVE].summary, lanes[SPECULATIVE].summary
-    return measured_speedup(a, s) if a is not None and s is not None else 0.0
-
-
-def render_results(lanes: dict[str, LaneRun], mode: str, settings: GenerationSettings, would=None,
-                   configuration: str = "faithful", parted: Parting | None = None, provisional: str = "") -> str:
+def render_results(record: Record, mode: str, genai_lane: LaneRun | None = None) -> str:
     """The headline figures once both lanes are done: measured against predicted speedup, mean acceptance length and
     α̂, target calls saved, which run mode produced them, what each K would have given, and GenAI's lane if it ran.
-    `would` and `parted`: what the run judged once (sidebyside.Record). `provisional`: what the engine has not learnt
-    of this machine yet (Engine.provisional): the prediction says so."""
-    ar, spec = lanes[AUTOREGRESSIVE], lanes[SPECULATIVE]
-    a, s = ar.summary, spec.summary
-    if a is None or s is None or "cancelled" in (a.stop_reason, s.stop_reason):
+    `record.provisional`: what the engine has not learnt of this machine yet: the prediction says so."""
+    ar, spec = record.autoregressive, record.speculative
+    if not record.lanes_finished:
         return note(STOPPED_NOTE)
+    settings, provisional = record.settings.generation, record.provisional
+    a, s = ar.summary, spec.summary
     saved = a.target_calls - s.target_calls
     drafted = s.rounds > 0
     summaries = {AUTOREGRESSIVE: a, SPECULATIVE: s}
@@ -141,7 +137,7 @@ def render_results(lanes: dict[str, LaneRun], mode: str, settings: GenerationSet
         prediction = (f"Provisional: this machine is still being learnt in the background ({provisional}), and the plan "
                       f"and the prediction rest on that until it is. " + prediction)
     lines = [
-        f"<b>Measured {escape(describe_mode(mode))}</b>, configuration {escape(configuration)}. Speedup = speculative "
+        f"<b>Measured {escape(describe_mode(mode))}</b>, configuration {escape(record.configuration)}. Speedup = speculative "
         f"tokens/s ÷ autoregressive tokens/s ({s.tokens_per_s:.1f} ÷ {a.tokens_per_s:.1f}); {drafter}, {k}. Taken while "
         "this page streamed the lanes (an update a second): a browser on the same machine takes some CPU time from them, "
         "which <code>python -m specdemo bench --only watching</code> measures; the CLI's figures are free of it.",
@@ -151,9 +147,9 @@ def render_results(lanes: dict[str, LaneRun], mode: str, settings: GenerationSet
         f"{figure('verify_call_s').format(s.verify_call_s)}, {figure('target_step_s').label} "
         f"{figure('target_step_s').format(a.target_step_s)}), drafting {s.draft_s:.2f} s, KV cache rollback "
         f"{s.rollback_s:.3f} s.",
-        compare_outputs(ar.events, spec.events, settings, parted),
-        escape(would_line(would, s)),
-        render_genai_line(lanes[GENAI], spec, settings) if GENAI in lanes else "",
+        compare_outputs(ar.tokens, spec.tokens, settings, record.parting),
+        escape(would_line(record.would, s)),
+        render_genai_line(genai_lane, spec, settings) if genai_lane is not None else "",
     ]
     notes = "".join(f"<p>{line}</p>" for line in lines if line)
     return f'{headline}<div class="sd-notes">{notes}</div>'
@@ -172,12 +168,12 @@ def would_line(would, s: Summary) -> str:
     return " ".join(part for part in (said, would.stop_sentence(), would.gate_sentence(), "Greedy decoding only.") if part)
 
 
-def render_failures(failures: list[dict]) -> str:
+def render_failures(failures: list[Failure]) -> str:
     """Where the drafts failed: a small table of rejections by what the target wanted there, with examples."""
     if not failures:
         return ""
-    rows = "".join(f"<tr><td>{escape(f['kind'])}</td><td>{f['count']}</td><td>"
-                   + ", ".join(f"<code>{escape(repr(d))}</code> → <code>{escape(repr(w))}</code>" for d, w in f["examples"])
+    rows = "".join(f"<tr><td>{escape(f.kind)}</td><td>{f.count}</td><td>"
+                   + ", ".join(f"<code>{escape(repr(d))}</code> → <code>{escape(repr(w))}</code>" for d, w in f.examples)
                    + "</td></tr>" for f in failures)
     return ('<div class="sd-notes"><p><b>Where the drafts failed</b>: each rejection, by what the target wanted '
             f'there (the draft\'s token → the target\'s).</p><table class="sd-failures"><thead><tr><th>the target wanted</th>'
@@ -202,15 +198,15 @@ def compare_outputs(ar: list[TokenEvent], spec: list[TokenEvent], settings: Gene
     return escape(parted.sentence())
 
 
-def render_genai_line(lane: LaneRun, spec: LaneRun, settings: GenerationSettings) -> str:
+def render_genai_line(lane: LaneRun, spec: Result, settings: GenerationSettings) -> str:
     """One paragraph on GenAI's lane: its speed against our speculative lane, its acceptance, and whether its
     tokens equal ours."""
     if lane.error:
         return f"<b>OpenVINO GenAI's pipeline</b> failed: {escape(lane.error)}"
     g, s = lane.summary, spec.summary
-    if g is None or g.stop_reason == "cancelled":
+    if not finished(lane):
         return "<b>OpenVINO GenAI's pipeline</b> was stopped before it finished."
-    ours, theirs = [e.id for e in spec.events], [e.id for e in lane.events]
+    ours, theirs = spec.ids, [e.id for e in lane.events]
     if not settings.greedy:
         same = "sampling, so its text is a different sample from the same distribution"
     elif ours == theirs:
