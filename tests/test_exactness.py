@@ -44,6 +44,6 @@ def test_a_parting_at_a_near_tie_is_allowed():
     assert check_exact(PartingEngine(margin=0.1), ["Write a function."]) == ""
 
 
-def test_identical_lanes_pass(tiny_engine):
+def test_a_compile_whose_lanes_stay_identical_passes(tiny_engine):
     tiny_engine.warm_up(4, quick=True)
     assert check_exact(tiny_engine, ["w5 w17 w99 w3", "w250 w42 w7"]) == ""

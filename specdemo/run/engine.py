@@ -32,6 +32,7 @@ from specdemo.results.counterfactual import Counterfactual, counterfactual, draf
 from specdemo.settings import AUTO, K_MAX, GenerationSettings, KPolicy, ModelSettings, RunSettings
 
 _NO_LIMIT = GenerationSettings(max_new_tokens=1)  # a built-in prompt is checked against the context, not an answer
+
 # Encodings compared when checking that a draft tokenizer matches the target's.
 _PROBE_TEXTS = ["def fibonacci(n):\n    return n", "Hello, world! Ünïcödé 你好 🙂", "<|im_start|>user\nhi<|im_end|>"]
 
