@@ -295,3 +295,42 @@ def test_no_package_hides_a_module_of_its_own_behind_an_imported_name():
                     if bound in own and source != f"{package}.{bound}":
                         hidden.append(f"{package}: {bound} is {source}")
     assert hidden == []
+
+
+def engine_handling(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, what) of every place a module is handed an engine or writes into one: a parameter named `engine`, a
+    setattr() call, an assignment to an attribute of a name `engine`."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            arguments = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+            found += [(node.lineno, "handed an engine") for a in arguments if a.arg == "engine"]
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setattr":
+            found.append((node.lineno, "setattr"))
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            found += [(node.lineno, "assigns on an engine") for t in targets for n in ast.walk(t)
+                      if isinstance(n, ast.Attribute) and getattr(n.value, "id", None) == "engine"]
+    return found
+
+
+def test_learning_takes_values_and_returns_results_never_the_engine():
+    """learning/ imports nothing of specdemo.run, is handed no engine and writes into none: it is given runtimes, the
+    profile, keys and examples, keeps what it learns in the profile and returns what the engine holds, and the engine
+    assigns it."""
+    offenders = []
+    for name, path in modules().items():
+        if not name.startswith("specdemo.learning"):
+            continue
+        source, where = path.read_text(), path.relative_to(PACKAGE.parent)
+        offenders += [f"{where}: imports {target}" for target in imported(name, source, path.name == "__init__.py")
+                      if target.startswith("specdemo.run")]
+        offenders += [f"{where}:{line}: {what}" for line, what in engine_handling(ast.parse(source))]
+    assert offenders == []
+
+
+def test_the_engine_check_sees_an_engine_handed_in_and_written_into():
+    tree = ast.parse('def warm(engine, k):\n    engine.noise = 1\n    setattr(engine, "keys", 2)\n'
+                     'steps = [lambda engine: None]\n')
+    assert engine_handling(tree) == [(1, "handed an engine"), (2, "assigns on an engine"), (3, "setattr"),
+                                     (4, "handed an engine")]

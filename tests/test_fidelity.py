@@ -122,9 +122,9 @@ def test_warm_up_says_when_the_compile_it_loaded_is_suspect():
     from specdemo.learning import warmup
 
     loud = fidelity.BatchingNoise(4.2, 96, (2, 13), clean_gap_change=0.0)
-    engine = SimpleNamespace(profile=SimpleNamespace(noise=lambda key: loud), keys=SimpleNamespace(costs="key"))
+    pair = SimpleNamespace(profile=SimpleNamespace(noise=lambda key: loud), keys=SimpleNamespace(costs="key"))
     said = []
-    assert warmup.batching_noise(engine, 4, said.append) is loud
+    assert warmup.batching_noise(pair, 4, said.append) is loud
     assert said == [f"this compile is suspect: {loud.suspect}"]
 
 

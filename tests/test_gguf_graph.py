@@ -226,6 +226,7 @@ def test_openvino_genai_runs_the_built_folder_as_our_runtime_does_with_a_draft_t
 @pytest.mark.slow  # converts the 1.5B target twice (about a minute each on 2 cores) and scores 285 positions twice
 def test_the_default_target_converts_without_torch_and_keeps_the_ggufs_choices(home, tmp_path):
     from specdemo.learning import builtin, tune
+    from specdemo.models.chat import encode_example
     from specdemo.results import fidelity
     from specdemo.models.loading import load_model
 
@@ -237,7 +238,7 @@ def test_the_default_target_converts_without_torch_and_keeps_the_ggufs_choices(h
     assert result.returncode == 0, result.stderr[-3000:]
     target = ModelSettings("qwen2.5-coder-1.5b", precision="gguf-mixed")
     reference = load_model(fidelity.reference_settings(target))
-    examples = [tune.encode(reference.tokenizer, e) for e in builtin.code_answers()]
+    examples = [encode_example(reference.tokenizer, e) for e in builtin.code_answers()]
     logits = fidelity.reference_logits(reference.runtime, examples, 16)
     del reference
     positions, agreement, error = fidelity.compare(logits, tune.compile_model(target), examples, 16)

@@ -1,12 +1,11 @@
 """Tuning the compile settings per machine: on fake models whose speed and fidelity depend on the setting, the tuner
-races only what can win on the CPU class, picks the fastest faithful setting and refuses an unfaithful one; a choice
-that breaks greedy equality is caught; the chosen settings reach every compile (ours and GenAI's)."""
+races only what can win on the CPU class, picks the fastest faithful setting and refuses an unfaithful one; the chosen
+settings reach every compile (ours and GenAI's). Whether a choice keeps greedy equality: test_exactness.py."""
 
 from dataclasses import replace
 
 import pytest
 
-from specdemo.decoding.events import TokenEvent
 from specdemo.host import compat
 from specdemo.learning import candidates, identity, race, tune
 from specdemo.learning.profile import machine_profile
@@ -53,7 +52,7 @@ def timed(seconds):
 def search(cpu=AMX_XEON, layout=INT8_TARGET, **kwargs):
     log = []
     kwargs = {"compile": lambda settings: settings, "fidelity": fake_fidelity, "timer": timed(fake_seconds), **kwargs}
-    trials, _ = tune.search("target", TARGET, None, [], log.append, cpu, layout, **kwargs)
+    trials, _ = tune.Search("target", TARGET, None, [], log.append, **kwargs).run(cpu, layout)
     return trials, log
 
 
@@ -210,33 +209,6 @@ def test_a_cpu_class_is_named_by_its_flags():
     assert AVX2_EPYC.describe() == "AVX2 without VNNI"
 
 
-class StubEngine:
-    """Autoregressive and speculative lanes that part at token 3, the target having been sure there (margin 4)."""
-
-    def __init__(self, margin: float):
-        self.margin = margin
-
-    def autoregressive(self, instruction, settings):
-        from specdemo.decoding.events import End
-
-        for i in (1, 2, 3, 4):
-            yield TokenEvent(i, "x", "target", 0, 0.1, margin=self.margin)
-        yield End("autoregressive", "eos", 1.0, 5)
-
-    def speculative(self, instruction, settings):
-        from specdemo.decoding.events import End
-
-        for i in (1, 2, 9, 4):
-            yield TokenEvent(i, "x", "target", 0, 0.1, margin=self.margin)
-        yield End("speculative", "eos", 1.0, 5)
-
-
-def test_a_choice_that_breaks_greedy_equality_is_caught_unless_at_a_near_tie():
-    examples = [{"instruction": "Write a function.", "answer": ""}]
-    assert "parts from autoregressive output at token 3" in tune.check_exact(StubEngine(margin=4.0), examples)
-    assert tune.check_exact(StubEngine(margin=0.1), examples) == ""
-
-
 def test_the_chosen_settings_reach_our_compiles_and_genais(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDEMO_HOME", str(tmp_path))
     trials = [tune.Trial("target", Setting(128, "f32", "u8"), seconds=0.03, relative=0.75, faithful=True, chosen=True),
@@ -294,12 +266,12 @@ def test_another_configurations_target_is_searched_beside_the_draft_as_tuned(tmp
     int4_target, draft = replace(TARGET, precision="int4"), replace(DEFAULT_DRAFT, precision="int4")
     searched, partners = [], []
 
-    def fake_search(role, base, other, probes, log, cpu, layout, parting=None):
-        searched.append((role, base.precision))
-        partners.append(other)
-        return [tune.Trial(role, Setting(64, "f32", "f32"), faithful=True, chosen=True)], base
+    def fake_run(search, cpu, layout):
+        searched.append((search.role, search.base.precision))
+        partners.append(search.other)
+        return [tune.Trial(search.role, Setting(64, "f32", "f32"), faithful=True, chosen=True)], search.base
 
-    monkeypatch.setattr(tune, "search", fake_search)
+    monkeypatch.setattr(tune.Search, "run", fake_run)
     def fake_compile(settings, tokenizer=None):
         assert settings.head_tokens <= 0 or tokenizer is not None, "a trimmed head needs the tokenizer to compile"
         return settings
@@ -337,7 +309,7 @@ def test_a_cpu_with_nothing_to_race_keeps_the_defaults_without_compiling_a_refer
     monkeypatch.setenv("SPECDEMO_HOME", str(tmp_path))
     compiled = []
     monkeypatch.setattr(tune, "compile_model", lambda settings, tokenizer=None: compiled.append(settings) or settings)
-    monkeypatch.setattr(tune, "search", lambda *args, **kwargs: pytest.fail("nothing should be raced"))
+    monkeypatch.setattr(tune.Search, "run", lambda *args, **kwargs: pytest.fail("nothing should be raced"))
     monkeypatch.setattr(tune.sources, "prepare", lambda settings, progress=None: tmp_path)
     monkeypatch.setattr(candidates.CPU, "here", staticmethod(lambda: AVX2_EPYC))
     monkeypatch.setattr(candidates.Layout, "of", staticmethod(lambda folder: INT8_TARGET))
@@ -397,9 +369,10 @@ class Compile:
 def compiles(monkeypatch, parting=None, fidelity=fake_fidelity):
     monkeypatch.setattr(Compile, "most", 0)
     monkeypatch.setattr(Compile, "made", [])
-    trials, held = tune.search("target", TARGET, None, [], lambda m: None, AMX_XEON, INT8_TARGET, compile=Compile,
-                               fidelity=lambda model, probes: fidelity(model.settings, probes),
-                               timer=timed(lambda m: fake_seconds(m.settings)), parting=parting)
+    search = tune.Search("target", TARGET, None, [], lambda m: None, compile=Compile,
+                         fidelity=lambda model, probes: fidelity(model.settings, probes),
+                         timer=timed(lambda m: fake_seconds(m.settings)), parting=parting)
+    trials, held = search.run(AMX_XEON, INT8_TARGET)
     return trials, held
 
 

@@ -52,8 +52,8 @@ def test_the_tunes_compiles_fit_in_the_peak_it_waited_for(tmp_path, monkeypatch)
     fidelity(reference, [])
     del reference
     draft = tune.admitted(draft_settings, "the draft, beside the target", log.append)
-    trials, kept = tune.search("target", target, draft, [], log.append, VNNI,
-                               candidates.Layout.of(sources.prepare(target)), fidelity=fidelity, timer=tie)
+    search = tune.Search("target", target, draft, [], log.append, fidelity=fidelity, timer=tie)
+    trials, kept = search.run(VNNI, candidates.Layout.of(sources.prepare(target)))
     assert [t.setting.dynamic_quantization_group_size for t in trials] == [-1, 256]  # the challenger was compiled
     assert not [line for line in log if line.startswith("memory:")]  # nothing waited, nothing was skipped
     assert max(held) <= bound, f"held {max(held) / 2**30:.2f} GiB of a {bound / 2**30:.2f} GiB bound"

@@ -205,12 +205,13 @@ def run_fidelity(ctx: Context) -> dict:
     from specdemo.models import sources
     from specdemo.host import memory
     from specdemo.bench import llamacpp
+    from specdemo.models.chat import encode_example
     from specdemo.models.loading import describe_compile
     from specdemo.learning.race import PIECE
 
     if llamacpp.gguf_path(ctx.settings.target.source) is None:
         return {"skipped": "fidelity: skipped (its reference is the target's GGUF: use a preset or a local .gguf file)"}
-    examples = [tune.encode(ctx.engine.tokenizer, e) for e in builtin.code_answers()]
+    examples = [encode_example(ctx.engine.tokenizer, e) for e in builtin.code_answers()]
     ctx.log("fidelity: the reference (the GGUF's own blocks, f32, no dynamic quantization)")
     reference = tune.compile_model(fidelity.reference_settings(ctx.settings.target))
     logits = fidelity.reference_logits(reference, examples, PIECE)

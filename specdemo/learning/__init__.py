@@ -6,5 +6,6 @@ whether a faster target stays exact (identity.py); the built-in answers those me
 specdemo keeps on disk, and `clean` (disk.py).
 
 May import: specdemo.results, specdemo.decoding, specdemo.models, specdemo.host and the root leaves. Never the run
-(specdemo.run): what a warm-up learns it returns, and the engine keeps.
+(specdemo.run): it is handed values (runtimes, the profile, keys, encoded examples), never an engine; what a warm-up
+learns it keeps in the profile or returns, and the engine assigns it (tests/test_architecture.py holds it).
 """

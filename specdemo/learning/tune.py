@@ -9,7 +9,8 @@ one setting at a time, only the challengers that can win here (specdemo/learning
 * a faithful one races the incumbent in the loop's own call pattern (specdemo/learning/race.py: a sequential test on paired
   samples that stops once the leader is clear) and replaces it only when clearly MARGIN faster; groups are tried
   largest first, and the first that is not faster ends its dimension (a smaller group does more work per row);
-* the chosen pair must still give greedy speculative output equal to autoregressive output.
+* the chosen pair must still give greedy speculative output equal to autoregressive output (specdemo/run/exactness.py,
+  asked by the tune command).
 
 Every compile goes through OpenVINO's compiled-model cache (SPECDEMO_HOME/ov_cache, the page's): the CPU plugin's
 blob holds the graph, and the settings tune varies (group, precision, KV cache, threads) are applied as it is
@@ -32,13 +33,14 @@ import gc
 import json
 import os
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
 from specdemo.learning import builtin, identity
 from specdemo.learning.candidates import CPU, DIMENSION_NAMES, DIMENSIONS, Layout, challengers, nothing_to_race
 from specdemo.models import sources
-from specdemo.models.chat import encode_chat, encode_plain
+from specdemo.models.chat import encode_example
 from specdemo.host import memory
 from specdemo.results.fidelity import teacher_forced_logits
 from specdemo.learning.profile import machine_profile
@@ -80,17 +82,11 @@ def probes_of(model, tokenizer, examples: list[dict]) -> list[Probe]:
 
     out = []
     for example in examples:
-        prompt, text = encode(tokenizer, example)
+        prompt, text = encode_example(tokenizer, example)
         logits = teacher_forced_logits(model, prompt, text, PIECE)  # (len - 1, V)
         top2 = np.partition(logits, -2, axis=-1)[:, -2:]
         out.append(Probe(prompt, text, logits.argmax(axis=-1), (top2[:, 1] - top2[:, 0]) >= NEAR_TIE_LOGIT_GAP))
     return out
-
-
-def encode(tokenizer, example: dict) -> tuple[list[int], list[int]]:
-    """A built-in example as (prompt ids with the chat template, answer ids), encoded as the engine encodes a visitor's
-    instruction (models/chat.py)."""
-    return encode_chat(tokenizer, example["instruction"]), encode_plain(tokenizer, example["answer"])
 
 
 def agreement(model, probes: list[Probe]) -> float:
@@ -133,87 +129,108 @@ def admitted(settings: ModelSettings, what: str, log, tokenizer=None, fresh: boo
     return model
 
 
-def search(role: str, base: ModelSettings, other, probes: list[Probe], log, cpu: CPU, layout: Layout,
-           compile=None, fidelity=None, timer=None, parting=None, admit=None) -> tuple[list[Trial], object]:
-    """Coordinate descent over DIMENSIONS from DEFAULT for one model, racing only `challengers`; every trial (the chosen
-    one marked) and the chosen setting's compile (None when nothing was raced). `compile`, `fidelity` and
-    `timer(incumbent, challenger, other) -> race.Verdict` default to compiling for real, `agreement` and the role's
-    race; `admit(what)` whether memory allows one more compile (for real compiles, memory.wait_for
-    memory.compile_need of `base`).
+@dataclass
+class Search:
+    """Coordinate descent over DIMENSIONS from DEFAULT for one model, racing only `challengers` (run); its services are
+    fields, real by default (a test hands in stand-ins).
 
-    Two compiles of the model at a time: the incumbent's compile is held from dimension to dimension; each challenger
-    is compiled, checked and raced against it alone, then let go, unless it wins, when it is held instead (a 1.5B
-    target holds 1.6 GiB a compile: six at once took 11 GiB). A challenger's time is a ratio to the incumbent's in
-    their own race, chained to the defaults through the incumbents, so the drift of a shared machine between races
-    cancels. A challenger memory does not allow is skipped, and the log says so.
+    Two compiles of the model at a time: the incumbent's is held from dimension to dimension; each challenger is
+    compiled, checked, raced against it and let go unless it wins (a 1.5B target holds 1.6 GiB a compile: six at once
+    took 11 GiB). A challenger's time is a ratio to the incumbent's in their own race, chained to the defaults through
+    the incumbents, so a shared machine's drift between races cancels; one memory does not allow is skipped, and said.
+    With `parting` (a target whose greedy lanes must stay identical) a winner must also part (single steps against
+    verify calls) no more often than the defaults beyond their counting noise (identity.parts_no_more), measured on its
+    own compile while it is held; a faster one that parts more often is passed over, and the table says so."""
 
-    `parting` (model -> fidelity.BatchingNoise, identity.judge), for a target whose greedy lanes must stay identical: a
-    winner replaces the incumbent only if its parting rate (single steps against verify calls), measured on its own
-    compile while it is held, is no worse than the defaults' beyond their counting noise (identity.parts_no_more); a
-    faster one that parts more often is passed over, and the table says so."""
-    compile = compile or compile_model
-    fidelity = fidelity or agreement
-    sample = sample_target if role == "target" else sample_draft
-    timer = timer or (lambda incumbent, challenger, other: race(incumbent, challenger, other, sample))
-    if admit is None:  # real compiles wait for memory; stand-ins take none
-        need = memory.compile_need(sources.weights_bytes(base))
-        admit = (lambda what: memory.wait_for(need, what, log)) if compile is compile_model else (lambda what: True)
+    role: str  # "target" or "draft"
+    base: ModelSettings  # the model as configured: each setting is applied to it
+    other: object  # the other model's compile, run beside this one in each race
+    probes: list[Probe]  # the reference compile's greedy choices, for fidelity
+    log: Callable[[str], None]
+    compile: Callable = compile_model  # ModelSettings -> a compile
+    fidelity: Callable = agreement  # (compile, probes) -> the share of the reference's decided greedy choices it keeps
+    timer: Callable | None = None  # (incumbent, challenger, other) -> race.Verdict; None: the role's race
+    parting: Callable | None = None  # compile -> (fidelity.BatchingNoise, identity.judge); None: not judged
+    admit: Callable | None = None  # what -> whether memory allows one more compile; None: memory.wait_for for real
+    #                                compiles (memory.compile_need of `base`), always for stand-ins
 
-    def compiled(trial: Trial):
-        """The trial's compile, or None when memory does not allow it."""
-        return compile(trial.setting.apply(base)) if admit(f"compiling the {role} at {trial.setting.describe()}") else None
+    def __post_init__(self):
+        sample = sample_target if self.role == "target" else sample_draft
+        self.timer = self.timer or (lambda incumbent, challenger, other: race(incumbent, challenger, other, sample))
+        if self.admit is None:  # real compiles wait for memory; stand-ins take none
+            real = self.compile is compile_model
+            need = memory.compile_need(sources.weights_bytes(self.base)) if real else 0
+            self.admit = lambda what: not real or memory.wait_for(need, what, self.log)
 
-    def checked(trial: Trial, model) -> None:
-        if trial.agreement != trial.agreement:
-            trial.agreement = fidelity(model, probes)
-            log(f"  {role} {trial.setting.describe()}: keeps {trial.agreement:.1%} of the reference's greedy choices")
-        trial.faithful = trial.agreement >= FAITHFUL
-
-    best, held = Trial(role, DEFAULT, relative=1.0), None  # the incumbent and its compile
-    trials, defaults = [best], best
-    for dimension in DIMENSIONS:
-        options = [Trial(role, s) for s in challengers(best.setting, dimension, cpu, layout)]
-        if not options:
-            continue
-        if held is None:
-            held = compiled(best)
-            if held is None:
-                raise memory.Short(f"memory does not allow the {role}'s incumbent compile, which every other one "
-                                   "races; `python -m specdemo tune` tries again")
-            checked(best, held)
-        log(f"{role}: {DIMENSION_NAMES[dimension]}, {len(options)} settings, each raced against {best.setting.describe()}")
-        for trial in options:
-            trials.append(trial)
-            model = compiled(trial)
-            if model is None:
+    def run(self, cpu: CPU, layout: Layout) -> tuple[list[Trial], object]:
+        """Every trial on this CPU class and weights' `layout` (the chosen one marked), and the chosen setting's compile
+        (None when nothing was raced)."""
+        best, held = Trial(self.role, DEFAULT, relative=1.0), None  # the incumbent and its compile
+        trials, defaults = [best], best
+        for dimension in DIMENSIONS:
+            options = [Trial(self.role, s) for s in challengers(best.setting, dimension, cpu, layout)]
+            if not options:
                 continue
-            checked(trial, model)
-            if not trial.faithful:  # a smaller group is more faithful: try the next
+            held = self.incumbent(best) if held is None else held
+            self.log(f"{self.role}: {DIMENSION_NAMES[dimension]}, {len(options)} settings, each raced against "
+                     f"{best.setting.describe()}")
+            for trial in options:
+                trials.append(trial)
+                model = self.compiled(trial)
+                if model is None:
+                    continue
+                if self.faithful(trial, model) and self.beats(trial, model, best, held, defaults):
+                    best, held = trial, model
+                    break
                 del model
                 gc.collect()
-                continue
-            verdict = timer(held, model, other)
-            best.seconds, trial.seconds = verdict.incumbent_s, verdict.challenger_s
-            trial.relative = best.relative * verdict.ratio
-            log(f"  {role} {trial.setting.describe()}: {trial.seconds * 1e3:.1f} ms, {verdict.ratio:.2f}× the incumbent "
-                f"({verdict.low:.2f}–{verdict.high:.2f}, {verdict.pairs} pairs; {trial.relative:.2f}× the defaults)"
-                + (f"; {verdict.busy}" if verdict.busy else ""))
-            wins = verdict.faster or not best.faithful
-            if wins and parting is not None:  # the defaults' rate only where the challenger's does not settle it
-                wins = identity.measured(trial, model, compiled, parting, log) and (
-                    identity.parts_no_more(trial, None) or
-                    identity.measured(defaults, held if best is defaults else None, compiled, parting, log) and
-                    identity.parts_no_more(trial, defaults))
-            if wins:
-                best, held = trial, model
-                break
-            del model
-            gc.collect()
-            if dimension == "dynamic_quantization_group_size":  # the smaller groups after it do more work a row
-                break
-    for trial in trials:
-        trial.chosen = trial is best
-    return trials, held
+                # A smaller group is more faithful, so an unfaithful one tries the next; but a smaller group does more
+                # work a row, so one that lost the race ends the dimension.
+                if trial.faithful and dimension == "dynamic_quantization_group_size":
+                    break
+        for trial in trials:
+            trial.chosen = trial is best
+        return trials, held
+
+    def compiled(self, trial: Trial):
+        """The trial's compile, or None when memory does not allow it."""
+        what = f"compiling the {self.role} at {trial.setting.describe()}"
+        return self.compile(trial.setting.apply(self.base)) if self.admit(what) else None
+
+    def incumbent(self, trial: Trial):
+        """The defaults' compile, checked, which every challenger races; memory.Short where memory does not allow it."""
+        model = self.compiled(trial)
+        if model is None:
+            raise memory.Short(f"memory does not allow the {self.role}'s incumbent compile, which every other one "
+                               "races; `python -m specdemo tune` tries again")
+        self.faithful(trial, model)
+        return model
+
+    def faithful(self, trial: Trial, model) -> bool:
+        """Whether the trial keeps FAITHFUL of the reference's decided choices (measured once a trial)."""
+        if trial.agreement != trial.agreement:
+            trial.agreement = self.fidelity(model, self.probes)
+            self.log(f"  {self.role} {trial.setting.describe()}: keeps {trial.agreement:.1%} of the reference's "
+                     "greedy choices")
+        trial.faithful = trial.agreement >= FAITHFUL
+        return trial.faithful
+
+    def beats(self, trial: Trial, model, best: Trial, held, defaults: Trial) -> bool:
+        """Race the trial's compile against the incumbent's (`best`, its compile `held`) and say whether it replaces it:
+        clearly faster, or the incumbent unfaithful; and, with `parting`, parting no more often than `defaults`."""
+        verdict = self.timer(held, model, self.other)
+        best.seconds, trial.seconds = verdict.incumbent_s, verdict.challenger_s
+        trial.relative = best.relative * verdict.ratio
+        self.log(f"  {self.role} {trial.setting.describe()}: {trial.seconds * 1e3:.1f} ms, {verdict.ratio:.2f}× the "
+                 f"incumbent ({verdict.low:.2f}–{verdict.high:.2f}, {verdict.pairs} pairs; {trial.relative:.2f}× the "
+                 "defaults)" + (f"; {verdict.busy}" if verdict.busy else ""))
+        wins = verdict.faster or not best.faithful
+        if wins and self.parting is not None:  # the defaults' rate only where the challenger's does not settle it
+            wins = identity.measured(trial, model, self.compiled, self.parting, self.log) and (
+                identity.parts_no_more(trial, None) or
+                identity.measured(defaults, held if best is defaults else None, self.compiled, self.parting, self.log)
+                and identity.parts_no_more(trial, defaults))
+        return wins
 
 
 def tune(target: ModelSettings, draft: ModelSettings, log=print, again: bool = True) -> tuple[list[Trial], list]:
@@ -253,9 +270,9 @@ def tune(target: ModelSettings, draft: ModelSettings, log=print, again: bool = T
         else:  # the target is timed beside the draft as this machine runs it: tuned if it is, else the defaults
             # The draft as this machine runs it, its LM head trimmed where the plan chose so (the tokenizer says how).
             other = admitted(drafted, "the draft, beside the target", log, tokenizer, fresh=drafted.head_tokens > 0)
-        judge = identity.judge([encode(tokenizer, e) for e in identity.examples(examples)]) \
+        judge = identity.judge([encode_example(tokenizer, e) for e in identity.examples(examples)]) \
             if role == "target" and identity.keeps_identity(target) else None
-        found, kept[role] = search(role, base, other, probes, log, cpu, layout, parting=judge)
+        found, kept[role] = Search(role, base, other, probes, log, parting=judge).run(cpu, layout)
         trials += found
         del other
         gc.collect()
@@ -304,7 +321,7 @@ def plan_draft(setting: Setting, target, draft: ModelSettings, tokenizer, exampl
     config = incumbent.folder / "config.json"
     share = draft_choice.head_share(json.loads(config.read_text()) if config.is_file() else {})
     options, incumbent = draft_choice.measure(
-        target, draft, examples, lambda example: encode(tokenizer, example), sources.is_prepared, compile,
+        target, draft, examples, lambda example: encode_example(tokenizer, example), sources.is_prepared, compile,
         lambda a, b, other: race(a, b, other, sample_draft, measuring=True),
         lambda model, other: alone(model, other, sample_draft), log, incumbent, curve, share)
     best = draft_choice.price(options, curve, draft.precision)
@@ -331,20 +348,3 @@ def tune_choice(trials: list[Trial], role: str, base: ModelSettings | None = Non
     """The chosen setting of `role` among `trials`, applied to `base` when given."""
     best = next(t for t in trials if t.role == role and t.chosen)
     return best.setting.apply(base) if base is not None else best.setting
-
-
-def check_exact(engine, examples: list[dict], tokens: int = 48) -> str:
-    """"" when greedy speculative output equals autoregressive output on the examples under the engine's compile
-    settings (a difference allowed only where both lanes saw a near-tie, as the tests allow); else a sentence."""
-    from specdemo.results.lane import drain
-    from specdemo.settings import GenerationSettings, KPolicy
-    from specdemo.decoding.verification import NEAR_TIE_LOGIT_GAP
-
-    settings = GenerationSettings(max_new_tokens=tokens, k_policy=KPolicy.fixed(4))
-    for example in examples:
-        ar = drain(engine.autoregressive(example["instruction"], settings))
-        spec = drain(engine.speculative(example["instruction"], settings))
-        i = next((j for j, (a, b) in enumerate(zip(ar.ids, spec.ids)) if a != b), None)
-        if i is not None and max(ar.tokens[i].margin, spec.tokens[i].margin) >= NEAR_TIE_LOGIT_GAP:
-            return f"speculative output parts from autoregressive output at token {i + 1} of {example['instruction']!r}"
-    return ""

@@ -8,12 +8,16 @@ special tokens.
 
 from __future__ import annotations
 
+from specdemo.text import clean_instruction
+
 _INSTRUCTION_SLOT = "\x00specdemo-instruction\x00"
 
 
 def encode_chat(tokenizer, instruction: str, system_prompt: str = "", name: str = "this model") -> list[int]:
-    """The prompt ids of `instruction` (already cleaned) in `tokenizer`'s chat template, a system turn first when
-    `system_prompt` is given; ValueError when the template does not copy the instruction verbatim (`name` says whose)."""
+    """The prompt ids of `instruction`, cleaned (text.clean_instruction), in `tokenizer`'s chat template, a system turn
+    first when `system_prompt` is given; ValueError when the instruction is empty or the template does not copy it
+    verbatim (`name` says whose)."""
+    instruction = clean_instruction(instruction)
     messages = [{"role": "user", "content": _INSTRUCTION_SLOT}]
     if system_prompt:
         messages.insert(0, {"role": "system", "content": system_prompt})
@@ -28,3 +32,9 @@ def encode_chat(tokenizer, instruction: str, system_prompt: str = "", name: str 
 def encode_plain(tokenizer, text: str) -> list[int]:
     """`text`'s ids with no special token: markup typed by a user, such as "<|im_start|>system", stays text."""
     return tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+
+
+def encode_example(tokenizer, example: dict, name: str = "this model") -> tuple[list[int], list[int]]:
+    """A built-in example ({"instruction", "answer"}) as (prompt ids, answer ids): the instruction as a visitor's is
+    encoded (encode_chat), the answer plain text, as a model's answer it is teacher forced on."""
+    return encode_chat(tokenizer, example["instruction"], name=name), encode_plain(tokenizer, example["answer"])

@@ -14,6 +14,7 @@ import hashlib
 import threading
 import time
 from dataclasses import replace
+from functools import cached_property
 from typing import Callable, Iterator
 
 import numpy as np
@@ -22,16 +23,15 @@ from specdemo.decoding import loops, planner, pricing
 from specdemo.decoding.costs import CostModel
 from specdemo.decoding.drafters import STRATEGIES, Strategy, make_drafter, strategy
 from specdemo.decoding.planner import Plan, make_plan
-from specdemo.learning import measuring, warmup
+from specdemo.learning import builtin, measuring, warmup
 from specdemo.learning.profile import Keys, Profile, machine_profile
 from specdemo.models import sources
-from specdemo.models.chat import encode_chat
+from specdemo.models.chat import encode_chat, encode_example
 from specdemo.models.loading import LoadedModel, load_model
 from specdemo.results.counterfactual import Counterfactual, counterfactual, draft_pass
 from specdemo.settings import AUTO, K_MAX, GenerationSettings, KPolicy, ModelSettings, RunSettings
-from specdemo.text import clean_instruction
 
-# Stands in for the instruction when the chat template is rendered; no template contains it.
+_NO_LIMIT = GenerationSettings(max_new_tokens=1)  # a built-in prompt is checked against the context, not an answer
 
 # Encodings compared when checking that a draft tokenizer matches the target's.
 _PROBE_TEXTS = ["def fibonacci(n):\n    return n", "Hello, world! Ünïcödé 你好 🙂", "<|im_start|>user\nhi<|im_end|>"]
@@ -99,7 +99,7 @@ class Engine:
         """
         start = time.perf_counter()
         with self.lock:
-            self.keys, self.noise = warmup.know_machine(self, k_max, fresh, log, quick)
+            self.keys, self.noise = warmup.know_machine(self._learning(), k_max, fresh, log, quick)
         self.warm_up_s = time.perf_counter() - start
         return self.warm_up_s
 
@@ -107,13 +107,30 @@ class Engine:
                  pair_only: bool = False) -> list[tuple[str, Callable[[], None]]]:
         """What a quick warm-up left to learn (warmup.remaining; `interrupted()` may stop the longest step part-way;
         `pair_only`, what outlives this compile), each step taking the engine's lock as it runs: the caller runs them
-        one at a time, between runs."""
-        def locked(step: Callable[[], None]) -> Callable[[], None]:
+        one at a time, between runs. The engine holds the batching noise a step returns."""
+        def locked(step: Callable[[], object]) -> Callable[[], None]:
             def run() -> None:
                 with self.lock:
-                    step()
+                    noise = step()
+                    if noise is not None:
+                        self.noise = noise
             return run
-        return [(what, locked(step)) for what, step in warmup.remaining(self, k_max, log, interrupted, pair_only)]
+        steps = warmup.remaining(self._learning(), self.noise, k_max, log, interrupted, pair_only)
+        return [(what, locked(step)) for what, step in steps]
+
+    def _learning(self) -> warmup.Pair:
+        """What a warm-up is handed of this engine: values, never the engine (it assigns what comes back)."""
+        return warmup.Pair(self.target.runtime, self.draft.runtime if self.draft else None, self.profile, self.keys,
+                           self._builtin_examples)
+
+    @cached_property
+    def _builtin_examples(self) -> list[tuple[list[int], list[int]]]:
+        """The built-in code answers as (prompt ids, answer ids) in this pair's chat template, each prompt checked
+        against the context: what the warm-up measures the batching noise and the draft's agreement on."""
+        examples = [encode_example(self.tokenizer, e, self.target.name) for e in builtin.code_answers()]
+        for prompt, _ in examples:
+            self.check_room(prompt, _NO_LIMIT)
+        return examples
 
     @property
     def provisional(self) -> str:
@@ -131,7 +148,7 @@ class Engine:
                            "measures it again)")
         if self.noise is None:
             missing.append("no batching noise measured yet")
-        if warmup.needs_calibration(self):
+        if warmup.needs_calibration(self.profile, self.keys.pair, self.draft is not None):
             missing.append("the strategies' prior acceptance, not yet this machine's")
         return "; ".join(missing)
 
@@ -216,7 +233,7 @@ class Engine:
         The instruction is cleaned first (see clean_instruction). Raises ValueError for an empty
         instruction or one that leaves no room in the context for max_new_tokens.
         """
-        ids = self._encode_chat(clean_instruction(instruction), settings.system_prompt)
+        ids = self._encode_chat(instruction, settings.system_prompt)
         self.check_room(ids, settings)
         return ids
 

@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass
 
 _STAMP = re.compile(r"^\[\s*[\d.]+ (s|min)\]\s*")  # "[  12 s] ", "[1.8 min] ": tune's and the conversion's clocks
-_DIMENSION = re.compile(r"^(target|draft): (.+), (\d+) settings, each raced against")  # tune.search, per dimension
+_DIMENSION = re.compile(r"^(target|draft): (.+), (\d+) settings, each raced against")  # tune.Search.run, per dimension
 _TRIAL = re.compile(r"^(target|draft) .+: keeps [\d.]+% of the reference")  # one candidate checked
 _PLAN = "draft plan:"  # tune.plan_draft, then one line per candidate draft
 _PLANNED = re.compile(r"^draft .+ rows\): agrees with the target")
