@@ -19,7 +19,8 @@ from specdemo.host import compat
 compat.keep_torch_out()  # the server never needs torch: conversion runs in a child process
 
 from specdemo.models import kernels  # noqa: E402
-from specdemo.ui import engines, learning, page, tuning  # noqa: E402 - after keep_torch_out, so transformers does not load torch
+from specdemo.serve import engines, learning, tuning  # noqa: E402 - after keep_torch_out, so transformers does not load torch
+from specdemo.ui import page  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     kernels.say_once_if_unavailable(sys.stdout)  # the GGUF's blocks then run on the plugin's kernels, as before them
     # Convert (first start only), compile and measure the models quickly while the page comes up; say when runs can
     # start. Then learn the rest of this machine in turns between visitors' runs, and on a machine not tuned yet, tune
-    # it in the background (specdemo/ui/tuning.py).
+    # it in the background (specdemo/serve/tuning.py).
     def ready(engine) -> None:
         print(f"ready: {url} in {time.perf_counter() - started:.0f} s (models compiled, a first measurement of this "
               "machine; the rest is learnt in the background)", flush=True)
@@ -77,7 +78,7 @@ def port_in_use(host: str, port: int) -> str:
 
 
 def start_background(steps: list) -> None:
-    """The background work this machine still needs (ui/tuning.py), once the page's own learning is done."""
+    """The background work this machine still needs (serve/tuning.py), once the page's own learning is done."""
     background = tuning.start_if_needed(on_end=say_background_done, on_step=apply_when_tuned, steps=steps)
     labels = [label for label, _ in filter(tuning.runs, background.steps)] if background is not None else []
     if labels:  # the steps not run were said when they were decided

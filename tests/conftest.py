@@ -161,7 +161,7 @@ def serve_on_the_page(monkeypatch, settings: RunSettings) -> Engine:
     """The page's handlers (ui/handlers.py) running every lane on one engine of `settings`, loaded and warmed up here
     instead of by the page's loadings; the engine."""
     from specdemo.ui import handlers
-    from specdemo.ui.engines import Loading
+    from specdemo.serve.engines import Loading
 
     engine = Engine.load(settings)
     engine.warm_up(settings.generation.k_max)
@@ -249,7 +249,8 @@ def stop(process: subprocess.Popen) -> None:
 # line) is the real page's. Up in seconds, for tests of what strangers can send.
 PAGE_WITHOUT_MODELS = """
 import sys
-from specdemo.ui import page, waiting
+from specdemo.serve import waiting
+from specdemo.ui import page
 waiting.LINE.join(1)
 page.launch(page.build(), "127.0.0.1", int(sys.argv[1]), False)
 """

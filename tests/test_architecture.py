@@ -157,6 +157,7 @@ LAYERS = (
     ("specdemo.results",),  # what a run's records mean: figures, parting, failures, counterfactual, the run file
     ("specdemo.learning",),  # what this machine learns: profile, measuring, warm-up, tune, races, disk
     ("specdemo.run",),  # the engine, one side-by-side run, GenAI's lane
+    ("specdemo.serve",),  # serving strangers on one machine: the line, engines, runs, background work, visitors
     ("specdemo.ui",),  # the page
     ("specdemo.bench",),  # the benchmark (it measures the page too)
     ("specdemo.cli",),  # the command line

@@ -14,7 +14,8 @@ import pytest
 from specdemo.learning.profile import choices, machine_profile
 from specdemo.models import sources
 from specdemo.settings import CONFIGURATIONS, DEFAULT_DRAFT, DEFAULT_TARGET, RunSettings
-from specdemo.ui import handlers, tuning
+from specdemo.serve import tuning
+from specdemo.ui import handlers
 
 
 def child(code: int = 0, seconds: float = 0.0) -> list[str]:
@@ -196,7 +197,7 @@ def test_the_work_outlives_the_thread_that_started_it_but_not_the_server(turned_
     report = tmp_path / "report"
     server = subprocess.run([sys.executable, "-c", f"""
 import sys, threading, time
-from specdemo.ui import tuning
+from specdemo.serve import tuning
 step = [sys.executable, "-c", "import time; time.sleep(60)"]
 loading = threading.Thread(target=tuning.start, args=([(tuning.TUNING, step)],))
 loading.start()

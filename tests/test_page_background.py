@@ -9,7 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
-from specdemo.ui import background, progress, render, tuning
+from specdemo.serve import progress, tuning
+from specdemo.ui import background, render
 
 
 def work(log: Path, index: int = 2, state: str = "running", held: bool = False, finished=(), skipped=()):

@@ -2,7 +2,7 @@
 
 import re
 
-from specdemo.ui.engines import _also_in_the_terminal
+from specdemo.serve.engines import _also_in_the_terminal
 
 
 def test_preparing_reports_to_the_page_and_prints_one_terminal_line_per_stage(capsys):
@@ -47,7 +47,7 @@ def _fake_engines(monkeypatch, home):
     import threading
     from types import SimpleNamespace
 
-    from specdemo.ui import engines
+    from specdemo.serve import engines
 
     loads = []
     monkeypatch.setattr(engines, "_LOADING", {})
@@ -82,7 +82,7 @@ def test_a_run_after_the_tune_changed_compiles_again_and_a_page_load_does_not(ho
 
 def test_the_new_tune_is_applied_in_a_turn_of_its_own_after_the_run_that_holds_the_machine(home, monkeypatch):
     from specdemo.settings import RunSettings
-    from specdemo.ui import learning, waiting
+    from specdemo.serve import learning, waiting
 
     engines, loads = _fake_engines(monkeypatch, home)
     engines.loading_for("pair", RunSettings()).wait()
@@ -183,7 +183,7 @@ def test_what_the_background_work_may_still_need_is_its_step_s_need_less_what_it
     from types import SimpleNamespace
 
     from specdemo.host import memory
-    from specdemo.ui import tuning
+    from specdemo.serve import tuning
 
     _prepared(monkeypatch)
     work = SimpleNamespace(state="running", index=2, steps=[("preparing the draft at int8", []), (tuning.TUNING, [])],

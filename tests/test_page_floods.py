@@ -13,11 +13,12 @@ import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
-from specdemo.ui import handlers, waiting
+from specdemo.serve import waiting
+from specdemo.ui import handlers
 from specdemo.ui.asgi import one_line
 from specdemo.ui.handlers import OUTPUTS
 from specdemo.ui.page import INPUTS
-from specdemo.ui.values import PageValues
+from specdemo.serve.values import PageValues
 
 UPLOADS, UPLOAD_BYTES = 300, 60_000  # what one client sent in the issue: all kept, 19.3 MB in 1.5 s
 

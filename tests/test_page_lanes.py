@@ -10,8 +10,8 @@ from specdemo.decoding.events import TARGET, TokenEvent
 from specdemo.results.metrics import Summary
 from specdemo.settings import GenerationSettings
 from specdemo.names import AUTOREGRESSIVE, GENAI, LANES, SPECULATIVE
-from specdemo.ui.lanes import UPDATE_INTERVAL_S, LaneRun, begin_run, cancel_run, end_run, follow, start_lanes
-from specdemo.ui.values import ONE_AFTER_ANOTHER, RACE
+from specdemo.serve.lanes import UPDATE_INTERVAL_S, LaneRun, begin_run, cancel_run, end_run, follow, start_lanes
+from specdemo.serve.values import ONE_AFTER_ANOTHER, RACE
 
 
 def token(text, source=TARGET, step=1, t=0.1):

@@ -9,10 +9,11 @@ import pytest
 
 from specdemo.host import memory
 from specdemo.settings import GenerationSettings, KPolicy, RunSettings
-from specdemo.ui import engines, handlers, tuning
-from specdemo.ui.engines import Admission
-from specdemo.ui.values import PageValues
-from specdemo.ui.visitors import Visitor
+from specdemo.serve import engines, tuning
+from specdemo.ui import handlers
+from specdemo.serve.engines import Admission
+from specdemo.serve.values import PageValues
+from specdemo.serve.visitors import Visitor
 from tests.conftest import exact, serve_on_the_page
 
 pytestmark = pytest.mark.slow

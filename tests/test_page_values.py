@@ -7,7 +7,7 @@ import pytest
 from specdemo.decoding.drafters import STRATEGIES as DRAFTERS
 from specdemo.settings import GenerationSettings, KPolicy
 from specdemo.ui import page
-from specdemo.ui.values import (MAX_INSTRUCTION_CHARS, MAX_PROMPT_TOKENS, ONE_AFTER_ANOTHER, RACE, PageValues, as_sentence,
+from specdemo.serve.values import (MAX_INSTRUCTION_CHARS, MAX_PROMPT_TOKENS, ONE_AFTER_ANOTHER, RACE, PageValues, as_sentence,
                                 check_choices, check_instruction, check_prompt, load_examples, offered_devices)
 
 PAGE_DEFAULTS = dict(max_new_tokens=48.0, k=4.0, k_auto=False, adaptive=False, drafter="model", decoding="greedy",
@@ -119,7 +119,7 @@ def test_the_app_binds_loopback_and_asks_for_no_share_link_by_default(monkeypatc
 def test_an_unknown_configuration_is_refused_with_a_sentence():
     import pytest
 
-    from specdemo.ui.values import PageValues
+    from specdemo.serve.values import PageValues
 
     with pytest.raises(ValueError, match="^the configuration must be one of faithful, fastest, got 'turbo'$"):
         PageValues(instruction="hi", configuration="turbo").check()

@@ -5,10 +5,11 @@ import threading
 
 import pytest
 
-from specdemo.ui import handlers, waiting
-from specdemo.ui.lanes import cancel_run
-from specdemo.ui.values import PageValues
-from specdemo.ui.visitors import Visitor, address_of, visitor_of
+from specdemo.serve import waiting
+from specdemo.ui import handlers
+from specdemo.serve.lanes import cancel_run
+from specdemo.serve.values import PageValues
+from specdemo.serve.visitors import Visitor, address_of, visitor_of
 
 
 def test_runs_take_turns_first_come_first_served():

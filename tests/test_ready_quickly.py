@@ -76,7 +76,7 @@ def test_with_a_tune_next_only_what_outlives_the_compile_is_learnt_first(engine)
 
 
 def test_the_page_learns_the_rest_in_turns_of_its_own_behind_a_visitors_run(engine, monkeypatch):
-    from specdemo.ui import learning, waiting
+    from specdemo.serve import learning, waiting
 
     line = waiting.RunQueue(max_waiting=4)
     monkeypatch.setattr(waiting, "LINE", line)
@@ -96,7 +96,7 @@ def test_the_page_learns_the_rest_in_turns_of_its_own_behind_a_visitors_run(engi
 def test_a_prediction_before_the_machine_is_learnt_says_it_is_provisional():
     from specdemo.ui import render
     from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
-    from specdemo.ui.values import ONE_AFTER_ANOTHER
+    from specdemo.serve.values import ONE_AFTER_ANOTHER
     from tests.test_page_render import lane_with, token
 
     from specdemo.decoding.events import TARGET
@@ -119,8 +119,8 @@ def test_a_full_measurement_stops_for_something_more_urgent_and_keeps_nothing(en
 
 
 def test_visitors_go_ahead_of_the_servers_yielding_work_and_stop_it_once_it_runs():
-    from specdemo.ui import waiting
-    from specdemo.ui.visitors import Visitor
+    from specdemo.serve import waiting
+    from specdemo.serve.visitors import Visitor
 
     line = waiting.RunQueue(max_waiting=8)
     running = line.join(16, Visitor("a", "10.0.0.1"))
@@ -137,7 +137,7 @@ def test_visitors_go_ahead_of_the_servers_yielding_work_and_stop_it_once_it_runs
 def test_learning_stopped_for_a_visitor_goes_on_once_the_line_is_empty(monkeypatch):
     from types import SimpleNamespace
 
-    from specdemo.ui import learning, waiting
+    from specdemo.serve import learning, waiting
 
     line = waiting.RunQueue(max_waiting=4)
     monkeypatch.setattr(waiting, "LINE", line)

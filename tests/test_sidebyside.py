@@ -48,9 +48,9 @@ def same_run(record: dict) -> dict:
 
 def test_the_cli_the_page_and_the_bench_write_the_same_run_record(settings, engine, capsys, monkeypatch, tmp_path):
     from specdemo.ui import handlers
-    from specdemo.ui.engines import Loading
-    from specdemo.ui.values import PageValues
-    from specdemo.ui.visitors import Visitor
+    from specdemo.serve.engines import Loading
+    from specdemo.serve.values import PageValues
+    from specdemo.serve.visitors import Visitor
 
     # the CLI, `generate --json`
     monkeypatch.setattr(Engine, "load", classmethod(lambda cls, *args, **kwargs: engine))

@@ -7,8 +7,8 @@ import pytest
 
 from specdemo.settings import GenerationSettings, KPolicy, RunSettings
 from specdemo.ui import handlers
-from specdemo.ui.values import PageValues
-from specdemo.ui.visitors import Memories, Visitor
+from specdemo.serve.values import PageValues
+from specdemo.serve.visitors import Memories, Visitor
 from tests.conftest import exact, serve_on_the_page
 
 INSTRUCTION = "w5 w17 w99 w3 w250 w42 w7"

@@ -1,4 +1,4 @@
-"""The line under the page's status: the background work (ui/tuning.py) followed as it runs, and what its tunes
+"""The line under the page's status: the background work (serve/tuning.py) followed as it runs, and what its tunes
 changed. The page binds `follow` to its load event; no gradio here."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ from typing import AsyncIterator
 
 from specdemo.learning.profile import machine_profile
 from specdemo.settings import CONFIGURATIONS, RunSettings
-from specdemo.ui import render, tuning
-from specdemo.ui.engines import loading_for
+from specdemo.serve import tuning
+from specdemo.ui import render
+from specdemo.serve.engines import loading_for
 
 
 async def follow(poll_s: float = 2.0, settle_s: float = 900.0) -> AsyncIterator[str]:

@@ -22,14 +22,15 @@ from specdemo.host import memory
 from specdemo.learning.disk import inventory
 from specdemo.run.engine import Engine
 from specdemo.settings import GenerationSettings, RunSettings
-from specdemo.ui import charts, render, tuning, waiting
-from specdemo.ui.visitors import MEMORIES, Visitor
+from specdemo.serve import tuning, waiting
+from specdemo.ui import charts, render
+from specdemo.serve.visitors import MEMORIES, Visitor
 from specdemo.names import AUTOREGRESSIVE, GENAI, LANES, SPECULATIVE
 from specdemo.run.sidebyside import SideBySide, finished
-from specdemo.ui.engines import (Held, Loading, device_settings, genai_loading_for, lane_loadings, loading_for,
+from specdemo.serve.engines import (Held, Loading, device_settings, genai_loading_for, lane_loadings, loading_for,
                                  race_threads)
-from specdemo.ui.lanes import LaneRun, begin_run, cancel_run, end_run, follow, start_lanes
-from specdemo.ui.values import MAX_K, RACE, PageValues, as_sentence, check_prompt
+from specdemo.serve.lanes import LaneRun, begin_run, cancel_run, end_run, follow, start_lanes
+from specdemo.serve.values import MAX_K, RACE, PageValues, as_sentence, check_prompt
 
 SETTLE_S = 0.5  # the browser renders the run's first update before the lanes start, not while they run
 SKIP = object()  # an output this update leaves as it is

@@ -14,11 +14,11 @@ from specdemo.results import figures
 from specdemo.ui import background, charts, handlers, render
 from specdemo.ui.asgi import REFUSED, Closed, FirstInHead, OneLineErrors, RefusedIs400, one_line
 from specdemo.ui.handlers import OUTPUTS, SKIP
-from specdemo.ui.lanes import LaneRun
-from specdemo.ui.values import (ASSETS, MAX_INSTRUCTION_CHARS, MAX_K, MAX_NEW_TOKENS_CAP, ONE_AFTER_ANOTHER, RACE,
+from specdemo.serve.lanes import LaneRun
+from specdemo.serve.values import (ASSETS, MAX_INSTRUCTION_CHARS, MAX_K, MAX_NEW_TOKENS_CAP, ONE_AFTER_ANOTHER, RACE,
                                 PageValues, load_examples, offered_devices)
-from specdemo.ui.visitors import MEMORIES, Visitor, visitor_of
-from specdemo.ui.waiting import MAX_WAITING_RUNS
+from specdemo.serve.visitors import MEMORIES, Visitor, visitor_of
+from specdemo.serve.waiting import MAX_WAITING_RUNS
 
 INPUTS = tuple(f.name for f in fields(PageValues))  # the page's inputs, in the order generate() receives them
 MAX_UPLOAD_BYTES = 64 << 10  # the page takes no files; what still parses a form (Gradio's component server) stops here
@@ -114,7 +114,7 @@ def build() -> gr.Blocks:
         _add_controls(page)
         _add_lanes_and_results(page)
         status = page["status"]
-        # No concurrency limit here: runs wait in our own queue (ui/waiting.py), which tells each visitor their place.
+        # No concurrency limit here: runs wait in our own queue (serve/waiting.py), which tells each visitor their place.
         page["generate"].click(generate, [page[name] for name in INPUTS], [page[name] for name in OUTPUTS],
                                concurrency_limit=None, show_progress="hidden")
         # No `cancels=[run]`: closing the generator mid-update let a live update already in flight land after

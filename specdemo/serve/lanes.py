@@ -16,7 +16,7 @@ from typing import Callable, Iterator
 from specdemo.decoding.events import TokenEvent
 from specdemo.names import GENAI, LANES
 from specdemo.results.lane import LaneLog
-from specdemo.ui.values import ONE_AFTER_ANOTHER, as_sentence
+from specdemo.serve.values import ONE_AFTER_ANOTHER, as_sentence
 
 # The page is updated once a second while lanes run: every update costs the browser's renderer ~25 ms of CPU on the
 # same machine (measured on a 2-core EPYC), which stalls the lanes' parallel model calls, so fewer updates keep the

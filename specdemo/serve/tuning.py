@@ -37,7 +37,7 @@ from specdemo.models import kernels, sources
 from specdemo.host import memory
 from specdemo.learning.profile import machine_profile
 from specdemo.settings import AUTO, CONFIGURATIONS, FAITHFUL, FAITHFUL_PRECISIONS, RunSettings
-from specdemo.ui.progress import Follower, Progress
+from specdemo.serve.progress import Follower, Progress
 
 ROOT = Path(__file__).resolve().parents[2]  # where `-m specdemo` resolves, whatever the server's working folder
 TUNE_AT_START = "SPECDEMO_TUNE_AT_START"
@@ -154,7 +154,7 @@ class BackgroundWork:
         return f"the background work failed while {self.step} (exit {self.returncode}); see {self.log_path}"
 
     def progress(self) -> Progress:
-        """Where the work stands, for the page's line (ui/progress.py)."""
+        """Where the work stands, for the page's line (serve/progress.py)."""
         return self._follower.read(self)
 
     def holds(self) -> int:
@@ -200,7 +200,7 @@ def current() -> BackgroundWork | None:
 
 def reserve(settings: RunSettings = RunSettings()) -> int:
     """Bytes of anonymous memory the background work may still take beyond what its step holds now: what a visitor's
-    optional models must leave free (ui/engines.Admission), so that a visitor's choice never holds the work off. 0 once
+    optional models must leave free (serve/engines.Admission), so that a visitor's choice never holds the work off. 0 once
     it has ended (or where there is none)."""
     work = _CURRENT
     if work is None or work.state != "running":

@@ -11,9 +11,9 @@ import time
 from specdemo.learning import measuring
 from specdemo.run.engine import Engine
 from specdemo.settings import RunSettings
-from specdemo.ui import waiting
-from specdemo.ui.engines import loading_for
-from specdemo.ui.values import MAX_K, as_sentence
+from specdemo.serve import waiting
+from specdemo.serve.engines import loading_for
+from specdemo.serve.values import MAX_K, as_sentence
 
 LEARN_RETRY_S = 5.0  # how often learning that stopped for a visitor looks for the line to be empty again
 

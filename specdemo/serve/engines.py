@@ -29,7 +29,7 @@ from specdemo.names import AUTOREGRESSIVE, GENAI, SPECULATIVE
 from specdemo.run import genai
 from specdemo.run.engine import Engine
 from specdemo.settings import CONFIGURATIONS, ModelSettings, RunSettings
-from specdemo.ui.values import MAX_K, ONE_AFTER_ANOTHER
+from specdemo.serve.values import MAX_K, ONE_AFTER_ANOTHER
 
 GENAI_WARM_UP_TOKENS = 8  # GenAI compiles its kernels on its first generate: done at load, never in a lane's time
 KEPT = "pair"  # the one role loaded at start and never released; every other role is a visitor's choice

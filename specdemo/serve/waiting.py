@@ -23,7 +23,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Iterator
 
-from specdemo.ui.visitors import Visitor
+from specdemo.serve.visitors import Visitor
 
 DEFAULT_SECONDS_PER_TOKEN = 0.12  # before any run finished: both lanes of a 2-core machine, roughly
 POLL_S = 0.25  # how often a waiting visitor's place is re-read
