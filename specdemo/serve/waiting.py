@@ -10,8 +10,8 @@ from this machine itself share no address cap (its owner, the tests), unless the
 in front of the page appends its client's address to X-Forwarded-For, as a Hugging Face Space's does
 (visitors.address_of).
 
-LINE is this process's one line: the visitors' runs (handlers.py) and the server's own turns, learning the machine and
-applying a tune (learning.py), join it.
+The Server's `line` is this process's one line: the visitors' runs (ui/handlers.py) and the server's own turns,
+learning the machine and applying a tune (learning.py), join it.
 """
 
 from __future__ import annotations
@@ -138,8 +138,6 @@ class RunQueue:
         with self._changed:
             return len(self._line)
 
-
-LINE = RunQueue(MAX_WAITING_RUNS)  # every visitor's runs take turns on this machine
 
 
 def describe_place(ahead: int, seconds: float) -> str:

@@ -1,9 +1,9 @@
 """What the page's buttons do, as generators of whole page updates. No gradio here: page.py binds these
 to the components and turns SKIP into "leave this output as it is".
 
-Per-run state (events, timers) lives in the handler's local variables, so visitors never see each
-other's outputs; engines come from engines.py, shared by every visitor; what a visitor's runs keep for their next
-(their drafters' memories) is theirs alone (visitors.py).
+Every handler takes the Server (serve/server.py) first: the line, the engines shared by every visitor, the runs Stop
+reaches, the background work and what a visitor's runs keep for their next (their drafters' memories, theirs alone).
+Per-run state (events, timers) lives in the handler's local variables, so visitors never see each other's outputs.
 """
 
 from __future__ import annotations
@@ -22,14 +22,15 @@ from specdemo.host import memory
 from specdemo.learning.disk import inventory
 from specdemo.run.engine import Engine
 from specdemo.settings import GenerationSettings, RunSettings
-from specdemo.serve import tuning, waiting
+from specdemo.serve import waiting
 from specdemo.ui import charts, render
-from specdemo.serve.visitors import MEMORIES, Visitor
+from specdemo.serve.server import Server
+from specdemo.serve.tuning import BackgroundWork
+from specdemo.serve.visitors import Visitor
 from specdemo.names import AUTOREGRESSIVE, GENAI, LANES, SPECULATIVE
 from specdemo.run.sidebyside import SideBySide, finished
-from specdemo.serve.engines import (Held, Loading, device_settings, genai_loading_for, lane_loadings, loading_for,
-                                 race_threads)
-from specdemo.serve.lanes import LaneRun, begin_run, cancel_run, end_run, follow, start_lanes
+from specdemo.serve.engines import KEPT, Held, Loading, race_threads
+from specdemo.serve.lanes import LaneRun, follow, start_lanes
 from specdemo.serve.values import MAX_K, RACE, PageValues, as_sentence, check_prompt
 
 SETTLE_S = 0.5  # the browser renders the run's first update before the lanes start, not while they run
@@ -55,7 +56,7 @@ class View:
     costs_note: object = SKIP
     download: object = SKIP  # the path of the finished run's JSON file (runfile.py), or None
     models: object = SKIP
-    run: object = SKIP  # the id of the visitor's run, for their Stop to name (lanes.begin_run)
+    run: object = SKIP  # the id of the visitor's run, for their Stop to name (lanes.Runs.begin)
 
     def values(self) -> tuple:
         return tuple(getattr(self, f.name) for f in fields(self))
@@ -64,11 +65,11 @@ class View:
 OUTPUTS = tuple(f.name for f in fields(View))
 
 
-def wait_for_models() -> Iterator[tuple]:
+def wait_for_models(server: Server) -> Iterator[tuple]:
     """Page load: the preparation's progress in the status line, then the model panel, the cost chart and the cost
     surface, as (status, models, costs frame, costs note, surface). The status line is written by this handler alone
     (no progress overlay drawn over it), so two messages never sit on top of each other."""
-    loading = loading_for("pair", RunSettings(), True, refresh=False)  # a visitor's run may hold the machine now
+    loading = server.engines.loading_for(KEPT, RunSettings(), True, refresh=False)  # a visitor's run may hold the machine now
     while not loading.done.wait(0.5):
         yield render.preparing_status(loading.fraction, loading.message), SKIP, SKIP, SKIP, SKIP
     if loading.error is not None:
@@ -76,24 +77,26 @@ def wait_for_models() -> Iterator[tuple]:
         return
     engine = loading.value
     ready = "Ready. Pick an example or type an instruction, then press **Generate**."
-    models = render.render_models(describe_model(engine.target), describe_model(engine.draft), disk_note=render.render_disk(inventory()))
+    background = server.background.current
+    models = render.render_models(describe_model(engine.target, background), describe_model(engine.draft, background),
+                                  disk_note=render.render_disk(inventory()))
     yield (ready, models, render.cost_frame(engine.costs), render.render_costs(engine.costs, engine.warm_up_s),
            charts.cost_surface(engine.costs, MAX_K))
 
 
-def generate(values: PageValues, visitor: Visitor) -> Iterator[View]:
+def generate(server: Server, values: PageValues, visitor: Visitor) -> Iterator[View]:
     """Take a turn on the machine, run the lanes on one instruction and stream the page's outputs. While runs ahead
     hold the machine, the status says how many and for about how long. A refused run yields one View whose status
     starts with ⚠️ and raises nothing."""
     try:
         settings = values.check()
-        ticket = waiting.LINE.join(settings.max_new_tokens, visitor)
+        ticket = server.line.join(settings.max_new_tokens, visitor)
     except ValueError as error:  # QueueFull too
         yield View(status=f"⚠️ {as_sentence(error)}")
         return
-    run_id, cancel = begin_run(visitor.session)  # from now on Stop reaches this run, waiting or running
+    run_id, cancel = server.runs.begin(visitor.session)  # from now on Stop reaches this run, waiting or running
     try:
-        views = _turn(values, settings, visitor, run_id, cancel, ticket)
+        views = _turn(server, values, settings, visitor, run_id, cancel, ticket)
         first = next(views, None)
         if first is not None:
             first.run = run_id  # the page's Stop names this run from now on
@@ -101,50 +104,51 @@ def generate(values: PageValues, visitor: Visitor) -> Iterator[View]:
         yield from views
     finally:
         # A run that had its turn (the line started its clock) and was not stopped teaches the line its pace.
-        waiting.LINE.leave(ticket, finished=ticket.started is not None and not cancel.is_set())
-        end_run(run_id)
+        server.line.leave(ticket, finished=ticket.started is not None and not cancel.is_set())
+        server.runs.end(run_id)
 
 
-def _turn(values: PageValues, settings: GenerationSettings, visitor: Visitor, run_id: str, cancel,
+def _turn(server: Server, values: PageValues, settings: GenerationSettings, visitor: Visitor, run_id: str, cancel,
           ticket: waiting.Ticket) -> Iterator[View]:
     """Wait for this run's turn in the line, saying its place, then run it."""
-    for ahead, seconds in waiting.LINE.wait(ticket, cancel):
+    for ahead, seconds in server.line.wait(ticket, cancel):
         yield View(status=waiting.describe_place(ahead, seconds))
     if cancel.is_set():
         yield View(status=LEFT_QUEUE_STATUS)
         return
-    yield from _run(values, settings, visitor, run_id, cancel)
+    yield from _run(server, values, settings, visitor, run_id, cancel)
 
 
 LEFT_QUEUE_STATUS = "You left the queue; nothing was run."
 
 
-def _run(values: PageValues, settings: GenerationSettings, visitor: Visitor, run_id: str, cancel) -> Iterator[View]:
+def _run(server: Server, values: PageValues, settings: GenerationSettings, visitor: Visitor, run_id: str,
+         cancel) -> Iterator[View]:
     """The run itself, once it is this visitor's turn: one SideBySide owns it (tokenized and planned once, taught,
     walked and recorded once), drafting from this visitor's own earlier answers alone; this handler streams and
     renders. The models it loads are held until it ends (engines.Held: none is released as idle meanwhile)."""
-    held = Held()
+    held = server.engines.held()
     try:
-        yield from _load_and_run(values, settings, visitor, run_id, cancel, held)
+        yield from _load_and_run(server, values, settings, visitor, run_id, cancel, held)
     finally:
         held.release()
 
 
-def _load_and_run(values: PageValues, settings: GenerationSettings, visitor: Visitor, run_id: str, cancel,
-                  held: Held) -> Iterator[View]:
-    reserve = tuning.reserve()  # what the background work may still need: a visitor's optional models leave it
+def _load_and_run(server: Server, values: PageValues, settings: GenerationSettings, visitor: Visitor, run_id: str,
+                  cancel, held: Held) -> Iterator[View]:
+    reserve = server.background.reserve()  # what the background work may still need: a visitor's optional models leave it
     try:
-        loadings = lane_loadings(values.mode, values.target_device, values.draft_device, values.configuration, reserve)
+        loadings = server.engines.lane_loadings(values.mode, values.target_device, values.draft_device, values.configuration, reserve)
         engines = yield from _wait_for({lane: held.add(loading) for lane, loading in loadings.items()})
-        run_settings = replace(device_settings(values.target_device, values.draft_device, values.configuration),
+        run_settings = replace(server.engines.pair_settings(values.target_device, values.draft_device, values.configuration),
                                generation=settings)
-        run = SideBySide(engines, values.instruction, run_settings, MEMORIES.of(visitor))
+        run = SideBySide(engines, values.instruction, run_settings, server.memories.of(visitor))
         check_prompt(run.prompt)
         run.prepare()  # the engines were warmed up when loaded: this plans the speculative lane
         jobs = {mode: (lambda cancel, mode=mode: run.lane(mode, cancel)) for mode in LANES}
         if values.genai:
             try:
-                jobs[GENAI] = yield from _genai_job(run, settings, held, reserve)
+                jobs[GENAI] = yield from _genai_job(server, run, settings, held, reserve)
             except (RuntimeError, sources.ModelSourceError, memory.Short) as error:  # ours run all the same
                 jobs[GENAI] = _failed(error)
     except (ValueError, sources.ModelSourceError, RuntimeError, memory.Short) as error:
@@ -152,12 +156,12 @@ def _load_and_run(values: PageValues, settings: GenerationSettings, visitor: Vis
         return
     # The lanes hold the machine: background work (a new machine's tune) is stopped meanwhile. Not while loading,
     # which may wait for a conversion that work holds the lock of.
-    with tuning.machine_held():
-        yield from _run_lanes(values, settings, run_id, cancel, run, jobs)
+    with server.background.machine_held():
+        yield from _run_lanes(values, settings, run_id, cancel, run, jobs, server.background.current)
 
 
 def _run_lanes(values: PageValues, settings: GenerationSettings, run_id: str, cancel, run: SideBySide,
-               jobs: dict) -> Iterator[View]:
+               jobs: dict, background: BackgroundWork | None) -> Iterator[View]:
     lanes = {name: LaneRun() for name in jobs}
     first = live_view(lanes, values.mode, plot=True, whole=True)
     first.results = render.note("Running…")
@@ -183,7 +187,7 @@ def _run_lanes(values: PageValues, settings: GenerationSettings, run_id: str, ca
         yield View(status="Working out what each K would have given on this answer (one pass of the draft model)…")
     record = run.finish(results, stopped)
     view = final_view(lanes, values.mode, settings, run.speculative, stopped, record.would, values.configuration,
-                      record.parting)
+                      record.parting, background)
     if record.run is not None:
         view.download = save_run(record.run, run_id)
         view.results += render.render_failures(record.run["failures"])
@@ -237,12 +241,12 @@ def _wait_for(loadings: dict[str, Loading]):
     return {lane: loading.wait() for lane, loading in loadings.items()}
 
 
-def _genai_job(run: SideBySide, settings: GenerationSettings, held: Held, reserve: int):
+def _genai_job(server: Server, run: SideBySide, settings: GenerationSettings, held: Held, reserve: int):
     """GenAI's lane: its pipeline for the counterpart of the drafter and the K our speculative lane starts with (the
     run's plan), on the same prompt ids; admitted beside what the background work may still need (`reserve`)."""
     drafter, k = run.genai_counterpart()
     needs_draft = drafter.needs_model
-    pipeline = yield from _wait_for({GENAI: held.add(genai_loading_for(run.settings, not needs_draft, reserve))})
+    pipeline = yield from _wait_for({GENAI: held.add(server.engines.genai_loading_for(run.settings, not needs_draft, reserve))})
     compiled_as = genai.fitted(run.settings.target, run.settings.draft if needs_draft else None)
     engine = run.speculative
     return lambda cancel: genai.stream(pipeline[GENAI], engine.tokenizer, run.prompt, settings, engine.eos_ids, k, cancel,
@@ -289,9 +293,11 @@ STOPPED_STATUS = "Stopped. The lanes show what was generated before Stop."
 
 
 def final_view(lanes: dict[str, LaneRun], mode: str, settings: GenerationSettings, engine: Engine,
-               stopped: bool = False, would=None, configuration: str = "faithful", parted=None) -> View:
+               stopped: bool = False, would=None, configuration: str = "faithful", parted=None,
+               background: BackgroundWork | None = None) -> View:
     """The last update: final texts and figures, the results, the run's charts (what each K would have given, acceptance
-    by position, the cost surface with the run's point), the cost note and the model panel with KV sizes."""
+    by position, the cost surface with the run's point), the cost note and the model panel with KV sizes (and where the
+    `background` work stands)."""
     spec = lanes[SPECULATIVE]
     errors = [f"The {name} lane failed: {lane.error}" for name, lane in lanes.items() if lane.error]
     if errors:
@@ -315,24 +321,24 @@ def final_view(lanes: dict[str, LaneRun], mode: str, settings: GenerationSetting
                                        metrics.run_acceptance(spec.rounds, settings.k_max) if drafted else None)
     view.costs_note = render.render_costs(engine.costs, engine.warm_up_s)
     kv = spec.summary.kv_cache_bytes if spec.summary else {}
-    view.models = render.render_models(describe_model(engine.target), describe_model(engine.draft) if engine.draft else None,
+    view.models = render.render_models(describe_model(engine.target, background),
+                                       describe_model(engine.draft, background) if engine.draft else None,
                                        engine.target.settings.num_threads, kv)
     return view
 
 
-def describe_model(model) -> dict:
-    """A model's facts for the panel; on a machine not tuned when it was compiled, where the background tune stands."""
+def describe_model(model, background: BackgroundWork | None = None) -> dict:
+    """A model's facts for the panel; on a machine not tuned when it was compiled, where the `background` tune stands."""
     described = model.describe()
-    background = tuning.current()
     if not described.get("tuned") and background is not None and background.tunes:
         described["tuned"] = background.describe()
     return described
 
 
-def stop(session: str, run_id: str) -> str | None:
+def stop(server: Server, session: str, run_id: str) -> str | None:
     """Stop button: every lane of the visitor's run `run_id` stops after its current step (a run still waiting leaves
     the queue), and the run's own last update says so. The status line until then, or None if that run of this
     session is not going."""
-    if not cancel_run(session, run_id):
+    if not server.runs.cancel(session, run_id):
         return None
     return "Stopping after the current step…"
