@@ -14,6 +14,7 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 from specdemo.serve import waiting
+from specdemo.serve.downloads import save_run
 from specdemo.ui import handlers
 from specdemo.ui.asgi import one_line
 from specdemo.ui.handlers import OUTPUTS
@@ -138,6 +139,6 @@ def test_a_client_writing_an_outside_address_then_this_machine_s_gets_the_outsid
 def test_a_run_s_file_and_the_copy_gradio_serves_are_readable_by_the_app_s_user_alone(tmp_path):
     from gradio.processing_utils import save_file_to_cache
 
-    path = handlers.save_run({"schema": 1}, "a-run-id", folder=tmp_path / "runs")
+    path = save_run({"schema": 1}, "a-run-id", folder=tmp_path / "runs")
     served = save_file_to_cache(path, str(tmp_path / "gradio"))  # as Gradio copies a download before serving it
     assert [stat.S_IMODE(os.stat(p).st_mode) for p in (path, served)] == [0o600, 0o600]

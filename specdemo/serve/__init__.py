@@ -11,6 +11,7 @@
 - tuning.py, work.py, progress.py: a new machine's background work (its steps; the one this server started, stopped
   while visitors' runs hold the machine; where it stands);
 - learning.py: the server's own turns in the line (the rest of a quick warm-up, a new tune applied).
+- downloads.py: each finished run's file, offered to its page alone for an hour.
 
 No gradio here: the page (specdemo.ui) renders what this serves.
 

@@ -9,14 +9,13 @@ Per-run state (events, timers) lives in the handler's local variables, so visito
 from __future__ import annotations
 
 import queue
-import tempfile
+import threading
 import time
 from dataclasses import dataclass, fields, replace
-from pathlib import Path
 from typing import Iterator
 
 from specdemo.run import genai
-from specdemo.results import metrics, runfile
+from specdemo.results import metrics
 from specdemo.models import sources
 from specdemo.host import memory
 from specdemo.learning.disk import inventory
@@ -24,6 +23,7 @@ from specdemo.run.engine import Engine
 from specdemo.settings import GenerationSettings, RunSettings
 from specdemo.serve import waiting
 from specdemo.ui import charts, render
+from specdemo.serve.downloads import save_run
 from specdemo.serve.server import Server
 from specdemo.serve.tuning import BackgroundWork
 from specdemo.serve.visitors import Visitor
@@ -95,132 +95,122 @@ def generate(server: Server, values: PageValues, visitor: Visitor) -> Iterator[V
         yield View(status=f"⚠️ {as_sentence(error)}")
         return
     run_id, cancel = server.runs.begin(visitor.session)  # from now on Stop reaches this run, waiting or running
+    turn = Turn(server, values, settings, visitor, run_id, cancel, server.engines.held())
     try:
-        views = _turn(server, values, settings, visitor, run_id, cancel, ticket)
+        views = turn.views(ticket)
         first = next(views, None)
         if first is not None:
             first.run = run_id  # the page's Stop names this run from now on
             yield first
         yield from views
     finally:
+        turn.held.release()
         # A run that had its turn (the line started its clock) and was not stopped teaches the line its pace.
         server.line.leave(ticket, finished=ticket.started is not None and not cancel.is_set())
         server.runs.end(run_id)
 
 
-def _turn(server: Server, values: PageValues, settings: GenerationSettings, visitor: Visitor, run_id: str, cancel,
-          ticket: waiting.Ticket) -> Iterator[View]:
-    """Wait for this run's turn in the line, saying its place, then run it."""
-    for ahead, seconds in server.line.wait(ticket, cancel):
-        yield View(status=waiting.describe_place(ahead, seconds))
-    if cancel.is_set():
-        yield View(status=LEFT_QUEUE_STATUS)
-        return
-    yield from _run(server, values, settings, visitor, run_id, cancel)
-
-
 LEFT_QUEUE_STATUS = "You left the queue; nothing was run."
 
 
-def _run(server: Server, values: PageValues, settings: GenerationSettings, visitor: Visitor, run_id: str,
-         cancel) -> Iterator[View]:
-    """The run itself, once it is this visitor's turn: one SideBySide owns it (tokenized and planned once, taught,
-    walked and recorded once), drafting from this visitor's own earlier answers alone; this handler streams and
-    renders. The models it loads are held until it ends (engines.Held: none is released as idle meanwhile)."""
-    held = server.engines.held()
-    try:
-        yield from _load_and_run(server, values, settings, visitor, run_id, cancel, held)
-    finally:
-        held.release()
+@dataclass
+class Turn:
+    """One press of Generate, from its place in the line to its last update: what its steps share. One SideBySide owns
+    the run itself (tokenized and planned once, taught, walked and recorded once), drafting from this visitor's own
+    earlier answers alone; the Turn streams and renders it. The models it loads are `held` until it ends (none is
+    released as idle meanwhile)."""
 
+    server: Server
+    values: PageValues  # as the page sent them
+    settings: GenerationSettings  # the values, checked
+    visitor: Visitor
+    run_id: str  # told to this visitor's page alone, for their Stop and their download
+    cancel: threading.Event  # set by Stop, or when the page goes away
+    held: Held
 
-def _load_and_run(server: Server, values: PageValues, settings: GenerationSettings, visitor: Visitor, run_id: str,
-                  cancel, held: Held) -> Iterator[View]:
-    reserve = server.background.reserve()  # what the background work may still need: a visitor's optional models leave it
-    try:
-        loadings = server.engines.lane_loadings(values.mode, values.target_device, values.draft_device, values.configuration, reserve)
-        engines = yield from _wait_for({lane: held.add(loading) for lane, loading in loadings.items()})
-        run_settings = replace(server.engines.pair_settings(values.target_device, values.draft_device, values.configuration),
-                               generation=settings)
-        run = SideBySide(engines, values.instruction, run_settings, server.memories.of(visitor))
+    def views(self, ticket: waiting.Ticket) -> Iterator[View]:
+        """Wait for this run's turn in the line, saying its place; then load, run and render it."""
+        for ahead, seconds in self.server.line.wait(ticket, self.cancel):
+            yield View(status=waiting.describe_place(ahead, seconds))
+        if self.cancel.is_set():
+            yield View(status=LEFT_QUEUE_STATUS)
+            return
+        try:
+            run, jobs = yield from self._load()
+        except (ValueError, sources.ModelSourceError, RuntimeError, memory.Short) as error:
+            yield View(status=f"⚠️ {as_sentence(error)}")
+            return
+        # The lanes hold the machine: background work (a new machine's tune) is stopped meanwhile. Not while loading,
+        # which may wait for a conversion that work holds the lock of.
+        with self.server.background.machine_held():
+            yield from self._run_lanes(run, jobs)
+
+    def _load(self):
+        """The run, prepared on the engines its lanes load, and each lane's job (GenAI's fails alone if it must); yields
+        the loadings' progress meanwhile."""
+        values, engines = self.values, self.server.engines
+        reserve = self.server.background.reserve()  # what the background work may still need: optional models leave it
+        loadings = engines.lane_loadings(values.mode, values.target_device, values.draft_device, values.configuration,
+                                         reserve)
+        loaded = yield from _wait_for({lane: self.held.add(loading) for lane, loading in loadings.items()})
+        pair = engines.pair_settings(values.target_device, values.draft_device, values.configuration)
+        run = SideBySide(loaded, values.instruction, replace(pair, generation=self.settings),
+                         self.server.memories.of(self.visitor))
         check_prompt(run.prompt)
         run.prepare()  # the engines were warmed up when loaded: this plans the speculative lane
         jobs = {mode: (lambda cancel, mode=mode: run.lane(mode, cancel)) for mode in LANES}
         if values.genai:
             try:
-                jobs[GENAI] = yield from _genai_job(server, run, settings, held, reserve)
+                jobs[GENAI] = yield from self._genai_job(run, reserve)
             except (RuntimeError, sources.ModelSourceError, memory.Short) as error:  # ours run all the same
                 jobs[GENAI] = _failed(error)
-    except (ValueError, sources.ModelSourceError, RuntimeError, memory.Short) as error:
-        yield View(status=f"⚠️ {as_sentence(error)}")
-        return
-    # The lanes hold the machine: background work (a new machine's tune) is stopped meanwhile. Not while loading,
-    # which may wait for a conversion that work holds the lock of.
-    with server.background.machine_held():
-        yield from _run_lanes(values, settings, run_id, cancel, run, jobs, server.background.current)
+        return run, jobs
 
+    def _genai_job(self, run: SideBySide, reserve: int):
+        """GenAI's lane: its pipeline for the counterpart of the drafter and the K our speculative lane starts with (the
+        run's plan), on the same prompt ids; admitted beside what the background work may still need (`reserve`)."""
+        drafter, k = run.genai_counterpart()
+        needs_draft = drafter.needs_model
+        loading = self.server.engines.genai_loading_for(run.settings, not needs_draft, reserve)
+        pipeline = (yield from _wait_for({GENAI: self.held.add(loading)}))[GENAI]
+        compiled_as = genai.fitted(run.settings.target, run.settings.draft if needs_draft else None)
+        engine, settings = run.speculative, self.settings
+        return lambda cancel: genai.stream(pipeline, engine.tokenizer, run.prompt, settings, engine.eos_ids, k, cancel,
+                                           drafter.name, compiled_as)
 
-def _run_lanes(values: PageValues, settings: GenerationSettings, run_id: str, cancel, run: SideBySide,
-               jobs: dict, background: BackgroundWork | None) -> Iterator[View]:
-    lanes = {name: LaneRun() for name in jobs}
-    first = live_view(lanes, values.mode, plot=True, whole=True)
-    first.results = render.note("Running…")
-    first.positions = charts.placeholder("Acceptance by draft position", "Drawn when the run ends.")
-    first.would = charts.placeholder("What each K would have given on this answer", "Drawn when the run ends.")
-    yield first
-    time.sleep(SETTLE_S)
-    inbox = queue.SimpleQueue()
-    threads = start_lanes(jobs, values.mode, cancel, inbox)
-    # Stop sets `cancel`: the workers end after their current step and the run ends normally, so the last update is
-    # always the final view (a closed page instead closes the generator at a yield; generate's finally stops the workers).
-    # While the lanes run, the updates carry new tokens and figures only: the timeline is drawn when they are done.
-    last_status = first.status
-    for _ in follow(lanes, threads, inbox):
-        view = live_view(lanes, values.mode, plot=False)
-        if view.status == last_status:
-            view.status = SKIP  # the same line again would only make the browser render it again
-        last_status = view.status if view.status is not SKIP else last_status
+    def _run_lanes(self, run: SideBySide, jobs: dict) -> Iterator[View]:
+        mode, settings, cancel = self.values.mode, self.settings, self.cancel
+        lanes = {name: LaneRun() for name in jobs}
+        first = live_view(lanes, mode, plot=True, whole=True)
+        first.results = render.note("Running…")
+        first.positions = charts.placeholder("Acceptance by draft position", "Drawn when the run ends.")
+        first.would = charts.placeholder("What each K would have given on this answer", "Drawn when the run ends.")
+        yield first
+        time.sleep(SETTLE_S)
+        inbox = queue.SimpleQueue()
+        threads = start_lanes(jobs, mode, cancel, inbox)
+        # Stop sets `cancel`: the workers end after their current step and the run ends normally, so the last update
+        # is always the final view (a closed page instead closes the generator at a yield; generate's finally stops
+        # the workers). While the lanes run, the updates carry new tokens and figures only: the timeline is drawn when
+        # they are done.
+        last_status = first.status
+        for _ in follow(lanes, threads, inbox):
+            view = live_view(lanes, mode, plot=False)
+            if view.status == last_status:
+                view.status = SKIP  # the same line again would only make the browser render it again
+            last_status = view.status if view.status is not SKIP else last_status
+            yield view
+        stopped = cancel.is_set()
+        results = {name: lanes[name].result() if lanes[name].summary is not None else None for name in LANES}
+        if not stopped and settings.greedy and all(finished(r) for r in results.values()):
+            yield View(status="Working out what each K would have given on this answer (one pass of the draft model)…")
+        record = run.finish(results, stopped)
+        view = final_view(lanes, mode, settings, run.speculative, stopped, record.would, self.values.configuration,
+                          record.parting, self.server.background.current)
+        if record.run is not None:
+            view.download = save_run(record.run, self.run_id, self.server.downloads)
+            view.results += render.render_failures(record.run["failures"])
         yield view
-    stopped = cancel.is_set()
-    results = {name: lanes[name].result() if lanes[name].summary is not None else None for name in LANES}
-    if not stopped and settings.greedy and all(finished(r) for r in results.values()):
-        yield View(status="Working out what each K would have given on this answer (one pass of the draft model)…")
-    record = run.finish(results, stopped)
-    view = final_view(lanes, values.mode, settings, run.speculative, stopped, record.would, values.configuration,
-                      record.parting, background)
-    if record.run is not None:
-        view.download = save_run(record.run, run_id)
-        view.results += render.render_failures(record.run["failures"])
-    yield view
-
-
-RUNS_FOLDER = Path(tempfile.gettempdir()) / "specdemo-runs"
-RUN_FILE_AGE_S = 3600.0  # a run's file is offered for download this long; older ones are removed at the next save
-
-
-def save_run(run: dict, run_id: str, folder: Path = RUNS_FOLDER) -> str:
-    """Write a finished run for the page's download, named by its run id (no one else's page is told it), readable by
-    this user alone; returns the file's path. Files older than RUN_FILE_AGE_S go first (Gradio's copy it serves is
-    cleaned by the page's delete_cache)."""
-    folder.mkdir(mode=0o700, exist_ok=True)
-    remove_old_runs(folder, RUN_FILE_AGE_S)
-    path = folder / f"specdemo-run-{time.strftime('%Y%m%d-%H%M%S')}-{run_id}.json"
-    runfile.save(run, path)
-    path.chmod(0o600)  # Gradio's copy keeps the mode (shutil.copy2) in a folder anyone may read
-    return str(path)
-
-
-def remove_old_runs(folder: Path, age_s: float) -> int:
-    """Remove the run files in `folder` last written more than `age_s` seconds ago; how many went."""
-    removed, now = 0, time.time()
-    for path in folder.glob("specdemo-run-*.json"):
-        try:
-            if now - path.stat().st_mtime > age_s:
-                path.unlink()
-                removed += 1
-        except OSError:  # removed by another process meanwhile
-            pass
-    return removed
 
 
 def ran_to_its_end(lane: LaneRun) -> bool:
@@ -239,18 +229,6 @@ def _wait_for(loadings: dict[str, Loading]):
         while not loading.done.wait(0.25):
             yield View(status=render.preparing_status(loading.fraction, loading.message))
     return {lane: loading.wait() for lane, loading in loadings.items()}
-
-
-def _genai_job(server: Server, run: SideBySide, settings: GenerationSettings, held: Held, reserve: int):
-    """GenAI's lane: its pipeline for the counterpart of the drafter and the K our speculative lane starts with (the
-    run's plan), on the same prompt ids; admitted beside what the background work may still need (`reserve`)."""
-    drafter, k = run.genai_counterpart()
-    needs_draft = drafter.needs_model
-    pipeline = yield from _wait_for({GENAI: held.add(server.engines.genai_loading_for(run.settings, not needs_draft, reserve))})
-    compiled_as = genai.fitted(run.settings.target, run.settings.draft if needs_draft else None)
-    engine = run.speculative
-    return lambda cancel: genai.stream(pipeline[GENAI], engine.tokenizer, run.prompt, settings, engine.eos_ids, k, cancel,
-                                       drafter.name, compiled_as)
 
 
 def _failed(error: Exception):
