@@ -19,7 +19,9 @@ from specdemo.host import compat
 compat.keep_torch_out()  # the server never needs torch: conversion runs in a child process
 
 from specdemo.models import kernels  # noqa: E402
-from specdemo.ui import engines, learning, page, tuning  # noqa: E402 - after keep_torch_out, so transformers does not load torch
+from specdemo.serve import learning, tuning  # noqa: E402 - after keep_torch_out, so transformers does not load torch
+from specdemo.serve.server import Server  # noqa: E402
+from specdemo.ui import page  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -45,22 +47,23 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     url = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::', '') else args.host}:{args.port}"
     started = time.perf_counter()
+    server = Server()  # the line, the engines, the runs, the background work and the visitors' memories
     kernels.say_once_if_unavailable(sys.stdout)  # the GGUF's blocks then run on the plugin's kernels, as before them
     # Convert (first start only), compile and measure the models quickly while the page comes up; say when runs can
     # start. Then learn the rest of this machine in turns between visitors' runs, and on a machine not tuned yet, tune
-    # it in the background (specdemo/ui/tuning.py).
+    # it in the background (specdemo/serve/tuning.py).
     def ready(engine) -> None:
         print(f"ready: {url} in {time.perf_counter() - started:.0f} s (models compiled, a first measurement of this "
               "machine; the rest is learnt in the background)", flush=True)
         log = lambda message: print(message, flush=True)  # noqa: E731
-        steps = tuning.needed_steps(model_bytes=engine.target.describe()["size_on_disk_bytes"], log=log,
-                                    costs=engine.costs)  # what could not pay on its quick curve is not run
+        steps = server.background.needed_steps(model_bytes=engine.target.describe()["size_on_disk_bytes"], log=log,
+                                               costs=engine.costs)  # what could not pay on its quick curve is not run
         # A tune measures the cost curve and the noise of the compile it keeps: until then runs plan provisionally.
-        learning.learn_in_turns(engine, log, then=lambda: start_background(steps),
+        learning.learn_in_turns(server, engine, log, then=lambda: start_background(server, steps),
                                 pair_only=tuning.tunes_the_pair(steps))
 
-    engines.prepare(on_ready=ready)
-    page.launch(page.build(), args.host, args.port, args.share, monitoring=args.monitoring, deep_links=args.deep_links)
+    server.engines.prepare(on_ready=ready)
+    page.launch(page.build(server), args.host, args.port, args.share, monitoring=args.monitoring, deep_links=args.deep_links)
     return 0
 
 
@@ -76,9 +79,11 @@ def port_in_use(host: str, port: int) -> str:
     return ""
 
 
-def start_background(steps: list) -> None:
-    """The background work this machine still needs (ui/tuning.py), once the page's own learning is done."""
-    background = tuning.start_if_needed(on_end=say_background_done, on_step=apply_when_tuned, steps=steps)
+def start_background(server: Server, steps: list) -> None:
+    """The background work this machine still needs (serve/tuning.py), once the page's own learning is done."""
+    background = server.background.start_if_needed(on_end=lambda work: say_background_done(server, work),
+                                                   on_step=lambda work, step: apply_when_tuned(server, work, step),
+                                                   steps=steps)
     labels = [label for label, _ in filter(tuning.runs, background.steps)] if background is not None else []
     if labels:  # the steps not run were said when they were decided
         print(f"in the background at low priority, paused while visitors' runs hold the machine: {'; '.join(labels)} "
@@ -86,23 +91,23 @@ def start_background(steps: list) -> None:
               "visitors' runs", flush=True)
 
 
-def apply_when_tuned(background: tuning.BackgroundWork, step: str) -> None:
+def apply_when_tuned(server: Server, background: tuning.BackgroundWork, step: str) -> None:
     """The default pair's tune (or draft plan) is done: apply it at once, while the rest of the background work (the
     other configurations) goes on; their engines compile under it when a visitor first runs them."""
     if step in (tuning.TUNING, tuning.PLANNING):
         print(f"{step}: done after {(time.perf_counter() - background.started) / 60:.1f} min in the background; "
               "applying the choice now, in a turn of its own between visitors' runs", flush=True)
-        learning.apply_tune(log=lambda message: print(message, flush=True))
+        learning.apply_tune(server, log=lambda message: print(message, flush=True))
 
 
-def say_background_done(background: tuning.BackgroundWork) -> None:
+def say_background_done(server: Server, background: tuning.BackgroundWork) -> None:
     if background.state == "done":
         print(f"background work done in {background.seconds / 60:.1f} min"
               + ("" if background.tunes else ": the page's other configurations now load without converting"), flush=True)
     else:
         print(f"the background work failed while {background.step} (exit {background.returncode}); "
               f"see {background.log_path}", flush=True)
-        learning.learn_the_rest(log=lambda message: print(message, flush=True))  # what the page left to the tune
+        learning.learn_the_rest(server, log=lambda message: print(message, flush=True))  # what the page left to the tune
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -23,6 +24,9 @@ from specdemo.host import compat
 from specdemo.models.loading import LoadedModel, load_model
 from specdemo.run.engine import Engine
 from specdemo.settings import ModelSettings, RunSettings
+
+if TYPE_CHECKING:  # imported where it is used: the page's modules load only for the tests that serve it
+    from specdemo.serve.server import Server
 
 TINY_VOCAB = 512
 ROOT = Path(__file__).resolve().parent.parent
@@ -157,19 +161,17 @@ def real_engine() -> Engine:
     return Engine.load(RunSettings())
 
 
-def serve_on_the_page(monkeypatch, settings: RunSettings) -> Engine:
-    """The page's handlers (ui/handlers.py) running every lane on one engine of `settings`, loaded and warmed up here
-    instead of by the page's loadings; the engine."""
-    from specdemo.ui import handlers
-    from specdemo.ui.engines import Loading
+def serve_on_the_page(settings: RunSettings, **fakes) -> "Server":
+    """A Server (serve/server.py) whose every lane runs on one engine of `settings`, loaded and warmed up here instead of
+    by the page's loadings, offering that pair as its default configuration; `fakes`: Engines' other loaders
+    (load_genai)."""
+    from specdemo.serve.engines import Engines
+    from specdemo.serve.server import Server
 
     engine = Engine.load(settings)
     engine.warm_up(settings.generation.k_max)
-    ready = Loading("test", lambda report: engine)
-    ready.wait()
-    monkeypatch.setattr(handlers, "lane_loadings", lambda *args: {"autoregressive": ready, "speculative": ready})
-    monkeypatch.setattr(handlers, "device_settings", lambda *args: settings)
-    return engine
+    return Server(engines=Engines(load_engine=lambda pair, with_draft: lambda report: engine,
+                                  configurations={"faithful": (settings.target, settings.draft)}, **fakes))
 
 
 def watch_forward(monkeypatch, model, before_call: Callable[[list[int]], None]) -> None:
@@ -249,9 +251,11 @@ def stop(process: subprocess.Popen) -> None:
 # line) is the real page's. Up in seconds, for tests of what strangers can send.
 PAGE_WITHOUT_MODELS = """
 import sys
-from specdemo.ui import page, waiting
-waiting.LINE.join(1)
-page.launch(page.build(), "127.0.0.1", int(sys.argv[1]), False)
+from specdemo.serve.server import Server
+from specdemo.ui import page
+server = Server()
+server.line.join(1)
+page.launch(page.build(server), "127.0.0.1", int(sys.argv[1]), False)
 """
 
 

@@ -157,6 +157,7 @@ LAYERS = (
     ("specdemo.results",),  # what a run's records mean: figures, parting, failures, counterfactual, the run file
     ("specdemo.learning",),  # what this machine learns: profile, measuring, warm-up, tune, races, disk
     ("specdemo.run",),  # the engine, one side-by-side run, GenAI's lane
+    ("specdemo.serve",),  # serving strangers on one machine: the line, engines, runs, background work, visitors
     ("specdemo.ui",),  # the page
     ("specdemo.bench",),  # the benchmark (it measures the page too)
     ("specdemo.cli",),  # the command line
@@ -334,3 +335,41 @@ def test_the_engine_check_sees_an_engine_handed_in_and_written_into():
                      'steps = [lambda engine: None]\n')
     assert engine_handling(tree) == [(1, "handed an engine"), (2, "assigns on an engine"), (3, "setattr"),
                                      (4, "handed an engine")]
+# What a module-level name of the page or its serving may be bound to a call of: none of these, whose instances hold
+# state that changes (a lock, a line, a registry); such state is the Server's (serve/server.py), made in app.py.
+STATEFUL = {"Lock", "RLock", "Event", "Condition", "Semaphore", "Thread", "dict", "list", "set", "OrderedDict", "deque",
+            "RunQueue", "Memories", "Engines", "Runs", "Background", "Server"}
+
+
+def module_state(source: str) -> list[str]:
+    """What in `source` is state of the module's own: a `global` statement, a module-level name that is not a constant
+    (UPPER_CASE, or a CamelCase type alias), or one bound to an empty dict, list or set (a registry to fill) or to a
+    call of a STATEFUL type."""
+    tree = ast.parse(source)
+    found = [f"{node.lineno}: global {', '.join(node.names)}" for node in ast.walk(tree) if isinstance(node, ast.Global)]
+    for node in tree.body:
+        if not isinstance(node, (ast.Assign, ast.AnnAssign)):
+            continue
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        for name in [n.id for target in targets for n in ast.walk(target) if isinstance(n, ast.Name)]:
+            if not (name.lstrip("_").isupper() or name[0].isupper()):
+                found.append(f"{node.lineno}: {name}")
+        calls = [n for n in ast.walk(node.value) if isinstance(n, ast.Call)] if node.value is not None else []
+        found += [f"{node.lineno}: {ast.unparse(call)[:40]}" for call in calls
+                  if getattr(call.func, "id", getattr(call.func, "attr", "")) in STATEFUL]
+        value = node.value
+        if (isinstance(value, ast.Dict) and not value.keys) or (isinstance(value, (ast.List, ast.Set)) and not value.elts):
+            found.append(f"{node.lineno}: {ast.unparse(value)}")
+    return found
+
+
+def test_the_page_and_its_serving_keep_no_state_in_modules_only_in_the_server():
+    offenders = [f"{path.relative_to(PACKAGE.parent)}:{line}" for name, path in modules().items()
+                 if name.startswith(("specdemo.ui", "specdemo.serve")) for line in module_state(path.read_text())]
+    assert offenders == [], "make it a field of the Server (serve/server.py):\n" + "\n".join(offenders)
+
+
+def test_the_state_check_finds_a_registry_a_lock_and_a_global():
+    source = ("import threading\nRUNS: dict = {}\n_LOCK = threading.Lock()\nline = None\nMAX = 3\n"
+              "def start():\n    global line\n    line = 1\n")
+    assert module_state(source) == ["7: global line", "2: {}", "3: threading.Lock()", "4: line"]

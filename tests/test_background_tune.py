@@ -15,7 +15,9 @@ from specdemo.learning.candidates import CPU
 from specdemo.learning.profile import choices, machine_profile
 from specdemo.models import sources
 from specdemo.settings import CONFIGURATIONS, DEFAULT_DRAFT, DEFAULT_TARGET, RunSettings
-from specdemo.ui import handlers, tuning
+from specdemo.serve import tuning
+from specdemo.serve.work import Background
+from specdemo.ui import handlers
 
 
 def child(code: int = 0, seconds: float = 0.0) -> list[str]:
@@ -25,14 +27,14 @@ def child(code: int = 0, seconds: float = 0.0) -> list[str]:
 
 
 @pytest.fixture
-def turned_on(home, monkeypatch):
-    """This test's own empty SPECDEMO_HOME, background work on (conftest turns it off), none started yet."""
+def turned_on(home, monkeypatch) -> Background:
+    """This test's own empty SPECDEMO_HOME, background work on (conftest turns it off), and a server's Background with
+    none started yet."""
     monkeypatch.setenv(tuning.TUNE_AT_START, "1")
-    monkeypatch.setattr(tuning, "_CURRENT", None)
     # An AMX Xeon's flags, where every step may run (the plugin's layouts may beat our kernels); the CPU classes where
     # they cannot are held by their own test
     monkeypatch.setattr(CPU, "here", staticmethod(lambda: CPU(AMX_FLAGS, 2)))
-    return home
+    return Background()
 
 
 AMX_FLAGS = frozenset({"avx2", "avx512f", "avx512_vnni", "amx_int8"})
@@ -124,10 +126,10 @@ def test_a_machine_tuned_and_prepared_needs_nothing_and_starts_nothing(turned_on
     tuned_here("int4", "int8", targets=(DEFAULT_TARGET, CONFIGURATIONS["fastest"][0]))
     prepared(*CONFIGURATIONS["faithful"], replace(DEFAULT_DRAFT, precision="int8"))
     assert [label for label, _ in tuning.background_steps(RunSettings(), 1)] == ["preparing the fastest configuration's models"]
-    assert not tuning.tunes_the_pair(tuning.needed_steps(model_bytes=1))  # the page learns all of its pair itself
+    assert not tuning.tunes_the_pair(turned_on.needed_steps(model_bytes=1))  # the page learns all of its pair itself
     prepared(*CONFIGURATIONS["fastest"])
     assert tuning.background_steps(RunSettings(), 1) == []
-    assert tuning.start_if_needed(model_bytes=1) is None and tuning.current() is None
+    assert turned_on.start_if_needed(model_bytes=1) is None and turned_on.current is None
 
 
 def test_the_fastest_configurations_target_is_tuned_too_once_the_default_one_is(turned_on):
@@ -147,15 +149,15 @@ def test_too_little_memory_skips_the_tune_and_says_so(turned_on):
 
 def test_nothing_starts_when_turned_off(turned_on, monkeypatch):
     monkeypatch.setenv(tuning.TUNE_AT_START, "0")
-    assert tuning.needed_steps(model_bytes=1) == []
-    assert tuning.start_if_needed(model_bytes=1) is None and tuning.current() is None
+    assert turned_on.needed_steps(model_bytes=1) == []
+    assert turned_on.start_if_needed(model_bytes=1) is None and turned_on.current is None
 
 
 def test_the_steps_run_in_turn_niced_and_the_end_is_reported(turned_on):
     ended = []
-    background = tuning.start([(tuning.TUNING, child(0)), ("preparing", child(0))], on_end=ended.append)
-    assert tuning.current() is background and "applied as soon as it is done" in background.describe()
-    assert tuning.start_if_needed(model_bytes=1) is None  # one per server
+    background = turned_on.start([(tuning.TUNING, child(0)), ("preparing", child(0))], on_end=ended.append)
+    assert turned_on.current is background and "applied as soon as it is done" in background.describe()
+    assert turned_on.start_if_needed(model_bytes=1) is None  # one per server
     finish(background)
     assert background.state == "done" and ended == [background]
     assert background.log_path.read_text().count("niceness 19") == 2
@@ -164,7 +166,7 @@ def test_the_steps_run_in_turn_niced_and_the_end_is_reported(turned_on):
 
 def test_each_step_that_ends_well_is_reported_as_it_ends_so_a_tune_applies_before_the_rest(turned_on):
     steps, ended = [], []
-    background = tuning.start([(tuning.TUNING, child(0)), ("preparing the fastest configuration's models", child(0, 1.0))],
+    background = turned_on.start([(tuning.TUNING, child(0)), ("preparing the fastest configuration's models", child(0, 1.0))],
                               on_end=ended.append, on_step=lambda work, label: steps.append((label, work.state)))
     for _ in range(200):  # the tune's step has ended; the next one is still running
         if steps:
@@ -177,7 +179,7 @@ def test_each_step_that_ends_well_is_reported_as_it_ends_so_a_tune_applies_befor
 
 
 def test_a_failed_step_ends_the_work_and_points_to_its_log(turned_on):
-    background = tuning.start([(tuning.TUNING, child(3)), ("preparing", child(0))])
+    background = turned_on.start([(tuning.TUNING, child(3)), ("preparing", child(0))])
     finish(background)
     assert background.state == "failed" and background.returncode == 3
     assert background.log_path.read_text().count("niceness") == 1  # the second step never ran
@@ -185,12 +187,12 @@ def test_a_failed_step_ends_the_work_and_points_to_its_log(turned_on):
 
 
 def test_a_visitors_run_stops_the_work_until_the_last_run_ends(turned_on):
-    background = tuning.start([(tuning.TUNING, child(0, 60))])
+    background = turned_on.start([(tuning.TUNING, child(0, 60))])
     process = psutil.Process(started(background).pid)
     try:
-        with tuning.machine_held():
+        with turned_on.machine_held():
             assert wait_for_status(process, psutil.STATUS_STOPPED)
-            with tuning.machine_held():  # a second run overlapping (a race lane, an API client)
+            with turned_on.machine_held():  # a second run overlapping (a race lane, an API client)
                 pass
             assert process.status() == psutil.STATUS_STOPPED  # still held by the first
         assert wait_for_status(process, psutil.STATUS_SLEEPING)
@@ -199,8 +201,8 @@ def test_a_visitors_run_stops_the_work_until_the_last_run_ends(turned_on):
 
 
 def test_work_started_while_a_run_holds_the_machine_starts_stopped(turned_on):
-    with tuning.machine_held():
-        background = tuning.start([(tuning.TUNING, child(0, 60))])
+    with turned_on.machine_held():
+        background = turned_on.start([(tuning.TUNING, child(0, 60))])
         try:
             process = psutil.Process(started(background).pid)
             assert wait_for_status(process, psutil.STATUS_STOPPED)
@@ -219,13 +221,15 @@ def test_the_work_outlives_the_thread_that_started_it_but_not_the_server(turned_
     report = tmp_path / "report"
     server = subprocess.run([sys.executable, "-c", f"""
 import sys, threading, time
-from specdemo.ui import tuning
+from specdemo.serve import tuning
+from specdemo.serve.work import Background
 step = [sys.executable, "-c", "import time; time.sleep(60)"]
-loading = threading.Thread(target=tuning.start, args=([(tuning.TUNING, step)],))
+background = Background()
+loading = threading.Thread(target=background.start, args=([(tuning.TUNING, step)],))
 loading.start()
 loading.join()
 time.sleep(1)
-open({str(report)!r}, "w").write(f"{{tuning.current().process.pid}} {{tuning.current().state}}")
+open({str(report)!r}, "w").write(f"{{background.current.process.pid}} {{background.current.state}}")
 """], cwd=tuning.ROOT, timeout=60)
     assert server.returncode == 0
     pid, state = report.read_text().split()
@@ -249,12 +253,13 @@ class Described:
 
 
 def test_the_model_panel_says_where_the_background_tune_stands(turned_on):
-    assert handlers.describe_model(Described(""))["tuned"] == ""  # the panel then says "not tuned: python -m specdemo tune"
-    background = tuning.start([(tuning.TUNING, child(0, 0.5))])
-    assert "tuning this machine in the background" in handlers.describe_model(Described(""))["tuned"]
-    assert handlers.describe_model(Described("tuned: 20 % faster"))["tuned"] == "tuned: 20 % faster"  # compiled tuned
+    assert handlers.describe_model(Described(""), None)["tuned"] == ""  # the panel: "not tuned: python -m specdemo tune"
+    background = turned_on.start([(tuning.TUNING, child(0, 0.5))])
+    assert "tuning this machine in the background" in handlers.describe_model(Described(""), turned_on.current)["tuned"]
+    compiled_tuned = handlers.describe_model(Described("tuned: 20 % faster"), turned_on.current)
+    assert compiled_tuned["tuned"] == "tuned: 20 % faster"
     finish(background)
-    assert "applied between visitors' runs" in handlers.describe_model(Described(""))["tuned"]
+    assert "applied between visitors' runs" in handlers.describe_model(Described(""), turned_on.current)["tuned"]
 
 
 def started(background: tuning.BackgroundWork) -> subprocess.Popen:
@@ -279,7 +284,7 @@ def test_a_step_memory_does_not_allow_is_skipped_and_the_next_one_runs(turned_on
     next step (the fastest configuration's models still fit when the tune did not), and the panel says what was left."""
     from specdemo.host import memory
 
-    background = tuning.start([(tuning.TUNING, child(memory.SKIPPED)), ("preparing the fastest configuration's models",
+    background = turned_on.start([(tuning.TUNING, child(memory.SKIPPED)), ("preparing the fastest configuration's models",
                                                                          child(0))])
     finish(background)
     assert background.state == "done" and background.skipped == [tuning.TUNING]
@@ -292,7 +297,7 @@ def test_each_step_counts_the_page_beside_itself_in_the_memory_bound(turned_on):
 
     from specdemo.host import memory
 
-    background = tuning.start([(tuning.TUNING, [sys.executable, "-c", f"import os; print('root', os.environ['{memory.ROOT_VARIABLE}'])"])])
+    background = turned_on.start([(tuning.TUNING, [sys.executable, "-c", f"import os; print('root', os.environ['{memory.ROOT_VARIABLE}'])"])])
     finish(background)
     assert f"root {os.getpid()}" in background.log_path.read_text()
 
@@ -336,7 +341,7 @@ def test_a_step_not_run_is_said_in_the_log_the_pages_line_and_the_panel(turned_o
     from specdemo.ui import render
 
     why = "on this machine's cost curve int8, full head would give at best 0.95× at any acceptance it could reach"
-    background = tuning.start([("preparing the draft at int8, for the draft plan", why),
+    background = turned_on.start([("preparing the draft at int8, for the draft plan", why),
                                ("preparing the fastest configuration's models", child(0))])
     finish(background)
     assert background.state == "done" and background.log_path.read_text().count("niceness") == 1  # one step ran

@@ -222,7 +222,7 @@ def test_a_visitor_queued_behind_api_clients_sees_their_place_counting_down_and_
 
     from specdemo.ui.handlers import OUTPUTS
     from specdemo.ui.page import INPUTS
-    from specdemo.ui.values import PageValues
+    from specdemo.serve.values import PageValues
 
     def submit(instruction: str, tokens: int):
         values = {**vars(PageValues(max_new_tokens=tokens, k_auto=False)), "instruction": instruction}

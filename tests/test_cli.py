@@ -86,7 +86,7 @@ def test_a_conversion_that_fills_the_disk_tells_the_page_what_to_do(tmp_path):
     from specdemo.models import convert
     from specdemo.models.sources import ModelSourceError
     from specdemo.settings import ModelSettings
-    from specdemo.ui.values import as_sentence
+    from specdemo.serve.values import as_sentence
 
     error = OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "model.gguf"))
     said = as_sentence(ModelSourceError(convert.failure(ModelSettings("qwen2.5-coder-1.5b"), error, tmp_path / "x.log")))

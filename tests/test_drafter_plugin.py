@@ -89,8 +89,9 @@ def test_a_dropped_in_strategy_runs_through_generate_losslessly_with_its_rounds_
 
 @pytest.mark.slow
 def test_a_dropped_in_strategy_is_among_the_pages_drafting_choices(copy_with_echo):
-    script = ("from specdemo.ui import page\n"
-              "demo = page.build()\n"
+    script = ("from specdemo.serve.server import Server\n"
+              "from specdemo.ui import page\n"
+              "demo = page.build(Server())\n"
               "radio = next(b for b in demo.blocks.values() if getattr(b, 'elem_id', None) == 'drafter')\n"
               "print([value for _, value in radio.choices])")
     done = run_in(copy_with_echo, "-c", script)

@@ -15,7 +15,7 @@ from specdemo.results.lane import drain
 from specdemo.run.engine import Engine
 from specdemo.settings import GenerationSettings, KPolicy
 from specdemo.text import clean_instruction
-from specdemo.ui.values import MAX_NEW_TOKENS_CAP, PageValues
+from specdemo.serve.values import MAX_NEW_TOKENS_CAP, PageValues
 from tests.hostile_text import ANY_TEXT, FAST
 
 PROMPT = "w5 w17 w99 w3 w250 w42 w7"

@@ -13,8 +13,8 @@ import pytest
 
 from specdemo.settings import GenerationSettings
 from specdemo.names import AUTOREGRESSIVE, LANES, SPECULATIVE
-from specdemo.ui.lanes import LaneRun, follow, start_lanes
-from specdemo.ui.values import ONE_AFTER_ANOTHER
+from specdemo.serve.lanes import LaneRun, follow, start_lanes
+from specdemo.serve.values import ONE_AFTER_ANOTHER
 
 pytestmark = pytest.mark.slow  # about a minute
 

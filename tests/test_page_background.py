@@ -4,12 +4,15 @@ and applied; sent to the browser only when it changes, and not at all where ther
 
 import asyncio
 import html
-import threading
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
-from specdemo.ui import background, progress, render, tuning
+from specdemo.serve import progress, tuning
+from specdemo.serve.engines import KEPT, Engines
+from specdemo.serve.server import Server
+from specdemo.settings import RunSettings
+from specdemo.ui import background, render
 
 
 def work(log: Path, index: int = 2, state: str = "running", held: bool = False, finished=(), skipped=()):
@@ -19,6 +22,16 @@ def work(log: Path, index: int = 2, state: str = "running", held: bool = False, 
     return SimpleNamespace(index=index, steps=steps, step=steps[index - 1][0], state=state, held=held,
                            finished=list(finished), skipped=list(skipped), log_path=log, started=0.0, seconds=120.0,
                            passed_over=[])
+
+
+def serving(current=None, load=lambda: None) -> Server:
+    """A server whose default pair has loaded (as what `load()` gives) and whose background work, settled, is
+    `current`."""
+    server = Server(engines=Engines(load_engine=lambda settings, with_draft: lambda report: load()))
+    server.engines.loading_for(KEPT, RunSettings()).wait()
+    server.background.start_if_needed(steps=[])  # settled: nothing started
+    server.background.current = current
+    return server
 
 
 TUNE_LOG = """[  12 s] target: the reference (f32, no dynamic quantization), for fidelity
@@ -75,35 +88,27 @@ def test_the_follower_sends_a_line_only_when_it_changes_and_ends_with_the_work(t
         current.now = next(states, current.now)
         return sleep(0)
 
-    done = threading.Event()
-    done.set()
-    monkeypatch.setattr(background, "loading_for", lambda *args, **kwargs: SimpleNamespace(done=done))
-    monkeypatch.setattr(tuning, "decided", lambda: True)
-    monkeypatch.setattr(tuning, "current", lambda: current)
+    server = serving(current)
     monkeypatch.setattr(background.asyncio, "sleep", advance)
 
     async def lines():
-        return [line async for line in background.follow()]
+        return [line async for line in background.follow(server)]
 
     sent = asyncio.run(lines())
     assert len(sent) == 3  # step 2 (twice the same: sent once), step 3, done
     assert "step 2 of 4" in sent[0] and "step 3 of 4" in sent[1] and "Background work done" in sent[2]
 
 
-def test_no_background_work_sends_nothing(monkeypatch):
-    done = threading.Event()
-    done.set()
-    monkeypatch.setattr(background, "loading_for", lambda *args, **kwargs: SimpleNamespace(done=done))
-    monkeypatch.setattr(tuning, "decided", lambda: True)
-    monkeypatch.setattr(tuning, "current", lambda: None)
+def test_no_background_work_sends_nothing():
+    server = serving(current=None)
 
     async def lines():
-        return [line async for line in background.follow()]
+        return [line async for line in background.follow(server)]
 
     assert asyncio.run(lines()) == []
 
 
-def test_following_the_work_does_not_keep_the_engine_a_tune_replaces(monkeypatch):
+def test_following_the_work_does_not_keep_the_engine_a_tune_replaces():
     """The follower runs as long as the background work: holding the pair's loading would keep its engine (2 GiB) alive
     after the tune's engine replaced it."""
     import gc
@@ -113,23 +118,21 @@ def test_following_the_work_does_not_keep_the_engine_a_tune_replaces(monkeypatch
         pass
 
     engine = Engine()
-    done = threading.Event()
-    done.set()
-    loading = SimpleNamespace(done=done, value=engine)
-    monkeypatch.setattr(background, "loading_for", lambda *args, **kwargs: loading)
-    monkeypatch.setattr(tuning, "decided", lambda: True)
+    handed = [engine]  # to the pair's loading, which alone holds it then
+    server = serving(load=handed.pop)
     gone = weakref.ref(engine)
 
     async def freed_while_following() -> bool:
-        follower = background.follow(poll_s=0.001)
-        monkeypatch.setattr(tuning, "current", lambda: SimpleNamespace(progress=lambda: replaced()))
+        follower = background.follow(server, poll_s=0.001)
+        server.background.current = SimpleNamespace(progress=lambda: replaced())
         await follower.__anext__()  # the follower waits for the work's next change, still running
         gc.collect()
         return gone() is None
 
     def replaced():
-        nonlocal engine, loading
-        engine = loading = None  # the tune's engine took the old one's place
+        nonlocal engine
+        engine = None
+        server.engines.loadings.pop(KEPT)  # the tune's engine took the old one's place
         gc.collect()
         return progress.Progress(2, 4, tuning.TUNING, "", "running", False, (), (), 1.0)
 

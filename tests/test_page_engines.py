@@ -2,7 +2,7 @@
 
 import re
 
-from specdemo.ui.engines import _also_in_the_terminal
+from specdemo.serve.engines import _also_in_the_terminal
 
 
 def test_preparing_reports_to_the_page_and_prints_one_terminal_line_per_stage(capsys):
@@ -42,18 +42,18 @@ def test_two_models_converting_at_once_keep_their_own_stages_each_line_on_the_lo
     assert seconds == sorted(seconds) and seconds[-1] > 30  # one clock, since loading began, never restarted
 
 
-def _fake_engines(monkeypatch, home):
-    """Engines that load at once and record when; the tune file in the test's own home."""
+def _fake_engines(**fakes):
+    """Engines that load at once and record when (`fakes`: other loaders), and the loads recorded."""
     import threading
     from types import SimpleNamespace
 
-    from specdemo.ui import engines
+    from specdemo.serve.engines import Engines
 
     loads = []
-    monkeypatch.setattr(engines, "_LOADING", {})
-    monkeypatch.setattr(engines, "_load_engine", lambda settings, with_draft: lambda report: loads.append(
+    engines = Engines(**{"load_engine": lambda settings, with_draft: lambda report: loads.append(
         threading.current_thread().name) or SimpleNamespace(target=SimpleNamespace(tuned="tuned"),
-                                                            draft=SimpleNamespace(tuned=""), to_learn=lambda k, log: []))
+                                                            draft=SimpleNamespace(tuned=""), to_learn=lambda k, log: []),
+        **fakes})
     return engines, loads
 
 
@@ -65,37 +65,40 @@ def _retune() -> None:
     Profile(specdemo_home()).store.update("tune", lambda tune: {**tune, "changed_ns": tune.get("changed_ns", 0) + 10**9})
 
 
-def test_a_run_after_the_tune_changed_compiles_again_and_a_page_load_does_not(home, monkeypatch):
+def test_a_run_after_the_tune_changed_compiles_again_and_a_page_load_does_not(home):
+    from specdemo.serve.engines import APPLYING
     from specdemo.settings import RunSettings
 
-    engines, loads = _fake_engines(monkeypatch, home)
+    engines, loads = _fake_engines()
     first = engines.loading_for("pair", RunSettings())
     first.wait()
     assert engines.loading_for("pair", RunSettings()) is first  # nothing changed: the same engine
     _retune()
     assert engines.loading_for("pair", RunSettings(), refresh=False) is first  # a page being loaded keeps it
     again = engines.loading_for("pair", RunSettings())  # a run in its turn: compiled again under the new tune
-    assert again is not first and again.message == engines.APPLYING
+    assert again is not first and again.message == APPLYING
     again.wait()
     assert len(loads) == 2 and engines.loading_for("pair", RunSettings()) is again
 
 
-def test_the_new_tune_is_applied_in_a_turn_of_its_own_after_the_run_that_holds_the_machine(home, monkeypatch):
+def test_the_new_tune_is_applied_in_a_turn_of_its_own_after_the_run_that_holds_the_machine(home):
+    from specdemo.serve import learning
+    from specdemo.serve.server import Server
     from specdemo.settings import RunSettings
-    from specdemo.ui import learning, waiting
 
-    engines, loads = _fake_engines(monkeypatch, home)
+    engines, loads = _fake_engines()
+    server = Server(engines=engines)
     engines.loading_for("pair", RunSettings()).wait()
-    run = waiting.LINE.join(16)  # a visitor's run holds the machine
+    run = server.line.join(16)  # a visitor's run holds the machine
     _retune()
     said = []
-    applying = learning.apply_tune(log=said.append)
+    applying = learning.apply_tune(server, log=said.append)
     applying.join(0.5)
     assert applying.is_alive() and len(loads) == 1  # waits in the line: no compile beside the run
-    waiting.LINE.leave(run)
+    server.line.leave(run)
     applying.join(10)
     assert len(loads) == 2 and said[0].startswith("applied this machine's tune in") and "no restart" in said[0]
-    assert len(waiting.LINE) == 0
+    assert len(server.line) == 0
 
 
 def _room(left_gib: float):
@@ -120,13 +123,12 @@ def test_a_visitor_s_genai_lane_loads_only_beside_what_the_background_work_may_s
     from specdemo.host import memory
     from specdemo.settings import RunSettings
 
-    engines, loads = _fake_engines(monkeypatch, home)
-    monkeypatch.setattr(engines, "_load_genai", lambda settings, lookup: lambda report: loads.append("genai") or "pipeline")
+    engines, loads = _fake_engines(load_genai=lambda settings, lookup: lambda report: loads.append("genai") or "pipeline")
     _prepared(monkeypatch)  # GenAI's target and draft: 2.5 GiB to compile
     monkeypatch.setattr(memory, "room", _room(3.0))
     with pytest.raises(memory.Short, match=r"OpenVINO GenAI's pipeline needs about 2.5 GiB .* spoken for by the background"):
         engines.genai_loading_for(RunSettings(), prompt_lookup=False, reserve=int(1.0 * 2**30))  # a tune still to come
-    assert loads == [] and "genai" not in engines._LOADING
+    assert loads == [] and "genai" not in engines.loadings
     loading = engines.genai_loading_for(RunSettings(), prompt_lookup=False, reserve=0)  # the work is done: it fits
     assert loading.wait() == "pipeline"
 
@@ -138,9 +140,8 @@ def test_loadings_under_way_are_counted_so_a_race_s_two_engines_are_not_both_let
 
     from specdemo.host import memory
 
-    engines, loads = _fake_engines(monkeypatch, home)
     slow = threading.Event()
-    monkeypatch.setattr(engines, "_load_engine", lambda settings, with_draft: lambda report: slow.wait(10) and "engine")
+    engines, _ = _fake_engines(load_engine=lambda settings, with_draft: lambda report: slow.wait(10) and "engine")
     _prepared(monkeypatch)
     monkeypatch.setattr(memory, "room", _room(3.0))  # room for the race's first engine (1.25), not both (1.25 + 2.5)
     with pytest.raises(memory.Short, match="a race's speculative engine needs about 2.5 GiB"):
@@ -153,7 +154,7 @@ def test_the_fastest_configuration_is_never_converted_in_a_visitor_s_turn(home, 
 
     from specdemo.models import sources
 
-    engines, loads = _fake_engines(monkeypatch, home)
+    engines, loads = _fake_engines()
     monkeypatch.setattr(sources, "is_prepared", lambda settings: settings.precision != "int4")
     with pytest.raises(sources.ModelSourceError, match="not prepared on this machine yet .* background work prepares it"):
         engines.lane_loadings("one after another", "CPU", "CPU", "fastest")
@@ -164,31 +165,33 @@ def test_optional_models_sitting_idle_are_released_and_the_default_pair_and_a_ru
     from specdemo.host import memory
     from specdemo.settings import RunSettings
 
-    engines, loads = _fake_engines(monkeypatch, home)
+    engines, loads = _fake_engines()
     _prepared(monkeypatch)
     monkeypatch.setattr(memory, "room", _room(7.0))
     engines.loading_for("pair", RunSettings()).wait()
     race = engines.lane_loadings("race", "CPU", "CPU")
-    held = engines.Held([race["speculative"]])  # a run holds the race's speculative engine
+    held = engines.held()
+    held.add(race["speculative"])  # a run holds the race's speculative engine
     for loading in race.values():
         loading.wait()
     assert engines.release_idle(idle_s=0) == ["race-autoregressive"]
-    assert set(engines._LOADING) == {"pair", "race-speculative"}
+    assert set(engines.loadings) == {"pair", "race-speculative"}
     held.release()
     assert engines.release_idle(idle_s=60) == []  # just used: not idle yet
-    assert engines.release_idle(idle_s=0) == ["race-speculative"] and set(engines._LOADING) == {"pair"}
+    assert engines.release_idle(idle_s=0) == ["race-speculative"] and set(engines.loadings) == {"pair"}
 
 
 def test_what_the_background_work_may_still_need_is_its_step_s_need_less_what_it_holds(monkeypatch):
     from types import SimpleNamespace
 
     from specdemo.host import memory
-    from specdemo.ui import tuning
+    from specdemo.serve import tuning
+    from specdemo.serve.work import Background
 
     _prepared(monkeypatch)
-    work = SimpleNamespace(state="running", index=2, steps=[("preparing the draft at int8", []), (tuning.TUNING, [])],
-                           holds=lambda: 2**30)
-    monkeypatch.setattr(tuning, "_CURRENT", work)
-    assert tuning.reserve() == memory.tune_need(2**30, 2**30) - 2**30
-    work.state = "done"
-    assert tuning.reserve() == 0
+    background = Background()
+    background.current = SimpleNamespace(state="running", index=2, holds=lambda: 2**30,
+                                         steps=[("preparing the draft at int8", []), (tuning.TUNING, [])])
+    assert background.reserve() == memory.tune_need(2**30, 2**30) - 2**30
+    background.current.state = "done"
+    assert background.reserve() == 0

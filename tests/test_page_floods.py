@@ -13,11 +13,13 @@ import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
-from specdemo.ui import handlers, waiting
+from specdemo.serve import waiting
+from specdemo.serve.downloads import save_run
+from specdemo.ui import handlers
 from specdemo.ui.asgi import one_line
 from specdemo.ui.handlers import OUTPUTS
 from specdemo.ui.page import INPUTS
-from specdemo.ui.values import PageValues
+from specdemo.serve.values import PageValues
 
 UPLOADS, UPLOAD_BYTES = 300, 60_000  # what one client sent in the issue: all kept, 19.3 MB in 1.5 s
 
@@ -142,6 +144,6 @@ def test_a_run_s_file_and_the_copy_gradio_serves_are_readable_by_the_app_s_user_
     from specdemo.results.record import Record
 
     record = Record("w5", "faithful", None, {lane: Result([], Summary(lane)) for lane in ("autoregressive", "speculative")})
-    path = handlers.save_run(record, "a-run-id", folder=tmp_path / "runs")
+    path = save_run(record, "a-run-id", folder=tmp_path / "runs")
     served = save_file_to_cache(path, str(tmp_path / "gradio"))  # as Gradio copies a download before serving it
     assert [stat.S_IMODE(os.stat(p).st_mode) for p in (path, served)] == [0o600, 0o600]

@@ -10,8 +10,8 @@ from specdemo.decoding.events import TARGET, TokenEvent
 from specdemo.results.metrics import Summary
 from specdemo.settings import GenerationSettings
 from specdemo.names import AUTOREGRESSIVE, GENAI, LANES, SPECULATIVE
-from specdemo.ui.lanes import UPDATE_INTERVAL_S, LaneRun, begin_run, cancel_run, end_run, follow, start_lanes
-from specdemo.ui.values import ONE_AFTER_ANOTHER, RACE
+from specdemo.serve.lanes import UPDATE_INTERVAL_S, LaneRun, Runs, follow, start_lanes
+from specdemo.serve.values import ONE_AFTER_ANOTHER, RACE
 
 
 def token(text, source=TARGET, step=1, t=0.1):
@@ -123,13 +123,14 @@ def test_a_failing_lane_is_reported_as_a_sentence():
 
 
 def test_stop_cancels_only_the_run_it_names_and_only_for_the_session_that_started_it():
-    (mine, my_cancel), (theirs, their_cancel) = begin_run("me"), begin_run("them")
+    runs = Runs()
+    (mine, my_cancel), (theirs, their_cancel) = runs.begin("me"), runs.begin("them")
     assert mine != theirs and len(mine) >= 16  # random ids, told to each visitor's page alone
-    assert not cancel_run("me", theirs)  # my session cannot stop their run, even knowing its id
-    assert not cancel_run("them", "")  # nor can a session stop anything without naming its run
+    assert not runs.cancel("me", theirs)  # my session cannot stop their run, even knowing its id
+    assert not runs.cancel("them", "")  # nor can a session stop anything without naming its run
     assert not their_cancel.is_set()
-    assert cancel_run("me", mine)
+    assert runs.cancel("me", mine)
     assert my_cancel.is_set() and not their_cancel.is_set()
-    end_run(mine)
-    end_run(theirs)
-    assert not cancel_run("me", mine)  # a run that ended is not going any more
+    runs.end(mine)
+    runs.end(theirs)
+    assert not runs.cancel("me", mine) and len(runs) == 0  # a run that ended is not going any more

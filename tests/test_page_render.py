@@ -7,8 +7,8 @@ from specdemo.results.record import Record
 from specdemo.settings import GenerationSettings, KPolicy, RunSettings
 from specdemo.ui import render
 from specdemo.names import AUTOREGRESSIVE, GENAI, LANES, SPECULATIVE
-from specdemo.ui.lanes import LaneRun
-from specdemo.ui.values import ONE_AFTER_ANOTHER, RACE
+from specdemo.serve.lanes import LaneRun
+from specdemo.serve.values import ONE_AFTER_ANOTHER, RACE
 
 
 def token(text, source=ACCEPTED, step=1, t=0.1, **extra):

@@ -6,8 +6,9 @@ import pytest
 
 from specdemo.decoding.drafters import STRATEGIES as DRAFTERS
 from specdemo.settings import GenerationSettings, KPolicy
+from specdemo.serve.server import Server
 from specdemo.ui import page
-from specdemo.ui.values import (MAX_INSTRUCTION_CHARS, MAX_PROMPT_TOKENS, ONE_AFTER_ANOTHER, RACE, PageValues, as_sentence,
+from specdemo.serve.values import (MAX_INSTRUCTION_CHARS, MAX_PROMPT_TOKENS, ONE_AFTER_ANOTHER, RACE, PageValues, as_sentence,
                                 check_choices, check_instruction, check_prompt, load_examples, offered_devices)
 
 PAGE_DEFAULTS = dict(max_new_tokens=48.0, k=4.0, k_auto=False, adaptive=False, drafter="model", decoding="greedy",
@@ -71,7 +72,7 @@ def test_examples_cover_code_prose_a_pasted_text_and_another_language():
 
 
 def test_the_only_free_text_the_page_takes_is_the_instruction_so_no_model_can_be_named():
-    config = page.build().get_config_file()
+    config = page.build(Server()).get_config_file()
     components = {c["id"]: c for c in config["components"]}
     inputs = [components[i] for event in config["dependencies"] for i in event["inputs"]]
     # Besides the instruction, Stop takes the id of the run it stops (a hidden box the page's Generate filled in).
@@ -119,7 +120,7 @@ def test_the_app_binds_loopback_and_asks_for_no_share_link_by_default(monkeypatc
 def test_an_unknown_configuration_is_refused_with_a_sentence():
     import pytest
 
-    from specdemo.ui.values import PageValues
+    from specdemo.serve.values import PageValues
 
     with pytest.raises(ValueError, match="^the configuration must be one of faithful, fastest, got 'turbo'$"):
         PageValues(instruction="hi", configuration="turbo").check()

@@ -5,10 +5,11 @@ import threading
 
 import pytest
 
-from specdemo.ui import handlers, waiting
-from specdemo.ui.lanes import cancel_run
-from specdemo.ui.values import PageValues
-from specdemo.ui.visitors import Visitor, address_of, visitor_of
+from specdemo.serve import waiting
+from specdemo.ui import handlers
+from specdemo.serve.server import Server
+from specdemo.serve.values import PageValues
+from specdemo.serve.visitors import Visitor, address_of, visitor_of
 
 
 def test_runs_take_turns_first_come_first_served():
@@ -50,14 +51,14 @@ def test_the_waiting_status_says_how_many_runs_are_ahead_and_for_how_long():
     assert "1 run ahead of you, any moment" in waiting.describe_place(1, 0.5)
 
 
-def test_the_page_says_its_place_at_once_and_stop_leaves_the_queue(monkeypatch):
-    line = waiting.RunQueue(max_waiting=4)
-    monkeypatch.setattr(waiting, "LINE", line)
+def test_the_page_says_its_place_at_once_and_stop_leaves_the_queue():
+    server = Server(line=waiting.RunQueue(max_waiting=4))
+    line = server.line
     holder = line.join(64)  # another visitor's run holds the machine
-    views = handlers.generate(PageValues(instruction="Write a haiku."), Visitor("visitor", "10.0.0.7"))
+    views = handlers.generate(server, PageValues(instruction="Write a haiku."), Visitor("visitor", "10.0.0.7"))
     first = next(views)
     assert first.status.startswith("Waiting for the machine: 1 run ahead of you")
-    assert cancel_run("visitor", first.run)  # Stop, naming the run the page was told
+    assert server.runs.cancel("visitor", first.run)  # Stop, naming the run the page was told
     assert [v.status for v in views] == [handlers.LEFT_QUEUE_STATUS]
     assert len(line) == 1 and line.ahead(holder) == 0
 
@@ -75,18 +76,18 @@ def test_one_session_holds_one_place_and_one_address_a_few():
     assert len(line) == waiting.PER_ADDRESS + 1
 
 
-def test_one_client_making_up_sessions_cannot_fill_the_page_s_line(monkeypatch):
-    line = waiting.RunQueue(max_waiting=waiting.MAX_WAITING_RUNS)
-    monkeypatch.setattr(waiting, "LINE", line)
+def test_one_client_making_up_sessions_cannot_fill_the_page_s_line():
+    server = Server()
+    line = server.line
     line.join(64)  # a run holds the machine
-    runs = [handlers.generate(PageValues(instruction="Write a haiku."), Visitor(f"session-{i}", "203.0.113.5"))
+    runs = [handlers.generate(server, PageValues(instruction="Write a haiku."), Visitor(f"session-{i}", "203.0.113.5"))
             for i in range(waiting.MAX_WAITING_RUNS)]
     firsts = [next(run) for run in runs]
     waiting_runs = [view for view in firsts if view.status.startswith("Waiting for the machine")]
     refused = [view for view in firsts if view.status.startswith("⚠️")]
     assert len(waiting_runs) == waiting.PER_ADDRESS and len(refused) == waiting.MAX_WAITING_RUNS - waiting.PER_ADDRESS
     assert "your network address" in refused[0].status
-    stranger = handlers.generate(PageValues(instruction="Write a haiku."), Visitor("stranger", "198.51.100.1"))
+    stranger = handlers.generate(server, PageValues(instruction="Write a haiku."), Visitor("stranger", "198.51.100.1"))
     assert next(stranger).status.startswith(f"Waiting for the machine: {waiting.PER_ADDRESS + 1} runs ahead of you")
     for run in runs + [stranger]:
         run.close()
@@ -117,9 +118,9 @@ def test_requests_from_this_machine_share_no_address_cap():
     assert len(line) == waiting.PER_ADDRESS + 2
 
 
-def test_an_empty_instruction_is_refused_at_once_not_after_waiting_its_turn(monkeypatch):
-    line = waiting.RunQueue(max_waiting=4)
-    monkeypatch.setattr(waiting, "LINE", line)
+def test_an_empty_instruction_is_refused_at_once_not_after_waiting_its_turn():
+    server = Server(line=waiting.RunQueue(max_waiting=4))
+    line = server.line
     line.join(64)  # a run holds the machine
-    views = list(handlers.generate(PageValues(instruction=" \n\u3000"), Visitor("visitor", "10.0.0.7")))
+    views = list(handlers.generate(server, PageValues(instruction=" \n\u3000"), Visitor("visitor", "10.0.0.7")))
     assert [v.status for v in views] == ["⚠️ The instruction is empty."] and len(line) == 1

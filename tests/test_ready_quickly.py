@@ -75,15 +75,16 @@ def test_with_a_tune_next_only_what_outlives_the_compile_is_learnt_first(engine)
     assert [what.split()[0] for what, _ in engine.to_learn(12)] == ["measuring", "measuring"]  # left, not forgotten
 
 
-def test_the_page_learns_the_rest_in_turns_of_its_own_behind_a_visitors_run(engine, monkeypatch):
-    from specdemo.ui import learning, waiting
+def test_the_page_learns_the_rest_in_turns_of_its_own_behind_a_visitors_run(engine):
+    from specdemo.serve import learning
+    from specdemo.serve.server import Server
 
-    line = waiting.RunQueue(max_waiting=4)
-    monkeypatch.setattr(waiting, "LINE", line)
+    server = Server()
+    line = server.line
     engine.warm_up(12, quick=True)
     visitor = line.join(16)  # a visitor's run holds the machine
     then, said = threading.Event(), []
-    thread = learning.learn_in_turns(engine, said.append, then=then.set)
+    thread = learning.learn_in_turns(server, engine, said.append, then=then.set)
     thread.join(1.0)
     assert thread.is_alive() and engine.costs.provisional  # it waits its turn: nothing measured beside the run
     line.leave(visitor)
@@ -95,7 +96,7 @@ def test_the_page_learns_the_rest_in_turns_of_its_own_behind_a_visitors_run(engi
 
 def test_a_prediction_before_the_machine_is_learnt_says_it_is_provisional():
     from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
-    from specdemo.ui.values import ONE_AFTER_ANOTHER
+    from specdemo.serve.values import ONE_AFTER_ANOTHER
     from tests.test_page_render import lane_with, results_of, token
 
     from specdemo.decoding.events import TARGET
@@ -118,8 +119,8 @@ def test_a_full_measurement_stops_for_something_more_urgent_and_keeps_nothing(en
 
 
 def test_visitors_go_ahead_of_the_servers_yielding_work_and_stop_it_once_it_runs():
-    from specdemo.ui import waiting
-    from specdemo.ui.visitors import Visitor
+    from specdemo.serve import waiting
+    from specdemo.serve.visitors import Visitor
 
     line = waiting.RunQueue(max_waiting=8)
     running = line.join(16, Visitor("a", "10.0.0.1"))
@@ -133,14 +134,12 @@ def test_visitors_go_ahead_of_the_servers_yielding_work_and_stop_it_once_it_runs
     assert line.visitors_behind(learning)
 
 
-def test_learning_stopped_for_a_visitor_goes_on_once_the_line_is_empty(monkeypatch):
+def test_learning_stopped_for_a_visitor_goes_on_once_the_line_is_empty():
     from types import SimpleNamespace
 
-    from specdemo.ui import learning, waiting
+    from specdemo.serve import learning
+    from specdemo.serve.server import Server
 
-    line = waiting.RunQueue(max_waiting=4)
-    monkeypatch.setattr(waiting, "LINE", line)
-    monkeypatch.setattr(learning, "LEARN_RETRY_S", 0.05)
     tries, done = [], []
 
     def full(interrupted):
@@ -151,6 +150,6 @@ def test_learning_stopped_for_a_visitor_goes_on_once_the_line_is_empty(monkeypat
 
     engine = SimpleNamespace(to_learn=lambda k, log, interrupted, pair_only: [] if done else [("full", lambda: full(interrupted))])
     then, said = threading.Event(), []
-    learning.learn_in_turns(engine, said.append, then=then.set)
+    learning.learn_in_turns(Server(), engine, said.append, then=then.set, retry_s=0.05)
     assert then.wait(10) and done == ["full"] and len(tries) == 2
     assert any("stopped for a visitor's run" in line for line in said)

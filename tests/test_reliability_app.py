@@ -18,7 +18,7 @@ from specdemo.models import sources
 from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET
 from specdemo.ui.handlers import OUTPUTS
 from specdemo.ui.page import INPUTS
-from specdemo.ui.values import PageValues
+from specdemo.serve.values import PageValues
 from tests.conftest import ROOT, AppServer
 
 pytestmark = [pytest.mark.real_models, pytest.mark.slow]
@@ -151,7 +151,7 @@ def test_a_malformed_api_call_leaves_one_line_in_the_terminal_not_a_traceback(se
 def test_one_client_making_up_sessions_from_one_address_gets_a_few_places_not_the_whole_line(server):
     """Behind a proxy (a Hugging Face Space's forwards the visitor's address), one address holds at most a few places
     in the line however many sessions it makes up; the rest are refused with a sentence, and a stranger still gets in."""
-    from specdemo.ui import waiting
+    from specdemo.serve import waiting
 
     def client(address: str) -> Client:
         return Client(server.url, verbose=False, headers={"X-Forwarded-For": address})

@@ -46,10 +46,11 @@ def same_run(record: dict) -> dict:
 
 
 def test_the_cli_the_page_and_the_bench_write_the_same_run_record(settings, engine, capsys, monkeypatch, tmp_path):
+    from specdemo.serve.engines import Engines
+    from specdemo.serve.server import Server
+    from specdemo.serve.values import PageValues
     from specdemo.ui import handlers
-    from specdemo.ui.engines import Loading
-    from specdemo.ui.values import PageValues
-    from specdemo.ui.visitors import Visitor
+    from specdemo.serve.visitors import Visitor
 
     # the CLI, `generate --json`
     monkeypatch.setattr(Engine, "load", classmethod(lambda cls, *args, **kwargs: engine))
@@ -58,12 +59,10 @@ def test_the_cli_the_page_and_the_bench_write_the_same_run_record(settings, engi
     cli = json.loads(capsys.readouterr().out)
 
     # the page: Generate with the same settings, the engines its loadings would give, the downloaded file
-    ready = Loading("tiny", lambda report: engine)
-    ready.wait()
-    monkeypatch.setattr(handlers, "lane_loadings", lambda *args: {"autoregressive": ready, "speculative": ready})
-    monkeypatch.setattr(handlers, "device_settings", lambda *args: settings)
+    server = Server(engines=Engines(load_engine=lambda pair, with_draft: lambda report: engine,
+                                    configurations={"faithful": (settings.target, settings.draft)}))
     values = PageValues(instruction=INSTRUCTION, max_new_tokens=20, k=3, k_auto=False, mode="one after another")
-    views = list(handlers.generate(values, Visitor("a-session")))
+    views = list(handlers.generate(server, values, Visitor("a-session")))
     page = json.loads(open(views[-1].download, encoding="utf-8").read())
 
     # the bench's sample run, as it writes it into run.json

@@ -13,7 +13,7 @@ from specdemo.learning.candidates import CPU
 from specdemo.learning.profile import machine_profile
 from specdemo.models import kernels, sources
 from specdemo.settings import DEFAULT_TARGET, FAITHFUL, FAITHFUL_PRECISIONS, RunSettings
-from specdemo.ui import tuning
+from specdemo.serve import tuning
 
 
 def prepared(*precisions: str) -> None:

@@ -7,8 +7,8 @@ import pytest
 
 from specdemo.settings import GenerationSettings, KPolicy, RunSettings
 from specdemo.ui import handlers
-from specdemo.ui.values import PageValues
-from specdemo.ui.visitors import Memories, Visitor
+from specdemo.serve.values import PageValues
+from specdemo.serve.visitors import Memories, Visitor
 from tests.conftest import exact, serve_on_the_page
 
 INSTRUCTION = "w5 w17 w99 w3 w250 w42 w7"
@@ -21,14 +21,14 @@ def settings(tiny_target, tiny_draft) -> RunSettings:
 
 
 @pytest.fixture
-def page(settings, monkeypatch):
-    """handlers.generate on the tiny pair, with a fresh set of visitors' memories; press(visitor) -> the run's record."""
-    serve_on_the_page(monkeypatch, settings)
-    monkeypatch.setattr(handlers, "MEMORIES", Memories())
+def page(settings):
+    """handlers.generate on the tiny pair, on a server of its own (a fresh set of visitors' memories); press(visitor) ->
+    the run's record."""
+    server = serve_on_the_page(settings)
     values = PageValues(instruction=INSTRUCTION, max_new_tokens=24, k=4, k_auto=False, drafter="suffix")
 
     def press(visitor: Visitor) -> dict:
-        views = list(handlers.generate(values, visitor))
+        views = list(handlers.generate(server, values, visitor))
         return json.loads(open(views[-1].download, encoding="utf-8").read())
     return press
 

@@ -29,8 +29,8 @@ found()), harness (lanes, measuring, the shared Context), sections and sweeps (w
 (GenAI, transformers), stats, targets, report and report_tables, plots; the machine description is
 specdemo/host/machine.py. A new section is one module (its runner, its report part, any plot) and one line in REGISTRY.
 
-May import: the page (specdemo.ui: the watching section measures it), the run and everything below it; never the
-command line.
+May import: the page (specdemo.ui: the watching section measures it) and what serves it (specdemo.serve), the run and
+everything below it; never the command line.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ import urllib.request
 from pathlib import Path
 
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
-from specdemo.ui.values import PageValues
+from specdemo.serve.values import PageValues
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 CHROMIUM = Path("/usr/bin/chromium")

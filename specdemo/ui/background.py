@@ -1,4 +1,4 @@
-"""The line under the page's status: the background work (ui/tuning.py) followed as it runs, and what its tunes
+"""The line under the page's status: the background work (serve/tuning.py) followed as it runs, and what its tunes
 changed. The page binds `follow` to its load event; no gradio here."""
 
 from __future__ import annotations
@@ -9,25 +9,27 @@ from typing import AsyncIterator
 
 from specdemo.learning.profile import machine_profile
 from specdemo.settings import CONFIGURATIONS, RunSettings
-from specdemo.ui import render, tuning
-from specdemo.ui.engines import loading_for
+from specdemo.serve import tuning
+from specdemo.serve.engines import KEPT
+from specdemo.serve.server import Server
+from specdemo.ui import render
 
 
-async def follow(poll_s: float = 2.0, settle_s: float = 900.0) -> AsyncIterator[str]:
+async def follow(server: Server, poll_s: float = 2.0, settle_s: float = 900.0) -> AsyncIterator[str]:
     """Page load: the background work's line (render.render_background) whenever it changes, until the work ends.
     Asked on the server every `poll_s` seconds while the work runs (reading only what its log gained); the browser
     receives nothing until the line changes, and nothing at all where there is no work. Waits for the models first,
     as the work starts once they are ready and the page has learnt the rest of the machine in turns between runs (up
     to `settle_s` seconds more for the server to start it)."""
     # Only the loading's Event: holding the Loading would keep its engine alive after a tune replaces it (2 GiB).
-    loaded = loading_for("pair", RunSettings(), True, refresh=False).done
+    loaded = server.engines.loading_for(KEPT, RunSettings(), True, refresh=False).done
     while not loaded.is_set():
         await asyncio.sleep(poll_s)
     for _ in range(int(settle_s / poll_s)):
-        if tuning.decided():
+        if server.background.decided():
             break
         await asyncio.sleep(poll_s)
-    work, last = tuning.current(), None
+    work, last = server.background.current, None
     while work is not None:
         progress = work.progress()
         progress = replace(progress, passed_over=progress.passed_over + not_measured(progress))

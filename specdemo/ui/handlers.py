@@ -1,37 +1,39 @@
 """What the page's buttons do, as generators of whole page updates. No gradio here: page.py binds these
 to the components and turns SKIP into "leave this output as it is".
 
-Per-run state (events, timers) lives in the handler's local variables, so visitors never see each
-other's outputs; engines come from engines.py, shared by every visitor; what a visitor's runs keep for their next
-(their drafters' memories) is theirs alone (visitors.py).
+Every handler takes the Server (serve/server.py) first: the line, the engines shared by every visitor, the runs Stop
+reaches, the background work and what a visitor's runs keep for their next (their drafters' memories, theirs alone).
+Per-run state (events, timers) lives in the handler's local variables, so visitors never see each other's outputs.
 """
 
 from __future__ import annotations
 
 import queue
-import tempfile
+import threading
 import time
 from dataclasses import dataclass, fields, replace
-from pathlib import Path
 from typing import Iterator
 
 from specdemo.run import genai
-from specdemo.results import metrics, runfile
+from specdemo.results import metrics
 from specdemo.models import sources
 from specdemo.host import memory
 from specdemo.learning.disk import inventory
 from specdemo.run.engine import Engine
 from specdemo.settings import GenerationSettings, RunSettings
-from specdemo.ui import charts, render, tuning, waiting
-from specdemo.ui.visitors import MEMORIES, Visitor
+from specdemo.serve import waiting
+from specdemo.ui import charts, render
+from specdemo.serve.downloads import save_run
+from specdemo.serve.server import Server
+from specdemo.serve.tuning import BackgroundWork
+from specdemo.serve.visitors import Visitor
 from specdemo.names import AUTOREGRESSIVE, GENAI, LANES, SPECULATIVE
 from specdemo.results.lane import finished
 from specdemo.results.record import Record
 from specdemo.run.sidebyside import SideBySide
-from specdemo.ui.engines import (Held, Loading, device_settings, genai_loading_for, lane_loadings, loading_for,
-                                 race_threads)
-from specdemo.ui.lanes import LaneRun, begin_run, cancel_run, end_run, follow, start_lanes
-from specdemo.ui.values import MAX_K, RACE, PageValues, as_sentence, check_prompt
+from specdemo.serve.engines import KEPT, Held, Loading, race_threads
+from specdemo.serve.lanes import LaneRun, follow, start_lanes
+from specdemo.serve.values import MAX_K, RACE, PageValues, as_sentence, check_prompt
 
 SETTLE_S = 0.5  # the browser renders the run's first update before the lanes start, not while they run
 SKIP = object()  # an output this update leaves as it is
@@ -56,7 +58,7 @@ class View:
     costs_note: object = SKIP
     download: object = SKIP  # the path of the finished run's JSON file (runfile.py), or None
     models: object = SKIP
-    run: object = SKIP  # the id of the visitor's run, for their Stop to name (lanes.begin_run)
+    run: object = SKIP  # the id of the visitor's run, for their Stop to name (lanes.Runs.begin)
 
     def values(self) -> tuple:
         return tuple(getattr(self, f.name) for f in fields(self))
@@ -65,11 +67,11 @@ class View:
 OUTPUTS = tuple(f.name for f in fields(View))
 
 
-def wait_for_models() -> Iterator[tuple]:
+def wait_for_models(server: Server) -> Iterator[tuple]:
     """Page load: the preparation's progress in the status line, then the model panel, the cost chart and the cost
     surface, as (status, models, costs frame, costs note, surface). The status line is written by this handler alone
     (no progress overlay drawn over it), so two messages never sit on top of each other."""
-    loading = loading_for("pair", RunSettings(), True, refresh=False)  # a visitor's run may hold the machine now
+    loading = server.engines.loading_for(KEPT, RunSettings(), True, refresh=False)  # a visitor's run may hold the machine now
     while not loading.done.wait(0.5):
         yield render.preparing_status(loading.fraction, loading.message), SKIP, SKIP, SKIP, SKIP
     if loading.error is not None:
@@ -77,145 +79,138 @@ def wait_for_models() -> Iterator[tuple]:
         return
     engine = loading.value
     ready = "Ready. Pick an example or type an instruction, then press **Generate**."
-    models = render.render_models(describe_model(engine.target), describe_model(engine.draft), disk_note=render.render_disk(inventory()))
+    background = server.background.current
+    models = render.render_models(describe_model(engine.target, background), describe_model(engine.draft, background),
+                                  disk_note=render.render_disk(inventory()))
     yield (ready, models, render.cost_frame(engine.costs), render.render_costs(engine.costs, engine.warm_up_s),
            charts.cost_surface(engine.costs, MAX_K))
 
 
-def generate(values: PageValues, visitor: Visitor) -> Iterator[View]:
+def generate(server: Server, values: PageValues, visitor: Visitor) -> Iterator[View]:
     """Take a turn on the machine, run the lanes on one instruction and stream the page's outputs. While runs ahead
     hold the machine, the status says how many and for about how long. A refused run yields one View whose status
     starts with ⚠️ and raises nothing."""
     try:
         settings = values.check()
-        ticket = waiting.LINE.join(settings.max_new_tokens, visitor)
+        ticket = server.line.join(settings.max_new_tokens, visitor)
     except ValueError as error:  # QueueFull too
         yield View(status=f"⚠️ {as_sentence(error)}")
         return
-    run_id, cancel = begin_run(visitor.session)  # from now on Stop reaches this run, waiting or running
+    run_id, cancel = server.runs.begin(visitor.session)  # from now on Stop reaches this run, waiting or running
+    turn = Turn(server, values, settings, visitor, run_id, cancel, server.engines.held())
     try:
-        views = _turn(values, settings, visitor, run_id, cancel, ticket)
+        views = turn.views(ticket)
         first = next(views, None)
         if first is not None:
             first.run = run_id  # the page's Stop names this run from now on
             yield first
         yield from views
     finally:
+        turn.held.release()
         # A run that had its turn (the line started its clock) and was not stopped teaches the line its pace.
-        waiting.LINE.leave(ticket, finished=ticket.started is not None and not cancel.is_set())
-        end_run(run_id)
-
-
-def _turn(values: PageValues, settings: GenerationSettings, visitor: Visitor, run_id: str, cancel,
-          ticket: waiting.Ticket) -> Iterator[View]:
-    """Wait for this run's turn in the line, saying its place, then run it."""
-    for ahead, seconds in waiting.LINE.wait(ticket, cancel):
-        yield View(status=waiting.describe_place(ahead, seconds))
-    if cancel.is_set():
-        yield View(status=LEFT_QUEUE_STATUS)
-        return
-    yield from _run(values, settings, visitor, run_id, cancel)
+        server.line.leave(ticket, finished=ticket.started is not None and not cancel.is_set())
+        server.runs.end(run_id)
 
 
 LEFT_QUEUE_STATUS = "You left the queue; nothing was run."
 
 
-def _run(values: PageValues, settings: GenerationSettings, visitor: Visitor, run_id: str, cancel) -> Iterator[View]:
-    """The run itself, once it is this visitor's turn: one SideBySide owns it (tokenized and planned once, taught,
-    walked and recorded once), drafting from this visitor's own earlier answers alone; this handler streams and
-    renders. The models it loads are held until it ends (engines.Held: none is released as idle meanwhile)."""
-    held = Held()
-    try:
-        yield from _load_and_run(values, settings, visitor, run_id, cancel, held)
-    finally:
-        held.release()
+@dataclass
+class Turn:
+    """One press of Generate, from its place in the line to its last update: what its steps share. One SideBySide owns
+    the run itself (tokenized and planned once, taught, walked and recorded once), drafting from this visitor's own
+    earlier answers alone; the Turn streams and renders it. The models it loads are `held` until it ends (none is
+    released as idle meanwhile)."""
 
+    server: Server
+    values: PageValues  # as the page sent them
+    settings: GenerationSettings  # the values, checked
+    visitor: Visitor
+    run_id: str  # told to this visitor's page alone, for their Stop and their download
+    cancel: threading.Event  # set by Stop, or when the page goes away
+    held: Held
 
-def _load_and_run(values: PageValues, settings: GenerationSettings, visitor: Visitor, run_id: str, cancel,
-                  held: Held) -> Iterator[View]:
-    reserve = tuning.reserve()  # what the background work may still need: a visitor's optional models leave it
-    try:
-        loadings = lane_loadings(values.mode, values.target_device, values.draft_device, values.configuration, reserve)
-        engines = yield from _wait_for({lane: held.add(loading) for lane, loading in loadings.items()})
-        run_settings = replace(device_settings(values.target_device, values.draft_device, values.configuration),
-                               generation=settings)
-        run = SideBySide(engines, values.instruction, run_settings, MEMORIES.of(visitor))
+    def views(self, ticket: waiting.Ticket) -> Iterator[View]:
+        """Wait for this run's turn in the line, saying its place; then load, run and render it."""
+        for ahead, seconds in self.server.line.wait(ticket, self.cancel):
+            yield View(status=waiting.describe_place(ahead, seconds))
+        if self.cancel.is_set():
+            yield View(status=LEFT_QUEUE_STATUS)
+            return
+        try:
+            run, jobs = yield from self._load()
+        except (ValueError, sources.ModelSourceError, RuntimeError, memory.Short) as error:
+            yield View(status=f"⚠️ {as_sentence(error)}")
+            return
+        # The lanes hold the machine: background work (a new machine's tune) is stopped meanwhile. Not while loading,
+        # which may wait for a conversion that work holds the lock of.
+        with self.server.background.machine_held():
+            yield from self._run_lanes(run, jobs)
+
+    def _load(self):
+        """The run, prepared on the engines its lanes load, and each lane's job (GenAI's fails alone if it must); yields
+        the loadings' progress meanwhile."""
+        values, engines = self.values, self.server.engines
+        reserve = self.server.background.reserve()  # what the background work may still need: optional models leave it
+        loadings = engines.lane_loadings(values.mode, values.target_device, values.draft_device, values.configuration,
+                                         reserve)
+        loaded = yield from _wait_for({lane: self.held.add(loading) for lane, loading in loadings.items()})
+        pair = engines.pair_settings(values.target_device, values.draft_device, values.configuration)
+        run = SideBySide(loaded, values.instruction, replace(pair, generation=self.settings),
+                         self.server.memories.of(self.visitor))
         check_prompt(run.prompt)
         run.prepare()  # the engines were warmed up when loaded: this plans the speculative lane
         jobs = {mode: (lambda cancel, mode=mode: run.lane(mode, cancel)) for mode in LANES}
         if values.genai:
             try:
-                jobs[GENAI] = yield from _genai_job(run, settings, held, reserve)
+                jobs[GENAI] = yield from self._genai_job(run, reserve)
             except (RuntimeError, sources.ModelSourceError, memory.Short) as error:  # ours run all the same
                 jobs[GENAI] = _failed(error)
-    except (ValueError, sources.ModelSourceError, RuntimeError, memory.Short) as error:
-        yield View(status=f"⚠️ {as_sentence(error)}")
-        return
-    # The lanes hold the machine: background work (a new machine's tune) is stopped meanwhile. Not while loading,
-    # which may wait for a conversion that work holds the lock of.
-    with tuning.machine_held():
-        yield from _run_lanes(values, settings, run_id, cancel, run, jobs)
+        return run, jobs
 
+    def _genai_job(self, run: SideBySide, reserve: int):
+        """GenAI's lane: its pipeline for the counterpart of the drafter and the K our speculative lane starts with (the
+        run's plan), on the same prompt ids; admitted beside what the background work may still need (`reserve`)."""
+        drafter, k = run.genai_counterpart()
+        needs_draft = drafter.needs_model
+        loading = self.server.engines.genai_loading_for(run.settings, not needs_draft, reserve)
+        pipeline = (yield from _wait_for({GENAI: self.held.add(loading)}))[GENAI]
+        compiled_as = genai.fitted(run.settings.target, run.settings.draft if needs_draft else None)
+        engine, settings = run.speculative, self.settings
+        return lambda cancel: genai.stream(pipeline, engine.tokenizer, run.prompt, settings, engine.eos_ids, k, cancel,
+                                           drafter.name, compiled_as)
 
-def _run_lanes(values: PageValues, settings: GenerationSettings, run_id: str, cancel, run: SideBySide,
-               jobs: dict) -> Iterator[View]:
-    lanes = {name: LaneRun() for name in jobs}
-    first = live_view(lanes, values.mode, plot=True, whole=True)
-    first.results = render.note("Running…")
-    first.positions = charts.placeholder("Acceptance by draft position", "Drawn when the run ends.")
-    first.would = charts.placeholder("What each K would have given on this answer", "Drawn when the run ends.")
-    yield first
-    time.sleep(SETTLE_S)
-    inbox = queue.SimpleQueue()
-    threads = start_lanes(jobs, values.mode, cancel, inbox)
-    # Stop sets `cancel`: the workers end after their current step and the run ends normally, so the last update is
-    # always the final view (a closed page instead closes the generator at a yield; generate's finally stops the workers).
-    # While the lanes run, the updates carry new tokens and figures only: the timeline is drawn when they are done.
-    last_status = first.status
-    for _ in follow(lanes, threads, inbox):
-        view = live_view(lanes, values.mode, plot=False)
-        if view.status == last_status:
-            view.status = SKIP  # the same line again would only make the browser render it again
-        last_status = view.status if view.status is not SKIP else last_status
+    def _run_lanes(self, run: SideBySide, jobs: dict) -> Iterator[View]:
+        mode, settings, cancel = self.values.mode, self.settings, self.cancel
+        lanes = {name: LaneRun() for name in jobs}
+        first = live_view(lanes, mode, plot=True, whole=True)
+        first.results = render.note("Running…")
+        first.positions = charts.placeholder("Acceptance by draft position", "Drawn when the run ends.")
+        first.would = charts.placeholder("What each K would have given on this answer", "Drawn when the run ends.")
+        yield first
+        time.sleep(SETTLE_S)
+        inbox = queue.SimpleQueue()
+        threads = start_lanes(jobs, mode, cancel, inbox)
+        # Stop sets `cancel`: the workers end after their current step and the run ends normally, so the last update
+        # is always the final view (a closed page instead closes the generator at a yield; generate's finally stops
+        # the workers). While the lanes run, the updates carry new tokens and figures only: the timeline is drawn when
+        # they are done.
+        last_status = first.status
+        for _ in follow(lanes, threads, inbox):
+            view = live_view(lanes, mode, plot=False)
+            if view.status == last_status:
+                view.status = SKIP  # the same line again would only make the browser render it again
+            last_status = view.status if view.status is not SKIP else last_status
+            yield view
+        stopped = cancel.is_set()
+        results = {name: lanes[name].result() if lanes[name].summary is not None else None for name in LANES}
+        if not stopped and settings.greedy and all(finished(r) for r in results.values()):
+            yield View(status="Working out what each K would have given on this answer (one pass of the draft model)…")
+        record = run.finish(results, stopped)
+        view = final_view(lanes, mode, record, run.speculative, self.server.background.current)
+        if record.finished:
+            view.download = save_run(record, self.run_id, self.server.downloads)
         yield view
-    stopped = cancel.is_set()
-    results = {name: lanes[name].result() if lanes[name].summary is not None else None for name in LANES}
-    if not stopped and settings.greedy and all(finished(r) for r in results.values()):
-        yield View(status="Working out what each K would have given on this answer (one pass of the draft model)…")
-    record = run.finish(results, stopped)
-    view = final_view(lanes, values.mode, record, run.speculative)
-    if record.finished:
-        view.download = save_run(record, run_id)
-    yield view
-
-
-RUNS_FOLDER = Path(tempfile.gettempdir()) / "specdemo-runs"
-RUN_FILE_AGE_S = 3600.0  # a run's file is offered for download this long; older ones are removed at the next save
-
-
-def save_run(record: Record, run_id: str, folder: Path = RUNS_FOLDER) -> str:
-    """Write a finished run for the page's download, named by its run id (no one else's page is told it), readable by
-    this user alone; returns the file's path. Files older than RUN_FILE_AGE_S go first (Gradio's copy it serves is
-    cleaned by the page's delete_cache)."""
-    folder.mkdir(mode=0o700, exist_ok=True)
-    remove_old_runs(folder, RUN_FILE_AGE_S)
-    path = folder / f"specdemo-run-{time.strftime('%Y%m%d-%H%M%S')}-{run_id}.json"
-    runfile.save(record, path)
-    path.chmod(0o600)  # Gradio's copy keeps the mode (shutil.copy2) in a folder anyone may read
-    return str(path)
-
-
-def remove_old_runs(folder: Path, age_s: float) -> int:
-    """Remove the run files in `folder` last written more than `age_s` seconds ago; how many went."""
-    removed, now = 0, time.time()
-    for path in folder.glob("specdemo-run-*.json"):
-        try:
-            if now - path.stat().st_mtime > age_s:
-                path.unlink()
-                removed += 1
-        except OSError:  # removed by another process meanwhile
-            pass
-    return removed
 
 
 def _wait_for(loadings: dict[str, Loading]):
@@ -224,18 +219,6 @@ def _wait_for(loadings: dict[str, Loading]):
         while not loading.done.wait(0.25):
             yield View(status=render.preparing_status(loading.fraction, loading.message))
     return {lane: loading.wait() for lane, loading in loadings.items()}
-
-
-def _genai_job(run: SideBySide, settings: GenerationSettings, held: Held, reserve: int):
-    """GenAI's lane: its pipeline for the counterpart of the drafter and the K our speculative lane starts with (the
-    run's plan), on the same prompt ids; admitted beside what the background work may still need (`reserve`)."""
-    drafter, k = run.genai_counterpart()
-    needs_draft = drafter.needs_model
-    pipeline = yield from _wait_for({GENAI: held.add(genai_loading_for(run.settings, not needs_draft, reserve))})
-    compiled_as = genai.fitted(run.settings.target, run.settings.draft if needs_draft else None)
-    engine = run.speculative
-    return lambda cancel: genai.stream(pipeline[GENAI], engine.tokenizer, run.prompt, settings, engine.eos_ids, k, cancel,
-                                       drafter.name, compiled_as)
 
 
 def _failed(error: Exception):
@@ -277,10 +260,11 @@ def running_status(lanes: dict[str, LaneRun], mode: str) -> str:
 STOPPED_STATUS = "Stopped. The lanes show what was generated before Stop."
 
 
-def final_view(lanes: dict[str, LaneRun], mode: str, record: Record, engine: Engine) -> View:
+def final_view(lanes: dict[str, LaneRun], mode: str, record: Record, engine: Engine,
+               background: BackgroundWork | None = None) -> View:
     """The last update: final texts and figures, the results (the run's Record rendered), the run's charts (what each K
     would have given, acceptance by position, the cost surface with the run's point), the cost note and the model panel
-    with KV sizes."""
+    with KV sizes (and where the `background` work stands)."""
     settings = record.settings.generation
     errors = [f"The {name} lane failed: {lane.error}" for name, lane in lanes.items() if lane.error]
     if errors:
@@ -305,24 +289,24 @@ def final_view(lanes: dict[str, LaneRun], mode: str, record: Record, engine: Eng
                                        metrics.run_acceptance(spec.rounds, settings.k_max) if drafted else None)
     view.costs_note = render.render_costs(engine.costs, engine.warm_up_s)
     kv = s.kv_cache_bytes if s else {}
-    view.models = render.render_models(describe_model(engine.target), describe_model(engine.draft) if engine.draft else None,
+    view.models = render.render_models(describe_model(engine.target, background),
+                                       describe_model(engine.draft, background) if engine.draft else None,
                                        engine.target.settings.num_threads, kv)
     return view
 
 
-def describe_model(model) -> dict:
-    """A model's facts for the panel; on a machine not tuned when it was compiled, where the background tune stands."""
+def describe_model(model, background: BackgroundWork | None = None) -> dict:
+    """A model's facts for the panel; on a machine not tuned when it was compiled, where the `background` tune stands."""
     described = model.describe()
-    background = tuning.current()
     if not described.get("tuned") and background is not None and background.tunes:
         described["tuned"] = background.describe()
     return described
 
 
-def stop(session: str, run_id: str) -> str | None:
+def stop(server: Server, session: str, run_id: str) -> str | None:
     """Stop button: every lane of the visitor's run `run_id` stops after its current step (a run still waiting leaves
     the queue), and the run's own last update says so. The status line until then, or None if that run of this
     session is not going."""
-    if not cancel_run(session, run_id):
+    if not server.runs.cancel(session, run_id):
         return None
     return "Stopping after the current step…"

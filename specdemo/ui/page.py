@@ -14,11 +14,12 @@ from specdemo.results import figures
 from specdemo.ui import background, charts, handlers, render
 from specdemo.ui.asgi import REFUSED, Closed, FirstInHead, OneLineErrors, RefusedIs400, one_line
 from specdemo.ui.handlers import OUTPUTS, SKIP
-from specdemo.ui.lanes import LaneRun
-from specdemo.ui.values import (ASSETS, MAX_INSTRUCTION_CHARS, MAX_K, MAX_NEW_TOKENS_CAP, ONE_AFTER_ANOTHER, RACE,
+from specdemo.serve.lanes import LaneRun
+from specdemo.serve.values import (ASSETS, MAX_INSTRUCTION_CHARS, MAX_K, MAX_NEW_TOKENS_CAP, ONE_AFTER_ANOTHER, RACE,
                                 PageValues, load_examples, offered_devices)
-from specdemo.ui.visitors import MEMORIES, Visitor, visitor_of
-from specdemo.ui.waiting import MAX_WAITING_RUNS
+from specdemo.serve.server import Server
+from specdemo.serve.visitors import Visitor, visitor_of
+from specdemo.serve.waiting import MAX_WAITING_RUNS
 
 INPUTS = tuple(f.name for f in fields(PageValues))  # the page's inputs, in the order generate() receives them
 MAX_UPLOAD_BYTES = 64 << 10  # the page takes no files; what still parses a form (Gradio's component server) stops here
@@ -49,35 +50,38 @@ def visitor(request: gr.Request) -> Visitor:
     return visitor_of(request.session_hash or "", peer, headers.get("x-forwarded-for"))
 
 
-def generate(request: gr.Request, *values):
-    """Generate: the page's values (INPUTS order) in, whole page updates (OUTPUTS order) out."""
-    for view in handlers.generate(PageValues(*values), visitor(request)):
-        _warn(view.status)
-        if view.download is not SKIP:  # the button offers the file once there is one
-            view.download = gr.DownloadButton(value=view.download, interactive=view.download is not None)
-        yield _gradio(view.values())
+class Events:
+    """The page's events, bound to the server they serve from (bound methods, not functools.partial: Gradio finds the
+    gr.Request to pass by a handler's type hints, which a partial hides)."""
 
+    def __init__(self, server: Server):
+        self.server = server
 
-def stop(request: gr.Request, run_id: str):
-    """Stop: the lanes of the run this page started (its id, which only this page was told) stop after their current
-    step; generate's last update shows the result."""
-    update = handlers.stop(request.session_hash or "", run_id or "")
-    return gr.skip() if update is None else update
+    def generate(self, request: gr.Request, *values):
+        """Generate: the page's values (INPUTS order) in, whole page updates (OUTPUTS order) out."""
+        for view in handlers.generate(self.server, PageValues(*values), visitor(request)):
+            _warn(view.status)
+            if view.download is not SKIP:  # the button offers the file once there is one
+                view.download = gr.DownloadButton(value=view.download, interactive=view.download is not None)
+            yield _gradio(view.values())
 
+    def stop(self, request: gr.Request, run_id: str):
+        """Stop: the lanes of the run this page started (its id, which only this page was told) stop after their
+        current step; generate's last update shows the result."""
+        update = handlers.stop(self.server, request.session_hash or "", run_id or "")
+        return gr.skip() if update is None else update
 
-def leave(request: gr.Request):
-    """The visitor closed or reloaded their tab: nothing of theirs is kept (their drafters' memories)."""
-    MEMORIES.forget(request.session_hash or "")
+    def leave(self, request: gr.Request):
+        """The visitor closed or reloaded their tab: nothing of theirs is kept (their drafters' memories)."""
+        self.server.memories.forget(request.session_hash or "")
 
+    def wait_for_models(self):
+        for update in handlers.wait_for_models(self.server):
+            yield _gradio(update)
 
-def wait_for_models():
-    for update in handlers.wait_for_models():
-        yield _gradio(update)
-
-
-async def follow_background():
-    async for line in background.follow():
-        yield line
+    async def follow_background(self):
+        async for line in background.follow(self.server):
+            yield line
 
 
 class Page(gr.Blocks):
@@ -100,8 +104,10 @@ class Page(gr.Blocks):
             raise gr.Error(sentence, title=REFUSED, print_exception=False) from None
 
 
-def build() -> gr.Blocks:
-    """The Blocks page. Call engines.prepare() first so the models load before the first visitor."""
+def build(server: Server) -> gr.Blocks:
+    """The Blocks page, serving from `server`. Call server.engines.prepare() first so the models load before the first
+    visitor."""
+    events = Events(server)
     # Gradio's copies of the files it served (the runs' downloads) are removed an hour after they were made.
     with Page(title="specdemo: speculative decoding, live", analytics_enabled=False,
               delete_cache=(CACHE_CHECK_S, CACHE_AGE_S)) as demo:
@@ -114,20 +120,20 @@ def build() -> gr.Blocks:
         _add_controls(page)
         _add_lanes_and_results(page)
         status = page["status"]
-        # No concurrency limit here: runs wait in our own queue (ui/waiting.py), which tells each visitor their place.
-        page["generate"].click(generate, [page[name] for name in INPUTS], [page[name] for name in OUTPUTS],
+        # No concurrency limit here: runs wait in our own queue (serve/waiting.py), which tells each visitor their place.
+        page["generate"].click(events.generate, [page[name] for name in INPUTS], [page[name] for name in OUTPUTS],
                                concurrency_limit=None, show_progress="hidden")
         # No `cancels=[run]`: closing the generator mid-update let a live update already in flight land after
         # Stop's message. Stop sets the run's cancel flag and the run ends itself with a final update.
-        page["stop"].click(stop, page["run"], status, queue=False, show_progress="hidden")
-        demo.unload(leave)
+        page["stop"].click(events.stop, page["run"], status, queue=False, show_progress="hidden")
+        demo.unload(events.leave)
         page["k_auto"].change(lambda auto: gr.Slider(interactive=not auto), page["k_auto"], page["k"], queue=False)
         page["decoding"].change(lambda d: gr.Row(visible=d == "sampling"), page["decoding"], page["sampling"], queue=False)
         page["genai"].change(lambda on: gr.Column(visible=on), page["genai"], page["genai_lane"], queue=False)
-        demo.load(wait_for_models, None, [status, page["models"], page["costs"], page["costs_note"], page["surface"]],
+        demo.load(events.wait_for_models, None, [status, page["models"], page["costs"], page["costs_note"], page["surface"]],
                   concurrency_limit=None, show_progress="hidden")
         # Updates only when the line changes, and none where there is no background work (no timer ticking).
-        demo.load(follow_background, None, page["background"], concurrency_limit=None, show_progress="hidden")
+        demo.load(events.follow_background, None, page["background"], concurrency_limit=None, show_progress="hidden")
     return demo
 
 

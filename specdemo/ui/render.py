@@ -21,9 +21,9 @@ from specdemo.results.record import Record
 from specdemo.run import genai
 from specdemo.settings import GenerationSettings
 from specdemo.text import shown
-from specdemo.ui.engines import race_threads
-from specdemo.ui.lanes import LaneRun
-from specdemo.ui.values import RACE
+from specdemo.serve.engines import race_threads
+from specdemo.serve.lanes import LaneRun
+from specdemo.serve.values import RACE
 
 # How the speculative lane names each provenance; each has a CSS class sd-<source> in assets/style.css
 # (Okabe-Ito colours, readable with red-green colour blindness, plus an underline style per source).
@@ -311,7 +311,7 @@ def render_legend() -> str:
 
 
 def render_background(progress, applied: str = "") -> str:
-    """The line under the status: what the background work (ui/progress.Progress) does, how far it is and what it has
+    """The line under the status: what the background work (serve/progress.Progress) does, how far it is and what it has
     done so far, with `applied` (what the page now runs under, in words); "" when there is no work."""
     if progress is None:
         return ""

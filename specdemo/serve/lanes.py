@@ -1,8 +1,8 @@
 """Running the lanes of one press of Generate: worker threads, the events they send, and Stop.
 
 Workers run each lane's event generator to its end and put (lane, item) pairs in an inbox; `follow`
-applies them to the LaneRuns and paces the page's updates. A registry of cancel Events, one per run
-by a random run id that only the visitor's own page is told, lets Stop reach only the run it names.
+applies them to the LaneRuns and paces the page's updates. Runs, a registry of cancel Events, one per
+run by a random run id that only the visitor's own page is told, lets Stop reach only the run it names.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Callable, Iterator
 from specdemo.decoding.events import TokenEvent
 from specdemo.names import GENAI, LANES
 from specdemo.results.lane import LaneLog
-from specdemo.ui.values import ONE_AFTER_ANOTHER, as_sentence
+from specdemo.serve.values import ONE_AFTER_ANOTHER, as_sentence
 
 # The page is updated once a second while lanes run: every update costs the browser's renderer ~25 ms of CPU on the
 # same machine (measured on a 2-core EPYC), which stalls the lanes' parallel model calls, so fewer updates keep the
@@ -112,30 +112,36 @@ def follow(lanes: dict[str, LaneRun], threads: list[threading.Thread], inbox: qu
             deadline = time.perf_counter() + UPDATE_INTERVAL_S
 
 
-_RUNS: dict[str, tuple[str, threading.Event]] = {}  # each running or waiting run's (session, cancel Event), by run id
-_RUNS_LOCK = threading.Lock()
+class Runs:
+    """Each running or waiting run's session and cancel Event, by run id: what lets Stop reach the run it names and no
+    other."""
 
+    def __init__(self):
+        self._runs: dict[str, tuple[str, threading.Event]] = {}
+        self._lock = threading.Lock()
 
-def begin_run(session: str) -> tuple[str, threading.Event]:
-    """A new run of this visitor's: its id (random, told to their page alone, so Stop names the run it stops and no one
-    who merely knows the session can stop it) and its cancel Event (Stop sets it)."""
-    run_id, cancel = secrets.token_urlsafe(16), threading.Event()
-    with _RUNS_LOCK:
-        _RUNS[run_id] = (session, cancel)
-    return run_id, cancel
+    def begin(self, session: str) -> tuple[str, threading.Event]:
+        """A new run of this visitor's: its id (random, told to their page alone, so Stop names the run it stops and no
+        one who merely knows the session can stop it) and its cancel Event (Stop sets it)."""
+        run_id, cancel = secrets.token_urlsafe(16), threading.Event()
+        with self._lock:
+            self._runs[run_id] = (session, cancel)
+        return run_id, cancel
 
+    def end(self, run_id: str) -> None:
+        with self._lock:
+            _, cancel = self._runs.pop(run_id, ("", threading.Event()))
+        cancel.set()  # stops the workers if the page went away mid-run
 
-def end_run(run_id: str) -> None:
-    with _RUNS_LOCK:
-        _, cancel = _RUNS.pop(run_id, ("", threading.Event()))
-    cancel.set()  # stops the workers if the page went away mid-run
+    def cancel(self, session: str, run_id: str) -> bool:
+        """Ask run `run_id` to stop after the current step, if it is this session's. False if no such run is going."""
+        with self._lock:
+            owner, cancel = self._runs.get(run_id or "", (None, None))
+        if cancel is None or owner != session:
+            return False
+        cancel.set()
+        return True
 
-
-def cancel_run(session: str, run_id: str) -> bool:
-    """Ask run `run_id` to stop after the current step, if it is this session's. False if no such run is going."""
-    with _RUNS_LOCK:
-        owner, cancel = _RUNS.get(run_id or "", (None, None))
-    if cancel is None or owner != session:
-        return False
-    cancel.set()
-    return True
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._runs)

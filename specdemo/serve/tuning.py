@@ -28,16 +28,15 @@ import subprocess
 import sys
 import threading
 import time
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 from specdemo.models import kernels, sources
 from specdemo.host import memory
 from specdemo.learning.profile import machine_profile
 from specdemo.settings import AUTO, CONFIGURATIONS, FAITHFUL, FAITHFUL_PRECISIONS, RunSettings
-from specdemo.ui.progress import Follower, Progress
+from specdemo.serve.progress import Follower, Progress
 
 ROOT = Path(__file__).resolve().parents[2]  # where `-m specdemo` resolves, whatever the server's working folder
 TUNE_AT_START = "SPECDEMO_TUNE_AT_START"
@@ -154,7 +153,7 @@ class BackgroundWork:
         return f"the background work failed while {self.step} (exit {self.returncode}); see {self.log_path}"
 
     def progress(self) -> Progress:
-        """Where the work stands, for the page's line (ui/progress.py)."""
+        """Where the work stands, for the page's line (serve/progress.py)."""
         return self._follower.read(self)
 
     def holds(self) -> int:
@@ -170,81 +169,9 @@ class BackgroundWork:
         return self._stopped
 
 
-_CURRENT: BackgroundWork | None = None
-_HOLDS = 0  # visitors' runs holding the machine now
-_HOLDS_LOCK = threading.Lock()
-_DECIDED = threading.Event()  # start_if_needed has run
-
-
-@contextmanager
-def machine_held() -> Iterator[None]:
-    """Around a visitor's run: the background work, if any, is stopped from the first run's start to the last one's end."""
-    global _HOLDS
-    with _HOLDS_LOCK:
-        _HOLDS += 1
-        if _HOLDS == 1 and _CURRENT is not None:
-            _CURRENT.hold(True)
-    try:
-        yield
-    finally:
-        with _HOLDS_LOCK:
-            _HOLDS -= 1
-            if _HOLDS == 0 and _CURRENT is not None:
-                _CURRENT.hold(False)
-
-
-def current() -> BackgroundWork | None:
-    """The background work this server started, if any."""
-    return _CURRENT
-
-
-def reserve(settings: RunSettings = RunSettings()) -> int:
-    """Bytes of anonymous memory the background work may still take beyond what its step holds now: what a visitor's
-    optional models must leave free (ui/engines.Admission), so that a visitor's choice never holds the work off. 0 once
-    it has ended (or where there is none)."""
-    work = _CURRENT
-    if work is None or work.state != "running":
-        return 0
-    left = [label for label, _ in filter(runs, work.steps[work.index - 1:])]
-    profile = machine_profile()
-    if any(label == PLANNING or label.startswith("tuning") for label in left):
-        need = memory.tune_need(sources.weights_bytes(profile.resolve_precision(settings.target)),
-                                sources.weights_bytes(profile.resolve_precision(settings.draft)))
-    else:
-        need = max(memory.conversion_need(sources.source_bytes(m.source)) for m in (settings.target, settings.draft))
-    return max(0, need - work.holds())
-
-
-def needed_steps(settings: RunSettings = RunSettings(), model_bytes: int = 0,
-                 log: Callable[[str], None] = print, costs=None) -> list:
-    """The background work this machine still needs (background_steps); [] where SPECDEMO_TUNE_AT_START=0, the pair is
-    not on the CPU or this server started its work already."""
-    if os.environ.get(TUNE_AT_START, "1") == "0" or not settings.target.device.upper().startswith("CPU") \
-            or _CURRENT is not None:
-        return []
-    return background_steps(settings, model_bytes, log, costs)
-
-
-def start_if_needed(settings: RunSettings = RunSettings(), model_bytes: int = 0,
-                    on_end: Callable[[BackgroundWork], None] | None = None,
-                    log: Callable[[str], None] = print,
-                    on_step: Callable[[BackgroundWork, str], None] | None = None,
-                    steps: list | None = None) -> BackgroundWork | None:
-    """Start `steps` (by default needed_steps, decided now); None when nothing was started."""
-    try:
-        return start(needed_steps(settings, model_bytes, log) if steps is None else steps, on_end, on_step)
-    finally:
-        _DECIDED.set()
-
-
 def tunes_the_pair(steps: list) -> bool:
     """Whether `steps` tune the pair's target (and so measure its cost curve and batching noise afresh)."""
     return any(label == TUNING for label, _ in steps)
-
-
-def decided() -> bool:
-    """Whether this server has settled its background work (started it, or found none to start)."""
-    return _DECIDED.is_set() or os.environ.get(TUNE_AT_START, "1") == "0"
 
 
 def configuration_tune(name: str) -> str:
@@ -343,15 +270,3 @@ def background_steps(settings: RunSettings, model_bytes: int, log: Callable[[str
     for label, why in [step for step in steps if not runs(step)]:
         log(skip_line(label, why))
     return steps
-
-
-def start(steps: list, on_end: Callable[[BackgroundWork], None] | None = None,
-          on_step: Callable[[BackgroundWork, str], None] | None = None) -> BackgroundWork | None:
-    """Run `steps` in the background (the visitors' runs stop it while they hold the machine); None if there are none."""
-    global _CURRENT
-    if not steps:
-        return None
-    with _HOLDS_LOCK:  # a run may hold the machine already: the first step then starts stopped
-        _CURRENT = BackgroundWork(steps, sources.specdemo_home() / "logs" / "background.log", on_end, stopped=_HOLDS > 0,
-                                  on_step=on_step)
-    return _CURRENT

@@ -10,8 +10,8 @@ from this machine itself share no address cap (its owner, the tests), unless the
 in front of the page appends its client's address to X-Forwarded-For, as a Hugging Face Space's does
 (visitors.address_of).
 
-LINE is this process's one line: the visitors' runs (handlers.py) and the server's own turns, learning the machine and
-applying a tune (learning.py), join it.
+The Server's `line` is this process's one line: the visitors' runs (ui/handlers.py) and the server's own turns,
+learning the machine and applying a tune (learning.py), join it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Iterator
 
-from specdemo.ui.visitors import Visitor
+from specdemo.serve.visitors import Visitor
 
 DEFAULT_SECONDS_PER_TOKEN = 0.12  # before any run finished: both lanes of a 2-core machine, roughly
 POLL_S = 0.25  # how often a waiting visitor's place is re-read
@@ -138,8 +138,6 @@ class RunQueue:
         with self._changed:
             return len(self._line)
 
-
-LINE = RunQueue(MAX_WAITING_RUNS)  # every visitor's runs take turns on this machine
 
 
 def describe_place(ahead: int, seconds: float) -> str:

@@ -29,7 +29,7 @@ from specdemo.names import AUTOREGRESSIVE, GENAI, SPECULATIVE
 from specdemo.run import genai
 from specdemo.run.engine import Engine
 from specdemo.settings import CONFIGURATIONS, ModelSettings, RunSettings
-from specdemo.ui.values import MAX_K, ONE_AFTER_ANOTHER
+from specdemo.serve.values import MAX_K, ONE_AFTER_ANOTHER
 
 GENAI_WARM_UP_TOKENS = 8  # GenAI compiles its kernels on its first generate: done at load, never in a lane's time
 KEPT = "pair"  # the one role loaded at start and never released; every other role is a visitor's choice
@@ -95,7 +95,7 @@ def _also_in_the_terminal(report: Callable) -> Callable:
     return both
 
 
-def _load_engine(settings: RunSettings, with_draft: bool):
+def load_engine(settings: RunSettings, with_draft: bool):
     def load(report) -> Engine:
         both = _also_in_the_terminal(report)
         engine = Engine.load(settings, progress=both, with_draft=with_draft)
@@ -107,7 +107,7 @@ def _load_engine(settings: RunSettings, with_draft: bool):
     return load
 
 
-def _load_genai(settings: RunSettings, prompt_lookup: bool):
+def load_genai(settings: RunSettings, prompt_lookup: bool):
     def load(report):
         report(None, "loading OpenVINO GenAI's pipeline on the same model folders")
         target = sources.prepare(machine_profile().resolve_precision(settings.target), report)
@@ -121,30 +121,6 @@ def _load_genai(settings: RunSettings, prompt_lookup: bool):
         release_weight_pages()  # as after our warm-up: the plugin works from its own copies of the weights
         return pipeline
     return load
-
-
-_LOADING: dict[str, Loading] = {}  # by role: "pair", "race-autoregressive", "race-speculative", "genai"
-_LOADING_LOCK = threading.Lock()
-
-
-def loading_for(role: str, settings: RunSettings, with_draft: bool = True, on_done: Callable | None = None,
-                refresh: bool = True) -> Loading:
-    """The (possibly finished) loading of the engine for `role`, started on first use. Other settings for a
-    role replace its engine; a failed loading is tried again; and with `refresh`, one compiled before this machine's
-    tune last changed is compiled again under the new choice (callers that hold the machine, a run in its turn, refresh;
-    a page being loaded does not)."""
-    key = (settings.target, settings.draft if with_draft else None)
-    return _loading(role, key, lambda: _load_engine(settings, with_draft), on_done, refresh)
-
-
-def genai_loading_for(settings: RunSettings, prompt_lookup: bool, reserve: int = 0) -> Loading:
-    """The loading of GenAI's speculative pipeline (draft model or prompt lookup) for the third lane, admitted like every
-    optional role (`reserve`: bytes the background work may still need). A faithful target that runs specdemo's kernels
-    here runs the plugin's fastest faithful layout in GenAI's pipeline, which cannot load them (Profile.for_plugin)."""
-    settings = replace(settings, target=machine_profile().for_plugin(settings.target))
-    models = [machine_profile().resolve_precision(m) for m in [settings.target] + ([] if prompt_lookup else [settings.draft])]
-    return _loading(GENAI, (settings.target, settings.draft, prompt_lookup), lambda: _load_genai(settings, prompt_lookup),
-                    admission=Admission("OpenVINO GenAI's pipeline", models, reserve))
 
 
 APPLYING = "applying this machine's new tune: compiling the models again"
@@ -181,38 +157,122 @@ class Admission:
                                f"{room.describe()}{also}; try again in a few minutes, or run without it")
 
 
-def _loading(role: str, key, make_load: Callable, on_done: Callable | None = None, refresh: bool = True,
-             admission: Admission | None = None) -> Loading:
-    """The role's loading, started anew where it has none, another key, an error or (with `refresh`) an older tune;
-    an optional role's `admission` is checked first (it raises where a new loading must not start)."""
-    stamp = machine_profile().stamp()
-    with _LOADING_LOCK:
-        loading = _LOADING.get(role)
-        stale = refresh and loading is not None and loading.error is None and loading.stamp != stamp
-        if loading is None or loading.key != key or loading.error is not None or stale:
-            if admission is not None:
-                if loading is not None and loading.users == 0:  # the one it replaces goes first, and is not counted
-                    _LOADING.pop(role)
-                    _return_memory()
-                admission.check(sum(other.need for other in _LOADING.values() if not other.done.is_set()))
-            # The engine it replaces goes when the last run holding it ends (runs take turns: none does now).
-            loading = _LOADING[role] = Loading(key, make_load(), on_done, stamp, APPLYING if stale else "")
-            loading.need = admission.need if admission is not None else 0
-        loading.last_used = time.monotonic()
-    return loading
+class Engines:
+    """The engines and pipelines this server loaded, by role ("pair", "race-autoregressive", "race-speculative",
+    "genai", "pair-fastest"), and their admission: one Loading per role, replaced when its settings or the machine's
+    tune change, an optional role released once idle. `load_engine(settings, with_draft)` and `load_genai(settings,
+    prompt_lookup)` make a loading's work, and `configurations` are the pairs offered by name (a test hands in fakes
+    and its own pair)."""
 
+    def __init__(self, load_engine: Callable = load_engine, load_genai: Callable = load_genai,
+                 configurations: dict[str, tuple[ModelSettings, ModelSettings]] = CONFIGURATIONS):
+        self.load_engine, self.load_genai, self.configurations = load_engine, load_genai, configurations
+        self.loadings: dict[str, Loading] = {}  # by role; read under `lock`
+        self.lock = threading.Lock()
+        self._reaper: threading.Thread | None = None
 
-def release_idle(idle_s: float = IDLE_S) -> list[str]:
-    """Release every optional role no run holds that was last used more than `idle_s` seconds ago; the roles released."""
-    now = time.monotonic()
-    with _LOADING_LOCK:
-        idle = [role for role, loading in _LOADING.items() if role != KEPT and loading.users == 0
-                and loading.done.is_set() and now - loading.last_used > idle_s]
-        for role in idle:
-            del _LOADING[role]  # its engine goes once nothing refers to it
-    if idle:
-        _return_memory()
-    return idle
+    def loading_for(self, role: str, settings: RunSettings, with_draft: bool = True, on_done: Callable | None = None,
+                    refresh: bool = True) -> Loading:
+        """The (possibly finished) loading of the engine for `role`, started on first use. Other settings for a
+        role replace its engine; a failed loading is tried again; and with `refresh`, one compiled before this machine's
+        tune last changed is compiled again under the new choice (callers that hold the machine, a run in its turn,
+        refresh; a page being loaded does not)."""
+        key = (settings.target, settings.draft if with_draft else None)
+        return self._loading(role, key, lambda: self.load_engine(settings, with_draft), on_done, refresh)
+
+    def genai_loading_for(self, settings: RunSettings, prompt_lookup: bool, reserve: int = 0) -> Loading:
+        """The loading of GenAI's speculative pipeline (draft model or prompt lookup) for the third lane, admitted like
+        every optional role (`reserve`: bytes the background work may still need). A faithful target that runs
+        specdemo's kernels here runs the plugin's fastest faithful layout in GenAI's pipeline, which cannot load them
+        (Profile.for_plugin)."""
+        settings = replace(settings, target=machine_profile().for_plugin(settings.target))
+        models = [machine_profile().resolve_precision(m)
+                  for m in [settings.target] + ([] if prompt_lookup else [settings.draft])]
+        return self._loading(GENAI, (settings.target, settings.draft, prompt_lookup),
+                             lambda: self.load_genai(settings, prompt_lookup),
+                             admission=Admission("OpenVINO GenAI's pipeline", models, reserve))
+
+    def _loading(self, role: str, key, make_load: Callable, on_done: Callable | None = None, refresh: bool = True,
+                 admission: Admission | None = None) -> Loading:
+        """The role's loading, started anew where it has none, another key, an error or (with `refresh`) an older tune;
+        an optional role's `admission` is checked first (it raises where a new loading must not start)."""
+        stamp = machine_profile().stamp()
+        with self.lock:
+            loading = self.loadings.get(role)
+            stale = refresh and loading is not None and loading.error is None and loading.stamp != stamp
+            if loading is None or loading.key != key or loading.error is not None or stale:
+                if admission is not None:
+                    if loading is not None and loading.users == 0:  # the one it replaces goes first, and is not counted
+                        self.loadings.pop(role)
+                        _return_memory()
+                    admission.check(sum(other.need for other in self.loadings.values() if not other.done.is_set()))
+                # The engine it replaces goes when the last run holding it ends (runs take turns: none does now).
+                loading = self.loadings[role] = Loading(key, make_load(), on_done, stamp, APPLYING if stale else "")
+                loading.need = admission.need if admission is not None else 0
+            loading.last_used = time.monotonic()
+        return loading
+
+    def release_idle(self, idle_s: float = IDLE_S) -> list[str]:
+        """Release every optional role no run holds that was last used more than `idle_s` seconds ago; the roles
+        released."""
+        now = time.monotonic()
+        with self.lock:
+            idle = [role for role, loading in self.loadings.items() if role != KEPT and loading.users == 0
+                    and loading.done.is_set() and now - loading.last_used > idle_s]
+            for role in idle:
+                del self.loadings[role]  # its engine goes once nothing refers to it
+        if idle:
+            _return_memory()
+        return idle
+
+    def held(self) -> "Held":
+        """A run's hold on the loadings it adds: none of them is released as idle until it lets go."""
+        return Held(self.lock)
+
+    def prepare(self, settings: RunSettings = RunSettings(), on_ready: Callable | None = None) -> None:
+        """Start preparing the default pair now, so it is ready (or converting) before the first visitor;
+        `on_ready(engine)` once it is. Optional models visitors load are released from now on once idle."""
+        self.loading_for(KEPT, settings, True, on_ready)
+        if self._reaper is None:
+            self._reaper = threading.Thread(target=self._reap, daemon=True, name="specdemo-release-idle")
+            self._reaper.start()
+
+    def _reap(self, period_s: float = REAPER_S) -> None:
+        while True:
+            time.sleep(period_s)
+            self.release_idle()
+
+    def lane_loadings(self, mode: str, target_device: str, draft_device: str, configuration: str = "faithful",
+                      reserve: int = 0) -> dict[str, Loading]:
+        """The loading of each lane's engine. One after another: one pair with every core (the default configuration's
+        is the kept pair; another's is a role of its own, admitted). Race: one engine per lane, each compiled for half
+        the cores, because an engine runs one generation at a time, both admitted. `reserve`: bytes the background
+        work may still need (Admission)."""
+        settings = self.pair_settings(target_device, draft_device, configuration)
+        target, draft = map(machine_profile().resolve_precision, (settings.target, settings.draft))  # the weights
+        if mode == ONE_AFTER_ANOTHER:
+            if settings == self.pair_settings(target_device, draft_device):
+                pair = self.loading_for(KEPT, settings, True)
+            else:
+                pair = self._optional(f"pair-{configuration}", settings, True,
+                                      Admission(f"the {configuration} configuration", [target, draft], reserve))
+            return {AUTOREGRESSIVE: pair, SPECULATIVE: pair}
+        threads = race_threads()
+        half = RunSettings(replace(settings.target, num_threads=threads), replace(settings.draft, num_threads=threads))
+        return {AUTOREGRESSIVE: self._optional("race-autoregressive", half, False,
+                                               Admission("a race's autoregressive engine", [target], reserve)),
+                SPECULATIVE: self._optional("race-speculative", half, True,
+                                            Admission("a race's speculative engine", [target, draft], reserve))}
+
+    def pair_settings(self, target_device: str, draft_device: str, configuration: str = "faithful") -> RunSettings:
+        """The pair of `configuration` on these devices."""
+        target, draft = self.configurations[configuration]
+        return RunSettings(replace(target, device=target_device), replace(draft, device=draft_device))
+
+    def _optional(self, role: str, settings: RunSettings, with_draft: bool, admission: Admission) -> Loading:
+        """loading_for an optional role: admitted before it loads, released once idle."""
+        key = (settings.target, settings.draft if with_draft else None)
+        return self._loading(role, key, lambda: self.load_engine(settings, with_draft), admission=admission)
 
 
 def _return_memory() -> None:
@@ -225,82 +285,27 @@ def _return_memory() -> None:
 
 
 class Held:
-    """The loadings a run holds while it runs: none of them is released as idle meanwhile."""
+    """The loadings a run holds while it runs: none of them is released as idle meanwhile (`lock`: their Engines')."""
 
-    def __init__(self, loadings=()):
+    def __init__(self, lock: threading.Lock):
+        self.lock = lock
         self.loadings: list[Loading] = []
-        for loading in loadings:
-            self.add(loading)
 
     def add(self, loading: Loading) -> Loading:
-        with _LOADING_LOCK:
+        with self.lock:
             loading.users += 1
             loading.last_used = time.monotonic()
         self.loadings.append(loading)
         return loading
 
     def release(self) -> None:
-        with _LOADING_LOCK:
+        with self.lock:
             for loading in self.loadings:
                 loading.users -= 1
                 loading.last_used = time.monotonic()
         self.loadings = []
 
 
-def _reap(period_s: float = REAPER_S) -> None:
-    while True:
-        time.sleep(period_s)
-        release_idle()
-
-
-def prepare(settings: RunSettings = RunSettings(), on_ready: Callable | None = None) -> None:
-    """Start preparing the default pair now, so it is ready (or converting) before the first visitor; `on_ready(engine)`
-    once it is. Optional models visitors load are released from now on once idle."""
-    loading_for(KEPT, settings, True, on_ready)
-    global _REAPER
-    if _REAPER is None:
-        _REAPER = threading.Thread(target=_reap, daemon=True, name="specdemo-release-idle")
-        _REAPER.start()
-
-
-_REAPER: threading.Thread | None = None
-
-
 def race_threads() -> int:
     """Inference threads per lane in a race: half the cores this process may use."""
     return max(1, machine.usable_cores() // 2)
-
-
-def lane_loadings(mode: str, target_device: str, draft_device: str, configuration: str = "faithful",
-                  reserve: int = 0) -> dict[str, Loading]:
-    """The loading of each lane's engine. One after another: one pair with every core (the default configuration's is
-    the kept pair; another's is a role of its own, admitted). Race: one engine per lane, each compiled for half the
-    cores, because an engine runs one generation at a time, both admitted. `reserve`: bytes the background work may
-    still need (admit)."""
-    settings = device_settings(target_device, draft_device, configuration)
-    target, draft = map(machine_profile().resolve_precision, (settings.target, settings.draft))  # the weights they load
-    if mode == ONE_AFTER_ANOTHER:
-        if settings == device_settings(target_device, draft_device):
-            pair = loading_for(KEPT, settings, True)
-        else:
-            pair = _optional(f"pair-{configuration}", settings, True,
-                             Admission(f"the {configuration} configuration", [target, draft], reserve))
-        return {AUTOREGRESSIVE: pair, SPECULATIVE: pair}
-    threads = race_threads()
-    half = RunSettings(replace(settings.target, num_threads=threads), replace(settings.draft, num_threads=threads))
-    return {AUTOREGRESSIVE: _optional("race-autoregressive", half, False,
-                                      Admission("a race's autoregressive engine", [target], reserve)),
-            SPECULATIVE: _optional("race-speculative", half, True,
-                                   Admission("a race's speculative engine", [target, draft], reserve))}
-
-
-def _optional(role: str, settings: RunSettings, with_draft: bool, admission: Admission) -> Loading:
-    """loading_for an optional role: admitted before it loads, released once idle."""
-    key = (settings.target, settings.draft if with_draft else None)
-    return _loading(role, key, lambda: _load_engine(settings, with_draft), admission=admission)
-
-
-def device_settings(target_device: str, draft_device: str, configuration: str = "faithful") -> RunSettings:
-    """The pair of `configuration` (settings.CONFIGURATIONS) on these devices."""
-    target, draft = CONFIGURATIONS[configuration]
-    return RunSettings(replace(target, device=target_device), replace(draft, device=draft_device))

@@ -2,9 +2,9 @@
 alone. No gradio here: page.py reads both from Gradio's request.
 
 The page is public: strangers take turns on one machine. What a visitor's runs leave behind for their next run (the
-earlier answers a drafter may draft from: drafters.memories()) is kept per session, here, and handed to their runs
-only; it is forgotten when their tab closes (the page's unload), after IDLE_S without a run, or when more than
-MAX_VISITORS sessions are held (the longest idle first).
+earlier answers a drafter may draft from: drafters.memories()) is kept per session (Memories, the Server's) and handed
+to their runs only; it is forgotten when their tab closes (the page's unload), after IDLE_S without a run, or when more
+than MAX_VISITORS sessions are held (the longest idle first).
 """
 
 from __future__ import annotations
@@ -125,5 +125,3 @@ class Memories:
                 return
             del self._held[session]
 
-
-MEMORIES = Memories()  # the page's visitors', one per session
