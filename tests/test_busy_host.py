@@ -292,3 +292,20 @@ def test_runs_on_a_host_still_busy_leave_a_busy_measurement_provisional_even_whe
     for i in range(CLEAN_RUNS):  # the neighbour gone
         costs = fold(costs, {"target": {1: 0.04}}, at=600.0 + 60 * i)
     assert not costs.busy and "no longer provisional: 3 clean runs" in costs.last_change
+
+
+def test_a_measurement_kept_busy_is_taken_again_at_the_next_starts_until_one_is_clean_or_three_were_busy(host):
+    # runs correct only the calls a plan makes: a busy "no K pays" drafts nothing and so is never corrected by them
+    host(others=0.5)
+    first = measuring.counted(measure(busy_target), None)
+    assert first.busy_takes == 1 and measuring.measure_again(first)
+    second = measuring.counted(measure(busy_target), first)
+    assert second.busy_takes == 2 and measuring.measure_again(second)
+    third = measuring.counted(measure(busy_target), second)
+    assert third.busy_takes == measuring.BUSY_MEASUREMENTS and not measuring.measure_again(third)  # kept, provisional
+    host()
+    clean = measuring.counted(measure(quiet_target), second)
+    assert clean.busy == "" and clean.busy_takes == 0 and not measuring.measure_again(clean)
+    quick = replace(first, provisional=True)  # a page's quick curve is measured in full anyway, not "again"
+    assert not measuring.measure_again(quick) and measuring.counted(first, quick).busy_takes == 1
+    assert CostModel.from_dict(third.to_dict()).busy_takes == 3  # kept in the machine profile

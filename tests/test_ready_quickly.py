@@ -50,6 +50,21 @@ def test_costs_measured_while_the_host_was_busy_make_the_engine_and_its_plan_say
     assert plan.provisional == busy and f"Provisional: this machine's call costs were {busy}" in plan.reason
 
 
+def test_a_full_measurement_kept_busy_is_measured_again_by_the_next_start_in_a_turn_of_its_own(engine, monkeypatch):
+    monkeypatch.setenv("SPECDEMO_HOST_LOAD", "ignore")  # the measurement taken again here judges the host quiet
+    engine.warm_up(12, quick=True)
+    for _, step in engine.to_learn(12):
+        step()
+    busy = "measured while the host was busy: steal 0 %, other processes 50 % of the CPU time, load 2.9 on 2 cores"
+    engine.profile.keep_costs(engine.keys.costs, replace(engine.costs, busy=busy, busy_takes=1))
+    engine.warm_up(12, quick=True)  # the next start: the busy curve from the profile, and its measurement again
+    steps = engine.to_learn(12)
+    assert [what for what, _ in steps] == ["measuring this machine's call costs again (the last measurement was taken "
+                                           "while the host was busy)"]
+    steps[0][1]()
+    assert engine.costs.busy == "" and engine.to_learn(12) == []
+
+
 def test_a_quick_measurement_pays_each_first_call_on_one_token_and_prefills_each_model_once(engine, monkeypatch):
     sizes = {"target": [], "draft": []}  # tokens of each call, in order
     for role in sizes:

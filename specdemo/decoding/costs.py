@@ -68,6 +68,10 @@ class CostModel:
     # Why the measurement may not be this host's quiet costs, in one sentence (HostLoad.busy; "" when clean): the plans
     # made on it are provisional until runs have replaced what was measured (fold, CLEAN_RUNS).
     busy: str = ""
+    # Full measurements in a row judged busy, this one included (0 when clean): a page measures such a curve again in a
+    # turn of its own at its next start, fewer than measuring.BUSY_MEASUREMENTS times in a row, as runs correct only
+    # the calls a plan makes (a busy "no K pays" is never corrected by runs that draft nothing)
+    busy_takes: int = 0
 
     def __post_init__(self):
         if not self.measured_target_s:

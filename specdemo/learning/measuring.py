@@ -51,6 +51,9 @@ QUICK_REPEATS = 2
 # most this many times; if every take is busy, each call's fastest is kept, marked (CostModel.busy), and runs correct it.
 # The quick one is not repeated: it is provisional already, and the full measurement that follows is its repeat.
 BUSY_REPEATS = 2
+# A full measurement still busy after its repeats is taken again at the page's next starts (warmup.remaining), until one
+# is clean or this many in a row were busy: the runs that follow correct the calls a plan makes, not the others.
+BUSY_MEASUREMENTS = 3
 
 
 class Interrupted(Exception):
@@ -312,3 +315,16 @@ def cost_key(description: dict) -> str:
     """The machine profile's key for the costs (and batching noise) of the compiled models `description`
     (describe_key) names."""
     return hashlib.sha256(strict_json.dumps(description, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def measure_again(costs: CostModel) -> bool:
+    """Whether a full measurement kept as busy is to be taken again (BUSY_MEASUREMENTS)."""
+    return bool(costs.busy) and not costs.provisional and max(costs.busy_takes, 1) < BUSY_MEASUREMENTS
+
+
+def counted(measured: CostModel, before: CostModel | None) -> CostModel:
+    """`measured` (a full measurement) with its busy measurements in a row counted, `before` the curve it replaces."""
+    if not measured.busy:
+        return measured
+    takes = max(before.busy_takes, 1) if before is not None and before.busy and not before.provisional else 0
+    return replace(measured, busy_takes=takes + 1)

@@ -70,7 +70,8 @@ def remaining(pair: Pair, noise: fidelity.BatchingNoise | None, k_max: int, log,
               pair_only: bool = False) -> list[tuple[str, Callable[[], fidelity.BatchingNoise | None]]]:
     """What a quickly warmed-up pair (know_machine(quick=True)) still has to learn, its batching noise `noise` as its
     engine holds it, as (what, step) to run one at a time, each with the engine's lock held by the caller: the full
-    cost curve where it is provisional (stopped by `interrupted()`, measuring.Interrupted), the batching noise where it
+    cost curve where it is provisional, or was measured busy (measuring.measure_again; stopped by `interrupted()`,
+    measuring.Interrupted), the batching noise where it
     is unknown, the acceptance evidence where there is none. [] once it knows them all. Each step keeps what it learns
     in the profile; the noise's step returns the noise, for the engine to hold (the others None).
 
@@ -79,8 +80,9 @@ def remaining(pair: Pair, noise: fidelity.BatchingNoise | None, k_max: int, log,
     they would serve only the runs before it ends, and hold its start back by a minute."""
     steps, of_the_compile = [], not pair_only
     costs = pair.profile.costs(pair.keys.costs)
-    if of_the_compile and costs is not None and costs.provisional:
-        steps.append(("measuring this machine's call costs in full",
+    if of_the_compile and costs is not None and (costs.provisional or measuring.measure_again(costs)):
+        what = "in full" if costs.provisional else "again (the last measurement was taken while the host was busy)"
+        steps.append((f"measuring this machine's call costs {what}",
                       lambda: _measure_in_full(pair, k_max, log, interrupted)))
     if of_the_compile and noise is None:
         steps.append(("measuring the batching noise", lambda: batching_noise(pair, k_max, log)))
@@ -90,9 +92,10 @@ def remaining(pair: Pair, noise: fidelity.BatchingNoise | None, k_max: int, log,
 
 
 def _measure_in_full(pair: Pair, k_max: int, log, interrupted) -> None:
-    """The full cost curve in place of the provisional one (its key stays: the same compiled models)."""
-    pair.profile.keep_costs(pair.keys.costs,
-                            measuring.measure(pair.target, pair.draft, k_max + 1, None, log, interrupted=interrupted))
+    """The full cost curve in place of the provisional or busy one (its key stays: the same compiled models)."""
+    before = pair.profile.costs(pair.keys.costs)
+    measured = measuring.measure(pair.target, pair.draft, k_max + 1, None, log, interrupted=interrupted)
+    pair.profile.keep_costs(pair.keys.costs, measuring.counted(measured, before))
 
 
 def batching_noise(pair: Pair, k_max: int, log, key: str | None = None) -> fidelity.BatchingNoise:
