@@ -30,7 +30,7 @@ DRAFT_PRECISION = "int4"  # what an auto draft precision runs until there is a p
 # An auto draft of a GGUF before DRAFT_PRECISION is prepared (a first start): laid from the file's own blocks as the
 # target is, 28 s to prepare alone on 2 cores against NNCF's INT4 55 s (Xeon family 6 model 207), so that the target's
 # conversion, not the draft's, sets a first start's clock; the background prepares INT4 where the draft plan could use it
-# (ui/tuning.py). gguf-mixed, not gguf-native: OpenVINO GenAI's lane loads it.
+# (serve/tuning.py). gguf-mixed, not gguf-native: OpenVINO GenAI's lane loads it.
 FIRST_DRAFT_PRECISION = "gguf-mixed"
 FAITHFUL = "faithful"  # a target's precision left to this machine: the full-fidelity layout whose step is fastest here
 # The full-fidelity layouts (`bench --only fidelity`: as close to the GGUF as INT8 or closer), the first runnable one

@@ -176,7 +176,7 @@ def gain(settings: ModelSettings, tune: dict) -> str:
 
 def stamp(tune: dict) -> int:
     """When a choice last changed (ns since the epoch), 0 before any: what was compiled before a later stamp is stale
-    (ui/engines.py compiles it again between visitors' runs)."""
+    (serve/engines.py compiles it again between visitors' runs)."""
     value = tune.get("changed_ns", 0)
     return value if isinstance(value, int) else 0
 
