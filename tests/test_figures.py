@@ -13,7 +13,6 @@ from specdemo.results.record import Record
 from specdemo.settings import KPolicy, GenerationSettings, RunSettings
 from specdemo.ui import render
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
-from specdemo.serve.lanes import LaneRun
 from specdemo.serve.values import ONE_AFTER_ANOTHER
 from tests.conftest import exact
 

@@ -15,7 +15,6 @@ from gradio_client.exceptions import AppError
 
 from specdemo.serve import waiting
 from specdemo.serve.downloads import save_run
-from specdemo.ui import handlers
 from specdemo.ui.asgi import one_line
 from specdemo.ui.handlers import OUTPUTS
 from specdemo.ui.page import INPUTS

@@ -319,7 +319,7 @@ def cost_key(description: dict) -> str:
 
 def measure_again(costs: CostModel) -> bool:
     """Whether a full measurement kept as busy is to be taken again (BUSY_MEASUREMENTS)."""
-    return bool(costs.busy) and not costs.provisional and max(costs.busy_takes, 1) < BUSY_MEASUREMENTS
+    return bool(costs.busy) and not costs.provisional and costs.busy_takes < BUSY_MEASUREMENTS
 
 
 def counted(measured: CostModel, before: CostModel | None) -> CostModel:
