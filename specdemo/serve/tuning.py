@@ -254,8 +254,9 @@ def background_steps(settings: RunSettings, model_bytes: int, log: Callable[[str
         steps.append((PLANNING, cannot_pay(settings, costs) or [sys.executable, "-m", "specdemo", "tune", "--draft-plan"]))
     idle = {name: "" if plugin_may_win or target.precision in (FAITHFUL, *FAITHFUL_PRECISIONS) else
             f"on this CPU ({cpu.describe()}) its {target.precision} target on OpenVINO's kernels is no faster than the "
-            f"faithful target on specdemo's kernels, and its answers are another model's (`python -m specdemo prepare "
-            f"--configuration {name}` prepares it)" for name, (target, _) in CONFIGURATIONS.items()}
+            f"faithful target on specdemo's kernels, and its answers are another model's (measured on this CPU class, "
+            f"not on this machine: its single step 1.06x ours; `python -m specdemo prepare --configuration {name}` "
+            f"prepares it)" for name, (target, _) in CONFIGURATIONS.items()}
     steps += [(f"preparing the {name} configuration's models",
                idle[name] or [sys.executable, "-m", "specdemo", "prepare", "--configuration", name])
               for name, models in CONFIGURATIONS.items()
