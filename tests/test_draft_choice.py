@@ -43,6 +43,19 @@ def test_a_gain_within_the_margin_keeps_the_full_head():
     assert full.predicted_speedup < trimmed.predicted_speedup < 1.03 * full.predicted_speedup
 
 
+def test_two_heads_that_both_beat_the_full_head_but_tie_with_each_other_give_the_larger_head_on_every_home():
+    """Two quiet homes on one machine priced the 32k and 16k heads a few % apart, each its own way round (issue 48):
+    within MARGIN of each other the larger head (the earlier candidate) runs, whichever the races' noise put ahead."""
+    for step_32k, step_16k in ((0.0380, 0.0360), (0.0375, 0.0380)):  # the noise one way (16k ahead), then the other
+        full = option(0, 0.94, 0.050)
+        head_32k, head_16k = option(32_000, 0.91, step_32k), option(16_000, 0.90, step_16k)
+        assert price([full, head_32k, head_16k], AVX2) is head_32k
+        assert abs(head_16k.predicted_speedup / head_32k.predicted_speedup - 1) < draft_choice.MARGIN
+        assert head_32k.predicted_speedup >= 1.03 * full.predicted_speedup
+    full, head_32k, head_16k = option(0, 0.94, 0.050), option(32_000, 0.91, 0.0380), option(16_000, 0.90, 0.0300)
+    assert price([full, head_32k, head_16k], AVX2) is head_16k  # clear of MARGIN: the smaller head wins on its price
+
+
 def test_another_precision_is_chosen_only_where_the_precision_is_left_to_the_plan():
     full, int8 = option(0, 0.94, 0.050), option(0, 0.96, 0.030, precision="int8", applies=False)
     assert price([full, int8], AVX2, "int4") is full  # an explicit int4 draft keeps int4

@@ -167,15 +167,19 @@ def price(options: list[DraftOption], costs: CostModel, precision: str = AUTO, k
 
 def choose(options: list[DraftOption], precision: str = AUTO, head_tokens: int = -1) -> DraftOption | None:
     """Which priced option a draft runs: among those its precision and head allow (auto, -1: any), the first (the
-    incumbent: the configured precision's full head, as `candidates` orders them) unless another is predicted at least
-    MARGIN faster, then the fastest. None when no option fits."""
+    incumbent: the configured precision's full head, as `candidates` orders them), replaced in that order by each
+    option predicted at least MARGIN faster than the one chosen so far. None when no option fits.
+
+    MARGIN against the choice so far, not only against the incumbent: two options within MARGIN of each other (the
+    32k and 16k heads priced 1.50× and 1.52×) are a tie inside the races' noise, and a tie goes to the earlier one
+    (the larger head), so that two homes on one machine reach the same plan (issue 48: two quiet homes chose these
+    two heads, each by a few %)."""
     pool = [o for o in options if precision in (AUTO, o.precision) and head_tokens in (-1, o.head_tokens)]
     if not pool:
         return None
-    base = best = pool[0]
+    best = pool[0]
     for option in pool[1:]:
-        if option.predicted_speedup >= (1 + MARGIN) * max(base.predicted_speedup, 1.0) \
-                and option.predicted_speedup > best.predicted_speedup:
+        if option.predicted_speedup >= (1 + MARGIN) * max(best.predicted_speedup, 1.0):
             best = option
     return best
 
