@@ -91,6 +91,11 @@ def start_background(server: Server, steps: list) -> None:
               "visitors' runs", flush=True)
 
 
+def plan_again(server: Server, steps: list) -> tuning.BackgroundWork | None:
+    """A provisional draft plan made again (Background.plan_again_when_quiet), applied as soon as it is done."""
+    return server.background.start(steps, on_step=lambda work, step: apply_when_tuned(server, work, step))
+
+
 def apply_when_tuned(server: Server, background: tuning.BackgroundWork, step: str) -> None:
     """The default pair's tune (or draft plan) is done: apply it at once, while the rest of the background work (the
     other configurations) goes on; their engines compile under it when a visitor first runs them."""
@@ -104,6 +109,8 @@ def say_background_done(server: Server, background: tuning.BackgroundWork) -> No
     if background.state == "done":
         print(f"background work done in {background.seconds / 60:.1f} min"
               + ("" if background.tunes else ": the page's other configurations now load without converting"), flush=True)
+        server.background.plan_again_when_quiet(start=lambda steps: plan_again(server, steps),
+                                                log=lambda message: print(message, flush=True))
     else:
         print(f"the background work failed while {background.step} (exit {background.returncode}); "
               f"see {background.log_path}", flush=True)

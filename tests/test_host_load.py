@@ -1,5 +1,8 @@
 """How loaded the host was while a measurement ran (specdemo/host/load.py): read from fake /proc/stat texts."""
 
+import subprocess
+import sys
+
 from specdemo.host import load
 
 
@@ -59,3 +62,14 @@ def test_spread_is_the_median_over_shapes_so_one_burst_is_not_a_busy_host():
 def test_without_proc_stat_only_the_spread_judges():
     host = load.since(load.start(read=lambda: ""), 0.05, read=lambda: "", load_average=lambda: 0.5, cores=2)
     assert host.steal == host.others == 0 and host.busy() == ""
+
+
+def test_watching_the_host_while_this_process_waits_counts_every_busy_tick_as_others():
+    """What a page watches before it measures again: a busy loop in another process, over the wait, is others' time."""
+    spin = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 3: pass"])
+    try:
+        host = load.watch(1.0)
+    finally:
+        spin.wait()
+    assert host.seconds >= 1.0 and host.others >= 0.25  # one core of this host's busy: ~50 % of the CPU time
+    assert host.busy().startswith("measured while the host was busy")

@@ -123,6 +123,13 @@ def since(begun: Ticks, spread: float = 0.0, read: Callable[[], str] | None = No
                     cores=cores, spread=spread)
 
 
+def watch(seconds: float, sleep: Callable[[float], None] = time.sleep) -> HostLoad:
+    """How loaded the host is while this process waits `seconds`: whether it is quiet enough to measure on now."""
+    begun = start()
+    sleep(seconds)
+    return since(begun)
+
+
 def spread(repeats: Iterable[Sequence[float]]) -> float:
     """The relative spread of repeated timings: for each shape's repeats (seconds), (slowest − fastest) ÷ fastest,
     and the median over shapes (shapes timed once are left out; 0 when none was timed twice). The median, so one burst

@@ -144,8 +144,8 @@ class Engine:
             missing.append("call costs measured while the host was busy, until runs correct them")
         if self.draft is not None and any(o.chosen and o.provisional
                                           for o in self.profile.planned_options(self.draft.settings)):
-            missing.append("a draft plan measured while the host was busy (`python -m specdemo tune --draft-plan` "
-                           "measures it again)")
+            missing.append("a draft plan measured while the host was busy (the page plans again once the host is "
+                           "quiet; `python -m specdemo tune --draft-plan` does it now)")
         if self.noise is None:
             missing.append("no batching noise measured yet")
         if warmup.needs_calibration(self.profile, self.keys.pair, self.draft is not None):

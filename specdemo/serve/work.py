@@ -4,15 +4,21 @@ hold the machine meanwhile: from the first run's start to the last one's end, th
 from __future__ import annotations
 
 import os
+import sys
 import threading
+import time
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
-from specdemo.host import memory
+from specdemo.host import load, memory
+from specdemo.learning.profile.choices import BUSY_PLANS
 from specdemo.learning.profile import machine_profile
 from specdemo.models import sources
 from specdemo.serve.tuning import PLANNING, TUNE_AT_START, BackgroundWork, background_steps, runs
 from specdemo.settings import RunSettings
+
+QUIET_POLL_S = 60.0  # how often a provisional draft plan looks for a quiet host to be made again on
+QUIET_WATCH_S = 5.0  # how long the host is watched each time (others' share of the CPUs, the steal)
 
 
 class Background:
@@ -23,6 +29,7 @@ class Background:
         self._holds = 0  # visitors' runs holding the machine now
         self._lock = threading.Lock()  # between a run taking or leaving the machine and the work starting
         self._decided = threading.Event()  # start_if_needed has run
+        self._planning_again = False  # a thread waits for a quiet host to make a provisional draft plan again
 
     @contextmanager
     def machine_held(self) -> Iterator[None]:
@@ -89,3 +96,51 @@ class Background:
             self.current = BackgroundWork(steps, sources.specdemo_home() / "logs" / "background.log", on_end,
                                           stopped=self._holds > 0, on_step=on_step)
         return self.current
+
+    def plan_again_when_quiet(self, start: Callable[[list], BackgroundWork | None],
+                              draft=RunSettings().draft, log: Callable[[str], None] = print,
+                              watch: Callable[[], load.HostLoad] = lambda: load.watch(QUIET_WATCH_S),
+                              poll_s: float = QUIET_POLL_S) -> threading.Thread | None:
+        """A draft plan priced on a busy host (provisional: choices.provisional_plan), made again while this server
+        runs, as soon as the host is quiet, rather than at the next start: every `poll_s` seconds, with no visitor's
+        run holding the machine and no background work running, the host is watched (`watch`); when nothing else
+        loads it, `start(steps)` runs `tune --draft-plan` as background work (app.py's, which applies the plan and says
+        what changed). At most BUSY_PLANS plans; none while the plan is clean. None when there is nothing to make
+        again, the background work is off, or a thread already waits."""
+        if os.environ.get(TUNE_AT_START, "1") == "0" or not machine_profile().provisional_plan(draft):
+            return None
+        with self._lock:
+            if self._planning_again:
+                return None
+            self._planning_again = True
+
+        def plan_again() -> None:
+            try:
+                for _ in range(BUSY_PLANS):
+                    host = self._wait_for_quiet(draft, watch, poll_s)
+                    if host is None:
+                        return
+                    log(f"the draft plan was priced on a busy host (provisional): planning it again now that the host "
+                        f"is quiet (other processes {host.others * 100:.0f} % of the CPU time, steal "
+                        f"{host.steal * 100:.0f} % over {host.seconds:.0f} s)")
+                    work = start([(PLANNING, [sys.executable, "-m", "specdemo", "tune", "--draft-plan"])])
+                    while work is not None and work.state == "running":
+                        time.sleep(min(poll_s, 5.0))
+            finally:
+                self._planning_again = False
+
+        thread = threading.Thread(target=plan_again, daemon=True, name="specdemo-plan-again")
+        thread.start()
+        return thread
+
+    def _wait_for_quiet(self, draft, watch: Callable[[], load.HostLoad], poll_s: float) -> load.HostLoad | None:
+        """The first quiet watch of the host with the machine free, or None once the plan is no longer provisional."""
+        while machine_profile().provisional_plan(draft):
+            time.sleep(poll_s)
+            work = self.current
+            if self._holds or (work is not None and work.state == "running"):
+                continue
+            host = watch()
+            if not host.busy():
+                return host
+        return None

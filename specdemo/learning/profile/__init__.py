@@ -104,6 +104,9 @@ class Profile:
     def needs_plan(self, draft: ModelSettings) -> bool:
         return choices.needs_plan(draft, self.tune())
 
+    def provisional_plan(self, draft: ModelSettings) -> bool:
+        return choices.provisional_plan(draft, self.tune())
+
     def stamp(self) -> int:
         """When tune's choice last changed (0: never): what was compiled before it is stale."""
         return choices.stamp(self.tune())

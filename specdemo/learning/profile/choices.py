@@ -248,6 +248,13 @@ def with_tune(tune: dict, trials: list, settings: dict[str, ModelSettings], draf
     return tune
 
 
+def provisional_plan(draft: ModelSettings, tune: dict) -> bool:
+    """Whether the draft plan was priced on a busy host and is to be made again (fewer than BUSY_PLANS busy in a row):
+    what a page makes again as soon as the host is quiet, without waiting for its next start."""
+    busy = (_entry("drafts", draft_key(draft), tune) or {}).get("busy_plans", 0)
+    return (draft.precision == AUTO or draft.head_tokens == -1) and 0 < busy < BUSY_PLANS
+
+
 def needs_plan(draft: ModelSettings, tune: dict) -> bool:
     """Whether the draft plan is missing something a draft left to it could run: no plan yet, a prepared precision
     it did not price, or a plan priced on a busy host (provisional) fewer than BUSY_PLANS times in a row."""
@@ -255,6 +262,5 @@ def needs_plan(draft: ModelSettings, tune: dict) -> bool:
         return False
     priced = {o.precision for o in planned_options(draft, tune)}
     precisions = PRECISIONS if draft.precision == AUTO else (draft.precision,)
-    busy = (_entry("drafts", draft_key(draft), tune) or {}).get("busy_plans", 0)
-    return not priced or 0 < busy < BUSY_PLANS or \
+    return not priced or provisional_plan(draft, tune) or \
         any(p not in priced and sources.is_prepared(replace(draft, precision=p)) for p in precisions)
