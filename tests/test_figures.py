@@ -10,6 +10,7 @@ from specdemo.results.figures import FIGURES, GLOSSARY, figure
 from specdemo.results.lane import drain
 from specdemo.results.metrics import Summary, measured_speedup
 from specdemo.results.record import Record
+from specdemo.results.would import Counterfactual, Walk, sentences
 from specdemo.settings import KPolicy, GenerationSettings, RunSettings
 from specdemo.ui import render
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
@@ -74,3 +75,17 @@ def test_a_new_figure_is_its_description_and_nothing_else(tiny_engine, tiny_targ
     record = recorded(ar, spec, RunSettings(exact(tiny_target), exact(tiny_draft), settings))
     for text in rendered(record, capsys):
         assert "time rolling back" in text and written in text
+
+
+def test_the_cli_and_the_page_say_what_each_k_would_have_given_in_the_same_sentences(tiny_engine, tiny_target,
+                                                                                        tiny_draft, capsys):
+    settings = GenerationSettings(max_new_tokens=16, k_policy=KPolicy.fixed(3))
+    ar, spec = (drain(run(PROMPT, settings)) for run in (tiny_engine.autoregressive, tiny_engine.speculative))
+    record = recorded(ar, spec, RunSettings(exact(tiny_target), exact(tiny_draft), settings))
+    walk = lambda k, calls, speedup: Walk(k, calls - 1, calls, calls * k, 1.0, speedup)  # noqa: E731
+    record.would = Counterfactual(16, [1] * 16, 1.2, fixed=[walk(1, 9, 1.1), walk(2, 7, 1.25)], oracle=walk(0, 6, 1.4),
+                                  replayed={})
+    said = sentences(record.would, spec.summary.target_calls)
+    assert said[0].startswith("On this very answer") and "the best fixed K = 2 would have given 1.25× in 7" in said[0]
+    cli, page, _ = rendered(record, capsys)
+    assert all(sentence in cli and render.escape(sentence) in page for sentence in said)

@@ -18,6 +18,7 @@ from specdemo.results.failures import Failure
 from specdemo.results.figures import SPECULATION, TABLE, figure, placed, value
 from specdemo.results.lane import Result, drain
 from specdemo.results.record import Record
+from specdemo.results.would import sentences
 from specdemo.settings import RunSettings
 from specdemo.text import clean_instruction, shown
 
@@ -158,28 +159,20 @@ def _print_failures(failures: list[Failure]) -> None:
 
 
 def _print_counterfactual(would, spec: Result) -> None:
-    """What every K would have given on this answer (greedy), beside what the run did."""
-    if would is None:
-        print("\nwhat each K would have given: greedy decoding only (a sampled answer has no counterfactual)")
+    """What every K would have given on this answer (greedy), a table of each K, then the page's sentences on it
+    (would.sentences), and the model-free strategies'."""
+    if would is None or not would.fixed:
+        print("\n" + "\n".join(sentences(would, spec.summary.target_calls)))
         return
     print("\n== what each K would have given on this answer (greedy; predicted from this machine's costs) ==")
-    if would.fixed:
-        print("K          " + "".join(f"{w.k:>7d}" for w in would.fixed))
-        print("calls      " + "".join(f"{w.target_calls:>7d}" for w in would.fixed))
-        print("speedup    " + "".join(f"{_times(w.speedup):>7}" for w in would.fixed))
-        if would.stopped:  # each K with the confidence stop at this machine's break-even P for that K
-            print("with stop  " + "".join(f"{_times(w.speedup):>7}" for w in would.stopped))
-        if would.gated:  # the same in gated rounds
-            print("gated      " + "".join(f"{_times(w.speedup):>7}" for w in would.gated))
-        best = would.best_fixed()
-        print(f"best fixed K = {best.k}: {_times(best.speedup)}; the oracle (best K each round): {_times(would.oracle.speedup)} "
-              f"in {would.oracle.target_calls} target calls; this run: {spec.summary.target_calls} target calls, "
-              f"mean K {spec.summary.mean_k:.1f}")
-    if would.stopped:
-        print(would.stop_sentence())
-    if would.gated:
-        print(would.gate_sentence())
-    for sentence in would.replay_sentences():
+    print("K          " + "".join(f"{w.k:>7d}" for w in would.fixed))
+    print("calls      " + "".join(f"{w.target_calls:>7d}" for w in would.fixed))
+    print("speedup    " + "".join(f"{_times(w.speedup):>7}" for w in would.fixed))
+    if would.stopped:  # each K with the confidence stop at this machine's break-even P for that K
+        print("with stop  " + "".join(f"{_times(w.speedup):>7}" for w in would.stopped))
+    if would.gated:  # the same in gated rounds
+        print("gated      " + "".join(f"{_times(w.speedup):>7}" for w in would.gated))
+    for sentence in sentences(would, spec.summary.target_calls) + would.replay_sentences():
         print(sentence)
 
 

@@ -102,3 +102,17 @@ def _walk(data: dict) -> Walk:
     walk = Walk(**{key: value for key, value in data.items() if key in known})
     walk.stops = tuple(walk.stops)  # a JSON list in the file, a tuple as walked
     return walk
+
+
+def sentences(would: Counterfactual | None, target_calls: int) -> list[str]:
+    """What each K would have given on this answer beside what the run did (`target_calls`), in the sentences the page
+    and the terminal both say: the best fixed K against the oracle, then the confidence stop's and the gate's."""
+    if would is None:
+        return ["What each K would have given: greedy decoding only (a sampled answer has no such counterfactual)."]
+    if not would.fixed:
+        return ["On this answer " + "; ".join(would.replay_sentences()) + " (predicted)."]
+    best = would.best_fixed()
+    said = (f"On this very answer (predicted from this machine's costs): the best fixed K = {best.k} would have given "
+            f"{best.speedup:.2f}× in {best.target_calls} target calls, the best K for every round {would.oracle.speedup:.2f}× "
+            f"in {would.oracle.target_calls}; this run took {target_calls}.")
+    return [part for part in (said, would.stop_sentence(), would.gate_sentence()) if part]

@@ -18,6 +18,7 @@ from specdemo.results.lane import Result, finished
 from specdemo.results.metrics import Summary
 from specdemo.results.parting import Parting, first_difference
 from specdemo.results.record import Record
+from specdemo.results.would import sentences as would_sentences
 from specdemo.run import genai
 from specdemo.settings import GenerationSettings
 from specdemo.text import shown
@@ -156,16 +157,9 @@ def render_results(record: Record, mode: str, genai_lane: LaneRun | None = None)
 
 
 def would_line(would, s: Summary) -> str:
-    """One sentence on what each K would have given on this answer (greedy only)."""
-    if would is None:
-        return "What each K would have given: greedy decoding only (a sampled answer has no such counterfactual)."
-    if not would.fixed:
-        return "On this answer " + "; ".join(would.replay_sentences()) + " (predicted)."
-    best = would.best_fixed()
-    said = (f"On this very answer (predicted from this machine's costs): the best fixed K = {best.k} would have given "
-            f"{best.speedup:.2f}× in {best.target_calls} target calls, the best K for every round {would.oracle.speedup:.2f}× "
-            f"in {would.oracle.target_calls}; this run took {s.target_calls}.")
-    return " ".join(part for part in (said, would.stop_sentence(), would.gate_sentence(), "Greedy decoding only.") if part)
+    """One paragraph on what each K would have given on this answer (greedy only)."""
+    said = would_sentences(would, s.target_calls)
+    return " ".join(said + ["Greedy decoding only."] if would is not None and would.fixed else said)
 
 
 def render_failures(failures: list[Failure]) -> str:
