@@ -178,6 +178,16 @@ def test_the_folder_holds_what_specdemo_reads(tmp_path):
     assert json.loads((tmp_path / "ir" / "generation_config.json").read_text())["eos_token_id"] == tokens.index("<|im_end|>")
 
 
+def test_a_folder_for_specdemos_kernels_alone_has_no_openvino_tokenizer_as_genai_never_loads_it(tmp_path):
+    """gguf-native runs on specdemo's kernels only (GenAI's lane takes a plugin layout): its conversion, on a first
+    start's 2 cores beside the draft's, leaves out the OpenVINO tokenizer's 3.5 CPU-s."""
+    gguf = tiny_gguf.write(tmp_path / "tiny.gguf", "qwen2")
+    export.from_gguf(GGUFFile(gguf), "gguf-native", tmp_path / "ir", _quiet)
+    written = {f.name for f in (tmp_path / "ir").iterdir()}
+    assert {"config.json", "tokenizer.json", "tokenizer_config.json", "openvino_model.xml"} <= written
+    assert not {"openvino_tokenizer.xml", "openvino_detokenizer.xml"} & written
+
+
 def test_the_runtime_rolls_back_on_the_built_graph_exactly(tiny_file, tmp_path):
     export.from_gguf(GGUFFile(tiny_file), "gguf-mixed", tmp_path / "ir", _quiet)
     model = exact(tmp_path / "ir")

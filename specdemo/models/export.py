@@ -67,7 +67,8 @@ def from_gguf(file, precision: str, out: Path, progress: Progress, source: str =
     written = Path(tempfile.mkdtemp(prefix=".metadata-", dir=out.parent))
     # A GGUF layout's graph is built well within memory.conversion_need, with room for the metadata's process beside it;
     # NNCF's compression peaks at that bound, so there the metadata comes after (those run in the background anyway).
-    metadata = _write_metadata_beside(file, written) if precision in GGUF_LAYOUTS else None
+    for_genai = precision != "gguf-native"  # GenAI's pipelines never load specdemo's kernels' layout (Profile.for_plugin)
+    metadata = _write_metadata_beside(file, written, for_genai) if precision in GGUF_LAYOUTS else None
     try:
         if precision in GGUF_LAYOUTS:
             progress(0.15, f"{source}: building the graph on the GGUF's own blocks ({precision})")
@@ -90,7 +91,7 @@ def from_gguf(file, precision: str, out: Path, progress: Progress, source: str =
     ov.save_model(model, out / "openvino_model.xml", compress_to_fp16=True)
     del model, weights
     progress(0.9, f"{source}: writing its config and tokenizer")
-    metadata = metadata or _write_metadata_beside(file, written)
+    metadata = metadata or _write_metadata_beside(file, written, for_genai)
     if metadata.wait() != 0:
         raise ModelSourceError(f"{source}: its config and tokenizer could not be written from the GGUF file (exit "
                                f"status {metadata.returncode}; the conversion's log says why)")
@@ -99,13 +100,16 @@ def from_gguf(file, precision: str, out: Path, progress: Progress, source: str =
     written.rmdir()
 
 
-def _write_metadata_beside(file, folder: Path) -> subprocess.Popen:
-    """gguf_metadata.write(file, folder) in a process of its own, started now: the config and tokenizer (~15 s on a
-    core, mostly importing transformers and openvino_tokenizers) are written while the graph is built, instead of after
-    it, so a first start's target (the longer of its two conversions) is ready that much sooner. Its messages go to
+def _write_metadata_beside(file, folder: Path, for_genai: bool = True) -> subprocess.Popen:
+    """gguf_metadata.write(file, folder) in a process of its own, started now: the config and tokenizer (~7 CPU-s,
+    mostly importing transformers and openvino_tokenizers) are written while the graph is built, instead of after
+    it, so a first start's target (the longer of its two conversions) is ready that much sooner. Not `for_genai`: no
+    OpenVINO tokenizer (3.5 of those CPU-s, on the 2 cores a first start's two conversions share). Its messages go to
     this conversion's log."""
-    return subprocess.Popen([sys.executable, "-m", "specdemo.models.gguf_metadata", str(file.path), str(folder)],
-                            stdout=sys.stderr, stderr=sys.stderr)
+    from specdemo.models.gguf_metadata import NO_OPENVINO_TOKENIZER
+
+    return subprocess.Popen([sys.executable, "-m", "specdemo.models.gguf_metadata", str(file.path), str(folder)]
+                            + ([] if for_genai else [NO_OPENVINO_TOKENIZER]), stdout=sys.stderr, stderr=sys.stderr)
 
 
 def _unbuilt(file) -> str | None:

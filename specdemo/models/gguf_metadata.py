@@ -26,10 +26,12 @@ from specdemo.models.gguf_graph import ARCHITECTURES
 # Where transformers' GGUF loading calls load_gguf_checkpoint from (the config, AutoTokenizer, the tokenizer itself).
 _READERS = ("transformers.configuration_utils", "transformers.models.auto.tokenization_auto",
             "transformers.tokenization_utils_tokenizers")
+NO_OPENVINO_TOKENIZER = "--no-openvino-tokenizer"  # for a folder GenAI never loads (export.from_gguf)
 
 
-def write(file: GGUFFile, folder: Path) -> None:
-    """Write the config, generation config and tokenizer of `file` into `folder`."""
+def write(file: GGUFFile, folder: Path, openvino_tokenizer: bool = True) -> None:
+    """Write the config, generation config and tokenizer of `file` into `folder`, and the tokenizer as OpenVINO models
+    where `openvino_tokenizer`."""
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     with _answered_from(file):
@@ -39,7 +41,8 @@ def write(file: GGUFFile, folder: Path) -> None:
     config.save_pretrained(folder)
     GenerationConfig.from_model_config(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    _write_openvino_tokenizer(tokenizer, folder)
+    if openvino_tokenizer:
+        _write_openvino_tokenizer(tokenizer, folder)
 
 
 def _write_openvino_tokenizer(tokenizer, folder: Path) -> None:
@@ -90,10 +93,10 @@ def _parsed(file: GGUFFile) -> dict[str, dict]:
     return parsed
 
 
-if __name__ == "__main__":  # export.from_gguf runs it beside the graph's building: python -m … GGUF_FILE FOLDER
+if __name__ == "__main__":  # export.from_gguf runs it beside the graph's building: python -m … GGUF_FILE FOLDER [FLAG]
     import sys
 
     from specdemo.host import compat
 
     compat.keep_torch_out()  # the metadata needs no torch (a Llama config would import it through torchvision)
-    write(GGUFFile(Path(sys.argv[1])), Path(sys.argv[2]))
+    write(GGUFFile(Path(sys.argv[1])), Path(sys.argv[2]), openvino_tokenizer=NO_OPENVINO_TOKENIZER not in sys.argv[3:])
