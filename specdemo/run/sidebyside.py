@@ -1,5 +1,5 @@
 """One side-by-side run, owned here from the instruction to its record: the CLI (terminal.py), the page
-(ui/handlers.py) and the benchmark (bench/harness.py) only stream and render what it gives them.
+(serve/turn.py, ui/handlers.py) and the benchmark (bench/harness.py) only stream and render what it gives them.
 
     run = SideBySide({AUTOREGRESSIVE: engine, SPECULATIVE: engine}, instruction, settings)   # tokenized once
     run.prepare(log)                        # warm-up where a pair has no costs yet, then the one plan

@@ -8,6 +8,8 @@
 - engines.py: engines and GenAI's pipeline, loaded once per process in the background and shared, optional ones
   admitted within the memory bound and released when idle;
 - lanes.py: one run's worker threads, the events they send, Stop;
+- turn.py: one press of Generate, from its place in the line to its end, said as what happened (Waiting, Preparing,
+  Running, Finished, …) for the page to render;
 - tuning.py, work.py, progress.py: a new machine's background work (its steps; the one this server started, stopped
   while visitors' runs hold the machine; where it stands);
 - learning.py: the server's own turns in the line (the rest of a quick warm-up, a new tune applied).

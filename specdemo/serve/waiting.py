@@ -10,7 +10,7 @@ from this machine itself share no address cap (its owner, the tests), unless the
 in front of the page appends its client's address to X-Forwarded-For, as a Hugging Face Space's does
 (visitors.address_of).
 
-The Server's `line` is this process's one line: the visitors' runs (ui/handlers.py) and the server's own turns,
+The Server's `line` is this process's one line: the visitors' runs (turn.py) and the server's own turns,
 learning the machine and applying a tune (learning.py), join it.
 """
 

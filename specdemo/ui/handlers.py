@@ -1,41 +1,33 @@
 """What the page's buttons do, as generators of whole page updates. No gradio here: page.py binds these
 to the components and turns SKIP into "leave this output as it is".
 
-Every handler takes the Server (serve/server.py) first: the line, the engines shared by every visitor, the runs Stop
-reaches, the background work and what a visitor's runs keep for their next (their drafters' memories, theirs alone).
-Per-run state (events, timers) lives in the handler's local variables, so visitors never see each other's outputs.
+What happens in a visitor's turn is served by serve/turn.py and said in small values (Waiting, Preparing, Running, …);
+this module turns each into the page's update (a View, drawn by render.py and charts.py), and nothing else. Every
+handler takes the Server (serve/server.py) first. Per-run state (the lanes' events, what was last sent) lives in the
+handler's local variables, so visitors never see each other's outputs.
 """
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
-from dataclasses import dataclass, fields, replace
+from contextlib import closing
+from dataclasses import dataclass, fields
 from typing import Iterator
 
-from specdemo.run import genai
-from specdemo.results import metrics
-from specdemo.models import sources
-from specdemo.host import memory
 from specdemo.learning.disk import inventory
+from specdemo.names import AUTOREGRESSIVE, GENAI, LANES, SPECULATIVE
+from specdemo.results import metrics
+from specdemo.results.record import Record
 from specdemo.run.engine import Engine
-from specdemo.settings import GenerationSettings, RunSettings
-from specdemo.serve import waiting
-from specdemo.ui import charts, render
-from specdemo.serve.downloads import save_run
+from specdemo.serve import turn, waiting
+from specdemo.serve.engines import race_threads
+from specdemo.serve.lanes import LaneRun
 from specdemo.serve.server import Server
 from specdemo.serve.tuning import BackgroundWork
+from specdemo.serve.values import MAX_K, RACE, PageValues
 from specdemo.serve.visitors import Visitor
-from specdemo.names import AUTOREGRESSIVE, GENAI, LANES, SPECULATIVE
-from specdemo.results.lane import finished
-from specdemo.results.record import Record
-from specdemo.run.sidebyside import SideBySide
-from specdemo.serve.engines import KEPT, Held, Loading, race_threads
-from specdemo.serve.lanes import LaneRun, follow, start_lanes
-from specdemo.serve.values import MAX_K, RACE, PageValues, as_sentence, check_prompt
+from specdemo.ui import charts, render
 
-SETTLE_S = 0.5  # the browser renders the run's first update before the lanes start, not while they run
 SKIP = object()  # an output this update leaves as it is
 
 
@@ -71,162 +63,81 @@ def wait_for_models(server: Server) -> Iterator[tuple]:
     """Page load: the preparation's progress in the status line, then the model panel, the cost chart and the cost
     surface, as (status, models, costs frame, costs note, surface). The status line is written by this handler alone
     (no progress overlay drawn over it), so two messages never sit on top of each other."""
-    loading = server.engines.loading_for(KEPT, RunSettings(), True, refresh=False)  # a visitor's run may hold the machine now
-    while not loading.done.wait(0.5):
-        yield render.preparing_status(loading.fraction, loading.message), SKIP, SKIP, SKIP, SKIP
-    if loading.error is not None:
-        yield f"⚠️ The models could not be prepared: {as_sentence(loading.error)}", SKIP, SKIP, SKIP, SKIP
-        return
-    engine = loading.value
+    for happening in turn.wait_for_models(server):
+        match happening:
+            case turn.Preparing(fraction, message):
+                yield render.preparing_status(fraction, message), SKIP, SKIP, SKIP, SKIP
+            case turn.Failed(sentence):
+                yield f"⚠️ The models could not be prepared: {sentence}", SKIP, SKIP, SKIP, SKIP
+            case turn.Ready(engine):
+                yield show_ready(engine, server.background.current)
+
+
+def show_ready(engine: Engine, background: BackgroundWork | None) -> tuple:
+    """Page load's last update: the ready line, the model panel, the cost chart and note, the cost surface."""
     ready = "Ready. Pick an example or type an instruction, then press **Generate**."
-    background = server.background.current
     models = render.render_models(describe_model(engine.target, background), describe_model(engine.draft, background),
                                   disk_note=render.render_disk(inventory()))
-    yield (ready, models, render.cost_frame(engine.costs), render.render_costs(engine.costs, engine.warm_up_s),
-           charts.cost_surface(engine.costs, MAX_K))
+    return (ready, models, render.cost_frame(engine.costs), render.render_costs(engine.costs, engine.warm_up_s),
+            charts.cost_surface(engine.costs, MAX_K))
 
 
 def generate(server: Server, values: PageValues, visitor: Visitor) -> Iterator[View]:
-    """Take a turn on the machine, run the lanes on one instruction and stream the page's outputs. While runs ahead
-    hold the machine, the status says how many and for about how long. A refused run yields one View whose status
-    starts with ⚠️ and raises nothing."""
-    try:
-        settings = values.check()
-        ticket = server.line.join(settings.max_new_tokens, visitor)
-    except ValueError as error:  # QueueFull too
-        yield View(status=f"⚠️ {as_sentence(error)}")
-        return
-    run_id, cancel = server.runs.begin(visitor.session)  # from now on Stop reaches this run, waiting or running
-    turn = Turn(server, values, settings, visitor, run_id, cancel, server.engines.held())
-    try:
-        views = turn.views(ticket)
-        first = next(views, None)
-        if first is not None:
-            first.run = run_id  # the page's Stop names this run from now on
-            yield first
-        yield from views
-    finally:
-        turn.held.release()
-        # A run that had its turn (the line started its clock) and was not stopped teaches the line its pace.
-        server.line.leave(ticket, finished=ticket.started is not None and not cancel.is_set())
-        server.runs.end(run_id)
+    """Generate: the visitor's turn (serve/turn.py) as the page's updates, one for each thing that happens but
+    Admitted, whose run id rides on the next update (the page's Stop names the run from then on). While the lanes run,
+    a status line the same as the last one is left as it is (sending it again would only make the browser render it
+    again). A refused run is one View whose status starts with ⚠️. Closing this (the page went away) closes the turn:
+    its finally gives up its place in the line and stops its lanes."""
+    run_id, shown = SKIP, None
+    with closing(turn.take(server, values, visitor)) as happenings:
+        for happening in happenings:
+            if isinstance(happening, turn.Admitted):
+                run_id = happening.run_id
+                continue
+            view = show(happening, values.mode, server)
+            view.run, run_id = run_id, SKIP
+            status = view.status
+            if isinstance(happening, turn.Working) and status == shown:
+                view.status = SKIP
+            shown = status
+            yield view
 
 
 LEFT_QUEUE_STATUS = "You left the queue; nothing was run."
+WEIGHING_STATUS = "Working out what each K would have given on this answer (one pass of the draft model)…"
 
 
-@dataclass
-class Turn:
-    """One press of Generate, from its place in the line to its last update: what its steps share. One SideBySide owns
-    the run itself (tokenized and planned once, taught, walked and recorded once), drafting from this visitor's own
-    earlier answers alone; the Turn streams and renders it. The models it loads are `held` until it ends (none is
-    released as idle meanwhile)."""
-
-    server: Server
-    values: PageValues  # as the page sent them
-    settings: GenerationSettings  # the values, checked
-    visitor: Visitor
-    run_id: str  # told to this visitor's page alone, for their Stop and their download
-    cancel: threading.Event  # set by Stop, or when the page goes away
-    held: Held
-
-    def views(self, ticket: waiting.Ticket) -> Iterator[View]:
-        """Wait for this run's turn in the line, saying its place; then load, run and render it."""
-        for ahead, seconds in self.server.line.wait(ticket, self.cancel):
-            yield View(status=waiting.describe_place(ahead, seconds))
-        if self.cancel.is_set():
-            yield View(status=LEFT_QUEUE_STATUS)
-            return
-        try:
-            run, jobs = yield from self._load()
-        except (ValueError, sources.ModelSourceError, RuntimeError, memory.Short) as error:
-            yield View(status=f"⚠️ {as_sentence(error)}")
-            return
-        # The lanes hold the machine: background work (a new machine's tune) is stopped meanwhile. Not while loading,
-        # which may wait for a conversion that work holds the lock of.
-        with self.server.background.machine_held():
-            yield from self._run_lanes(run, jobs)
-
-    def _load(self):
-        """The run, prepared on the engines its lanes load, and each lane's job (GenAI's fails alone if it must); yields
-        the loadings' progress meanwhile."""
-        values, engines = self.values, self.server.engines
-        reserve = self.server.background.reserve()  # what the background work may still need: optional models leave it
-        loadings = engines.lane_loadings(values.mode, values.target_device, values.draft_device, values.configuration,
-                                         reserve)
-        loaded = yield from _wait_for({lane: self.held.add(loading) for lane, loading in loadings.items()})
-        pair = engines.pair_settings(values.target_device, values.draft_device, values.configuration)
-        run = SideBySide(loaded, values.instruction, replace(pair, generation=self.settings),
-                         self.server.memories.of(self.visitor))
-        check_prompt(run.prompt)
-        run.prepare()  # the engines were warmed up when loaded: this plans the speculative lane
-        jobs = {mode: (lambda cancel, mode=mode: run.lane(mode, cancel)) for mode in LANES}
-        if values.genai:
-            try:
-                jobs[GENAI] = yield from self._genai_job(run, reserve)
-            except (RuntimeError, sources.ModelSourceError, memory.Short) as error:  # ours run all the same
-                jobs[GENAI] = _failed(error)
-        return run, jobs
-
-    def _genai_job(self, run: SideBySide, reserve: int):
-        """GenAI's lane: its pipeline for the counterpart of the drafter and the K our speculative lane starts with (the
-        run's plan), on the same prompt ids; admitted beside what the background work may still need (`reserve`)."""
-        drafter, k = run.genai_counterpart()
-        needs_draft = drafter.needs_model
-        loading = self.server.engines.genai_loading_for(run.settings, not needs_draft, reserve)
-        pipeline = (yield from _wait_for({GENAI: self.held.add(loading)}))[GENAI]
-        compiled_as = genai.fitted(run.settings.target, run.settings.draft if needs_draft else None)
-        engine, settings = run.speculative, self.settings
-        return lambda cancel: genai.stream(pipeline, engine.tokenizer, run.prompt, settings, engine.eos_ids, k, cancel,
-                                           drafter.name, compiled_as)
-
-    def _run_lanes(self, run: SideBySide, jobs: dict) -> Iterator[View]:
-        mode, settings, cancel = self.values.mode, self.settings, self.cancel
-        lanes = {name: LaneRun() for name in jobs}
-        first = live_view(lanes, mode, plot=True, whole=True)
-        first.results = render.note("Running…")
-        first.positions = charts.placeholder("Acceptance by draft position", "Drawn when the run ends.")
-        first.would = charts.placeholder("What each K would have given on this answer", "Drawn when the run ends.")
-        yield first
-        time.sleep(SETTLE_S)
-        inbox = queue.SimpleQueue()
-        threads = start_lanes(jobs, mode, cancel, inbox)
-        # Stop sets `cancel`: the workers end after their current step and the run ends normally, so the last update
-        # is always the final view (a closed page instead closes the generator at a yield; generate's finally stops
-        # the workers). While the lanes run, the updates carry new tokens and figures only: the timeline is drawn when
-        # they are done.
-        last_status = first.status
-        for _ in follow(lanes, threads, inbox):
-            view = live_view(lanes, mode, plot=False)
-            if view.status == last_status:
-                view.status = SKIP  # the same line again would only make the browser render it again
-            last_status = view.status if view.status is not SKIP else last_status
-            yield view
-        stopped = cancel.is_set()
-        results = {name: lanes[name].result() if lanes[name].summary is not None else None for name in LANES}
-        if not stopped and settings.greedy and all(finished(r) for r in results.values()):
-            yield View(status="Working out what each K would have given on this answer (one pass of the draft model)…")
-        record = run.finish(results, stopped)
-        view = final_view(lanes, mode, record, run.speculative, self.server.background.current)
-        if record.finished:
-            view.download = save_run(record, self.run_id, self.server.downloads)
-        yield view
+def show(happening, mode: str, server: Server) -> View:
+    """The page's update for one thing that happened in a turn (all but Admitted)."""
+    match happening:
+        case turn.Refused(sentence):
+            return View(status=f"⚠️ {sentence}")
+        case turn.Waiting(ahead, seconds):
+            return View(status=waiting.describe_place(ahead, seconds))
+        case turn.LeftLine():
+            return View(status=LEFT_QUEUE_STATUS)
+        case turn.Preparing(fraction, message):
+            return View(status=render.preparing_status(fraction, message))
+        case turn.Running(lanes):
+            return first_view(lanes, mode)
+        case turn.Working(lanes):
+            return live_view(lanes, mode, plot=False)
+        case turn.Weighing():
+            return View(status=WEIGHING_STATUS)
+        case turn.Finished(lanes, record, engine, download):
+            view = final_view(lanes, mode, record, engine, server.background.current)
+            view.download = SKIP if download is None else download
+            return view
+    raise TypeError(f"a turn does not say {happening!r}")
 
 
-def _wait_for(loadings: dict[str, Loading]):
-    """Wait for every loading, writing its progress in the status line; the loaded values by lane."""
-    for loading in set(loadings.values()):
-        while not loading.done.wait(0.25):
-            yield View(status=render.preparing_status(loading.fraction, loading.message))
-    return {lane: loading.wait() for lane, loading in loadings.items()}
-
-
-def _failed(error: Exception):
-    """A lane's job that fails at once with `error` (its lane shows the sentence)."""
-    def job(cancel):
-        raise error
-        yield  # a generator, like every lane's job
-    return job
+def first_view(lanes: dict[str, LaneRun], mode: str) -> View:
+    """The lanes as they start: empty texts and figures, the timeline, and the charts drawn at the end."""
+    view = live_view(lanes, mode, plot=True, whole=True)
+    view.results = render.note("Running…")
+    view.positions = charts.placeholder("Acceptance by draft position", "Drawn when the run ends.")
+    view.would = charts.placeholder("What each K would have given on this answer", "Drawn when the run ends.")
+    return view
 
 
 def live_view(lanes: dict[str, LaneRun], mode: str, plot: bool, whole: bool = False) -> View:
