@@ -2,7 +2,8 @@
 engine over them, an engine over the real default pair, the real app on a free port; the markers that
 sort tests by cost.
 
-Markers (`python -m pytest -q tests -m "not real_models and not browser and not slow"` is the fast loop):
+Markers (the marked tests live in tests/integration/, which tests/test_layout.py holds, so the fast loop is
+`python -m pytest -q tests --ignore=tests/integration`):
     real_models  uses the embedded Qwen2.5-Coder pair (converted once, minutes, on a fresh machine)
     browser      drives chromium against the running app
     slow         takes more than about 20 s on a 2-core machine
@@ -65,13 +66,13 @@ os.environ["SPECDEMO_HOME"] = str(TEST_HOME)
 os.environ["SPECDEMO_LEARN"] = "0"
 # A measurement of the tiny models (sub-millisecond calls, far apart on any host) or one taken while other tests load
 # the machine would be judged busy and measured again: the tests' measurements are taken as they come
-# (tests/test_host_load.py and tests/test_costs.py judge synthetic ones).
+# (tests/host/test_host_load.py and tests/decoding/test_costs.py judge synthetic ones).
 os.environ["SPECDEMO_HOST_LOAD"] = "ignore"
 os.environ["SPECDEMO_TUNE_AT_START"] = "0"  # no background tune in the servers tests start (tests/test_tuning.py turns it on)
 # The memory bound counts the app's process tree; here that tree is pytest, which holds every fixture's engines (5 GiB
 # by the real-model tests, what no app process holds), so the app's 8 GiB bound would make the bench's sections that
 # run in this process wait 10 min each and skip. The tests take a bound of their own (the machine's and the cgroup's
-# room still apply); tests/test_memory_bound.py runs a step under a bound it sets, in a child.
+# room still apply); tests/integration/test_memory_bound.py runs a step under a bound it sets, in a child.
 os.environ.setdefault("SPECDEMO_MEMORY_BUDGET", "64G")
 
 

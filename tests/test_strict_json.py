@@ -15,7 +15,7 @@ from specdemo.results.metrics import Summary
 from specdemo.results.parting import Parting
 from specdemo.results.record import Record
 from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET
-from tests.test_draft_choice import option
+from tests.learning.test_draft_choice import option
 
 
 def strict(text: str):

@@ -75,7 +75,7 @@ class HostLoad:
 
 def judge(host: HostLoad) -> str:
     """host.busy(), unless SPECDEMO_HOST_LOAD=ignore: the tests set it, as their tiny models' sub-millisecond calls
-    spread far apart on any host and a test must not hang on the machine's state (tests/test_host_load.py judges
+    spread far apart on any host and a test must not hang on the machine's state (tests/host/test_host_load.py judges
     HostLoads of its own)."""
     return "" if os.environ.get("SPECDEMO_HOST_LOAD") == "ignore" else host.busy()
 

@@ -17,7 +17,7 @@ most settings cannot win on a given CPU class at all. Its source (OpenVINO 2025â
 * threads only where there are cores to spare (4 or more).
 
 So `challengers` offers a tune (specdemo/learning/tune.py), from our defaults and one setting at a time, only what can
-win here; the rules are tested on an AMX Xeon's, a Zen 4's and an AVX2-only EPYC's flags (tests/test_tune.py).
+win here; the rules are tested on an AMX Xeon's, a Zen 4's and an AVX2-only EPYC's flags (tests/learning/test_tune.py).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ then on, the LEVEL confidence interval of their mean (Student's t on the pairs' 
 MARGIN band, ±ln(1 / (1 − MARGIN)) around 0. The race stops as soon as the interval lies wholly outside the band: the
 challenger clearly faster by more than MARGIN (`faster`: the tune may take it), or clearly slower by more than MARGIN.
 Otherwise it runs to MAX_PAIRS pairs and the challenger is not faster: a tie keeps the incumbent. Simulated with a
-spread of 2 to 20 % a sample (normal and heavy-tailed noise, 1,000 races each; tests/test_race.py), a challenger no
+spread of 2 to 20 % a sample (normal and heavy-tailed noise, 1,000 races each; tests/learning/test_race.py), a challenger no
 faster than the incumbent is crowned in under 3 % of races and one exactly MARGIN faster in under 5 %; one 10 % faster
 is crowned after 4–5 pairs at a 2 % spread, in 88 % of races at 5 %, and a third at 10 % (noise costs gains, not
 false ones).

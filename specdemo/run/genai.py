@@ -73,7 +73,7 @@ def fit(properties: dict) -> tuple[dict, str]:
     """`properties` as GenAI's paged attention on CPU accepts them, and what changed, in words ("" if nothing).
 
     Its CPU kernel keeps an f32 KV cache only beside f32 inference and a bf16 one only beside bf16 (found by compiling
-    every pair: tests/test_tuned_machine.py compiles each pair tune can choose on the machine); f16 and u8 caches go with
+    every pair: tests/learning/test_tuned_machine.py compiles each pair tune can choose on the machine); f16 and u8 caches go with
     either. Where tune chose another pair for our lanes (bf16 inference with an f32 cache), GenAI gets the nearest pair
     it takes: the same inference precision (the kernels' speed), the KV cache in that precision.
     """

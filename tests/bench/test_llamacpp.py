@@ -117,18 +117,3 @@ def test_the_report_names_our_lane_over_each_llama_cpp_lane():
     assert "| ours spec ÷ cpp draft | 2.00× |" in text
     assert "| ours spec ÷ cpp lookup | 2.00× |" in text
     assert "| ours AR ÷ cpp AR | 2.00× |" in text
-
-
-@pytest.mark.real_models
-@pytest.mark.slow
-def test_llama_cpp_generates_from_our_prompt_ids_on_the_target_gguf(real_engine):
-    pytest.importorskip("llama_cpp")
-    settings = RunSettings()
-    ids = real_engine.prompt_ids("Write a Python function that reverses a string.", settings.generation)
-    peer = llamacpp.LlamaCppPeer(llamacpp.gguf_path(settings.target.source))
-
-    run = peer.generate(ids, 8, real_engine.eos_ids)
-
-    assert len(run.ids) == 8
-    assert all(0 <= token < len(real_engine.target.tokenizer) for token in run.ids)
-    assert real_engine.target.tokenizer.decode(run.ids).strip()  # text, not nothing

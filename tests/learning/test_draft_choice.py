@@ -12,7 +12,7 @@ from specdemo.learning.profile import Profile, choices
 from specdemo.models import sources
 from specdemo.settings import AUTO, DEFAULT_DRAFT, DRAFT_PRECISION, FIRST_DRAFT_PRECISION, ModelSettings
 from tests.fake_models import FakeModel
-from tests.test_planner import machine
+from tests.decoding.test_planner import machine
 
 AMX = machine(0.02, draft_steps=0.26, n_max=13)  # memory-bound target, a cheap draft
 AVX2 = machine(0.30, draft_steps=0.50, n_max=13)  # compute-bound target, a draft step half a target step

@@ -1,5 +1,5 @@
 """A run's record does not change when the code is moved: `generate --json` on the tiny pair, greedy with a fixed K and
-a fixed length, gives the record kept in tests/golden_records.json, once what is measured is taken out (times, rates,
+a fixed length, gives the record kept in tests/integration/golden_records.json, once what is measured is taken out (times, rates,
 costs, the machine, the paths of the tiny models). The golden file was made by the code before the layout of issue 42
 (main at 7b8eef8); SPECDEMO_WRITE_GOLDEN=1 writes it again."""
 

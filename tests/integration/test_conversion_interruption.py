@@ -16,7 +16,7 @@ from specdemo.settings import ModelSettings
 
 pytestmark = pytest.mark.slow  # each test converts a model with optimum-intel (about 20 s)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _quiet(fraction, message):

@@ -11,7 +11,7 @@ import pytest
 from specdemo.cli import commands as cli
 from specdemo.run.engine import Engine
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_cli_refuses_an_empty_instruction_before_loading_any_model(monkeypatch, capsys):

@@ -385,7 +385,7 @@ def test_the_report_shows_the_tune_the_models_ran_under_settings_by_times_and_th
     from specdemo.learning import draft_choice, tune
     from specdemo.learning.profile import Profile, choices
     from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET
-    from tests.test_draft_choice import AVX2, option
+    from tests.learning.test_draft_choice import AVX2, option
 
     profile = Profile(tmp_path)
     fast = tune.Trial("target", choices.Setting(128, "f32", "u8"), seconds=0.0861, relative=0.83, agreement=1.0,
@@ -401,25 +401,6 @@ def test_the_report_shows_the_tune_the_models_ran_under_settings_by_times_and_th
     assert "| int4, head 16k | 16,000 | 37.5 ms | 90.0 % |" in text and text.count("| chosen |") == 2
     assert Profile(tmp_path / "untuned").tune_record(DEFAULT_DRAFT) == {}
     assert "Not tuned" in report_tables.tune_section({})
-
-
-# ---- one short real run
-
-
-@pytest.mark.real_models
-@pytest.mark.slow
-def test_a_short_real_run_writes_the_report_json_and_plots(tmp_path):
-    """The whole benchmark, ours and GenAI on the default pair, one instruction, 8 tokens: tables, JSON and plots."""
-    settings = RunSettings(generation=GenerationSettings(max_new_tokens=8))
-    small = bench.BenchSettings(mode="test", instructions=1, paper_tokens=(8,), genai_defaults_instructions=0, warmup_tokens=2,
-                                sections=("paper",))
-    results = bench.run(settings, small, tmp_path, log=lambda m: None, command="test")
-    figures = results["sections"]["paper"]["by_tokens"]["8"]
-    assert figures["lanes"]["GenAI speculative"]["same_as_reference"] == "1/1"  # GenAI saw the same prompt tokens
-    assert figures["lanes"]["GenAI speculative"]["baseline"] == "GenAI autoregressive"
-    text = (tmp_path / "benchmarks.md").read_text()
-    assert "## 1. The paper's experiment" in text and "ours speculative / GenAI speculative" in text
-    assert (tmp_path / "benchmarks.json").is_file() and (tmp_path / "benchmarks-paper.png").is_file()
 
 
 def test_what_watching_costs_is_reported_as_ratios_to_the_cli():

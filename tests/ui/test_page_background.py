@@ -144,7 +144,7 @@ def test_the_line_says_which_drafts_the_plan_did_not_measure_as_they_could_not_p
     from specdemo.learning.draft_choice import price
     from specdemo.learning.profile import choices, machine_profile
     from specdemo.settings import DEFAULT_DRAFT
-    from tests.test_draft_choice import COMPUTE_BOUND, planned_on
+    from tests.learning.test_draft_choice import COMPUTE_BOUND, planned_on
 
     options, _ = planned_on(COMPUTE_BOUND)  # nothing could pay: nothing measured
     price(options, COMPUTE_BOUND)

@@ -159,7 +159,7 @@ def test_the_figures_page_carries_the_glossary_as_the_code_defines_it():
 
     from specdemo.results.figures import glossary_markdown
 
-    assert glossary_markdown() in (Path(__file__).parent.parent / "docs" / "figures.md").read_text(encoding="utf-8")
+    assert glossary_markdown() in (Path(__file__).parents[2] / "docs" / "figures.md").read_text(encoding="utf-8")
 
 
 

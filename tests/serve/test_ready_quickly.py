@@ -112,7 +112,7 @@ def test_the_page_learns_the_rest_in_turns_of_its_own_behind_a_visitors_run(engi
 def test_a_prediction_before_the_machine_is_learnt_says_it_is_provisional():
     from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
     from specdemo.serve.values import ONE_AFTER_ANOTHER
-    from tests.test_page_render import lane_with, results_of, token
+    from tests.ui.test_page_render import lane_with, results_of, token
 
     from specdemo.decoding.events import TARGET
     from specdemo.settings import GenerationSettings

@@ -24,7 +24,7 @@ from specdemo.serve.tuning import PLANNING
 from specdemo.serve.work import Background
 from specdemo.settings import DEFAULT_DRAFT, GenerationSettings, KPolicy
 from tests.fake_models import FakeModel, FakeTokenizer
-from tests.test_draft_choice import busy, option, planned
+from tests.learning.test_draft_choice import busy, option, planned
 
 PROMPT = [0, 1, 2, 1, 0, 2, 2]
 MODEL = strategy("model")
@@ -251,7 +251,7 @@ def test_a_race_that_settles_on_a_busy_host_stands_and_a_clean_one_is_not_marked
 
 def test_a_draft_plan_priced_on_a_busy_curve_or_a_busy_race_is_provisional_and_kept_so():
     from specdemo.learning.draft_choice import DraftOption, from_dict, price, to_dict
-    from tests.test_planner import machine
+    from tests.decoding.test_planner import machine
 
     def option(head, step_s, busy=""):
         return DraftOption("int4", head, rows=head or 151_936, step_s=step_s, tested=[10_000] * 12,
@@ -277,7 +277,7 @@ def test_a_change_of_k_by_what_runs_taught_of_acceptance_says_so():
 
 def test_a_draft_plan_whose_losing_challenger_raced_on_a_busy_host_is_provisional_too():
     from specdemo.learning.draft_choice import DraftOption, price
-    from tests.test_planner import machine
+    from tests.decoding.test_planner import machine
 
     def option(head, step_s, busy=""):
         return DraftOption("int4", head, rows=head or 151_936, step_s=step_s, tested=[10_000] * 12,

@@ -1,11 +1,12 @@
 """A tuned machine keeps every feature working: under each compile setting tune can choose on this CPU (every pair of
 inference precision and KV cache precision), our lanes and OpenVINO GenAI's pipelines (with a draft model and with
-prompt lookup) compile and run on the real pair. Each case writes the tune file into a home of its own."""
+prompt lookup) compile and run on the real pair. Each case writes the tune file into a home of its own.
+
+The real-model, browser and slow tests of tests/learning/test_tuned_machine.py, which holds the fast ones."""
 
 import pytest
 
 from conftest import TEST_HOME, link_converted_models
-from specdemo import errors
 from specdemo.learning import candidates, tune
 from specdemo.learning.profile import Profile, choices, machine_profile
 from specdemo.models import sources
@@ -44,31 +45,6 @@ def tuned(tmp_path, monkeypatch, request):
     return inference, kv
 
 
-def test_genai_fits_an_f32_cache_beside_bf16_inference_to_a_bf16_cache():
-    properties = {"INFERENCE_PRECISION_HINT": "bf16", "KV_CACHE_PRECISION": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 256}
-    fitted, note = genai.fit(properties)
-    assert fitted == {**properties, "KV_CACHE_PRECISION": "bf16"}
-    assert note.startswith("KV cache bf16 instead of our f32")
-
-
-@pytest.mark.parametrize("inference, kv", [("f32", "f32"), ("f32", "u8"), ("f32", "f16"), ("bf16", "u8"),
-                                           ("bf16", "f16"), ("bf16", "bf16")])
-def test_genai_keeps_every_pair_its_paged_attention_takes(inference, kv):
-    properties = {"INFERENCE_PRECISION_HINT": inference, "KV_CACHE_PRECISION": kv}
-    assert genai.fit(properties) == (properties, "")
-
-
-def test_an_openvino_refusal_reads_as_one_sentence_with_what_to_try(tiny_target):
-    import openvino as ov
-
-    with pytest.raises(RuntimeError) as raised:
-        ov.Core().compile_model(tiny_target / "openvino_model.xml", "CPU", {"KV_CACHE_PRECISION": "u1"})
-    assert errors.is_openvino(raised.value)
-    sentence = errors.describe(raised.value, "compile the target")
-    assert "\n" not in sentence and "Exception from" not in sentence and ".cpp" not in sentence
-    assert sentence.startswith("OpenVINO could not compile the target (") and "--kv-cache-precision" in sentence
-
-
 @pytest.mark.real_models
 @pytest.mark.slow
 @pytest.mark.parametrize("tuned", CHOICES, ids=[f"{i}-kv-{k}" for i, k in CHOICES], indirect=True)
@@ -92,4 +68,3 @@ def test_every_consumer_compiles_and_runs_under_the_tune_s_choice(tuned):
         assert result.summary.tokens == 6
         assert bool(result.summary.compiled_as) == (inference not in ("", kv) and kv in ("f32", "bf16"))  # "": the plugin's own
         del pipeline
-

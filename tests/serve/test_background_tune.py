@@ -1,7 +1,7 @@
 """A new machine's background work after the first start (tune, the other configurations' models): only what the
 machine still needs and memory allows, started once, at the lowest CPU priority, stopped while visitors' runs hold the
 machine, ended with the server, and the model panel says where it stands. The steps themselves are replaced by short
-child processes (tests/test_tune.py covers the tuner, tests/test_conversion_interruption.py the conversion)."""
+child processes (tests/learning/test_tune.py covers the tuner, tests/integration/test_conversion_interruption.py the conversion)."""
 
 import subprocess
 from dataclasses import replace
@@ -306,7 +306,7 @@ def test_each_step_counts_the_page_beside_itself_in_the_memory_bound(turned_on):
 
 
 def test_where_no_draft_can_pay_on_the_quick_curve_the_drafts_int8_is_not_prepared_and_that_is_said(turned_on):
-    from tests.test_draft_choice import COMPUTE_BOUND
+    from tests.learning.test_draft_choice import COMPUTE_BOUND
 
     prepared(*CONFIGURATIONS["faithful"], replace(DEFAULT_DRAFT, precision="int4"))  # the curve's draft: INT4
     said = []
@@ -318,7 +318,7 @@ def test_where_no_draft_can_pay_on_the_quick_curve_the_drafts_int8_is_not_prepar
 
 
 def test_where_a_draft_could_pay_on_the_quick_curve_the_drafts_int8_is_prepared(turned_on):
-    from tests.test_draft_choice import MEMORY_BOUND
+    from tests.learning.test_draft_choice import MEMORY_BOUND
 
     prepared(*CONFIGURATIONS["faithful"], replace(DEFAULT_DRAFT, precision="int4"))  # the curve's draft: INT4
     steps = tuning.background_steps(RunSettings(), 1, costs=MEMORY_BOUND)
@@ -326,7 +326,7 @@ def test_where_a_draft_could_pay_on_the_quick_curve_the_drafts_int8_is_prepared(
 
 
 def test_a_tuned_machine_does_not_plan_its_draft_where_no_draft_could_pay(turned_on):
-    from tests.test_draft_choice import COMPUTE_BOUND, QWEN_05B
+    from tests.learning.test_draft_choice import COMPUTE_BOUND, QWEN_05B
     import json
 
     tuned_here()  # no draft plan yet

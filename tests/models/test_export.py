@@ -32,7 +32,7 @@ def test_a_corrupted_part_is_refused_by_its_checksum(home, tmp_path, monkeypatch
 
 
 def test_the_embedded_parts_are_installed_and_pinned():
-    requirements = (Path(__file__).parents[1] / "requirements.txt").read_text().splitlines()
+    requirements = (Path(__file__).parents[2] / "requirements.txt").read_text().splitlines()
     for preset in sources.PRESETS.values():  # every part of both models, 22 + 6
         for i in range(1, preset.parts + 1):
             assert export._part_path(preset, i).is_file()

@@ -1,7 +1,7 @@
 """A target left to the machine (precision `faithful`, the default target's) runs the full-fidelity layout whose single
 step is fastest here: before the race, the quickest to prepare (or one already prepared, so nothing converts); after
 it, the race's winner, wherever a target is resolved. The race's rule is checked on synthetic step times of the CPU
-classes seen (the layouts' real steps: `bench --only llamacpp`; tests/test_tune.py covers the race's statistics)."""
+classes seen (the layouts' real steps: `bench --only llamacpp`; tests/learning/test_tune.py covers the race's statistics)."""
 
 import random
 from dataclasses import replace

@@ -9,13 +9,13 @@ from specdemo.decoding.drafters.base import Planning
 from specdemo.decoding.pricing import Acceptance, predicted_speedup, round_seconds
 from specdemo.results.lane import drain
 from specdemo.settings import GenerationSettings, KPolicy
-from tests.test_planner import machine
+from tests.decoding.test_planner import machine
 
 
 def test_the_package_finds_every_strategy_module_by_its_name_in_the_order_of_their_choices():
     from pathlib import Path
 
-    modules = {p.stem for p in (Path(__file__).parent.parent / "specdemo" / "decoding" / "drafters").glob("*.py")} - {"__init__", "base"}
+    modules = {p.stem for p in (Path(__file__).parents[2] / "specdemo" / "decoding" / "drafters").glob("*.py")} - {"__init__", "base"}
     assert len(STRATEGIES) == len(modules)  # every module of the package is a strategy, found by the package
     assert list(STRATEGIES)[:3] == ["model", "prompt-lookup", "hybrid"]  # the built-in ones first (Strategy.order)
     assert {name: STRATEGIES[name].needs_model for name in ("model", "prompt-lookup", "hybrid")} == \
