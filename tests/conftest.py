@@ -68,7 +68,7 @@ os.environ["SPECDEMO_LEARN"] = "0"
 # the machine would be judged busy and measured again: the tests' measurements are taken as they come
 # (tests/host/test_host_load.py and tests/decoding/test_costs.py judge synthetic ones).
 os.environ["SPECDEMO_HOST_LOAD"] = "ignore"
-os.environ["SPECDEMO_TUNE_AT_START"] = "0"  # no background tune in the servers tests start (tests/test_tuning.py turns it on)
+os.environ["SPECDEMO_TUNE_AT_START"] = "0"  # no background tune in the servers tests start (tests/serve/test_background_tune.py and the plan made again, tests/decoding/test_busy_host.py, turn it on)
 # The memory bound counts the app's process tree; here that tree is pytest, which holds every fixture's engines (5 GiB
 # by the real-model tests, what no app process holds), so the app's 8 GiB bound would make the bench's sections that
 # run in this process wait 10 min each and skip. The tests take a bound of their own (the machine's and the cgroup's
