@@ -11,6 +11,7 @@ import time
 import psutil
 import pytest
 
+from specdemo.host import load
 from specdemo.learning.candidates import CPU
 from specdemo.learning.profile import choices, machine_profile
 from specdemo.models import sources
@@ -18,6 +19,7 @@ from specdemo.settings import CONFIGURATIONS, DEFAULT_DRAFT, DEFAULT_TARGET, Run
 from specdemo.serve import tuning
 from specdemo.serve.work import Background
 from specdemo.ui import handlers
+from tests.learning.test_draft_choice import busy, option, planned
 
 
 def child(code: int = 0, seconds: float = 0.0) -> list[str]:
@@ -349,3 +351,45 @@ def test_a_step_not_run_is_said_in_the_log_the_pages_line_and_the_panel(turned_o
     line = render.render_background(background.progress())
     assert "Not run, as it could not pay here: preparing the draft at int8, for the draft plan." in line
     assert "preparing the draft at int8, for the draft plan: not run, it could not pay here" in background.describe()
+
+
+def watched(others: float) -> load.HostLoad:
+    return load.HostLoad(seconds=5.0, steal=0.0, others=others, load_average=1.0, cores=2)
+
+
+def test_a_draft_plan_priced_on_a_busy_host_is_made_again_on_the_page_as_soon_as_the_host_is_quiet(home, monkeypatch):
+    """The page does not wait for its next start: with no visitor's run and no background work, it watches the host, and
+    plans again on the first quiet watch; busy watches plan nothing. A clean plan ends it."""
+
+    monkeypatch.setenv(tuning.TUNE_AT_START, "1")
+    planned(machine_profile(), busy(option(0, 0.94, 0.050)))
+    background, started, said = Background(), [], []
+    watches = iter([watched(0.50), watched(0.40), watched(0.03)])
+
+    def start(steps):
+        started.append(steps)
+        planned(machine_profile(), option(0, 0.94, 0.050))  # `tune --draft-plan` on a quiet host: a clean plan
+        return None
+
+    with background.machine_held():  # a visitor's run: the host is not even watched
+        thread = background.plan_again_when_quiet(start, DEFAULT_DRAFT, said.append, lambda: next(watches), poll_s=0.01)
+        assert background.plan_again_when_quiet(start, DEFAULT_DRAFT, said.append, lambda: next(watches)) is None  # one
+        thread.join(0.2)
+        assert thread.is_alive() and not started
+    thread.join(5)
+    assert [label for steps in started for label, _ in steps] == [tuning.PLANNING]
+    assert said == ["the draft plan was priced on a busy host (provisional): planning it again now that the host is quiet "
+                    "(other processes 3 % of the CPU time, steal 0 % over 5 s)"]
+    assert not machine_profile().provisional_plan(DEFAULT_DRAFT)
+    assert background.plan_again_when_quiet(start, DEFAULT_DRAFT, said.append, lambda: next(watches)) is None  # clean
+
+
+def test_a_clean_draft_plan_or_one_busy_too_often_is_not_made_again_on_the_page(home, monkeypatch):
+
+    monkeypatch.setenv(tuning.TUNE_AT_START, "1")
+    assert Background().plan_again_when_quiet(lambda steps: None, DEFAULT_DRAFT) is None  # no plan yet: the start's work makes it
+    planned(machine_profile(), option(0, 0.94, 0.050))
+    assert Background().plan_again_when_quiet(lambda steps: None, DEFAULT_DRAFT) is None
+    for _ in range(choices.BUSY_PLANS):
+        planned(machine_profile(), busy(option(0, 0.94, 0.050)))
+    assert Background().plan_again_when_quiet(lambda steps: None, DEFAULT_DRAFT) is None  # kept, provisional
