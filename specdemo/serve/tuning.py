@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[2]  # where `-m specdemo` resolves, what
 TUNE_AT_START = "SPECDEMO_TUNE_AT_START"
 TUNING = "tuning this machine"  # the step that chooses the compile settings
 PLANNING = "planning the draft"  # the draft plan alone, on a machine tuned before its draft's other precision was ready
+PLAN_COMMAND = [sys.executable, "-m", "specdemo", "tune", "--draft-plan"]  # the draft plan alone, as a step runs it
 NICENESS = 19  # the lowest priority, for the moments between runs when the page itself has work
 _PR_SET_PDEATHSIG = 1
 
@@ -251,7 +252,7 @@ def background_steps(settings: RunSettings, model_bytes: int, log: Callable[[str
             log(f"not tuning this machine in the background: it needs about {memory.gib(needed)} of memory beside the "
                 f"page and there is {room.describe()}; `python -m specdemo tune` does it when there is room")
     elif any(map(runs, steps)) or profile.needs_plan(settings.draft):  # tuned, but not every draft it could run priced
-        steps.append((PLANNING, cannot_pay(settings, costs) or [sys.executable, "-m", "specdemo", "tune", "--draft-plan"]))
+        steps.append((PLANNING, cannot_pay(settings, costs) or PLAN_COMMAND))
     idle = {name: "" if plugin_may_win or target.precision in (FAITHFUL, *FAITHFUL_PRECISIONS) else
             f"on this CPU ({cpu.describe()}) its {target.precision} target on OpenVINO's kernels is no faster than the "
             f"faithful target on specdemo's kernels, and its answers are another model's (measured on this CPU class, "

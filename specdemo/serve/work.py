@@ -4,7 +4,6 @@ hold the machine meanwhile: from the first run's start to the last one's end, th
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -14,7 +13,7 @@ from specdemo.host import load, memory
 from specdemo.learning.profile.choices import BUSY_PLANS
 from specdemo.learning.profile import machine_profile
 from specdemo.models import sources
-from specdemo.serve.tuning import PLANNING, TUNE_AT_START, BackgroundWork, background_steps, runs
+from specdemo.serve.tuning import PLAN_COMMAND, PLANNING, TUNE_AT_START, BackgroundWork, background_steps, runs
 from specdemo.settings import RunSettings
 
 QUIET_POLL_S = 60.0  # how often a provisional draft plan looks for a quiet host to be made again on
@@ -123,7 +122,7 @@ class Background:
                     log(f"the draft plan was priced on a busy host (provisional): planning it again now that the host "
                         f"is quiet (other processes {host.others * 100:.0f} % of the CPU time, steal "
                         f"{host.steal * 100:.0f} % over {host.seconds:.0f} s)")
-                    work = start([(PLANNING, [sys.executable, "-m", "specdemo", "tune", "--draft-plan"])])
+                    work = start([(PLANNING, PLAN_COMMAND)])
                     while work is not None and work.state == "running":
                         time.sleep(min(poll_s, 5.0))
             finally:
