@@ -83,6 +83,12 @@ class CostModel:
     def n_max(self) -> int:
         return len(self.target_s)
 
+    @property
+    def verified_by_runs(self) -> bool:
+        """Whether a run has paid for a call on more than one token since the measurement: until one has, runs that draft
+        nothing (a plan finding no K that pays) can correct t(1) only, never the curve that said so."""
+        return any(n >= 2 for o in self.observations for n in o["target"])
+
     def t(self, n: int) -> float:
         """Seconds of one target call on n tokens (n beyond the measured range: extrapolated linearly)."""
         if n <= self.n_max:

@@ -81,6 +81,12 @@ class Round:
         its first draft's confidence was too low to verify, so the call was a plain target step."""
         return self.k > 0 and not self.drafted and bool(self.draft_calls)
 
+    @property
+    def rescored(self) -> bool:
+        """Whether this was a re-scoring probe (planner.PROBE_ROUNDS): a plain step paid as a verify call, the target's
+        last tokens fed again with the new one so that the run observes what a verify call costs."""
+        return self.index > 0 and not self.drafted and self.verify_tokens > 1
+
     def tested(self) -> tuple[int, int]:
         """(drafts tested, of them accepted) in the sense of the acceptance model: drafts 1 … kept were tested and
         accepted, and a rejected draft right after them was tested too; later drafts were never tested."""

@@ -111,6 +111,8 @@ class GatedK:
             return 0
         step = round_cost(self.costs, 0)
         for r in rounds[max(self.seen, 1):]:  # the prefill is the target's in both lanes
+            if r.rescored:
+                continue  # a re-scoring probe is the plan's price for checking its curve, not gating's
             self.ahead += r.emitted * step - priced_round(self.costs, r, draft_prefill=False)
         self.seen = len(rounds)
         if self.ahead < -LOSS_LIMIT * step:

@@ -22,7 +22,7 @@ import numpy as np
 
 from specdemo.decoding.drafters import Drafter, Proposal
 from specdemo.decoding.events import ACCEPTED, BONUS, CORRECTED, TARGET, Detokenizer, End, Round, TokenEvent
-from specdemo.decoding.planner import Plan, rule_of
+from specdemo.decoding.planner import PROBE_ROUNDS, Plan, rule_of
 from specdemo.decoding.verification import process_logits, sample, shared_vocabulary, top2_gap, verify_greedy, verify_sampled
 from specdemo.models.runtime import OVModel
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
@@ -78,10 +78,10 @@ def _cancelled(cancel: threading.Event | None) -> bool:
     return cancel is not None and cancel.is_set()
 
 
-def _step(index: int, context: int, tokens: int, seconds: float, t: float) -> Round:
-    """The record of a plain target call (the prefill, an autoregressive step, a round at K = 0)."""
+def _step(index: int, context: int, tokens: int, seconds: float, t: float, rollback_s: float = 0.0) -> Round:
+    """The record of a plain target call (the prefill, an autoregressive step, a round at K = 0, a re-scoring probe)."""
     return Round(index=index, context=context, k=0, drafter="", draft_calls=[], draft_s=0.0, verify_tokens=tokens,
-                 verify_s=seconds, drafted=0, accepted=0, emitted=1, rollback_s=0.0, t=t)
+                 verify_s=seconds, drafted=0, accepted=0, emitted=1, rollback_s=rollback_s, t=t)
 
 
 def autoregressive(
@@ -129,6 +129,7 @@ def speculative(
     drafter.reset()
     rng = rng if rng is not None else np.random.default_rng(settings.seed)
     rule = plan.rule() if plan is not None else rule_of(settings.k_policy)
+    probes = PROBE_ROUNDS if plan is not None and plan.rescore else 0  # re-scoring probes still to make
     out = _Emitter(tokenizer, prompt_ids, settings, eos_ids, start)
     seq = list(prompt_ids)
     rounds: list[Round] = []
@@ -143,6 +144,10 @@ def speculative(
 
     while not out.stop_reason and not _cancelled(cancel):
         k = rule.next_k(rounds)
+        if probes and len(seq) > plan.rescore:  # the plan found no fixed K that pays on a curve no run has checked
+            probes -= 1
+            yield from _rescored_step(target, seq, plan.rescore, settings, rng, out, rounds)
+            continue
         context = len(seq) - 1  # the target's cache holds seq but its last token
         # Never draft past max_new_tokens: a round emits at most k + 1 tokens.
         proposal = drafter.propose(seq, min(k, out.remaining - 1)) if k else Proposal([], None)
@@ -178,6 +183,22 @@ def speculative(
 
     kv = {"target": target.kv_cache_bytes(), **drafter.kv_cache_bytes()}
     yield out.end(SPECULATIVE, len(prompt_ids), kv, k_max=settings.k_max, drafter=drafter.kind)
+
+
+def _rescored_step(target: OVModel, seq: list[int], tokens: int, settings: GenerationSettings, rng: np.random.Generator,
+                   out: _Emitter, rounds: list[Round]) -> Iterator[Event]:
+    """A plain step paid as a verify call of `tokens` tokens (a re-scoring probe, planner.PROBE_ROUNDS): the target's
+    cache rolled back by tokens - 1 and seq's last `tokens` fed again, every row kept as a round's verify keeps them.
+    The last row gives the step's token, as a plain step's would. Appends the token to seq and its Round to rounds."""
+    context = len(seq) - tokens
+    began = time.perf_counter()
+    target.rollback(context)
+    rollback_s = time.perf_counter() - began
+    token, extra = _choose(target.forward(seq[-tokens:], logits_to_keep=tokens)[-1], settings, rng)
+    seq.append(token)
+    yield out.emit(token, TARGET, step=target.calls - 1, **extra)
+    rounds.append(_step(target.calls - 1, context, tokens, target.last_call_s, out.now(), rollback_s))
+    yield rounds[-1]
 
 
 def _verify_round(target: OVModel, seq: list[int], proposal: Proposal, settings: GenerationSettings,

@@ -47,6 +47,18 @@ def surface_sentence(costs: CostModel, k_max: int, run_alpha: float | None = Non
 
 # ---- the plan for one run
 
+# Re-scoring probes (Plan.rescore). A run whose plan found no fixed K that pays drafts nothing (gated, only the rounds its
+# gate lets through: maybe none), so it observes single steps only and can never correct a curve measured too steep
+# (costs.fold corrects only the calls runs make). Where no run has paid for a longer call since the measurement
+# (CostModel.verified_by_runs), the run's first PROBE_ROUNDS rounds are plain steps each paid as a verify call instead: the target's cache rolled back and the last tokens fed again with the new one. Each
+# still gives the target's own next token; the run observes what a round's verify costs, and the fold corrects the curve
+# by it (sizes it did not call by the same factor). Their price is bounded: probes longer than 2 tokens only while they
+# cost at most PROBE_STEPS target steps beyond plain steps on the curve as measured. 2 tokens always: on every CPU class
+# seen a 2-token call costs at most ~1.45 steps (Zen 3), so two probes cost under one step (a 128-token answer: < 1 %)
+# even where a curve measured too steep says more, and the steeper it says, the more a wrong one hides.
+PROBE_ROUNDS = 2
+PROBE_STEPS = 1.5
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -70,6 +82,8 @@ class Plan:
     # Why it rests on costs that may not be this host's (CostModel.busy: measured while the host was busy, until runs
     # correct them); "" when they are
     provisional: str = ""
+    # Tokens each of the run's first PROBE_ROUNDS rounds feeds as a plain step (re-scoring probes, rescore_tokens); 0: none
+    rescore: int = 0
 
     @property
     def priced(self) -> bool:
@@ -106,7 +120,8 @@ class Plan:
         prior = {"rates": self.acceptance_prior.rates} if self.acceptance_prior is not None else None
         return {"drafter": self.drafter.name, "k": self.k, "acceptance_prior": prior,
                 "planned_speedup": self.planned_speedup, "auto": self.policy.is_auto, "reason": self.reason,
-                "stops": self.stops, "gate": self.gate, "provisional": self.provisional}
+                "stops": self.stops, "gate": self.gate, "provisional": self.provisional,
+                "rescore": self.rescore}
 
 
 def rule_of(policy: KPolicy) -> KRule:
@@ -204,15 +219,41 @@ def _priced_plan(costs: CostModel, drafter: Strategy, acceptance: Acceptance, po
         best = max(predicted_speedup(costs, acceptance, j, drafter) for j in range(1, k_max + 1))
         why = (f"No K pays on this machine (best predicted {best:.2f}× at {said}: scoring "
                f"2 tokens costs {costs.verify_steps(2):.1f} steps)")
+        rescore = rescore_tokens(costs, acceptance, k_max, drafter)
         gated = gated_plan(costs, drafter, acceptance, policy) if drafter.counterfactual.taught_by_mask else None
         if gated is not None:
-            return replace(gated, reason=f"{why}; {gated.reason}")
-        reason = f"{why}, so the speculative lane runs the target alone."
+            return replace(gated, reason=f"{why}; {gated.reason}{probe_sentence(costs, rescore)}", rescore=rescore)
+        reason = f"{why}, so the speculative lane runs the target alone.{probe_sentence(costs, rescore)}"
+        return Plan(policy, drafter, 0, costs, acceptance, speedup, reason, rescore=rescore)
     else:
         reason = (f"K = {k} chosen for this machine: predicted {speedup:.2f}× at {said} "
                   f"(scoring {k + 1} tokens costs {costs.verify_steps(k + 1):.1f} steps, a draft step "
                   f"{costs.d(1) / costs.t(1):.2f}).{lookup}")
     return Plan(policy, drafter, k, costs, acceptance, speedup, reason)
+
+
+def rescore_tokens(costs: CostModel, acceptance: Acceptance, k_max: int, drafter: Strategy) -> int:
+    """The tokens each re-scoring probe of a plan at K = 0 feeds: the verify call of the K that comes nearest to paying,
+    shortened until PROBE_ROUNDS of them cost at most PROBE_STEPS target steps beyond plain steps, 2 at least; 0 (no
+    probes) where a run has already paid for a longer call since the measurement."""
+    if costs.verified_by_runs:
+        return 0
+    nearest = max(range(1, k_max + 1), key=lambda k: predicted_speedup(costs, acceptance, k, drafter))
+    for n in range(nearest + 1, 2, -1):
+        if PROBE_ROUNDS * (costs.verify_steps(n) - 1) <= PROBE_STEPS:
+            return n
+    return 2
+
+
+def probe_sentence(costs: CostModel, rescore: int) -> str:
+    """What a plan's re-scoring probes do and cost, for people ("" without them)."""
+    if not rescore:
+        return ""
+    extra = PROBE_ROUNDS * (costs.verify_steps(rescore) - 1)
+    return (f" No run has paid for a verify call since this machine's costs were measured, so {PROBE_ROUNDS} of its "
+            f"steps score {rescore} tokens each (the last {rescore - 1} again with the new one; at most {extra:.1f} "
+            f"target steps more, priced on that curve): what a K = {rescore - 1} round's verify costs, to check the "
+            "curve that says no K pays.")
 
 
 def sharp_gate(acceptance: Acceptance, k_max: int) -> tuple[float, Acceptance]:

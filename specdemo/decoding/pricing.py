@@ -103,7 +103,7 @@ def priced_round(costs: CostModel, r, draft_prefill: bool = True) -> float:
     """Seconds one of a run's rounds (events.Round) costs on this curve, its calls as it made them: each draft call
     d(n) by the tokens it fed (a first call feeding the prompt at the draft's prefill rate; without `draft_prefill`,
     as the one draft step it also is), then the target's call, a plain step's t(1) where nothing was verified (a plain
-    step or a round the gate turned back) or t(K + 1) with both trims. What a run would have taken on another
+    step or a round the gate turned back), t(n) and one trim for a re-scoring probe, or t(K + 1) with both trims. What a run would have taken on another
     machine's curve (the bench prices lanes so), or on its own plan's (GatedK's running account)."""
     def call(n: int) -> float:
         if n <= 2 or not costs.draft_prefill_tps:
@@ -113,6 +113,8 @@ def priced_round(costs: CostModel, r, draft_prefill: bool = True) -> float:
     drafting = sum(call(n) for n, _ in r.draft_calls)
     if r.index == 0:
         return drafting + r.verify_tokens / costs.target_prefill_tps
+    if r.rescored:
+        return costs.t(r.verify_tokens) + costs.target_rollback_s + costs.step_overhead_s
     if not r.drafted:
         return drafting + round_cost(costs, 0)
     trims = costs.target_rollback_s + costs.round_overhead_s + (costs.draft_rollback_s if r.draft_calls else 0.0)

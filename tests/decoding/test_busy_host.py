@@ -197,6 +197,82 @@ def test_a_change_of_k_is_said_in_one_line_and_no_change_says_nothing():
     assert plan_change(before, after) == said
 
 
+# ---- a clean curve that says no K pays, checked by the run that follows it
+
+
+def flat_target(n: int) -> float:
+    """A memory-bound target (an AMX Xeon's kind): each further token scored costs 10 % of a 40-ms step."""
+    return n * 0.001 if n > 20 else 0.04 * (1 + 0.1 * (n - 1))
+
+
+def steep_target(n: int) -> float:
+    """A compute-bound target (a Zen 3's kind): each further token scored costs 42 % of a step."""
+    return n * 0.003 if n > 20 else 0.04 * (1 + 0.42 * (n - 1))
+
+
+def too_steep(costs: CostModel, factor: float) -> CostModel:
+    """`costs` as if every call on more than one token had been measured `factor` times slower: clean, and wrong."""
+    curve = (costs.target_s[0], *(s * factor for s in costs.target_s[1:]))
+    return replace(costs, target_s=curve, measured_target_s=curve)
+
+
+def run_both(plan, target_cost, draft_cost=quiet_draft):
+    """The real loops on fake models of these costs: the autoregressive lane and the speculative lane as `plan` runs it
+    (greedy, 40 tokens)."""
+    target, draft = FakeModel(3, "target", seconds=target_cost), FakeModel(3, "draft", seconds=draft_cost)
+    settings = GenerationSettings(max_new_tokens=40, k_policy=AUTO)
+    ar = drain(loops.autoregressive(target, FakeTokenizer(), PROMPT, settings, set()))
+    drafter = ModelDrafter(draft, settings, np.random.default_rng(0))
+    return ar, drain(loops.speculative(target, drafter, FakeTokenizer(), PROMPT, settings, set(), plan=plan))
+
+
+def paid(run) -> float:
+    """What a run's calls and trims cost on the fake clock (its decoding, the prefill left out)."""
+    return sum(r.verify_s + r.draft_s + r.rollback_s for r in run.rounds[1:])
+
+
+def test_a_clean_curve_measured_too_steep_to_draft_is_corrected_by_the_first_run_that_follows_it(host):
+    truth = measure(flat_target)
+    right = make_plan(truth, MODEL, ACCEPTANCE, AUTO)
+    wrong = too_steep(truth, 1.7)  # a 2-token call measured at 1.87 steps where it costs 1.1
+    plan = make_plan(wrong, MODEL, ACCEPTANCE, AUTO)
+    assert right.k > 0 and not right.gate and plan.gate and not plan.provisional  # no fixed K pays: gated rounds
+    assert plan.rescore == 2 and "2 of its steps score 2 tokens each" in plan.reason
+    ar, spec = run_both(plan, flat_target)
+    assert [r.rescored for r in spec.rounds[1:4]] == [True, True, False]  # two probes, then the plan's rounds
+    assert [r.verify_tokens for r in spec.rounds[1:3]] == [2, 2]
+    assert spec.ids == ar.ids  # each probe still gives the target's own token
+    for run in (ar, spec):
+        wrong = fold(wrong, metrics.call_seconds(run.rounds))
+    after = make_plan(wrong, MODEL, ACCEPTANCE, AUTO)
+    assert after.k == right.k and after.rescore == 0
+    assert "t(3)/t(1) 2.04 → 1.20" in wrong.last_change
+
+
+def test_a_curve_right_to_say_no_k_pays_costs_its_first_run_under_one_target_step_and_is_not_probed_again(host):
+    truth = measure(steep_target, lambda n: 0.45 * 0.04 * n)  # a draft step 0.45 of a target step
+    plan = make_plan(truth, MODEL, ACCEPTANCE, AUTO)
+    assert plan.k == 0 and plan.rescore == 2
+    ar, spec = run_both(plan, steep_target)
+    assert spec.ids == ar.ids
+    # 0.84 of a step, and the two trims (real time, microseconds)
+    assert paid(spec) - paid(ar) == pytest.approx(2 * (steep_target(2) - steep_target(1)), abs=0.002)
+    assert paid(ar) / paid(spec) >= 0.97
+    for run in (ar, spec):
+        truth = fold(truth, metrics.call_seconds(run.rounds))
+    again = make_plan(truth, MODEL, ACCEPTANCE, AUTO)
+    assert again.k == 0 and again.rescore == 0 and "No run has paid" not in again.reason
+
+
+def test_only_a_plan_that_drafts_nothing_on_an_unchecked_curve_probes():
+    unchecked = measure(steep_target, lambda n: 0.45 * 0.04 * n)
+    assert make_plan(unchecked, MODEL, ACCEPTANCE, KPolicy.fixed(3)).rescore == 0  # a fixed K drafts: it checks
+    assert make_plan(measure(flat_target), MODEL, ACCEPTANCE, AUTO).rescore == 0  # a K pays: its rounds check
+    checked = fold(unchecked, {"target": {1: 0.04, 3: 0.075}})
+    assert checked.verified_by_runs and make_plan(checked, MODEL, ACCEPTANCE, AUTO).rescore == 0
+    assert not fold(unchecked, {"target": {1: 0.04}}).verified_by_runs
+
+
 # ---- the races tune and the draft plan decide by
 
 

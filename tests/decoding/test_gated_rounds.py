@@ -130,7 +130,8 @@ def test_gated_rounds_pay_where_the_draft_is_confident_and_right(costs, alpha):
     speculative, autoregressive = gated_run(0.97, True, costs, alpha)
     assert speculative.ids == autoregressive.ids
     assert priced_speedup(costs, speculative, autoregressive) > 1.05
-    assert all(r.k for r in speculative.rounds[1:-1])  # it never stopped gating
+    assert all(r.k or r.rescored for r in speculative.rounds[1:-1])  # it never stopped gating (its first two rounds:
+    #                                                                  re-scoring probes, as no run has checked the curve)
 
 
 def test_greedy_gated_rounds_write_the_autoregressive_text_and_keep_the_caches_in_step():

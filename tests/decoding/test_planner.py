@@ -315,7 +315,7 @@ def test_a_plan_is_recorded_by_its_strategys_name_and_whether_k_was_automatic():
     plan = make_plan(MEMORY_BOUND, MODEL, geometric(0.9), KPolicy.auto(8))
     recorded = plan.to_dict()
     assert list(recorded) == ["drafter", "k", "acceptance_prior", "planned_speedup", "auto", "reason", "stops",
-                              "gate", "provisional"]
+                              "gate", "provisional", "rescore"]
     assert recorded["drafter"] == "model" and recorded["auto"] is True
     assert recorded["acceptance_prior"] == {"rates": (0.9,)}
 
