@@ -34,6 +34,7 @@ from typing import Callable, Iterable, Sequence
 STEAL_BUSY = 0.05  # the share of the CPUs' time stolen by the hypervisor
 OTHERS_BUSY = 0.15  # others' share of the CPUs' time (a busy loop on one of 2 cores: 0.5)
 SPREAD_BUSY = 0.20  # the repeats' relative spread ((slowest − fastest) ÷ fastest, the median over shapes)
+WATCH_S = 5.0  # how long the host is watched, this process idle, before something is measured on it again
 # The columns of /proc/stat's "cpu" line, in clock ticks: user nice system idle iowait irq softirq steal (guest and
 # guest_nice follow, already counted in user and nice).
 _IDLE, _IOWAIT, _STEAL = 3, 4, 7
@@ -128,6 +129,20 @@ def watch(seconds: float, sleep: Callable[[float], None] = time.sleep) -> HostLo
     begun = start()
     sleep(seconds)
     return since(begun)
+
+
+def busy_now(seconds: float) -> HostLoad | None:
+    """The host watched for `seconds` (WATCH_S) while this process waits, where others still load it (judge); None
+    where it is quiet. Asked before a busy measurement is taken again: a host still loaded would only give another busy
+    take (beside a busy loop on one of 2 cores, three takes of every measurement made the background work 27 min)."""
+    host = watch(seconds)
+    return host if judge(host) else None
+
+
+def described(host: HostLoad) -> str:
+    """"other processes 80 % of the CPU time, steal 2 % over 5 s": a watch of the host, for people."""
+    return (f"other processes {host.others * 100:.0f} % of the CPU time, steal {host.steal * 100:.0f} % over "
+            f"{host.seconds:.0f} s")
 
 
 def spread(repeats: Iterable[Sequence[float]]) -> float:

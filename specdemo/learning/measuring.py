@@ -8,8 +8,9 @@ every call a change of shape, which the CPU plugin pays for: t(1) came out 40 % 
 AVX-512 EPYC.)
 
 A measurement taken while others load the host (host/load.py: stolen time, others' CPU time, its own repeats far apart)
-is taken again, BUSY_REPEATS times at most; still busy, each call's fastest over the takes is kept and marked
-(CostModel.busy), and the runs that follow correct it (costs.fold).
+is taken again, BUSY_REPEATS times at most, each time only once a watch of the host (host.load.busy_now) finds it quiet;
+still busy, each call's fastest over the takes is kept and marked (CostModel.busy), and the runs that follow correct it
+(costs.fold).
 
 A measurement is kept in the machine profile (specdemo/learning/profile) under cost_key: the models, precisions, device,
 threads, CPU and OpenVINO, so a machine is measured once. Measuring runs every shape, so it doubles as the warm-up.
@@ -48,7 +49,9 @@ N_MAX = K_MAX + 1  # calls of up to this many tokens are always timed, so one ca
 QUICK_SIZES = (2, 3, 5, 9, 13)
 QUICK_REPEATS = 2
 # A full measurement judged busy (host.load: stolen time, others' CPU time, its repeats far apart) is taken again at
-# most this many times; if every take is busy, each call's fastest is kept, marked (CostModel.busy), and runs correct it.
+# most this many times, each only where the host, watched for host.load.WATCH_S, is quiet by then (a host still loaded
+# gives another busy take); if every take is busy, each call's fastest is kept, marked (CostModel.busy), and runs
+# correct it.
 # The quick one is not repeated: it is provisional already, and the full measurement that follows is its repeat.
 BUSY_REPEATS = 2
 # A full measurement still busy after its repeats is taken again at the page's next starts (warmup.remaining), until one
@@ -106,6 +109,9 @@ def measure(target: OVModel, draft: OVModel | None, n_max: int, known: CostModel
     takes = []
     try:
         while not takes or takes[-1].busy and len(takes) <= BUSY_REPEATS:
+            if takes and (still := load.busy_now(load.WATCH_S)):
+                log(f"{takes[-1].busy}; the host is still busy ({load.described(still)}): not measured again now")
+                break
             if takes:
                 log(f"{takes[-1].busy}: measuring again ({len(takes)} of at most {BUSY_REPEATS} more)")
             takes.append(_time_loop(target, draft, n_max, interrupted=interrupted))

@@ -22,7 +22,8 @@ is crowned after 4–5 pairs at a 2 % spread, in 88 % of races at 5 %, and a thi
 false ones).
 
 A race that runs to its cap on a busy host (host/load.py: stolen time, others' CPU time) is run again, BUSY_REPEATS
-times at most: the paired samples cancel the drift of a host, not a neighbour who takes a core for part of the race.
+times at most, where a watch of the host finds it quiet by then: the paired samples cancel the drift of a host, not a
+neighbour who takes a core for part of the race.
 Still busy, its verdict is kept, marked (Verdict.busy), and what is decided on it says so. A race that settles on a
 busy host stands: its interval was taken on its own spread.
 """
@@ -175,12 +176,15 @@ def race(incumbent, challenger, other, sample, measuring: bool = False) -> Verdi
     `other` is the model each sample's calls interleave with (the draft of a target's sample, the target of a draft's).
     `measuring`: the ratio is what is wanted, not a decision (the draft plan prices it), so the race also stops once
     the ratio is `precise`, and after MEASURING_PAIRS pairs at most. Run to its cap on a busy host, the race is run
-    again (BUSY_REPEATS); the verdict of the least busy take is kept, `busy` saying why when every take was."""
+    again (BUSY_REPEATS) if a watch of the host finds it quiet by then; the verdict of the least busy take is kept,
+    `busy` saying why when every take was."""
     for model in (incumbent, challenger, other):
         if model is not None:  # a single step's race has no other model
             prefill(model)
     takes = []
     while not takes or takes[-1].busy and not stopped(takes[-1], measuring) and len(takes) <= BUSY_REPEATS:
+        if takes and load.busy_now(load.WATCH_S):
+            break  # a host still loaded would only run it to its cap again
         watch = load.start()
         ours, theirs = _pairs(incumbent, challenger, other, sample, measuring)
         # Judged by the host's counters alone: the race's own noise is in its interval already (a noisy race ties;

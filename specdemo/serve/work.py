@@ -17,7 +17,6 @@ from specdemo.serve.tuning import PLAN_COMMAND, PLANNING, TUNE_AT_START, Backgro
 from specdemo.settings import RunSettings
 
 QUIET_POLL_S = 60.0  # how often a provisional draft plan looks for a quiet host to be made again on
-QUIET_WATCH_S = 5.0  # how long the host is watched each time (others' share of the CPUs, the steal)
 
 
 class Background:
@@ -98,7 +97,7 @@ class Background:
 
     def plan_again_when_quiet(self, start: Callable[[list], BackgroundWork | None],
                               draft=RunSettings().draft, log: Callable[[str], None] = print,
-                              watch: Callable[[], load.HostLoad] = lambda: load.watch(QUIET_WATCH_S),
+                              watch: Callable[[], load.HostLoad] = lambda: load.watch(load.WATCH_S),
                               poll_s: float = QUIET_POLL_S) -> threading.Thread | None:
         """A draft plan priced on a busy host (provisional: choices.provisional_plan), made again while this server
         runs, as soon as the host is quiet, rather than at the next start: every `poll_s` seconds, with no visitor's
@@ -119,9 +118,8 @@ class Background:
                     host = self._wait_for_quiet(draft, watch, poll_s)
                     if host is None:
                         return
-                    log(f"the draft plan was priced on a busy host (provisional): planning it again now that the host "
-                        f"is quiet (other processes {host.others * 100:.0f} % of the CPU time, steal "
-                        f"{host.steal * 100:.0f} % over {host.seconds:.0f} s)")
+                    log("the draft plan was priced on a busy host (provisional): planning it again now that the host "
+                        f"is quiet ({load.described(host)})")
                     work = start([(PLANNING, PLAN_COMMAND)])
                     while work is not None and work.state == "running":
                         time.sleep(min(poll_s, 5.0))
