@@ -285,6 +285,29 @@ def test_only_a_plan_that_drafts_nothing_on_an_unchecked_curve_probes():
     assert not fold(unchecked, {"target": {1: 0.04}}).verified_by_runs
 
 
+def middle_target(n: int) -> float:
+    """A target between the two: each further token scored costs 20 % of a step."""
+    return n * 0.001 if n > 20 else 0.04 * (1 + 0.2 * (n - 1))
+
+
+@pytest.mark.parametrize("target_cost, factor", [(middle_target, 1.1), (quiet_target, 1.45)],
+                         ids=["a K pays on both, another one", "no fixed K pays on the steeper"])
+def test_two_clean_homes_whose_curves_disagree_plan_the_same_k_within_five_runs(host, target_cost, factor):
+    """Two empty homes on one quiet host measure curves a little apart (noise just under the busy thresholds): each
+    plans its own K at first; the runs that follow correct both curves to what the calls cost, and the plans meet."""
+    homes = [measure(target_cost), too_steep(measure(target_cost), factor)]
+    plans = [make_plan(costs, MODEL, ACCEPTANCE, AUTO) for costs in homes]
+    assert plans[0].k != plans[1].k and not plans[0].gate
+    for run in range(1, 6):
+        for i, plan in enumerate(plans):
+            for lane in run_both(plan, target_cost):
+                homes[i] = fold(homes[i], metrics.call_seconds(lane.rounds))
+        plans = [make_plan(costs, MODEL, ACCEPTANCE, AUTO) for costs in homes]
+        if plans[0].k == plans[1].k and not plans[0].gate and not plans[1].gate:
+            break
+    assert plans[0].k == plans[1].k and not plans[1].gate and run <= 5
+
+
 # ---- the races tune and the draft plan decide by
 
 
