@@ -83,11 +83,11 @@ class CostModel:
     def n_max(self) -> int:
         return len(self.target_s)
 
-    @property
-    def verified_by_runs(self) -> bool:
-        """Whether a run has paid for a call on more than one token since the measurement: until one has, runs that draft
-        nothing (a plan finding no K that pays) can correct t(1) only, never the curve that said so."""
-        return any(n >= 2 for o in self.observations for n in o["target"])
+    def observed(self, n: int) -> bool:
+        """Whether a run has paid for a target call on n tokens since the measurement (among the observations kept):
+        until one has, the curve at n is the measurement's alone. Runs that draft nothing (a plan finding no K that
+        pays) observe t(1) only, so they never correct the curve that said so."""
+        return any(n in o["target"] for o in self.observations)
 
     def t(self, n: int) -> float:
         """Seconds of one target call on n tokens (n beyond the measured range: extrapolated linearly)."""

@@ -49,10 +49,11 @@ def surface_sentence(costs: CostModel, k_max: int, run_alpha: float | None = Non
 
 # Re-scoring probes (Plan.rescore). A run whose plan found no fixed K that pays drafts nothing (gated, only the rounds its
 # gate lets through: maybe none), so it observes single steps only and can never correct a curve measured too steep
-# (costs.fold corrects only the calls runs make). Where no run has paid for a longer call since the measurement
-# (CostModel.verified_by_runs), the run's first PROBE_ROUNDS rounds are plain steps each paid as a verify call instead: the target's cache rolled back and the last tokens fed again with the new one. Each
+# (costs.fold corrects only the calls runs make). Where no run has paid for the verify call of the K nearest to paying
+# since the measurement (CostModel.observed), the run's first PROBE_ROUNDS rounds are plain steps each paid as one instead: the target's cache rolled back and the last tokens fed again with the new one. Each
 # still gives the target's own next token; the run observes what a round's verify costs, and the fold corrects the curve
-# by it (sizes it did not call by the same factor). Their price is bounded: probes longer than 2 tokens only while they
+# by it (sizes it did not call by the same factor; where it still says no K pays and another size is then nearest to
+# paying, a later run probes that one, if no run has paid for it either). Their price is bounded: probes longer than 2 tokens only while they
 # cost at most PROBE_STEPS target steps beyond plain steps on the curve as measured. 2 tokens always: on every CPU class
 # seen a 2-token call costs at most ~1.45 steps (Zen 3), so two probes cost under one step (a 128-token answer: < 1 %)
 # even where a curve measured too steep says more, and the steeper it says, the more a wrong one hides.
@@ -235,14 +236,10 @@ def _priced_plan(costs: CostModel, drafter: Strategy, acceptance: Acceptance, po
 def rescore_tokens(costs: CostModel, acceptance: Acceptance, k_max: int, drafter: Strategy) -> int:
     """The tokens each re-scoring probe of a plan at K = 0 feeds: the verify call of the K that comes nearest to paying,
     shortened until PROBE_ROUNDS of them cost at most PROBE_STEPS target steps beyond plain steps, 2 at least; 0 (no
-    probes) where a run has already paid for a longer call since the measurement."""
-    if costs.verified_by_runs:
-        return 0
+    probes) where a run has paid for a call of that size since the measurement."""
     nearest = max(range(1, k_max + 1), key=lambda k: predicted_speedup(costs, acceptance, k, drafter))
-    for n in range(nearest + 1, 2, -1):
-        if PROBE_ROUNDS * (costs.verify_steps(n) - 1) <= PROBE_STEPS:
-            return n
-    return 2
+    n = next((n for n in range(nearest + 1, 2, -1) if PROBE_ROUNDS * (costs.verify_steps(n) - 1) <= PROBE_STEPS), 2)
+    return 0 if costs.observed(n) else n
 
 
 def probe_sentence(costs: CostModel, rescore: int) -> str:
@@ -250,10 +247,10 @@ def probe_sentence(costs: CostModel, rescore: int) -> str:
     if not rescore:
         return ""
     extra = PROBE_ROUNDS * (costs.verify_steps(rescore) - 1)
-    return (f" No run has paid for a verify call since this machine's costs were measured, so {PROBE_ROUNDS} of its "
-            f"steps score {rescore} tokens each (the last {rescore - 1} again with the new one; at most {extra:.1f} "
-            f"target steps more, priced on that curve): what a K = {rescore - 1} round's verify costs, to check the "
-            "curve that says no K pays.")
+    again = "the last token" if rescore == 2 else f"the last {rescore - 1} tokens"
+    return (f" No run has paid for a K = {rescore - 1} round's verify since this machine's costs were measured, so "
+            f"{PROBE_ROUNDS} of its steps score {rescore} tokens each ({again} again with the new one; at most "
+            f"{extra:.1f} target steps more, priced on that curve), to check the curve that says no K pays.")
 
 
 def sharp_gate(acceptance: Acceptance, k_max: int) -> tuple[float, Acceptance]:

@@ -249,7 +249,7 @@ def test_a_clean_curve_measured_too_steep_to_draft_is_corrected_by_the_first_run
     wrong = too_steep(truth, 1.7)  # a 2-token call measured at 1.87 steps where it costs 1.1
     plan = make_plan(wrong, MODEL, ACCEPTANCE, AUTO)
     assert right.k > 0 and not right.gate and plan.gate and not plan.provisional  # no fixed K pays: gated rounds
-    assert plan.rescore == 2 and "2 of its steps score 2 tokens each" in plan.reason
+    assert plan.rescore == 2 and "2 of its steps score 2 tokens each (the last token again" in plan.reason
     ar, spec = run_both(plan, flat_target)
     assert [r.rescored for r in spec.rounds[1:4]] == [True, True, False]  # two probes, then the plan's rounds
     assert [r.verify_tokens for r in spec.rounds[1:3]] == [2, 2]
@@ -280,14 +280,11 @@ def test_only_a_plan_that_drafts_nothing_on_an_unchecked_curve_probes():
     unchecked = measure(steep_target, lambda n: 0.45 * 0.04 * n)
     assert make_plan(unchecked, MODEL, ACCEPTANCE, KPolicy.fixed(3)).rescore == 0  # a fixed K drafts: it checks
     assert make_plan(measure(flat_target), MODEL, ACCEPTANCE, AUTO).rescore == 0  # a K pays: its rounds check
-    checked = fold(unchecked, {"target": {1: 0.04, 3: 0.075}})
-    assert checked.verified_by_runs and make_plan(checked, MODEL, ACCEPTANCE, AUTO).rescore == 0
-    assert not fold(unchecked, {"target": {1: 0.04}}).verified_by_runs
-
-
-def middle_target(n: int) -> float:
-    """A target between the two: each further token scored costs 20 % of a step."""
-    return n * 0.001 if n > 20 else 0.04 * (1 + 0.2 * (n - 1))
+    probed = make_plan(unchecked, MODEL, ACCEPTANCE, AUTO).rescore
+    assert probed == 2
+    checked = fold(unchecked, {"target": {1: 0.04, probed: steep_target(probed)}})
+    assert checked.observed(probed) and make_plan(checked, MODEL, ACCEPTANCE, AUTO).rescore == 0
+    assert not fold(unchecked, {"target": {1: 0.04}}).observed(probed)
 
 
 @pytest.mark.parametrize("target_cost, factor", [(middle_target, 1.1), (quiet_target, 1.45)],
