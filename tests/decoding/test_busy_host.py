@@ -287,6 +287,11 @@ def test_only_a_plan_that_drafts_nothing_on_an_unchecked_curve_probes():
     assert not fold(unchecked, {"target": {1: 0.04}}).observed(probed)
 
 
+def middle_target(n: int) -> float:
+    """A target between the two: each further token scored costs 20 % of a step."""
+    return n * 0.001 if n > 20 else 0.04 * (1 + 0.2 * (n - 1))
+
+
 @pytest.mark.parametrize("target_cost, factor", [(middle_target, 1.1), (quiet_target, 1.45)],
                          ids=["a K pays on both, another one", "no fixed K pays on the steeper"])
 def test_two_clean_homes_whose_curves_disagree_plan_the_same_k_within_five_runs(host, target_cost, factor):
