@@ -16,7 +16,8 @@ observations: t(1) and d(1) as the median of what runs paid, the curve's shape t
 the ratios runs paid (a run's t(n) over the same moment's t(1)), sizes no run used by the measured shape
 scaled like their nearest neighbours, and the loop's own time per step and per round beyond its calls. One
 run under load moves none of these; two runs that agree move them all. A shared machine drifts (the same target step was 47 ms and 35 ms an hour
-apart), so the model follows what runs pay now.
+apart), so the model follows what runs pay now. Runs correct only the calls they make: where a plan drafts nothing, its
+run pays a few steps as verify calls (planner.PROBE_ROUNDS) so that a curve saying no K pays is checked too.
 
 Kept in the machine profile (specdemo/learning/profile) keyed by the models, precisions, device, threads, CPU and OpenVINO
 (measuring.cost_key), so a machine is measured once; measuring again forgets the corrections.
