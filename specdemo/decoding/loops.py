@@ -143,11 +143,11 @@ def speculative(
     yield rounds[-1]
 
     while not out.stop_reason and not _cancelled(cancel):
-        k = rule.next_k(rounds)
         if probes and len(seq) > plan.rescore:  # the plan found no fixed K that pays on a curve no run has checked
             probes -= 1
             yield from _rescored_step(target, seq, plan.rescore, settings, rng, out, rounds)
             continue
+        k = rule.next_k(rounds)
         context = len(seq) - 1  # the target's cache holds seq but its last token
         # Never draft past max_new_tokens: a round emits at most k + 1 tokens.
         proposal = drafter.propose(seq, min(k, out.remaining - 1)) if k else Proposal([], None)

@@ -47,16 +47,17 @@ def surface_sentence(costs: CostModel, k_max: int, run_alpha: float | None = Non
 
 # ---- the plan for one run
 
-# Re-scoring probes (Plan.rescore). A run whose plan found no fixed K that pays drafts nothing (gated, only the rounds its
-# gate lets through: maybe none), so it observes single steps only and can never correct a curve measured too steep
+# Re-scoring probes (Plan.rescore). A run whose plan found no fixed K that pays drafts nothing (gated, only the rounds
+# its gate lets through: maybe none), so it observes single steps only and can never correct a curve measured too steep
 # (costs.fold corrects only the calls runs make). Where no run has paid for the verify call of the K nearest to paying
-# since the measurement (CostModel.observed), the run's first PROBE_ROUNDS rounds are plain steps each paid as one instead: the target's cache rolled back and the last tokens fed again with the new one. Each
-# still gives the target's own next token; the run observes what a round's verify costs, and the fold corrects the curve
-# by it (sizes it did not call by the same factor; where it still says no K pays and another size is then nearest to
-# paying, a later run probes that one, if no run has paid for it either). Their price is bounded: probes longer than 2 tokens only while they
-# cost at most PROBE_STEPS target steps beyond plain steps on the curve as measured. 2 tokens always: on every CPU class
-# seen a 2-token call costs at most ~1.45 steps (Zen 3), so two probes cost under one step (a 128-token answer: < 1 %)
-# even where a curve measured too steep says more, and the steeper it says, the more a wrong one hides.
+# since the measurement (CostModel.observed), the run's first PROBE_ROUNDS rounds are plain steps each paid as one
+# instead: the target's cache rolled back and the last tokens fed again with the new one. Each still gives the target's
+# own next token; the run observes what a round's verify costs, and the fold corrects the curve by it (sizes it did not
+# call by the same factor; where it still says no K pays and another size is then nearest to paying, a later run probes
+# that one, if no run has paid for it either). Their price is bounded: probes longer than 2 tokens only while they cost
+# at most PROBE_STEPS target steps beyond plain steps on the curve as measured. 2 tokens always: on every CPU class seen
+# a 2-token call costs at most ~1.45 steps (Zen 3), so two probes cost under one step (a 128-token answer: < 1 %) even
+# where a curve measured too steep says more, and the steeper it says, the more a wrong one hides.
 PROBE_ROUNDS = 2
 PROBE_STEPS = 1.5
 
@@ -217,10 +218,10 @@ def _priced_plan(costs: CostModel, drafter: Strategy, acceptance: Acceptance, po
     k_max = policy.k_max
     k, speedup = best_k(costs, acceptance, k_max, drafter)
     if k == 0:
-        best = max(predicted_speedup(costs, acceptance, j, drafter) for j in range(1, k_max + 1))
+        best, nearest = max((predicted_speedup(costs, acceptance, j, drafter), j) for j in range(1, k_max + 1))
         why = (f"No K pays on this machine (best predicted {best:.2f}× at {said}: scoring "
                f"2 tokens costs {costs.verify_steps(2):.1f} steps)")
-        rescore = rescore_tokens(costs, acceptance, k_max, drafter)
+        rescore = rescore_tokens(costs, nearest)
         gated = gated_plan(costs, drafter, acceptance, policy) if drafter.counterfactual.taught_by_mask else None
         if gated is not None:
             return replace(gated, reason=f"{why}; {gated.reason}{probe_sentence(costs, rescore)}", rescore=rescore)
@@ -233,11 +234,11 @@ def _priced_plan(costs: CostModel, drafter: Strategy, acceptance: Acceptance, po
     return Plan(policy, drafter, k, costs, acceptance, speedup, reason)
 
 
-def rescore_tokens(costs: CostModel, acceptance: Acceptance, k_max: int, drafter: Strategy) -> int:
-    """The tokens each re-scoring probe of a plan at K = 0 feeds: the verify call of the K that comes nearest to paying,
-    shortened until PROBE_ROUNDS of them cost at most PROBE_STEPS target steps beyond plain steps, 2 at least; 0 (no
-    probes) where a run has paid for a call of that size since the measurement."""
-    nearest = max(range(1, k_max + 1), key=lambda k: predicted_speedup(costs, acceptance, k, drafter))
+def rescore_tokens(costs: CostModel, nearest: int) -> int:
+    """The tokens each re-scoring probe of a plan at K = 0 feeds: the verify call of the K that comes nearest to paying
+    (`nearest`, the best predicted of the Ks that do not pay), shortened until PROBE_ROUNDS of them cost at most
+    PROBE_STEPS target steps beyond plain steps, 2 at least; 0 (no probes) where a run has paid for a call of that size
+    since the measurement."""
     n = next((n for n in range(nearest + 1, 2, -1) if PROBE_ROUNDS * (costs.verify_steps(n) - 1) <= PROBE_STEPS), 2)
     return 0 if costs.observed(n) else n
 

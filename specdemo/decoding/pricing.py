@@ -103,8 +103,9 @@ def priced_round(costs: CostModel, r, draft_prefill: bool = True) -> float:
     """Seconds one of a run's rounds (events.Round) costs on this curve, its calls as it made them: each draft call
     d(n) by the tokens it fed (a first call feeding the prompt at the draft's prefill rate; without `draft_prefill`,
     as the one draft step it also is), then the target's call, a plain step's t(1) where nothing was verified (a plain
-    step or a round the gate turned back), t(n) and one trim for a re-scoring probe, or t(K + 1) with both trims. What a run would have taken on another
-    machine's curve (the bench prices lanes so), or on its own plan's (GatedK's running account)."""
+    step or a round the gate turned back), t(n) and one trim for a re-scoring probe, or t(K + 1) with both trims. What a
+    run would have taken on another machine's curve (the bench prices lanes so), or on its own plan's (GatedK's running
+    account)."""
     def call(n: int) -> float:
         if n <= 2 or not costs.draft_prefill_tps:
             return costs.d(n)
