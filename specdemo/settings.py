@@ -28,10 +28,12 @@ WEIGHTS = {  # what each precision's weights are, for the model panel and the ru
 AUTO = "auto"  # a draft's precision left to `python -m specdemo tune`'s draft plan for this machine (draft_choice.py)
 DRAFT_PRECISION = "int4"  # what an auto draft precision runs until there is a plan (or when its choice is not prepared), once prepared
 # An auto draft of a GGUF before DRAFT_PRECISION is prepared (a first start): laid from the file's own blocks as the
-# target is, 28 s to prepare alone on 2 cores against NNCF's INT4 55 s (Xeon family 6 model 207), so that the target's
-# conversion, not the draft's, sets a first start's clock; the background prepares INT4 where the draft plan could use it
-# (serve/tuning.py). gguf-mixed, not gguf-native: OpenVINO GenAI's lane loads it.
-FIRST_DRAFT_PRECISION = "gguf-mixed"
+# target is, so that no draft is converted with NNCF before ready (the background prepares INT4 where the draft plan
+# could use it, serve/tuning.py). The first of these that runs here: the file's blocks as they are on specdemo's kernels
+# where they were built (copied, nothing unpacked: the 0.5B draft's conversion 2.3 s alone against gguf-mixed's 8.5 s,
+# and its step 0.85x gguf-mixed's, Xeon family 6 model 207), else gguf-mixed. OpenVINO GenAI's lane, which cannot load
+# specdemo's kernels, runs DRAFT_PRECISION (Profile.for_plugin).
+FIRST_DRAFT_PRECISIONS = ("gguf-native", "gguf-mixed")
 FAITHFUL = "faithful"  # a target's precision left to this machine: the full-fidelity layout whose step is fastest here
 # The full-fidelity layouts (`bench --only fidelity`: as close to the GGUF as INT8 or closer), the first runnable one
 # the one a machine runs before it has raced them (`python -m specdemo tune`, specdemo/learning/target_choice.py). First

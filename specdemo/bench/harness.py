@@ -25,7 +25,7 @@ from specdemo.results.parting import parting
 from specdemo.run import genai
 from specdemo.run.genai import compile_properties
 from specdemo.run.sidebyside import SideBySide
-from specdemo.settings import FAITHFUL, GenerationSettings, KPolicy, ModelSettings, RunSettings
+from specdemo.settings import AUTO, FAITHFUL, GenerationSettings, KPolicy, ModelSettings, RunSettings
 
 Framework = Literal["specdemo", "genai", "transformers", "llamacpp"]
 Kind = Literal[AUTOREGRESSIVE, SPECULATIVE]
@@ -191,8 +191,8 @@ GENAI_PIPELINES = 2  # GenAI pipelines kept loaded at once
 
 
 @dataclass(frozen=True)
-class PeerTarget:
-    """The target weights a peer pipeline loads (an OVModel's two fields of that name)."""
+class PeerModel:
+    """The weights a peer pipeline loads of one model (an OVModel's two fields of that name)."""
 
     settings: ModelSettings
     folder: object  # pathlib.Path of its IR
@@ -210,7 +210,7 @@ class Context:
     # code instruction, taken once when the bench starts (the acceptance prior moves as lanes run).
     k: int = KPolicy.k
     genai: OrderedDict = field(default_factory=OrderedDict)  # GenAI pipelines by name, least recently used first
-    _genai_target: PeerTarget | None = None
+    _genai_models: dict = field(default_factory=dict)  # PeerModel by role, "target" and "draft"
 
     @property
     def generation(self) -> GenerationSettings:
@@ -243,23 +243,31 @@ class Context:
     def prompts(self, instructions: list[str]) -> list[list[int]]:
         return [self.engine.prompt_ids(text, self.generation) for text in instructions]
 
-    def genai_target(self) -> PeerTarget:
-        """The target GenAI's pipelines load: the engine's, or where it runs specdemo's kernels (gguf-native, which
-        GenAI's pipelines cannot load), the plugin's fastest faithful layout here (Profile.for_plugin), prepared once
-        (converted from the GGUF, with its progress, where it is not yet) and said in the log."""
-        if self._genai_target is None:
-            ours = self.engine.target
+    def genai_target(self) -> PeerModel:
+        """The target GenAI's pipelines load (genai_model)."""
+        return self.genai_model("target", self.engine.target, FAITHFUL)
+
+    def genai_draft(self) -> PeerModel:
+        """The draft GenAI's speculative pipeline loads (genai_model)."""
+        return self.genai_model("draft", self.engine.draft, AUTO)
+
+    def genai_model(self, role: str, ours, left_open: str) -> PeerModel:
+        """The engine's model `ours` as GenAI's pipelines load it: itself, or where it runs specdemo's kernels
+        (gguf-native, which GenAI's pipelines cannot load) what Profile.for_plugin gives the same model with its
+        precision left open (`left_open`: a target's faithful layout, a draft's auto), prepared once (converted from
+        the GGUF, with its progress, where it is not yet) and said in the log."""
+        if role not in self._genai_models:
             if ours.settings.precision != kernels.NATIVE:
-                self._genai_target = PeerTarget(ours.settings, ours.folder)
+                self._genai_models[role] = PeerModel(ours.settings, ours.folder)
             else:
                 from specdemo.models import sources
 
                 profile = machine_profile()
-                settings = profile.resolve(profile.for_plugin(replace(ours.settings, precision=FAITHFUL)))
-                self.log(f"OpenVINO GenAI's pipelines run the target at {settings.precision}: they cannot load "
+                settings = profile.resolve(profile.for_plugin(replace(ours.settings, precision=left_open)))
+                self.log(f"OpenVINO GenAI's pipelines run the {role} at {settings.precision}: they cannot load "
                          f"specdemo's kernels, which our lanes run ({kernels.NATIVE})")
-                self._genai_target = PeerTarget(settings, sources.prepare(settings))
-        return self._genai_target
+                self._genai_models[role] = PeerModel(settings, sources.prepare(settings))
+        return self._genai_models[role]
 
     def genai_pipeline(self, name: str):
         """GenAI pipelines on our IR folders: "plain", "speculative", "lookup", and "... (defaults)".
@@ -276,15 +284,16 @@ class Context:
                 self.genai.popitem(last=False)
                 gc.collect()
 
-            target, draft = self.genai_target(), self.engine.draft
-            properties, draft_properties = genai_properties(target, draft, defaults=name.endswith("(defaults)"))
             drafting = peer_strategy(name)
+            target = self.genai_target()
+            draft = self.genai_draft() if drafting and drafting.needs_model else None
+            properties, draft_properties = genai_properties(target, draft, defaults=name.endswith("(defaults)"))
             self.log(f"loading OpenVINO GenAI pipeline: {name}")
             self.genai[name] = GenAIPipeline(
                 target.folder,
                 target.settings.device,
                 properties,
-                draft=draft.folder if drafting and drafting.needs_model else None,
+                draft=draft.folder if draft else None,
                 draft_device=draft.settings.device if draft else "",
                 prompt_lookup=drafting is not None and not drafting.needs_model,
                 draft_properties=draft_properties,

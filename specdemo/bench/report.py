@@ -278,8 +278,8 @@ def peers_section(sections: dict, plots: dict) -> str:
             f"(chat template applied once, by us), greedy, N = {n}, {k_text(paper)}, its default continuous-batching "
             "backend with prefix caching off (it would skip the prefill of a prompt seen before), and our compile "
             f"properties{_genai_compile(paper.get('genai_compile'))}."
-            + (f" GenAI's target ran at {paper['genai_target']}: its pipelines cannot load specdemo's kernels, which "
-               "ours ran." if paper.get("genai_target") else "") + "\n\n"
+            + "".join(f" GenAI's {role} ran at {paper[f'genai_{role}']}: its pipelines cannot load specdemo's kernels, "
+                      "which ours ran." for role in ("target", "draft") if paper.get(f"genai_{role}")) + "\n\n"
             + table(["lane", "wall time", "per token", "tokens", "draft acceptance rate", "same tokens as ours AR"], rows)
         )
         ratio_rows = [[name, times(spread, 3)] for name, spread in f["ratios"].items()]

@@ -25,8 +25,8 @@ fields, verdict "near-tie" or "defect"; else null), summary (our Summary, or a p
 
 Every section has seconds and load_average_end, and:
     paper         k, k_label, k_policy (its rule), by_tokens {N: figures}, genai_defaults (figures + max_new_tokens),
-                  genai_compile (target / draft: GenAI's compile properties; differs: where they are not ours), genai_target
-                  (the precision GenAI's target ran at where ours ran specdemo's kernels, else null)
+                  genai_compile (target / draft: GenAI's compile properties; differs: where they are not ours), genai_target,
+                  genai_draft (the precision GenAI's model ran at where ours ran specdemo's kernels, else null)
                   figures: lanes {label: fields + wall_s, per_token_s, tokens, same_as_reference},
                   speedup {label: spread}, ratios {key: ratio}, speculative (our speculative lane's pooled
                   figures, stats.speculative_figures), genai_acceptance {label: accepted / proposed},

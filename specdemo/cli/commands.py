@@ -21,7 +21,7 @@ from specdemo.learning import disk
 from specdemo.learning.profile import machine_profile
 from specdemo.models import kernels, sources
 from specdemo.results import runfile
-from specdemo.settings import (AUTO, CONFIGURATIONS, FAITHFUL, FIRST_DRAFT_PRECISION, KPolicy, DEFAULT_DRAFT,
+from specdemo.settings import (AUTO, CONFIGURATIONS, FAITHFUL, KPolicy, DEFAULT_DRAFT,
                                DEFAULT_TARGET, DRAFT_PRECISION, MAX_PROMPT_TOKENS, PRECISIONS, GenerationSettings,
                                ModelSettings, RunSettings)
 
@@ -77,8 +77,8 @@ def _add_model_flags(parser: argparse.ArgumentParser) -> None:
                              "were built, else gguf-mixed)")
     parser.add_argument("--draft-precision", default=None, choices=PRECISIONS + (AUTO,),
                         help="overrides the configuration's (auto: the draft plan `tune` chose for this machine; "
-                             f"{DRAFT_PRECISION} until there is one, and the GGUF's own blocks ({FIRST_DRAFT_PRECISION}) "
-                             f"until {DRAFT_PRECISION} is prepared)")
+                             f"{DRAFT_PRECISION} until there is one, and the GGUF's own blocks until {DRAFT_PRECISION} "
+                             "is prepared: gguf-native where specdemo's kernels were built, else gguf-mixed)")
     parser.add_argument("--device", default="CPU", help="OpenVINO device of the target (and of the draft unless --draft-device)")
     parser.add_argument("--draft-device", default=None, help="OpenVINO device of the draft model")
     parser.add_argument("--kv-cache-precision", default="", help="OpenVINO KV_CACHE_PRECISION for both models (u8, f16, bf16, f32)")

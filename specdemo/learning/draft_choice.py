@@ -52,7 +52,7 @@ MARGIN = 0.03  # another draft replaces the configured one only if predicted at 
 # 1.09× at 0.97). A pair whose incumbent is measured above it is priced at 1.0 from then on (measure).
 CEILING = 0.97
 # Bits per weight of the precisions a draft may take (others: taken as 16). The GGUF layouts (a first start's draft,
-# settings.FIRST_DRAFT_PRECISION) at most Q8_0's 8.5 (gguf-mixed's per-channel INT8 8, a Q4_K file fewer): a challenger's
+# settings.FIRST_DRAFT_PRECISIONS) at most Q8_0's 8.5 (gguf-mixed's per-channel INT8 8, a Q4_K file fewer): a challenger's
 # step floor beside them errs low, so it is measured rather than wrongly left out.
 BITS = {"fp16": 16, "int8": 8, "int4": 4, **dict.fromkeys(("gguf", "gguf-mixed", "gguf-native"), 8.5)}
 

@@ -147,9 +147,8 @@ class Admission:
             if not sources.is_prepared(model):
                 raise sources.ModelSourceError(
                     f"{self.what} needs {model.source} at {model.precision}, which is not prepared on this machine yet "
-                    "(the background work prepares it after the first start where it can run faster than the default "
-                    "target; `python -m specdemo prepare` does it by hand); try again later, or choose the default "
-                    "configuration")
+                    "(the background work prepares the models this machine can use after the first start; `python -m "
+                    "specdemo prepare` does it by hand); try again later, or choose the default configuration")
         room, held = memory.room(), self.reserve + pending
         if room.left - held < self.need:
             also = f", and {memory.gib(held)} of it is spoken for by the background work" if held > 0 else ""
@@ -183,10 +182,11 @@ class Engines:
     def genai_loading_for(self, settings: RunSettings, prompt_lookup: bool, reserve: int = 0) -> Loading:
         """The loading of GenAI's speculative pipeline (draft model or prompt lookup) for the third lane, admitted like
         every optional role (`reserve`: bytes the background work may still need). A faithful target that runs
-        specdemo's kernels here runs the plugin's fastest faithful layout in GenAI's pipeline, which cannot load them
-        (Profile.for_plugin)."""
-        settings = replace(settings, target=machine_profile().for_plugin(settings.target))
-        models = [machine_profile().resolve_precision(m)
+        specdemo's kernels here runs the plugin's fastest faithful layout in GenAI's pipeline, which cannot load them,
+        and an auto draft that runs them (a first start's) its INT4 (Profile.for_plugin)."""
+        profile = machine_profile()
+        settings = replace(settings, target=profile.for_plugin(settings.target), draft=profile.for_plugin(settings.draft))
+        models = [profile.resolve_precision(m)
                   for m in [settings.target] + ([] if prompt_lookup else [settings.draft])]
         return self._loading(GENAI, (settings.target, settings.draft, prompt_lookup),
                              lambda: self.load_genai(settings, prompt_lookup),

@@ -7,7 +7,7 @@ The real-model, browser and slow tests of tests/models/test_first_start.py, whic
 import pytest
 
 from specdemo.models import kernels
-from specdemo.settings import FAITHFUL_PRECISIONS
+from specdemo.settings import FAITHFUL_PRECISIONS, FIRST_DRAFT_PRECISIONS
 
 
 # The first start as the page makes it (the default pair resolved, converted straight from the GGUF files, compiled,
@@ -38,4 +38,5 @@ def test_the_default_pairs_first_start_never_imports_torch(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     # the quickest faithful layout (the file's own blocks on our kernels where they were built), and the draft on the
     # file's own blocks too: no NNCF before ready (INT4 comes later)
-    assert result.stdout.split() == [kernels.runnable(FAITHFUL_PRECISIONS)[0], "gguf-mixed", "None"]
+    assert result.stdout.split() == [kernels.runnable(FAITHFUL_PRECISIONS)[0], kernels.runnable(FIRST_DRAFT_PRECISIONS)[0],
+                                     "None"]

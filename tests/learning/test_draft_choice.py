@@ -9,8 +9,8 @@ import pytest
 from specdemo.learning import draft_choice, race, tune
 from specdemo.learning.draft_choice import DraftOption, candidates, price
 from specdemo.learning.profile import Profile, choices
-from specdemo.models import sources
-from specdemo.settings import AUTO, DEFAULT_DRAFT, DRAFT_PRECISION, FIRST_DRAFT_PRECISION, ModelSettings
+from specdemo.models import kernels, sources
+from specdemo.settings import AUTO, DEFAULT_DRAFT, DRAFT_PRECISION, FIRST_DRAFT_PRECISIONS, ModelSettings
 from tests.fake_models import FakeModel
 from tests.decoding.test_planner import machine
 
@@ -127,10 +127,26 @@ def test_tune_applies_the_planned_head_only_where_it_is_left_open(home, tmp_path
 
 def test_before_int4_is_prepared_a_gguf_draft_runs_the_files_own_blocks_then_int4_until_there_is_a_plan(home, tmp_path):
     untuned = Profile(tmp_path / "untuned")
-    assert untuned.resolve(DEFAULT_DRAFT).precision == FIRST_DRAFT_PRECISION == "gguf-mixed"  # a first start: no NNCF
+    assert FIRST_DRAFT_PRECISIONS == ("gguf-native", "gguf-mixed")
+    assert untuned.resolve(DEFAULT_DRAFT).precision == "gguf-native"  # a first start: the blocks copied, no NNCF
     assert untuned.resolve(replace(DEFAULT_DRAFT, source="Qwen/Qwen2.5-0.5B")).precision == DRAFT_PRECISION  # no GGUF
     prepare_stand_in(replace(DEFAULT_DRAFT, precision=DRAFT_PRECISION, head_tokens=0))  # the background's INT4
     assert untuned.resolve(DEFAULT_DRAFT).precision == DRAFT_PRECISION
+
+
+def test_without_specdemo_s_kernels_a_first_start_s_draft_runs_the_plugin_s_layout_of_the_files_blocks(home, tmp_path,
+                                                                                                        monkeypatch):
+    monkeypatch.setattr(kernels, "_built", lambda: None)
+    assert Profile(tmp_path / "untuned").resolve(DEFAULT_DRAFT).precision == "gguf-mixed"
+
+
+def test_genai_s_lane_runs_a_first_start_s_draft_at_int4_and_a_planned_one_as_ours(home, tmp_path):
+    profile = Profile(tmp_path / "machine")
+    assert profile.for_plugin(DEFAULT_DRAFT).precision == DRAFT_PRECISION  # ours runs gguf-native, which GenAI cannot load
+    explicit = replace(DEFAULT_DRAFT, precision="gguf-mixed")
+    assert profile.for_plugin(explicit) == explicit
+    prepare_stand_in(replace(DEFAULT_DRAFT, precision=DRAFT_PRECISION, head_tokens=0))
+    assert profile.for_plugin(DEFAULT_DRAFT) == DEFAULT_DRAFT  # ours runs INT4 now: the same settings
 
 
 def test_the_planned_precision_runs_where_left_open_and_its_weights_are_prepared(home, tmp_path):

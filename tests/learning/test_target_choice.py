@@ -196,3 +196,22 @@ def test_the_bench_s_genai_peers_load_the_plugin_s_layout_where_our_lanes_run_ou
     plain = SimpleNamespace(settings=replace(DEFAULT_TARGET, precision="int8"), folder=Path("ours"))
     assert Context(engine=SimpleNamespace(target=plain), settings=RunSettings(), bench=FULL,
                    log=lines.append).genai_target().folder == Path("ours")  # the plugin's own: the very same folder
+
+
+def test_the_bench_s_genai_speculative_peer_loads_int4_where_a_first_start_s_draft_runs_our_kernels(home):
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from specdemo.bench.harness import Context
+    from specdemo.bench.settings import FULL
+    from specdemo.settings import DEFAULT_DRAFT, DRAFT_PRECISION
+
+    int4 = replace(DEFAULT_DRAFT, precision=DRAFT_PRECISION, head_tokens=0)
+    sources.cached_folder(int4).mkdir(parents=True)
+    (sources.cached_folder(int4) / sources.COMPLETE_MARKER).write_text("")
+    ours = SimpleNamespace(settings=replace(DEFAULT_DRAFT, precision="gguf-native", head_tokens=0), folder=Path("ours"))
+    lines = []
+    peer = Context(engine=SimpleNamespace(draft=ours), settings=RunSettings(), bench=FULL, log=lines.append).genai_draft()
+    assert (peer.settings.precision, peer.folder) == (DRAFT_PRECISION, sources.cached_folder(int4))
+    assert lines == ["OpenVINO GenAI's pipelines run the draft at int4: they cannot load specdemo's kernels, which our "
+                     "lanes run (gguf-native)"]

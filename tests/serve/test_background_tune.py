@@ -74,7 +74,7 @@ def prepared(*models) -> None:
 
 def test_a_new_machine_needs_the_drafts_nncf_precisions_then_the_tune_then_the_other_configurations_models(turned_on):
     prepared(*CONFIGURATIONS["faithful"])  # the first start prepared the default pair before the page was ready
-    assert machine_profile().resolve_precision(DEFAULT_DRAFT).precision == "gguf-mixed"  # the draft on the file's blocks
+    assert machine_profile().resolve_precision(DEFAULT_DRAFT).precision == "gguf-native"  # the draft on the file's blocks
     steps = tuning.background_steps(RunSettings(), model_bytes=1)
     assert [label for label, _ in steps] == ["preparing the draft at int4, for the draft plan",
                                              "preparing the draft at int8, for the draft plan, and the target at "

@@ -156,7 +156,7 @@ def test_the_fastest_configuration_is_never_converted_in_a_visitor_s_turn(home, 
 
     engines, loads = _fake_engines()
     monkeypatch.setattr(sources, "is_prepared", lambda settings: settings.precision != "int4")
-    with pytest.raises(sources.ModelSourceError, match="not prepared on this machine yet .* background work prepares it"):
+    with pytest.raises(sources.ModelSourceError, match="not prepared on this machine yet .* background work prepares the models"):
         engines.lane_loadings("one after another", "CPU", "CPU", "fastest")
     assert loads == []
 

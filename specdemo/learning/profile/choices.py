@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, replace
 
 from specdemo.learning.draft_choice import PRECISIONS, choose, from_dict
 from specdemo.models import kernels, sources
-from specdemo.settings import AUTO, DRAFT_PRECISION, FAITHFUL, FAITHFUL_PRECISIONS, FIRST_DRAFT_PRECISION, ModelSettings
+from specdemo.settings import AUTO, DRAFT_PRECISION, FAITHFUL, FAITHFUL_PRECISIONS, FIRST_DRAFT_PRECISIONS, ModelSettings
 
 FROM_PLAN = "the draft plan"  # marks a compile setting a precision got from the draft plan, not from its own search
 # A draft plan priced while the host was busy (its choice provisional) is made again by the next start's background
@@ -100,10 +100,13 @@ def resolve_faithful(settings: ModelSettings, tune: dict) -> ModelSettings:
 
 
 def for_plugin(settings: ModelSettings, tune: dict) -> ModelSettings:
-    """`settings` as OpenVINO's own pipelines (GenAI's lane) can load them: a faithful target whose layout here is
-    specdemo's kernels (gguf-native, which GenAI does not load) gets the plugin's faithful layout whose step the race
-    timed fastest, else the first of them that is prepared, else the first; anything else unchanged (an explicit
-    gguf-native stays: GenAI says it cannot load it)."""
+    """`settings` as OpenVINO's own pipelines (GenAI's lane) can load them, where they would run specdemo's kernels
+    (gguf-native, which GenAI does not load): a faithful target gets the plugin's faithful layout whose step the race
+    timed fastest, else the first of them that is prepared, else the first; an auto draft (gguf-native only before its
+    INT4 is prepared, unplanned_draft) gets DRAFT_PRECISION, what it runs once the background has prepared it. Anything
+    else is unchanged (an explicit gguf-native stays: GenAI says it cannot load it)."""
+    if settings.precision == AUTO and resolve_draft(settings, tune, heads=False).precision == kernels.NATIVE:
+        return replace(settings, precision=DRAFT_PRECISION)
     if settings.precision != FAITHFUL or resolve_faithful(settings, tune).precision != kernels.NATIVE:
         return settings
     plugins = [p for p in FAITHFUL_PRECISIONS if p != kernels.NATIVE]
@@ -144,10 +147,10 @@ def resolve_draft(settings: ModelSettings, tune: dict, heads: bool = True) -> Mo
 
 def unplanned_draft(draft: ModelSettings) -> str:
     """The precision an auto draft runs before there is a plan: DRAFT_PRECISION where it is prepared (or the source is
-    no GGUF), else the GGUF's own blocks (FIRST_DRAFT_PRECISION), the quickest to prepare: a first start converts no
-    draft with NNCF."""
+    no GGUF), else the GGUF's own blocks (the first of FIRST_DRAFT_PRECISIONS that runs here), the quickest to prepare:
+    a first start converts no draft with NNCF."""
     if sources.is_gguf(draft.source) and not sources.is_prepared(replace(draft, precision=DRAFT_PRECISION)):
-        return FIRST_DRAFT_PRECISION
+        return kernels.runnable(FIRST_DRAFT_PRECISIONS)[0]
     return DRAFT_PRECISION
 
 
