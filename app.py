@@ -21,7 +21,6 @@ compat.keep_torch_out()  # the server never needs torch: conversion runs in a ch
 from specdemo.models import kernels  # noqa: E402
 from specdemo.serve import learning, tuning  # noqa: E402 - after keep_torch_out, so transformers does not load torch
 from specdemo.serve.server import Server  # noqa: E402
-from specdemo.ui import page  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -63,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
                                 pair_only=tuning.tunes_the_pair(steps))
 
     server.engines.prepare(on_ready=ready)
+    from specdemo.ui import page  # Gradio's 3 s of imports while the models convert, not before they start
+
     page.launch(page.build(server), args.host, args.port, args.share, monitoring=args.monitoring, deep_links=args.deep_links)
     return 0
 

@@ -42,7 +42,8 @@ def block_matmul(x: ov.Output, raw: np.ndarray, kind: str, name: str = "") -> ov
         raise ValueError(f"BlockMatMul reads {', '.join(KINDS)} blocks, not {kind}")
     values, size = KINDS[kind]
     columns = raw.shape[1] // size * values
-    weights = ov.op.Constant(ov.Tensor(np.ascontiguousarray(raw, dtype=np.uint8)))
+    raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    weights = ov.op.Constant(raw, shared_memory=raw.flags.writeable)  # a GGUFFile's own pages: shared, not copied
     node = BlockMatMul([x, weights.output(0)], kind=kind, columns=columns)
     if name:
         node.set_friendly_name(name)

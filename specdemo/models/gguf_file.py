@@ -48,7 +48,9 @@ class GGUFFile:
     def __init__(self, path: Path):
         self.path = Path(path)
         with open(self.path, "rb") as file:
-            self._map = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+            # Copy-on-write: the tensors are the file's own pages (nothing writes them), and as writeable arrays a graph's
+            # Constants share them instead of copying them (block_matmul: 1 GB of the target's blocks).
+            self._map = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_COPY)
         self._at = 0
         if self._read(4) != MAGIC:
             raise GGUFFormatError(f"{self.path.name} is not a GGUF file")

@@ -156,6 +156,42 @@ def supported_isas() -> list[str]:
     return found
 
 
+# ---- the blocks unpacked into groups (models/gguf_weights.unpack)
+
+
+def unpack(kind: str, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None] | None:
+    """The library's unpacking of `raw`, (rows, bytes per row) u8 blocks of `kind`, into gguf_weights.unpack's groups:
+    (q (rows, groups, G) i8, scale (rows, groups) f16, offset (rows, groups) f16 for Q4_K else None), bit for bit
+    numpy's there (kernels/src/unpack.cpp); None where the library does not run here."""
+    function = getattr(_functions(), "specdemo_kernels_unpack", None) if library() is not None else None
+    if function is None:  # not built here, or built before it had one
+        return None
+    values, size = KINDS[kind]
+    raw = np.ascontiguousarray(raw)
+    rows, blocks = raw.shape[0], raw.shape[1] // size
+    group = 16 if kind == "Q6_K" else 32
+    groups = blocks * values // group
+    q = np.empty((rows, groups, group), dtype=np.int8)
+    scale = np.empty((rows, groups), dtype=np.float16)
+    offset = np.empty((rows, groups), dtype=np.float16) if kind == "Q4_K" else None
+    pointer = lambda a: ctypes.c_void_p(a.ctypes.data if a is not None else 0)  # noqa: E731
+    function(kind.encode(), pointer(raw), ctypes.c_int64(rows), ctypes.c_int64(raw.shape[1]), pointer(q), pointer(scale),
+             pointer(offset))
+    return q, scale, offset
+
+
+def pack_nibbles(values: np.ndarray) -> np.ndarray | None:
+    """`values` (i8 in [-8, 7], any shape) packed two a byte, low nibble first, as OpenVINO's i4 (u8, half as many,
+    rounded up); None where the library does not run here."""
+    function = getattr(_functions(), "specdemo_kernels_pack_nibbles", None) if library() is not None else None
+    if function is None:
+        return None
+    values = np.ascontiguousarray(values, dtype=np.int8).reshape(-1)
+    out = np.empty((values.size + 1) // 2, dtype=np.uint8)
+    function(ctypes.c_void_p(values.ctypes.data), ctypes.c_int64(values.size), ctypes.c_void_p(out.ctypes.data))
+    return out
+
+
 # ---- the reference the kernels are held to
 
 

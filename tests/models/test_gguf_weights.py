@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from specdemo.models import gguf_import, gguf_weights
+from specdemo.models import gguf_import, gguf_weights, kernels
 from specdemo.models.gguf_file import GGUFFile
 
 TYPES = [T.Q4_K, T.Q6_K, T.Q5_0, T.Q8_0]  # what the default target (Q4_K, Q6_K) and draft (+ Q5_0, Q8_0) hold
@@ -217,12 +217,13 @@ def test_a_llama_ggufs_permuted_q_and_k_rows_are_restored(tmp_path, llama_weight
     assert np.abs(ours_k - k).max() <= 1e-3 * np.abs(k).max()
 
 
-def test_q_and_k_rows_left_in_the_files_order_are_caught_by_the_check(tmp_path, llama_weights, monkeypatch):
+@pytest.mark.parametrize("layout", ["exact", "native"])
+def test_q_and_k_rows_left_in_the_files_order_are_caught_by_the_check(tmp_path, llama_weights, monkeypatch, layout):
     q, k = llama_weights
     file = GGUFFile(llama_gguf(tmp_path / "llama.gguf", q, k))
     monkeypatch.setattr(gguf_import, "hf_row_order", lambda rows, heads: np.arange(rows))  # restoring forgotten
     with pytest.raises(gguf_import.GGUFMismatchError, match="attn_q"):
-        q_and_k(gguf_import.BlockWeights(file, "exact"))
+        q_and_k(gguf_import.BlockWeights(file, layout))
 
 
 def test_a_qwen2_files_q_and_k_rows_are_taken_as_they_are(tmp_path, llama_weights):
@@ -232,6 +233,49 @@ def test_a_qwen2_files_q_and_k_rows_are_taken_as_they_are(tmp_path, llama_weight
                       "qwen2", {"qwen2.attention.head_count": HEADS, "qwen2.attention.head_count_kv": KV_HEADS})
     ours_q, ours_k = q_and_k(gguf_import.BlockWeights(GGUFFile(path), "exact"))
     assert np.abs(ours_q - q).max() <= 1e-3 * np.abs(q).max() and np.abs(ours_k - k).max() <= 1e-3 * np.abs(k).max()
+
+
+def wide_blocks(kind: T, rows: int, columns: int, seed: int) -> np.ndarray:
+    """random_blocks whose f16 block scales take any finite value of either sign: subnormal, tiny, huge (products that
+    round to subnormal halves or overflow to infinity)."""
+    raw = random_blocks(kind, rows, columns, seed).reshape(rows, -1, gguf.GGML_QUANT_SIZES[kind][1])
+    rng = np.random.default_rng(seed + 100)
+    for offset in SCALES[kind]:
+        bits = rng.integers(0, 1 << 16, size=raw.shape[:2], dtype=np.uint16)
+        bits[(bits & 0x7C00) == 0x7C00] &= 0xBFFF  # no infinity or NaN: another finite half
+        raw[..., offset:offset + 2] = bits.astype("<u2").view(np.uint8).reshape(*raw.shape[:2], 2)
+    return raw.reshape(rows, -1)
+
+
+@pytest.mark.skipif(kernels.unavailable() is not None, reason=str(kernels.unavailable()))
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast")  # numpy's scales that round to infinity, as ours do
+@pytest.mark.parametrize("kind", TYPES, ids=[k.name for k in TYPES])
+def test_the_kernels_library_unpacks_every_block_as_numpy_does_bit_for_bit(kind):
+    raw = wide_blocks(kind, 64, 1024, seed=TYPES.index(kind))
+    ours, reference = gguf_weights.unpack(kind.name, raw), gguf_weights.unpack_numpy(kind.name, raw)
+    assert kernels.unpack(kind.name, raw) is not None  # the library's, not numpy's again
+    assert ours.bits == reference.bits and np.array_equal(ours.q, reference.q)
+    for field in ("scale", "offset"):
+        mine, theirs = getattr(ours, field), getattr(reference, field)
+        assert (mine is None) == (theirs is None)
+        if theirs is not None:
+            assert np.array_equal(mine.view(np.uint16), theirs.view(np.uint16))  # every bit, subnormals and infinities
+
+
+@pytest.mark.skipif(kernels.unavailable() is not None, reason=str(kernels.unavailable()))
+@pytest.mark.parametrize("shape", [(6, 4, 32), (3, 5, 7)], ids=["even", "odd"])
+def test_the_kernels_library_packs_4_bit_values_two_a_byte_as_numpy_does(shape):
+    values = np.random.default_rng(7).integers(-8, 8, size=shape, dtype=np.int8)
+    packed = kernels.pack_nibbles(values)
+    assert packed is not None and np.array_equal(packed, gguf_weights.pack_nibbles_numpy(values))
+    assert packed[0] & 0x0F == values.flat[0] & 0x0F and packed[0] >> 4 == values.flat[1] & 0x0F  # low nibble first
+
+
+def test_where_the_kernels_library_does_not_run_numpy_unpacks(monkeypatch):
+    monkeypatch.setattr(kernels, "library", lambda: None)
+    raw = random_blocks(T.Q4_K, 4, 256, seed=1)
+    assert kernels.unpack("Q4_K", raw) is None and kernels.pack_nibbles(raw) is None
+    assert np.array_equal(gguf_weights.unpack("Q4_K", raw).q, gguf_weights.unpack_numpy("Q4_K", raw).q)
 
 
 def test_a_tensor_of_an_unsupported_type_is_refused_by_name():
