@@ -8,6 +8,7 @@ A pair of them, and the loops over it, is the engine's (specdemo/run/engine.py).
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import threading
@@ -81,7 +82,8 @@ class LoadedModel:
 
 
 _IMPORTING = threading.Lock()
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")  # what decides the ids
+CHAT_TEMPLATE = "chat_template.jinja"  # what renders a chat: each folder keeps its own
 _SHARED: dict[str, object] = {}  # tokenizer files' digest -> the tokenizer loaded from them (never changed once loaded)
 
 
@@ -90,10 +92,12 @@ def load_tokenizer(folder: Path):
     target (Engine.load), and where both conversions end together, two threads importing transformers' lazy modules at
     once left one of them with "cannot import name 'AutoTokenizer' from 'transformers'" (a fresh venv, in CI).
 
-    Folders whose tokenizer files are byte-identical share one instance: loading takes 1.5-3 s on 2 cores
-    (transformers parses the 11 MB tokenizer.json of Qwen2.5 in Python), and a pair of one family (the default pair) has
-    the same files. Nothing changes a loaded tokenizer: the engine encodes with the target's, and the draft's is only
-    compared with it and ranks its LM head's rows."""
+    Folders whose tokenizer files are byte-identical share one parse: loading takes 1.5-3 s on 2 cores (transformers
+    parses the 11 MB tokenizer.json of Qwen2.5 in Python), and a pair of one family (the default pair) has the same files.
+    A folder whose chat template differs (the default pair's two GGUFs differ by one escaped brace in the tool-call
+    text) gets a shallow copy of the shared tokenizer holding its own template: the same ids, its own chats. Nothing
+    changes a loaded tokenizer: the engine encodes with the target's, and the draft's is only compared with it and
+    ranks its LM head's rows."""
     digest = hashlib.sha256()
     for name in TOKENIZER_FILES:
         path = Path(folder) / name
@@ -105,7 +109,14 @@ def load_tokenizer(folder: Path):
             from transformers import AutoTokenizer
 
             _SHARED[key] = AutoTokenizer.from_pretrained(folder)
-        return _SHARED[key]
+            return _SHARED[key]
+        shared = _SHARED[key]
+    template = Path(folder) / CHAT_TEMPLATE
+    if not template.is_file() or shared.chat_template == template.read_text(encoding="utf-8"):
+        return shared
+    own = copy.copy(shared)
+    own.chat_template = template.read_text(encoding="utf-8")  # as transformers reads it (from_pretrained)
+    return own
 
 
 def load_model(settings: ModelSettings, progress: sources.Progress | None = None, tuned: str = "",

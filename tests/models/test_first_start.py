@@ -97,3 +97,25 @@ def test_a_pair_whose_tokenizer_files_are_identical_loads_its_tokenizer_once(tin
     assert load_tokenizer(tmp_path / "draft") is target
     other = load_tokenizer(tmp_path / "other")
     assert other is not target and other.model_max_length == 77
+
+
+def test_a_pair_whose_chat_templates_differ_shares_the_parse_and_keeps_each_template(tiny_target, tmp_path):
+    """The default pair's GGUFs differ by one escaped brace in the chat template: the same ids, parsed once."""
+    import shutil
+
+    from specdemo.models.loading import CHAT_TEMPLATE, TOKENIZER_FILES, load_tokenizer
+
+    templates = {"draft": "{% for m in messages %}draft: {{ m['content'] }}{% endfor %}",
+                 "target": "{% for m in messages %}target: {{ m['content'] }}{% endfor %}"}
+    for name, template in templates.items():  # the draft first, as its conversion ends first
+        (tmp_path / name).mkdir()
+        for file in TOKENIZER_FILES:
+            if (tiny_target / file).is_file():
+                shutil.copy(tiny_target / file, tmp_path / name / file)
+        (tmp_path / name / CHAT_TEMPLATE).write_text(template)
+    draft, target = (load_tokenizer(tmp_path / name) for name in templates)
+    chat = [{"role": "user", "content": "hello"}]
+    assert draft.apply_chat_template(chat, tokenize=False) == "draft: hello"
+    assert target.apply_chat_template(chat, tokenize=False) == "target: hello"
+    assert draft._tokenizer is target._tokenizer  # one parse of tokenizer.json
+    assert target.encode("hello world") == draft.encode("hello world")
