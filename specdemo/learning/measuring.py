@@ -32,6 +32,11 @@ from specdemo.settings import K_MAX
 
 COSTS_VERSION = 3  # bump when what is measured changes, so old caches are not reused
 CONTEXT_TOKENS = 160  # the context every timed call follows: a short prompt and part of an answer
+# The quick measurement's context (its prefill gives the prompt rate): the same rate and calls within the host's noise
+# as after 160 (1.5B target on our kernels: 102-109 against 102-107 tokens/s; t(1), t(5), t(13) within 5 %), for 2.5 s
+# less of a first start where the gemm has no VNNI (the pair's two prefills 5.1 s against 2.0 s on the AVX2 path; Xeon
+# family 6 model 207).
+QUICK_CONTEXT_TOKENS = 64
 PREFILL_TOKENS = 128  # the prompt whose prefill gives the prompt rate
 REPEATS = 5  # timed calls per shape, after UNTIMED calls of that shape; the median is kept
 FIRST_CALLS_SHARE = 0.4  # measuring ÷ (UNTIMED + REPEATS) × warm-up, at the least: what the warm-up's first calls overpay
@@ -156,11 +161,11 @@ def _warm_up(model: OVModel, n_max: int) -> None:
     model.reset()
 
 
-def _run_once(model: OVModel, sizes) -> None:
-    """A call of each of `sizes` tokens after the context the model's cache holds (CONTEXT_TOKENS), untimed, rolled back."""
+def _run_once(model: OVModel, sizes, context: int = CONTEXT_TOKENS) -> None:
+    """A call of each of `sizes` tokens after the `context` tokens the model's cache holds, untimed, rolled back."""
     for n in sizes:
         model.forward(_ids(n), logits_to_keep=n)
-        model.rollback(CONTEXT_TOKENS)
+        model.rollback(context)
 
 
 def first_call(model: OVModel) -> None:
@@ -185,13 +190,14 @@ def _time_loop(target: OVModel, draft: OVModel | None, n_max: int, sizes: list[i
     prefill, and t(1) timed once (QUICK_SIZES). The curve as timed, not yet levelled (levelled, quietest)."""
     sizes = sorted(set(sizes or range(2, n_max + 1)) | {2, n_max})
     fields, target_rollback, repeats_by_shape, watch = {}, [], [], load.start()
-    if quick:  # a prefill of CONTEXT_TOKENS as a prompt is fed, after each model's first_call; then the shapes not timed
+    context = QUICK_CONTEXT_TOKENS if quick else CONTEXT_TOKENS
+    if quick:  # a prefill of the context as a prompt is fed, after each model's first_call; then the shapes not timed
         if draft is not None:
-            fields["draft_prefill_tps"] = _timed_prefill(draft)
-            _run_once(draft, (1, 2))
-        target_prefill = _timed_prefill(target)
+            fields["draft_prefill_tps"] = _timed_prefill(draft, context)
+            _run_once(draft, (1, 2), context)
+        target_prefill = _timed_prefill(target, context)
         if target.settings.precision != kernels.NATIVE:  # our kernels prepare nothing per shape (+5–8 ms on ~100)
-            _run_once(target, [n for n in range(1, n_max + 1) if n not in sizes and n != 1])
+            _run_once(target, [n for n in range(1, n_max + 1) if n not in sizes and n != 1], context)
     else:
         target_prefill = _time_prefill(target, repeats)
         if draft is not None:
@@ -201,7 +207,7 @@ def _time_loop(target: OVModel, draft: OVModel | None, n_max: int, sizes: list[i
 
     # t(1), once now and (in full) once after the rounds: the lower is kept (load only adds time)
     steps = [_time_steps(target, untimed, repeats)]
-    target_rollback.append(_timed_rollback(target, CONTEXT_TOKENS))
+    target_rollback.append(_timed_rollback(target, context))
     calls, draft_steps, draft_pairs, draft_rollback = [], [], [], []
     for n in sizes:  # t(n): a round's pattern, a few draft steps then the verify call
         if interrupted():
@@ -216,13 +222,13 @@ def _time_loop(target: OVModel, draft: OVModel | None, n_max: int, sizes: list[i
             target.forward(_ids(n), logits_to_keep=n)
             if i >= untimed:
                 timed.append(target.last_call_s)
-            target_rollback.append(_timed_rollback(target, CONTEXT_TOKENS))
+            target_rollback.append(_timed_rollback(target, context))
             if draft is not None:
-                draft_rollback.append(_timed_rollback(draft, CONTEXT_TOKENS))
+                draft_rollback.append(_timed_rollback(draft, context))
                 if n == 2 and i >= untimed:  # after a fully accepted round the draft is fed two tokens
                     draft.forward(_ids(2))
                     draft_pairs.append(draft.last_call_s)
-                    draft.rollback(CONTEXT_TOKENS)
+                    draft.rollback(context)
         calls.append(statistics.median(timed))
         repeats_by_shape.append(timed)
     if not quick:
@@ -275,11 +281,11 @@ def _time_prefill(model: OVModel, repeats: int = REPEATS) -> float:
     return max(rates)
 
 
-def _timed_prefill(model: OVModel) -> float:
-    """Prompt tokens per second of the context's prefill (CONTEXT_TOKENS), once, into an empty cache; it stays."""
+def _timed_prefill(model: OVModel, context: int) -> float:
+    """Prompt tokens per second of the prefill of a `context`, once, into an empty cache; it stays."""
     model.reset()
-    model.forward(_ids(CONTEXT_TOKENS))
-    return CONTEXT_TOKENS / model.last_call_s
+    model.forward(_ids(context))
+    return context / model.last_call_s
 
 
 def _timed_rollback(model: OVModel, length: int) -> float:

@@ -75,7 +75,8 @@ def test_a_quick_measurement_pays_each_first_call_on_one_token_and_prefills_each
     engine.warm_up(12, quick=True, log=said.append)
     target, draft = sizes["target"], sizes["draft"]
     assert target[0] == draft[0] == 1  # the first call, where the plugin lays out the weights, on the least work
-    assert target.count(measuring.CONTEXT_TOKENS) == draft.count(measuring.CONTEXT_TOKENS) == 1  # the timed prefill
+    assert target.count(measuring.QUICK_CONTEXT_TOKENS) == draft.count(measuring.QUICK_CONTEXT_TOKENS) == 1  # the prefill
+    assert measuring.CONTEXT_TOKENS not in target + draft  # a shorter context than the full measurement's
     assert set(range(1, 14)) <= set(target) and len(target) == 27  # every shape a run makes, in 27 calls (38 before)
     assert "warmed up in" in said[0] and "(2 calls" in said[0]  # each stage says its seconds and its calls
     assert said[-1].startswith("measured quickly in") and f"({len(target) + len(draft) - 2} calls)" in said[-1]
