@@ -62,7 +62,7 @@ def from_gguf(file, precision: str, out: Path, progress: Progress, source: str =
     weights, config and tokenizer, no torch. `source` names it in the progress messages."""
     import openvino as ov
 
-    from specdemo.models import gguf_graph, gguf_import
+    from specdemo.models import gguf_graph, gguf_import, graph
 
     source = source or file.path.name
     written = Path(tempfile.mkdtemp(prefix=".metadata-", dir=out.parent))
@@ -87,6 +87,8 @@ def from_gguf(file, precision: str, out: Path, progress: Progress, source: str =
         if isinstance(error, gguf_import.GGUFMismatchError):
             raise ModelSourceError(str(error)) from error
         raise
+    if precision == "gguf-native":  # GenAI never loads it: fused here once, not at each load (graph.fuse_projections)
+        graph.fuse_projections(model)
     progress(0.8, f"{source}: saving the IR")
     out.mkdir(parents=True)
     ov.save_model(model, out / "openvino_model.xml", compress_to_fp16=True)
