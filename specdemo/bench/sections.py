@@ -30,13 +30,13 @@ def run_paper(ctx: Context) -> dict:
         ctx.log(f"paper: N={n}, K={k}, {len(lanes)} lanes")
         runs = measure(lanes, instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log)
         by_n[str(n)] = paper_figures(lanes, runs, n)
-    peers = {"target": ctx.genai_target().settings, "draft": ctx.genai_draft().settings}
-    ours = {"target": ctx.engine.target.settings, "draft": ctx.engine.draft.settings}
+    peers = {"target": (ctx.genai_target().settings, ctx.engine.target.settings),
+             "draft": (ctx.genai_draft().settings, ctx.engine.draft.settings)}  # (GenAI's, ours)
     figures = {"k": k, "k_label": ctx.k_label(peers=True), "k_policy": generation.k_policy.rule,
                "by_tokens": by_n, "genai_compile": genai_compile(ctx.genai_target(), ctx.genai_draft()),
                # GenAI's model where it is not ours (ours on specdemo's kernels), else None
-               **{f"genai_{role}": None if peers[role].precision == ours[role].precision else peers[role].precision
-                  for role in peers}}
+               **{f"genai_{role}": None if theirs.precision == mine.precision else theirs.precision
+                  for role, (theirs, mine) in peers.items()}}
     if ctx.bench.genai_defaults_instructions:
         n = max(ctx.bench.paper_tokens)
         # Let the pipelines above go before two more copies of the target load: the runs hold their lanes, the lanes
