@@ -31,7 +31,7 @@ class LoadedModel:
     tokenizer: object  # a transformers tokenizer
     config: dict  # the model's config.json
     tuned: str = ""  # what tune's choice bought, as it stood when this model was compiled (Profile.gain)
-    planned_precision: bool = False  # its weight precision was left to the draft plan (auto) and resolved at load
+    planned_precision: bool = False  # its weight precision is the draft plan's choice (auto, a plan, its weights prepared)
 
     @property
     def name(self) -> str:

@@ -29,7 +29,7 @@ from specdemo.models import sources
 from specdemo.models.chat import encode_chat, encode_example
 from specdemo.models.loading import LoadedModel, load_model
 from specdemo.results.counterfactual import Counterfactual, counterfactual, draft_pass
-from specdemo.settings import AUTO, K_MAX, GenerationSettings, KPolicy, ModelSettings, RunSettings
+from specdemo.settings import K_MAX, GenerationSettings, KPolicy, ModelSettings, RunSettings
 
 _NO_LIMIT = GenerationSettings(max_new_tokens=1)  # a built-in prompt is checked against the context, not an answer
 
@@ -201,7 +201,7 @@ class Engine:
         profile = profile or machine_profile()
 
         def load(model: ModelSettings, resolved: ModelSettings) -> LoadedModel:
-            return load_model(resolved, progress, profile.gain(resolved), planned=model.precision == AUTO)
+            return load_model(resolved, progress, profile.gain(resolved), planned=profile.from_plan(model))
 
         target = profile.resolve(settings.target)
         draft = profile.resolve(settings.draft) if with_draft else None

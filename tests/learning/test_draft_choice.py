@@ -129,6 +129,7 @@ def test_before_int4_is_prepared_a_gguf_draft_runs_the_files_own_blocks_then_int
     untuned = Profile(tmp_path / "untuned")
     assert FIRST_DRAFT_PRECISIONS == ("gguf-native", "gguf-mixed")
     assert untuned.resolve(DEFAULT_DRAFT).precision == "gguf-native"  # a first start: the blocks copied, no NNCF
+    assert not untuned.from_plan(DEFAULT_DRAFT)  # no plan yet: the page does not call it the plan's choice
     assert untuned.resolve(replace(DEFAULT_DRAFT, source="Qwen/Qwen2.5-0.5B")).precision == DRAFT_PRECISION  # no GGUF
     prepare_stand_in(replace(DEFAULT_DRAFT, precision=DRAFT_PRECISION, head_tokens=0))  # the background's INT4
     assert untuned.resolve(DEFAULT_DRAFT).precision == DRAFT_PRECISION
@@ -155,9 +156,11 @@ def test_the_planned_precision_runs_where_left_open_and_its_weights_are_prepared
     int8 = replace(DEFAULT_DRAFT, precision="int8")
     assert profile.resolve(DEFAULT_DRAFT).precision == "int4"  # int8 chosen, but not prepared here
     assert profile.resolve(DEFAULT_DRAFT).head_tokens == 16_000  # int4's own best head
+    assert not profile.from_plan(DEFAULT_DRAFT)  # the page says int4 is the plan's choice only once it is
     prepare_stand_in(int8)
     chosen = profile.resolve(DEFAULT_DRAFT)
     assert (chosen.precision, chosen.head_tokens) == ("int8", 0)
+    assert profile.from_plan(DEFAULT_DRAFT) and not profile.from_plan(int8)  # an explicit precision is the settings'
     assert profile.resolve(replace(DEFAULT_DRAFT, precision="int4")).precision == "int4"  # explicit wins
     assert profile.resolve_precision(DEFAULT_DRAFT) == replace(DEFAULT_DRAFT, precision="int8")
     # int8 compiles with the draft's tuned setting, under which the plan measured it

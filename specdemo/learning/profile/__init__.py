@@ -101,6 +101,9 @@ class Profile:
     def planned_options(self, draft: ModelSettings) -> list:
         return choices.planned_options(draft, self.tune())
 
+    def from_plan(self, draft: ModelSettings) -> bool:
+        return choices.from_plan(draft, self.tune())
+
     def needs_plan(self, draft: ModelSettings) -> bool:
         return choices.needs_plan(draft, self.tune())
 

@@ -134,8 +134,7 @@ def resolve_draft(settings: ModelSettings, tune: dict, heads: bool = True) -> Mo
     options = planned_options(settings, tune) if settings.precision == AUTO or settings.head_tokens == -1 else []
     choice = None
     if settings.precision == AUTO:
-        ready = [o for o in options if sources.is_prepared(replace(settings, precision=o.precision))]
-        choice = choose(ready, AUTO, settings.head_tokens)
+        choice = _prepared_choice(settings, options)
         fallback = DRAFT_PRECISION if options else unplanned_draft(settings)
         settings = replace(settings, precision=choice.precision if choice else fallback)
     if heads and settings.head_tokens == -1:
@@ -143,6 +142,19 @@ def resolve_draft(settings: ModelSettings, tune: dict, heads: bool = True) -> Mo
             choice = choose(options, settings.precision)
         settings = replace(settings, head_tokens=choice.head_tokens if choice else 0)
     return settings
+
+
+def from_plan(draft: ModelSettings, tune: dict) -> bool:
+    """Whether an auto draft's precision here is the draft plan's choice, not what runs before there is a plan
+    (unplanned_draft) or while the plan's precisions are not prepared (DRAFT_PRECISION)."""
+    return draft.precision == AUTO and _prepared_choice(draft, planned_options(draft, tune)) is not None
+
+
+def _prepared_choice(draft: ModelSettings, options: list):
+    """The plan's option an auto draft runs among those whose precision is prepared here (draft_choice.choose), or
+    None."""
+    ready = [o for o in options if sources.is_prepared(replace(draft, precision=o.precision))]
+    return choose(ready, AUTO, draft.head_tokens)
 
 
 def unplanned_draft(draft: ModelSettings) -> str:
