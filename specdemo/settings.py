@@ -30,8 +30,8 @@ DRAFT_PRECISION = "int4"  # what an auto draft precision runs until there is a p
 # An auto draft of a GGUF before DRAFT_PRECISION is prepared (a first start): laid from the file's own blocks as the
 # target is, so that no draft is converted with NNCF before ready (the background prepares INT4 where the draft plan
 # could use it, serve/tuning.py). The first of these that runs here: the file's blocks as they are on specdemo's kernels
-# where they were built (copied, nothing unpacked: the 0.5B draft's conversion 2.3 s alone against gguf-mixed's 8.5 s,
-# and its step 0.85x gguf-mixed's, Xeon family 6 model 207), else gguf-mixed. OpenVINO GenAI's lane, which cannot load
+# where they were built (copied, nothing requantized: the 0.5B draft's conversion 6 s alone against gguf-mixed's 9-10 s,
+# 9 CPU-s against 16-18, and its step 0.85x gguf-mixed's, Xeon family 6 model 207), else gguf-mixed. OpenVINO GenAI's lane, which cannot load
 # specdemo's kernels, runs DRAFT_PRECISION (Profile.for_plugin).
 FIRST_DRAFT_PRECISIONS = ("gguf-native", "gguf-mixed")
 FAITHFUL = "faithful"  # a target's precision left to this machine: the full-fidelity layout whose step is fastest here

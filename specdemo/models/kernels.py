@@ -159,12 +159,17 @@ def supported_isas() -> list[str]:
 # ---- the blocks unpacked into groups (models/gguf_weights.unpack)
 
 
+def _optional(name: str):
+    """The library's C function `name`, or None where the library does not run here or was built before it had one."""
+    return getattr(_functions(), name, None) if library() is not None else None
+
+
 def unpack(kind: str, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None] | None:
     """The library's unpacking of `raw`, (rows, bytes per row) u8 blocks of `kind`, into gguf_weights.unpack's groups:
     (q (rows, groups, G) i8, scale (rows, groups) f16, offset (rows, groups) f16 for Q4_K else None), bit for bit
     numpy's there (kernels/src/unpack.cpp); None where the library does not run here."""
-    function = getattr(_functions(), "specdemo_kernels_unpack", None) if library() is not None else None
-    if function is None:  # not built here, or built before it had one
+    function = _optional("specdemo_kernels_unpack")
+    if function is None:
         return None
     values, size = KINDS[kind]
     raw = np.ascontiguousarray(raw)
@@ -183,7 +188,7 @@ def unpack(kind: str, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarr
 def pack_nibbles(values: np.ndarray) -> np.ndarray | None:
     """`values` (i8 in [-8, 7], any shape) packed two a byte, low nibble first, as OpenVINO's i4 (u8, half as many,
     rounded up); None where the library does not run here."""
-    function = getattr(_functions(), "specdemo_kernels_pack_nibbles", None) if library() is not None else None
+    function = _optional("specdemo_kernels_pack_nibbles")
     if function is None:
         return None
     values = np.ascontiguousarray(values, dtype=np.int8).reshape(-1)

@@ -111,11 +111,12 @@ def load_tokenizer(folder: Path):
             _SHARED[key] = AutoTokenizer.from_pretrained(folder)
             return _SHARED[key]
         shared = _SHARED[key]
-    template = Path(folder) / CHAT_TEMPLATE
-    if not template.is_file() or shared.chat_template == template.read_text(encoding="utf-8"):
+    path = Path(folder) / CHAT_TEMPLATE
+    template = path.read_text(encoding="utf-8") if path.is_file() else None  # as transformers reads it (from_pretrained)
+    if template is None or shared.chat_template == template:
         return shared
     own = copy.copy(shared)
-    own.chat_template = template.read_text(encoding="utf-8")  # as transformers reads it (from_pretrained)
+    own.chat_template = template
     return own
 
 
