@@ -94,7 +94,7 @@ void multiply_packed(const Weights& w, const Gemms& gemms, const PackedWeights& 
                      float* y) {
     thread_local ManyRows this_threads;
     ManyRows& a = this_threads;  // the caller's, by reference: named in a task, a thread_local is the worker's own
-    a.resize(w.kind, int(m_rows), w.columns);
+    a.resize(w.kind, int(m_rows), w.columns, gemms.q8_k[int(w.kind)]);
     tbb::parallel_for(size_t(0), m_rows, [&](size_t m) { quantize_slots(x + m * w.columns, int(m), a); });
     const size_t panel = size_t(gemms.panel_rows), whole = w.rows / panel;
     const GemmFn gemm = gemms.gemm[int(w.kind)];

@@ -24,16 +24,27 @@ extern "C" __attribute__((visibility("default"))) void specdemo_kernels_gemm_fro
     specdemo::set_gemm_from(rows);
 }
 
-// The block types the running ISA has a gemm for, comma-separated ("" for none: every call takes the dot products).
-extern "C" __attribute__((visibility("default"))) const char* specdemo_kernels_gemm_kinds() {
+namespace {
+
+// The block types for which the running ISA has a gemm (and, with `q8_k`, whose gemm takes Q8_K activations),
+// comma-separated.
+const char* gemm_kinds(bool q8_k) {
     thread_local std::string kinds;
     kinds.clear();
     if (const specdemo::Gemms* gemms = specdemo::chosen_kernels().gemms) {
         for (int k = 0; k < 4; ++k)
-            if (gemms->gemm[k]) kinds.append(kinds.empty() ? "" : ",").append(specdemo::KIND_NAMES[k]);
+            if (gemms->gemm[k] && (!q8_k || gemms->q8_k[k])) kinds.append(kinds.empty() ? "" : ",").append(specdemo::KIND_NAMES[k]);
     }
     return kinds.c_str();
 }
+
+}  // namespace
+
+// The block types the running ISA has a gemm for, comma-separated ("" for none: every call takes the dot products).
+extern "C" __attribute__((visibility("default"))) const char* specdemo_kernels_gemm_kinds() { return gemm_kinds(false); }
+
+// Those of them whose gemm quantizes the activations as Q8_K (a scale per 256), not a scale per slot.
+extern "C" __attribute__((visibility("default"))) const char* specdemo_kernels_gemm_q8_k_kinds() { return gemm_kinds(true); }
 
 
 // A pass reading `bytes` from `p` (its whole 256-byte runs) as fast as a core can: the read bandwidth the

@@ -167,17 +167,22 @@ using DotFn = void (*)(const uint8_t* weights, int blocks, const uint8_t* activa
 // Q6_K), each slot quantized to 8 bits with a scale of its own (finer than llama.cpp's one per 256 for the K-quants:
 // the gemm pays nothing for it), d_a = max|x| / 127, q = x · 127 / max|x| rounded to nearest, ties to even; with −c·Σq
 // (c: the weights' integer offset) and d_a·Σq.
+//
+// Or, for a gemm that takes them (Gemms::q8_k), as Q8_K blocks: a scale per 256, as the dot products take them, so that
+// a block's sub-block scales apply inside the integer sums and its f32 arithmetic runs once per 256 weights.
 struct ManyRows {
     int rows = 0, columns = 0, slot = 0, offset = 0;
     std::vector<int8_t> q;            // (rows, columns)
     std::vector<float> scale;         // (rows, slots) d_a
     std::vector<int32_t> start;       // (rows, slots) −c·Σq: where the slot's integer sum starts
     std::vector<float> scaled_sum;    // (rows, slots) d_a·Σq, for Q4_K's mins
+    std::vector<BlockQ8K> k;          // (rows, columns / 256) instead of the above, where the gemm takes Q8_K
     int slots() const { return columns / slot; }
-    void resize(Kind kind, int m_rows, int m_columns);
+    const BlockQ8K* k_row(int m) const { return k.data() + size_t(m) * (columns / 256); }
+    void resize(Kind kind, int m_rows, int m_columns, bool q8_k);
 };
 
-// Row m of x (`a.columns` f32) quantized into `a` (resized for the call).
+// Row m of x (`a.columns` f32) quantized into `a` (resized for the call): by slot, or as Q8_K where `a.k` is sized.
 void quantize_slots(const float* x, int m, ManyRows& a);
 
 // A tensor's blocks repacked for the gemm (panel.hpp): its whole panels, made once, kept for the model's life.
@@ -203,6 +208,7 @@ struct Gemms {
     PackFn pack[4];
     GemmFn gemm[4];
     size_t packed_block_bytes[4];  // a block of a panel, packed
+    bool q8_k[4];                  // the activations as Q8_K blocks (ManyRows::k), not by slot
     int panel_rows;
     int from_rows;                 // the fewest activation rows a call runs the gemm for (fewer: the dot products)
 };

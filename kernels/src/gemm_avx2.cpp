@@ -1,7 +1,8 @@
-// Many activation rows with AVX2: a packed panel of 16 weight rows (two ymm of 8 rows × 4 values) times 2 activation
-// rows at a time, each activation's 4 values broadcast; two quads' maddubs added in i16 (|4 products| ≤ 4·63·127 <
-// 2^15), then madd by ones to i32. Q8_0 has none here: its unsigned values (q + 128) would saturate maddubs, so its many rows take
-// the dot products. Per slot: the i32 sums to f32, times s·d_a, and Q4_K's mins (panel.hpp).
+// Many activation rows with AVX2: a packed panel of 16 weight rows (two ymm of 8 rows × 4 values) times several
+// activation rows, each activation's 4 values broadcast and multiplied with maddubs (u8 weights × i8 activations).
+// Q4_K takes Q8_K activations (tile_q8_k: the sub-block scales inside madd, f32 once per 256 weights, up to 6 rows a
+// tile); Q6_K and Q5_0 a scale per slot (tile_slots: 2 rows a tile, f32 once per slot). Q8_0 has none here: its
+// unsigned values (q + 128) would saturate maddubs, so its many rows take the dot products.
 // Compiled with -mavx2 -mfma -mf16c; chosen only where the CPU has them (dispatch.cpp).
 #include <immintrin.h>
 
@@ -14,7 +15,14 @@ namespace specdemo {
 namespace {
 
 constexpr int NR = 2, ROWS = 8 * NR;  // ymm of weight rows a tile holds; the panel's rows
-constexpr int MR = 2;                 // activation rows a tile holds: 16 ymm registers
+constexpr int MR = 2;                 // activation rows a Q5_0 tile holds: 16 ymm registers
+// Q4_K (tile_q8_k): activation rows a tile holds, each decoded quad shared by all of them. Measured on the 2-core Zen 3
+// (EPYC family 25 model 1), one core, a tile held in L2, cycles per 256 weights and row, the best of 3–6 runs
+// alternating with the tile before (2 rows a tile, a scale per slot): 5 rows 8.5–10.5 against 12–19, 1 row 14 against
+// 18–30; streamed from memory, 5 rows 9.5 against 15–22. Q6_K did not gain that way (its slots of 16 take two madds
+// each, and its 6-bit values cost more to decode than the f32 per slot saved): it keeps the tile below.
+constexpr int MR_Q8_K = 6;
+constexpr int BOTH_HALVES = 6;  // tiles of up to this many rows multiply both halves of the panel at once
 // From a single step on, as on AVX-512, though a step streams at 0.87–0.90× the dot products' rate (28 Q4_K layers with
 // the AVX2 path held on the 2-core Xeon; 5 rows 0.70–0.85× their time): one way for every call, so a row's logits do
 // not depend on how many rows its call holds (each row quantized and summed alike), and a verification of K drafts
@@ -60,11 +68,7 @@ struct Interleave {
 // The 8·n-th to 8·n + 7-th rows' values of quad q of slot j in a packed block.
 template <Kind K, typename P>
 inline __m256i values(const uint8_t* block, int j, int q, int n) {
-    if constexpr (K == Kind::Q4_K) {  // slots 2c and 2c + 1 share the nibbles of quad q of group c
-        const __m256i nibbles = _mm256_loadu_si256(
-            reinterpret_cast<const __m256i*>(block + P::V + ((j / 2) * 8 + q) * P::QUAD + 32 * n));
-        return _mm256_and_si256(j % 2 ? _mm256_srli_epi16(nibbles, 4) : nibbles, _mm256_set1_epi8(0x0F));
-    } else if constexpr (NIBBLES_AND_HIGHS<P>) {  // the quad's nibbles, and its 2 high bits moved to bits 4 and 5
+    if constexpr (NIBBLES_AND_HIGHS<P>) {  // the quad's nibbles, and its 2 high bits moved to bits 4 and 5
         const uint8_t* slot = block + P::V + j * P::SLOT_BYTES + 32 * n;
         const __m256i nibbles = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(slot + (q / 2) * P::QUAD));
         const __m256i highs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(slot + 2 * P::QUAD));
@@ -78,11 +82,9 @@ inline __m256i values(const uint8_t* block, int j, int q, int n) {
     }
 }
 
-// 8 bytes of a packed block's per-slot bytes (sc, m) as f32: unsigned for Q4_K, signed for Q6_K's scales.
-template <bool Signed>
-inline __m256 bytes_as_floats(const uint8_t* p) {
-    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
-    return _mm256_cvtepi32_ps(Signed ? _mm256_cvtepi8_epi32(bytes) : _mm256_cvtepu8_epi32(bytes));
+// 8 of a packed Q6_K block's signed scale bytes as f32.
+inline __m256 signed_bytes_as_floats(const uint8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 
 // 8 f16 of a packed block's (d, dmin) as f32.
@@ -90,9 +92,111 @@ inline __m256 halves(const uint8_t* p) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
+// i32 lanes of two slots' 8 bytes each (one per weight row) as the i16 pairs (lo, hi).
+inline __m256i two_slots(const uint8_t* lo, const uint8_t* hi) {
+    const __m256i low = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(lo)));
+    const __m256i high = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(hi)));
+    return _mm256_blend_epi16(_mm256_slli_epi32(high, 16), low, 0x55);
+}
+
+// p[h][m] = Σ over a Q4_K slot's 8 quads of maddubs(weights of half h, activation row m's 4 values), in i16 lanes (two
+// a weight row): the slot's low (High false) or high nibbles, quad q of half h at nibbles + q·quad_bytes + 32·h.
+template <int H, int M, bool High>
+__attribute__((always_inline)) inline void slot_sums(const uint8_t* nibbles, size_t quad_bytes, const int8_t* const* q,
+                                                     __m256i (*p)[M]) {
+    const __m256i nibble = _mm256_set1_epi8(0x0F);
+#pragma GCC unroll 8  // whole: p stays in registers only where every index is a constant
+    for (int quad = 0; quad < 8; ++quad) {
+        __m256i w[H];
+#pragma GCC unroll 2
+        for (int h = 0; h < H; ++h) {
+            const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(nibbles + quad * quad_bytes + 32 * h));
+            w[h] = _mm256_and_si256(High ? _mm256_srli_epi16(bytes, 4) : bytes, nibble);
+        }
+#pragma GCC unroll 8
+        for (int m = 0; m < M; ++m) {
+            const __m256i x = broadcast4(q[m] + 4 * quad);
+#pragma GCC unroll 2
+            for (int h = 0; h < H; ++h) {
+                const __m256i t = _mm256_maddubs_epi16(w[h], x);
+                p[h][m] = quad ? _mm256_add_epi16(p[h][m], t) : t;
+                __asm__("" : "+x"(p[h][m]));  // one sum a register, added to in order: GCC would otherwise gather a
+                                               // quad's products first and spill them
+            }
+        }
+    }
+}
+
+// Q4_K with Q8_K activations (ManyRows::k), llama.cpp's arithmetic on a panel: per 256 weights and activation row,
+// isum = Σ_j sc_j · Σ_i v_i·a_i exactly in i32 (a slot's 8 quads summed in i16 first, 16 products a lane: 16·15·127 <
+// 2^15, then one madd by the slot's scale), msum = Σ_j m_j · Σa over slot j, then y += d·d_a·isum − dmin·d_a·msum in
+// f32: the same instructions for every M, so a row's result does not depend on the rows beside it. Each quad is decoded
+// once for the tile's M rows, and for tiles of up to BOTH_HALVES rows both halves of the panel (8 weight rows each)
+// share each activation's broadcast (their 2·M i16 sums then fill the registers).
+template <typename P, int M>
+__attribute__((noinline)) void tile_q8_k(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int first_block,
+                                         float* y, size_t y_stride, bool first) {
+    constexpr int SLOTS = P::VALUES / P::SLOT, H = M <= BOTH_HALVES ? NR : 1;
+    const BlockQ8K* rows[M];
+    for (int m = 0; m < M; ++m) rows[m] = a.k_row(m0 + m) + first_block;
+    __m256 acc[NR][M];
+    for (int n = 0; n < NR; ++n)
+        for (int m = 0; m < M; ++m)
+            acc[n][m] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + (m0 + m) * y_stride + 8 * n);
+    for (int b = 0; b < blocks; ++b) {
+        const uint8_t* block = panel + b * P::BYTES;
+        for (int n0 = 0; n0 < NR; n0 += H) {  // H halves at a time, while the block is in L1
+            __m256i isum[H][M];
+            for (int j = 0; j < SLOTS; ++j) {
+                if (m0 == 0) prefetch_slot_of_next(block, n0 / H * SLOTS + j, NR / H * SLOTS, P::BYTES);
+                __m256i p[H][M];
+                const uint8_t* nibbles = block + P::V + (j / 2) * 8 * P::QUAD + 32 * n0;
+                const int8_t* q[M];
+                for (int m = 0; m < M; ++m) q[m] = rows[m][b].q + j * P::SLOT;
+                if (j % 2) {
+                    slot_sums<H, M, true>(nibbles, P::QUAD, q, p);
+                } else {
+                    slot_sums<H, M, false>(nibbles, P::QUAD, q, p);
+                }
+                for (int h = 0; h < H; ++h) {  // the slot's scale for each weight row, as the i16 pair (sc, sc)
+                    const __m256i sc = _mm256_cvtepu8_epi32(
+                        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + P::SC + j * ROWS + 8 * (n0 + h))));
+                    const __m256i scale = _mm256_blend_epi16(_mm256_slli_epi32(sc, 16), sc, 0x55);
+                    for (int m = 0; m < M; ++m) {
+                        const __m256i product = _mm256_madd_epi16(p[h][m], scale);
+                        isum[h][m] = j ? _mm256_add_epi32(isum[h][m], product) : product;
+                    }
+                }
+            }
+            for (int h = 0; h < H; ++h) {
+                const int n = n0 + h;
+                const __m256 d = halves(block + P::D + 16 * n), dmin = halves(block + P::DMIN + 16 * n);
+                __m256i mins[4];  // m_j of slots 2k and 2k + 1 for each weight row, as i16 pairs
+                for (int k = 0; k < 4; ++k)
+                    mins[k] = two_slots(block + P::M + 2 * k * ROWS + 8 * n, block + P::M + (2 * k + 1) * ROWS + 8 * n);
+                for (int m = 0; m < M; ++m) {
+                    __m256i msum = _mm256_setzero_si256();
+                    for (int k = 0; k < 4; ++k) {
+                        int32_t sums;  // Σa over slots 2k and 2k + 1, as an i16 pair
+                        std::memcpy(&sums, rows[m][b].sums32 + 2 * k, 4);
+                        msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mins[k], _mm256_set1_epi32(sums)));
+                    }
+                    const __m256 da = _mm256_set1_ps(rows[m][b].d);
+                    acc[n][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[h][m]), _mm256_mul_ps(d, da), acc[n][m]);
+                    acc[n][m] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(dmin, da), acc[n][m]);
+                }
+            }
+        }
+    }
+    for (int n = 0; n < NR; ++n)
+        for (int m = 0; m < M; ++m) _mm256_storeu_ps(y + (m0 + m) * y_stride + 8 * n, acc[n][m]);
+}
+
+// Q6_K and Q5_0 with a scale per slot (ManyRows by slot): two quads' maddubs added in i16 (|4 products| ≤ 4·63·127 <
+// 2^15), madd by ones to i32 started at −c·Σa, then per slot the i32 sums to f32 times s·d_a; M ≤ MR rows a tile.
 template <Kind K, typename P, int M>
-void tile(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int first_block, float* y, size_t y_stride,
-          bool first) {
+void tile_slots(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int first_block, float* y,
+                size_t y_stride, bool first) {
     constexpr int SLOTS = P::VALUES / P::SLOT, QUADS = P::SLOT / 4;
     const int a_slots = a.slots();
     const __m256i ones = _mm256_set1_epi16(1);
@@ -130,9 +234,8 @@ void tile(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int first
             }
             __m256 s[NR];
             for (int n = 0; n < NR; ++n) {
-                if constexpr (K == Kind::Q4_K || K == Kind::Q6_K)
-                    s[n] = _mm256_mul_ps(d[n],
-                                         bytes_as_floats<K == Kind::Q6_K>(block + P::SC + j * ROWS + 8 * n));
+                if constexpr (K == Kind::Q6_K)
+                    s[n] = _mm256_mul_ps(d[n], signed_bytes_as_floats(block + P::SC + j * ROWS + 8 * n));
                 else
                     s[n] = d[n];
             }
@@ -141,20 +244,19 @@ void tile(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int first
                 for (int n = 0; n < NR; ++n)
                     acc[m][n] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[m][n]), _mm256_mul_ps(s[n], da), acc[m][n]);
             }
-            if constexpr (K == Kind::Q4_K) {  // − dmin·m · d_a·Σa
-                for (int m = 0; m < M; ++m) {
-                    const __m256 d_sum = _mm256_set1_ps(a.scaled_sum[at + m * a_slots]);
-                    for (int n = 0; n < NR; ++n) {
-                        const __m256 o = _mm256_mul_ps(halves(block + P::DMIN + 16 * n),
-                                                       bytes_as_floats<false>(block + P::M + j * ROWS + 8 * n));
-                        acc[m][n] = _mm256_fnmadd_ps(o, d_sum, acc[m][n]);
-                    }
-                }
-            }
         }
     }
     for (int m = 0; m < M; ++m)
         for (int n = 0; n < NR; ++n) _mm256_storeu_ps(y + (m0 + m) * y_stride + 8 * n, acc[m][n]);
+}
+
+template <Kind K, typename P, int M>
+void tile(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int first_block, float* y, size_t y_stride,
+          bool first) {
+    if constexpr (K == Kind::Q4_K)
+        tile_q8_k<P, M>(panel, blocks, a, m0, first_block, y, y_stride, first);
+    else
+        tile_slots<K, P, M>(panel, blocks, a, m0, first_block, y, y_stride, first);
 }
 
 // A chunk's Q6_K blocks decoded for the tiles of a call of many rows, the next blocks asked for meanwhile.
@@ -173,7 +275,7 @@ void decode6(const uint8_t* packed, int blocks, uint8_t* out) {
 }
 
 template <Kind K>
-constexpr GemmFn GEMM = gemm_panels<K, ROWS, MR, DECODED_FROM_ROWS>;
+constexpr GemmFn GEMM = gemm_panels<K, ROWS, K == Kind::Q4_K ? MR_Q8_K : MR, DECODED_FROM_ROWS>;
 template <Kind K>
 constexpr PackFn PACK = pack_panel<K, ROWS, Interleave>;
 
@@ -184,7 +286,7 @@ const Gemms* avx2_gemms() {  // no Q8_0: its unsigned values (q + 128) would sat
                              {GEMM<Kind::Q4_K>, GEMM<Kind::Q6_K>, nullptr, GEMM<Kind::Q5_0>},
                              {Packed<Kind::Q4_K, ROWS>::BYTES, Packed<Kind::Q6_K, ROWS>::BYTES, 0,
                               Packed<Kind::Q5_0, ROWS>::BYTES},
-                             ROWS, FROM_ROWS};
+                             {true, false, false, false}, ROWS, FROM_ROWS};
     return &gemms;
 }
 

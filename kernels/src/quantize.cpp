@@ -24,9 +24,10 @@ inline float larger_magnitude(float amax, float x) { return std::max(amax, std::
 
 void quantize_q8_k(const float* x, int columns, BlockQ8K* out) {
     for (int b = 0; b < columns / 256; ++b, x += 256) {
-        float largest = 0, amax = 0;  // the value of largest magnitude, with its sign
+        float amax = 0, largest = 0;  // the largest magnitude (a loop that vectorizes), then its first value, signed
+        for (int i = 0; i < 256; ++i) amax = larger_magnitude(amax, x[i]);
         for (int i = 0; i < 256; ++i) {
-            if (std::fabs(x[i]) > amax) { amax = std::fabs(x[i]); largest = x[i]; }
+            if (std::fabs(x[i]) == amax) { largest = x[i]; break; }
         }
         BlockQ8K& block = out[b];
         if (amax == 0) {
@@ -92,15 +93,18 @@ size_t quantized_row_bytes(Kind kind, int columns) {
     return size_t(columns / 32) * sizeof(BlockQ8_0);
 }
 
-void ManyRows::resize(Kind kind, int m_rows, int m_columns) {
+void ManyRows::resize(Kind kind, int m_rows, int m_columns, bool q8_k) {
     rows = m_rows, columns = m_columns, slot = slot_values(kind), offset = weight_offset(kind);
-    q.resize(size_t(rows) * columns);
-    scale.resize(size_t(rows) * slots());
-    start.resize(size_t(rows) * slots());
-    scaled_sum.resize(size_t(rows) * slots());
+    const size_t by_slot = q8_k ? 0 : size_t(rows);  // one form or the other: the unused one holds nothing
+    q.resize(by_slot * columns);
+    scale.resize(by_slot * slots());
+    start.resize(by_slot * slots());
+    scaled_sum.resize(by_slot * slots());
+    k.resize(q8_k ? size_t(rows) * (columns / 256) : 0);
 }
 
 void quantize_slots(const float* x, int m, ManyRows& a) {
+    if (!a.k.empty()) return quantize_q8_k(x, a.columns, a.k.data() + size_t(m) * (a.columns / 256));
     int8_t* q = a.q.data() + size_t(m) * a.columns;
     for (int j = 0; j < a.slots(); ++j, x += a.slot, q += a.slot) {
         float amax = 0;

@@ -3,11 +3,13 @@ extension in kernels/, built by `pip install -r requirements.txt`), and what Pyt
 
     y (…, rows) f32 = x (…, columns) f32 · Wᵀ,  W the file's raw blocks (rows, bytes per row) u8 of one block type
 
-Each activation row is quantized to 8 bits once a call, as llama.cpp pairs it with the format (Q8_K: a scale per 256
-for Q4_K and Q6_K; Q8_0: an f16 scale per 32 for Q8_0 and Q5_0), and every block's dot product is integer arithmetic
-times the two scales: llama.cpp's arithmetic, streamed from the file's own bytes (4.5 bits a Q4_K weight, 6.56 a Q6_K).
-The dot products are written per ISA (scalar reference, AVX2 with FMA, AVX-512 with VNNI) and chosen once by the CPU's
-flags (kernels/src/dispatch.cpp); `use` holds another for a test or a bench.
+Each activation row is quantized to 8 bits once a call, and every block's dot product is integer arithmetic times the
+two scales, streamed from the file's own bytes (4.5 bits a Q4_K weight, 6.56 a Q6_K). Every call on the SIMD paths runs
+the gemm on packed panels (kernels/src/panel.hpp): its activations take a scale per slot (the 32 weights that share a
+scale, 16 for Q6_K), except AVX2's Q4_K gemm, which takes llama.cpp's Q8_K (a scale per 256; gemm_q8_k_kinds). The dot
+products (the scalar path, AVX2's Q8_0, and either ISA where `gemm_from` holds them) are llama.cpp's arithmetic: Q8_K for
+Q4_K and Q6_K, Q8_0 for Q8_0 and Q5_0. Each is written per ISA (scalar reference, AVX2 with FMA, AVX-512 with VNNI)
+and chosen once by the CPU's flags (kernels/src/dispatch.cpp); `use` holds another for a test or a bench.
 
 Graphs are built in Python with a stand-in op of the same type and attributes (block_matmul.py); the IR saved from
 them holds `BlockMatMul` of version `specdemo`, which a Core with the extension added reads and the CPU plugin runs
@@ -136,6 +138,16 @@ def gemm_kinds() -> list[str]:
     return [kind for kind in _functions().specdemo_kernels_gemm_kinds().decode().split(",") if kind]
 
 
+def gemm_q8_k_kinds() -> list[str]:
+    """Of gemm_kinds, those whose gemm quantizes the activations as the dot products do (Q8_K: a scale per 256), not a
+    scale per slot."""
+    function = _optional("specdemo_kernels_gemm_q8_k_kinds")
+    if function is None:
+        return []
+    function.restype = ctypes.c_char_p
+    return [kind for kind in function().decode().split(",") if kind]
+
+
 def gemm_from(rows: int = 0) -> None:
     """Calls of at least `rows` activation rows run the gemm (decoded panels) from now on, fewer the dot products (0:
     the default again): a bench times both ways on the same calls, a test holds each."""
@@ -202,8 +214,9 @@ def pack_nibbles(values: np.ndarray) -> np.ndarray | None:
 
 def quantize_activations(x: np.ndarray, kind: str, way: str = "dots") -> np.ndarray:
     """(M, columns) f32 as the kernels quantize it before `kind`'s dot products ("dots": llama.cpp's way) or before the
-    gemm ("gemm": a scale a slot), dequantized again: d·q, f32."""
-    if way == "gemm":
+    running ISA's gemm ("gemm": llama.cpp's way where the gemm takes Q8_K, else a scale a slot), dequantized again: d·q,
+    f32."""
+    if way == "gemm" and kind not in gemm_q8_k_kinds():
         return quantize_slots(x, 16 if kind == "Q6_K" else 32)
     values = KINDS[kind][0]
     blocks = x.astype(np.float32).reshape(x.shape[0], -1, values)
