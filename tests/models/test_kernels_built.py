@@ -1,0 +1,35 @@
+"""specdemo's kernels fail loudly where they should have been built (issue 61): on x86-64 Linux, the platform we build
+them on, a library that did not build or does not load is a failing test, not a skipped module; and the OpenVINO they
+are compiled against is the one specdemo runs."""
+
+import platform
+import re
+import sys
+
+import pytest
+
+from specdemo.models import kernels
+from tests.conftest import ROOT
+
+BUILT_ON = sys.platform == "linux" and platform.machine().lower() in ("x86_64", "amd64")
+
+
+@pytest.mark.skipif(not BUILT_ON, reason=f"specdemo builds its kernels on x86-64 Linux, not {sys.platform} "
+                                          f"{platform.machine()}")
+def test_on_x86_64_linux_the_kernels_were_built_and_load():
+    assert kernels.unavailable() is None, kernels.unavailable()
+    assert "scalar" in kernels.supported_isas()
+
+
+def pinned(text: str, package: str) -> str | None:
+    """The version `text` (a requirements file or a pyproject's list) pins `package` to with ==, or None."""
+    found = re.search(rf"(?<![\w-]){re.escape(package)}==([\w.]+)", text)
+    return found.group(1) if found else None
+
+
+def test_the_kernels_build_against_the_openvino_specdemo_runs():
+    """The extension is compiled against kernels/pyproject.toml's openvino and loaded into requirements.txt's: an ABI
+    mismatch would crash inside add_extension rather than raise, so the two pins are one version."""
+    runtime = pinned((ROOT / "requirements.txt").read_text(), "openvino")
+    build = pinned((ROOT / "kernels" / "pyproject.toml").read_text(), "openvino")
+    assert runtime and runtime == build, (runtime, build)
