@@ -71,9 +71,14 @@ uint8_t* allocate_streamed(size_t bytes) {
     return static_cast<uint8_t*>(p);
 }
 
+// The lock guards the cache's fields only, never a parallel region: a thread waiting in one may run another
+// BlockMatMul's task (TBB steals within an arena), which would then wait on a lock its own thread holds. Two calls that
+// find nothing packed both pack; the first to finish is kept.
 std::shared_ptr<const PackedWeights> packed_for(PackCache& cache, const Gemms& gemms, const Weights& w) {
-    std::lock_guard<std::mutex> hold(cache.lock);
-    if (cache.packed && cache.from == w.bytes && cache.gemms == &gemms) return cache.packed;
+    {
+        std::lock_guard<std::mutex> hold(cache.lock);
+        if (cache.packed && cache.from == w.bytes && cache.gemms == &gemms) return cache.packed;
+    }
     const size_t panel = size_t(gemms.panel_rows), whole = w.rows / panel;
     auto packed = std::make_shared<PackedWeights>();
     packed->panels = (w.rows + panel - 1) / panel, packed->blocks = w.blocks;
@@ -84,6 +89,8 @@ std::shared_ptr<const PackedWeights> packed_for(PackCache& cache, const Gemms& g
             pack(w.bytes + p * panel * w.row_bytes, w.row_bytes, p, w.blocks, *packed);
     });
     if (whole < packed->panels) pack(last_panel_rows(w, panel).data(), w.row_bytes, whole, w.blocks, *packed);
+    std::lock_guard<std::mutex> hold(cache.lock);
+    if (cache.packed && cache.from == w.bytes && cache.gemms == &gemms) return cache.packed;
     cache.packed = packed, cache.from = w.bytes, cache.gemms = &gemms;
     return packed;
 }
@@ -92,8 +99,7 @@ std::shared_ptr<const PackedWeights> packed_for(PackCache& cache, const Gemms& g
 // ManyRows), then a few panels a task; the last panel, when rows end inside it, into a buffer of its own first.
 void multiply_packed(const Weights& w, const Gemms& gemms, const PackedWeights& packed, const float* x, size_t m_rows,
                      float* y) {
-    thread_local ManyRows this_threads;
-    ManyRows& a = this_threads;  // the caller's, by reference: named in a task, a thread_local is the worker's own
+    ManyRows a;  // this call's own: a thread_local would be shared with any call its thread runs while it waits
     a.resize(w.kind, int(m_rows), w.columns, gemms.q8_k[int(w.kind)]);
     tbb::parallel_for(size_t(0), m_rows, [&](size_t m) { quantize_slots(x + m * w.columns, int(m), a); });
     const size_t panel = size_t(gemms.panel_rows), whole = w.rows / panel;
@@ -113,8 +119,7 @@ void multiply_packed(const Weights& w, const Gemms& gemms, const PackedWeights& 
 // (formats.hpp): a step's way where the ISA has no gemm for it.
 void dot_rows(const Weights& w, const Kernels& kernels, const float* x, size_t m_rows, float* y) {
     const size_t q_bytes = quantized_row_bytes(w.kind, w.columns);
-    thread_local std::vector<uint8_t> quantized;
-    quantized.resize(m_rows * q_bytes);
+    std::vector<uint8_t> quantized(m_rows * q_bytes);  // this call's own (multiply_packed says why)
     uint8_t* q = quantized.data();
     const ArrangeFn arrange = kernels.arrange[int(w.kind)];
     tbb::parallel_for(size_t(0), m_rows, [&](size_t m) {

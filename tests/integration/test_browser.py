@@ -86,7 +86,9 @@ def test_a_run_shows_coloured_tokens_and_figures_and_stop_cancels_cleanly(app_ur
     # and this machine's cost surface with the run's point.
     assert page.locator("#would svg circle").count() >= 12 and page.locator("#would svg path").count() == 1
     assert page.locator("#positions svg rect title").count() >= 1
-    expect(page.locator("#surface")).to_contain_text("drafts pay when α is above")
+    # Where drafts pay, or that none does: a fact of this machine's measured costs (a 2-core Zen 3 whose quick
+    # measurement ran beside a neighbour's load said none does), either way in a sentence.
+    expect(page.locator("#surface")).to_contain_text(re.compile("drafts pay when α is above|no K pays, even if every"))
     assert page.locator("#surface svg circle").count() == 1
     expect(page.locator("#models")).to_contain_text("MiB")  # KV cache sizes after a run
     page.locator("#legend input[type=checkbox]").uncheck()
