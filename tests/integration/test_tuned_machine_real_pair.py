@@ -31,13 +31,19 @@ def force_tune(home, inference: str, kv: str) -> None:
     Profile(home).keep_tune(trials, {"target": DEFAULT_TARGET, "draft": DEFAULT_DRAFT})
 
 
+def plugin_models() -> list:
+    """The default pair as GenAI's pipelines load it: the plugin's layouts, never our kernels' (Profile.for_plugin)."""
+    profile = machine_profile()
+    return [profile.resolve_precision(profile.for_plugin(m)) for m in (DEFAULT_TARGET, DEFAULT_DRAFT)]
+
+
 @pytest.fixture
 def tuned(tmp_path, monkeypatch, request):
     """A home holding the real pair (linked from the tests' home) and a tune file forcing `request.param`."""
     inference, kv = request.param
     home = tmp_path / "home"
-    sources.prepare(machine_profile().resolve_precision(DEFAULT_TARGET))  # the tests' home
-    sources.prepare(machine_profile().resolve_precision(DEFAULT_DRAFT))
+    for model in [machine_profile().resolve_precision(m) for m in (DEFAULT_TARGET, DEFAULT_DRAFT)] + plugin_models():
+        sources.prepare(model)  # in the tests' home
     link_converted_models(TEST_HOME, home)
     monkeypatch.setenv("SPECDEMO_HOME", str(home))
     force_tune(home, inference, kv)
@@ -50,8 +56,6 @@ def tuned(tmp_path, monkeypatch, request):
 @pytest.mark.parametrize("tuned", CHOICES, ids=[f"{i}-kv-{k}" for i, k in CHOICES], indirect=True)
 def test_every_consumer_compiles_and_runs_under_the_tune_s_choice(tuned):
     inference, kv = tuned
-    target = sources.prepare(machine_profile().resolve_precision(DEFAULT_TARGET))
-    draft = sources.prepare(machine_profile().resolve_precision(DEFAULT_DRAFT))
     settings = GenerationSettings(max_new_tokens=6, k_policy=KPolicy.fixed(3))
     engine = Engine.load(RunSettings(generation=settings))
     assert (engine.target.settings.inference_precision, engine.target.settings.kv_cache_precision) == (inference, kv)
@@ -59,6 +63,7 @@ def test_every_consumer_compiles_and_runs_under_the_tune_s_choice(tuned):
     assert len(ar.ids) == len(spec.ids) == 6
     ids, tokenizer, eos_ids = engine.prompt_ids(INSTRUCTION, settings), engine.tokenizer, engine.eos_ids
     del engine
+    target, draft = (sources.prepare(m) for m in plugin_models())
     for drafter, draft_folder in (("model", draft), ("prompt-lookup", None)):
         pipeline = genai.make_pipeline(target, "CPU", genai.compile_properties(DEFAULT_TARGET), draft_folder,
                                        prompt_lookup=draft_folder is None,
