@@ -1,12 +1,14 @@
 // Many activation rows with AVX2: a packed panel of 16 weight rows (two ymm of 8 rows × 4 values) times several
 // activation rows, each activation's 4 values broadcast and multiplied with maddubs (u8 weights × i8 activations).
 // Q4_K takes Q8_K activations (tile_q8_k: the sub-block scales inside madd, f32 once per 256 weights, up to 6 rows a
-// tile); Q6_K and Q5_0 a scale per slot (tile_slots: 2 rows a tile, f32 once per slot). Q8_0 has none here: its
+// tile); Q6_K and Q5_0 a scale per slot (tile_slots: 2 rows a tile, f32 once per slot), Q5_0's panel at the file's
+// 22 bytes a block (PackedQ5Nibbles: a step of a Q5_0 draft streams its bytes). Q8_0 has none here: its
 // unsigned values (q + 128) would saturate maddubs, so its many rows take the dot products.
 // Compiled with -mavx2 -mfma -mf16c; chosen only where the CPU has them (dispatch.cpp).
 #include <immintrin.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "panel.hpp"
 
@@ -76,6 +78,13 @@ inline __m256i values(const uint8_t* block, int j, int q, int n) {
         const __m256i high = q == 0 ? _mm256_slli_epi16(highs, 4) : q == 1 ? _mm256_slli_epi16(highs, 2)
                            : q == 2 ? highs : _mm256_srli_epi16(highs, 2);
         return _mm256_or_si256(low, _mm256_and_si256(high, _mm256_set1_epi8(0x30)));
+    } else if constexpr (NIBBLES_AND_FIFTHS<P>) {  // the pair's nibbles, and bit q of the fifths moved to bit 4
+        const uint8_t* pair = block + P::V + (q % 4) * P::QUAD + 32 * n;
+        const __m256i nibbles = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pair));
+        const __m256i fifths = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + P::FIFTHS + 32 * n));
+        const __m256i low = _mm256_and_si256(q < 4 ? nibbles : _mm256_srli_epi16(nibbles, 4), _mm256_set1_epi8(0x0F));
+        const __m256i fifth = q < 4 ? _mm256_slli_epi16(fifths, 4 - q) : _mm256_srli_epi16(fifths, q - 4);
+        return _mm256_or_si256(low, _mm256_and_si256(fifth, _mm256_set1_epi8(0x10)));
     } else {
         const uint8_t* quad = block + P::V + (j * (P::SLOT / 4) + q) * P::QUAD;
         return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(quad + 32 * n));
@@ -274,18 +283,20 @@ void decode6(const uint8_t* packed, int blocks, uint8_t* out) {
     }
 }
 
+// Each kind's panel: Q5_0's at the file's bytes (PackedQ5Nibbles), the others' as panel.hpp packs them.
 template <Kind K>
-constexpr GemmFn GEMM = gemm_panels<K, ROWS, K == Kind::Q4_K ? MR_Q8_K : MR, DECODED_FROM_ROWS>;
+using Panel = std::conditional_t<K == Kind::Q5_0, PackedQ5Nibbles<ROWS>, Packed<K, ROWS>>;
 template <Kind K>
-constexpr PackFn PACK = pack_panel<K, ROWS, Interleave>;
+constexpr GemmFn GEMM = gemm_panels<K, ROWS, K == Kind::Q4_K ? MR_Q8_K : MR, DECODED_FROM_ROWS, Panel<K>>;
+template <Kind K>
+constexpr PackFn PACK = pack_panel<K, ROWS, Interleave, Panel<K>>;
 
 }  // namespace
 
 const Gemms* avx2_gemms() {  // no Q8_0: its unsigned values (q + 128) would saturate maddubs
     static const Gemms gemms{{PACK<Kind::Q4_K>, PACK<Kind::Q6_K>, nullptr, PACK<Kind::Q5_0>},
                              {GEMM<Kind::Q4_K>, GEMM<Kind::Q6_K>, nullptr, GEMM<Kind::Q5_0>},
-                             {Packed<Kind::Q4_K, ROWS>::BYTES, Packed<Kind::Q6_K, ROWS>::BYTES, 0,
-                              Packed<Kind::Q5_0, ROWS>::BYTES},
+                             {Panel<Kind::Q4_K>::BYTES, Panel<Kind::Q6_K>::BYTES, 0, Panel<Kind::Q5_0>::BYTES},
                              {true, false, false, false}, ROWS, FROM_ROWS};
     return &gemms;
 }

@@ -18,7 +18,8 @@
 //         quad 4j + q at bits 2q): the 6-bit values (0…63) in 0.75 bytes
 //   Q8_0  d [ROWS] f16, values [8 quads][ROWS][4] u8 (q + 128)                     s = d, c = 128
 //   Q5_0  d [ROWS] f16, values [8 quads][ROWS][4] u8 (0…31)                        s = d, c = 16
-// The same bytes as the file's blocks give or take a few (Q4_K 148 a row's block against 144, Q6_K and Q8_0 the same 210 and 34, Q5_0 34 against 22),
+// The same bytes as the file's blocks give or take a few (Q4_K 148 a row's block against 144, Q6_K and Q8_0 the same 210 and 34, Q5_0 34 against 22;
+// AVX2's Q5_0 its 22 in PackedQ5Nibbles, below),
 // kept beside them (the dot products of a single step read the file's own) for the model's life.
 // Included by each gemm_*.cpp, compiled with its own ISA flags (internal linkage: see formats.hpp).
 #pragma once
@@ -124,6 +125,14 @@ constexpr bool NIBBLES_AND_HIGHS = false;
 template <int ROWS>
 constexpr bool NIBBLES_AND_HIGHS<Packed<Kind::Q6_K, ROWS>> = true;
 
+// Whether a layout holds Q5_0's values as nibble pairs and fifth bits (PackedQ5Nibbles, below), not bytes.
+template <int ROWS>
+struct PackedQ5Nibbles;
+template <typename P>
+constexpr bool NIBBLES_AND_FIFTHS = false;
+template <int ROWS>
+constexpr bool NIBBLES_AND_FIFTHS<PackedQ5Nibbles<ROWS>> = true;
+
 // Whether a tile reads its layout from memory (a panel: it asks for the next block) or from cache (Decoded6).
 template <typename P>
 constexpr bool STREAMED = true;
@@ -165,11 +174,46 @@ struct Packed<Kind::Q8_0, ROWS> : Packed32<ROWS, Q8_0_BYTES, decode_q8_0> {};
 template <int ROWS>
 struct Packed<Kind::Q5_0, ROWS> : Packed32<ROWS, Q5_0_BYTES, decode_q5_0> {};
 
+// Q5_0 at the file's 22 bytes a row's block (AVX2's panel; Packed's 34 stream 1.55× the bytes, and a draft of Q5_0
+// layers steps at its bytes): d [ROWS] f16, then fifths [ROWS][4]: byte b of a row holds the fifth bits of its weights
+// 4q + b as bit q (q < 8), then nibbles [4][ROWS][4]: byte b of pair p holds weight 4p + b (quad p) in its low nibble
+// and weight 16 + 4p + b (quad p + 4) in its high one. Quad q's values are a pair's nibbles and bit q of the fifths
+// moved to bit 4: each bit stays within its byte (shifts of at most 4), so 16-bit shifts serve.
+template <int ROWS>
+struct PackedQ5Nibbles {
+    static constexpr int SLOT = 32, VALUES = 32;
+    static constexpr size_t RAW = Q5_0_BYTES, QUAD = ROWS * 4, D = 0, FIFTHS = 2 * ROWS, V = 6 * ROWS,
+                            BYTES = V + 4 * QUAD;
+
+    template <typename Interleave>
+    static void pack(const uint8_t* raw, size_t row_bytes, uint8_t* out) {
+        alignas(64) uint8_t row[ROWS][32] = {}, quads[8 * QUAD];  // a row: 16 bytes of nibbles, 4 of fifths, 12 unused
+        auto* d = reinterpret_cast<uint16_t*>(out + D);
+        for (int r = 0; r < ROWS; ++r) {
+            uint8_t v[32];
+            decode_q5_0(raw + r * row_bytes, v);
+            std::memcpy(d + r, raw + r * row_bytes, 2);
+            for (int i = 0; i < 16; ++i) row[r][i] = (v[i] & 0x0F) | (v[16 + i] & 0x0F) << 4;
+            for (int i = 0; i < 32; ++i) row[r][16 + i % 4] |= (v[i] >> 4) << (i / 4);
+        }
+        Interleave::run(&row[0][0], 32, quads, QUAD);  // quads 0…3 the nibble pairs, 4 the fifths
+        std::memcpy(out + V, quads, 4 * QUAD);
+        std::memcpy(out + FIFTHS, quads + 4 * QUAD, QUAD);
+    }
+};
+
+// How far ahead of the tile a stream asks for the panel: at least this many bytes, whole blocks. One Q5_0 block of a
+// panel (352 bytes) is ~40 cycles of work, too short a lead for memory's latency: on the 2-core Zen 3 (EPYC family 25
+// model 1), one core, 65,536 rows streamed at M = 1, 2 KiB ahead took 45–50 cycles per 256 weights against 62–68 one
+// block ahead, and 4–8 KiB no better; a K-quant block (2.3–3.4 KiB) is lead enough, and 4–8 KiB ahead were not faster.
+constexpr size_t PREFETCH_BYTES = 2048;
+
 // The first tile of a chunk reads the panel from memory, the others from cache: while it multiplies slot j of `block`,
-// it asks for the j-th of `slots` parts of the next block (its lines in order, so the hardware's streamer follows on).
+// it asks for the j-th of `slots` parts of the block PREFETCH_BYTES or more ahead (its lines in order, so the
+// hardware's streamer follows on).
 inline void prefetch_slot_of_next(const uint8_t* block, int j, int slots, size_t bytes) {
-    const size_t part = (bytes + slots - 1) / slots;
-    for (size_t line = j * part; line < (j + 1) * part; line += 64) __builtin_prefetch(block + bytes + line, 0, 3);
+    const size_t part = (bytes + slots - 1) / slots, ahead = (PREFETCH_BYTES + bytes - 1) / bytes * bytes;
+    for (size_t line = j * part; line < (j + 1) * part; line += 64) __builtin_prefetch(block + ahead + line, 0, 3);
 }
 
 // Columns of a panel multiplied with every activation row before the next ones: 32 rows of 1024 columns are 38 KiB of
@@ -178,9 +222,8 @@ constexpr int CHUNK_VALUES = 1024;
 
 // A panel of ROWS rows (from `rows`, row_bytes apart) packed into panel `panel` of `out`: block b at
 // (panel·blocks + b)·BYTES.
-template <Kind K, int ROWS, typename Interleave>
+template <Kind K, int ROWS, typename Interleave, typename P = Packed<K, ROWS>>
 void pack_panel(const uint8_t* rows, size_t row_bytes, size_t panel, int blocks, PackedWeights& out) {
-    using P = Packed<K, ROWS>;
     for (int b = 0; b < blocks; ++b)
         P::template pack<Interleave>(rows + b * P::RAW, row_bytes, out.bytes.get() + (panel * blocks + b) * P::BYTES);
 }
@@ -199,10 +242,9 @@ void decode6(const uint8_t* packed, int blocks, uint8_t* out);
 // times every activation row, MR rows a tile, then what is left. Q6_K's chunk is decoded once first in a call of at
 // least DECODED_FROM rows (the ISA's crossover; the bytes are the same either way, so a row's result does not depend on
 // how many rows its call holds).
-template <Kind K, int ROWS, int MR, int DECODED_FROM>
+template <Kind K, int ROWS, int MR, int DECODED_FROM, typename P = Packed<K, ROWS>>
 void gemm_panels(const PackedWeights& w, const ManyRows& a, float* y, size_t y_stride, size_t first_panel,
                  size_t last_panel) {
-    using P = Packed<K, ROWS>;
     constexpr int CHUNK = CHUNK_VALUES / P::VALUES > 1 ? CHUNK_VALUES / P::VALUES : 1;
     for (size_t p = first_panel; p < last_panel; ++p) {
         const uint8_t* panel = w.bytes.get() + p * w.blocks * P::BYTES;

@@ -81,7 +81,7 @@ def test_block_matmul_equals_the_dequantized_blocks_times_the_8_bit_activations_
             assert np.all(np.abs(got - expected) <= 1e-6 * size + 1e-30), (kind, isa, ran, m)
 
 
-@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q5_0"])
 def test_a_row_s_result_is_the_same_bits_whatever_the_rows_beside_it_in_its_call(kind, each_isa, tmp_path):
     """A verification of K drafts scores each exactly as a single step would: the gemm quantizes and sums a row alike in
     a call of 1 row, of 9 or of 20 (from 16 rows on AVX-512, 5 on AVX2, Q6_K's values are decoded once a call)."""
