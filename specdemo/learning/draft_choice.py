@@ -39,6 +39,7 @@ from specdemo.decoding.costs import CostModel
 from specdemo.decoding.drafters import MASKED_STRATEGY
 from specdemo.decoding.pricing import Acceptance
 from specdemo.host import memory
+from specdemo.models import kernels, sources
 from specdemo.settings import AUTO, DRAFT_PRECISION, K_MAX, ModelSettings
 
 HEADS = (0, 32_000, 16_000, 8_000)  # LM-head sizes tried (0: the full vocabulary)
@@ -55,6 +56,10 @@ CEILING = 0.97
 # settings.FIRST_DRAFT_PRECISIONS) at most Q8_0's 8.5 (gguf-mixed's per-channel INT8 8, a Q4_K file fewer): a challenger's
 # step floor beside them errs low, so it is measured rather than wrongly left out.
 BITS = {"fp16": 16, "int8": 8, "int4": 4, **dict.fromkeys(("gguf", "gguf-mixed", "gguf-native"), 8.5)}
+# ON_OTHER_KERNELS: a draft on specdemo's kernels (gguf-native) beside one on the plugin's, or the other way round, is
+# never priced by its bits: the kernels differ more than the bytes. The 0.5B draft's INT4 (4 bits) stepped at 0.95-1.0
+# of the 1.5B target's step on the 2-core Zen 3 (EPYC family 25 model 1: the plugin's INT4 on AVX2 without VNNI), its
+# gguf-native (5-8.5 bits) at 0.44-0.54, and 0.36-0.40 with a 16k head.
 
 
 @dataclass
@@ -96,11 +101,16 @@ class DraftOption:
 
 def candidates(draft: ModelSettings, prepared) -> list[ModelSettings]:
     """The configured draft (an auto precision: DRAFT_PRECISION) with the full head first (the incumbent), then trimmed
-    heads, then the other precisions whose IR `prepared(settings)` says is ready (converting one would take minutes of
-    a user's first day)."""
-    if draft.precision == AUTO:
+    heads; for an auto draft of a GGUF where specdemo's kernels run, the file's own blocks on them (gguf-native) with
+    each head; then the other precisions. Each only where `prepared(settings)` says its IR is ready (converting one
+    would take minutes of a user's first day; a first start prepares gguf-native, settings.FIRST_DRAFT_PRECISIONS)."""
+    auto = draft.precision == AUTO
+    if auto:
         draft = replace(draft, precision=DRAFT_PRECISION)
     out = [replace(draft, head_tokens=h) for h in HEADS]
+    native = replace(draft, precision=kernels.NATIVE, head_tokens=0)
+    if auto and sources.is_gguf(draft.source) and kernels.runnable((kernels.NATIVE,)) and prepared(native):
+        out += [replace(native, head_tokens=h) for h in HEADS]
     out += [replace(draft, precision=p, head_tokens=0) for p in PRECISIONS if p != draft.precision
             and prepared(replace(draft, precision=p, head_tokens=0))]
     return out
@@ -125,7 +135,10 @@ def step_floor(settings: ModelSettings, incumbent: ModelSettings, rows: int, sha
     """The cheapest `settings`' draft step could be, over the incumbent's (a full head): the rows its head drops (of
     the full head's `rows`; all of them when `rows` is 0, unknown) save at most their part of the head's `share`; fewer
     bits per weight at most their part of the bytes, more bits nothing (INT8 reads twice INT4's bytes and multiplies as
-    many weights: its step was 1.5× INT4's on a Zen 5)."""
+    many weights: its step was 1.5× INT4's on a Zen 5); 0 (unknown: measured) beside a draft on other kernels
+    (ON_OTHER_KERNELS)."""
+    if (settings.precision == kernels.NATIVE) != (incumbent.precision == kernels.NATIVE):
+        return 0.0  # other kernels: bits say nothing of the step (ON_OTHER_KERNELS), so it is measured
     ratio = min(1.0, BITS.get(settings.precision, 16) / BITS.get(incumbent.precision, 16))
     if settings.head_tokens:
         kept = min(settings.head_tokens / rows, 1.0) if rows else 0.0

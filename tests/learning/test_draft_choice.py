@@ -306,10 +306,11 @@ def never(*args):
     pytest.fail("measured a draft that could not pay")
 
 
-def planned_on(costs, compile=never, timer=never, encode=never, log=lambda message: None):
+def planned_on(costs, compile=never, timer=never, encode=never, log=lambda message: None,
+               prepared=lambda s: s.precision in draft_choice.PRECISIONS):
     """The draft plan's measurement of the default draft (INT8 prepared) against a stand-in target on `costs`."""
     return draft_choice.measure(FakeModel(50, "target", scale=3.0), DEFAULT_DRAFT, [{"prompt": [1, 2, 3], "answer": [4, 5, 6, 7]}],
-                                encode, lambda s: True, compile, timer, never, log, incumbent=held_draft(), costs=costs,
+                                encode, prepared, compile, timer, never, log, incumbent=held_draft(), costs=costs,
                                 share=draft_choice.head_share(QWEN_05B))
 
 
@@ -323,6 +324,31 @@ def test_a_draft_step_is_priced_no_cheaper_than_its_bytes_allow():
     assert draft_choice.step_floor(replace(int4, precision="int8"), int4, ROWS, 0.28) == 1.0  # INT8: never cheaper
     assert draft_choice.step_floor(int4, replace(int4, precision="int8"), ROWS, 0.28) == 0.5  # INT4 beside INT8: half
     assert draft_choice.step_floor(replace(int4, head_tokens=8_000), int4, ROWS, 0.28) == pytest.approx(1 - 0.28 * (1 - 8_000 / ROWS))
+
+
+def test_a_draft_on_our_kernels_is_measured_beside_the_plugin_s_int4_never_priced_by_its_bits(monkeypatch):
+    """On the Zen 3 the plugin's INT4 draft stepped at 0.95-1.0 of the target's step and the file's own blocks on our
+    kernels at 0.44-0.54: where no INT4 head could pay, the gguf-native draft and its heads are still measured."""
+    monkeypatch.setattr(kernels, "runnable", lambda precisions: tuple(precisions))
+    int4 = replace(DEFAULT_DRAFT, precision="int4", head_tokens=0)
+    assert draft_choice.step_floor(replace(int4, precision=kernels.NATIVE), int4, ROWS, 0.28) == 0.0
+    assert draft_choice.step_floor(int4, replace(int4, precision=kernels.NATIVE), ROWS, 0.28) == 0.0
+    pool = candidates(DEFAULT_DRAFT, lambda s: True)
+    assert [(s.precision, s.head_tokens) for s in pool if s.precision == kernels.NATIVE] == \
+        [(kernels.NATIVE, h) for h in draft_choice.HEADS]
+    assert not any(s.precision == kernels.NATIVE for s in candidates(int4, lambda s: True))  # an explicit INT4 keeps it
+    assert not any(s.precision == kernels.NATIVE for s in candidates(DEFAULT_DRAFT, lambda s: s.precision != kernels.NATIVE))
+    compiled = []
+
+    def compile(settings: ModelSettings):
+        compiled.append((settings.precision, settings.head_tokens))
+        return held_draft()
+
+    options, _ = planned_on(COMPUTE_BOUND, compile, lambda a, b, t: race.verdict([0.02] * 4, [0.009] * 4),
+                            lambda e: (e["prompt"], e["answer"]), prepared=lambda s: True)
+    assert compiled == [(kernels.NATIVE, h) for h in draft_choice.HEADS]  # INT4's heads and INT8 could not pay
+    best = price(options, COMPUTE_BOUND)
+    assert best.precision == kernels.NATIVE and best.predicted_speedup > 1
 
 
 def test_where_no_draft_could_pay_at_its_best_the_plan_measures_nothing_and_keeps_the_incumbent_at_k_0():

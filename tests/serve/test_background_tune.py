@@ -327,16 +327,23 @@ def test_where_a_draft_could_pay_on_the_quick_curve_the_drafts_int8_is_prepared(
     assert steps[0][0].startswith("preparing the draft at int8, for the draft plan") and all(map(tuning.runs, steps))
 
 
-def test_a_tuned_machine_does_not_plan_its_draft_where_no_draft_could_pay(turned_on):
+def test_a_tuned_machine_does_not_plan_its_draft_where_no_draft_could_pay(turned_on, monkeypatch):
+    """Unless specdemo's kernels run here: a draft on them is never priced by its bits beside INT4 (draft_choice:
+    ON_OTHER_KERNELS), so the plan measures it."""
+    from specdemo.models import kernels
     from tests.learning.test_draft_choice import COMPUTE_BOUND, QWEN_05B
     import json
 
-    tuned_here()  # no draft plan yet
-    prepared(*CONFIGURATIONS["faithful"], *CONFIGURATIONS["fastest"], replace(DEFAULT_DRAFT, precision="int4"))
-    draft = machine_profile().resolve(DEFAULT_DRAFT)
-    (sources.cached_folder(draft) / "config.json").write_text(json.dumps(QWEN_05B))  # its head's share of a step
-    steps = dict(tuning.background_steps(RunSettings(), 1, lambda message: None, costs=COMPUTE_BOUND))
-    assert "no other draft more" in steps[tuning.PLANNING] and not tuning.runs((tuning.PLANNING, steps[tuning.PLANNING]))
+    for ours in (False, True):  # a machine where specdemo's kernels did not build, and one where they run
+        monkeypatch.setattr(kernels, "runnable", lambda precisions: tuple(p for p in precisions
+                                                                          if ours or p != kernels.NATIVE))
+        tuned_here()  # no draft plan yet
+        prepared(*CONFIGURATIONS["faithful"], *CONFIGURATIONS["fastest"], replace(DEFAULT_DRAFT, precision="int4"))
+        draft = machine_profile().resolve(DEFAULT_DRAFT)
+        (sources.cached_folder(draft) / "config.json").write_text(json.dumps(QWEN_05B))  # its head's share of a step
+        steps = dict(tuning.background_steps(RunSettings(), 1, lambda message: None, costs=COMPUTE_BOUND))
+        assert tuning.runs((tuning.PLANNING, steps[tuning.PLANNING])) == ours
+        assert ("no other draft more" in steps[tuning.PLANNING]) != ours
 
 
 def test_a_step_not_run_is_said_in_the_log_the_pages_line_and_the_panel(turned_on):
