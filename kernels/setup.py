@@ -21,11 +21,14 @@ class BuildWithCMake(build_py):
     def run(self):
         super().run()
         package = Path(self.build_lib) / "specdemo_kernels"
-        for stale in (package / LIBRARY, package / "BUILD_ERROR"):
+        for stale in (package / LIBRARY, package / "BUILD_ERROR", package / "OPENVINO_VERSION"):
             stale.unlink(missing_ok=True)
         build = Path(tempfile.mkdtemp(prefix="specdemo-kernels-"))
         try:
             shutil.copy2(compile_library(build), package / LIBRARY)
+            import openvino  # what it was compiled against: a library loaded into another OpenVINO is refused at load
+
+            (package / "OPENVINO_VERSION").write_text(openvino.__version__ + "\n")
         except Exception as error:  # noqa: BLE001 - any failure: install without it, and say why
             (package / "BUILD_ERROR").write_text(f"{error}".strip()[-2000:] + "\n")
             print(f"specdemo-kernels: the extension was not built ({str(error).strip().splitlines()[-1]}); specdemo "

@@ -15,3 +15,9 @@ def build_error() -> str | None:
     """What went wrong when pip built this package without its library, or None."""
     path = HERE / "BUILD_ERROR"
     return path.read_text().strip() if path.is_file() else None
+
+
+def built_against() -> str | None:
+    """The OpenVINO version (openvino.__version__) the library was compiled against, or None where it was not stamped."""
+    path = HERE / "OPENVINO_VERSION"
+    return path.read_text().strip() if path.is_file() else None

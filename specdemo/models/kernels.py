@@ -61,6 +61,11 @@ def unavailable() -> str | None:
                 "OpenVINO's own kernels; install a C++ compiler and run pip install --force-reinstall ./kernels")
     import openvino as ov
 
+    built = getattr(specdemo_kernels, "built_against", lambda: None)()
+    if built and built != ov.__version__:  # the C++ ABI is the version's: loading it into another could crash, not raise
+        return (f"specdemo's kernels were built against OpenVINO {built.split('-')[0]} but {ov.__version__.split('-')[0]} "
+                "is installed, so the GGUF's blocks run on OpenVINO's own kernels; rebuild them with pip install "
+                "--force-reinstall ./kernels")
     try:
         ov.Core().add_extension(str(path))
         ctypes.CDLL(str(path)).specdemo_kernels_isa()

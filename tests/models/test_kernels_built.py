@@ -33,3 +33,26 @@ def test_the_kernels_build_against_the_openvino_specdemo_runs():
     runtime = pinned((ROOT / "requirements.txt").read_text(), "openvino")
     build = pinned((ROOT / "kernels" / "pyproject.toml").read_text(), "openvino")
     assert runtime and runtime == build, (runtime, build)
+
+
+def test_a_library_built_against_another_openvino_is_refused_in_a_sentence_not_loaded(monkeypatch):
+    """The build stamps the OpenVINO it compiled against (kernels/setup.py); at load another version is refused before
+    add_extension, and the GGUF's blocks run on the plugin's kernels."""
+    import openvino as ov
+    import specdemo_kernels
+
+    if specdemo_kernels.library_path() is None:
+        pytest.skip("the kernels were not built here (the test above says whether they should have been)")
+    if BUILT_ON:
+        assert specdemo_kernels.built_against() == ov.__version__  # this install's own build is stamped
+    monkeypatch.setattr(specdemo_kernels, "built_against", lambda: "2000.1.0-1-abc")
+    kernels.unavailable.cache_clear(), kernels.library.cache_clear()
+    try:
+        said = kernels.unavailable()
+        assert said is not None and said.startswith("specdemo's kernels were built against OpenVINO 2000.1.0 but ")
+        assert said.endswith("pip install --force-reinstall ./kernels") and "\n" not in said
+        assert kernels.library() is None
+    finally:
+        monkeypatch.undo()
+        kernels.unavailable.cache_clear(), kernels.library.cache_clear()
+    assert kernels.unavailable() is None or not BUILT_ON
