@@ -14,9 +14,10 @@ import socket
 import sys
 import time
 
-from specdemo.host import compat
+from specdemo.host import compat, private_temp
 
 compat.keep_torch_out()  # the server never needs torch: conversion runs in a child process
+private_temp.use_private_temp()  # before Gradio names its cache: what one visitor gets, no other user of the host lists
 
 from specdemo.models import kernels  # noqa: E402
 from specdemo.serve import learning, tuning  # noqa: E402 - after keep_torch_out, so transformers does not load torch

@@ -1,6 +1,6 @@
-"""The finished runs offered for download: each written to a folder of this user's alone in the temp folder, named by
-its run id (which no one else's page is told), and removed an hour after (Gradio's copy it serves is cleaned by the
-page's delete_cache)."""
+"""The finished runs offered for download: each written to a folder of this user's alone in the temp folder (the app's
+own, host/private_temp.py), named by its run id (which no one else's page is told), and removed an hour after
+(Gradio's copy it serves is cleaned by the page's delete_cache)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,16 @@ from pathlib import Path
 from specdemo.results import runfile
 from specdemo.results.record import Record
 
-RUNS_FOLDER = Path(tempfile.gettempdir()) / "specdemo-runs"
 RUN_FILE_AGE_S = 3600.0  # a run's file is offered for download this long; older ones are removed at the next save
 
 
-def save_run(record: Record, run_id: str, folder: Path = RUNS_FOLDER) -> str:
+def runs_folder() -> Path:
+    """Where this process writes the runs offered for download: in its temp folder, read when asked (the app makes that
+    folder its own before anything is served)."""
+    return Path(tempfile.gettempdir()) / "specdemo-runs"
+
+
+def save_run(record: Record, run_id: str, folder: Path) -> str:
     """Write a finished run for the page's download, readable by this user alone; returns the file's path. Files older
     than RUN_FILE_AGE_S go first."""
     folder.mkdir(mode=0o700, exist_ok=True)

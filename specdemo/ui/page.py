@@ -27,7 +27,10 @@ MAX_UPLOAD_BYTES = 64 << 10  # the page takes no files; what still parses a form
 # recordings (the page has no file input, and the cap above is per file, not per visitor: 300 files of 60 KB were kept
 # in 1.5 s), and deep links, which write a session's whole page state to a served file (the page offers none).
 NO_FILES = "This page takes no files."
-CLOSED_ROUTES = {"/gradio_api/upload": NO_FILES, "/gradio_api/process_recording": NO_FILES}
+# And Gradio's cancel route, which ended any run given its event id whatever the session (issue 62): the page's Stop
+# names the run its own page started, and no event of the page asks Gradio to cancel (page.py: no `cancels=`).
+CLOSED_ROUTES = {"/gradio_api/upload": NO_FILES, "/gradio_api/process_recording": NO_FILES,
+                 "/gradio_api/cancel": "This page's runs are stopped by their own Stop button."}
 DEEP_LINKS = {"/gradio_api/deep_link": "Deep links are off on this page."}
 CACHE_CHECK_S, CACHE_AGE_S = 600, 3600  # Gradio's served copies: looked at every 10 min, removed after an hour
 

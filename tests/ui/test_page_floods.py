@@ -5,9 +5,12 @@ import json
 import os
 import re
 import stat
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from gradio_client import Client
@@ -53,6 +56,14 @@ def test_300_uploads_from_one_client_are_refused_with_a_sentence_and_nothing_is_
 def test_deep_links_are_off_so_no_session_s_state_is_written_to_a_served_file(page_server):
     assert status_and_body(page_server.url + "gradio_api/deep_link?session_hash=anyone") == \
         (403, "Deep links are off on this page.")
+
+
+def test_gradio_s_cancel_route_is_closed_so_no_visitor_ends_another_s_run(page_server):
+    """Issue 62: given A's event id, visitor B ended A's run through /gradio_api/cancel; the page stops a run with its
+    own Stop (which names the run its page started), so the route answers 403 before Gradio reads the body."""
+    body = json.dumps({"session_hash": "someone-else", "fn_index": 0, "event_id": "their-event"}).encode()
+    request = urllib.request.Request(page_server.url + "gradio_api/cancel", body, {"Content-Type": "application/json"})
+    assert status_and_body(request) == (403, "This page's runs are stopped by their own Stop button.")
 
 
 @pytest.mark.parametrize("path", ["monitoring", "monitoring/summary"])
@@ -146,3 +157,22 @@ def test_a_run_s_file_and_the_copy_gradio_serves_are_readable_by_the_app_s_user_
     path = save_run(record, "a-run-id", folder=tmp_path / "runs")
     served = save_file_to_cache(path, str(tmp_path / "gradio"))  # as Gradio copies a download before serving it
     assert [stat.S_IMODE(os.stat(p).st_mode) for p in (path, served)] == [0o600, 0o600]
+
+
+def test_the_app_keeps_gradio_s_cache_and_the_run_files_in_a_folder_only_its_user_can_open(tmp_path):
+    """Issue 62: in /tmp/gradio/<hash>/ (0755) any user of the host listed every visitor's run file and fetched it from
+    the page by its path. The app's process makes a 0700 folder of its own its temp folder before Gradio names its
+    cache, and the runs offered for download are written inside it."""
+    code = ("import os, stat, tempfile, app\n"
+            "from gradio import route_utils, utils\n"
+            "from specdemo.serve.server import Server\n"
+            "private = tempfile.gettempdir()\n"
+            "print(private, oct(stat.S_IMODE(os.stat(private).st_mode)), os.stat(private).st_uid == os.getuid(),\n"
+            "      utils.get_upload_folder(), route_utils.DEFAULT_TEMP_DIR, Server().downloads, os.environ['TMPDIR'])\n")
+    env = {**{k: v for k, v in os.environ.items() if k != "GRADIO_TEMP_DIR"}, "TMPDIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[2], env=env, capture_output=True,
+                         text=True, timeout=300)
+    private, mode, owned, *inside = out.stdout.split()[-7:]
+    assert Path(private).parent == tmp_path and mode == "0o700" and owned == "True", out.stderr[-2000:]
+    assert all(Path(folder).is_relative_to(private) for folder in inside), inside
+    assert not Path(private).exists()  # removed when the process ends
