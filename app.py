@@ -20,8 +20,9 @@ compat.keep_torch_out()  # the server never needs torch: conversion runs in a ch
 private_temp.use_private_temp()  # before Gradio names its cache: what one visitor gets, no other user of the host lists
 
 from specdemo.models import kernels  # noqa: E402
-from specdemo.serve import learning, tuning  # noqa: E402 - after keep_torch_out, so transformers does not load torch
+from specdemo.serve import learning, tuning, waiting  # noqa: E402 - after keep_torch_out, so transformers does not load torch
 from specdemo.serve.server import Server  # noqa: E402
+from specdemo.settings import PROXIES_VARIABLE, PageSettings  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -40,6 +41,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    try:
+        settings = PageSettings.from_environment()  # the proxies whose X-Forwarded-For is believed (SPECDEMO_PROXIES)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    if os.environ.get("SPACE_ID") and not settings.proxies:  # a Space's visitors all come through its proxy
+        print(f"note: no proxy named in {PROXIES_VARIABLE}, so every visitor counts as the Space's proxy, one address "
+              f"with {waiting.PER_ADDRESS} places; set {PROXIES_VARIABLE}=10.0.0.0/8 (README.md)", flush=True)
     busy = port_in_use(args.host, args.port)
     if busy:  # before the models load: say so now, not after minutes of conversion
         print(f"error: {busy}; serve on another port with --port (e.g. python app.py --port {args.port + 1})",
@@ -47,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     url = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::', '') else args.host}:{args.port}"
     started = time.perf_counter()
-    server = Server()  # the line, the engines, the runs, the background work and the visitors' memories
+    server = Server(settings=settings)  # the line, the engines, the runs, the background work, the visitors' memories
     kernels.say_once_if_unavailable(sys.stdout)  # the GGUF's blocks then run on the plugin's kernels, as before them
     # Convert (first start only), compile and measure the models quickly while the page comes up; say when runs can
     # start. Then learn the rest of this machine in turns between visitors' runs, and on a machine not tuned yet, tune

@@ -7,6 +7,9 @@ parses arguments.
 
 from __future__ import annotations
 
+import ipaddress
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 # Settings import nothing of specdemo: they are the leaf every other module may read. Whether a drafter of this name
@@ -247,3 +250,31 @@ class RunSettings:
         return next((name for name, (target, draft) in CONFIGURATIONS.items()
                      if (self.target.source, precision(self.target), self.draft.source, self.draft.precision)
                      == (target.source, precision(target), draft.source, draft.precision)), "custom")
+
+
+PROXIES_VARIABLE = "SPECDEMO_PROXIES"  # the environment variable that names the page's proxies (PageSettings)
+
+
+@dataclass(frozen=True)
+class PageSettings:
+    """How the public page treats its visitors' requests; app.py reads it once from the environment (from_environment)."""
+
+    # The reverse proxies in front of the page, as addresses or networks ("10.0.0.0/8"): X-Forwarded-For is believed
+    # from these alone, since any client can write that header. None by default: each visitor is the peer it is.
+    proxies: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "proxies", tuple(_network(proxy) for proxy in self.proxies))
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str] = os.environ) -> "PageSettings":
+        """The settings SPECDEMO_PROXIES names: addresses or networks, separated by commas or spaces."""
+        return cls(proxies=tuple(environ.get(PROXIES_VARIABLE, "").replace(",", " ").split()))
+
+
+def _network(proxy) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    try:
+        return ipaddress.ip_network(proxy, strict=False)  # an address is the network of that one address
+    except ValueError:
+        raise ValueError(f"{PROXIES_VARIABLE} names proxies by address or network (10.0.0.0/8), separated by commas; "
+                         f"{proxy!r} is neither") from None

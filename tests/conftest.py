@@ -223,10 +223,12 @@ class AppServer:
 
 @pytest.fixture(scope="module")
 def app_server(tmp_path_factory):
-    """The real app, one per test module (a module's runs may load more into it, such as GenAI's pipeline)."""
+    """The real app, one per test module (a module's runs may load more into it, such as GenAI's pipeline). The tests'
+    clients stand behind a named proxy on this machine: each says whom it stands for in X-Forwarded-For (one without
+    it is this machine, one address of PER_ADDRESS places)."""
     port = free_port()
     log = tmp_path_factory.mktemp("app") / "app.log"
-    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "SPECDEMO_PROXIES": "127.0.0.1,::1"}
     with open(log, "w") as out:
         process = subprocess.Popen([sys.executable, "app.py", "--host", "127.0.0.1", "--port", str(port)],
                                    cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)

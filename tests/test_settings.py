@@ -6,7 +6,7 @@ import pytest
 
 from specdemo import settings as settings_module
 from specdemo.decoding import drafters
-from specdemo.settings import KPolicy, GenerationSettings, ModelSettings
+from specdemo.settings import KPolicy, GenerationSettings, ModelSettings, PageSettings
 
 
 @pytest.mark.parametrize(
@@ -83,3 +83,14 @@ def test_named_configurations_say_which_models_ran():
                                                           "--target-precision", "int8"]))
     assert overridden.configuration == "faithful"  # an explicit precision wins, and the name follows the models
     assert RunSettings(replace(RunSettings().target, precision="fp16")).configuration == "custom"
+
+
+def test_the_page_believes_forwarded_addresses_only_from_the_proxies_the_environment_names():
+    assert PageSettings.from_environment({}).proxies == ()
+    named = PageSettings.from_environment({"SPECDEMO_PROXIES": "10.0.0.0/8, 127.0.0.1 ::1"}).proxies
+    assert [str(network) for network in named] == ["10.0.0.0/8", "127.0.0.1/32", "::1/128"]
+
+
+def test_a_proxy_that_is_no_address_or_network_is_refused_with_a_sentence():
+    with pytest.raises(ValueError, match="SPECDEMO_PROXIES names proxies by address or network.*'hf-proxy' is neither"):
+        PageSettings.from_environment({"SPECDEMO_PROXIES": "10.0.0.0/8,hf-proxy"})

@@ -13,6 +13,7 @@ from specdemo.serve.lanes import Runs
 from specdemo.serve.visitors import Memories
 from specdemo.serve.waiting import MAX_WAITING_RUNS, RunQueue
 from specdemo.serve.work import Background
+from specdemo.settings import PageSettings
 
 
 @dataclass
@@ -25,3 +26,4 @@ class Server:
     background: Background = field(default_factory=Background)  # the machine's background work, held during runs
     memories: Memories = field(default_factory=Memories)  # each visitor's drafters' memories, theirs alone
     downloads: Path = field(default_factory=runs_folder)  # where each finished run is written for its page's download (downloads.save_run)
+    settings: PageSettings = field(default_factory=PageSettings)  # the proxies whose X-Forwarded-For is believed

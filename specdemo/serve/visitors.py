@@ -13,6 +13,7 @@ import ipaddress
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from specdemo.decoding import drafters
@@ -21,47 +22,65 @@ IDLE_S = 3600.0  # a session that ran nothing for this long is forgotten
 MAX_VISITORS = 512  # sessions whose memories are held at once; each store is bounded by its strategy
 
 
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
 @dataclass(frozen=True)
 class Visitor:
     """One visitor: their browser tab's session (Gradio's session hash) and the address their requests come from."""
 
     session: str
     address: str = ""
-    forwarded: bool = False  # the request named an address in X-Forwarded-For, a header any client can write
 
     @property
-    def on_this_machine(self) -> bool:
-        """Whether the request came from this machine itself (its owner's browser, the tests): no address to share a
-        cap by. Never for a forwarded request, whatever address it names."""
-        return not self.forwarded and _on_this_machine(self.address)
+    def counted_as(self) -> str:
+        """What the line's cap per address counts this visitor as: their address, or for IPv6 its /64, the block one
+        subscriber is given (its 2^64 addresses are one client's to pick from)."""
+        try:
+            address = _address(self.address)
+        except ValueError:
+            return self.address
+        return str(ipaddress.ip_network(f"{address}/64", strict=False)) if address.version == 6 else str(address)
 
 
-def visitor_of(session: str, peer: str | None, forwarded_for: str | None) -> Visitor:
-    """The visitor of a request from `peer` (the address connected to the page) carrying `forwarded_for` (its
-    X-Forwarded-For header, or None)."""
-    return Visitor(session, address_of(peer, forwarded_for), forwarded=bool(_entries(forwarded_for)))
+def visitor_of(session: str, peer: str | None, forwarded_for: Iterable[str], proxies: Sequence[Network] = ()) -> Visitor:
+    """The visitor of a request from `peer` (the address connected to the page) carrying `forwarded_for` (every
+    X-Forwarded-For line it has), when the page's reverse proxies are `proxies` (PageSettings.proxies)."""
+    return Visitor(session, address_of(peer, forwarded_for, proxies))
 
 
-def address_of(peer: str | None, forwarded_for: str | None) -> str:
-    """Where a request comes from: the peer's address; or, when the peer is a proxy (on this machine or a private
-    network: a local reverse proxy, a Hugging Face Space's), the address that proxy says it was connected from. Each
-    proxy appends that address to X-Forwarded-For, so it is the last entry; entries on this machine are skipped (a
-    proxy in front of a proxy here), as uvicorn does for the peers it trusts. What the client wrote comes before, and
-    is never read unless every entry is on this machine (then the first: a forwarded request is never this machine's).
+def address_of(peer: str | None, forwarded_for: Iterable[str], proxies: Sequence[Network] = ()) -> str:
+    """Where a request comes from: the peer's address, unless the peer is one of `proxies`. A proxy appends the address
+    it was connected from to X-Forwarded-For (or adds a line of its own: every line is read, in order), so from the
+    right, the entries are the named proxies that passed the request on, then the client: the first entry that is no
+    named proxy. What the client wrote comes before it and is never read. An entry that is no address was passed on
+    by the proxy to its right, which then answers for it.
 
-    >>> address_of("10.0.0.2", "1.2.3.4, 198.51.100.7")  # a Space: the client wrote 1.2.3.4, its proxy appended
+    >>> space = [ipaddress.ip_network("10.0.0.0/8")]
+    >>> address_of("10.0.0.2", ["1.2.3.4, 198.51.100.7"], space)  # the client wrote 1.2.3.4, the Space's proxy appended
     '198.51.100.7'
-    >>> address_of("127.0.0.1", "203.0.113.9, 127.0.0.1")
-    '203.0.113.9'
+    >>> address_of("127.0.0.1", ["203.0.113.9"])  # no named proxy: the peer, whatever it wrote
+    '127.0.0.1'
     """
-    peer, entries = peer or "", _entries(forwarded_for)
-    if not entries or not _is_proxy(peer):
-        return peer
-    return next((entry for entry in reversed(entries) if not _on_this_machine(entry)), entries[0])
+    hop = peer or ""
+    if not _is_proxy(hop, proxies):
+        return hop
+    for entry in reversed([part.strip() for line in forwarded_for for part in (line or "").split(",") if part.strip()]):
+        try:
+            address = _address(_host(entry))
+        except ValueError:
+            return hop
+        if not _is_proxy(str(address), proxies):
+            return str(address)
+        hop = str(address)
+    return hop
 
 
-def _entries(forwarded_for: str | None) -> list[str]:
-    return [part.strip() for part in (forwarded_for or "").split(",") if part.strip()]
+def _host(entry: str) -> str:
+    """An entry without its port: "[2001:db8::7]:4711" or "198.51.100.7:80" as the address alone."""
+    if entry.startswith("[") and "]" in entry:
+        return entry[1:entry.index("]")]
+    return entry.rsplit(":", 1)[0] if entry.count(":") == 1 else entry
 
 
 def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
@@ -69,24 +88,12 @@ def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
     return getattr(address, "ipv4_mapped", None) or address  # ::ffff:127.0.0.1 is 127.0.0.1
 
 
-def _on_this_machine(host: str) -> bool:
+def _is_proxy(host: str, proxies: Sequence[Network]) -> bool:
     try:
-        return _address(host).is_loopback
-    except ValueError:
-        return host in ("", "localhost")  # "": a peer Gradio could not name
-
-
-# Where a proxy in front of the page sits: this machine, or a private network (RFC 1918, IPv6 unique local). Not
-# Python's is_private, which also counts the documentation ranges (203.0.113.0/24, ...) that stand for outside
-# addresses in examples and tests.
-PROXY_NETWORKS = tuple(ipaddress.ip_network(net) for net in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7"))
-
-
-def _is_proxy(host: str) -> bool:
-    try:
-        return _on_this_machine(host) or any(_address(host) in net for net in PROXY_NETWORKS)
+        address = _address(host)
     except ValueError:
         return False
+    return any(address in net for net in proxies)
 
 
 class Memories:

@@ -5,10 +5,9 @@ One run at a time is what makes the figures honest: two runs at once would share
 The page's Generate handler joins the line, waits its turn yielding its place, and leaves when done; Stop while
 waiting leaves the line at once, and the runs behind move up. Estimates come from how long recent runs took per
 requested token. The line is fair: one visitor holds at most PER_SESSION places, and one address at most PER_ADDRESS
-(a classroom behind one router shares an address; a client making up new sessions does not get more places). Requests
-from this machine itself share no address cap (its owner, the tests), unless they forward for someone: a reverse proxy
-in front of the page appends its client's address to X-Forwarded-For, as a Hugging Face Space's does
-(visitors.address_of).
+(a classroom behind one router shares an address; a client making up new sessions does not get more places), whatever
+the address: this machine's, a proxy's, or one a named proxy forwards for (visitors.address_of); an IPv6 client counts
+as its /64 (Visitor.counted_as). The line as a whole holds MAX_WAITING_RUNS, so no one address comes near filling it.
 
 The Server's `line` is this process's one line: the visitors' runs (turn.py) and the server's own turns,
 learning the machine and applying a tune (learning.py), join it.
@@ -76,7 +75,7 @@ class RunQueue:
         theirs = [t.visitor for t in self._line if t.visitor is not None]
         if sum(v.session == visitor.session for v in theirs) >= PER_SESSION:
             raise QueueFull("your previous run is still running or waiting; press Stop or wait for it to end first")
-        if not visitor.on_this_machine and sum(v.address == visitor.address for v in theirs) >= PER_ADDRESS:
+        if sum(v.counted_as == visitor.counted_as for v in theirs) >= PER_ADDRESS:
             raise QueueFull(f"{PER_ADDRESS} runs from your network address are already in the line, the most this page "
                             "takes from one address; try again when one has ended")
 

@@ -3,6 +3,7 @@ only module under specdemo/ that imports gradio."""
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import fields
 
@@ -20,6 +21,7 @@ from specdemo.serve.values import (ASSETS, MAX_INSTRUCTION_CHARS, MAX_K, MAX_NEW
 from specdemo.serve.server import Server
 from specdemo.serve.visitors import Visitor, visitor_of
 from specdemo.serve.waiting import MAX_WAITING_RUNS
+from specdemo.settings import PageSettings
 
 INPUTS = tuple(f.name for f in fields(PageValues))  # the page's inputs, in the order generate() receives them
 MAX_UPLOAD_BYTES = 64 << 10  # the page takes no files; what still parses a form (Gradio's component server) stops here
@@ -44,13 +46,13 @@ def _warn(status) -> None:
         gr.Warning(status.removeprefix("⚠️").strip())
 
 
-def visitor(request: gr.Request) -> Visitor:
-    """Who sent `request`: their session, and their address (the one a proxy in front of the page forwarded for). For a
-    peer on this machine, uvicorn has already read X-Forwarded-For into request.client by the same rule (its
-    FORWARDED_ALLOW_IPS, loopback by default); visitors.address_of reads it for private-network proxies too."""
+def visitor(request: gr.Request, settings: PageSettings) -> Visitor:
+    """Who sent `request`: their session, and their address (visitors.address_of: the peer's, or the client a named
+    proxy forwarded for, from every X-Forwarded-For line). uvicorn under Gradio leaves the peer as it is (launch)."""
     headers = request.headers or {}
+    forwarded = headers.getlist("x-forwarded-for") if hasattr(headers, "getlist") else [headers.get("x-forwarded-for")]
     peer = request.client.host if request.client is not None else ""
-    return visitor_of(request.session_hash or "", peer, headers.get("x-forwarded-for"))
+    return visitor_of(request.session_hash or "", peer, [line for line in forwarded if line], settings.proxies)
 
 
 class Events:
@@ -62,7 +64,7 @@ class Events:
 
     def generate(self, request: gr.Request, *values):
         """Generate: the page's values (INPUTS order) in, whole page updates (OUTPUTS order) out."""
-        for view in handlers.generate(self.server, PageValues(*values), visitor(request)):
+        for view in handlers.generate(self.server, PageValues(*values), visitor(request, self.server.settings)):
             _warn(view.status)
             if view.download is not SKIP:  # the button offers the file once there is one
                 view.download = gr.DownloadButton(value=view.download, interactive=view.download is not None)
@@ -314,6 +316,10 @@ def launch(demo: gr.Blocks, host: str, port: int, share: bool, *, monitoring: bo
     """Serve the page: runs take turns in our queue (each waiting one holds a worker thread, hence the threads), no share
     link, no /monitoring and no deep links unless asked."""
     closed = CLOSED_ROUTES if deep_links else {**CLOSED_ROUTES, **DEEP_LINKS}
+    # uvicorn believes X-Forwarded-For from the peers in FORWARDED_ALLOW_IPS (loopback by default) and puts the address it
+    # names in the peer's place, before the page sees the request; the page reads that header itself, from the proxies
+    # its settings name (visitor), so uvicorn, which Gradio gives no other option, believes no one.
+    os.environ["FORWARDED_ALLOW_IPS"] = ""
     middleware = [Middleware(OneLineErrors), Middleware(RefusedIs400), Middleware(Closed, routes=closed),
                   Middleware(FirstInHead, html=f"<script>{QUIET_TRACKERS_JS}</script>")]
     # enable_monitoring: Gradio's default (None) serves /monitoring/summary to anyone; False answers 403.

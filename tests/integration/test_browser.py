@@ -226,9 +226,13 @@ def test_a_visitor_queued_behind_api_clients_sees_their_place_counting_down_and_
     from specdemo.ui.page import INPUTS
     from specdemo.serve.values import PageValues
 
+    clients = iter(range(1, 100))
+
     def submit(instruction: str, tokens: int):
+        """A run from an API client of its own address (conftest.app_server: this machine is a named proxy)."""
         values = {**vars(PageValues(max_new_tokens=tokens, k_auto=False)), "instruction": instruction}
-        return Client(app_url, verbose=False).submit(*[values[name] for name in INPUTS], api_name="/generate")
+        client = Client(app_url, verbose=False, headers={"X-Forwarded-For": f"192.0.2.{next(clients)}"})
+        return client.submit(*[values[name] for name in INPUTS], api_name="/generate")
 
     def latest_status(job) -> str:
         """The last status line the job was sent (an update that left the status as it was sends none)."""

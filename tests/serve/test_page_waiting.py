@@ -10,6 +10,7 @@ from specdemo.ui import handlers
 from specdemo.serve.server import Server
 from specdemo.serve.values import PageValues
 from specdemo.serve.visitors import Visitor, address_of, visitor_of
+from specdemo.settings import PageSettings
 
 
 def test_runs_take_turns_first_come_first_served():
@@ -94,28 +95,62 @@ def test_one_client_making_up_sessions_cannot_fill_the_page_s_line():
     assert len(line) == 1
 
 
-def test_the_address_is_the_peer_s_unless_a_local_proxy_forwards_for_someone():
-    assert address_of("93.184.216.34", None) == "93.184.216.34"
-    assert address_of("93.184.216.34", "10.1.1.1") == "93.184.216.34"  # a remote peer cannot claim to forward
-    assert address_of("10.0.0.2", "1.2.3.4, 198.51.100.7") == "198.51.100.7"  # the proxy's own entry, not the client's
-    assert address_of("127.0.0.1", "") == "127.0.0.1"
-    assert address_of("10.0.0.2", "203.0.113.9, 127.0.0.1") == "203.0.113.9"  # this machine is never a visitor's
-    assert address_of("127.0.0.1", "127.0.0.1, ::1") == "127.0.0.1"  # nothing else: the first, as the client wrote it
+SPACE = PageSettings(proxies=("10.0.0.0/8",)).proxies  # a Hugging Face Space's proxy, named (README.md)
 
 
-def test_a_forwarded_request_is_never_this_machine_s_whatever_address_it_names():
+def test_a_client_that_is_no_named_proxy_is_its_own_address_whatever_it_forwards():
+    assert address_of("93.184.216.34", []) == "93.184.216.34"
+    assert address_of("127.0.0.1", ["203.0.113.9"]) == "127.0.0.1"  # this machine, or a neighbour on it
+    assert address_of("10.0.0.2", ["1.2.3.4, 198.51.100.7"]) == "10.0.0.2"  # a private network is no proxy unnamed
+
+
+def test_behind_a_named_proxy_the_client_is_the_rightmost_address_that_is_not_a_named_proxy():
+    assert address_of("10.0.0.2", ["1.2.3.4, 198.51.100.7"], SPACE) == "198.51.100.7"  # the client wrote 1.2.3.4
+    assert address_of("10.0.0.2", ["198.51.100.7, 10.3.3.3"], SPACE) == "198.51.100.7"  # a proxy behind a proxy
+    assert address_of("10.0.0.2", [], SPACE) == "10.0.0.2"  # the proxy itself, forwarding for no one
+    assert address_of("10.0.0.2", ["[2001:db8::7]:4711, 198.51.100.7:80"], SPACE) == "198.51.100.7"  # ports dropped
+
+
+def test_every_forwarded_line_is_read_so_a_proxy_that_adds_its_own_line_is_believed():
+    """A proxy may add a line of its own rather than append to the client's: the client's spoofed line comes first."""
+    assert address_of("10.0.0.2", ["203.0.113.66", "198.51.100.7"], SPACE) == "198.51.100.7"
+
+
+def test_a_forwarded_entry_that_is_no_address_counts_as_the_proxy_that_passed_it_on():
+    assert address_of("10.0.0.2", ["whatever, garbage"], SPACE) == "10.0.0.2"
+    assert address_of("10.0.0.2", ["198.51.100.7, junk, 10.9.9.9"], SPACE) == "10.9.9.9"
+
+
+def test_eight_sessions_from_an_unnamed_client_each_naming_another_address_get_the_per_address_cap():
+    line = waiting.RunQueue(max_waiting=32)
+    admitted = 0
+    for i in range(8):
+        try:
+            line.join(8, visitor_of(f"session-{i}", "127.0.0.1", [f"203.0.113.{i}"]))
+            admitted += 1
+        except waiting.QueueFull as full:
+            assert "your network address" in str(full)
+    assert admitted == waiting.PER_ADDRESS
+
+
+def test_no_one_address_takes_the_whole_line_not_this_machine_a_named_proxy_nor_one_it_forwards_for():
+    for peer, forwarded in (("127.0.0.1", []), ("::1", []), ("10.0.0.2", []), ("10.0.0.2", ["198.51.100.7"])):
+        line = waiting.RunQueue(max_waiting=32)
+        for i in range(waiting.PER_ADDRESS):
+            line.join(8, visitor_of(f"tab-{i}", peer, forwarded, SPACE))
+        with pytest.raises(waiting.QueueFull, match="your network address"):
+            line.join(8, visitor_of("one-more", peer, forwarded, SPACE))
+        line.join(8, visitor_of("a-stranger", "10.0.0.2", ["192.0.2.44"], SPACE))  # others still get in
+        assert len(line) == waiting.PER_ADDRESS + 1 < line.max_waiting
+
+
+def test_an_ipv6_client_counts_as_its_64_network_the_block_one_subscriber_holds():
     line = waiting.RunQueue(max_waiting=32)
     for i in range(waiting.PER_ADDRESS):
-        line.join(8, visitor_of(f"claims-{i}", "127.0.0.1", "127.0.0.1"))
+        line.join(8, Visitor(f"tab-{i}", f"2001:db8:1:2::{i + 1}"))
     with pytest.raises(waiting.QueueFull, match="your network address"):
-        line.join(8, visitor_of("one-more", "10.0.0.2", "127.0.0.1"))
-
-
-def test_requests_from_this_machine_share_no_address_cap():
-    line = waiting.RunQueue(max_waiting=32)
-    for i in range(waiting.PER_ADDRESS + 2):
-        line.join(8, Visitor(f"local-{i}", "127.0.0.1"))
-    assert len(line) == waiting.PER_ADDRESS + 2
+        line.join(8, Visitor("one-more", "2001:db8:1:2:ffff::9"))
+    line.join(8, Visitor("next-door", "2001:db8:1:3::1"))
 
 
 def test_an_empty_instruction_is_refused_at_once_not_after_waiting_its_turn():
