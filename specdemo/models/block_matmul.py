@@ -4,10 +4,13 @@ holding it is read back by a Core with the extension added (kernels.new_core), w
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import openvino as ov
+from openvino import opset13 as ops
 
-from specdemo.models.kernels import KINDS, TYPE
+from specdemo.models.blocks import KINDS, TYPE
 
 
 class BlockMatMul(ov.Op):
@@ -48,3 +51,14 @@ def block_matmul(x: ov.Output, raw: np.ndarray, kind: str, name: str = "") -> ov
     if name:
         node.set_friendly_name(name)
     return node
+
+
+def compiled(blocks: dict[str, np.ndarray], core: ov.Core, folder: Path) -> ov.CompiledModel:
+    """x (M, columns) f32 → an output BlockMatMul(x, raw) (M, rows) f32 for each `kind: raw` of `blocks` (each raw
+    (rows, bytes per row) u8, all of the same columns), compiled on the CPU plugin through an IR written to `folder`
+    and read back by `core`, which must have the extension added (the stand-in never runs)."""
+    kind, raw = next(iter(blocks.items()))
+    x = ops.parameter([-1, raw.shape[1] // KINDS[kind][1] * KINDS[kind][0]], ov.Type.f32)
+    outputs = [ops.result(block_matmul(x.output(0), raw, kind)) for kind, raw in blocks.items()]
+    ov.save_model(ov.Model(outputs, [x]), Path(folder) / "op.xml")
+    return core.compile_model(core.read_model(Path(folder) / "op.xml"), "CPU", {"INFERENCE_NUM_THREADS": 2})

@@ -10,39 +10,16 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
-import openvino as ov
 import pytest
-from openvino import opset13 as ops
 
 from specdemo.models import export, kernels
-from specdemo.models.block_matmul import block_matmul
+from specdemo.models.block_matmul import compiled
 from specdemo.models.gguf_file import GGUFFile
 from specdemo.models.runtime import OVModel
 from specdemo.settings import ModelSettings
 from tests import tiny_gguf
 
-HALVES = {"Q4_K": (0, 2), "Q6_K": (208,), "Q8_0": (0,), "Q5_0": (0,)}  # where each block holds its f16 scales
-
 pytestmark = pytest.mark.skipif(kernels.unavailable() is not None, reason=str(kernels.unavailable()))
-
-
-def random_blocks(kind: str, rows: int, columns: int, rng) -> np.ndarray:
-    """(rows, bytes per row) u8: random blocks of `kind`, every byte random but the scales, which are finite halves of
-    either sign (a random half can be inf or nan)."""
-    values, size = kernels.KINDS[kind]
-    raw = rng.integers(0, 256, (rows, columns // values, size), dtype=np.uint8)
-    for at in HALVES[kind]:
-        scales = rng.uniform(1e-3, 2e-2, raw.shape[:2]) * rng.choice([-1, 1], raw.shape[:2])
-        raw[..., at:at + 2] = scales.astype(np.float16)[..., None].view(np.uint8)
-    return raw.reshape(rows, -1)
-
-
-def compiled(raw: np.ndarray, kind: str, folder: Path) -> ov.CompiledModel:
-    """x (M, columns) → BlockMatMul(x, raw), through an IR as every model specdemo runs."""
-    x = ops.parameter([-1, raw.shape[1] // kernels.KINDS[kind][1] * kernels.KINDS[kind][0]], ov.Type.f32)
-    ov.save_model(ov.Model([ops.result(block_matmul(x.output(0), raw, kind))], [x]), folder / "op.xml")
-    core = kernels.new_core()
-    return core.compile_model(core.read_model(folder / "op.xml"), "CPU", {"INFERENCE_NUM_THREADS": 2})
 
 
 @pytest.fixture
@@ -62,8 +39,8 @@ def test_this_cpu_runs_the_scalar_path_and_its_widest_by_default():
 def test_block_matmul_equals_the_dequantized_blocks_times_the_8_bit_activations_on_every_isa(kind, each_isa, tmp_path):
     rng = np.random.default_rng(len(kind))
     columns = 1280  # more than the 1024 columns of a panel a gemm multiplies at once (panel.hpp), not a multiple of them
-    raw = random_blocks(kind, 37, columns, rng)  # whole panels of 16 or 32 rows, and 5 rows past them
-    model = compiled(raw, kind, tmp_path)
+    raw = kernels.random_blocks(kind, 37, columns, rng)  # whole panels of 16 or 32 rows, and 5 rows past them
+    model = compiled({kind: raw}, kernels.new_core(), tmp_path)
     # a step, the row groups a block is decoded once for by the dot products, the gemm's tiles of 2, 4 or 6 activation
     # rows (6 for Q4_K on AVX2), and what is left of both; a prefill's many rows
     for m in (1, 2, 3, 4, 5, 8, 9, 13, 70):
@@ -72,13 +49,10 @@ def test_block_matmul_equals_the_dequantized_blocks_times_the_8_bit_activations_
             kernels.use(isa)
             kernels.gemm_from(1 if way == "gemm" else 10**6)
             ran = way if kind in kernels.gemm_kinds() else "dots"  # an ISA without a gemm for the kind dots both times
-            expected = kernels.reference(x, raw, kind, ran)
-            size = np.abs(kernels.quantize_activations(x, kind, ran)).astype(np.float64) @ np.abs(
-                kernels.reference(np.eye(columns, dtype=np.float32), raw, kind))  # Σ|w·a|: what f32 rounding is relative to
             model(-x)  # a call that left its output in place would read as −expected, not pass
             got = model(x)[0]
             assert got.shape == (m, 37)
-            assert np.all(np.abs(got - expected) <= 1e-6 * size + 1e-30), (kind, isa, ran, m)
+            assert kernels.mismatch(got, x, raw, kind, ran) <= 1, (kind, isa, ran, m)
 
 
 @pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q5_0"])
@@ -86,8 +60,8 @@ def test_a_row_s_result_is_the_same_bits_whatever_the_rows_beside_it_in_its_call
     """A verification of K drafts scores each exactly as a single step would: the gemm quantizes and sums a row alike in
     a call of 1 row, of 9 or of 20 (from 16 rows on AVX-512, 5 on AVX2, Q6_K's values are decoded once a call)."""
     rng = np.random.default_rng(7)
-    raw = random_blocks(kind, 64, 512, rng)
-    model = compiled(raw, kind, tmp_path)
+    raw = kernels.random_blocks(kind, 64, 512, rng)
+    model = compiled({kind: raw}, kernels.new_core(), tmp_path)
     x = rng.standard_normal((20, 512)).astype(np.float32)
     for isa in each_isa[1:]:  # the SIMD paths, each on its own way for any number of rows
         kernels.use(isa)
@@ -147,8 +121,9 @@ def test_no_function_the_linker_may_share_between_isa_files_holds_simd_instructi
 
 
 def test_activations_of_zeros_give_zeros_not_nan(tmp_path):
-    raw = random_blocks("Q4_K", 8, 256, np.random.default_rng(1))
-    assert np.array_equal(compiled(raw, "Q4_K", tmp_path)(np.zeros((2, 256), np.float32))[0], np.zeros((2, 8)))
+    raw = kernels.random_blocks("Q4_K", 8, 256, np.random.default_rng(1))
+    model = compiled({"Q4_K": raw}, kernels.new_core(), tmp_path)
+    assert np.array_equal(model(np.zeros((2, 256), np.float32))[0], np.zeros((2, 8)))
 
 
 @pytest.mark.parametrize("architecture", ["qwen2", "llama"])
