@@ -15,12 +15,18 @@ Graphs are built in Python with a stand-in op of the same type and attributes (b
 them holds `BlockMatMul` of version `specdemo`, which a Core with the extension added reads and the CPU plugin runs
 inside its graph, its threads shared through TBB. This module imports no OpenVINO until a function needs it (`clean`
 and the CLI's help read `runnable`).
+
+Before a process runs them, the ISA path it runs multiplies a product of each block type against the reference
+(`check`, once, where the kernels are first needed: `unavailable`); a path that fails leaves the GGUF's blocks to
+OpenVINO's own kernels, as where they were not built, and says so.
 """
 
 from __future__ import annotations
 
 import ctypes
+import itertools
 import sys
+import threading
 from functools import lru_cache
 from pathlib import Path
 
@@ -29,12 +35,13 @@ import numpy as np
 from specdemo.models.blocks import KINDS
 
 NATIVE = "gguf-native"  # the precision whose every MatMul is a BlockMatMul (gguf_import.BlockWeights, layout "native")
-ISAS = ("scalar", "avx2", "avx512")
+ISAS = ("scalar", "avx2", "avx512")  # narrowest first
 
 
 @lru_cache(maxsize=1)
 def library() -> Path | None:
-    """The built extension, or None where it was not built or cannot load here (unavailable() says why)."""
+    """The built extension, or None where it was not built, cannot load here or failed its check (unavailable() says
+    why)."""
     return None if unavailable() else _built()
 
 
@@ -48,7 +55,14 @@ def _built() -> Path | None:
 
 @lru_cache(maxsize=1)
 def unavailable() -> str | None:
-    """Why specdemo's kernels cannot run in this process, as a sentence; None where they can."""
+    """Why specdemo's kernels cannot run in this process, as a sentence; None where they can: built, loaded, and the ISA
+    this process runs found to compute what the reference does (check), once, where the kernels are first needed."""
+    return _unloadable() or check(isa())
+
+
+@lru_cache(maxsize=1)
+def _unloadable() -> str | None:
+    """Why the library cannot be loaded here, as a sentence; None where it loads (its ISAs are not checked yet)."""
     try:
         import specdemo_kernels
     except ImportError:
@@ -87,9 +101,16 @@ def say_once_if_unavailable(stream=sys.stderr) -> None:
 
 
 def runnable(precisions: tuple[str, ...]) -> tuple[str, ...]:
-    """`precisions` without gguf-native where the kernels were not built here (the others need nothing of them). Loads
-    no OpenVINO: a library that was built but cannot load is found where a model is loaded (unavailable)."""
-    return tuple(p for p in precisions if p != NATIVE or _built() is not None)
+    """`precisions` without gguf-native where the kernels were not built here, or were found not to run (the others
+    need nothing of them). Loads no OpenVINO, for `clean` and the CLI's help: a library that was built but cannot load
+    or fails its check is found by unavailable, which the app and the CLI ask before they choose a precision."""
+    return tuple(p for p in precisions if p != NATIVE or (_built() is not None and not _found_unavailable()))
+
+
+def _found_unavailable() -> bool:
+    """Whether this process has already asked unavailable and been told the kernels cannot run (asking costs OpenVINO's
+    import and the check)."""
+    return unavailable.cache_info().currsize > 0 and unavailable() is not None
 
 
 def add_to(core):
@@ -111,10 +132,9 @@ def new_core():
 
 
 def _functions():
-    path = library()
-    if path is None:
-        raise RuntimeError(unavailable())
-    lib = ctypes.CDLL(str(path))  # the same copy the Cores loaded: dlopen shares one per path
+    if _unloadable():  # a path that failed its check still answers: the check and the tests of each path call it
+        raise RuntimeError(_unloadable())
+    lib = ctypes.CDLL(str(_built()))  # the same copy the Cores loaded: dlopen shares one per path
     lib.specdemo_kernels_isa.restype = ctypes.c_char_p
     lib.specdemo_kernels_use.argtypes = [ctypes.c_char_p]
     lib.specdemo_kernels_gemm_kinds.restype = ctypes.c_char_p
@@ -146,7 +166,7 @@ def gemm_kinds() -> list[str]:
 def gemm_q8_k_kinds() -> list[str]:
     """Of gemm_kinds, those whose gemm quantizes the activations as the dot products do (Q8_K: a scale per 256), not a
     scale per slot."""
-    function = _optional("specdemo_kernels_gemm_q8_k_kinds")
+    function = getattr(_functions(), "specdemo_kernels_gemm_q8_k_kinds", None)  # None: a library built before it
     if function is None:
         return []
     function.restype = ctypes.c_char_p
@@ -291,3 +311,66 @@ def random_blocks(kind: str, rows: int, columns: int, rng: np.random.Generator) 
         scales = rng.uniform(1e-3, 2e-2, raw.shape[:2]) * rng.choice([-1, 1], raw.shape[:2])
         raw[..., at:at + 2] = scales.astype(np.float16)[..., None].view(np.uint8)
     return raw.reshape(rows, -1)
+
+
+# ---- the known-answer check at load (issue 61; ggml's test-backend-ops is the model)
+
+CHECKED_ROWS, CHECKED_COLUMNS = 37, 1280  # whole panels of 16 or 32 rows and 5 past them; more than a panel's 1024
+# activation rows: a step; a verification (AVX2 decodes Q6_K once a call from 5 rows); a prefill (AVX-512 from 16)
+CHECKED_CALLS = (1, 7, 17)
+_CHECKING = threading.Lock()  # a check holds the process's ISA and way (gemm_from) while it runs
+
+
+@lru_cache(maxsize=None)
+def check(isa_name: str) -> str | None:
+    """Why `isa_name`'s kernels cannot be trusted on this CPU, as a sentence naming the path and block type that failed;
+    None where they can: each block type's product (CHECKED_ROWS × CHECKED_COLUMNS) on each of CHECKED_CALLS, by the
+    dot products and by the gemm, through the real op on the CPU plugin, is the reference as test_kernels.py holds
+    every path. 0.1-0.3 s once a process (a 2-core Xeon, busy), most of it one compile."""
+    import tempfile
+
+    with _CHECKING, tempfile.TemporaryDirectory(prefix="specdemo-check-") as folder:
+        running = isa()
+        if not use(isa_name):
+            raise ValueError(f"this CPU does not run specdemo's {isa_name} kernels (it runs {supported_isas()})")
+        try:
+            return _compare(isa_name, Path(folder))
+        except RuntimeError as error:  # the op refused or failed inside the plugin: as wrong as a wrong sum
+            return _describe_failure(isa_name, f"which stopped: {str(error).strip().splitlines()[0][:200]}")
+        finally:
+            use(running)
+            gemm_from(0)
+
+
+def _compare(isa_name: str, folder: Path) -> str | None:
+    """check's products on the running ISA, each way; the first that is not the reference, described."""
+    import openvino as ov
+
+    from specdemo.models.block_matmul import compiled
+
+    core = ov.Core()
+    core.add_extension(str(_built()))
+    rng = np.random.default_rng(61)
+    blocks = {kind: random_blocks(kind, CHECKED_ROWS, CHECKED_COLUMNS, rng) for kind in KINDS}
+    model = compiled(blocks, core, folder)  # one compile for all four: 40-60 ms, not 4 × 45-85
+    for m, way in itertools.product(CHECKED_CALLS, ("dots", "gemm")):
+        gemm_from(1 if way == "gemm" else 10**6)
+        x = rng.standard_normal((m, CHECKED_COLUMNS)).astype(np.float32)
+        got = model(x)
+        for i, (kind, raw) in enumerate(blocks.items()):
+            ran = way if kind in gemm_kinds() else "dots"  # an ISA without a gemm for the kind dots both times
+            off = mismatch(got[i], x, raw, kind, ran)
+            if not off <= 1:
+                path = "the gemm" if ran == "gemm" else "the dot products"
+                return _describe_failure(isa_name, f"for {kind} blocks ({path}, {m} activation row{'s' * (m > 1)}: "
+                                                   f"off by {off:.3g} times what f32 rounding allows)")
+    return None
+
+
+def _describe_failure(isa_name: str, what: str) -> str:
+    """The sentence for a path that failed the check: what failed, what runs instead, what to do."""
+    narrower = ISAS[ISAS.index(isa_name) - 1] if isa_name != "scalar" else None
+    remedy = (f"SPECDEMO_KERNEL_ISA={narrower} runs them on the {narrower} path instead" if narrower else
+              "rebuild them with pip install --force-reinstall ./kernels")
+    return (f"specdemo's kernels failed their check at load on this CPU's {isa_name} path {what}, so the GGUF's blocks "
+            f"run on OpenVINO's own kernels; {remedy}")
