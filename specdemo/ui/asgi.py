@@ -3,7 +3,8 @@ here (starlette's Middleware wraps these in page.py).
 
 - OneLineErrors: a request that makes Gradio's app raise (a malformed API call: an unknown fn_index, a wrong type)
   gets a short error response and leaves one line in the server's terminal, not uvicorn's traceback; the page and
-  every other visitor carry on.
+  every other visitor carry on. A refusal in an answer already started ends it quietly.
+- Lines: the terminal's lines about refusals, a bounded number a minute.
 - FirstInHead: a script put first in the page's <head>, before any of Gradio's (page.QUIET_TRACKERS_JS).
 - RefusedIs400: a direct call (/run/) that the page refused answers 400, not Gradio's 500 for every error.
 - Closed: routes of Gradio's that the page does not use (the upload route: the page takes no files) answer 403 with a
@@ -14,11 +15,14 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
+import time
 
 from specdemo.text import shown
 
 REFUSED = "Refused"  # the title of the error a refused call gets (page.Page), which RefusedIs400 recognises
 LINE_CHARS = 200  # a value or message quoted in the terminal is cut to about this many characters
+LINES_PER_MINUTE = 20  # lines about refused requests the terminal gets a minute, from every client together (Lines)
 
 
 def one_line(text: str, limit: int = LINE_CHARS) -> str:
@@ -30,35 +34,72 @@ def one_line(text: str, limit: int = LINE_CHARS) -> str:
     return f"{text[: limit * 3 // 4]} … ({len(text):,} characters) … {text[-limit // 4:]}"
 
 
+class Lines:
+    """The terminal's lines about refused requests and calls: at most `per_minute` in a minute, whoever sent them (a
+    client sending junk by the hundred does not flood it), then one line saying the rest are not printed; the next
+    minute begins with how many were not. Said from the server's event loop and the queue's threads alike."""
+
+    def __init__(self, per_minute: int = LINES_PER_MINUTE, stream=None, clock=time.monotonic):
+        self.per_minute, self.stream, self.clock = per_minute, stream, clock
+        self._minute: float | None = None  # when the current minute began (clock seconds)
+        self._said = self._unsaid = 0  # lines printed in it, and lines not
+        self._lock = threading.Lock()
+
+    def say(self, line: str) -> None:
+        with self._lock:
+            now = self.clock()
+            if self._minute is None or now - self._minute >= 60:
+                if self._unsaid:
+                    self._print(f"{self._unsaid} refused requests were not printed")
+                self._minute, self._said, self._unsaid = now, 0, 0
+            if self._said < self.per_minute:
+                self._said += 1
+                self._print(line)
+                return
+            if not self._unsaid:
+                self._print(f"more refused requests this minute are not printed (at most {self.per_minute} lines a "
+                            "minute)")
+            self._unsaid += 1
+
+    def _print(self, line: str) -> None:
+        print(line, file=self.stream or sys.stderr, flush=True)
+
+
 class OneLineErrors:
     """ASGI middleware: an exception from the app becomes one line on standard error (the request's method and path,
-    the exception's type and message) and, if the response has not started, a 500 with a one-sentence body."""
+    the exception's type and message, through `lines`) and, if the response has not started, a 500 with a one-sentence
+    body. A response that had started is ended, and says nothing more when the exception was an HTTP refusal (a status
+    under 500: Gradio's 404 for a session or event it does not know, said in its stream already)."""
 
-    def __init__(self, app, stream=None):
-        self.app, self.stream = app, stream
+    def __init__(self, app, lines: Lines | None = None):
+        self.app, self.lines = app, lines or Lines()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        started = False
+        started = ended = False
 
         async def track(message):
-            nonlocal started
+            nonlocal started, ended
             started = started or message["type"] == "http.response.start"
+            ended = ended or (message["type"] == "http.response.body" and not message.get("more_body", False))
             await send(message)
 
         try:
             await self.app(scope, receive, track)
         except Exception as error:  # noqa: BLE001 - any request's failure is this one line, whatever raised it
-            print(f"refused a request the page's API could not handle: {scope.get('method', '')} "
-                  f"{one_line(scope.get('path', ''))}: {type(error).__name__}: {one_line(str(error))}",
-                  file=self.stream or sys.stderr, flush=True)
+            # Starlette raises a RuntimeError from the HTTPException that a handler raised after its answer started.
+            if not (started and getattr(error.__cause__, "status_code", 500) < 500):
+                self.lines.say(f"refused a request the page's API could not handle: {scope.get('method', '')} "
+                               f"{one_line(scope.get('path', ''))}: {type(error).__name__}: {one_line(str(error))}")
             if not started:
                 body = b"The page could not handle this request; check the API call's fields."
                 await send({"type": "http.response.start", "status": 500,
                             "headers": [(b"content-type", b"text/plain; charset=utf-8"),
                                         (b"content-length", str(len(body)).encode())]})
                 await send({"type": "http.response.body", "body": body})
+            elif not ended:  # else uvicorn says "ASGI callable returned without completing response"
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 class FirstInHead:

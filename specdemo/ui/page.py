@@ -4,7 +4,6 @@ only module under specdemo/ that imports gradio."""
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import fields
 
 import gradio as gr
@@ -13,7 +12,7 @@ from starlette.middleware import Middleware
 from specdemo.decoding import drafters
 from specdemo.results import figures
 from specdemo.ui import background, charts, handlers, render
-from specdemo.ui.asgi import REFUSED, Closed, FirstInHead, OneLineErrors, RefusedIs400, one_line
+from specdemo.ui.asgi import REFUSED, Closed, FirstInHead, Lines, OneLineErrors, RefusedIs400, one_line
 from specdemo.ui.handlers import OUTPUTS, SKIP
 from specdemo.serve.lanes import LaneRun
 from specdemo.serve.values import (ASSETS, MAX_INSTRUCTION_CHARS, MAX_K, MAX_NEW_TOKENS_CAP, ONE_AFTER_ANOTHER, RACE,
@@ -97,19 +96,23 @@ class Page(gr.Blocks):
     a choice not offered, too few values) is raised in Blocks.preprocess_data, before the event's handler runs, and
     each route that calls it (the queue behind /queue/join and /call/, and /run/) prints the whole traceback, quoting
     the value at the length it was sent, unless the error is a gr.Error with print_exception=False. Overriding the one
-    method they share catches exactly the refusals: an error in a handler of ours still prints its traceback."""
+    method they share catches exactly the refusals: an error in a handler of ours still prints its traceback. Those
+    lines and OneLineErrors' share one bound a minute (`refusals`)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.refusals = Lines()  # the terminal's lines about refused calls and requests
 
     async def preprocess_data(self, block_fn, inputs, state, explicit_call=False):
         try:
             return await super().preprocess_data(block_fn, inputs, state, explicit_call)
         except Exception as error:  # noqa: BLE001 - whatever Gradio refuses a call with, it is this one line
             sentence = one_line(error.message if isinstance(error, gr.Error) else str(error))
-            print(f"refused a call to {one_line(str(block_fn.api_name or block_fn.name))}: {sentence}", file=sys.stderr,
-                  flush=True)
+            self.refusals.say(f"refused a call to {one_line(str(block_fn.api_name or block_fn.name))}: {sentence}")
             raise gr.Error(sentence, title=REFUSED, print_exception=False) from None
 
 
-def build(server: Server) -> gr.Blocks:
+def build(server: Server) -> Page:
     """The Blocks page, serving from `server`. Call server.engines.prepare() first so the models load before the first
     visitor."""
     events = Events(server)
@@ -311,7 +314,7 @@ THEME = gr.themes.Default(primary_hue="blue",
                           font=[gr.themes.GoogleFont("Source Sans Pro", weights=(400, 700)), "ui-sans-serif", "sans-serif"])
 
 
-def launch(demo: gr.Blocks, host: str, port: int, share: bool, *, monitoring: bool = False,
+def launch(demo: Page, host: str, port: int, share: bool, *, monitoring: bool = False,
            deep_links: bool = False) -> None:
     """Serve the page: runs take turns in our queue (each waiting one holds a worker thread, hence the threads), no share
     link, no /monitoring and no deep links unless asked."""
@@ -320,7 +323,7 @@ def launch(demo: gr.Blocks, host: str, port: int, share: bool, *, monitoring: bo
     # names in the peer's place, before the page sees the request; the page reads that header itself, from the proxies
     # its settings name (visitor), so uvicorn, which Gradio gives no other option, believes no one.
     os.environ["FORWARDED_ALLOW_IPS"] = ""
-    middleware = [Middleware(OneLineErrors), Middleware(RefusedIs400), Middleware(Closed, routes=closed),
+    middleware = [Middleware(OneLineErrors, lines=demo.refusals), Middleware(RefusedIs400), Middleware(Closed, routes=closed),
                   Middleware(FirstInHead, html=f"<script>{QUIET_TRACKERS_JS}</script>")]
     # enable_monitoring: Gradio's default (None) serves /monitoring/summary to anyone; False answers 403.
     demo.queue(max_size=2 * MAX_WAITING_RUNS).launch(server_name=host, server_port=port, share=share,

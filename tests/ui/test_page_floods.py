@@ -115,6 +115,18 @@ def test_a_direct_call_with_too_few_values_answers_400_with_a_sentence_not_500(p
     assert json.loads(body)["error"].startswith("An event handler (stop) didn't receive enough input values")
 
 
+def test_a_hundred_junk_requests_print_at_most_a_handful_of_lines(page_server):
+    """Issue 62: a session or event Gradio does not know is refused in a stream already started; each printed the page's
+    line and uvicorn's "ASGI callable returned without completing response"."""
+    before = len(page_server.log.read_text())
+    for i in range(50):
+        assert status_and_body(f"{page_server.url}gradio_api/queue/data?session_hash=junk-{i}")[0] == 200
+        assert "404" in status_and_body(f"{page_server.url}gradio_api/call/generate/no-such-event-{i}")[1]
+    time.sleep(1)
+    added = page_server.log.read_text()[before:]
+    assert len(added.splitlines()) <= 5 and "without completing response" not in added, added[-3000:]
+
+
 def test_a_quoted_value_is_one_line_its_middle_cut_out_and_its_controls_shown():
     line = one_line("Value: " + "x" * 100_000 + "\n\x1b[31m is not in the list of choices")
     assert len(line) < 300 and "\n" not in line and "\x1b" not in line
