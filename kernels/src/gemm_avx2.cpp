@@ -1,9 +1,10 @@
 // Many activation rows with AVX2: a packed panel of 16 weight rows (two ymm of 8 rows × 4 values) times several
 // activation rows, each activation's 4 values broadcast and multiplied with maddubs (u8 weights × i8 activations).
 // Q4_K takes Q8_K activations (tile_q8_k: the sub-block scales inside madd, f32 once per 256 weights, up to 6 rows a
-// tile); Q6_K and Q5_0 a scale per slot (tile_slots: 2 rows a tile, f32 once per slot), Q5_0's panel at the file's
-// 22 bytes a block (PackedQ5Nibbles: a step of a Q5_0 draft streams its bytes). Q8_0 has none here: its
-// unsigned values (q + 128) would saturate maddubs, so its many rows take the dot products.
+// tile); Q6_K a scale per slot of 16 (tile_q6: a slot's 4 quads summed in i16 from lane_start, one madd by its scale,
+// f32 once per slot, up to 5 rows a tile); Q5_0 a scale per slot (tile_slots: 2 rows a tile), its panel at the file's
+// 22 bytes a block (PackedQ5Nibbles: a step of a Q5_0 draft streams its bytes). Q8_0 has none here: its unsigned
+// values (q + 128) would saturate maddubs, so its many rows take the dot products.
 // Compiled with -mavx2 -mfma -mf16c; chosen only where the CPU has them (dispatch.cpp).
 #include <immintrin.h>
 
@@ -18,6 +19,12 @@ namespace {
 
 constexpr int NR = 2, ROWS = 8 * NR;  // ymm of weight rows a tile holds; the panel's rows
 constexpr int MR = 2;                 // activation rows a Q5_0 tile holds: 16 ymm registers
+// Q6_K (tile_q6): activation rows a tile holds, both halves of the panel sharing each broadcast, the quads decoded once
+// for all of them. On the 2-core Zen 3 (EPYC family 25 model 1), one core, 16,384 rows streamed, the best of 4–8 runs
+// alternating with the tiles before (2 rows a tile, the f32 per slot on 2 madds' sums; from 5 rows a chunk decoded to
+// bytes first), cycles per 256 weights and row: 5 rows 14.2 against 23.8, 9 rows 15.7 against 18.3, 1 row 32.1
+// against 33.3, 2 rows 21.1 against 19.6; held in L2, 5 rows 13.0 against 15.5.
+constexpr int MR_Q6 = 5;
 // Q4_K (tile_q8_k): activation rows a tile holds, each decoded quad shared by all of them. Measured on the 2-core Zen 3
 // (EPYC family 25 model 1), one core, a tile held in L2, cycles per 256 weights and row, the best of 3–6 runs
 // alternating with the tile before (2 rows a tile, a scale per slot): 5 rows 8.5–10.5 against 12–19, 1 row 14 against
@@ -30,10 +37,6 @@ constexpr int BOTH_HALVES = 6;  // tiles of up to this many rows multiply both h
 // not depend on how many rows its call holds (each row quantized and summed alike), and a verification of K drafts
 // scores them exactly as K single steps would.
 constexpr int FROM_ROWS = 1;
-// Q6_K decoded a chunk at a time from 5 rows a call on (panel.hpp: Decoded6). On the 2-core Xeon, the AVX2 path held,
-// 14 ffn_down, 2 threads, decoded ÷ decoded in each tile: 3 rows 1.10×, 4 1.09×, 5 0.98×, 9 0.86×, 64 0.75×.
-constexpr int DECODED_FROM_ROWS = 5;
-
 inline __m256i broadcast4(const int8_t* p) {
     int32_t word;
     std::memcpy(&word, p, 4);
@@ -86,14 +89,8 @@ inline __m256i values(const uint8_t* block, int j, int q, int n) {
         const __m256i fifth = q < 4 ? _mm256_slli_epi16(fifths, 4 - q) : _mm256_srli_epi16(fifths, q - 4);
         return _mm256_or_si256(low, _mm256_and_si256(fifth, _mm256_set1_epi8(0x10)));
     } else {
-        const uint8_t* quad = block + P::V + (j * (P::SLOT / 4) + q) * P::QUAD;
-        return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(quad + 32 * n));
+        static_assert(NIBBLES_AND_FIFTHS<P>, "AVX2's panels hold Q6_K as nibbles and highs, Q5_0 as nibbles and fifths");
     }
-}
-
-// 8 of a packed Q6_K block's signed scale bytes as f32.
-inline __m256 signed_bytes_as_floats(const uint8_t* p) {
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 
 // 8 f16 of a packed block's (d, dmin) as f32.
@@ -201,8 +198,8 @@ __attribute__((noinline)) void tile_q8_k(const uint8_t* panel, int blocks, const
         for (int m = 0; m < M; ++m) _mm256_storeu_ps(y + (m0 + m) * y_stride + 8 * n, acc[n][m]);
 }
 
-// Q6_K and Q5_0 with a scale per slot (ManyRows by slot): two quads' maddubs added in i16 (|4 products| ≤ 4·63·127 <
-// 2^15), madd by ones to i32 started at −c·Σa, then per slot the i32 sums to f32 times s·d_a; M ≤ MR rows a tile.
+// Q5_0 with a scale per slot (ManyRows by slot): two quads' maddubs added in i16 (|4 products| ≤ 4·31·127 < 2^15),
+// madd by ones to i32 started at −c·Σa, then per slot the i32 sums to f32 times d·d_a; M ≤ MR rows a tile.
 template <Kind K, typename P, int M>
 void tile_slots(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int first_block, float* y,
                 size_t y_stride, bool first) {
@@ -218,7 +215,7 @@ void tile_slots(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int
         __m256 d[NR];
         for (int n = 0; n < NR; ++n) d[n] = halves(block + P::D + 16 * n);
         for (int j = 0; j < SLOTS; ++j) {
-            if (STREAMED<P> && m0 == 0) prefetch_slot_of_next(block, j, SLOTS, P::BYTES);
+            if (m0 == 0) prefetch_slot_of_next(block, j, SLOTS, P::BYTES);
             const int slot = (first_block + b) * SLOTS + j;
             const size_t at = size_t(m0) * a_slots + slot;
             const int8_t* q = a.q.data() + size_t(m0) * a.columns + slot * P::SLOT;
@@ -241,17 +238,10 @@ void tile_slots(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int
                     }
                 }
             }
-            __m256 s[NR];
-            for (int n = 0; n < NR; ++n) {
-                if constexpr (K == Kind::Q6_K)
-                    s[n] = _mm256_mul_ps(d[n], signed_bytes_as_floats(block + P::SC + j * ROWS + 8 * n));
-                else
-                    s[n] = d[n];
-            }
             for (int m = 0; m < M; ++m) {
                 const __m256 da = _mm256_set1_ps(a.scale[at + m * a_slots]);
                 for (int n = 0; n < NR; ++n)
-                    acc[m][n] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[m][n]), _mm256_mul_ps(s[n], da), acc[m][n]);
+                    acc[m][n] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[m][n]), _mm256_mul_ps(d[n], da), acc[m][n]);
             }
         }
     }
@@ -259,35 +249,78 @@ void tile_slots(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int
         for (int n = 0; n < NR; ++n) _mm256_storeu_ps(y + (m0 + m) * y_stride + 8 * n, acc[m][n]);
 }
 
+// Q6_K with a scale per slot of 16 (ManyRows by slot): each slot's 4 quads' maddubs summed in i16 from the
+// activations' lane_start, so that each lane holds Σ(v − 32)·q over 8 products (|·| ≤ 8·32·127 < 2^15: the adds may
+// wrap on the way, the sum is exact), one madd by the slot's scale as the i16 pair (sc, sc), to f32 (exact: < 2^24)
+// times the slot's d_a, and d once per block. Both halves of the panel share each activation's broadcast and each quad
+// is decoded once for the tile's M ≤ MR_Q6 rows: the same instructions for every M, so a row's result does not depend
+// on the rows beside it.
+template <typename P, int M>
+__attribute__((noinline)) void tile_q6(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int first_block,
+                                       float* y, size_t y_stride, bool first) {
+    const int a_slots = a.slots();
+    for (int b = 0; b < blocks; ++b) {
+        const uint8_t* block = panel + b * P::BYTES;
+        __m256 sums[NR][M];  // Σ over the block's slots of sc·Σ(v − 32)·q · d_a, for each weight row and activation row
+        for (int j = 0; j < 16; ++j) {
+            if (m0 == 0) prefetch_slot_of_next(block, j, 16, P::BYTES);
+            const int slot = (first_block + b) * 16 + j;
+            const size_t at = size_t(m0) * a_slots + slot;
+            const int8_t* q = a.q.data() + size_t(m0) * a.columns + slot * 16;
+            __m256i p[NR][M];
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; ++k) {
+                __m256i w[NR];
+                for (int n = 0; n < NR; ++n) w[n] = values<Kind::Q6_K, P>(block, j, k, n);
+#pragma GCC unroll 8
+                for (int m = 0; m < M; ++m) {
+                    const __m256i x = broadcast4(q + m * a.columns + 4 * k);
+                    for (int n = 0; n < NR; ++n) {
+                        const __m256i start = k ? p[n][m] : _mm256_set1_epi32(a.lane_start[at + m * a_slots]);
+                        p[n][m] = _mm256_add_epi16(start, _mm256_maddubs_epi16(w[n], x));
+                        __asm__("" : "+x"(p[n][m]));  // one sum a register, as in slot_sums
+                    }
+                }
+            }
+            for (int n = 0; n < NR; ++n) {
+                const __m256i sc = _mm256_cvtepi8_epi32(
+                    _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + P::SC + j * ROWS + 8 * n)));
+                const __m256i scale = _mm256_blend_epi16(_mm256_slli_epi32(sc, 16), sc, 0x55);
+#pragma GCC unroll 8
+                for (int m = 0; m < M; ++m) {
+                    const __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p[n][m], scale));
+                    const __m256 da = _mm256_set1_ps(a.scale[at + m * a_slots]);
+                    sums[n][m] = j ? _mm256_fmadd_ps(s, da, sums[n][m]) : _mm256_mul_ps(s, da);
+                }
+            }
+        }
+        for (int n = 0; n < NR; ++n) {
+            const __m256 d = halves(block + P::D + 16 * n);
+            for (int m = 0; m < M; ++m) {
+                float* out = y + (m0 + m) * y_stride + 8 * n;
+                const __m256 before = first && b == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(out);
+                _mm256_storeu_ps(out, _mm256_fmadd_ps(sums[n][m], d, before));
+            }
+        }
+    }
+}
+
 template <Kind K, typename P, int M>
 void tile(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int first_block, float* y, size_t y_stride,
           bool first) {
     if constexpr (K == Kind::Q4_K)
         tile_q8_k<P, M>(panel, blocks, a, m0, first_block, y, y_stride, first);
+    else if constexpr (K == Kind::Q6_K)
+        tile_q6<P, M>(panel, blocks, a, m0, first_block, y, y_stride, first);
     else
         tile_slots<K, P, M>(panel, blocks, a, m0, first_block, y, y_stride, first);
-}
-
-// A chunk's Q6_K blocks decoded for the tiles of a call of many rows, the next blocks asked for meanwhile.
-void decode6(const uint8_t* packed, int blocks, uint8_t* out) {
-    using P = Packed<Kind::Q6_K, ROWS>;
-    using D6 = Decoded6<ROWS>;
-    for (int b = 0; b < blocks; ++b, packed += P::BYTES, out += D6::BYTES) {
-        std::memcpy(out, packed, D6::V);  // d and sc
-        for (int j = 0; j < 16; ++j) {
-            prefetch_slot_of_next(packed, j, 16, P::BYTES);
-            for (int q = 0; q < 4; ++q)
-                for (int n = 0; n < NR; ++n)
-                    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + D6::V + (4 * j + q) * D6::QUAD + 32 * n), values<Kind::Q6_K, P>(packed, j, q, n));
-        }
-    }
 }
 
 // Each kind's panel: Q5_0's at the file's bytes (PackedQ5Nibbles), the others' as panel.hpp packs them.
 template <Kind K>
 using Panel = std::conditional_t<K == Kind::Q5_0, PackedQ5Nibbles<ROWS>, Packed<K, ROWS>>;
 template <Kind K>
-constexpr GemmFn GEMM = gemm_panels<K, ROWS, K == Kind::Q4_K ? MR_Q8_K : MR, DECODED_FROM_ROWS, Panel<K>>;
+constexpr GemmFn GEMM = gemm_panels<K, ROWS, K == Kind::Q4_K ? MR_Q8_K : K == Kind::Q6_K ? MR_Q6 : MR, NEVER_DECODED, Panel<K>>;
 template <Kind K>
 constexpr PackFn PACK = pack_panel<K, ROWS, Interleave, Panel<K>>;
 

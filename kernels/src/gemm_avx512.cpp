@@ -152,7 +152,8 @@ void tile(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int first
 }
 
 // A chunk's Q6_K blocks decoded for the tiles of a call of many rows, the next blocks asked for meanwhile.
-void decode6(const uint8_t* packed, int blocks, uint8_t* out) {
+template <>
+void decode6<ROWS>(const uint8_t* packed, int blocks, uint8_t* out) {
     using P = Packed<Kind::Q6_K, ROWS>;
     using D6 = Decoded6<ROWS>;
     for (int b = 0; b < blocks; ++b, packed += P::BYTES, out += D6::BYTES) {

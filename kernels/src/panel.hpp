@@ -111,7 +111,8 @@ struct Packed<Kind::Q6_K, ROWS> {
 
 // A Q6_K block of a panel decoded for a call of many rows: the same d and sc, then the 6-bit values as bytes, [64
 // quads][ROWS][4]. Where a call has many tiles, decoding the nibbles and highs again in each costs more than decoding a
-// chunk once into these bytes, which every tile then reads from L1 or L2 (each ISA's DECODED_FROM_ROWS).
+// chunk once into these bytes, which every tile then reads from L1 or L2 (AVX-512's DECODED_FROM_ROWS; AVX2 decodes
+// each quad once for a tile of up to 5 rows instead, and never this way).
 template <int ROWS>
 struct Decoded6 {
     static constexpr int SLOT = 16, VALUES = 256;
@@ -235,13 +236,16 @@ template <Kind K, typename P, int M>
 void tile(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int first_block, float* y, size_t y_stride,
           bool first);
 
-// Each ISA's decoding of `blocks` Q6_K blocks of a panel (from `packed`) into Decoded6 blocks at `out`.
+// Each ISA's decoding of `blocks` Q6_K blocks of a panel (from `packed`) into Decoded6 blocks at `out` (where its gemm
+// decodes first: DECODED_FROM is not NEVER_DECODED).
+template <int ROWS>
 void decode6(const uint8_t* packed, int blocks, uint8_t* out);
+constexpr int NEVER_DECODED = 0;
 
 // An ISA's gemm (GemmFn): each panel first_panel … last_panel − 1, its columns CHUNK_VALUES at a time (kept in cache),
 // times every activation row, MR rows a tile, then what is left. Q6_K's chunk is decoded once first in a call of at
-// least DECODED_FROM rows (the ISA's crossover; the bytes are the same either way, so a row's result does not depend on
-// how many rows its call holds).
+// least DECODED_FROM rows, where the ISA does so (its crossover; the bytes are the same either way, so a row's result
+// does not depend on how many rows its call holds).
 template <Kind K, int ROWS, int MR, int DECODED_FROM, typename P = Packed<K, ROWS>>
 void gemm_panels(const PackedWeights& w, const ManyRows& a, float* y, size_t y_stride, size_t first_panel,
                  size_t last_panel) {
@@ -251,11 +255,11 @@ void gemm_panels(const PackedWeights& w, const ManyRows& a, float* y, size_t y_s
         for (int b0 = 0; b0 < w.blocks; b0 += CHUNK) {
             const int blocks = std::min(CHUNK, w.blocks - b0);
             float* y_panel = y + (p - first_panel) * ROWS;
-            if constexpr (K == Kind::Q6_K) {
+            if constexpr (K == Kind::Q6_K && DECODED_FROM != NEVER_DECODED) {
                 if (a.rows >= DECODED_FROM) {
                     using D6 = Decoded6<ROWS>;
                     alignas(64) static thread_local uint8_t decoded[CHUNK * D6::BYTES];  // each worker's own
-                    decode6(panel + b0 * P::BYTES, blocks, decoded);
+                    decode6<ROWS>(panel + b0 * P::BYTES, blocks, decoded);
                     in_groups_of_rows<MR>(a.rows, [&]<int R>(int m0) {
                         tile<K, D6, R>(decoded, blocks, a, m0, b0, y_panel, y_stride, b0 == 0);
                     });

@@ -100,6 +100,7 @@ void ManyRows::resize(Kind kind, int m_rows, int m_columns, bool q8_k) {
     scale.resize(by_slot * slots());
     start.resize(by_slot * slots());
     scaled_sum.resize(by_slot * slots());
+    lane_start.resize(kind == Kind::Q6_K ? by_slot * slots() : 0);
     k.resize(q8_k ? size_t(rows) * (columns / 256) : 0);
 }
 
@@ -119,6 +120,11 @@ void quantize_slots(const float* x, int m, ManyRows& a) {
         const size_t at = size_t(m) * a.slots() + j;
         const float d = amax / 127.f;
         a.scale[at] = d, a.start[at] = -a.offset * sum, a.scaled_sum[at] = d * float(sum);
+        if (!a.lane_start.empty()) {  // values 4k + 0, 1 (the even lane) and 4k + 2, 3 (the odd) of each quad k
+            int lane[2] = {0, 0};
+            for (int i = 0; i < a.slot; ++i) lane[(i / 2) % 2] += q[i];
+            a.lane_start[at] = int32_t(uint32_t(uint16_t(-a.offset * lane[0])) | uint32_t(uint16_t(-a.offset * lane[1])) << 16);
+        }
     }
 }
 
