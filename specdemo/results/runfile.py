@@ -61,12 +61,12 @@ def _figure_rows() -> list[tuple]:
     return rows
 
 
-MACHINE_ROWS = (  # (label, how to read it from a Record)
-    ("CPU", lambda r: r.machine["cpu"]),
+MACHINE_ROWS = (  # (label, how to read it from a Record); a public page's download says no more than its costs' CPU
+    ("CPU", lambda r: r.machine.get("cpu") or (r.costs.cpu if r.costs is not None and r.costs.cpu else "–")),
     ("CPU flags", lambda r: " ".join(f.replace("avx512_", "").replace("avx512f", "avx512").replace("_", "-")
-                                     for f in r.machine["cpu_features"]) or "–"),
-    ("cores", lambda r: str(r.machine["logical_cores"])),
-    ("OpenVINO", lambda r: r.machine["packages"]["openvino"]),
+                                     for f in r.machine.get("cpu_features", [])) or "–"),
+    ("cores", lambda r: str(r.machine.get("logical_cores", "–"))),
+    ("OpenVINO", lambda r: r.machine.get("packages", {}).get("openvino", "–")),
     ("configuration", lambda r: r.configuration),
     ("target / draft", lambda r: " / ".join(f"{m['name'].split('-Instruct')[0].split('-')[-1]} {m['precision']}"
                                             for m in r.models.values())),

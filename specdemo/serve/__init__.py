@@ -13,7 +13,7 @@
 - tuning.py, work.py, progress.py: a new machine's background work (its steps; the one this server started, stopped
   while visitors' runs hold the machine; where it stands);
 - learning.py: the server's own turns in the line (the rest of a quick warm-up, a new tune applied).
-- downloads.py: each finished run's file, offered to its page alone for an hour.
+- downloads.py: each finished run as its own page's download, without the machine's details; nothing written.
 
 No gradio here: the page (specdemo.ui) renders what this serves.
 

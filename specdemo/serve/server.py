@@ -5,9 +5,7 @@ module."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from specdemo.serve.downloads import runs_folder
 from specdemo.serve.engines import Engines
 from specdemo.serve.lanes import Runs
 from specdemo.serve.visitors import Memories
@@ -25,5 +23,4 @@ class Server:
     runs: Runs = field(default_factory=Runs)  # each going run's cancel Event, for the Stop that names it
     background: Background = field(default_factory=Background)  # the machine's background work, held during runs
     memories: Memories = field(default_factory=Memories)  # each visitor's drafters' memories, theirs alone
-    downloads: Path = field(default_factory=runs_folder)  # where each finished run is written for its page's download (downloads.save_run)
     settings: PageSettings = field(default_factory=PageSettings)  # the proxies whose X-Forwarded-For is believed

@@ -32,7 +32,7 @@ from specdemo.run.engine import Engine
 from specdemo.run.sidebyside import SideBySide
 from specdemo.settings import GenerationSettings, RunSettings
 from specdemo.serve import waiting
-from specdemo.serve.downloads import save_run
+from specdemo.serve.downloads import Download, download
 from specdemo.serve.engines import KEPT, Held, Loading
 from specdemo.serve.lanes import LaneRun, follow, start_lanes
 from specdemo.serve.server import Server
@@ -104,7 +104,7 @@ class Finished:
     lanes: dict[str, LaneRun]
     record: Record  # what the run means (results/record.py)
     engine: Engine  # the speculative lane's: its models, costs and warm-up, for the panel and the cost surface
-    download: str | None  # the run's file (downloads.save_run) if it finished; None if it was stopped or failed
+    download: Download | None  # the run for its page to save (downloads.download) if it finished; None if it was stopped or failed
 
 
 @dataclass(frozen=True)
@@ -223,14 +223,13 @@ class Turn:
         yield from self._finish(run, lanes)
 
     def _finish(self, run: SideBySide, lanes: dict[str, LaneRun]) -> Iterator[Happening]:
-        """The run's Record (a finished greedy run first weighs each K on its answer), and its file if it finished."""
+        """The run's Record (a finished greedy run first weighs each K on its answer), and its download if it finished."""
         stopped = self.cancel.is_set()
         results = {name: lanes[name].result() if lanes[name].summary is not None else None for name in LANES}
         if not stopped and self.settings.greedy and all(finished(r) for r in results.values()):
             yield Weighing()
         record = run.finish(results, stopped)
-        download = save_run(record, self.run_id, self.server.downloads) if record.finished else None
-        yield Finished(lanes, record, run.speculative, download)
+        yield Finished(lanes, record, run.speculative, download(record, self.run_id) if record.finished else None)
 
 
 def _wait_for(loadings: dict[str, Loading]):

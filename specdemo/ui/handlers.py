@@ -48,7 +48,7 @@ class View:
     would: object = SKIP
     surface: object = SKIP
     costs_note: object = SKIP
-    download: object = SKIP  # the path of the finished run's JSON file (runfile.py), or None
+    download: object = SKIP  # the download button, holding the finished run (render.render_download)
     models: object = SKIP
     run: object = SKIP  # the id of the visitor's run, for their Stop to name (lanes.Runs.begin)
 
@@ -126,7 +126,7 @@ def show(happening, mode: str, server: Server) -> View:
             return View(status=WEIGHING_STATUS)
         case turn.Finished(lanes, record, engine, download):
             view = final_view(lanes, mode, record, engine, server.background.current)
-            view.download = SKIP if download is None else download
+            view.download = SKIP if download is None else render.render_download(download)
             return view
     raise TypeError(f"a turn does not say {happening!r}")
 

@@ -65,8 +65,6 @@ class Events:
         """Generate: the page's values (INPUTS order) in, whole page updates (OUTPUTS order) out."""
         for view in handlers.generate(self.server, PageValues(*values), visitor(request, self.server.settings)):
             _warn(view.status)
-            if view.download is not SKIP:  # the button offers the file once there is one
-                view.download = gr.DownloadButton(value=view.download, interactive=view.download is not None)
             yield _gradio(view.values())
 
     def stop(self, request: gr.Request, run_id: str):
@@ -116,7 +114,7 @@ def build(server: Server) -> Page:
     """The Blocks page, serving from `server`. Call server.engines.prepare() first so the models load before the first
     visitor."""
     events = Events(server)
-    # Gradio's copies of the files it served (the runs' downloads) are removed an hour after they were made.
+    # Gradio's copies of any files it served are removed an hour after they were made (the runs' downloads are none).
     with Page(title="specdemo: speculative decoding, live", analytics_enabled=False,
               delete_cache=(CACHE_CHECK_S, CACHE_AGE_S)) as demo:
         gr.Markdown(
@@ -230,8 +228,9 @@ def _add_lanes_and_results(o: dict) -> None:
         with gr.Column(scale=4, min_width=300):
             with gr.Accordion("ⓘ What the figures mean, and what other tools call them", open=False, elem_id="glossary"):
                 gr.Markdown(figures.glossary_markdown())
-        o["download"] = gr.DownloadButton("Download this run (JSON)", value=None, interactive=False, elem_id="download",
-                                          size="sm", scale=0, min_width=220)
+        # A link holding the run itself (render.render_download): the run is this page's alone, never a served file.
+        o["download"] = gr.HTML(render.render_download(None), elem_id="download", js_on_load=None, scale=0,
+                                min_width=220)
     with gr.Row(equal_height=True):
         # Columns with a min_width: on a phone the charts stack instead of shrinking side by side.
         with gr.Column(min_width=320):

@@ -3,6 +3,7 @@ check what the page shows without a browser."""
 
 from __future__ import annotations
 
+import base64
 import html
 
 import pandas as pd
@@ -22,6 +23,7 @@ from specdemo.results.would import sentences as would_sentences
 from specdemo.run import genai
 from specdemo.settings import GenerationSettings
 from specdemo.text import shown
+from specdemo.serve.downloads import Download
 from specdemo.serve.engines import race_threads
 from specdemo.serve.lanes import LaneRun
 from specdemo.serve.values import RACE
@@ -295,6 +297,23 @@ def render_models(target: dict, draft: dict | None, threads: int = 0, kv_cache_b
     )
     table = f'<table class="sd-models"><thead><tr><th></th><th>target</th><th>draft</th></tr></thead><tbody>{body}</tbody></table>'
     return table + disk_note
+
+
+DOWNLOAD_LABEL = "Download this run (JSON)"
+# The download looks like Gradio's small secondary button, by its theme's variables.
+BUTTON_STYLE = ("display:inline-block;padding:var(--size-1) var(--size-3);border-radius:var(--button-small-radius);"
+                "border:1px solid var(--button-secondary-border-color);background:var(--button-secondary-background-fill);"
+                "color:var(--button-secondary-text-color);font-size:var(--button-small-text-size);text-decoration:none")
+
+
+def render_download(download: Download | None) -> str:
+    """The download button: a link that holds the finished run itself (a base64 data: URL) for the browser to save as
+    its file, so nothing is fetched from the server (serve/downloads.py); greyed out until a run has finished."""
+    if download is None:
+        return f'<span class="sd-download" aria-disabled="true" style="{BUTTON_STYLE};opacity:.5">{DOWNLOAD_LABEL}</span>'
+    data = base64.b64encode(download.text.encode("utf-8")).decode("ascii")
+    return (f'<a class="sd-download" download="{escape(download.name)}" style="{BUTTON_STYLE}" '
+            f'href="data:application/json;base64,{data}">{DOWNLOAD_LABEL}</a>')
 
 
 def render_legend() -> str:

@@ -1,14 +1,15 @@
 """One press of Generate, served (serve/turn.py): what happens, in order, said as the values the page renders. The line,
 refusals and page load on servers of fakes; whole runs, Stop and a page that goes away on the tiny pair."""
 
+import json
 import re
+import tempfile
 import threading
 import time
-from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
+from specdemo.results import runfile
 from specdemo.serve import turn, waiting
 from specdemo.serve.engines import KEPT, Engines
 from specdemo.serve.server import Server
@@ -85,23 +86,47 @@ def tiny_server(tiny_target, tiny_draft) -> Server:
 
 
 @pytest.fixture
-def server(tiny_server, tmp_path) -> Server:
-    """The tiny pair's server, its runs' files written in `tmp_path`."""
-    return replace(tiny_server, downloads=tmp_path)
+def server(tiny_server, tmp_path, monkeypatch) -> Server:
+    """A server of its own on the tiny pair's engines, its process's temp folder `tmp_path` (where a page would keep
+    files to serve)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return Server(engines=tiny_server.engines)
 
 
 def values(max_new_tokens: int = 24) -> PageValues:
     return PageValues(instruction=INSTRUCTION, max_new_tokens=max_new_tokens, k=3, k_auto=False)
 
 
-def test_a_greedy_run_is_admitted_run_weighed_and_finished_with_its_file(server):
+def test_a_greedy_run_is_admitted_run_weighed_and_finished_with_its_download(server, tmp_path):
     happenings = list(turn.take(server, values(), Visitor("visitor")))
     assert re.fullmatch(r"Admitted( Preparing)* Running( Working)* Weighing Finished", order(happenings))
     running, finished = happenings[[type(h) for h in happenings].index(turn.Running)], happenings[-1]
     assert finished.lanes is running.lanes and all(lane.done for lane in finished.lanes.values())
     assert finished.record.finished and not finished.record.stopped
-    assert Path(finished.download).parent == server.downloads and Path(finished.download).exists()
+    run = json.loads(finished.download.text)
+    assert run["speculative"]["token_ids"] == finished.record.speculative.ids
+    assert finished.download.name.endswith(f"-{happenings[0].run_id}.json")
     assert len(server.line) == 0 and len(server.runs) == 0
+
+
+def test_a_run_s_download_travels_in_its_own_update_and_is_no_file_another_session_could_ask_for(server, tmp_path):
+    """Issue 62: the run's file was served at a path whoever held it could fetch. Now the run's JSON is in the last
+    update of the turn that made it, for that page to save, and nothing is written for the page to serve."""
+    finished = list(turn.take(server, values(), Visitor("visitor")))[-1]
+    assert finished.download is not None
+    assert list(tmp_path.rglob("*")) == []
+
+
+def test_the_page_s_download_leaves_out_the_machine_s_details_which_the_cli_s_file_keeps(server, tmp_path):
+    finished = list(turn.take(server, values(), Visitor("visitor")))[-1]
+    run, kept = json.loads(finished.download.text), json.loads(runfile.dumps(finished.record))
+    assert kept["machine"]["os"] and kept["machine"]["packages"] and kept["machine"]["ram_bytes"]  # the CLI's --save
+    assert run["machine"] == {} and run["costs"]["host"] == {}
+    assert all("source" not in model for model in run["models"].values())  # where the models lie on this disk
+    assert run["costs"]["cpu"] == kept["costs"]["cpu"]  # the CPU the figures were measured on, as the page says
+    saved = tmp_path / finished.download.name
+    saved.write_text(finished.download.text, encoding="utf-8")  # as the visitor's browser saves it
+    assert finished.record.costs.cpu in runfile.compare([runfile.load(saved)], ["page"])  # and `show` reads it
 
 
 @pytest.fixture
@@ -122,7 +147,6 @@ def test_stop_while_the_lanes_run_ends_the_run_stopped_unweighed_and_without_a_f
             server.runs.cancel("visitor", admitted.run_id)  # Stop
     assert re.fullmatch(r"(Preparing )*Running( Working)+ Finished", order(seen))
     assert seen[-1].record.stopped and not seen[-1].record.finished and seen[-1].download is None
-    assert list(server.downloads.iterdir()) == []
 
 
 def lane_workers() -> list[threading.Thread]:
@@ -140,4 +164,3 @@ def test_a_closed_turn_gives_up_its_place_lets_its_models_go_and_stops_its_lanes
     while lane_workers() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert lane_workers() == []  # they stopped after their current step
-    assert list(server.downloads.iterdir()) == []

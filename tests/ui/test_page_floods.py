@@ -4,7 +4,6 @@ the real page without its models (conftest.page_server: up in seconds, nothing r
 import json
 import os
 import re
-import stat
 import subprocess
 import sys
 import time
@@ -17,7 +16,6 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 from specdemo.serve import waiting
-from specdemo.serve.downloads import save_run
 from specdemo.ui.asgi import one_line
 from specdemo.ui.handlers import OUTPUTS
 from specdemo.ui.page import INPUTS
@@ -156,33 +154,19 @@ def test_eight_sessions_from_an_unnamed_client_each_naming_another_address_get_t
 # ----------------------------------------------------------------------------- what the page keeps on disk
 
 
-def test_a_run_s_file_and_the_copy_gradio_serves_are_readable_by_the_app_s_user_alone(tmp_path):
-    from gradio.processing_utils import save_file_to_cache
-
-    from specdemo.results.lane import Result
-    from specdemo.results.metrics import Summary
-    from specdemo.results.record import Record
-
-    record = Record("w5", "faithful", None, {lane: Result([], Summary(lane)) for lane in ("autoregressive", "speculative")})
-    path = save_run(record, "a-run-id", folder=tmp_path / "runs")
-    served = save_file_to_cache(path, str(tmp_path / "gradio"))  # as Gradio copies a download before serving it
-    assert [stat.S_IMODE(os.stat(p).st_mode) for p in (path, served)] == [0o600, 0o600]
-
-
-def test_the_app_keeps_gradio_s_cache_and_the_run_files_in_a_folder_only_its_user_can_open(tmp_path):
+def test_the_app_keeps_gradio_s_cache_in_a_folder_only_its_user_can_open(tmp_path):
     """Issue 62: in /tmp/gradio/<hash>/ (0755) any user of the host listed every visitor's run file and fetched it from
     the page by its path. The app's process makes a 0700 folder of its own its temp folder before Gradio names its
-    cache, and the runs offered for download are written inside it."""
+    cache (the runs' downloads are written nowhere: serve/downloads.py)."""
     code = ("import os, stat, tempfile, app\n"
             "from gradio import route_utils, utils\n"
-            "from specdemo.serve.server import Server\n"
             "private = tempfile.gettempdir()\n"
             "print(private, oct(stat.S_IMODE(os.stat(private).st_mode)), os.stat(private).st_uid == os.getuid(),\n"
-            "      utils.get_upload_folder(), route_utils.DEFAULT_TEMP_DIR, Server().downloads, os.environ['TMPDIR'])\n")
+            "      utils.get_upload_folder(), route_utils.DEFAULT_TEMP_DIR, os.environ['TMPDIR'])\n")
     env = {**{k: v for k, v in os.environ.items() if k != "GRADIO_TEMP_DIR"}, "TMPDIR": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[2], env=env, capture_output=True,
                          text=True, timeout=300)
-    private, mode, owned, *inside = out.stdout.split()[-7:]
+    private, mode, owned, *inside = out.stdout.split()[-6:]
     assert Path(private).parent == tmp_path and mode == "0o700" and owned == "True", out.stderr[-2000:]
     assert all(Path(folder).is_relative_to(private) for folder in inside), inside
     assert not Path(private).exists()  # removed when the process ends
