@@ -32,7 +32,7 @@ def learn_in_turns(server: Server, engine: Engine, log=print, then=lambda: None,
     def learn() -> None:
         try:
             while True:
-                ticket = server.line.join(1, yields=True)
+                ticket = server.line.join(1, yields=True, work="learning this machine")
                 try:
                     for _ in server.line.wait(ticket, threading.Event()):
                         pass
@@ -71,7 +71,7 @@ def apply_tune(server: Server, settings: RunSettings = RunSettings(), log=print)
     next run starts on it. (Whatever a run asks for is compiled under the newest tune anyway: loading_for.)"""
 
     def apply() -> None:
-        ticket = server.line.join(1)
+        ticket = server.line.join(1, work="applying this machine's new tune")
         try:
             for _ in server.line.wait(ticket, threading.Event()):
                 pass

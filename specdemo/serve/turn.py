@@ -62,6 +62,7 @@ class Waiting:
 
     ahead: int  # runs ahead, the running one included
     seconds: float  # about how long until this run's turn, at the line's recent pace
+    page_work: str = ""  # what the page's own turn holding the machine does (RunQueue.page_work_ahead), or ""
 
 
 @dataclass(frozen=True)
@@ -162,7 +163,7 @@ class Turn:
     def take(self, ticket: waiting.Ticket) -> Iterator[Happening]:
         """Wait for this run's turn in the line, saying its place; then load and run it."""
         for ahead, seconds in self.server.line.wait(ticket, self.cancel):
-            yield Waiting(ahead, seconds)
+            yield Waiting(ahead, seconds, self.server.line.page_work_ahead(ticket))
         if self.cancel.is_set():
             yield LeftLine()
             return

@@ -43,6 +43,7 @@ class Ticket:
     visitor: Visitor | None = None  # whose run it is (None: the server's own turn, such as applying a tune)
     yields: bool = False  # the server's own work that lets visitors go first (learning the machine: RunQueue.join)
     started: float | None = None  # when its turn came
+    work: str = ""  # the server's own turn: what it does, told to the visitors behind it ("learning this machine")
 
 
 class RunQueue:
@@ -54,7 +55,7 @@ class RunQueue:
         self._changed = threading.Condition()
         self._seconds_per_token: deque[float] = deque(maxlen=8)  # of recent runs
 
-    def join(self, tokens: int, visitor: Visitor | None = None, yields: bool = False) -> Ticket:
+    def join(self, tokens: int, visitor: Visitor | None = None, yields: bool = False, work: str = "") -> Ticket:
         """A place at the end of the line (a visitor's goes ahead of the server's `yields` work that has not started),
         or QueueFull with a sentence (the line is full, or this visitor holds as many places as a visitor may)."""
         with self._changed:
@@ -63,7 +64,7 @@ class RunQueue:
                                 "try again in a minute")
             if visitor is not None:
                 self._check_share(visitor)
-            ticket = Ticket(max(tokens, 1), visitor, yields)
+            ticket = Ticket(max(tokens, 1), visitor, yields, work=work)
             later = [i for i, t in enumerate(self._line) if t.yields and t.started is None and i > 0]
             self._line.insert(later[0] if visitor is not None and later else len(self._line), ticket)
             self._changed.notify_all()
@@ -84,6 +85,16 @@ class RunQueue:
         with self._changed:
             return any(t.visitor is not None for t in self._line[self._line.index(ticket) + 1:]) \
                 if ticket in self._line else False
+
+    def page_work_ahead(self, ticket: Ticket) -> str:
+        """What the server's own turn holding the machine ahead of `ticket` does, as a clause for its status line ("the
+        page is learning this machine and gives the machine up at its next step"); "" when a visitor's run holds it.
+        The pace cannot say how long such a turn takes: it asked for no tokens."""
+        with self._changed:
+            head = self._line[0] if self._line and ticket in self._line[1:] else None
+        if head is None or head.visitor is not None or not head.work:
+            return ""
+        return f"the page is {head.work} " + ("and gives the machine up at its next step" if head.yields else "first")
 
     def ahead(self, ticket: Ticket) -> int:
         """How many runs are before this one (0: its turn)."""
@@ -139,8 +150,9 @@ class RunQueue:
 
 
 
-def describe_place(ahead: int, seconds: float) -> str:
-    """The waiting visitor's status line."""
+def describe_place(ahead: int, seconds: float, page_work: str = "") -> str:
+    """The waiting visitor's status line; `page_work`: what the server's own turn ahead does (RunQueue.page_work_ahead),
+    said instead of a time."""
     runs = "1 run" if ahead == 1 else f"{ahead} runs"
-    when = f"about {seconds:.0f} s" if seconds >= 1.5 else "any moment"
+    when = page_work or (f"about {seconds:.0f} s" if seconds >= 1.5 else "any moment")
     return f"Waiting for the machine: {runs} ahead of you, {when}. Runs take turns so each has the whole machine; Stop leaves the queue."

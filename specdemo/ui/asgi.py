@@ -9,6 +9,7 @@ here (starlette's Middleware wraps these in page.py).
 - RefusedIs400: a direct call (/run/) that the page refused answers 400, not Gradio's 500 for every error.
 - Closed: routes of Gradio's that the page does not use (the upload route: the page takes no files) answer 403 with a
   sentence, before Gradio sees the request.
+- CheckedComponentCalls: a malformed call to Gradio's component server answers 400 with a sentence, not 500.
 """
 
 from __future__ import annotations
@@ -93,11 +94,7 @@ class OneLineErrors:
                 self.lines.say(f"refused a request the page's API could not handle: {scope.get('method', '')} "
                                f"{one_line(scope.get('path', ''))}: {type(error).__name__}: {one_line(str(error))}")
             if not started:
-                body = b"The page could not handle this request; check the API call's fields."
-                await send({"type": "http.response.start", "status": 500,
-                            "headers": [(b"content-type", b"text/plain; charset=utf-8"),
-                                        (b"content-length", str(len(body)).encode())]})
-                await send({"type": "http.response.body", "body": body})
+                await answer(send, 500, "The page could not handle this request; check the API call's fields.")
             elif not ended:  # else uvicorn says "ASGI callable returned without completing response"
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
 
@@ -184,8 +181,62 @@ class Closed:
         sentence = self.routes.get(scope.get("path", "").rstrip("/")) if scope["type"] == "http" else None
         if sentence is None:
             return await self.app(scope, receive, send)
-        body = sentence.encode()
-        await send({"type": "http.response.start", "status": 403,
-                    "headers": [(b"content-type", b"text/plain; charset=utf-8"),
-                                (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
+        await answer(send, 403, sentence)
+
+
+class CheckedComponentCalls:
+    """ASGI middleware: a call to Gradio's component server (POST /gradio_api/component_server) whose body is not one
+    (a JSON object naming a session, one of `components` and a function, with data) answers 400 with a sentence; Gradio
+    answered 500, its parsing failing (issue 62). A call of that shape goes on as it came (Gradio answers 404 when the
+    component has no such function, as none on this page has). Bodies over `max_bytes` are refused unread."""
+
+    PATH = "/gradio_api/component_server"
+
+    def __init__(self, app, components: set[int], max_bytes: int):
+        self.app, self.components, self.max_bytes = app, components, max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope.get("path", "").rstrip("/") != self.PATH:
+            return await self.app(scope, receive, send)
+        body, more = b"", True
+        while more and len(body) <= self.max_bytes:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            body, more = body + message.get("body", b""), message.get("more_body", False)
+        sentence = (f"A component server call is at most {self.max_bytes:,} bytes." if more or len(body) > self.max_bytes
+                    else self.malformed(body))
+        if sentence:
+            return await answer(send, 400, sentence)
+        told = False
+
+        async def again():  # the body read here, then whatever the client sends next
+            nonlocal told
+            if told:
+                return await receive()
+            told = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, again, send)
+
+    def malformed(self, body: bytes) -> str:
+        """Why `body` is no component server call, in a sentence; "" when it is one."""
+        try:
+            call = json.loads(body)
+        except ValueError:
+            return "A component server call is a JSON object; this body is not JSON."
+        if not (isinstance(call, dict) and isinstance(call.get("session_hash"), str) and "component_id" in call
+                and isinstance(call.get("fn_name"), str) and "data" in call):
+            return "A component server call is a JSON object with session_hash, component_id, fn_name and data."
+        component = call["component_id"]
+        if isinstance(component, bool) or not isinstance(component, int) or component not in self.components:
+            return f"This page has no component {one_line(repr(component), 40)}."
+        return ""
+
+
+async def answer(send, status: int, sentence: str) -> None:
+    """A whole short answer: `status` and `sentence` as plain text."""
+    body = sentence.encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})

@@ -112,8 +112,8 @@ def show(happening, mode: str, server: Server) -> View:
     match happening:
         case turn.Refused(sentence):
             return View(status=f"⚠️ {sentence}")
-        case turn.Waiting(ahead, seconds):
-            return View(status=waiting.describe_place(ahead, seconds))
+        case turn.Waiting(ahead, seconds, page_work):
+            return View(status=waiting.describe_place(ahead, seconds, page_work))
         case turn.LeftLine():
             return View(status=LEFT_QUEUE_STATUS)
         case turn.Preparing(fraction, message):

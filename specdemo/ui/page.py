@@ -12,7 +12,8 @@ from starlette.middleware import Middleware
 from specdemo.decoding import drafters
 from specdemo.results import figures
 from specdemo.ui import background, charts, handlers, render
-from specdemo.ui.asgi import REFUSED, Closed, FirstInHead, Lines, OneLineErrors, RefusedIs400, one_line
+from specdemo.ui.asgi import (REFUSED, CheckedComponentCalls, Closed, FirstInHead, Lines, OneLineErrors, RefusedIs400,
+                             one_line)
 from specdemo.ui.handlers import OUTPUTS, SKIP
 from specdemo.serve.lanes import LaneRun
 from specdemo.serve.values import (ASSETS, MAX_INSTRUCTION_CHARS, MAX_K, MAX_NEW_TOKENS_CAP, ONE_AFTER_ANOTHER, RACE,
@@ -103,11 +104,20 @@ class Page(gr.Blocks):
 
     async def preprocess_data(self, block_fn, inputs, state, explicit_call=False):
         try:
+            check_text(block_fn.inputs, inputs)
             return await super().preprocess_data(block_fn, inputs, state, explicit_call)
         except Exception as error:  # noqa: BLE001 - whatever Gradio refuses a call with, it is this one line
             sentence = one_line(error.message if isinstance(error, gr.Error) else str(error))
             self.refusals.say(f"refused a call to {one_line(str(block_fn.api_name or block_fn.name))}: {sentence}")
             raise gr.Error(sentence, title=REFUSED, print_exception=False) from None
+
+
+def check_text(blocks: list, values: list) -> None:
+    """Refuse a value that is not text for a text box: Gradio's Textbox makes text of any value (123 became "123",
+    ["x"] "['x']": issue 62). Raises ValueError with a sentence."""
+    for block, value in zip(blocks, values):
+        if isinstance(block, gr.Textbox) and value is not None and not isinstance(value, str):
+            raise ValueError(f"The {(block.label or 'value').lower()} must be text, got {one_line(repr(value), 60)}.")
 
 
 def build(server: Server) -> Page:
@@ -323,6 +333,7 @@ def launch(demo: Page, host: str, port: int, share: bool, *, monitoring: bool = 
     # its settings name (visitor), so uvicorn, which Gradio gives no other option, believes no one.
     os.environ["FORWARDED_ALLOW_IPS"] = ""
     middleware = [Middleware(OneLineErrors, lines=demo.refusals), Middleware(RefusedIs400), Middleware(Closed, routes=closed),
+                  Middleware(CheckedComponentCalls, components=set(demo.blocks), max_bytes=MAX_UPLOAD_BYTES),
                   Middleware(FirstInHead, html=f"<script>{QUIET_TRACKERS_JS}</script>")]
     # enable_monitoring: Gradio's default (None) serves /monitoring/summary to anyone; False answers 403.
     demo.queue(max_size=2 * MAX_WAITING_RUNS).launch(server_name=host, server_port=port, share=share,

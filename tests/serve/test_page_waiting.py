@@ -52,6 +52,18 @@ def test_the_waiting_status_says_how_many_runs_are_ahead_and_for_how_long():
     assert "1 run ahead of you, any moment" in waiting.describe_place(1, 0.5)
 
 
+def test_a_run_waiting_behind_the_page_s_own_work_is_told_so_not_any_moment():
+    """Issue 62: a visitor's run waited ~27 s behind the page's background learning (one token's worth to the pace)
+    while the line said "any moment"."""
+    server = Server(line=waiting.RunQueue(max_waiting=4))
+    server.line.join(1, yields=True, work="learning this machine")  # the page's own turn holds the machine
+    views = handlers.generate(server, PageValues(instruction="Write a haiku."), Visitor("visitor", "10.0.0.7"))
+    status = next(views).status
+    views.close()
+    assert "the page is learning this machine and gives the machine up at its next step" in status
+    assert "any moment" not in status
+
+
 def test_the_page_says_its_place_at_once_and_stop_leaves_the_queue():
     server = Server(line=waiting.RunQueue(max_waiting=4))
     line = server.line

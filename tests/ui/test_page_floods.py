@@ -125,6 +125,31 @@ def test_a_hundred_junk_requests_print_at_most_a_handful_of_lines(page_server):
     assert len(added.splitlines()) <= 5 and "without completing response" not in added, added[-3000:]
 
 
+@pytest.mark.parametrize("body", [b"not json", b"[]", b'{"session_hash": 1}', b'{"data": null}',
+                                  b'{"session_hash": "s", "component_id": "x", "fn_name": "f", "data": null}',
+                                  b'{"session_hash": "s", "component_id": 99999, "fn_name": "f", "data": null}'])
+def test_a_malformed_component_server_call_answers_400_with_a_sentence_not_500(page_server, body):
+    before = len(page_server.log.read_text())
+    request = urllib.request.Request(page_server.url + "gradio_api/component_server", body,
+                                     {"Content-Type": "application/json"})
+    status, sentence = status_and_body(request)
+    assert status == 400 and len(sentence.splitlines()) == 1 and sentence.endswith("."), sentence
+    assert "Traceback" not in page_server.log.read_text()[before:]
+
+
+@pytest.mark.parametrize("instruction", [123, ["x"]])
+def test_an_instruction_that_is_not_text_is_refused_with_a_sentence_not_turned_into_text(page_server, instruction):
+    """Issue 62: 123 and ["x"] were taken as "123" and "['x']". A refused call leaves the page's values as they were
+    (Gradio updates no output of an event whose input it refused)."""
+    job = Client(page_server.url, verbose=False).submit(*arguments(instruction=instruction), api_name="/generate")
+    deadline = time.monotonic() + 30
+    while not job.done() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert job.done(), "the run was taken and waits in the line"
+    with pytest.raises(AppError, match="The instruction must be text, got"):
+        job.result()
+
+
 def test_a_quoted_value_is_one_line_its_middle_cut_out_and_its_controls_shown():
     line = one_line("Value: " + "x" * 100_000 + "\n\x1b[31m is not in the list of choices")
     assert len(line) < 300 and "\n" not in line and "\x1b" not in line
