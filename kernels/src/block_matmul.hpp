@@ -5,10 +5,11 @@
 //   attribute kind: "Q4_K", "Q6_K", "Q8_0" or "Q5_0"; columns: the number of weights a row
 // Each activation row is quantized to 8 bits once a call (formats.hpp). A call of few rows (a step) dots every output
 // row's blocks with them while they are in cache; a call of many (a verification, a prefill) multiplies them with the
-// blocks repacked into panels (panel.hpp), packed at its first such call and kept. Output rows are shared among the
-// plugin's threads.
+// blocks repacked into panels (panel.hpp), packed at the op's first call (OVModel makes one as it loads a model) and
+// kept. Output rows are shared among the plugin's threads.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -16,7 +17,10 @@
 
 namespace specdemo {
 
-struct PackCache;  // the weights repacked for the gemm, made at the first call that needs them (block_matmul.cpp)
+struct PackCache;  // the weights repacked for the gemm, made at the op's first call (block_matmul.cpp)
+
+// Tensors packed for the gemm by this process so far: a test sees the packing happen as a model loads, and no more after.
+uint64_t packings_so_far();
 
 class BlockMatMul : public ov::op::Op {
 public:

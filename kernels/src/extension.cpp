@@ -24,6 +24,10 @@ extern "C" __attribute__((visibility("default"))) void specdemo_kernels_gemm_fro
     specdemo::set_gemm_from(rows);
 }
 
+extern "C" __attribute__((visibility("default"))) uint64_t specdemo_kernels_packings() {
+    return specdemo::packings_so_far();
+}
+
 namespace {
 
 // The block types for which the running ISA has a gemm (and, with `q8_k`, whose gemm takes Q8_K activations),

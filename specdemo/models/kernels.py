@@ -179,6 +179,14 @@ def gemm_from(rows: int = 0) -> None:
     _functions().specdemo_kernels_gemm_from(int(rows))
 
 
+def packings() -> int:
+    """Tensors this process has packed into the gemm's panels so far: each BlockMatMul packs its own at its first call,
+    which OVModel makes while it loads a model."""
+    function = _functions().specdemo_kernels_packings
+    function.restype = ctypes.c_uint64
+    return int(function())
+
+
 def read(part) -> None:
     """Reads `part` (a C-contiguous numpy array, its whole 256-byte runs) once, as fast as a core can: the read pass the
     kernels' streaming is judged against. ctypes lets go of the GIL meanwhile, so threads read beside each other."""
