@@ -9,7 +9,10 @@ Markers (the marked tests live in tests/integration/, which tests/test_layout.py
     slow         takes more than about 20 s on a 2-core machine
 """
 
+import base64
+import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -173,6 +176,11 @@ def serve_on_the_page(settings: RunSettings, **fakes) -> "Server":
     engine.warm_up(settings.generation.k_max)
     return Server(engines=Engines(load_engine=lambda pair, with_draft: lambda report: engine,
                                   configurations={"faithful": (settings.target, settings.draft)}, **fakes))
+
+
+def downloaded_run(button: str) -> dict:
+    """The run a page's download button holds (render.render_download: its JSON in a base64 data: URL)."""
+    return json.loads(base64.b64decode(re.search(r'href="data:application/json;base64,([^"]+)"', button).group(1)))
 
 
 def watch_forward(monkeypatch, model, before_call: Callable[[list[int]], None]) -> None:

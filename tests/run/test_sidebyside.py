@@ -13,7 +13,7 @@ from specdemo.results.lane import drain, finished
 from specdemo.run.engine import Engine
 from specdemo.run.sidebyside import SideBySide
 from specdemo.settings import KPolicy, GenerationSettings, RunSettings
-from tests.conftest import exact
+from tests.conftest import downloaded_run, exact
 
 INSTRUCTION = "w5 w17 w99 w3 w250 w42 w7"
 
@@ -58,12 +58,12 @@ def test_the_cli_the_page_and_the_bench_write_the_same_run_record(settings, engi
     assert terminal.generate(args, settings) == 0
     cli = json.loads(capsys.readouterr().out)
 
-    # the page: Generate with the same settings, the engines its loadings would give, the downloaded file
+    # the page: Generate with the same settings, the engines its loadings would give, the run its button holds
     server = Server(engines=Engines(load_engine=lambda pair, with_draft: lambda report: engine,
                                     configurations={"faithful": (settings.target, settings.draft)}))
     values = PageValues(instruction=INSTRUCTION, max_new_tokens=20, k=3, k_auto=False, mode="one after another")
     views = list(handlers.generate(server, values, Visitor("a-session")))
-    page = json.loads(open(views[-1].download, encoding="utf-8").read())
+    page = downloaded_run(views[-1].download)
 
     # the bench's sample run, as it writes it into run.json
 

@@ -1,17 +1,13 @@
 """Strangers share the page: what one visitor's runs leave behind (the earlier answers a drafter draws on) reaches
 their own next run and no one else's: not its drafts, its page, its failures panel or its download."""
 
-import base64
-import json
-import re
-
 import pytest
 
 from specdemo.settings import GenerationSettings, KPolicy, RunSettings
 from specdemo.ui import handlers
 from specdemo.serve.values import PageValues
 from specdemo.serve.visitors import Memories, Visitor
-from tests.conftest import exact, serve_on_the_page
+from tests.conftest import downloaded_run, exact, serve_on_the_page
 
 INSTRUCTION = "w5 w17 w99 w3 w250 w42 w7"
 
@@ -31,8 +27,7 @@ def page(settings):
 
     def press(visitor: Visitor) -> dict:
         views = list(handlers.generate(server, values, visitor))
-        return json.loads(base64.b64decode(re.search(r'href="data:application/json;base64,([^"]+)"',
-                                                     views[-1].download).group(1)))
+        return downloaded_run(views[-1].download)
     return press
 
 
