@@ -20,9 +20,7 @@ from specdemo.decoding import drafters
 
 IDLE_S = 3600.0  # a session that ran nothing for this long is forgotten
 MAX_VISITORS = 512  # sessions whose memories are held at once; each store is bounded by its strategy
-
-
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network  # a proxy the operator names (PageSettings.proxies)
 
 
 @dataclass(frozen=True)
