@@ -1,6 +1,8 @@
-"""Builds the BlockMatMul extension with CMake while pip installs this package. A build that fails (no C++ compiler, a
-compiler too old for the SIMD paths) does not fail the install: the package is installed without the library and
-says why in BUILD_ERROR, and specdemo runs on the CPU plugin's own kernels (specdemo/models/kernels.py says so once)."""
+"""Builds the BlockMatMul extension with CMake while pip installs this package, on x86-64 Linux (elsewhere it is not
+tried: the package installs without the library, and specdemo_kernels.check_platform says why). A build that fails
+(no C++ compiler, a compiler too old for the SIMD paths) does not fail the install: the package is installed without the
+library and says why in BUILD_ERROR, and specdemo runs on the CPU plugin's own kernels (specdemo/models/kernels.py says
+so once)."""
 
 import os
 import shutil
@@ -15,6 +17,8 @@ from setuptools.dist import Distribution
 
 HERE = Path(__file__).resolve().parent
 LIBRARY = "libspecdemo_kernels.so"
+sys.path.insert(0, str(HERE))  # this source's package, not one installed before it
+from specdemo_kernels import check_platform  # noqa: E402 - the one rule of where the library is built
 
 
 class BuildWithCMake(build_py):
@@ -23,6 +27,10 @@ class BuildWithCMake(build_py):
         package = Path(self.build_lib) / "specdemo_kernels"
         for stale in (package / LIBRARY, package / "BUILD_ERROR", package / "OPENVINO_VERSION"):
             stale.unlink(missing_ok=True)
+        if refused := check_platform():
+            print(f"specdemo-kernels: the extension is not built here ({refused}); specdemo will run on OpenVINO's own "
+                  "kernels", file=sys.stderr)
+            return
         build = Path(tempfile.mkdtemp(prefix="specdemo-kernels-"))
         try:
             shutil.copy2(compile_library(build), package / LIBRARY)

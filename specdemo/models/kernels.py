@@ -68,6 +68,10 @@ def _unloadable() -> str | None:
     except ImportError:
         return ("specdemo's kernels are not installed (pip install -r requirements.txt builds them from kernels/), so "
                 "the GGUF's blocks run on OpenVINO's own kernels")
+    refused = getattr(specdemo_kernels, "check_platform", lambda: None)()  # None: a package installed before it
+    if refused:
+        return (f"specdemo's kernels are not built on this platform ({refused}), so the GGUF's blocks run on "
+                "OpenVINO's own kernels")
     path = specdemo_kernels.library_path()
     if path is None:
         reason = (specdemo_kernels.build_error() or "no reason was recorded").strip().splitlines()[-1]

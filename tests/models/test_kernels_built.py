@@ -2,20 +2,19 @@
 them on, a library that did not build or does not load is a failing test, not a skipped module; and the OpenVINO they
 are compiled against is the one specdemo runs."""
 
-import platform
 import re
-import sys
 
 import pytest
 
+import specdemo_kernels
 from specdemo.models import kernels
 from tests.conftest import ROOT
 
-BUILT_ON = sys.platform == "linux" and platform.machine().lower() in ("x86_64", "amd64")
+BUILT_ON = specdemo_kernels.check_platform() is None
 
 
-@pytest.mark.skipif(not BUILT_ON, reason=f"specdemo builds its kernels on x86-64 Linux, not {sys.platform} "
-                                          f"{platform.machine()}")
+@pytest.mark.skipif(not BUILT_ON, reason=f"specdemo builds its kernels on x86-64 Linux only: "
+                                          f"{specdemo_kernels.check_platform()}")
 def test_on_x86_64_linux_the_kernels_were_built_and_load():
     assert kernels.unavailable() is None, kernels.unavailable()
     assert "scalar" in kernels.supported_isas()
@@ -45,7 +44,6 @@ def test_a_library_built_against_another_openvino_is_refused_in_a_sentence_not_l
     """The build stamps the OpenVINO it compiled against (kernels/setup.py); at load another version is refused before
     add_extension, and the GGUF's blocks run on the plugin's kernels."""
     import openvino as ov
-    import specdemo_kernels
 
     if specdemo_kernels.library_path() is None:
         pytest.skip("the kernels were not built here (the test above says whether they should have been)")
