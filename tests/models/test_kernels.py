@@ -4,10 +4,6 @@ path this CPU runs (each one forced in turn); the graph built on them computes t
 where they were not built still runs, and says why once."""
 
 import itertools
-import re
-import shutil
-import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -82,42 +78,6 @@ def test_the_isa_a_test_forces_is_the_one_that_runs(each_isa):
         assert kernels.use(isa) and kernels.isa() == isa
     assert not kernels.use("avx1024")
     assert kernels.isa() == each_isa[-1]  # a refused name changes nothing
-
-
-AVX512_INSTRUCTIONS = re.compile(r"%zmm|%k[0-7]\b|%[xy]mm(1[6-9]|2[0-9]|3[01])\b")  # zmm, masks, EVEX-only registers
-
-
-def disassembled(library: Path) -> dict[str, tuple[str, str]]:
-    """{function's symbol: (its nm binding letter, its instructions as objdump prints them)} of a shared library."""
-    bindings = {}
-    for line in subprocess.run(["nm", "--defined-only", str(library)], capture_output=True, text=True).stdout.split("\n"):
-        parts = line.split()
-        if len(parts) == 3:
-            bindings[parts[2]] = parts[1]
-    functions, name = {}, None
-    for line in subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(library)], capture_output=True,
-                               text=True).stdout.split("\n"):
-        header = re.match(r"^[0-9a-f]+ <(.+)>:$", line)
-        if header:
-            name = header.group(1)
-            functions[name] = [bindings.get(name, "?"), ""]
-        elif name and line.startswith(" "):
-            functions[name][1] += line + "\n"
-    return {name: (binding, text) for name, (binding, text) in functions.items()}
-
-
-@pytest.mark.skipif(not (shutil.which("objdump") and shutil.which("nm")), reason="binutils (objdump, nm) not installed")
-def test_no_function_the_linker_may_share_between_isa_files_holds_simd_instructions():
-    # Each SIMD path is compiled with its own flags (kernels/CMakeLists.txt), the rest for baseline x86-64. A function
-    # with a global or weak symbol (an inline of a header, a template of the standard library) may be compiled in every
-    # file and the linker keeps one copy for all callers: were it the AVX-512 file's, the AVX2 path would run AVX-512
-    # instructions and a Zen 3 would stop on an illegal instruction; were it an AVX2 file's, so would an older CPU on
-    # the scalar path. So only local functions (each file's own) may hold SIMD instructions.
-    functions = disassembled(kernels.library())
-    assert any(AVX512_INSTRUCTIONS.search(text) for _, text in functions.values())  # the AVX-512 gemm is read
-    shared = sorted(name for name, (binding, text) in functions.items()
-                    if binding in "TWVui" and (AVX512_INSTRUCTIONS.search(text) or "%ymm" in text))
-    assert shared == []
 
 
 def test_activations_of_zeros_give_zeros_not_nan(tmp_path):
