@@ -73,8 +73,9 @@ def measure(target: OVModel, draft: OVModel | None, n_max: int, known: CostModel
             log=lambda message: None, quick: bool = False, interrupted=lambda: False) -> CostModel:
     """The cost model for these compiled models: `known` (what the machine profile holds for them), or measured;
     `quick`: a provisional one from a few calls (QUICK_SIZES), where nothing is known, in seconds; a provisional
-    `known` is measured again in full unless `quick`. `interrupted()` is asked between call sizes: True stops the
-    measurement (Interrupted), both caches emptied.
+    `known` is measured again in full unless `quick`. A full measurement asks `interrupted()` before each stage (the
+    warm-ups' shapes, the prefills, the single steps, each call size): True stops it (Interrupted), both caches
+    emptied, so a visitor waits for one call, not for the stage under way (34 s of a first visitor's 48 s on the Zen 3).
 
     Both models' caches are left empty. Every shape a run will use (prefill, 1 and up to n_max tokens)
     has run at least once when this returns, so the first timed lane pays no first-call costs.
@@ -102,17 +103,17 @@ def measure(target: OVModel, draft: OVModel | None, n_max: int, known: CostModel
         log(f"measured quickly in {time.perf_counter() - warmed:.0f} s ({_requests(target, draft) - calls} calls)"
             + (f"; {costs.busy}" if costs.busy else ""))
         return replace(levelled(costs), seconds=time.perf_counter() - start, provisional=True)
-    _warm_up(target, n_max)
-    if draft is not None:
-        _warm_up(draft, 2)
-    # Measuring makes each call shape UNTIMED + REPEATS times where warming up made it once; but a shape's first call
-    # costs more than the later ones (on a Zen 5: 7 s of warm-up, then 19 s of measuring, not 46), hence a range.
-    most = (UNTIMED + REPEATS) * (time.perf_counter() - start)
-    log(f"measuring this machine the way the loop calls it ({FIRST_CALLS_SHARE * most:.0f}–{most:.0f} s, once per "
-        "machine): single steps, "
-        f"then rounds scoring 2..{n_max} tokens" + (" after draft steps" if draft else ""))
     takes = []
     try:
+        _warm_up(target, n_max, interrupted)
+        if draft is not None:
+            _warm_up(draft, 2, interrupted)
+        # Measuring makes each call shape UNTIMED + REPEATS times where warming up made it once; but a shape's first
+        # call costs more than the later ones (on a Zen 5: 7 s of warm-up, then 19 s of measuring, not 46), hence a range.
+        most = (UNTIMED + REPEATS) * (time.perf_counter() - start)
+        log(f"measuring this machine the way the loop calls it ({FIRST_CALLS_SHARE * most:.0f}–{most:.0f} s, once per "
+            "machine): single steps, "
+            f"then rounds scoring 2..{n_max} tokens" + (" after draft steps" if draft else ""))
         while not takes or takes[-1].busy and len(takes) <= BUSY_REPEATS:
             if takes and (still := load.busy_now(load.WATCH_S)):
                 log(f"{takes[-1].busy}; the host is still busy ({load.described(still)}): not measured again now")
@@ -153,19 +154,27 @@ def quietest(takes: list[CostModel]) -> CostModel:
                             draft_prefill_tps=max(costs.draft_prefill_tps for costs in takes)))
 
 
-def _warm_up(model: OVModel, n_max: int) -> None:
+def _warm_up(model: OVModel, n_max: int, interrupted=lambda: False) -> None:
     """Run each shape once, untimed: the plugin's first call of a shape costs much more than later ones."""
     model.reset()
+    _stop_if(interrupted, "before warming up")
     model.forward(_ids(CONTEXT_TOKENS))
-    _run_once(model, range(1, n_max + 1))
+    _run_once(model, range(1, n_max + 1), interrupted=interrupted)
     model.reset()
 
 
-def _run_once(model: OVModel, sizes, context: int = CONTEXT_TOKENS) -> None:
+def _run_once(model: OVModel, sizes, context: int = CONTEXT_TOKENS, interrupted=lambda: False) -> None:
     """A call of each of `sizes` tokens after the `context` tokens the model's cache holds, untimed, rolled back."""
     for n in sizes:
+        _stop_if(interrupted, f"before a warm-up call of {n} tokens")
         model.forward(_ids(n), logits_to_keep=n)
         model.rollback(context)
+
+
+def _stop_if(interrupted, where: str) -> None:
+    """Interrupted where `interrupted()` says something more urgent waits."""
+    if interrupted():
+        raise Interrupted(f"measuring stopped {where}")
 
 
 def first_call(model: OVModel) -> None:
@@ -199,19 +208,19 @@ def _time_loop(target: OVModel, draft: OVModel | None, n_max: int, sizes: list[i
         if target.settings.precision != kernels.NATIVE:  # our kernels prepare nothing per shape (+5–8 ms on ~100)
             _run_once(target, [n for n in range(1, n_max + 1) if n not in sizes and n != 1], context)
     else:
-        target_prefill = _time_prefill(target, repeats)
+        target_prefill = _time_prefill(target, repeats, interrupted)
         if draft is not None:
-            fields["draft_prefill_tps"] = _time_prefill(draft, repeats)
+            fields["draft_prefill_tps"] = _time_prefill(draft, repeats, interrupted)
             draft.forward(_ids(CONTEXT_TOKENS))
         target.forward(_ids(CONTEXT_TOKENS))
 
     # t(1), once now and (in full) once after the rounds: the lower is kept (load only adds time)
+    _stop_if(interrupted, "before timing single steps")
     steps = [_time_steps(target, untimed, repeats)]
     target_rollback.append(_timed_rollback(target, context))
     calls, draft_steps, draft_pairs, draft_rollback = [], [], [], []
     for n in sizes:  # t(n): a round's pattern, a few draft steps then the verify call
-        if interrupted():
-            raise Interrupted(f"measuring stopped before calls of {n} tokens")
+        _stop_if(interrupted, f"before calls of {n} tokens")
         timed = []
         for i in range(untimed + repeats):
             if draft is not None and not (quick and i < untimed):  # quick: the pattern only before timed calls
@@ -270,10 +279,11 @@ def _time_steps(model: OVModel, untimed: int = UNTIMED, repeats: int = REPEATS) 
     return steps
 
 
-def _time_prefill(model: OVModel, repeats: int = REPEATS) -> float:
+def _time_prefill(model: OVModel, repeats: int = REPEATS, interrupted=lambda: False) -> float:
     """Prompt tokens per second: the fastest of `repeats` prefills of PREFILL_TOKENS."""
     rates = []
     for _ in range(repeats):
+        _stop_if(interrupted, "between timed prefills")
         model.reset()
         model.forward(_ids(PREFILL_TOKENS))
         rates.append(PREFILL_TOKENS / model.last_call_s)

@@ -169,3 +169,19 @@ def test_learning_stopped_for_a_visitor_goes_on_once_the_line_is_empty():
     learning.learn_in_turns(Server(), engine, said.append, then=then.set, retry_s=0.05)
     assert then.wait(10) and done == ["full"] and len(tries) == 2
     assert any("stopped for a visitor's run" in line for line in said)
+
+
+def test_a_full_measurement_stops_within_one_call_of_being_asked_even_while_warming_up(engine):
+    engine.warm_up(12, quick=True)
+    target, draft = engine.target.runtime, engine.draft.runtime
+    before = target.requests + draft.requests
+    asked = []
+
+    def interrupted():  # a visitor arrives once the measurement has made its third call
+        asked.append(target.requests + draft.requests - before)
+        return asked[-1] >= 3
+
+    with pytest.raises(measuring.Interrupted):
+        measuring.measure(target, draft, 13, None, interrupted=interrupted)
+    assert target.requests + draft.requests - before == 3  # not the warm-ups' 14 calls, the prefills' and the steps'
+    assert len(asked) == 4
