@@ -185,3 +185,12 @@ def test_a_full_measurement_stops_within_one_call_of_being_asked_even_while_warm
         measuring.measure(target, draft, 13, None, interrupted=interrupted)
     assert target.requests + draft.requests - before == 3  # not the warm-ups' 14 calls, the prefills' and the steps'
     assert len(asked) == 4
+
+
+def test_learning_how_often_the_draft_agrees_stops_for_a_visitor_and_keeps_nothing(engine):
+    engine.warm_up(12, quick=True)
+    steps = dict(engine.to_learn(12, interrupted=lambda: True, pair_only=True))
+    with pytest.raises(measuring.Interrupted):
+        steps["learning how often the draft agrees with the target"]()
+    still = [what for what, _ in engine.to_learn(12, pair_only=True)]
+    assert still == ["learning how often the draft agrees with the target"]  # nothing kept: it is taken again
