@@ -157,7 +157,7 @@ def quietest(takes: list[CostModel]) -> CostModel:
 def _warm_up(model: OVModel, n_max: int, interrupted=lambda: False) -> None:
     """Run each shape once, untimed: the plugin's first call of a shape costs much more than later ones."""
     model.reset()
-    _stop_if(interrupted, "before warming up")
+    stop_if(interrupted, "before warming up")
     model.forward(_ids(CONTEXT_TOKENS))
     _run_once(model, range(1, n_max + 1), interrupted=interrupted)
     model.reset()
@@ -166,13 +166,13 @@ def _warm_up(model: OVModel, n_max: int, interrupted=lambda: False) -> None:
 def _run_once(model: OVModel, sizes, context: int = CONTEXT_TOKENS, interrupted=lambda: False) -> None:
     """A call of each of `sizes` tokens after the `context` tokens the model's cache holds, untimed, rolled back."""
     for n in sizes:
-        _stop_if(interrupted, f"before a warm-up call of {n} tokens")
+        stop_if(interrupted, f"before a warm-up call of {n} tokens")
         model.forward(_ids(n), logits_to_keep=n)
         model.rollback(context)
 
 
-def _stop_if(interrupted, where: str) -> None:
-    """Interrupted where `interrupted()` says something more urgent waits."""
+def stop_if(interrupted, where: str) -> None:
+    """Interrupted (stopped `where`) if `interrupted()` says something more urgent waits."""
     if interrupted():
         raise Interrupted(f"measuring stopped {where}")
 
@@ -215,12 +215,12 @@ def _time_loop(target: OVModel, draft: OVModel | None, n_max: int, sizes: list[i
         target.forward(_ids(CONTEXT_TOKENS))
 
     # t(1), once now and (in full) once after the rounds: the lower is kept (load only adds time)
-    _stop_if(interrupted, "before timing single steps")
+    stop_if(interrupted, "before timing single steps")
     steps = [_time_steps(target, untimed, repeats)]
     target_rollback.append(_timed_rollback(target, context))
     calls, draft_steps, draft_pairs, draft_rollback = [], [], [], []
     for n in sizes:  # t(n): a round's pattern, a few draft steps then the verify call
-        _stop_if(interrupted, f"before calls of {n} tokens")
+        stop_if(interrupted, f"before calls of {n} tokens")
         timed = []
         for i in range(untimed + repeats):
             if draft is not None and not (quick and i < untimed):  # quick: the pattern only before timed calls
@@ -283,7 +283,7 @@ def _time_prefill(model: OVModel, repeats: int = REPEATS, interrupted=lambda: Fa
     """Prompt tokens per second: the fastest of `repeats` prefills of PREFILL_TOKENS."""
     rates = []
     for _ in range(repeats):
-        _stop_if(interrupted, "between timed prefills")
+        stop_if(interrupted, "between timed prefills")
         model.reset()
         model.forward(_ids(PREFILL_TOKENS))
         rates.append(PREFILL_TOKENS / model.last_call_s)

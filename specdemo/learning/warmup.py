@@ -85,7 +85,8 @@ def remaining(pair: Pair, noise: fidelity.BatchingNoise | None, k_max: int, log,
         steps.append((f"measuring this machine's call costs {what}",
                       lambda: _measure_in_full(pair, k_max, log, interrupted)))
     if of_the_compile and noise is None:
-        steps.append(("measuring the batching noise", lambda: batching_noise(pair, k_max, log)))
+        steps.append(("measuring the batching noise",
+                      lambda: batching_noise(pair, k_max, log, interrupted=interrupted)))
     if needs_calibration(pair.profile, pair.keys.pair, pair.draft is not None):
         steps.append(("learning how often the draft agrees with the target",
                       lambda: calibrate(pair, k_max, interrupted)))
@@ -99,16 +100,23 @@ def _measure_in_full(pair: Pair, k_max: int, log, interrupted) -> None:
     pair.profile.keep_costs(pair.keys.costs, measuring.counted(measured, before))
 
 
-def batching_noise(pair: Pair, k_max: int, log, key: str | None = None) -> fidelity.BatchingNoise:
+def batching_noise(pair: Pair, k_max: int, log, key: str | None = None,
+                   interrupted=lambda: False) -> fidelity.BatchingNoise:
     """How far this target's batched calls move a top-2 gap from its single steps (fidelity.BatchingNoise): what a
     parting of the greedy lanes is judged against. Measured once per compile (~7 s on 2 cores), kept under `key` (the
-    pair's costs key; default its keys')."""
+    pair's costs key; default its keys'). `interrupted()` is asked before each answer's calls of each size: True stops
+    it (measuring.Interrupted, the target's cache emptied, nothing kept)."""
     key = key or pair.keys.costs
     noise = pair.profile.noise(key)
     if noise is None:
         log("measuring how far this compile's batched calls differ from its single steps (once per compile)")
         sizes = tuple(n for n in fidelity.NOISE_SIZES if n <= k_max + 1)
-        noise = fidelity.batching_noise(pair.target, pair.examples, sizes=sizes)
+        try:
+            stop = lambda: measuring.stop_if(interrupted, "while measuring the batching noise")  # noqa: E731
+            noise = fidelity.batching_noise(pair.target, pair.examples, sizes=sizes, check=stop)
+        except measuring.Interrupted:
+            pair.target.reset()
+            raise
         pair.profile.keep_noise(key, noise)
     if noise.suspect:
         log(f"this compile is suspect: {noise.suspect}")

@@ -133,14 +133,15 @@ class BatchingNoise:
 
 
 def batching_noise(model, examples: list[tuple[list[int], list[int]]], positions: int = NOISE_POSITIONS,
-                   sizes: tuple[int, ...] = NOISE_SIZES, clean: bool = True) -> BatchingNoise:
+                   sizes: tuple[int, ...] = NOISE_SIZES, clean: bool = True, check=lambda: None) -> BatchingNoise:
     """Score up to `positions` answer tokens of `examples` (prompt ids, answer ids) one token per call, as the
     autoregressive lane does, then `size` tokens per call for each size, as verify calls do: once from a fresh cache
     with nothing rolled back, once with REJECTED more tokens scored by each call and rolled back out of the cache (as
     the loop rolls back rejected drafts). Compare the gap between the single steps' top two tokens at each position.
 
     `clean` False skips the calls with nothing rolled back (a third of the time; clean_gap_change then NaN, so the
-    result judges no parting): where only the flips count (identity's parting rate)."""
+    result judges no parting): where only the flips count (identity's parting rate). `check()` is called before each
+    answer's calls of each size: it may raise to stop the measurement there (the caller empties the cache)."""
     clean_change = 0.0 if clean else float("nan")
     rolled_change = 0.0
     compared = flips = 0
@@ -148,6 +149,7 @@ def batching_noise(model, examples: list[tuple[list[int], list[int]]], positions
         fed = answer[: min(len(answer), positions - compared + 1)][:-1]
         if not fed:
             break
+        check()
         single = _scored(model, prompt, fed, 1)  # (n, V)
         top2 = np.argsort(single, axis=-1)[:, -2:]  # (n, 2): runner-up, best
         rows = np.arange(len(fed))
@@ -158,6 +160,7 @@ def batching_noise(model, examples: list[tuple[list[int], list[int]]], positions
 
         flipped = np.zeros(len(fed), dtype=bool)
         for size in sizes:
+            check()
             if clean:
                 clean_change = max(clean_change, moved(_scored(model, prompt, fed, size)))
             rolled = _scored(model, prompt, fed, size, REJECTED)

@@ -194,3 +194,11 @@ def test_learning_how_often_the_draft_agrees_stops_for_a_visitor_and_keeps_nothi
         steps["learning how often the draft agrees with the target"]()
     still = [what for what, _ in engine.to_learn(12, pair_only=True)]
     assert still == ["learning how often the draft agrees with the target"]  # nothing kept: it is taken again
+
+
+def test_measuring_the_batching_noise_stops_for_a_visitor_and_keeps_nothing(engine):
+    engine.warm_up(12, quick=True)
+    steps = dict(engine.to_learn(12, interrupted=lambda: True))
+    with pytest.raises(measuring.Interrupted):
+        steps["measuring the batching noise"]()
+    assert engine.noise is None and "measuring the batching noise" in dict(engine.to_learn(12))
