@@ -73,9 +73,8 @@ def measure(target: OVModel, draft: OVModel | None, n_max: int, known: CostModel
             log=lambda message: None, quick: bool = False, interrupted=lambda: False) -> CostModel:
     """The cost model for these compiled models: `known` (what the machine profile holds for them), or measured;
     `quick`: a provisional one from a few calls (QUICK_SIZES), where nothing is known, in seconds; a provisional
-    `known` is measured again in full unless `quick`. A full measurement asks `interrupted()` before each stage (the
-    warm-ups' shapes, the prefills, the single steps, each call size): True stops it (Interrupted), both caches
-    emptied, so a visitor waits for one call, not for the stage under way (34 s of a first visitor's 48 s on the Zen 3).
+    `known` is measured again in full unless `quick`. A full measurement asks `interrupted()` before each call or stage
+    (stop_if): True stops it (Interrupted), both caches emptied, so a visitor waits for one call, not a whole stage.
 
     Both models' caches are left empty. Every shape a run will use (prefill, 1 and up to n_max tokens)
     has run at least once when this returns, so the first timed lane pays no first-call costs.
@@ -108,8 +107,7 @@ def measure(target: OVModel, draft: OVModel | None, n_max: int, known: CostModel
         _warm_up(target, n_max, interrupted)
         if draft is not None:
             _warm_up(draft, 2, interrupted)
-        # Measuring makes each call shape UNTIMED + REPEATS times where warming up made it once; but a shape's first
-        # call costs more than the later ones (on a Zen 5: 7 s of warm-up, then 19 s of measuring, not 46), hence a range.
+        # UNTIMED + REPEATS calls a shape where the warm-up made one, but a first call costs more (Zen 5: 7 s, then 19)
         most = (UNTIMED + REPEATS) * (time.perf_counter() - start)
         log(f"measuring this machine the way the loop calls it ({FIRST_CALLS_SHARE * most:.0f}–{most:.0f} s, once per "
             "machine): single steps, "

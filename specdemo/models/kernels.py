@@ -328,7 +328,7 @@ def random_blocks(kind: str, rows: int, columns: int, rng: np.random.Generator) 
 # ---- the known-answer check at load (issue 61; ggml's test-backend-ops is the model)
 
 CHECKED_ROWS, CHECKED_COLUMNS = 37, 1280  # whole panels of 16 or 32 rows and 5 past them; more than a panel's 1024
-# activation rows: a step; a verification (AVX2 decodes Q6_K once a call from 5 rows); a prefill (AVX-512 from 16)
+# activation rows: a step; a verification (two tiles on AVX2: 6 + 1 Q4_K, 5 + 2 Q6_K); a prefill (AVX-512 from 16)
 CHECKED_CALLS = (1, 7, 17)
 _CHECKING = threading.Lock()  # a check holds the process's ISA and way (gemm_from) while it runs
 
@@ -338,7 +338,7 @@ def check(isa_name: str) -> str | None:
     """Why `isa_name`'s kernels cannot be trusted on this CPU, as a sentence naming the path and block type that failed;
     None where they can: each block type's product (CHECKED_ROWS × CHECKED_COLUMNS) on each of CHECKED_CALLS, by the
     dot products and by the gemm, through the real op on the CPU plugin, is the reference as test_kernels.py holds
-    every path. 0.1-0.3 s once a process (a 2-core Xeon, busy), most of it one compile."""
+    every path. 0.1-0.3 s once a process (the busy 2-core Zen 3, EPYC family 25 model 1), most of it one compile."""
     import tempfile
 
     with _CHECKING, tempfile.TemporaryDirectory(prefix="specdemo-check-") as folder:
