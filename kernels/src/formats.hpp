@@ -176,9 +176,10 @@ struct ManyRows {
     std::vector<float> scale;         // (rows, slots) d_a
     std::vector<int32_t> start;       // (rows, slots) −c·Σq: where the slot's integer sum starts
     std::vector<float> scaled_sum;    // (rows, slots) d_a·Σq, for Q4_K's mins
-    // (rows, slots), Q6_K's only: −c·Σq over the values maddubs pairs into each quad's even i16 lane (a quad's values 0
-    // and 1) in the low half, over its odd lane (values 2 and 3) in the high half; |32·8·127| < 2^15. AVX2's gemm starts
-    // a slot's i16 sums there, so that they hold Σ(v − c)·q (gemm_avx2.cpp, tile_q6).
+    // (rows, slots), Q6_K's and Q5_0's only: −c·Σq over the values maddubs pairs into each quad's even i16 lane (a
+    // quad's values 0 and 1) in the low half, over its odd lane (values 2 and 3) in the high half; |c·slot/2·127| < 2^15
+    // (Q6_K 32·8·127, Q5_0 16·16·127). AVX2's gemm starts a slot's i16 sums there, so that they hold Σ(v − c)·q
+    // (gemm_avx2.cpp, tile_q6 and tile_q5).
     std::vector<int32_t> lane_start;
     std::vector<BlockQ8K> k;          // (rows, columns / 256) instead of the above, where the gemm takes Q8_K
     int slots() const { return columns / slot; }

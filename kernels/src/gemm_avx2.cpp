@@ -2,9 +2,10 @@
 // activation rows, each activation's 4 values broadcast and multiplied with maddubs (u8 weights × i8 activations).
 // Q4_K takes Q8_K activations (tile_q8_k: the sub-block scales inside madd, f32 once per 256 weights, up to 6 rows a
 // tile); Q6_K a scale per slot of 16 (tile_q6: a slot's 4 quads summed in i16 from lane_start, one madd by its scale,
-// f32 once per slot, up to 5 rows a tile); Q5_0 a scale per slot (tile_slots: 2 rows a tile), its panel at the file's
-// 22 bytes a block (PackedQ5Nibbles: a step of a Q5_0 draft streams its bytes). Q8_0 has none here: its unsigned
-// values (q + 128) would saturate maddubs, so its many rows take the dot products.
+// f32 once per slot, up to 5 rows a tile); Q5_0 a scale per block of 32 (tile_q5: Q6_K's way, f32 once per block, up
+// to 5 rows a tile), its panel at the file's 22 bytes a block (PackedQ5Nibbles: a step of a Q5_0 draft streams its
+// bytes). Q8_0 has none here: its unsigned values (q + 128) would saturate maddubs, so its many rows take the dot
+// products.
 // Compiled with -mavx2 -mfma -mf16c; chosen only where the CPU has them (dispatch.cpp).
 #include <immintrin.h>
 
@@ -18,13 +19,14 @@ namespace specdemo {
 namespace {
 
 constexpr int NR = 2, ROWS = 8 * NR;  // ymm of weight rows a tile holds; the panel's rows
-constexpr int MR = 2;                 // activation rows a Q5_0 tile holds: 16 ymm registers
 // Q6_K (tile_q6): activation rows a tile holds, both halves of the panel sharing each broadcast, the quads decoded once
 // for all of them. On the 2-core Zen 3 (EPYC family 25 model 1), one core, 16,384 rows streamed, the best of 4–8 runs
 // alternating with the tiles before (2 rows a tile, the f32 per slot on 2 madds' sums; from 5 rows a chunk decoded to
 // bytes first), cycles per 256 weights and row: 5 rows 14.2 against 23.8, 9 rows 15.7 against 18.3, 1 row 32.1
 // against 33.3, 2 rows 21.1 against 19.6; held in L2, 5 rows 13.0 against 15.5.
 constexpr int MR_Q6 = 5;
+// Q5_0 (tile_q5): activation rows a tile holds, as Q6_K's.
+constexpr int MR_Q5 = 5;
 // Q4_K (tile_q8_k): activation rows a tile holds, each decoded quad shared by all of them. Measured on the 2-core Zen 3
 // (EPYC family 25 model 1), one core, a tile held in L2, cycles per 256 weights and row, the best of 3–6 runs
 // alternating with the tile before (2 rows a tile, a scale per slot): 5 rows 8.5–10.5 against 12–19, 1 row 14 against
@@ -198,55 +200,51 @@ __attribute__((noinline)) void tile_q8_k(const uint8_t* panel, int blocks, const
         for (int m = 0; m < M; ++m) _mm256_storeu_ps(y + (m0 + m) * y_stride + 8 * n, acc[n][m]);
 }
 
-// Q5_0 with a scale per slot (ManyRows by slot): two quads' maddubs added in i16 (|4 products| ≤ 4·31·127 < 2^15),
-// madd by ones to i32 started at −c·Σa, then per slot the i32 sums to f32 times d·d_a; M ≤ MR rows a tile.
-template <Kind K, typename P, int M>
-void tile_slots(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int first_block, float* y,
-                size_t y_stride, bool first) {
-    constexpr int SLOTS = P::VALUES / P::SLOT, QUADS = P::SLOT / 4;
+// Q5_0 with a scale per block of 32 (ManyRows by slot): a block's 8 quads' maddubs summed in i16 from the activations'
+// lane_start, so that each lane holds Σ(v − 16)·q over 16 products (|·| ≤ 16·16·127 < 2^15: the adds may wrap on the
+// way, the sum is exact), one madd by ones to i32, to f32 (exact) times d·d_a. Both halves of the panel share each
+// activation's broadcast and each quad is decoded once for the tile's M ≤ MR_Q5 rows: the same instructions for every
+// M, so a row's result does not depend on the rows beside it.
+template <typename P, int M>
+__attribute__((noinline)) void tile_q5(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int first_block,
+                                       float* y, size_t y_stride, bool first) {
     const int a_slots = a.slots();
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[M][NR];
-    for (int m = 0; m < M; ++m)
-        for (int n = 0; n < NR; ++n)
-            acc[m][n] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + (m0 + m) * y_stride + 8 * n);
+    __m256 acc[NR][M];
+    for (int n = 0; n < NR; ++n)
+        for (int m = 0; m < M; ++m)
+            acc[n][m] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + (m0 + m) * y_stride + 8 * n);
     for (int b = 0; b < blocks; ++b) {
         const uint8_t* block = panel + b * P::BYTES;
-        __m256 d[NR];
-        for (int n = 0; n < NR; ++n) d[n] = halves(block + P::D + 16 * n);
-        for (int j = 0; j < SLOTS; ++j) {
-            if (m0 == 0) prefetch_slot_of_next(block, j, SLOTS, P::BYTES);
-            const int slot = (first_block + b) * SLOTS + j;
-            const size_t at = size_t(m0) * a_slots + slot;
-            const int8_t* q = a.q.data() + size_t(m0) * a.columns + slot * P::SLOT;
-            __m256i sum[M][NR];
+        if (m0 == 0) prefetch_slot_of_next(block, 0, 1, P::BYTES);
+        const size_t at = size_t(m0) * a_slots + first_block + b;
+        const int8_t* q = a.q.data() + size_t(m0) * a.columns + (first_block + b) * 32;
+        __m256i p[NR][M];
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; ++k) {
+            __m256i w[NR];
+            for (int n = 0; n < NR; ++n) w[n] = values<Kind::Q5_0, P>(block, 0, k, n);
+#pragma GCC unroll 8
             for (int m = 0; m < M; ++m) {
-                const __m256i start = _mm256_set1_epi32(a.start[at + m * a_slots]);
-                for (int n = 0; n < NR; ++n) sum[m][n] = start;
-            }
-            for (int quad = 0; quad < QUADS; quad += 2) {
-                __m256i w0[NR], w1[NR];
-                for (int n = 0; n < NR; ++n)
-                    w0[n] = values<K, P>(block, j, quad, n), w1[n] = values<K, P>(block, j, quad + 1, n);
-                for (int m = 0; m < M; ++m) {
-                    const __m256i x0 = broadcast4(q + m * a.columns + 4 * quad);
-                    const __m256i x1 = broadcast4(q + m * a.columns + 4 * quad + 4);
-                    for (int n = 0; n < NR; ++n) {
-                        const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(w0[n], x0),
-                                                               _mm256_maddubs_epi16(w1[n], x1));
-                        sum[m][n] = _mm256_add_epi32(sum[m][n], _mm256_madd_epi16(pairs, ones));
-                    }
+                const __m256i x = broadcast4(q + m * a.columns + 4 * k);
+                for (int n = 0; n < NR; ++n) {
+                    const __m256i start = k ? p[n][m] : _mm256_set1_epi32(a.lane_start[at + m * a_slots]);
+                    p[n][m] = _mm256_add_epi16(start, _mm256_maddubs_epi16(w[n], x));
+                    __asm__("" : "+x"(p[n][m]));  // one sum a register, as in slot_sums
                 }
             }
+        }
+        for (int n = 0; n < NR; ++n) {
+            const __m256 d = halves(block + P::D + 16 * n);
+#pragma GCC unroll 8
             for (int m = 0; m < M; ++m) {
-                const __m256 da = _mm256_set1_ps(a.scale[at + m * a_slots]);
-                for (int n = 0; n < NR; ++n)
-                    acc[m][n] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[m][n]), _mm256_mul_ps(d[n], da), acc[m][n]);
+                const __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p[n][m], ones));
+                acc[n][m] = _mm256_fmadd_ps(s, _mm256_mul_ps(d, _mm256_set1_ps(a.scale[at + m * a_slots])), acc[n][m]);
             }
         }
     }
-    for (int m = 0; m < M; ++m)
-        for (int n = 0; n < NR; ++n) _mm256_storeu_ps(y + (m0 + m) * y_stride + 8 * n, acc[m][n]);
+    for (int n = 0; n < NR; ++n)
+        for (int m = 0; m < M; ++m) _mm256_storeu_ps(y + (m0 + m) * y_stride + 8 * n, acc[n][m]);
 }
 
 // Q6_K with a scale per slot of 16 (ManyRows by slot): each slot's 4 quads' maddubs summed in i16 from the
@@ -313,14 +311,14 @@ void tile(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int first
     else if constexpr (K == Kind::Q6_K)
         tile_q6<P, M>(panel, blocks, a, m0, first_block, y, y_stride, first);
     else
-        tile_slots<K, P, M>(panel, blocks, a, m0, first_block, y, y_stride, first);
+        tile_q5<P, M>(panel, blocks, a, m0, first_block, y, y_stride, first);
 }
 
 // Each kind's panel: Q5_0's at the file's bytes (PackedQ5Nibbles), the others' as panel.hpp packs them.
 template <Kind K>
 using Panel = std::conditional_t<K == Kind::Q5_0, PackedQ5Nibbles<ROWS>, Packed<K, ROWS>>;
 template <Kind K>
-constexpr GemmFn GEMM = gemm_panels<K, ROWS, K == Kind::Q4_K ? MR_Q8_K : K == Kind::Q6_K ? MR_Q6 : MR, NEVER_DECODED, Panel<K>>;
+constexpr GemmFn GEMM = gemm_panels<K, ROWS, K == Kind::Q4_K ? MR_Q8_K : K == Kind::Q6_K ? MR_Q6 : MR_Q5, NEVER_DECODED, Panel<K>>;
 template <Kind K>
 constexpr PackFn PACK = pack_panel<K, ROWS, Interleave, Panel<K>>;
 

@@ -37,8 +37,8 @@ def test_block_matmul_equals_the_dequantized_blocks_times_the_8_bit_activations_
     columns = 1280  # more than the 1024 columns of a panel a gemm multiplies at once (panel.hpp), not a multiple of them
     raw = kernels.random_blocks(kind, 37, columns, rng)  # whole panels of 16 or 32 rows, and 5 rows past them
     model = compiled({kind: raw}, kernels.new_core(), tmp_path)
-    # a step, the row groups a block is decoded once for by the dot products, the gemm's tiles of 2, 4 or 6 activation
-    # rows (6 for Q4_K on AVX2), and what is left of both; a prefill's many rows
+    # a step, the row groups a block is decoded once for by the dot products, the gemm's tiles of 4, 5 or 6 activation
+    # rows (6 for Q4_K, 5 for Q6_K and Q5_0 on AVX2), and what is left of both; a prefill's many rows
     for m in (1, 2, 3, 4, 5, 8, 9, 13, 70):
         x = rng.standard_normal((m, columns)).astype(np.float32) * rng.uniform(0.1, 10)
         for isa, way in itertools.product(each_isa, ("dots", "gemm")):
