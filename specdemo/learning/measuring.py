@@ -27,7 +27,7 @@ from specdemo import strict_json
 from specdemo.decoding.costs import CostModel, monotone
 from specdemo.host import load, machine
 from specdemo.models import kernels
-from specdemo.models.runtime import OVModel
+from specdemo.models.runtime import Interrupted, OVModel  # Interrupted: stop_if raises it too, callers catch it here
 from specdemo.settings import K_MAX
 
 COSTS_VERSION = 3  # bump when what is measured changes, so old caches are not reused
@@ -62,11 +62,6 @@ BUSY_REPEATS = 2
 # A full measurement still busy after its repeats is taken again at the page's next starts (warmup.remaining), until one
 # is clean or this many in a row were busy: the runs that follow correct the calls a plan makes, not the others.
 BUSY_MEASUREMENTS = 3
-
-
-class Interrupted(Exception):
-    """A measurement stopped part-way because something more urgent wants the machine (a visitor's run): nothing of
-    it is kept; measure again later."""
 
 
 def measure(target: OVModel, draft: OVModel | None, n_max: int, known: CostModel | None = None,

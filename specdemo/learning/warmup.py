@@ -13,6 +13,7 @@ noise) it returns, and the engine assigns.
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Callable
 
@@ -90,7 +91,19 @@ def remaining(pair: Pair, noise: fidelity.BatchingNoise | None, k_max: int, log,
     if needs_calibration(pair.profile, pair.keys.pair, pair.draft is not None):
         steps.append(("learning how often the draft agrees with the target",
                       lambda: calibrate(pair, k_max, interrupted)))
-    return steps
+    return [(what, _interruptible(pair, interrupted, step)) for what, step in steps]
+
+
+def _interruptible(pair: Pair, interrupted: Callable[[], bool], step: Callable[[], object]) -> Callable[[], object]:
+    """`step` with both models' long calls (prefills, teacher-forced answers) stopped part-way once `interrupted()` says
+    so (OVModel.interruptible): a visitor waits for one node, not for a 3-7 s prefill to end."""
+    def run():
+        with ExitStack() as stack:
+            for model in (pair.target, pair.draft):
+                if model is not None:
+                    stack.enter_context(model.interruptible(interrupted))
+            return step()
+    return run
 
 
 def _measure_in_full(pair: Pair, k_max: int, log, interrupted) -> None:
@@ -128,7 +141,7 @@ def calibrate(pair: Pair, k_max: int, interrupted=lambda: False) -> None:
     few built-in answers (teacher forced, a couple of seconds; 14 s on the 2-core Zen 3 with an INT4 draft). Without it
     a new machine would plan its first run on a guessed α, and a guess that says no K pays would draft nothing and so
     teach nothing. `interrupted()` is asked before each answer: True stops it (measuring.Interrupted, nothing kept), so
-    a visitor waits for one answer, not all of them."""
+    a visitor waits for one answer, not all of them (as a step of `remaining`, not even for that: _interruptible)."""
     tested, accepted = [0] * k_max, [0] * k_max
     for prompt, text in pair.examples:
         if interrupted():

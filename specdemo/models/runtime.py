@@ -18,8 +18,9 @@ from __future__ import annotations
 import ctypes
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import openvino as ov
@@ -33,6 +34,15 @@ from specdemo.settings import ModelSettings
 # 4,096-token prompt in one call took 5.9 GB), while the KV cache makes pieces cost the same in total.
 PREFILL_CHUNK = 512
 COMPACT_AFTER = 64  # forgotten positions kept in the plugin's cache before it is compacted (every one is attended to)
+# Calls of at least this many tokens can be stopped part-way (OVModel.interruptible): a prefill of 128-300 tokens, which
+# the page's learning makes, takes 3-7 s on a 2-core AVX2 CPU, and a visitor who came during one waited for all of it.
+LONG_CALL = 32
+POLL_MS = 10  # how often such a call asks whether to stop
+
+
+class Interrupted(Exception):
+    """Work stopped part-way because something more urgent wants the machine (a visitor's run): nothing of it is
+    kept (a model whose call was stopped has its cache emptied); do it again later."""
 
 
 class OVModel:
@@ -65,6 +75,7 @@ class OVModel:
         self.last_call_s = 0.0  # seconds of the latest call (the loops record it; specdemo/results/metrics.py sums)
         self.requests = 0  # inference requests since compilation, never reset (a long prompt is several)
         self._beam = np.zeros(1, dtype=np.int32)
+        self._interrupted: Callable[[], bool] | None = None  # set while interruptible: long calls ask it
         # For an input longer than PREFILL_CHUNK: called as on_piece(tokens fed, of n) before the first piece
         # (0) and after each piece, so a long prefill can show its progress; None: silent.
         self.on_piece: Callable[[int, int], None] | None = None
@@ -114,10 +125,37 @@ class OVModel:
         }
         if self.sliced_logits:
             inputs["logits_to_keep"] = np.asarray([keep], dtype=np.int64)
-        self.request.infer(inputs, share_inputs=True)
+        if self._interrupted is not None and n >= LONG_CALL:
+            self._infer_unless_interrupted(inputs)
+        else:
+            self.request.infer(inputs, share_inputs=True)
         self.requests += 1
         self._mask = mask
         self.length += n
+
+    @contextmanager
+    def interruptible(self, interrupted: Callable[[], bool]) -> Iterator[OVModel]:
+        """Within it, a call of LONG_CALL tokens or more runs asynchronously, asks `interrupted()` every POLL_MS, and on
+        True is cancelled (the CPU plugin stops between two nodes), the cache emptied and Interrupted raised. Shorter
+        calls run as always: the background's learning goes this way, never a lane, so single steps and verify calls
+        are timed as the lanes make them."""
+        self._interrupted = interrupted
+        try:
+            yield self
+        finally:
+            self._interrupted = None
+
+    def _infer_unless_interrupted(self, inputs: dict) -> None:
+        self.request.start_async(inputs, share_inputs=True)
+        while not self.request.wait_for(POLL_MS):
+            if self._interrupted():
+                self.request.cancel()
+                try:
+                    self.request.wait()
+                except RuntimeError:  # the plugin says it was cancelled
+                    pass
+                self.reset_cache()  # some layers' keys and values were written, others not
+                raise Interrupted("a long call stopped for a visitor")
 
     def rollback(self, length: int) -> None:
         """Forget every cached token from position `length` on, so the cache holds exactly `length` tokens."""

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from specdemo.models.runtime import OVModel
+from specdemo.models import runtime
+from specdemo.models.runtime import LONG_CALL, OVModel
 from specdemo.settings import ModelSettings
 
 PROMPT = [5, 17, 99, 3, 250, 42, 7]
@@ -159,3 +160,32 @@ def test_compacting_a_u8_cache_changes_no_score(tiny_target, monkeypatch):
     never, none = rounds(10_000)
     assert compactions >= 5 and none == 0
     np.testing.assert_allclose(compacted, never, rtol=1e-4, atol=1e-4)  # attention sums over a shorter cache
+
+
+def test_a_long_call_that_may_be_interrupted_scores_as_an_ordinary_call(tiny_target):
+    model = _model(tiny_target)
+    long_prompt = (PROMPT * 8)[:LONG_CALL + 3]
+    plain = model.forward(long_prompt)
+    model.reset()
+    with model.interruptible(lambda: False):
+        np.testing.assert_array_equal(model.forward(long_prompt), plain)
+    assert model.length == len(long_prompt)
+
+
+def test_a_long_call_stops_part_way_when_asked_and_leaves_an_empty_cache_that_works(tiny_target, monkeypatch):
+    monkeypatch.setattr(runtime, "POLL_MS", 0)  # asked as soon as it starts: a tiny model's call is over in 10 ms
+    model = _model(tiny_target)
+    expected = model.forward(PROMPT)
+    model.forward(PROMPT * 5)
+    with model.interruptible(lambda: True), pytest.raises(runtime.Interrupted):
+        model.forward(PROMPT * 5)  # 35 tokens: a long call
+    assert model.length == 0
+    np.testing.assert_allclose(model.forward(PROMPT), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_a_short_call_is_never_interrupted(tiny_target, monkeypatch):
+    monkeypatch.setattr(runtime, "POLL_MS", 0)
+    model = _model(tiny_target)
+    with model.interruptible(lambda: True):
+        model.forward(PROMPT)  # a lane's step or verify call: run as the lanes run it, and never stopped
+    assert model.length == len(PROMPT)

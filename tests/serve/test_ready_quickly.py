@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from specdemo.learning import measuring
+from specdemo.models import runtime
 from specdemo.run.engine import Engine
 from specdemo.settings import GenerationSettings, KPolicy, RunSettings
 from tests.conftest import exact
@@ -202,3 +203,20 @@ def test_measuring_the_batching_noise_stops_for_a_visitor_and_keeps_nothing(engi
     with pytest.raises(measuring.Interrupted):
         steps["measuring the batching noise"]()
     assert engine.noise is None and "measuring the batching noise" in dict(engine.to_learn(12))
+
+
+def test_learning_stops_part_way_through_a_long_call_when_a_visitor_comes(engine, monkeypatch):
+    """A teacher-forced answer is one call of a few hundred tokens (3-7 s on a 2-core AVX2 CPU): a visitor who comes
+    during it waits for one node of it, not for the rest of it."""
+    monkeypatch.setattr(runtime, "POLL_MS", 0)
+    engine.warm_up(12, quick=True)
+    asked = []
+
+    def interrupted():  # no one waits before the first answer; someone does once its call has started
+        asked.append(1)
+        return len(asked) > 1
+
+    steps = dict(engine.to_learn(12, interrupted=interrupted, pair_only=True))
+    with pytest.raises(measuring.Interrupted, match="a long call stopped"):
+        steps["learning how often the draft agrees with the target"]()
+    assert engine.target.runtime.length == 0 or engine.draft.runtime.length == 0
