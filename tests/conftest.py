@@ -196,7 +196,7 @@ def watch_forward(monkeypatch, model, before_call: Callable[[list[int]], None]) 
     monkeypatch.setitem(vars(model), "forward", spy)
 
 
-STARTUP_S = 600  # a cold machine converts the models first (about 6 minutes on 2 cores)
+STARTUP_S = 600  # a cold machine builds the models first: well under a minute on 2 cores, minutes beside other work
 
 
 def free_port() -> int:
