@@ -48,7 +48,7 @@ float fp16_round(float x);  // x rounded to the nearest half (ties to even), as 
 // run, and keeps each file's instantiations of shared_rows its own.
 namespace {
 
-inline size_t block_bytes(Kind kind) {
+constexpr size_t block_bytes(Kind kind) {
     switch (kind) {
     case Kind::Q4_K: return Q4_K_BYTES;
     case Kind::Q6_K: return Q6_K_BYTES;
@@ -57,7 +57,7 @@ inline size_t block_bytes(Kind kind) {
     }
 }
 
-inline int block_values(Kind kind) { return kind == Kind::Q4_K || kind == Kind::Q6_K ? 256 : 32; }
+constexpr int block_values(Kind kind) { return kind == Kind::Q4_K || kind == Kind::Q6_K ? 256 : 32; }
 
 // The gemm's slot (the weights that share a scale: panel.hpp) and the weights' integer offset c there (w = s·(v − c)).
 constexpr int slot_values(Kind kind) { return kind == Kind::Q6_K ? 16 : 32; }
@@ -87,8 +87,7 @@ inline float fp16_to_fp32(uint16_t h) {
     return f;
 }
 
-inline float read_fp16(const uint8_t* p) { return fp16_to_fp32(uint16_t(p[0] | (p[1] << 8))); }
-
+inline uint16_t read_bits(const uint8_t* p) { return uint16_t(p[0] | (p[1] << 8)); }  // a stored half's bits
 
 // Q4_K's 12 scale bytes as 8 scales and 8 mins (6 bits each), four at a time in 32-bit words:
 //   sc 0–3 = s 0–3 & 63          sc 4–7 = (s 8–11 & 15) | (s 0–3 >> 6) << 4
@@ -101,11 +100,81 @@ inline void unpack_q4_k_scales(const uint8_t* s, uint64_t& sc, uint64_t& m) {
     m = (word[1] & 0x3F3F3F3Fu) | uint64_t(((word[2] >> 4) & 0x0F0F0F0Fu) | (((word[1] >> 6) & 0x03030303u) << 4)) << 32;
 }
 
-inline void unpack_q4_k_scales(const uint8_t* s, uint8_t sc[8], uint8_t m[8]) {
-    uint64_t scales, mins;
-    unpack_q4_k_scales(s, scales, mins);
-    std::memcpy(sc, &scales, 8);
-    std::memcpy(m, &mins, 8);
+// Each format's one scalar decoder, as ggml keeps one reference per format: a block's bytes as the values and scales of
+//
+//     w_i = d·sc_g·q_i − dmin·m_g      weight i of group g = i / G (G = slot_values: 32, Q6_K's 16)
+//
+// with sc = 1 and m = 0 where a format has no groups of its own (Q8_0, Q5_0; dmin 0 but for Q4_K), q as the formula
+// takes it: Q4_K 0…15, Q6_K −32…31, Q8_0 −128…127, Q5_0 −16…15 (q + weight_offset ≥ 0). The scalar dot products
+// (dot_scalar.cpp), the unpacking (unpack.cpp) and the gemm's packing at load (panel.hpp) read blocks through these;
+// every SIMD path is tested against them on every block type, tail and row count (tests/models/test_kernels.py), and
+// Python's decoder (specdemo/models/blocks.py) against gguf-py's.
+template <Kind K>
+struct Decoded {
+    static constexpr int VALUES = block_values(K), G = slot_values(K), GROUPS = VALUES / G;
+    uint16_t d = 0, dmin = 0;                 // f16 bits, as stored
+    int8_t sc[GROUPS] = {}, m[GROUPS] = {};   // Q4_K's 6-bit (0…63), Q6_K's signed 8-bit; 1 and 0 for Q8_0, Q5_0
+    int8_t q[VALUES];
+};
+
+template <Kind K>
+Decoded<K> decode(const uint8_t* block);
+
+template <>
+inline Decoded<Kind::Q4_K> decode<Kind::Q4_K>(const uint8_t* block) {  // d, dmin, 12 bytes of scales, 128 of nibbles
+    Decoded<Kind::Q4_K> out;
+    out.d = read_bits(block), out.dmin = read_bits(block + 2);
+    uint64_t sc, m;
+    unpack_q4_k_scales(block + 4, sc, m);
+    std::memcpy(out.sc, &sc, 8), std::memcpy(out.m, &m, 8);
+    const uint8_t* nibbles = block + 16;
+    for (int c = 0; c < 4; ++c) {  // 32 bytes: weights 64c + i in the low nibbles, 64c + 32 + i in the high
+        for (int i = 0; i < 32; ++i) {
+            out.q[64 * c + i] = int8_t(nibbles[32 * c + i] & 0x0F);
+            out.q[64 * c + 32 + i] = int8_t(nibbles[32 * c + i] >> 4);
+        }
+    }
+    return out;
+}
+
+template <>
+inline Decoded<Kind::Q6_K> decode<Kind::Q6_K>(const uint8_t* block) {  // 128 bytes of nibbles, 64 of 2-bit highs, sc, d
+    Decoded<Kind::Q6_K> out;
+    for (int h = 0; h < 2; ++h) {  // each half: 128 weights from 64 bytes of nibbles and 32 of highs (4 a byte)
+        const uint8_t *low = block + 64 * h, *high = block + 128 + 32 * h;
+        int8_t* q = out.q + 128 * h;
+        for (int i = 0; i < 32; ++i) {
+            q[i] = int8_t(((low[i] & 0x0F) | (high[i] & 3) << 4) - 32);
+            q[32 + i] = int8_t(((low[32 + i] & 0x0F) | (high[i] >> 2 & 3) << 4) - 32);
+            q[64 + i] = int8_t(((low[i] >> 4) | (high[i] >> 4 & 3) << 4) - 32);
+            q[96 + i] = int8_t(((low[32 + i] >> 4) | (high[i] >> 6) << 4) - 32);
+        }
+    }
+    std::memcpy(out.sc, block + 192, 16);
+    out.d = read_bits(block + 208);
+    return out;
+}
+
+template <>
+inline Decoded<Kind::Q8_0> decode<Kind::Q8_0>(const uint8_t* block) {  // d, 32 × q
+    Decoded<Kind::Q8_0> out;
+    out.d = read_bits(block), out.sc[0] = 1;
+    std::memcpy(out.q, block + 2, 32);
+    return out;
+}
+
+template <>
+inline Decoded<Kind::Q5_0> decode<Kind::Q5_0>(const uint8_t* block) {  // d, 32 fifth bits, 16 bytes of nibbles
+    Decoded<Kind::Q5_0> out;
+    out.d = read_bits(block), out.sc[0] = 1;
+    uint32_t fifth;  // bit i: weight i's
+    std::memcpy(&fifth, block + 2, 4);
+    const uint8_t* nibbles = block + 6;
+    for (int i = 0; i < 16; ++i) {  // weight i in the low nibbles, 16 + i in the high
+        out.q[i] = int8_t(((nibbles[i] & 0x0F) | (fifth >> i & 1) << 4) - 16);
+        out.q[16 + i] = int8_t(((nibbles[i] >> 4) | (fifth >> (16 + i) & 1) << 4) - 16);
+    }
+    return out;
 }
 
 // A call reads its weights once, straight from memory: while a block is decoded, ask for the bytes PREFETCH_AHEAD

@@ -35,11 +35,17 @@ namespace specdemo {
 namespace {
 
 // A format's packed block of ROWS rows: its layout (above) and `pack<Interleave>(raw, row_bytes, out)`, from ROWS rows
-// of the file's blocks (row r at raw + r·row_bytes). The ISA's `Interleave::run(bytes, stride, out, quad_bytes)` turns
-// ROWS rows' 32 bytes into 8 quads of the ROWS rows (a transpose of i32): nibbles and bits are bytewise, so the
-// K-quants transpose the file's bytes first and decode all rows at once.
+// of the file's blocks (row r at raw + r·row_bytes), each read by its format's decoder (formats.hpp: decode) but Q4_K's
+// nibbles, kept as the file has them. The ISA's `Interleave::run(bytes, stride, out, quad_bytes)` turns ROWS rows' 32
+// bytes into 8 quads of the ROWS rows (a transpose of i32).
 template <Kind K, int ROWS>
 struct Packed;
+
+// A decoded block's values as the gemm multiplies them, unsigned: v = q + c (formats.hpp: weight_offset).
+template <Kind K>
+inline void unsigned_values(const Decoded<K>& block, uint8_t* v) {
+    for (int i = 0; i < Decoded<K>::VALUES; ++i) v[i] = uint8_t(block.q[i] + weight_offset(K));
+}
 
 template <int ROWS>
 struct Packed<Kind::Q4_K, ROWS> {
@@ -50,18 +56,16 @@ struct Packed<Kind::Q4_K, ROWS> {
     template <typename Interleave>
     static void pack(const uint8_t* raw, size_t row_bytes, uint8_t* out) {
         for (int c = 0; c < 4; ++c) Interleave::run(raw + 16 + 32 * c, row_bytes, out + V + 8 * c * QUAD, QUAD);
-        alignas(64) uint32_t word[8][ROWS];  // bytes 0…31 of each row: d and dmin, then the 12 bytes of 6-bit scales
-        Interleave::run(raw, row_bytes, reinterpret_cast<uint8_t*>(word), QUAD);
         auto* d = reinterpret_cast<uint16_t*>(out + D);
         auto* dmin = reinterpret_cast<uint16_t*>(out + DMIN);
-        for (int r = 0; r < ROWS; ++r) {
-            d[r] = uint16_t(word[0][r]), dmin[r] = uint16_t(word[0][r] >> 16);
-            const uint32_t s0 = word[1][r], s1 = word[2][r], s2 = word[3][r];  // unpack_q4_k_scales, a row a lane
-            const uint32_t sc[2] = {s0 & 0x3F3F3F3Fu, (s2 & 0x0F0F0F0Fu) | ((s0 >> 6) & 0x03030303u) << 4};
-            const uint32_t m[2] = {s1 & 0x3F3F3F3Fu, ((s2 >> 4) & 0x0F0F0F0Fu) | ((s1 >> 6) & 0x03030303u) << 4};
+        for (int r = 0; r < ROWS; ++r) {  // d, dmin and the scales as decode<Q4_K> reads them (the nibbles: the file's)
+            const uint8_t* block = raw + r * row_bytes;
+            uint64_t sc, m;
+            unpack_q4_k_scales(block + 4, sc, m);
+            d[r] = read_bits(block), dmin[r] = read_bits(block + 2);
             for (int j = 0; j < 8; ++j) {
-                out[SC + j * ROWS + r] = uint8_t(sc[j / 4] >> (8 * (j % 4)));
-                out[M + j * ROWS + r] = uint8_t(m[j / 4] >> (8 * (j % 4)));
+                out[SC + j * ROWS + r] = uint8_t(sc >> 8 * j);
+                out[M + j * ROWS + r] = uint8_t(m >> 8 * j);
             }
         }
     }
@@ -75,19 +79,15 @@ struct Packed<Kind::Q6_K, ROWS> {
 
     template <typename Interleave>
     static void pack(const uint8_t* raw, size_t row_bytes, uint8_t* out) {
-        alignas(64) uint8_t low0[8 * QUAD], low1[8 * QUAD], high[8 * QUAD], six[64 * QUAD];
-        for (int h = 0; h < 2; ++h) {  // each half: 128 weights from 64 bytes of low nibbles and 32 of high bits
-            Interleave::run(raw + 64 * h, row_bytes, low0, QUAD);
-            Interleave::run(raw + 64 * h + 32, row_bytes, low1, QUAD);
-            Interleave::run(raw + 128 + 32 * h, row_bytes, high, QUAD);
-            uint8_t* v = six + 32 * h * QUAD;  // weights 128h + 32s + i: quad 32h + 8s + i / 4
-            for (size_t i = 0; i < 8 * QUAD; ++i) {
-                v[i] = (low0[i] & 0x0F) | (high[i] & 3) << 4;
-                v[8 * QUAD + i] = (low1[i] & 0x0F) | ((high[i] >> 2) & 3) << 4;
-                v[16 * QUAD + i] = (low0[i] >> 4) | ((high[i] >> 4) & 3) << 4;
-                v[24 * QUAD + i] = (low1[i] >> 4) | (high[i] >> 6) << 4;
-            }
+        alignas(64) uint8_t v[ROWS][256], six[64 * QUAD];  // each row's values unsigned (0…63); as 64 quads of the rows
+        auto* d = reinterpret_cast<uint16_t*>(out + D);
+        for (int r = 0; r < ROWS; ++r) {
+            const Decoded<Kind::Q6_K> block = decode<Kind::Q6_K>(raw + r * row_bytes);
+            unsigned_values(block, v[r]);
+            for (int g = 0; g < 16; ++g) out[SC + g * ROWS + r] = uint8_t(block.sc[g]);
+            d[r] = block.d;
         }
+        for (int c = 0; c < 8; ++c) Interleave::run(&v[0][32 * c], 256, six + 8 * c * QUAD, QUAD);
         for (int j = 0; j < 16; ++j) {  // slot j's quads 4j + q: two bytes of nibbles (q = 0, 1; 2, 3) and the 2-bit highs
             const uint8_t* q = six + 4 * j * QUAD;
             uint8_t* slot = out + V + j * SLOT_BYTES;
@@ -97,14 +97,6 @@ struct Packed<Kind::Q6_K, ROWS> {
                 slot[2 * QUAD + i] = q[i] >> 4 | (q[QUAD + i] >> 4) << 2 | (q[2 * QUAD + i] >> 4) << 4 |
                                      (q[3 * QUAD + i] >> 4) << 6;
             }
-        }
-        // bytes 176…207 of each row: quads 4–7 the 16 scales; d, at 208, a row at a time (32 bytes from 192 would read
-        // past the tensor's last block)
-        Interleave::run(raw + 176, row_bytes, low0, QUAD);
-        auto* d = reinterpret_cast<uint16_t*>(out + D);
-        for (int r = 0; r < ROWS; ++r) {
-            std::memcpy(d + r, raw + r * row_bytes + 208, 2);
-            for (int g = 0; g < 16; ++g) out[SC + g * ROWS + r] = low0[(4 + g / 4) * QUAD + 4 * r + g % 4];
         }
     }
 };
@@ -140,40 +132,29 @@ constexpr bool STREAMED = true;
 template <int ROWS>
 constexpr bool STREAMED<Decoded6<ROWS>> = false;
 
-// Q8_0 and Q5_0: 32 weights a block, one scale. `Decode(block, 32 values)` a row at a time, then the ROWS transposed.
-template <int ROWS, size_t RAW_BYTES, void (*Decode)(const uint8_t*, uint8_t*)>
+// Q8_0 and Q5_0: 32 weights a block, one scale. A row at a time, then the ROWS transposed.
+template <Kind K, int ROWS>
 struct Packed32 {
     static constexpr int SLOT = 32, VALUES = 32;
-    static constexpr size_t RAW = RAW_BYTES, QUAD = ROWS * 4, D = 0, V = 2 * ROWS, BYTES = V + 8 * QUAD;
+    static constexpr size_t RAW = block_bytes(K), QUAD = ROWS * 4, D = 0, V = 2 * ROWS, BYTES = V + 8 * QUAD;
 
     template <typename Interleave>
     static void pack(const uint8_t* raw, size_t row_bytes, uint8_t* out) {
         alignas(64) uint8_t v[ROWS][32];
         auto* d = reinterpret_cast<uint16_t*>(out + D);
         for (int r = 0; r < ROWS; ++r) {
-            Decode(raw + r * row_bytes, v[r]);
-            std::memcpy(d + r, raw + r * row_bytes, 2);
+            const Decoded<K> block = decode<K>(raw + r * row_bytes);
+            unsigned_values(block, v[r]);
+            d[r] = block.d;
         }
         Interleave::run(&v[0][0], 32, out + V, QUAD);
     }
 };
 
-inline void decode_q8_0(const uint8_t* w, uint8_t* v) {  // v = q + 128: unsigned, for vpdpbusd
-    for (int i = 0; i < 32; ++i) v[i] = uint8_t(int8_t(w[2 + i]) + 128);
-}
-
-inline void decode_q5_0(const uint8_t* w, uint8_t* v) {  // v = q (0…31)
-    const uint32_t high = uint32_t(w[2]) | uint32_t(w[3]) << 8 | uint32_t(w[4]) << 16 | uint32_t(w[5]) << 24;
-    for (int i = 0; i < 32; ++i) {
-        const int low = i < 16 ? w[6 + i] & 0x0F : w[6 + i - 16] >> 4;
-        v[i] = uint8_t(low | ((high >> i) & 1) << 4);
-    }
-}
-
 template <int ROWS>
-struct Packed<Kind::Q8_0, ROWS> : Packed32<ROWS, Q8_0_BYTES, decode_q8_0> {};
+struct Packed<Kind::Q8_0, ROWS> : Packed32<Kind::Q8_0, ROWS> {};
 template <int ROWS>
-struct Packed<Kind::Q5_0, ROWS> : Packed32<ROWS, Q5_0_BYTES, decode_q5_0> {};
+struct Packed<Kind::Q5_0, ROWS> : Packed32<Kind::Q5_0, ROWS> {};
 
 // Q5_0 at the file's 22 bytes a row's block (AVX2's panel; Packed's 34 stream 1.55× the bytes, and a draft of Q5_0
 // layers steps at its bytes): d [ROWS] f16, then fifths [ROWS][4]: byte b of a row holds the fifth bits of its weights
@@ -191,9 +172,10 @@ struct PackedQ5Nibbles {
         alignas(64) uint8_t row[ROWS][32] = {}, quads[8 * QUAD];  // a row: 16 bytes of nibbles, 4 of fifths, 12 unused
         auto* d = reinterpret_cast<uint16_t*>(out + D);
         for (int r = 0; r < ROWS; ++r) {
+            const Decoded<Kind::Q5_0> block = decode<Kind::Q5_0>(raw + r * row_bytes);
             uint8_t v[32];
-            decode_q5_0(raw + r * row_bytes, v);
-            std::memcpy(d + r, raw + r * row_bytes, 2);
+            unsigned_values(block, v);
+            d[r] = block.d;
             for (int i = 0; i < 16; ++i) row[r][i] = (v[i] & 0x0F) | (v[16 + i] & 0x0F) << 4;
             for (int i = 0; i < 32; ++i) row[r][16 + i % 4] |= (v[i] >> 4) << (i / 4);
         }

@@ -5,10 +5,8 @@
 //
 //   w[r, g·G + j] = scale[r, g] · q[r, g, j] + offset[r, g]      q i8 (rows, groups, G), scale and offset f16 bits
 //
-//   Q4_K  G = 32: q = nibble − 8, scale = d·sc, offset = 8·scale − dmin·m (both rounded to f16 from f32)
-//   Q6_K  G = 16: q = 6-bit value − 32, scale = d·sc (sc signed), no offset
-//   Q8_0  G = 32: q as stored, scale = d, no offset
-//   Q5_0  G = 32: q = 5-bit value − 16, scale = d, no offset
+// from each block as its format's decoder reads it (formats.hpp: decode, w = d·sc·q − dmin·m, G its groups):
+// scale = d·sc (d itself for Q8_0 and Q5_0), q as decoded, but Q4_K's less 8 (an i4) with offset = 8·scale − dmin·m.
 //
 // Baseline x86-64 and no FMA (CMakeLists.txt: -ffp-contract=off), so every product and difference is rounded as
 // numpy's f32 arithmetic rounds it.
@@ -16,7 +14,8 @@
 
 #include <cstdint>
 #include <cstring>
-#include <string>
+
+namespace specdemo {
 
 namespace {
 
@@ -45,81 +44,50 @@ uint16_t fp32_to_fp16_bits(float value) {
     return sign | uint16_t(half);
 }
 
-uint16_t read_bits(const uint8_t* p) { return uint16_t(p[0] | (p[1] << 8)); }
-
-void unpack_q4_k(const uint8_t* block, int8_t* q, uint16_t* scale, uint16_t* offset) {
-    const float d = specdemo::read_fp16(block), dmin = specdemo::read_fp16(block + 2);
-    uint8_t sc[8], m[8];
-    specdemo::unpack_q4_k_scales(block + 4, sc, m);
-    for (int g = 0; g < 8; ++g) {
-        const float s = d * float(sc[g]);
-        const float mins = dmin * float(m[g]);
+// One block of kind K unpacked into its groups: q as decode gives it (Q4_K's less 8, an i4), scale = d·sc, and for Q4_K
+// offset = 8·scale − dmin·m, each rounded to f16 from f32.
+template <Kind K>
+void unpack_block(const uint8_t* block, int8_t* q, uint16_t* scale, uint16_t* offset) {
+    using Block = Decoded<K>;
+    const Block v = decode<K>(block);
+    constexpr int I4 = K == Kind::Q4_K ? 8 : 0;
+    for (int i = 0; i < Block::VALUES; ++i) q[i] = int8_t(v.q[i] - I4);
+    for (int g = 0; g < Block::GROUPS; ++g) {
+        const float s = fp16_to_fp32(v.d) * float(v.sc[g]);
         scale[g] = fp32_to_fp16_bits(s);
-        offset[g] = fp32_to_fp16_bits(8.0f * s - mins);
-    }
-    const uint8_t* qs = block + 16;
-    for (int c = 0; c < 4; ++c) {  // 32 bytes: weights 64c + i (low nibbles), then 64c + 32 + i (high)
-        for (int i = 0; i < 32; ++i) {
-            q[64 * c + i] = int8_t((qs[32 * c + i] & 0x0F) - 8);
-            q[64 * c + 32 + i] = int8_t((qs[32 * c + i] >> 4) - 8);
-        }
+        if constexpr (K == Kind::Q4_K)
+            offset[g] = fp32_to_fp16_bits(8.0f * s - fp16_to_fp32(v.dmin) * float(v.m[g]));
     }
 }
 
-void unpack_q6_k(const uint8_t* block, int8_t* q, uint16_t* scale) {
-    const uint8_t *ql = block, *qh = block + 128;
-    const int8_t* sc = reinterpret_cast<const int8_t*>(block + 192);
-    const float d = specdemo::read_fp16(block + 208);
-    for (int g = 0; g < 16; ++g) scale[g] = fp32_to_fp16_bits(d * float(sc[g]));
-    for (int h = 0; h < 2; ++h) {  // each half: 128 weights from 64 bytes of low nibbles and 32 of high bits
-        const uint8_t *low = ql + 64 * h, *high = qh + 32 * h;
-        int8_t* out = q + 128 * h;
-        for (int i = 0; i < 32; ++i) {
-            out[i] = int8_t(((low[i] & 0x0F) | ((high[i] & 3) << 4)) - 32);
-            out[32 + i] = int8_t(((low[32 + i] & 0x0F) | (((high[i] >> 2) & 3) << 4)) - 32);
-            out[64 + i] = int8_t(((low[i] >> 4) | (((high[i] >> 4) & 3) << 4)) - 32);
-            out[96 + i] = int8_t(((low[32 + i] >> 4) | (((high[i] >> 6) & 3) << 4)) - 32);
-        }
-    }
+template <Kind K>
+void unpack_blocks(const uint8_t* raw, int64_t blocks, int8_t* q, uint16_t* scale, uint16_t* offset) {
+    using Block = Decoded<K>;
+    for (int64_t b = 0; b < blocks; ++b)
+        unpack_block<K>(raw + b * block_bytes(K), q + b * Block::VALUES, scale + b * Block::GROUPS,
+                        K == Kind::Q4_K ? offset + b * Block::GROUPS : nullptr);
 }
 
-void unpack_q8_0(const uint8_t* block, int8_t* q, uint16_t* scale) {
-    scale[0] = read_bits(block);
-    std::memcpy(q, block + 2, 32);
-}
-
-void unpack_q5_0(const uint8_t* block, int8_t* q, uint16_t* scale) {
-    scale[0] = read_bits(block);
-    uint32_t fifth;
-    std::memcpy(&fifth, block + 2, 4);  // bit j: weight j's fifth bit
-    const uint8_t* qs = block + 6;
-    for (int i = 0; i < 16; ++i) {
-        q[i] = int8_t(((qs[i] & 0x0F) | (((fifth >> i) & 1) << 4)) - 16);
-        q[16 + i] = int8_t(((qs[i] >> 4) | (((fifth >> (16 + i)) & 1) << 4)) - 16);
-    }
-}
+using UnpackFn = void (*)(const uint8_t*, int64_t, int8_t*, uint16_t*, uint16_t*);
+constexpr UnpackFn UNPACK[4] = {unpack_blocks<Kind::Q4_K>, unpack_blocks<Kind::Q6_K>,
+                                unpack_blocks<Kind::Q8_0>, unpack_blocks<Kind::Q5_0>};  // by Kind
 
 }  // namespace
+
+}  // namespace specdemo
 
 // raw (rows, row_bytes) of blocks of `kind` ("Q4_K", "Q6_K", "Q8_0", "Q5_0") into q (rows · row_bytes / block bytes ·
 // block values) i8, scale (one per group) and, for Q4_K, offset (one per group) as f16 bits; 0 for another kind.
 extern "C" __attribute__((visibility("default"))) int specdemo_kernels_unpack(const char* kind, const uint8_t* raw,
                                                                               int64_t rows, int64_t row_bytes, int8_t* q,
                                                                               uint16_t* scale, uint16_t* offset) {
-    const std::string name(kind);
-    const int64_t count = rows * row_bytes;
-    if (name == "Q4_K") {
-        for (int64_t b = 0; b < count / 144; ++b) unpack_q4_k(raw + 144 * b, q + 256 * b, scale + 8 * b, offset + 8 * b);
-    } else if (name == "Q6_K") {
-        for (int64_t b = 0; b < count / 210; ++b) unpack_q6_k(raw + 210 * b, q + 256 * b, scale + 16 * b);
-    } else if (name == "Q8_0") {
-        for (int64_t b = 0; b < count / 34; ++b) unpack_q8_0(raw + 34 * b, q + 32 * b, scale + b);
-    } else if (name == "Q5_0") {
-        for (int64_t b = 0; b < count / 22; ++b) unpack_q5_0(raw + 22 * b, q + 32 * b, scale + b);
-    } else {
-        return 0;
+    using namespace specdemo;
+    for (int k = 0; k < 4; ++k) {
+        if (std::strcmp(kind, KIND_NAMES[k]) != 0) continue;
+        UNPACK[k](raw, rows * row_bytes / int64_t(block_bytes(Kind(k))), q, scale, offset);
+        return 1;
     }
-    return 1;
+    return 0;
 }
 
 // `count` signed 4-bit values (i8 in [-8, 7]) packed two a byte, low nibble first, as OpenVINO stores i4 (an odd count's
