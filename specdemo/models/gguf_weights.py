@@ -38,6 +38,7 @@ import openvino as ov
 from openvino import opset13 as ops
 
 from specdemo.models import kernels
+from specdemo.models.blocks import decode
 
 SUPPORTED = ("Q4_K", "Q6_K", "Q5_0", "Q8_0")
 LAYOUTS = ("exact", "mixed")
@@ -81,45 +82,13 @@ def unpack(kind: str, raw: np.ndarray) -> Blocks:
 
 
 def unpack_numpy(kind: str, raw: np.ndarray) -> Blocks:
-    """unpack, by numpy alone."""
-    rows = raw.shape[0]
-    if kind == "Q8_0":
-        b = raw.reshape(rows, -1, 34)
-        return Blocks(b[..., 2:].view(np.int8).copy(), _f16(b[..., 0:2]), None, 8)
-    if kind == "Q5_0":
-        b = raw.reshape(rows, -1, 22)
-        high = np.unpackbits(b[..., 2:6], axis=-1, bitorder="little")  # (rows, blocks, 32): weight j's 5th bit
-        low = np.concatenate([b[..., 6:22] & 0x0F, b[..., 6:22] >> 4], axis=-1)  # weights 0-15 low nibbles, 16-31 high
-        q = (low | (high << 4)).view(np.int8) - 16
-        return Blocks(q, _f16(b[..., 0:2]), None, 8)
-    if kind == "Q6_K":
-        b = raw.reshape(rows, -1, 210)
-        ql, qh, sc, d = b[..., 0:128], b[..., 128:192], b[..., 192:208].view(np.int8), b[..., 208:210]
-        halves = []
-        for h in range(2):  # each half: 128 weights from 64 bytes of low nibbles and 32 bytes of high bits
-            low, high = ql[..., 64 * h:64 * h + 64], qh[..., 32 * h:32 * h + 32]
-            halves += [(low[..., :32] & 0x0F) | ((high & 3) << 4), (low[..., 32:] & 0x0F) | (((high >> 2) & 3) << 4),
-                       (low[..., :32] >> 4) | (((high >> 4) & 3) << 4), (low[..., 32:] >> 4) | (((high >> 6) & 3) << 4)]
-        q = (np.concatenate(halves, axis=-1).astype(np.int8) - 32).reshape(rows, -1, 16)  # groups of 16
-        scale = (_f16(d).astype(np.float32)[..., None] * sc.astype(np.float32)).astype(np.float16)  # (rows, blocks, 16)
-        return Blocks(q, scale.reshape(rows, -1), None, 8)
+    """unpack, by numpy alone: the blocks as blocks.decode reads them, scale = d·sc (d itself for Q8_0 and Q5_0) and Q4_K's
+    q less 8 (an i4) with offset b = 8·scale − dmin·m, each rounded to f16 from f32."""
+    decoded = decode(kind, raw)
+    scale = decoded.scales()
     if kind == "Q4_K":
-        b = raw.reshape(rows, -1, 144)
-        d, dmin = _f16(b[..., 0:2]).astype(np.float32), _f16(b[..., 2:4]).astype(np.float32)
-        s = b[..., 4:16]
-        sc = np.concatenate([s[..., 0:4] & 63, (s[..., 8:12] & 0x0F) | ((s[..., 0:4] >> 6) << 4)], axis=-1)
-        m = np.concatenate([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], axis=-1)
-        qs = b[..., 16:144].reshape(rows, -1, 4, 1, 32)  # 4 chunks of 32 bytes: low nibbles then high nibbles
-        q = np.concatenate([qs & 0x0F, qs >> 4], axis=3).reshape(rows, -1, 32)  # (rows, groups, 32), 0..15
-        scale = (d[..., None] * sc).reshape(rows, -1)  # (rows, groups) float32
-        offset = 8 * scale - (dmin[..., None] * m).reshape(rows, -1)
-        return Blocks(q.astype(np.int8) - 8, scale.astype(np.float16), offset.astype(np.float16), 4)
-    raise ValueError(f"GGUF quantization type {kind} is not supported (supported: {', '.join(SUPPORTED)})")
-
-
-def _f16(pair: np.ndarray) -> np.ndarray:
-    """(…, 2) uint8 little-endian half floats as (…) float16."""
-    return np.ascontiguousarray(pair).view("<f2")[..., 0]
+        return Blocks(decoded.q - 8, scale.astype(np.float16), (8 * scale - decoded.mins()).astype(np.float16), 4)
+    return Blocks(decoded.q, scale.astype(np.float16), None, 8)
 
 
 # ---- the mixed layout

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdemo.models.blocks import KINDS
+from specdemo.models.blocks import KINDS, decode
 
 NATIVE = "gguf-native"  # the precision whose every MatMul is a BlockMatMul (gguf_import.BlockWeights, layout "native")
 ISAS = ("scalar", "avx2", "avx512")  # narrowest first
@@ -285,9 +285,14 @@ def quantize_slots(x: np.ndarray, slot: int) -> np.ndarray:
     return (q * (amax / np.float32(127))).reshape(x.shape).astype(np.float32)
 
 
-def reference(x: np.ndarray, raw: np.ndarray, kind: str, way: str = "dots") -> np.ndarray:
-    """(M, rows) f64: gguf-py's dequantization of `raw` times the activations quantized `way`'s, in f64."""
-    return _times_transposed(quantize_activations(x, kind, way).astype(np.float64), _dequantized(raw, kind))
+def reference(x: np.ndarray, raw: np.ndarray, kind: str, way: str = "dots") -> tuple[np.ndarray, np.ndarray]:
+    """What the kernels are held to, for x (M, columns) f32 times `raw`, (rows, bytes per row) u8 blocks of `kind`, with
+    the activations quantized `way`'s: the product (M, rows) f64 of the blocks as blocks.decode dequantizes them
+    (gguf-py's dequantization, bit for bit) and those activations, in f64; and what summing in f32 in another order
+    allows around each output (M, rows): 1e-6 of Σ|w·a|."""
+    a = quantize_activations(x, kind, way).astype(np.float64)
+    w = decode(kind, raw).dequantize().astype(np.float64)
+    return _times_transposed(a, w), 1e-6 * _times_transposed(np.abs(a), np.abs(w))
 
 
 def _times_transposed(a: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -296,19 +301,15 @@ def _times_transposed(a: np.ndarray, w: np.ndarray) -> np.ndarray:
     return np.einsum("mk,nk->mn", a, w)
 
 
-def _dequantized(raw: np.ndarray, kind: str) -> np.ndarray:
-    """(rows, columns) f64: gguf-py's dequantization of `raw`, (rows, bytes per row) u8 blocks of `kind`."""
-    from gguf import GGMLQuantizationType, dequantize
-
-    return np.asarray(dequantize(raw, GGMLQuantizationType[kind]), dtype=np.float64)
-
-
 def mismatch(got: np.ndarray, x: np.ndarray, raw: np.ndarray, kind: str, way: str = "dots") -> float:
-    """How far `got` (M, rows), the kernels' x · Wᵀ, is from reference(x, raw, kind, way), in units of what summing in
-    f32 in another order allows (1e-6 of Σ|w·a| an output): ≤ 1 is a match (nan where `got` holds one)."""
-    bound = 1e-6 * _times_transposed(np.abs(quantize_activations(x, kind, way)).astype(np.float64),
-                                     np.abs(_dequantized(raw, kind)))
-    return float(np.max(np.abs(got - reference(x, raw, kind, way)) / (bound + 1e-30)))
+    """How far `got` (M, rows), the kernels' x · Wᵀ, is from reference(x, raw, kind, way): ≤ 1 is a match."""
+    return distance(got, *reference(x, raw, kind, way))
+
+
+def distance(got: np.ndarray, expected: np.ndarray, allowed: np.ndarray) -> float:
+    """The largest |got − expected| in units of `allowed` (reference's pair), over every output: ≤ 1 is a match (nan
+    where `got` holds one)."""
+    return float(np.max(np.abs(got - expected) / (allowed + 1e-30)))
 
 
 HALVES = {"Q4_K": (0, 2), "Q6_K": (208,), "Q8_0": (0,), "Q5_0": (0,)}  # where each block holds its f16 scales
