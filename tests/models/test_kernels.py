@@ -3,8 +3,6 @@ gguf-py's dequantization of those blocks times the 8-bit-quantized activations, 
 path this CPU runs (each one forced in turn); the graph built on them computes the exact layout's logits; a machine
 where they were not built still runs, and says why once."""
 
-import itertools
-
 import numpy as np
 import pytest
 
@@ -31,24 +29,39 @@ def test_this_cpu_runs_the_scalar_path_and_its_widest_by_default():
     assert kernels.isa() == kernels.supported_isas()[-1]
 
 
-@pytest.mark.parametrize("kind", list(kernels.KINDS))
-def test_block_matmul_equals_the_dequantized_blocks_times_the_8_bit_activations_on_every_isa(kind, each_isa, tmp_path):
-    rng = np.random.default_rng(len(kind))
-    columns = 1280  # more than the 1024 columns of a panel a gemm multiplies at once (panel.hpp), not a multiple of them
-    raw = kernels.random_blocks(kind, 37, columns, rng)  # whole panels of 16 or 32 rows, and 5 rows past them
-    model = compiled({kind: raw}, kernels.new_core(), tmp_path)
-    # a step, the row groups a block is decoded once for by the dot products, the gemm's tiles of 4, 5 or 6 activation
-    # rows (6 for Q4_K, 5 for Q6_K and Q5_0 on AVX2), and what is left of both; a prefill's many rows
-    for m in (1, 2, 3, 4, 5, 8, 9, 13, 70):
-        x = rng.standard_normal((m, columns)).astype(np.float32) * rng.uniform(0.1, 10)
-        for isa, way in itertools.product(each_isa, ("dots", "gemm")):
-            kernels.use(isa)
+# The tails the kernels have (kernels/src): weight rows past the last whole panel (16 on AVX2, 32 on AVX-512) and fewer
+# rows than a panel; columns past the last whole chunk of 1024 a gemm multiplies at once (panel.hpp), and a single
+# K-quant block; activation rows 1…70: each remainder of every tile (on AVX2 6 rows for Q4_K, 5 for Q6_K and Q5_0; 4 on
+# AVX-512) and of the 4 rows a dot product decodes a block once for, and past the 64 a pass of the dot products holds
+# (block_matmul.cpp).
+SHAPES = {"past whole panels and chunks": (37, 1280), "less than a panel, one K-quant block": (5, 256)}
+ROW_COUNTS = range(1, 71)
+
+
+@pytest.mark.parametrize("rows, columns", SHAPES.values(), ids=SHAPES)
+def test_every_path_is_the_reference_on_every_block_type_tail_and_row_count_on_every_isa(rows, columns, each_isa,
+                                                                                       tmp_path):
+    """Each ISA path this CPU runs, forced in turn, each way (its dot products, its gemm), equals the dequantized blocks
+    (models/blocks.py's decoders, gguf-py's bit for bit) times the activations as that way quantizes them."""
+    rng = np.random.default_rng(rows)
+    raw = {kind: kernels.random_blocks(kind, rows, columns, rng) for kind in kernels.KINDS}
+    model = compiled(raw, kernels.new_core(), tmp_path)  # an output per block type
+    most = max(ROW_COUNTS)
+    x = (rng.standard_normal((most, columns)) * rng.uniform(0.1, 10, (most, 1))).astype(np.float32)  # rows of any size
+    for isa in each_isa:
+        kernels.use(isa)
+        for way in ("dots", "gemm") if kernels.gemm_kinds() else ("dots",):
             kernels.gemm_from(1 if way == "gemm" else 10**6)
-            ran = way if kind in kernels.gemm_kinds() else "dots"  # an ISA without a gemm for the kind dots both times
-            model(-x)  # a call that left its output in place would read as −expected, not pass
-            got = model(x)[0]
-            assert got.shape == (m, 37)
-            assert kernels.mismatch(got, x, raw, kind, ran) <= 1, (kind, isa, ran, m)
+            ran = {kind: way if kind in kernels.gemm_kinds() else "dots" for kind in raw}  # no gemm: the dot products
+            # each activation row is quantized alone, so the first m rows' reference is the whole one's first m rows
+            expected = {kind: kernels.reference(x, raw[kind], kind, ran[kind]) for kind in raw}
+            for m in ROW_COUNTS:
+                model(-x[:m])  # a call that left its output in place would read as −expected, not pass
+                got = model(x[:m])
+                for i, kind in enumerate(raw):
+                    want, allowed = expected[kind]
+                    assert got[i].shape == (m, rows)
+                    assert kernels.distance(got[i], want[:m], allowed[:m]) <= 1, (kind, isa, ran[kind], m)
 
 
 @pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q5_0"])
