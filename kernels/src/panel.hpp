@@ -81,6 +81,8 @@ struct Packed<Kind::Q6_K, ROWS> {
     static void pack(const uint8_t* raw, size_t row_bytes, uint8_t* out) {
         alignas(64) uint8_t v[ROWS][256], six[64 * QUAD];  // each row's values unsigned (0…63); as 64 quads of the rows
         auto* d = reinterpret_cast<uint16_t*>(out + D);
+        for (int r = 0; r < ROWS; ++r)  // every row's lines asked for at once, not a row's after the row before's decoding
+            for (size_t line = 0; line < RAW; line += 64) __builtin_prefetch(raw + r * row_bytes + line, 0, 3);
         for (int r = 0; r < ROWS; ++r) {
             const Decoded<Kind::Q6_K> block = decode<Kind::Q6_K>(raw + r * row_bytes);
             unsigned_values(block, v[r]);
