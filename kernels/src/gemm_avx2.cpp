@@ -200,6 +200,29 @@ __attribute__((noinline)) void tile_q8_k(const uint8_t* panel, int blocks, const
         for (int m = 0; m < M; ++m) _mm256_storeu_ps(y + (m0 + m) * y_stride + 8 * n, acc[n][m]);
 }
 
+// p[n][m] = Σ over slot j's QUADS quads of maddubs(the quad's values for weight rows 8n…8n + 7, activation row m's 4
+// values from q, rows `columns` apart), in i16 lanes started at row m's lane_start (`start`: row 0's, rows a_slots
+// apart), so that each lane holds Σ(v − c)·q over its products: Q6_K's and Q5_0's way (tile_q6 and tile_q5 say why it
+// cannot overflow). Each quad is decoded once for the tile's M rows; both halves of the panel share each broadcast.
+template <Kind K, typename P, int M, int QUADS>
+__attribute__((always_inline)) inline void lane_sums(const uint8_t* block, int j, const int8_t* q, int columns,
+                                                     const int32_t* start, int a_slots, __m256i (*p)[M]) {
+#pragma GCC unroll 8
+    for (int k = 0; k < QUADS; ++k) {
+        __m256i w[NR];
+        for (int n = 0; n < NR; ++n) w[n] = values<K, P>(block, j, k, n);
+#pragma GCC unroll 8
+        for (int m = 0; m < M; ++m) {
+            const __m256i x = broadcast4(q + m * columns + 4 * k);
+            for (int n = 0; n < NR; ++n) {
+                const __m256i sum = k ? p[n][m] : _mm256_set1_epi32(start[m * a_slots]);
+                p[n][m] = _mm256_add_epi16(sum, _mm256_maddubs_epi16(w[n], x));
+                __asm__("" : "+x"(p[n][m]));  // one sum a register, as in slot_sums
+            }
+        }
+    }
+}
+
 // Q5_0 with a scale per block of 32 (ManyRows by slot): a block's 8 quads' maddubs summed in i16 from the activations'
 // lane_start, so that each lane holds Σ(v − 16)·q over 16 products (|·| ≤ 16·16·127 < 2^15: the adds may wrap on the
 // way, the sum is exact), one madd by ones to i32, to f32 (exact) times d·d_a. Both halves of the panel share each
@@ -220,20 +243,7 @@ __attribute__((noinline)) void tile_q5(const uint8_t* panel, int blocks, const M
         const size_t at = size_t(m0) * a_slots + first_block + b;
         const int8_t* q = a.q.data() + size_t(m0) * a.columns + (first_block + b) * 32;
         __m256i p[NR][M];
-#pragma GCC unroll 8
-        for (int k = 0; k < 8; ++k) {
-            __m256i w[NR];
-            for (int n = 0; n < NR; ++n) w[n] = values<Kind::Q5_0, P>(block, 0, k, n);
-#pragma GCC unroll 8
-            for (int m = 0; m < M; ++m) {
-                const __m256i x = broadcast4(q + m * a.columns + 4 * k);
-                for (int n = 0; n < NR; ++n) {
-                    const __m256i start = k ? p[n][m] : _mm256_set1_epi32(a.lane_start[at + m * a_slots]);
-                    p[n][m] = _mm256_add_epi16(start, _mm256_maddubs_epi16(w[n], x));
-                    __asm__("" : "+x"(p[n][m]));  // one sum a register, as in slot_sums
-                }
-            }
-        }
+        lane_sums<Kind::Q5_0, P, M, 8>(block, 0, q, a.columns, a.lane_start.data() + at, a_slots, p);
         for (int n = 0; n < NR; ++n) {
             const __m256 d = halves(block + P::D + 16 * n);
 #pragma GCC unroll 8
@@ -266,20 +276,7 @@ __attribute__((noinline)) void tile_q6(const uint8_t* panel, int blocks, const M
             const size_t at = size_t(m0) * a_slots + slot;
             const int8_t* q = a.q.data() + size_t(m0) * a.columns + slot * 16;
             __m256i p[NR][M];
-#pragma GCC unroll 4
-            for (int k = 0; k < 4; ++k) {
-                __m256i w[NR];
-                for (int n = 0; n < NR; ++n) w[n] = values<Kind::Q6_K, P>(block, j, k, n);
-#pragma GCC unroll 8
-                for (int m = 0; m < M; ++m) {
-                    const __m256i x = broadcast4(q + m * a.columns + 4 * k);
-                    for (int n = 0; n < NR; ++n) {
-                        const __m256i start = k ? p[n][m] : _mm256_set1_epi32(a.lane_start[at + m * a_slots]);
-                        p[n][m] = _mm256_add_epi16(start, _mm256_maddubs_epi16(w[n], x));
-                        __asm__("" : "+x"(p[n][m]));  // one sum a register, as in slot_sums
-                    }
-                }
-            }
+            lane_sums<Kind::Q6_K, P, M, 4>(block, j, q, a.columns, a.lane_start.data() + at, a_slots, p);
             for (int n = 0; n < NR; ++n) {
                 const __m256i sc = _mm256_cvtepi8_epi32(
                     _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + P::SC + j * ROWS + 8 * n)));
