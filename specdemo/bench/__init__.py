@@ -69,6 +69,7 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
     `command` is recorded for the report's "reproduce" line. Returns the results (keys: schema.py). Raises ValueError for settings the benchmark cannot measure."""
     from specdemo.bench.harness import Context
     from specdemo.bench.memory import section_need
+    from specdemo.bench.table import SCHEMA, row
     from specdemo.bench.targets import judge_targets
     from specdemo.host import memory  # here, not at the top: there `memory` would hide this package's memory section
     from specdemo.run.engine import Engine
@@ -78,6 +79,7 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
     settings = replace(settings, target=machine_profile().resolve_precision(settings.target))
     started = time.perf_counter()
     results = {
+        "schema": SCHEMA,
         "command": command,
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": machine.describe(),
@@ -97,12 +99,12 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
     plan = engine.plan(CODE_INSTRUCTIONS[0], settings.generation)
     results["plan"] = plan.to_dict()
     log(plan.reason)
-    ctx = Context(engine, settings, bench, log, plan.first_k)
+    ctx = Context(engine, settings, bench, log, plan.first_k, machine=machine.cpu_name())
     results["sample_run"] = sample_run(engine, settings, CODE_INSTRUCTIONS[0])
     log("a sample side-by-side run of the first code instruction, as `generate --json` writes it: run.json")
     weights = [sources.weights_bytes(model.settings) for model in (engine.target, engine.draft)]
     for name in bench.sections:
-        section_start = time.perf_counter()
+        section_start, ctx.section = time.perf_counter(), name
         log(f"== {name}")
         if not memory.wait_for(section_need(name, *weights, bench.genai_k_values), f"the {name} section", log):
             results.setdefault("skipped_for_memory", []).append(name)  # the report leaves it out, as if not asked
@@ -113,6 +115,7 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
         # GenAI's copies of the models go with their section: the next section's memory need counts only its own.
         ctx.drop_genai()
     results["costs_end"] = engine.costs.to_dict()  # as the sections' runs corrected it
+    results["table"] = [row(run) for run in ctx.runs]  # every section's runs, one typed row each (table.py)
     results["targets"] = judge_targets(results["sections"])
     results["seconds"] = time.perf_counter() - started
     results["load_average_end"] = machine.load_average()

@@ -9,9 +9,10 @@ lanes by those fields, so renaming a label changes a table's text and nothing el
 from __future__ import annotations
 
 import gc
+import math
 import time
 from collections import OrderedDict
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable, Literal, get_args
 
 from specdemo.bench.settings import CODE_INSTRUCTIONS, BenchSettings
@@ -21,7 +22,8 @@ from specdemo.learning.profile import machine_profile
 from specdemo.models import kernels
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results.lane import drain
-from specdemo.results.parting import parting
+from specdemo.results.metrics import Summary
+from specdemo.results.parting import Parting, parting
 from specdemo.run import genai
 from specdemo.run.genai import compile_properties
 from specdemo.run.sidebyside import SideBySide
@@ -38,7 +40,10 @@ class Output:
 
     ids: list[int]  # new token ids (the stop token included)
     wall_s: float  # seconds of the whole call, prompt ids in hand to last token
-    summary: dict  # our Summary as a dict; a peer's own figures ({"proposed", "accepted"}) or {}
+    first_s: float  # seconds from the prompt ids in hand to the first new token (prefill and its sampling)
+    summary: Summary | None = None  # ours; None for a peer
+    proposed: int = 0  # draft tokens offered for verification (ours: from the summary; a peer: its own count)
+    accepted: int = 0  # of them, kept by the target
     rounds: list = field(default_factory=list)  # our loops' round records (events.Round); [] for a peer
     tokens: list = field(default_factory=list)  # our loops' TokenEvents (their margins judge a parting); [] for a peer
     noise: object = None  # the target compile's fidelity.BatchingNoise, where measured (ours)
@@ -56,6 +61,7 @@ class Lane:
     k: int | None = None  # draft tokens per round (fixed K; adaptive K's start); None when autoregressive or auto
     k_policy: KMode | None = None  # how a speculative lane picks K; None when autoregressive
     drafter: str | None = None  # the strategy drafting (a peer's: its counterpart's, Strategy.counterpart); None: AR
+    models: str = ""  # what it runs, with precisions: "qwen2.5-coder-1.5b int8 + qwen2.5-coder-0.5b int4"
     # (instruction, prompt ids, max new tokens) -> Output; None in runs built by hand (tests)
     generate: Callable[[str, list[int], int], Output] | None = field(default=None, compare=False, repr=False)
 
@@ -75,12 +81,22 @@ class Lane:
             "k": self.k,
             "k_policy": self.k_policy,
             "drafter": self.drafter,
+            "models": self.models,
         }
 
+    def bare(self) -> Lane:
+        """This lane without its generate (nor its baseline's and reference's): what the table keeps, so a kept run
+        holds no pipeline alive after its section."""
+        strip = lambda lane: lane.bare() if lane is not None else None  # noqa: E731
+        return replace(self, baseline=strip(self.baseline), reference=strip(self.reference), generate=None)
 
-@dataclass
+
+@dataclass(frozen=True)
 class Run:
-    """One generation in one lane of the benchmark."""
+    """One generation in one lane of the benchmark: a row of the run's one table (table.py writes and reads it).
+
+    Its time is split as a peer's own tools split it: the prefill (prompt ids in hand to the first new token) and the
+    decoding of the tokens after the first, whose rate (decode_rate) is what the report's ratios compare."""
 
     lane: Lane
     instruction: int  # index into the section's instructions
@@ -88,21 +104,30 @@ class Run:
     max_new_tokens: int
     wall_s: float  # seconds of the whole call, prompt ids in hand to last token
     tokens: int  # new tokens produced
+    prefill_s: float = math.nan  # seconds to the first new token (nan: not measured, as in files before schema 2)
     same_as_reference: bool = True  # token ids equal to the lane's reference (by default the section's first lane)
-    summary: dict = field(default_factory=dict)  # our Summary as a dict; a peer's own figures
-    ids: list[int] = field(default_factory=list, repr=False)  # new token ids (not written to JSON)
-    rounds: list = field(default_factory=list, repr=False)  # our round records (events.Round; not written to JSON)
-    parting: dict | None = None  # where ours parted from its reference, judged (parting.Parting), if both are ours
+    summary: Summary | None = None  # ours; None for a peer
+    proposed: int = 0  # draft tokens offered for verification (ours and the peers that count them)
+    accepted: int = 0  # of them, kept by the target
+    parting: Parting | None = None  # where ours parted from its reference, judged, if both are ours
+    section: str = ""  # the bench section that ran it (stamped by Context.keep)
+    machine: str = ""  # the CPU it ran on (stamped by Context.keep)
+    ids: list[int] = field(default_factory=list, repr=False, compare=False)  # new token ids (not written to JSON)
+    rounds: list = field(default_factory=list, repr=False, compare=False)  # our events.Round records (not in JSON)
 
     @property
     def per_token_s(self) -> float:
-        return self.wall_s / self.tokens if self.tokens else float("nan")
+        return self.wall_s / self.tokens if self.tokens else math.nan
 
-    def to_dict(self) -> dict:
-        """The JSON record: the lane's label and fields, then this run's figures (token ids left out)."""
-        return {"lane": self.lane.label, **self.lane.fields(), "instruction": self.instruction, "repeat": self.repeat,
-                "max_new_tokens": self.max_new_tokens, "wall_s": self.wall_s, "tokens": self.tokens,
-                "same_as_reference": self.same_as_reference, "parting": self.parting, "summary": self.summary}
+    @property
+    def decode_s(self) -> float:
+        """Seconds of the tokens after the first."""
+        return self.wall_s - self.prefill_s
+
+    @property
+    def decode_rate(self) -> float:
+        """Tokens after the first per second of their time: llama-bench's tg, GenAI's 1 / TPOT."""
+        return (self.tokens - 1) / self.decode_s if self.tokens > 1 and self.decode_s > 0 else math.nan
 
 
 def our_lane(label: str, engine, mode: Kind, generation: GenerationSettings, baseline: Lane | None = None,
@@ -122,13 +147,23 @@ def our_lane(label: str, engine, mode: Kind, generation: GenerationSettings, bas
         result = drain(run.lane(mode))
         wall_s = time.perf_counter() - start
         run.teach(mode, result)
-        return Output(result.ids, wall_s, result.summary.to_dict(), result.rounds, result.tokens, engine.noise)
+        summary = result.summary
+        # The summary's clock starts inside the loop: what it counts before the first token, ours counts too.
+        first_s = wall_s - (summary.wall_s - summary.ttft_s)
+        return Output(result.ids, wall_s, first_s, summary, summary.proposed, summary.accepted, result.rounds,
+                      result.tokens, engine.noise)
 
+    pair = models_of(engine.target.settings, engine.draft.settings if engine.draft and mode == SPECULATIVE else None)
     if mode == AUTOREGRESSIVE:
-        return Lane(label, "specdemo", mode, baseline, reference, generate=generate)
+        return Lane(label, "specdemo", mode, baseline, reference, models=pair, generate=generate)
     policy = generation.k_policy.rule
     k = None if generation.k_policy.is_auto else generation.k_policy.k
-    return Lane(label, "specdemo", mode, baseline, reference, k, policy, generation.drafter, generate)
+    return Lane(label, "specdemo", mode, baseline, reference, k, policy, generation.drafter, pair, generate)
+
+
+def models_of(target: ModelSettings, draft: ModelSettings | None = None) -> str:
+    """Lane.models of a lane on `target` (and `draft`)."""
+    return " + ".join(f"{m.source} {m.precision}" for m in (target, draft) if m is not None)
 
 
 def peer_lane(lane: Lane, generate: Callable, **options) -> Lane:
@@ -136,8 +171,7 @@ def peer_lane(lane: Lane, generate: Callable, **options) -> Lane:
 
     def run(instruction: str, prompt_ids: list[int], n: int) -> Output:
         peer = generate(prompt_ids, n, **options)
-        summary = {"proposed": peer.proposed, "accepted": peer.accepted} if peer.proposed else {}
-        return Output(peer.ids, peer.wall_s, summary)
+        return Output(peer.ids, peer.wall_s, peer.first_s, None, peer.proposed, peer.accepted)
 
     return replace(lane, generate=run)
 
@@ -162,8 +196,8 @@ def measure(lanes: list[Lane], instructions: list[str], prompts: list[list[int]]
                 reference = outputs[lane.reference or lanes[0]]
                 same = out.ids == reference.ids
                 parted = None if same or not (out.tokens and reference.tokens) else parting(reference.tokens, out.tokens, out.noise)
-                runs.append(Run(lane, i, r, n, out.wall_s, len(out.ids), same, out.summary, out.ids, out.rounds,
-                                asdict(parted) if parted else None))
+                runs.append(Run(lane, i, r, n, out.wall_s, len(out.ids), out.first_s, same, out.summary, out.proposed,
+                                out.accepted, parted, ids=out.ids, rounds=out.rounds))
                 line.append(f"{lane.label} {out.wall_s:.2f}s" + (f" (parted at token {parted.index + 1}: {parted.verdict})"
                                                                   if parted else ""))
             log(f"  [{r * len(instructions) + i + 1}/{total}] N={n}: " + ", ".join(line))
@@ -209,12 +243,22 @@ class Context:
     # The K of fixed-K lanes and of GenAI's pipeline: the flag's K, or, when auto, the planner's first K for the first
     # code instruction, taken once when the bench starts (the acceptance prior moves as lanes run).
     k: int = KPolicy.k
+    section: str = ""  # the section running now (bench.run sets it): the table's runs carry it
+    machine: str = ""  # the CPU's name (bench.run sets it): the table's runs carry it
+    runs: list[Run] = field(default_factory=list)  # the run's one table: every section's runs, kept by keep()
     genai: OrderedDict = field(default_factory=OrderedDict)  # GenAI pipelines by name, least recently used first
     _genai_models: dict = field(default_factory=dict)  # PeerModel by role, "target" and "draft"
 
     @property
     def generation(self) -> GenerationSettings:
         return self.settings.generation
+
+    def keep(self, runs: list[Run]) -> list[Run]:
+        """`runs` into the table, stamped with the section and the machine, bare (their lanes without generate, no ids
+        nor rounds); returns `runs` as they were, for the section's own figures."""
+        self.runs += [replace(r, lane=r.lane.bare(), section=self.section, machine=self.machine, ids=[], rounds=[])
+                      for r in runs]
+        return runs
 
     def k_label(self, peers: bool = False) -> str:
         """How our lanes chose K in a section that runs the run's own settings ("auto K" or "K = 4")."""
@@ -309,10 +353,13 @@ class Context:
         """A lane on GenAI pipeline `pipeline` (see genai_pipeline); speculative ones need their `baseline`."""
         drafting = peer_strategy(pipeline)
         k = k or self.k
+        target = self.genai_target().settings
         if drafting is None:
-            lane = Lane(label, "genai", AUTOREGRESSIVE)
+            lane = Lane(label, "genai", AUTOREGRESSIVE, models=models_of(target))
         else:
-            lane = Lane(label, "genai", SPECULATIVE, baseline, k=k, k_policy="fixed", drafter=drafting.name)
+            draft = self.genai_draft().settings if drafting.needs_model else None
+            lane = Lane(label, "genai", SPECULATIVE, baseline, k=k, k_policy="fixed", drafter=drafting.name,
+                        models=models_of(target, draft))
         generate = self.genai_pipeline(pipeline).generate
         return peer_lane(lane, generate, eos_ids=self.engine.eos_ids, k=k, ngram=self.generation.lookup_ngram)
 

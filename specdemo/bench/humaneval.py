@@ -124,14 +124,14 @@ def run_section(ctx) -> dict:
         ctx.log(cpp_line)
     instructions = [instruction(p) for p in problems]
     ctx.log(f"humaneval: {len(problems)} problems, N={n}, {ctx.k_label(peers=True)}, {len(lanes)} lanes")
-    runs = measure(list(lanes.values()), instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log)
+    runs = ctx.keep(measure(list(lanes.values()), instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log))
     ctx.log(EXECUTING)
     rows = problem_rows(problems, runs, lanes, lambda ids: ctx.engine.tokenizer.decode(ids, skip_special_tokens=True),
                         generation.k_max, ctx.log)
     return {"problems": len(problems), "max_new_tokens": n, "k": ctx.k, "k_label": ctx.k_label(peers=True),
             "framing": "chat instruction: complete the function, code only; the answer's first code block is run",
             "notebook": NOTEBOOK, "lanes": {key: {"label": lane.label, **lane.fields()} for key, lane in lanes.items()},
-            **summarize(rows, runs, lanes, generation.k_max), "rows": rows, "runs": [r.to_dict() for r in runs]}
+            **summarize(rows, runs, lanes, generation.k_max), "rows": rows}
 
 
 def problem_rows(problems: list[Problem], runs: list, lanes: dict, decode, k_max: int, log) -> list[dict]:
@@ -174,8 +174,6 @@ def summarize(rows: list[dict], runs: list, lanes: dict, k_max: int) -> dict:
     rounds = [r for run in spec_runs for r in run.rounds]
     after_prefill = [r for run in spec_runs for r in run.rounds[1:]]
     ours, genai = speedups(lanes[AUTOREGRESSIVE], lanes[SPECULATIVE]), speedups(lanes["genai_autoregressive"], lanes["genai"])
-    proposed = sum(r.summary.get("proposed", 0) for r in stats.lane_runs(runs, lanes["genai"]))
-    accepted = sum(r.summary.get("accepted", 0) for r in stats.lane_runs(runs, lanes["genai"]))
     return {
         "speedup_mean": ours["mean"],
         "speedup_of_sums": ours["of_sums"],
@@ -186,5 +184,5 @@ def summarize(rows: list[dict], runs: list, lanes: dict, k_max: int) -> dict:
         "mean_acceptance_length": sum(r.emitted for r in after_prefill) / len(after_prefill) if after_prefill else 0.0,
         "acceptance_by_position": metrics.acceptance_by_position(rounds, k_max),
         SPECULATIVE: stats.speculative_figures(spec_runs),
-        "genai_acceptance": accepted / proposed if proposed else None,
+        "genai_acceptance": stats.acceptance(stats.lane_runs(runs, lanes["genai"])),
     }

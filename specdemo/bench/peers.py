@@ -33,6 +33,7 @@ class PeerRun:
 
     ids: list[int]  # new token ids (the stop token included, as in our lanes)
     wall_s: float  # seconds of the whole generate call
+    first_s: float  # seconds from the call to the first new token: the prefill, as the peer's own metrics time it
     proposed: int = 0  # draft tokens offered for verification (speculative peers that report it)
     accepted: int = 0  # of those, tokens the target kept
 
@@ -62,8 +63,10 @@ class GenAIPipeline:
         start = time.perf_counter()
         result = self.pipeline.generate(prompt, config)
         wall = time.perf_counter() - start
-        run = PeerRun(ids=[int(t) for t in result.tokens[0]], wall_s=wall)
         metrics = result.extended_perf_metrics
+        # GenAI's own TTFT and generate duration (ms): what it counts after the first token is the decoding
+        first = wall - (metrics.get_generate_duration().mean - metrics.get_ttft().mean) / 1000
+        run = PeerRun(ids=[int(t) for t in result.tokens[0]], wall_s=wall, first_s=first)
         if self.speculative and hasattr(metrics, "get_num_draft_tokens"):
             run.proposed = metrics.get_num_draft_tokens()
             run.accepted = metrics.get_num_accepted_tokens()
@@ -104,11 +107,27 @@ class TransformersPair:
             assistant.assistant_confidence_threshold = 0.0
             kwargs["assistant_model"] = self.draft
         ids = torch.tensor([prompt_ids], dtype=torch.long)
+        streamer = Clock()
         with torch.inference_mode():
             start = time.perf_counter()
-            out = self.target.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config, **kwargs)
+            out = self.target.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config,
+                                       streamer=streamer, **kwargs)
             wall = time.perf_counter() - start
-        return PeerRun(ids=out[0, len(prompt_ids) :].tolist(), wall_s=wall)
+        first = streamer.stamps[1] - start if len(streamer.stamps) > 1 else wall
+        return PeerRun(ids=out[0, len(prompt_ids) :].tolist(), wall_s=wall, first_s=first)
+
+
+class Clock:
+    """A transformers streamer that notes when each put comes: generate() puts the prompt, then each step's new tokens."""
+
+    def __init__(self):
+        self.stamps: list[float] = []
+
+    def put(self, value) -> None:
+        self.stamps.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
 
 
 def hf_weights(source: str, progress: sources.Progress | None = None) -> Path | None:

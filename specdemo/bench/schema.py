@@ -2,7 +2,7 @@
 lanes in them: by the lanes' typed fields, never by their labels.
 
 Top level:
-    command, started (ISO time), seconds, machine (machine.describe()), load_average_end,
+    schema (table.SCHEMA), table [every section's runs: table.row, read back by table.load], command, started (ISO time), seconds, machine (machine.describe()), load_average_end,
     bench (BenchSettings), run_settings (RunSettings), models {target, draft: LoadedModel.describe()},
     costs (CostModel.to_dict()), warm_up_s, plan (Plan), sections {name: section}, targets [target],
     skipped_for_memory [section names the memory bound left no room for] (absent when none),
@@ -15,13 +15,12 @@ A lane's fields (Lane.fields() in harness.py), wherever a lane is described:
     baseline   label of the autoregressive lane a speculative lane's speedup is over (null otherwise)
     reference  label of the lane whose token ids it should reproduce (null: the section's first lane)
     k          draft tokens per round (null when autoregressive or auto K); k_policy "fixed" | "adaptive" | "auto"
-    drafter    "model" | "prompt-lookup" (null when autoregressive)
+    drafter    "model" | "prompt-lookup" (null when autoregressive); models  what it runs, with precisions
 
-A spread is {median, min, max, mean, std, n}. A ratio is a spread of paired per-token time ratios
-plus {numerator, denominator}: the two lanes' labels; ratios are keyed "numerator / denominator".
-A run record is {lane (label), the lane's fields, instruction, repeat, max_new_tokens, wall_s, tokens,
-same_as_reference, parting (where one of our lanes parted from another of ours: parting.Parting's
-fields, verdict "near-tie" or "defect"; else null), summary (our Summary, or a peer's {proposed, accepted})}.
+A spread is {median, min, max, mean, std, n}. A ratio is a spread of paired ratios of decoding time per token (the
+denominator's decode rate over the numerator's; before schema 2, of wall time per token) plus {numerator,
+denominator}: the two lanes' labels; ratios are keyed "numerator / denominator". A lane's figures (stats.lane_figures)
+carry prefill_s and decode_tokens_per_s spreads beside wall_s and per_token_s.
 
 Every section has seconds and load_average_end, and:
     paper         k, k_label, k_policy (its rule), by_tokens {N: figures}, genai_defaults (figures + max_new_tokens),
@@ -30,8 +29,8 @@ Every section has seconds and load_average_end, and:
                   figures: lanes {label: fields + wall_s, per_token_s, tokens, same_as_reference},
                   speedup {label: spread}, ratios {key: ratio}, speculative (our speculative lane's pooled
                   figures, stats.speculative_figures), genai_acceptance {label: accepted / proposed},
-                  time_shares {label: {component: share}}, autoregressive_step_s, runs, paper (if N in PAPER)
-    transformers  k, max_new_tokens, dtype, lanes, ratios, speedup {ours, transformers}, runs; or skipped
+                  time_shares {label: {component: share}}, autoregressive_step_s, paper (if N in PAPER)
+    transformers  k, max_new_tokens, dtype, lanes, ratios, speedup {ours, transformers}; or skipped
     fidelity      examples, candidates [{precision, compile_settings, positions, top1_agreement, mean_abs_logit_error}];
                   or skipped
     nodes         tokens_per_call [1, K + 1], gguf_read_bytes (per token, or null without a GGUF), targets [{precision,
@@ -40,10 +39,10 @@ Every section has seconds and load_average_end, and:
     llamacpp      k, k_label, max_new_tokens, threads, version, system_info (llama.cpp's CPU features), kernels_isa
                   (our kernels' path where a lane ran gguf-native, else null), weights {role: precision}, text_agreement [{instruction, same_tokens, of}], lanes (+ tokens_per_s),
                   ratios (each llama.cpp lane over ours speculative, llama.cpp AR over ours AR: per-token time, which is
-                  our tokens/s over theirs), speedup {label: spread}, acceptance {label: accepted / proposed}, runs;
+                  our tokens/s over theirs), speedup {label: spread}, acceptance {label: accepted / proposed};
                   or skipped (a sentence: llama_cpp not installed, or models that are no GGUF)
     k, vocab, lookup, precision, kv
-                  max_new_tokens, rows, runs (precision, kv: k, k_label; lookup: k). A row: label, the
+                  max_new_tokens, rows (precision, kv: k, k_label; lookup: k). A row: label, the
                   lane's fields, stats.sweep_row's figures, and the section's own: k (GenAI at the same K:
                   genai_speedup, ours_over_genai), vocab (head_tokens, rows_kept, draft_step_costed_s),
                   precision (target, draft, draft_bytes), kv (kv_cache_precision, autoregressive_step_s,
@@ -57,7 +56,7 @@ Every section has seconds and load_average_end, and:
                   of_sums, spread}}, pass_at_1 {key: share}, same_text (problems), verdicts_differ [task_id],
                   mean_acceptance_length, acceptance_by_position [share per draft position], speculative (pooled
                   figures), genai_acceptance, rows [{task_id, tokens, wall_s, passed, reason (by lane key), speedup,
-                  same_text, parted_at, mean_acceptance_length, acceptance_by_position}], runs; or skipped
+                  same_text, parted_at, mean_acceptance_length, acceptance_by_position}]; or skipped
     memory        max_new_tokens, autoregressive and speculative {rss_loaded_bytes, peak_rss_generating_bytes,
                   peak_rss_process_bytes, peak_anon_generating_bytes, peak_anon_process_bytes (RssAnon, absent in
                   older results), private_bytes, kv_cache_bytes {model: bytes}, tokens}

@@ -28,7 +28,7 @@ def run_paper(ctx: Context) -> dict:
     by_n = {}
     for n in ctx.bench.paper_tokens:
         ctx.log(f"paper: N={n}, K={k}, {len(lanes)} lanes")
-        runs = measure(lanes, instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log)
+        runs = ctx.keep(measure(lanes, instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log))
         by_n[str(n)] = paper_figures(lanes, runs, n)
     peers = {"target": (ctx.genai_target().settings, ctx.engine.target.settings),
              "draft": (ctx.genai_draft().settings, ctx.engine.draft.settings)}  # (GenAI's, ours)
@@ -47,7 +47,7 @@ def run_paper(ctx: Context) -> dict:
         lanes = ours + [genai_ar, ctx.genai_lane("GenAI speculative (its defaults)", "speculative (defaults)", baseline=genai_ar)]
         instructions = ctx.code_instructions(ctx.bench.genai_defaults_instructions)
         ctx.log(f"paper: GenAI on its own compile defaults, N={n}")
-        runs = measure(lanes, instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log)
+        runs = ctx.keep(measure(lanes, instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log))
         figures["genai_defaults"] = {"max_new_tokens": n, **paper_figures(lanes, runs, n)}
     return figures
 
@@ -64,19 +64,14 @@ def paper_figures(lanes: list[Lane], runs: list[Run], n: int) -> dict:
         },
         "ratios": stats.ratios(runs, [(find(lanes, "specdemo", lane.kind), lane) for lane in genai]),
         SPECULATIVE: stats.speculative_figures(stats.lane_runs(runs, spec)),
-        "genai_acceptance": {},
+        "genai_acceptance": {lane.label: rate for lane in genai
+                             if lane.kind == SPECULATIVE and (rate := stats.acceptance(stats.lane_runs(runs, lane))) is not None},
         "time_shares": {
             spec.label: stats.time_shares(stats.lane_runs(runs, spec)),
             ar.label: stats.time_shares(stats.lane_runs(runs, ar)),
         },
         "autoregressive_step_s": stats.step_seconds(stats.lane_runs(runs, ar)),
-        "runs": [r.to_dict() for r in runs],
     }
-    for lane in genai:
-        peer = stats.lane_runs(runs, lane)
-        proposed = sum(r.summary.get("proposed", 0) for r in peer)
-        if lane.kind == SPECULATIVE and proposed:
-            figures["genai_acceptance"][lane.label] = sum(r.summary.get("accepted", 0) for r in peer) / proposed
     if n in PAPER:
         paper_ar, paper_spec = PAPER[n]
         figures["paper"] = {"autoregressive_s": paper_ar, "speculative_s": paper_spec, "speedup": paper_ar / paper_spec}
@@ -109,7 +104,7 @@ def run_transformers(ctx: Context) -> dict:
     lanes = [ours_ar, ours_spec, hf_ar, hf_spec]
     instructions = ctx.code_instructions(ctx.bench.transformers_instructions)
     ctx.log(f"transformers: N={n}, K={k}, {len(instructions)} instructions")
-    runs = measure(lanes, instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log)
+    runs = ctx.keep(measure(lanes, instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log))
     return {
         "k": k,
         "max_new_tokens": n,
@@ -120,7 +115,6 @@ def run_transformers(ctx: Context) -> dict:
             "ours": stats.spread(stats.paired_ratios(runs, ours_ar, ours_spec)),
             "transformers": stats.spread(stats.paired_ratios(runs, hf_ar, hf_spec)),
         },
-        "runs": [r.to_dict() for r in runs],
     }
 
 
@@ -153,7 +147,7 @@ def run_llamacpp(ctx: Context) -> dict:
                                ngram=generation.lookup_ngram))
     n, instructions = ctx.sweep_tokens, ctx.code_instructions()
     ctx.log(f"llama.cpp {peer.version}: N={n}, K={k}, {peer.threads} threads, {len(instructions)} instructions")
-    runs = measure(lanes, instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log)
+    runs = ctx.keep(measure(lanes, instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log))
     weights = {"target": ctx.engine.target.settings.precision, "draft": ctx.engine.draft.settings.precision}
     # which of our kernels' paths ran (SPECDEMO_KERNEL_ISA may hold one below the CPU's widest), beside llama.cpp's
     ours_isa = kernels.isa() if kernels.NATIVE in weights.values() and kernels.unavailable() is None else None
@@ -185,14 +179,8 @@ def llamacpp_figures(lanes: list[Lane], runs: list[Run]) -> dict:
         # A time ratio per token of llama.cpp over ours is our tokens/s over llama.cpp's.
         "ratios": stats.ratios(runs, [(lane, ours_spec) for lane in cpp] + [(find(lanes, "llamacpp", AUTOREGRESSIVE), ours_ar)]),
         "speedup": {lane.label: stats.spread(stats.paired_ratios(runs, lane.baseline, lane)) for lane in lanes if lane.kind == SPECULATIVE},
-        "acceptance": {},
-        "runs": [r.to_dict() for r in runs],
+        "acceptance": {lane.label: rate for lane in cpp if (rate := stats.acceptance(stats.lane_runs(runs, lane))) is not None},
     }
-    for lane in cpp:
-        mine = stats.lane_runs(runs, lane)
-        proposed = sum(r.summary.get("proposed", 0) for r in mine)
-        if proposed:
-            figures["acceptance"][lane.label] = sum(r.summary.get("accepted", 0) for r in mine) / proposed
     return figures
 
 

@@ -5,7 +5,10 @@ Pure functions over `Run` records, so they can be tested without a model. Conven
 - ratios are *paired*: computed per (repeat, instruction) between two lanes that ran back to back,
   so a slow moment of the shared machine hits both sides, and only then summarised;
 - lanes are Lane objects, paired by their fields (a speculative lane's `baseline`), never by label;
-- cross-lane comparisons use seconds per new token, because two lanes may stop at different lengths.
+- a speedup (a speculative lane over its own framework's autoregressive one) divides seconds per new token, prefill
+  included, as the paper does, because two lanes may stop at different lengths;
+- a ratio across frameworks divides decode rates (tokens after the first per second of their time), as each
+  framework's own tools report them: prefill is a figure of its own (lane_figures), not folded into the ratio.
 """
 
 from __future__ import annotations
@@ -65,10 +68,16 @@ def ratio_of_sums(runs: list[Run], numerator: Lane, denominator: Lane) -> float:
         (sum(b.wall_s for _, b in pairs) / sum(b.tokens for _, b in pairs))
 
 
+def decode_ratios(runs: list[Run], numerator: Lane, denominator: Lane) -> list[float]:
+    """Per (repeat, instruction): the denominator lane's decode rate over the numerator lane's, i.e. the numerator's
+    decoding time per token over the denominator's (above 1: the numerator decodes slower)."""
+    return [b.decode_rate / a.decode_rate for a, b in paired_runs(runs, numerator, denominator)]
+
+
 def ratios(runs: list[Run], pairs: list[tuple[Lane, Lane]]) -> dict:
-    """{"A / B": paired ratio spread, with the two lanes' labels as "numerator" and "denominator"} per pair."""
+    """{"A / B": paired decode_ratios spread, with the two lanes' labels as "numerator" and "denominator"} per pair."""
     return {
-        f"{a.label} / {b.label}": {"numerator": a.label, "denominator": b.label, **spread(paired_ratios(runs, a, b))}
+        f"{a.label} / {b.label}": {"numerator": a.label, "denominator": b.label, **spread(decode_ratios(runs, a, b))}
         for a, b in pairs
     }
 
@@ -79,7 +88,7 @@ def prediction_errors(runs: list[Run], lane: Lane) -> list[float]:
     errors = []
     for run in lane_runs(runs, lane):
         partner = by_key.get((run.instruction, run.repeat))
-        predicted = run.summary.get("predicted_speedup", 0.0)
+        predicted = run.summary.predicted_speedup if run.summary else 0.0
         if partner is None or not predicted or not run.per_token_s:
             continue
         measured = partner.per_token_s / run.per_token_s
@@ -87,14 +96,28 @@ def prediction_errors(runs: list[Run], lane: Lane) -> list[float]:
     return errors
 
 
+def acceptance(runs: list[Run]) -> float | None:
+    """Drafts kept / drafts offered over `runs` (None where none were offered)."""
+    proposed = sum(r.proposed for r in runs)
+    return sum(r.accepted for r in runs) / proposed if proposed else None
+
+
+def same_as_reference(runs: list[Run]) -> str:
+    """"3/5": how many of `runs` wrote their reference's tokens, of how many."""
+    return f"{sum(r.same_as_reference for r in runs)}/{len(runs)}"
+
+
 def lane_figures(runs: list[Run], lane: Lane) -> dict:
-    """Times of one lane: wall seconds, seconds per token and tokens as spreads; identical outputs."""
+    """Times of one lane: wall seconds, seconds per token, prefill seconds, decode rate and tokens as spreads;
+    identical outputs."""
     mine = lane_runs(runs, lane)
     return {
         "wall_s": spread([r.wall_s for r in mine]),
         "per_token_s": spread([r.per_token_s for r in mine]),
+        "prefill_s": spread([r.prefill_s for r in mine]),
+        "decode_tokens_per_s": spread([r.decode_rate for r in mine]),
         "tokens": spread([float(r.tokens) for r in mine]),
-        "same_as_reference": f"{sum(r.same_as_reference for r in mine)}/{len(mine)}",
+        "same_as_reference": same_as_reference(mine),
     }
 
 
@@ -106,28 +129,27 @@ def speculative_figures(runs: list[Run]) -> dict:
     the per-run draft costs (a draft step in single target steps). Two predictions: Leviathan's eq. 1
     from α̂, mean K and c, and this machine's from its call costs (the median over runs).
     """
-    proposed = sum(r.summary.get("proposed", 0) for r in runs)
-    accepted = sum(r.summary.get("accepted", 0) for r in runs)
-    rejections = sum(r.summary.get("rejections", 0) for r in runs)
-    rounds = sum(sum(r.summary.get("accepted_histogram", [])) for r in runs)
+    proposed, accepted = sum(r.proposed for r in runs), sum(r.accepted for r in runs)
+    ours = [r.summary for r in runs if r.summary is not None]
+    rejections = sum(s.rejections for s in ours)
+    rounds = sum(sum(s.accepted_histogram) for s in ours)
     alpha = accepted / (accepted + rejections) if accepted + rejections else 0.0
     mean_k = proposed / rounds if rounds else 0.0
-    c = statistics.median([r.summary.get("draft_cost", 0.0) for r in runs]) if runs else 0.0
+    c = statistics.median([s.draft_cost for s in ours]) if ours else 0.0
     histogram: list[int] = []
-    for r in runs:
-        row = r.summary.get("accepted_histogram", [])
-        histogram = [a + b for a, b in zip(_pad(histogram, len(row)), _pad(row, len(histogram)))]
+    for s in ours:
+        histogram = [a + b for a, b in zip(_pad(histogram, len(s.accepted_histogram)), _pad(s.accepted_histogram, len(histogram)))]
     return {
         "alpha_hat": alpha,
         "draft_acceptance_rate": metrics.draft_acceptance_rate(accepted, proposed),
         "draft_cost": c,
         "mean_k": mean_k,
         "leviathan_speedup": metrics.leviathan_speedup(alpha, mean_k, c),
-        "predicted_speedup": spread([r.summary.get("predicted_speedup", math.nan) for r in runs]),
-        "mean_acceptance_length": spread([r.summary.get("mean_acceptance_length", math.nan) for r in runs]),
+        "predicted_speedup": spread([s.predicted_speedup for s in ours]),
+        "mean_acceptance_length": spread([s.mean_acceptance_length for s in ours]),
         "accepted_histogram": histogram,
-        "verify_call_s": spread([r.summary.get("verify_call_s", math.nan) for r in runs]),
-        "draft_step_s": spread([r.summary.get("draft_step_s", math.nan) for r in runs]),
+        "verify_call_s": spread([s.verify_call_s for s in ours]),
+        "draft_step_s": spread([s.draft_step_s for s in ours]),
     }
 
 
@@ -139,7 +161,7 @@ def sweep_row(runs: list[Run], lane: Lane) -> dict:
         "measured_speedup": spread(paired_ratios(runs, lane.baseline, lane)),
         "per_token_s": spread([r.per_token_s for r in mine]),
         "reference_per_token_s": spread([r.per_token_s for r in lane_runs(runs, lane.baseline)]),
-        "same_as_reference": lane_figures(runs, lane)["same_as_reference"],
+        "same_as_reference": same_as_reference(mine),
         "prediction_error": spread(prediction_errors(runs, lane)),
     }
 
@@ -168,7 +190,7 @@ def counterfactual_figures(runs: list[Run], lane: Lane, would: dict) -> dict:
             walk = w.fixed[lane.k - 1]
             said.append(walk.speedup)
             errors.append((walk.speedup - measured) / measured)
-            calls.append(walk.target_calls - run.summary.get("target_calls", 0))
+            calls.append(walk.target_calls - run.summary.target_calls)
             continue
         top = w.best_fixed()
         oracle.append(w.oracle.speedup)
@@ -191,7 +213,7 @@ def _pad(row: list[int], n: int) -> list[int]:
 
 def step_seconds(runs: list[Run]) -> float:
     """Median seconds of one target call after the prefill (an autoregressive step, or a verify call)."""
-    steps = [r.summary["target_step_s"] for r in runs if r.summary.get("target_step_s")]
+    steps = [r.summary.target_step_s for r in runs if r.summary is not None and r.summary.target_step_s]
     return statistics.median(steps) if steps else math.nan
 
 

@@ -20,17 +20,22 @@ from specdemo.settings import K_MAX, KPolicy
 
 def sweep(ctx: Context, what: str, lanes: list[Lane], extra: Callable[[Lane, list[Run]], dict] | None = None,
           rows: list[Lane] | None = None, instructions: list[str] | None = None) -> dict:
+    """A sweep section's figures: its N and sweep_rows' rows."""
+    return {"max_new_tokens": ctx.sweep_tokens, "rows": sweep_rows(ctx, what, lanes, extra, rows, instructions)}
+
+
+def sweep_rows(ctx: Context, what: str, lanes: list[Lane], extra: Callable[[Lane, list[Run]], dict] | None = None,
+               rows: list[Lane] | None = None, instructions: list[str] | None = None) -> list[dict]:
     """Measure `lanes` at the sweep's N on `instructions` (default: the code instructions), then one row
     per lane of `rows` (default: every speculative lane): its label and fields, α̂, c, the predictions
     and the measured speedup over its baseline, then what `extra(lane, runs)` adds."""
     n = ctx.sweep_tokens
     instructions = instructions or ctx.code_instructions()
     ctx.log(f"{what}: N={n}, {len(lanes)} lanes, {len(instructions)} instructions")
-    runs = measure(lanes, instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log)
+    runs = ctx.keep(measure(lanes, instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log))
     rows = rows if rows is not None else [lane for lane in lanes if lane.kind == SPECULATIVE]
-    table = [{"label": lane.label, **lane.fields(), **stats.sweep_row(runs, lane), **(extra(lane, runs) if extra else {})}
-             for lane in rows]
-    return {"max_new_tokens": n, "rows": table, "runs": [r.to_dict() for r in runs]}
+    return [{"label": lane.label, **lane.fields(), **stats.sweep_row(runs, lane), **(extra(lane, runs) if extra else {})}
+            for lane in rows]
 
 
 def run_k(ctx: Context) -> dict:
@@ -114,17 +119,16 @@ def run_precision(ctx: Context) -> dict:
     back with it. One target is held at a time beside the bench's pair, the drafts throughout: all four targets and
     three drafts held at once took 14 GiB of anonymous memory (2-core AMX Xeon), where the bench keeps within 8."""
     drafts = _drafts_by_precision(ctx)
-    rows, runs = [], []
+    rows = []
     for tp in ctx.bench.target_precisions:
-        figures = _sweep_target(ctx, tp, drafts)  # its compile is let go on return, before the next one's
+        rows += _sweep_target(ctx, tp, drafts)  # its compile is let go on return, before the next one's
         gc.collect()
-        rows, runs = rows + figures["rows"], runs + figures["runs"]
-    return {"max_new_tokens": ctx.sweep_tokens, "rows": rows, "runs": runs, "k": ctx.generation.k_policy.k,
+    return {"max_new_tokens": ctx.sweep_tokens, "rows": rows, "k": ctx.generation.k_policy.k,
             "k_label": ctx.k_label()}
 
 
-def _sweep_target(ctx: Context, precision: str, drafts: dict) -> dict:
-    """One target precision alone, then with each draft in `drafts` ({precision: LoadedModel}): sweep's figures."""
+def _sweep_target(ctx: Context, precision: str, drafts: dict) -> list[dict]:
+    """One target precision alone, then with each draft in `drafts` ({precision: LoadedModel}): sweep_rows'."""
     generation, target = ctx.generation, _target_at(ctx, precision)
     ar = our_lane(f"target {precision} autoregressive", Engine(target, None), AUTOREGRESSIVE, generation)
     lanes, pairs = [ar], {}
@@ -133,7 +137,7 @@ def _sweep_target(ctx: Context, precision: str, drafts: dict) -> dict:
                         reference=ar)
         pairs[lane] = {"target": precision, "draft": dp, "draft_bytes": draft.describe()["size_on_disk_bytes"]}
         lanes.append(lane)
-    return sweep(ctx, f"precision sweep, target {precision}, {generation.k_policy.describe()}, {len(pairs)} pairs",
+    return sweep_rows(ctx, f"precision sweep, target {precision}, {generation.k_policy.describe()}, {len(pairs)} pairs",
                  lanes, lambda lane, runs: pairs[lane])
 
 
@@ -174,7 +178,7 @@ def run_kv(ctx: Context) -> dict:
         precisions[spec] = label
 
     def cache(lane: Lane, runs: list[Run]) -> dict:
-        kv_bytes = [sum(r.summary["kv_cache_bytes"].values()) for r in stats.lane_runs(runs, lane)]
+        kv_bytes = [sum(r.summary.kv_cache_bytes.values()) for r in stats.lane_runs(runs, lane)]
         return {"kv_cache_precision": precisions[lane],
                 "autoregressive_step_s": stats.step_seconds(stats.lane_runs(runs, lane.baseline)),
                 "kv_cache_bytes": stats.spread([float(b) for b in kv_bytes])}
@@ -204,10 +208,7 @@ def run_lookup(ctx: Context) -> dict:
         """A GenAI lane: its own acceptance, and its speedup over our autoregressive lane."""
         if lane.framework == "specdemo":
             return {}
-        mine = stats.lane_runs(runs, lane)
-        proposed = sum(r.summary.get("proposed", 0) for r in mine)
-        rate = sum(r.summary.get("accepted", 0) for r in mine) / proposed if proposed else float("nan")
-        return {"draft_acceptance_rate": rate, "vs_ours_autoregressive": stats.spread(stats.paired_ratios(runs, ar, lane))}
+        return {"draft_acceptance_rate": stats.acceptance(stats.lane_runs(runs, lane)), "vs_ours_autoregressive": stats.spread(stats.paired_ratios(runs, ar, lane))}
 
     instructions = EDIT_INSTRUCTIONS[: ctx.bench.lookup_instructions]
     what = f"prompt lookup vs draft model, K={ctx.k}, edit instructions"

@@ -25,15 +25,18 @@ from specdemo.cli.commands import benchmark_settings, build_parser
 from specdemo.decoding.events import Round
 from specdemo.host import machine
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
-from specdemo.results.metrics import leviathan_speedup, speedup_from_calls
+from specdemo.results.metrics import Summary, leviathan_speedup, speedup_from_calls
 from specdemo.settings import GenerationSettings, RunSettings
 
 AR = Lane("ar", "specdemo", "autoregressive")
 SPEC = Lane("spec", "specdemo", "speculative", baseline=AR)
 
 
-def _run(lane, instruction, wall_s, tokens=100, repeat=0, rounds=(), **summary):
-    return Run(lane, instruction, repeat, 100, wall_s, tokens, summary=summary, rounds=list(rounds))
+def _run(lane, instruction, wall_s, tokens=100, repeat=0, rounds=(), prefill_s=0.0, **summary):
+    """A run of `lane`; with `summary` figures, ours (a Summary); its prefill instant unless given."""
+    ours = Summary(lane.kind, **summary) if summary and lane.framework == "specdemo" else None
+    return Run(lane, instruction, repeat, 100, wall_s, tokens, prefill_s, summary=ours, proposed=summary.get("proposed", 0),
+               accepted=summary.get("accepted", 0), rounds=list(rounds))
 
 
 def _round(index, verify_tokens, verify_s, draft_calls=(), rollback_s=0.0):
@@ -252,7 +255,9 @@ def test_a_speculative_lane_without_a_baseline_is_refused():
 
 def _output(wall_s, ids=(1, 2, 3, 4), **summary):
     """A lane's generate() that always gives `ids` in `wall_s` seconds."""
-    return lambda instruction, prompt_ids, n: Output(list(ids), wall_s, summary)
+    ours = Summary("speculative", **summary) if summary else None
+    return lambda instruction, prompt_ids, n: Output(list(ids), wall_s, 0.0, ours, summary.get("proposed", 0),
+                                                     summary.get("accepted", 0))
 
 
 def test_lanes_are_warmed_up_then_interleaved_per_instruction():
@@ -261,7 +266,7 @@ def test_lanes_are_warmed_up_then_interleaved_per_instruction():
     def lane(name, ids, kind="autoregressive"):
         def generate(instruction, prompt_ids, n):
             calls.append((name, instruction, n))
-            return Output(ids, 1.0, {})
+            return Output(ids, 1.0, 0.0)
 
         return Lane(name, "specdemo", kind, baseline=AR if kind == "speculative" else None, generate=generate)
 
@@ -301,8 +306,8 @@ def test_one_sweep_rows_every_speculative_lane_against_its_own_baseline():
     assert rows["their quick one"]["same_as_reference"] == "0/2"  # checked against the section's first lane
     assert (rows["quick one"]["framework"], rows["quick one"]["baseline"], rows["quick one"]["k"]) == ("specdemo", "plain", 2)
     assert rows["quick one"]["seen"] == "quick one"
-    assert section["max_new_tokens"] == 8 and len(section["runs"]) == 8  # 4 lanes x 2 instructions
-    assert section["runs"][1]["lane"] == "quick one" and section["runs"][1]["kind"] == "speculative"
+    assert section["max_new_tokens"] == 8 and len(ctx.runs) == 8  # 4 lanes x 2 instructions, kept in the table
+    assert ctx.runs[1].lane.label == "quick one" and ctx.runs[1].lane.generate is None  # bare: it holds no pipeline
 
 
 class _Walker(_PromptsOnly):
@@ -424,16 +429,16 @@ def test_where_two_of_our_lanes_part_the_run_record_judges_the_parting_by_its_ma
     def lane(name, ids, margins, kind="autoregressive"):
         tokens = [TokenEvent(i, f"w{i}", "target", step, 0.0, margin=m) for step, (i, m) in enumerate(zip(ids, margins))]
         return Lane(name, "specdemo", kind, baseline=AR if kind == "speculative" else None,
-                    generate=lambda instruction, prompt_ids, n: Output(ids, 1.0, {}, [], tokens))
+                    generate=lambda instruction, prompt_ids, n: Output(ids, 1.0, 0.0, tokens=tokens))
 
     lanes = [lane("ar", [1, 2, 3], [3.0, 0.1, 2.0]), lane("spec", [1, 4, 5], [3.0, 0.05, 2.0], "speculative"),
              lane("wide", [1, 2, 6], [3.0, 0.1, 2.5], "speculative"), lane("same", [1, 2, 3], [3.0, 0.1, 2.0], "speculative")]
     log = []
     runs = measure(lanes, ["a"], [[0]], 3, bench.BenchSettings(warmup_tokens=1), log=log.append)
-    near, wide, same = runs[1].to_dict()["parting"], runs[2].to_dict()["parting"], runs[3].to_dict()["parting"]
-    assert near["index"] == 1 and near["tokens"] == ["w2", "w4"] and near["verdict"] == "near-tie"
-    assert wide["index"] == 2 and wide["verdict"] == "defect"  # margins of 2 and 2.5 logits are no tie
-    assert same is None and runs[0].to_dict()["parting"] is None
+    near, wide, same = runs[1].parting, runs[2].parting, runs[3].parting
+    assert near.index == 1 and near.tokens == ["w2", "w4"] and near.verdict == "near-tie"
+    assert wide.index == 2 and wide.verdict == "defect"  # margins of 2 and 2.5 logits are no tie
+    assert same is None and runs[0].parting is None
     assert "spec 1.00s (parted at token 2: near-tie)" in log[-1]
 
 
@@ -484,10 +489,10 @@ def test_the_precision_sweep_holds_one_target_at_a_time_beside_the_pair(monkeypa
     def measure_lanes(ctx, what, lanes, extra=None):
         gc.collect()
         held.append(sum(ref() is not None for ref in live))
-        return {"rows": [{"label": lane.label, **extra(lane, [])} for lane in lanes[1:]], "runs": []}
+        return [{"label": lane.label, **extra(lane, [])} for lane in lanes[1:]]
 
     monkeypatch.setattr(sweeps, "load_model", load)
-    monkeypatch.setattr(sweeps, "sweep", measure_lanes)
+    monkeypatch.setattr(sweeps, "sweep_rows", measure_lanes)
     monkeypatch.setattr(sweeps, "Engine", lambda target, draft: SimpleNamespace(target=target, draft=draft))
     class Lane:  # a lane: its label (lanes key the sweep's rows, as harness.Lane does)
         def __init__(self, label, engine, mode, generation, **kw):

@@ -132,7 +132,7 @@ def _runs(ids_of: dict, walls: dict) -> list[Run]:
             ids = ids_of[key][i]
             rounds = [_round(0, 0, 0, 1), _round(1, 3, 3, 4), _round(2, 3, 1, 2)] if key == "speculative" else []
             runs.append(Run(lane, i, 0, 64, walls[key][i], len(ids), ids=ids, rounds=rounds,
-                            summary={"proposed": 6, "accepted": 3} if key == "genai" else {}))
+                            **({"proposed": 6, "accepted": 3} if key == "genai" else {})))
     return runs
 
 

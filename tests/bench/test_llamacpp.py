@@ -92,7 +92,7 @@ def test_our_speculative_tokens_per_second_over_each_llama_cpp_mode_is_paired_pe
     lanes = _lanes()
     # Seconds for 100 tokens, per lane, on two instructions; the second instruction runs everything twice as slow.
     seconds = {"ours AR": 5.0, "ours spec": 2.5, "cpp AR": 4.0, "cpp lookup": 5.0, "cpp draft": 3.0}
-    runs = [Run(lane, i, 0, 100, seconds[lane.label] * (1 + i), 100, summary={"proposed": 40, "accepted": 30} if lane.drafter else {})
+    runs = [Run(lane, i, 0, 100, seconds[lane.label] * (1 + i), 100, 0.0, **({"proposed": 40, "accepted": 30} if lane.drafter else {}))
             for i in range(2) for lane in lanes]
 
     figures = llamacpp_figures(lanes, runs)
@@ -108,7 +108,7 @@ def test_our_speculative_tokens_per_second_over_each_llama_cpp_mode_is_paired_pe
 
 def test_the_report_names_our_lane_over_each_llama_cpp_lane():
     lanes = _lanes()
-    runs = [Run(lane, 0, 0, 100, 2.0 if lane.framework == "specdemo" else 4.0, 100) for lane in lanes]
+    runs = [Run(lane, 0, 0, 100, 2.0 if lane.framework == "specdemo" else 4.0, 100, 0.0) for lane in lanes]
     section = {"k": 4, "k_label": "auto K", "max_new_tokens": 100, "threads": 2, "version": "0.0", "system_info": "AVX2 = 1",
                **llamacpp_figures(lanes, runs)}
 
