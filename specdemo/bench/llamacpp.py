@@ -1,4 +1,7 @@
-"""llama.cpp as a peer: llama-cpp-python's `Llama` on the very GGUF files specdemo ships, fed our prompt token ids.
+"""llama.cpp as a peer: llama-cpp-python's `Llama` on the very GGUF files specdemo ships, fed our prompt token ids, in
+a process of its own (PeerProcess: no OpenVINO thread pool beside it), timed as llama.cpp times itself: the prompt to
+the first token apart from the decoding after it. Where llama.cpp's own tools are built (LLAMACPP_BIN, else PATH),
+`llama-bench` (pp and tg) and `llama-speculative-simple` run too, each in its own process, as their users run them.
 
 Three ways of generating, each greedy, on the cores this process may use:
 - autoregressive: the target alone, one llama_decode per token;
@@ -15,8 +18,14 @@ gives the one line the benchmark prints instead of running it.
 
 from __future__ import annotations
 
+import json
+import multiprocessing
 import os
+import re
+import shutil
+import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -154,12 +163,14 @@ class LlamaCppPeer:
         if isinstance(drafts, DraftLlama):
             drafts.reset()
         llm.reset()  # no prefix cache: every run prefills its whole prompt, as ours do
+        first = None
         for token in llm.generate(prompt_ids, temp=0.0, repeat_penalty=1.0):
+            first = first or time.perf_counter() - start
             ids.append(token)
             if token in eos_ids or len(ids) == max_new_tokens:
                 break
         wall = time.perf_counter() - start
-        run = PeerRun(ids=ids, wall_s=wall)
+        run = PeerRun(ids=ids, wall_s=wall, first_s=first or wall)
         if tally is not None:
             run.proposed, run.accepted = tally.proposed, tally.accepted
         return run
@@ -172,3 +183,96 @@ class LlamaCppPeer:
         if self.draft is not None:
             return DraftLlama(self._model("draft"), k)
         raise ValueError(f"llama.cpp drafts like {drafter!r} with a draft model, and the draft is no GGUF file")
+
+
+class PeerProcess:
+    """A LlamaCppPeer in a child process of its own (spawned: nothing of this process's threads or memory in it), its
+    generate() called over a pipe: llama.cpp alone on the cores, as a user runs it, while our lanes wait."""
+
+    def __init__(self, target: Path, draft: Path | None = None):
+        context = multiprocessing.get_context("spawn")
+        self._pipe, child = context.Pipe()
+        self._process = context.Process(target=_serve, args=(child, target, draft), daemon=True)
+        self._process.start()
+        self.threads, self.version, self.system_info = self._answer()
+
+    def generate(self, *args, **kwargs) -> PeerRun:
+        self._pipe.send((args, kwargs))
+        return self._answer()
+
+    def _answer(self):
+        answer = self._pipe.recv()
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    def close(self) -> None:
+        self._pipe.send(None)
+        self._process.join(timeout=30)
+
+
+def _serve(pipe, target: Path, draft: Path | None) -> None:
+    """The child's loop: a LlamaCppPeer, then one generate() per request until None."""
+    peer = LlamaCppPeer(target, draft)
+    pipe.send((peer.threads, peer.version, peer.system_info))
+    while (request := pipe.recv()) is not None:
+        try:
+            pipe.send(peer.generate(*request[0], **request[1]))
+        except Exception as error:  # noqa: BLE001 - the parent raises it where it asked
+            pipe.send(error)
+
+
+# ---- llama.cpp's own tools
+
+
+def tool(name: str) -> Path | None:
+    """llama.cpp's program `name` ("llama-bench"): in LLAMACPP_BIN where set, else on PATH; None where not built."""
+    folder = os.environ.get("LLAMACPP_BIN")
+    found = shutil.which(name, path=folder) if folder else shutil.which(name)
+    return Path(found) if found else None
+
+
+def llama_bench(model: Path, prompt_tokens: int, new_tokens: int, threads: int) -> tuple[float, float]:
+    """(pp, tg): llama-bench's prompt processing of `prompt_tokens` and generation of `new_tokens`, tokens/s, each the
+    mean of its repetitions after its own warm-up."""
+    out = subprocess.run([str(tool("llama-bench")), "-m", str(model), "-p", str(prompt_tokens), "-n", str(new_tokens),
+                          "-t", str(threads), "-o", "json"], capture_output=True, text=True, check=True).stdout
+    return bench_rates(out)
+
+
+def bench_rates(output: str) -> tuple[float, float]:
+    """(pp, tg) tokens/s from llama-bench's `-o json` output: a list of tests, a pp one (n_gen 0) and a tg one."""
+    tests = json.loads(output)
+    pp = next(t["avg_ts"] for t in tests if t["n_gen"] == 0)
+    tg = next(t["avg_ts"] for t in tests if t["n_prompt"] == 0)
+    return pp, tg
+
+
+@dataclass(frozen=True)
+class Printed:
+    """What llama-speculative-simple prints of one run, as it counts: the prompt's encoding, then the decoding (its first
+    token's step counted there)."""
+
+    prompt_tokens: int
+    prefill_s: float  # seconds encoding the prompt
+    tokens: int  # tokens decoded
+    decode_s: float  # their seconds
+    proposed: int  # n_drafted
+    accepted: int  # n_accept
+
+
+def speculative_simple(target: Path, draft: Path, prompt: str, new_tokens: int, k: int, threads: int) -> Printed:
+    """llama-speculative-simple on `prompt` (text, its chat template applied), greedy, up to `k` drafts a round, else its
+    defaults."""
+    done = subprocess.run([str(tool("llama-speculative-simple")), "-m", str(target), "-md", str(draft), "-p", prompt,
+                           "-n", str(new_tokens), "-t", str(threads), "-c", str(N_CTX), "--draft-max", str(k),
+                           "--temp", "0", "--top-k", "1", "--seed", "0"], capture_output=True, text=True, check=True)
+    return printed(done.stderr + done.stdout)
+
+
+def printed(log: str) -> Printed:
+    """Printed from llama-speculative-simple's closing lines ("encoded  N tokens in  S seconds", ..., "n_accept  = N")."""
+    number = lambda name: int(re.search(rf"{name}\s*=\s*(\d+)", log).group(1))  # noqa: E731
+    (p, p_s), (n, n_s) = (re.search(rf"{what}\s+(\d+) tokens in\s+([\d.]+) seconds", log).groups()
+                          for what in ("encoded", "decoded"))
+    return Printed(int(p), float(p_s), int(n), float(n_s), number("n_drafted"), number("n_accept"))

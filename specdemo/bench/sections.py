@@ -131,29 +131,62 @@ def run_llamacpp(ctx: Context) -> dict:
     if target is None:
         return {"skipped": "llama.cpp: skipped (it runs GGUF files: use a preset target or a local .gguf file)"}
     draft = llamacpp.gguf_path(ctx.settings.draft.source, log_progress(ctx.log, "draft GGUF"))
-    peer = llamacpp.LlamaCppPeer(target, draft)
+    peer = llamacpp.PeerProcess(target, draft)  # alone in its process, as its users run it
     generation, k, eos_ids = ctx.generation, ctx.k, ctx.engine.eos_ids
+    gguf = " + ".join(path.name for path in (target, draft) if path)
     ours_ar = our_lane("ours autoregressive", ctx.engine, AUTOREGRESSIVE, generation)
     lanes = [ours_ar, our_lane("ours speculative", ctx.engine, SPECULATIVE, generation, baseline=ours_ar)]
-    cpp_ar = peer_lane(Lane("llama.cpp autoregressive", "llamacpp", AUTOREGRESSIVE), peer.generate, eos_ids=eos_ids)
+    cpp_ar = peer_lane(Lane("llama.cpp autoregressive", "llamacpp", AUTOREGRESSIVE, models=target.name), peer.generate,
+                       eos_ids=eos_ids)
     lanes.append(cpp_ar)
     for kind, label in (("lookup", "llama.cpp prompt lookup"), ("draft", "llama.cpp draft model")):
         drafting = with_counterpart(kind)
         if drafting.needs_model and draft is None:
             continue  # a draft that is no GGUF: llama.cpp cannot run it
         lane = Lane(label, "llamacpp", SPECULATIVE, baseline=cpp_ar, reference=cpp_ar, k=k, k_policy="fixed",
-                    drafter=drafting.name)
+                    drafter=drafting.name, models=gguf if drafting.needs_model else target.name)
         lanes.append(peer_lane(lane, peer.generate, eos_ids=eos_ids, drafter=drafting.name, k=k,
                                ngram=generation.lookup_ngram))
     n, instructions = ctx.sweep_tokens, ctx.code_instructions()
     ctx.log(f"llama.cpp {peer.version}: N={n}, K={k}, {peer.threads} threads, {len(instructions)} instructions")
-    runs = ctx.keep(measure(lanes, instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log))
+    prompts = ctx.prompts(instructions)
+    runs = ctx.keep(measure(lanes, instructions, prompts, n, ctx.bench, ctx.log))
+    peer.close()
+    tools = ctx.keep(tool_runs(ctx, target, draft, prompts, n, peer.threads, cpp_ar))
     weights = {"target": ctx.engine.target.settings.precision, "draft": ctx.engine.draft.settings.precision}
     # which of our kernels' paths ran (SPECDEMO_KERNEL_ISA may hold one below the CPU's widest), beside llama.cpp's
     ours_isa = kernels.isa() if kernels.NATIVE in weights.values() and kernels.unavailable() is None else None
     return {"k": k, "k_label": ctx.k_label(), "max_new_tokens": n, "threads": peer.threads, "version": peer.version,
-            "system_info": peer.system_info, "kernels_isa": ours_isa, "weights": weights, **llamacpp_figures(lanes, runs),
+            "system_info": peer.system_info, "kernels_isa": ours_isa, "weights": weights,
+            **llamacpp_figures(lanes + list(dict.fromkeys(r.lane for r in tools)), runs + tools),
             "text_agreement": text_agreement(runs, ours_ar, cpp_ar)}
+
+
+def tool_runs(ctx: Context, target, draft, prompts: list[list[int]], n: int, threads: int, cpp_ar: Lane) -> list[Run]:
+    """llama.cpp's own tools where they are built (llamacpp.tool), each in its own process: llama-bench once (pp at the
+    prompts' median length, then tg n: one row, its prefill pp's, its decoding n tokens at tg's rate), and
+    llama-speculative-simple on each instruction's prompt text (after one short warm-up run)."""
+    from specdemo.bench import llamacpp
+
+    runs = []
+    if llamacpp.tool("llama-bench"):
+        p = sorted(map(len, prompts))[len(prompts) // 2]
+        ctx.log(f"llama-bench: pp {p}, tg {n}, {threads} threads")
+        pp, tg = llamacpp.llama_bench(target, p, n, threads)
+        lane = Lane("llama-bench (pp, tg)", "llamacpp", AUTOREGRESSIVE, models=target.name)
+        runs.append(Run(lane, -1, 0, n, p / pp + n / tg, n + 1, p / pp))  # instruction -1: its own synthetic tokens
+    if draft is not None and llamacpp.tool("llama-speculative-simple"):
+        lane = Lane("llama-speculative-simple", "llamacpp", SPECULATIVE, baseline=cpp_ar, k=ctx.k, k_policy="fixed",
+                    drafter=with_counterpart("draft").name, models=f"{target.name} + {draft.name}")
+        texts = [ctx.engine.tokenizer.decode(ids) for ids in prompts]
+        llamacpp.speculative_simple(target, draft, texts[0], ctx.bench.warmup_tokens, ctx.k, threads)
+        for i, text in enumerate(texts):
+            out = llamacpp.speculative_simple(target, draft, text, n, ctx.k, threads)
+            ctx.log(f"  llama-speculative-simple [{i + 1}/{len(texts)}]: {out.tokens} tokens, {out.decode_s:.2f} s")
+            # its tokens are not compared (it prints text): same_as_reference False says nothing was checked
+            runs.append(Run(lane, i, 0, n, out.prefill_s + out.decode_s, out.tokens, out.prefill_s, False,
+                            proposed=out.proposed, accepted=out.accepted))
+    return runs
 
 
 def text_agreement(runs: list[Run], ours: Lane, theirs: Lane) -> list[dict]:
@@ -172,12 +205,16 @@ def llamacpp_figures(lanes: list[Lane], runs: list[Run]) -> dict:
     over llama.cpp's), paired per instruction; each speculative lane's speedup and llama.cpp's acceptance."""
     ours_ar, ours_spec = find(lanes, "specdemo", AUTOREGRESSIVE), find(lanes, "specdemo", SPECULATIVE)
     cpp = [lane for lane in lanes if lane.framework == "llamacpp"]
+    cpp_ar = find(lanes, "llamacpp", AUTOREGRESSIVE)
+    bench = next((lane for lane in cpp if lane.kind == AUTOREGRESSIVE and lane != cpp_ar), None)  # llama-bench's row
     figures = {
         "lanes": {lane.label: {**lane.fields(), **stats.lane_figures(runs, lane),
                                "tokens_per_s": stats.spread([r.tokens / r.wall_s for r in stats.lane_runs(runs, lane) if r.wall_s])}
                   for lane in lanes},
         # A time ratio per token of llama.cpp over ours is our tokens/s over llama.cpp's.
-        "ratios": stats.ratios(runs, [(lane, ours_spec) for lane in cpp] + [(find(lanes, "llamacpp", AUTOREGRESSIVE), ours_ar)]),
+        "ratios": stats.ratios(runs, [(lane, ours_spec) for lane in cpp if lane.kind == SPECULATIVE] + [(cpp_ar, ours_ar)]),
+        # the binding's decode rate over llama-bench's tg: llama.cpp in its bindings as fast as in its own tool?
+        "binding_over_llama_bench": stats.decode_rate(runs, cpp_ar) / stats.decode_rate(runs, bench) if bench else None,
         "speedup": {lane.label: stats.spread(stats.paired_ratios(runs, lane.baseline, lane)) for lane in lanes if lane.kind == SPECULATIVE},
         "acceptance": {lane.label: rate for lane in cpp if (rate := stats.acceptance(stats.lane_runs(runs, lane))) is not None},
     }

@@ -9,8 +9,8 @@ import pytest
 from specdemo.bench import FULL, QUICK, llamacpp
 from specdemo.bench.harness import Context, Lane, Run
 from specdemo.bench.report_gguf import llamacpp_section
-from specdemo.bench.sections import llamacpp_figures, run_llamacpp
-from specdemo.models import export
+from specdemo.bench.sections import llamacpp_figures, run_llamacpp, tool_runs
+from specdemo.models import export, sources
 from specdemo.settings import RunSettings
 
 
@@ -117,3 +117,85 @@ def test_the_report_names_our_lane_over_each_llama_cpp_lane():
     assert "| ours spec ÷ cpp draft | 2.00× |" in text
     assert "| ours spec ÷ cpp lookup | 2.00× |" in text
     assert "| ours AR ÷ cpp AR | 2.00× |" in text
+
+
+# ---- llama.cpp's own tools: found where built, their output parsed from samples recorded on this project's machine
+
+LLAMA_BENCH_JSON = """[
+  {"build_commit": "unknown", "build_number": 0, "cpu_info": "AMD EPYC", "gpu_info": "", "backends": "CPU",
+   "model_filename": "qwen2.5-coder-1.5b.gguf", "model_type": "qwen2 1.5B Q4_K - Medium", "n_threads": 2,
+   "n_prompt": 62, "n_gen": 0, "avg_ns": 1551000000, "stddev_ns": 21000000, "avg_ts": 39.97, "stddev_ts": 0.55},
+  {"build_commit": "unknown", "build_number": 0, "cpu_info": "AMD EPYC", "gpu_info": "", "backends": "CPU",
+   "model_filename": "qwen2.5-coder-1.5b.gguf", "model_type": "qwen2 1.5B Q4_K - Medium", "n_threads": 2,
+   "n_prompt": 0, "n_gen": 40, "avg_ns": 3125000000, "stddev_ns": 40000000, "avg_ts": 12.80, "stddev_ts": 0.16}
+]"""
+
+SPECULATIVE_SIMPLE_LOG = """main: n_draft = 4
+def is_palindrome(s):
+    return s == s[::-1]
+
+
+encoded   62 tokens in    1.602 seconds, speed:   38.702 t/s
+decoded   41 tokens in    2.410 seconds, speed:   17.012 t/s
+
+n_draft   = 4
+n_predict = 41
+n_drafted = 44
+n_accept  = 29
+accept    = 65.909%
+
+draft:
+
+llama_perf_context_print:        load time =     412.11 ms
+"""
+
+
+def test_llama_bench_json_gives_its_pp_and_tg_rates():
+    assert llamacpp.bench_rates(LLAMA_BENCH_JSON) == (39.97, 12.80)
+
+
+def test_speculative_simple_output_gives_its_prefill_decoding_and_drafts():
+    assert llamacpp.printed(SPECULATIVE_SIMPLE_LOG) == llamacpp.Printed(62, 1.602, 41, 2.410, 44, 29)
+
+
+def test_llama_cpp_tools_are_found_in_llamacpp_bin_and_are_none_where_not_built(tmp_path, monkeypatch):
+    program = tmp_path / "llama-bench"
+    program.write_text("#!/bin/sh\n")
+    program.chmod(0o755)
+    monkeypatch.setenv("LLAMACPP_BIN", str(tmp_path))
+
+    assert llamacpp.tool("llama-bench") == program
+    assert llamacpp.tool("llama-speculative-simple") is None
+
+
+def test_without_llama_cpps_tools_the_section_adds_no_rows(tmp_path, monkeypatch):
+    monkeypatch.setenv("LLAMACPP_BIN", str(tmp_path))  # an empty folder: nothing built
+    ctx = Context(engine=None, settings=RunSettings(), bench=FULL, log=print)
+
+    assert tool_runs(ctx, tmp_path / "t.gguf", tmp_path / "d.gguf", [[1, 2]], 8, 2, _lanes()[2]) == []
+
+
+def test_the_report_says_so_where_the_bindings_decode_more_than_10_percent_off_llama_bench():
+    lanes = _lanes()
+    bench = Lane("llama-bench (pp, tg)", "llamacpp", "autoregressive")
+    runs = [Run(lane, 0, 0, 100, 2.0 if lane.framework == "specdemo" else 4.0, 100, 0.0) for lane in lanes]
+    near = Run(bench, -1, 0, 100, 4.0, 100, 0.3)  # 99 tokens in 3.7 s: the bindings' 99 in 4 s are 0.93x
+    far = Run(bench, -1, 0, 100, 3.0, 100, 0.0)  # 99 in 3 s: the bindings are at 0.75x
+    section = {"k": 4, "k_label": "K = 4", "max_new_tokens": 100, "threads": 2, "version": "0.0", "system_info": "AVX2 = 1"}
+
+    within = llamacpp_section({"llamacpp": {**section, **llamacpp_figures(lanes + [bench], runs + [near])}}, {})
+    off = llamacpp_section({"llamacpp": {**section, **llamacpp_figures(lanes + [bench], runs + [far])}}, {})
+
+    assert "at 0.93× llama-bench's tg rate: within 10 %" in within
+    assert "**The bindings decode at 0.75× llama-bench's tg rate**, more than 10 % off" in off
+
+
+DRAFT_GGUF = sources.specdemo_home() / "bench" / "gguf" / "qwen2.5-coder-0.5b.gguf"  # assembled by an earlier bench run
+
+
+@pytest.mark.skipif(llamacpp.tool("llama-bench") is None or not DRAFT_GGUF.is_file(),
+                    reason="llama.cpp's llama-bench is not built here (LLAMACPP_BIN or PATH), or the 0.5B GGUF is not in "
+                    "SPECDEMO_HOME/bench/gguf: its output's parsing is tested on a recorded sample above")
+def test_llama_bench_runs_on_the_draft_gguf_and_its_output_parses():
+    pp, tg = llamacpp.llama_bench(DRAFT_GGUF, 8, 4, 2)
+    assert pp > 0 and tg > 0
