@@ -232,11 +232,12 @@ def tool(name: str) -> Path | None:
     return Path(found) if found else None
 
 
-def llama_bench(model: Path, prompt_tokens: int, new_tokens: int, threads: int) -> tuple[float, float]:
+def llama_bench(model: Path, prompt_tokens: int, new_tokens: int, threads: int, repetitions: int = 5) -> tuple[float, float]:
     """(pp, tg): llama-bench's prompt processing of `prompt_tokens` and generation of `new_tokens`, tokens/s, each the
-    mean of its repetitions after its own warm-up."""
+    mean of its `repetitions` (its default) after its own warm-up."""
     out = subprocess.run([str(tool("llama-bench")), "-m", str(model), "-p", str(prompt_tokens), "-n", str(new_tokens),
-                          "-t", str(threads), "-o", "json"], capture_output=True, text=True, check=True).stdout
+                          "-t", str(threads), "-r", str(repetitions), "-o", "json"], capture_output=True, text=True,
+                         check=True).stdout
     return bench_rates(out)
 
 
@@ -265,8 +266,9 @@ def speculative_simple(target: Path, draft: Path, prompt: str, new_tokens: int, 
     """llama-speculative-simple on `prompt` (text, its chat template applied), greedy, up to `k` drafts a round, else its
     defaults."""
     done = subprocess.run([str(tool("llama-speculative-simple")), "-m", str(target), "-md", str(draft), "-p", prompt,
-                           "-n", str(new_tokens), "-t", str(threads), "-c", str(N_CTX), "--draft-max", str(k),
-                           "--temp", "0", "--top-k", "1", "--seed", "0"], capture_output=True, text=True, check=True)
+                           "-n", str(new_tokens), "-t", str(threads), "-c", str(N_CTX), "--spec-type", "draft-simple",
+                           "--spec-draft-n-max", str(k), "--temp", "0", "--top-k", "1", "--seed", "0"],
+                          capture_output=True, text=True, check=True)
     return printed(done.stderr + done.stdout)
 
 
