@@ -63,10 +63,11 @@ class GenAIPipeline:
         start = time.perf_counter()
         result = self.pipeline.generate(prompt, config)
         wall = time.perf_counter() - start
-        metrics = result.extended_perf_metrics
         # GenAI's own TTFT and generate duration (ms): what it counts after the first token is the decoding
-        first = wall - (metrics.get_generate_duration().mean - metrics.get_ttft().mean) / 1000
+        timed = result.perf_metrics
+        first = wall - (timed.get_generate_duration().mean - timed.get_ttft().mean) / 1000
         run = PeerRun(ids=[int(t) for t in result.tokens[0]], wall_s=wall, first_s=first)
+        metrics = result.extended_perf_metrics
         if self.speculative and hasattr(metrics, "get_num_draft_tokens"):
             run.proposed = metrics.get_num_draft_tokens()
             run.accepted = metrics.get_num_accepted_tokens()

@@ -2,6 +2,8 @@
 
 The real-model, browser and slow tests of tests/bench/test_bench.py, which holds the fast ones."""
 
+import json
+
 import pytest
 
 from specdemo import bench
@@ -25,3 +27,5 @@ def test_a_short_real_run_writes_the_report_json_and_plots(tmp_path):
     text = (tmp_path / "benchmarks.md").read_text()
     assert "## 1. The paper's experiment" in text and "ours speculative / GenAI speculative" in text
     assert (tmp_path / "benchmarks.json").is_file() and (tmp_path / "benchmarks-paper.png").is_file()
+    table = json.loads((tmp_path / "benchmarks.json").read_text())["table"]  # every lane's runs, each timed in two
+    assert len(table) == 4 and all(row["prefill_s"] > 0 and row["decode_tokens_per_s"] > 0 for row in table)
