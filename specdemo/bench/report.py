@@ -120,7 +120,8 @@ def _headlines(sections: dict) -> str:
         text += f"; the paper: {f['paper']['speedup']:.2f}×)" if "paper" in f else ")"
         lines.append(text + " (§1).")
         lines.append(
-            f"Our speculative loop takes **{schema.ratio(f, OURS_SPEC, GENAI_SPEC)['median']:.2f}×** the time of GenAI's "
+            f"Our speculative loop takes **{schema.ratio(f, OURS_SPEC, GENAI_SPEC)['median']:.2f}×** the decoding time of "
+            "GenAI's "
             f"speculative pipeline; our autoregressive loop {schema.ratio(f, OURS_AR, GENAI_AR)['median']:.2f}× "
             "that of GenAI's plain pipeline (§2)."
         )
@@ -128,7 +129,7 @@ def _headlines(sections: dict) -> str:
     hf = sections.get("transformers")
     if hf and "ratios" in hf:
         ratio = schema.ratio(hf, HF_SPEC, OURS_SPEC)
-        lines.append(f"transformers assisted generation (float32 PyTorch) takes **{ratio['median']:.1f}×** our time per token (§2).")
+        lines.append(f"transformers assisted generation (float32 PyTorch) takes **{ratio['median']:.1f}×** our decoding time per token (§2).")
     k = sections.get("k")
     if k:
         best = fastest(schema.rows_with(k["rows"], k_policy="fixed"))
@@ -268,6 +269,7 @@ def peers_section(sections: dict, plots: dict) -> str:
                     lane,
                     seconds(figures["wall_s"]),
                     ms(figures["per_token_s"]),
+                    seconds(figures.get("prefill_s", {})),
                     f"{figures['tokens']['median']:.0f}",
                     percent(acceptance, 0) if acceptance is not None else "–",
                     figures["same_as_reference"],
@@ -280,7 +282,8 @@ def peers_section(sections: dict, plots: dict) -> str:
             f"properties{_genai_compile(paper.get('genai_compile'))}."
             + "".join(f" GenAI's {role} ran at {paper[f'genai_{role}']}: its pipelines cannot load specdemo's kernels, "
                       "which ours ran." for role in ("target", "draft") if paper.get(f"genai_{role}")) + "\n\n"
-            + table(["lane", "wall time", "per token", "tokens", "draft acceptance rate", "same tokens as ours AR"], rows)
+            + table(["lane", "wall time", "per token", "prefill", "tokens", "draft acceptance rate", "same tokens as ours AR"],
+                    rows)
         )
         ratio_rows = [[name, times(spread, 3)] for name, spread in f["ratios"].items()]
         defaults = paper.get("genai_defaults")
@@ -288,7 +291,8 @@ def peers_section(sections: dict, plots: dict) -> str:
             where = f"N = {defaults['max_new_tokens']}, {defaults['lanes'][schema.label(defaults['lanes'], OURS_SPEC)]['wall_s']['n']} instructions"
             ratio_rows += [[f"{name} ({where})", times(spread, 3)] for name, spread in defaults["ratios"].items()]
         text += (
-            "\n\nTime ratios, per instruction then median (below 1 means ours is faster). \"its defaults\" is GenAI with no "
+            "\n\nDecoding time ratios (tokens after the first, each lane's prefill apart; files before schema 2: wall time), "
+            "per instruction then median (below 1 means ours is faster). \"its defaults\" is GenAI with no "
             "compile properties of ours (on this CPU that means bf16 inference), in a separate shorter pass:\n\n"
             + table(["ratio", "median (min–max)"], ratio_rows)
         )
@@ -315,8 +319,8 @@ def _transformers(hf: dict) -> str:
     return (
         f"transformers {hf['dtype']} on PyTorch CPU, the weights our IRs were converted from (GGUF dequantized, before "
         f"NNCF compression), `generate()` and `assistant_model=` with exactly K = {hf['k']} assistant tokens per round, "
-        f"N = {hf['max_new_tokens']}. Its tokens can differ from ours where int8 rounding flips a near-tie, so ratios use "
-        "time per token. \"same tokens\" compares transformers assisted with transformers AR, the others with ours AR.\n\n"
+        f"N = {hf['max_new_tokens']}. Its tokens can differ from ours where int8 rounding flips a near-tie, so ratios divide "
+        "decoding time per token (its prefill apart); speedups, wall time per token. \"same tokens\" compares transformers assisted with transformers AR, the others with ours AR.\n\n"
         + table(["lane", "wall time", "per token", "tokens", "same tokens as reference"], rows)
         + "\n\n"
         + table(["ratio (per token)", "median (min–max)"], ratio_rows)

@@ -308,7 +308,9 @@ def method_section(results: dict) -> str:
         f"* Warm-up: every lane generates {b['warmup_tokens']} tokens before anything is timed.\n"
         "* Interleaving: for each instruction all lanes of a section run back to back, so the shared machine's load "
         "affects them alike; ratios are computed per instruction, then summarised as median (min–max).\n"
-        "* Times are wall-clock seconds of the whole generate call, prompt ids in hand to the last token (prefill included).\n"
+        "* Times are wall-clock seconds of the whole generate call, prompt ids in hand to the last token, split at the first "
+        "token into prefill and decoding (tokens after the first ÷ their seconds); speedups over a lane's own autoregressive "
+        "lane divide wall time per token, ratios across frameworks decode rates.\n"
         "* α̂, c and the time breakdown come from the loops' per-round records (`specdemo/decoding/events.py`), derived by `specdemo/results/metrics.py`."
     )
 

@@ -174,7 +174,8 @@ def tool_runs(ctx: Context, target, draft, prompts: list[list[int]], n: int, thr
         ctx.log(f"llama-bench: pp {p}, tg {n}, {threads} threads")
         pp, tg = llamacpp.llama_bench(target, p, n, threads)
         lane = Lane("llama-bench (pp, tg)", "llamacpp", AUTOREGRESSIVE, models=target.name)
-        runs.append(Run(lane, -1, 0, n, p / pp + n / tg, n + 1, p / pp))  # instruction -1: its own synthetic tokens
+        # instruction -1: its own synthetic tokens, so none is compared with any lane's (same_as_reference False)
+        runs.append(Run(lane, -1, 0, n, p / pp + n / tg, n + 1, p / pp, False))
     if draft is not None and llamacpp.tool("llama-speculative-simple"):
         lane = Lane("llama-speculative-simple", "llamacpp", SPECULATIVE, baseline=cpp_ar, k=ctx.k, k_policy="fixed",
                     drafter=with_counterpart("draft").name, models=f"{target.name} + {draft.name}")
@@ -215,6 +216,7 @@ def llamacpp_figures(lanes: list[Lane], runs: list[Run]) -> dict:
         "ratios": stats.ratios(runs, [(lane, ours_spec) for lane in cpp if lane.kind == SPECULATIVE] + [(cpp_ar, ours_ar)]),
         # the binding's decode rate over llama-bench's tg: llama.cpp in its bindings as fast as in its own tool?
         "binding_over_llama_bench": stats.decode_rate(runs, cpp_ar) / stats.decode_rate(runs, bench) if bench else None,
+        "ours_over_llama_bench": stats.decode_rate(runs, ours_ar) / stats.decode_rate(runs, bench) if bench else None,
         "speedup": {lane.label: stats.spread(stats.paired_ratios(runs, lane.baseline, lane)) for lane in lanes if lane.kind == SPECULATIVE},
         "acceptance": {lane.label: rate for lane in cpp if (rate := stats.acceptance(stats.lane_runs(runs, lane))) is not None},
     }

@@ -379,7 +379,7 @@ def test_renamed_lanes_are_still_paired_by_their_fields_in_figures_targets_and_r
                "targets": list(targets.values())}
     text = report.render(results, plots={})
     assert "is **2.50×** faster than autoregressive (GenAI's C++ pipeline: 1.80×" in text
-    assert "Our speculative loop takes **0.80×** the time of GenAI's speculative pipeline" in text
+    assert "Our speculative loop takes **0.80×** the decoding time of GenAI's speculative pipeline" in text
     assert "| mine, drafting / their drafting pipeline | 0.800× |" in text
     assert "| 100 | 10.00 s | 4.00 s | 2.50× | 9.00 s | 5.00 s | 1.80× |" in text
 

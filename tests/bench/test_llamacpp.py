@@ -192,3 +192,18 @@ DRAFT_GGUF = USER_HOME / "bench" / "gguf" / "qwen2.5-coder-0.5b.gguf"  # assembl
 def test_llama_bench_runs_on_the_draft_gguf_and_its_output_parses():
     pp, tg = llamacpp.llama_bench(DRAFT_GGUF, 8, 4, 2, repetitions=1)
     assert pp > 0 and tg > 0
+
+
+def test_llama_bench_gives_one_row_its_prefill_pps_and_its_decoding_tgs(tmp_path, monkeypatch):
+    program = tmp_path / "llama-bench"  # a stand-in that prints the recorded sample
+    (tmp_path / "sample.json").write_text(LLAMA_BENCH_JSON)
+    program.write_text(f"#!/bin/sh\ncat {tmp_path / 'sample.json'}\n")
+    program.chmod(0o755)
+    monkeypatch.setenv("LLAMACPP_BIN", str(tmp_path))
+    ctx = Context(engine=None, settings=RunSettings(), bench=FULL, log=lambda message: None)
+
+    (row,) = tool_runs(ctx, tmp_path / "t.gguf", None, [[1] * 42, [1] * 44, [1] * 43], 16, 2, _lanes()[2])
+
+    assert row.instruction == -1 and row.tokens == 17 and not row.same_as_reference  # its own tokens: none compared
+    assert row.prefill_s == pytest.approx(43 / 10.849518)  # the prompts' median length at pp's rate
+    assert row.decode_rate == pytest.approx(0.899741)  # tg's rate
