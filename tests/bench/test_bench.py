@@ -532,3 +532,12 @@ def test_the_kv_sweep_compiles_the_pair_as_it_was_loaded_not_its_open_settings(m
                           log=lambda message: None, generation=GenerationSettings(), k_label=lambda: "K = 4")
     sweeps.run_kv(ctx)
     assert [(s.precision, s.kv_cache_precision) for s in loaded] == [("gguf-mixed", "u8"), ("int4", "u8")]
+
+
+def test_transformers_peer_times_its_first_token_apart_plain_and_assisted(tiny_hf):
+    from specdemo.bench.peers import TransformersPair
+
+    pair = TransformersPair(tiny_hf, tiny_hf)
+    for k in (None, 2):
+        run = pair.generate([1, 2, 3], 6, eos_ids={10**6}, k=k)  # an EOS it never writes: 6 tokens
+        assert len(run.ids) == 6 and 0 < run.first_s < run.wall_s
