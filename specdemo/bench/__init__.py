@@ -77,17 +77,17 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
     check_generation(settings.generation)
     # A faithful target is measured at the layout this machine runs (the sections compare it with other precisions).
     settings = replace(settings, target=machine_profile().resolve_precision(settings.target))
-    started = time.perf_counter()
+    started, host, sections = time.perf_counter(), machine.describe(), {}
     results = {
         "schema": SCHEMA,
         "command": command,
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine.describe(),
+        "machine": host,
         "bench": asdict(bench),
         "run_settings": asdict(settings),
-        "sections": {},
+        "sections": sections,
     }
-    log(f"load average {results['machine']['load_average']} on {results['machine']['logical_cores']} cores")
+    log(f"load average {host['load_average']} on {host['logical_cores']} cores")
     engine = Engine.load(settings)
     # Always measured afresh: the report's cost curve and plan must come from this run's machine state.
     engine.warm_up(settings.generation.k_max, fresh=True, log=lambda m: log(f"warm-up: {m}"))
@@ -109,14 +109,14 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
         if not memory.wait_for(section_need(name, *weights, bench.genai_k_values), f"the {name} section", log):
             results.setdefault("skipped_for_memory", []).append(name)  # the report leaves it out, as if not asked
             continue
-        section = results["sections"][name] = found(BY_NAME[name].run)(ctx)
+        section = sections[name] = found(BY_NAME[name].run)(ctx)
         section["seconds"] = time.perf_counter() - section_start
         section["load_average_end"] = machine.load_average()
         # GenAI's copies of the models go with their section: the next section's memory need counts only its own.
         ctx.drop_genai()
     results["costs_end"] = engine.costs.to_dict()  # as the sections' runs corrected it
     results["table"] = [row(run) for run in ctx.runs]  # every section's runs, one typed row each (table.py)
-    results["targets"] = judge_targets(results["sections"])
+    results["targets"] = judge_targets(sections)
     results["seconds"] = time.perf_counter() - started
     results["load_average_end"] = machine.load_average()
     if out is not None:

@@ -207,6 +207,8 @@ def diagnose(target: dict, sections: dict) -> str:
 def _round_costs(spec: dict, step_s: float, target: dict) -> str:
     """One speculative round's model calls against autoregressive steps, and what the goal needs."""
     k, tokens = spec["mean_k"], spec["mean_acceptance_length"]["median"]
+    if not k:  # no round drafted: the planner priced every K above a plain step (a loaded host), and nothing to split
+        return "our speculative lane drafted no round: the planner found no K that pays on this run's costs."
     draft_s, verify_s = spec["draft_step_s"]["median"], spec["verify_call_s"]["median"]
     round_s = k * draft_s + verify_s
     budget_s = tokens * step_s / target["goal"]

@@ -541,3 +541,11 @@ def test_transformers_peer_times_its_first_token_apart_plain_and_assisted(tiny_h
     for k in (None, 2):
         run = pair.generate([1, 2, 3], 6, eos_ids={10**6}, k=k)  # an EOS it never writes: 6 tokens
         assert len(run.ids) == 6 and 0 < run.first_s < run.wall_s
+
+
+def test_a_speculative_lane_that_drafted_no_round_is_said_so_not_divided_by_zero():
+    from specdemo.bench.report import _round_costs
+
+    spec = {"mean_k": 0.0, "mean_acceptance_length": {"median": math.nan}, "draft_step_s": {"median": 0.0},
+            "verify_call_s": {"median": 0.0}}
+    assert "drafted no round" in _round_costs(spec, 0.08, {"goal": 2.0})
