@@ -4,6 +4,7 @@ only module under specdemo/ that imports gradio."""
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import fields
 
 import gradio as gr
@@ -323,10 +324,21 @@ THEME = gr.themes.Default(primary_hue="blue",
                           font=[gr.themes.GoogleFont("Source Sans Pro", weights=(400, 700)), "ui-sans-serif", "sans-serif"])
 
 
+def enter_events_once() -> None:
+    """Gradio 6.31 wraps every event in its MatplotlibBackendMananger, which imports matplotlib the first time: the first
+    visitor's first Generate (refused ones too) waited 1.4-1.9 s for it on the 2-core Zen 3 (py-spy), a later one
+    nothing. Paid here instead, on a thread of its own while the models load. (Gone from Gradio: nothing to pay.)"""
+    manager = getattr(gr.utils, "MatplotlibBackendMananger", None)
+    if manager is not None:
+        with manager():
+            pass
+
+
 def launch(demo: Page, host: str, port: int, share: bool, *, monitoring: bool = False,
            deep_links: bool = False) -> None:
     """Serve the page: runs take turns in our queue (each waiting one holds a worker thread, hence the threads), no share
     link, no /monitoring and no deep links unless asked."""
+    threading.Thread(target=enter_events_once, daemon=True, name="specdemo-gradio-events").start()
     closed = CLOSED_ROUTES if deep_links else {**CLOSED_ROUTES, **DEEP_LINKS}
     # uvicorn believes X-Forwarded-For from the peers in FORWARDED_ALLOW_IPS (loopback by default) and puts the address it
     # names in the peer's place, before the page sees the request; the page reads that header itself, from the proxies

@@ -57,3 +57,15 @@ def test_every_set_cookie_header_survives():
 def test_head_gives_get_s_headers_and_no_body():
     (get, _), (head, body) = request("GET"), request("HEAD")
     assert body == b"" and head == get  # the same content-length and cookies, in the same order
+
+
+def test_what_gradio_imports_at_its_first_event_is_imported_before_a_visitor_comes():
+    """Gradio enters a matplotlib backend manager around every event: the first one imported matplotlib, 1.4-1.9 s of
+    the first visitor's first run on a 2-core Zen 3. launch() pays it on a thread while the models load."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from specdemo.ui import page; assert 'matplotlib' not in sys.modules; "
+            "page.enter_events_once(); print('matplotlib' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.stdout.strip() == "True", out.stderr[-2000:]
