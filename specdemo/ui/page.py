@@ -3,6 +3,7 @@ only module under specdemo/ that imports gradio."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from dataclasses import fields
@@ -325,13 +326,10 @@ THEME = gr.themes.Default(primary_hue="blue",
 
 
 def enter_events_once() -> None:
-    """Gradio 6.31 wraps every event in its MatplotlibBackendMananger, which imports matplotlib the first time: the first
-    visitor's first Generate (refused ones too) waited 1.4-1.9 s for it on the 2-core Zen 3 (py-spy), a later one
-    nothing. Paid here instead, on a thread of its own while the models load. (Gone from Gradio: nothing to pay.)"""
-    manager = getattr(gr.utils, "MatplotlibBackendMananger", None)
-    if manager is not None:
-        with manager():
-            pass
+    """Gradio 6.31 wraps every event in a MatplotlibBackendMananger that imports matplotlib the first time: 1.4-1.9 s of
+    the first visitor's first run on the 2-core Zen 3 (py-spy). Paid at launch instead, on a thread of its own."""
+    with getattr(gr.utils, "MatplotlibBackendMananger", contextlib.nullcontext)():
+        pass
 
 
 def launch(demo: Page, host: str, port: int, share: bool, *, monitoring: bool = False,

@@ -16,14 +16,6 @@ from tests import tiny_gguf
 pytestmark = pytest.mark.skipif(kernels.unavailable() is not None, reason=str(kernels.unavailable()))
 
 
-@pytest.fixture
-def each_isa():
-    """Every ISA path this CPU runs, held in turn; the widest again after, and each ISA's own way for many rows."""
-    yield kernels.supported_isas()
-    kernels.use("")
-    kernels.gemm_from(0)
-
-
 def test_this_cpu_runs_the_scalar_path_and_its_widest_by_default():
     assert "scalar" in kernels.supported_isas()
     assert kernels.isa() == kernels.supported_isas()[-1]

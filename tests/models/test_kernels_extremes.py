@@ -32,13 +32,6 @@ def extreme_blocks(kind: str, fill: int, rows: int, columns: int) -> np.ndarray:
     return blocks.reshape(rows, -1)
 
 
-@pytest.fixture
-def each_isa():
-    yield kernels.supported_isas()
-    kernels.use("")
-    kernels.gemm_from(0)
-
-
 @pytest.mark.parametrize("kind, fill", itertools.product(list(kernels.KINDS), (0x00, 0xFF, 0x80)))
 def test_weights_at_their_extremes_times_activations_at_127_sum_exactly_on_every_isa(kind, fill, each_isa, tmp_path):
     columns = 512
