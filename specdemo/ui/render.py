@@ -348,5 +348,5 @@ def render_background(progress, applied: str = "") -> str:
 def preparing_status(fraction: float | None, message: str) -> str:
     """The status line while models are prepared: the stage, how far, and what to expect."""
     done = f" ({fraction:.0%})" if fraction is not None else ""
-    return (f"**Preparing the models:** {message}{done}. The first start builds them once from the GGUF files (ready "
-            "in 17-27 s on a quiet 2-core Xeon or Zen 3, longer beside other work); later starts take seconds.")
+    return (f"**Preparing the models:** {message}{done}. The first start builds them once from the GGUF files (17-27 s "
+            "measured on other quiet 2-core Xeons and Zen 3s, not on this machine); later starts take seconds.")
