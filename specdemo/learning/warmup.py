@@ -144,8 +144,7 @@ def calibrate(pair: Pair, k_max: int, interrupted=lambda: False) -> None:
     a visitor waits for one answer, not all of them (as a step of `remaining`, not even for that: _interruptible)."""
     tested, accepted = [0] * k_max, [0] * k_max
     for prompt, text in pair.examples:
-        if interrupted():
-            raise measuring.Interrupted("learning how often the draft agrees stopped for a visitor")
+        measuring.stop_if(interrupted, "before an answer of the draft's agreement")
         mask = agreement_mask(pair.target, pair.draft, prompt, text)
         for totals, counts in zip((tested, accepted), mask_counts(mask, k_max)):
             for i, n in enumerate(counts):
