@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from specdemo.host import compat
+from specdemo.models import kernels
 from specdemo.models.loading import LoadedModel, load_model
 from specdemo.run.engine import Engine
 from specdemo.settings import ModelSettings, RunSettings
@@ -131,6 +132,14 @@ def tiny_draft(tmp_path_factory) -> Path:
 def tiny_hf(tmp_path_factory) -> Path:
     """A tiny model as a Hugging Face folder, for tests of conversion (which only read it)."""
     return make_tiny_hf_model(tmp_path_factory.mktemp("tiny-hf") / "model", seed=3)
+
+
+@pytest.fixture
+def each_isa():
+    """Every ISA path this CPU runs, held in turn; the widest again after, and each ISA's own way for many rows."""
+    yield kernels.supported_isas()
+    kernels.use("")
+    kernels.gemm_from(0)
 
 
 @pytest.fixture

@@ -57,6 +57,13 @@ def test_no_two_test_files_share_a_name():
     assert sorted({n for n in names if names.count(n) > 1}) == [], "pytest would import only one of each name"
 
 
+def test_the_one_conftest_is_tests_conftest():
+    # Test files import helpers with `from conftest import …`; a second conftest.py in a subfolder is imported under
+    # the same name and whichever loads first wins, so those imports break in a full run and pass in a folder's own.
+    conftests = sorted(str(p.relative_to(TESTS)) for p in TESTS.rglob("conftest.py") if "__pycache__" not in p.parts)
+    assert conftests == ["conftest.py"], "shared fixtures live in tests/conftest.py"
+
+
 def test_the_layout_check_sees_a_decorator_and_a_module_mark(tmp_path):
     path = tmp_path / "test_example.py"
     path.write_text("import pytest\npytestmark = pytest.mark.slow\n\n"
