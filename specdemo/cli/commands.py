@@ -77,8 +77,9 @@ def _add_model_flags(parser: argparse.ArgumentParser) -> None:
                              "were built, else gguf-mixed)")
     parser.add_argument("--draft-precision", default=None, choices=PRECISIONS + (AUTO,),
                         help="overrides the configuration's (auto: the draft plan `tune` chose for this machine; "
-                             f"{DRAFT_PRECISION} until there is one, and the GGUF's own blocks until {DRAFT_PRECISION} "
-                             "is prepared: gguf-native where specdemo's kernels were built, else gguf-mixed)")
+                             "until there is one, the GGUF's own blocks: gguf-native where specdemo's kernels were "
+                             f"built, else gguf-mixed, or {DRAFT_PRECISION} once prepared where the plugin has an 8-bit "
+                             "unit specdemo's kernels lack, AMX)")
     parser.add_argument("--device", default="CPU", help="OpenVINO device of the target (and of the draft unless --draft-device)")
     parser.add_argument("--draft-device", default=None, help="OpenVINO device of the draft model")
     parser.add_argument("--kv-cache-precision", default="", help="OpenVINO KV_CACHE_PRECISION for both models (u8, f16, bf16, f32)")

@@ -31,6 +31,7 @@ from pathlib import Path
 from specdemo.host import machine
 from specdemo.learning.profile.choices import DEFAULT, Setting
 from specdemo.learning.race import CONTEXT, MARGIN
+from specdemo.models import kernels
 
 GROUP_SIZES = (16, 32, 64, 128, 256)  # dynamic quantization's groups: multiples of the kernels' 16 lanes (0: off)
 PLUGIN_GROUP = 32  # the group the CPU plugin takes when a compile leaves it (-1, as DEFAULT does)
@@ -59,10 +60,7 @@ class CPU:
 
     @property
     def int8_unit_beyond_ours(self) -> bool:
-        """Whether the plugin multiplies 8-bit weights on a unit specdemo's kernels leave unused: AMX (amx_int8), or
-        VNNI on a CPU without AVX-512 (avx_vnni: ours run their AVX2 path there, without it). Only there can the
-        plugin's layouts beat ours (target_choice.plugin_may_win)."""
-        return "amx_int8" in self.flags or ("avx_vnni" in self.flags and "avx512f" not in self.flags)
+        return kernels.plugin_unit_beyond_ours(self.flags)
 
     def describe(self) -> str:
         """The CPU's class in words, e.g. "AVX-512 with VNNI and BF16, no AMX"."""

@@ -111,6 +111,13 @@ def runnable(precisions: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(p for p in precisions if p != NATIVE or (_built() is not None and not _found_unavailable()))
 
 
+def plugin_unit_beyond_ours(flags) -> bool:
+    """Whether the plugin multiplies 8-bit weights on a unit these kernels leave unused, given the CPU's flags: AMX
+    (amx_int8), or VNNI without AVX-512 (avx_vnni: ours run their AVX2 path there, without it). Only there can the
+    plugin's layouts beat ours (target_choice.plugin_may_win, choices.unplanned_draft)."""
+    return "amx_int8" in flags or ("avx_vnni" in flags and "avx512f" not in flags)
+
+
 def _found_unavailable() -> bool:
     """Whether this process has already asked unavailable and been told the kernels cannot run (asking costs OpenVINO's
     import and the check)."""

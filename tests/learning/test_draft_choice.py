@@ -125,7 +125,16 @@ def test_tune_applies_the_planned_head_only_where_it_is_left_open(home, tmp_path
     assert Profile(tmp_path / "untuned").resolve(DEFAULT_DRAFT).head_tokens == 0  # no plan yet: the full head
 
 
-def test_before_int4_is_prepared_a_gguf_draft_runs_the_files_own_blocks_then_int4_until_there_is_a_plan(home, tmp_path):
+AMX_FLAGS = ["avx2", "avx512f", "avx512_vnni", "amx_int8"]  # the plugin multiplies 8 bits on a unit ours leave unused
+
+
+def flags_of(monkeypatch, flags: list[str]) -> None:
+    monkeypatch.setattr(choices.machine, "cpu_features", lambda: flags)
+
+
+def test_before_int4_is_prepared_a_gguf_draft_runs_the_files_own_blocks_then_int4_until_there_is_a_plan_on_amx(
+        home, tmp_path, monkeypatch):
+    flags_of(monkeypatch, AMX_FLAGS)
     untuned = Profile(tmp_path / "untuned")
     assert FIRST_DRAFT_PRECISIONS == ("gguf-native", "gguf-mixed")
     assert untuned.resolve(DEFAULT_DRAFT).precision == "gguf-native"  # a first start: the blocks copied, no NNCF
@@ -135,13 +144,27 @@ def test_before_int4_is_prepared_a_gguf_draft_runs_the_files_own_blocks_then_int
     assert untuned.resolve(DEFAULT_DRAFT).precision == DRAFT_PRECISION
 
 
+@pytest.mark.parametrize("flags", [["avx2"], ["avx2", "avx512f", "avx512_vnni"]], ids=["avx2", "avx512-vnni"])
+def test_where_the_plugin_has_no_8_bit_unit_beyond_ours_an_unplanned_draft_stays_on_our_kernels(home, tmp_path,
+                                                                                               monkeypatch, flags):
+    # On the Zen 3 the plugin's INT4 draft stepped at 0.7-1.0x the target's step: a page between INT4 prepared and its
+    # plan drafted nothing. The file's own blocks on our kernels stay until the plan prices both.
+    flags_of(monkeypatch, flags)
+    untuned = Profile(tmp_path / "untuned")
+    prepare_stand_in(replace(DEFAULT_DRAFT, precision=DRAFT_PRECISION, head_tokens=0))
+    assert untuned.resolve(DEFAULT_DRAFT).precision == "gguf-native"
+    assert untuned.for_plugin(DEFAULT_DRAFT).precision == DRAFT_PRECISION  # GenAI cannot load ours
+    assert untuned.resolve(replace(DEFAULT_DRAFT, source="Qwen/Qwen2.5-0.5B")).precision == DRAFT_PRECISION  # no GGUF
+
+
 def test_without_specdemo_s_kernels_a_first_start_s_draft_runs_the_plugin_s_layout_of_the_files_blocks(home, tmp_path,
                                                                                                         monkeypatch):
     monkeypatch.setattr(kernels, "_built", lambda: None)
     assert Profile(tmp_path / "untuned").resolve(DEFAULT_DRAFT).precision == "gguf-mixed"
 
 
-def test_genai_s_lane_runs_a_first_start_s_draft_at_int4_and_a_planned_one_as_ours(home, tmp_path):
+def test_genai_s_lane_runs_a_first_start_s_draft_at_int4_and_a_planned_one_as_ours(home, tmp_path, monkeypatch):
+    flags_of(monkeypatch, AMX_FLAGS)  # where INT4 runs before a plan
     profile = Profile(tmp_path / "machine")
     assert profile.for_plugin(DEFAULT_DRAFT).precision == DRAFT_PRECISION  # ours runs gguf-native, which GenAI cannot load
     explicit = replace(DEFAULT_DRAFT, precision="gguf-mixed")

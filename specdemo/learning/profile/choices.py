@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, replace
 
+from specdemo.host import machine
 from specdemo.learning.draft_choice import PRECISIONS, choose, from_dict
 from specdemo.models import kernels, sources
 from specdemo.settings import AUTO, DRAFT_PRECISION, FAITHFUL, FAITHFUL_PRECISIONS, FIRST_DRAFT_PRECISIONS, ModelSettings
@@ -102,8 +103,8 @@ def resolve_faithful(settings: ModelSettings, tune: dict) -> ModelSettings:
 def for_plugin(settings: ModelSettings, tune: dict) -> ModelSettings:
     """`settings` as OpenVINO's own pipelines (GenAI's lane) can load them, where they would run specdemo's kernels
     (gguf-native, which GenAI does not load): a faithful target gets the plugin's faithful layout whose step the race
-    timed fastest, else the first of them that is prepared, else the first; an auto draft (gguf-native only before its
-    INT4 is prepared, unplanned_draft) gets DRAFT_PRECISION, what it runs once the background has prepared it. Anything
+    timed fastest, else the first of them that is prepared, else the first; an auto draft that runs gguf-native here
+    (unplanned_draft, or the plan's choice) gets DRAFT_PRECISION, what it runs once the background has prepared it. Anything
     else is unchanged (an explicit gguf-native stays: GenAI says it cannot load it)."""
     if settings.precision == AUTO and resolve_draft(settings, tune, heads=False).precision == kernels.NATIVE:
         return replace(settings, precision=DRAFT_PRECISION)
@@ -158,12 +159,18 @@ def _prepared_choice(draft: ModelSettings, options: list):
 
 
 def unplanned_draft(draft: ModelSettings) -> str:
-    """The precision an auto draft runs before there is a plan: DRAFT_PRECISION where it is prepared (or the source is
-    no GGUF), else the GGUF's own blocks (the first of FIRST_DRAFT_PRECISIONS that runs here), the quickest to prepare:
-    a first start converts no draft with NNCF."""
-    if sources.is_gguf(draft.source) and not sources.is_prepared(replace(draft, precision=DRAFT_PRECISION)):
-        return kernels.runnable(FIRST_DRAFT_PRECISIONS)[0]
-    return DRAFT_PRECISION
+    """The precision an auto draft of a GGUF runs before there is a plan: the file's own blocks on specdemo's kernels
+    where they were built and the plugin has no 8-bit unit they lack (kernels.plugin_unit_beyond_ours), even once
+    DRAFT_PRECISION is prepared: there the plugin's INT4 draft stepped at 0.7-1.0x the target's step, so a page before
+    its plan drafted nothing (K = 0), where gguf-native's step is 0.43x (both measured on the 2-core Zen 3, avx2).
+    Elsewhere DRAFT_PRECISION once prepared, and before, the first of FIRST_DRAFT_PRECISIONS that runs here (a first
+    start converts no draft with NNCF). Another source than a GGUF: DRAFT_PRECISION."""
+    if not sources.is_gguf(draft.source):
+        return DRAFT_PRECISION
+    first = kernels.runnable(FIRST_DRAFT_PRECISIONS)[0]
+    if first == kernels.NATIVE and not kernels.plugin_unit_beyond_ours(machine.cpu_features()):
+        return first
+    return DRAFT_PRECISION if sources.is_prepared(replace(draft, precision=DRAFT_PRECISION)) else first
 
 
 def chosen(settings: ModelSettings, tune: dict) -> Setting | None:
