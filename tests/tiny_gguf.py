@@ -33,9 +33,10 @@ def permute_like_llama_cpp(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write(path: Path, architecture: str = "qwen2", seed: int = 0, tied: bool | None = None) -> Path:
+def write(path: Path, architecture: str = "qwen2", seed: int = 0, tied: bool | None = None,
+          up: str = "Q5_0") -> Path:
     """A tiny GGUF at `path`: Qwen2 (q/k/v biases, the LM head tied to the embedding unless `tied` is False) or Llama
-    (no biases, an LM head of its own unless `tied`)."""
+    (no biases, an LM head of its own unless `tied`); ffn_up of block type `up` (Q8_0: the gate's, so the two fuse)."""
     rng = np.random.default_rng(seed)
     tokens, types = vocabulary()
     tied = architecture == "qwen2" if tied is None else tied
@@ -79,7 +80,7 @@ def write(path: Path, architecture: str = "qwen2", seed: int = 0, tied: bool | N
         matrix(f"blk.{i}.attn_output.weight", HIDDEN, HEADS * HEAD_DIM)
         vector(f"blk.{i}.ffn_norm.weight", HIDDEN, 1.0)
         matrix(f"blk.{i}.ffn_gate.weight", FFN, HIDDEN)
-        matrix(f"blk.{i}.ffn_up.weight", FFN, HIDDEN, T.Q5_0)
+        matrix(f"blk.{i}.ffn_up.weight", FFN, HIDDEN, getattr(T, up))
         matrix(f"blk.{i}.ffn_down.weight", HIDDEN, FFN)
     vector("output_norm.weight", HIDDEN, 1.0)
     if not tied:

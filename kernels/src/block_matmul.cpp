@@ -5,6 +5,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <mutex>
@@ -26,6 +27,7 @@ constexpr size_t TASKS_A_CALL = 32;  // output rows split into this many tasks (
                                      // same or faster in a step of the 1.5B target, 2 threads)
 constexpr size_t MIN_ROWS_A_TASK = 16;  // 16 Q4_K rows of 1536 weights are 14 KiB of blocks
 constexpr size_t HUGE_PAGE = size_t(2) << 20;
+constexpr size_t GLU_COLUMNS = 2048;  // the swiglu epilogue's task: 24 KiB read, 8 KiB written
 constexpr size_t ACTIVATIONS_A_PASS = 64;  // activation rows dotted with a weight row while it is in L1
 
 }  // namespace
@@ -146,11 +148,20 @@ void dot_rows(const Weights& w, const Kernels& kernels, const float* x, size_t m
         tbb::simple_partitioner());
 }
 
+// out (M, half) = silu(both[:, :half])·both[:, half:], a task per row and GLU_COLUMNS columns.
+void apply_glu(GluFn glu, const float* both, size_t m_rows, size_t half, float* out) {
+    const size_t chunks = (half + GLU_COLUMNS - 1) / GLU_COLUMNS;
+    tbb::parallel_for(size_t(0), m_rows * chunks, [&](size_t task) {
+        const size_t m = task / chunks, first = task % chunks * GLU_COLUMNS, n = std::min(GLU_COLUMNS, half - first);
+        glu(both + m * 2 * half + first, both + m * 2 * half + half + first, out + m * half + first, n);
+    });
+}
+
 }  // namespace
 
 BlockMatMul::BlockMatMul(const ov::Output<ov::Node>& x, const ov::Output<ov::Node>& weights, const std::string& kind,
-                         int64_t columns)
-    : Op({x, weights}), m_kind(kind), m_columns(columns) {
+                         int64_t columns, const std::string& epilogue)
+    : Op({x, weights}), m_kind(kind), m_columns(columns), m_epilogue(epilogue) {
     constructor_validate_and_infer_types();
 }
 
@@ -168,23 +179,28 @@ void BlockMatMul::validate_and_infer_types() {
                               "BlockMatMul: a row of ", w[1].get_length(), " bytes is not ", m_columns, " ", m_kind,
                               " weights");
     }
+    const bool glu = m_epilogue == "swiglu";
+    NODE_VALIDATION_CHECK(this, glu || m_epilogue.empty(), "BlockMatMul: epilogue ", m_epilogue, " is not swiglu");
+    NODE_VALIDATION_CHECK(this, !glu || w[0].is_dynamic() || w[0].get_length() % 2 == 0,
+                          "BlockMatMul: swiglu needs the gate's rows and as many of up's");
     ov::PartialShape y = x;
     if (x.rank().is_static()) {
         NODE_VALIDATION_CHECK(this, x.rank().get_length() >= 1 && x[x.rank().get_length() - 1].compatible(m_columns),
                               "BlockMatMul: activations' last dimension must be ", m_columns);
-        y[y.rank().get_length() - 1] = w[0];
+        y[y.rank().get_length() - 1] = glu && w[0].is_static() ? ov::Dimension(w[0].get_length() / 2) : w[0];
     }
     set_output_type(0, ov::element::f32, y);
 }
 
 std::shared_ptr<ov::Node> BlockMatMul::clone_with_new_inputs(const ov::OutputVector& inputs) const {
     check_new_args_count(this, inputs);
-    return std::make_shared<BlockMatMul>(inputs[0], inputs[1], m_kind, m_columns);
+    return std::make_shared<BlockMatMul>(inputs[0], inputs[1], m_kind, m_columns, m_epilogue);
 }
 
 bool BlockMatMul::visit_attributes(ov::AttributeVisitor& visitor) {
     visitor.on_attribute("kind", m_kind);
     visitor.on_attribute("columns", m_columns);
+    visitor.on_attribute("epilogue", m_epilogue);
     return true;
 }
 
@@ -193,13 +209,15 @@ bool BlockMatMul::evaluate(ov::TensorVector& outputs, const ov::TensorVector& in
     const ov::Shape x_shape = inputs[0].get_shape();
     const size_t columns = x_shape.back(), rows = inputs[1].get_shape()[0], row_bytes = inputs[1].get_shape()[1];
     const size_t m_rows = ov::shape_size(x_shape) / columns;
+    const bool glu = m_epilogue == "swiglu";
     ov::Shape y_shape = x_shape;
-    y_shape.back() = rows;
+    y_shape.back() = glu ? rows / 2 : rows;
     outputs[0].set_shape(y_shape);
 
     const float* x = inputs[0].data<const float>();
     const uint8_t* w = static_cast<const uint8_t*>(inputs[1].data());
-    float* y = outputs[0].data<float>();
+    std::vector<float> both(glu ? m_rows * rows : 0);  // (M, rows): the gate's then up's, before the epilogue
+    float* y = glu ? both.data() : outputs[0].data<float>();
     const Weights weights{kind, w, rows, row_bytes, int(columns), int(columns / block_values(kind))};
     const Kernels& kernels = chosen_kernels();
     const Gemms* gemms = kernels.gemms;
@@ -211,6 +229,7 @@ bool BlockMatMul::evaluate(ov::TensorVector& outputs, const ov::TensorVector& in
     } else {
         dot_rows(weights, kernels, x, m_rows, y);
     }
+    if (glu) apply_glu(kernels.glu, both.data(), m_rows, rows / 2, outputs[0].data<float>());
     return true;
 }
 

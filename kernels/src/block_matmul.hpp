@@ -1,8 +1,9 @@
 // BlockMatMul: y = x · Wᵀ with W a GGUF tensor's own blocks.
 //   input 0  x  f32 (…, columns)            activations: M = the product of the leading dimensions
 //   input 1  W  u8  (rows, bytes per row)    the file's raw blocks, a row per output channel
-//   output   y  f32 (…, rows)
-//   attribute kind: "Q4_K", "Q6_K", "Q8_0" or "Q5_0"; columns: the number of weights a row
+//   output   y  f32 (…, rows); with the epilogue "swiglu", (…, rows / 2): silu(gate)·up, the rows the gate's then up's
+//   attribute kind: "Q4_K", "Q6_K", "Q8_0" or "Q5_0"; columns: the number of weights a row; epilogue: "" or "swiglu"
+//             (set where a model loads, graph.fuse_glu: the gated MLP's split, Swish and Multiply as no nodes at all)
 // Each activation row is quantized to 8 bits once a call (formats.hpp). A call of few rows (a step) dots every output
 // row's blocks with them while they are in cache; a call of many (a verification, a prefill) multiplies them with the
 // blocks repacked into panels (panel.hpp), packed at the op's first call (OVModel makes one as it loads a model) and
@@ -28,7 +29,7 @@ public:
 
     BlockMatMul() = default;
     BlockMatMul(const ov::Output<ov::Node>& x, const ov::Output<ov::Node>& weights, const std::string& kind,
-                int64_t columns);
+                int64_t columns, const std::string& epilogue = "");
 
     void validate_and_infer_types() override;
     std::shared_ptr<ov::Node> clone_with_new_inputs(const ov::OutputVector& inputs) const override;
@@ -39,6 +40,7 @@ public:
 private:
     std::string m_kind;
     int64_t m_columns = 0;
+    std::string m_epilogue;  // "" or "swiglu"
     std::shared_ptr<PackCache> m_cache = make_cache();
     static std::shared_ptr<PackCache> make_cache();
 };

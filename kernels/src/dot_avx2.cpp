@@ -5,6 +5,7 @@
 #include <immintrin.h>
 
 #include "formats.hpp"
+#include "glu.hpp"
 
 namespace specdemo {
 
@@ -182,7 +183,7 @@ template <int R> struct Q50 { static void run(const uint8_t* w, int n, const Blo
 const Kernels* avx2_kernels() {
     static const Kernels kernels{"avx2", {shared_rows<BlockQ8K, Q4K, SHARED>, shared_rows<BlockQ8K, Q6K, SHARED>,
                                           shared_rows<BlockQ8_0, Q80, SHARED>, shared_rows<BlockQ8_0, Q50, SHARED>}, {},
-                                 avx2_gemms()};
+                                 avx2_gemms(), silu_times_ymm};
     return &kernels;
 }
 

@@ -5,6 +5,7 @@
 #include <immintrin.h>
 
 #include "formats.hpp"
+#include "glu.hpp"
 
 namespace specdemo {
 
@@ -182,7 +183,7 @@ const Kernels* avx512_kernels() {
     static const Kernels kernels{"avx512", {shared_rows<BlockQ8K, Q4K, SHARED>, shared_rows<BlockQ8K, Q6K, SHARED>,
                                             shared_rows<BlockQ8_0, Q80, SHARED>, shared_rows<BlockQ8_0, Q50, SHARED>},
                                            {arrange_q4_k, nullptr, nullptr, nullptr},
-                                           avx512_gemms()};
+                                           avx512_gemms(), silu_times_ymm};
     return &kernels;
 }
 

@@ -1,5 +1,6 @@
 // The reference dot products: one weight row's blocks with one row of quantized activations, each block read through
 // its format's decoder (formats.hpp: decode), one value at a time. Every SIMD path is tested equal to these.
+#include <cmath>
 #include <type_traits>
 
 #include "formats.hpp"
@@ -43,10 +44,14 @@ void each_row(const uint8_t* w, int blocks, const uint8_t* activations, size_t r
 
 }  // namespace
 
+void silu_times_scalar(const float* gate, const float* up, float* out, size_t n) {
+    for (size_t j = 0; j < n; ++j) out[j] = gate[j] * up[j] / (1.0f + std::exp(-gate[j]));
+}
+
 const Kernels& scalar_kernels() {
     static const Kernels kernels{"scalar",
                                  {each_row<Kind::Q4_K>, each_row<Kind::Q6_K>, each_row<Kind::Q8_0>, each_row<Kind::Q5_0>},
-                                 {}, nullptr};
+                                 {}, nullptr, silu_times_scalar};
     return kernels;
 }
 

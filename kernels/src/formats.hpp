@@ -292,11 +292,17 @@ const Gemms* avx512_gemms();
 // Reorders one quantized row's values in place (`columns` of them) into the order an ISA's dot product loads them.
 using ArrangeFn = void (*)(void* row, int columns);
 
+// out[j] = silu(gate[j])·up[j] = gate[j]·up[j] / (1 + e^−gate[j]) for j < n: the gated MLP's activation, applied by a
+// BlockMatMul whose rows are the gate's, then the up projection's (its epilogue "swiglu").
+using GluFn = void (*)(const float* gate, const float* up, float* out, size_t n);
+void silu_times_scalar(const float* gate, const float* up, float* out, size_t n);  // std::exp (the SIMD paths: glu.hpp)
+
 struct Kernels {
     const char* isa;       // "scalar", "avx2", "avx512"
     DotFn dot[4];          // by Kind
     ArrangeFn arrange[4];  // by Kind; nullptr: the values in order
     const Gemms* gemms;    // for many activation rows; nullptr: the dot products for any M
+    GluFn glu;             // the swiglu epilogue (AVX-512's on 8 lanes too: a few thousand values a row, beside its weights)
 };
 
 const Kernels& scalar_kernels();

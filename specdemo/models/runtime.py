@@ -62,6 +62,7 @@ class OVModel:
         self.head_ids = head_ids if head_ids is not None and graph.trim_lm_head(model, head_ids) else None
         self.sliced_logits = graph.keep_only_last_logits(model)
         self.fused = graph.fuse_projections(model)  # MatMuls fused (q, k, v into one; gate and up into one)
+        self.glu_fused = graph.fuse_glu(model)  # BlockMatMuls of gate and up that apply silu(gate)·up themselves
         self._seq_axis = _sequence_axis(model)
         config = compile_config(settings, cache_dir)
         if profiled:
