@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import importlib
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, is_dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
@@ -54,7 +54,7 @@ from specdemo.settings import RunSettings
 # The measuring modules are imported in run(), not here, so `import specdemo.bench` stays light (the
 # CLI's argument parsing needs only the settings).
 
-__all__ = ["FULL", "QUICK", "SECTIONS", "BenchSettings", "check_generation", "found", "run", "write"]
+__all__ = ["FULL", "QUICK", "SECTIONS", "BenchSettings", "check_generation", "found", "plain", "run", "write"]
 
 
 def found(ref: str) -> Callable:
@@ -121,7 +121,7 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
     results["load_average_end"] = machine.load_average()
     if out is not None:
         write(results, out, log)
-    return results
+    return plain(results)
 
 
 def sample_run(engine, settings: RunSettings, instruction: str) -> dict | None:
@@ -135,6 +135,15 @@ def sample_run(engine, settings: RunSettings, instruction: str) -> dict | None:
     return record.to_json() if record.finished else None
 
 
+def plain(value):
+    """`value` with each dataclass in it (stats.Spread) as its dict: the results as JSON holds them."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return asdict(value)
+    if isinstance(value, dict):
+        return {key: plain(item) for key, item in value.items()}
+    return [plain(item) for item in value] if isinstance(value, (list, tuple)) else value
+
+
 def write(results: dict, out: Path, log: Callable[[str], None]) -> None:
     """benchmarks.json, the sample run's run.json (`show` renders it), the PNG plots and benchmarks.md (which links
     the plots) into `out`."""
@@ -144,7 +153,7 @@ def write(results: dict, out: Path, log: Callable[[str], None]) -> None:
     if results.get("sample_run") is not None:
         (out / "run.json").write_text(strict_json.dumps(results["sample_run"], ensure_ascii=False))
     tables = {key: value for key, value in results.items() if key != "sample_run"}
-    (out / "benchmarks.json").write_text(strict_json.dumps(tables, indent=1, default=str))
+    (out / "benchmarks.json").write_text(strict_json.dumps(plain(tables), indent=1, default=str))
     drawn = plots.draw(results, out)
     (out / "benchmarks.md").write_text(report.render(results, drawn))
     log(f"wrote {out / 'benchmarks.md'}, {out / 'benchmarks.json'} and {len(drawn)} plots")

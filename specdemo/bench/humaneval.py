@@ -168,7 +168,7 @@ def summarize(rows: list[dict], runs: list, lanes: dict, k_max: int) -> dict:
 
     def speedups(baseline, lane) -> dict:
         spread = stats.spread(stats.paired_ratios(runs, baseline, lane))
-        return {"mean": spread["mean"], "of_sums": stats.ratio_of_sums(runs, baseline, lane), "spread": spread}
+        return {"mean": spread.mean, "of_sums": stats.ratio_of_sums(runs, baseline, lane), "spread": spread}
 
     spec_runs = stats.lane_runs(runs, lanes[SPECULATIVE])
     rounds = [r for run in spec_runs for r in run.rounds]

@@ -77,7 +77,7 @@ def draw_surface(results: dict):
 
 def _errors(spreads: list[dict]) -> list[list[float]]:
     """matplotlib's yerr/xerr: distances from the median down to min and up to max."""
-    return [[s["median"] - s["min"] for s in spreads], [s["max"] - s["median"] for s in spreads]]
+    return [[s.median - s.min for s in spreads], [s.max - s.median for s in spreads]]
 
 
 def draw_costs(results: dict):
@@ -111,13 +111,13 @@ def draw_paper(results: dict):
     for i, (label, lane, colour) in enumerate(groups):
         spreads = [by_n[n]["speedup"][lane] for n in ns]
         xs = [j + i * width for j in range(len(ns))]
-        ax.bar(xs, [s["median"] for s in spreads], width, yerr=_errors(spreads), capsize=3, label=label, color=colour)
+        ax.bar(xs, [s.median for s in spreads], width, yerr=_errors(spreads), capsize=3, label=label, color=colour)
     papers = [by_n[n].get("paper", {}).get("speedup", 0) for n in ns]
     ax.bar([j + len(groups) * width for j in range(len(ns))], papers, width, label="paper (Dolly v2 12B / 3B)", color=_PAPER)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([j + width * len(groups) / 2 for j in range(len(ns))], [f"N = {n}" for n in ns])
     ax.set_ylabel("speedup over autoregressive (×)")
-    ax.set_ylim(0, 1.3 * max([by_n[n]["speedup"][groups[0][1]]["max"] for n in ns] + papers))
+    ax.set_ylim(0, 1.3 * max([by_n[n]["speedup"][groups[0][1]].max for n in ns] + papers))
     ax.set_title(f"Speculative vs autoregressive, {paper.get('k_label') or 'K = ' + str(paper['k'])}", fontsize=9)
     ax.legend(fontsize=8, ncol=3, loc="upper left")
     return figure
@@ -143,10 +143,10 @@ def draw_peers(results: dict):
         for lane, figures in hf["lanes"].items():
             colour = _OURS if figures["framework"] == "specdemo" else _HF
             bars.append((f"{lane} (N={hf['max_new_tokens']})", figures["per_token_s"], colour))
-    scaled = [{key: s[key] * 1000 for key in ("median", "min", "max")} for _, s, _ in bars]
+    scaled = [s.scaled(1000) for _, s, _ in bars]
     figure, ax = plt.subplots(figsize=(7, 0.4 * len(bars) + 1.2))
     ys = range(len(bars))
-    ax.barh(ys, [s["median"] for s in scaled], xerr=_errors(scaled), capsize=3, color=[c for _, _, c in bars])
+    ax.barh(ys, [s.median for s in scaled], xerr=_errors(scaled), capsize=3, color=[c for _, _, c in bars])
     ax.set_yticks(ys, [label for label, _, _ in bars], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("milliseconds per new token (lower is faster)")
@@ -164,15 +164,15 @@ def draw_k(results: dict):
     ks = [r["k"] for r in fixed]
     figure, ax = plt.subplots(figsize=(7, 4))
     measured = [r["measured_speedup"] for r in fixed]
-    ax.errorbar(ks, [s["median"] for s in measured], yerr=_errors(measured), marker="o", capsize=3, color=_OURS, label="ours, measured")
+    ax.errorbar(ks, [s.median for s in measured], yerr=_errors(measured), marker="o", capsize=3, color=_OURS, label="ours, measured")
     ax.plot(ks, [r["leviathan_speedup"] for r in fixed], "--", marker="x", color=_OURS, alpha=0.6, label="ours, Leviathan's prediction")
     genai = [(k, r["genai_speedup"]) for k, r in zip(ks, fixed) if "genai_speedup" in r]
     if genai:
         spreads = [s for _, s in genai]
-        ax.errorbar([k for k, _ in genai], [s["median"] for s in spreads], yerr=_errors(spreads), marker="s", capsize=3, color=_GENAI, label="GenAI, measured")
+        ax.errorbar([k for k, _ in genai], [s.median for s in spreads], yerr=_errors(spreads), marker="s", capsize=3, color=_GENAI, label="GenAI, measured")
     adaptive = schema.rows_with(rows, k_policy="adaptive")
     if adaptive:
-        ax.axhline(adaptive[0]["measured_speedup"]["median"], color=_OURS, linestyle=":", label=f"ours, adaptive K (mean {adaptive[0]['mean_k']:.1f})")
+        ax.axhline(adaptive[0]["measured_speedup"].median, color=_OURS, linestyle=":", label=f"ours, adaptive K (mean {adaptive[0]['mean_k']:.1f})")
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xlabel("draft tokens per round K")
     ax.set_ylabel("speedup over autoregressive (×)")
@@ -197,7 +197,7 @@ def draw_precision(results: dict):
     measured = [r["measured_speedup"] for r in rows]
     figure, ax = plt.subplots(figsize=(7, 4))
     xs = range(len(rows))
-    ax.bar([x - 0.2 for x in xs], [s["median"] for s in measured], 0.4, yerr=_errors(measured), capsize=3, color=_OURS, label="measured")
+    ax.bar([x - 0.2 for x in xs], [s.median for s in measured], 0.4, yerr=_errors(measured), capsize=3, color=_OURS, label="measured")
     ax.bar([x + 0.2 for x in xs], [r["leviathan_speedup"] for r in rows], 0.4, color=_OURS, alpha=0.4, label="Leviathan's prediction")
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(list(xs), labels, fontsize=8)

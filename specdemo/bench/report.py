@@ -115,37 +115,37 @@ def _headlines(sections: dict) -> str:
         n = max(paper["by_tokens"], key=int)
         f = paper["by_tokens"][n]
         speedup, ours = f["speedup"], schema.label(f["lanes"], OURS_SPEC)
-        text = f"Speculative decoding ({k_text(paper)}, N = {n}) is **{speedup[ours]['median']:.2f}×** faster than autoregressive"
-        text += f" (GenAI's C++ pipeline: {speedup[schema.label(f['lanes'], GENAI_SPEC)]['median']:.2f}×"
+        text = f"Speculative decoding ({k_text(paper)}, N = {n}) is **{speedup[ours].median:.2f}×** faster than autoregressive"
+        text += f" (GenAI's C++ pipeline: {speedup[schema.label(f['lanes'], GENAI_SPEC)].median:.2f}×"
         text += f"; the paper: {f['paper']['speedup']:.2f}×)" if "paper" in f else ")"
         lines.append(text + " (§1).")
         lines.append(
-            f"Our speculative loop takes **{schema.ratio(f, OURS_SPEC, GENAI_SPEC)['median']:.2f}×** the decoding time of "
+            f"Our speculative loop takes **{schema.ratio(f, OURS_SPEC, GENAI_SPEC).median:.2f}×** the decoding time of "
             "GenAI's "
-            f"speculative pipeline; our autoregressive loop {schema.ratio(f, OURS_AR, GENAI_AR)['median']:.2f}× "
+            f"speculative pipeline; our autoregressive loop {schema.ratio(f, OURS_AR, GENAI_AR).median:.2f}× "
             "that of GenAI's plain pipeline (§2)."
         )
         lines.append(f"Outside model calls our loop spends {percent(f['time_shares'][ours]['our Python'])} of wall time (§6).")
     hf = sections.get("transformers")
     if hf and "ratios" in hf:
         ratio = schema.ratio(hf, HF_SPEC, OURS_SPEC)
-        lines.append(f"transformers assisted generation (float32 PyTorch) takes **{ratio['median']:.1f}×** our decoding time per token (§2).")
+        lines.append(f"transformers assisted generation (float32 PyTorch) takes **{ratio.median:.1f}×** our decoding time per token (§2).")
     k = sections.get("k")
     if k:
         best = fastest(schema.rows_with(k["rows"], k_policy="fixed"))
         adaptive = schema.rows_with(k["rows"], k_policy="adaptive")
-        text = f"Best fixed K: {best['k']} at {best['measured_speedup']['median']:.2f}× (Leviathan: {best['leviathan_speedup']:.2f}×)"
-        text += f"; adaptive K: {adaptive[0]['measured_speedup']['median']:.2f}×" if adaptive else ""
+        text = f"Best fixed K: {best['k']} at {best['measured_speedup'].median:.2f}× (Leviathan: {best['leviathan_speedup']:.2f}×)"
+        text += f"; adaptive K: {adaptive[0]['measured_speedup'].median:.2f}×" if adaptive else ""
         lines.append(text + " (§3).")
     precision = sections.get("precision")
     if precision:
         best = fastest(precision["rows"])
         lines.append(
-            f"Best weight precisions: target {best['target']} + draft {best['draft']} at {best['measured_speedup']['median']:.2f}× over that target alone (§3)."
+            f"Best weight precisions: target {best['target']} + draft {best['draft']} at {best['measured_speedup'].median:.2f}× over that target alone (§3)."
         )
     lookup = sections.get("lookup")
     if lookup:
-        cells = [f"{r['label']} {r.get('vs_ours_autoregressive', r['measured_speedup'])['median']:.2f}×" for r in lookup["rows"]]
+        cells = [f"{r['label']} {r.get('vs_ours_autoregressive', r['measured_speedup']).median:.2f}×" for r in lookup["rows"]]
         lines.append("On edits that repeat their input, speedup over our autoregressive loop: " + ", ".join(cells) + " (§4).")
     memory = sections.get("memory")
     if memory:
@@ -188,7 +188,7 @@ def diagnose(target: dict, sections: dict) -> str:
             spec = fastest(k_rows)
         return f"*Speedup ({target['where']}):* " + _round_costs(spec, longest["autoregressive_step_s"], target) + f" Wall time: {where}."
     if target["id"] == "genai_ratio":
-        ar_ratio = (schema.ratio(longest, OURS_AR, GENAI_AR) or {}).get("median", math.nan)
+        ar_ratio = getattr(schema.ratio(longest, OURS_AR, GENAI_AR), "median", math.nan)
         text = (
             f"*Against GenAI ({target['where']}):* our speculative loop takes {target['measured']:.2f}× GenAI's time, and our "
             f"autoregressive loop {ar_ratio:.2f}× GenAI's plain pipeline, with {percent(shares['our Python'])} of our time in "
@@ -206,10 +206,10 @@ def diagnose(target: dict, sections: dict) -> str:
 
 def _round_costs(spec: dict, step_s: float, target: dict) -> str:
     """One speculative round's model calls against autoregressive steps, and what the goal needs."""
-    k, tokens = spec["mean_k"], spec["mean_acceptance_length"]["median"]
+    k, tokens = spec["mean_k"], spec["mean_acceptance_length"].median
     if not k:  # no round drafted: the planner priced every K above a plain step (a loaded host), and nothing to split
         return "our speculative lane drafted no round: the planner found no K that pays on this run's costs."
-    draft_s, verify_s = spec["draft_step_s"]["median"], spec["verify_call_s"]["median"]
+    draft_s, verify_s = spec["draft_step_s"].median, spec["verify_call_s"].median
     round_s = k * draft_s + verify_s
     budget_s = tokens * step_s / target["goal"]
     return (
@@ -272,7 +272,7 @@ def peers_section(sections: dict, plots: dict) -> str:
                     seconds(figures["wall_s"]),
                     ms(figures["per_token_s"]),
                     seconds(figures.get("prefill_s", {})),
-                    f"{figures['tokens']['median']:.0f}",
+                    f"{figures['tokens'].median:.0f}",
                     percent(acceptance, 0) if acceptance is not None else "–",
                     figures["same_as_reference"],
                 ]
@@ -290,7 +290,7 @@ def peers_section(sections: dict, plots: dict) -> str:
         ratio_rows = [[name, times(spread, 3)] for name, spread in f["ratios"].items()]
         defaults = paper.get("genai_defaults")
         if defaults:
-            where = f"N = {defaults['max_new_tokens']}, {defaults['lanes'][schema.label(defaults['lanes'], OURS_SPEC)]['wall_s']['n']} instructions"
+            where = f"N = {defaults['max_new_tokens']}, {defaults['lanes'][schema.label(defaults['lanes'], OURS_SPEC)]['wall_s'].n} instructions"
             ratio_rows += [[f"{name} ({where})", times(spread, 3)] for name, spread in defaults["ratios"].items()]
         text += (
             "\n\nDecoding time ratios (tokens after the first, each lane's prefill apart; files before schema 2: wall time), "
@@ -315,7 +315,7 @@ def _genai_compile(compile: dict | None) -> str:
 def _transformers(hf: dict) -> str:
     if "skipped" in hf:
         return f"transformers: skipped ({hf['skipped']})."
-    rows = [[lane, seconds(f["wall_s"]), ms(f["per_token_s"]), f"{f['tokens']['median']:.0f}", f["same_as_reference"]] for lane, f in hf["lanes"].items()]
+    rows = [[lane, seconds(f["wall_s"]), ms(f["per_token_s"]), f"{f['tokens'].median:.0f}", f["same_as_reference"]] for lane, f in hf["lanes"].items()]
     ratio_rows = [[name, times(spread)] for name, spread in hf["ratios"].items()]
     ratio_rows += [[f"{who} speedup (AR / speculative)", times(spread)] for who, spread in hf["speedup"].items()]
     return (

@@ -21,16 +21,16 @@ def llamacpp_section(sections: dict, plots: dict) -> str:
     rows = [
         [label, cell(f["decode_tokens_per_s"], 1, " tokens/s") if "decode_tokens_per_s" in f else "–",
          seconds(f["prefill_s"]) if "prefill_s" in f else "–", cell(f["tokens_per_s"], 1, " tokens/s"), seconds(f["wall_s"]),
-         f"{f['tokens']['median']:.0f}",
+         f"{f['tokens'].median:.0f}",
          percent(cpp["acceptance"].get(label, math.nan), 0),
          times(cpp["speedup"][label]) if label in cpp["speedup"] else "–", f["same_as_reference"]]
         for label, f in lanes.items()
     ]
     ratio_rows = []
     for entry in cpp["ratios"].values():  # found by the lanes' fields: which of ours is over which llama.cpp lane
-        ours, theirs = lanes[entry["denominator"]], lanes[entry["numerator"]]
+        ours, theirs = lanes[entry.denominator], lanes[entry.numerator]
         if theirs["framework"] == "llamacpp" and ours["framework"] == "specdemo":
-            ratio_rows.append([f"{entry['denominator']} ÷ {entry['numerator']}", times(entry)])
+            ratio_rows.append([f"{entry.denominator} ÷ {entry.numerator}", times(entry)])
     return (
         title
         + f"llama-cpp-python {cpp['version']} (`llama_cpp.Llama`) on the GGUF files our IRs are converted from (Q4_K_M, "
@@ -139,5 +139,5 @@ def _llamacpp_plain(cpp: dict | None) -> float | None:
     """llama.cpp's median time per token, plain decoding, from the llamacpp section (None if it did not run)."""
     if not cpp or "lanes" not in cpp:
         return None
-    return next((lane["per_token_s"]["median"] for lane in cpp["lanes"].values()
+    return next((lane["per_token_s"].median for lane in cpp["lanes"].values()
                  if lane["framework"] == "llamacpp" and lane["kind"] == AUTOREGRESSIVE), None)

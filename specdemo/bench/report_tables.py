@@ -24,8 +24,7 @@ def seconds(spread: dict, digits: int = 2) -> str:
 
 def ms(spread: dict, digits: int = 1) -> str:
     """A spread of seconds shown in milliseconds: '42.1 ms (40.3–45.0)'."""
-    scaled = {key: spread[key] * 1000 for key in ("median", "min", "max")} | {"n": spread["n"]}
-    return cell(scaled, digits, " ms")
+    return cell(spread.scaled(1000), digits, " ms")
 
 
 def times(spread: dict, digits: int = 2) -> str:
@@ -34,12 +33,12 @@ def times(spread: dict, digits: int = 2) -> str:
 
 
 def cell(spread: dict, digits: int, unit: str) -> str:
-    if not spread.get("n"):
+    if not spread.n:
         return "–"
-    median = f"{spread['median']:.{digits}f}{unit}"
-    if spread["n"] == 1 or spread["min"] == spread["max"]:
+    median = f"{spread.median:.{digits}f}{unit}"
+    if spread.n == 1 or spread.min == spread.max:
         return median
-    return f"{median} ({spread['min']:.{digits}f}–{spread['max']:.{digits}f})"
+    return f"{median} ({spread.min:.{digits}f}–{spread.max:.{digits}f})"
 
 
 def percent(fraction: float, digits: int = 1) -> str:
@@ -83,7 +82,7 @@ def _sweep_rows(rows: list[dict], first: list[str]) -> list[list[str]]:
             figure("draft_cost").format(r["draft_cost"] or None),
             figure("mean_k").format(r["mean_k"] or None),
             figure("leviathan_speedup").format(r["leviathan_speedup"] if r["draft_cost"] else None),
-            times(r["predicted_speedup"]) if r.get("predicted_speedup", {}).get("n") else "–",
+            times(r["predicted_speedup"]) if r["predicted_speedup"].n else "–",
             times(r["measured_speedup"]),
             _error(r.get("prediction_error")),
             ms(r["per_token_s"]),
@@ -99,9 +98,9 @@ _SWEEP_HEADER = [*(figure(key).label for key in ("alpha_hat", "draft_cost", "mea
 
 
 def _error(spread: dict | None) -> str:
-    if not spread or not spread.get("n"):
+    if not spread or not spread.n:
         return "–"
-    return f"{spread['median']:+.0%} ({spread['min']:+.0%} to {spread['max']:+.0%})"
+    return f"{spread.median:+.0%} ({spread.min:+.0%} to {spread.max:+.0%})"
 
 
 def tune_section(record: dict | None) -> str:
@@ -169,10 +168,10 @@ def k_section(sections: dict, plots: dict) -> str:
 
 def _counterfactual_table(rows: list[dict]) -> str:
     """Measured, predicted and counterfactual speedup per fixed K, and auto K against the best fixed K."""
-    fixed = [r for r in rows if r.get("k_policy") == "fixed" and r.get("counterfactual_speedup", {}).get("n")]
+    fixed = [r for r in rows if r.get("k_policy") == "fixed" and getattr(r.get("counterfactual_speedup"), "n", 0)]
     if not fixed:
         return ""
-    cells = [[r["label"], times(r["measured_speedup"]), times(r["predicted_speedup"]) if r["predicted_speedup"].get("n") else "–",
+    cells = [[r["label"], times(r["measured_speedup"]), times(r["predicted_speedup"]) if r["predicted_speedup"].n else "–",
               _error(r.get("prediction_error")), times(r["counterfactual_speedup"]), _error(r.get("counterfactual_error")),
               f"±{r['counterfactual_calls_off']}", str(r.get("answers_differ", "–"))] for r in fixed]
     text = (
@@ -191,10 +190,10 @@ def _counterfactual_table(rows: list[dict]) -> str:
                  "other answers"], cells)
     )
     for r in rows:
-        if r.get("k_policy") in ("auto", "adaptive") and r.get("oracle_speedup", {}).get("n"):
+        if r.get("k_policy") in ("auto", "adaptive") and getattr(r.get("oracle_speedup"), "n", 0):
             ks = ", ".join(str(k) for k in r["best_fixed_k"])
             over = (f"; measured against the measured lane at that K: {times(r['over_best_fixed'])}"
-                    if r["over_best_fixed"].get("n") else "")
+                    if r["over_best_fixed"].n else "")
             text += (f"\n\n**{r['label']}**: measured {times(r['measured_speedup'])}. On the same answers the counterfactual's "
                      f"best fixed K was {ks} ({times(r['best_fixed_counterfactual'])} predicted){over}; the oracle, the best K "
                      f"for every round, {times(r['oracle_speedup'])}.")
@@ -221,7 +220,7 @@ def kv_section(sections: dict, plots: dict) -> str:
     rows = _sweep_rows(kv["rows"], [[r["kv_cache_precision"]] for r in kv["rows"]])
     for row, r in zip(rows, kv["rows"]):
         row.insert(1, f"{r['autoregressive_step_s'] * 1000:.1f} ms")
-        row.insert(2, size(r["kv_cache_bytes"]["median"]))
+        row.insert(2, size(r["kv_cache_bytes"].median))
     return (
         f"### KV cache precision\n\nBoth models' KV cache in the given element type (OpenVINO `KV_CACHE_PRECISION`), "
         f"N = {kv['max_new_tokens']}, {k_text(kv)}; KV bytes are both caches at the end of a speculative run.\n\n"
@@ -292,7 +291,7 @@ def breakdown_section(sections: dict, plots: dict) -> str:
         "everything outside model calls and cache rollbacks: the loop, acceptance, copying logits out of the plugin, "
         f"incremental detokenizing. Verify call {ms(spec['verify_call_s'])}, draft step {ms(spec['draft_step_s'])}, "
         f"autoregressive step {f['autoregressive_step_s'] * 1000:.1f} ms; mean acceptance length (tokens per verify call) "
-        f"{spec['mean_acceptance_length']['median']:.2f}; accepted drafts per round (0..K): {spec['accepted_histogram']}.\n\n"
+        f"{spec['mean_acceptance_length'].median:.2f}; accepted drafts per round (0..K): {spec['accepted_histogram']}.\n\n"
         + table(["component", SPECULATIVE, AUTOREGRESSIVE], rows)
         + image(plots, "breakdown", "Shares of wall time")
     )

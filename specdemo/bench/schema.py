@@ -17,7 +17,7 @@ A lane's fields (Lane.fields() in harness.py), wherever a lane is described:
     k          draft tokens per round (null when autoregressive or auto K); k_policy "fixed" | "adaptive" | "auto"
     drafter    "model" | "prompt-lookup" (null when autoregressive); models  what it runs, with precisions
 
-A spread is {median, min, max, mean, std, n}. A ratio is a spread of paired ratios of decoding time per token (the
+A spread is stats.Spread: {median, min, max, mean, std, n}. A ratio is a spread of paired ratios of decoding time per token (the
 denominator's decode rate over the numerator's; before schema 2, of wall time per token) plus {numerator,
 denominator}: the two lanes' labels; ratios are keyed "numerator / denominator". A lane's figures (stats.lane_figures)
 carry prefill_s and decode_tokens_per_s spreads beside wall_s and per_token_s.
@@ -89,7 +89,7 @@ def ratio(figures: dict, numerator: tuple[str, str], denominator: tuple[str, str
     """The ratio in figures["ratios"] of a `numerator` lane over a `denominator` lane, or None."""
     lanes = figures["lanes"]
     for entry in figures.get("ratios", {}).values():
-        if is_lane(lanes[entry["numerator"]], numerator) and is_lane(lanes[entry["denominator"]], denominator):
+        if is_lane(lanes[entry.numerator], numerator) and is_lane(lanes[entry.denominator], denominator):
             return entry
     return None
 

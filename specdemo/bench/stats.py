@@ -15,24 +15,43 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import asdict, dataclass
 
 from specdemo.bench.harness import Lane, Run
 from specdemo.results import metrics
 
 
-def spread(values: list[float]) -> dict:
-    """Median, min, max, mean, std (0 for one value) and n of `values`, NaNs dropped."""
+@dataclass(frozen=True)
+class Spread:
+    """A list of numbers summarised, NaNs dropped; in JSON, these six keys."""
+
+    median: float = math.nan
+    min: float = math.nan
+    max: float = math.nan
+    mean: float = math.nan
+    std: float = math.nan  # sample standard deviation, 0 for one value
+    n: int = 0  # how many numbers (0: nothing measured, the rest NaN)
+
+    def scaled(self, factor: float) -> Spread:
+        """The same spread in another unit (its median, extremes, mean and std times `factor`)."""
+        return Spread(*(v * factor for v in (self.median, self.min, self.max, self.mean, self.std)), self.n)
+
+
+@dataclass(frozen=True)
+class Ratio(Spread):
+    """A spread of paired ratios of two lanes (decode_ratios), which it names by their labels."""
+
+    numerator: str = ""
+    denominator: str = ""
+
+
+def spread(values: list[float]) -> Spread:
+    """The Spread of `values`."""
     values = [v for v in values if not math.isnan(v)]
     if not values:
-        return {"median": math.nan, "min": math.nan, "max": math.nan, "mean": math.nan, "std": math.nan, "n": 0}
-    return {
-        "median": statistics.median(values),
-        "min": min(values),
-        "max": max(values),
-        "mean": statistics.fmean(values),
-        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-        "n": len(values),
-    }
+        return Spread()
+    return Spread(statistics.median(values), min(values), max(values), statistics.fmean(values),
+                  statistics.stdev(values) if len(values) > 1 else 0.0, len(values))
 
 
 def lane_runs(runs: list[Run], lane: Lane) -> list[Run]:
@@ -74,12 +93,10 @@ def decode_ratios(runs: list[Run], numerator: Lane, denominator: Lane) -> list[f
     return [b.decode_rate / a.decode_rate for a, b in paired_runs(runs, numerator, denominator)]
 
 
-def ratios(runs: list[Run], pairs: list[tuple[Lane, Lane]]) -> dict:
-    """{"A / B": paired decode_ratios spread, with the two lanes' labels as "numerator" and "denominator"} per pair."""
-    return {
-        f"{a.label} / {b.label}": {"numerator": a.label, "denominator": b.label, **spread(decode_ratios(runs, a, b))}
-        for a, b in pairs
-    }
+def ratios(runs: list[Run], pairs: list[tuple[Lane, Lane]]) -> dict[str, Ratio]:
+    """{"A / B": the Ratio of paired decode_ratios of lanes A over B} per pair."""
+    return {f"{a.label} / {b.label}": Ratio(**asdict(spread(decode_ratios(runs, a, b))), numerator=a.label,
+                                            denominator=b.label) for a, b in pairs}
 
 
 def prediction_errors(runs: list[Run], lane: Lane) -> list[float]:

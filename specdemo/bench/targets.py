@@ -24,9 +24,9 @@ def judge_targets(sections: dict) -> list[dict]:
         spec = schema.label(longest["lanes"], OURS_SPEC)
         ratio = schema.ratio(longest, OURS_SPEC, GENAI_SPEC)
         if ratio:
-            targets.append(_target("genai_ratio", "our speculative / GenAI speculative time", f"N={n}", ratio["median"],
+            targets.append(_target("genai_ratio", "our speculative / GenAI speculative time", f"N={n}", ratio.median,
                                    TARGET_GENAI_RATIO, "≤"))
-        speedup = longest["speedup"][spec]["median"]
+        speedup = longest["speedup"][spec].median
         targets.append(_target("speedup", "speculative speedup over autoregressive (code)", f"N={n}", speedup, TARGET_SPEEDUP, "≥"))
         overhead = longest["time_shares"][spec]["our Python"]
         targets.append(_target("overhead", "our loop's share of wall time outside model calls", f"N={n}", overhead,
@@ -35,27 +35,27 @@ def judge_targets(sections: dict) -> list[dict]:
     if k_rows:
         best = fastest(k_rows)
         targets.append(_target("speedup_best_k", "speculative speedup over autoregressive (code), best K", best["label"],
-                               best["measured_speedup"]["median"], TARGET_SPEEDUP, "≥"))
+                               best["measured_speedup"].median, TARGET_SPEEDUP, "≥"))
     auto = schema.rows_with(k_rows, k_policy="auto")
     if auto:
         where = auto[0]["label"]
         targets.append(_target("auto_speedup", "auto K speedup over autoregressive (code)", where,
-                               auto[0]["measured_speedup"]["median"], TARGET_AUTO_SPEEDUP, "≥"))
+                               auto[0]["measured_speedup"].median, TARGET_AUTO_SPEEDUP, "≥"))
         error = auto[0].get("prediction_error")
-        if error and error["n"]:
+        if error and error.n:
             targets.append(_target("prediction_error", "|predicted − measured| / measured, auto K, median", where,
-                                   abs(error["median"]), TARGET_PREDICTION_ERROR, "≤", "share"))
+                                   abs(error.median), TARGET_PREDICTION_ERROR, "≤", "share"))
     hf = sections.get("transformers", {})
     ratio = schema.ratio(hf, HF_SPEC, OURS_SPEC) if "lanes" in hf else None
-    if ratio and ratio["n"]:
+    if ratio and ratio.n:
         targets.append(_target("transformers", "transformers assisted time / our speculative time", f"N={hf['max_new_tokens']}",
-                               ratio["median"], TARGET_TRANSFORMERS, "≥"))
+                               ratio.median, TARGET_TRANSFORMERS, "≥"))
     return targets
 
 
 def fastest(rows: list[dict]) -> dict:
     """The sweep row with the highest median measured speedup."""
-    return max(rows, key=lambda row: row["measured_speedup"]["median"])
+    return max(rows, key=lambda row: row["measured_speedup"].median)
 
 
 def _target(id: str, name: str, where: str, measured: float, goal: float, sense: str, unit: str = "ratio") -> dict:

@@ -8,12 +8,13 @@ import pytest
 from conftest import exact
 
 from specdemo import bench
-from specdemo.bench import report, report_tables
+from specdemo.bench import report, report_tables, stats
 from specdemo.bench.harness import Context, Lane, Output, Run, measure
 from specdemo.bench.sections import paper_figures
 from specdemo.bench.settings import REGISTRY
 from specdemo.bench.stats import (
     COMPONENTS,
+    Ratio,
     paired_ratios,
     speculative_figures,
     spread,
@@ -51,13 +52,13 @@ def _round(index, verify_tokens, verify_s, draft_calls=(), rollback_s=0.0):
 
 def test_spread_gives_median_extremes_mean_and_sample_std():
     s = spread([4.0, 1.0, 3.0, 2.0])
-    assert (s["median"], s["min"], s["max"], s["mean"], s["n"]) == (2.5, 1.0, 4.0, 2.5, 4)
-    assert s["std"] == pytest.approx(1.2910, abs=1e-4)
+    assert (s.median, s.min, s.max, s.mean, s.n) == (2.5, 1.0, 4.0, 2.5, 4)
+    assert s.std == pytest.approx(1.2910, abs=1e-4)
 
 
 def test_spread_of_one_value_has_no_deviation_and_nans_are_dropped():
-    assert spread([2.0, math.nan])["std"] == 0.0
-    assert spread([])["n"] == 0
+    assert spread([2.0, math.nan]).std == 0.0
+    assert spread([]).n == 0
 
 
 def test_speedups_are_paired_by_instruction_and_repeat_per_token():
@@ -137,9 +138,8 @@ def test_targets_are_judged_with_their_gap():
                         "GenAI speculative": {"framework": "genai", "kind": "speculative"},
                     },
                     "ratios": {
-                        "ours speculative / GenAI speculative": {
-                            "numerator": "ours speculative", "denominator": "GenAI speculative", **spread([0.9])
-                        }
+                        "ours speculative / GenAI speculative": Ratio(0.9, 0.9, 0.9, 0.9, 0.0, 1, "ours speculative",
+                                                                      "GenAI speculative")
                     },
                     "speedup": {"ours speculative": spread([1.8])},
                     "time_shares": {"ours speculative": dict.fromkeys(COMPONENTS, 0.0) | {"our Python": 0.01}},
@@ -300,8 +300,8 @@ def test_one_sweep_rows_every_speculative_lane_against_its_own_baseline():
     section = sweep(ctx, "a test sweep", [ours_ar, ours, theirs_ar, theirs], extra=lambda lane, runs: {"seen": lane.label})
     rows = {row["label"]: row for row in section["rows"]}
     assert list(rows) == ["quick one", "their quick one"]  # autoregressive lanes are baselines, not rows
-    assert rows["quick one"]["measured_speedup"]["median"] == pytest.approx(4.0)  # over "plain"
-    assert rows["their quick one"]["measured_speedup"]["median"] == pytest.approx(2.0)  # over "their plain"
+    assert rows["quick one"]["measured_speedup"].median == pytest.approx(4.0)  # over "plain"
+    assert rows["their quick one"]["measured_speedup"].median == pytest.approx(2.0)  # over "their plain"
     assert rows["quick one"]["alpha_hat"] == pytest.approx(0.75)  # 3 accepted, 1 rejection
     assert rows["their quick one"]["same_as_reference"] == "0/2"  # checked against the section's first lane
     assert (rows["quick one"]["framework"], rows["quick one"]["baseline"], rows["quick one"]["k"]) == ("specdemo", "plain", 2)
@@ -357,9 +357,9 @@ def test_renamed_lanes_are_still_paired_by_their_fields_in_figures_targets_and_r
         runs += [_run(mine_ar, i, 10.0, target_step_s=0.1), _run(mine, i, 4.0, **spec_summary),
                  _run(their_ar, i, 9.0), _run(theirs, i, 5.0, proposed=40, accepted=30)]
     figures = paper_figures([mine_ar, mine, their_ar, theirs], runs, 100)
-    assert figures["speedup"]["mine, drafting"]["median"] == pytest.approx(2.5)
-    assert figures["speedup"]["their drafting pipeline"]["median"] == pytest.approx(1.8)
-    assert figures["ratios"]["mine, drafting / their drafting pipeline"]["median"] == pytest.approx(0.8)
+    assert figures["speedup"]["mine, drafting"].median == pytest.approx(2.5)
+    assert figures["speedup"]["their drafting pipeline"].median == pytest.approx(1.8)
+    assert figures["ratios"]["mine, drafting / their drafting pipeline"].median == pytest.approx(0.8)
     assert figures["genai_acceptance"] == {"their drafting pipeline": 0.75}
 
     k_rows = [
@@ -546,6 +546,6 @@ def test_transformers_peer_times_its_first_token_apart_plain_and_assisted(tiny_h
 def test_a_speculative_lane_that_drafted_no_round_is_said_so_not_divided_by_zero():
     from specdemo.bench.report import _round_costs
 
-    spec = {"mean_k": 0.0, "mean_acceptance_length": {"median": math.nan}, "draft_step_s": {"median": 0.0},
-            "verify_call_s": {"median": 0.0}}
+    spec = {"mean_k": 0.0, "mean_acceptance_length": spread([]), "draft_step_s": spread([0.0]),
+            "verify_call_s": spread([0.0])}
     assert "drafted no round" in _round_costs(spec, 0.08, {"goal": 2.0})

@@ -6,6 +6,7 @@ import openvino as ov
 import openvino.opset13 as ops
 
 from specdemo.bench import nodes, report_gguf
+from specdemo.bench.stats import spread
 from specdemo.models.runtime import OVModel
 from tests.conftest import exact
 
@@ -54,7 +55,7 @@ def test_the_report_shows_each_group_with_its_rate_and_the_gguf_at_llamacpps_tim
         "by_tokens": {"1": [group("LM head", 10.0, 262.0), group("attention (SDPA with the KV cache)", 2.0, 0)],
                       "5": [group("LM head", 31.0, 262.0), group("attention (SDPA with the KV cache)", 5.0, 0)]}}]}
     cpp = {"lanes": {"llama.cpp autoregressive": {"framework": "llamacpp", "kind": "autoregressive",
-                                                  "per_token_s": {"median": 0.0365}}}}
+                                                  "per_token_s": spread([0.0365])}}}
     text = report_gguf.nodes_section({"nodes": section, "llamacpp": cpp}, {})
     assert "| LM head | 262 MB | 10.0 ms | 26.2 GB/s | 31.0 ms | 8.5 GB/s |" in text
     assert "| the call, wall time |  | 52.0 ms |  | 80.0 ms |  |" in text
