@@ -1,5 +1,5 @@
 """llama.cpp as a peer: llama-cpp-python's `Llama` on the very GGUF files specdemo ships, fed our prompt token ids, in
-a process of its own (PeerProcess: no OpenVINO thread pool beside it), timed as llama.cpp times itself: the prompt to
+a process of its own (peers.PeerProcess: no OpenVINO thread pool beside it), timed as llama.cpp times itself: the prompt to
 the first token apart from the decoding after it. Where llama.cpp's own tools are built (LLAMACPP_BIN, else PATH),
 `llama-bench` (pp and tg) and `llama-speculative-simple` run too, each in its own process, as their users run them.
 
@@ -19,7 +19,6 @@ gives the one line the benchmark prints instead of running it.
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import re
 import shutil
@@ -183,43 +182,6 @@ class LlamaCppPeer:
         if self.draft is not None:
             return DraftLlama(self._model("draft"), k)
         raise ValueError(f"llama.cpp drafts like {drafter!r} with a draft model, and the draft is no GGUF file")
-
-
-class PeerProcess:
-    """A LlamaCppPeer in a child process of its own (spawned: nothing of this process's threads or memory in it), its
-    generate() called over a pipe: llama.cpp alone on the cores, as a user runs it, while our lanes wait."""
-
-    def __init__(self, target: Path, draft: Path | None = None):
-        context = multiprocessing.get_context("spawn")
-        self._pipe, child = context.Pipe()
-        self._process = context.Process(target=_serve, args=(child, target, draft), daemon=True)
-        self._process.start()
-        self.threads, self.version, self.system_info = self._answer()
-
-    def generate(self, *args, **kwargs) -> PeerRun:
-        self._pipe.send((args, kwargs))
-        return self._answer()
-
-    def _answer(self):
-        answer = self._pipe.recv()
-        if isinstance(answer, BaseException):
-            raise answer
-        return answer
-
-    def close(self) -> None:
-        self._pipe.send(None)
-        self._process.join(timeout=30)
-
-
-def _serve(pipe, target: Path, draft: Path | None) -> None:
-    """The child's loop: a LlamaCppPeer, then one generate() per request until None."""
-    peer = LlamaCppPeer(target, draft)
-    pipe.send((peer.threads, peer.version, peer.system_info))
-    while (request := pipe.recv()) is not None:
-        try:
-            pipe.send(peer.generate(*request[0], **request[1]))
-        except Exception as error:  # noqa: BLE001 - the parent raises it where it asked
-            pipe.send(error)
 
 
 # ---- llama.cpp's own tools

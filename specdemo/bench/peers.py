@@ -1,4 +1,5 @@
-"""The peers the benchmark measures us against, on the same prompts (token ids) and the same K.
+"""The peers the benchmark measures us against, on the same prompts (token ids) and the same K, each in a process of its
+own (PeerProcess), timed there as its own tools time it.
 
 - OpenVINO GenAI: `openvino_genai.LLMPipeline` on the very IR folders specdemo converted, plain
   (autoregressive), with `draft_model=` (its C++ speculative decoding) or with `prompt_lookup=True`.
@@ -7,17 +8,20 @@
   compression; so its text may differ from ours where int8 rounding flips a near-tie.
 
 Every runner takes prompt token ids, so no side applies a chat template of its own, and returns the
-new token ids with the wall time of the whole generate call.
+new token ids with the wall time of the whole generate call and the time to its first token.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import shutil
 import tempfile
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -38,7 +42,68 @@ class PeerRun:
     accepted: int = 0  # of those, tokens the target kept
 
 
-class GenAIPipeline:
+class PeerProcess:
+    """A peer, `make(*args)`, in a child process of its own (spawned: none of this process's threads nor memory in it),
+    its generate() called over a pipe: the peer alone on the cores while our lanes wait, as its users run it, and timed
+    in its process. `about` names the peer's attributes read once it is up (llama.cpp's threads and version). The child
+    ends at close(), or when this object is collected (the bench lets GenAI's pipelines go by dropping them)."""
+
+    def __init__(self, make: Callable, *args, about: tuple[str, ...] = ()):
+        context = multiprocessing.get_context("spawn")
+        self._pipe, child = context.Pipe()
+        process = context.Process(target=_serve, args=(child, make, args, about), daemon=True)
+        process.start()
+        self.close = weakref.finalize(self, _stop, self._pipe, process)
+        for name, value in zip(about, self._answer()):
+            setattr(self, name, value)
+
+    def generate(self, *args, **kwargs) -> PeerRun:
+        self._pipe.send((args, kwargs))
+        return self._answer()
+
+    def _answer(self):
+        answer = self._pipe.recv()
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+
+def _serve(pipe, make: Callable, args: tuple, about: tuple[str, ...]) -> None:
+    """The child's loop: the peer and its `about` attributes, then one generate() per request until None; an error is
+    sent back, for the parent to raise where it asked."""
+    try:
+        peer = make(*args)
+        pipe.send(tuple(getattr(peer, name) for name in about))
+    except Exception as error:  # noqa: BLE001
+        pipe.send(error)
+        return
+    while (request := pipe.recv()) is not None:
+        try:
+            pipe.send(peer.generate(*request[0], **request[1]))
+        except Exception as error:  # noqa: BLE001
+            pipe.send(error)
+
+
+def _stop(pipe, process) -> None:
+    """Ask the child to end and wait for it; one that does not end in 30 s is killed."""
+    try:
+        pipe.send(None)
+    except OSError:  # it is gone already
+        pass
+    process.join(timeout=30)
+    if process.is_alive():
+        process.kill()
+
+
+class GenAIPipeline(PeerProcess):
+    """GenAIPeer in a process of its own."""
+
+    def __init__(self, target: Path, target_device: str, properties: dict, draft: Path | None = None,
+                 draft_device: str = "", prompt_lookup: bool = False, draft_properties: dict | None = None):
+        super().__init__(GenAIPeer, target, target_device, properties, draft, draft_device, prompt_lookup, draft_properties)
+
+
+class GenAIPeer:
     """openvino_genai.LLMPipeline on specdemo's IR folders (specdemo/run/genai.py): plain, with a draft model, or
     prompt lookup, all on GenAI's continuous-batching (paged attention) backend, its default on CPU.
 

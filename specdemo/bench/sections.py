@@ -92,8 +92,8 @@ def run_transformers(ctx: Context) -> dict:
     draft_hf = peers.hf_weights(ctx.settings.draft.source, log_progress(ctx.log, "dequantizing draft"))
     if target_hf is None or draft_hf is None:
         return {"skipped": "transformers needs the Hugging Face weights: use preset models or local Hugging Face folders"}
-    ctx.log(f"loading transformers models (float32) from {target_hf.parent}")
-    pair = peers.TransformersPair(target_hf, draft_hf)
+    ctx.log(f"loading transformers models (float32) from {target_hf.parent}, in a process of their own")
+    pair = peers.PeerProcess(peers.TransformersPair, target_hf, draft_hf)
     generation, k, n = ctx.generation, ctx.k, min(ctx.bench.transformers_tokens, ctx.generation.max_new_tokens)
     ours_ar = our_lane("ours autoregressive", ctx.engine, AUTOREGRESSIVE, generation)
     ours_spec = our_lane("ours speculative", ctx.engine, SPECULATIVE, generation, baseline=ours_ar)
@@ -105,6 +105,7 @@ def run_transformers(ctx: Context) -> dict:
     instructions = ctx.code_instructions(ctx.bench.transformers_instructions)
     ctx.log(f"transformers: N={n}, K={k}, {len(instructions)} instructions")
     runs = ctx.keep(measure(lanes, instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log))
+    pair.close()
     return {
         "k": k,
         "max_new_tokens": n,
@@ -121,7 +122,7 @@ def run_transformers(ctx: Context) -> dict:
 def run_llamacpp(ctx: Context) -> dict:
     """llama.cpp (llama-cpp-python) on the GGUF files our IRs are converted from: autoregressive, prompt lookup and
     draft model at the same K, beside our autoregressive and speculative loops; skipped in one line without it."""
-    from specdemo.bench import llamacpp
+    from specdemo.bench import llamacpp, peers
 
     skipped = llamacpp.missing()
     if skipped:
@@ -131,7 +132,7 @@ def run_llamacpp(ctx: Context) -> dict:
     if target is None:
         return {"skipped": "llama.cpp: skipped (it runs GGUF files: use a preset target or a local .gguf file)"}
     draft = llamacpp.gguf_path(ctx.settings.draft.source, log_progress(ctx.log, "draft GGUF"))
-    peer = llamacpp.PeerProcess(target, draft)  # alone in its process, as its users run it
+    peer = peers.PeerProcess(llamacpp.LlamaCppPeer, target, draft, about=("threads", "version", "system_info"))
     generation, k, eos_ids = ctx.generation, ctx.k, ctx.engine.eos_ids
     gguf = " + ".join(path.name for path in (target, draft) if path)
     ours_ar = our_lane("ours autoregressive", ctx.engine, AUTOREGRESSIVE, generation)

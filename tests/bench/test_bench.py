@@ -549,3 +549,22 @@ def test_a_speculative_lane_that_drafted_no_round_is_said_so_not_divided_by_zero
     spec = {"mean_k": 0.0, "mean_acceptance_length": spread([]), "draft_step_s": spread([0.0]),
             "verify_call_s": spread([0.0])}
     assert "drafted no round" in _round_costs(spec, 0.08, {"goal": 2.0})
+
+
+def test_a_peer_in_a_process_of_its_own_writes_what_it_writes_in_this_one(tiny_hf):
+    from specdemo.bench.peers import PeerProcess, TransformersPair
+
+    here = TransformersPair(tiny_hf, None).generate([1, 2, 3], 6, eos_ids={10**6})
+    apart = PeerProcess(TransformersPair, tiny_hf, None)
+
+    run = apart.generate([1, 2, 3], 6, eos_ids={10**6})
+
+    apart.close()
+    assert run.ids == here.ids and 0 < run.first_s < run.wall_s
+
+
+def test_a_peer_process_raises_its_childs_error_where_it_was_asked(tmp_path):
+    from specdemo.bench.peers import PeerProcess, TransformersPair
+
+    with pytest.raises(OSError):
+        PeerProcess(TransformersPair, tmp_path / "no model here", None)  # from_pretrained's error, from the child
