@@ -101,6 +101,7 @@ def run_section(ctx) -> dict:
     default), GenAI's plain and speculative pipelines and, where installed, llama.cpp's plain decoding; then every
     answer run against its tests. Opt-in: only `--only humaneval` runs it."""
     from specdemo.bench.harness import Lane, log_progress, measure, our_lane, peer_lane
+    from specdemo.bench.peers import PeerProcess
 
     refusal = sandbox.missing()  # asked before minutes of generation, not at the first answer
     skipped = missing() or (f"humaneval: skipped: {refusal}" if refusal else None)
@@ -117,7 +118,7 @@ def run_section(ctx) -> dict:
     cpp_line = llamacpp.missing()
     target_gguf = None if cpp_line else llamacpp.gguf_path(ctx.settings.target.source, log_progress(ctx.log, "target GGUF"))
     if target_gguf is not None:
-        peer = llamacpp.LlamaCppPeer(target_gguf)
+        peer = PeerProcess(llamacpp.LlamaCppPeer, target_gguf)  # alone in its process, as in the llamacpp section
         lanes["llamacpp"] = peer_lane(Lane("llama.cpp autoregressive", "llamacpp", AUTOREGRESSIVE, reference=ours_ar),
                                       peer.generate, eos_ids=ctx.engine.eos_ids)
     elif cpp_line:
