@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -216,8 +217,10 @@ bool BlockMatMul::evaluate(ov::TensorVector& outputs, const ov::TensorVector& in
 
     const float* x = inputs[0].data<const float>();
     const uint8_t* w = static_cast<const uint8_t*>(inputs[1].data());
-    std::vector<float> both(glu ? m_rows * rows : 0);  // (M, rows): the gate's then up's, before the epilogue
-    float* y = glu ? both.data() : outputs[0].data<float>();
+    // (M, rows): the gate's then up's, before the epilogue; left uninitialized (every value is written): a prefill's
+    // chunk would otherwise clear megabytes a layer
+    std::unique_ptr<float[]> both(glu ? new float[m_rows * rows] : nullptr);
+    float* y = glu ? both.get() : outputs[0].data<float>();
     const Weights weights{kind, w, rows, row_bytes, int(columns), int(columns / block_values(kind))};
     const Kernels& kernels = chosen_kernels();
     const Gemms* gemms = kernels.gemms;
@@ -229,7 +232,7 @@ bool BlockMatMul::evaluate(ov::TensorVector& outputs, const ov::TensorVector& in
     } else {
         dot_rows(weights, kernels, x, m_rows, y);
     }
-    if (glu) apply_glu(kernels.glu, both.data(), m_rows, rows / 2, outputs[0].data<float>());
+    if (glu) apply_glu(kernels.glu, both.get(), m_rows, rows / 2, outputs[0].data<float>());
     return true;
 }
 
