@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from specdemo.host import load
+from specdemo.host import load, machine
 from specdemo.learning.candidates import CPU
 from specdemo.learning.profile import choices, machine_profile
 from specdemo.models import sources
@@ -35,8 +35,15 @@ def turned_on(home, monkeypatch) -> Background:
     monkeypatch.setenv(tuning.TUNE_AT_START, "1")
     # An AMX Xeon's flags, where every step may run (the plugin's layouts may beat our kernels); the CPU classes where
     # they cannot are held by their own test
-    monkeypatch.setattr(CPU, "here", staticmethod(lambda: CPU(AMX_FLAGS, 2)))
+    flags_of(monkeypatch, AMX_FLAGS)
     return Background()
+
+
+def flags_of(monkeypatch, flags) -> None:
+    """This CPU's flags, wherever they are read: CPU.here (the plugin's race, tune's candidates) and
+    machine.cpu_features (which draft runs before a plan, choices.unplanned_draft)."""
+    monkeypatch.setattr(CPU, "here", staticmethod(lambda: CPU(frozenset(flags), 2)))
+    monkeypatch.setattr(machine, "cpu_features", lambda: sorted(flags))
 
 
 AMX_FLAGS = frozenset({"avx2", "avx512f", "avx512_vnni", "amx_int8"})
@@ -106,7 +113,7 @@ def test_a_machine_tuned_before_its_draft_plan_covered_precisions_plans_the_draf
 def test_where_the_plugin_cannot_beat_our_kernels_its_race_and_the_fastest_configuration_are_left_out(turned_on,
                                                                                                      monkeypatch, cpu):
     # a Zen 4 or a Xeon without AMX, a Zen 3: the plugin has no 8-bit unit our kernels lack (target_choice.plugin_may_win)
-    monkeypatch.setattr(CPU, "here", staticmethod(lambda: CPU(frozenset(cpu), 2)))
+    flags_of(monkeypatch, cpu)
     prepared(*CONFIGURATIONS["faithful"])
     said = []
     steps = tuning.background_steps(RunSettings(), model_bytes=1, log=said.append)
