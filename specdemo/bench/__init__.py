@@ -116,7 +116,7 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
         ctx.drop_genai()
     results["costs_end"] = engine.costs.to_dict()  # as the sections' runs corrected it
     results["table"] = [row(run) for run in ctx.runs]  # every section's runs, one typed row each (table.py)
-    results["targets"] = judge_targets(sections)
+    results["targets"] = judge_targets(sections, ctx.runs)
     results["seconds"] = time.perf_counter() - started
     results["load_average_end"] = machine.load_average()
     if out is not None:

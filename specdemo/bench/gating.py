@@ -144,7 +144,7 @@ def gating_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def gating_section(sections: dict, plots: dict) -> str:
+def gating_section(sections: dict, plots: dict, runs=()) -> str:
     if not (gating := sections.get("gating")):
         return ""
     return ("### Gated rounds on compute-bound curves\n\nN = " + str(gating["max_new_tokens"]) + ". Each lane's calls "

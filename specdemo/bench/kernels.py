@@ -144,7 +144,7 @@ def run_kernels(ctx) -> dict:
             "layers": [measure_layer(path, layer, rows, log=ctx.log) for layer in ("ffn_up", "ffn_down")]}
 
 
-def kernels_section(sections: dict, plots: dict) -> str:
+def kernels_section(sections: dict, plots: dict, runs=()) -> str:
     """The report's part: each layer's table, a row per way, a column per M, GB/s and the share of the bandwidth."""
     from specdemo.bench.report_tables import table
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specdemo.bench import found, schema
+from specdemo.bench import found, schema, stats
 from specdemo.bench.schema import GENAI_SPEC, OURS_SPEC
 from specdemo.bench.settings import REGISTRY
 from specdemo.bench.stats import COMPONENTS
+from specdemo.bench.table import load
 from specdemo.decoding import pricing
 from specdemo.decoding.costs import CostModel
 from specdemo.names import SPECULATIVE
@@ -128,7 +129,7 @@ def draw_peers(results: dict):
     import matplotlib.pyplot as plt
 
     bars = []  # (label, spread of seconds per token, colour)
-    paper, hf = results["sections"].get("paper"), results["sections"].get("transformers")
+    paper, (hf, lanes) = results["sections"].get("paper"), stats.section(load(results), "transformers")
     if not paper and not hf:
         return None
     if paper:
@@ -139,10 +140,9 @@ def draw_peers(results: dict):
         for lane, figures in defaults.items():
             if figures["framework"] == "genai":
                 bars.append((f"{lane} (N={n})", figures["per_token_s"], "#ffbb78"))
-    if hf and "lanes" in hf:
-        for lane, figures in hf["lanes"].items():
-            colour = _OURS if figures["framework"] == "specdemo" else _HF
-            bars.append((f"{lane} (N={hf['max_new_tokens']})", figures["per_token_s"], colour))
+    for lane in lanes:
+        colour = _OURS if lane.framework == "specdemo" else _HF
+        bars.append((f"{lane.label} (N={hf[0].max_new_tokens})", stats.lane_figures(hf, lane).per_token_s, colour))
     scaled = [s.scaled(1000) for _, s, _ in bars]
     figure, ax = plt.subplots(figsize=(7, 0.4 * len(bars) + 1.2))
     ys = range(len(bars))

@@ -12,11 +12,13 @@ from __future__ import annotations
 import math
 
 from specdemo.bench import found, report_tables as tables
-from specdemo.bench import schema
+from specdemo.bench import schema, stats
+from specdemo.bench.harness import Lane, Run, find
 from specdemo.bench.report_tables import image, k_text, ms, percent, seconds, table, times
 from specdemo.bench.schema import GENAI_AR, GENAI_SPEC, HF_SPEC, OURS_AR, OURS_SPEC
 from specdemo.bench.settings import REGISTRY
 from specdemo.bench.stats import COMPONENTS
+from specdemo.bench.table import load
 from specdemo.bench.targets import fastest
 from specdemo.decoding.costs import CostModel
 from specdemo.learning.disk import size
@@ -26,12 +28,12 @@ from specdemo.results.metrics import speedup_from_calls
 
 def render(results: dict, plots: dict[str, str]) -> str:
     """The whole report: its opening, every registered section's parts by their § (settings.REGISTRY), the method.
-    `plots` maps a plot's name to its file name, relative to the report."""
-    sections = results["sections"]
+    `plots` maps a plot's name to its file name, relative to the report; the parts read the table's runs (table.py)."""
+    sections, runs = results["sections"], load(results)
     opening = [_header(results), _machine(results), tables.tune_section(results.get("tune")), _costs(results, plots),
-               _headlines(sections), _targets(results)]
+               _headlines(sections, runs), _targets(results)]
     placed = sorted((part for section in REGISTRY for part in section.report), key=lambda part: part[0])  # stable: run order
-    parts = [found(part)(sections, plots) for _, part in placed]
+    parts = [found(part)(sections, plots, runs) for _, part in placed]
     return "\n\n".join(part for part in [*opening, *parts, tables.method_section(results)] if part) + "\n"
 
 
@@ -107,7 +109,7 @@ def _costs(results: dict, plots: dict) -> str:
             + image(plots, "surface", "Predicted speedup over K and acceptance, with the break-even line"))
 
 
-def _headlines(sections: dict) -> str:
+def _headlines(sections: dict, runs: list[Run]) -> str:
     """The few figures a reader came for, each pointing at the section that has the detail."""
     lines = []
     paper = sections.get("paper")
@@ -126,9 +128,9 @@ def _headlines(sections: dict) -> str:
             "that of GenAI's plain pipeline (§2)."
         )
         lines.append(f"Outside model calls our loop spends {percent(f['time_shares'][ours]['our Python'])} of wall time (§6).")
-    hf = sections.get("transformers")
-    if hf and "ratios" in hf:
-        ratio = schema.ratio(hf, HF_SPEC, OURS_SPEC)
+    hf, lanes = stats.section(runs, "transformers")
+    if hf:
+        ratio = stats.spread(stats.decode_ratios(hf, find(lanes, *HF_SPEC), find(lanes, *OURS_SPEC)))
         lines.append(f"transformers assisted generation (float32 PyTorch) takes **{ratio.median:.1f}×** our decoding time per token (§2).")
     k = sections.get("k")
     if k:
@@ -224,7 +226,7 @@ def _round_costs(spec: dict, step_s: float, target: dict) -> str:
     )
 
 
-def paper_section(sections: dict, plots: dict) -> str:
+def paper_section(sections: dict, plots: dict, runs=()) -> str:
     """§1: autoregressive vs speculative at the paper's N, ours and GenAI's, beside the paper's figures."""
     if not (paper := sections.get("paper")):
         return ""
@@ -253,7 +255,7 @@ def paper_section(sections: dict, plots: dict) -> str:
     return text + image(plots, "paper", "Speedup over autoregressive: ours, GenAI, the paper")
 
 
-def peers_section(sections: dict, plots: dict) -> str:
+def peers_section(sections: dict, plots: dict, runs: list[Run]) -> str:
     """§2: GenAI's pipelines from the paper section and transformers from its own, beside our lanes."""
     paper, hf = sections.get("paper"), sections.get("transformers")
     if not paper and not hf:
@@ -299,7 +301,7 @@ def peers_section(sections: dict, plots: dict) -> str:
             + table(["ratio", "median (min–max)"], ratio_rows)
         )
     if hf:
-        text += "\n\n" + _transformers(hf)
+        text += "\n\n" + _transformers(hf, *stats.section(runs, "transformers"))
     return text + image(plots, "peers", "Milliseconds per new token, by lane")
 
 
@@ -312,12 +314,17 @@ def _genai_compile(compile: dict | None) -> str:
     return f" ({described}){', except ' + compile['differs'] if compile.get('differs') else ''}"
 
 
-def _transformers(hf: dict) -> str:
+def _transformers(hf: dict, runs: list[Run], lanes: list[Lane]) -> str:
+    """transformers' lanes beside ours from the section's `runs`: times, decode ratios and each framework's speedup."""
     if "skipped" in hf:
         return f"transformers: skipped ({hf['skipped']})."
-    rows = [[lane, seconds(f["wall_s"]), ms(f["per_token_s"]), f"{f['tokens'].median:.0f}", f["same_as_reference"]] for lane, f in hf["lanes"].items()]
-    ratio_rows = [[name, times(spread)] for name, spread in hf["ratios"].items()]
-    ratio_rows += [[f"{who} speedup (AR / speculative)", times(spread)] for who, spread in hf["speedup"].items()]
+    rows = [[lane.label, seconds(t.wall_s), ms(t.per_token_s), f"{t.tokens.median:.0f}", t.same_as_reference]
+            for lane in lanes for t in [stats.lane_figures(runs, lane)]]
+    pairs = [(find(lanes, "transformers", kind), find(lanes, "specdemo", kind)) for kind in (SPECULATIVE, AUTOREGRESSIVE)]
+    ratio_rows = [[name, times(ratio)] for name, ratio in stats.ratios(runs, pairs).items()]
+    ratio_rows += [[f"{'ours' if lane.framework == 'specdemo' else lane.framework} speedup (AR / speculative)",
+                    times(stats.spread(stats.paired_ratios(runs, lane.baseline, lane)))]
+                   for lane in lanes if lane.kind == SPECULATIVE]
     return (
         f"transformers {hf['dtype']} on PyTorch CPU, the weights our IRs were converted from (GGUF dequantized, before "
         f"NNCF compression), `generate()` and `assistant_model=` with exactly K = {hf['k']} assistant tokens per round, "

@@ -9,7 +9,7 @@ from specdemo.bench.report_tables import cell, k_text, ms, ms_value, percent, se
 from specdemo.names import AUTOREGRESSIVE
 
 
-def llamacpp_section(sections: dict, plots: dict) -> str:
+def llamacpp_section(sections: dict, plots: dict, runs=()) -> str:
     """llama.cpp on the same GGUF files: each lane's prefill and decode rate, our decode rate over each llama.cpp mode's,
     and whether llama.cpp's bindings decode as fast as its own llama-bench."""
     if not (cpp := sections.get("llamacpp")):
@@ -80,7 +80,7 @@ def _text_agreement(rows: list | None) -> str:
             f"they part: {cells}.")
 
 
-def fidelity_section(sections: dict, plots: dict) -> str:
+def fidelity_section(sections: dict, plots: dict, runs=()) -> str:
     """Each target precision against the GGUF it came from (specdemo/results/fidelity.py)."""
     if not (section := sections.get("fidelity")):
         return ""
@@ -95,7 +95,7 @@ def fidelity_section(sections: dict, plots: dict) -> str:
             + table(["weights", "compile settings", "top-1 agreement", "mean |logit error|"], rows))
 
 
-def nodes_section(sections: dict, plots: dict) -> str:
+def nodes_section(sections: dict, plots: dict, runs=()) -> str:
     """Where a target call's time goes (specdemo/bench/nodes.py), per target precision, beside the GGUF's own bytes
     (and llama.cpp's rate reading them, when the llamacpp section ran)."""
     if not (section := sections.get("nodes")) or not section.get("targets"):

@@ -6,7 +6,7 @@ from specdemo.bench.report_tables import image, percent, table, times
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 
 
-def humaneval_section(sections: dict, plots: dict) -> str:
+def humaneval_section(sections: dict, plots: dict, runs=()) -> str:
     if not (section := sections.get("humaneval")):
         return ""
     title = "## 9. HumanEval, the notebook's workload\n\n"

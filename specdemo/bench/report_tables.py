@@ -148,7 +148,7 @@ def _plan_note(option: dict) -> str:
     return ("chosen, " if option.get("chosen") else "") + f"not measured: at best {number(option.get('best_case'), '.2f', '×')}"
 
 
-def k_section(sections: dict, plots: dict) -> str:
+def k_section(sections: dict, plots: dict, runs=()) -> str:
     if not (k := sections.get("k")):
         return ""
     rows = _sweep_rows(k["rows"], [[r["label"]] for r in k["rows"]])
@@ -200,7 +200,7 @@ def _counterfactual_table(rows: list[dict]) -> str:
     return text
 
 
-def precision_section(sections: dict, plots: dict) -> str:
+def precision_section(sections: dict, plots: dict, runs=()) -> str:
     if not (precision := sections.get("precision")):
         return ""
     rows = _sweep_rows(precision["rows"], [[r["target"], r["draft"], size(r["draft_bytes"])] for r in precision["rows"]])
@@ -214,7 +214,7 @@ def precision_section(sections: dict, plots: dict) -> str:
     return text + image(plots, "precision", "Measured and predicted speedup by weight precision")
 
 
-def kv_section(sections: dict, plots: dict) -> str:
+def kv_section(sections: dict, plots: dict, runs=()) -> str:
     if not (kv := sections.get("kv")):
         return ""
     rows = _sweep_rows(kv["rows"], [[r["kv_cache_precision"]] for r in kv["rows"]])
@@ -228,7 +228,7 @@ def kv_section(sections: dict, plots: dict) -> str:
     )
 
 
-def lookup_section(sections: dict, plots: dict) -> str:
+def lookup_section(sections: dict, plots: dict, runs=()) -> str:
     if not (lookup := sections.get("lookup")):
         return ""
     rows = _sweep_rows(lookup["rows"], [[r["label"]] for r in lookup["rows"]])
@@ -242,7 +242,7 @@ def lookup_section(sections: dict, plots: dict) -> str:
     )
 
 
-def vocab_section(sections: dict, plots: dict) -> str:
+def vocab_section(sections: dict, plots: dict, runs=()) -> str:
     if not (vocab := sections.get("vocab")):
         return ""
     rows = _sweep_rows(vocab["rows"], [[r["label"], f"{r['rows_kept']:,}", ms_value(r["draft_step_costed_s"])] for r in vocab["rows"]])
@@ -254,7 +254,7 @@ def vocab_section(sections: dict, plots: dict) -> str:
     )
 
 
-def memory_section(sections: dict, plots: dict) -> str:
+def memory_section(sections: dict, plots: dict, runs=()) -> str:
     if not (memory := sections.get("memory")):
         return ""
     rows = []
@@ -276,7 +276,7 @@ def memory_section(sections: dict, plots: dict) -> str:
     )
 
 
-def breakdown_section(sections: dict, plots: dict) -> str:
+def breakdown_section(sections: dict, plots: dict, runs=()) -> str:
     """§6: where the time of the paper section's longest runs goes."""
     if not (paper := sections.get("paper")):
         return ""
@@ -314,7 +314,7 @@ def method_section(results: dict) -> str:
     )
 
 
-def watching_section(sections: dict, plots: dict) -> str:
+def watching_section(sections: dict, plots: dict, runs=()) -> str:
     """What watching costs (watching.py): step times and the speedup shown, by where the run was made."""
     if not (section := sections.get("watching")):
         return ""

@@ -30,7 +30,7 @@ Every section has seconds and load_average_end, and:
                   speedup {label: spread}, ratios {key: ratio}, speculative (our speculative lane's pooled
                   figures, stats.speculative_figures), genai_acceptance {label: accepted / proposed},
                   time_shares {label: {component: share}}, autoregressive_step_s, paper (if N in PAPER)
-    transformers  k, max_new_tokens, dtype, lanes, ratios, speedup {ours, transformers}; or skipped
+    transformers  k, max_new_tokens, dtype (its lanes, their times and ratios: the table's rows); or skipped
     fidelity      examples, candidates [{precision, compile_settings, positions, top1_agreement, mean_abs_logit_error}];
                   or skipped
     nodes         tokens_per_call [1, K + 1], gguf_read_bytes (per token, or null without a GGUF), targets [{precision,

@@ -58,7 +58,7 @@ def paper_figures(lanes: list[Lane], runs: list[Run], n: int) -> dict:
     ar, spec = find(lanes, "specdemo", AUTOREGRESSIVE), find(lanes, "specdemo", SPECULATIVE)
     genai = [lane for lane in lanes if lane.framework == "genai"]
     figures = {
-        "lanes": {lane.label: {**lane.fields(), **stats.lane_figures(runs, lane)} for lane in lanes},
+        "lanes": {lane.label: {**lane.fields(), **vars(stats.lane_figures(runs, lane))} for lane in lanes},
         "speedup": {
             lane.label: stats.spread(stats.paired_ratios(runs, lane.baseline, lane)) for lane in lanes if lane.kind == SPECULATIVE
         },
@@ -104,19 +104,9 @@ def run_transformers(ctx: Context) -> dict:
     lanes = [ours_ar, ours_spec, hf_ar, hf_spec]
     instructions = ctx.code_instructions(ctx.bench.transformers_instructions)
     ctx.log(f"transformers: N={n}, K={k}, {len(instructions)} instructions")
-    runs = ctx.keep(measure(lanes, instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log))
+    ctx.keep(measure(lanes, instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log))  # the report reads the table
     pair.close()
-    return {
-        "k": k,
-        "max_new_tokens": n,
-        "dtype": "float32",
-        "lanes": {lane.label: {**lane.fields(), **stats.lane_figures(runs, lane)} for lane in lanes},
-        "ratios": stats.ratios(runs, [(hf_spec, ours_spec), (hf_ar, ours_ar)]),
-        "speedup": {
-            "ours": stats.spread(stats.paired_ratios(runs, ours_ar, ours_spec)),
-            "transformers": stats.spread(stats.paired_ratios(runs, hf_ar, hf_spec)),
-        },
-    }
+    return {"k": k, "max_new_tokens": n, "dtype": "float32"}
 
 
 def run_llamacpp(ctx: Context) -> dict:
@@ -210,7 +200,7 @@ def llamacpp_figures(lanes: list[Lane], runs: list[Run]) -> dict:
     cpp_ar = find(lanes, "llamacpp", AUTOREGRESSIVE)
     bench = next((lane for lane in cpp if lane.kind == AUTOREGRESSIVE and lane != cpp_ar), None)  # llama-bench's row
     figures = {
-        "lanes": {lane.label: {**lane.fields(), **stats.lane_figures(runs, lane),
+        "lanes": {lane.label: {**lane.fields(), **vars(stats.lane_figures(runs, lane)),
                                "tokens_per_s": stats.spread([r.tokens / r.wall_s for r in stats.lane_runs(runs, lane) if r.wall_s])}
                   for lane in lanes},
         # A time ratio per token of llama.cpp over ours is our tokens/s over llama.cpp's.

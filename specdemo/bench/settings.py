@@ -56,8 +56,9 @@ class Section:
 
     name: str  # for --only and as its key in benchmarks.json
     run: str  # its runner: Context -> the dict the report and the plots read (keys: schema.py)
-    # Its parts of the report: (the § they go in, (sections, plots) -> markdown, "" when there is nothing to say), the
-    # parts of one § in the order their sections run. A part may read other sections (§2 sets ours beside the peers).
+    # Its parts of the report: (the § they go in, (sections, plots, the table's runs) -> markdown, "" when there is
+    # nothing to say), the parts of one § in the order their sections run. A part may read other sections (§2 sets ours
+    # beside the peers).
     report: tuple[tuple[int, str], ...]
     plots: tuple[str, ...] = ()  # its painters: results -> a figure, or None; draw_x writes benchmarks-x.png
     # Copies of (target, draft) compiles it loads beside the bench's pair at its peak: estimates from what it loads

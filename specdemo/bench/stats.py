@@ -58,6 +58,12 @@ def lane_runs(runs: list[Run], lane: Lane) -> list[Run]:
     return [r for r in runs if r.lane == lane]
 
 
+def section(runs: list[Run], name: str) -> tuple[list[Run], list[Lane]]:
+    """The runs of section `name` in the table, and their lanes in the order they first ran."""
+    mine = [r for r in runs if r.section == name]
+    return mine, list(dict.fromkeys(r.lane for r in mine))
+
+
 def paired_runs(runs: list[Run], numerator: Lane, denominator: Lane) -> list[tuple[Run, Run]]:
     """(numerator's run, denominator's run) per (repeat, instruction), where both produced tokens."""
     by_key = {(r.repeat, r.instruction): r for r in lane_runs(runs, denominator)}
@@ -130,18 +136,23 @@ def same_as_reference(runs: list[Run]) -> str:
     return f"{sum(r.same_as_reference for r in runs)}/{len(runs)}"
 
 
-def lane_figures(runs: list[Run], lane: Lane) -> dict:
-    """Times of one lane: wall seconds, seconds per token, prefill seconds, decode rate and tokens as spreads;
-    identical outputs."""
+@dataclass(frozen=True)
+class Times:
+    """Times of one lane's runs, each a Spread over them (lane_figures)."""
+
+    wall_s: Spread  # seconds of a whole run
+    per_token_s: Spread  # wall seconds per new token
+    prefill_s: Spread  # seconds to the first token
+    decode_tokens_per_s: Spread  # Run.decode_rate
+    tokens: Spread  # new tokens of a run
+    same_as_reference: str  # "3/5": runs that wrote their reference's tokens
+
+
+def lane_figures(runs: list[Run], lane: Lane) -> Times:
+    """The Times of `lane`'s runs among `runs`."""
     mine = lane_runs(runs, lane)
-    return {
-        "wall_s": spread([r.wall_s for r in mine]),
-        "per_token_s": spread([r.per_token_s for r in mine]),
-        "prefill_s": spread([r.prefill_s for r in mine]),
-        "decode_tokens_per_s": spread([r.decode_rate for r in mine]),
-        "tokens": spread([float(r.tokens) for r in mine]),
-        "same_as_reference": same_as_reference(mine),
-    }
+    return Times(*(spread([how(r) for r in mine]) for how in (lambda r: r.wall_s, lambda r: r.per_token_s,
+                 lambda r: r.prefill_s, lambda r: r.decode_rate, lambda r: float(r.tokens))), same_as_reference(mine))
 
 
 def speculative_figures(runs: list[Run]) -> dict:

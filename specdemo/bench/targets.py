@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from specdemo.bench import schema
+from specdemo.bench import schema, stats
+from specdemo.bench.harness import Run, find
 from specdemo.bench.schema import GENAI_SPEC, HF_SPEC, OURS_SPEC
 from specdemo.bench.settings import (
     TARGET_AUTO_SPEEDUP,
@@ -14,8 +15,9 @@ from specdemo.bench.settings import (
 )
 
 
-def judge_targets(sections: dict) -> list[dict]:
-    """Each target: what it asks, what we measured, met or not, and by how much."""
+def judge_targets(sections: dict, runs: list[Run]) -> list[dict]:
+    """Each target, from the sections' figures and the table's `runs`: what it asks, what we measured, met or not, and
+    by how much."""
     targets = []
     paper = sections.get("paper", {}).get("by_tokens", {})
     if paper:
@@ -45,11 +47,11 @@ def judge_targets(sections: dict) -> list[dict]:
         if error and error.n:
             targets.append(_target("prediction_error", "|predicted − measured| / measured, auto K, median", where,
                                    abs(error.median), TARGET_PREDICTION_ERROR, "≤", "share"))
-    hf = sections.get("transformers", {})
-    ratio = schema.ratio(hf, HF_SPEC, OURS_SPEC) if "lanes" in hf else None
-    if ratio and ratio.n:
-        targets.append(_target("transformers", "transformers assisted time / our speculative time", f"N={hf['max_new_tokens']}",
-                               ratio.median, TARGET_TRANSFORMERS, "≥"))
+    hf, lanes = stats.section(runs, "transformers")
+    ratio = stats.spread(stats.decode_ratios(hf, find(lanes, *HF_SPEC), find(lanes, *OURS_SPEC))) if hf else stats.Spread()
+    if ratio.n:
+        targets.append(_target("transformers", "transformers assisted time / our speculative time",
+                               f"N={hf[0].max_new_tokens}", ratio.median, TARGET_TRANSFORMERS, "≥"))
     return targets
 
 

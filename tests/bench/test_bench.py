@@ -8,7 +8,8 @@ import pytest
 from conftest import exact
 
 from specdemo import bench
-from specdemo.bench import report, report_tables, stats
+from specdemo import strict_json
+from specdemo.bench import report, report_tables, stats, table
 from specdemo.bench.harness import Context, Lane, Output, Run, measure
 from specdemo.bench.sections import paper_figures
 from specdemo.bench.settings import REGISTRY
@@ -147,7 +148,7 @@ def test_targets_are_judged_with_their_gap():
             }
         }
     }
-    targets = {t["target"]: t for t in judge_targets(sections)}
+    targets = {t["target"]: t for t in judge_targets(sections, [])}
     assert targets["our speculative / GenAI speculative time"]["met"]
     speedup = targets["speculative speedup over autoregressive (code)"]
     assert not speedup["met"] and speedup["gap"] == pytest.approx(-0.1)
@@ -193,7 +194,7 @@ def run_echo(ctx):
     return {"said": "hello"}
 
 
-def echo_part(sections: dict, plots: dict) -> str:
+def echo_part(sections: dict, plots: dict, runs) -> str:
     echo = sections.get("echo")
     return f"## 4½. Echo\n\nIt said {echo['said']}.{report_tables.image(plots, 'echo', 'echo')}" if echo else ""
 
@@ -368,7 +369,7 @@ def test_renamed_lanes_are_still_paired_by_their_fields_in_figures_targets_and_r
          "prediction_error": spread([0.04])},
     ]
     sections = {"paper": {"k": 4, "k_label": "K = 4", "k_policy": "fixed", "by_tokens": {"100": figures}}, "k": {"rows": k_rows}}
-    targets = {t["id"]: t for t in judge_targets(sections)}
+    targets = {t["id"]: t for t in judge_targets(sections, runs)}
     assert targets["genai_ratio"]["measured"] == pytest.approx(0.8) and targets["genai_ratio"]["met"]
     assert targets["speedup"]["measured"] == pytest.approx(2.5)
     assert targets["speedup_best_k"]["where"] == "the planner's"
@@ -384,9 +385,31 @@ def test_renamed_lanes_are_still_paired_by_their_fields_in_figures_targets_and_r
     assert "| 100 | 10.00 s | 4.00 s | 2.50× | 9.00 s | 5.00 s | 1.80× |" in text
 
 
+def test_the_transformers_lanes_beside_ours_are_read_from_the_table_as_written():
+    """§2's transformers table, its headline and its target come from the section's rows of the run's table."""
+    ours_ar, hf_ar = Lane("ours autoregressive", "specdemo", "autoregressive"), Lane("hf plain", "transformers", "autoregressive")
+    ours = Lane("ours speculative", "specdemo", "speculative", ours_ar, k=4, k_policy="fixed", drafter="model")
+    assisted = Lane("hf assisted", "transformers", "speculative", hf_ar, hf_ar, k=4, k_policy="fixed", drafter="model")
+    runs = []
+    for i in range(2):  # decode time per token: ours 9 ms spec / 19 ms AR; transformers 36 ms / 57 ms
+        runs += [replace(_run(lane, i, wall_s, tokens=101, prefill_s=0.1), section="transformers")
+                 for lane, wall_s in ((ours_ar, 2.0), (ours, 1.0), (hf_ar, 5.8), (assisted, 3.7))]
+    results = {"schema": table.SCHEMA, "table": [table.row(r) for r in runs],
+               "sections": {"transformers": {"k": 4, "max_new_tokens": 100, "dtype": "float32"}}}
+    written = json.loads(strict_json.dumps(results))
+
+    text = report.peers_section(written["sections"], {}, table.load(written))
+    targets = {t["id"]: t for t in judge_targets(written["sections"], table.load(written))}
+
+    assert "| hf assisted | 3.70 s | 36.6 ms | 101 | 2/2 |" in text
+    assert "| hf assisted / ours speculative | 4.00× |" in text and "| hf plain / ours autoregressive | 3.00× |" in text
+    assert "| transformers speedup (AR / speculative) | 1.57× |" in text and "| ours speedup (AR / speculative) | 2.00× |" in text
+    assert targets["transformers"]["measured"] == pytest.approx(4.0) and targets["transformers"]["where"] == "N=100"
+    assert "takes **4.0×** our decoding time per token" in report._headlines(written["sections"], table.load(written))
+
+
 def test_the_report_shows_the_tune_the_models_ran_under_settings_by_times_and_the_draft_plan(tmp_path):
     """The tune file's trials and draft plan, as the bench records them, become the report's "Tuned" section."""
-    from specdemo import strict_json
     from specdemo.learning import draft_choice, tune
     from specdemo.learning.profile import Profile, choices
     from specdemo.settings import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -446,7 +469,6 @@ def test_the_memory_probe_measures_a_speculative_run_of_the_tiny_pair(tiny_targe
     """bench --only memory's probe, as its child process runs it: the settings back from their JSON, a load, a run
     and its peaks on one line (it once failed before measuring: its result shadowed the memory module it reads, and
     the K policy came back from JSON as a dict)."""
-    from specdemo import strict_json
     from specdemo.bench import memory
     from specdemo.names import SPECULATIVE
 
