@@ -5,32 +5,32 @@ from __future__ import annotations
 
 import math
 
-from specdemo.bench.report_tables import cell, k_text, ms, ms_value, percent, seconds, table, times
-from specdemo.names import AUTOREGRESSIVE
+from specdemo.bench import stats
+from specdemo.bench.harness import Lane, Run, find
+from specdemo.bench.report_tables import cell, k_text, ms_value, percent, seconds, table, times
+from specdemo.bench.schema import OURS_AR, OURS_SPEC
+from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 
 
-def llamacpp_section(sections: dict, plots: dict, runs=()) -> str:
-    """llama.cpp on the same GGUF files: each lane's prefill and decode rate, our decode rate over each llama.cpp mode's,
-    and whether llama.cpp's bindings decode as fast as its own llama-bench."""
+def llamacpp_section(sections: dict, plots: dict, runs: list[Run]) -> str:
+    """llama.cpp on the same GGUF files, from the section's rows of the table: each lane's prefill and decode rate, our
+    decode rate over each llama.cpp mode's, and whether llama.cpp's bindings decode as fast as its own llama-bench."""
     if not (cpp := sections.get("llamacpp")):
         return ""
     title = "## 7. llama.cpp on the same GGUF files\n\n"
     if "skipped" in cpp:
         return title + cpp["skipped"]
-    lanes = cpp["lanes"]
-    rows = [
-        [label, cell(f["decode_tokens_per_s"], 1, " tokens/s") if "decode_tokens_per_s" in f else "–",
-         seconds(f["prefill_s"]) if "prefill_s" in f else "–", cell(f["tokens_per_s"], 1, " tokens/s"), seconds(f["wall_s"]),
-         f"{f['tokens'].median:.0f}",
-         percent(cpp["acceptance"].get(label, math.nan), 0),
-         times(cpp["speedup"][label]) if label in cpp["speedup"] else "–", f["same_as_reference"]]
-        for label, f in lanes.items()
-    ]
-    ratio_rows = []
-    for entry in cpp["ratios"].values():  # found by the lanes' fields: which of ours is over which llama.cpp lane
-        ours, theirs = lanes[entry.denominator], lanes[entry.numerator]
-        if theirs["framework"] == "llamacpp" and ours["framework"] == "specdemo":
-            ratio_rows.append([f"{entry.denominator} ÷ {entry.numerator}", times(entry)])
+    mine, lanes = stats.section(runs, "llamacpp")
+    ours_ar, ours_spec, cpp_ar = (find(lanes, *which) for which in (OURS_AR, OURS_SPEC, ("llamacpp", AUTOREGRESSIVE)))
+    bench = next((lane for lane in lanes if lane.framework == "llamacpp" and lane.kind == AUTOREGRESSIVE and lane != cpp_ar),
+                 None)  # llama-bench's row
+    # A time ratio per token of llama.cpp over ours is our tokens/s over llama.cpp's.
+    pairs = [(lane, ours_spec) for lane in lanes if (lane.framework, lane.kind) == ("llamacpp", SPECULATIVE)]
+    ratio_rows = [[f"{ours.label} ÷ {theirs.label}", times(stats.spread(stats.decode_ratios(mine, theirs, ours)))]
+                  for theirs, ours in [*pairs, (cpp_ar, ours_ar)]]
+    # the bindings' decode rate, and ours, over llama-bench's tg: llama.cpp in its bindings as fast as in its own tool?
+    over_bench = [stats.decode_rate(mine, lane) / stats.decode_rate(mine, bench) if bench else None
+                  for lane in (cpp_ar, ours_ar)]
     return (
         title
         + f"llama-cpp-python {cpp['version']} (`llama_cpp.Llama`) on the GGUF files our IRs are converted from (Q4_K_M, "
@@ -44,12 +44,23 @@ def llamacpp_section(sections: dict, plots: dict, runs=()) -> str:
         f"features: `{cpp['system_info']}`."
         + (f" Our kernels ran their {cpp['kernels_isa']} path." if cpp.get("kernels_isa") else "") + "\n\n"
         + table(["lane", "decode", "prefill", "tokens/s with prefill", "wall time", "tokens", "draft acceptance rate",
-                 "speedup over own AR", "same tokens as reference"], rows)
-        + _against_llama_bench(cpp.get("binding_over_llama_bench"), cpp.get("ours_over_llama_bench"))
+                 "speedup over own AR", "same tokens as reference"], [_lane_row(mine, lane) for lane in lanes])
+        + _against_llama_bench(*over_bench)
         + "\n\nOur decode rate over llama.cpp's, per instruction then median (above 1 means ours decodes faster):\n\n"
         + table(["ratio", "median (min–max)"], ratio_rows)
         + _text_agreement(cpp.get("text_agreement"))
     )
+
+
+def _lane_row(runs: list[Run], lane: Lane) -> list[str]:
+    """A lane's row: decode rate, prefill, tokens/s with prefill, wall time, tokens, llama.cpp's draft acceptance, the
+    speedup over its own autoregressive lane, same tokens."""
+    times_of, mine = stats.lane_figures(runs, lane), stats.lane_runs(runs, lane)
+    acceptance = stats.acceptance(mine) if lane.framework == "llamacpp" else None
+    speedup = times(stats.spread(stats.paired_ratios(runs, lane.baseline, lane))) if lane.kind == SPECULATIVE else "–"
+    return [lane.label, cell(times_of.decode_tokens_per_s, 1, " tokens/s"), seconds(times_of.prefill_s),
+            cell(stats.spread([r.tokens / r.wall_s for r in mine if r.wall_s]), 1, " tokens/s"), seconds(times_of.wall_s),
+            f"{times_of.tokens.median:.0f}", percent(acceptance, 0), speedup, times_of.same_as_reference]
 
 
 def _against_llama_bench(ratio: float | None, ours: float | None = None) -> str:
@@ -95,7 +106,7 @@ def fidelity_section(sections: dict, plots: dict, runs=()) -> str:
             + table(["weights", "compile settings", "top-1 agreement", "mean |logit error|"], rows))
 
 
-def nodes_section(sections: dict, plots: dict, runs=()) -> str:
+def nodes_section(sections: dict, plots: dict, runs: list[Run]) -> str:
     """Where a target call's time goes (specdemo/bench/nodes.py), per target precision, beside the GGUF's own bytes
     (and llama.cpp's rate reading them, when the llamacpp section ran)."""
     if not (section := sections.get("nodes")) or not section.get("targets"):
@@ -124,7 +135,7 @@ def nodes_section(sections: dict, plots: dict, runs=()) -> str:
     if section.get("gguf_read_bytes"):
         gguf = section["gguf_read_bytes"]
         line = f"The GGUF file's matmuls read {gguf / 1e9:.2f} GB of weights per token"
-        plain = _llamacpp_plain(sections.get("llamacpp"))
+        plain = _llamacpp_plain(runs)
         if plain:
             line += f"; at llama.cpp's {plain * 1e3:.1f} ms per token in this run that is {gguf / plain / 1e9:.1f} GB/s"
         parts.append(line + ".")
@@ -135,9 +146,8 @@ def _rate(gb_per_s: float) -> str:
     return "–" if gb_per_s is None or math.isnan(gb_per_s) else f"{gb_per_s:.1f} GB/s"
 
 
-def _llamacpp_plain(cpp: dict | None) -> float | None:
-    """llama.cpp's median time per token, plain decoding, from the llamacpp section (None if it did not run)."""
-    if not cpp or "lanes" not in cpp:
-        return None
-    return next((lane["per_token_s"].median for lane in cpp["lanes"].values()
-                 if lane["framework"] == "llamacpp" and lane["kind"] == AUTOREGRESSIVE), None)
+def _llamacpp_plain(runs: list[Run]) -> float | None:
+    """llama.cpp's median time per token, plain decoding, from the llamacpp section's rows (None if it did not run)."""
+    mine, lanes = stats.section(runs, "llamacpp")
+    plain = [lane for lane in lanes if (lane.framework, lane.kind) == ("llamacpp", AUTOREGRESSIVE)]
+    return stats.lane_figures(mine, plain[0]).per_token_s.median if plain else None

@@ -37,10 +37,9 @@ Every section has seconds and load_average_end, and:
                   compile_settings, weight_bytes, wall_s {tokens: seconds a call}, by_tokens {tokens: [{name, nodes, ms_per_call,
                   weight_bytes, gb_per_s}]}}]
     llamacpp      k, k_label, max_new_tokens, threads, version, system_info (llama.cpp's CPU features), kernels_isa
-                  (our kernels' path where a lane ran gguf-native, else null), weights {role: precision}, text_agreement [{instruction, same_tokens, of}], lanes (+ tokens_per_s),
-                  ratios (each llama.cpp lane over ours speculative, llama.cpp AR over ours AR: per-token time, which is
-                  our tokens/s over theirs), speedup {label: spread}, acceptance {label: accepted / proposed};
-                  or skipped (a sentence: llama_cpp not installed, or models that are no GGUF)
+                  (our kernels' path where a lane ran gguf-native, else null), weights {role: precision}, text_agreement
+                  [{instruction, same_tokens, of}] (its lanes, llama-bench's and llama-speculative-simple's rows too: the
+                  table); or skipped (a sentence: llama_cpp not installed, or models that are no GGUF)
     k, vocab, lookup, precision, kv
                   max_new_tokens, rows (precision, kv: k, k_label; lookup: k). A row: label, the
                   lane's fields, stats.sweep_row's figures, and the section's own: k (GenAI at the same K:

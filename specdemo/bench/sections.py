@@ -143,14 +143,13 @@ def run_llamacpp(ctx: Context) -> dict:
     prompts = ctx.prompts(instructions)
     runs = ctx.keep(measure(lanes, instructions, prompts, n, ctx.bench, ctx.log))
     peer.close()
-    tools = ctx.keep(tool_runs(ctx, target, draft, prompts, n, peer.threads, cpp_ar))
+    ctx.keep(tool_runs(ctx, target, draft, prompts, n, peer.threads, cpp_ar))
     weights = {"target": ctx.engine.target.settings.precision, "draft": ctx.engine.draft.settings.precision}
     # which of our kernels' paths ran (SPECDEMO_KERNEL_ISA may hold one below the CPU's widest), beside llama.cpp's
     ours_isa = kernels.isa() if kernels.NATIVE in weights.values() and kernels.unavailable() is None else None
     return {"k": k, "k_label": ctx.k_label(), "max_new_tokens": n, "threads": peer.threads, "version": peer.version,
             "system_info": peer.system_info, "kernels_isa": ours_isa, "weights": weights,
-            **llamacpp_figures(lanes + list(dict.fromkeys(r.lane for r in tools)), runs + tools),
-            "text_agreement": text_agreement(runs, ours_ar, cpp_ar)}
+            "text_agreement": text_agreement(runs, ours_ar, cpp_ar)}  # the lanes' figures: the report's, from the table
 
 
 def tool_runs(ctx: Context, target, draft, prompts: list[list[int]], n: int, threads: int, cpp_ar: Lane) -> list[Run]:
@@ -190,28 +189,6 @@ def text_agreement(runs: list[Run], ours: Lane, theirs: Lane) -> list[dict]:
         a, b = mine[i].ids, peer[i].ids
         out.append({"instruction": i, "same_tokens": first_difference(a, b), "of": min(len(a), len(b))})
     return out
-
-
-def llamacpp_figures(lanes: list[Lane], runs: list[Run]) -> dict:
-    """Every lane's times and tokens/s; our speculative tokens/s over each llama.cpp lane's (and our autoregressive
-    over llama.cpp's), paired per instruction; each speculative lane's speedup and llama.cpp's acceptance."""
-    ours_ar, ours_spec = find(lanes, "specdemo", AUTOREGRESSIVE), find(lanes, "specdemo", SPECULATIVE)
-    cpp = [lane for lane in lanes if lane.framework == "llamacpp"]
-    cpp_ar = find(lanes, "llamacpp", AUTOREGRESSIVE)
-    bench = next((lane for lane in cpp if lane.kind == AUTOREGRESSIVE and lane != cpp_ar), None)  # llama-bench's row
-    figures = {
-        "lanes": {lane.label: {**lane.fields(), **vars(stats.lane_figures(runs, lane)),
-                               "tokens_per_s": stats.spread([r.tokens / r.wall_s for r in stats.lane_runs(runs, lane) if r.wall_s])}
-                  for lane in lanes},
-        # A time ratio per token of llama.cpp over ours is our tokens/s over llama.cpp's.
-        "ratios": stats.ratios(runs, [(lane, ours_spec) for lane in cpp if lane.kind == SPECULATIVE] + [(cpp_ar, ours_ar)]),
-        # the binding's decode rate over llama-bench's tg: llama.cpp in its bindings as fast as in its own tool?
-        "binding_over_llama_bench": stats.decode_rate(runs, cpp_ar) / stats.decode_rate(runs, bench) if bench else None,
-        "ours_over_llama_bench": stats.decode_rate(runs, ours_ar) / stats.decode_rate(runs, bench) if bench else None,
-        "speedup": {lane.label: stats.spread(stats.paired_ratios(runs, lane.baseline, lane)) for lane in lanes if lane.kind == SPECULATIVE},
-        "acceptance": {lane.label: rate for lane in cpp if (rate := stats.acceptance(stats.lane_runs(runs, lane))) is not None},
-    }
-    return figures
 
 
 def run_fidelity(ctx: Context) -> dict:

@@ -1,16 +1,19 @@
 """The llama.cpp peer (specdemo/bench/llamacpp.py) and its bench section: skipped in one line without
 llama_cpp, its figures paired by the lanes' fields, and a short real run on the target GGUF."""
 
+import json
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
 from conftest import USER_HOME
 
-from specdemo.bench import FULL, QUICK, llamacpp
+from specdemo import strict_json
+from specdemo.bench import FULL, QUICK, llamacpp, table
 from specdemo.bench.harness import Context, Lane, Run
 from specdemo.bench.report_gguf import llamacpp_section
-from specdemo.bench.sections import llamacpp_figures, run_llamacpp, tool_runs
+from specdemo.bench.sections import run_llamacpp, tool_runs
 from specdemo.models import export
 from specdemo.settings import RunSettings
 
@@ -33,7 +36,7 @@ def test_the_section_is_skipped_with_that_line_and_the_report_shows_it(no_llama_
 
     assert section == {"skipped": llamacpp.SKIPPED}
     assert lines == [llamacpp.SKIPPED]
-    assert llamacpp_section({"llamacpp": section}, {}).endswith("\n\n" + llamacpp.SKIPPED)
+    assert llamacpp_section({"llamacpp": section}, {}, []).endswith("\n\n" + llamacpp.SKIPPED)
 
 
 def test_the_full_bench_measures_llama_cpp_and_the_quick_one_does_not():
@@ -89,6 +92,15 @@ def _lanes() -> list[Lane]:
     ]
 
 
+SECTION = {"k": 4, "k_label": "K = 4", "max_new_tokens": 100, "threads": 2, "version": "0.0", "system_info": "AVX2 = 1"}
+
+
+def _report(runs: list[Run]) -> str:
+    """The llamacpp section's report part over `runs` as the table writes and reads them back."""
+    rows = [table.row(replace(r, section="llamacpp")) for r in runs]
+    return llamacpp_section({"llamacpp": SECTION}, {}, table.load(json.loads(strict_json.dumps({"table": rows}))))
+
+
 def test_our_speculative_tokens_per_second_over_each_llama_cpp_mode_is_paired_per_instruction():
     lanes = _lanes()
     # Seconds for 100 tokens, per lane, on two instructions; the second instruction runs everything twice as slow.
@@ -96,24 +108,20 @@ def test_our_speculative_tokens_per_second_over_each_llama_cpp_mode_is_paired_pe
     runs = [Run(lane, i, 0, 100, seconds[lane.label] * (1 + i), 100, 0.0, **({"proposed": 40, "accepted": 30} if lane.drafter else {}))
             for i in range(2) for lane in lanes]
 
-    figures = llamacpp_figures(lanes, runs)
+    text = _report(runs)
 
-    ratio = {(r.numerator, r.denominator): r for r in figures["ratios"].values()}
-    assert ratio[("cpp draft", "ours spec")].median == pytest.approx(3.0 / 2.5)
-    assert ratio[("cpp lookup", "ours spec")].median == pytest.approx(5.0 / 2.5)
-    assert ratio[("cpp AR", "ours AR")].median == pytest.approx(4.0 / 5.0)
-    assert figures["speedup"]["cpp draft"].median == pytest.approx(4.0 / 3.0)
-    assert figures["acceptance"]["cpp draft"] == pytest.approx(0.75)
-    assert figures["lanes"]["cpp AR"]["tokens_per_s"].max == pytest.approx(25.0)
+    assert "| ours spec ÷ cpp draft | 1.20× |" in text  # 3.0 / 2.5
+    assert "| ours spec ÷ cpp lookup | 2.00× |" in text
+    assert "| ours AR ÷ cpp AR | 0.80× |" in text
+    # decode 99 tokens in 3 and 6 s, 100 with the prefill; acceptance 30 of 40; speedup 4 s / 3 s
+    assert "| cpp draft | 24.8 tokens/s (16.5–33.0) | 0.00 s | 25.0 tokens/s (16.7–33.3) | 4.50 s (3.00–6.00) | 100 | 75 % | 1.33× | 2/2 |" in text
+    assert "| ours spec | 29.7 tokens/s (19.8–39.6) | 0.00 s | 30.0 tokens/s (20.0–40.0) | 3.75 s (2.50–5.00) | 100 | – | 2.00× | 2/2 |" in text
 
 
 def test_the_report_names_our_lane_over_each_llama_cpp_lane():
-    lanes = _lanes()
-    runs = [Run(lane, 0, 0, 100, 2.0 if lane.framework == "specdemo" else 4.0, 100, 0.0) for lane in lanes]
-    section = {"k": 4, "k_label": "auto K", "max_new_tokens": 100, "threads": 2, "version": "0.0", "system_info": "AVX2 = 1",
-               **llamacpp_figures(lanes, runs)}
+    runs = [Run(lane, 0, 0, 100, 2.0 if lane.framework == "specdemo" else 4.0, 100, 0.0) for lane in _lanes()]
 
-    text = llamacpp_section({"llamacpp": section}, {})
+    text = _report(runs)
 
     assert "| ours spec ÷ cpp draft | 2.00× |" in text
     assert "| ours spec ÷ cpp lookup | 2.00× |" in text
@@ -169,15 +177,12 @@ def test_without_llama_cpps_tools_the_section_adds_no_rows(tmp_path, monkeypatch
 
 
 def test_the_report_says_so_where_the_bindings_decode_more_than_10_percent_off_llama_bench():
-    lanes = _lanes()
     bench = Lane("llama-bench (pp, tg)", "llamacpp", "autoregressive")
-    runs = [Run(lane, 0, 0, 100, 2.0 if lane.framework == "specdemo" else 4.0, 100, 0.0) for lane in lanes]
+    runs = [Run(lane, 0, 0, 100, 2.0 if lane.framework == "specdemo" else 4.0, 100, 0.0) for lane in _lanes()]
     near = Run(bench, -1, 0, 100, 4.0, 100, 0.3)  # 99 tokens in 3.7 s: the bindings' 99 in 4 s are 0.93x
     far = Run(bench, -1, 0, 100, 3.0, 100, 0.0)  # 99 in 3 s: the bindings are at 0.75x
-    section = {"k": 4, "k_label": "K = 4", "max_new_tokens": 100, "threads": 2, "version": "0.0", "system_info": "AVX2 = 1"}
 
-    within = llamacpp_section({"llamacpp": {**section, **llamacpp_figures(lanes + [bench], runs + [near])}}, {})
-    off = llamacpp_section({"llamacpp": {**section, **llamacpp_figures(lanes + [bench], runs + [far])}}, {})
+    within, off = _report(runs + [near]), _report(runs + [far])
 
     assert "at 0.93× llama-bench's tg rate: within 10 %" in within
     assert "**The bindings decode at 0.75× llama-bench's tg rate**, more than 10 % off" in off

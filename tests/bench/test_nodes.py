@@ -6,7 +6,7 @@ import openvino as ov
 import openvino.opset13 as ops
 
 from specdemo.bench import nodes, report_gguf
-from specdemo.bench.stats import spread
+from specdemo.bench.harness import Lane, Run
 from specdemo.models.runtime import OVModel
 from tests.conftest import exact
 
@@ -54,13 +54,12 @@ def test_the_report_shows_each_group_with_its_rate_and_the_gguf_at_llamacpps_tim
         "wall_s": {"1": 0.052, "5": 0.080},
         "by_tokens": {"1": [group("LM head", 10.0, 262.0), group("attention (SDPA with the KV cache)", 2.0, 0)],
                       "5": [group("LM head", 31.0, 262.0), group("attention (SDPA with the KV cache)", 5.0, 0)]}}]}
-    cpp = {"lanes": {"llama.cpp autoregressive": {"framework": "llamacpp", "kind": "autoregressive",
-                                                  "per_token_s": spread([0.0365])}}}
-    text = report_gguf.nodes_section({"nodes": section, "llamacpp": cpp}, {})
+    cpp = [Run(Lane("llama.cpp autoregressive", "llamacpp", "autoregressive"), 0, 0, 100, 3.65, 100, section="llamacpp")]
+    text = report_gguf.nodes_section({"nodes": section}, {}, cpp)
     assert "| LM head | 262 MB | 10.0 ms | 26.2 GB/s | 31.0 ms | 8.5 GB/s |" in text
     assert "| the call, wall time |  | 52.0 ms |  | 80.0 ms |  |" in text
     assert "0.83 GB of weights per token; at llama.cpp's 36.5 ms per token in this run that is 22.7 GB/s" in text
-    assert report_gguf.nodes_section({"llamacpp": cpp}, {}) == ""
+    assert report_gguf.nodes_section({}, {}, cpp) == ""
 
 
 def test_a_matmul_whose_bias_the_plugin_fuses_keeps_its_weights_under_the_fused_nodes_name():
