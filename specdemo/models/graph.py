@@ -169,10 +169,15 @@ def _beta_is_one(swish) -> bool:
     """Whether a Swish is x·sigmoid(x): no β input, or a constant β of 1 (what the exports write for SiLU)."""
     if swish.get_input_size() == 1:
         return True
-    beta = swish.input_value(1).get_node()
-    while beta.get_type_name() == "Convert":  # a β saved in f16
-        beta = beta.input_value(0).get_node()
+    beta = _through_converts(swish.input_value(1).get_node())  # a β saved in f16
     return beta.get_type_name() == "Constant" and bool(np.all(beta.get_data() == 1))
+
+
+def _through_converts(node):
+    """The node a chain of Converts starts from (`node` itself when it is none)."""
+    while node.get_type_name() == "Convert":
+        node = node.input_value(0).get_node()
+    return node
 
 
 def _layout(output: ov.Output):
@@ -233,9 +238,7 @@ def _bias_of(matmul):
     if len(consumers) != 1 or consumers[0].get_node().get_type_name() != "Add":
         return None
     add = consumers[0].get_node()
-    other = add.input_value(1 - consumers[0].get_index()).get_node()
-    while other.get_type_name() == "Convert":
-        other = other.input_value(0).get_node()
+    other = _through_converts(add.input_value(1 - consumers[0].get_index()).get_node())
     if other.get_type_name() != "Constant" or other.get_element_type() != ov.Type.f32:
         return None
     if int(np.prod(other.get_output_shape(0))) != matmul.get_output_partial_shape(0)[-1].get_length():
