@@ -1,4 +1,5 @@
 // The library OpenVINO loads with Core.add_extension: the op, and a C entry for Python to ask which kernels run.
+#include "attention.hpp"
 #include "block_matmul.hpp"
 #include "formats.hpp"
 
@@ -9,7 +10,8 @@
 #include "openvino/core/extension.hpp"
 #include "openvino/core/op_extension.hpp"
 
-OPENVINO_CREATE_EXTENSIONS(std::vector<ov::Extension::Ptr>({std::make_shared<ov::OpExtension<specdemo::BlockMatMul>>()}));
+OPENVINO_CREATE_EXTENSIONS(std::vector<ov::Extension::Ptr>({std::make_shared<ov::OpExtension<specdemo::BlockMatMul>>(),
+                                                             std::make_shared<ov::OpExtension<specdemo::CachedAttention>>()}));
 
 // For Python through ctypes (specdemo/models/kernels.py): the ISA running, and holding another (tests force each path).
 extern "C" __attribute__((visibility("default"))) const char* specdemo_kernels_isa() {

@@ -27,7 +27,7 @@ inline __m256 exp_ps(__m256 x) {
 }
 
 // GluFn (formats.hpp): gate·up / (1 + e^−gate), 8 at a time, the tail by the scalar path.
-void silu_times_ymm(const float* gate, const float* up, float* out, size_t n) {
+inline void silu_times_ymm(const float* gate, const float* up, float* out, size_t n) {
     size_t j = 0;
     for (; j + 8 <= n; j += 8) {
         const __m256 g = _mm256_loadu_ps(gate + j);

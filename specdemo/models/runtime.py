@@ -11,6 +11,10 @@ later token attends to them, exactly as if they were gone (positions are passed 
 stay right). Copying every layer's kept keys and values out of the plugin and back cost 2-4 ms a round, most of a
 round's time outside the model calls; masking costs nothing. Forgotten positions stay in the plugin's memory (and in
 every attention) until they exceed COMPACT_AFTER, when the cache is compacted by one such copy.
+
+A model on specdemo's kernels keeps its cache in its own attention op instead (graph.own_attention, CachedAttention):
+each call writes its keys and values at the position the mask's length says, so rolling back is a shorter mask and
+nothing is forgotten or copied.
 """
 
 from __future__ import annotations
@@ -64,12 +68,17 @@ class OVModel:
         self.fused = graph.fuse_projections(model)  # MatMuls fused (q, k, v into one; gate and up into one)
         self.glu_fused = graph.fuse_glu(model)  # BlockMatMuls of gate and up that apply silu(gate)·up themselves
         self._seq_axis = _sequence_axis(model)
+        self._position_elements = _position_elements(model)  # keys and values of one position, all layers
+        # Layers whose attention is specdemo's CachedAttention, which keeps the cache itself (rolled back by a shorter
+        # mask): on its kernels' models, with the cache at f32 (a u8 or f16 cache asked for is the plugin's).
+        self.own_attention = graph.own_attention(model, core) if (
+            settings.precision == kernels.NATIVE and settings.kv_cache_precision in ("", "f32")) else 0
         config = compile_config(settings, cache_dir)
         if profiled:
             config["PERF_COUNT"] = True
         self.compiled = core.compile_model(model, settings.device, config)
         self.request = self.compiled.create_infer_request()
-        self._kv_type = _kv_cache_type(self.compiled)
+        self._kv_type = ov.Type.f32 if self.own_attention else _kv_cache_type(self.compiled)
         self._mask = np.zeros(0, dtype=np.int64)  # per position in the plugin's cache: 1 kept, 0 forgotten
         self.length = 0  # tokens kept (the cache as callers see it)
         self.calls = 0  # inference calls since the last reset
@@ -167,6 +176,9 @@ class OVModel:
         if length == 0:
             self.reset_cache()
             return
+        if self.own_attention:  # the next call writes its keys and values at `length`, over the forgotten ones
+            self._mask, self.length = np.ones(length, dtype=np.int64), length
+            return
         kept = np.flatnonzero(self._mask)
         self._mask = self._mask.copy()  # the last call's inputs may still share the old one
         self._mask[kept[length:]] = 0
@@ -217,6 +229,8 @@ class OVModel:
         """Bytes the cache holds now, at the plugin's KV cache precision (quantization scales not counted)."""
         if self.length == 0:
             return 0
+        if self.own_attention:  # CachedAttention's stores hold f32, a position's keys and values side by side
+            return len(self._mask) * self._position_elements * self._kv_type.size
         elements = sum(int(np.prod(state.state.shape)) for state in self.request.query_state())
         return elements * self._kv_type.size
 
@@ -255,6 +269,13 @@ def _kv_cache_type(compiled: ov.CompiledModel) -> ov.Type:
         return compiled.get_property("KV_CACHE_PRECISION")
     except RuntimeError:  # a plugin without the property keeps the model's own precision
         return ov.Type.f32
+
+
+def _position_elements(model: ov.Model) -> int:
+    """Elements one position adds to the KV cache, every layer's keys and values: Σ over the state variables of their
+    static dimensions' product (the batch and token axes are the dynamic ones)."""
+    shapes = [op.get_output_partial_shape(0) for op in model.get_ops() if op.get_type_name() == "ReadValue"]
+    return sum(int(np.prod([d.get_length() for d in shape if d.is_static])) for shape in shapes)
 
 
 def _sequence_axis(model: ov.Model) -> int:

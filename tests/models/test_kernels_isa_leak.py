@@ -28,9 +28,9 @@ SIMD = re.compile(r"^\s*[0-9a-f]+:\s+[vk][a-z0-9]+\b", re.M)
 # A function of one file alone: in an anonymous namespace (where formats.hpp and panel.hpp put what SIMD files share),
 # or static at namespace scope; a compiler's clone (.constprop.0, .cold) is judged as the function it was cut from.
 INTERNAL = re.compile(r"_GLOBAL__N_1|^_ZL")
-# Each ISA's entry (formats.hpp), defined once in its file and called by dispatch.cpp only once the CPU's flags say it
-# runs that ISA.
-ENTRIES = re.compile(r"^_ZN8specdemo\d+(avx2|avx512)_(kernels|gemms)Ev$")
+# Each ISA's entry (formats.hpp, attention.hpp), defined once in its file and called by dispatch.cpp (attention.cpp)
+# only once the CPU's flags say it runs that ISA.
+ENTRIES = re.compile(r"^_ZN8specdemo\d+(avx2|avx512)_(kernels|gemms|attention)Ev$")
 
 
 def functions(disassembly: str) -> dict[str, str]:

@@ -1,0 +1,157 @@
+#include "attention.hpp"
+
+#include <tbb/parallel_for.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <vector>
+
+#include "formats.hpp"
+
+namespace specdemo {
+
+// The cache: keys and values by position, (positions, kv_heads, head_dim) each, grown as calls need (a vector's doubling
+// keeps that amortized) and never shrunk: a rolled-back or emptied cache keeps its memory for the next prompt.
+struct KVStore {
+    std::mutex lock;  // one call at a time (a compiled model runs one infer request here; this makes sure)
+    std::vector<float> k, v;
+    size_t positions = 0;  // written and not rolled back past
+};
+
+std::shared_ptr<KVStore> CachedAttention::make_store() { return std::make_shared<KVStore>(); }
+
+void attend_scalar(const Rows& rows, const float* k, const float* v, size_t stride, const float* keep, size_t d,
+                   float scale, float* scores) {
+    for (size_t r = 0; r < rows.rows; ++r) {
+        const float* q = rows.q[r];
+        float* out = rows.out[r];
+        const size_t n = rows.n[r];
+        float top = -std::numeric_limits<float>::infinity();
+        for (size_t s = 0; s < n; ++s) {
+            float sum = 0;
+            for (size_t i = 0; i < d; ++i) sum += q[i] * k[s * stride + i];
+            scores[s] = sum * scale;
+            if (keep[s] != 0) top = std::max(top, scores[s]);
+        }
+        float total = 0;
+        for (size_t s = 0; s < n; ++s) total += scores[s] = keep[s] * std::exp(scores[s] - top);
+        std::fill(out, out + d, 0.0f);
+        for (size_t s = 0; s < n; ++s)
+            for (size_t i = 0; i < d; ++i) out[i] += scores[s] * v[s * stride + i];
+        const float inverse = total > 0 ? 1.0f / total : 0.0f;
+        for (size_t i = 0; i < d; ++i) out[i] *= inverse;
+    }
+}
+
+namespace {
+
+constexpr size_t ROWS_A_TASK = 16;  // query rows a task scores against its key-value head's cache
+
+// The row kernel of the kernels running (dispatch.cpp): AVX2's on every SIMD path (a row's few thousand products
+// are read-bound, AVX-512 would add nothing worth a third copy), the scalar one where that is held or d is not whole
+// vectors.
+AttendFn attend_for(size_t d) {
+    const std::string isa = chosen_kernels().isa;
+    return isa != "scalar" && d % 8 == 0 ? avx2_attention() : attend_scalar;
+}
+
+// Copies the call's L rows of (1, kv_heads, L, d) into the cache at positions past .. past + L − 1.
+void store_rows(const float* from, std::vector<float>& to, size_t past, size_t rows, size_t kv_heads, size_t d) {
+    for (size_t h = 0; h < kv_heads; ++h)
+        for (size_t l = 0; l < rows; ++l)
+            std::memcpy(to.data() + ((past + l) * kv_heads + h) * d, from + (h * rows + l) * d, d * sizeof(float));
+}
+
+}  // namespace
+
+CachedAttention::CachedAttention(const ov::OutputVector& inputs, float scale) : Op(inputs), m_scale(scale) {
+    constructor_validate_and_infer_types();
+}
+
+void CachedAttention::validate_and_infer_types() {
+    NODE_VALIDATION_CHECK(this, get_input_size() == 4, "CachedAttention takes q, k, v and the attention mask");
+    for (size_t i = 0; i < 3; ++i) {
+        NODE_VALIDATION_CHECK(this, get_input_element_type(i) == ov::element::f32, "CachedAttention takes f32 q, k, v");
+        NODE_VALIDATION_CHECK(this, get_input_partial_shape(i).rank().compatible(4),
+                              "CachedAttention: q, k, v are 4-D");
+    }
+    // i64 as written; the plugin hands integer inputs on as i32
+    const auto mask = get_input_element_type(3);
+    NODE_VALIDATION_CHECK(this, mask == ov::element::i64 || mask == ov::element::i32,
+                          "CachedAttention takes an integer mask");
+    const auto& q = get_input_partial_shape(0);
+    ov::PartialShape y{ov::Dimension::dynamic(), ov::Dimension::dynamic(), ov::Dimension::dynamic()};
+    if (q.rank().is_static()) y = {q[0], q[2], q[1] * q[3]};
+    set_output_type(0, ov::element::f32, y);
+}
+
+std::shared_ptr<ov::Node> CachedAttention::clone_with_new_inputs(const ov::OutputVector& inputs) const {
+    check_new_args_count(this, inputs);
+    return std::make_shared<CachedAttention>(inputs, m_scale);
+}
+
+bool CachedAttention::visit_attributes(ov::AttributeVisitor& visitor) {
+    visitor.on_attribute("scale", m_scale);
+    return true;
+}
+
+bool CachedAttention::evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const {
+    const ov::Shape q_shape = inputs[0].get_shape(), k_shape = inputs[1].get_shape();
+    const size_t heads = q_shape[1], rows = q_shape[2], d = q_shape[3], kv_heads = k_shape[1];
+    const size_t total = inputs[3].get_shape()[1];
+    OPENVINO_ASSERT(q_shape[0] == 1 && k_shape[0] == 1, "CachedAttention: a batch of one");
+    OPENVINO_ASSERT(k_shape[2] == rows && k_shape[3] == d && inputs[2].get_shape() == k_shape,
+                    "CachedAttention: k and v must be (1, kv_heads, L, head_dim) for q's L and head_dim");
+    OPENVINO_ASSERT(kv_heads > 0 && heads % kv_heads == 0, "CachedAttention: ", heads, " query heads over ", kv_heads,
+                    " key-value heads");
+    OPENVINO_ASSERT(total >= rows, "CachedAttention: a mask of ", total, " positions for ", rows, " new ones");
+    const size_t past = total - rows;
+    outputs[0].set_shape({1, rows, heads * d});
+
+    std::lock_guard<std::mutex> hold(m_store->lock);
+    KVStore& store = *m_store;
+    OPENVINO_ASSERT(past <= store.positions, "CachedAttention: the call follows ", past, " positions, the cache holds ",
+                    store.positions);
+    const size_t stride = kv_heads * d;
+    store.k.resize(total * stride), store.v.resize(total * stride);
+    store_rows(inputs[1].data<const float>(), store.k, past, rows, kv_heads, d);
+    store_rows(inputs[2].data<const float>(), store.v, past, rows, kv_heads, d);
+    store.positions = total;
+
+    std::vector<float> keep(total);
+    if (inputs[3].get_element_type() == ov::element::i64) {
+        const int64_t* mask = inputs[3].data<const int64_t>();
+        for (size_t s = 0; s < total; ++s) keep[s] = mask[s] != 0 ? 1.0f : 0.0f;
+    } else {
+        const int32_t* mask = inputs[3].data<const int32_t>();
+        for (size_t s = 0; s < total; ++s) keep[s] = mask[s] != 0 ? 1.0f : 0.0f;
+    }
+    const float* q = inputs[0].data<const float>();
+    float* y = outputs[0].data<float>();
+    const AttendFn attend = attend_for(d);
+    // A task per key-value head and block of its query rows (its query heads' rows, (head, l) in order): the head's
+    // cache is read once a block. The blocks as even as ROWS_A_TASK allows.
+    const size_t group = heads / kv_heads, per_head = group * rows;
+    const size_t blocks = (per_head + ROWS_A_TASK - 1) / ROWS_A_TASK, block = (per_head + blocks - 1) / blocks;
+    tbb::parallel_for(size_t(0), kv_heads * blocks, [&](size_t task) {
+        thread_local std::vector<float> scores;
+        const size_t h = task / blocks, first = task % blocks * block, count = std::min(block, per_head - first);
+        const float* queries[ROWS_A_TASK];
+        float* outs[ROWS_A_TASK];
+        size_t positions[ROWS_A_TASK];
+        for (size_t i = 0; i < count; ++i) {
+            const size_t head = h * group + (first + i) / rows, l = (first + i) % rows;
+            queries[i] = q + (head * rows + l) * d, outs[i] = y + (l * heads + head) * d, positions[i] = past + l + 1;
+        }
+        const size_t width = (total + 3) / 4 * 4;
+        if (scores.size() < count * (width + 1)) scores.resize(count * (width + 1));
+        attend({queries, outs, positions, count}, store.k.data() + h * d, store.v.data() + h * d, stride, keep.data(), d,
+               m_scale, scores.data());
+    });
+    return true;
+}
+
+}  // namespace specdemo

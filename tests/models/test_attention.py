@@ -1,0 +1,137 @@
+"""specdemo's CachedAttention (kernels/src/attention.hpp, graph.own_attention): grouped-query causal attention over a
+cache the op keeps, equal to numpy's on every ISA path this CPU runs; a row's result the same bits whatever the rows
+beside it; a shorter mask rolls the cache back; in a native model it stands for every layer's stateful SDPA and scores
+as that did."""
+
+import numpy as np
+import pytest
+
+from specdemo.models import cached_attention, export, graph, kernels
+from specdemo.models.gguf_file import GGUFFile
+from specdemo.models.runtime import OVModel
+from specdemo.settings import ModelSettings
+from tests import tiny_gguf
+
+pytestmark = pytest.mark.skipif(kernels.unavailable() is not None, reason=str(kernels.unavailable()))
+
+
+def reference(q, keys, values, keep):
+    """Attention in f64: q (heads, L, d) as the last L of keys and values' (kv_heads, T, d) positions, causal, positions
+    whose keep is 0 never attended → (L, heads·d)."""
+    heads, rows, d = q.shape
+    group, total = heads // keys.shape[0], keys.shape[1]
+    out = np.zeros((rows, heads, d))
+    for head in range(heads):
+        k, v = keys[head // group].astype(np.float64), values[head // group].astype(np.float64)
+        for l in range(rows):
+            n = total - rows + l + 1
+            scores = k[:n] @ q[head, l].astype(np.float64) / np.sqrt(d)
+            scores[keep[:n] == 0] = -np.inf
+            p = np.exp(scores - scores.max())
+            out[l, head] = p @ v[:n] / p.sum()
+    return out.reshape(rows, heads * d)
+
+
+def feed(op, q, k, v, total, keep=None):
+    """One call of `op` (a compiled CachedAttention): q (heads, L, d), k and v (kv_heads, L, d), a mask of `total`."""
+    mask = np.ones((1, total), dtype=np.int64) if keep is None else keep[None, :total].astype(np.int64)
+    return op([q[None], k[None], v[None], mask])[0][0]
+
+
+@pytest.mark.parametrize("heads, kv_heads, d", [(12, 2, 128), (14, 2, 64), (4, 2, 40), (6, 3, 12)])
+def test_it_is_grouped_causal_attention_over_what_earlier_calls_stored_on_every_isa(heads, kv_heads, d, each_isa):
+    """Head sizes of the 1.5B target and the 0.5B draft, one whose rows take 8 columns at a time, one that is no whole
+    number of vectors (the scalar path then); calls of 1 to 40 rows (many blocks of rows a task), a masked position."""
+    rng = np.random.default_rng(1)
+    total = 70
+    q = rng.standard_normal((heads, total, d), dtype=np.float32) * 2
+    k, v = (rng.standard_normal((kv_heads, total, d), dtype=np.float32) for _ in range(2))
+    keep = np.ones(total)
+    keep[5] = 0
+    for isa in each_isa:
+        kernels.use(isa)
+        op = cached_attention.compiled(kernels.new_core(), heads, kv_heads, d)
+        start = 0
+        for rows in (20, 1, 3, 40, 6):
+            end = start + rows
+            got = feed(op, q[:, start:end], k[:, start:end], v[:, start:end], end, keep)
+            want = reference(q[:, start:end], k[:, :end], v[:, :end], keep)
+            np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5, err_msg=f"{isa}, rows {start}..{end}")
+            start = end
+
+
+def test_a_row_s_result_is_the_same_bits_whatever_the_rows_beside_it_on_every_isa(each_isa):
+    """Verification scores K + 1 rows in one call where decoding scored them one by one: both give each row the same
+    bits (greedy speculative decoding equals autoregressive token for token)."""
+    rng = np.random.default_rng(2)
+    heads, kv_heads, d, past = 12, 2, 128, 37
+    q = rng.standard_normal((heads, past + 9, d), dtype=np.float32)
+    k, v = (rng.standard_normal((kv_heads, past + 9, d), dtype=np.float32) for _ in range(2))
+    for isa in each_isa:
+        kernels.use(isa)
+        op = cached_attention.compiled(kernels.new_core(), heads, kv_heads, d)
+        feed(op, q[:, :past], k[:, :past], v[:, :past], past)
+        together = feed(op, q[:, past:], k[:, past:], v[:, past:], past + 9)
+        alone = [feed(op, q[:, i:i + 1], k[:, i:i + 1], v[:, i:i + 1], i + 1)[0] for i in range(past, past + 9)]
+        assert np.array_equal(together, np.array(alone)), isa
+
+
+def test_a_shorter_mask_rolls_the_cache_back_and_a_longer_one_than_it_holds_is_refused():
+    rng = np.random.default_rng(3)
+    heads, kv_heads, d = 4, 2, 16
+    q = rng.standard_normal((heads, 12, d), dtype=np.float32)
+    k, v = (rng.standard_normal((kv_heads, 12, d), dtype=np.float32) for _ in range(2))
+    k2, v2 = (rng.standard_normal((kv_heads, 3, d), dtype=np.float32) for _ in range(2))
+    op = cached_attention.compiled(kernels.new_core(), heads, kv_heads, d)
+    feed(op, q[:, :10], k[:, :10], v[:, :10], 10)  # 10 positions, then back to 6 and 3 others written over 6..8
+    got = feed(op, q[:, 6:9], k2, v2, 9)
+    keys, values = np.concatenate([k[:, :6], k2], 1), np.concatenate([v[:, :6], v2], 1)
+    np.testing.assert_allclose(got, reference(q[:, 6:9], keys, values, np.ones(9)), rtol=2e-5, atol=2e-5)
+    with pytest.raises(RuntimeError, match="the call follows 20 positions, the cache holds 9"):
+        feed(op, q[:, :1], k[:, :1], v[:, :1], 21)
+
+
+def native_pair(tmp_path, monkeypatch, **change):
+    """A tiny native model loaded twice: its attention specdemo's, and the plugin's stateful SDPA."""
+    gguf = tiny_gguf.write(tmp_path / "tiny.gguf", "qwen2")
+    export.from_gguf(GGUFFile(gguf), "gguf-native", tmp_path / "ir", lambda *_: None)
+    settings = ModelSettings(str(gguf), precision="gguf-native", **change)
+    own = OVModel(tmp_path / "ir", settings)
+    with monkeypatch.context() as patch:
+        patch.setattr(graph, "own_attention", lambda model, core: 0)
+        plugin = OVModel(tmp_path / "ir", settings)
+    return own, plugin
+
+
+def test_a_native_model_attends_with_its_own_op_in_every_layer_and_scores_as_the_plugin_s_sdpa(tmp_path, monkeypatch):
+    own, plugin = native_pair(tmp_path, monkeypatch)
+    assert own.own_attention == tiny_gguf.LAYERS and plugin.own_attention == 0
+    runtime = own.compiled.get_runtime_model()
+    assert not {"ReadValue", "Assign", "ScaledDotProductAttentionWithKVCache"} & {
+        op.get_rt_info()["layerType"].astype(str) for op in runtime.get_ordered_ops()}
+    assert not own.request.query_state()
+    prompt, steps = list(range(40, 60)), [7, 8, 9, 10, 11]
+    for model in (own, plugin):
+        model.forward(prompt)
+    got, want = own.forward(steps, logits_to_keep=5), plugin.forward(steps, logits_to_keep=5)
+    # the same attention by other sums: the next layer's 8-bit activations may round a value the other way
+    assert np.abs(got - want).mean() <= 0.01 * np.abs(want).mean()
+    assert (got.argmax(-1) == want.argmax(-1)).all()
+    assert own.kv_cache_bytes() == 25 * tiny_gguf.LAYERS * 2 * tiny_gguf.KV_HEADS * tiny_gguf.HEAD_DIM * 4
+
+
+def test_a_rolled_back_native_model_scores_as_one_that_never_saw_the_forgotten_tokens(tmp_path, monkeypatch):
+    own, _ = native_pair(tmp_path, monkeypatch)
+    prompt = list(range(40, 60))
+    own.forward(prompt + [1, 2, 3, 4])
+    own.rollback(len(prompt))
+    after = own.forward([7, 8], logits_to_keep=2)
+    own.reset()
+    fresh = own.forward(prompt + [7, 8], logits_to_keep=2)
+    assert np.array_equal(after, fresh)
+    assert own.length == len(prompt) + 2 and own.forgotten == 0
+
+
+def test_a_kv_cache_precision_asked_for_keeps_the_plugin_s_attention(tmp_path, monkeypatch):
+    own, _ = native_pair(tmp_path, monkeypatch, kv_cache_precision="u8")
+    assert own.own_attention == 0 and own.kv_cache_precision == "u8"
