@@ -9,6 +9,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import openvino as ov
 from openvino import opset13 as ops
 
@@ -66,3 +67,43 @@ def compiled(core: ov.Core, heads: int, kv_heads: int, head_dim: int, threads: i
         op.input(i).replace_source_output(parameter.output(0))
     op.validate_and_infer_types()
     return core.compile_model(ov.Model([ops.result(op)], parameters), "CPU", {"INFERENCE_NUM_THREADS": threads})
+
+
+def reference(q: np.ndarray, keys: np.ndarray, values: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """What CachedAttention computes, in f64: q (heads, L, d) at the last L of keys and values' (kv_heads, T, d)
+    positions, each query head on its key-value head, causal, positions whose keep is 0 never attended → (L, heads·d)."""
+    heads, rows, d = q.shape
+    group, total = heads // keys.shape[0], keys.shape[1]
+    # (rows, T): row r sees the positions up to its own, total − rows + r, that are kept
+    seen = (np.arange(total)[None, :] <= np.arange(total - rows, total)[:, None]) & (keep[None, :total] != 0)
+    out = np.zeros((rows, heads, d))
+    for head in range(heads):
+        k, v = keys[head // group].astype(np.float64), values[head // group].astype(np.float64)
+        scores = np.where(seen, q[head].astype(np.float64) @ k.T / np.sqrt(d), -np.inf)
+        p = np.exp(scores - scores.max(axis=1, keepdims=True))
+        out[:, head] = p @ v / p.sum(axis=1, keepdims=True)
+    return out.reshape(rows, heads * d)
+
+
+CHECKED_CALLS = (30, 1, 7, 17)  # rows of the calls kernels.check makes, one after the other: a prompt, a step, two
+# verifications (a block of rows a task and more)
+TOLERANCE = 2e-5  # of f32 sums in another order, on values of about 1
+
+
+def misfit(core: ov.Core) -> str | None:
+    """How the running ISA's CachedAttention is not `reference`, as kernels.check's phrase; None where it is: the
+    draft's heads (14 over 2 of 64), CHECKED_CALLS rows in turn over the cache they fill, within TOLERANCE."""
+    heads, kv_heads, d = 14, 2, 64
+    op = compiled(core, heads, kv_heads, d)
+    rng = np.random.default_rng(59)
+    total = sum(CHECKED_CALLS)
+    q = rng.standard_normal((heads, total, d), dtype=np.float32) * 2
+    k, v = (rng.standard_normal((kv_heads, total, d), dtype=np.float32) for _ in range(2))
+    end = 0
+    for rows in CHECKED_CALLS:
+        start, end = end, end + rows
+        got = op([q[None, :, start:end], k[None, :, start:end], v[None, :, start:end], np.ones((1, end), np.int64)])[0]
+        off = float(np.abs(got[0] - reference(q[:, start:end], k[:, :end], v[:, :end], np.ones(end))).max())
+        if not off <= TOLERANCE:
+            return f"for attention ({rows} query row{'s' * (rows > 1)}: off by {off:.3g})"
+    return None

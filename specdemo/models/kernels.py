@@ -346,7 +346,8 @@ def check(isa_name: str) -> str | None:
     """Why `isa_name`'s kernels cannot be trusted on this CPU, as a sentence naming the path and block type that failed;
     None where they can: each block type's product (CHECKED_ROWS × CHECKED_COLUMNS) on each of CHECKED_CALLS, by the
     dot products and by the gemm, through the real op on the CPU plugin, is the reference as test_kernels.py holds
-    every path. 0.1-0.3 s once a process (the busy 2-core Zen 3, EPYC family 25 model 1), most of it one compile."""
+    every path, and so is its attention (cached_attention.misfit). 0.3-0.8 s once a process (the busy 2-core Zen 3,
+    EPYC family 25 model 1), most of it two compiles."""
     import tempfile
 
     with _CHECKING, tempfile.TemporaryDirectory(prefix="specdemo-check-") as folder:
@@ -363,9 +364,11 @@ def check(isa_name: str) -> str | None:
 
 
 def _compare(isa_name: str, folder: Path) -> str | None:
-    """check's products on the running ISA, each way; the first that is not the reference, described."""
+    """check's products on the running ISA, each way, then its attention (cached_attention.misfit); the first that is
+    not the reference, described."""
     import openvino as ov
 
+    from specdemo.models import cached_attention
     from specdemo.models.block_matmul import compiled
 
     core = ov.Core()
@@ -384,7 +387,8 @@ def _compare(isa_name: str, folder: Path) -> str | None:
                 path = "the gemm" if ran == "gemm" else "the dot products"
                 return _describe_failure(isa_name, f"for {kind} blocks ({path}, {m} activation row{'s' * (m > 1)}: "
                                                    f"off by {off:.3g} times what f32 rounding allows)")
-    return None
+    wrong = cached_attention.misfit(core)
+    return _describe_failure(isa_name, wrong) if wrong else None
 
 
 def _describe_failure(isa_name: str, what: str) -> str:

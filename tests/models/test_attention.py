@@ -15,23 +15,6 @@ from tests import tiny_gguf
 pytestmark = pytest.mark.skipif(kernels.unavailable() is not None, reason=str(kernels.unavailable()))
 
 
-def reference(q, keys, values, keep):
-    """Attention in f64: q (heads, L, d) as the last L of keys and values' (kv_heads, T, d) positions, causal, positions
-    whose keep is 0 never attended → (L, heads·d)."""
-    heads, rows, d = q.shape
-    group, total = heads // keys.shape[0], keys.shape[1]
-    out = np.zeros((rows, heads, d))
-    for head in range(heads):
-        k, v = keys[head // group].astype(np.float64), values[head // group].astype(np.float64)
-        for l in range(rows):
-            n = total - rows + l + 1
-            scores = k[:n] @ q[head, l].astype(np.float64) / np.sqrt(d)
-            scores[keep[:n] == 0] = -np.inf
-            p = np.exp(scores - scores.max())
-            out[l, head] = p @ v[:n] / p.sum()
-    return out.reshape(rows, heads * d)
-
-
 def feed(op, q, k, v, total, keep=None):
     """One call of `op` (a compiled CachedAttention): q (heads, L, d), k and v (kv_heads, L, d), a mask of `total`."""
     mask = np.ones((1, total), dtype=np.int64) if keep is None else keep[None, :total].astype(np.int64)
@@ -55,7 +38,7 @@ def test_it_is_grouped_causal_attention_over_what_earlier_calls_stored_on_every_
         for rows in (20, 1, 3, 40, 6):
             end = start + rows
             got = feed(op, q[:, start:end], k[:, start:end], v[:, start:end], end, keep)
-            want = reference(q[:, start:end], k[:, :end], v[:, :end], keep)
+            want = cached_attention.reference(q[:, start:end], k[:, :end], v[:, :end], keep)
             np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5, err_msg=f"{isa}, rows {start}..{end}")
             start = end
 
@@ -86,7 +69,7 @@ def test_a_shorter_mask_rolls_the_cache_back_and_a_longer_one_than_it_holds_is_r
     feed(op, q[:, :10], k[:, :10], v[:, :10], 10)  # 10 positions, then back to 6 and 3 others written over 6..8
     got = feed(op, q[:, 6:9], k2, v2, 9)
     keys, values = np.concatenate([k[:, :6], k2], 1), np.concatenate([v[:, :6], v2], 1)
-    np.testing.assert_allclose(got, reference(q[:, 6:9], keys, values, np.ones(9)), rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(got, cached_attention.reference(q[:, 6:9], keys, values, np.ones(9)), rtol=2e-5, atol=2e-5)
     with pytest.raises(RuntimeError, match="the call follows 20 positions, the cache holds 9"):
         feed(op, q[:, :1], k[:, :1], v[:, :1], 21)
 
@@ -135,3 +118,12 @@ def test_a_rolled_back_native_model_scores_as_one_that_never_saw_the_forgotten_t
 def test_a_kv_cache_precision_asked_for_keeps_the_plugin_s_attention(tmp_path, monkeypatch):
     own, _ = native_pair(tmp_path, monkeypatch, kv_cache_precision="u8")
     assert own.own_attention == 0 and own.kv_cache_precision == "u8"
+
+
+def test_the_check_at_load_finds_the_attention_right_on_every_isa_and_says_where_it_is_not(each_isa, monkeypatch):
+    for isa in each_isa:
+        kernels.use(isa)
+        assert cached_attention.misfit(kernels.new_core()) is None, isa
+    real = cached_attention.reference
+    monkeypatch.setattr(cached_attention, "reference", lambda q, *rest: real(q, *rest) * 1.0001)
+    assert (cached_attention.misfit(kernels.new_core()) or "").startswith("for attention (30 query rows: off by")
