@@ -31,6 +31,25 @@ inline __m128 dot4(const float* q, const float* k, size_t stride, size_t d) {
     return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
 }
 
+// dot4 for two query rows at once (each row's sums in dot4's order: the same bits): the keys loaded once for both, and
+// 8 independent sums in flight where one row's 4 would wait on the FMA's latency.
+inline void dot4x2(const float* q0, const float* q1, const float* k, size_t stride, size_t d, __m128& s0, __m128& s1) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    for (size_t i = 0; i < d; i += 8) {
+        const __m256 x = _mm256_loadu_ps(q0 + i), y = _mm256_loadu_ps(q1 + i);
+        const __m256 k0 = _mm256_loadu_ps(k + i), k1 = _mm256_loadu_ps(k + stride + i);
+        const __m256 k2 = _mm256_loadu_ps(k + 2 * stride + i), k3 = _mm256_loadu_ps(k + 3 * stride + i);
+        a0 = _mm256_fmadd_ps(x, k0, a0), b0 = _mm256_fmadd_ps(y, k0, b0);
+        a1 = _mm256_fmadd_ps(x, k1, a1), b1 = _mm256_fmadd_ps(y, k1, b1);
+        a2 = _mm256_fmadd_ps(x, k2, a2), b2 = _mm256_fmadd_ps(y, k2, b2);
+        a3 = _mm256_fmadd_ps(x, k3, a3), b3 = _mm256_fmadd_ps(y, k3, b3);
+    }
+    const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    const __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(b0, b1), _mm256_hadd_ps(b2, b3));
+    s0 = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+    s1 = _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
+}
+
 // One position's q·k, summed in dot4's order (the same bits as there: which one scores a position depends on the call).
 inline float dot1(const float* q, const float* k, size_t d) {
     __m256 a = _mm256_setzero_ps();
@@ -42,18 +61,26 @@ inline float dot1(const float* q, const float* k, size_t d) {
 
 // A row's scores (n of them) → keep_s·e^(score − max over kept), in place; returns their sum.
 float exponentiate(float* scores, const float* keep, size_t n) {
-    float top = -std::numeric_limits<float>::infinity();
-    for (size_t s = 0; s < n; ++s)
+    const __m256 never = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+    __m256 tops = never;
+    size_t s = 0;
+    for (; s + 8 <= n; s += 8) {
+        const __m256 kept = _mm256_cmp_ps(_mm256_loadu_ps(keep + s), _mm256_setzero_ps(), _CMP_NEQ_OQ);
+        tops = _mm256_max_ps(tops, _mm256_blendv_ps(never, _mm256_loadu_ps(scores + s), kept));
+    }
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, tops);
+    float top = *std::max_element(lanes, lanes + 8);
+    for (; s < n; ++s)
         if (keep[s] != 0) top = std::max(top, scores[s]);
     __m256 sums = _mm256_setzero_ps();
-    size_t s = 0;
+    s = 0;
     for (; s + 8 <= n; s += 8) {
         const __m256 p = _mm256_mul_ps(_mm256_loadu_ps(keep + s),
                                        exp_ps(_mm256_sub_ps(_mm256_loadu_ps(scores + s), _mm256_set1_ps(top))));
         _mm256_storeu_ps(scores + s, p);
         sums = _mm256_add_ps(sums, p);
     }
-    alignas(32) float lanes[8];
     _mm256_store_ps(lanes, sums);
     float total = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
     for (; s < n; ++s) total += scores[s] = keep[s] * _mm256_cvtss_f32(exp_ps(_mm256_set1_ps(scores[s] - top)));
@@ -90,10 +117,24 @@ void attend(const Rows& rows, const float* k, const float* v, size_t stride, con
     const size_t most = *std::max_element(rows.n, rows.n + rows.rows), width = (most + 3) / 4 * 4;
     const __m128 scaled = _mm_set1_ps(scale);
     size_t s = 0;
-    for (; s + 4 <= most; s += 4)
-        for (size_t r = 0; r < rows.rows; ++r)
-            if (s < rows.n[r])
-                _mm_storeu_ps(scores + r * width + s, _mm_mul_ps(dot4(rows.q[r], k + s * stride, stride, d), scaled));
+    for (; s + 4 <= most; s += 4) {
+        size_t r = 0;
+        for (; r + 2 <= rows.rows; r += 2) {
+            if (s < rows.n[r] && s < rows.n[r + 1]) {
+                __m128 s0, s1;
+                dot4x2(rows.q[r], rows.q[r + 1], k + s * stride, stride, d, s0, s1);
+                _mm_storeu_ps(scores + r * width + s, _mm_mul_ps(s0, scaled));
+                _mm_storeu_ps(scores + (r + 1) * width + s, _mm_mul_ps(s1, scaled));
+                continue;
+            }
+            for (const size_t one : {r, r + 1})
+                if (s < rows.n[one])
+                    _mm_storeu_ps(scores + one * width + s,
+                                  _mm_mul_ps(dot4(rows.q[one], k + s * stride, stride, d), scaled));
+        }
+        if (r < rows.rows && s < rows.n[r])
+            _mm_storeu_ps(scores + r * width + s, _mm_mul_ps(dot4(rows.q[r], k + s * stride, stride, d), scaled));
+    }
     for (; s < most; ++s)
         for (size_t r = 0; r < rows.rows; ++r)
             if (s < rows.n[r]) scores[r * width + s] = dot1(rows.q[r], k + s * stride, d) * scale;
