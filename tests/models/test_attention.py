@@ -6,7 +6,7 @@ as that did."""
 import numpy as np
 import pytest
 
-from specdemo.models import cached_attention, export, graph, kernels
+from specdemo.models import cached_attention, export, graph, kernels, runtime
 from specdemo.models.gguf_file import GGUFFile
 from specdemo.models.runtime import OVModel
 from specdemo.settings import ModelSettings
@@ -127,3 +127,17 @@ def test_the_check_at_load_finds_the_attention_right_on_every_isa_and_says_where
     real = cached_attention.reference
     monkeypatch.setattr(cached_attention, "reference", lambda q, *rest: real(q, *rest) * 1.0001)
     assert (cached_attention.misfit(kernels.new_core()) or "").startswith("for attention (30 query rows: off by")
+
+
+def test_a_native_model_whose_long_call_was_stopped_part_way_starts_over_from_an_empty_cache(tmp_path, monkeypatch):
+    """Some layers' ops wrote the stopped call's keys and values, others not: the emptied cache (a mask of 0 positions
+    before the next call) is the same for all of them."""
+    own, _ = native_pair(tmp_path, monkeypatch)
+    monkeypatch.setattr(runtime, "POLL_MS", 0)  # asked as soon as it starts: a tiny model's call is over in 10 ms
+    prompt = list(range(40, 80))
+    expected = own.forward(prompt[:12])
+    own.forward(prompt)
+    with own.interruptible(lambda: True), pytest.raises(runtime.Interrupted):
+        own.forward(prompt)
+    assert own.length == 0
+    assert np.array_equal(own.forward(prompt[:12]), expected)
