@@ -10,13 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from specdemo.bench import found, schema, stats
-from specdemo.bench.schema import GENAI_SPEC, OURS_SPEC
-from specdemo.bench.settings import REGISTRY
+from specdemo.bench.schema import GENAI_DEFAULTS, GENAI_SPEC, OURS_SPEC
+from specdemo.bench.settings import PAPER, REGISTRY, paper_speedup
 from specdemo.bench.stats import COMPONENTS
 from specdemo.bench.table import load
 from specdemo.decoding import pricing
 from specdemo.decoding.costs import CostModel
-from specdemo.names import SPECULATIVE
+from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 
 _OURS, _GENAI, _PAPER, _HF = "#1f77b4", "#ff7f0e", "#7f7f7f", "#2ca02c"
 
@@ -101,24 +101,23 @@ def draw_costs(results: dict):
 def draw_paper(results: dict):
     import matplotlib.pyplot as plt
 
-    if not (paper := results["sections"].get("paper")):
+    runs = load(results)
+    if not (paper := results["sections"].get("paper")) or not (ns := stats.tokens(runs, "paper")):
         return None
-    by_n = paper["by_tokens"]
-    ns = list(by_n)
-    lanes = next(iter(by_n.values()))["lanes"]
-    groups = [("ours", schema.label(lanes, OURS_SPEC), _OURS), ("OpenVINO GenAI", schema.label(lanes, GENAI_SPEC), _GENAI)]
+    passes = [stats.section(runs, "paper", n=n) for n in ns]
+    groups = [("ours", OURS_SPEC, _OURS), ("OpenVINO GenAI", GENAI_SPEC, _GENAI)]
     width = 0.8 / (len(groups) + 1)
     figure, ax = plt.subplots(figsize=(7, 4))
-    for i, (label, lane, colour) in enumerate(groups):
-        spreads = [by_n[n]["speedup"][lane] for n in ns]
+    for i, (label, which, colour) in enumerate(groups):
+        spreads = [at.speedup(which) for at in passes]
         xs = [j + i * width for j in range(len(ns))]
         ax.bar(xs, [s.median for s in spreads], width, yerr=_errors(spreads), capsize=3, label=label, color=colour)
-    papers = [by_n[n].get("paper", {}).get("speedup", 0) for n in ns]
+    papers = [paper_speedup(n) if n in PAPER else 0 for n in ns]
     ax.bar([j + len(groups) * width for j in range(len(ns))], papers, width, label="paper (Dolly v2 12B / 3B)", color=_PAPER)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([j + width * len(groups) / 2 for j in range(len(ns))], [f"N = {n}" for n in ns])
     ax.set_ylabel("speedup over autoregressive (×)")
-    ax.set_ylim(0, 1.3 * max([by_n[n]["speedup"][groups[0][1]].max for n in ns] + papers))
+    ax.set_ylim(0, 1.3 * max([at.speedup(OURS_SPEC).max for at in passes] + papers))
     ax.set_title(f"Speculative vs autoregressive, {paper.get('k_label') or 'K = ' + str(paper['k'])}", fontsize=9)
     ax.legend(fontsize=8, ncol=3, loc="upper left")
     return figure
@@ -128,21 +127,17 @@ def draw_peers(results: dict):
     """Milliseconds per token of every lane of the paper section and of the transformers section, whichever ran."""
     import matplotlib.pyplot as plt
 
+    runs, every = load(results), {"specdemo": _OURS, "genai": _GENAI, "transformers": _HF}
     bars = []  # (label, spread of seconds per token, colour)
-    paper, (hf, lanes) = results["sections"].get("paper"), stats.section(load(results), "transformers")
-    if not paper and not hf:
+    # of GenAI's defaults pass, GenAI's lanes only: ours ran in the paper's own pass too
+    for at, colours in ((stats.section(runs, "paper"), every), (stats.section(runs, "paper", GENAI_DEFAULTS),
+                        {"genai": "#ffbb78"}), (stats.section(runs, "transformers"), every)):
+        for lane in at.lanes if at else []:
+            if lane.framework in colours:
+                bars.append((f"{lane.label} (N={at.n})", stats.lane_figures(at.runs, lane).per_token_s,
+                             colours[lane.framework]))
+    if not bars:
         return None
-    if paper:
-        n = max(paper["by_tokens"], key=int)
-        for lane, figures in paper["by_tokens"][n]["lanes"].items():
-            bars.append((f"{lane} (N={n})", figures["per_token_s"], _OURS if figures["framework"] == "specdemo" else _GENAI))
-        defaults = paper.get("genai_defaults", {}).get("lanes", {})
-        for lane, figures in defaults.items():
-            if figures["framework"] == "genai":
-                bars.append((f"{lane} (N={n})", figures["per_token_s"], "#ffbb78"))
-    for lane in lanes:
-        colour = _OURS if lane.framework == "specdemo" else _HF
-        bars.append((f"{lane.label} (N={hf[0].max_new_tokens})", stats.lane_figures(hf, lane).per_token_s, colour))
     scaled = [s.scaled(1000) for _, s, _ in bars]
     figure, ax = plt.subplots(figsize=(7, 0.4 * len(bars) + 1.2))
     ys = range(len(bars))
@@ -212,9 +207,8 @@ def draw_breakdown(results: dict):
 
     if not (paper := results["sections"].get("paper")):
         return None
-    by_n = paper["by_tokens"]
-    shares = by_n[max(by_n, key=int)]["time_shares"]
-    lanes = list(shares)
+    shares = paper["time_shares"]
+    lanes = [SPECULATIVE, AUTOREGRESSIVE]
     colours = ["#aec7e8", "#1f77b4", "#ffbb78", "#ff7f0e", "#9467bd", "#d62728"]
     figure, ax = plt.subplots(figsize=(7, 2.2))
     for lane_index, lane in enumerate(lanes):

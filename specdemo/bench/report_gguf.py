@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from specdemo.bench import stats
-from specdemo.bench.harness import Lane, Run, find
+from specdemo.bench.harness import Lane, Run
 from specdemo.bench.report_tables import cell, k_text, ms_value, percent, seconds, table, times
 from specdemo.bench.schema import OURS_AR, OURS_SPEC
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
@@ -20,8 +20,9 @@ def llamacpp_section(sections: dict, plots: dict, runs: list[Run]) -> str:
     title = "## 7. llama.cpp on the same GGUF files\n\n"
     if "skipped" in cpp:
         return title + cpp["skipped"]
-    mine, lanes = stats.section(runs, "llamacpp")
-    ours_ar, ours_spec, cpp_ar = (find(lanes, *which) for which in (OURS_AR, OURS_SPEC, ("llamacpp", AUTOREGRESSIVE)))
+    at = stats.section(runs, "llamacpp")
+    mine, lanes = at.runs, at.lanes
+    ours_ar, ours_spec, cpp_ar = (at.lane(which) for which in (OURS_AR, OURS_SPEC, ("llamacpp", AUTOREGRESSIVE)))
     bench = next((lane for lane in lanes if lane.framework == "llamacpp" and lane.kind == AUTOREGRESSIVE and lane != cpp_ar),
                  None)  # llama-bench's row
     # A time ratio per token of llama.cpp over ours is our tokens/s over llama.cpp's.
@@ -57,7 +58,7 @@ def _lane_row(runs: list[Run], lane: Lane) -> list[str]:
     speedup over its own autoregressive lane, same tokens."""
     times_of, mine = stats.lane_figures(runs, lane), stats.lane_runs(runs, lane)
     acceptance = stats.acceptance(mine) if lane.framework == "llamacpp" else None
-    speedup = times(stats.spread(stats.paired_ratios(runs, lane.baseline, lane))) if lane.kind == SPECULATIVE else "–"
+    speedup = times(stats.speedup(runs, lane)) if lane.kind == SPECULATIVE else "–"
     return [lane.label, cell(times_of.decode_tokens_per_s, 1, " tokens/s"), seconds(times_of.prefill_s),
             cell(stats.spread([r.tokens / r.wall_s for r in mine if r.wall_s]), 1, " tokens/s"), seconds(times_of.wall_s),
             f"{times_of.tokens.median:.0f}", percent(acceptance, 0), speedup, times_of.same_as_reference]
@@ -148,6 +149,6 @@ def _rate(gb_per_s: float) -> str:
 
 def _llamacpp_plain(runs: list[Run]) -> float | None:
     """llama.cpp's median time per token, plain decoding, from the llamacpp section's rows (None if it did not run)."""
-    mine, lanes = stats.section(runs, "llamacpp")
-    plain = [lane for lane in lanes if (lane.framework, lane.kind) == ("llamacpp", AUTOREGRESSIVE)]
-    return stats.lane_figures(mine, plain[0]).per_token_s.median if plain else None
+    if not (at := stats.section(runs, "llamacpp")):
+        return None
+    return stats.lane_figures(at.runs, at.lane(("llamacpp", AUTOREGRESSIVE))).per_token_s.median

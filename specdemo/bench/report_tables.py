@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import math
 
-from specdemo.bench import schema, watching
+from specdemo.bench import stats, watching
+from specdemo.bench.harness import Run
 from specdemo.bench.schema import OURS_AR, OURS_SPEC
 from specdemo.bench.stats import COMPONENTS
 from specdemo.learning.disk import size
@@ -276,21 +277,19 @@ def memory_section(sections: dict, plots: dict, runs=()) -> str:
     )
 
 
-def breakdown_section(sections: dict, plots: dict, runs=()) -> str:
+def breakdown_section(sections: dict, plots: dict, runs: list[Run]) -> str:
     """§6: where the time of the paper section's longest runs goes."""
-    if not (paper := sections.get("paper")):
+    if not (paper := sections.get("paper")) or not (at := stats.section(runs, "paper")):
         return ""
-    n = max(paper["by_tokens"], key=int)
-    f = paper["by_tokens"][n]
-    shares = f["time_shares"]
-    spec, ar = schema.label(f["lanes"], OURS_SPEC), schema.label(f["lanes"], OURS_AR)
-    rows = [[name, percent(shares[spec][name]), percent(shares[ar][name])] for name in COMPONENTS]
-    spec = f[SPECULATIVE]
+    shares = paper["time_shares"]
+    rows = [[name, percent(shares[SPECULATIVE][name]), percent(shares[AUTOREGRESSIVE][name])] for name in COMPONENTS]
+    spec = stats.speculative_figures(stats.lane_runs(at.runs, at.lane(OURS_SPEC)))
+    step_s = stats.step_seconds(stats.lane_runs(at.runs, at.lane(OURS_AR)))
     return (
-        f"## 6. Where the time goes\n\nShares of wall time summed over the N = {n} runs of section 1. \"our Python\" is "
+        f"## 6. Where the time goes\n\nShares of wall time summed over the N = {at.n} runs of section 1. \"our Python\" is "
         "everything outside model calls and cache rollbacks: the loop, acceptance, copying logits out of the plugin, "
         f"incremental detokenizing. Verify call {ms(spec['verify_call_s'])}, draft step {ms(spec['draft_step_s'])}, "
-        f"autoregressive step {f['autoregressive_step_s'] * 1000:.1f} ms; mean acceptance length (tokens per verify call) "
+        f"autoregressive step {step_s * 1000:.1f} ms; mean acceptance length (tokens per verify call) "
         f"{spec['mean_acceptance_length'].median:.2f}; accepted drafts per round (0..K): {spec['accepted_histogram']}.\n\n"
         + table(["component", SPECULATIVE, AUTOREGRESSIVE], rows)
         + image(plots, "breakdown", "Shares of wall time")

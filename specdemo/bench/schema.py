@@ -17,19 +17,14 @@ A lane's fields (Lane.fields() in harness.py), wherever a lane is described:
     k          draft tokens per round (null when autoregressive or auto K); k_policy "fixed" | "adaptive" | "auto"
     drafter    "model" | "prompt-lookup" (null when autoregressive); models  what it runs, with precisions
 
-A spread is stats.Spread: {median, min, max, mean, std, n}. A ratio is a spread of paired ratios of decoding time per token (the
-denominator's decode rate over the numerator's; before schema 2, of wall time per token) plus {numerator,
-denominator}: the two lanes' labels; ratios are keyed "numerator / denominator". A lane's figures (stats.lane_figures)
-carry prefill_s and decode_tokens_per_s spreads beside wall_s and per_token_s.
+A spread is stats.Spread: {median, min, max, mean, std, n}. The table's rows (table.row) carry each run's lane by its
+label and fields, its section, its setting (the section's pass: "", or GENAI_DEFAULTS) and its times; a section's
+lanes, their times, speedups and ratios of decode rates are queries over its rows (stats.section).
 
 Every section has seconds and load_average_end, and:
-    paper         k, k_label, k_policy (its rule), by_tokens {N: figures}, genai_defaults (figures + max_new_tokens),
-                  genai_compile (target / draft: GenAI's compile properties; differs: where they are not ours), genai_target,
-                  genai_draft (the precision GenAI's model ran at where ours ran specdemo's kernels, else null)
-                  figures: lanes {label: fields + wall_s, per_token_s, tokens, same_as_reference},
-                  speedup {label: spread}, ratios {key: ratio}, speculative (our speculative lane's pooled
-                  figures, stats.speculative_figures), genai_acceptance {label: accepted / proposed},
-                  time_shares {label: {component: share}}, autoregressive_step_s, paper (if N in PAPER)
+    paper         k, k_label, k_policy (its rule), genai_compile (target / draft: GenAI's compile properties; differs:
+                  where they are not ours), genai_target, genai_draft (the precision GenAI's model ran at where ours ran
+                  specdemo's kernels, else null), time_shares {kind: {component: share}} (our lanes at the longest N)
     transformers  k, max_new_tokens, dtype (its lanes, their times and ratios: the table's rows); or skipped
     fidelity      examples, candidates [{precision, compile_settings, positions, top1_agreement, mean_abs_logit_error}];
                   or skipped
@@ -73,24 +68,7 @@ OURS_SPEC = ("specdemo", SPECULATIVE)
 GENAI_AR = ("genai", AUTOREGRESSIVE)
 GENAI_SPEC = ("genai", SPECULATIVE)
 HF_SPEC = ("transformers", SPECULATIVE)
-
-
-def is_lane(figures: dict, framework_kind: tuple[str, str]) -> bool:
-    return (figures["framework"], figures["kind"]) == framework_kind
-
-
-def label(lanes: dict, framework_kind: tuple[str, str]) -> str:
-    """The label of the first lane of `framework_kind` in `lanes` ({label: fields and figures})."""
-    return next(name for name, figures in lanes.items() if is_lane(figures, framework_kind))
-
-
-def ratio(figures: dict, numerator: tuple[str, str], denominator: tuple[str, str]) -> dict | None:
-    """The ratio in figures["ratios"] of a `numerator` lane over a `denominator` lane, or None."""
-    lanes = figures["lanes"]
-    for entry in figures.get("ratios", {}).values():
-        if is_lane(lanes[entry.numerator], numerator) and is_lane(lanes[entry.denominator], denominator):
-            return entry
-    return None
+GENAI_DEFAULTS = "GenAI's defaults"  # Run.setting of the paper's pass with GenAI on its own compile defaults
 
 
 def rows_with(rows: list[dict], **fields) -> list[dict]:

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
-from specdemo.bench.harness import Lane, Run
+from specdemo.bench.harness import Lane, Run, find
 from specdemo.results import metrics
 
 
@@ -37,14 +37,6 @@ class Spread:
         return Spread(*(v * factor for v in (self.median, self.min, self.max, self.mean, self.std)), self.n)
 
 
-@dataclass(frozen=True)
-class Ratio(Spread):
-    """A spread of paired ratios of two lanes (decode_ratios), which it names by their labels."""
-
-    numerator: str = ""
-    denominator: str = ""
-
-
 def spread(values: list[float]) -> Spread:
     """The Spread of `values`."""
     values = [v for v in values if not math.isnan(v)]
@@ -58,10 +50,37 @@ def lane_runs(runs: list[Run], lane: Lane) -> list[Run]:
     return [r for r in runs if r.lane == lane]
 
 
-def section(runs: list[Run], name: str) -> tuple[list[Run], list[Lane]]:
-    """The runs of section `name` in the table, and their lanes in the order they first ran."""
-    mine = [r for r in runs if r.section == name]
-    return mine, list(dict.fromkeys(r.lane for r in mine))
+@dataclass(frozen=True)
+class Pass:
+    """A section's runs at one N under one setting (Run.setting), and their lanes in the order they first ran; a lane is
+    found by its (framework, kind), as schema.OURS_SPEC names them."""
+
+    n: int  # new tokens asked of each run (max_new_tokens)
+    runs: list[Run]
+    lanes: list[Lane]
+
+    def lane(self, which: tuple[str, str]) -> Lane:
+        return find(self.lanes, *which)
+
+    def speedup(self, which: tuple[str, str]) -> Spread:
+        return speedup(self.runs, self.lane(which))
+
+    def ratio(self, numerator: tuple[str, str], denominator: tuple[str, str]) -> Spread:
+        return spread(decode_ratios(self.runs, self.lane(numerator), self.lane(denominator)))
+
+
+def section(runs: list[Run], name: str, setting: str = "", n: int | None = None) -> Pass | None:
+    """Section `name`'s pass `setting` in the table at N = `n` (default: its largest N, the paper's 100), None where it
+    has no runs there."""
+    mine = [r for r in runs if r.section == name and r.setting == setting]
+    n = n or max((r.max_new_tokens for r in mine), default=0)
+    mine = [r for r in mine if r.max_new_tokens == n]
+    return Pass(n, mine, list(dict.fromkeys(r.lane for r in mine))) if mine else None
+
+
+def tokens(runs: list[Run], name: str) -> list[int]:
+    """The Ns section `name` ran its lanes at, ascending (the paper's 40 and 100)."""
+    return sorted({r.max_new_tokens for r in runs if r.section == name})
 
 
 def paired_runs(runs: list[Run], numerator: Lane, denominator: Lane) -> list[tuple[Run, Run]]:
@@ -99,10 +118,9 @@ def decode_ratios(runs: list[Run], numerator: Lane, denominator: Lane) -> list[f
     return [b.decode_rate / a.decode_rate for a, b in paired_runs(runs, numerator, denominator)]
 
 
-def ratios(runs: list[Run], pairs: list[tuple[Lane, Lane]]) -> dict[str, Ratio]:
-    """{"A / B": the Ratio of paired decode_ratios of lanes A over B} per pair."""
-    return {f"{a.label} / {b.label}": Ratio(**asdict(spread(decode_ratios(runs, a, b))), numerator=a.label,
-                                            denominator=b.label) for a, b in pairs}
+def speedup(runs: list[Run], lane: Lane) -> Spread:
+    """The Spread of `lane`'s speedups over its baseline (paired_ratios)."""
+    return spread(paired_ratios(runs, lane.baseline, lane))
 
 
 def prediction_errors(runs: list[Run], lane: Lane) -> list[float]:
@@ -192,7 +210,7 @@ def sweep_row(runs: list[Run], lane: Lane) -> dict:
     mine = lane_runs(runs, lane)
     return {
         **speculative_figures(mine),
-        "measured_speedup": spread(paired_ratios(runs, lane.baseline, lane)),
+        "measured_speedup": speedup(runs, lane),
         "per_token_s": spread([r.per_token_s for r in mine]),
         "reference_per_token_s": spread([r.per_token_s for r in lane_runs(runs, lane.baseline)]),
         "same_as_reference": same_as_reference(mine),

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from specdemo.bench import schema, stats
-from specdemo.bench.harness import Run, find
+from specdemo.bench.harness import Run
 from specdemo.bench.schema import GENAI_SPEC, HF_SPEC, OURS_SPEC
+from specdemo.names import SPECULATIVE
 from specdemo.bench.settings import (
     TARGET_AUTO_SPEEDUP,
     TARGET_GENAI_RATIO,
@@ -19,19 +20,14 @@ def judge_targets(sections: dict, runs: list[Run]) -> list[dict]:
     """Each target, from the sections' figures and the table's `runs`: what it asks, what we measured, met or not, and
     by how much."""
     targets = []
-    paper = sections.get("paper", {}).get("by_tokens", {})
-    if paper:
-        n = max(paper, key=int)
-        longest = paper[n]
-        spec = schema.label(longest["lanes"], OURS_SPEC)
-        ratio = schema.ratio(longest, OURS_SPEC, GENAI_SPEC)
-        if ratio:
-            targets.append(_target("genai_ratio", "our speculative / GenAI speculative time", f"N={n}", ratio.median,
-                                   TARGET_GENAI_RATIO, "≤"))
-        speedup = longest["speedup"][spec].median
-        targets.append(_target("speedup", "speculative speedup over autoregressive (code)", f"N={n}", speedup, TARGET_SPEEDUP, "≥"))
-        overhead = longest["time_shares"][spec]["our Python"]
-        targets.append(_target("overhead", "our loop's share of wall time outside model calls", f"N={n}", overhead,
+    if at := stats.section(runs, "paper"):
+        where = f"N={at.n}"
+        targets.append(_target("genai_ratio", "our speculative / GenAI speculative time", where,
+                               at.ratio(OURS_SPEC, GENAI_SPEC).median, TARGET_GENAI_RATIO, "≤"))
+        targets.append(_target("speedup", "speculative speedup over autoregressive (code)", where,
+                               at.speedup(OURS_SPEC).median, TARGET_SPEEDUP, "≥"))
+        overhead = sections["paper"]["time_shares"][SPECULATIVE]["our Python"]
+        targets.append(_target("overhead", "our loop's share of wall time outside model calls", where, overhead,
                                TARGET_OVERHEAD, "≤", "share"))
     k_rows = sections.get("k", {}).get("rows", [])
     if k_rows:
@@ -47,11 +43,10 @@ def judge_targets(sections: dict, runs: list[Run]) -> list[dict]:
         if error and error.n:
             targets.append(_target("prediction_error", "|predicted − measured| / measured, auto K, median", where,
                                    abs(error.median), TARGET_PREDICTION_ERROR, "≤", "share"))
-    hf, lanes = stats.section(runs, "transformers")
-    ratio = stats.spread(stats.decode_ratios(hf, find(lanes, *HF_SPEC), find(lanes, *OURS_SPEC))) if hf else stats.Spread()
-    if ratio.n:
-        targets.append(_target("transformers", "transformers assisted time / our speculative time",
-                               f"N={hf[0].max_new_tokens}", ratio.median, TARGET_TRANSFORMERS, "≥"))
+    hf = stats.section(runs, "transformers")
+    if hf and (ratio := hf.ratio(HF_SPEC, OURS_SPEC)).n:
+        targets.append(_target("transformers", "transformers assisted time / our speculative time", f"N={hf.n}",
+                               ratio.median, TARGET_TRANSFORMERS, "≥"))
     return targets
 
 

@@ -11,11 +11,10 @@ from specdemo import bench
 from specdemo import strict_json
 from specdemo.bench import report, report_tables, stats, table
 from specdemo.bench.harness import Context, Lane, Output, Run, measure
-from specdemo.bench.sections import paper_figures
+from specdemo.bench.schema import GENAI_DEFAULTS
 from specdemo.bench.settings import REGISTRY
 from specdemo.bench.stats import (
     COMPONENTS,
-    Ratio,
     paired_ratios,
     speculative_figures,
     spread,
@@ -129,30 +128,37 @@ def test_markdown_table_has_header_alignment_and_rows():
     assert text.splitlines() == ["| lane | time |", "| --- | ---: |", "| ours | 1.0 s |"]
 
 
+GENAI_AR = Lane("GenAI AR", "genai", "autoregressive")
+# The paper section's rows of the table, one instruction, 100 tokens each: ours 1.8 s AR, 1.0 s speculative (1.8×);
+# GenAI 2.0 s and 1.1 s (our speculative decoding takes 0.91× its time); our loop's own share of wall time 1 %.
+PAPER_RUNS = [replace(_run(lane, 0, wall_s), section="paper") for lane, wall_s in
+              ((AR, 1.8), (SPEC, 1.0), (GENAI_AR, 2.0), (Lane("GenAI spec", "genai", "speculative", GENAI_AR), 1.1))]
+PAPER_SECTION = {"paper": {"k": 4, "time_shares": {kind: dict.fromkeys(COMPONENTS, 0.0) | {"our Python": 0.01}
+                                            for kind in (AUTOREGRESSIVE, SPECULATIVE)}}}
+
+
 def test_targets_are_judged_with_their_gap():
-    sections = {
-        "paper": {
-            "by_tokens": {
-                "100": {
-                    "lanes": {
-                        "ours speculative": {"framework": "specdemo", "kind": "speculative"},
-                        "GenAI speculative": {"framework": "genai", "kind": "speculative"},
-                    },
-                    "ratios": {
-                        "ours speculative / GenAI speculative": Ratio(0.9, 0.9, 0.9, 0.9, 0.0, 1, "ours speculative",
-                                                                      "GenAI speculative")
-                    },
-                    "speedup": {"ours speculative": spread([1.8])},
-                    "time_shares": {"ours speculative": dict.fromkeys(COMPONENTS, 0.0) | {"our Python": 0.01}},
-                }
-            }
-        }
-    }
-    targets = {t["target"]: t for t in judge_targets(sections, [])}
+    targets = {t["target"]: t for t in judge_targets(PAPER_SECTION, PAPER_RUNS)}
     assert targets["our speculative / GenAI speculative time"]["met"]
     speedup = targets["speculative speedup over autoregressive (code)"]
     assert not speedup["met"] and speedup["gap"] == pytest.approx(-0.1)
     assert targets["our loop's share of wall time outside model calls"]["met"]
+
+
+def test_the_genai_defaults_pass_is_told_apart_by_its_setting_in_the_ratios_and_the_plots(tmp_path):
+    from specdemo.bench import plots
+
+    genai_ar = Lane("GenAI AR (its defaults)", "genai", "autoregressive")
+    defaults = [replace(_run(lane, 0, wall_s), section="paper", setting=GENAI_DEFAULTS) for lane, wall_s in
+                ((AR, 1.8), (SPEC, 1.0), (genai_ar, 1.5), (Lane("GenAI spec (its defaults)", "genai", "speculative", genai_ar), 2.0))]
+    results = {"sections": PAPER_SECTION, "table": [table.row(r) for r in PAPER_RUNS + defaults]}
+
+    text = report.peers_section(results["sections"], {}, table.load(results))
+
+    assert "| spec / GenAI spec | 0.909× |" in text  # the paper's own pass: ours 1.0 s against GenAI's 1.1 s
+    assert "| spec / GenAI spec (its defaults) (N = 100, 1 instructions) | 0.500× |" in text
+    assert "| ar / GenAI AR (its defaults) (N = 100, 1 instructions) | 1.200× |" in text
+    assert set(plots.draw(results, tmp_path)) == {"paper", "peers", "breakdown"}
 
 
 # ---- flags
@@ -355,20 +361,16 @@ def test_renamed_lanes_are_still_paired_by_their_fields_in_figures_targets_and_r
                         draft_step_s=0.019, rollback_s=0.01, mean_acceptance_length=3.6)
     runs = []
     for i in range(2):
-        runs += [_run(mine_ar, i, 10.0, target_step_s=0.1), _run(mine, i, 4.0, **spec_summary),
-                 _run(their_ar, i, 9.0), _run(theirs, i, 5.0, proposed=40, accepted=30)]
-    figures = paper_figures([mine_ar, mine, their_ar, theirs], runs, 100)
-    assert figures["speedup"]["mine, drafting"].median == pytest.approx(2.5)
-    assert figures["speedup"]["their drafting pipeline"].median == pytest.approx(1.8)
-    assert figures["ratios"]["mine, drafting / their drafting pipeline"].median == pytest.approx(0.8)
-    assert figures["genai_acceptance"] == {"their drafting pipeline": 0.75}
+        runs += [replace(run, section="paper") for run in (
+            _run(mine_ar, i, 10.0, target_step_s=0.1), _run(mine, i, 4.0, **spec_summary), _run(their_ar, i, 9.0),
+            _run(theirs, i, 5.0, proposed=40, accepted=30))]
 
     k_rows = [
         {"label": "four drafts", "k": 4, "k_policy": "fixed", "measured_speedup": spread([2.1])},
         {"label": "the planner's", "k": None, "k_policy": "auto", "measured_speedup": spread([2.3]),
          "prediction_error": spread([0.04])},
     ]
-    sections = {"paper": {"k": 4, "k_label": "K = 4", "k_policy": "fixed", "by_tokens": {"100": figures}}, "k": {"rows": k_rows}}
+    sections = {"paper": {"k": 4, "k_label": "K = 4", "k_policy": "fixed", **PAPER_SECTION["paper"]}, "k": {"rows": k_rows}}
     targets = {t["id"]: t for t in judge_targets(sections, runs)}
     assert targets["genai_ratio"]["measured"] == pytest.approx(0.8) and targets["genai_ratio"]["met"]
     assert targets["speedup"]["measured"] == pytest.approx(2.5)
@@ -377,12 +379,13 @@ def test_renamed_lanes_are_still_paired_by_their_fields_in_figures_targets_and_r
 
     results = {"command": "test", "started": "now", "seconds": 1.0, "machine": machine.describe(),
                "bench": asdict(bench.BenchSettings()), "sections": {"paper": sections["paper"]},
-               "targets": list(targets.values())}
+               "table": [table.row(r) for r in runs], "targets": list(targets.values())}
     text = report.render(results, plots={})
     assert "is **2.50×** faster than autoregressive (GenAI's C++ pipeline: 1.80×" in text
     assert "Our speculative loop takes **0.80×** the decoding time of GenAI's speculative pipeline" in text
     assert "| mine, drafting / their drafting pipeline | 0.800× |" in text
     assert "| 100 | 10.00 s | 4.00 s | 2.50× | 9.00 s | 5.00 s | 1.80× |" in text
+    assert "| their drafting pipeline | 5.00 s | 50.0 ms | 0.00 s | 100 | 75 % | 2/2 |" in text  # its own acceptance
 
 
 def test_the_transformers_lanes_beside_ours_are_read_from_the_table_as_written():
