@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specdemo.bench import found, schema, stats
+from specdemo.bench import found, stats
+from specdemo.bench.harness import Run
 from specdemo.bench.schema import GENAI_DEFAULTS, GENAI_SPEC, OURS_SPEC
+from specdemo.bench.report_tables import facts
 from specdemo.bench.settings import PAPER, REGISTRY, paper_speedup
 from specdemo.bench.stats import COMPONENTS
 from specdemo.bench.table import load
@@ -23,14 +25,14 @@ _OURS, _GENAI, _PAPER, _HF = "#1f77b4", "#ff7f0e", "#7f7f7f", "#2ca02c"
 
 def draw(results: dict, out: Path) -> dict[str, str]:
     """Write every plot the results allow into `out`: this machine's cost curve and surface, then every registered
-    section's (settings.REGISTRY); return {name: file name}."""
+    section's (settings.REGISTRY), each given the results and the table's runs (read once); return {name: file name}."""
     import matplotlib
 
     matplotlib.use("Agg")
     painters = [draw_costs, draw_surface] + [found(painter) for section in REGISTRY for painter in section.plots]
-    drawn = {}
+    drawn, runs = {}, load(results)
     for painter in painters:
-        figure = painter(results)
+        figure = painter(results, runs)
         if figure is not None:
             name = painter.__name__.removeprefix("draw_")
             figure.savefig(out / f"benchmarks-{name}.png", dpi=110, bbox_inches="tight")
@@ -45,7 +47,7 @@ def _close(figure) -> None:
     plt.close(figure)
 
 
-def draw_surface(results: dict):
+def draw_surface(results: dict, runs: list[Run]):
     """This machine's predicted speedup over K × α (its cost model as the run left it), the break-even line, and auto
     K's point (pooled α̂, mean K) when the K section ran."""
     import matplotlib.pyplot as plt
@@ -62,9 +64,8 @@ def draw_surface(results: dict):
     line = [(k, a) for k in ks if (a := pricing.break_even_alpha(costs, k)) is not None]
     if line:
         ax.plot(*zip(*line), color="black", linewidth=1.5, label="break-even (1×)")
-    auto = schema.rows_with(results["sections"].get("k", {}).get("rows", []), k_policy="auto")
-    if auto:
-        ax.plot(auto[0]["mean_k"], auto[0]["alpha_hat"], "o", color="#CC79A7", markeredgecolor="white", markersize=9,
+    if auto := stats.with_k_policy(stats.sweep_rows(runs, "k", "specdemo"), "auto"):
+        ax.plot(auto[0].mean_k, auto[0].alpha_hat, "o", color="#CC79A7", markeredgecolor="white", markersize=9,
                 label="auto K (α̂, mean K)")
     ax.set_ylim(alphas[0] - 0.00625, alphas[-1] + 0.00625)  # the break-even line below α = 0.5 is off the map
     colorbar = figure.colorbar(image, ax=ax, ticks=[-1, 0, 1])
@@ -81,7 +82,7 @@ def _errors(spreads: list[dict]) -> list[list[float]]:
     return [[s.median - s.min for s in spreads], [s.max - s.median for s in spreads]]
 
 
-def draw_costs(results: dict):
+def draw_costs(results: dict, runs=()):
     import matplotlib.pyplot as plt
 
     if not (c := results.get("costs")):
@@ -98,10 +99,9 @@ def draw_costs(results: dict):
     return figure
 
 
-def draw_paper(results: dict):
+def draw_paper(results: dict, runs: list[Run]):
     import matplotlib.pyplot as plt
 
-    runs = load(results)
     if not (paper := results["sections"].get("paper")) or not (ns := stats.tokens(runs, "paper")):
         return None
     passes = [stats.section(runs, "paper", n=n) for n in ns]
@@ -123,11 +123,11 @@ def draw_paper(results: dict):
     return figure
 
 
-def draw_peers(results: dict):
+def draw_peers(results: dict, runs: list[Run]):
     """Milliseconds per token of every lane of the paper section and of the transformers section, whichever ran."""
     import matplotlib.pyplot as plt
 
-    runs, every = load(results), {"specdemo": _OURS, "genai": _GENAI, "transformers": _HF}
+    every = {"specdemo": _OURS, "genai": _GENAI, "transformers": _HF}
     bars = []  # (label, spread of seconds per token, colour)
     # of GenAI's defaults pass, GenAI's lanes only: ours ran in the paper's own pass too
     for at, colours in ((stats.section(runs, "paper"), every), (stats.section(runs, "paper", GENAI_DEFAULTS),
@@ -149,30 +149,29 @@ def draw_peers(results: dict):
     return figure
 
 
-def draw_k(results: dict):
+def draw_k(results: dict, runs: list[Run]):
     import matplotlib.pyplot as plt
 
     if not (k := results["sections"].get("k")):
         return None
-    rows = k["rows"]
-    fixed = schema.rows_with(rows, k_policy="fixed")
-    ks = [r["k"] for r in fixed]
+    rows, at = stats.sweep_rows(runs, "k", "specdemo"), stats.section(runs, "k")
+    fixed = stats.with_k_policy(rows, "fixed")
+    ks = [r.lane.k for r in fixed]
     figure, ax = plt.subplots(figsize=(7, 4))
-    measured = [r["measured_speedup"] for r in fixed]
+    measured = [r.measured_speedup for r in fixed]
     ax.errorbar(ks, [s.median for s in measured], yerr=_errors(measured), marker="o", capsize=3, color=_OURS, label="ours, measured")
-    ax.plot(ks, [r["leviathan_speedup"] for r in fixed], "--", marker="x", color=_OURS, alpha=0.6, label="ours, Leviathan's prediction")
-    genai = [(k, r["genai_speedup"]) for k, r in zip(ks, fixed) if "genai_speedup" in r]
+    ax.plot(ks, [r.leviathan_speedup for r in fixed], "--", marker="x", color=_OURS, alpha=0.6, label="ours, Leviathan's prediction")
+    genai = [(r.lane.k, stats.speedup(at.runs, g)) for r in fixed if (g := stats.same_k(at.runs, r.lane))]
     if genai:
         spreads = [s for _, s in genai]
         ax.errorbar([k for k, _ in genai], [s.median for s in spreads], yerr=_errors(spreads), marker="s", capsize=3, color=_GENAI, label="GenAI, measured")
-    adaptive = schema.rows_with(rows, k_policy="adaptive")
-    if adaptive:
-        ax.axhline(adaptive[0]["measured_speedup"].median, color=_OURS, linestyle=":", label=f"ours, adaptive K (mean {adaptive[0]['mean_k']:.1f})")
+    if adaptive := stats.with_k_policy(rows, "adaptive"):
+        ax.axhline(adaptive[0].measured_speedup.median, color=_OURS, linestyle=":", label=f"ours, adaptive K (mean {adaptive[0].mean_k:.1f})")
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xlabel("draft tokens per round K")
     ax.set_ylabel("speedup over autoregressive (×)")
     twin = ax.twinx()
-    twin.plot(ks, [r["alpha_hat"] for r in fixed], color=_PAPER, marker=".", linewidth=0.8, label="acceptance α")
+    twin.plot(ks, [r.alpha_hat for r in fixed], color=_PAPER, marker=".", linewidth=0.8, label="acceptance α")
     twin.set_ylim(0, 1.05)
     twin.set_ylabel("acceptance rate α", color=_PAPER)
     lines, labels = ax.get_legend_handles_labels()
@@ -182,18 +181,18 @@ def draw_k(results: dict):
     return figure
 
 
-def draw_precision(results: dict):
+def draw_precision(results: dict, runs: list[Run]):
     import matplotlib.pyplot as plt
 
     if not (precision := results["sections"].get("precision")):
         return None
-    rows = precision["rows"]
-    labels = [f"{r['target']} / {r['draft']}" for r in rows]
-    measured = [r["measured_speedup"] for r in rows]
+    rows, pairs = stats.sweep_rows(runs, "precision"), facts(precision)
+    labels = [f"{pairs[r.lane.label]['target']} / {pairs[r.lane.label]['draft']}" for r in rows]
+    measured = [r.measured_speedup for r in rows]
     figure, ax = plt.subplots(figsize=(7, 4))
     xs = range(len(rows))
     ax.bar([x - 0.2 for x in xs], [s.median for s in measured], 0.4, yerr=_errors(measured), capsize=3, color=_OURS, label="measured")
-    ax.bar([x + 0.2 for x in xs], [r["leviathan_speedup"] for r in rows], 0.4, color=_OURS, alpha=0.4, label="Leviathan's prediction")
+    ax.bar([x + 0.2 for x in xs], [r.leviathan_speedup for r in rows], 0.4, color=_OURS, alpha=0.4, label="Leviathan's prediction")
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(list(xs), labels, fontsize=8)
     ax.set_xlabel("target / draft weight precision")
@@ -202,7 +201,7 @@ def draw_precision(results: dict):
     return figure
 
 
-def draw_breakdown(results: dict):
+def draw_breakdown(results: dict, runs=()):
     import matplotlib.pyplot as plt
 
     if not (paper := results["sections"].get("paper")):
@@ -226,7 +225,7 @@ def draw_breakdown(results: dict):
     return figure
 
 
-def draw_humaneval(results: dict):
+def draw_humaneval(results: dict, runs=()):
     """Per HumanEval problem: our speculative speedup against the mean acceptance length; failed answers hollow."""
     import matplotlib.pyplot as plt
 

@@ -10,7 +10,7 @@ report does not depend on how lanes are labelled.
 from __future__ import annotations
 
 from specdemo.bench import found, report_tables as tables
-from specdemo.bench import schema, stats
+from specdemo.bench import stats
 from specdemo.bench.harness import Run
 from specdemo.bench.report_tables import image, k_text, ms, percent, seconds, table, times
 from specdemo.bench.schema import GENAI_AR, GENAI_DEFAULTS, GENAI_SPEC, HF_SPEC, OURS_AR, OURS_SPEC
@@ -127,22 +127,20 @@ def _headlines(sections: dict, runs: list[Run]) -> str:
     if hf := stats.section(runs, "transformers"):
         lines.append(f"transformers assisted generation (float32 PyTorch) takes **{hf.ratio(HF_SPEC, OURS_SPEC).median:.1f}×** "
                      "our decoding time per token (§2).")
-    k = sections.get("k")
-    if k:
-        best = fastest(schema.rows_with(k["rows"], k_policy="fixed"))
-        adaptive = schema.rows_with(k["rows"], k_policy="adaptive")
-        text = f"Best fixed K: {best['k']} at {best['measured_speedup'].median:.2f}× (Leviathan: {best['leviathan_speedup']:.2f}×)"
-        text += f"; adaptive K: {adaptive[0]['measured_speedup'].median:.2f}×" if adaptive else ""
+    k_rows = stats.sweep_rows(runs, "k", "specdemo")
+    if fixed := stats.with_k_policy(k_rows, "fixed"):
+        best, adaptive = fastest(fixed), stats.with_k_policy(k_rows, "adaptive")
+        text = f"Best fixed K: {best.lane.k} at {best.measured_speedup.median:.2f}× (Leviathan: {best.leviathan_speedup:.2f}×)"
+        text += f"; adaptive K: {adaptive[0].measured_speedup.median:.2f}×" if adaptive else ""
         lines.append(text + " (§3).")
-    precision = sections.get("precision")
-    if precision:
-        best = fastest(precision["rows"])
+    if precision := stats.sweep_rows(runs, "precision"):
+        best = fastest(precision)
+        pair = tables.facts(sections["precision"])[best.lane.label]
         lines.append(
-            f"Best weight precisions: target {best['target']} + draft {best['draft']} at {best['measured_speedup'].median:.2f}× over that target alone (§3)."
+            f"Best weight precisions: target {pair['target']} + draft {pair['draft']} at {best.measured_speedup.median:.2f}× over that target alone (§3)."
         )
-    lookup = sections.get("lookup")
-    if lookup:
-        cells = [f"{r['label']} {r.get('vs_ours_autoregressive', r['measured_speedup']).median:.2f}×" for r in lookup["rows"]]
+    if lookup := stats.sweep_rows(runs, "lookup"):
+        cells = [f"{r.lane.label} {tables.over_ours(runs, r).median:.2f}×" for r in lookup]
         lines.append("On edits that repeat their input, speedup over our autoregressive loop: " + ", ".join(cells) + " (§4).")
     memory = sections.get("memory")
     if memory:
@@ -178,8 +176,7 @@ def diagnose(target: dict, sections: dict, runs: list[Run]) -> str:
     where = ", ".join(f"{name} {percent(shares[name], 0)}" for name in COMPONENTS)
     if target["id"] in ("speedup", "speedup_best_k"):
         spec = stats.speculative_figures(stats.lane_runs(at.runs, at.lane(OURS_SPEC)))
-        k_rows = sections.get("k", {}).get("rows", [])
-        if target["id"] == "speedup_best_k" and k_rows:
+        if target["id"] == "speedup_best_k" and (k_rows := stats.sweep_rows(runs, "k", "specdemo")):
             spec = fastest(k_rows)
         step_s = stats.step_seconds(stats.lane_runs(at.runs, at.lane(OURS_AR)))
         return f"*Speedup ({target['where']}):* " + _round_costs(spec, step_s, target) + f" Wall time: {where}."
@@ -190,9 +187,10 @@ def diagnose(target: dict, sections: dict, runs: list[Run]) -> str:
             f"autoregressive loop {ar_ratio:.2f}× GenAI's plain pipeline, with {percent(shares['our Python'])} of our time in "
             f"Python: the gap is in the model calls, the same IR run through our stateful model vs GenAI's paged-attention one."
         )
-        kv = sections.get("kv", {}).get("rows", [])
-        if kv:
-            steps = ", ".join(f"{r['kv_cache_precision']} {r['autoregressive_step_s'] * 1000:.1f} ms" for r in kv)
+        if kv := stats.sweep_rows(runs, "kv"):
+            kv_at, precisions = stats.section(runs, "kv"), tables.facts(sections["kv"])
+            steps = ", ".join(f"{precisions[r.lane.label]['kv_cache_precision']} "
+                              f"{tables.kv_step_s(kv_at.runs, r.lane) * 1000:.1f} ms" for r in kv)
             text += f" The KV cache sweep (§3) points at one cause: our autoregressive step with each KV cache precision is {steps}."
         return text
     if target["id"] == "overhead":
@@ -200,12 +198,12 @@ def diagnose(target: dict, sections: dict, runs: list[Run]) -> str:
     return ""
 
 
-def _round_costs(spec: dict, step_s: float, target: dict) -> str:
+def _round_costs(spec: stats.Drafting, step_s: float, target: dict) -> str:
     """One speculative round's model calls against autoregressive steps, and what the goal needs."""
-    k, tokens = spec["mean_k"], spec["mean_acceptance_length"].median
+    k, tokens = spec.mean_k, spec.mean_acceptance_length.median
     if not k:  # no round drafted: the planner priced every K above a plain step (a loaded host), and nothing to split
         return "our speculative lane drafted no round: the planner found no K that pays on this run's costs."
-    draft_s, verify_s = spec["draft_step_s"].median, spec["verify_call_s"].median
+    draft_s, verify_s = spec.draft_step_s.median, spec.verify_call_s.median
     round_s = k * draft_s + verify_s
     budget_s = tokens * step_s / target["goal"]
     return (
@@ -214,7 +212,7 @@ def _round_costs(spec: dict, step_s: float, target: dict) -> str:
         f"{step_s * 1000:.1f} ms per autoregressive step, {speedup_from_calls(tokens, k, draft_s, verify_s, step_s):.2f}× from "
         f"model calls alone (measured {target['measured']:.2f}× with prefills and Python). {target['goal']:g}× needs a round "
         f"of ≤ {budget_s * 1000:.1f} ms, {(round_s - budget_s) * 1000:.1f} ms less. Leviathan's formula predicts "
-        f"{spec['leviathan_speedup']:.2f}× from α̂ = {spec['alpha_hat']:.2f} and c = {spec['draft_cost']:.3f} because it prices a verify "
+        f"{spec.leviathan_speedup:.2f}× from α̂ = {spec.alpha_hat:.2f} and c = {spec.draft_cost:.3f} because it prices a verify "
         f"call at one autoregressive step; here it costs {verify_s / step_s:.2f}×; at 1× the calls would give "
         f"{speedup_from_calls(tokens, k, draft_s, step_s, step_s):.2f}×."
     )

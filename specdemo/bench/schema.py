@@ -36,11 +36,10 @@ Every section has seconds and load_average_end, and:
                   [{instruction, same_tokens, of}] (its lanes, llama-bench's and llama-speculative-simple's rows too: the
                   table); or skipped (a sentence: llama_cpp not installed, or models that are no GGUF)
     k, vocab, lookup, precision, kv
-                  max_new_tokens, rows (precision, kv: k, k_label; lookup: k). A row: label, the
-                  lane's fields, stats.sweep_row's figures, and the section's own: k (GenAI at the same K:
-                  genai_speedup, ours_over_genai), vocab (head_tokens, rows_kept, draft_step_costed_s),
-                  precision (target, draft, draft_bytes), kv (kv_cache_precision, autoregressive_step_s,
-                  kv_cache_bytes), lookup (GenAI rows: alpha, vs_ours_autoregressive)
+                  max_new_tokens, rows (precision, kv: k, k_label; lookup: k): a row per speculative lane, its label
+                  and what the table does not hold of it: k (stats.counterfactual_figures), vocab (head_tokens,
+                  rows_kept, draft_step_costed_s), precision (target, draft, draft_bytes), kv (kv_cache_precision).
+                  Each lane's figures are the table's (stats.sweep_rows)
     gating        max_new_tokens, curves {name: CostModel}, rows [gating.Row: curve, instruction, tokens, alpha,
                   oracle, best_fixed, best_k, planned, lane, gated, gated_walk, drafted, turned_back, stopped,
                   same_text] (opt-in)
@@ -70,7 +69,3 @@ GENAI_SPEC = ("genai", SPECULATIVE)
 HF_SPEC = ("transformers", SPECULATIVE)
 GENAI_DEFAULTS = "GenAI's defaults"  # Run.setting of the paper's pass with GenAI on its own compile defaults
 
-
-def rows_with(rows: list[dict], **fields) -> list[dict]:
-    """The sweep rows whose fields equal `fields`, e.g. rows_with(rows, k_policy="fixed")."""
-    return [row for row in rows if all(row.get(key) == value for key, value in fields.items())]

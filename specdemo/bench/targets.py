@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specdemo.bench import schema, stats
+from specdemo.bench import stats
 from specdemo.bench.harness import Run
 from specdemo.bench.schema import GENAI_SPEC, HF_SPEC, OURS_SPEC
 from specdemo.names import SPECULATIVE
@@ -29,18 +29,16 @@ def judge_targets(sections: dict, runs: list[Run]) -> list[dict]:
         overhead = sections["paper"]["time_shares"][SPECULATIVE]["our Python"]
         targets.append(_target("overhead", "our loop's share of wall time outside model calls", where, overhead,
                                TARGET_OVERHEAD, "≤", "share"))
-    k_rows = sections.get("k", {}).get("rows", [])
+    k_rows = stats.sweep_rows(runs, "k", "specdemo")
     if k_rows:
         best = fastest(k_rows)
-        targets.append(_target("speedup_best_k", "speculative speedup over autoregressive (code), best K", best["label"],
-                               best["measured_speedup"].median, TARGET_SPEEDUP, "≥"))
-    auto = schema.rows_with(k_rows, k_policy="auto")
-    if auto:
-        where = auto[0]["label"]
+        targets.append(_target("speedup_best_k", "speculative speedup over autoregressive (code), best K", best.lane.label,
+                               best.measured_speedup.median, TARGET_SPEEDUP, "≥"))
+    if auto := stats.with_k_policy(k_rows, "auto"):
+        where = auto[0].lane.label
         targets.append(_target("auto_speedup", "auto K speedup over autoregressive (code)", where,
-                               auto[0]["measured_speedup"].median, TARGET_AUTO_SPEEDUP, "≥"))
-        error = auto[0].get("prediction_error")
-        if error and error.n:
+                               auto[0].measured_speedup.median, TARGET_AUTO_SPEEDUP, "≥"))
+        if (error := auto[0].prediction_error).n:
             targets.append(_target("prediction_error", "|predicted − measured| / measured, auto K, median", where,
                                    abs(error.median), TARGET_PREDICTION_ERROR, "≤", "share"))
     hf = stats.section(runs, "transformers")
@@ -50,9 +48,9 @@ def judge_targets(sections: dict, runs: list[Run]) -> list[dict]:
     return targets
 
 
-def fastest(rows: list[dict]) -> dict:
+def fastest(rows: list[stats.SweepRow]) -> stats.SweepRow:
     """The sweep row with the highest median measured speedup."""
-    return max(rows, key=lambda row: row["measured_speedup"].median)
+    return max(rows, key=lambda row: row.measured_speedup.median)
 
 
 def _target(id: str, name: str, where: str, measured: float, goal: float, sense: str, unit: str = "ratio") -> dict:

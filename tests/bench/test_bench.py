@@ -78,12 +78,12 @@ def test_acceptance_is_pooled_over_rounds_and_fed_to_leviathans_formula():
         _run(SPEC, 1, 1.0, proposed=8, accepted=0, rejections=2, accepted_histogram=[2], draft_cost=0.3),
     ]
     figures = speculative_figures(runs)
-    assert figures["alpha_hat"] == pytest.approx(36 / 40)  # accepted / (accepted + rounds that ended in a rejection)
-    assert figures["draft_acceptance_rate"] == pytest.approx(36 / 48)
-    assert figures["mean_k"] == pytest.approx(48 / 12)  # draft tokens per round, over every round
-    assert figures["draft_cost"] == pytest.approx(0.25)
-    assert figures["accepted_histogram"] == [3, 0, 0, 1, 8]
-    assert figures["leviathan_speedup"] == pytest.approx(leviathan_speedup(0.9, 4.0, 0.25))
+    assert figures.alpha_hat == pytest.approx(36 / 40)  # accepted / (accepted + rounds that ended in a rejection)
+    assert figures.draft_acceptance_rate == pytest.approx(36 / 48)
+    assert figures.mean_k == pytest.approx(48 / 12)  # draft tokens per round, over every round
+    assert figures.draft_cost == pytest.approx(0.25)
+    assert figures.accepted_histogram == [3, 0, 0, 1, 8]
+    assert figures.leviathan_speedup == pytest.approx(leviathan_speedup(0.9, 4.0, 0.25))
 
 
 def test_time_shares_split_prefills_and_leave_the_rest_to_python():
@@ -205,7 +205,7 @@ def echo_part(sections: dict, plots: dict, runs) -> str:
     return f"## 4½. Echo\n\nIt said {echo['said']}.{report_tables.image(plots, 'echo', 'echo')}" if echo else ""
 
 
-def draw_echo(results: dict):
+def draw_echo(results: dict, runs=()):
     import matplotlib.pyplot as plt
 
     return plt.subplots(figsize=(1, 1))[0] if results["sections"].get("echo") else None
@@ -304,16 +304,17 @@ def test_one_sweep_rows_every_speculative_lane_against_its_own_baseline():
     theirs_ar = Lane("their plain", "genai", "autoregressive", generate=_output(1.0))
     theirs = Lane("their quick one", "genai", "speculative", theirs_ar, k=2, k_policy="fixed", drafter="model",
                   generate=_output(0.5, ids=(1, 2, 3, 5)))
-    section = sweep(ctx, "a test sweep", [ours_ar, ours, theirs_ar, theirs], extra=lambda lane, runs: {"seen": lane.label})
-    rows = {row["label"]: row for row in section["rows"]}
-    assert list(rows) == ["quick one", "their quick one"]  # autoregressive lanes are baselines, not rows
-    assert rows["quick one"]["measured_speedup"].median == pytest.approx(4.0)  # over "plain"
-    assert rows["their quick one"]["measured_speedup"].median == pytest.approx(2.0)  # over "their plain"
-    assert rows["quick one"]["alpha_hat"] == pytest.approx(0.75)  # 3 accepted, 1 rejection
-    assert rows["their quick one"]["same_as_reference"] == "0/2"  # checked against the section's first lane
-    assert (rows["quick one"]["framework"], rows["quick one"]["baseline"], rows["quick one"]["k"]) == ("specdemo", "plain", 2)
-    assert rows["quick one"]["seen"] == "quick one"
+    section = sweep(ctx, "a test sweep", [ours_ar, ours, theirs_ar, theirs], extra=lambda lane, runs: {"seen": len(runs)})
+    # autoregressive lanes are baselines, not rows; a row keeps what its section says of it beyond the table
+    assert section["rows"] == [{"label": "quick one", "seen": 8}, {"label": "their quick one", "seen": 8}]
     assert section["max_new_tokens"] == 8 and len(ctx.runs) == 8  # 4 lanes x 2 instructions, kept in the table
+
+    rows = {row.lane.label: row for row in stats.sweep_rows(ctx.runs, ctx.section)}
+    assert list(rows) == ["quick one", "their quick one"]
+    assert rows["quick one"].measured_speedup.median == pytest.approx(4.0)  # over "plain"
+    assert rows["their quick one"].measured_speedup.median == pytest.approx(2.0)  # over "their plain"
+    assert rows["quick one"].alpha_hat == pytest.approx(0.75)  # 3 accepted, 1 rejection
+    assert rows["their quick one"].same_as_reference == "0/2"  # checked against the section's first lane
     assert ctx.runs[1].lane.label == "quick one" and ctx.runs[1].lane.generate is None  # bare: it holds no pipeline
 
 
@@ -365,12 +366,11 @@ def test_renamed_lanes_are_still_paired_by_their_fields_in_figures_targets_and_r
             _run(mine_ar, i, 10.0, target_step_s=0.1), _run(mine, i, 4.0, **spec_summary), _run(their_ar, i, 9.0),
             _run(theirs, i, 5.0, proposed=40, accepted=30))]
 
-    k_rows = [
-        {"label": "four drafts", "k": 4, "k_policy": "fixed", "measured_speedup": spread([2.1])},
-        {"label": "the planner's", "k": None, "k_policy": "auto", "measured_speedup": spread([2.3]),
-         "prediction_error": spread([0.04])},
-    ]
-    sections = {"paper": {"k": 4, "k_label": "K = 4", "k_policy": "fixed", **PAPER_SECTION["paper"]}, "k": {"rows": k_rows}}
+    k_ar = Lane("one at a time", "specdemo", "autoregressive")  # the K sweep: 2.1× at four drafts, 2.3× the planner's
+    runs += [replace(run, section="k") for run in (
+        _run(k_ar, 0, 4.6), _run(Lane("four drafts", "specdemo", "speculative", k_ar, k=4, k_policy="fixed"), 0, 4.6 / 2.1),
+        _run(Lane("the planner's", "specdemo", "speculative", k_ar, k_policy="auto"), 0, 2.0, predicted_speedup=2.3 * 1.04))]
+    sections = {"paper": {"k": 4, "k_label": "K = 4", "k_policy": "fixed", **PAPER_SECTION["paper"]}, "k": {"rows": []}}
     targets = {t["id"]: t for t in judge_targets(sections, runs)}
     assert targets["genai_ratio"]["measured"] == pytest.approx(0.8) and targets["genai_ratio"]["met"]
     assert targets["speedup"]["measured"] == pytest.approx(2.5)
@@ -386,6 +386,61 @@ def test_renamed_lanes_are_still_paired_by_their_fields_in_figures_targets_and_r
     assert "| mine, drafting / their drafting pipeline | 0.800× |" in text
     assert "| 100 | 10.00 s | 4.00 s | 2.50× | 9.00 s | 5.00 s | 1.80× |" in text
     assert "| their drafting pipeline | 5.00 s | 50.0 ms | 0.00 s | 100 | 75 % | 2/2 |" in text  # its own acceptance
+
+
+def _sweep(name, ar_wall_s, *rows, ar_summary=None, framework="specdemo", label=None):
+    """A sweep section's rows of the table, one instruction: its autoregressive lane (`ar_wall_s`), then per row a
+    speculative lane over it, (label, wall seconds, its fields and summary)."""
+    ar = Lane(label or f"{name} autoregressive", framework, "autoregressive")
+    runs = [_run(ar, 0, ar_wall_s, **(ar_summary or {}))]
+    for row_label, wall_s, fields, summary in rows:
+        runs.append(_run(Lane(row_label, framework, "speculative", ar, **fields), 0, wall_s, **summary))
+    return [replace(r, section=name) for r in runs]
+
+
+def test_every_sweep_is_read_from_the_table_as_written_beside_its_sections_own_facts(tmp_path):
+    """§3 and §4 and their plots: each speculative lane of a sweep is a row of figures from the table; what the table
+    does not hold (the counterfactual, a precision pair's sizes, a KV cache's element type) is its section's, by label."""
+    from specdemo.bench import plots
+
+    fixed = dict(k=2, k_policy="fixed", drafter="model")
+    drafted = dict(proposed=8, accepted=6, rejections=2, accepted_histogram=[0, 2, 2], draft_cost=0.2,
+                   predicted_speedup=2.2, kv_cache_bytes={"target": 2048, "draft": 1024})
+    runs = (_sweep("k", 4.0, ("K=2", 2.0, fixed, drafted), ("auto K", 1.6, dict(k_policy="auto", drafter="model"), drafted))
+            + _sweep("k", 3.0, ("GenAI K=2", 2.0, fixed, {}), framework="genai", label="GenAI autoregressive")
+            + _sweep("precision", 3.0, ("target int8 + draft int4", 1.5, fixed, drafted))
+            + _sweep("kv", 3.0, ("KV u8 speculative", 2.0, fixed, drafted), ar_summary=dict(target_step_s=0.03))
+            + _sweep("vocab", 3.0, ("head 16k", 1.0, fixed, drafted))
+            + _sweep("lookup", 3.0, ("ours prompt lookup", 1.0, fixed, drafted), label="ours autoregressive")
+            + _sweep("lookup", 6.0, ("GenAI prompt lookup", 2.0, fixed, {}), framework="genai"))
+    said = {"counterfactual_speedup": spread([2.1]), "counterfactual_error": spread([0.05]), "counterfactual_calls_off": 1,
+            "counterfactual_calls": [1], "answers_differ": 0}
+    oracle = {"oracle_speedup": spread([2.8]), "best_fixed_k": [2], "best_fixed_counterfactual": spread([2.1]),
+              "over_best_fixed": spread([1.25])}
+    sections = {"k": {"max_new_tokens": 100, "rows": [{"label": "K=2", **said}, {"label": "auto K", **oracle}]},
+                "precision": {"max_new_tokens": 100, "k": 2, "rows": [
+                    {"label": "target int8 + draft int4", "target": "int8", "draft": "int4", "draft_bytes": 2**20}]},
+                "kv": {"max_new_tokens": 100, "k": 2, "rows": [{"label": "KV u8 speculative", "kv_cache_precision": "u8"}]},
+                "vocab": {"max_new_tokens": 100, "rows": [
+                    {"label": "head 16k", "head_tokens": 16000, "rows_kept": 16384, "draft_step_costed_s": 0.01}]},
+                "lookup": {"max_new_tokens": 100, "k": 2}}
+    results = json.loads(strict_json.dumps({"schema": table.SCHEMA, "table": [table.row(r) for r in runs]}))
+    results |= {"command": "test", "started": "now", "seconds": 1.0, "machine": machine.describe(),
+                "bench": asdict(bench.BenchSettings()), "sections": sections}
+
+    drawn = plots.draw(results, tmp_path)
+    text = report.render(results, drawn)
+
+    assert set(drawn) == {"k", "precision"}
+    assert "| K=2 | 0.75 | 0.200 | 2.0 | 1.65× | 2.20× | 2.00× |" in text  # α̂ 6 / (6 + 2); 4 s over 2 s
+    assert "| 20.0 ms | 1/1 | 1.50× | 1.000× |" in text  # GenAI at the same K: 3 s over 2 s, and as fast as ours
+    assert "| K=2 | 2.00× | 2.20× | +10% (+10% to +10%) | 2.10× | +5% (+5% to +5%) | ±1 | 0 |" in text
+    assert "**auto K**: measured 2.50×. On the same answers the counterfactual's best fixed K was 2 (2.10× predicted)" in text
+    assert "| int8 | int4 | 1.0 MiB | 30.0 ms |" in text and "target int8 + draft int4 at 2.00×" in text
+    assert "| u8 | 30.0 ms | 3.0 KiB |" in text
+    assert "| head 16k | 16,384 | 10.0 ms |" in text
+    assert "| GenAI prompt lookup | – | – | – | – | – | 3.00× | – | 20.0 ms | 1/1 | 1.50× |" in text  # over ours: 3 s / 2 s
+    assert "Best fixed K: 2 at 2.00× (Leviathan: 1.65×)" in text and "ours prompt lookup 3.00×, GenAI prompt lookup 1.50×" in text
 
 
 def test_the_transformers_lanes_beside_ours_are_read_from_the_table_as_written():
@@ -571,9 +626,7 @@ def test_transformers_peer_times_its_first_token_apart_plain_and_assisted(tiny_h
 def test_a_speculative_lane_that_drafted_no_round_is_said_so_not_divided_by_zero():
     from specdemo.bench.report import _round_costs
 
-    spec = {"mean_k": 0.0, "mean_acceptance_length": spread([]), "draft_step_s": spread([0.0]),
-            "verify_call_s": spread([0.0])}
-    assert "drafted no round" in _round_costs(spec, 0.08, {"goal": 2.0})
+    assert "drafted no round" in _round_costs(speculative_figures([]), 0.08, {"goal": 2.0})
 
 
 def test_a_peer_in_a_process_of_its_own_writes_what_it_writes_in_this_one(tiny_hf):
