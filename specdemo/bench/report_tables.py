@@ -342,8 +342,8 @@ def method_section(results: dict) -> str:
     )
 
 
-def watching_section(sections: dict, plots: dict, runs=()) -> str:
+def watching_section(sections: dict, plots: dict, runs: list[Run]) -> str:
     """What watching costs (watching.py): step times and the speedup shown, by where the run was made."""
     if not (section := sections.get("watching")):
         return ""
-    return "## 8. What watching costs\n\n" + watching.report(section).split("\n", 2)[2]
+    return "## 8. What watching costs\n\n" + watching.report(section, runs).split("\n", 2)[2]

@@ -40,6 +40,8 @@ Every section has seconds and load_average_end, and:
                   and what the table does not hold of it: k (stats.counterfactual_figures), vocab (head_tokens,
                   rows_kept, draft_step_costed_s), precision (target, draft, draft_bytes), kv (kv_cache_precision).
                   Each lane's figures are the table's (stats.sweep_rows)
+    watching      instruction, max_new_tokens, repeats, idle_s, browser_cpu [{idle_s, run_s, run_wall_s}] (its runs: the
+                  table's, their setting the mode that ran them: "CLI", "page API", "page in Chromium")
     gating        max_new_tokens, curves {name: CostModel}, rows [gating.Row: curve, instruction, tokens, alpha,
                   oracle, best_fixed, best_k, planned, lane, gated, gated_walk, drafted, turned_back, stopped,
                   same_text] (opt-in)

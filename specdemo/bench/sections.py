@@ -224,5 +224,6 @@ def run_watching(ctx: Context) -> dict:
     Chromium on this machine, back to back (watching.py)."""
     from specdemo.bench import watching
 
-    return watching.run_watching(ctx.code_instructions(3)[2], ctx.sweep_tokens, ctx.bench.watching_repeats, ctx.log)
+    return watching.run_watching(ctx.code_instructions(3)[2], ctx.sweep_tokens, ctx.bench.watching_repeats, ctx.log,
+                                 ctx.keep)
 

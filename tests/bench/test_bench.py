@@ -490,16 +490,22 @@ def test_the_report_shows_the_tune_the_models_ran_under_settings_by_times_and_th
 
 
 def test_what_watching_costs_is_reported_as_ratios_to_the_cli():
+    """Each mode's saved runs are rows of the table (their setting the mode); the report gives each figure's median over
+    the repeats and, in brackets, the median of each repeat's figure over the CLI's of the same repeat."""
     from specdemo.bench import watching
 
-    run = {"autoregressive": {"summary": {"target_step_s": 0.045}},
-           "speculative": {"summary": {"verify_call_s": 0.06, "draft_s": 2.0}}, "measured_speedup": 1.5}
-    assert watching.figures(run) == {"autoregressive step": 0.045, "verify call": 0.06, "drafting": 2.0, "speedup": 1.5}
-    medians = {"CLI": {"autoregressive step": 0.040, "verify call": 0.05, "drafting": 2.0, "speedup": 1.5},
-               "page in Chromium": {"autoregressive step": 0.050, "verify call": 0.06, "drafting": 2.5, "speedup": 1.2}}
-    section = {"max_new_tokens": 128, "repeats": 2, "medians": medians,
-               "over_cli": {mode: {k: m[k] / medians["CLI"][k] for k in m} for mode, m in medians.items()}}
-    text = report_tables.watching_section({"watching": section}, {})
+    def saved(step_s, verify_s, draft_s, spec_wall_s):  # a saved run: 100 tokens a lane, the AR lane in 3 s
+        ar = Summary("autoregressive", tokens=100, wall_s=3.0, target_step_s=step_s)
+        spec = Summary("speculative", tokens=100, wall_s=spec_wall_s, verify_call_s=verify_s, draft_s=draft_s)
+        return {"instruction": "x", AUTOREGRESSIVE: {"token_ids": [1], "summary": ar.to_dict()},
+                SPECULATIVE: {"token_ids": [1], "summary": spec.to_dict()}}
+
+    runs = [replace(r, section="watching", setting=mode) for repeat in range(2)
+            for mode, saved_run in (("CLI", saved(0.040, 0.05, 2.0, 2.0)), ("page in Chromium", saved(0.050, 0.06, 2.5, 2.5)))
+            for r in watching.rows(saved_run, repeat, 128)]
+
+    text = report_tables.watching_section({"watching": {"max_new_tokens": 128, "repeats": 2}}, {}, runs)
+
     assert text.startswith("## 8. What watching costs")
     assert "| page in Chromium | 50.0 ms (1.25×) | 60.0 ms (1.20×) | 2.50 s (1.25×) | 1.20× (0.80×) |" in text
 
