@@ -7,7 +7,7 @@ import math
 
 from specdemo.bench import stats
 from specdemo.bench.harness import Lane, Run
-from specdemo.bench.report_tables import cell, k_text, ms_value, percent, seconds, table, times
+from specdemo.bench.report_tables import cell, k_text, ms_value, number, percent, seconds, table, times
 from specdemo.bench.schema import OURS_AR, OURS_SPEC
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 
@@ -125,11 +125,12 @@ def nodes_section(sections: dict, plots: dict, runs: list[Run]) -> str:
             row = [group["name"], f"{group['weight_bytes'] / 1e6:.0f} MB" if group["weight_bytes"] else "–"]
             for tokens in calls:
                 g = target["by_tokens"][str(tokens)][i]
-                row += [f"{g['ms_per_call']:.1f} ms", _rate(g["gb_per_s"])]
+                row += [f"{g['ms_per_call']:.1f} ms", number(g["gb_per_s"], ".1f", " GB/s")]
             rows.append(row)
         totals = [sum(g["ms_per_call"] for g in target["by_tokens"][str(t)]) for t in calls]
         rows.append(["**all nodes**", f"{target['weight_bytes'] / 1e6:.0f} MB"]
-                    + [cell for t in totals for cell in (f"**{t:.1f} ms**", _rate(target["weight_bytes"] / (t * 1e6)))])
+                    + [cell for t in totals
+                       for cell in (f"**{t:.1f} ms**", number(target["weight_bytes"] / (t * 1e6), ".1f", " GB/s"))])
         rows.append(["the call, wall time", ""] + [cell for t in calls for cell in (ms_value(target["wall_s"][str(t)]), "")])
         header = ["group", "weights read"] + [c for t in calls for c in (f"{t} token{'s' if t > 1 else ''}: time", "rate")]
         parts.append(f"**{_weights({'target': target['precision']})}** ({target['compile_settings']}):\n\n" + table(header, rows))
@@ -141,10 +142,6 @@ def nodes_section(sections: dict, plots: dict, runs: list[Run]) -> str:
             line += f"; at llama.cpp's {plain * 1e3:.1f} ms per token in this run that is {gguf / plain / 1e9:.1f} GB/s"
         parts.append(line + ".")
     return "\n\n".join(parts)
-
-
-def _rate(gb_per_s: float) -> str:
-    return "–" if gb_per_s is None or math.isnan(gb_per_s) else f"{gb_per_s:.1f} GB/s"
 
 
 def _llamacpp_plain(runs: list[Run]) -> float | None:
