@@ -17,7 +17,7 @@ from specdemo.bench.schema import GENAI_AR, GENAI_DEFAULTS, GENAI_SPEC, HF_SPEC,
 from specdemo.bench.settings import PAPER, REGISTRY, paper_speedup
 from specdemo.bench.stats import COMPONENTS
 from specdemo.bench.table import load
-from specdemo.bench.targets import fastest
+from specdemo.bench.targets import Target, fastest
 from specdemo.decoding.costs import CostModel
 from specdemo.learning.disk import size
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
@@ -155,35 +155,35 @@ def _targets(results: dict, runs: list[Run]) -> str:
         return ""
     rows = []
     for t in targets:
-        verdict = "met" if t["met"] else f"**missed** by {abs(t['gap']) * 100:.0f} %"
-        if t["unit"] == "share":
-            goal, measured = f"{t['sense']} {percent(t['goal'], 0)}", percent(t["measured"])
+        verdict = "met" if t.met else f"**missed** by {abs(t.gap) * 100:.0f} %"
+        if t.unit == "share":
+            goal, measured = f"{t.sense} {percent(t.goal, 0)}", percent(t.measured)
         else:
-            goal, measured = f"{t['sense']} {t['goal']:g}", f"{t['measured']:.2f}"
-        rows.append([t["target"], t["where"], goal, measured, verdict])
-    notes = [diagnose(t, results["sections"], runs) for t in targets if not t["met"]]
+            goal, measured = f"{t.sense} {t.goal:g}", f"{t.measured:.2f}"
+        rows.append([t.target, t.where, goal, measured, verdict])
+    notes = [diagnose(t, results["sections"], runs) for t in targets if not t.met]
     text = "## Targets\n\n" + table(["target", "where", "goal", "measured (median)", "verdict"], rows)
     if notes:
         text += "\n\n" + "\n\n".join(note for note in notes if note)
     return text
 
 
-def diagnose(target: dict, sections: dict, runs: list[Run]) -> str:
+def diagnose(target: Target, sections: dict, runs: list[Run]) -> str:
     """For a missed target: what the time breakdown, the round costs and the sweeps point to."""
     if not (at := stats.section(runs, "paper")):
         return ""
     shares = sections["paper"]["time_shares"][SPECULATIVE]
     where = ", ".join(f"{name} {percent(shares[name], 0)}" for name in COMPONENTS)
-    if target["id"] in ("speedup", "speedup_best_k"):
+    if target.id in ("speedup", "speedup_best_k"):
         spec = stats.speculative_figures(stats.lane_runs(at.runs, at.lane(OURS_SPEC)))
-        if target["id"] == "speedup_best_k" and (k_rows := stats.sweep_rows(runs, "k", "specdemo")):
+        if target.id == "speedup_best_k" and (k_rows := stats.sweep_rows(runs, "k", "specdemo")):
             spec = fastest(k_rows)
         step_s = stats.step_seconds(stats.lane_runs(at.runs, at.lane(OURS_AR)))
-        return f"*Speedup ({target['where']}):* " + _round_costs(spec, step_s, target) + f" Wall time: {where}."
-    if target["id"] == "genai_ratio":
+        return f"*Speedup ({target.where}):* " + _round_costs(spec, step_s, target) + f" Wall time: {where}."
+    if target.id == "genai_ratio":
         ar_ratio = at.ratio(OURS_AR, GENAI_AR).median
         text = (
-            f"*Against GenAI ({target['where']}):* our speculative loop takes {target['measured']:.2f}× GenAI's time, and our "
+            f"*Against GenAI ({target.where}):* our speculative loop takes {target.measured:.2f}× GenAI's time, and our "
             f"autoregressive loop {ar_ratio:.2f}× GenAI's plain pipeline, with {percent(shares['our Python'])} of our time in "
             f"Python: the gap is in the model calls, the same IR run through our stateful model vs GenAI's paged-attention one."
         )
@@ -193,24 +193,24 @@ def diagnose(target: dict, sections: dict, runs: list[Run]) -> str:
                               f"{tables.kv_step_s(kv_at.runs, r.lane) * 1000:.1f} ms" for r in kv)
             text += f" The KV cache sweep (§3) points at one cause: our autoregressive step with each KV cache precision is {steps}."
         return text
-    if target["id"] == "overhead":
-        return f"*Overhead ({target['where']}):* {where}."
+    if target.id == "overhead":
+        return f"*Overhead ({target.where}):* {where}."
     return ""
 
 
-def _round_costs(spec: stats.Drafting, step_s: float, target: dict) -> str:
+def _round_costs(spec: stats.Drafting, step_s: float, target: Target) -> str:
     """One speculative round's model calls against autoregressive steps, and what the goal needs."""
     k, tokens = spec.mean_k, spec.mean_acceptance_length.median
     if not k:  # no round drafted: the planner priced every K above a plain step (a loaded host), and nothing to split
         return "our speculative lane drafted no round: the planner found no K that pays on this run's costs."
     draft_s, verify_s = spec.draft_step_s.median, spec.verify_call_s.median
     round_s = k * draft_s + verify_s
-    budget_s = tokens * step_s / target["goal"]
+    budget_s = tokens * step_s / target.goal
     return (
         f"a round drafts {k:.1f} tokens ({k:.1f} × {draft_s * 1000:.1f} ms) and verifies them in one call "
         f"({verify_s * 1000:.1f} ms), emitting {tokens:.2f} tokens: {round_s / tokens * 1000:.1f} ms per token against "
         f"{step_s * 1000:.1f} ms per autoregressive step, {speedup_from_calls(tokens, k, draft_s, verify_s, step_s):.2f}× from "
-        f"model calls alone (measured {target['measured']:.2f}× with prefills and Python). {target['goal']:g}× needs a round "
+        f"model calls alone (measured {target.measured:.2f}× with prefills and Python). {target.goal:g}× needs a round "
         f"of ≤ {budget_s * 1000:.1f} ms, {(round_s - budget_s) * 1000:.1f} ms less. Leviathan's formula predicts "
         f"{spec.leviathan_speedup:.2f}× from α̂ = {spec.alpha_hat:.2f} and c = {spec.draft_cost:.3f} because it prices a verify "
         f"call at one autoregressive step; here it costs {verify_s / step_s:.2f}×; at 1× the calls would give "

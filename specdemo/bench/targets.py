@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from specdemo.bench import stats
 from specdemo.bench.harness import Run
 from specdemo.bench.schema import GENAI_SPEC, HF_SPEC, OURS_SPEC
@@ -16,7 +18,22 @@ from specdemo.bench.settings import (
 )
 
 
-def judge_targets(sections: dict, runs: list[Run]) -> list[dict]:
+@dataclass(frozen=True)
+class Target:
+    """One target judged on a run; in benchmarks.json, these keys."""
+
+    id: str
+    target: str  # what it asks, in a sentence
+    where: str  # what it was judged on: "N=100", a sweep row's label
+    goal: float
+    sense: str  # "≤": at most the goal; "≥": at least
+    unit: str  # "ratio" or "share"
+    measured: float
+    met: bool
+    gap: float  # measured / goal − 1: how far over or under the goal, as a fraction
+
+
+def judge_targets(sections: dict, runs: list[Run]) -> list[Target]:
     """Each target, from the sections' figures and the table's `runs`: what it asks, what we measured, met or not, and
     by how much."""
     targets = []
@@ -53,8 +70,6 @@ def fastest(rows: list[stats.SweepRow]) -> stats.SweepRow:
     return max(rows, key=lambda row: row.measured_speedup.median)
 
 
-def _target(id: str, name: str, where: str, measured: float, goal: float, sense: str, unit: str = "ratio") -> dict:
-    """One judged target; gap is measured / goal - 1 (how far over or under the goal, as a fraction)."""
+def _target(id: str, name: str, where: str, measured: float, goal: float, sense: str, unit: str = "ratio") -> Target:
     met = measured <= goal if sense == "≤" else measured >= goal
-    return {"id": id, "target": name, "where": where, "goal": goal, "sense": sense, "unit": unit, "measured": measured,
-            "met": met, "gap": measured / goal - 1}
+    return Target(id, name, where, goal, sense, unit, measured, met, measured / goal - 1)

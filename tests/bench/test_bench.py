@@ -138,11 +138,12 @@ PAPER_SECTION = {"paper": {"k": 4, "time_shares": {kind: dict.fromkeys(COMPONENT
 
 
 def test_targets_are_judged_with_their_gap():
-    targets = {t["target"]: t for t in judge_targets(PAPER_SECTION, PAPER_RUNS)}
-    assert targets["our speculative / GenAI speculative time"]["met"]
+    targets = {t.target: t for t in judge_targets(PAPER_SECTION, PAPER_RUNS)}
+    assert targets["our speculative / GenAI speculative time"].met
     speedup = targets["speculative speedup over autoregressive (code)"]
-    assert not speedup["met"] and speedup["gap"] == pytest.approx(-0.1)
-    assert targets["our loop's share of wall time outside model calls"]["met"]
+    assert not speedup.met and speedup.gap == pytest.approx(-0.1)
+    assert list(bench.plain(speedup)) == ["id", "target", "where", "goal", "sense", "unit", "measured", "met", "gap"]  # JSON
+    assert targets["our loop's share of wall time outside model calls"].met
 
 
 def test_the_genai_defaults_pass_is_told_apart_by_its_setting_in_the_ratios_and_the_plots(tmp_path):
@@ -371,11 +372,11 @@ def test_renamed_lanes_are_still_paired_by_their_fields_in_figures_targets_and_r
         _run(k_ar, 0, 4.6), _run(Lane("four drafts", "specdemo", "speculative", k_ar, k=4, k_policy="fixed"), 0, 4.6 / 2.1),
         _run(Lane("the planner's", "specdemo", "speculative", k_ar, k_policy="auto"), 0, 2.0, predicted_speedup=2.3 * 1.04))]
     sections = {"paper": {"k": 4, "k_label": "K = 4", "k_policy": "fixed", **PAPER_SECTION["paper"]}, "k": {"rows": []}}
-    targets = {t["id"]: t for t in judge_targets(sections, runs)}
-    assert targets["genai_ratio"]["measured"] == pytest.approx(0.8) and targets["genai_ratio"]["met"]
-    assert targets["speedup"]["measured"] == pytest.approx(2.5)
-    assert targets["speedup_best_k"]["where"] == "the planner's"
-    assert targets["auto_speedup"]["measured"] == pytest.approx(2.3) and targets["prediction_error"]["met"]
+    targets = {t.id: t for t in judge_targets(sections, runs)}
+    assert targets["genai_ratio"].measured == pytest.approx(0.8) and targets["genai_ratio"].met
+    assert targets["speedup"].measured == pytest.approx(2.5)
+    assert targets["speedup_best_k"].where == "the planner's"
+    assert targets["auto_speedup"].measured == pytest.approx(2.3) and targets["prediction_error"].met
 
     results = {"command": "test", "started": "now", "seconds": 1.0, "machine": machine.describe(),
                "bench": asdict(bench.BenchSettings()), "sections": {"paper": sections["paper"]},
@@ -457,12 +458,12 @@ def test_the_transformers_lanes_beside_ours_are_read_from_the_table_as_written()
     written = json.loads(strict_json.dumps(results))
 
     text = report.peers_section(written["sections"], {}, table.load(written))
-    targets = {t["id"]: t for t in judge_targets(written["sections"], table.load(written))}
+    targets = {t.id: t for t in judge_targets(written["sections"], table.load(written))}
 
     assert "| hf assisted | 3.70 s | 36.6 ms | 101 | 2/2 |" in text
     assert "| hf assisted / ours speculative | 4.00× |" in text and "| hf plain / ours autoregressive | 3.00× |" in text
     assert "| transformers speedup (AR / speculative) | 1.57× |" in text and "| ours speedup (AR / speculative) | 2.00× |" in text
-    assert targets["transformers"]["measured"] == pytest.approx(4.0) and targets["transformers"]["where"] == "N=100"
+    assert targets["transformers"].measured == pytest.approx(4.0) and targets["transformers"].where == "N=100"
     assert "takes **4.0×** our decoding time per token" in report._headlines(written["sections"], table.load(written))
 
 
