@@ -30,8 +30,8 @@ def llamacpp_section(sections: dict, plots: dict, runs: list[Run]) -> str:
     ratio_rows = [[f"{ours.label} ÷ {theirs.label}", times(stats.spread(stats.decode_ratios(mine, theirs, ours)))]
                   for theirs, ours in [*pairs, (cpp_ar, ours_ar)]]
     # the bindings' decode rate, and ours, over llama-bench's tg: llama.cpp in its bindings as fast as in its own tool?
-    over_bench = [stats.decode_rate(mine, lane) / stats.decode_rate(mine, bench) if bench else None
-                  for lane in (cpp_ar, ours_ar)]
+    rate = lambda lane: stats.lane_figures(mine, lane).decode_tokens_per_s.median  # noqa: E731
+    over_bench = [rate(lane) / rate(bench) if bench else None for lane in (cpp_ar, ours_ar)]
     return (
         title
         + f"llama-cpp-python {cpp['version']} (`llama_cpp.Llama`) on the GGUF files our IRs are converted from (Q4_K_M, "

@@ -19,22 +19,22 @@ from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results.figures import figure
 
 
-def seconds(spread: dict, digits: int = 2) -> str:
+def seconds(spread: Spread, digits: int = 2) -> str:
     """A spread of seconds: '4.21 s (4.05–4.60)'; one value: '4.21 s'."""
     return cell(spread, digits, " s")
 
 
-def ms(spread: dict, digits: int = 1) -> str:
+def ms(spread: Spread, digits: int = 1) -> str:
     """A spread of seconds shown in milliseconds: '42.1 ms (40.3–45.0)'."""
     return cell(spread.scaled(1000), digits, " ms")
 
 
-def times(spread: dict, digits: int = 2) -> str:
+def times(spread: Spread, digits: int = 2) -> str:
     """A spread of ratios: '1.82× (1.70–1.95)'."""
     return cell(spread, digits, "×")
 
 
-def cell(spread: dict, digits: int, unit: str) -> str:
+def cell(spread: Spread, digits: int, unit: str) -> str:
     if not spread.n:
         return "–"
     median = f"{spread.median:.{digits}f}{unit}"
@@ -104,7 +104,7 @@ _SWEEP_HEADER = [*(figure(key).label for key in ("alpha_hat", "draft_cost", "mea
                  "prediction error", "per token", "same tokens as AR"]
 
 
-def _error(spread: dict | None) -> str:
+def _error(spread: Spread | None) -> str:
     if not spread or not spread.n:
         return "–"
     return f"{spread.median:+.0%} ({spread.min:+.0%} to {spread.max:+.0%})"

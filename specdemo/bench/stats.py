@@ -144,12 +144,6 @@ def acceptance(runs: list[Run]) -> float | None:
     return sum(r.accepted for r in runs) / proposed if proposed else None
 
 
-def decode_rate(runs: list[Run], lane: Lane) -> float:
-    """The median decode rate (Run.decode_rate) of `lane`'s runs."""
-    rates = [r.decode_rate for r in lane_runs(runs, lane) if not math.isnan(r.decode_rate)]
-    return statistics.median(rates) if rates else math.nan
-
-
 def same_as_reference(runs: list[Run]) -> str:
     """"3/5": how many of `runs` wrote their reference's tokens, of how many."""
     return f"{sum(r.same_as_reference for r in runs)}/{len(runs)}"
