@@ -112,6 +112,9 @@ class Run:
     parting: Parting | None = None  # where ours parted from its reference, judged, if both are ours
     section: str = ""  # the bench section that ran it (stamped by Context.keep)
     machine: str = ""  # the CPU it ran on (stamped by Context.keep)
+    # the pass of its section it ran in, where a section runs its lanes again under another setting (schema.GENAI_DEFAULTS:
+    # the paper's GenAI on its own compile defaults); "" for the section's own (stamped by Context.keep)
+    setting: str = ""
     ids: list[int] = field(default_factory=list, repr=False, compare=False)  # new token ids (not written to JSON)
     rounds: list = field(default_factory=list, repr=False, compare=False)  # our events.Round records (not in JSON)
 
@@ -253,11 +256,12 @@ class Context:
     def generation(self) -> GenerationSettings:
         return self.settings.generation
 
-    def keep(self, runs: list[Run]) -> list[Run]:
-        """`runs` into the table, stamped with the section and the machine, bare (their lanes without generate, no ids
-        nor rounds); returns `runs` as they were, for the section's own figures."""
-        self.runs += [replace(r, lane=r.lane.bare(), section=self.section, machine=self.machine, ids=[], rounds=[])
-                      for r in runs]
+    def keep(self, runs: list[Run], setting: str = "") -> list[Run]:
+        """`runs` into the table, stamped with the section, the machine and the section's pass `setting` (Run.setting),
+        bare (their lanes without generate, no ids nor rounds); returns `runs` as they were, for the section's own
+        figures."""
+        self.runs += [replace(r, lane=r.lane.bare(), section=self.section, machine=self.machine, setting=setting, ids=[],
+                              rounds=[]) for r in runs]
         return runs
 
     def k_label(self, peers: bool = False) -> str:

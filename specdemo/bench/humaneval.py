@@ -167,23 +167,20 @@ def summarize(rows: list[dict], runs: list, lanes: dict, k_max: int) -> dict:
     reports both), pass@1 per lane, pooled acceptance, and the problems where the lanes' texts or verdicts part."""
     from specdemo.bench import stats
 
-    def speedups(baseline, lane) -> dict:
-        spread = stats.spread(stats.paired_ratios(runs, baseline, lane))
-        return {"mean": spread.mean, "of_sums": stats.ratio_of_sums(runs, baseline, lane), "spread": spread}
+    def speedups(lane) -> dict:
+        spread = stats.speedup(runs, lane)
+        return {"mean": spread.mean, "of_sums": stats.ratio_of_sums(runs, lane.baseline, lane), "spread": spread}
 
     spec_runs = stats.lane_runs(runs, lanes[SPECULATIVE])
     rounds = [r for run in spec_runs for r in run.rounds]
     after_prefill = [r for run in spec_runs for r in run.rounds[1:]]
-    ours, genai = speedups(lanes[AUTOREGRESSIVE], lanes[SPECULATIVE]), speedups(lanes["genai_autoregressive"], lanes["genai"])
+    ours, genai = speedups(lanes[SPECULATIVE]), speedups(lanes["genai"])
     return {
-        "speedup_mean": ours["mean"],
-        "speedup_of_sums": ours["of_sums"],
         "speedup": {"ours": ours, "genai": genai},
         "pass_at_1": {key: sum(row["passed"][key] for row in rows) / len(rows) for key in lanes if rows},
         "same_text": sum(row["same_text"] for row in rows),
         "verdicts_differ": [row["task_id"] for row in rows if row["passed"][SPECULATIVE] != row["passed"][AUTOREGRESSIVE]],
         "mean_acceptance_length": sum(r.emitted for r in after_prefill) / len(after_prefill) if after_prefill else 0.0,
         "acceptance_by_position": metrics.acceptance_by_position(rounds, k_max),
-        SPECULATIVE: stats.speculative_figures(spec_runs),
         "genai_acceptance": stats.acceptance(stats.lane_runs(runs, lanes["genai"])),
     }

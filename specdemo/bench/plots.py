@@ -9,28 +9,30 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specdemo.bench import found, schema, stats
-from specdemo.bench.schema import GENAI_SPEC, OURS_SPEC
-from specdemo.bench.settings import REGISTRY
+from specdemo.bench import found, stats
+from specdemo.bench.harness import Run
+from specdemo.bench.schema import GENAI_DEFAULTS, GENAI_SPEC, OURS_SPEC
+from specdemo.bench.report_tables import facts
+from specdemo.bench.settings import PAPER, REGISTRY, paper_speedup
 from specdemo.bench.stats import COMPONENTS
 from specdemo.bench.table import load
 from specdemo.decoding import pricing
 from specdemo.decoding.costs import CostModel
-from specdemo.names import SPECULATIVE
+from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 
 _OURS, _GENAI, _PAPER, _HF = "#1f77b4", "#ff7f0e", "#7f7f7f", "#2ca02c"
 
 
 def draw(results: dict, out: Path) -> dict[str, str]:
     """Write every plot the results allow into `out`: this machine's cost curve and surface, then every registered
-    section's (settings.REGISTRY); return {name: file name}."""
+    section's (settings.REGISTRY), each given the results and the table's runs (read once); return {name: file name}."""
     import matplotlib
 
     matplotlib.use("Agg")
     painters = [draw_costs, draw_surface] + [found(painter) for section in REGISTRY for painter in section.plots]
-    drawn = {}
+    drawn, runs = {}, load(results)
     for painter in painters:
-        figure = painter(results)
+        figure = painter(results, runs)
         if figure is not None:
             name = painter.__name__.removeprefix("draw_")
             figure.savefig(out / f"benchmarks-{name}.png", dpi=110, bbox_inches="tight")
@@ -45,7 +47,7 @@ def _close(figure) -> None:
     plt.close(figure)
 
 
-def draw_surface(results: dict):
+def draw_surface(results: dict, runs: list[Run]):
     """This machine's predicted speedup over K × α (its cost model as the run left it), the break-even line, and auto
     K's point (pooled α̂, mean K) when the K section ran."""
     import matplotlib.pyplot as plt
@@ -62,9 +64,8 @@ def draw_surface(results: dict):
     line = [(k, a) for k in ks if (a := pricing.break_even_alpha(costs, k)) is not None]
     if line:
         ax.plot(*zip(*line), color="black", linewidth=1.5, label="break-even (1×)")
-    auto = schema.rows_with(results["sections"].get("k", {}).get("rows", []), k_policy="auto")
-    if auto:
-        ax.plot(auto[0]["mean_k"], auto[0]["alpha_hat"], "o", color="#CC79A7", markeredgecolor="white", markersize=9,
+    if auto := stats.with_k_policy(stats.sweep_rows(runs, "k", "specdemo"), "auto"):
+        ax.plot(auto[0].mean_k, auto[0].alpha_hat, "o", color="#CC79A7", markeredgecolor="white", markersize=9,
                 label="auto K (α̂, mean K)")
     ax.set_ylim(alphas[0] - 0.00625, alphas[-1] + 0.00625)  # the break-even line below α = 0.5 is off the map
     colorbar = figure.colorbar(image, ax=ax, ticks=[-1, 0, 1])
@@ -81,7 +82,7 @@ def _errors(spreads: list[dict]) -> list[list[float]]:
     return [[s.median - s.min for s in spreads], [s.max - s.median for s in spreads]]
 
 
-def draw_costs(results: dict):
+def draw_costs(results: dict, runs=()):
     import matplotlib.pyplot as plt
 
     if not (c := results.get("costs")):
@@ -98,51 +99,45 @@ def draw_costs(results: dict):
     return figure
 
 
-def draw_paper(results: dict):
+def draw_paper(results: dict, runs: list[Run]):
     import matplotlib.pyplot as plt
 
-    if not (paper := results["sections"].get("paper")):
+    if not (paper := results["sections"].get("paper")) or not (ns := stats.tokens(runs, "paper")):
         return None
-    by_n = paper["by_tokens"]
-    ns = list(by_n)
-    lanes = next(iter(by_n.values()))["lanes"]
-    groups = [("ours", schema.label(lanes, OURS_SPEC), _OURS), ("OpenVINO GenAI", schema.label(lanes, GENAI_SPEC), _GENAI)]
+    passes = [stats.section(runs, "paper", n=n) for n in ns]
+    groups = [("ours", OURS_SPEC, _OURS), ("OpenVINO GenAI", GENAI_SPEC, _GENAI)]
     width = 0.8 / (len(groups) + 1)
     figure, ax = plt.subplots(figsize=(7, 4))
-    for i, (label, lane, colour) in enumerate(groups):
-        spreads = [by_n[n]["speedup"][lane] for n in ns]
+    for i, (label, which, colour) in enumerate(groups):
+        spreads = [at.speedup(which) for at in passes]
         xs = [j + i * width for j in range(len(ns))]
         ax.bar(xs, [s.median for s in spreads], width, yerr=_errors(spreads), capsize=3, label=label, color=colour)
-    papers = [by_n[n].get("paper", {}).get("speedup", 0) for n in ns]
+    papers = [paper_speedup(n) if n in PAPER else 0 for n in ns]
     ax.bar([j + len(groups) * width for j in range(len(ns))], papers, width, label="paper (Dolly v2 12B / 3B)", color=_PAPER)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([j + width * len(groups) / 2 for j in range(len(ns))], [f"N = {n}" for n in ns])
     ax.set_ylabel("speedup over autoregressive (×)")
-    ax.set_ylim(0, 1.3 * max([by_n[n]["speedup"][groups[0][1]].max for n in ns] + papers))
+    ax.set_ylim(0, 1.3 * max([at.speedup(OURS_SPEC).max for at in passes] + papers))
     ax.set_title(f"Speculative vs autoregressive, {paper.get('k_label') or 'K = ' + str(paper['k'])}", fontsize=9)
     ax.legend(fontsize=8, ncol=3, loc="upper left")
     return figure
 
 
-def draw_peers(results: dict):
+def draw_peers(results: dict, runs: list[Run]):
     """Milliseconds per token of every lane of the paper section and of the transformers section, whichever ran."""
     import matplotlib.pyplot as plt
 
+    every = {"specdemo": _OURS, "genai": _GENAI, "transformers": _HF}
     bars = []  # (label, spread of seconds per token, colour)
-    paper, (hf, lanes) = results["sections"].get("paper"), stats.section(load(results), "transformers")
-    if not paper and not hf:
+    # of GenAI's defaults pass, GenAI's lanes only: ours ran in the paper's own pass too
+    for at, colours in ((stats.section(runs, "paper"), every), (stats.section(runs, "paper", GENAI_DEFAULTS),
+                        {"genai": "#ffbb78"}), (stats.section(runs, "transformers"), every)):
+        for lane in at.lanes if at else []:
+            if lane.framework in colours:
+                bars.append((f"{lane.label} (N={at.n})", stats.lane_figures(at.runs, lane).per_token_s,
+                             colours[lane.framework]))
+    if not bars:
         return None
-    if paper:
-        n = max(paper["by_tokens"], key=int)
-        for lane, figures in paper["by_tokens"][n]["lanes"].items():
-            bars.append((f"{lane} (N={n})", figures["per_token_s"], _OURS if figures["framework"] == "specdemo" else _GENAI))
-        defaults = paper.get("genai_defaults", {}).get("lanes", {})
-        for lane, figures in defaults.items():
-            if figures["framework"] == "genai":
-                bars.append((f"{lane} (N={n})", figures["per_token_s"], "#ffbb78"))
-    for lane in lanes:
-        colour = _OURS if lane.framework == "specdemo" else _HF
-        bars.append((f"{lane.label} (N={hf[0].max_new_tokens})", stats.lane_figures(hf, lane).per_token_s, colour))
     scaled = [s.scaled(1000) for _, s, _ in bars]
     figure, ax = plt.subplots(figsize=(7, 0.4 * len(bars) + 1.2))
     ys = range(len(bars))
@@ -154,30 +149,29 @@ def draw_peers(results: dict):
     return figure
 
 
-def draw_k(results: dict):
+def draw_k(results: dict, runs: list[Run]):
     import matplotlib.pyplot as plt
 
     if not (k := results["sections"].get("k")):
         return None
-    rows = k["rows"]
-    fixed = schema.rows_with(rows, k_policy="fixed")
-    ks = [r["k"] for r in fixed]
+    rows, at = stats.sweep_rows(runs, "k", "specdemo"), stats.section(runs, "k")
+    fixed = stats.with_k_policy(rows, "fixed")
+    ks = [r.lane.k for r in fixed]
     figure, ax = plt.subplots(figsize=(7, 4))
-    measured = [r["measured_speedup"] for r in fixed]
+    measured = [r.measured_speedup for r in fixed]
     ax.errorbar(ks, [s.median for s in measured], yerr=_errors(measured), marker="o", capsize=3, color=_OURS, label="ours, measured")
-    ax.plot(ks, [r["leviathan_speedup"] for r in fixed], "--", marker="x", color=_OURS, alpha=0.6, label="ours, Leviathan's prediction")
-    genai = [(k, r["genai_speedup"]) for k, r in zip(ks, fixed) if "genai_speedup" in r]
+    ax.plot(ks, [r.leviathan_speedup for r in fixed], "--", marker="x", color=_OURS, alpha=0.6, label="ours, Leviathan's prediction")
+    genai = [(r.lane.k, stats.speedup(at.runs, g)) for r in fixed if (g := stats.same_k(at.runs, r.lane))]
     if genai:
         spreads = [s for _, s in genai]
         ax.errorbar([k for k, _ in genai], [s.median for s in spreads], yerr=_errors(spreads), marker="s", capsize=3, color=_GENAI, label="GenAI, measured")
-    adaptive = schema.rows_with(rows, k_policy="adaptive")
-    if adaptive:
-        ax.axhline(adaptive[0]["measured_speedup"].median, color=_OURS, linestyle=":", label=f"ours, adaptive K (mean {adaptive[0]['mean_k']:.1f})")
+    if adaptive := stats.with_k_policy(rows, "adaptive"):
+        ax.axhline(adaptive[0].measured_speedup.median, color=_OURS, linestyle=":", label=f"ours, adaptive K (mean {adaptive[0].mean_k:.1f})")
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xlabel("draft tokens per round K")
     ax.set_ylabel("speedup over autoregressive (×)")
     twin = ax.twinx()
-    twin.plot(ks, [r["alpha_hat"] for r in fixed], color=_PAPER, marker=".", linewidth=0.8, label="acceptance α")
+    twin.plot(ks, [r.alpha_hat for r in fixed], color=_PAPER, marker=".", linewidth=0.8, label="acceptance α")
     twin.set_ylim(0, 1.05)
     twin.set_ylabel("acceptance rate α", color=_PAPER)
     lines, labels = ax.get_legend_handles_labels()
@@ -187,18 +181,18 @@ def draw_k(results: dict):
     return figure
 
 
-def draw_precision(results: dict):
+def draw_precision(results: dict, runs: list[Run]):
     import matplotlib.pyplot as plt
 
     if not (precision := results["sections"].get("precision")):
         return None
-    rows = precision["rows"]
-    labels = [f"{r['target']} / {r['draft']}" for r in rows]
-    measured = [r["measured_speedup"] for r in rows]
+    rows, pairs = stats.sweep_rows(runs, "precision"), facts(precision)
+    labels = [f"{pairs[r.lane.label]['target']} / {pairs[r.lane.label]['draft']}" for r in rows]
+    measured = [r.measured_speedup for r in rows]
     figure, ax = plt.subplots(figsize=(7, 4))
     xs = range(len(rows))
     ax.bar([x - 0.2 for x in xs], [s.median for s in measured], 0.4, yerr=_errors(measured), capsize=3, color=_OURS, label="measured")
-    ax.bar([x + 0.2 for x in xs], [r["leviathan_speedup"] for r in rows], 0.4, color=_OURS, alpha=0.4, label="Leviathan's prediction")
+    ax.bar([x + 0.2 for x in xs], [r.leviathan_speedup for r in rows], 0.4, color=_OURS, alpha=0.4, label="Leviathan's prediction")
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(list(xs), labels, fontsize=8)
     ax.set_xlabel("target / draft weight precision")
@@ -207,14 +201,13 @@ def draw_precision(results: dict):
     return figure
 
 
-def draw_breakdown(results: dict):
+def draw_breakdown(results: dict, runs=()):
     import matplotlib.pyplot as plt
 
     if not (paper := results["sections"].get("paper")):
         return None
-    by_n = paper["by_tokens"]
-    shares = by_n[max(by_n, key=int)]["time_shares"]
-    lanes = list(shares)
+    shares = paper["time_shares"]
+    lanes = [SPECULATIVE, AUTOREGRESSIVE]
     colours = ["#aec7e8", "#1f77b4", "#ffbb78", "#ff7f0e", "#9467bd", "#d62728"]
     figure, ax = plt.subplots(figsize=(7, 2.2))
     for lane_index, lane in enumerate(lanes):
@@ -232,7 +225,7 @@ def draw_breakdown(results: dict):
     return figure
 
 
-def draw_humaneval(results: dict):
+def draw_humaneval(results: dict, runs=()):
     """Per HumanEval problem: our speculative speedup against the mean acceptance length; failed answers hollow."""
     import matplotlib.pyplot as plt
 

@@ -3,23 +3,21 @@ schema.py): the opening (machine, cost curve, headlines and targets, which read 
 parts where settings.REGISTRY places them, then the method. Sections 1 and 2 are here; the cells, the tables and the
 later sections are in report_tables.py, the GGUF files' (llama.cpp, fidelity, nodes) in report_gguf.py.
 
-Pure formatting: no measuring, no models. Lanes are found by their fields (schema.label), so the
+Pure formatting: no measuring, no models. Lanes are found by their fields (stats.Pass.lane), so the
 report does not depend on how lanes are labelled.
 """
 
 from __future__ import annotations
 
-import math
-
 from specdemo.bench import found, report_tables as tables
-from specdemo.bench import schema, stats
-from specdemo.bench.harness import Lane, Run, find
+from specdemo.bench import stats
+from specdemo.bench.harness import Run
 from specdemo.bench.report_tables import image, k_text, ms, percent, seconds, table, times
-from specdemo.bench.schema import GENAI_AR, GENAI_SPEC, HF_SPEC, OURS_AR, OURS_SPEC
-from specdemo.bench.settings import REGISTRY
+from specdemo.bench.schema import GENAI_AR, GENAI_DEFAULTS, GENAI_SPEC, HF_SPEC, OURS_AR, OURS_SPEC
+from specdemo.bench.settings import PAPER, REGISTRY, paper_speedup
 from specdemo.bench.stats import COMPONENTS
 from specdemo.bench.table import load
-from specdemo.bench.targets import fastest
+from specdemo.bench.targets import Target, fastest
 from specdemo.decoding.costs import CostModel
 from specdemo.learning.disk import size
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
@@ -31,7 +29,7 @@ def render(results: dict, plots: dict[str, str]) -> str:
     `plots` maps a plot's name to its file name, relative to the report; the parts read the table's runs (table.py)."""
     sections, runs = results["sections"], load(results)
     opening = [_header(results), _machine(results), tables.tune_section(results.get("tune")), _costs(results, plots),
-               _headlines(sections, runs), _targets(results)]
+               _headlines(sections, runs), _targets(results, runs)]
     placed = sorted((part for section in REGISTRY for part in section.report), key=lambda part: part[0])  # stable: run order
     parts = [found(part)(sections, plots, runs) for _, part in placed]
     return "\n\n".join(part for part in [*opening, *parts, tables.method_section(results)] if part) + "\n"
@@ -112,42 +110,37 @@ def _costs(results: dict, plots: dict) -> str:
 def _headlines(sections: dict, runs: list[Run]) -> str:
     """The few figures a reader came for, each pointing at the section that has the detail."""
     lines = []
-    paper = sections.get("paper")
-    if paper:
-        n = max(paper["by_tokens"], key=int)
-        f = paper["by_tokens"][n]
-        speedup, ours = f["speedup"], schema.label(f["lanes"], OURS_SPEC)
-        text = f"Speculative decoding ({k_text(paper)}, N = {n}) is **{speedup[ours].median:.2f}×** faster than autoregressive"
-        text += f" (GenAI's C++ pipeline: {speedup[schema.label(f['lanes'], GENAI_SPEC)].median:.2f}×"
-        text += f"; the paper: {f['paper']['speedup']:.2f}×)" if "paper" in f else ")"
+    paper, at = sections.get("paper"), stats.section(runs, "paper")
+    if paper and at:
+        text = (f"Speculative decoding ({k_text(paper)}, N = {at.n}) is **{at.speedup(OURS_SPEC).median:.2f}×** faster "
+                f"than autoregressive (GenAI's C++ pipeline: {at.speedup(GENAI_SPEC).median:.2f}×")
+        text += f"; the paper: {paper_speedup(at.n):.2f}×)" if at.n in PAPER else ")"
         lines.append(text + " (§1).")
         lines.append(
-            f"Our speculative loop takes **{schema.ratio(f, OURS_SPEC, GENAI_SPEC).median:.2f}×** the decoding time of "
+            f"Our speculative loop takes **{at.ratio(OURS_SPEC, GENAI_SPEC).median:.2f}×** the decoding time of "
             "GenAI's "
-            f"speculative pipeline; our autoregressive loop {schema.ratio(f, OURS_AR, GENAI_AR).median:.2f}× "
+            f"speculative pipeline; our autoregressive loop {at.ratio(OURS_AR, GENAI_AR).median:.2f}× "
             "that of GenAI's plain pipeline (§2)."
         )
-        lines.append(f"Outside model calls our loop spends {percent(f['time_shares'][ours]['our Python'])} of wall time (§6).")
-    hf, lanes = stats.section(runs, "transformers")
-    if hf:
-        ratio = stats.spread(stats.decode_ratios(hf, find(lanes, *HF_SPEC), find(lanes, *OURS_SPEC)))
-        lines.append(f"transformers assisted generation (float32 PyTorch) takes **{ratio.median:.1f}×** our decoding time per token (§2).")
-    k = sections.get("k")
-    if k:
-        best = fastest(schema.rows_with(k["rows"], k_policy="fixed"))
-        adaptive = schema.rows_with(k["rows"], k_policy="adaptive")
-        text = f"Best fixed K: {best['k']} at {best['measured_speedup'].median:.2f}× (Leviathan: {best['leviathan_speedup']:.2f}×)"
-        text += f"; adaptive K: {adaptive[0]['measured_speedup'].median:.2f}×" if adaptive else ""
+        lines.append(f"Outside model calls our loop spends {percent(paper['time_shares'][SPECULATIVE]['our Python'])} of "
+                     "wall time (§6).")
+    if hf := stats.section(runs, "transformers"):
+        lines.append(f"transformers assisted generation (float32 PyTorch) takes **{hf.ratio(HF_SPEC, OURS_SPEC).median:.1f}×** "
+                     "our decoding time per token (§2).")
+    k_rows = stats.sweep_rows(runs, "k", "specdemo")
+    if fixed := stats.with_k_policy(k_rows, "fixed"):
+        best, adaptive = fastest(fixed), stats.with_k_policy(k_rows, "adaptive")
+        text = f"Best fixed K: {best.lane.k} at {best.measured_speedup.median:.2f}× (Leviathan: {best.leviathan_speedup:.2f}×)"
+        text += f"; adaptive K: {adaptive[0].measured_speedup.median:.2f}×" if adaptive else ""
         lines.append(text + " (§3).")
-    precision = sections.get("precision")
-    if precision:
-        best = fastest(precision["rows"])
+    if precision := stats.sweep_rows(runs, "precision"):
+        best = fastest(precision)
+        pair = tables.facts(sections["precision"])[best.lane.label]
         lines.append(
-            f"Best weight precisions: target {best['target']} + draft {best['draft']} at {best['measured_speedup'].median:.2f}× over that target alone (§3)."
+            f"Best weight precisions: target {pair['target']} + draft {pair['draft']} at {best.measured_speedup.median:.2f}× over that target alone (§3)."
         )
-    lookup = sections.get("lookup")
-    if lookup:
-        cells = [f"{r['label']} {r.get('vs_ours_autoregressive', r['measured_speedup']).median:.2f}×" for r in lookup["rows"]]
+    if lookup := stats.sweep_rows(runs, "lookup"):
+        cells = [f"{r.lane.label} {tables.over_ours(runs, r).median:.2f}×" for r in lookup]
         lines.append("On edits that repeat their input, speedup over our autoregressive loop: " + ", ".join(cells) + " (§4).")
     memory = sections.get("memory")
     if memory:
@@ -156,95 +149,87 @@ def _headlines(sections: dict, runs: list[Run]) -> str:
     return "## Headlines\n\n" + "\n".join(f"* {line}" for line in lines) if lines else ""
 
 
-def _targets(results: dict) -> str:
+def _targets(results: dict, runs: list[Run]) -> str:
     targets = results.get("targets", [])
     if not targets:
         return ""
     rows = []
     for t in targets:
-        verdict = "met" if t["met"] else f"**missed** by {abs(t['gap']) * 100:.0f} %"
-        if t["unit"] == "share":
-            goal, measured = f"{t['sense']} {percent(t['goal'], 0)}", percent(t["measured"])
+        verdict = "met" if t.met else f"**missed** by {abs(t.gap) * 100:.0f} %"
+        if t.unit == "share":
+            goal, measured = f"{t.sense} {percent(t.goal, 0)}", percent(t.measured)
         else:
-            goal, measured = f"{t['sense']} {t['goal']:g}", f"{t['measured']:.2f}"
-        rows.append([t["target"], t["where"], goal, measured, verdict])
-    notes = [diagnose(t, results["sections"]) for t in targets if not t["met"]]
+            goal, measured = f"{t.sense} {t.goal:g}", f"{t.measured:.2f}"
+        rows.append([t.target, t.where, goal, measured, verdict])
+    notes = [diagnose(t, results["sections"], runs) for t in targets if not t.met]
     text = "## Targets\n\n" + table(["target", "where", "goal", "measured (median)", "verdict"], rows)
     if notes:
         text += "\n\n" + "\n\n".join(note for note in notes if note)
     return text
 
 
-def diagnose(target: dict, sections: dict) -> str:
+def diagnose(target: Target, sections: dict, runs: list[Run]) -> str:
     """For a missed target: what the time breakdown, the round costs and the sweeps point to."""
-    paper = sections.get("paper", {}).get("by_tokens", {})
-    if not paper:
+    if not (at := stats.section(runs, "paper")):
         return ""
-    longest = paper[max(paper, key=int)]
-    shares = longest["time_shares"][schema.label(longest["lanes"], OURS_SPEC)]
+    shares = sections["paper"]["time_shares"][SPECULATIVE]
     where = ", ".join(f"{name} {percent(shares[name], 0)}" for name in COMPONENTS)
-    if target["id"] in ("speedup", "speedup_best_k"):
-        spec = longest[SPECULATIVE]
-        k_rows = sections.get("k", {}).get("rows", [])
-        if target["id"] == "speedup_best_k" and k_rows:
+    if target.id in ("speedup", "speedup_best_k"):
+        spec = stats.speculative_figures(stats.lane_runs(at.runs, at.lane(OURS_SPEC)))
+        if target.id == "speedup_best_k" and (k_rows := stats.sweep_rows(runs, "k", "specdemo")):
             spec = fastest(k_rows)
-        return f"*Speedup ({target['where']}):* " + _round_costs(spec, longest["autoregressive_step_s"], target) + f" Wall time: {where}."
-    if target["id"] == "genai_ratio":
-        ar_ratio = getattr(schema.ratio(longest, OURS_AR, GENAI_AR), "median", math.nan)
+        step_s = stats.step_seconds(stats.lane_runs(at.runs, at.lane(OURS_AR)))
+        return f"*Speedup ({target.where}):* " + _round_costs(spec, step_s, target) + f" Wall time: {where}."
+    if target.id == "genai_ratio":
+        ar_ratio = at.ratio(OURS_AR, GENAI_AR).median
         text = (
-            f"*Against GenAI ({target['where']}):* our speculative loop takes {target['measured']:.2f}× GenAI's time, and our "
+            f"*Against GenAI ({target.where}):* our speculative loop takes {target.measured:.2f}× GenAI's time, and our "
             f"autoregressive loop {ar_ratio:.2f}× GenAI's plain pipeline, with {percent(shares['our Python'])} of our time in "
             f"Python: the gap is in the model calls, the same IR run through our stateful model vs GenAI's paged-attention one."
         )
-        kv = sections.get("kv", {}).get("rows", [])
-        if kv:
-            steps = ", ".join(f"{r['kv_cache_precision']} {r['autoregressive_step_s'] * 1000:.1f} ms" for r in kv)
+        if kv := stats.sweep_rows(runs, "kv"):
+            kv_at, precisions = stats.section(runs, "kv"), tables.facts(sections["kv"])
+            steps = ", ".join(f"{precisions[r.lane.label]['kv_cache_precision']} "
+                              f"{tables.kv_step_s(kv_at.runs, r.lane) * 1000:.1f} ms" for r in kv)
             text += f" The KV cache sweep (§3) points at one cause: our autoregressive step with each KV cache precision is {steps}."
         return text
-    if target["id"] == "overhead":
-        return f"*Overhead ({target['where']}):* {where}."
+    if target.id == "overhead":
+        return f"*Overhead ({target.where}):* {where}."
     return ""
 
 
-def _round_costs(spec: dict, step_s: float, target: dict) -> str:
+def _round_costs(spec: stats.Drafting, step_s: float, target: Target) -> str:
     """One speculative round's model calls against autoregressive steps, and what the goal needs."""
-    k, tokens = spec["mean_k"], spec["mean_acceptance_length"].median
+    k, tokens = spec.mean_k, spec.mean_acceptance_length.median
     if not k:  # no round drafted: the planner priced every K above a plain step (a loaded host), and nothing to split
         return "our speculative lane drafted no round: the planner found no K that pays on this run's costs."
-    draft_s, verify_s = spec["draft_step_s"].median, spec["verify_call_s"].median
+    draft_s, verify_s = spec.draft_step_s.median, spec.verify_call_s.median
     round_s = k * draft_s + verify_s
-    budget_s = tokens * step_s / target["goal"]
+    budget_s = tokens * step_s / target.goal
     return (
         f"a round drafts {k:.1f} tokens ({k:.1f} × {draft_s * 1000:.1f} ms) and verifies them in one call "
         f"({verify_s * 1000:.1f} ms), emitting {tokens:.2f} tokens: {round_s / tokens * 1000:.1f} ms per token against "
         f"{step_s * 1000:.1f} ms per autoregressive step, {speedup_from_calls(tokens, k, draft_s, verify_s, step_s):.2f}× from "
-        f"model calls alone (measured {target['measured']:.2f}× with prefills and Python). {target['goal']:g}× needs a round "
+        f"model calls alone (measured {target.measured:.2f}× with prefills and Python). {target.goal:g}× needs a round "
         f"of ≤ {budget_s * 1000:.1f} ms, {(round_s - budget_s) * 1000:.1f} ms less. Leviathan's formula predicts "
-        f"{spec['leviathan_speedup']:.2f}× from α̂ = {spec['alpha_hat']:.2f} and c = {spec['draft_cost']:.3f} because it prices a verify "
+        f"{spec.leviathan_speedup:.2f}× from α̂ = {spec.alpha_hat:.2f} and c = {spec.draft_cost:.3f} because it prices a verify "
         f"call at one autoregressive step; here it costs {verify_s / step_s:.2f}×; at 1× the calls would give "
         f"{speedup_from_calls(tokens, k, draft_s, step_s, step_s):.2f}×."
     )
 
 
-def paper_section(sections: dict, plots: dict, runs=()) -> str:
+def paper_section(sections: dict, plots: dict, runs: list[Run]) -> str:
     """§1: autoregressive vs speculative at the paper's N, ours and GenAI's, beside the paper's figures."""
     if not (paper := sections.get("paper")):
         return ""
     rows = []
-    for n, f in paper["by_tokens"].items():
-        lanes = f["lanes"]
-        ours_ar, ours, genai_ar, genai = (schema.label(lanes, kind) for kind in (OURS_AR, OURS_SPEC, GENAI_AR, GENAI_SPEC))
-        row = [
-            n,
-            seconds(lanes[ours_ar]["wall_s"]),
-            seconds(lanes[ours]["wall_s"]),
-            times(f["speedup"][ours]),
-            seconds(lanes[genai_ar]["wall_s"]),
-            seconds(lanes[genai]["wall_s"]),
-            times(f["speedup"][genai]),
-        ]
-        p = f.get("paper")
-        row += [f"{p['autoregressive_s']:.2f} s", f"{p['speculative_s']:.2f} s", f"{p['speedup']:.2f}×"] if p else ["–"] * 3
+    for n in stats.tokens(runs, "paper"):
+        at = stats.section(runs, "paper", n=n)
+        row = [str(n)]
+        for ar, spec in ((OURS_AR, OURS_SPEC), (GENAI_AR, GENAI_SPEC)):
+            row += [seconds(stats.lane_figures(at.runs, at.lane(which)).wall_s) for which in (ar, spec)]
+            row.append(times(at.speedup(spec)))
+        row += [f"{PAPER[n][0]:.2f} s", f"{PAPER[n][1]:.2f} s", f"{paper_speedup(n):.2f}×"] if n in PAPER else ["–"] * 3
         rows.append(row)
     header = ["N", "ours AR", "ours spec", "ours speedup", "GenAI AR", "GenAI spec", "GenAI speedup", "paper AR", "paper spec", "paper speedup"]
     text = (
@@ -261,27 +246,13 @@ def peers_section(sections: dict, plots: dict, runs: list[Run]) -> str:
     if not paper and not hf:
         return ""
     text = "## 2. Peers in the same run\n\n"
-    if paper:
-        n = max(paper["by_tokens"], key=int)
-        f = paper["by_tokens"][n]
-        rows = []
-        for lane, figures in f["lanes"].items():
-            acceptance = (f[SPECULATIVE]["draft_acceptance_rate"] if schema.is_lane(figures, OURS_SPEC)
-                          else f["genai_acceptance"].get(lane))
-            rows.append(
-                [
-                    lane,
-                    seconds(figures["wall_s"]),
-                    ms(figures["per_token_s"]),
-                    seconds(figures.get("prefill_s", {})),
-                    f"{figures['tokens'].median:.0f}",
-                    percent(acceptance, 0) if acceptance is not None else "–",
-                    figures["same_as_reference"],
-                ]
-            )
+    if paper and (at := stats.section(runs, "paper")):
+        rows = [[lane.label, seconds(t.wall_s), ms(t.per_token_s), seconds(t.prefill_s), f"{t.tokens.median:.0f}",
+                 percent(stats.acceptance(stats.lane_runs(at.runs, lane)), 0), t.same_as_reference]
+                for lane in at.lanes for t in [stats.lane_figures(at.runs, lane)]]
         text += (
             f"OpenVINO GenAI `LLMPipeline` on our converted IR folders, fed the same prompt token ids "
-            f"(chat template applied once, by us), greedy, N = {n}, {k_text(paper)}, its default continuous-batching "
+            f"(chat template applied once, by us), greedy, N = {at.n}, {k_text(paper)}, its default continuous-batching "
             "backend with prefix caching off (it would skip the prefill of a prompt seen before), and our compile "
             f"properties{_genai_compile(paper.get('genai_compile'))}."
             + "".join(f" GenAI's {role} ran at {paper[f'genai_{role}']}: its pipelines cannot load specdemo's kernels, "
@@ -289,20 +260,26 @@ def peers_section(sections: dict, plots: dict, runs: list[Run]) -> str:
             + table(["lane", "wall time", "per token", "prefill", "tokens", "draft acceptance rate", "same tokens as ours AR"],
                     rows)
         )
-        ratio_rows = [[name, times(spread, 3)] for name, spread in f["ratios"].items()]
-        defaults = paper.get("genai_defaults")
-        if defaults:
-            where = f"N = {defaults['max_new_tokens']}, {defaults['lanes'][schema.label(defaults['lanes'], OURS_SPEC)]['wall_s'].n} instructions"
-            ratio_rows += [[f"{name} ({where})", times(spread, 3)] for name, spread in defaults["ratios"].items()]
+        ratio_rows = [_ratio_row(at, *pair) for pair in ((OURS_AR, GENAI_AR), (OURS_SPEC, GENAI_SPEC))]
+        if defaults := stats.section(runs, "paper", GENAI_DEFAULTS):
+            where = f" (N = {defaults.n}, {len({r.instruction for r in defaults.runs})} instructions)"
+            ratio_rows += [_ratio_row(defaults, *pair, where) for pair in ((OURS_AR, GENAI_AR), (OURS_SPEC, GENAI_SPEC))]
         text += (
-            "\n\nDecoding time ratios (tokens after the first, each lane's prefill apart; files before schema 2: wall time), "
+            "\n\nDecoding time ratios (tokens after the first, each lane's prefill apart), "
             "per instruction then median (below 1 means ours is faster). \"its defaults\" is GenAI with no "
             "compile properties of ours (on this CPU that means bf16 inference), in a separate shorter pass:\n\n"
             + table(["ratio", "median (min–max)"], ratio_rows)
         )
     if hf:
-        text += "\n\n" + _transformers(hf, *stats.section(runs, "transformers"))
+        text += "\n\n" + _transformers(hf, stats.section(runs, "transformers"))
     return text + image(plots, "peers", "Milliseconds per new token, by lane")
+
+
+def _ratio_row(at: stats.Pass, numerator: tuple[str, str], denominator: tuple[str, str], where: str = "",
+               digits: int = 3) -> list[str]:
+    """A row of a table of decoding time ratios: "A / B", the Spread of A's over B's (stats.Pass.ratio)."""
+    return [f"{at.lane(numerator).label} / {at.lane(denominator).label}{where}",
+            times(at.ratio(numerator, denominator), digits)]
 
 
 def _genai_compile(compile: dict | None) -> str:
@@ -314,17 +291,15 @@ def _genai_compile(compile: dict | None) -> str:
     return f" ({described}){', except ' + compile['differs'] if compile.get('differs') else ''}"
 
 
-def _transformers(hf: dict, runs: list[Run], lanes: list[Lane]) -> str:
-    """transformers' lanes beside ours from the section's `runs`: times, decode ratios and each framework's speedup."""
+def _transformers(hf: dict, at: stats.Pass) -> str:
+    """transformers' lanes beside ours from the section's runs: times, decode ratios and each framework's speedup."""
     if "skipped" in hf:
         return f"transformers: skipped ({hf['skipped']})."
     rows = [[lane.label, seconds(t.wall_s), ms(t.per_token_s), f"{t.tokens.median:.0f}", t.same_as_reference]
-            for lane in lanes for t in [stats.lane_figures(runs, lane)]]
-    pairs = [(find(lanes, "transformers", kind), find(lanes, "specdemo", kind)) for kind in (SPECULATIVE, AUTOREGRESSIVE)]
-    ratio_rows = [[name, times(ratio)] for name, ratio in stats.ratios(runs, pairs).items()]
+            for lane in at.lanes for t in [stats.lane_figures(at.runs, lane)]]
+    ratio_rows = [_ratio_row(at, ("transformers", kind), ("specdemo", kind), digits=2) for kind in (SPECULATIVE, AUTOREGRESSIVE)]
     ratio_rows += [[f"{'ours' if lane.framework == 'specdemo' else lane.framework} speedup (AR / speculative)",
-                    times(stats.spread(stats.paired_ratios(runs, lane.baseline, lane)))]
-                   for lane in lanes if lane.kind == SPECULATIVE]
+                    times(stats.speedup(at.runs, lane))] for lane in at.lanes if lane.kind == SPECULATIVE]
     return (
         f"transformers {hf['dtype']} on PyTorch CPU, the weights our IRs were converted from (GGUF dequantized, before "
         f"NNCF compression), `generate()` and `assistant_model=` with exactly K = {hf['k']} assistant tokens per round, "

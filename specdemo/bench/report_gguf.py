@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 
 from specdemo.bench import stats
-from specdemo.bench.harness import Lane, Run, find
-from specdemo.bench.report_tables import cell, k_text, ms_value, percent, seconds, table, times
+from specdemo.bench.harness import Lane, Run
+from specdemo.bench.report_tables import cell, k_text, ms_value, number, percent, seconds, table, times
 from specdemo.bench.schema import OURS_AR, OURS_SPEC
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 
@@ -20,8 +20,9 @@ def llamacpp_section(sections: dict, plots: dict, runs: list[Run]) -> str:
     title = "## 7. llama.cpp on the same GGUF files\n\n"
     if "skipped" in cpp:
         return title + cpp["skipped"]
-    mine, lanes = stats.section(runs, "llamacpp")
-    ours_ar, ours_spec, cpp_ar = (find(lanes, *which) for which in (OURS_AR, OURS_SPEC, ("llamacpp", AUTOREGRESSIVE)))
+    at = stats.section(runs, "llamacpp")
+    mine, lanes = at.runs, at.lanes
+    ours_ar, ours_spec, cpp_ar = (at.lane(which) for which in (OURS_AR, OURS_SPEC, ("llamacpp", AUTOREGRESSIVE)))
     bench = next((lane for lane in lanes if lane.framework == "llamacpp" and lane.kind == AUTOREGRESSIVE and lane != cpp_ar),
                  None)  # llama-bench's row
     # A time ratio per token of llama.cpp over ours is our tokens/s over llama.cpp's.
@@ -29,8 +30,8 @@ def llamacpp_section(sections: dict, plots: dict, runs: list[Run]) -> str:
     ratio_rows = [[f"{ours.label} ÷ {theirs.label}", times(stats.spread(stats.decode_ratios(mine, theirs, ours)))]
                   for theirs, ours in [*pairs, (cpp_ar, ours_ar)]]
     # the bindings' decode rate, and ours, over llama-bench's tg: llama.cpp in its bindings as fast as in its own tool?
-    over_bench = [stats.decode_rate(mine, lane) / stats.decode_rate(mine, bench) if bench else None
-                  for lane in (cpp_ar, ours_ar)]
+    rate = lambda lane: stats.lane_figures(mine, lane).decode_tokens_per_s.median  # noqa: E731
+    over_bench = [rate(lane) / rate(bench) if bench else None for lane in (cpp_ar, ours_ar)]
     return (
         title
         + f"llama-cpp-python {cpp['version']} (`llama_cpp.Llama`) on the GGUF files our IRs are converted from (Q4_K_M, "
@@ -57,7 +58,7 @@ def _lane_row(runs: list[Run], lane: Lane) -> list[str]:
     speedup over its own autoregressive lane, same tokens."""
     times_of, mine = stats.lane_figures(runs, lane), stats.lane_runs(runs, lane)
     acceptance = stats.acceptance(mine) if lane.framework == "llamacpp" else None
-    speedup = times(stats.spread(stats.paired_ratios(runs, lane.baseline, lane))) if lane.kind == SPECULATIVE else "–"
+    speedup = times(stats.speedup(runs, lane)) if lane.kind == SPECULATIVE else "–"
     return [lane.label, cell(times_of.decode_tokens_per_s, 1, " tokens/s"), seconds(times_of.prefill_s),
             cell(stats.spread([r.tokens / r.wall_s for r in mine if r.wall_s]), 1, " tokens/s"), seconds(times_of.wall_s),
             f"{times_of.tokens.median:.0f}", percent(acceptance, 0), speedup, times_of.same_as_reference]
@@ -124,11 +125,12 @@ def nodes_section(sections: dict, plots: dict, runs: list[Run]) -> str:
             row = [group["name"], f"{group['weight_bytes'] / 1e6:.0f} MB" if group["weight_bytes"] else "–"]
             for tokens in calls:
                 g = target["by_tokens"][str(tokens)][i]
-                row += [f"{g['ms_per_call']:.1f} ms", _rate(g["gb_per_s"])]
+                row += [f"{g['ms_per_call']:.1f} ms", number(g["gb_per_s"], ".1f", " GB/s")]
             rows.append(row)
         totals = [sum(g["ms_per_call"] for g in target["by_tokens"][str(t)]) for t in calls]
         rows.append(["**all nodes**", f"{target['weight_bytes'] / 1e6:.0f} MB"]
-                    + [cell for t in totals for cell in (f"**{t:.1f} ms**", _rate(target["weight_bytes"] / (t * 1e6)))])
+                    + [cell for t in totals
+                       for cell in (f"**{t:.1f} ms**", number(target["weight_bytes"] / (t * 1e6), ".1f", " GB/s"))])
         rows.append(["the call, wall time", ""] + [cell for t in calls for cell in (ms_value(target["wall_s"][str(t)]), "")])
         header = ["group", "weights read"] + [c for t in calls for c in (f"{t} token{'s' if t > 1 else ''}: time", "rate")]
         parts.append(f"**{_weights({'target': target['precision']})}** ({target['compile_settings']}):\n\n" + table(header, rows))
@@ -142,12 +144,8 @@ def nodes_section(sections: dict, plots: dict, runs: list[Run]) -> str:
     return "\n\n".join(parts)
 
 
-def _rate(gb_per_s: float) -> str:
-    return "–" if gb_per_s is None or math.isnan(gb_per_s) else f"{gb_per_s:.1f} GB/s"
-
-
 def _llamacpp_plain(runs: list[Run]) -> float | None:
     """llama.cpp's median time per token, plain decoding, from the llamacpp section's rows (None if it did not run)."""
-    mine, lanes = stats.section(runs, "llamacpp")
-    plain = [lane for lane in lanes if (lane.framework, lane.kind) == ("llamacpp", AUTOREGRESSIVE)]
-    return stats.lane_figures(mine, plain[0]).per_token_s.median if plain else None
+    if not (at := stats.section(runs, "llamacpp")):
+        return None
+    return stats.lane_figures(at.runs, at.lane(("llamacpp", AUTOREGRESSIVE))).per_token_s.median

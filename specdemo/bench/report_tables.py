@@ -5,10 +5,12 @@ milliseconds per new token for cross-lane comparisons, "×" for speedups and tim
 from __future__ import annotations
 
 import math
+import statistics
 
-from specdemo.bench import schema, watching
+from specdemo.bench import stats, watching
+from specdemo.bench.harness import Run
 from specdemo.bench.schema import OURS_AR, OURS_SPEC
-from specdemo.bench.stats import COMPONENTS
+from specdemo.bench.stats import COMPONENTS, Spread, SweepRow
 from specdemo.learning.disk import size
 from specdemo.learning.draft_choice import from_dict
 from specdemo.learning.profile.choices import Setting
@@ -17,22 +19,22 @@ from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results.figures import figure
 
 
-def seconds(spread: dict, digits: int = 2) -> str:
+def seconds(spread: Spread, digits: int = 2) -> str:
     """A spread of seconds: '4.21 s (4.05–4.60)'; one value: '4.21 s'."""
     return cell(spread, digits, " s")
 
 
-def ms(spread: dict, digits: int = 1) -> str:
+def ms(spread: Spread, digits: int = 1) -> str:
     """A spread of seconds shown in milliseconds: '42.1 ms (40.3–45.0)'."""
     return cell(spread.scaled(1000), digits, " ms")
 
 
-def times(spread: dict, digits: int = 2) -> str:
+def times(spread: Spread, digits: int = 2) -> str:
     """A spread of ratios: '1.82× (1.70–1.95)'."""
     return cell(spread, digits, "×")
 
 
-def cell(spread: dict, digits: int, unit: str) -> str:
+def cell(spread: Spread, digits: int, unit: str) -> str:
     if not spread.n:
         return "–"
     median = f"{spread.median:.{digits}f}{unit}"
@@ -74,22 +76,27 @@ def image(plots: dict, name: str, alt: str) -> str:
 # ---- the sweeps (section 3), prompt lookup (4), memory (5), the time breakdown (6), the method
 
 
-def _sweep_rows(rows: list[dict], first: list[str]) -> list[list[str]]:
+def _sweep_rows(rows: list[SweepRow], first: list[list[str]]) -> list[list[str]]:
     return [
         [
             *first_cells,
-            figure("alpha_hat").format(None if math.isnan(r["alpha_hat"]) or not r["mean_k"] else r["alpha_hat"]),
-            figure("draft_cost").format(r["draft_cost"] or None),
-            figure("mean_k").format(r["mean_k"] or None),
-            figure("leviathan_speedup").format(r["leviathan_speedup"] if r["draft_cost"] else None),
-            times(r["predicted_speedup"]) if r["predicted_speedup"].n else "–",
-            times(r["measured_speedup"]),
-            _error(r.get("prediction_error")),
-            ms(r["per_token_s"]),
-            r["same_as_reference"],
+            figure("alpha_hat").format(None if math.isnan(r.alpha_hat) or not r.mean_k else r.alpha_hat),
+            figure("draft_cost").format(r.draft_cost or None),
+            figure("mean_k").format(r.mean_k or None),
+            figure("leviathan_speedup").format(r.leviathan_speedup if r.draft_cost else None),
+            times(r.predicted_speedup) if r.predicted_speedup.n else "–",
+            times(r.measured_speedup),
+            _error(r.prediction_error),
+            ms(r.per_token_s),
+            r.same_as_reference,
         ]
         for first_cells, r in zip(first, rows)
     ]
+
+
+def facts(section: dict) -> dict[str, dict]:
+    """A sweep section's own facts of its lanes (its rows: what the table does not hold), by the lane's label."""
+    return {row["label"]: row for row in section.get("rows", [])}
 
 
 _SWEEP_HEADER = [*(figure(key).label for key in ("alpha_hat", "draft_cost", "mean_k", "leviathan_speedup",
@@ -97,7 +104,7 @@ _SWEEP_HEADER = [*(figure(key).label for key in ("alpha_hat", "draft_cost", "mea
                  "prediction error", "per token", "same tokens as AR"]
 
 
-def _error(spread: dict | None) -> str:
+def _error(spread: Spread | None) -> str:
     if not spread or not spread.n:
         return "–"
     return f"{spread.median:+.0%} ({spread.min:+.0%} to {spread.max:+.0%})"
@@ -148,12 +155,15 @@ def _plan_note(option: dict) -> str:
     return ("chosen, " if option.get("chosen") else "") + f"not measured: at best {number(option.get('best_case'), '.2f', '×')}"
 
 
-def k_section(sections: dict, plots: dict, runs=()) -> str:
+def k_section(sections: dict, plots: dict, runs: list[Run]) -> str:
     if not (k := sections.get("k")):
         return ""
-    rows = _sweep_rows(k["rows"], [[r["label"]] for r in k["rows"]])
-    for row, r in zip(rows, k["rows"]):
-        row += [times(r["genai_speedup"]) if "genai_speedup" in r else "–", times(r["ours_over_genai"], 3) if "ours_over_genai" in r else "–"]
+    rows, at = stats.sweep_rows(runs, "k", "specdemo"), stats.section(runs, "k")
+    cells = _sweep_rows(rows, [[r.lane.label] for r in rows])
+    for row, r in zip(cells, rows):
+        genai = stats.same_k(at.runs, r.lane)
+        row += [times(stats.speedup(at.runs, genai)), times(stats.spread(stats.paired_ratios(at.runs, r.lane, genai)), 3)
+                ] if genai else ["–", "–"]
     text = (
         f"## 3. Sweeps\n\n### Draft length K\n\nN = {k['max_new_tokens']}, the default pair. α̂ = accepted / (accepted + "
         "rounds that ended in a rejection), over all rounds; c = a draft step in single target steps; Leviathan = "
@@ -161,19 +171,21 @@ def k_section(sections: dict, plots: dict, runs=()) -> str:
         "(this machine) = the planner's prediction from the measured cost curve, α̂, mean K, N and the prompt; measured = "
         "AR time / speculative time per instruction; prediction error = (predicted − measured) / measured. Auto K: the "
         "planner picks each round's K.\n\n"
-        + table(["K", *_SWEEP_HEADER, "GenAI speedup", "ours / GenAI time"], rows)
+        + table(["K", *_SWEEP_HEADER, "GenAI speedup", "ours / GenAI time"], cells)
     )
-    return text + _counterfactual_table(k["rows"]) + image(plots, "k", "Measured and predicted speedup against K")
+    return text + _counterfactual_table(rows, facts(k)) + image(plots, "k", "Measured and predicted speedup against K")
 
 
-def _counterfactual_table(rows: list[dict]) -> str:
-    """Measured, predicted and counterfactual speedup per fixed K, and auto K against the best fixed K."""
-    fixed = [r for r in rows if r.get("k_policy") == "fixed" and getattr(r.get("counterfactual_speedup"), "n", 0)]
+def _counterfactual_table(rows: list[SweepRow], said: dict[str, dict]) -> str:
+    """Measured, predicted and counterfactual speedup per fixed K, and auto K against the best fixed K; `said`: what
+    the counterfactual said of each lane (stats.counterfactual_figures), by its label."""
+    fixed = [(r, said[r.lane.label]) for r in rows
+             if r.lane.k_policy == "fixed" and getattr(said[r.lane.label].get("counterfactual_speedup"), "n", 0)]
     if not fixed:
         return ""
-    cells = [[r["label"], times(r["measured_speedup"]), times(r["predicted_speedup"]) if r["predicted_speedup"].n else "–",
-              _error(r.get("prediction_error")), times(r["counterfactual_speedup"]), _error(r.get("counterfactual_error")),
-              f"±{r['counterfactual_calls_off']}", str(r.get("answers_differ", "–"))] for r in fixed]
+    cells = [[r.lane.label, times(r.measured_speedup), times(r.predicted_speedup) if r.predicted_speedup.n else "–",
+              _error(r.prediction_error), times(c["counterfactual_speedup"]), _error(c["counterfactual_error"]),
+              f"±{c['counterfactual_calls_off']}", str(c.get("answers_differ", "–"))] for r, c in fixed]
     text = (
         "\n\n#### What each K would have given\n\nAfter every instruction, one teacher-forced draft pass over the "
         "autoregressive lane's greedy answer gives, at every position, whether the draft's greedy token equals the answer's; "
@@ -190,67 +202,85 @@ def _counterfactual_table(rows: list[dict]) -> str:
                  "other answers"], cells)
     )
     for r in rows:
-        if r.get("k_policy") in ("auto", "adaptive") and getattr(r.get("oracle_speedup"), "n", 0):
-            ks = ", ".join(str(k) for k in r["best_fixed_k"])
-            over = (f"; measured against the measured lane at that K: {times(r['over_best_fixed'])}"
-                    if r["over_best_fixed"].n else "")
-            text += (f"\n\n**{r['label']}**: measured {times(r['measured_speedup'])}. On the same answers the counterfactual's "
-                     f"best fixed K was {ks} ({times(r['best_fixed_counterfactual'])} predicted){over}; the oracle, the best K "
-                     f"for every round, {times(r['oracle_speedup'])}.")
+        c = said[r.lane.label]
+        if r.lane.k_policy in ("auto", "adaptive") and getattr(c.get("oracle_speedup"), "n", 0):
+            ks = ", ".join(str(k) for k in c["best_fixed_k"])
+            over = (f"; measured against the measured lane at that K: {times(c['over_best_fixed'])}"
+                    if c["over_best_fixed"].n else "")
+            text += (f"\n\n**{r.lane.label}**: measured {times(r.measured_speedup)}. On the same answers the counterfactual's "
+                     f"best fixed K was {ks} ({times(c['best_fixed_counterfactual'])} predicted){over}; the oracle, the best K "
+                     f"for every round, {times(c['oracle_speedup'])}.")
     return text
 
 
-def precision_section(sections: dict, plots: dict, runs=()) -> str:
+def precision_section(sections: dict, plots: dict, runs: list[Run]) -> str:
     if not (precision := sections.get("precision")):
         return ""
-    rows = _sweep_rows(precision["rows"], [[r["target"], r["draft"], size(r["draft_bytes"])] for r in precision["rows"]])
-    for row, r in zip(rows, precision["rows"]):
-        row.insert(3, ms(r["reference_per_token_s"]))
+    rows, pairs = stats.sweep_rows(runs, "precision"), facts(precision)
+    cells = _sweep_rows(rows, [[pair["target"], pair["draft"], size(pair["draft_bytes"]), ms(r.reference_per_token_s)]
+                               for r in rows for pair in [pairs[r.lane.label]]])
     text = (
         f"### Weight precision\n\nN = {precision['max_new_tokens']}, {k_text(precision)}. Each speedup is over the same "
         "target decoding alone (AR per token shown); \"same tokens\" compares with that target's own AR output.\n\n"
-        + table(["target", "draft", "draft size", "AR per token", *_SWEEP_HEADER], rows)
+        + table(["target", "draft", "draft size", "AR per token", *_SWEEP_HEADER], cells)
     )
     return text + image(plots, "precision", "Measured and predicted speedup by weight precision")
 
 
-def kv_section(sections: dict, plots: dict, runs=()) -> str:
+def kv_section(sections: dict, plots: dict, runs: list[Run]) -> str:
     if not (kv := sections.get("kv")):
         return ""
-    rows = _sweep_rows(kv["rows"], [[r["kv_cache_precision"]] for r in kv["rows"]])
-    for row, r in zip(rows, kv["rows"]):
-        row.insert(1, f"{r['autoregressive_step_s'] * 1000:.1f} ms")
-        row.insert(2, size(r["kv_cache_bytes"].median))
+    rows, at, precisions = stats.sweep_rows(runs, "kv"), stats.section(runs, "kv"), facts(kv)
+    # KV bytes: both models' caches at the end of a speculative run, the median run's
+    first = [[precisions[r.lane.label]["kv_cache_precision"], ms_value(kv_step_s(at.runs, r.lane)),
+              size(statistics.median(sum(run.summary.kv_cache_bytes.values()) for run in stats.lane_runs(at.runs, r.lane)))]
+             for r in rows]
     return (
         f"### KV cache precision\n\nBoth models' KV cache in the given element type (OpenVINO `KV_CACHE_PRECISION`), "
         f"N = {kv['max_new_tokens']}, {k_text(kv)}; KV bytes are both caches at the end of a speculative run.\n\n"
-        + table(["KV cache", "AR step", "KV bytes", *_SWEEP_HEADER], rows)
+        + table(["KV cache", "AR step", "KV bytes", *_SWEEP_HEADER], _sweep_rows(rows, first))
     )
 
 
-def lookup_section(sections: dict, plots: dict, runs=()) -> str:
+def kv_step_s(runs: list[Run], lane) -> float:
+    """The autoregressive step of speculative `lane`'s baseline (the same KV cache precision), in seconds."""
+    return stats.step_seconds(stats.lane_runs(runs, lane.baseline))
+
+
+def lookup_section(sections: dict, plots: dict, runs: list[Run]) -> str:
     if not (lookup := sections.get("lookup")):
         return ""
-    rows = _sweep_rows(lookup["rows"], [[r["label"]] for r in lookup["rows"]])
-    for row, r in zip(rows, lookup["rows"]):
-        row.append(times(r["vs_ours_autoregressive"]) if "vs_ours_autoregressive" in r else times(r["measured_speedup"]))
+    rows = stats.sweep_rows(runs, "lookup")
+    cells = _sweep_rows(rows, [[r.lane.label] for r in rows])
+    for row, r in zip(cells, rows):
+        row.append(times(over_ours(runs, r)))
     return (
         "## 4. Prompt lookup vs draft model\n\nEdits whose answer repeats the code in the prompt (add type hints, rename "
         f"a parameter, add docstrings), N = {lookup['max_new_tokens']}, K = {lookup['k']}. Speedups are over the same "
         "framework's autoregressive lane; the last column is over ours. Prompt lookup has no draft model, so c is ~0.\n\n"
-        + table(["drafter", *_SWEEP_HEADER, "speedup over ours AR"], rows)
+        + table(["drafter", *_SWEEP_HEADER, "speedup over ours AR"], cells)
     )
 
 
-def vocab_section(sections: dict, plots: dict, runs=()) -> str:
+def over_ours(runs: list[Run], row: SweepRow) -> Spread:
+    """A lookup row's speedup over our autoregressive lane (ours: its own speedup; a peer's: over ours, not its own)."""
+    if row.lane.framework == "specdemo":
+        return row.measured_speedup
+    at = stats.section(runs, "lookup")
+    return stats.spread(stats.paired_ratios(at.runs, at.lane(OURS_AR), row.lane))
+
+
+def vocab_section(sections: dict, plots: dict, runs: list[Run]) -> str:
     if not (vocab := sections.get("vocab")):
         return ""
-    rows = _sweep_rows(vocab["rows"], [[r["label"], f"{r['rows_kept']:,}", ms_value(r["draft_step_costed_s"])] for r in vocab["rows"]])
+    rows, heads = stats.sweep_rows(runs, "vocab"), facts(vocab)
+    first = [[r.lane.label, f"{heads[r.lane.label]['rows_kept']:,}", ms_value(heads[r.lane.label]["draft_step_costed_s"])]
+             for r in rows]
     return (
         f"### A cheaper draft: its LM head trimmed to the most frequent tokens\n\nN = {vocab['max_new_tokens']}, auto K. "
         "The head keeps the N most frequent tokens of Python's standard library and the examples, plus every special "
         "and single-byte token; the target still checks every token, so greedy output is unchanged.\n\n"
-        + table(["draft head", "rows kept", "draft step (warm-up)", *_SWEEP_HEADER], rows)
+        + table(["draft head", "rows kept", "draft step (warm-up)", *_SWEEP_HEADER], _sweep_rows(rows, first))
     )
 
 
@@ -276,22 +306,20 @@ def memory_section(sections: dict, plots: dict, runs=()) -> str:
     )
 
 
-def breakdown_section(sections: dict, plots: dict, runs=()) -> str:
+def breakdown_section(sections: dict, plots: dict, runs: list[Run]) -> str:
     """§6: where the time of the paper section's longest runs goes."""
-    if not (paper := sections.get("paper")):
+    if not (paper := sections.get("paper")) or not (at := stats.section(runs, "paper")):
         return ""
-    n = max(paper["by_tokens"], key=int)
-    f = paper["by_tokens"][n]
-    shares = f["time_shares"]
-    spec, ar = schema.label(f["lanes"], OURS_SPEC), schema.label(f["lanes"], OURS_AR)
-    rows = [[name, percent(shares[spec][name]), percent(shares[ar][name])] for name in COMPONENTS]
-    spec = f[SPECULATIVE]
+    shares = paper["time_shares"]
+    rows = [[name, percent(shares[SPECULATIVE][name]), percent(shares[AUTOREGRESSIVE][name])] for name in COMPONENTS]
+    spec = stats.speculative_figures(stats.lane_runs(at.runs, at.lane(OURS_SPEC)))
+    step_s = stats.step_seconds(stats.lane_runs(at.runs, at.lane(OURS_AR)))
     return (
-        f"## 6. Where the time goes\n\nShares of wall time summed over the N = {n} runs of section 1. \"our Python\" is "
+        f"## 6. Where the time goes\n\nShares of wall time summed over the N = {at.n} runs of section 1. \"our Python\" is "
         "everything outside model calls and cache rollbacks: the loop, acceptance, copying logits out of the plugin, "
-        f"incremental detokenizing. Verify call {ms(spec['verify_call_s'])}, draft step {ms(spec['draft_step_s'])}, "
-        f"autoregressive step {f['autoregressive_step_s'] * 1000:.1f} ms; mean acceptance length (tokens per verify call) "
-        f"{spec['mean_acceptance_length'].median:.2f}; accepted drafts per round (0..K): {spec['accepted_histogram']}.\n\n"
+        f"incremental detokenizing. Verify call {ms(spec.verify_call_s)}, draft step {ms(spec.draft_step_s)}, "
+        f"autoregressive step {step_s * 1000:.1f} ms; mean acceptance length (tokens per verify call) "
+        f"{spec.mean_acceptance_length.median:.2f}; accepted drafts per round (0..K): {spec.accepted_histogram}.\n\n"
         + table(["component", SPECULATIVE, AUTOREGRESSIVE], rows)
         + image(plots, "breakdown", "Shares of wall time")
     )
@@ -314,8 +342,8 @@ def method_section(results: dict) -> str:
     )
 
 
-def watching_section(sections: dict, plots: dict, runs=()) -> str:
+def watching_section(sections: dict, plots: dict, runs: list[Run]) -> str:
     """What watching costs (watching.py): step times and the speedup shown, by where the run was made."""
     if not (section := sections.get("watching")):
         return ""
-    return "## 8. What watching costs\n\n" + watching.report(section).split("\n", 2)[2]
+    return "## 8. What watching costs\n\n" + watching.report(section, runs).split("\n", 2)[2]

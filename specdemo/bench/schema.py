@@ -17,19 +17,14 @@ A lane's fields (Lane.fields() in harness.py), wherever a lane is described:
     k          draft tokens per round (null when autoregressive or auto K); k_policy "fixed" | "adaptive" | "auto"
     drafter    "model" | "prompt-lookup" (null when autoregressive); models  what it runs, with precisions
 
-A spread is stats.Spread: {median, min, max, mean, std, n}. A ratio is a spread of paired ratios of decoding time per token (the
-denominator's decode rate over the numerator's; before schema 2, of wall time per token) plus {numerator,
-denominator}: the two lanes' labels; ratios are keyed "numerator / denominator". A lane's figures (stats.lane_figures)
-carry prefill_s and decode_tokens_per_s spreads beside wall_s and per_token_s.
+A spread is stats.Spread: {median, min, max, mean, std, n}. The table's rows (table.row) carry each run's lane by its
+label and fields, its section, its setting (the section's pass: "", or GENAI_DEFAULTS) and its times; a section's
+lanes, their times, speedups and ratios of decode rates are queries over its rows (stats.section).
 
 Every section has seconds and load_average_end, and:
-    paper         k, k_label, k_policy (its rule), by_tokens {N: figures}, genai_defaults (figures + max_new_tokens),
-                  genai_compile (target / draft: GenAI's compile properties; differs: where they are not ours), genai_target,
-                  genai_draft (the precision GenAI's model ran at where ours ran specdemo's kernels, else null)
-                  figures: lanes {label: fields + wall_s, per_token_s, tokens, same_as_reference},
-                  speedup {label: spread}, ratios {key: ratio}, speculative (our speculative lane's pooled
-                  figures, stats.speculative_figures), genai_acceptance {label: accepted / proposed},
-                  time_shares {label: {component: share}}, autoregressive_step_s, paper (if N in PAPER)
+    paper         k, k_label, k_policy (its rule), genai_compile (target / draft: GenAI's compile properties; differs:
+                  where they are not ours), genai_target, genai_draft (the precision GenAI's model ran at where ours ran
+                  specdemo's kernels, else null), time_shares {kind: {component: share}} (our lanes at the longest N)
     transformers  k, max_new_tokens, dtype (its lanes, their times and ratios: the table's rows); or skipped
     fidelity      examples, candidates [{precision, compile_settings, positions, top1_agreement, mean_abs_logit_error}];
                   or skipped
@@ -41,21 +36,21 @@ Every section has seconds and load_average_end, and:
                   [{instruction, same_tokens, of}] (its lanes, llama-bench's and llama-speculative-simple's rows too: the
                   table); or skipped (a sentence: llama_cpp not installed, or models that are no GGUF)
     k, vocab, lookup, precision, kv
-                  max_new_tokens, rows (precision, kv: k, k_label; lookup: k). A row: label, the
-                  lane's fields, stats.sweep_row's figures, and the section's own: k (GenAI at the same K:
-                  genai_speedup, ours_over_genai), vocab (head_tokens, rows_kept, draft_step_costed_s),
-                  precision (target, draft, draft_bytes), kv (kv_cache_precision, autoregressive_step_s,
-                  kv_cache_bytes), lookup (GenAI rows: alpha, vs_ours_autoregressive)
+                  max_new_tokens, rows (precision, kv: k, k_label; lookup: k): a row per speculative lane, its label
+                  and what the table does not hold of it: k (stats.counterfactual_figures), vocab (head_tokens,
+                  rows_kept, draft_step_costed_s), precision (target, draft, draft_bytes), kv (kv_cache_precision).
+                  Each lane's figures are the table's (stats.sweep_rows)
+    watching      instruction, max_new_tokens, repeats, idle_s, browser_cpu [{idle_s, run_s, run_wall_s}] (its runs: the
+                  table's, their setting the mode that ran them: "CLI", "page API", "page in Chromium")
     gating        max_new_tokens, curves {name: CostModel}, rows [gating.Row: curve, instruction, tokens, alpha,
                   oracle, best_fixed, best_k, planned, lane, gated, gated_walk, drafted, turned_back, stopped,
                   same_text] (opt-in)
     humaneval     problems, max_new_tokens, k, k_label, framing, notebook {speedup, problems, target, draft, framework,
                   measure}, lanes {key: label + fields} (keys: autoregressive, speculative, genai_autoregressive, genai,
-                  llamacpp where installed), speedup_mean and speedup_of_sums (ours), speedup {ours, genai: {mean,
-                  of_sums, spread}}, pass_at_1 {key: share}, same_text (problems), verdicts_differ [task_id],
-                  mean_acceptance_length, acceptance_by_position [share per draft position], speculative (pooled
-                  figures), genai_acceptance, rows [{task_id, tokens, wall_s, passed, reason (by lane key), speedup,
-                  same_text, parted_at, mean_acceptance_length, acceptance_by_position}]; or skipped
+                  llamacpp where installed), speedup {ours, genai: {mean, of_sums, spread}}, pass_at_1 {key: share},
+                  same_text (problems), verdicts_differ [task_id], mean_acceptance_length, acceptance_by_position
+                  [share per draft position], genai_acceptance, rows [{task_id, tokens, wall_s, passed, reason (by
+                  lane key), speedup, same_text, parted_at, mean_acceptance_length, acceptance_by_position}]; or skipped
     memory        max_new_tokens, autoregressive and speculative {rss_loaded_bytes, peak_rss_generating_bytes,
                   peak_rss_process_bytes, peak_anon_generating_bytes, peak_anon_process_bytes (RssAnon, absent in
                   older results), private_bytes, kv_cache_bytes {model: bytes}, tokens}
@@ -73,26 +68,5 @@ OURS_SPEC = ("specdemo", SPECULATIVE)
 GENAI_AR = ("genai", AUTOREGRESSIVE)
 GENAI_SPEC = ("genai", SPECULATIVE)
 HF_SPEC = ("transformers", SPECULATIVE)
+GENAI_DEFAULTS = "GenAI's defaults"  # Run.setting of the paper's pass with GenAI on its own compile defaults
 
-
-def is_lane(figures: dict, framework_kind: tuple[str, str]) -> bool:
-    return (figures["framework"], figures["kind"]) == framework_kind
-
-
-def label(lanes: dict, framework_kind: tuple[str, str]) -> str:
-    """The label of the first lane of `framework_kind` in `lanes` ({label: fields and figures})."""
-    return next(name for name, figures in lanes.items() if is_lane(figures, framework_kind))
-
-
-def ratio(figures: dict, numerator: tuple[str, str], denominator: tuple[str, str]) -> dict | None:
-    """The ratio in figures["ratios"] of a `numerator` lane over a `denominator` lane, or None."""
-    lanes = figures["lanes"]
-    for entry in figures.get("ratios", {}).values():
-        if is_lane(lanes[entry.numerator], numerator) and is_lane(lanes[entry.denominator], denominator):
-            return entry
-    return None
-
-
-def rows_with(rows: list[dict], **fields) -> list[dict]:
-    """The sweep rows whose fields equal `fields`, e.g. rows_with(rows, k_policy="fixed")."""
-    return [row for row in rows if all(row.get(key) == value for key, value in fields.items())]

@@ -6,8 +6,8 @@ section's runner. Each returns the dict the report reads (keys: schema.py)."""
 from __future__ import annotations
 
 from specdemo.bench import stats
-from specdemo.bench.harness import Context, Lane, Run, find, genai_compile, log_progress, measure, our_lane, peer_lane
-from specdemo.bench.settings import PAPER
+from specdemo.bench.harness import Context, Lane, Run, genai_compile, log_progress, measure, our_lane, peer_lane
+from specdemo.bench.schema import GENAI_DEFAULTS
 from specdemo.decoding.drafters import with_counterpart
 from specdemo.models import kernels, sources
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
@@ -15,9 +15,11 @@ from specdemo.results.parting import first_difference
 
 
 def run_paper(ctx: Context) -> dict:
-    """Autoregressive vs speculative at the paper's N, with GenAI's pipelines in the same loop.
+    """Autoregressive vs speculative at the paper's N, with GenAI's pipelines in the same loop (their times, speedups and
+    ratios: the table's rows, the report's queries); where our loops' time goes at the longest N, from their rounds,
+    which the table does not keep.
 
-    Then, if asked, a shorter pass with GenAI on its own compile defaults instead of ours.
+    Then, if asked, a shorter pass with GenAI on its own compile defaults instead of ours (setting GENAI_DEFAULTS).
     """
     generation, k = ctx.generation, ctx.k
     ours_ar = our_lane("ours autoregressive", ctx.engine, AUTOREGRESSIVE, generation)
@@ -25,18 +27,17 @@ def run_paper(ctx: Context) -> dict:
     genai_ar = ctx.genai_lane("GenAI autoregressive", "plain")
     lanes = ours + [genai_ar, ctx.genai_lane("GenAI speculative", SPECULATIVE, baseline=genai_ar)]
     instructions = ctx.code_instructions()
-    by_n = {}
-    for n in ctx.bench.paper_tokens:
+    for n in sorted(ctx.bench.paper_tokens):  # the longest last: its runs' rounds give the time shares
         ctx.log(f"paper: N={n}, K={k}, {len(lanes)} lanes")
         runs = ctx.keep(measure(lanes, instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log))
-        by_n[str(n)] = paper_figures(lanes, runs, n)
     peers = {"target": (ctx.genai_target().settings, ctx.engine.target.settings),
              "draft": (ctx.genai_draft().settings, ctx.engine.draft.settings)}  # (GenAI's, ours)
     figures = {"k": k, "k_label": ctx.k_label(peers=True), "k_policy": generation.k_policy.rule,
-               "by_tokens": by_n, "genai_compile": genai_compile(ctx.genai_target(), ctx.genai_draft()),
+               "genai_compile": genai_compile(ctx.genai_target(), ctx.genai_draft()),
                # GenAI's model where it is not ours (ours on specdemo's kernels), else None
                **{f"genai_{role}": None if theirs.precision == mine.precision else theirs.precision
-                  for role, (theirs, mine) in peers.items()}}
+                  for role, (theirs, mine) in peers.items()},
+               "time_shares": {lane.kind: stats.time_shares(stats.lane_runs(runs, lane)) for lane in ours}}
     if ctx.bench.genai_defaults_instructions:
         n = max(ctx.bench.paper_tokens)
         # Let the pipelines above go before two more copies of the target load: the runs hold their lanes, the lanes
@@ -47,34 +48,7 @@ def run_paper(ctx: Context) -> dict:
         lanes = ours + [genai_ar, ctx.genai_lane("GenAI speculative (its defaults)", "speculative (defaults)", baseline=genai_ar)]
         instructions = ctx.code_instructions(ctx.bench.genai_defaults_instructions)
         ctx.log(f"paper: GenAI on its own compile defaults, N={n}")
-        runs = ctx.keep(measure(lanes, instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log))
-        figures["genai_defaults"] = {"max_new_tokens": n, **paper_figures(lanes, runs, n)}
-    return figures
-
-
-def paper_figures(lanes: list[Lane], runs: list[Run], n: int) -> dict:
-    """Figures of one paper pass: every lane's times, each speculative lane's speedup over its baseline,
-    each GenAI lane's time against our lane of the same kind, and where our loops' time goes."""
-    ar, spec = find(lanes, "specdemo", AUTOREGRESSIVE), find(lanes, "specdemo", SPECULATIVE)
-    genai = [lane for lane in lanes if lane.framework == "genai"]
-    figures = {
-        "lanes": {lane.label: {**lane.fields(), **vars(stats.lane_figures(runs, lane))} for lane in lanes},
-        "speedup": {
-            lane.label: stats.spread(stats.paired_ratios(runs, lane.baseline, lane)) for lane in lanes if lane.kind == SPECULATIVE
-        },
-        "ratios": stats.ratios(runs, [(find(lanes, "specdemo", lane.kind), lane) for lane in genai]),
-        SPECULATIVE: stats.speculative_figures(stats.lane_runs(runs, spec)),
-        "genai_acceptance": {lane.label: rate for lane in genai
-                             if lane.kind == SPECULATIVE and (rate := stats.acceptance(stats.lane_runs(runs, lane))) is not None},
-        "time_shares": {
-            spec.label: stats.time_shares(stats.lane_runs(runs, spec)),
-            ar.label: stats.time_shares(stats.lane_runs(runs, ar)),
-        },
-        "autoregressive_step_s": stats.step_seconds(stats.lane_runs(runs, ar)),
-    }
-    if n in PAPER:
-        paper_ar, paper_spec = PAPER[n]
-        figures["paper"] = {"autoregressive_s": paper_ar, "speculative_s": paper_spec, "speedup": paper_ar / paper_spec}
+        ctx.keep(measure(lanes, instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log), GENAI_DEFAULTS)
     return figures
 
 
@@ -250,5 +224,6 @@ def run_watching(ctx: Context) -> dict:
     Chromium on this machine, back to back (watching.py)."""
     from specdemo.bench import watching
 
-    return watching.run_watching(ctx.code_instructions(3)[2], ctx.sweep_tokens, ctx.bench.watching_repeats, ctx.log)
+    return watching.run_watching(ctx.code_instructions(3)[2], ctx.sweep_tokens, ctx.bench.watching_repeats, ctx.log,
+                                 ctx.keep)
 

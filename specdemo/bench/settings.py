@@ -46,6 +46,12 @@ EDIT_INSTRUCTIONS = [
 PAPER = {40: (19.87, 13.61), 100: (44.25, 26.97)}
 
 
+def paper_speedup(n: int) -> float:
+    """The paper's speedup at N = `n` (its autoregressive seconds over its speculative ones)."""
+    autoregressive_s, speculative_s = PAPER[n]
+    return autoregressive_s / speculative_s
+
+
 
 @dataclass(frozen=True)
 class Section:

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
-from specdemo.bench.harness import Lane, Run
+from specdemo.bench.harness import Lane, Run, find
+from specdemo.names import SPECULATIVE
 from specdemo.results import metrics
 
 
@@ -37,14 +38,6 @@ class Spread:
         return Spread(*(v * factor for v in (self.median, self.min, self.max, self.mean, self.std)), self.n)
 
 
-@dataclass(frozen=True)
-class Ratio(Spread):
-    """A spread of paired ratios of two lanes (decode_ratios), which it names by their labels."""
-
-    numerator: str = ""
-    denominator: str = ""
-
-
 def spread(values: list[float]) -> Spread:
     """The Spread of `values`."""
     values = [v for v in values if not math.isnan(v)]
@@ -58,10 +51,37 @@ def lane_runs(runs: list[Run], lane: Lane) -> list[Run]:
     return [r for r in runs if r.lane == lane]
 
 
-def section(runs: list[Run], name: str) -> tuple[list[Run], list[Lane]]:
-    """The runs of section `name` in the table, and their lanes in the order they first ran."""
-    mine = [r for r in runs if r.section == name]
-    return mine, list(dict.fromkeys(r.lane for r in mine))
+@dataclass(frozen=True)
+class Pass:
+    """A section's runs at one N under one setting (Run.setting), and their lanes in the order they first ran; a lane is
+    found by its (framework, kind), as schema.OURS_SPEC names them."""
+
+    n: int  # new tokens asked of each run (max_new_tokens)
+    runs: list[Run]
+    lanes: list[Lane]
+
+    def lane(self, which: tuple[str, str]) -> Lane:
+        return find(self.lanes, *which)
+
+    def speedup(self, which: tuple[str, str]) -> Spread:
+        return speedup(self.runs, self.lane(which))
+
+    def ratio(self, numerator: tuple[str, str], denominator: tuple[str, str]) -> Spread:
+        return spread(decode_ratios(self.runs, self.lane(numerator), self.lane(denominator)))
+
+
+def section(runs: list[Run], name: str, setting: str = "", n: int | None = None) -> Pass | None:
+    """Section `name`'s pass `setting` in the table at N = `n` (default: its largest N, the paper's 100), None where it
+    has no runs there."""
+    mine = [r for r in runs if r.section == name and r.setting == setting]
+    n = n or max((r.max_new_tokens for r in mine), default=0)
+    mine = [r for r in mine if r.max_new_tokens == n]
+    return Pass(n, mine, list(dict.fromkeys(r.lane for r in mine))) if mine else None
+
+
+def tokens(runs: list[Run], name: str) -> list[int]:
+    """The Ns section `name` ran its lanes at, ascending (the paper's 40 and 100)."""
+    return sorted({r.max_new_tokens for r in runs if r.section == name})
 
 
 def paired_runs(runs: list[Run], numerator: Lane, denominator: Lane) -> list[tuple[Run, Run]]:
@@ -99,10 +119,9 @@ def decode_ratios(runs: list[Run], numerator: Lane, denominator: Lane) -> list[f
     return [b.decode_rate / a.decode_rate for a, b in paired_runs(runs, numerator, denominator)]
 
 
-def ratios(runs: list[Run], pairs: list[tuple[Lane, Lane]]) -> dict[str, Ratio]:
-    """{"A / B": the Ratio of paired decode_ratios of lanes A over B} per pair."""
-    return {f"{a.label} / {b.label}": Ratio(**asdict(spread(decode_ratios(runs, a, b))), numerator=a.label,
-                                            denominator=b.label) for a, b in pairs}
+def speedup(runs: list[Run], lane: Lane) -> Spread:
+    """The Spread of `lane`'s speedups over its baseline (paired_ratios)."""
+    return spread(paired_ratios(runs, lane.baseline, lane))
 
 
 def prediction_errors(runs: list[Run], lane: Lane) -> list[float]:
@@ -123,12 +142,6 @@ def acceptance(runs: list[Run]) -> float | None:
     """Drafts kept / drafts offered over `runs` (None where none were offered)."""
     proposed = sum(r.proposed for r in runs)
     return sum(r.accepted for r in runs) / proposed if proposed else None
-
-
-def decode_rate(runs: list[Run], lane: Lane) -> float:
-    """The median decode rate (Run.decode_rate) of `lane`'s runs."""
-    rates = [r.decode_rate for r in lane_runs(runs, lane) if not math.isnan(r.decode_rate)]
-    return statistics.median(rates) if rates else math.nan
 
 
 def same_as_reference(runs: list[Run]) -> str:
@@ -155,14 +168,25 @@ def lane_figures(runs: list[Run], lane: Lane) -> Times:
                  lambda r: r.prefill_s, lambda r: r.decode_rate, lambda r: float(r.tokens))), same_as_reference(mine))
 
 
-def speculative_figures(runs: list[Run]) -> dict:
-    """Pooled α̂ and draft acceptance rate, draft cost c, mean K, and the predictions, by metrics.py's names.
+@dataclass(frozen=True)
+class Drafting:
+    """How a speculative lane's runs drafted, pooled (speculative_figures), by metrics.py's names. Long runs weigh more
+    than short ones."""
 
-    α̂ pools every round: accepted / (accepted + rounds that ended in a rejection); the draft
-    acceptance rate is accepted / proposed. Long runs weigh more than short ones. c is the median of
-    the per-run draft costs (a draft step in single target steps). Two predictions: Leviathan's eq. 1
-    from α̂, mean K and c, and this machine's from its call costs (the median over runs).
-    """
+    alpha_hat: float  # α̂: accepted / (accepted + rounds that ended in a rejection), over every round
+    draft_acceptance_rate: float  # accepted / proposed
+    draft_cost: float  # c: the median of the runs' draft step in single target steps
+    mean_k: float  # drafts per round that drafted
+    leviathan_speedup: float  # Leviathan's eq. 1 from α̂, mean K and c
+    predicted_speedup: Spread  # this machine's, from its call costs
+    mean_acceptance_length: Spread  # tokens per verify call
+    accepted_histogram: list[int]  # rounds by how many drafts they kept (0..K), summed over the runs
+    verify_call_s: Spread
+    draft_step_s: Spread
+
+
+def speculative_figures(runs: list[Run]) -> Drafting:
+    """The Drafting of `runs` (ours: their summaries; a peer's: its counts of drafts proposed and accepted)."""
     proposed, accepted = sum(r.proposed for r in runs), sum(r.accepted for r in runs)
     ours = [r.summary for r in runs if r.summary is not None]
     rejections = sum(s.rejections for s in ours)
@@ -173,31 +197,47 @@ def speculative_figures(runs: list[Run]) -> dict:
     histogram: list[int] = []
     for s in ours:
         histogram = [a + b for a, b in zip(_pad(histogram, len(s.accepted_histogram)), _pad(s.accepted_histogram, len(histogram)))]
-    return {
-        "alpha_hat": alpha,
-        "draft_acceptance_rate": metrics.draft_acceptance_rate(accepted, proposed),
-        "draft_cost": c,
-        "mean_k": mean_k,
-        "leviathan_speedup": metrics.leviathan_speedup(alpha, mean_k, c),
-        "predicted_speedup": spread([s.predicted_speedup for s in ours]),
-        "mean_acceptance_length": spread([s.mean_acceptance_length for s in ours]),
-        "accepted_histogram": histogram,
-        "verify_call_s": spread([s.verify_call_s for s in ours]),
-        "draft_step_s": spread([s.draft_step_s for s in ours]),
-    }
+    return Drafting(alpha, metrics.draft_acceptance_rate(accepted, proposed), c, mean_k,
+                    metrics.leviathan_speedup(alpha, mean_k, c), spread([s.predicted_speedup for s in ours]),
+                    spread([s.mean_acceptance_length for s in ours]), histogram,
+                    spread([s.verify_call_s for s in ours]), spread([s.draft_step_s for s in ours]))
 
 
-def sweep_row(runs: list[Run], lane: Lane) -> dict:
-    """One sweep configuration: α̂, c, Leviathan's prediction and the measured speedup over its baseline."""
-    mine = lane_runs(runs, lane)
-    return {
-        **speculative_figures(mine),
-        "measured_speedup": spread(paired_ratios(runs, lane.baseline, lane)),
-        "per_token_s": spread([r.per_token_s for r in mine]),
-        "reference_per_token_s": spread([r.per_token_s for r in lane_runs(runs, lane.baseline)]),
-        "same_as_reference": same_as_reference(mine),
-        "prediction_error": spread(prediction_errors(runs, lane)),
-    }
+@dataclass(frozen=True)
+class SweepRow(Drafting):
+    """One speculative lane of a sweep (sweep_rows): how it drafted, and what it measured against its baseline."""
+
+    lane: Lane
+    measured_speedup: Spread  # over its baseline (speedup)
+    per_token_s: Spread
+    reference_per_token_s: Spread  # its baseline's
+    same_as_reference: str  # "3/5"
+    prediction_error: Spread  # (predicted − measured) / measured speedup
+
+
+def sweep_rows(runs: list[Run], name: str, framework: str | None = None) -> list[SweepRow]:
+    """A row per speculative lane of sweep section `name` in the table (of `framework` only, where given: the K sweep's
+    rows are ours, GenAI's lanes at the same K its columns), in the order they ran."""
+    at = section(runs, name)
+    return [SweepRow(**vars(speculative_figures(mine)), lane=lane, measured_speedup=speedup(at.runs, lane),
+                     per_token_s=spread([r.per_token_s for r in mine]),
+                     reference_per_token_s=spread([r.per_token_s for r in lane_runs(at.runs, lane.baseline)]),
+                     same_as_reference=same_as_reference(mine), prediction_error=spread(prediction_errors(at.runs, lane)))
+            for lane in (at.lanes if at else []) if lane.kind == SPECULATIVE and framework in (None, lane.framework)
+            for mine in [lane_runs(at.runs, lane)]]
+
+
+def with_k_policy(rows: list[SweepRow], policy: str) -> list[SweepRow]:
+    """The rows whose lane picks K by `policy`: "fixed", "adaptive" or "auto"."""
+    return [row for row in rows if row.lane.k_policy == policy]
+
+
+def same_k(runs: list[Run], lane: Lane, framework: str = "genai") -> Lane | None:
+    """`framework`'s speculative lane at fixed-K `lane`'s K among `runs` (GenAI's beside ours in the K sweep), or None."""
+    if lane.k_policy != "fixed":
+        return None
+    return next((r.lane for r in runs if (r.lane.framework, r.lane.kind, r.lane.k) == (framework, SPECULATIVE, lane.k)),
+                None)
 
 
 def counterfactual_figures(runs: list[Run], lane: Lane, would: dict) -> dict:

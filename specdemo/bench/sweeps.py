@@ -1,5 +1,6 @@
 """The sweeps: one setting varied at a time (K, the draft's LM head, weight precision, KV cache
-precision, the drafter), each measured by `sweep` into one row per speculative lane."""
+precision, the drafter), each measured by `sweep` into the table, where each speculative lane is a row of the report's
+(stats.sweep_rows); a section keeps what the table does not hold of its lanes (its rows: label and the setting's facts)."""
 
 from __future__ import annotations
 
@@ -20,22 +21,21 @@ from specdemo.settings import K_MAX, KPolicy
 
 def sweep(ctx: Context, what: str, lanes: list[Lane], extra: Callable[[Lane, list[Run]], dict] | None = None,
           rows: list[Lane] | None = None, instructions: list[str] | None = None) -> dict:
-    """A sweep section's figures: its N and sweep_rows' rows."""
+    """A sweep section: its N and sweep_rows' rows."""
     return {"max_new_tokens": ctx.sweep_tokens, "rows": sweep_rows(ctx, what, lanes, extra, rows, instructions)}
 
 
 def sweep_rows(ctx: Context, what: str, lanes: list[Lane], extra: Callable[[Lane, list[Run]], dict] | None = None,
                rows: list[Lane] | None = None, instructions: list[str] | None = None) -> list[dict]:
-    """Measure `lanes` at the sweep's N on `instructions` (default: the code instructions), then one row
-    per lane of `rows` (default: every speculative lane): its label and fields, α̂, c, the predictions
-    and the measured speedup over its baseline, then what `extra(lane, runs)` adds."""
+    """Measure `lanes` at the sweep's N on `instructions` (default: the code instructions) into the table, then one row
+    per lane of `rows` (default: every speculative lane): its label and what `extra(lane, runs)` says of it that the
+    table does not hold."""
     n = ctx.sweep_tokens
     instructions = instructions or ctx.code_instructions()
     ctx.log(f"{what}: N={n}, {len(lanes)} lanes, {len(instructions)} instructions")
     runs = ctx.keep(measure(lanes, instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log))
     rows = rows if rows is not None else [lane for lane in lanes if lane.kind == SPECULATIVE]
-    return [{"label": lane.label, **lane.fields(), **stats.sweep_row(runs, lane), **(extra(lane, runs) if extra else {})}
-            for lane in rows]
+    return [{"label": lane.label, **(extra(lane, runs) if extra else {})} for lane in rows]
 
 
 def run_k(ctx: Context) -> dict:
@@ -60,15 +60,10 @@ def run_k(ctx: Context) -> dict:
     would: dict = {}  # (instruction, repeat) -> the counterfactual on the autoregressive lane's answer
 
     def extra(lane: Lane, runs: list[Run]) -> dict:
-        """GenAI's speedup at the same fixed K and our time over its; what the counterfactual said for this lane."""
+        """What the counterfactual said for this lane (it reads the runs' token ids, which the table does not keep)."""
         if not would:
             would.update(counterfactuals(ctx, runs, ar, observer=auto_lane))  # corrected by what auto K observed
-        figures = stats.counterfactual_figures(runs, lane, would)
-        same_k = [g for g in genai if g.kind == SPECULATIVE and lane.k_policy == "fixed" and g.k == lane.k]
-        if same_k:
-            figures.update(genai_speedup=stats.spread(stats.paired_ratios(runs, same_k[0].baseline, same_k[0])),
-                           ours_over_genai=stats.spread(stats.paired_ratios(runs, lane, same_k[0])))
-        return figures
+        return stats.counterfactual_figures(runs, lane, would)
 
     section = sweep(ctx, f"K sweep, K in {list(ctx.bench.k_values)}, adaptive and auto", [ar, *ours, *genai], extra, rows=ours)
     section["counterfactuals"] = [{"instruction": i, "repeat": r, **w.to_dict()} for (i, r), w in sorted(would.items())]
@@ -175,16 +170,9 @@ def run_kv(ctx: Context) -> dict:
         ar = our_lane(f"KV {label} autoregressive", engine, AUTOREGRESSIVE, generation)
         spec = our_lane(f"KV {label} speculative", engine, SPECULATIVE, generation, baseline=ar, reference=ar)
         lanes += [ar, spec]
-        precisions[spec] = label
-
-    def cache(lane: Lane, runs: list[Run]) -> dict:
-        kv_bytes = [sum(r.summary.kv_cache_bytes.values()) for r in stats.lane_runs(runs, lane)]
-        return {"kv_cache_precision": precisions[lane],
-                "autoregressive_step_s": stats.step_seconds(stats.lane_runs(runs, lane.baseline)),
-                "kv_cache_bytes": stats.spread([float(b) for b in kv_bytes])}
-
+        precisions[spec] = {"kv_cache_precision": label}
     figures = sweep(ctx, f"KV cache precision sweep, {generation.k_policy.describe()}, {len(precisions)} precisions",
-                    lanes, cache)
+                    lanes, lambda lane, runs: precisions[lane])
     return {**figures, "k": generation.k_policy.k, "k_label": ctx.k_label()}
 
 
@@ -203,13 +191,6 @@ def run_lookup(ctx: Context) -> dict:
         genai_ar,
         ctx.genai_lane("GenAI prompt lookup", "lookup", baseline=genai_ar),
     ]
-
-    def against_ours(lane: Lane, runs: list[Run]) -> dict:
-        """A GenAI lane: its own acceptance, and its speedup over our autoregressive lane."""
-        if lane.framework == "specdemo":
-            return {}
-        return {"draft_acceptance_rate": stats.acceptance(stats.lane_runs(runs, lane)), "vs_ours_autoregressive": stats.spread(stats.paired_ratios(runs, ar, lane))}
-
     instructions = EDIT_INSTRUCTIONS[: ctx.bench.lookup_instructions]
     what = f"prompt lookup vs draft model, K={ctx.k}, edit instructions"
-    return {**sweep(ctx, what, lanes, against_ours, instructions=instructions), "k": ctx.k}
+    return {**sweep(ctx, what, lanes, instructions=instructions), "k": ctx.k}

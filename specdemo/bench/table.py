@@ -2,7 +2,9 @@
 "schema" SCHEMA and read back into the same types. The one place the bench reads its results by key: JSON's boundary.
 
 Files before schema 2 kept each section's runs inside it (sections.<name>.runs, the paper's by_tokens.<N>.runs and
-genai_defaults.runs): `load` converts those, their prefill left unmeasured (nan), as they did not time it.
+genai_defaults.runs): `load` converts those, their prefill left unmeasured (nan), as they did not time it. Rows before
+schema 3 carry no setting: the paper's GenAI-defaults pass is told apart in files before schema 2 only (no file of
+schema 2 ran the paper).
 """
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ import math
 from dataclasses import asdict, fields
 
 from specdemo.bench.harness import Lane, Run
+from specdemo.bench.schema import GENAI_DEFAULTS
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results.metrics import Summary
 from specdemo.results.parting import Parting
 
-SCHEMA = 2  # 2: the table, with each run's prefill (time to the first token) apart from its decoding
+# 2: the table, with each run's prefill (time to the first token) apart from its decoding; 3: each run's setting
+SCHEMA = 3
 
 _LANE_KEYS = ("framework", "kind", "k", "k_policy", "drafter", "models")
 
@@ -23,7 +27,8 @@ _LANE_KEYS = ("framework", "kind", "k", "k_policy", "drafter", "models")
 def row(run: Run) -> dict:
     """One run as JSON: its lane's label and fields, its figures, and the decode rate derived from them (for readers
     of the file; `load` derives it again)."""
-    return {"section": run.section, "machine": run.machine, "lane": run.lane.label, **run.lane.fields(),
+    return {"section": run.section, "setting": run.setting, "machine": run.machine, "lane": run.lane.label,
+            **run.lane.fields(),
             "instruction": run.instruction, "repeat": run.repeat, "max_new_tokens": run.max_new_tokens,
             "wall_s": run.wall_s, "tokens": run.tokens, "prefill_s": run.prefill_s, "decode_s": run.decode_s,
             "decode_tokens_per_s": run.decode_rate, "same_as_reference": run.same_as_reference,
@@ -38,11 +43,12 @@ def load(results: dict) -> list[Run]:
         raise ValueError(f"a bench results file of schema {results['schema']}: this specdemo reads up to {SCHEMA}")
     if "table" in results:
         return _runs(results["table"])
-    rows = []
+    rows, machine = [], results.get("machine", {}).get("cpu", "")
     for name, section in results.get("sections", {}).items():
-        passes = [section, *section.get("by_tokens", {}).values(), section.get("genai_defaults", {})]
-        rows += [{"section": name, "machine": results.get("machine", {}).get("cpu", ""), **r}
-                 for one in passes for r in one.get("runs", []) if "lane" in r]
+        passes = [("", section), *(("", one) for one in section.get("by_tokens", {}).values()),
+                  (GENAI_DEFAULTS, section.get("genai_defaults", {}))]
+        rows += [{"section": name, "setting": setting, "machine": machine, **r}
+                 for setting, one in passes for r in one.get("runs", []) if "lane" in r]
     return _runs(_with_lane_fields(rows))
 
 
@@ -87,7 +93,7 @@ def _runs(rows: list[dict]) -> list[Run]:
 
     return [Run(lane(r["section"], r["lane"]), r["instruction"], r["repeat"], r["max_new_tokens"], r["wall_s"],
                 r["tokens"], _number(r.get("prefill_s")), r.get("same_as_reference", True), *_drafting(r),
-                _parting(r.get("parting")), r["section"], r.get("machine", "")) for r in rows]
+                _parting(r.get("parting")), r["section"], r.get("machine", ""), r.get("setting", "")) for r in rows]
 
 
 def _drafting(r: dict) -> tuple[Summary | None, int, int]:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from specdemo.bench import schema, stats
-from specdemo.bench.harness import Run, find
+from dataclasses import dataclass
+
+from specdemo.bench import stats
+from specdemo.bench.harness import Run
 from specdemo.bench.schema import GENAI_SPEC, HF_SPEC, OURS_SPEC
+from specdemo.names import SPECULATIVE
 from specdemo.bench.settings import (
     TARGET_AUTO_SPEEDUP,
     TARGET_GENAI_RATIO,
@@ -15,53 +18,58 @@ from specdemo.bench.settings import (
 )
 
 
-def judge_targets(sections: dict, runs: list[Run]) -> list[dict]:
+@dataclass(frozen=True)
+class Target:
+    """One target judged on a run; in benchmarks.json, these keys."""
+
+    id: str
+    target: str  # what it asks, in a sentence
+    where: str  # what it was judged on: "N=100", a sweep row's label
+    goal: float
+    sense: str  # "≤": at most the goal; "≥": at least
+    unit: str  # "ratio" or "share"
+    measured: float
+    met: bool
+    gap: float  # measured / goal − 1: how far over or under the goal, as a fraction
+
+
+def judge_targets(sections: dict, runs: list[Run]) -> list[Target]:
     """Each target, from the sections' figures and the table's `runs`: what it asks, what we measured, met or not, and
     by how much."""
     targets = []
-    paper = sections.get("paper", {}).get("by_tokens", {})
-    if paper:
-        n = max(paper, key=int)
-        longest = paper[n]
-        spec = schema.label(longest["lanes"], OURS_SPEC)
-        ratio = schema.ratio(longest, OURS_SPEC, GENAI_SPEC)
-        if ratio:
-            targets.append(_target("genai_ratio", "our speculative / GenAI speculative time", f"N={n}", ratio.median,
-                                   TARGET_GENAI_RATIO, "≤"))
-        speedup = longest["speedup"][spec].median
-        targets.append(_target("speedup", "speculative speedup over autoregressive (code)", f"N={n}", speedup, TARGET_SPEEDUP, "≥"))
-        overhead = longest["time_shares"][spec]["our Python"]
-        targets.append(_target("overhead", "our loop's share of wall time outside model calls", f"N={n}", overhead,
+    if at := stats.section(runs, "paper"):
+        where = f"N={at.n}"
+        targets.append(_target("genai_ratio", "our speculative / GenAI speculative time", where,
+                               at.ratio(OURS_SPEC, GENAI_SPEC).median, TARGET_GENAI_RATIO, "≤"))
+        targets.append(_target("speedup", "speculative speedup over autoregressive (code)", where,
+                               at.speedup(OURS_SPEC).median, TARGET_SPEEDUP, "≥"))
+        overhead = sections["paper"]["time_shares"][SPECULATIVE]["our Python"]
+        targets.append(_target("overhead", "our loop's share of wall time outside model calls", where, overhead,
                                TARGET_OVERHEAD, "≤", "share"))
-    k_rows = sections.get("k", {}).get("rows", [])
+    k_rows = stats.sweep_rows(runs, "k", "specdemo")
     if k_rows:
         best = fastest(k_rows)
-        targets.append(_target("speedup_best_k", "speculative speedup over autoregressive (code), best K", best["label"],
-                               best["measured_speedup"].median, TARGET_SPEEDUP, "≥"))
-    auto = schema.rows_with(k_rows, k_policy="auto")
-    if auto:
-        where = auto[0]["label"]
+        targets.append(_target("speedup_best_k", "speculative speedup over autoregressive (code), best K", best.lane.label,
+                               best.measured_speedup.median, TARGET_SPEEDUP, "≥"))
+    if auto := stats.with_k_policy(k_rows, "auto"):
+        where = auto[0].lane.label
         targets.append(_target("auto_speedup", "auto K speedup over autoregressive (code)", where,
-                               auto[0]["measured_speedup"].median, TARGET_AUTO_SPEEDUP, "≥"))
-        error = auto[0].get("prediction_error")
-        if error and error.n:
+                               auto[0].measured_speedup.median, TARGET_AUTO_SPEEDUP, "≥"))
+        if (error := auto[0].prediction_error).n:
             targets.append(_target("prediction_error", "|predicted − measured| / measured, auto K, median", where,
                                    abs(error.median), TARGET_PREDICTION_ERROR, "≤", "share"))
-    hf, lanes = stats.section(runs, "transformers")
-    ratio = stats.spread(stats.decode_ratios(hf, find(lanes, *HF_SPEC), find(lanes, *OURS_SPEC))) if hf else stats.Spread()
-    if ratio.n:
-        targets.append(_target("transformers", "transformers assisted time / our speculative time",
-                               f"N={hf[0].max_new_tokens}", ratio.median, TARGET_TRANSFORMERS, "≥"))
+    hf = stats.section(runs, "transformers")
+    if hf and (ratio := hf.ratio(HF_SPEC, OURS_SPEC)).n:
+        targets.append(_target("transformers", "transformers assisted time / our speculative time", f"N={hf.n}",
+                               ratio.median, TARGET_TRANSFORMERS, "≥"))
     return targets
 
 
-def fastest(rows: list[dict]) -> dict:
+def fastest(rows: list[stats.SweepRow]) -> stats.SweepRow:
     """The sweep row with the highest median measured speedup."""
-    return max(rows, key=lambda row: row["measured_speedup"].median)
+    return max(rows, key=lambda row: row.measured_speedup.median)
 
 
-def _target(id: str, name: str, where: str, measured: float, goal: float, sense: str, unit: str = "ratio") -> dict:
-    """One judged target; gap is measured / goal - 1 (how far over or under the goal, as a fraction)."""
+def _target(id: str, name: str, where: str, measured: float, goal: float, sense: str, unit: str = "ratio") -> Target:
     met = measured <= goal if sense == "≤" else measured >= goal
-    return {"id": id, "target": name, "where": where, "goal": goal, "sense": sense, "unit": unit, "measured": measured,
-            "met": met, "gap": measured / goal - 1}
+    return Target(id, name, where, goal, sense, unit, measured, met, measured / goal - 1)

@@ -1,6 +1,6 @@
 """What watching costs: the same instruction run by the CLI, by the page through its API (no browser), and by the page
-in Chromium on the same machine, back to back, with each run's step times read from its saved run (runfile.py: the
-CLI's `generate --json` and the page's download share the schema).
+in Chromium on the same machine, back to back, each saved run's two lanes read back (runfile.py: the CLI's
+`generate --json` and the page's download share the schema) into the table, their setting the mode that ran them.
 
 A local demo shares the machine with the browser that watches it: every live update the page sends is work for the
 server and for the browser's renderer, taken from the lanes. This section says how much, as ratios to the CLI.
@@ -19,7 +19,11 @@ import time
 import urllib.request
 from pathlib import Path
 
+from specdemo.bench import stats
+from specdemo.bench.harness import Lane, Run
+from specdemo.bench.schema import OURS_AR, OURS_SPEC
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
+from specdemo.results.record import Record
 from specdemo.serve.values import PageValues
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -28,14 +32,31 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"
                  "--disable-component-update"]
 MODES = ("CLI", "page API", "page in Chromium")
 IDLE_S = 20  # seconds the loaded page is left idle in Chromium (after its first drawing) while its CPU time is read
-FIGURES = ("autoregressive step", "verify call", "drafting", "speedup")  # read from each saved run
+# Our two lanes as every mode runs them (the page's defaults: auto K)
+AR = Lane("ours autoregressive", "specdemo", AUTOREGRESSIVE)
+SPEC = Lane("ours speculative", "specdemo", SPECULATIVE, baseline=AR, k_policy="auto")
+FIGURES = {  # what the section compares, of one repeat by one mode: (its autoregressive run, its speculative run)
+    "autoregressive step": lambda ar, spec: ar.summary.target_step_s,
+    "verify call": lambda ar, spec: spec.summary.verify_call_s,
+    "drafting": lambda ar, spec: spec.summary.draft_s,
+    "speedup": lambda ar, spec: ar.per_token_s / spec.per_token_s,  # as results.metrics.measured_speedup
+}
 
 
-def figures(run: dict) -> dict[str, float]:
-    """The step times and the speedup of one saved run."""
-    ar, spec = run[AUTOREGRESSIVE]["summary"], run[SPECULATIVE]["summary"]
-    return {"autoregressive step": ar["target_step_s"], "verify call": spec["verify_call_s"], "drafting": spec["draft_s"],
-            "speedup": run["measured_speedup"]}
+def rows(run: dict, repeat: int, n: int) -> list[Run]:
+    """One saved run's two lanes as rows of the table."""
+    record = Record.from_json(run)
+    ar, spec = record.autoregressive, record.speculative
+    return [Run(lane, 0, repeat, n, s.wall_s, s.tokens, s.ttft_s, same, s, s.proposed, s.accepted) for lane, s, same in
+            ((AR, ar.summary, True), (SPEC, spec.summary, spec.ids == ar.ids))]
+
+
+def by_repeat(runs: list[Run], mode: str) -> dict[int, dict[str, float]]:
+    """{repeat: {figure: value}} of the watching section's rows run by `mode` (FIGURES)."""
+    if not (at := stats.section(runs, "watching", mode)):
+        return {}
+    return {ar.repeat: {name: how(ar, spec) for name, how in FIGURES.items()}
+            for ar, spec in stats.paired_runs(at.runs, at.lane(OURS_AR), at.lane(OURS_SPEC))}
 
 
 def by_cli(instruction: str, n: int) -> dict:
@@ -132,11 +153,9 @@ def chromium_cpu_s() -> float:
     return total
 
 
-def run_watching(instruction: str, n: int, repeats: int, log) -> dict:
-    """Each mode `repeats` times, the three back to back in every repeat; the figures of every run, their medians
-    per mode, and each mode's figures over the CLI's of the same repeat (a shared machine drifts between repeats),
-    as medians."""
-    runs = {mode: [] for mode in MODES}
+def run_watching(instruction: str, n: int, repeats: int, log, keep) -> dict:
+    """Each mode `repeats` times, the three back to back in every repeat, each run's rows given to `keep` (Context.keep)
+    with the mode as their setting; the section: what it ran, and Chromium's own CPU time."""
     browser_cpu = []  # per browser run: idle_s (over IDLE_S), run_s, run_wall_s
     page = Page(log)
     try:
@@ -146,15 +165,11 @@ def run_watching(instruction: str, n: int, repeats: int, log) -> dict:
                               ("page in Chromium", lambda: page.by_browser(instruction, n, _new(browser_cpu)))):
                 if mode == "page in Chromium" and not CHROMIUM.exists():
                     continue
-                runs[mode].append(figures(run()))
-                log(f"watching [{r + 1}/{repeats}] {mode}: " + ", ".join(f"{k} {v:.3f}" for k, v in runs[mode][-1].items()))
+                ar, spec = keep(rows(run(), r, n), mode)
+                log(f"watching [{r + 1}/{repeats}] {mode}: " + ", ".join(f"{k} {how(ar, spec):.3f}" for k, how in FIGURES.items()))
     finally:
         page.close()
-    medians = {mode: {k: statistics.median(r[k] for r in rs) for k in FIGURES} for mode, rs in runs.items() if rs}
-    ratios = {mode: {k: statistics.median(r[k] / cli[k] for r, cli in zip(rs, runs["CLI"])) for k in FIGURES}
-              for mode, rs in runs.items() if rs}
-    return {"instruction": instruction, "max_new_tokens": n, "repeats": repeats, "runs": runs, "medians": medians,
-            "over_cli": ratios, "idle_s": IDLE_S, "browser_cpu": browser_cpu}
+    return {"instruction": instruction, "max_new_tokens": n, "repeats": repeats, "idle_s": IDLE_S, "browser_cpu": browser_cpu}
 
 
 def _new(readings: list) -> dict:
@@ -163,19 +178,23 @@ def _new(readings: list) -> dict:
     return readings[-1]
 
 
-def report(section: dict) -> str:
-    """The section as markdown: the medians per mode and their ratio to the CLI's."""
+def report(section: dict, runs: list[Run]) -> str:
+    """The section as markdown: each mode's medians, and in brackets the median of each repeat's figure over the CLI's
+    of the same repeat (a shared machine drifts between repeats)."""
     header = "| where | autoregressive step | verify call | drafting | speedup shown |\n| --- | ---: | ---: | ---: | ---: |"
-    rows = []
-    for mode, m in section["medians"].items():
-        r = section["over_cli"][mode]
-        rows.append(f"| {mode} | {m['autoregressive step'] * 1e3:.1f} ms ({r['autoregressive step']:.2f}×) | "
-                    f"{m['verify call'] * 1e3:.1f} ms ({r['verify call']:.2f}×) | {m['drafting']:.2f} s ({r['drafting']:.2f}×) | "
-                    f"{m['speedup']:.2f}× ({r['speedup']:.2f}×) |")
+    lines, cli = [], by_repeat(runs, "CLI")
+    for mode in MODES:
+        if not (mine := by_repeat(runs, mode)):
+            continue
+        m = {k: statistics.median(v[k] for v in mine.values()) for k in FIGURES}
+        r = {k: statistics.median(v[k] / cli[i][k] for i, v in mine.items()) for k in FIGURES}
+        lines.append(f"| {mode} | {m['autoregressive step'] * 1e3:.1f} ms ({r['autoregressive step']:.2f}×) | "
+                     f"{m['verify call'] * 1e3:.1f} ms ({r['verify call']:.2f}×) | {m['drafting']:.2f} s ({r['drafting']:.2f}×) | "
+                     f"{m['speedup']:.2f}× ({r['speedup']:.2f}×) |")
     return (f"### What watching costs\n\nThe same instruction (N = {section['max_new_tokens']}, auto K), {section['repeats']} "
             "times each way, back to back: the CLI, the page through its API with no browser, and the page in Chromium on "
             "this machine. Medians, and in brackets the median of each run over the CLI's run of the same repeat.\n\n"
-            + header + "\n" + "\n".join(rows) + _browser_cpu(section))
+            + header + "\n" + "\n".join(lines) + _browser_cpu(section))
 
 
 def _browser_cpu(section: dict) -> str:

@@ -11,11 +11,10 @@ from specdemo import bench
 from specdemo import strict_json
 from specdemo.bench import report, report_tables, stats, table
 from specdemo.bench.harness import Context, Lane, Output, Run, measure
-from specdemo.bench.sections import paper_figures
+from specdemo.bench.schema import GENAI_DEFAULTS
 from specdemo.bench.settings import REGISTRY
 from specdemo.bench.stats import (
     COMPONENTS,
-    Ratio,
     paired_ratios,
     speculative_figures,
     spread,
@@ -79,12 +78,12 @@ def test_acceptance_is_pooled_over_rounds_and_fed_to_leviathans_formula():
         _run(SPEC, 1, 1.0, proposed=8, accepted=0, rejections=2, accepted_histogram=[2], draft_cost=0.3),
     ]
     figures = speculative_figures(runs)
-    assert figures["alpha_hat"] == pytest.approx(36 / 40)  # accepted / (accepted + rounds that ended in a rejection)
-    assert figures["draft_acceptance_rate"] == pytest.approx(36 / 48)
-    assert figures["mean_k"] == pytest.approx(48 / 12)  # draft tokens per round, over every round
-    assert figures["draft_cost"] == pytest.approx(0.25)
-    assert figures["accepted_histogram"] == [3, 0, 0, 1, 8]
-    assert figures["leviathan_speedup"] == pytest.approx(leviathan_speedup(0.9, 4.0, 0.25))
+    assert figures.alpha_hat == pytest.approx(36 / 40)  # accepted / (accepted + rounds that ended in a rejection)
+    assert figures.draft_acceptance_rate == pytest.approx(36 / 48)
+    assert figures.mean_k == pytest.approx(48 / 12)  # draft tokens per round, over every round
+    assert figures.draft_cost == pytest.approx(0.25)
+    assert figures.accepted_histogram == [3, 0, 0, 1, 8]
+    assert figures.leviathan_speedup == pytest.approx(leviathan_speedup(0.9, 4.0, 0.25))
 
 
 def test_time_shares_split_prefills_and_leave_the_rest_to_python():
@@ -129,30 +128,38 @@ def test_markdown_table_has_header_alignment_and_rows():
     assert text.splitlines() == ["| lane | time |", "| --- | ---: |", "| ours | 1.0 s |"]
 
 
+GENAI_AR = Lane("GenAI AR", "genai", "autoregressive")
+# The paper section's rows of the table, one instruction, 100 tokens each: ours 1.8 s AR, 1.0 s speculative (1.8×);
+# GenAI 2.0 s and 1.1 s (our speculative decoding takes 0.91× its time); our loop's own share of wall time 1 %.
+PAPER_RUNS = [replace(_run(lane, 0, wall_s), section="paper") for lane, wall_s in
+              ((AR, 1.8), (SPEC, 1.0), (GENAI_AR, 2.0), (Lane("GenAI spec", "genai", "speculative", GENAI_AR), 1.1))]
+PAPER_SECTION = {"paper": {"k": 4, "time_shares": {kind: dict.fromkeys(COMPONENTS, 0.0) | {"our Python": 0.01}
+                                            for kind in (AUTOREGRESSIVE, SPECULATIVE)}}}
+
+
 def test_targets_are_judged_with_their_gap():
-    sections = {
-        "paper": {
-            "by_tokens": {
-                "100": {
-                    "lanes": {
-                        "ours speculative": {"framework": "specdemo", "kind": "speculative"},
-                        "GenAI speculative": {"framework": "genai", "kind": "speculative"},
-                    },
-                    "ratios": {
-                        "ours speculative / GenAI speculative": Ratio(0.9, 0.9, 0.9, 0.9, 0.0, 1, "ours speculative",
-                                                                      "GenAI speculative")
-                    },
-                    "speedup": {"ours speculative": spread([1.8])},
-                    "time_shares": {"ours speculative": dict.fromkeys(COMPONENTS, 0.0) | {"our Python": 0.01}},
-                }
-            }
-        }
-    }
-    targets = {t["target"]: t for t in judge_targets(sections, [])}
-    assert targets["our speculative / GenAI speculative time"]["met"]
+    targets = {t.target: t for t in judge_targets(PAPER_SECTION, PAPER_RUNS)}
+    assert targets["our speculative / GenAI speculative time"].met
     speedup = targets["speculative speedup over autoregressive (code)"]
-    assert not speedup["met"] and speedup["gap"] == pytest.approx(-0.1)
-    assert targets["our loop's share of wall time outside model calls"]["met"]
+    assert not speedup.met and speedup.gap == pytest.approx(-0.1)
+    assert list(bench.plain(speedup)) == ["id", "target", "where", "goal", "sense", "unit", "measured", "met", "gap"]  # JSON
+    assert targets["our loop's share of wall time outside model calls"].met
+
+
+def test_the_genai_defaults_pass_is_told_apart_by_its_setting_in_the_ratios_and_the_plots(tmp_path):
+    from specdemo.bench import plots
+
+    genai_ar = Lane("GenAI AR (its defaults)", "genai", "autoregressive")
+    defaults = [replace(_run(lane, 0, wall_s), section="paper", setting=GENAI_DEFAULTS) for lane, wall_s in
+                ((AR, 1.8), (SPEC, 1.0), (genai_ar, 1.5), (Lane("GenAI spec (its defaults)", "genai", "speculative", genai_ar), 2.0))]
+    results = {"sections": PAPER_SECTION, "table": [table.row(r) for r in PAPER_RUNS + defaults]}
+
+    text = report.peers_section(results["sections"], {}, table.load(results))
+
+    assert "| spec / GenAI spec | 0.909× |" in text  # the paper's own pass: ours 1.0 s against GenAI's 1.1 s
+    assert "| spec / GenAI spec (its defaults) (N = 100, 1 instructions) | 0.500× |" in text
+    assert "| ar / GenAI AR (its defaults) (N = 100, 1 instructions) | 1.200× |" in text
+    assert set(plots.draw(results, tmp_path)) == {"paper", "peers", "breakdown"}
 
 
 # ---- flags
@@ -199,7 +206,7 @@ def echo_part(sections: dict, plots: dict, runs) -> str:
     return f"## 4½. Echo\n\nIt said {echo['said']}.{report_tables.image(plots, 'echo', 'echo')}" if echo else ""
 
 
-def draw_echo(results: dict):
+def draw_echo(results: dict, runs=()):
     import matplotlib.pyplot as plt
 
     return plt.subplots(figsize=(1, 1))[0] if results["sections"].get("echo") else None
@@ -298,16 +305,17 @@ def test_one_sweep_rows_every_speculative_lane_against_its_own_baseline():
     theirs_ar = Lane("their plain", "genai", "autoregressive", generate=_output(1.0))
     theirs = Lane("their quick one", "genai", "speculative", theirs_ar, k=2, k_policy="fixed", drafter="model",
                   generate=_output(0.5, ids=(1, 2, 3, 5)))
-    section = sweep(ctx, "a test sweep", [ours_ar, ours, theirs_ar, theirs], extra=lambda lane, runs: {"seen": lane.label})
-    rows = {row["label"]: row for row in section["rows"]}
-    assert list(rows) == ["quick one", "their quick one"]  # autoregressive lanes are baselines, not rows
-    assert rows["quick one"]["measured_speedup"].median == pytest.approx(4.0)  # over "plain"
-    assert rows["their quick one"]["measured_speedup"].median == pytest.approx(2.0)  # over "their plain"
-    assert rows["quick one"]["alpha_hat"] == pytest.approx(0.75)  # 3 accepted, 1 rejection
-    assert rows["their quick one"]["same_as_reference"] == "0/2"  # checked against the section's first lane
-    assert (rows["quick one"]["framework"], rows["quick one"]["baseline"], rows["quick one"]["k"]) == ("specdemo", "plain", 2)
-    assert rows["quick one"]["seen"] == "quick one"
+    section = sweep(ctx, "a test sweep", [ours_ar, ours, theirs_ar, theirs], extra=lambda lane, runs: {"seen": len(runs)})
+    # autoregressive lanes are baselines, not rows; a row keeps what its section says of it beyond the table
+    assert section["rows"] == [{"label": "quick one", "seen": 8}, {"label": "their quick one", "seen": 8}]
     assert section["max_new_tokens"] == 8 and len(ctx.runs) == 8  # 4 lanes x 2 instructions, kept in the table
+
+    rows = {row.lane.label: row for row in stats.sweep_rows(ctx.runs, ctx.section)}
+    assert list(rows) == ["quick one", "their quick one"]
+    assert rows["quick one"].measured_speedup.median == pytest.approx(4.0)  # over "plain"
+    assert rows["their quick one"].measured_speedup.median == pytest.approx(2.0)  # over "their plain"
+    assert rows["quick one"].alpha_hat == pytest.approx(0.75)  # 3 accepted, 1 rejection
+    assert rows["their quick one"].same_as_reference == "0/2"  # checked against the section's first lane
     assert ctx.runs[1].lane.label == "quick one" and ctx.runs[1].lane.generate is None  # bare: it holds no pipeline
 
 
@@ -355,34 +363,85 @@ def test_renamed_lanes_are_still_paired_by_their_fields_in_figures_targets_and_r
                         draft_step_s=0.019, rollback_s=0.01, mean_acceptance_length=3.6)
     runs = []
     for i in range(2):
-        runs += [_run(mine_ar, i, 10.0, target_step_s=0.1), _run(mine, i, 4.0, **spec_summary),
-                 _run(their_ar, i, 9.0), _run(theirs, i, 5.0, proposed=40, accepted=30)]
-    figures = paper_figures([mine_ar, mine, their_ar, theirs], runs, 100)
-    assert figures["speedup"]["mine, drafting"].median == pytest.approx(2.5)
-    assert figures["speedup"]["their drafting pipeline"].median == pytest.approx(1.8)
-    assert figures["ratios"]["mine, drafting / their drafting pipeline"].median == pytest.approx(0.8)
-    assert figures["genai_acceptance"] == {"their drafting pipeline": 0.75}
+        runs += [replace(run, section="paper") for run in (
+            _run(mine_ar, i, 10.0, target_step_s=0.1), _run(mine, i, 4.0, **spec_summary), _run(their_ar, i, 9.0),
+            _run(theirs, i, 5.0, proposed=40, accepted=30))]
 
-    k_rows = [
-        {"label": "four drafts", "k": 4, "k_policy": "fixed", "measured_speedup": spread([2.1])},
-        {"label": "the planner's", "k": None, "k_policy": "auto", "measured_speedup": spread([2.3]),
-         "prediction_error": spread([0.04])},
-    ]
-    sections = {"paper": {"k": 4, "k_label": "K = 4", "k_policy": "fixed", "by_tokens": {"100": figures}}, "k": {"rows": k_rows}}
-    targets = {t["id"]: t for t in judge_targets(sections, runs)}
-    assert targets["genai_ratio"]["measured"] == pytest.approx(0.8) and targets["genai_ratio"]["met"]
-    assert targets["speedup"]["measured"] == pytest.approx(2.5)
-    assert targets["speedup_best_k"]["where"] == "the planner's"
-    assert targets["auto_speedup"]["measured"] == pytest.approx(2.3) and targets["prediction_error"]["met"]
+    k_ar = Lane("one at a time", "specdemo", "autoregressive")  # the K sweep: 2.1× at four drafts, 2.3× the planner's
+    runs += [replace(run, section="k") for run in (
+        _run(k_ar, 0, 4.6), _run(Lane("four drafts", "specdemo", "speculative", k_ar, k=4, k_policy="fixed"), 0, 4.6 / 2.1),
+        _run(Lane("the planner's", "specdemo", "speculative", k_ar, k_policy="auto"), 0, 2.0, predicted_speedup=2.3 * 1.04))]
+    sections = {"paper": {"k": 4, "k_label": "K = 4", "k_policy": "fixed", **PAPER_SECTION["paper"]}, "k": {"rows": []}}
+    targets = {t.id: t for t in judge_targets(sections, runs)}
+    assert targets["genai_ratio"].measured == pytest.approx(0.8) and targets["genai_ratio"].met
+    assert targets["speedup"].measured == pytest.approx(2.5)
+    assert targets["speedup_best_k"].where == "the planner's"
+    assert targets["auto_speedup"].measured == pytest.approx(2.3) and targets["prediction_error"].met
 
     results = {"command": "test", "started": "now", "seconds": 1.0, "machine": machine.describe(),
                "bench": asdict(bench.BenchSettings()), "sections": {"paper": sections["paper"]},
-               "targets": list(targets.values())}
+               "table": [table.row(r) for r in runs], "targets": list(targets.values())}
     text = report.render(results, plots={})
     assert "is **2.50×** faster than autoregressive (GenAI's C++ pipeline: 1.80×" in text
     assert "Our speculative loop takes **0.80×** the decoding time of GenAI's speculative pipeline" in text
     assert "| mine, drafting / their drafting pipeline | 0.800× |" in text
     assert "| 100 | 10.00 s | 4.00 s | 2.50× | 9.00 s | 5.00 s | 1.80× |" in text
+    assert "| their drafting pipeline | 5.00 s | 50.0 ms | 0.00 s | 100 | 75 % | 2/2 |" in text  # its own acceptance
+
+
+def _sweep(name, ar_wall_s, *rows, ar_summary=None, framework="specdemo", label=None):
+    """A sweep section's rows of the table, one instruction: its autoregressive lane (`ar_wall_s`), then per row a
+    speculative lane over it, (label, wall seconds, its fields and summary)."""
+    ar = Lane(label or f"{name} autoregressive", framework, "autoregressive")
+    runs = [_run(ar, 0, ar_wall_s, **(ar_summary or {}))]
+    for row_label, wall_s, fields, summary in rows:
+        runs.append(_run(Lane(row_label, framework, "speculative", ar, **fields), 0, wall_s, **summary))
+    return [replace(r, section=name) for r in runs]
+
+
+def test_every_sweep_is_read_from_the_table_as_written_beside_its_sections_own_facts(tmp_path):
+    """§3 and §4 and their plots: each speculative lane of a sweep is a row of figures from the table; what the table
+    does not hold (the counterfactual, a precision pair's sizes, a KV cache's element type) is its section's, by label."""
+    from specdemo.bench import plots
+
+    fixed = dict(k=2, k_policy="fixed", drafter="model")
+    drafted = dict(proposed=8, accepted=6, rejections=2, accepted_histogram=[0, 2, 2], draft_cost=0.2,
+                   predicted_speedup=2.2, kv_cache_bytes={"target": 2048, "draft": 1024})
+    runs = (_sweep("k", 4.0, ("K=2", 2.0, fixed, drafted), ("auto K", 1.6, dict(k_policy="auto", drafter="model"), drafted))
+            + _sweep("k", 3.0, ("GenAI K=2", 2.0, fixed, {}), framework="genai", label="GenAI autoregressive")
+            + _sweep("precision", 3.0, ("target int8 + draft int4", 1.5, fixed, drafted))
+            + _sweep("kv", 3.0, ("KV u8 speculative", 2.0, fixed, drafted), ar_summary=dict(target_step_s=0.03))
+            + _sweep("vocab", 3.0, ("head 16k", 1.0, fixed, drafted))
+            + _sweep("lookup", 3.0, ("ours prompt lookup", 1.0, fixed, drafted), label="ours autoregressive")
+            + _sweep("lookup", 6.0, ("GenAI prompt lookup", 2.0, fixed, {}), framework="genai"))
+    said = {"counterfactual_speedup": spread([2.1]), "counterfactual_error": spread([0.05]), "counterfactual_calls_off": 1,
+            "counterfactual_calls": [1], "answers_differ": 0}
+    oracle = {"oracle_speedup": spread([2.8]), "best_fixed_k": [2], "best_fixed_counterfactual": spread([2.1]),
+              "over_best_fixed": spread([1.25])}
+    sections = {"k": {"max_new_tokens": 100, "rows": [{"label": "K=2", **said}, {"label": "auto K", **oracle}]},
+                "precision": {"max_new_tokens": 100, "k": 2, "rows": [
+                    {"label": "target int8 + draft int4", "target": "int8", "draft": "int4", "draft_bytes": 2**20}]},
+                "kv": {"max_new_tokens": 100, "k": 2, "rows": [{"label": "KV u8 speculative", "kv_cache_precision": "u8"}]},
+                "vocab": {"max_new_tokens": 100, "rows": [
+                    {"label": "head 16k", "head_tokens": 16000, "rows_kept": 16384, "draft_step_costed_s": 0.01}]},
+                "lookup": {"max_new_tokens": 100, "k": 2}}
+    results = json.loads(strict_json.dumps({"schema": table.SCHEMA, "table": [table.row(r) for r in runs]}))
+    results |= {"command": "test", "started": "now", "seconds": 1.0, "machine": machine.describe(),
+                "bench": asdict(bench.BenchSettings()), "sections": sections}
+
+    drawn = plots.draw(results, tmp_path)
+    text = report.render(results, drawn)
+
+    assert set(drawn) == {"k", "precision"}
+    assert "| K=2 | 0.75 | 0.200 | 2.0 | 1.65× | 2.20× | 2.00× |" in text  # α̂ 6 / (6 + 2); 4 s over 2 s
+    assert "| 20.0 ms | 1/1 | 1.50× | 1.000× |" in text  # GenAI at the same K: 3 s over 2 s, and as fast as ours
+    assert "| K=2 | 2.00× | 2.20× | +10% (+10% to +10%) | 2.10× | +5% (+5% to +5%) | ±1 | 0 |" in text
+    assert "**auto K**: measured 2.50×. On the same answers the counterfactual's best fixed K was 2 (2.10× predicted)" in text
+    assert "| int8 | int4 | 1.0 MiB | 30.0 ms |" in text and "target int8 + draft int4 at 2.00×" in text
+    assert "| u8 | 30.0 ms | 3.0 KiB |" in text
+    assert "| head 16k | 16,384 | 10.0 ms |" in text
+    assert "| GenAI prompt lookup | – | – | – | – | – | 3.00× | – | 20.0 ms | 1/1 | 1.50× |" in text  # over ours: 3 s / 2 s
+    assert "Best fixed K: 2 at 2.00× (Leviathan: 1.65×)" in text and "ours prompt lookup 3.00×, GenAI prompt lookup 1.50×" in text
 
 
 def test_the_transformers_lanes_beside_ours_are_read_from_the_table_as_written():
@@ -399,12 +458,12 @@ def test_the_transformers_lanes_beside_ours_are_read_from_the_table_as_written()
     written = json.loads(strict_json.dumps(results))
 
     text = report.peers_section(written["sections"], {}, table.load(written))
-    targets = {t["id"]: t for t in judge_targets(written["sections"], table.load(written))}
+    targets = {t.id: t for t in judge_targets(written["sections"], table.load(written))}
 
     assert "| hf assisted | 3.70 s | 36.6 ms | 101 | 2/2 |" in text
     assert "| hf assisted / ours speculative | 4.00× |" in text and "| hf plain / ours autoregressive | 3.00× |" in text
     assert "| transformers speedup (AR / speculative) | 1.57× |" in text and "| ours speedup (AR / speculative) | 2.00× |" in text
-    assert targets["transformers"]["measured"] == pytest.approx(4.0) and targets["transformers"]["where"] == "N=100"
+    assert targets["transformers"].measured == pytest.approx(4.0) and targets["transformers"].where == "N=100"
     assert "takes **4.0×** our decoding time per token" in report._headlines(written["sections"], table.load(written))
 
 
@@ -432,16 +491,22 @@ def test_the_report_shows_the_tune_the_models_ran_under_settings_by_times_and_th
 
 
 def test_what_watching_costs_is_reported_as_ratios_to_the_cli():
+    """Each mode's saved runs are rows of the table (their setting the mode); the report gives each figure's median over
+    the repeats and, in brackets, the median of each repeat's figure over the CLI's of the same repeat."""
     from specdemo.bench import watching
 
-    run = {"autoregressive": {"summary": {"target_step_s": 0.045}},
-           "speculative": {"summary": {"verify_call_s": 0.06, "draft_s": 2.0}}, "measured_speedup": 1.5}
-    assert watching.figures(run) == {"autoregressive step": 0.045, "verify call": 0.06, "drafting": 2.0, "speedup": 1.5}
-    medians = {"CLI": {"autoregressive step": 0.040, "verify call": 0.05, "drafting": 2.0, "speedup": 1.5},
-               "page in Chromium": {"autoregressive step": 0.050, "verify call": 0.06, "drafting": 2.5, "speedup": 1.2}}
-    section = {"max_new_tokens": 128, "repeats": 2, "medians": medians,
-               "over_cli": {mode: {k: m[k] / medians["CLI"][k] for k in m} for mode, m in medians.items()}}
-    text = report_tables.watching_section({"watching": section}, {})
+    def saved(step_s, verify_s, draft_s, spec_wall_s):  # a saved run: 100 tokens a lane, the AR lane in 3 s
+        ar = Summary("autoregressive", tokens=100, wall_s=3.0, target_step_s=step_s)
+        spec = Summary("speculative", tokens=100, wall_s=spec_wall_s, verify_call_s=verify_s, draft_s=draft_s)
+        return {"instruction": "x", AUTOREGRESSIVE: {"token_ids": [1], "summary": ar.to_dict()},
+                SPECULATIVE: {"token_ids": [1], "summary": spec.to_dict()}}
+
+    runs = [replace(r, section="watching", setting=mode) for repeat in range(2)
+            for mode, saved_run in (("CLI", saved(0.040, 0.05, 2.0, 2.0)), ("page in Chromium", saved(0.050, 0.06, 2.5, 2.5)))
+            for r in watching.rows(saved_run, repeat, 128)]
+
+    text = report_tables.watching_section({"watching": {"max_new_tokens": 128, "repeats": 2}}, {}, runs)
+
     assert text.startswith("## 8. What watching costs")
     assert "| page in Chromium | 50.0 ms (1.25×) | 60.0 ms (1.20×) | 2.50 s (1.25×) | 1.20× (0.80×) |" in text
 
@@ -568,9 +633,7 @@ def test_transformers_peer_times_its_first_token_apart_plain_and_assisted(tiny_h
 def test_a_speculative_lane_that_drafted_no_round_is_said_so_not_divided_by_zero():
     from specdemo.bench.report import _round_costs
 
-    spec = {"mean_k": 0.0, "mean_acceptance_length": spread([]), "draft_step_s": spread([0.0]),
-            "verify_call_s": spread([0.0])}
-    assert "drafted no round" in _round_costs(spec, 0.08, {"goal": 2.0})
+    assert "drafted no round" in _round_costs(speculative_figures([]), 0.08, {"goal": 2.0})
 
 
 def test_a_peer_in_a_process_of_its_own_writes_what_it_writes_in_this_one(tiny_hf):

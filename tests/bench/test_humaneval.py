@@ -148,8 +148,8 @@ def test_speedups_are_the_mean_of_ratios_and_the_ratio_of_sums_and_pass_at_1_cou
     logged = []
     rows = humaneval.problem_rows([p0, p1], runs, LANES, lambda ids: answers[tuple(ids)], 4, logged.append)
     figures = humaneval.summarize(rows, runs, LANES, 4)
-    assert figures["speedup_mean"] == pytest.approx((2.0 + 1.0) / 2)
-    assert figures["speedup_of_sums"] == pytest.approx(12.0 / 7.0)
+    assert figures["speedup"]["ours"]["mean"] == pytest.approx((2.0 + 1.0) / 2)
+    assert figures["speedup"]["ours"]["of_sums"] == pytest.approx(12.0 / 7.0)
     assert figures["speedup"]["genai"]["mean"] == pytest.approx(2.0)
     assert figures["pass_at_1"] == {"autoregressive": 1.0, "speculative": 1.0, "genai_autoregressive": 0.5, "genai": 0.0}
     assert figures["verdicts_differ"] == [] and figures["same_text"] == 2

@@ -165,7 +165,6 @@ def test_the_papers_second_pass_loads_genais_defaults_only_after_the_first_passs
 
     monkeypatch.setattr(peers, "GenAIPipeline", Pipeline)
     monkeypatch.setattr(sections, "measure", measure)
-    monkeypatch.setattr(sections, "paper_figures", lambda lanes, runs, n: {})
     monkeypatch.setattr(sections, "genai_compile", lambda target, draft: {})
     monkeypatch.setattr(sections, "our_lane", lambda label, engine, mode, generation, baseline=None: harness.Lane(
         label, "specdemo", mode, baseline))
