@@ -54,8 +54,7 @@ constexpr size_t ROWS_A_TASK = 16;  // query rows a task scores against its key-
 // are read-bound, AVX-512 would add nothing worth a third copy), the scalar one where that is held or d is not whole
 // vectors.
 AttendFn attend_for(size_t d) {
-    const std::string isa = chosen_kernels().isa;
-    return isa != "scalar" && d % 8 == 0 ? avx2_attention() : attend_scalar;
+    return std::strcmp(chosen_kernels().isa, "scalar") != 0 && d % 8 == 0 ? avx2_attention() : attend_scalar;
 }
 
 // Copies the call's L rows of (1, kv_heads, L, d) into the cache at positions past .. past + L − 1.

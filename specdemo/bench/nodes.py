@@ -27,7 +27,7 @@ GROUPS = (
     ("LM head", lambda name, kind: "lm_head" in name),
     ("MLP (gate, up, down)", lambda name, kind: bool(re.search(r"mlp\.(gate|up|down)_proj", name))),
     ("attention projections (q, k, v, o)", lambda name, kind: bool(re.search(r"self_attn\.[qkvo]_proj", name))),
-    ("attention (SDPA with the KV cache)",  # the plugin's, or specdemo's CachedAttention (graph.own_attention)
+    ("attention (SDPA with the KV cache)",  # the plugin's, or specdemo's CachedAttention (cached_attention.own_attention)
      lambda name, kind: kind.startswith("ScaledDotProductAttention") or name.endswith("/CachedAttention")),
     ("other matmuls (a GGUF import's Q4_K offsets; RoPE's)", lambda name, kind: kind.startswith("FullyConnected") or kind == "MatMul"),
 )

@@ -6,9 +6,8 @@
   compressed weights concatenated row-wise and the output split again; BlockMatMuls of one block type likewise
   (specdemo/models/kernels.py: a GGUF tensor's own blocks, rows of bytes);
 - fuse_glu: a fused gate-and-up BlockMatMul whose split feeds Multiply(Swish(gate), up) computes silu(gate)·up itself
-  (its epilogue): three nodes a layer fewer;
-- own_attention: each layer's stateful SDPA (ReadValue, Gather, Concat, Assign around it) becomes one CachedAttention,
-  specdemo's op that keeps the layer's keys and values itself (kernels/src/attention.hpp says why).
+  (its epilogue): three nodes a layer fewer.
+(cached_attention.own_attention makes one more: each layer's stateful SDPA becomes specdemo's CachedAttention.)
 
 Why fuse: a decode step of a 1.5B model is ~850 nodes on the CPU plugin, and the calls' wall time exceeds the sum of
 the nodes' own times by 4-6 ms (thread hand-offs between nodes on 2 cores; bench --only nodes). The plugin fuses q/k/v
@@ -25,8 +24,6 @@ from collections import defaultdict
 import numpy as np
 import openvino as ov
 from openvino import opset13 as ops
-
-from specdemo.models import cached_attention
 
 _LOW_BIT = (ov.Type.u4, ov.Type.i4)
 
@@ -148,73 +145,6 @@ def fuse_glu(model: ov.Model) -> int:
     return fused
 
 
-def own_attention(model: ov.Model, core: ov.Core) -> int:
-    """Replace every attention of the graph gguf_graph builds (SDPA over Concat(Gather(ReadValue), new), the key-value
-    heads repeated, its output transposed and reshaped to (1, L, heads·d), the Concat stored by an Assign) by a
-    CachedAttention of the extension (`core` has it) over the new q, k, v and the attention mask, and drop the states.
-    All or nothing: returns the layers replaced, 0 where any attention is not that pattern (the model is untouched)."""
-    found = [_attention_parts(op) for op in model.get_ordered_ops() if op.get_type_name() == "ScaledDotProductAttention"]
-    mask = next((p.output(0) for p in model.get_parameters() if "attention_mask" in p.output(0).get_names()), None)
-    if not found or None in found or mask is None:
-        return 0
-    q_shape, k_shape = found[0]["q"].get_partial_shape(), found[0]["k"].get_partial_shape()
-    made = cached_attention.made_by(core, len(found), q_shape[1].get_length(), k_shape[1].get_length(),
-                                    q_shape[3].get_length(), found[0]["scale"])
-    stored = {}  # the Assigns of the caches: node name → variable id
-    for parts, op in zip(found, made):
-        for i, source in enumerate((parts["q"], parts["k"], parts["v"], mask)):
-            op.input(i).replace_source_output(source)
-        name = parts["sdpa"].get_friendly_name()
-        op.set_friendly_name(name.replace("ScaledDotProductAttention", cached_attention.TYPE))
-        op.validate_and_infer_types()
-        parts["merged"].output(0).replace(op.output(0))
-        stored |= parts["assigns"]
-    for sink in [s for s in model.get_sinks() if s.get_name() in stored]:
-        model.remove_sink(sink)
-    for variable in [v for v in model.get_variables() if v.info.variable_id in stored.values()]:
-        model.remove_variable(variable)
-    model.validate_nodes_and_infer_types()
-    return len(found)
-
-
-def _attention_parts(sdpa) -> dict | None:
-    """An SDPA's new q, k and v, its scale, the Reshape merging its heads and the Assigns of its cache (node name →
-    variable id), or None where the graph around it is not gguf_graph's."""
-    if sdpa.get_input_size() < 5 or _through_converts(sdpa.input_value(4).get_node()).get_type_name() != "Constant":
-        return None
-    news, assigns = [], {}
-    for i in (1, 2):
-        concat = _unrepeated(sdpa.input_value(i).get_node())
-        if concat.get_type_name() != "Concat" or concat.get_input_size() != 2:
-            return None
-        past = concat.input_value(0).get_node()
-        past = past.input_value(0).get_node() if past.get_type_name() == "Gather" else past
-        readers = [r.get_node() for r in concat.output(0).get_target_inputs()]
-        stores = [r for r in readers if r.get_type_name() == "Assign"]
-        if past.get_type_name() != "ReadValue" or len(stores) != 1 or len(readers) != 2:
-            return None
-        news.append(concat.input_value(1))
-        assigns[stores[0].get_name()] = stores[0].get_variable_id()
-    transposes = [r.get_node() for r in sdpa.output(0).get_target_inputs()]
-    if len(transposes) != 1 or transposes[0].get_type_name() != "Transpose":
-        return None
-    merges = [r.get_node() for r in transposes[0].output(0).get_target_inputs()]
-    if len(merges) != 1 or merges[0].get_type_name() != "Reshape" or merges[0].get_output_partial_shape(0).rank != 3:
-        return None
-    scale = float(_through_converts(sdpa.input_value(4).get_node()).get_data().reshape(-1)[0])
-    return {"sdpa": sdpa, "q": sdpa.input_value(0), "k": news[0], "v": news[1], "scale": scale, "merged": merges[0],
-            "assigns": assigns}
-
-
-def _unrepeated(node):
-    """The node whose key-value heads gguf_graph's Unsqueeze, Broadcast, Reshape repeats (`node` where none does)."""
-    if node.get_type_name() != "Reshape":
-        return node
-    broadcast = node.input_value(0).get_node()
-    unsqueeze = broadcast.input_value(0).get_node() if broadcast.get_type_name() == "Broadcast" else None
-    return unsqueeze.input_value(0).get_node() if unsqueeze and unsqueeze.get_type_name() == "Unsqueeze" else node
-
-
 def _swiglu_of(split):
     """The Multiply(Swish(first part), second part) a two-way split of equal parts on its last axis feeds alone, or
     None."""
@@ -240,11 +170,11 @@ def _beta_is_one(swish) -> bool:
     """Whether a Swish is x·sigmoid(x): no β input, or a constant β of 1 (what the exports write for SiLU)."""
     if swish.get_input_size() == 1:
         return True
-    beta = _through_converts(swish.input_value(1).get_node())  # a β saved in f16
+    beta = through_converts(swish.input_value(1).get_node())  # a β saved in f16
     return beta.get_type_name() == "Constant" and bool(np.all(beta.get_data() == 1))
 
 
-def _through_converts(node):
+def through_converts(node):
     """The node a chain of Converts starts from (`node` itself when it is none)."""
     while node.get_type_name() == "Convert":
         node = node.input_value(0).get_node()
@@ -309,7 +239,7 @@ def _bias_of(matmul):
     if len(consumers) != 1 or consumers[0].get_node().get_type_name() != "Add":
         return None
     add = consumers[0].get_node()
-    other = _through_converts(add.input_value(1 - consumers[0].get_index()).get_node())
+    other = through_converts(add.input_value(1 - consumers[0].get_index()).get_node())
     if other.get_type_name() != "Constant" or other.get_element_type() != ov.Type.f32:
         return None
     if int(np.prod(other.get_output_shape(0))) != matmul.get_output_partial_shape(0)[-1].get_length():

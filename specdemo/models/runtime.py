@@ -12,7 +12,7 @@ stay right). Copying every layer's kept keys and values out of the plugin and ba
 round's time outside the model calls; masking costs nothing. Forgotten positions stay in the plugin's memory (and in
 every attention) until they exceed COMPACT_AFTER, when the cache is compacted by one such copy.
 
-A model on specdemo's kernels keeps its cache in its own attention op instead (graph.own_attention, CachedAttention):
+A model on specdemo's kernels keeps its cache in its own attention op instead (cached_attention.own_attention):
 each call writes its keys and values at the position the mask's length says, so rolling back is a shorter mask and
 nothing is forgotten or copied.
 """
@@ -30,7 +30,7 @@ import numpy as np
 import openvino as ov
 
 from specdemo.host.compat import compile_config
-from specdemo.models import graph, kernels
+from specdemo.models import cached_attention, graph, kernels
 from specdemo.settings import ModelSettings
 
 
@@ -71,7 +71,7 @@ class OVModel:
         self._position_elements = _position_elements(model)  # keys and values of one position, all layers
         # Layers whose attention is specdemo's CachedAttention, which keeps the cache itself (rolled back by a shorter
         # mask): on its kernels' models, with the cache at f32 (a u8 or f16 cache asked for is the plugin's).
-        self.own_attention = graph.own_attention(model, core) if (
+        self.own_attention = cached_attention.own_attention(model, core) if (
             settings.precision == kernels.NATIVE and settings.kv_cache_precision in ("", "f32")) else 0
         config = compile_config(settings, cache_dir)
         if profiled:

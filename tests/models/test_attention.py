@@ -1,4 +1,4 @@
-"""specdemo's CachedAttention (kernels/src/attention.hpp, graph.own_attention): grouped-query causal attention over a
+"""specdemo's CachedAttention (kernels/src/attention.hpp, cached_attention.own_attention): grouped-query causal attention over a
 cache the op keeps, equal to numpy's on every ISA path this CPU runs; a row's result the same bits whatever the rows
 beside it; a shorter mask rolls the cache back; in a native model it stands for every layer's stateful SDPA and scores
 as that did."""
@@ -6,7 +6,7 @@ as that did."""
 import numpy as np
 import pytest
 
-from specdemo.models import cached_attention, export, graph, kernels, runtime
+from specdemo.models import cached_attention, export, kernels, runtime
 from specdemo.models.gguf_file import GGUFFile
 from specdemo.models.runtime import OVModel
 from specdemo.settings import ModelSettings
@@ -81,7 +81,7 @@ def native_pair(tmp_path, monkeypatch, **change):
     settings = ModelSettings(str(gguf), precision="gguf-native", **change)
     own = OVModel(tmp_path / "ir", settings)
     with monkeypatch.context() as patch:
-        patch.setattr(graph, "own_attention", lambda model, core: 0)
+        patch.setattr(cached_attention, "own_attention", lambda model, core: 0)
         plugin = OVModel(tmp_path / "ir", settings)
     return own, plugin
 
