@@ -89,7 +89,10 @@ void CachedAttention::validate_and_infer_types() {
 
 std::shared_ptr<ov::Node> CachedAttention::clone_with_new_inputs(const ov::OutputVector& inputs) const {
     check_new_args_count(this, inputs);
-    return std::make_shared<CachedAttention>(inputs, m_scale);
+    auto clone = std::make_shared<CachedAttention>(inputs, m_scale);
+    clone->m_store = m_store;  // one cache for the op and its copies: the models one graph is compiled into (OVModel's
+                               // step-sized variant beside the general one) read and write the same keys and values
+    return clone;
 }
 
 bool CachedAttention::visit_attributes(ov::AttributeVisitor& visitor) {

@@ -55,7 +55,7 @@ public:
 
 private:
     float m_scale = 1.0f;
-    std::shared_ptr<KVStore> m_store = make_store();
+    std::shared_ptr<KVStore> m_store = make_store();  // shared by the op's copies (clone_with_new_inputs)
     static std::shared_ptr<KVStore> make_store();
 };
 

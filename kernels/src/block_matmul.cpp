@@ -195,7 +195,11 @@ void BlockMatMul::validate_and_infer_types() {
 
 std::shared_ptr<ov::Node> BlockMatMul::clone_with_new_inputs(const ov::OutputVector& inputs) const {
     check_new_args_count(this, inputs);
-    return std::make_shared<BlockMatMul>(inputs[0], inputs[1], m_kind, m_columns, m_epilogue);
+    auto clone = std::make_shared<BlockMatMul>(inputs[0], inputs[1], m_kind, m_columns, m_epilogue);
+    clone->m_cache = m_cache;  // one packing for the op and its copies: a model compiled twice (OVModel's step-sized
+                               // variant) packs each tensor once; the cache holds the tensor's address and repacks for
+                               // another
+    return clone;
 }
 
 bool BlockMatMul::visit_attributes(ov::AttributeVisitor& visitor) {

@@ -41,7 +41,7 @@ private:
     std::string m_kind;
     int64_t m_columns = 0;
     std::string m_epilogue;  // "" or "swiglu"
-    std::shared_ptr<PackCache> m_cache = make_cache();
+    std::shared_ptr<PackCache> m_cache = make_cache();  // shared by the op's copies (clone_with_new_inputs)
     static std::shared_ptr<PackCache> make_cache();
 };
 
