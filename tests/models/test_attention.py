@@ -115,9 +115,26 @@ def test_a_rolled_back_native_model_scores_as_one_that_never_saw_the_forgotten_t
     assert own.length == len(prompt) + 2 and own.forgotten == 0
 
 
+def test_one_token_calls_run_their_own_compile_with_the_same_cache_and_the_same_bits(tmp_path, monkeypatch):
+    """A native model's decoding steps run a compile whose shapes are fixed (OVModel._compile_step) beside the general
+    one: both read and write the same keys and values (the ops' copies share them), the weights are packed once, and a
+    step scores a position as a verification of several rows does, bit for bit."""
+    own, _ = native_pair(tmp_path, monkeypatch)
+    step_inputs = {port.get_any_name(): port.get_partial_shape() for port in own._step.get_compiled_model().inputs}
+    assert str(step_inputs["input_ids"]) == "[1,1]" and step_inputs["attention_mask"].is_dynamic
+    packed = kernels.packings()
+    prompt, steps = list(range(40, 60)), [7, 8, 9, 10]
+    own.forward(prompt)
+    one_by_one = np.array([own.forward([token])[0] for token in steps])
+    own.rollback(len(prompt))
+    together = own.forward(steps, logits_to_keep=len(steps))
+    assert np.array_equal(one_by_one, together)
+    assert kernels.packings() == packed  # the general compile's first many-row call found the step's packing
+
+
 def test_a_kv_cache_precision_asked_for_keeps_the_plugin_s_attention(tmp_path, monkeypatch):
     own, _ = native_pair(tmp_path, monkeypatch, kv_cache_precision="u8")
-    assert own.own_attention == 0 and own.kv_cache_precision == "u8"
+    assert own.own_attention == 0 and own.kv_cache_precision == "u8" and own._step is own.request
 
 
 def test_the_check_at_load_finds_the_attention_right_on_every_isa_and_says_where_it_is_not(each_isa, monkeypatch):
