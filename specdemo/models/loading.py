@@ -134,7 +134,8 @@ def load_model(settings: ModelSettings, progress: sources.Progress | None = None
     # The compile that follows a conversion writes no blob to OpenVINO's model cache: writing it took 3 s of a first
     # start's 42 (1.1 GB for the 1.5B target at gguf-native; Xeon family 6 model 207), and a Space starts from an empty
     # disk each time, where it is never read. A later start writes it and imports it from then on (1 s quicker, and its
-    # weights file-backed rather than anonymous: 0.4 GiB less of the budget).
+    # weights file-backed rather than anonymous: 0.4 GiB less of the budget). A model with our own attention is never
+    # imported (OVModel compiles its graph twice, and the two must share its ops' caches).
     cache = None if fresh else sources.specdemo_home() / "ov_cache"
     runtime = OVModel(folder, settings, cache_dir=cache, head_ids=head)
     return LoadedModel(settings, folder, runtime, tokenizer, config, tuned, planned)
