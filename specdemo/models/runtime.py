@@ -103,7 +103,8 @@ class OVModel:
         CachedAttentions read the mask). A model of dynamic shapes costs the plugin its shape work at each of its ~400
         nodes a call: on the 2-core Zen 3 (EPYC family 25 model 1), 300 positions, the 0.5B draft's step took 0.88× the
         time of the dynamic graph's, the 1.5B target's 0.95× (both 2.5-3 ms less); a call of 5 tokens 0.99×, so the
-        other calls keep the general compile. Its ops' copies share their caches and packed weights with the other's."""
+        other calls keep the general compile. Its ops' copies share their caches and packed weights with the other's.
+        It adds 1.3-1.6 s to a load (the draft, the target; the same Zen 3, a busy host)."""
         fixed = {"input_ids": [1, 1], "position_ids": [1, 1]}
         model.reshape({port: fixed.get(port.get_any_name(), port.get_partial_shape()) for port in model.inputs})
         return core.compile_model(model, self.settings.device, config).create_infer_request()
