@@ -45,12 +45,7 @@ Every section has seconds and load_average_end, and:
     gating        max_new_tokens, curves {name: CostModel}, rows [gating.Row: curve, instruction, tokens, alpha,
                   oracle, best_fixed, best_k, planned, lane, gated, gated_walk, drafted, turned_back, stopped,
                   same_text] (opt-in)
-    humaneval     problems, max_new_tokens, k, k_label, framing, notebook {speedup, problems, target, draft, framework,
-                  measure}, lanes {key: label + fields} (keys: autoregressive, speculative, genai_autoregressive, genai,
-                  llamacpp where installed), speedup {ours, genai: {mean, of_sums, spread}}, pass_at_1 {key: share},
-                  same_text (problems), verdicts_differ [task_id], mean_acceptance_length, acceptance_by_position
-                  [share per draft position], genai_acceptance, rows [{task_id, tokens, wall_s, passed, reason (by
-                  lane key), speedup, same_text, parted_at, mean_acceptance_length, acceptance_by_position}]; or skipped
+    humaneval     humaneval.HumanEval's fields (each lane by its label and fields: HumanEval.to_json); or skipped
     memory        max_new_tokens, autoregressive and speculative {rss_loaded_bytes, peak_rss_generating_bytes,
                   peak_rss_process_bytes, peak_anon_generating_bytes, peak_anon_process_bytes (RssAnon, absent in
                   older results), private_bytes, kv_cache_bytes {model: bytes}, tokens}
