@@ -42,9 +42,7 @@ Every section has seconds and load_average_end, and:
                   Each lane's figures are the table's (stats.sweep_rows)
     watching      instruction, max_new_tokens, repeats, idle_s, browser_cpu [{idle_s, run_s, run_wall_s}] (its runs: the
                   table's, their setting the mode that ran them: "CLI", "page API", "page in Chromium")
-    gating        max_new_tokens, curves {name: CostModel}, rows [gating.Row: curve, instruction, tokens, alpha,
-                  oracle, best_fixed, best_k, planned, lane, gated, gated_walk, drafted, turned_back, stopped,
-                  same_text] (opt-in)
+    gating        max_new_tokens, curves {name: CostModel}, rows [gating.Row's fields] (opt-in)
     humaneval     humaneval.HumanEval's fields (each lane by its label and fields: HumanEval.to_json); or skipped
     memory        max_new_tokens, autoregressive and speculative {rss_loaded_bytes, peak_rss_generating_bytes,
                   peak_rss_process_bytes, peak_anon_generating_bytes, peak_anon_process_bytes (RssAnon, absent in

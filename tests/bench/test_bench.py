@@ -511,6 +511,18 @@ def test_what_watching_costs_is_reported_as_ratios_to_the_cli():
     assert "| page in Chromium | 50.0 ms (1.25×) | 60.0 ms (1.20×) | 2.50 s (1.25×) | 1.20× (0.80×) |" in text
 
 
+def test_the_gating_rows_are_a_table_of_their_fields_a_gated_lane_that_stopped_said_so():
+    from specdemo.bench import gating
+
+    rows = [gating.Row("t(5) = 2.4 steps", "Write a function", 100, 0.62, 1.9, 1.5, 3, "gated K = 2", 1.0, 1.4, 1.35,
+                       12, 4, True, False),
+            gating.Row("t(5) = 2.4 steps", "Sort a list", 80, 0.4, 1.1, 0.9, 1, "K = 0", 1.0, 0.0, 0.0, 0, 0, False, True)]
+
+    text = gating.gating_section({"gating": {"max_new_tokens": 100, "rows": rows}}, {})
+
+    assert "| Write a function | 100 | 0.62 | 1.90× | 1.50× (K = 3) | gated K = 2 | 1.00× | 1.40× (stopped) | 1.35× | 12 of 16 | NO |" in text
+    assert "| Sort a list | 80 | 0.40 | 1.10× | 0.90× (K = 1) | K = 0 | 1.00× | – | – | – | yes |" in text  # no gate
+
 def test_where_two_of_our_lanes_part_the_run_record_judges_the_parting_by_its_margins():
     from specdemo.decoding.events import TokenEvent
 
