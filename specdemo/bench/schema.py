@@ -26,11 +26,9 @@ Every section has seconds and load_average_end, and:
                   where they are not ours), genai_target, genai_draft (the precision GenAI's model ran at where ours ran
                   specdemo's kernels, else null), time_shares {kind: {component: share}} (our lanes at the longest N)
     transformers  k, max_new_tokens, dtype (its lanes, their times and ratios: the table's rows); or skipped
-    fidelity      examples, candidates [{precision, compile_settings, positions, top1_agreement, mean_abs_logit_error}];
-                  or skipped
-    nodes         tokens_per_call [1, K + 1], gguf_read_bytes (per token, or null without a GGUF), targets [{precision,
-                  compile_settings, weight_bytes, wall_s {tokens: seconds a call}, by_tokens {tokens: [{name, nodes, ms_per_call,
-                  weight_bytes, gb_per_s}]}}]
+    fidelity      examples, candidates [results.fidelity.Fidelity's fields]; or skipped
+    nodes         tokens_per_call [1, K + 1], gguf_read_bytes (per token, or null without a GGUF), targets
+                  [nodes.TargetNodes: its fields, a group a NodeGroup's and its gb_per_s]
     llamacpp      k, k_label, max_new_tokens, threads, version, system_info (llama.cpp's CPU features), kernels_isa
                   (our kernels' path where a lane ran gguf-native, else null), weights {role: precision}, text_agreement
                   [{instruction, same_tokens, of}] (its lanes, llama-bench's and llama-speculative-simple's rows too: the

@@ -523,6 +523,20 @@ def test_the_gating_rows_are_a_table_of_their_fields_a_gated_lane_that_stopped_s
     assert "| Write a function | 100 | 0.62 | 1.90× | 1.50× (K = 3) | gated K = 2 | 1.00× | 1.40× (stopped) | 1.35× | 12 of 16 | NO |" in text
     assert "| Sort a list | 80 | 0.40 | 1.10× | 0.90× (K = 1) | K = 0 | 1.00× | – | – | – | yes |" in text  # no gate
 
+def test_the_fidelity_table_reads_each_precision_as_compared_with_the_gguf():
+    from specdemo.bench import report_gguf
+    from specdemo.results.fidelity import Fidelity
+
+    section = {"examples": 3, "candidates": [Fidelity("int8", "group 128, f32", 285, 0.9965, 0.0421),
+                                             Fidelity("gguf", "its own blocks", 285, 1.0, 0.0)]}
+
+    text = report_gguf.fidelity_section({"fidelity": section}, {})
+
+    assert "over the 3 built-in answers" in text and "at 285 positions" in text
+    assert "| int8 | group 128, f32 | 99.7 % | 0.042 |" in text and "| gguf | its own blocks | 100.0 % | 0.000 |" in text
+    assert list(bench.plain(section)["candidates"][0]) == ["precision", "compile_settings", "positions", "top1_agreement",
+                                                           "mean_abs_logit_error"]  # in benchmarks.json
+
 def test_where_two_of_our_lanes_part_the_run_record_judges_the_parting_by_its_margins():
     from specdemo.decoding.events import TokenEvent
 
