@@ -145,7 +145,7 @@ def _headlines(sections: dict, runs: list[Run]) -> str:
         lines.append("On edits that repeat their input, speedup over our autoregressive loop: " + ", ".join(cells) + " (§4).")
     memory = sections.get("memory")
     if memory:
-        extra = memory[SPECULATIVE]["peak_rss_generating_bytes"] - memory[AUTOREGRESSIVE]["peak_rss_generating_bytes"]
+        extra = memory[SPECULATIVE].peak_rss_generating_bytes - memory[AUTOREGRESSIVE].peak_rss_generating_bytes
         lines.append(f"Speculative decoding needs {size(extra)} more peak RSS than autoregressive: the draft's weights and KV cache (§5).")
     return "## Headlines\n\n" + "\n".join(f"* {line}" for line in lines) if lines else ""
 

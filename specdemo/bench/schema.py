@@ -42,9 +42,7 @@ Every section has seconds and load_average_end, and:
                   table's, their setting the mode that ran them: "CLI", "page API", "page in Chromium")
     gating        max_new_tokens, curves {name: CostModel}, rows [gating.Row's fields] (opt-in)
     humaneval     humaneval.HumanEval's fields (each lane by its label and fields: HumanEval.to_json); or skipped
-    memory        max_new_tokens, autoregressive and speculative {rss_loaded_bytes, peak_rss_generating_bytes,
-                  peak_rss_process_bytes, peak_anon_generating_bytes, peak_anon_process_bytes (RssAnon, absent in
-                  older results), private_bytes, kv_cache_bytes {model: bytes}, tokens}
+    memory        max_new_tokens, autoregressive and speculative: memory.Peaks's fields (bytes, and tokens)
 
 A target: id, target (a sentence), where, goal, sense ("≤" | "≥"), unit ("ratio" | "share"), measured, met, gap.
 """

@@ -229,8 +229,9 @@ def test_a_section_registered_in_one_line_gets_its_report_part_in_its_place_and_
 
 
 def _memory_section() -> dict:
-    mode = {"rss_loaded_bytes": 1, "peak_rss_generating_bytes": 2, "peak_rss_process_bytes": 3, "private_bytes": 1,
-            "kv_cache_bytes": {"target": 1}}
+    from specdemo.bench.memory import Peaks
+
+    mode = Peaks(1, 2, 3, 2, 3, 1, {"target": 1}, 8)
     return {"max_new_tokens": 8, AUTOREGRESSIVE: mode, SPECULATIVE: mode}
 
 
@@ -556,20 +557,22 @@ def test_where_two_of_our_lanes_part_the_run_record_judges_the_parting_by_its_ma
     assert "spec 1.00s (parted at token 2: near-tie)" in log[-1]
 
 
-def test_the_memory_probe_measures_a_speculative_run_of_the_tiny_pair(tiny_target, tiny_draft, capsys):
-    """bench --only memory's probe, as its child process runs it: the settings back from their JSON, a load, a run
-    and its peaks on one line (it once failed before measuring: its result shadowed the memory module it reads, and
-    the K policy came back from JSON as a dict)."""
+def test_the_memory_section_measures_each_mode_of_the_tiny_pair_in_a_process_of_its_own(tiny_target, tiny_draft):
+    """bench --only memory: each mode's probe in its own process, the settings handed over as they are, a load, a run
+    and its peaks read back as Peaks (it once failed before measuring: its result shadowed the memory module it reads,
+    and the K policy came back from JSON as a dict)."""
+    from types import SimpleNamespace
+
     from specdemo.bench import memory
-    from specdemo.names import SPECULATIVE
 
     settings = RunSettings(exact(tiny_target), exact(tiny_draft), GenerationSettings(max_new_tokens=8))
-    memory.child(strict_json.dumps({"settings": asdict(settings), "mode": SPECULATIVE, "n": 8,
-                                    "instruction": "Write a function that adds two numbers."}))
-    figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert 0 < figures["rss_loaded_bytes"] <= figures["peak_rss_process_bytes"]
-    assert 0 < figures["peak_anon_generating_bytes"] <= figures["peak_anon_process_bytes"]
-    assert figures["tokens"] > 0 and figures["private_bytes"] > 0
+    figures = memory.run_memory(SimpleNamespace(settings=settings, sweep_tokens=8, log=lambda m: None))
+
+    for peaks in (figures[AUTOREGRESSIVE], figures[SPECULATIVE]):
+        assert 0 < peaks.rss_loaded_bytes <= peaks.peak_rss_generating_bytes <= peaks.peak_rss_process_bytes
+        assert 0 < peaks.peak_anon_generating_bytes <= peaks.peak_anon_process_bytes
+        assert peaks.tokens > 0 and peaks.private_bytes > 0
+    assert set(figures[SPECULATIVE].kv_cache_bytes) > set(figures[AUTOREGRESSIVE].kv_cache_bytes)  # the draft's too
 
 
 def test_the_precision_sweep_holds_one_target_at_a_time_beside_the_pair(monkeypatch):
