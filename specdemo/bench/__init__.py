@@ -109,9 +109,9 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
         if not memory.wait_for(section_need(name, *weights, bench.genai_k_values), f"the {name} section", log):
             results.setdefault("skipped_for_memory", []).append(name)  # the report leaves it out, as if not asked
             continue
-        section = sections[name] = found(BY_NAME[name].run)(ctx)
-        section["seconds"] = time.perf_counter() - section_start
-        section["load_average_end"] = machine.load_average()
+        figures = found(BY_NAME[name].run)(ctx)  # a dict, or a section's own dataclass (humaneval.HumanEval)
+        timing = {"seconds": time.perf_counter() - section_start, "load_average_end": machine.load_average()}
+        sections[name] = replace(figures, **timing) if is_dataclass(figures) else figures | timing
         # GenAI's copies of the models go with their section: the next section's memory need counts only its own.
         ctx.drop_genai()
     results["costs_end"] = engine.costs.to_dict()  # as the sections' runs corrected it
@@ -136,7 +136,10 @@ def sample_run(engine, settings: RunSettings, instruction: str) -> dict | None:
 
 
 def plain(value):
-    """`value` with each dataclass in it (stats.Spread) as its dict: the results as JSON holds them."""
+    """`value` with each dataclass in it (stats.Spread) as its dict, or its to_json's where it has one: the results as
+    JSON holds them."""
+    if hasattr(value, "to_json"):
+        return plain(value.to_json())
     if is_dataclass(value) and not isinstance(value, type):
         return asdict(value)
     if isinstance(value, dict):

@@ -11,7 +11,7 @@ over the autoregressive answer (results/counterfactual.py): the per-round oracle
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from specdemo.decoding.costs import CostModel
 from specdemo.decoding.drafters import MASKED_STRATEGY
@@ -125,21 +125,20 @@ def run_gating(ctx) -> dict:
     """The bench section (opt-in: --only gating): the code instructions at the sweeps' N."""
     rows = gating_rows(ctx.engine, ctx.code_instructions(), ctx.sweep_tokens, log=ctx.log)
     return {"max_new_tokens": ctx.sweep_tokens, "curves": {name: c.to_dict() for name, c in CURVES.items()},
-            "rows": [asdict(r) for r in rows]}
+            "rows": rows}
 
 
-def gating_table(rows: list[dict]) -> str:
+def gating_table(rows: list[Row]) -> str:
     """The rows as a markdown table, one line per instruction and curve."""
     head = ["curve", "instruction", "tokens", "prior α", "oracle", "best fixed K", "planned", "lane", "gated",
             "gated (walk)", "gated: drafted of rounds", "same text"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        gated = f"{r['gated']:.2f}×{' (stopped)' if r['stopped'] else ''}" if r["gated"] else "–"
-        cells = [r["curve"], r["instruction"][:48], str(r["tokens"]), f"{r['alpha']:.2f}", f"{r['oracle']:.2f}×",
-                 f"{r['best_fixed']:.2f}× (K = {r['best_k']})", r["planned"], f"{r['lane']:.2f}×", gated,
-                 f"{r['gated_walk']:.2f}×" if r["gated"] else "–",
-                 f"{r['drafted']} of {r['drafted'] + r['turned_back']}" if r["gated"] else "–",
-                 "yes" if r["same_text"] else "NO"]
+        gated = f"{r.gated:.2f}×{' (stopped)' if r.stopped else ''}" if r.gated else "–"
+        cells = [r.curve, r.instruction[:48], str(r.tokens), f"{r.alpha:.2f}", f"{r.oracle:.2f}×",
+                 f"{r.best_fixed:.2f}× (K = {r.best_k})", r.planned, f"{r.lane:.2f}×", gated,
+                 f"{r.gated_walk:.2f}×" if r.gated else "–", f"{r.drafted} of {r.drafted + r.turned_back}" if r.gated else "–",
+                 "yes" if r.same_text else "NO"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

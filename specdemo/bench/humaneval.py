@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields, replace
 
 from specdemo.bench import llamacpp, sandbox
+from specdemo.bench.stats import Spread
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results import metrics
 from specdemo.results.parting import first_difference
@@ -29,10 +31,23 @@ SKIPPED = "humaneval: skipped (pip install -r requirements-humaneval.txt)"
 EXECUTING = ("humaneval: executing the code each lane generated, one sandbox per program (an unprivileged user in "
              "its own namespaces and private root; time, memory and file limits; process and memory bounds over the "
              "whole program; no network; a pass only at the program's end; bench/sandbox.py)")
+FRAMING = "chat instruction: complete the function, code only; the answer's first code block is run"
+
+
+@dataclass(frozen=True)
+class Notebook:
+    """A speedup published elsewhere, beside ours: what it ran and how it measured."""
+
+    speedup: float
+    problems: int
+    target: str
+    draft: str
+    framework: str
+    measure: str
+
 
 # The notebook's headline: GenAI's speculative pipeline over its plain one, averaged over 50 HumanEval prompts.
-NOTEBOOK = {"speedup": 2.23, "problems": 50, "target": "Phi-3-mini-4k-instruct INT4", "draft": "FastDraft 50M",
-            "framework": "OpenVINO GenAI", "measure": "wall time"}
+NOTEBOOK = Notebook(2.23, 50, "Phi-3-mini-4k-instruct INT4", "FastDraft 50M", "OpenVINO GenAI", "wall time")
 
 _FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)(?:```|\Z)", re.S)
 
@@ -43,6 +58,65 @@ class Problem:
     prompt: str  # imports, helpers, the signature and docstring of the function to write
     entry_point: str  # the function's name
     test: str  # defines check(candidate)
+
+
+@dataclass(frozen=True)
+class Speedups:
+    """A speculative lane over its baseline, time per token, over the problems (Spec-Bench reports both summaries)."""
+
+    mean: float  # the mean of the per-problem ratios
+    of_sums: float  # the baseline's summed time per summed token over the lane's: long answers weigh more
+    spread: Spread  # the per-problem ratios
+
+
+@dataclass(frozen=True)
+class LaneSpeedups:
+    ours: Speedups  # our speculative lane over our autoregressive one
+    genai: Speedups  # GenAI's speculative pipeline over its plain one
+
+
+@dataclass(frozen=True)
+class ProblemRow:
+    """One problem, its first pass: each figure by lane key (HumanEval.lanes)."""
+
+    task_id: str  # "HumanEval/0"
+    tokens: dict[str, int]
+    wall_s: dict[str, float]
+    passed: dict[str, bool]
+    reason: dict[str, str]  # the sandbox's verdict, in words
+    speedup: float  # our autoregressive time per token over our speculative one's (nan: no speculative token)
+    same_text: bool  # our speculative text is our autoregressive text
+    parted_at: int | None  # the first token where they differ; None when the same
+    mean_acceptance_length: float  # tokens per target call, our speculative lane
+    acceptance_by_position: list[float]  # share of rounds keeping the draft at each position 1..K_max
+
+
+@dataclass(frozen=True)
+class HumanEval:
+    """The section's figures (schema.py names them in benchmarks.json)."""
+
+    problems: int
+    max_new_tokens: int
+    k: int | None
+    k_label: str
+    framing: str  # how a problem became an instruction, and which part of the answer runs
+    notebook: Notebook
+    lanes: dict[str, object]  # harness.Lane (bare) by key: autoregressive, speculative, genai(_autoregressive), llamacpp
+    speedup: LaneSpeedups
+    pass_at_1: dict[str, float]  # by lane key: share of problems passed
+    same_text: int  # problems where our two lanes wrote the same text
+    verdicts_differ: list[str]  # task ids where our two lanes' answers pass and fail apart
+    mean_acceptance_length: float  # pooled over our speculative lane's rounds after the prefill
+    acceptance_by_position: list[float]  # pooled likewise, per draft position
+    genai_acceptance: float | None  # GenAI's drafts kept / offered; None where it offered none
+    rows: list[ProblemRow]
+    seconds: float = math.nan  # the section's own time, stamped by bench.run
+    load_average_end: list[float] | None = None  # the 1, 5, 15 minute load after it, stamped by bench.run
+
+    def to_json(self) -> dict:
+        """As benchmarks.json keeps it: its fields, each lane by its label and fields (harness.Lane.fields)."""
+        return {**asdict(replace(self, lanes={})),
+                "lanes": {key: {"label": lane.label, **lane.fields()} for key, lane in self.lanes.items()}}
 
 
 def missing() -> str | None:
@@ -62,7 +136,7 @@ def load_problems(count: int) -> list[Problem]:
         rows = [json.loads(line) for line in f if line.strip()]
     if not 1 <= count <= len(rows):
         raise ValueError(f"--problems must be between 1 and {len(rows)}, got {count}")
-    return [Problem(r["task_id"], r["prompt"], r["entry_point"], r["test"]) for r in rows[:count]]
+    return [Problem(**{f.name: r[f.name] for f in fields(Problem)}) for r in rows[:count]]
 
 
 def instruction(problem: Problem) -> str:
@@ -96,7 +170,7 @@ def check(problem: Problem, answer: str, runs: dict[str, sandbox.Verdict] | None
     return verdict
 
 
-def run_section(ctx) -> dict:
+def run_section(ctx) -> HumanEval | dict:
     """The section: every problem through our autoregressive and speculative lanes (the run's K policy, auto by
     default), GenAI's plain and speculative pipelines and, where installed, llama.cpp's plain decoding; then every
     answer run against its tests. Opt-in: only `--only humaneval` runs it."""
@@ -127,15 +201,13 @@ def run_section(ctx) -> dict:
     ctx.log(f"humaneval: {len(problems)} problems, N={n}, {ctx.k_label(peers=True)}, {len(lanes)} lanes")
     runs = ctx.keep(measure(list(lanes.values()), instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log))
     ctx.log(EXECUTING)
+    lanes = {key: lane.bare() for key, lane in lanes.items()}  # the runs kept hold bare lanes: no pipeline kept alive
     rows = problem_rows(problems, runs, lanes, lambda ids: ctx.engine.tokenizer.decode(ids, skip_special_tokens=True),
                         generation.k_max, ctx.log)
-    return {"problems": len(problems), "max_new_tokens": n, "k": ctx.k, "k_label": ctx.k_label(peers=True),
-            "framing": "chat instruction: complete the function, code only; the answer's first code block is run",
-            "notebook": NOTEBOOK, "lanes": {key: {"label": lane.label, **lane.fields()} for key, lane in lanes.items()},
-            **summarize(rows, runs, lanes, generation.k_max), "rows": rows}
+    return summarize(rows, runs, lanes, generation.k_max, n, ctx.k, ctx.k_label(peers=True))
 
 
-def problem_rows(problems: list[Problem], runs: list, lanes: dict, decode, k_max: int, log) -> list[dict]:
+def problem_rows(problems: list[Problem], runs: list, lanes: dict, decode, k_max: int, log) -> list[ProblemRow]:
     """Per problem (the first pass over them): each lane's tokens, seconds and verdict, our speculative lane's acceptance
     and whether its text is the autoregressive one."""
     first = {(r.lane, r.instruction): r for r in runs if r.repeat == 0}
@@ -144,43 +216,37 @@ def problem_rows(problems: list[Problem], runs: list, lanes: dict, decode, k_max
     for i, problem in enumerate(problems):
         mine = {key: first[(lane, i)] for key, lane in lanes.items() if (lane, i) in first}
         verdicts = {key: check(problem, decode(run.ids), cache) for key, run in mine.items()}
-        spec = mine[SPECULATIVE]
-        rows.append({
-            "task_id": problem.task_id,
-            "tokens": {key: run.tokens for key, run in mine.items()},
-            "wall_s": {key: run.wall_s for key, run in mine.items()},
-            "passed": {key: v.passed for key, v in verdicts.items()},
-            "reason": {key: v.reason for key, v in verdicts.items()},
-            "speedup": mine[AUTOREGRESSIVE].per_token_s / spec.per_token_s if spec.tokens else float("nan"),
-            "same_text": spec.ids == mine[AUTOREGRESSIVE].ids,
-            "parted_at": None if spec.ids == mine[AUTOREGRESSIVE].ids else first_difference(spec.ids, mine[AUTOREGRESSIVE].ids),
-            "mean_acceptance_length": metrics.mean_acceptance_length(spec.rounds),
-            "acceptance_by_position": metrics.acceptance_by_position(spec.rounds, k_max),
-        })
+        ar, spec = mine[AUTOREGRESSIVE], mine[SPECULATIVE]
+        same = spec.ids == ar.ids
+        rows.append(ProblemRow(
+            problem.task_id, {key: run.tokens for key, run in mine.items()}, {key: run.wall_s for key, run in mine.items()},
+            {key: v.passed for key, v in verdicts.items()}, {key: v.reason for key, v in verdicts.items()},
+            ar.per_token_s / spec.per_token_s if spec.tokens else math.nan, same,
+            None if same else first_difference(spec.ids, ar.ids), metrics.mean_acceptance_length(spec.rounds),
+            metrics.acceptance_by_position(spec.rounds, k_max)))
         passed = " ".join(f"{key} {'pass' if v.passed else 'fail'}" for key, v in verdicts.items())
         log(f"  {problem.task_id}: {passed}")
     return rows
 
 
-def summarize(rows: list[dict], runs: list, lanes: dict, k_max: int) -> dict:
+def summarize(rows: list[ProblemRow], runs: list, lanes: dict, k_max: int, max_new_tokens: int, k: int | None,
+              k_label: str) -> HumanEval:
     """The section's figures: speedups as the mean of per-problem ratios and as the ratio of summed times (Spec-Bench
     reports both), pass@1 per lane, pooled acceptance, and the problems where the lanes' texts or verdicts part."""
     from specdemo.bench import stats
 
-    def speedups(lane) -> dict:
+    def speedups(lane) -> Speedups:
         spread = stats.speedup(runs, lane)
-        return {"mean": spread.mean, "of_sums": stats.ratio_of_sums(runs, lane.baseline, lane), "spread": spread}
+        return Speedups(spread.mean, stats.ratio_of_sums(runs, lane.baseline, lane), spread)
 
-    spec_runs = stats.lane_runs(runs, lanes[SPECULATIVE])
-    rounds = [r for run in spec_runs for r in run.rounds]
-    after_prefill = [r for run in spec_runs for r in run.rounds[1:]]
-    ours, genai = speedups(lanes[SPECULATIVE]), speedups(lanes["genai"])
-    return {
-        "speedup": {"ours": ours, "genai": genai},
-        "pass_at_1": {key: sum(row["passed"][key] for row in rows) / len(rows) for key in lanes if rows},
-        "same_text": sum(row["same_text"] for row in rows),
-        "verdicts_differ": [row["task_id"] for row in rows if row["passed"][SPECULATIVE] != row["passed"][AUTOREGRESSIVE]],
-        "mean_acceptance_length": sum(r.emitted for r in after_prefill) / len(after_prefill) if after_prefill else 0.0,
-        "acceptance_by_position": metrics.acceptance_by_position(rounds, k_max),
-        "genai_acceptance": stats.acceptance(stats.lane_runs(runs, lanes["genai"])),
-    }
+    spec, genai = lanes[SPECULATIVE], lanes["genai"]
+    rounds = [r for run in stats.lane_runs(runs, spec) for r in run.rounds]
+    after_prefill = [r for run in stats.lane_runs(runs, spec) for r in run.rounds[1:]]
+    return HumanEval(
+        len(rows), max_new_tokens, k, k_label, FRAMING, NOTEBOOK, lanes, LaneSpeedups(speedups(spec), speedups(genai)),
+        {key: sum(row.passed[key] for row in rows) / len(rows) for key in lanes if rows},
+        sum(row.same_text for row in rows),
+        [row.task_id for row in rows if row.passed[SPECULATIVE] != row.passed[AUTOREGRESSIVE]],
+        sum(r.emitted for r in after_prefill) / len(after_prefill) if after_prefill else 0.0,
+        metrics.acceptance_by_position(rounds, k_max),
+        stats.acceptance(stats.lane_runs(runs, genai)), rows)

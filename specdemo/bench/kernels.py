@@ -19,6 +19,7 @@ from __future__ import annotations
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,28 @@ from specdemo.models.gguf_file import GGUFFile
 from specdemo.models.gguf_import import BlockWeights
 
 BANDWIDTH_BYTES = 1 << 30  # the read pass's buffer: far above any L3 these machines have
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One way's call at one M, per layer."""
+
+    ms: float  # median milliseconds
+    gbs: float  # GB/s its weights stream at
+    bytes: int  # of its weights, as this way reads them (the file's for BlockMatMul, the IR's for the plugin)
+
+
+@dataclass(frozen=True)
+class Layer:
+    """The table of the module's docstring for one layer name of one GGUF block kind."""
+
+    layer: str  # "ffn_up"
+    layers: int  # of the model's blocks, one call running them all
+    kind: str  # the GGUF block kind: "Q4_K", "Q6_K", …
+    shape: list[int]  # of one layer's weight: (rows, columns)
+    threads: int
+    bandwidth_gbs: float  # the read bandwidth measured in the same run (read_bandwidth)
+    ways: dict[str, dict[int, Timing]]  # way -> M -> its call
 
 
 def read_bandwidth(threads: int, repeats: int = 5) -> float:
@@ -92,9 +115,9 @@ def time_calls(compiled: ov.CompiledModel, m: int, columns: int, repeats: int) -
 
 
 def measure_layer(path: Path, layer: str = "ffn_up", rows_per_call=(1, 2, 5, 9, 16), threads: int = 2,
-                  repeats: int = 15, log=print) -> dict:
-    """The table of the module's docstring for `layer` (e.g. "ffn_up") of the GGUF at `path`: {"bandwidth_gbs", "ways":
-    {way: {M: {"ms", "gbs"}}}} a layer, every way timed at each M back to back (so the host's drift hits them alike)."""
+                  repeats: int = 15, log=print) -> Layer:
+    """The table of the module's docstring for `layer` (e.g. "ffn_up") of the GGUF at `path`, every way timed at each M
+    back to back (so the host's drift hits them alike)."""
     file = GGUFFile(path)
     tensors = sorted((name for name in file.tensors if name.endswith(f".{layer}.weight")),
                      key=lambda name: int(name.split(".")[1]))
@@ -120,12 +143,12 @@ def measure_layer(path: Path, layer: str = "ffn_up", rows_per_call=(1, 2, 5, 9, 
                 kernels.use(way.split("/")[1])
                 kernels.gemm_from(10**9 if way.endswith("/dots") else 0)
             seconds = time_calls(compiled, m, columns, repeats if way != "blocks/scalar" else 2) / count
-            results[way][m] = {"ms": 1e3 * seconds, "gbs": read / count / seconds / 1e9, "bytes": read // count}
-        log(f"M = {m}: " + ", ".join(f"{way} {r[m]['ms']:.3f} ms ({r[m]['gbs']:.1f} GB/s)" for way, r in results.items()))
+            results[way][m] = Timing(1e3 * seconds, read / count / seconds / 1e9, read // count)
+        log(f"M = {m}: " + ", ".join(f"{way} {r[m].ms:.3f} ms ({r[m].gbs:.1f} GB/s)" for way, r in results.items()))
     kernels.use("")
     kernels.gemm_from(0)
-    return {"layer": layer, "layers": count, "kind": file.tensors[tensor].kind, "shape": list(file.tensors[tensor].shape),
-            "threads": threads, "bandwidth_gbs": bandwidth / 1e9, "ways": results}
+    return Layer(layer, count, file.tensors[tensor].kind, list(file.tensors[tensor].shape), threads, bandwidth / 1e9,
+                 results)
 
 
 # ---- the bench section (settings.REGISTRY: "kernels")
@@ -159,11 +182,11 @@ def kernels_section(sections: dict, plots: dict, runs=()) -> str:
              "as gguf-mixed lays them; every layer of the model of that shape in one call, so the weights come from memory "
              "as a step's do. Time a layer, the rate its weights stream at, and that rate's share of the read bandwidth "
              "measured in the same run."]
-    for layer in section["layers"]:
-        ms = sorted(next(iter(layer["ways"].values())), key=int)
-        rows = [[way] + [f"{r[m]['ms']:.3f} ms, {r[m]['gbs']:.1f} GB/s ({r[m]['gbs'] / layer['bandwidth_gbs']:.0%})"
-                         for m in ms] for way, r in layer["ways"].items()]
-        parts.append(f"**{layer['layer']}** ({layer['kind']}, {layer['shape'][1]} → {layer['shape'][0]}, {layer['layers']} "
-                     f"layers; read bandwidth {layer['bandwidth_gbs']:.1f} GB/s with {layer['threads']} threads):\n\n"
+    for layer in section["layers"]:  # Layer
+        ms = sorted(next(iter(layer.ways.values())))
+        rows = [[way] + [f"{r[m].ms:.3f} ms, {r[m].gbs:.1f} GB/s ({r[m].gbs / layer.bandwidth_gbs:.0%})" for m in ms]
+                for way, r in layer.ways.items()]
+        parts.append(f"**{layer.layer}** ({layer.kind}, {layer.shape[1]} → {layer.shape[0]}, {layer.layers} "
+                     f"layers; read bandwidth {layer.bandwidth_gbs:.1f} GB/s with {layer.threads} threads):\n\n"
                      + table(["way"] + [f"M = {m}" for m in ms], rows))
     return "\n\n".join(parts)

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from specdemo import strict_json
@@ -22,7 +23,22 @@ from specdemo.host import memory
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results.lane import drain
 from specdemo.run.engine import Engine
-from specdemo.settings import GenerationSettings, KPolicy, ModelSettings, RunSettings
+from specdemo.settings import RunSettings
+
+
+@dataclass(frozen=True)
+class Peaks:
+    """One mode's memory in a process of its own, bytes (schema.py: the memory section's)."""
+
+    rss_loaded_bytes: int  # after loading and a short warm-up
+    peak_rss_generating_bytes: int
+    peak_rss_process_bytes: int  # loading and compiling included
+    # Anonymous memory (RssAnon), what the memory bound counts (specdemo/host/memory.py): no mapped files.
+    peak_anon_generating_bytes: int
+    peak_anon_process_bytes: int
+    private_bytes: int  # RSS counts the memory-mapped IR weights too (file pages the kernel may drop); this does not
+    kv_cache_bytes: dict[str, int]  # by model, at the end
+    tokens: int
 
 
 # The transformers peer holds both models in f32: TRANSFORMERS_F32 times their IR's weights.
@@ -45,29 +61,25 @@ def run_memory(ctx: Context) -> dict:
     root = str(Path(__file__).resolve().parents[2])  # the folder holding specdemo/, for the child's imports
     for mode in (AUTOREGRESSIVE, SPECULATIVE):
         ctx.log(f"memory: {mode} in a fresh process")
-        request = strict_json.dumps({"settings": asdict(ctx.settings), "mode": mode, "instruction": CODE_INSTRUCTIONS[0], "n": n})
         child = subprocess.run(
-            [sys.executable, "-c", "import sys; from specdemo.bench import memory; memory.child(sys.argv[1])", request],
+            [sys.executable, "-c", "from specdemo.bench import memory; memory.child()"],
+            input=pickle.dumps((ctx.settings, mode, CODE_INSTRUCTIONS[0], n)),  # ours to ours: the settings as they are
             capture_output=True,
-            text=True,
             env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))},
         )
         if child.returncode != 0:
-            raise RuntimeError(f"the {mode} memory probe failed:\n{child.stderr[-2000:]}")
-        figures[mode] = json.loads(child.stdout.strip().splitlines()[-1])
+            raise RuntimeError(f"the {mode} memory probe failed:\n{child.stderr.decode(errors='replace')[-2000:]}")
+        figures[mode] = Peaks(**json.loads(child.stdout.decode().strip().splitlines()[-1]))
     return figures
 
 
-def child(request: str) -> None:
-    """The memory probe's process: measure, then print one JSON line on stdout."""
-    r = json.loads(request)
-    s = r["settings"]
-    generation = GenerationSettings(**{**s["generation"], "k_policy": KPolicy(**s["generation"]["k_policy"])})
-    settings = RunSettings(ModelSettings(**s["target"]), ModelSettings(**s["draft"]), generation)
-    print(strict_json.dumps(measure_memory(settings, r["mode"], r["instruction"], r["n"])))
+def child() -> None:
+    """The memory probe's process: (settings, mode, instruction, n) pickled on stdin; measure, then print one JSON line
+    on stdout."""
+    print(strict_json.dumps(asdict(measure_memory(*pickle.load(sys.stdin.buffer)))))
 
 
-def measure_memory(settings: RunSettings, mode: str, instruction: str, n: int) -> dict:
+def measure_memory(settings: RunSettings, mode: str, instruction: str, n: int) -> Peaks:
     """In this process: load, warm up, generate `n` tokens, sampling RSS and anonymous memory every 5 ms throughout
     (bytes).
 
@@ -78,16 +90,12 @@ def measure_memory(settings: RunSettings, mode: str, instruction: str, n: int) -
     import psutil
 
     process = psutil.Process()
-    peak = {"process": 0, "generating": 0, "anon_process": 0, "anon_generating": 0}
+    samples: list[tuple[int, int]] = []  # (RSS, RssAnon) every 5 ms
     done = threading.Event()
 
     def sample():
         while not done.wait(0.005):
-            rss, anon = process.memory_info().rss, memory.resident_anonymous(process.pid)  # no child here
-            peak["process"] = max(peak["process"], rss)
-            peak["generating"] = max(peak["generating"], rss)
-            peak["anon_process"] = max(peak["anon_process"], anon)
-            peak["anon_generating"] = max(peak["anon_generating"], anon)
+            samples.append((process.memory_info().rss, memory.resident_anonymous(process.pid)))  # no child here
 
     sampler = threading.Thread(target=sample)
     sampler.start()
@@ -95,22 +103,14 @@ def measure_memory(settings: RunSettings, mode: str, instruction: str, n: int) -
         engine = Engine.load(settings, with_draft=mode == SPECULATIVE)
         generation = replace(settings.generation, max_new_tokens=n)
         drain(getattr(engine, mode)(instruction, replace(generation, max_new_tokens=8)))
-        loaded = process.memory_info().rss
-        peak["generating"], peak["anon_generating"] = loaded, memory.resident_anonymous(process.pid)
+        loaded = (process.memory_info().rss, memory.resident_anonymous(process.pid))
+        generating = len(samples)  # the samples from here on are the generation's
         summary = drain(getattr(engine, mode)(instruction, generation)).summary
     finally:
         done.set()
         sampler.join()
     usage = process.memory_info()
-    return {
-        "rss_loaded_bytes": loaded,  # after loading and a short warm-up
-        "peak_rss_generating_bytes": peak["generating"],
-        "peak_rss_process_bytes": peak["process"],  # loading and compiling included
-        # Anonymous memory (RssAnon), what the memory bound counts (specdemo/host/memory.py): no mapped files.
-        "peak_anon_generating_bytes": peak["anon_generating"],
-        "peak_anon_process_bytes": peak["anon_process"],
-        # RSS counts the memory-mapped IR weights too (file pages the kernel may drop); this does not.
-        "private_bytes": usage.rss - usage.shared,
-        "kv_cache_bytes": summary.kv_cache_bytes,
-        "tokens": summary.tokens,
-    }
+    during, throughout = [loaded, *samples[generating:]], [*samples, loaded]
+    return Peaks(loaded[0], max(rss for rss, _ in during), max(rss for rss, _ in throughout),
+                 max(anon for _, anon in during), max(anon for _, anon in throughout), usage.rss - usage.shared,
+                 summary.kv_cache_bytes, summary.tokens)

@@ -51,6 +51,22 @@ class NodeGroup:
         return self.weight_bytes / (self.ms_per_call * 1e6) if self.ms_per_call > 0 and self.weight_bytes else float("nan")
 
 
+@dataclass(frozen=True)
+class TargetNodes:
+    """One target precision compiled as it runs here: its node groups and whole calls, per call size (tokens a call)."""
+
+    precision: str
+    compile_settings: str  # in the model panel's words (models.describe_compile)
+    weight_bytes: int  # of all its weights: what a call reads
+    by_tokens: dict[int, list[NodeGroup]]  # the groups, in GROUPS' order (OTHER last), those with nodes
+    wall_s: dict[int, float]  # seconds of a whole call, median
+
+    def to_json(self) -> dict:
+        """As benchmarks.json keeps it: each group with its rate (NodeGroup.gb_per_s)."""
+        return {**asdict(self), "by_tokens": {tokens: [{**asdict(g), "gb_per_s": g.gb_per_s} for g in groups]
+                                              for tokens, groups in self.by_tokens.items()}}
+
+
 def as_compiled(folder: Path):
     """The IR of `folder` with the edits runtime.OVModel makes before compiling that move weights between nodes (the
     projections fused: graph.fuse_projections), so node names and weight bytes match the compiled model's."""
@@ -180,7 +196,7 @@ def gguf_read_bytes(path: Path) -> int:
     return total
 
 
-def profile_target(settings, prompt: list[int], tokens_per_call: tuple[int, ...], log) -> dict:
+def profile_target(settings, prompt: list[int], tokens_per_call: tuple[int, ...], log) -> TargetNodes:
     """One target precision compiled as it runs here, with counters on: per group and call size, ms and bytes."""
     model = tune.compile_model(settings, profiled=True)
     original = as_compiled(model.folder)
@@ -194,10 +210,8 @@ def profile_target(settings, prompt: list[int], tokens_per_call: tuple[int, ...]
     for tokens, taken in windows.items():
         per_node = {name: (kind, statistics.median(w[0][name][1] for w in taken)) for name, (kind, _) in taken[0][0].items()}
         wall_s = statistics.median(w[1] for w in taken)
-        groups = group_nodes(per_node, exec_names, sizes)
-        by_tokens[str(tokens)] = [{**asdict(g), "gb_per_s": g.gb_per_s} for g in groups]
-        wall[str(tokens)] = wall_s
+        groups = by_tokens[tokens] = group_nodes(per_node, exec_names, sizes)
+        wall[tokens] = wall_s
         total = sum(g.ms_per_call for g in groups)
         log(f"nodes: {settings.precision}, {tokens} token(s) a call: {total:.1f} ms in the nodes of {wall_s * 1e3:.1f} ms a call")
-    return {"precision": settings.precision, "compile_settings": describe_compile(settings), "weight_bytes": sum(sizes.values()),
-            "by_tokens": by_tokens, "wall_s": wall}
+    return TargetNodes(settings.precision, describe_compile(settings), sum(sizes.values()), by_tokens, wall)

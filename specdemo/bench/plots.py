@@ -229,12 +229,14 @@ def draw_humaneval(results: dict, runs=()):
     """Per HumanEval problem: our speculative speedup against the mean acceptance length; failed answers hollow."""
     import matplotlib.pyplot as plt
 
-    if not (rows := (results["sections"].get("humaneval") or {}).get("rows")):
+    from specdemo.bench.humaneval import HumanEval
+
+    if not isinstance(section := results["sections"].get("humaneval"), HumanEval) or not section.rows:
         return None
     figure, axis = plt.subplots(figsize=(6, 4))
     for passed, style in ((True, {"color": _OURS}), (False, {"facecolors": "none", "edgecolors": _OURS})):
-        mine = [r for r in rows if r["passed"][SPECULATIVE] == passed]
-        axis.scatter([r["mean_acceptance_length"] for r in mine], [r["speedup"] for r in mine], s=22,
+        mine = [r for r in section.rows if r.passed[SPECULATIVE] == passed]
+        axis.scatter([r.mean_acceptance_length for r in mine], [r.speedup for r in mine], s=22,
                      label="speculative answer passes" if passed else "fails its tests", **style)
     axis.axhline(1.0, color=_PAPER, linewidth=0.8)
     axis.set_xlabel("mean acceptance length (tokens per target call)")

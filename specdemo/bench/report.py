@@ -9,7 +9,7 @@ report does not depend on how lanes are labelled.
 
 from __future__ import annotations
 
-from specdemo.bench import found, report_tables as tables
+from specdemo.bench import found, plain, report_tables as tables
 from specdemo.bench import stats
 from specdemo.bench.harness import Run
 from specdemo.bench.report_tables import image, k_text, ms, percent, seconds, table, times
@@ -46,7 +46,8 @@ def _header(results: dict) -> str:
         f"* command: `{results['command']}` ({bench['mode']} mode, {minutes:.1f} min, started {results['started']})\n"
         f"* load average (1, 5, 15 min) at start {results['machine']['load_average']}, at end {results.get('load_average_end')}; "
         "1-minute load after each section: "
-        + ", ".join(f"{name} {s['load_average_end'][0]}" for name, s in results["sections"].items() if "load_average_end" in s)
+        + ", ".join(f"{name} {s['load_average_end'][0]}" for name, s in plain(results["sections"]).items()
+                    if "load_average_end" in s)
         + "\n"
         "* reproduce: `python -m specdemo bench --out docs` (full, ~45 min on 2 cores, first run longer) or `python -m specdemo bench --quick` "
         "(~3 min); the raw runs are in `benchmarks.json`"
@@ -144,7 +145,7 @@ def _headlines(sections: dict, runs: list[Run]) -> str:
         lines.append("On edits that repeat their input, speedup over our autoregressive loop: " + ", ".join(cells) + " (§4).")
     memory = sections.get("memory")
     if memory:
-        extra = memory[SPECULATIVE]["peak_rss_generating_bytes"] - memory[AUTOREGRESSIVE]["peak_rss_generating_bytes"]
+        extra = memory[SPECULATIVE].peak_rss_generating_bytes - memory[AUTOREGRESSIVE].peak_rss_generating_bytes
         lines.append(f"Speculative decoding needs {size(extra)} more peak RSS than autoregressive: the draft's weights and KV cache (§5).")
     return "## Headlines\n\n" + "\n".join(f"* {line}" for line in lines) if lines else ""
 

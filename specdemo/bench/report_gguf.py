@@ -99,11 +99,12 @@ def fidelity_section(sections: dict, plots: dict, runs=()) -> str:
     title = "## Fidelity to the GGUF\n\n"
     if "skipped" in section:
         return title + section["skipped"]
-    rows = [[c["precision"], c["compile_settings"], percent(c["top1_agreement"], 1), f"{c['mean_abs_logit_error']:.3f}"]
-            for c in section["candidates"]]
+    candidates = section["candidates"]  # results.fidelity.Fidelity
+    rows = [[c.precision, c.compile_settings, percent(c.top1_agreement, 1), f"{c.mean_abs_logit_error:.3f}"]
+            for c in candidates]
     return (title + "Each target precision, under the compile settings it runs with on this machine, teacher forced "
             f"over the {section['examples']} built-in answers beside the GGUF itself (its own blocks, f32 arithmetic, no "
-            f"dynamic quantization), at {section['candidates'][0]['positions']} positions:\n\n"
+            f"dynamic quantization), at {candidates[0].positions} positions:\n\n"
             + table(["weights", "compile settings", "top-1 agreement", "mean |logit error|"], rows))
 
 
@@ -119,21 +120,20 @@ def nodes_section(sections: dict, plots: dict, runs: list[Run]) -> str:
              "bytes of the weights each group reads per call and the rate that gives. A group far below the others' rate "
              "is a slow kernel; a step whose groups all stream near the machine's rate gets faster only by reading fewer "
              "bytes."]
-    for target in section["targets"]:
+    for target in section["targets"]:  # nodes.TargetNodes
         rows = []
-        for i, group in enumerate(target["by_tokens"][str(calls[0])]):
-            row = [group["name"], f"{group['weight_bytes'] / 1e6:.0f} MB" if group["weight_bytes"] else "–"]
+        for i, group in enumerate(target.by_tokens[calls[0]]):
+            row = [group.name, f"{group.weight_bytes / 1e6:.0f} MB" if group.weight_bytes else "–"]
             for tokens in calls:
-                g = target["by_tokens"][str(tokens)][i]
-                row += [f"{g['ms_per_call']:.1f} ms", number(g["gb_per_s"], ".1f", " GB/s")]
+                g = target.by_tokens[tokens][i]
+                row += [f"{g.ms_per_call:.1f} ms", number(g.gb_per_s, ".1f", " GB/s")]
             rows.append(row)
-        totals = [sum(g["ms_per_call"] for g in target["by_tokens"][str(t)]) for t in calls]
-        rows.append(["**all nodes**", f"{target['weight_bytes'] / 1e6:.0f} MB"]
-                    + [cell for t in totals
-                       for cell in (f"**{t:.1f} ms**", number(target["weight_bytes"] / (t * 1e6), ".1f", " GB/s"))])
-        rows.append(["the call, wall time", ""] + [cell for t in calls for cell in (ms_value(target["wall_s"][str(t)]), "")])
+        totals = [sum(g.ms_per_call for g in target.by_tokens[t]) for t in calls]
+        rows.append(["**all nodes**", f"{target.weight_bytes / 1e6:.0f} MB"]
+                    + [cell for t in totals for cell in (f"**{t:.1f} ms**", number(target.weight_bytes / (t * 1e6), ".1f", " GB/s"))])
+        rows.append(["the call, wall time", ""] + [cell for t in calls for cell in (ms_value(target.wall_s[t]), "")])
         header = ["group", "weights read"] + [c for t in calls for c in (f"{t} token{'s' if t > 1 else ''}: time", "rate")]
-        parts.append(f"**{_weights({'target': target['precision']})}** ({target['compile_settings']}):\n\n" + table(header, rows))
+        parts.append(f"**{_weights({'target': target.precision})}** ({target.compile_settings}):\n\n" + table(header, rows))
     if section.get("gguf_read_bytes"):
         gguf = section["gguf_read_bytes"]
         line = f"The GGUF file's matmuls read {gguf / 1e9:.2f} GB of weights per token"

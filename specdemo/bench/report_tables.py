@@ -289,13 +289,10 @@ def memory_section(sections: dict, plots: dict, runs=()) -> str:
         return ""
     rows = []
     for mode in (AUTOREGRESSIVE, SPECULATIVE):
-        m = memory[mode]
-        kv = ", ".join(f"{model} {size(b)}" for model, b in m["kv_cache_bytes"].items())
-        anon = m.get("peak_anon_process_bytes")
-        rows.append(
-            [mode, size(m["rss_loaded_bytes"]), size(m["peak_rss_generating_bytes"]), size(m["peak_rss_process_bytes"]),
-             size(anon) if anon is not None else "–", size(m["private_bytes"]), kv]
-        )
+        m = memory[mode]  # memory.Peaks
+        kv = ", ".join(f"{model} {size(b)}" for model, b in m.kv_cache_bytes.items())
+        rows.append([mode, size(m.rss_loaded_bytes), size(m.peak_rss_generating_bytes), size(m.peak_rss_process_bytes),
+                     size(m.peak_anon_process_bytes), size(m.private_bytes), kv])
     return (
         f"## 5. Memory\n\nEach mode in a fresh process (the autoregressive one loads no draft), {memory['max_new_tokens']} "
         "new tokens. Peak while generating is sampled every 5 ms; the process peak includes loading and compiling. "

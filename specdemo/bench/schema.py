@@ -26,11 +26,9 @@ Every section has seconds and load_average_end, and:
                   where they are not ours), genai_target, genai_draft (the precision GenAI's model ran at where ours ran
                   specdemo's kernels, else null), time_shares {kind: {component: share}} (our lanes at the longest N)
     transformers  k, max_new_tokens, dtype (its lanes, their times and ratios: the table's rows); or skipped
-    fidelity      examples, candidates [{precision, compile_settings, positions, top1_agreement, mean_abs_logit_error}];
-                  or skipped
-    nodes         tokens_per_call [1, K + 1], gguf_read_bytes (per token, or null without a GGUF), targets [{precision,
-                  compile_settings, weight_bytes, wall_s {tokens: seconds a call}, by_tokens {tokens: [{name, nodes, ms_per_call,
-                  weight_bytes, gb_per_s}]}}]
+    fidelity      examples, candidates [results.fidelity.Fidelity's fields]; or skipped
+    nodes         tokens_per_call [1, K + 1], gguf_read_bytes (per token, or null without a GGUF), targets
+                  [nodes.TargetNodes: its fields, a group a NodeGroup's and its gb_per_s]
     llamacpp      k, k_label, max_new_tokens, threads, version, system_info (llama.cpp's CPU features), kernels_isa
                   (our kernels' path where a lane ran gguf-native, else null), weights {role: precision}, text_agreement
                   [{instruction, same_tokens, of}] (its lanes, llama-bench's and llama-speculative-simple's rows too: the
@@ -42,18 +40,9 @@ Every section has seconds and load_average_end, and:
                   Each lane's figures are the table's (stats.sweep_rows)
     watching      instruction, max_new_tokens, repeats, idle_s, browser_cpu [{idle_s, run_s, run_wall_s}] (its runs: the
                   table's, their setting the mode that ran them: "CLI", "page API", "page in Chromium")
-    gating        max_new_tokens, curves {name: CostModel}, rows [gating.Row: curve, instruction, tokens, alpha,
-                  oracle, best_fixed, best_k, planned, lane, gated, gated_walk, drafted, turned_back, stopped,
-                  same_text] (opt-in)
-    humaneval     problems, max_new_tokens, k, k_label, framing, notebook {speedup, problems, target, draft, framework,
-                  measure}, lanes {key: label + fields} (keys: autoregressive, speculative, genai_autoregressive, genai,
-                  llamacpp where installed), speedup {ours, genai: {mean, of_sums, spread}}, pass_at_1 {key: share},
-                  same_text (problems), verdicts_differ [task_id], mean_acceptance_length, acceptance_by_position
-                  [share per draft position], genai_acceptance, rows [{task_id, tokens, wall_s, passed, reason (by
-                  lane key), speedup, same_text, parted_at, mean_acceptance_length, acceptance_by_position}]; or skipped
-    memory        max_new_tokens, autoregressive and speculative {rss_loaded_bytes, peak_rss_generating_bytes,
-                  peak_rss_process_bytes, peak_anon_generating_bytes, peak_anon_process_bytes (RssAnon, absent in
-                  older results), private_bytes, kv_cache_bytes {model: bytes}, tokens}
+    gating        max_new_tokens, curves {name: CostModel}, rows [gating.Row's fields] (opt-in)
+    humaneval     humaneval.HumanEval's fields (each lane by its label and fields: HumanEval.to_json); or skipped
+    memory        max_new_tokens, autoregressive and speculative: memory.Peaks's fields (bytes, and tokens)
 
 A target: id, target (a sentence), where, goal, sense ("≤" | "≥"), unit ("ratio" | "share"), measured, met, gap.
 """

@@ -169,7 +169,6 @@ def run_fidelity(ctx: Context) -> dict:
     """Each target precision, under the compile settings it runs with here, against the GGUF it came from
     (specdemo/results/fidelity.py): top-1 agreement and mean |logit error| on the built-in answers."""
     import gc
-    from dataclasses import asdict
 
     from specdemo.learning import builtin, tune
     from specdemo.results import fidelity
@@ -198,7 +197,7 @@ def run_fidelity(ctx: Context) -> dict:
         positions, agreement, error = fidelity.compare(logits, model, examples, PIECE)
         del model
         gc.collect()
-        rows.append(asdict(fidelity.Fidelity(settings.precision, describe_compile(settings), positions, agreement, error)))
+        rows.append(fidelity.Fidelity(settings.precision, describe_compile(settings), positions, agreement, error))
         ctx.log(f"fidelity: {settings.precision}: {agreement:.1%} of the GGUF's greedy choices, mean |logit error| {error:.3f}")
     return {"examples": len(examples), "candidates": rows}
 

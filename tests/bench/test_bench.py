@@ -229,8 +229,9 @@ def test_a_section_registered_in_one_line_gets_its_report_part_in_its_place_and_
 
 
 def _memory_section() -> dict:
-    mode = {"rss_loaded_bytes": 1, "peak_rss_generating_bytes": 2, "peak_rss_process_bytes": 3, "private_bytes": 1,
-            "kv_cache_bytes": {"target": 1}}
+    from specdemo.bench.memory import Peaks
+
+    mode = Peaks(1, 2, 3, 2, 3, 1, {"target": 1}, 8)
     return {"max_new_tokens": 8, AUTOREGRESSIVE: mode, SPECULATIVE: mode}
 
 
@@ -511,6 +512,32 @@ def test_what_watching_costs_is_reported_as_ratios_to_the_cli():
     assert "| page in Chromium | 50.0 ms (1.25×) | 60.0 ms (1.20×) | 2.50 s (1.25×) | 1.20× (0.80×) |" in text
 
 
+def test_the_gating_rows_are_a_table_of_their_fields_a_gated_lane_that_stopped_said_so():
+    from specdemo.bench import gating
+
+    rows = [gating.Row("t(5) = 2.4 steps", "Write a function", 100, 0.62, 1.9, 1.5, 3, "gated K = 2", 1.0, 1.4, 1.35,
+                       12, 4, True, False),
+            gating.Row("t(5) = 2.4 steps", "Sort a list", 80, 0.4, 1.1, 0.9, 1, "K = 0", 1.0, 0.0, 0.0, 0, 0, False, True)]
+
+    text = gating.gating_section({"gating": {"max_new_tokens": 100, "rows": rows}}, {})
+
+    assert "| Write a function | 100 | 0.62 | 1.90× | 1.50× (K = 3) | gated K = 2 | 1.00× | 1.40× (stopped) | 1.35× | 12 of 16 | NO |" in text
+    assert "| Sort a list | 80 | 0.40 | 1.10× | 0.90× (K = 1) | K = 0 | 1.00× | – | – | – | yes |" in text  # no gate
+
+def test_the_fidelity_table_reads_each_precision_as_compared_with_the_gguf():
+    from specdemo.bench import report_gguf
+    from specdemo.results.fidelity import Fidelity
+
+    section = {"examples": 3, "candidates": [Fidelity("int8", "group 128, f32", 285, 0.9965, 0.0421),
+                                             Fidelity("gguf", "its own blocks", 285, 1.0, 0.0)]}
+
+    text = report_gguf.fidelity_section({"fidelity": section}, {})
+
+    assert "over the 3 built-in answers" in text and "at 285 positions" in text
+    assert "| int8 | group 128, f32 | 99.7 % | 0.042 |" in text and "| gguf | its own blocks | 100.0 % | 0.000 |" in text
+    assert list(bench.plain(section)["candidates"][0]) == ["precision", "compile_settings", "positions", "top1_agreement",
+                                                           "mean_abs_logit_error"]  # in benchmarks.json
+
 def test_where_two_of_our_lanes_part_the_run_record_judges_the_parting_by_its_margins():
     from specdemo.decoding.events import TokenEvent
 
@@ -530,20 +557,22 @@ def test_where_two_of_our_lanes_part_the_run_record_judges_the_parting_by_its_ma
     assert "spec 1.00s (parted at token 2: near-tie)" in log[-1]
 
 
-def test_the_memory_probe_measures_a_speculative_run_of_the_tiny_pair(tiny_target, tiny_draft, capsys):
-    """bench --only memory's probe, as its child process runs it: the settings back from their JSON, a load, a run
-    and its peaks on one line (it once failed before measuring: its result shadowed the memory module it reads, and
-    the K policy came back from JSON as a dict)."""
+def test_the_memory_section_measures_each_mode_of_the_tiny_pair_in_a_process_of_its_own(tiny_target, tiny_draft):
+    """bench --only memory: each mode's probe in its own process, the settings handed over as they are, a load, a run
+    and its peaks read back as Peaks (it once failed before measuring: its result shadowed the memory module it reads,
+    and the K policy came back from JSON as a dict)."""
+    from types import SimpleNamespace
+
     from specdemo.bench import memory
-    from specdemo.names import SPECULATIVE
 
     settings = RunSettings(exact(tiny_target), exact(tiny_draft), GenerationSettings(max_new_tokens=8))
-    memory.child(strict_json.dumps({"settings": asdict(settings), "mode": SPECULATIVE, "n": 8,
-                                    "instruction": "Write a function that adds two numbers."}))
-    figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert 0 < figures["rss_loaded_bytes"] <= figures["peak_rss_process_bytes"]
-    assert 0 < figures["peak_anon_generating_bytes"] <= figures["peak_anon_process_bytes"]
-    assert figures["tokens"] > 0 and figures["private_bytes"] > 0
+    figures = memory.run_memory(SimpleNamespace(settings=settings, sweep_tokens=8, log=lambda m: None))
+
+    for peaks in (figures[AUTOREGRESSIVE], figures[SPECULATIVE]):
+        assert 0 < peaks.rss_loaded_bytes <= peaks.peak_rss_generating_bytes <= peaks.peak_rss_process_bytes
+        assert 0 < peaks.peak_anon_generating_bytes <= peaks.peak_anon_process_bytes
+        assert peaks.tokens > 0 and peaks.private_bytes > 0
+    assert set(figures[SPECULATIVE].kv_cache_bytes) > set(figures[AUTOREGRESSIVE].kv_cache_bytes)  # the draft's too
 
 
 def test_the_precision_sweep_holds_one_target_at_a_time_beside_the_pair(monkeypatch):

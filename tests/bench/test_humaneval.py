@@ -147,17 +147,17 @@ def test_speedups_are_the_mean_of_ratios_and_the_ratio_of_sums_and_pass_at_1_cou
     runs = _runs(ids_of, walls)
     logged = []
     rows = humaneval.problem_rows([p0, p1], runs, LANES, lambda ids: answers[tuple(ids)], 4, logged.append)
-    figures = humaneval.summarize(rows, runs, LANES, 4)
-    assert figures["speedup"]["ours"]["mean"] == pytest.approx((2.0 + 1.0) / 2)
-    assert figures["speedup"]["ours"]["of_sums"] == pytest.approx(12.0 / 7.0)
-    assert figures["speedup"]["genai"]["mean"] == pytest.approx(2.0)
-    assert figures["pass_at_1"] == {"autoregressive": 1.0, "speculative": 1.0, "genai_autoregressive": 0.5, "genai": 0.0}
-    assert figures["verdicts_differ"] == [] and figures["same_text"] == 2
-    assert [r["speedup"] for r in rows] == [pytest.approx(2.0), pytest.approx(1.0)]
+    figures = humaneval.summarize(rows, runs, LANES, 4, 64, 4, "ours K = 4")
+    assert figures.speedup.ours.mean == pytest.approx((2.0 + 1.0) / 2)
+    assert figures.speedup.ours.of_sums == pytest.approx(12.0 / 7.0)
+    assert figures.speedup.genai.mean == pytest.approx(2.0)
+    assert figures.pass_at_1 == {"autoregressive": 1.0, "speculative": 1.0, "genai_autoregressive": 0.5, "genai": 0.0}
+    assert figures.verdicts_differ == [] and figures.same_text == 2 and figures.problems == 2
+    assert [r.speedup for r in rows] == [pytest.approx(2.0), pytest.approx(1.0)]
     # rounds after the prefill emitted 4 and 2 tokens: 3 per target call; position 1 kept twice, 2 and 3 once
-    assert figures["mean_acceptance_length"] == pytest.approx(3.0)
-    assert figures["acceptance_by_position"] == [1.0, 0.5, 0.5, 0.0]
-    assert figures["genai_acceptance"] == pytest.approx(0.5)
+    assert figures.mean_acceptance_length == pytest.approx(3.0)
+    assert figures.acceptance_by_position == [1.0, 0.5, 0.5, 0.0]
+    assert figures.genai_acceptance == pytest.approx(0.5)
     assert logged[0] == "  HumanEval/0: autoregressive pass speculative pass genai_autoregressive pass genai fail"
 
 
@@ -169,15 +169,27 @@ def test_a_speculative_answer_that_parts_from_the_autoregressive_one_is_named():
     walls = {key: [1.0, 1.0] for key in LANES}
     runs = _runs(ids_of, walls)
     rows = humaneval.problem_rows([p0, p0], runs, LANES, lambda ids: answers[tuple(ids)], 4, lambda m: None)
-    figures = humaneval.summarize(rows, runs, LANES, 4)
-    assert rows[0]["parted_at"] == 2 and figures["same_text"] == 0
-    assert figures["verdicts_differ"] == ["HumanEval/0", "HumanEval/0"]
-    section = {"problems": 2, "max_new_tokens": 64, "k_label": "ours K = 4", "framing": "chat",
-               "notebook": humaneval.NOTEBOOK, "lanes": {k: {"label": lane.label} for k, lane in LANES.items()},
-               **figures, "rows": rows}
+    section = humaneval.summarize(rows, runs, LANES, 4, 64, 4, "ours K = 4")
+    assert rows[0].parted_at == 2 and section.same_text == 0
+    assert section.verdicts_differ == ["HumanEval/0", "HumanEval/0"]
     text = report_humaneval.humaneval_section({"humaneval": section}, {})
     assert "texts part at token 2" in text and "pass/fail differs on HumanEval/0" in text
     assert "| OpenVINO's notebook (OpenVINO GenAI) | Phi-3-mini-4k-instruct INT4 / FastDraft 50M | 50 | 2.23× |" in text
+
+
+def test_the_section_is_written_as_json_with_each_lane_by_its_label_and_fields():
+    from specdemo import bench, strict_json
+
+    p0 = PROBLEMS[0]
+    runs = _runs({key: [[1, 2, 3]] * 2 for key in LANES}, {key: [1.0, 2.0] for key in LANES})
+    rows = humaneval.problem_rows([p0, p0], runs, LANES, lambda ids: "no code", 4, lambda m: None)
+
+    written = json.loads(strict_json.dumps(bench.plain(humaneval.summarize(rows, runs, LANES, 4, 64, 4, "K = 4"))))
+
+    assert list(written)[:8] == ["problems", "max_new_tokens", "k", "k_label", "framing", "notebook", "lanes", "speedup"]
+    assert written["lanes"]["genai"] == {"label": "GenAI speculative", **GENAI.fields()}
+    assert written["notebook"]["speedup"] == 2.23 and written["speedup"]["ours"]["spread"]["n"] == 2
+    assert written["rows"][0]["passed"] == dict.fromkeys(LANES, False)
 
 
 # ---- flags

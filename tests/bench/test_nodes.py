@@ -1,10 +1,14 @@
 """Where a target call's time goes (specdemo/bench/nodes.py): the bytes each matmul's weights take, the plugin's
 per-node counters turned into time per call, and the report's table of both."""
 
+import json
+
 import numpy as np
 import openvino as ov
 import openvino.opset13 as ops
+import pytest
 
+from specdemo import bench, strict_json
 from specdemo.bench import nodes, report_gguf
 from specdemo.bench.harness import Lane, Run
 from specdemo.models.runtime import OVModel
@@ -47,19 +51,21 @@ def test_the_counters_window_gives_each_call_its_own_time_within_the_calls_wall_
 
 
 def test_the_report_shows_each_group_with_its_rate_and_the_gguf_at_llamacpps_time():
-    group = lambda name, ms, mb: {"name": name, "nodes": 1, "ms_per_call": ms, "weight_bytes": int(mb * 1e6),
-                                  "gb_per_s": mb / ms if mb else float("nan")}
-    section = {"tokens_per_call": [1, 5], "gguf_read_bytes": 830_000_000, "targets": [{
-        "precision": "gguf", "compile_settings": "group 16, f32, KV f32", "weight_bytes": 1_100_000_000,
-        "wall_s": {"1": 0.052, "5": 0.080},
-        "by_tokens": {"1": [group("LM head", 10.0, 262.0), group("attention (SDPA with the KV cache)", 2.0, 0)],
-                      "5": [group("LM head", 31.0, 262.0), group("attention (SDPA with the KV cache)", 5.0, 0)]}}]}
+    group = lambda name, ms, mb: nodes.NodeGroup(name, 1, ms, int(mb * 1e6))  # noqa: E731
+    target = nodes.TargetNodes("gguf", "group 16, f32, KV f32", 1_100_000_000, {
+        1: [group("LM head", 10.0, 262.0), group("attention (SDPA with the KV cache)", 2.0, 0)],
+        5: [group("LM head", 31.0, 262.0), group("attention (SDPA with the KV cache)", 5.0, 0)]}, {1: 0.052, 5: 0.080})
+    section = {"tokens_per_call": [1, 5], "gguf_read_bytes": 830_000_000, "targets": [target]}
     cpp = [Run(Lane("llama.cpp autoregressive", "llamacpp", "autoregressive"), 0, 0, 100, 3.65, 100, section="llamacpp")]
     text = report_gguf.nodes_section({"nodes": section}, {}, cpp)
     assert "| LM head | 262 MB | 10.0 ms | 26.2 GB/s | 31.0 ms | 8.5 GB/s |" in text
     assert "| the call, wall time |  | 52.0 ms |  | 80.0 ms |  |" in text
     assert "0.83 GB of weights per token; at llama.cpp's 36.5 ms per token in this run that is 22.7 GB/s" in text
     assert report_gguf.nodes_section({}, {}, cpp) == ""
+    written = json.loads(strict_json.dumps(bench.plain(target)))  # in benchmarks.json: each group with its rate
+    assert written["by_tokens"]["5"][0] == {"name": "LM head", "nodes": 1, "ms_per_call": 31.0, "weight_bytes": 262_000_000,
+                                            "gb_per_s": pytest.approx(262 / 31)}
+    assert written["wall_s"] == {"1": 0.052, "5": 0.080}
 
 
 def test_a_matmul_whose_bias_the_plugin_fuses_keeps_its_weights_under_the_fused_nodes_name():

@@ -198,10 +198,10 @@ def test_the_bench_measures_a_layer_on_every_isa_beside_the_plugin_and_reports_i
     gguf = tiny_gguf.write(tmp_path / "tiny.gguf", "qwen2")
     layer = measure_layer(gguf, "ffn_up", rows_per_call=(1, 3), repeats=2, log=lambda line: None)
     simd = [isa for isa in kernels.supported_isas() if isa != "scalar"]  # the tiny file's ffn_up is Q8_0
-    assert set(layer["ways"]) >= {"gguf-mixed", "blocks/scalar", *(f"blocks/{isa}" for isa in simd)}
-    assert "blocks/avx512/dots" in layer["ways"] or "avx512" not in simd  # the gemm beside the dot products
-    assert layer["layers"] == tiny_gguf.LAYERS and layer["bandwidth_gbs"] > 0
-    assert all(r[m]["ms"] > 0 and r[m]["bytes"] > 0 for r in layer["ways"].values() for m in (1, 3))
+    assert set(layer.ways) >= {"gguf-mixed", "blocks/scalar", *(f"blocks/{isa}" for isa in simd)}
+    assert "blocks/avx512/dots" in layer.ways or "avx512" not in simd  # the gemm beside the dot products
+    assert layer.layers == tiny_gguf.LAYERS and layer.bandwidth_gbs > 0
+    assert all(r[m].ms > 0 and r[m].bytes > 0 for r in layer.ways.values() for m in (1, 3))
     report = kernels_section({"kernels": {"cpu_isas": kernels.supported_isas(), "layers": [layer]}}, {})
     assert "| blocks/scalar |" in report and "M = 3" in report
 
