@@ -74,15 +74,16 @@ class OVModel:
         # mask): on its kernels' models, with the cache at f32 (a u8 or f16 cache asked for is the plugin's).
         self.own_attention = cached_attention.own_attention(model, core) if (
             settings.precision == kernels.NATIVE and settings.kv_cache_precision in ("", "f32")) else 0
-        # Its ops' copies share the op's cache, and a model imported from OpenVINO's cache has ops of its own: a model
-        # compiled twice is compiled from this graph both times.
-        config = compile_config(settings, None if self.own_attention and not profiled else cache_dir)
+        # Compiled twice (_compile_step), but profiled: bench/nodes.py reads the general compile's counters. Its ops'
+        # copies share the op's cache, and a model imported from OpenVINO's cache has ops of its own: both compiles are
+        # of this graph.
+        twice = bool(self.own_attention) and not profiled
+        config = compile_config(settings, None if twice else cache_dir)
         if profiled:
             config["PERF_COUNT"] = True
         self.compiled = core.compile_model(model, settings.device, config)
         self.request = self.compiled.create_infer_request()
-        # The request a one-token call runs (profiled: the general one, whose counters bench/nodes.py reads).
-        self._step = self._compile_step(model, core, config) if self.own_attention and not profiled else self.request
+        self._step = self._compile_step(model, core, config) if twice else self.request  # what a one-token call runs
         self._last = self.request  # the request whose logits the latest call wrote
         self._kv_type = ov.Type.f32 if self.own_attention else _kv_cache_type(self.compiled)
         self._mask = np.zeros(0, dtype=np.int64)  # per position in the plugin's cache: 1 kept, 0 forgotten
