@@ -59,31 +59,25 @@ inline float dot1(const float* q, const float* k, size_t d) {
     return _mm_cvtss_f32(_mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
 }
 
-// A row's scores (n of them) → keep_s·e^(score − max over kept), in place; returns their sum.
-float exponentiate(float* scores, const float* keep, size_t n) {
-    const __m256 never = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
-    __m256 tops = never;
+// A row's scores (n of them) → e^(score − their max), in place; returns their sum.
+float exponentiate(float* scores, size_t n) {
+    __m256 tops = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
     size_t s = 0;
-    for (; s + 8 <= n; s += 8) {
-        const __m256 kept = _mm256_cmp_ps(_mm256_loadu_ps(keep + s), _mm256_setzero_ps(), _CMP_NEQ_OQ);
-        tops = _mm256_max_ps(tops, _mm256_blendv_ps(never, _mm256_loadu_ps(scores + s), kept));
-    }
+    for (; s + 8 <= n; s += 8) tops = _mm256_max_ps(tops, _mm256_loadu_ps(scores + s));
     alignas(32) float lanes[8];
     _mm256_store_ps(lanes, tops);
     float top = *std::max_element(lanes, lanes + 8);
-    for (; s < n; ++s)
-        if (keep[s] != 0) top = std::max(top, scores[s]);
+    for (; s < n; ++s) top = std::max(top, scores[s]);
     __m256 sums = _mm256_setzero_ps();
     s = 0;
     for (; s + 8 <= n; s += 8) {
-        const __m256 p = _mm256_mul_ps(_mm256_loadu_ps(keep + s),
-                                       exp_ps(_mm256_sub_ps(_mm256_loadu_ps(scores + s), _mm256_set1_ps(top))));
+        const __m256 p = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(scores + s), _mm256_set1_ps(top)));
         _mm256_storeu_ps(scores + s, p);
         sums = _mm256_add_ps(sums, p);
     }
     _mm256_store_ps(lanes, sums);
     float total = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
-    for (; s < n; ++s) total += scores[s] = keep[s] * _mm256_cvtss_f32(exp_ps(_mm256_set1_ps(scores[s] - top)));
+    for (; s < n; ++s) total += scores[s] = _mm256_cvtss_f32(exp_ps(_mm256_set1_ps(scores[s] - top)));
     return total;
 }
 
@@ -112,8 +106,7 @@ void weigh_values(const Rows& rows, const float* p, size_t width, const float* v
 }
 
 // AttendFn (attention.hpp).
-void attend(const Rows& rows, const float* k, const float* v, size_t stride, const float* keep, size_t d, float scale,
-            float* scores) {
+void attend(const Rows& rows, const float* k, const float* v, size_t stride, size_t d, float scale, float* scores) {
     const size_t most = *std::max_element(rows.n, rows.n + rows.rows), width = (most + 3) / 4 * 4;
     const __m128 scaled = _mm_set1_ps(scale);
     size_t s = 0;
@@ -140,7 +133,7 @@ void attend(const Rows& rows, const float* k, const float* v, size_t stride, con
             if (s < rows.n[r]) scores[r * width + s] = dot1(rows.q[r], k + s * stride, d) * scale;
     float* totals = scores + rows.rows * width;  // no std::vector here: its code would be an inline this file shares
     for (size_t r = 0; r < rows.rows; ++r) {
-        totals[r] = exponentiate(scores + r * width, keep, rows.n[r]);
+        totals[r] = exponentiate(scores + r * width, rows.n[r]);
         std::fill(rows.out[r], rows.out[r] + d, 0.0f);
     }
     if (d % 64 == 0) weigh_values<8>(rows, scores, width, v, stride, d);

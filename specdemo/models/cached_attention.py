@@ -18,8 +18,8 @@ TYPE = "CachedAttention"
 
 
 class CachedAttention(ov.Op):
-    """The stand-in the small IR is written with: q (1, heads, L, d), k and v (1, kv_heads, L, d), mask (1, T) i64 →
-    (1, L, heads·d)."""
+    """The stand-in the small IR is written with: q (1, heads, L, d), k and v (1, kv_heads, L, d), positions (1, L) i64
+    → (1, L, heads·d)."""
 
     class_type_info = ov.DiscreteTypeInfo(TYPE, "specdemo")
 
@@ -44,14 +44,14 @@ class CachedAttention(ov.Op):
 
 def _small_ir(core: ov.Core, count: int, heads: int, kv_heads: int, head_dim: int, scale: float) -> ov.Model:
     """A model of `count` CachedAttention ops of the extension (the Core must have it added), each on parameters of its
-    own (q, k, v, mask) and read by a result of its own."""
+    own (q, k, v, positions) and read by a result of its own."""
     outputs, parameters = [], []
     for _ in range(count):
         q = ops.parameter([1, heads, -1, head_dim], ov.Type.f32)
         k, v = (ops.parameter([1, kv_heads, -1, head_dim], ov.Type.f32) for _ in range(2))
-        mask = ops.parameter([1, -1], ov.Type.i64)
-        outputs.append(ops.result(CachedAttention([q.output(0), k.output(0), v.output(0), mask.output(0)], scale)))
-        parameters += [q, k, v, mask]
+        positions = ops.parameter([1, -1], ov.Type.i64)
+        outputs.append(ops.result(CachedAttention([q.output(0), k.output(0), v.output(0), positions.output(0)], scale)))
+        parameters += [q, k, v, positions]
     with tempfile.TemporaryDirectory(prefix="specdemo-attention-") as folder:
         ov.save_model(ov.Model(outputs, parameters), Path(folder) / "attention.xml")
         return core.read_model(Path(folder) / "attention.xml")
@@ -65,7 +65,7 @@ def _made_by(core: ov.Core, count: int, heads: int, kv_heads: int, head_dim: int
 
 
 def compiled(core: ov.Core, heads: int, kv_heads: int, head_dim: int, threads: int = 2) -> ov.CompiledModel:
-    """One CachedAttention alone on the CPU plugin, its inputs the model's (q, k, v, mask) and its scale 1/√head_dim:
+    """One CachedAttention alone on the CPU plugin, its inputs the model's (q, k, v, positions) and its scale 1/√head_dim:
     what the tests and the check at load call it through. Its cache lives as long as the compiled model."""
     model = _small_ir(core, 1, heads, kv_heads, head_dim, 1 / head_dim ** 0.5)
     return core.compile_model(model, "CPU", {"INFERENCE_NUM_THREADS": threads})
@@ -74,18 +74,18 @@ def compiled(core: ov.Core, heads: int, kv_heads: int, head_dim: int, threads: i
 def own_attention(model: ov.Model, core: ov.Core) -> int:
     """Replace every attention of the graph gguf_graph builds (SDPA over Concat(Gather(ReadValue), new), the key-value
     heads repeated, its output transposed and reshaped to (1, L, heads·d), the Concat stored by an Assign) by a
-    CachedAttention of the extension (`core` has it) over the new q, k, v and the attention mask, and drop the states.
+    CachedAttention of the extension (`core` has it) over the new q, k, v and their positions, and drop the states.
     All or nothing: returns the layers replaced, 0 where any attention is not that pattern (the model is untouched)."""
     found = [_attention_parts(op) for op in model.get_ordered_ops() if op.get_type_name() == "ScaledDotProductAttention"]
-    mask = next((p.output(0) for p in model.get_parameters() if "attention_mask" in p.output(0).get_names()), None)
-    if not found or None in found or mask is None:
+    positions = next((p.output(0) for p in model.get_parameters() if "position_ids" in p.output(0).get_names()), None)
+    if not found or None in found or positions is None:
         return 0
     q_shape, k_shape = found[0]["q"].get_partial_shape(), found[0]["k"].get_partial_shape()
     made = _made_by(core, len(found), q_shape[1].get_length(), k_shape[1].get_length(),
                                     q_shape[3].get_length(), found[0]["scale"])
     stored = {}  # the Assigns of the caches: node name → variable id
     for parts, op in zip(found, made):
-        for i, source in enumerate((parts["q"], parts["k"], parts["v"], mask)):
+        for i, source in enumerate((parts["q"], parts["k"], parts["v"], positions)):
             op.input(i).replace_source_output(source)
         name = parts["sdpa"].get_friendly_name()
         op.set_friendly_name(name.replace("ScaledDotProductAttention", TYPE))
@@ -138,13 +138,12 @@ def _unrepeated(node):
     return unsqueeze.input_value(0).get_node() if unsqueeze and unsqueeze.get_type_name() == "Unsqueeze" else node
 
 
-def reference(q: np.ndarray, keys: np.ndarray, values: np.ndarray, keep: np.ndarray) -> np.ndarray:
+def reference(q: np.ndarray, keys: np.ndarray, values: np.ndarray) -> np.ndarray:
     """What CachedAttention computes, in f64: q (heads, L, d) at the last L of keys and values' (kv_heads, T, d)
-    positions, each query head on its key-value head, causal, positions whose keep is 0 never attended → (L, heads·d)."""
+    positions, each query head on its key-value head, causal → (L, heads·d)."""
     heads, rows, d = q.shape
     group, total = heads // keys.shape[0], keys.shape[1]
-    # (rows, T): row r sees the positions up to its own, total − rows + r, that are kept
-    seen = (np.arange(total)[None, :] <= np.arange(total - rows, total)[:, None]) & (keep[None, :total] != 0)
+    seen = np.arange(total)[None, :] <= np.arange(total - rows, total)[:, None]  # (rows, T): up to the row's own
     out = np.zeros((rows, heads, d))
     for head in range(heads):
         k, v = keys[head // group].astype(np.float64), values[head // group].astype(np.float64)
@@ -171,8 +170,9 @@ def misfit(core: ov.Core) -> str | None:
     end = 0
     for rows in CHECKED_CALLS:
         start, end = end, end + rows
-        got = op([q[None, :, start:end], k[None, :, start:end], v[None, :, start:end], np.ones((1, end), np.int64)])[0]
-        off = float(np.abs(got[0] - reference(q[:, start:end], k[:, :end], v[:, :end], np.ones(end))).max())
+        positions = np.arange(start, end, dtype=np.int64)[None]
+        got = op([q[None, :, start:end], k[None, :, start:end], v[None, :, start:end], positions])[0]
+        off = float(np.abs(got[0] - reference(q[:, start:end], k[:, :end], v[:, :end])).max())
         if not off <= TOLERANCE:
             return f"for attention ({rows} query row{'s' * (rows > 1)}: off by {off:.3g})"
     return None

@@ -13,8 +13,8 @@ round's time outside the model calls; masking costs nothing. Forgotten positions
 every attention) until they exceed COMPACT_AFTER, when the cache is compacted by one such copy.
 
 A model on specdemo's kernels keeps its cache in its own attention op instead (cached_attention.own_attention):
-each call writes its keys and values at the position the mask's length says, so rolling back is a shorter mask and
-nothing is forgotten or copied. Such a model is compiled twice: once as it is, and once with a single token's shapes
+each call writes its keys and values at the positions it is given (position_ids), so rolling back is the next call's
+earlier position, and nothing is forgotten or copied. Such a model is compiled twice: once as it is, and once with a single token's shapes
 fixed (`_compile_step`), which a decoding step runs.
 """
 
@@ -70,8 +70,8 @@ class OVModel:
         self.glu_fused = graph.fuse_glu(model)  # BlockMatMuls of gate and up that apply silu(gate)·up themselves
         self._seq_axis = _sequence_axis(model)
         self._position_elements = _position_elements(model)  # keys and values of one position, all layers
-        # Layers whose attention is specdemo's CachedAttention, which keeps the cache itself (rolled back by a shorter
-        # mask): on its kernels' models, with the cache at f32 (a u8 or f16 cache asked for is the plugin's).
+        # Layers whose attention is specdemo's CachedAttention, which keeps the cache itself (rolled back by calling at
+        # an earlier position): on its kernels' models, with the cache at f32 (a u8 or f16 cache asked for is the plugin's).
         self.own_attention = cached_attention.own_attention(model, core) if (
             settings.precision == kernels.NATIVE and settings.kv_cache_precision in ("", "f32")) else 0
         # Compiled twice (_compile_step), but profiled: bench/nodes.py reads the general compile's counters. Its ops'
@@ -100,10 +100,11 @@ class OVModel:
             self._pack()
 
     def _compile_step(self, model: ov.Model, core: ov.Core, config: dict) -> ov.InferRequest:
-        """The graph compiled for one token a call: every shape fixed but the attention mask's length (its
-        CachedAttentions read the mask). A model of dynamic shapes costs the plugin its shape work at each of its ~400
-        nodes a call: on the 2-core Zen 3 (EPYC family 25 model 1), 300 positions, the 0.5B draft's step took 0.88× the
-        time of the dynamic graph's, the 1.5B target's 0.95× (both 2.5-3 ms less); a call of 5 tokens 0.99×, so the
+        """The graph compiled for one token a call: every shape its nodes see fixed (the attention mask, an input no
+        CachedAttention reads, keeps its length free). A model of dynamic shapes costs the plugin its shape work at each
+        of its ~400 nodes a call: on the 2-core Zen 3 (EPYC family 25 model 1), 300 positions, the 0.5B draft's step took
+        0.88× the time of the dynamic graph's, the 1.5B target's 0.95× (both 2.5-3 ms less), and 0.93× and 0.98× again
+        when the CachedAttentions read positions, not the mask, and so were static too; a call of 5 tokens 0.99×, so the
         other calls keep the general compile. Its ops' copies share their caches and packed weights with the other's.
         It adds 1.3-1.6 s to a load (the draft, the target; the same Zen 3, a busy host)."""
         fixed = {"input_ids": [1, 1], "position_ids": [1, 1]}

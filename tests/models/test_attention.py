@@ -1,7 +1,7 @@
 """specdemo's CachedAttention (kernels/src/attention.hpp, cached_attention.own_attention): grouped-query causal attention over a
 cache the op keeps, equal to numpy's on every ISA path this CPU runs; a row's result the same bits whatever the rows
-beside it; a shorter mask rolls the cache back; in a native model it stands for every layer's stateful SDPA and scores
-as that did."""
+beside it; a call at an earlier position rolls the cache back; in a native model it stands for every layer's stateful
+SDPA and scores as that did."""
 
 import numpy as np
 import pytest
@@ -15,30 +15,29 @@ from tests import tiny_gguf
 pytestmark = pytest.mark.skipif(kernels.unavailable() is not None, reason=str(kernels.unavailable()))
 
 
-def feed(op, q, k, v, total, keep=None):
-    """One call of `op` (a compiled CachedAttention): q (heads, L, d), k and v (kv_heads, L, d), a mask of `total`."""
-    mask = np.ones((1, total), dtype=np.int64) if keep is None else keep[None, :total].astype(np.int64)
-    return op([q[None], k[None], v[None], mask])[0][0]
+def feed(op, q, k, v, past):
+    """One call of `op` (a compiled CachedAttention): q (heads, L, d), k and v (kv_heads, L, d) at positions past ..
+    past + L − 1."""
+    positions = np.arange(past, past + q.shape[1], dtype=np.int64)[None]
+    return op([q[None], k[None], v[None], positions])[0][0]
 
 
 @pytest.mark.parametrize("heads, kv_heads, d", [(12, 2, 128), (14, 2, 64), (4, 2, 40), (6, 3, 12)])
 def test_it_is_grouped_causal_attention_over_what_earlier_calls_stored_on_every_isa(heads, kv_heads, d, each_isa):
     """Head sizes of the 1.5B target and the 0.5B draft, one whose rows take 8 columns at a time, one that is no whole
-    number of vectors (the scalar path then); calls of 1 to 40 rows (many blocks of rows a task), a masked position."""
+    number of vectors (the scalar path then); calls of 1 to 40 rows (many blocks of rows a task)."""
     rng = np.random.default_rng(1)
     total = 70
     q = rng.standard_normal((heads, total, d), dtype=np.float32) * 2
     k, v = (rng.standard_normal((kv_heads, total, d), dtype=np.float32) for _ in range(2))
-    keep = np.ones(total)
-    keep[5] = 0
     for isa in each_isa:
         kernels.use(isa)
         op = cached_attention.compiled(kernels.new_core(), heads, kv_heads, d)
         start = 0
         for rows in (20, 1, 3, 40, 6):
             end = start + rows
-            got = feed(op, q[:, start:end], k[:, start:end], v[:, start:end], end, keep)
-            want = cached_attention.reference(q[:, start:end], k[:, :end], v[:, :end], keep)
+            got = feed(op, q[:, start:end], k[:, start:end], v[:, start:end], start)
+            want = cached_attention.reference(q[:, start:end], k[:, :end], v[:, :end])
             np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5, err_msg=f"{isa}, rows {start}..{end}")
             start = end
 
@@ -53,25 +52,25 @@ def test_a_row_s_result_is_the_same_bits_whatever_the_rows_beside_it_on_every_is
     for isa in each_isa:
         kernels.use(isa)
         op = cached_attention.compiled(kernels.new_core(), heads, kv_heads, d)
-        feed(op, q[:, :past], k[:, :past], v[:, :past], past)
-        together = feed(op, q[:, past:], k[:, past:], v[:, past:], past + 9)
-        alone = [feed(op, q[:, i:i + 1], k[:, i:i + 1], v[:, i:i + 1], i + 1)[0] for i in range(past, past + 9)]
+        feed(op, q[:, :past], k[:, :past], v[:, :past], 0)
+        together = feed(op, q[:, past:], k[:, past:], v[:, past:], past)
+        alone = [feed(op, q[:, i:i + 1], k[:, i:i + 1], v[:, i:i + 1], i)[0] for i in range(past, past + 9)]
         assert np.array_equal(together, np.array(alone)), isa
 
 
-def test_a_shorter_mask_rolls_the_cache_back_and_a_longer_one_than_it_holds_is_refused():
+def test_a_call_at_an_earlier_position_rolls_the_cache_back_and_one_past_what_it_holds_is_refused():
     rng = np.random.default_rng(3)
     heads, kv_heads, d = 4, 2, 16
     q = rng.standard_normal((heads, 12, d), dtype=np.float32)
     k, v = (rng.standard_normal((kv_heads, 12, d), dtype=np.float32) for _ in range(2))
     k2, v2 = (rng.standard_normal((kv_heads, 3, d), dtype=np.float32) for _ in range(2))
     op = cached_attention.compiled(kernels.new_core(), heads, kv_heads, d)
-    feed(op, q[:, :10], k[:, :10], v[:, :10], 10)  # 10 positions, then back to 6 and 3 others written over 6..8
-    got = feed(op, q[:, 6:9], k2, v2, 9)
+    feed(op, q[:, :10], k[:, :10], v[:, :10], 0)  # 10 positions, then back to 6 and 3 others written over 6..8
+    got = feed(op, q[:, 6:9], k2, v2, 6)
     keys, values = np.concatenate([k[:, :6], k2], 1), np.concatenate([v[:, :6], v2], 1)
-    np.testing.assert_allclose(got, cached_attention.reference(q[:, 6:9], keys, values, np.ones(9)), rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(got, cached_attention.reference(q[:, 6:9], keys, values), rtol=2e-5, atol=2e-5)
     with pytest.raises(RuntimeError, match="the call follows 20 positions, the cache holds 9"):
-        feed(op, q[:, :1], k[:, :1], v[:, :1], 21)
+        feed(op, q[:, :1], k[:, :1], v[:, :1], 20)
 
 
 def native_pair(tmp_path, monkeypatch, **change):
@@ -81,9 +80,21 @@ def native_pair(tmp_path, monkeypatch, **change):
     settings = ModelSettings(str(gguf), precision="gguf-native", **change)
     own = OVModel(tmp_path / "ir", settings)
     with monkeypatch.context() as patch:
-        patch.setattr(cached_attention, "own_attention", lambda model, core: 0)
+        patch.setattr(cached_attention, "own_attention", lambda *_: 0)
         plugin = OVModel(tmp_path / "ir", settings)
     return own, plugin
+
+
+def test_the_own_attention_reads_positions_so_the_attention_mask_feeds_no_node(tmp_path):
+    """A one-token call's compile then has every node's shapes fixed, the attention's too (runtime._compile_step)."""
+    gguf = tiny_gguf.write(tmp_path / "tiny.gguf", "qwen2")
+    export.from_gguf(GGUFFile(gguf), "gguf-native", tmp_path / "ir", lambda *_: None)
+    core = kernels.new_core()
+    model = core.read_model(tmp_path / "ir" / "openvino_model.xml")
+    assert cached_attention.own_attention(model, core) == 2
+    readers = {p.get_friendly_name(): {r.get_node().get_type_name() for r in p.output(0).get_target_inputs()}
+               for p in model.get_parameters()}
+    assert readers["attention_mask"] == set() and "CachedAttention" in readers["position_ids"]
 
 
 def test_a_native_model_attends_with_its_own_op_in_every_layer_and_scores_as_the_plugin_s_sdpa(tmp_path, monkeypatch):
