@@ -25,7 +25,7 @@ alike; ratios are taken per instruction and summarised as median with min-max. O
 report, a JSON file (keys: schema.py) and PNG plots.
 
 The modules: settings (what a run measures, and REGISTRY: each section's runner, report parts and plots, found by
-found()), harness (lanes, measuring, the shared Context), sections and sweeps (what most sections run), memory, peers
+found()), table (the run's one table: lanes, runs, their JSON), harness (measuring, the shared Context), sections and sweeps (what most sections run), memory, peers
 (GenAI, transformers), stats, targets, report and report_tables, plots; the machine description is
 specdemo/host/machine.py. A new section is one module (its runner, its report part, any plot) and one line in REGISTRY.
 

@@ -101,7 +101,7 @@ class HumanEval:
     k_label: str
     framing: str  # how a problem became an instruction, and which part of the answer runs
     notebook: Notebook
-    lanes: dict[str, object]  # harness.Lane (bare) by key: autoregressive, speculative, genai(_autoregressive), llamacpp
+    lanes: dict[str, object]  # table.Lane (bare) by key: autoregressive, speculative, genai(_autoregressive), llamacpp
     speedup: LaneSpeedups
     pass_at_1: dict[str, float]  # by lane key: share of problems passed
     same_text: int  # problems where our two lanes wrote the same text
@@ -114,7 +114,7 @@ class HumanEval:
     load_average_end: list[float] | None = None  # the 1, 5, 15 minute load after it, stamped by bench.run
 
     def to_json(self) -> dict:
-        """As benchmarks.json keeps it: its fields, each lane by its label and fields (harness.Lane.fields)."""
+        """As benchmarks.json keeps it: its fields, each lane by its label and fields (table.Lane.fields)."""
         return {**asdict(replace(self, lanes={})),
                 "lanes": {key: {"label": lane.label, **lane.fields()} for key, lane in self.lanes.items()}}
 
@@ -174,7 +174,8 @@ def run_section(ctx) -> HumanEval | dict:
     """The section: every problem through our autoregressive and speculative lanes (the run's K policy, auto by
     default), GenAI's plain and speculative pipelines and, where installed, llama.cpp's plain decoding; then every
     answer run against its tests. Opt-in: only `--only humaneval` runs it."""
-    from specdemo.bench.harness import Lane, log_progress, measure, our_lane, peer_lane
+    from specdemo.bench.harness import log_progress, measure, our_lane, peer_lane
+    from specdemo.bench.table import Lane
     from specdemo.bench.peers import PeerProcess
 
     refusal = sandbox.missing()  # asked before minutes of generation, not at the first answer

@@ -10,12 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from specdemo.bench import found, stats
-from specdemo.bench.harness import Run
 from specdemo.bench.schema import GENAI_DEFAULTS, GENAI_SPEC, OURS_SPEC
 from specdemo.bench.report_tables import facts
 from specdemo.bench.settings import PAPER, REGISTRY, paper_speedup
 from specdemo.bench.stats import COMPONENTS
-from specdemo.bench.table import load
+from specdemo.bench.table import Run, load
 from specdemo.decoding import pricing
 from specdemo.decoding.costs import CostModel
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from specdemo.bench import found, plain, report_tables as tables
 from specdemo.bench import stats
-from specdemo.bench.harness import Run
 from specdemo.bench.report_tables import image, k_text, ms, percent, seconds, table, times
 from specdemo.bench.schema import GENAI_AR, GENAI_DEFAULTS, GENAI_SPEC, HF_SPEC, OURS_AR, OURS_SPEC
 from specdemo.bench.settings import PAPER, REGISTRY, paper_speedup
 from specdemo.bench.stats import COMPONENTS
-from specdemo.bench.table import load
+from specdemo.bench.table import Run, load
 from specdemo.bench.targets import Target, fastest
 from specdemo.decoding.costs import CostModel
 from specdemo.learning.disk import size

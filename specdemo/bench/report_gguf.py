@@ -6,9 +6,9 @@ from __future__ import annotations
 import math
 
 from specdemo.bench import stats
-from specdemo.bench.harness import Lane, Run
 from specdemo.bench.report_tables import cell, k_text, ms_value, number, percent, seconds, table, times
 from specdemo.bench.schema import OURS_AR, OURS_SPEC
+from specdemo.bench.table import Lane, Run
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 
 

@@ -8,9 +8,9 @@ import math
 import statistics
 
 from specdemo.bench import stats, watching
-from specdemo.bench.harness import Run
 from specdemo.bench.schema import OURS_AR, OURS_SPEC
 from specdemo.bench.stats import COMPONENTS, Spread, SweepRow
+from specdemo.bench.table import Run
 from specdemo.learning.disk import size
 from specdemo.learning.draft_choice import from_dict
 from specdemo.learning.profile.choices import Setting

@@ -9,7 +9,7 @@ Top level:
     tune (Profile.tune_record(): file, trials [the last tune's Trial dicts], draft_plan {precision, head_tokens, options,
     planned_at} or null; {} when the machine was not tuned).
 
-A lane's fields (Lane.fields() in harness.py), wherever a lane is described:
+A lane's fields (Lane.fields() in table.py), wherever a lane is described:
     framework  "specdemo" | "genai" | "transformers" | "llamacpp"
     kind       "autoregressive" | "speculative"
     baseline   label of the autoregressive lane a speculative lane's speedup is over (null otherwise)

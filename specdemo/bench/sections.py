@@ -6,8 +6,9 @@ section's runner. Each returns the dict the report reads (keys: schema.py)."""
 from __future__ import annotations
 
 from specdemo.bench import stats
-from specdemo.bench.harness import Context, Lane, Run, genai_compile, log_progress, measure, our_lane, peer_lane
+from specdemo.bench.harness import Context, genai_compile, log_progress, measure, our_lane, peer_lane
 from specdemo.bench.schema import GENAI_DEFAULTS
+from specdemo.bench.table import Lane, Run
 from specdemo.decoding.drafters import with_counterpart
 from specdemo.models import kernels, sources
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE

@@ -17,7 +17,8 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from specdemo.bench.harness import Lane, Run, find
+from specdemo.bench.harness import find
+from specdemo.bench.table import Lane, Run
 from specdemo.names import SPECULATIVE
 from specdemo.results import metrics
 

@@ -10,8 +10,9 @@ from dataclasses import replace
 from typing import Callable
 
 from specdemo.bench import stats
-from specdemo.bench.harness import Context, Lane, Run, log_progress, measure, our_lane
+from specdemo.bench.harness import Context, log_progress, measure, our_lane
 from specdemo.bench.settings import EDIT_INSTRUCTIONS
+from specdemo.bench.table import Lane, Run
 from specdemo.decoding.drafters import with_counterpart
 from specdemo.models.loading import load_model
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE

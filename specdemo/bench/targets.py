@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specdemo.bench import stats
-from specdemo.bench.harness import Run
 from specdemo.bench.schema import GENAI_SPEC, HF_SPEC, OURS_SPEC
 from specdemo.names import SPECULATIVE
 from specdemo.bench.settings import (

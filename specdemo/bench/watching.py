@@ -20,8 +20,8 @@ import urllib.request
 from pathlib import Path
 
 from specdemo.bench import stats
-from specdemo.bench.harness import Lane, Run
 from specdemo.bench.schema import OURS_AR, OURS_SPEC
+from specdemo.bench.table import Lane, Run
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results.record import Record
 from specdemo.serve.values import PageValues

@@ -10,7 +10,8 @@ from conftest import exact
 from specdemo import bench
 from specdemo import strict_json
 from specdemo.bench import report, report_tables, stats, table
-from specdemo.bench.harness import Context, Lane, Output, Run, measure
+from specdemo.bench.harness import Context, measure
+from specdemo.bench.table import Lane, Output, Run
 from specdemo.bench.schema import GENAI_DEFAULTS
 from specdemo.bench.settings import REGISTRY
 from specdemo.bench.stats import (
@@ -610,7 +611,7 @@ def test_the_precision_sweep_holds_one_target_at_a_time_beside_the_pair(monkeypa
     monkeypatch.setattr(sweeps, "load_model", load)
     monkeypatch.setattr(sweeps, "sweep_rows", measure_lanes)
     monkeypatch.setattr(sweeps, "Engine", lambda target, draft: SimpleNamespace(target=target, draft=draft))
-    class Lane:  # a lane: its label (lanes key the sweep's rows, as harness.Lane does)
+    class Lane:  # a lane: its label (lanes key the sweep's rows, as table.Lane does)
         def __init__(self, label, engine, mode, generation, **kw):
             self.label = label
 

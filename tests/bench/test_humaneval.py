@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from specdemo.bench import humaneval, report_humaneval, sandbox
-from specdemo.bench.harness import Lane, Run
+from specdemo.bench.table import Lane, Run
 from specdemo.cli.commands import benchmark_settings, build_parser
 from specdemo.decoding.events import Round
 

@@ -11,7 +11,8 @@ from conftest import USER_HOME
 
 from specdemo import strict_json
 from specdemo.bench import FULL, QUICK, llamacpp, table
-from specdemo.bench.harness import Context, Lane, Run
+from specdemo.bench.harness import Context
+from specdemo.bench.table import Lane, Run
 from specdemo.bench.report_gguf import llamacpp_section
 from specdemo.bench.sections import run_llamacpp, tool_runs
 from specdemo.models import export

@@ -10,7 +10,7 @@ import pytest
 
 from specdemo import bench, strict_json
 from specdemo.bench import nodes, report_gguf
-from specdemo.bench.harness import Lane, Run
+from specdemo.bench.table import Lane, Run
 from specdemo.models.runtime import OVModel
 from tests.conftest import exact
 

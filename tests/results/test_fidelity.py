@@ -4,7 +4,7 @@ known logits and known texts."""
 import numpy as np
 import pytest
 
-from specdemo.bench.harness import Lane, Run
+from specdemo.bench.table import Lane, Run
 from specdemo.bench.sections import text_agreement
 from specdemo.results import fidelity
 
