@@ -109,9 +109,9 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
         if not memory.wait_for(section_need(name, *weights, bench.genai_k_values), f"the {name} section", log):
             results.setdefault("skipped_for_memory", []).append(name)  # the report leaves it out, as if not asked
             continue
-        figures = found(BY_NAME[name].run)(ctx)  # a dict, or a section's own dataclass (humaneval.HumanEval)
-        timing = {"seconds": time.perf_counter() - section_start, "load_average_end": machine.load_average()}
-        sections[name] = replace(figures, **timing) if is_dataclass(figures) else figures | timing
+        figures = found(BY_NAME[name].run)(ctx)  # schema.Figures
+        sections[name] = replace(figures, seconds=time.perf_counter() - section_start,
+                                 load_average_end=machine.load_average())
         # GenAI's copies of the models go with their section: the next section's memory need counts only its own.
         ctx.drop_genai()
     results["costs_end"] = engine.costs.to_dict()  # as the sections' runs corrected it

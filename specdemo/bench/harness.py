@@ -9,6 +9,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
+from specdemo.bench.schema import GenAICompile
 from specdemo.bench.settings import CODE_INSTRUCTIONS, BenchSettings
 from specdemo.bench.table import Framework, Kind, Lane, Output, Run
 from specdemo.decoding import drafters
@@ -264,13 +265,12 @@ def peer_strategy(pipeline: str) -> Strategy | None:
     return with_counterpart(counterpart) if counterpart else None
 
 
-def genai_compile(target, draft) -> dict:
-    """What GenAI's peers were compiled with, for the record: each model's properties (ours, fitted to what GenAI
-    accepts) and, in words, where they differ from ours."""
+def genai_compile(target, draft) -> GenAICompile:
+    """What GenAI's peers were compiled with, for the record."""
     properties, draft_properties = genai_properties(target, draft)
     shown = lambda props: {key: value for key, value in props.items() if key != "CACHE_DIR"}  # noqa: E731
-    return {"target": shown(properties), "draft": shown(draft_properties),
-            "differs": genai.fitted(target.settings, draft.settings if draft is not None else None)}
+    return GenAICompile(shown(properties), shown(draft_properties),
+                        genai.fitted(target.settings, draft.settings if draft is not None else None))
 
 
 def genai_properties(target, draft, defaults: bool = False) -> tuple[dict, dict]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from specdemo.bench import found, stats
 from specdemo.bench.schema import GENAI_DEFAULTS, GENAI_SPEC, OURS_SPEC
-from specdemo.bench.report_tables import facts
+from specdemo.bench.report_tables import k_text
 from specdemo.bench.settings import PAPER, REGISTRY, paper_speedup
 from specdemo.bench.stats import COMPONENTS
 from specdemo.bench.table import Run, load
@@ -117,7 +117,7 @@ def draw_paper(results: dict, runs: list[Run]):
     ax.set_xticks([j + width * len(groups) / 2 for j in range(len(ns))], [f"N = {n}" for n in ns])
     ax.set_ylabel("speedup over autoregressive (×)")
     ax.set_ylim(0, 1.3 * max([at.speedup(OURS_SPEC).max for at in passes] + papers))
-    ax.set_title(f"Speculative vs autoregressive, {paper.get('k_label') or 'K = ' + str(paper['k'])}", fontsize=9)
+    ax.set_title(f"Speculative vs autoregressive, {k_text(paper)}", fontsize=9)
     ax.legend(fontsize=8, ncol=3, loc="upper left")
     return figure
 
@@ -176,7 +176,7 @@ def draw_k(results: dict, runs: list[Run]):
     lines, labels = ax.get_legend_handles_labels()
     more, more_labels = twin.get_legend_handles_labels()
     ax.legend(lines + more, labels + more_labels, fontsize=8, loc="lower right")
-    ax.set_title(f"Draft length K, N = {k['max_new_tokens']}")
+    ax.set_title(f"Draft length K, N = {k.max_new_tokens}")
     return figure
 
 
@@ -185,8 +185,8 @@ def draw_precision(results: dict, runs: list[Run]):
 
     if not (precision := results["sections"].get("precision")):
         return None
-    rows, pairs = stats.sweep_rows(runs, "precision"), facts(precision)
-    labels = [f"{pairs[r.lane.label]['target']} / {pairs[r.lane.label]['draft']}" for r in rows]
+    rows, pairs = stats.sweep_rows(runs, "precision"), precision.facts()
+    labels = [f"{pairs[r.lane.label].target} / {pairs[r.lane.label].draft}" for r in rows]
     measured = [r.measured_speedup for r in rows]
     figure, ax = plt.subplots(figsize=(7, 4))
     xs = range(len(rows))
@@ -205,7 +205,7 @@ def draw_breakdown(results: dict, runs=()):
 
     if not (paper := results["sections"].get("paper")):
         return None
-    shares = paper["time_shares"]
+    shares = paper.time_shares
     lanes = [SPECULATIVE, AUTOREGRESSIVE]
     colours = ["#aec7e8", "#1f77b4", "#ffbb78", "#ff7f0e", "#9467bd", "#d62728"]
     figure, ax = plt.subplots(figsize=(7, 2.2))

@@ -42,7 +42,7 @@ def judge_targets(sections: dict, runs: list[Run]) -> list[Target]:
                                at.ratio(OURS_SPEC, GENAI_SPEC).median, TARGET_GENAI_RATIO, "≤"))
         targets.append(_target("speedup", "speculative speedup over autoregressive (code)", where,
                                at.speedup(OURS_SPEC).median, TARGET_SPEEDUP, "≥"))
-        overhead = sections["paper"]["time_shares"][SPECULATIVE]["our Python"]
+        overhead = sections["paper"].time_shares[SPECULATIVE][stats.PYTHON]
         targets.append(_target("overhead", "our loop's share of wall time outside model calls", where, overhead,
                                TARGET_OVERHEAD, "≤", "share"))
     k_rows = stats.sweep_rows(runs, "k", "specdemo")
