@@ -83,8 +83,8 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
         "command": command,
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": host,
-        "bench": asdict(bench),
-        "run_settings": asdict(settings),
+        "bench": bench,
+        "run_settings": settings,
         "sections": sections,
     }
     log(f"load average {host['load_average']} on {host['logical_cores']} cores")
@@ -94,7 +94,7 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
     log(f"warm-up {engine.warm_up_s:.1f} s. {engine.costs.sentence()}")
     results["models"] = {"target": engine.target.describe(), "draft": engine.draft.describe()}
     results["tune"] = machine_profile().tune_record(settings.draft)  # the compile settings and draft these models were loaded under
-    results["costs"] = engine.costs.to_dict()
+    results["costs"] = engine.costs  # CostModel: frozen, so the run's corrections leave it as measured
     results["warm_up_s"] = engine.warm_up_s
     plan = engine.plan(CODE_INSTRUCTIONS[0], settings.generation)
     results["plan"] = plan.to_dict()
@@ -114,7 +114,7 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
                                  load_average_end=machine.load_average())
         # GenAI's copies of the models go with their section: the next section's memory need counts only its own.
         ctx.drop_genai()
-    results["costs_end"] = engine.costs.to_dict()  # as the sections' runs corrected it
+    results["costs_end"] = engine.costs  # as the sections' runs corrected it
     results["table"] = [row(run) for run in ctx.runs]  # every section's runs, one typed row each (table.py)
     results["targets"] = judge_targets(sections, ctx.runs)
     results["seconds"] = time.perf_counter() - started

@@ -16,7 +16,6 @@ from specdemo.bench.settings import PAPER, REGISTRY, paper_speedup
 from specdemo.bench.stats import COMPONENTS
 from specdemo.bench.table import Run, load
 from specdemo.decoding import pricing
-from specdemo.decoding.costs import CostModel
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 
 _OURS, _GENAI, _PAPER, _HF = "#1f77b4", "#ff7f0e", "#7f7f7f", "#2ca02c"
@@ -52,9 +51,8 @@ def draw_surface(results: dict, runs: list[Run]):
     import matplotlib.pyplot as plt
     import numpy as np
 
-    if not (results.get("costs_end") or results.get("costs")):
+    if not (costs := results.get("costs_end") or results.get("costs")):  # CostModel
         return None
-    costs = CostModel.from_dict(results.get("costs_end") or results["costs"])
     ks, alphas = list(range(1, costs.n_max)), [0.5 + 0.0125 * i for i in range(41)]
     grid = np.array(pricing.cost_surface(costs, ks, alphas))
     figure, ax = plt.subplots(figsize=(6, 3.8))
@@ -84,16 +82,16 @@ def _errors(spreads: list[dict]) -> list[list[float]]:
 def draw_costs(results: dict, runs=()):
     import matplotlib.pyplot as plt
 
-    if not (c := results.get("costs")):
+    if not (c := results.get("costs")):  # CostModel
         return None
-    ns = list(range(1, len(c["target_s"]) + 1))
+    ns = list(range(1, len(c.target_s) + 1))
     figure, ax = plt.subplots(figsize=(6, 3.6))
-    ax.plot(ns, [s / c["target_s"][0] for s in c["target_s"]], marker="o", color=_OURS, label="this machine")
+    ax.plot(ns, [s / c.target_s[0] for s in c.target_s], marker="o", color=_OURS, label="this machine")
     ax.plot(ns, ns, "--", color=_GENAI, label="n steps (no gain from batching)")
     ax.plot(ns, [1] * len(ns), ":", color=_HF, label="1 step (free verification)")
     ax.set_xlabel("tokens scored in one target call")
     ax.set_ylabel("cost in single steps")
-    ax.set_title(f"Cost of scoring n tokens ({c['cpu']})", fontsize=9)
+    ax.set_title(f"Cost of scoring n tokens ({c.cpu})", fontsize=9)
     ax.legend(fontsize=8)
     return figure
 

@@ -18,7 +18,7 @@ from specdemo.bench.settings import PAPER, REGISTRY, paper_speedup
 from specdemo.bench.stats import COMPONENTS, PYTHON
 from specdemo.bench.table import Run, load
 from specdemo.bench.targets import Target, fastest
-from specdemo.decoding.costs import CostModel
+from specdemo.decoding.planner import surface_sentence
 from specdemo.learning.disk import size
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results.metrics import speedup_from_calls
@@ -36,14 +36,14 @@ def render(results: dict, plots: dict[str, str]) -> str:
 
 
 def _header(results: dict) -> str:
-    bench = results["bench"]
+    bench = results["bench"]  # BenchSettings
     minutes = results["seconds"] / 60
     return (
         "# Benchmarks\n\n"
         "Autoregressive vs speculative decoding on OpenVINO, measured by `python -m specdemo bench` beside "
         "the paper's figures, OpenVINO GenAI's own pipelines and transformers, in one run on one machine. "
         "Every figure below comes from that run; ratios were measured back to back on the same instructions.\n\n"
-        f"* command: `{results['command']}` ({bench['mode']} mode, {minutes:.1f} min, started {results['started']})\n"
+        f"* command: `{results['command']}` ({bench.mode} mode, {minutes:.1f} min, started {results['started']})\n"
         f"* load average (1, 5, 15 min) at start {results['machine']['load_average']}, at end {results.get('load_average_end')}; "
         "1-minute load after each section: "
         + ", ".join(f"{name} {s.load_average_end[0]}" for name, s in results["sections"].items() if s.load_average_end)
@@ -77,32 +77,28 @@ def _machine(results: dict) -> str:
 
 def _costs(results: dict, plots: dict) -> str:
     """This machine's cost curve and the plan the planner made from it."""
-    c = results.get("costs")
+    c = results.get("costs")  # CostModel
     if not c:
         return ""
-    t1 = c["target_s"][0]
-    rows = [[str(n), f"{s * 1e3:.1f} ms", f"{s / t1:.2f}"] for n, s in enumerate(c["target_s"], start=1)]
-    draft = ", ".join(f"{s * 1e3:.1f} ms" for s in c.get("draft_s", []))
+    rows = [[str(n), f"{s * 1e3:.1f} ms", f"{s / c.target_s[0]:.2f}"] for n, s in enumerate(c.target_s, start=1)]
+    draft = ", ".join(f"{s * 1e3:.1f} ms" for s in c.draft_s)
     plan = results.get("plan", {})
     text = (
         "## This machine's cost curve and the plan\n\n"
-        f"Measured at warm-up ({results.get('warm_up_s', 0):.1f} s, not part of any lane's time) on {c['cpu']}, the way "
+        f"Measured at warm-up ({results.get('warm_up_s', 0):.1f} s, not part of any lane's time) on {c.cpu}, the way "
         "the loop calls: single steps one after another, and rounds of draft steps then one target call scoring n tokens "
         "(n rows of logits), after a 160-token context, median of 5; in milliseconds and in single steps. Every lane's "
         "records then correct it (`costs.fold`); at the end of the run it stood: "
-        f"{CostModel.from_dict(results['costs_end']).standing() if results.get('costs_end') else 'not corrected'}. A draft step "
-        f"(1 and 2 tokens): {draft or '–'}; prefill {c['target_prefill_tps']:.0f} tokens/s (target), "
-        f"{c.get('draft_prefill_tps', 0):.0f} tokens/s (draft); a KV-cache rollback {c['target_rollback_s'] * 1e3:.1f} ms "
-        f"(target), {c.get('draft_rollback_s', 0) * 1e3:.1f} ms (draft).\n\n"
+        f"{end.standing() if (end := results.get('costs_end')) else 'not corrected'}. A draft step "
+        f"(1 and 2 tokens): {draft or '–'}; prefill {c.target_prefill_tps:.0f} tokens/s (target), "
+        f"{c.draft_prefill_tps:.0f} tokens/s (draft); a KV-cache rollback {c.target_rollback_s * 1e3:.1f} ms "
+        f"(target), {c.draft_rollback_s * 1e3:.1f} ms (draft).\n\n"
         + table(["n", "t(n)", "t(n) / t(1)"], rows)
     )
     if plan:
         text += f"\n\n**The plan** for the first code instruction: {plan['reason']}"
-    if "costs_end" in results or "costs" in results:
-        from specdemo.decoding.planner import surface_sentence
-
-        final = CostModel.from_dict(results.get("costs_end") or results["costs"])
-        text += f"\n\n**Where speculation pays here**, from the cost model as the run left it: {surface_sentence(final, final.n_max - 1)}"
+    final = end or c
+    text += f"\n\n**Where speculation pays here**, from the cost model as the run left it: {surface_sentence(final, final.n_max - 1)}"
     return (text + image(plots, "costs", "Cost of scoring n tokens in one target call, in single steps")
             + image(plots, "surface", "Predicted speedup over K and acceptance, with the break-even line"))
 

@@ -316,13 +316,13 @@ def breakdown_section(sections: dict, plots: dict, runs: list[Run]) -> str:
 
 
 def method_section(results: dict) -> str:
-    b = results["bench"]
+    b = results["bench"]  # BenchSettings
     return (
         "## Method\n\n"
-        f"* Instructions: the first {b['instructions']} code instructions of `specdemo/bench/settings.py` (transformers: the "
-        f"first {b['transformers_instructions']}; prompt lookup: {b['lookup_instructions']} edit instructions), "
-        f"{b['repeats']} pass(es), greedy decoding, our chat template applied once and the same token ids given to every lane.\n"
-        f"* Warm-up: every lane generates {b['warmup_tokens']} tokens before anything is timed.\n"
+        f"* Instructions: the first {b.instructions} code instructions of `specdemo/bench/settings.py` (transformers: the "
+        f"first {b.transformers_instructions}; prompt lookup: {b.lookup_instructions} edit instructions), "
+        f"{b.repeats} pass(es), greedy decoding, our chat template applied once and the same token ids given to every lane.\n"
+        f"* Warm-up: every lane generates {b.warmup_tokens} tokens before anything is timed.\n"
         "* Interleaving: for each instruction all lanes of a section run back to back, so the shared machine's load "
         "affects them alike; ratios are computed per instruction, then summarised as median (min–max).\n"
         "* Times are wall-clock seconds of the whole generate call, prompt ids in hand to the last token, split at the first "

@@ -226,7 +226,7 @@ def test_a_section_registered_in_one_line_gets_its_report_part_in_its_place_and_
     for module in (report, plots):
         monkeypatch.setattr(module, "REGISTRY", (*REGISTRY, echo))
     results = {"command": "test", "started": "now", "seconds": 1.0, "machine": machine.describe(),
-               "bench": asdict(bench.BenchSettings()), "sections": {"echo": run_echo(None), "memory": _memory_section()},
+               "bench": bench.BenchSettings(), "sections": {"echo": run_echo(None), "memory": _memory_section()},
                "table": []}
     drawn = plots.draw(results, tmp_path)
     text = report.render(results, drawn)
@@ -392,7 +392,7 @@ def test_renamed_lanes_are_still_paired_by_their_fields_in_figures_targets_and_r
     assert targets["auto_speedup"].measured == pytest.approx(2.3) and targets["prediction_error"].met
 
     results = {"command": "test", "started": "now", "seconds": 1.0, "machine": machine.describe(),
-               "bench": asdict(bench.BenchSettings()), "sections": {"paper": sections["paper"]},
+               "bench": bench.BenchSettings(), "sections": {"paper": sections["paper"]},
                "table": [table.row(r) for r in runs], "targets": list(targets.values())}
     text = report.render(results, plots={})
     assert "is **2.50×** faster than autoregressive (GenAI's C++ pipeline: 1.80×" in text
@@ -437,7 +437,7 @@ def test_every_sweep_is_read_from_the_table_as_written_beside_its_sections_own_f
                 "lookup": Sweep(100, [], 2)}
     results = json.loads(strict_json.dumps({"schema": table.SCHEMA, "table": [table.row(r) for r in runs]}))
     results |= {"command": "test", "started": "now", "seconds": 1.0, "machine": machine.describe(),
-                "bench": asdict(bench.BenchSettings()), "sections": sections}
+                "bench": bench.BenchSettings(), "sections": sections}
 
     drawn = plots.draw(results, tmp_path)
     text = report.render(results, drawn)
