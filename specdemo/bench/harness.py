@@ -213,7 +213,7 @@ class Context:
         if name in self.genai:
             self.genai.move_to_end(name)
         else:
-            from specdemo.bench.peers import GenAIPipeline
+            from specdemo.bench.peers import GenAIPeer, PeerProcess
 
             while len(self.genai) >= GENAI_PIPELINES:
                 self.genai.popitem(last=False)
@@ -224,15 +224,9 @@ class Context:
             draft = self.genai_draft() if drafting and drafting.needs_model else None
             properties, draft_properties = genai_properties(target, draft, defaults=name.endswith("(defaults)"))
             self.log(f"loading OpenVINO GenAI pipeline: {name}")
-            self.genai[name] = GenAIPipeline(
-                target.folder,
-                target.settings.device,
-                properties,
-                draft=draft.folder if draft else None,
-                draft_device=draft.settings.device if draft else "",
-                prompt_lookup=drafting is not None and not drafting.needs_model,
-                draft_properties=draft_properties,
-            )
+            self.genai[name] = PeerProcess(GenAIPeer, target.folder, target.settings.device, properties,
+                                           draft.folder if draft else None, draft.settings.device if draft else "",
+                                           drafting is not None and not drafting.needs_model, draft_properties)
         return self.genai[name]
 
     def drop_genai(self) -> None:

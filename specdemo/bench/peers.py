@@ -84,14 +84,6 @@ def _stop(pipe, process) -> None:
         process.kill()
 
 
-class GenAIPipeline(PeerProcess):
-    """GenAIPeer in a process of its own."""
-
-    def __init__(self, target: Path, target_device: str, properties: dict, draft: Path | None = None,
-                 draft_device: str = "", prompt_lookup: bool = False, draft_properties: dict | None = None):
-        super().__init__(GenAIPeer, target, target_device, properties, draft, draft_device, prompt_lookup, draft_properties)
-
-
 class GenAIPeer:
     """openvino_genai.LLMPipeline on specdemo's IR folders (specdemo/run/genai.py): plain, with a draft model, or
     prompt lookup, all on GenAI's continuous-batching (paged attention) backend, its default on CPU.

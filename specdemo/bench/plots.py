@@ -27,6 +27,8 @@ def draw(results: dict, out: Path) -> dict[str, str]:
     import matplotlib
 
     matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     painters = [draw_costs, draw_surface] + [found(painter) for section in REGISTRY for painter in section.plots]
     drawn, runs = {}, load(results)
     for painter in painters:
@@ -34,15 +36,9 @@ def draw(results: dict, out: Path) -> dict[str, str]:
         if figure is not None:
             name = painter.__name__.removeprefix("draw_")
             figure.savefig(out / f"benchmarks-{name}.png", dpi=110, bbox_inches="tight")
-            _close(figure)
+            plt.close(figure)
             drawn[name] = f"benchmarks-{name}.png"
     return drawn
-
-
-def _close(figure) -> None:
-    import matplotlib.pyplot as plt
-
-    plt.close(figure)
 
 
 def draw_surface(results: dict, runs: list[Run]):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from specdemo.bench import stats, watching
+from specdemo.bench import stats
 from specdemo.bench.schema import OURS_AR, OURS_SPEC
 from specdemo.bench.stats import COMPONENTS, Spread, SweepRow
 from specdemo.bench.table import Run
@@ -330,10 +330,3 @@ def method_section(results: dict) -> str:
         "lane divide wall time per token, ratios across frameworks decode rates.\n"
         "* α̂, c and the time breakdown come from the loops' per-round records (`specdemo/decoding/events.py`), derived by `specdemo/results/metrics.py`."
     )
-
-
-def watching_section(sections: dict, plots: dict, runs: list[Run]) -> str:
-    """What watching costs (watching.py): step times and the speedup shown, by where the run was made."""
-    if not (section := sections.get("watching")):
-        return ""
-    return "## 8. What watching costs\n\n" + watching.report(section, runs).split("\n", 2)[2]

@@ -1,6 +1,6 @@
 """The sections that put us beside others: the paper's experiment (with OpenVINO GenAI in the same
-loop), transformers and llama.cpp; the GGUF's fidelity, where a target call's time goes, what watching costs. The
-sweeps are in sweeps.py, the memory probe in memory.py, HumanEval in humaneval.py; settings.REGISTRY names each
+loop), transformers and llama.cpp; the GGUF's fidelity, where a target call's time goes. The sweeps are in sweeps.py,
+the memory probe in memory.py, what watching costs in watching.py, HumanEval in humaneval.py; settings.REGISTRY names each
 section's runner. Each returns the figures the report reads (schema.Figures)."""
 
 from __future__ import annotations
@@ -210,13 +210,3 @@ def run_nodes(ctx: Context) -> Nodes:
         targets.append(nodes.profile_target(settings, prompt, tokens, ctx.log))
     path = llamacpp.gguf_path(ctx.settings.target.source)
     return Nodes(list(tokens), nodes.gguf_read_bytes(path) if path else None, targets)
-
-
-def run_watching(ctx: Context):
-    """What a browser watching the page costs the lanes: the same instruction by the CLI, the page's API and the page in
-    Chromium on this machine, back to back (watching.py)."""
-    from specdemo.bench import watching
-
-    return watching.run_watching(ctx.code_instructions(3)[2], ctx.sweep_tokens, ctx.bench.watching_repeats, ctx.log,
-                                 ctx.keep)
-

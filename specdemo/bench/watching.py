@@ -184,10 +184,11 @@ def chromium_cpu_s() -> float:
     return total
 
 
-def run_watching(instruction: str, n: int, repeats: int, log, keep) -> dict:
-    """Each mode `repeats` times, the three back to back in every repeat, each run's rows given to `keep` (Context.keep)
-    with the mode as their setting; the section: what it ran, and Chromium's own CPU time."""
-    browser_cpu = []  # per browser run: idle_s (over IDLE_S), run_s, run_wall_s
+def run_watching(ctx) -> Watching:
+    """The section: the third code instruction by each mode, the three back to back in every repeat, each run's rows
+    kept in the table with the mode as their setting (Context.keep); what it ran, and Chromium's own CPU time."""
+    instruction, n, repeats, log = ctx.code_instructions(3)[2], ctx.sweep_tokens, ctx.bench.watching_repeats, ctx.log
+    browser_cpu = []
     page = Page(log)
     try:
         page.by_api(instruction, 8)  # the page warms up once, as a visitor's first run would not
@@ -196,7 +197,7 @@ def run_watching(instruction: str, n: int, repeats: int, log, keep) -> dict:
                               ("page in Chromium", lambda: page.by_browser(instruction, n, _new(browser_cpu)))):
                 if mode == "page in Chromium" and not CHROMIUM.exists():
                     continue
-                ar, spec = keep(rows(run(), r, n), mode)
+                ar, spec = ctx.keep(rows(run(), r, n), mode)
                 log(f"watching [{r + 1}/{repeats}] {mode}: {seen(ar, spec)}")
     finally:
         page.close()
@@ -213,9 +214,11 @@ def _median(seens: list[Seen]) -> Seen:
     return Seen(*map(statistics.median, zip(*map(astuple, seens))))
 
 
-def report(section: Watching, runs: list[Run]) -> str:
-    """The section as markdown: each mode's medians, and in brackets the median of each repeat's figure over the CLI's
-    of the same repeat (a shared machine drifts between repeats)."""
+def watching_section(sections: dict, plots: dict, runs: list[Run]) -> str:
+    """The report's part: each mode's medians, and in brackets the median of each repeat's figure over the CLI's of the
+    same repeat (a shared machine drifts between repeats)."""
+    if not (section := sections.get("watching")):
+        return ""
     header = "| where | autoregressive step | verify call | drafting | speedup shown |\n| --- | ---: | ---: | ---: | ---: |"
     lines, cli = [], by_repeat(runs, "CLI")
     for mode in MODES:
@@ -225,7 +228,7 @@ def report(section: Watching, runs: list[Run]) -> str:
         r = _median([Seen(*(a / b for a, b in zip(astuple(v), astuple(cli[i])))) for i, v in mine.items()])
         lines.append(f"| {mode} | {m.step_s * 1e3:.1f} ms ({r.step_s:.2f}×) | {m.verify_s * 1e3:.1f} ms ({r.verify_s:.2f}×) | "
                      f"{m.drafting_s:.2f} s ({r.drafting_s:.2f}×) | {m.speedup:.2f}× ({r.speedup:.2f}×) |")
-    return (f"### What watching costs\n\nThe same instruction (N = {section.max_new_tokens}, auto K), {section.repeats} "
+    return (f"## 8. What watching costs\n\nThe same instruction (N = {section.max_new_tokens}, auto K), {section.repeats} "
             "times each way, back to back: the CLI, the page through its API with no browser, and the page in Chromium on "
             "this machine. Medians, and in brackets the median of each run over the CLI's run of the same repeat.\n\n"
             + header + "\n" + "\n".join(lines) + _browser_cpu(section))

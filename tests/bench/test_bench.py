@@ -514,7 +514,7 @@ def test_what_watching_costs_is_reported_as_ratios_to_the_cli():
             for mode, saved_run in (("CLI", saved(0.040, 0.05, 2.0, 2.0)), ("page in Chromium", saved(0.050, 0.06, 2.5, 2.5)))
             for r in watching.rows(saved_run, repeat, 128)]
 
-    text = report_tables.watching_section({"watching": watching.Watching("x", 128, 2, 20)}, {}, runs)
+    text = watching.watching_section({"watching": watching.Watching("x", 128, 2, 20)}, {}, runs)
 
     assert text.startswith("## 8. What watching costs")
     assert "| page in Chromium | 50.0 ms (1.25×) | 60.0 ms (1.20×) | 2.50 s (1.25×) | 1.20× (0.80×) |" in text

@@ -163,7 +163,7 @@ def test_the_papers_second_pass_loads_genais_defaults_only_after_the_first_passs
         most.append(len(alive))
         return [table.Run(lane, 0, 0, n, 1.0, n) for lane in lanes]
 
-    monkeypatch.setattr(peers, "GenAIPipeline", Pipeline)
+    monkeypatch.setattr(peers, "PeerProcess", Pipeline)
     monkeypatch.setattr(sections, "measure", measure)
     monkeypatch.setattr(sections, "genai_compile", lambda target, draft: {})
     monkeypatch.setattr(sections, "our_lane", lambda label, engine, mode, generation, baseline=None: table.Lane(
