@@ -9,22 +9,13 @@ Top level:
     tune (Profile.tune_record(): file, trials [the last tune's Trial dicts], draft_plan {precision, head_tokens, options,
     planned_at} or null; {} when the machine was not tuned).
 
-A lane's fields (Lane.fields() in table.py), wherever a lane is described:
-    framework  "specdemo" | "genai" | "transformers" | "llamacpp"
-    kind       "autoregressive" | "speculative"
-    baseline   label of the autoregressive lane a speculative lane's speedup is over (null otherwise)
-    reference  label of the lane whose token ids it should reproduce (null: the section's first lane)
-    k          draft tokens per round (null when autoregressive or auto K); k_policy "fixed" | "adaptive" | "auto"
-    drafter    "model" | "prompt-lookup" (null when autoregressive); models  what it runs, with precisions
-
-A spread is stats.Spread: {median, min, max, mean, std, n}. The table's rows (table.row) carry each run's lane by its
-label and fields, its section, its setting (the section's pass: "", or GENAI_DEFAULTS) and its times; a section's
-lanes, their times, speedups and ratios of decode rates are queries over its rows (stats.section).
+The table's rows (table.row) carry each run's lane by its label and fields (table.Lane), its section, its setting
+(the section's pass: "", or GENAI_DEFAULTS) and its times; a section's lanes, their times, speedups and ratios of decode
+rates are queries over its rows (stats.section), a spread a stats.Spread.
 
 Every section's figures are a Figures, written as their fields: the dataclasses below, and memory.Memory,
-watching.Watching, kernels.Kernels, gating.Gating, humaneval.HumanEval; Skipped where the section could not run.
-
-A target: id, target (a sentence), where, goal, sense ("≤" | "≥"), unit ("ratio" | "share"), measured, met, gap.
+watching.Watching, kernels.Kernels, gating.Gating, humaneval.HumanEval; Skipped where the section could not run. A
+target is a targets.Target.
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ class Section:
     plots call it. So a new section is one module holding the three, and one line here."""
 
     name: str  # for --only and as its key in benchmarks.json
-    run: str  # its runner: Context -> the dict the report and the plots read (keys: schema.py)
+    run: str  # its runner: Context -> the figures the report and the plots read (schema.Figures)
     # Its parts of the report: (the § they go in, (sections, plots, the table's runs) -> markdown, "" when there is
     # nothing to say), the parts of one § in the order their sections run. A part may read other sections (§2 sets ours
     # beside the peers).
