@@ -25,8 +25,9 @@ alike; ratios are taken per instruction and summarised as median with min-max. O
 report, a JSON file (keys: schema.py) and PNG plots.
 
 The modules: settings (what a run measures, and REGISTRY: each section's runner, report parts and plots, found by
-found()), table (the run's one table: lanes, runs, their JSON), harness (measuring, the shared Context), sections and sweeps (what most sections run), memory, peers
-(GenAI, transformers), stats, targets, report and report_tables, plots; the machine description is
+found()), table (the run's one table: lanes, runs, their JSON), schema (the results: each section's figures), harness
+(measuring, the shared Context), sections and sweeps (what most sections run), memory, peers (GenAI, transformers),
+stats, targets, report and report_tables, plots; the machine description is
 specdemo/host/machine.py. A new section is one module (its runner, its report part, any plot) and one line in REGISTRY.
 
 May import: the page (specdemo.ui: the watching section measures it) and what serves it (specdemo.serve), the run and

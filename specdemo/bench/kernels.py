@@ -172,7 +172,8 @@ def run_kernels(ctx) -> Kernels | Skipped:
     if path is None or kernels.unavailable():
         return Skipped(kernels.unavailable() or f"{ctx.settings.target.source} has no GGUF file to read blocks from")
     rows = tuple(sorted({1, 2, 5, 9, 16, ctx.k + 1}))
-    return Kernels(kernels.supported_isas(), [measure_layer(path, layer, rows, log=ctx.log) for layer in ("ffn_up", "ffn_down")])
+    layers = [measure_layer(path, layer, rows, log=ctx.log) for layer in ("ffn_up", "ffn_down")]
+    return Kernels(kernels.supported_isas(), layers)
 
 
 def kernels_section(sections: dict, plots: dict, runs=()) -> str:

@@ -12,8 +12,8 @@ from __future__ import annotations
 from specdemo.bench import found, report_tables as tables
 from specdemo.bench import stats
 from specdemo.bench.report_tables import image, k_text, ms, percent, seconds, table, times
-from specdemo.bench.schema import (GENAI_AR, GENAI_DEFAULTS, GENAI_SPEC, HF_SPEC, OURS_AR, OURS_SPEC, GenAICompile, Skipped,
-                                   Transformers)
+from specdemo.bench.schema import GENAI_AR, GENAI_DEFAULTS, GENAI_SPEC, HF_SPEC, OURS_AR, OURS_SPEC
+from specdemo.bench.schema import GenAICompile, Skipped, Transformers
 from specdemo.bench.settings import PAPER, REGISTRY, paper_speedup
 from specdemo.bench.stats import COMPONENTS, PYTHON
 from specdemo.bench.table import Run, load

@@ -200,7 +200,8 @@ def _counterfactual_table(rows: list[SweepRow], said: dict[str, stats.Counterfac
         c = said[r.lane.label]
         if r.lane.k_policy in ("auto", "adaptive") and c.oracle_speedup.n:
             ks = ", ".join(str(k) for k in c.best_fixed_k)
-            over = f"; measured against the measured lane at that K: {times(c.over_best_fixed)}" if c.over_best_fixed.n else ""
+            over = (f"; measured against the measured lane at that K: {times(c.over_best_fixed)}"
+                    if c.over_best_fixed.n else "")
             text += (f"\n\n**{r.lane.label}**: measured {times(r.measured_speedup)}. On the same answers the counterfactual's "
                      f"best fixed K was {ks} ({times(c.best_fixed_counterfactual)} predicted){over}; the oracle, the best K "
                      f"for every round, {times(c.oracle_speedup)}.")

@@ -68,7 +68,8 @@ class Paper(Figures):
     genai_compile: GenAICompile
     genai_target: str | None  # the precision GenAI's target ran at where ours ran specdemo's kernels, else None
     genai_draft: str | None  # likewise for the draft
-    time_shares: dict[str, dict[str, float]]  # kind -> stats.COMPONENTS -> share of wall time, our lanes at the longest N
+    # kind -> stats.COMPONENTS -> share of wall time, our lanes at the longest N
+    time_shares: dict[str, dict[str, float]]
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,14 @@
 """The sections that put us beside others: the paper's experiment (with OpenVINO GenAI in the same
 loop), transformers and llama.cpp; the GGUF's fidelity, where a target call's time goes. The sweeps are in sweeps.py,
-the memory probe in memory.py, what watching costs in watching.py, HumanEval in humaneval.py; settings.REGISTRY names each
-section's runner. Each returns the figures the report reads (schema.Figures)."""
+the memory probe in memory.py, what watching costs in watching.py, HumanEval in humaneval.py; settings.REGISTRY names
+each section's runner. Each returns the figures the report reads (schema.Figures)."""
 
 from __future__ import annotations
 
 from specdemo.bench import stats
 from specdemo.bench.harness import Context, genai_compile, log_progress, measure, our_lane, peer_lane
-from specdemo.bench.schema import GENAI_DEFAULTS, Agreement, FidelitySection, LlamaCpp, Nodes, Paper, Skipped, Transformers
+from specdemo.bench.schema import GENAI_DEFAULTS, Agreement, FidelitySection, LlamaCpp, Nodes, Paper, Skipped
+from specdemo.bench.schema import Transformers
 from specdemo.bench.table import Lane, Run
 from specdemo.decoding.drafters import with_counterpart
 from specdemo.models import kernels, sources
@@ -35,8 +36,8 @@ def run_paper(ctx: Context) -> Paper:
              (ctx.genai_draft().settings, ctx.engine.draft.settings)]  # (GenAI's, ours): the target, the draft
     # GenAI's model where it is not ours (ours on specdemo's kernels), else None
     theirs = [None if genai.precision == mine.precision else genai.precision for genai, mine in peers]
-    figures = Paper(k, ctx.k_label(peers=True), generation.k_policy.rule, genai_compile(ctx.genai_target(), ctx.genai_draft()),
-                    *theirs, {lane.kind: stats.time_shares(stats.lane_runs(runs, lane)) for lane in ours})
+    figures = Paper(k, ctx.k_label(peers=True), generation.k_policy.rule,
+                    genai_compile(ctx.genai_target(), ctx.genai_draft()), *theirs, {lane.kind: stats.time_shares(stats.lane_runs(runs, lane)) for lane in ours})
     if ctx.bench.genai_defaults_instructions:
         n = max(ctx.bench.paper_tokens)
         # Let the pipelines above go before two more copies of the target load: the runs hold their lanes, the lanes
@@ -155,7 +156,8 @@ def tool_runs(ctx: Context, target, draft, prompts: list[list[int]], n: int, thr
 def text_agreement(runs: list[Run], ours: Lane, theirs: Lane) -> list[Agreement]:
     """Per instruction (first pass), how far our greedy text follows llama.cpp's: the tokens both wrote before they
     part, of how many (equal when they never part)."""
-    mine, peer = ({r.instruction: r.ids for r in stats.lane_runs(runs, lane) if r.repeat == 0} for lane in (ours, theirs))
+    mine, peer = ({r.instruction: r.ids for r in stats.lane_runs(runs, lane) if r.repeat == 0}
+                  for lane in (ours, theirs))
     return [Agreement(i, first_difference(mine[i], peer[i]), min(len(mine[i]), len(peer[i])))
             for i in sorted(mine.keys() & peer.keys())]
 

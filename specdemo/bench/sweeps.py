@@ -105,7 +105,8 @@ def run_vocab(ctx: Context) -> Sweep:
             engine = Engine(ctx.engine.target, load_model(replace(ctx.engine.draft.settings, head_tokens=n_head)))
             engine.warm_up(K_MAX, log=lambda m: ctx.log(f"  {label}: {m}"))
         lane = our_lane(label, engine, SPECULATIVE, generation, baseline=ar)
-        heads[lane] = Head(label, n_head, engine.draft.runtime.head_tokens, engine.costs.d(1) if engine.costs else math.nan)
+        step_s = engine.costs.d(1) if engine.costs else math.nan
+        heads[lane] = Head(label, n_head, engine.draft.runtime.head_tokens, step_s)
         lanes.append(lane)
     return sweep(ctx, f"draft head sweep, auto K, heads {[lane.label for lane in heads]}", lanes, lambda lane, runs: heads[lane])
 

@@ -226,8 +226,9 @@ def watching_section(sections: dict, plots: dict, runs: list[Run]) -> str:
             continue
         m = _median(list(mine.values()))
         r = _median([Seen(*(a / b for a, b in zip(astuple(v), astuple(cli[i])))) for i, v in mine.items()])
-        lines.append(f"| {mode} | {m.step_s * 1e3:.1f} ms ({r.step_s:.2f}×) | {m.verify_s * 1e3:.1f} ms ({r.verify_s:.2f}×) | "
-                     f"{m.drafting_s:.2f} s ({r.drafting_s:.2f}×) | {m.speedup:.2f}× ({r.speedup:.2f}×) |")
+        lines.append(f"| {mode} | {m.step_s * 1e3:.1f} ms ({r.step_s:.2f}×) | "
+                     f"{m.verify_s * 1e3:.1f} ms ({r.verify_s:.2f}×) | {m.drafting_s:.2f} s ({r.drafting_s:.2f}×) | "
+                     f"{m.speedup:.2f}× ({r.speedup:.2f}×) |")
     return (f"## 8. What watching costs\n\nThe same instruction (N = {section.max_new_tokens}, auto K), {section.repeats} "
             "times each way, back to back: the CLI, the page through its API with no browser, and the page in Chromium on "
             "this machine. Medians, and in brackets the median of each run over the CLI's run of the same repeat.\n\n"

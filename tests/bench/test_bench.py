@@ -134,8 +134,8 @@ GENAI_AR = Lane("GenAI AR", "genai", "autoregressive")
 # GenAI 2.0 s and 1.1 s (our speculative decoding takes 0.91× its time); our loop's own share of wall time 1 %.
 PAPER_RUNS = [replace(_run(lane, 0, wall_s), section="paper") for lane, wall_s in
               ((AR, 1.8), (SPEC, 1.0), (GENAI_AR, 2.0), (Lane("GenAI spec", "genai", "speculative", GENAI_AR), 1.1))]
-PAPER_SECTION = {"paper": Paper(4, "", "fixed", None, None, None, {kind: dict.fromkeys(COMPONENTS, 0.0) | {"our Python": 0.01}
-                                                                   for kind in (AUTOREGRESSIVE, SPECULATIVE)})}
+SHARES = {kind: dict.fromkeys(COMPONENTS, 0.0) | {"our Python": 0.01} for kind in (AUTOREGRESSIVE, SPECULATIVE)}
+PAPER_SECTION = {"paper": Paper(4, "", "fixed", None, None, None, SHARES)}
 
 
 def test_targets_are_judged_with_their_gap():
@@ -318,7 +318,8 @@ def test_one_sweep_rows_every_speculative_lane_against_its_own_baseline():
     theirs_ar = Lane("their plain", "genai", "autoregressive", generate=_output(1.0))
     theirs = Lane("their quick one", "genai", "speculative", theirs_ar, k=2, k_policy="fixed", drafter="model",
                   generate=_output(0.5, ids=(1, 2, 3, 5)))
-    section = sweep(ctx, "a test sweep", [ours_ar, ours, theirs_ar, theirs], extra=lambda lane, runs: Seen(lane.label, len(runs)))
+    section = sweep(ctx, "a test sweep", [ours_ar, ours, theirs_ar, theirs],
+                    extra=lambda lane, runs: Seen(lane.label, len(runs)))
     # autoregressive lanes are baselines, not rows; a row keeps what its section says of it beyond the table
     assert section.rows == [Seen("quick one", 8), Seen("their quick one", 8)]
     assert section.max_new_tokens == 8 and len(ctx.runs) == 8  # 4 lanes x 2 instructions, kept in the table
