@@ -11,7 +11,7 @@ from typing import Callable
 
 from specdemo.bench.schema import GenAICompile
 from specdemo.bench.settings import CODE_INSTRUCTIONS, BenchSettings
-from specdemo.bench.table import Framework, Kind, Lane, Output, Run
+from specdemo.bench.table import Kind, Lane, Output, Run
 from specdemo.decoding import drafters
 from specdemo.decoding.drafters import Strategy, with_counterpart
 from specdemo.learning.profile import machine_profile
@@ -92,11 +92,6 @@ def measure(lanes: list[Lane], instructions: list[str], prompts: list[list[int]]
                                                                   if parted else ""))
             log(f"  [{r * len(instructions) + i + 1}/{total}] N={n}: " + ", ".join(line))
     return runs
-
-
-def find(lanes: list[Lane], framework: Framework, kind: Kind) -> Lane:
-    """The first lane of `framework` and `kind` (a section has one autoregressive lane per framework)."""
-    return next(lane for lane in lanes if lane.framework == framework and lane.kind == kind)
 
 
 def log_progress(log, what: str):

@@ -17,7 +17,6 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from specdemo.bench.harness import find
 from specdemo.bench.schema import Row
 from specdemo.bench.table import Lane, Run
 from specdemo.names import SPECULATIVE
@@ -63,7 +62,8 @@ class Pass:
     lanes: list[Lane]
 
     def lane(self, which: tuple[str, str]) -> Lane:
-        return find(self.lanes, *which)
+        """The first of its lanes of `which`: (framework, kind) (a section has one autoregressive lane per framework)."""
+        return next(lane for lane in self.lanes if (lane.framework, lane.kind) == which)
 
     def speedup(self, which: tuple[str, str]) -> Spread:
         return speedup(self.runs, self.lane(which))
