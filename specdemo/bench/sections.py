@@ -36,8 +36,9 @@ def run_paper(ctx: Context) -> Paper:
              (ctx.genai_draft().settings, ctx.engine.draft.settings)]  # (GenAI's, ours): the target, the draft
     # GenAI's model where it is not ours (ours on specdemo's kernels), else None
     theirs = [None if genai.precision == mine.precision else genai.precision for genai, mine in peers]
+    shares = {lane.kind: stats.time_shares(stats.lane_runs(runs, lane)) for lane in ours}
     figures = Paper(k, ctx.k_label(peers=True), generation.k_policy.rule,
-                    genai_compile(ctx.genai_target(), ctx.genai_draft()), *theirs, {lane.kind: stats.time_shares(stats.lane_runs(runs, lane)) for lane in ours})
+                    genai_compile(ctx.genai_target(), ctx.genai_draft()), *theirs, shares)
     if ctx.bench.genai_defaults_instructions:
         n = max(ctx.bench.paper_tokens)
         # Let the pipelines above go before two more copies of the target load: the runs hold their lanes, the lanes
