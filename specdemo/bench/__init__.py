@@ -25,8 +25,9 @@ alike; ratios are taken per instruction and summarised as median with min-max. O
 report, a JSON file (keys: schema.py) and PNG plots.
 
 The modules: settings (what a run measures, and REGISTRY: each section's runner, report parts and plots, found by
-found()), harness (lanes, measuring, the shared Context), sections and sweeps (what most sections run), memory, peers
-(GenAI, transformers), stats, targets, report and report_tables, plots; the machine description is
+found()), table (the run's one table: lanes, runs, their JSON), schema (the results: each section's figures), harness
+(measuring, the shared Context), sections and sweeps (what most sections run), memory, peers (GenAI, transformers),
+stats, targets, report and report_tables, plots; the machine description is
 specdemo/host/machine.py. A new section is one module (its runner, its report part, any plot) and one line in REGISTRY.
 
 May import: the page (specdemo.ui: the watching section measures it) and what serves it (specdemo.serve), the run and
@@ -83,8 +84,8 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
         "command": command,
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": host,
-        "bench": asdict(bench),
-        "run_settings": asdict(settings),
+        "bench": bench,
+        "run_settings": settings,
         "sections": sections,
     }
     log(f"load average {host['load_average']} on {host['logical_cores']} cores")
@@ -94,7 +95,7 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
     log(f"warm-up {engine.warm_up_s:.1f} s. {engine.costs.sentence()}")
     results["models"] = {"target": engine.target.describe(), "draft": engine.draft.describe()}
     results["tune"] = machine_profile().tune_record(settings.draft)  # the compile settings and draft these models were loaded under
-    results["costs"] = engine.costs.to_dict()
+    results["costs"] = engine.costs  # CostModel: frozen, so the run's corrections leave it as measured
     results["warm_up_s"] = engine.warm_up_s
     plan = engine.plan(CODE_INSTRUCTIONS[0], settings.generation)
     results["plan"] = plan.to_dict()
@@ -109,12 +110,12 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
         if not memory.wait_for(section_need(name, *weights, bench.genai_k_values), f"the {name} section", log):
             results.setdefault("skipped_for_memory", []).append(name)  # the report leaves it out, as if not asked
             continue
-        figures = found(BY_NAME[name].run)(ctx)  # a dict, or a section's own dataclass (humaneval.HumanEval)
-        timing = {"seconds": time.perf_counter() - section_start, "load_average_end": machine.load_average()}
-        sections[name] = replace(figures, **timing) if is_dataclass(figures) else figures | timing
+        figures = found(BY_NAME[name].run)(ctx)  # schema.Figures
+        sections[name] = replace(figures, seconds=time.perf_counter() - section_start,
+                                 load_average_end=machine.load_average())
         # GenAI's copies of the models go with their section: the next section's memory need counts only its own.
         ctx.drop_genai()
-    results["costs_end"] = engine.costs.to_dict()  # as the sections' runs corrected it
+    results["costs_end"] = engine.costs  # as the sections' runs corrected it
     results["table"] = [row(run) for run in ctx.runs]  # every section's runs, one typed row each (table.py)
     results["targets"] = judge_targets(sections, ctx.runs)
     results["seconds"] = time.perf_counter() - started

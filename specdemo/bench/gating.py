@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specdemo.bench.schema import Figures
 from specdemo.decoding.costs import CostModel
 from specdemo.decoding.drafters import MASKED_STRATEGY
 from specdemo.decoding.planner import gated_plan, make_plan, with_confidence_stop
@@ -121,11 +122,19 @@ def _planned(plan) -> str:
     return f"gated K = {plan.k}" if plan.gate else f"K = {plan.k}"
 
 
-def run_gating(ctx) -> dict:
+@dataclass(frozen=True)
+class Gating(Figures):
+    """The section."""
+
+    max_new_tokens: int
+    curves: dict[str, dict]  # CURVES, each CostModel.to_dict()
+    rows: list[Row]
+
+
+def run_gating(ctx) -> Gating:
     """The bench section (opt-in: --only gating): the code instructions at the sweeps' N."""
     rows = gating_rows(ctx.engine, ctx.code_instructions(), ctx.sweep_tokens, log=ctx.log)
-    return {"max_new_tokens": ctx.sweep_tokens, "curves": {name: c.to_dict() for name, c in CURVES.items()},
-            "rows": rows}
+    return Gating(ctx.sweep_tokens, {name: c.to_dict() for name, c in CURVES.items()}, rows)
 
 
 def gating_table(rows: list[Row]) -> str:
@@ -146,9 +155,9 @@ def gating_table(rows: list[Row]) -> str:
 def gating_section(sections: dict, plots: dict, runs=()) -> str:
     if not (gating := sections.get("gating")):
         return ""
-    return ("### Gated rounds on compute-bound curves\n\nN = " + str(gating["max_new_tokens"]) + ". Each lane's calls "
+    return ("### Gated rounds on compute-bound curves\n\nN = " + str(gating.max_new_tokens) + ". Each lane's calls "
             "priced on a synthetic curve (not timed): speedup = autoregressive seconds ÷ the lane's. Oracle and best "
             "fixed K: teacher forced on the autoregressive answer. Planned: the planner at the acceptance the other "
             "answers teach. Gated: the gated lane, run (a round's first draft verified only when the draft's "
             "confidence clears the curve's break-even; it stops gating once that has cost 2 target steps).\n\n"
-            + gating_table(gating["rows"]) + "\n")
+            + gating_table(gating.rows) + "\n")

@@ -1,136 +1,28 @@
-"""Lanes and how they are measured: every way of generating (ours, GenAI's, transformers') becomes a
-Lane, described by typed fields, and `measure` runs a section's lanes the same way.
-
-A lane's label is for people only. What a lane is (framework, autoregressive or speculative, which
-lane its speedup is over, K) lives in fields, and the statistics, the report and the plots pair
-lanes by those fields, so renaming a label changes a table's text and nothing else.
-"""
+"""How lanes are measured: every way of generating (ours, GenAI's, transformers') becomes a Lane (table.py), and
+`measure` runs a section's lanes the same way, each generation a row of the run's one table."""
 
 from __future__ import annotations
 
 import gc
-import math
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
-from typing import Callable, Literal, get_args
+from typing import Callable
 
+from specdemo.bench.schema import GenAICompile
 from specdemo.bench.settings import CODE_INSTRUCTIONS, BenchSettings
+from specdemo.bench.table import Kind, Lane, Output, Run
 from specdemo.decoding import drafters
 from specdemo.decoding.drafters import Strategy, with_counterpart
 from specdemo.learning.profile import machine_profile
 from specdemo.models import kernels
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results.lane import drain
-from specdemo.results.metrics import Summary
-from specdemo.results.parting import Parting, parting
+from specdemo.results.parting import parting
 from specdemo.run import genai
 from specdemo.run.genai import compile_properties
 from specdemo.run.sidebyside import SideBySide
 from specdemo.settings import AUTO, FAITHFUL, GenerationSettings, KPolicy, ModelSettings, RunSettings
-
-Framework = Literal["specdemo", "genai", "transformers", "llamacpp"]
-Kind = Literal[AUTOREGRESSIVE, SPECULATIVE]
-KMode = Literal["fixed", "adaptive", "auto"]
-
-
-@dataclass
-class Output:
-    """What a lane's one generation gives back."""
-
-    ids: list[int]  # new token ids (the stop token included)
-    wall_s: float  # seconds of the whole call, prompt ids in hand to last token
-    first_s: float  # seconds from the prompt ids in hand to the first new token (prefill and its sampling)
-    summary: Summary | None = None  # ours; None for a peer
-    proposed: int = 0  # draft tokens offered for verification (ours: from the summary; a peer: its own count)
-    accepted: int = 0  # of them, kept by the target
-    rounds: list = field(default_factory=list)  # our loops' round records (events.Round); [] for a peer
-    tokens: list = field(default_factory=list)  # our loops' TokenEvents (their margins judge a parting); [] for a peer
-    noise: object = None  # the target compile's fidelity.BatchingNoise, where measured (ours)
-
-
-@dataclass(frozen=True)
-class Lane:
-    """One way of generating in a section, and what it is compared with."""
-
-    label: str  # for people only: "ours speculative", "K=3", "GenAI K=4", "head 16k"
-    framework: Framework
-    kind: Kind
-    baseline: Lane | None = None  # the autoregressive lane a speculative lane's speedup is over
-    reference: Lane | None = None  # the lane whose token ids this one should reproduce; None = the section's first
-    k: int | None = None  # draft tokens per round (fixed K; adaptive K's start); None when autoregressive or auto
-    k_policy: KMode | None = None  # how a speculative lane picks K; None when autoregressive
-    drafter: str | None = None  # the strategy drafting (a peer's: its counterpart's, Strategy.counterpart); None: AR
-    models: str = ""  # what it runs, with precisions: "qwen2.5-coder-1.5b int8 + qwen2.5-coder-0.5b int4"
-    # (instruction, prompt ids, max new tokens) -> Output; None in runs built by hand (tests)
-    generate: Callable[[str, list[int], int], Output] | None = field(default=None, compare=False, repr=False)
-
-    def __post_init__(self):
-        if self.framework not in get_args(Framework) or self.kind not in get_args(Kind):
-            raise ValueError(f"lane {self.label!r}: unknown framework {self.framework!r} or kind {self.kind!r}")
-        if self.kind == SPECULATIVE and self.baseline is None:
-            raise ValueError(f"speculative lane {self.label!r} needs the autoregressive baseline its speedup is over")
-
-    def fields(self) -> dict:
-        """The typed fields as JSON: lanes are named there by their labels."""
-        return {
-            "framework": self.framework,
-            "kind": self.kind,
-            "baseline": self.baseline.label if self.baseline else None,
-            "reference": self.reference.label if self.reference else None,
-            "k": self.k,
-            "k_policy": self.k_policy,
-            "drafter": self.drafter,
-            "models": self.models,
-        }
-
-    def bare(self) -> Lane:
-        """This lane without its generate (nor its baseline's and reference's): what the table keeps, so a kept run
-        holds no pipeline alive after its section."""
-        strip = lambda lane: lane.bare() if lane is not None else None  # noqa: E731
-        return replace(self, baseline=strip(self.baseline), reference=strip(self.reference), generate=None)
-
-
-@dataclass(frozen=True)
-class Run:
-    """One generation in one lane of the benchmark: a row of the run's one table (table.py writes and reads it).
-
-    Its time is split as a peer's own tools split it: the prefill (prompt ids in hand to the first new token) and the
-    decoding of the tokens after the first, whose rate (decode_rate) is what the report's ratios compare."""
-
-    lane: Lane
-    instruction: int  # index into the section's instructions
-    repeat: int  # pass over the instructions, from 0
-    max_new_tokens: int
-    wall_s: float  # seconds of the whole call, prompt ids in hand to last token
-    tokens: int  # new tokens produced
-    prefill_s: float = math.nan  # seconds to the first new token (nan: not measured, as in files before schema 2)
-    same_as_reference: bool = True  # token ids equal to the lane's reference (by default the section's first lane)
-    summary: Summary | None = None  # ours; None for a peer
-    proposed: int = 0  # draft tokens offered for verification (ours and the peers that count them)
-    accepted: int = 0  # of them, kept by the target
-    parting: Parting | None = None  # where ours parted from its reference, judged, if both are ours
-    section: str = ""  # the bench section that ran it (stamped by Context.keep)
-    machine: str = ""  # the CPU it ran on (stamped by Context.keep)
-    # the pass of its section it ran in, where a section runs its lanes again under another setting (schema.GENAI_DEFAULTS:
-    # the paper's GenAI on its own compile defaults); "" for the section's own (stamped by Context.keep)
-    setting: str = ""
-    ids: list[int] = field(default_factory=list, repr=False, compare=False)  # new token ids (not written to JSON)
-    rounds: list = field(default_factory=list, repr=False, compare=False)  # our events.Round records (not in JSON)
-
-    @property
-    def per_token_s(self) -> float:
-        return self.wall_s / self.tokens if self.tokens else math.nan
-
-    @property
-    def decode_s(self) -> float:
-        """Seconds of the tokens after the first."""
-        return self.wall_s - self.prefill_s
-
-    @property
-    def decode_rate(self) -> float:
-        """Tokens after the first per second of their time: llama-bench's tg, GenAI's 1 / TPOT."""
-        return (self.tokens - 1) / self.decode_s if self.tokens > 1 and self.decode_s > 0 else math.nan
 
 
 def our_lane(label: str, engine, mode: Kind, generation: GenerationSettings, baseline: Lane | None = None,
@@ -170,13 +62,8 @@ def models_of(target: ModelSettings, draft: ModelSettings | None = None) -> str:
 
 
 def peer_lane(lane: Lane, generate: Callable, **options) -> Lane:
-    """`lane` generating with a peer's generate(prompt_ids, max_new_tokens, **options) -> PeerRun."""
-
-    def run(instruction: str, prompt_ids: list[int], n: int) -> Output:
-        peer = generate(prompt_ids, n, **options)
-        return Output(peer.ids, peer.wall_s, peer.first_s, None, peer.proposed, peer.accepted)
-
-    return replace(lane, generate=run)
+    """`lane` generating with a peer's generate(prompt_ids, max_new_tokens, **options) -> Output."""
+    return replace(lane, generate=lambda instruction, prompt_ids, n: generate(prompt_ids, n, **options))
 
 
 def measure(lanes: list[Lane], instructions: list[str], prompts: list[list[int]], n: int, bench: BenchSettings,
@@ -205,11 +92,6 @@ def measure(lanes: list[Lane], instructions: list[str], prompts: list[list[int]]
                                                                   if parted else ""))
             log(f"  [{r * len(instructions) + i + 1}/{total}] N={n}: " + ", ".join(line))
     return runs
-
-
-def find(lanes: list[Lane], framework: Framework, kind: Kind) -> Lane:
-    """The first lane of `framework` and `kind` (a section has one autoregressive lane per framework)."""
-    return next(lane for lane in lanes if lane.framework == framework and lane.kind == kind)
 
 
 def log_progress(log, what: str):
@@ -326,7 +208,7 @@ class Context:
         if name in self.genai:
             self.genai.move_to_end(name)
         else:
-            from specdemo.bench.peers import GenAIPipeline
+            from specdemo.bench.peers import GenAIPeer, PeerProcess
 
             while len(self.genai) >= GENAI_PIPELINES:
                 self.genai.popitem(last=False)
@@ -337,15 +219,9 @@ class Context:
             draft = self.genai_draft() if drafting and drafting.needs_model else None
             properties, draft_properties = genai_properties(target, draft, defaults=name.endswith("(defaults)"))
             self.log(f"loading OpenVINO GenAI pipeline: {name}")
-            self.genai[name] = GenAIPipeline(
-                target.folder,
-                target.settings.device,
-                properties,
-                draft=draft.folder if draft else None,
-                draft_device=draft.settings.device if draft else "",
-                prompt_lookup=drafting is not None and not drafting.needs_model,
-                draft_properties=draft_properties,
-            )
+            self.genai[name] = PeerProcess(GenAIPeer, target.folder, target.settings.device, properties,
+                                           draft.folder if draft else None, draft.settings.device if draft else "",
+                                           drafting is not None and not drafting.needs_model, draft_properties)
         return self.genai[name]
 
     def drop_genai(self) -> None:
@@ -378,13 +254,12 @@ def peer_strategy(pipeline: str) -> Strategy | None:
     return with_counterpart(counterpart) if counterpart else None
 
 
-def genai_compile(target, draft) -> dict:
-    """What GenAI's peers were compiled with, for the record: each model's properties (ours, fitted to what GenAI
-    accepts) and, in words, where they differ from ours."""
+def genai_compile(target, draft) -> GenAICompile:
+    """What GenAI's peers were compiled with, for the record."""
     properties, draft_properties = genai_properties(target, draft)
     shown = lambda props: {key: value for key, value in props.items() if key != "CACHE_DIR"}  # noqa: E731
-    return {"target": shown(properties), "draft": shown(draft_properties),
-            "differs": genai.fitted(target.settings, draft.settings if draft is not None else None)}
+    return GenAICompile(shown(properties), shown(draft_properties),
+                        genai.fitted(target.settings, draft.settings if draft is not None else None))
 
 
 def genai_properties(target, draft, defaults: bool = False) -> tuple[dict, dict]:

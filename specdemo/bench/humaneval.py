@@ -22,6 +22,7 @@ import re
 from dataclasses import asdict, dataclass, fields, replace
 
 from specdemo.bench import llamacpp, sandbox
+from specdemo.bench.schema import Figures, Skipped
 from specdemo.bench.stats import Spread
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results import metrics
@@ -92,8 +93,8 @@ class ProblemRow:
 
 
 @dataclass(frozen=True)
-class HumanEval:
-    """The section's figures (schema.py names them in benchmarks.json)."""
+class HumanEval(Figures):
+    """The section's figures."""
 
     problems: int
     max_new_tokens: int
@@ -101,7 +102,7 @@ class HumanEval:
     k_label: str
     framing: str  # how a problem became an instruction, and which part of the answer runs
     notebook: Notebook
-    lanes: dict[str, object]  # harness.Lane (bare) by key: autoregressive, speculative, genai(_autoregressive), llamacpp
+    lanes: dict[str, object]  # table.Lane (bare) by key: autoregressive, speculative, genai(_autoregressive), llamacpp
     speedup: LaneSpeedups
     pass_at_1: dict[str, float]  # by lane key: share of problems passed
     same_text: int  # problems where our two lanes wrote the same text
@@ -110,11 +111,9 @@ class HumanEval:
     acceptance_by_position: list[float]  # pooled likewise, per draft position
     genai_acceptance: float | None  # GenAI's drafts kept / offered; None where it offered none
     rows: list[ProblemRow]
-    seconds: float = math.nan  # the section's own time, stamped by bench.run
-    load_average_end: list[float] | None = None  # the 1, 5, 15 minute load after it, stamped by bench.run
 
     def to_json(self) -> dict:
-        """As benchmarks.json keeps it: its fields, each lane by its label and fields (harness.Lane.fields)."""
+        """As benchmarks.json keeps it: its fields, each lane by its label and fields (table.Lane.fields)."""
         return {**asdict(replace(self, lanes={})),
                 "lanes": {key: {"label": lane.label, **lane.fields()} for key, lane in self.lanes.items()}}
 
@@ -170,18 +169,19 @@ def check(problem: Problem, answer: str, runs: dict[str, sandbox.Verdict] | None
     return verdict
 
 
-def run_section(ctx) -> HumanEval | dict:
+def run_section(ctx) -> HumanEval | Skipped:
     """The section: every problem through our autoregressive and speculative lanes (the run's K policy, auto by
     default), GenAI's plain and speculative pipelines and, where installed, llama.cpp's plain decoding; then every
     answer run against its tests. Opt-in: only `--only humaneval` runs it."""
-    from specdemo.bench.harness import Lane, log_progress, measure, our_lane, peer_lane
+    from specdemo.bench.harness import log_progress, measure, our_lane, peer_lane
+    from specdemo.bench.table import Lane
     from specdemo.bench.peers import PeerProcess
 
     refusal = sandbox.missing()  # asked before minutes of generation, not at the first answer
     skipped = missing() or (f"humaneval: skipped: {refusal}" if refusal else None)
     if skipped:
         ctx.log(skipped)
-        return {"skipped": skipped}
+        return Skipped(skipped)
     problems = load_problems(ctx.bench.humaneval_problems)
     n, generation = ctx.bench.humaneval_tokens, ctx.generation
     ours_ar = our_lane("ours autoregressive", ctx.engine, AUTOREGRESSIVE, generation)

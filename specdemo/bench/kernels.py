@@ -26,6 +26,7 @@ import numpy as np
 import openvino as ov
 from openvino import opset13 as ops
 
+from specdemo.bench.schema import Figures, Skipped
 from specdemo.models import kernels
 from specdemo.models.block_matmul import block_matmul
 from specdemo.models.gguf_file import GGUFFile
@@ -54,6 +55,14 @@ class Layer:
     threads: int
     bandwidth_gbs: float  # the read bandwidth measured in the same run (read_bandwidth)
     ways: dict[str, dict[int, Timing]]  # way -> M -> its call
+
+
+@dataclass(frozen=True)
+class Kernels(Figures):
+    """The section: the CPU's ISA paths and a Layer per layer name."""
+
+    cpu_isas: list[str]  # kernels.supported_isas()
+    layers: list[Layer]
 
 
 def read_bandwidth(threads: int, repeats: int = 5) -> float:
@@ -154,17 +163,17 @@ def measure_layer(path: Path, layer: str = "ffn_up", rows_per_call=(1, 2, 5, 9, 
 # ---- the bench section (settings.REGISTRY: "kernels")
 
 
-def run_kernels(ctx) -> dict:
+def run_kernels(ctx) -> Kernels | Skipped:
     """The table for the target's Q4_K layers (ffn_up: 1536 → 8960 on the default target) and its Q6_K ones (ffn_down,
     those of that type), on the M of a step, of verifications and of a prefill's piece."""
     from specdemo.bench import llamacpp
 
     path = llamacpp.gguf_path(ctx.settings.target.source)
     if path is None or kernels.unavailable():
-        return {"skipped": kernels.unavailable() or f"{ctx.settings.target.source} has no GGUF file to read blocks from"}
+        return Skipped(kernels.unavailable() or f"{ctx.settings.target.source} has no GGUF file to read blocks from")
     rows = tuple(sorted({1, 2, 5, 9, 16, ctx.k + 1}))
-    return {"cpu_isas": kernels.supported_isas(),
-            "layers": [measure_layer(path, layer, rows, log=ctx.log) for layer in ("ffn_up", "ffn_down")]}
+    layers = [measure_layer(path, layer, rows, log=ctx.log) for layer in ("ffn_up", "ffn_down")]
+    return Kernels(kernels.supported_isas(), layers)
 
 
 def kernels_section(sections: dict, plots: dict, runs=()) -> str:
@@ -174,15 +183,15 @@ def kernels_section(sections: dict, plots: dict, runs=()) -> str:
     section = sections.get("kernels")
     if not section:
         return ""
-    if section.get("skipped"):
-        return f"## specdemo's kernels, one layer\n\nNot measured: {section['skipped']}."
+    if isinstance(section, Skipped):
+        return f"## specdemo's kernels, one layer\n\nNot measured: {section.skipped}."
     parts = ["## specdemo's kernels, one layer\n\nBlockMatMul over the file's own blocks on each ISA path this CPU runs "
-             f"({', '.join(section['cpu_isas'])}), each forced in turn, its own way (the gemm on packed panels, where it "
+             f"({', '.join(section.cpu_isas)}), each forced in turn, its own way (the gemm on packed panels, where it "
              "has one) and its dot products held (…/dots), beside the CPU plugin's MatMul on the same weights "
              "as gguf-mixed lays them; every layer of the model of that shape in one call, so the weights come from memory "
              "as a step's do. Time a layer, the rate its weights stream at, and that rate's share of the read bandwidth "
              "measured in the same run."]
-    for layer in section["layers"]:  # Layer
+    for layer in section.layers:
         ms = sorted(next(iter(layer.ways.values())))
         rows = [[way] + [f"{r[m].ms:.3f} ms, {r[m].gbs:.1f} GB/s ({r[m].gbs / layer.bandwidth_gbs:.0%})" for m in ms]
                 for way, r in layer.ways.items()]

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdemo.bench.peers import PeerRun
+from specdemo.bench.table import Output
 from specdemo.decoding.drafters import STRATEGIES
 from specdemo.host import machine
 from specdemo.models import export, sources
@@ -145,7 +145,7 @@ class LlamaCppPeer:
         return self._models[role]
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int, eos_ids: set[int], drafter: str | None = None,
-                 k: int = 4, ngram: int = 3) -> PeerRun:
+                 k: int = 4, ngram: int = 3) -> Output:
         """Greedy; `drafter` None (autoregressive) or the strategy of ours whose drafting llama.cpp's mirrors: the draft
         GGUF where it needs a model, else prompt lookup (n-grams of up to `ngram` tokens), with up to `k` drafts a
         round. Timed from the prompt ids in hand to the last token, prefill included."""
@@ -169,7 +169,7 @@ class LlamaCppPeer:
             if token in eos_ids or len(ids) == max_new_tokens:
                 break
         wall = time.perf_counter() - start
-        run = PeerRun(ids=ids, wall_s=wall, first_s=first or wall)
+        run = Output(ids=ids, wall_s=wall, first_s=first or wall)
         if tally is not None:
             run.proposed, run.accepted = tally.proposed, tally.accepted
         return run

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from specdemo import strict_json
 from specdemo.bench.harness import Context
+from specdemo.bench.schema import Figures
 from specdemo.bench.settings import BY_NAME, CODE_INSTRUCTIONS
 from specdemo.host import memory
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
@@ -28,7 +29,7 @@ from specdemo.settings import RunSettings
 
 @dataclass(frozen=True)
 class Peaks:
-    """One mode's memory in a process of its own, bytes (schema.py: the memory section's)."""
+    """One mode's memory in a process of its own, bytes."""
 
     rss_loaded_bytes: int  # after loading and a short warm-up
     peak_rss_generating_bytes: int
@@ -39,6 +40,15 @@ class Peaks:
     private_bytes: int  # RSS counts the memory-mapped IR weights too (file pages the kernel may drop); this does not
     kv_cache_bytes: dict[str, int]  # by model, at the end
     tokens: int
+
+
+@dataclass(frozen=True)
+class Memory(Figures):
+    """The memory section: each mode in a process of its own."""
+
+    max_new_tokens: int
+    autoregressive: Peaks
+    speculative: Peaks
 
 
 # The transformers peer holds both models in f32: TRANSFORMERS_F32 times their IR's weights.
@@ -54,10 +64,10 @@ def section_need(name: str, target_bytes: int, draft_bytes: int, genai_k_values:
     return targets * memory.compile_need(target_bytes) + drafts * memory.compile_need(draft_bytes) + 2**28
 
 
-def run_memory(ctx: Context) -> dict:
+def run_memory(ctx: Context) -> Memory:
     """Peak RSS of a process that only decodes autoregressively vs one that decodes speculatively."""
     n = ctx.sweep_tokens
-    figures = {"max_new_tokens": n}
+    peaks = []
     root = str(Path(__file__).resolve().parents[2])  # the folder holding specdemo/, for the child's imports
     for mode in (AUTOREGRESSIVE, SPECULATIVE):
         ctx.log(f"memory: {mode} in a fresh process")
@@ -69,8 +79,8 @@ def run_memory(ctx: Context) -> dict:
         )
         if child.returncode != 0:
             raise RuntimeError(f"the {mode} memory probe failed:\n{child.stderr.decode(errors='replace')[-2000:]}")
-        figures[mode] = Peaks(**json.loads(child.stdout.decode().strip().splitlines()[-1]))
-    return figures
+        peaks.append(Peaks(**json.loads(child.stdout.decode().strip().splitlines()[-1])))
+    return Memory(n, *peaks)
 
 
 def child() -> None:

@@ -19,27 +19,16 @@ import shutil
 import tempfile
 import time
 import weakref
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
+from specdemo.bench.table import Output
 from specdemo.host import compat
 from specdemo.models import export, sources
 from specdemo.run import genai
 from specdemo.settings import GenerationSettings
-
-
-@dataclass
-class PeerRun:
-    """One generation by a peer."""
-
-    ids: list[int]  # new token ids (the stop token included, as in our lanes)
-    wall_s: float  # seconds of the whole generate call
-    first_s: float  # seconds from the call to the first new token: the prefill, as the peer's own metrics time it
-    proposed: int = 0  # draft tokens offered for verification (speculative peers that report it)
-    accepted: int = 0  # of those, tokens the target kept
 
 
 class PeerProcess:
@@ -57,7 +46,7 @@ class PeerProcess:
         for name, value in zip(about, self._answer()):
             setattr(self, name, value)
 
-    def generate(self, *args, **kwargs) -> PeerRun:
+    def generate(self, *args, **kwargs) -> Output:
         self._pipe.send((args, kwargs))
         return self._answer()
 
@@ -95,14 +84,6 @@ def _stop(pipe, process) -> None:
         process.kill()
 
 
-class GenAIPipeline(PeerProcess):
-    """GenAIPeer in a process of its own."""
-
-    def __init__(self, target: Path, target_device: str, properties: dict, draft: Path | None = None,
-                 draft_device: str = "", prompt_lookup: bool = False, draft_properties: dict | None = None):
-        super().__init__(GenAIPeer, target, target_device, properties, draft, draft_device, prompt_lookup, draft_properties)
-
-
 class GenAIPeer:
     """openvino_genai.LLMPipeline on specdemo's IR folders (specdemo/run/genai.py): plain, with a draft model, or
     prompt lookup, all on GenAI's continuous-batching (paged attention) backend, its default on CPU.
@@ -119,7 +100,7 @@ class GenAIPeer:
         self.pipeline = genai.make_pipeline(target, target_device, properties, draft, draft_device, prompt_lookup,
                                             draft_properties=draft_properties)
 
-    def generate(self, prompt_ids: list[int], max_new_tokens: int, eos_ids: set[int], k: int = 4, ngram: int = 3) -> PeerRun:
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, eos_ids: set[int], k: int = 4, ngram: int = 3) -> Output:
         import openvino as ov
 
         settings = GenerationSettings(max_new_tokens=max_new_tokens, lookup_ngram=ngram)  # greedy
@@ -131,7 +112,7 @@ class GenAIPeer:
         # GenAI's own TTFT and generate duration (ms): what it counts after the first token is the decoding
         timed = result.perf_metrics
         first = wall - (timed.get_generate_duration().mean - timed.get_ttft().mean) / 1000
-        run = PeerRun(ids=[int(t) for t in result.tokens[0]], wall_s=wall, first_s=first)
+        run = Output(ids=[int(t) for t in result.tokens[0]], wall_s=wall, first_s=first)
         metrics = result.extended_perf_metrics
         if self.speculative and hasattr(metrics, "get_num_draft_tokens"):
             run.proposed = metrics.get_num_draft_tokens()
@@ -155,7 +136,7 @@ class TransformersPair:
         self.target = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
         self.draft = AutoModelForCausalLM.from_pretrained(draft, dtype=torch.float32).eval() if draft else None
 
-    def generate(self, prompt_ids: list[int], max_new_tokens: int, eos_ids: set[int], k: int | None = None) -> PeerRun:
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, eos_ids: set[int], k: int | None = None) -> Output:
         """Greedy; with `k`, assisted generation with exactly k assistant tokens per round."""
         from transformers import GenerationConfig
 
@@ -180,7 +161,7 @@ class TransformersPair:
                                        streamer=streamer, **kwargs)
             wall = time.perf_counter() - start
         first = streamer.stamps[1] - start if len(streamer.stamps) > 1 else wall
-        return PeerRun(ids=out[0, len(prompt_ids) :].tolist(), wall_s=wall, first_s=first)
+        return Output(ids=out[0, len(prompt_ids) :].tolist(), wall_s=wall, first_s=first)
 
 
 class Clock:

@@ -10,14 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from specdemo.bench import found, stats
-from specdemo.bench.harness import Run
 from specdemo.bench.schema import GENAI_DEFAULTS, GENAI_SPEC, OURS_SPEC
-from specdemo.bench.report_tables import facts
+from specdemo.bench.report_tables import k_text
 from specdemo.bench.settings import PAPER, REGISTRY, paper_speedup
 from specdemo.bench.stats import COMPONENTS
-from specdemo.bench.table import load
+from specdemo.bench.table import Run, load
 from specdemo.decoding import pricing
-from specdemo.decoding.costs import CostModel
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 
 _OURS, _GENAI, _PAPER, _HF = "#1f77b4", "#ff7f0e", "#7f7f7f", "#2ca02c"
@@ -29,6 +27,8 @@ def draw(results: dict, out: Path) -> dict[str, str]:
     import matplotlib
 
     matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     painters = [draw_costs, draw_surface] + [found(painter) for section in REGISTRY for painter in section.plots]
     drawn, runs = {}, load(results)
     for painter in painters:
@@ -36,15 +36,9 @@ def draw(results: dict, out: Path) -> dict[str, str]:
         if figure is not None:
             name = painter.__name__.removeprefix("draw_")
             figure.savefig(out / f"benchmarks-{name}.png", dpi=110, bbox_inches="tight")
-            _close(figure)
+            plt.close(figure)
             drawn[name] = f"benchmarks-{name}.png"
     return drawn
-
-
-def _close(figure) -> None:
-    import matplotlib.pyplot as plt
-
-    plt.close(figure)
 
 
 def draw_surface(results: dict, runs: list[Run]):
@@ -53,9 +47,8 @@ def draw_surface(results: dict, runs: list[Run]):
     import matplotlib.pyplot as plt
     import numpy as np
 
-    if not (results.get("costs_end") or results.get("costs")):
+    if not (costs := results.get("costs_end") or results.get("costs")):  # CostModel
         return None
-    costs = CostModel.from_dict(results.get("costs_end") or results["costs"])
     ks, alphas = list(range(1, costs.n_max)), [0.5 + 0.0125 * i for i in range(41)]
     grid = np.array(pricing.cost_surface(costs, ks, alphas))
     figure, ax = plt.subplots(figsize=(6, 3.8))
@@ -85,16 +78,16 @@ def _errors(spreads: list[dict]) -> list[list[float]]:
 def draw_costs(results: dict, runs=()):
     import matplotlib.pyplot as plt
 
-    if not (c := results.get("costs")):
+    if not (c := results.get("costs")):  # CostModel
         return None
-    ns = list(range(1, len(c["target_s"]) + 1))
+    ns = list(range(1, len(c.target_s) + 1))
     figure, ax = plt.subplots(figsize=(6, 3.6))
-    ax.plot(ns, [s / c["target_s"][0] for s in c["target_s"]], marker="o", color=_OURS, label="this machine")
+    ax.plot(ns, [s / c.target_s[0] for s in c.target_s], marker="o", color=_OURS, label="this machine")
     ax.plot(ns, ns, "--", color=_GENAI, label="n steps (no gain from batching)")
     ax.plot(ns, [1] * len(ns), ":", color=_HF, label="1 step (free verification)")
     ax.set_xlabel("tokens scored in one target call")
     ax.set_ylabel("cost in single steps")
-    ax.set_title(f"Cost of scoring n tokens ({c['cpu']})", fontsize=9)
+    ax.set_title(f"Cost of scoring n tokens ({c.cpu})", fontsize=9)
     ax.legend(fontsize=8)
     return figure
 
@@ -118,7 +111,7 @@ def draw_paper(results: dict, runs: list[Run]):
     ax.set_xticks([j + width * len(groups) / 2 for j in range(len(ns))], [f"N = {n}" for n in ns])
     ax.set_ylabel("speedup over autoregressive (×)")
     ax.set_ylim(0, 1.3 * max([at.speedup(OURS_SPEC).max for at in passes] + papers))
-    ax.set_title(f"Speculative vs autoregressive, {paper.get('k_label') or 'K = ' + str(paper['k'])}", fontsize=9)
+    ax.set_title(f"Speculative vs autoregressive, {k_text(paper)}", fontsize=9)
     ax.legend(fontsize=8, ncol=3, loc="upper left")
     return figure
 
@@ -177,7 +170,7 @@ def draw_k(results: dict, runs: list[Run]):
     lines, labels = ax.get_legend_handles_labels()
     more, more_labels = twin.get_legend_handles_labels()
     ax.legend(lines + more, labels + more_labels, fontsize=8, loc="lower right")
-    ax.set_title(f"Draft length K, N = {k['max_new_tokens']}")
+    ax.set_title(f"Draft length K, N = {k.max_new_tokens}")
     return figure
 
 
@@ -186,8 +179,8 @@ def draw_precision(results: dict, runs: list[Run]):
 
     if not (precision := results["sections"].get("precision")):
         return None
-    rows, pairs = stats.sweep_rows(runs, "precision"), facts(precision)
-    labels = [f"{pairs[r.lane.label]['target']} / {pairs[r.lane.label]['draft']}" for r in rows]
+    rows, pairs = stats.sweep_rows(runs, "precision"), precision.facts()
+    labels = [f"{pairs[r.lane.label].target} / {pairs[r.lane.label].draft}" for r in rows]
     measured = [r.measured_speedup for r in rows]
     figure, ax = plt.subplots(figsize=(7, 4))
     xs = range(len(rows))
@@ -206,7 +199,7 @@ def draw_breakdown(results: dict, runs=()):
 
     if not (paper := results["sections"].get("paper")):
         return None
-    shares = paper["time_shares"]
+    shares = paper.time_shares
     lanes = [SPECULATIVE, AUTOREGRESSIVE]
     colours = ["#aec7e8", "#1f77b4", "#ffbb78", "#ff7f0e", "#9467bd", "#d62728"]
     figure, ax = plt.subplots(figsize=(7, 2.2))

@@ -9,16 +9,16 @@ report does not depend on how lanes are labelled.
 
 from __future__ import annotations
 
-from specdemo.bench import found, plain, report_tables as tables
+from specdemo.bench import found, report_tables as tables
 from specdemo.bench import stats
-from specdemo.bench.harness import Run
 from specdemo.bench.report_tables import image, k_text, ms, percent, seconds, table, times
 from specdemo.bench.schema import GENAI_AR, GENAI_DEFAULTS, GENAI_SPEC, HF_SPEC, OURS_AR, OURS_SPEC
+from specdemo.bench.schema import GenAICompile, Skipped, Transformers
 from specdemo.bench.settings import PAPER, REGISTRY, paper_speedup
-from specdemo.bench.stats import COMPONENTS
-from specdemo.bench.table import load
+from specdemo.bench.stats import COMPONENTS, PYTHON
+from specdemo.bench.table import Run, load
 from specdemo.bench.targets import Target, fastest
-from specdemo.decoding.costs import CostModel
+from specdemo.decoding.planner import surface_sentence
 from specdemo.learning.disk import size
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results.metrics import speedup_from_calls
@@ -36,18 +36,17 @@ def render(results: dict, plots: dict[str, str]) -> str:
 
 
 def _header(results: dict) -> str:
-    bench = results["bench"]
+    bench = results["bench"]  # BenchSettings
     minutes = results["seconds"] / 60
     return (
         "# Benchmarks\n\n"
         "Autoregressive vs speculative decoding on OpenVINO, measured by `python -m specdemo bench` beside "
         "the paper's figures, OpenVINO GenAI's own pipelines and transformers, in one run on one machine. "
         "Every figure below comes from that run; ratios were measured back to back on the same instructions.\n\n"
-        f"* command: `{results['command']}` ({bench['mode']} mode, {minutes:.1f} min, started {results['started']})\n"
+        f"* command: `{results['command']}` ({bench.mode} mode, {minutes:.1f} min, started {results['started']})\n"
         f"* load average (1, 5, 15 min) at start {results['machine']['load_average']}, at end {results.get('load_average_end')}; "
         "1-minute load after each section: "
-        + ", ".join(f"{name} {s['load_average_end'][0]}" for name, s in plain(results["sections"]).items()
-                    if "load_average_end" in s)
+        + ", ".join(f"{name} {s.load_average_end[0]}" for name, s in results["sections"].items() if s.load_average_end)
         + "\n"
         "* reproduce: `python -m specdemo bench --out docs` (full, ~45 min on 2 cores, first run longer) or `python -m specdemo bench --quick` "
         "(~3 min); the raw runs are in `benchmarks.json`"
@@ -78,32 +77,28 @@ def _machine(results: dict) -> str:
 
 def _costs(results: dict, plots: dict) -> str:
     """This machine's cost curve and the plan the planner made from it."""
-    c = results.get("costs")
+    c = results.get("costs")  # CostModel
     if not c:
         return ""
-    t1 = c["target_s"][0]
-    rows = [[str(n), f"{s * 1e3:.1f} ms", f"{s / t1:.2f}"] for n, s in enumerate(c["target_s"], start=1)]
-    draft = ", ".join(f"{s * 1e3:.1f} ms" for s in c.get("draft_s", []))
+    rows = [[str(n), f"{s * 1e3:.1f} ms", f"{s / c.target_s[0]:.2f}"] for n, s in enumerate(c.target_s, start=1)]
+    draft = ", ".join(f"{s * 1e3:.1f} ms" for s in c.draft_s)
     plan = results.get("plan", {})
     text = (
         "## This machine's cost curve and the plan\n\n"
-        f"Measured at warm-up ({results.get('warm_up_s', 0):.1f} s, not part of any lane's time) on {c['cpu']}, the way "
+        f"Measured at warm-up ({results.get('warm_up_s', 0):.1f} s, not part of any lane's time) on {c.cpu}, the way "
         "the loop calls: single steps one after another, and rounds of draft steps then one target call scoring n tokens "
         "(n rows of logits), after a 160-token context, median of 5; in milliseconds and in single steps. Every lane's "
         "records then correct it (`costs.fold`); at the end of the run it stood: "
-        f"{CostModel.from_dict(results['costs_end']).standing() if results.get('costs_end') else 'not corrected'}. A draft step "
-        f"(1 and 2 tokens): {draft or '–'}; prefill {c['target_prefill_tps']:.0f} tokens/s (target), "
-        f"{c.get('draft_prefill_tps', 0):.0f} tokens/s (draft); a KV-cache rollback {c['target_rollback_s'] * 1e3:.1f} ms "
-        f"(target), {c.get('draft_rollback_s', 0) * 1e3:.1f} ms (draft).\n\n"
+        f"{end.standing() if (end := results.get('costs_end')) else 'not corrected'}. A draft step "
+        f"(1 and 2 tokens): {draft or '–'}; prefill {c.target_prefill_tps:.0f} tokens/s (target), "
+        f"{c.draft_prefill_tps:.0f} tokens/s (draft); a KV-cache rollback {c.target_rollback_s * 1e3:.1f} ms "
+        f"(target), {c.draft_rollback_s * 1e3:.1f} ms (draft).\n\n"
         + table(["n", "t(n)", "t(n) / t(1)"], rows)
     )
     if plan:
         text += f"\n\n**The plan** for the first code instruction: {plan['reason']}"
-    if "costs_end" in results or "costs" in results:
-        from specdemo.decoding.planner import surface_sentence
-
-        final = CostModel.from_dict(results.get("costs_end") or results["costs"])
-        text += f"\n\n**Where speculation pays here**, from the cost model as the run left it: {surface_sentence(final, final.n_max - 1)}"
+    final = end or c
+    text += f"\n\n**Where speculation pays here**, from the cost model as the run left it: {surface_sentence(final, final.n_max - 1)}"
     return (text + image(plots, "costs", "Cost of scoring n tokens in one target call, in single steps")
             + image(plots, "surface", "Predicted speedup over K and acceptance, with the break-even line"))
 
@@ -123,7 +118,7 @@ def _headlines(sections: dict, runs: list[Run]) -> str:
             f"speculative pipeline; our autoregressive loop {at.ratio(OURS_AR, GENAI_AR).median:.2f}× "
             "that of GenAI's plain pipeline (§2)."
         )
-        lines.append(f"Outside model calls our loop spends {percent(paper['time_shares'][SPECULATIVE]['our Python'])} of "
+        lines.append(f"Outside model calls our loop spends {percent(paper.time_shares[SPECULATIVE][PYTHON])} of "
                      "wall time (§6).")
     if hf := stats.section(runs, "transformers"):
         lines.append(f"transformers assisted generation (float32 PyTorch) takes **{hf.ratio(HF_SPEC, OURS_SPEC).median:.1f}×** "
@@ -136,16 +131,16 @@ def _headlines(sections: dict, runs: list[Run]) -> str:
         lines.append(text + " (§3).")
     if precision := stats.sweep_rows(runs, "precision"):
         best = fastest(precision)
-        pair = tables.facts(sections["precision"])[best.lane.label]
+        pair = sections["precision"].facts()[best.lane.label]
         lines.append(
-            f"Best weight precisions: target {pair['target']} + draft {pair['draft']} at {best.measured_speedup.median:.2f}× over that target alone (§3)."
+            f"Best weight precisions: target {pair.target} + draft {pair.draft} at {best.measured_speedup.median:.2f}× over that target alone (§3)."
         )
     if lookup := stats.sweep_rows(runs, "lookup"):
         cells = [f"{r.lane.label} {tables.over_ours(runs, r).median:.2f}×" for r in lookup]
         lines.append("On edits that repeat their input, speedup over our autoregressive loop: " + ", ".join(cells) + " (§4).")
     memory = sections.get("memory")
     if memory:
-        extra = memory[SPECULATIVE].peak_rss_generating_bytes - memory[AUTOREGRESSIVE].peak_rss_generating_bytes
+        extra = memory.speculative.peak_rss_generating_bytes - memory.autoregressive.peak_rss_generating_bytes
         lines.append(f"Speculative decoding needs {size(extra)} more peak RSS than autoregressive: the draft's weights and KV cache (§5).")
     return "## Headlines\n\n" + "\n".join(f"* {line}" for line in lines) if lines else ""
 
@@ -173,7 +168,7 @@ def diagnose(target: Target, sections: dict, runs: list[Run]) -> str:
     """For a missed target: what the time breakdown, the round costs and the sweeps point to."""
     if not (at := stats.section(runs, "paper")):
         return ""
-    shares = sections["paper"]["time_shares"][SPECULATIVE]
+    shares = sections["paper"].time_shares[SPECULATIVE]
     where = ", ".join(f"{name} {percent(shares[name], 0)}" for name in COMPONENTS)
     if target.id in ("speedup", "speedup_best_k"):
         spec = stats.speculative_figures(stats.lane_runs(at.runs, at.lane(OURS_SPEC)))
@@ -185,12 +180,12 @@ def diagnose(target: Target, sections: dict, runs: list[Run]) -> str:
         ar_ratio = at.ratio(OURS_AR, GENAI_AR).median
         text = (
             f"*Against GenAI ({target.where}):* our speculative loop takes {target.measured:.2f}× GenAI's time, and our "
-            f"autoregressive loop {ar_ratio:.2f}× GenAI's plain pipeline, with {percent(shares['our Python'])} of our time in "
+            f"autoregressive loop {ar_ratio:.2f}× GenAI's plain pipeline, with {percent(shares[PYTHON])} of our time in "
             f"Python: the gap is in the model calls, the same IR run through our stateful model vs GenAI's paged-attention one."
         )
         if kv := stats.sweep_rows(runs, "kv"):
-            kv_at, precisions = stats.section(runs, "kv"), tables.facts(sections["kv"])
-            steps = ", ".join(f"{precisions[r.lane.label]['kv_cache_precision']} "
+            kv_at, precisions = stats.section(runs, "kv"), sections["kv"].facts()
+            steps = ", ".join(f"{precisions[r.lane.label].kv_cache_precision} "
                               f"{tables.kv_step_s(kv_at.runs, r.lane) * 1000:.1f} ms" for r in kv)
             text += f" The KV cache sweep (§3) points at one cause: our autoregressive step with each KV cache precision is {steps}."
         return text
@@ -235,7 +230,7 @@ def paper_section(sections: dict, plots: dict, runs: list[Run]) -> str:
     header = ["N", "ours AR", "ours spec", "ours speedup", "GenAI AR", "GenAI spec", "GenAI speedup", "paper AR", "paper spec", "paper speedup"]
     text = (
         f"## 1. The paper's experiment\n\nDecode time for N new tokens, autoregressive (AR) vs speculative (spec, "
-        f"{k_text(paper)}{', adaptive' if paper.get('k_policy') == 'adaptive' else ''}), median (min–max) over the code instructions. The paper "
+        f"{k_text(paper)}{', adaptive' if paper.k_policy == 'adaptive' else ''}), median (min–max) over the code instructions. The paper "
         "ran Dolly v2 12B with a 3B draft on other hardware: compare speedups, not seconds.\n\n" + table(header, rows)
     )
     return text + image(plots, "paper", "Speedup over autoregressive: ours, GenAI, the paper")
@@ -255,9 +250,9 @@ def peers_section(sections: dict, plots: dict, runs: list[Run]) -> str:
             f"OpenVINO GenAI `LLMPipeline` on our converted IR folders, fed the same prompt token ids "
             f"(chat template applied once, by us), greedy, N = {at.n}, {k_text(paper)}, its default continuous-batching "
             "backend with prefix caching off (it would skip the prefill of a prompt seen before), and our compile "
-            f"properties{_genai_compile(paper.get('genai_compile'))}."
-            + "".join(f" GenAI's {role} ran at {paper[f'genai_{role}']}: its pipelines cannot load specdemo's kernels, "
-                      "which ours ran." for role in ("target", "draft") if paper.get(f"genai_{role}")) + "\n\n"
+            f"properties{_genai_compile(paper.genai_compile)}."
+            + "".join(f" GenAI's {role} ran at {theirs}: its pipelines cannot load specdemo's kernels, which ours ran."
+                      for role, theirs in (("target", paper.genai_target), ("draft", paper.genai_draft)) if theirs) + "\n\n"
             + table(["lane", "wall time", "per token", "prefill", "tokens", "draft acceptance rate", "same tokens as ours AR"],
                     rows)
         )
@@ -283,28 +278,28 @@ def _ratio_row(at: stats.Pass, numerator: tuple[str, str], denominator: tuple[st
             times(at.ratio(numerator, denominator), digits)]
 
 
-def _genai_compile(compile: dict | None) -> str:
+def _genai_compile(compile: GenAICompile | None) -> str:
     """The properties GenAI's peers ran with, in words: ": target …; draft … (where they differ from ours)"."""
     if not compile:
         return ""
     described = "; ".join(f"{role} {', '.join(f'{k.lower()} {v}' for k, v in props.items())}"
-                          for role, props in (("target", compile["target"]), ("draft", compile["draft"])) if props)
-    return f" ({described}){', except ' + compile['differs'] if compile.get('differs') else ''}"
+                          for role, props in (("target", compile.target), ("draft", compile.draft)) if props)
+    return f" ({described}){', except ' + compile.differs if compile.differs else ''}"
 
 
-def _transformers(hf: dict, at: stats.Pass) -> str:
+def _transformers(hf: Transformers | Skipped, at: stats.Pass) -> str:
     """transformers' lanes beside ours from the section's runs: times, decode ratios and each framework's speedup."""
-    if "skipped" in hf:
-        return f"transformers: skipped ({hf['skipped']})."
+    if isinstance(hf, Skipped):
+        return f"transformers: skipped ({hf.skipped})."
     rows = [[lane.label, seconds(t.wall_s), ms(t.per_token_s), f"{t.tokens.median:.0f}", t.same_as_reference]
             for lane in at.lanes for t in [stats.lane_figures(at.runs, lane)]]
     ratio_rows = [_ratio_row(at, ("transformers", kind), ("specdemo", kind), digits=2) for kind in (SPECULATIVE, AUTOREGRESSIVE)]
     ratio_rows += [[f"{'ours' if lane.framework == 'specdemo' else lane.framework} speedup (AR / speculative)",
                     times(stats.speedup(at.runs, lane))] for lane in at.lanes if lane.kind == SPECULATIVE]
     return (
-        f"transformers {hf['dtype']} on PyTorch CPU, the weights our IRs were converted from (GGUF dequantized, before "
-        f"NNCF compression), `generate()` and `assistant_model=` with exactly K = {hf['k']} assistant tokens per round, "
-        f"N = {hf['max_new_tokens']}. Its tokens can differ from ours where int8 rounding flips a near-tie, so ratios divide "
+        f"transformers {hf.dtype} on PyTorch CPU, the weights our IRs were converted from (GGUF dequantized, before "
+        f"NNCF compression), `generate()` and `assistant_model=` with exactly K = {hf.k} assistant tokens per round, "
+        f"N = {hf.max_new_tokens}. Its tokens can differ from ours where int8 rounding flips a near-tie, so ratios divide "
         "decoding time per token (its prefill apart); speedups, wall time per token. \"same tokens\" compares transformers assisted with transformers AR, the others with ours AR.\n\n"
         + table(["lane", "wall time", "per token", "tokens", "same tokens as reference"], rows)
         + "\n\n"

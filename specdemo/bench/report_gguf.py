@@ -6,9 +6,9 @@ from __future__ import annotations
 import math
 
 from specdemo.bench import stats
-from specdemo.bench.harness import Lane, Run
 from specdemo.bench.report_tables import cell, k_text, ms_value, number, percent, seconds, table, times
-from specdemo.bench.schema import OURS_AR, OURS_SPEC
+from specdemo.bench.schema import OURS_AR, OURS_SPEC, Agreement, Skipped
+from specdemo.bench.table import Lane, Run
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 
 
@@ -18,8 +18,8 @@ def llamacpp_section(sections: dict, plots: dict, runs: list[Run]) -> str:
     if not (cpp := sections.get("llamacpp")):
         return ""
     title = "## 7. llama.cpp on the same GGUF files\n\n"
-    if "skipped" in cpp:
-        return title + cpp["skipped"]
+    if isinstance(cpp, Skipped):
+        return title + cpp.skipped
     at = stats.section(runs, "llamacpp")
     mine, lanes = at.runs, at.lanes
     ours_ar, ours_spec, cpp_ar = (at.lane(which) for which in (OURS_AR, OURS_SPEC, ("llamacpp", AUTOREGRESSIVE)))
@@ -34,22 +34,22 @@ def llamacpp_section(sections: dict, plots: dict, runs: list[Run]) -> str:
     over_bench = [rate(lane) / rate(bench) if bench else None for lane in (cpp_ar, ours_ar)]
     return (
         title
-        + f"llama-cpp-python {cpp['version']} (`llama_cpp.Llama`) on the GGUF files our IRs are converted from (Q4_K_M, "
-        f"run as they are; ours run them in OpenVINO as {_weights(cpp.get('weights'))}), fed the same prompt token ids, "
-        f"greedy, {cpp['threads']} threads, N = {cpp['max_new_tokens']}; ours {k_text(cpp)}, llama.cpp K = {cpp['k']}: prompt "
+        + f"llama-cpp-python {cpp.version} (`llama_cpp.Llama`) on the GGUF files our IRs are converted from (Q4_K_M, "
+        f"run as they are; ours run them in OpenVINO as {_weights(cpp.weights)}), fed the same prompt token ids, "
+        f"greedy, {cpp.threads} threads, N = {cpp.max_new_tokens}; ours {k_text(cpp)}, llama.cpp K = {cpp.k}: prompt "
         "lookup is the bindings' `LlamaPromptLookupDecoding`, the draft model the 0.5B GGUF behind the bindings' "
         "`draft_model` interface (`specdemo/bench/llamacpp.py`), in a process of its own, warmed up. Each lane is timed as "
         "llama.cpp times itself: the prefill (prompt to first token) apart from the decoding (tokens after the first per "
         "second), and the ratios divide decode rates; \"same tokens\" compares llama.cpp's speculative lanes with its "
         "autoregressive one, the others with ours AR (llama.cpp's tools print text: not compared). llama.cpp's CPU "
-        f"features: `{cpp['system_info']}`."
-        + (f" Our kernels ran their {cpp['kernels_isa']} path." if cpp.get("kernels_isa") else "") + "\n\n"
+        f"features: `{cpp.system_info}`."
+        + (f" Our kernels ran their {cpp.kernels_isa} path." if cpp.kernels_isa else "") + "\n\n"
         + table(["lane", "decode", "prefill", "tokens/s with prefill", "wall time", "tokens", "draft acceptance rate",
                  "speedup over own AR", "same tokens as reference"], [_lane_row(mine, lane) for lane in lanes])
         + _against_llama_bench(*over_bench)
         + "\n\nOur decode rate over llama.cpp's, per instruction then median (above 1 means ours decodes faster):\n\n"
         + table(["ratio", "median (min–max)"], ratio_rows)
-        + _text_agreement(cpp.get("text_agreement"))
+        + _text_agreement(cpp.text_agreement)
     )
 
 
@@ -84,10 +84,10 @@ def _weights(weights: dict | None) -> str:
     return " / ".join(f"{'its own blocks' if p == 'gguf' else p.upper()} {role}" for role, p in weights.items())
 
 
-def _text_agreement(rows: list | None) -> str:
+def _text_agreement(rows: list[Agreement]) -> str:
     if not rows:
         return ""
-    cells = ", ".join(f"{r['same_tokens']} of {r['of']}" for r in rows)
+    cells = ", ".join(f"{r.same_tokens} of {r.of}" for r in rows)
     return (f"\n\nOur autoregressive greedy text against llama.cpp's, per instruction: the tokens both wrote before "
             f"they part: {cells}.")
 
@@ -97,13 +97,13 @@ def fidelity_section(sections: dict, plots: dict, runs=()) -> str:
     if not (section := sections.get("fidelity")):
         return ""
     title = "## Fidelity to the GGUF\n\n"
-    if "skipped" in section:
-        return title + section["skipped"]
-    candidates = section["candidates"]  # results.fidelity.Fidelity
+    if isinstance(section, Skipped):
+        return title + section.skipped
+    candidates = section.candidates
     rows = [[c.precision, c.compile_settings, percent(c.top1_agreement, 1), f"{c.mean_abs_logit_error:.3f}"]
             for c in candidates]
     return (title + "Each target precision, under the compile settings it runs with on this machine, teacher forced "
-            f"over the {section['examples']} built-in answers beside the GGUF itself (its own blocks, f32 arithmetic, no "
+            f"over the {section.examples} built-in answers beside the GGUF itself (its own blocks, f32 arithmetic, no "
             f"dynamic quantization), at {candidates[0].positions} positions:\n\n"
             + table(["weights", "compile settings", "top-1 agreement", "mean |logit error|"], rows))
 
@@ -111,16 +111,16 @@ def fidelity_section(sections: dict, plots: dict, runs=()) -> str:
 def nodes_section(sections: dict, plots: dict, runs: list[Run]) -> str:
     """Where a target call's time goes (specdemo/bench/nodes.py), per target precision, beside the GGUF's own bytes
     (and llama.cpp's rate reading them, when the llamacpp section ran)."""
-    if not (section := sections.get("nodes")) or not section.get("targets"):
+    if not (section := sections.get("nodes")) or not section.targets:
         return ""
-    calls = section["tokens_per_call"]
+    calls = section.tokens_per_call
     parts = ["## Where a target call's time goes\n\nOpenVINO's per-node counters (PERF_COUNT) over windows of 8 calls of "
              f"{' and '.join(map(str, calls))} tokens (a decode step and a verify call), three windows of each size in "
              "turns, each node's median kept; each target precision compiled as it runs here, summed by group, beside the "
              "bytes of the weights each group reads per call and the rate that gives. A group far below the others' rate "
              "is a slow kernel; a step whose groups all stream near the machine's rate gets faster only by reading fewer "
              "bytes."]
-    for target in section["targets"]:  # nodes.TargetNodes
+    for target in section.targets:  # nodes.TargetNodes
         rows = []
         for i, group in enumerate(target.by_tokens[calls[0]]):
             row = [group.name, f"{group.weight_bytes / 1e6:.0f} MB" if group.weight_bytes else "–"]
@@ -134,8 +134,7 @@ def nodes_section(sections: dict, plots: dict, runs: list[Run]) -> str:
         rows.append(["the call, wall time", ""] + [cell for t in calls for cell in (ms_value(target.wall_s[t]), "")])
         header = ["group", "weights read"] + [c for t in calls for c in (f"{t} token{'s' if t > 1 else ''}: time", "rate")]
         parts.append(f"**{_weights({'target': target.precision})}** ({target.compile_settings}):\n\n" + table(header, rows))
-    if section.get("gguf_read_bytes"):
-        gguf = section["gguf_read_bytes"]
+    if gguf := section.gguf_read_bytes:
         line = f"The GGUF file's matmuls read {gguf / 1e9:.2f} GB of weights per token"
         plain = _llamacpp_plain(runs)
         if plain:

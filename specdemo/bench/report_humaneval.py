@@ -12,7 +12,7 @@ def humaneval_section(sections: dict, plots: dict, runs=()) -> str:
         return ""
     title = "## 9. HumanEval, the notebook's workload\n\n"
     if not isinstance(section, HumanEval):
-        return title + section["skipped"]
+        return title + section.skipped
     s, ours, genai, notebook = section, section.speedup.ours, section.speedup.genai, section.notebook
     headline = [
         [f"OpenVINO's notebook ({notebook.framework})", f"{notebook.target} / {notebook.draft}", str(notebook.problems),

@@ -7,10 +7,10 @@ from __future__ import annotations
 import math
 import statistics
 
-from specdemo.bench import stats, watching
-from specdemo.bench.harness import Run
+from specdemo.bench import stats
 from specdemo.bench.schema import OURS_AR, OURS_SPEC
 from specdemo.bench.stats import COMPONENTS, Spread, SweepRow
+from specdemo.bench.table import Run
 from specdemo.learning.disk import size
 from specdemo.learning.draft_choice import from_dict
 from specdemo.learning.profile.choices import Setting
@@ -59,9 +59,9 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def k_text(section: dict) -> str:
-    """How a section's lanes chose K: its label when the run let the planner choose, else "K = n"."""
-    return section.get("k_label") or f"K = {section['k']}"
+def k_text(section) -> str:
+    """How a section's lanes chose K (its k_label), else "K = n" (its k)."""
+    return section.k_label or f"K = {section.k}"
 
 
 def ms_value(seconds: float) -> str:
@@ -92,11 +92,6 @@ def _sweep_rows(rows: list[SweepRow], first: list[list[str]]) -> list[list[str]]
         ]
         for first_cells, r in zip(first, rows)
     ]
-
-
-def facts(section: dict) -> dict[str, dict]:
-    """A sweep section's own facts of its lanes (its rows: what the table does not hold), by the lane's label."""
-    return {row["label"]: row for row in section.get("rows", [])}
 
 
 _SWEEP_HEADER = [*(figure(key).label for key in ("alpha_hat", "draft_cost", "mean_k", "leviathan_speedup",
@@ -165,7 +160,7 @@ def k_section(sections: dict, plots: dict, runs: list[Run]) -> str:
         row += [times(stats.speedup(at.runs, genai)), times(stats.spread(stats.paired_ratios(at.runs, r.lane, genai)), 3)
                 ] if genai else ["–", "–"]
     text = (
-        f"## 3. Sweeps\n\n### Draft length K\n\nN = {k['max_new_tokens']}, the default pair. α̂ = accepted / (accepted + "
+        f"## 3. Sweeps\n\n### Draft length K\n\nN = {k.max_new_tokens}, the default pair. α̂ = accepted / (accepted + "
         "rounds that ended in a rejection), over all rounds; c = a draft step in single target steps; Leviathan = "
         "(1 − α^(K+1)) / ((1 − α)(cK + 1)) with the measured α̂ and c, which prices a verify call at one step; predicted "
         "(this machine) = the planner's prediction from the measured cost curve, α̂, mean K, N and the prompt; measured = "
@@ -173,19 +168,19 @@ def k_section(sections: dict, plots: dict, runs: list[Run]) -> str:
         "planner picks each round's K.\n\n"
         + table(["K", *_SWEEP_HEADER, "GenAI speedup", "ours / GenAI time"], cells)
     )
-    return text + _counterfactual_table(rows, facts(k)) + image(plots, "k", "Measured and predicted speedup against K")
+    return text + _counterfactual_table(rows, k.facts()) + image(plots, "k", "Measured and predicted speedup against K")
 
 
-def _counterfactual_table(rows: list[SweepRow], said: dict[str, dict]) -> str:
+def _counterfactual_table(rows: list[SweepRow], said: dict[str, stats.Counterfactual]) -> str:
     """Measured, predicted and counterfactual speedup per fixed K, and auto K against the best fixed K; `said`: what
     the counterfactual said of each lane (stats.counterfactual_figures), by its label."""
     fixed = [(r, said[r.lane.label]) for r in rows
-             if r.lane.k_policy == "fixed" and getattr(said[r.lane.label].get("counterfactual_speedup"), "n", 0)]
+             if r.lane.k_policy == "fixed" and said[r.lane.label].counterfactual_speedup.n]
     if not fixed:
         return ""
     cells = [[r.lane.label, times(r.measured_speedup), times(r.predicted_speedup) if r.predicted_speedup.n else "–",
-              _error(r.prediction_error), times(c["counterfactual_speedup"]), _error(c["counterfactual_error"]),
-              f"±{c['counterfactual_calls_off']}", str(c.get("answers_differ", "–"))] for r, c in fixed]
+              _error(r.prediction_error), times(c.counterfactual_speedup), _error(c.counterfactual_error),
+              f"±{c.counterfactual_calls_off}", str(c.answers_differ)] for r, c in fixed]
     text = (
         "\n\n#### What each K would have given\n\nAfter every instruction, one teacher-forced draft pass over the "
         "autoregressive lane's greedy answer gives, at every position, whether the draft's greedy token equals the answer's; "
@@ -203,24 +198,24 @@ def _counterfactual_table(rows: list[SweepRow], said: dict[str, dict]) -> str:
     )
     for r in rows:
         c = said[r.lane.label]
-        if r.lane.k_policy in ("auto", "adaptive") and getattr(c.get("oracle_speedup"), "n", 0):
-            ks = ", ".join(str(k) for k in c["best_fixed_k"])
-            over = (f"; measured against the measured lane at that K: {times(c['over_best_fixed'])}"
-                    if c["over_best_fixed"].n else "")
+        if r.lane.k_policy in ("auto", "adaptive") and c.oracle_speedup.n:
+            ks = ", ".join(str(k) for k in c.best_fixed_k)
+            over = (f"; measured against the measured lane at that K: {times(c.over_best_fixed)}"
+                    if c.over_best_fixed.n else "")
             text += (f"\n\n**{r.lane.label}**: measured {times(r.measured_speedup)}. On the same answers the counterfactual's "
-                     f"best fixed K was {ks} ({times(c['best_fixed_counterfactual'])} predicted){over}; the oracle, the best K "
-                     f"for every round, {times(c['oracle_speedup'])}.")
+                     f"best fixed K was {ks} ({times(c.best_fixed_counterfactual)} predicted){over}; the oracle, the best K "
+                     f"for every round, {times(c.oracle_speedup)}.")
     return text
 
 
 def precision_section(sections: dict, plots: dict, runs: list[Run]) -> str:
     if not (precision := sections.get("precision")):
         return ""
-    rows, pairs = stats.sweep_rows(runs, "precision"), facts(precision)
-    cells = _sweep_rows(rows, [[pair["target"], pair["draft"], size(pair["draft_bytes"]), ms(r.reference_per_token_s)]
+    rows, pairs = stats.sweep_rows(runs, "precision"), precision.facts()
+    cells = _sweep_rows(rows, [[pair.target, pair.draft, size(pair.draft_bytes), ms(r.reference_per_token_s)]
                                for r in rows for pair in [pairs[r.lane.label]]])
     text = (
-        f"### Weight precision\n\nN = {precision['max_new_tokens']}, {k_text(precision)}. Each speedup is over the same "
+        f"### Weight precision\n\nN = {precision.max_new_tokens}, {k_text(precision)}. Each speedup is over the same "
         "target decoding alone (AR per token shown); \"same tokens\" compares with that target's own AR output.\n\n"
         + table(["target", "draft", "draft size", "AR per token", *_SWEEP_HEADER], cells)
     )
@@ -230,14 +225,14 @@ def precision_section(sections: dict, plots: dict, runs: list[Run]) -> str:
 def kv_section(sections: dict, plots: dict, runs: list[Run]) -> str:
     if not (kv := sections.get("kv")):
         return ""
-    rows, at, precisions = stats.sweep_rows(runs, "kv"), stats.section(runs, "kv"), facts(kv)
+    rows, at, precisions = stats.sweep_rows(runs, "kv"), stats.section(runs, "kv"), kv.facts()
     # KV bytes: both models' caches at the end of a speculative run, the median run's
-    first = [[precisions[r.lane.label]["kv_cache_precision"], ms_value(kv_step_s(at.runs, r.lane)),
+    first = [[precisions[r.lane.label].kv_cache_precision, ms_value(kv_step_s(at.runs, r.lane)),
               size(statistics.median(sum(run.summary.kv_cache_bytes.values()) for run in stats.lane_runs(at.runs, r.lane)))]
              for r in rows]
     return (
         f"### KV cache precision\n\nBoth models' KV cache in the given element type (OpenVINO `KV_CACHE_PRECISION`), "
-        f"N = {kv['max_new_tokens']}, {k_text(kv)}; KV bytes are both caches at the end of a speculative run.\n\n"
+        f"N = {kv.max_new_tokens}, {k_text(kv)}; KV bytes are both caches at the end of a speculative run.\n\n"
         + table(["KV cache", "AR step", "KV bytes", *_SWEEP_HEADER], _sweep_rows(rows, first))
     )
 
@@ -256,7 +251,7 @@ def lookup_section(sections: dict, plots: dict, runs: list[Run]) -> str:
         row.append(times(over_ours(runs, r)))
     return (
         "## 4. Prompt lookup vs draft model\n\nEdits whose answer repeats the code in the prompt (add type hints, rename "
-        f"a parameter, add docstrings), N = {lookup['max_new_tokens']}, K = {lookup['k']}. Speedups are over the same "
+        f"a parameter, add docstrings), N = {lookup.max_new_tokens}, K = {lookup.k}. Speedups are over the same "
         "framework's autoregressive lane; the last column is over ours. Prompt lookup has no draft model, so c is ~0.\n\n"
         + table(["drafter", *_SWEEP_HEADER, "speedup over ours AR"], cells)
     )
@@ -273,11 +268,11 @@ def over_ours(runs: list[Run], row: SweepRow) -> Spread:
 def vocab_section(sections: dict, plots: dict, runs: list[Run]) -> str:
     if not (vocab := sections.get("vocab")):
         return ""
-    rows, heads = stats.sweep_rows(runs, "vocab"), facts(vocab)
-    first = [[r.lane.label, f"{heads[r.lane.label]['rows_kept']:,}", ms_value(heads[r.lane.label]["draft_step_costed_s"])]
+    rows, heads = stats.sweep_rows(runs, "vocab"), vocab.facts()
+    first = [[r.lane.label, f"{heads[r.lane.label].rows_kept:,}", ms_value(heads[r.lane.label].draft_step_costed_s)]
              for r in rows]
     return (
-        f"### A cheaper draft: its LM head trimmed to the most frequent tokens\n\nN = {vocab['max_new_tokens']}, auto K. "
+        f"### A cheaper draft: its LM head trimmed to the most frequent tokens\n\nN = {vocab.max_new_tokens}, auto K. "
         "The head keeps the N most frequent tokens of Python's standard library and the examples, plus every special "
         "and single-byte token; the target still checks every token, so greedy output is unchanged.\n\n"
         + table(["draft head", "rows kept", "draft step (warm-up)", *_SWEEP_HEADER], _sweep_rows(rows, first))
@@ -288,13 +283,12 @@ def memory_section(sections: dict, plots: dict, runs=()) -> str:
     if not (memory := sections.get("memory")):
         return ""
     rows = []
-    for mode in (AUTOREGRESSIVE, SPECULATIVE):
-        m = memory[mode]  # memory.Peaks
+    for mode, m in ((AUTOREGRESSIVE, memory.autoregressive), (SPECULATIVE, memory.speculative)):
         kv = ", ".join(f"{model} {size(b)}" for model, b in m.kv_cache_bytes.items())
         rows.append([mode, size(m.rss_loaded_bytes), size(m.peak_rss_generating_bytes), size(m.peak_rss_process_bytes),
                      size(m.peak_anon_process_bytes), size(m.private_bytes), kv])
     return (
-        f"## 5. Memory\n\nEach mode in a fresh process (the autoregressive one loads no draft), {memory['max_new_tokens']} "
+        f"## 5. Memory\n\nEach mode in a fresh process (the autoregressive one loads no draft), {memory.max_new_tokens} "
         "new tokens. Peak while generating is sampled every 5 ms; the process peak includes loading and compiling. "
         "RSS includes the memory-mapped IR weight files; \"anonymous\" (RssAnon, what the memory bound counts) and "
         "\"private\" (RSS minus file-backed pages, at the end) do not.\n\n"
@@ -307,7 +301,7 @@ def breakdown_section(sections: dict, plots: dict, runs: list[Run]) -> str:
     """§6: where the time of the paper section's longest runs goes."""
     if not (paper := sections.get("paper")) or not (at := stats.section(runs, "paper")):
         return ""
-    shares = paper["time_shares"]
+    shares = paper.time_shares
     rows = [[name, percent(shares[SPECULATIVE][name]), percent(shares[AUTOREGRESSIVE][name])] for name in COMPONENTS]
     spec = stats.speculative_figures(stats.lane_runs(at.runs, at.lane(OURS_SPEC)))
     step_s = stats.step_seconds(stats.lane_runs(at.runs, at.lane(OURS_AR)))
@@ -323,13 +317,13 @@ def breakdown_section(sections: dict, plots: dict, runs: list[Run]) -> str:
 
 
 def method_section(results: dict) -> str:
-    b = results["bench"]
+    b = results["bench"]  # BenchSettings
     return (
         "## Method\n\n"
-        f"* Instructions: the first {b['instructions']} code instructions of `specdemo/bench/settings.py` (transformers: the "
-        f"first {b['transformers_instructions']}; prompt lookup: {b['lookup_instructions']} edit instructions), "
-        f"{b['repeats']} pass(es), greedy decoding, our chat template applied once and the same token ids given to every lane.\n"
-        f"* Warm-up: every lane generates {b['warmup_tokens']} tokens before anything is timed.\n"
+        f"* Instructions: the first {b.instructions} code instructions of `specdemo/bench/settings.py` (transformers: the "
+        f"first {b.transformers_instructions}; prompt lookup: {b.lookup_instructions} edit instructions), "
+        f"{b.repeats} pass(es), greedy decoding, our chat template applied once and the same token ids given to every lane.\n"
+        f"* Warm-up: every lane generates {b.warmup_tokens} tokens before anything is timed.\n"
         "* Interleaving: for each instruction all lanes of a section run back to back, so the shared machine's load "
         "affects them alike; ratios are computed per instruction, then summarised as median (min–max).\n"
         "* Times are wall-clock seconds of the whole generate call, prompt ids in hand to the last token, split at the first "
@@ -337,10 +331,3 @@ def method_section(results: dict) -> str:
         "lane divide wall time per token, ratios across frameworks decode rates.\n"
         "* α̂, c and the time breakdown come from the loops' per-round records (`specdemo/decoding/events.py`), derived by `specdemo/results/metrics.py`."
     )
-
-
-def watching_section(sections: dict, plots: dict, runs: list[Run]) -> str:
-    """What watching costs (watching.py): step times and the speedup shown, by where the run was made."""
-    if not (section := sections.get("watching")):
-        return ""
-    return "## 8. What watching costs\n\n" + watching.report(section, runs).split("\n", 2)[2]

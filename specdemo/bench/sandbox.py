@@ -48,10 +48,11 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from specdemo import strict_json
+from specdemo.bench.sandbox_init import Plan
 
 TIME_LIMIT_S = 10.0  # wall clock per program; HumanEval's own harness allows 3 s, tests here include slow reference code
 MEMORY_LIMIT_BYTES = 1 << 30  # address space of each process, and memory of the whole program
@@ -142,13 +143,13 @@ def _contain(source: str, time_limit_s: float, memory_bytes: int) -> Verdict:
     return Verdict(False, _reason(status, stderr), seconds)
 
 
-def _sandbox(plan: dict, time_limit_s: float) -> tuple[list[str], str, float]:
+def _sandbox(plan: Plan, time_limit_s: float) -> tuple[list[str], str, float]:
     """Run the namespace's first process on `plan`: the words of its ending line (["timeout"] when the bench had to
     kill it), the tail of the program's stderr, and the seconds it all took."""
-    outer = plan["outer"]
+    outer = plan.outer
     with open(os.path.join(outer, "ending"), "w+b") as ending, open(os.path.join(outer, "stderr"), "w+b") as stderr:
         start = time.perf_counter()
-        init = subprocess.Popen([*_namespaces(), sys.executable, "-I", "-S", _INIT, strict_json.dumps(plan)],
+        init = subprocess.Popen([*_namespaces(), sys.executable, "-I", "-S", _INIT, strict_json.dumps(asdict(plan))],
                                 stdin=subprocess.DEVNULL, stdout=ending, stderr=stderr, env=_ENV,
                                 start_new_session=True)
         try:
@@ -187,8 +188,8 @@ def _namespaces() -> list[str]:
     return [_tool("unshare"), *user, "--mount", "--pid", "--net", "--ipc", "--uts", "--fork", "--kill-child", "--"]
 
 
-def _plan(outer: str, time_limit_s: float, memory_bytes: int, cgroup: dict[str, str]) -> dict:
-    """What sandbox_init.py builds and runs (its fields are read there)."""
+def _plan(outer: str, time_limit_s: float, memory_bytes: int, cgroup: dict[str, str]) -> Plan:
+    """What sandbox_init.py builds and runs."""
     python = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
     shown = [path for path in _SHOWN if os.path.lexists(path)]
     for folder in (os.path.realpath(sys.base_prefix), os.path.dirname(python)):
@@ -198,14 +199,12 @@ def _plan(outer: str, time_limit_s: float, memory_bytes: int, cgroup: dict[str, 
               "RLIMIT_CORE": 0}
     if not cgroup:  # the fallback: it counts every process of the program's user, so it bounds the tree
         limits["RLIMIT_NPROC"] = PROCESS_LIMIT
-    return {"outer": outer, "show": shown, "owner": NOBODY if os.geteuid() == 0 else 0,
-            "scratch_bytes": SCRATCH_BYTES, "scratch_files": SCRATCH_FILES, "env": _ENV,
-            "command": [*_identity(), python, "-I"], "time_limit_s": time_limit_s, "limits": limits,
-            "cgroup": _cgroup_plan(cgroup), "tree": {"processes": PROCESS_LIMIT, "memory_bytes": memory_bytes}}
+    return Plan(outer, shown, NOBODY if os.geteuid() == 0 else 0, SCRATCH_BYTES, SCRATCH_FILES, _ENV,
+                [*_identity(), python, "-I"], time_limit_s, limits, _cgroup_plan(cgroup), PROCESS_LIMIT, memory_bytes)
 
 
 def _cgroup_plan(cgroup: dict[str, str]) -> dict | None:
-    """The plan's "cgroup": the cgroup.procs the program joins, and per bound the file and key counting its hits."""
+    """Plan.cgroup: the cgroup.procs the program joins, and per bound the file and key counting its hits."""
     if not cgroup:
         return None
     return {"procs": [os.path.join(path, "cgroup.procs") for path in cgroup.values()],

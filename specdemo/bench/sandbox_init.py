@@ -16,7 +16,7 @@ program can read, and this process's memory and descriptors are closed to it; bu
 its own interpreter (RUNNER's frame) could forge it, as such code could rewrite the tests it runs. The mark tells an
 early exit from a finished run; it does not make hostile code grade itself honestly.
 
-Run as `python -I -S sandbox_init.py <plan>`, the plan being JSON (fields below, filled in by sandbox.py). Writes one
+Run as `python -I -S sandbox_init.py <plan>`, the plan being a Plan as JSON (filled in by sandbox.py). Writes one
 line to its standard output: "finished" (exit status 0 after the last line), "exit <status>", "signal <number>",
 "timeout", "limit process" or "limit memory". A failure to build the root is a traceback on its standard error and
 nothing on its standard output.
@@ -30,6 +30,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
 # mount(2) flags, from linux/mount.h
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 8, 32, 4096, 16384
@@ -41,6 +42,26 @@ RUNNER = ("import os, runpy\n"
           "    runpy.run_path('/tmp/program.py', run_name='__main__')\n"
           f"    os.write({FINISHED_FD}, mark)\n"
           "finish(os.read(0, 64))\n")
+
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to build and run, and the bounds to watch."""
+
+    outer: str  # the bench's folder for this program: program.py, and the empty folder the root is mounted on
+    show: list[str]  # host folders shown read-only at the same place (show)
+    owner: int  # the user and group owning the scratch /tmp
+    scratch_bytes: int  # the scratch /tmp's size
+    scratch_files: int  # and how many files it holds
+    env: dict[str, str]  # the program's whole environment
+    command: list[str]  # the program's interpreter, under its identity (setpriv ...)
+    time_limit_s: float  # wall clock
+    limits: dict[str, int]  # hard resource limits of the program's processes, by their resource.RLIMIT_* names
+    cgroup: dict | None  # the cgroup.procs the program joins and per bound its counter (open_cgroup); None: none
+    processes: int  # the bound on tasks over the whole tree, where no cgroup counts them
+    memory_bytes: int  # likewise on its memory
+
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
@@ -70,12 +91,12 @@ def show(root: str, path: str) -> None:
     mount(None, inside, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | noexec)
 
 
-def build_root(plan: dict) -> None:
+def build_root(plan: Plan) -> None:
     """A tmpfs root holding the shown host folders read-only, a few devices, this namespace's /proc and a writable
     scratch /tmp with the program in it; then this process moves into it (chroot, cwd /tmp)."""
-    root = os.path.join(plan["outer"], "root")  # an empty folder of the bench's; the mounts exist only in here
+    root = os.path.join(plan.outer, "root")  # an empty folder of the bench's; the mounts exist only in here
     mount("specdemo-root", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
-    for path in plan["show"]:
+    for path in plan.show:
         show(root, path)
     os.mkdir(root + "/dev")
     for name in DEVICES:
@@ -84,10 +105,10 @@ def build_root(plan: dict) -> None:
     os.mkdir(root + "/proc")
     mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)  # PID 1's namespace: the program's own
     os.mkdir(root + "/tmp")
-    owner = plan["owner"]
+    owner = plan.owner
     mount("specdemo-scratch", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
-          f"mode=0700,uid={owner},gid={owner},size={plan['scratch_bytes']},nr_inodes={plan['scratch_files']}")
-    with open(os.path.join(plan["outer"], "program.py"), "rb") as source, open(root + "/tmp/program.py", "wb") as copy:
+          f"mode=0700,uid={owner},gid={owner},size={plan.scratch_bytes},nr_inodes={plan.scratch_files}")
+    with open(os.path.join(plan.outer, "program.py"), "rb") as source, open(root + "/tmp/program.py", "wb") as copy:
         copy.write(source.read())
     mount(None, root, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
     os.chroot(root)
@@ -142,16 +163,16 @@ def proportional_bytes(pid: str, resident: int) -> int:
     return resident
 
 
-def bound_hit(plan: dict, cgroup: dict | None) -> str | None:
+def bound_hit(plan: Plan, cgroup: dict | None) -> str | None:
     """Which bound over the program's whole tree it has hit so far, if any: "process" or "memory". With a cgroup, its
     kernel counters (forks refused at pids.max, OOM kills at the memory limit); without, the tree counted in /proc:
     resident bytes first, cheap and never less than Pss, then Pss, which walks page tables, only when they are over."""
     if cgroup is not None:
         return next((bound for bound, (fd, key) in cgroup["counters"].items() if count(fd, key) > 0), None)
     tasks, resident = tree_usage()
-    if tasks >= plan["tree"]["processes"]:  # RLIMIT_NPROC refuses the next fork
+    if tasks >= plan.processes:  # RLIMIT_NPROC refuses the next fork
         return "process"
-    limit = plan["tree"]["memory_bytes"]
+    limit = plan.memory_bytes
     over = sum(resident.values()) > limit and sum(proportional_bytes(*item) for item in resident.items()) > limit
     return "memory" if over else None
 
@@ -166,7 +187,7 @@ def open_finish_line() -> int:
     return FINISHED_FD
 
 
-def run(plan: dict, cgroup: dict | None, finished: int) -> str:
+def run(plan: Plan, cgroup: dict | None, finished: int) -> str:
     """Run the program (setpriv, then the interpreter under RUNNER) and watch it until it ends, its tree hits a bound
     or its time runs out; how it ended."""
     mark = os.urandom(16).hex().encode()
@@ -177,25 +198,25 @@ def run(plan: dict, cgroup: dict | None, finished: int) -> str:
     def confine() -> None:  # in the child, before exec: into the cgroup ("0" is the writer), then hard limits
         for fd in cgroup["procs"] if cgroup else []:
             os.write(fd, b"0")
-        for name, value in plan["limits"].items():
+        for name, value in plan.limits.items():
             resource.setrlimit(getattr(resource, name), (value, value))
 
-    program = subprocess.Popen([*plan["command"], "-c", RUNNER], cwd="/tmp", env=plan["env"], stdin=mark_out,
+    program = subprocess.Popen([*plan.command, "-c", RUNNER], cwd="/tmp", env=plan.env, stdin=mark_out,
                                stdout=subprocess.DEVNULL, pass_fds=(finished,), preexec_fn=confine)
     os.close(mark_out)
     stopped = watch(program, plan, cgroup)
     if stopped:
         return stopped
     status = program.returncode
-    if status == 0 and mark in os.pread(finished, plan["limits"]["RLIMIT_FSIZE"], 0):
+    if status == 0 and mark in os.pread(finished, plan.limits["RLIMIT_FSIZE"], 0):
         return "finished"
     return f"signal {-status}" if status < 0 else f"exit {status}"
 
 
-def watch(program: subprocess.Popen, plan: dict, cgroup: dict | None) -> str | None:
+def watch(program: subprocess.Popen, plan: Plan, cgroup: dict | None) -> str | None:
     """Wait for the program, looking at the bounds over its tree every POLL_S: "limit <bound>" or "timeout" when it
     was stopped, None when it ended within them."""
-    deadline = time.monotonic() + plan["time_limit_s"]
+    deadline = time.monotonic() + plan.time_limit_s
     while True:
         ended = program.poll() is not None
         bound = bound_hit(plan, cgroup)  # after the poll: a bound hit as the program ended still counts
@@ -211,8 +232,8 @@ def watch(program: subprocess.Popen, plan: dict, cgroup: dict | None) -> str | N
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # Python's own handler would make PID 1 signalable from inside
     finished = open_finish_line()
-    plan = json.loads(sys.argv[1])
-    cgroup = open_cgroup(plan["cgroup"])
+    plan = Plan(**json.loads(sys.argv[1]))
+    cgroup = open_cgroup(plan.cgroup)
     build_root(plan)
     ending = run(plan, cgroup, finished)
     sys.stdout.write(ending + "\n")

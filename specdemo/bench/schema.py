@@ -9,45 +9,19 @@ Top level:
     tune (Profile.tune_record(): file, trials [the last tune's Trial dicts], draft_plan {precision, head_tokens, options,
     planned_at} or null; {} when the machine was not tuned).
 
-A lane's fields (Lane.fields() in harness.py), wherever a lane is described:
-    framework  "specdemo" | "genai" | "transformers" | "llamacpp"
-    kind       "autoregressive" | "speculative"
-    baseline   label of the autoregressive lane a speculative lane's speedup is over (null otherwise)
-    reference  label of the lane whose token ids it should reproduce (null: the section's first lane)
-    k          draft tokens per round (null when autoregressive or auto K); k_policy "fixed" | "adaptive" | "auto"
-    drafter    "model" | "prompt-lookup" (null when autoregressive); models  what it runs, with precisions
+The table's rows (table.row) carry each run's lane by its label and fields (table.Lane), its section, its setting
+(the section's pass: "", or GENAI_DEFAULTS) and its times; a section's lanes, their times, speedups and ratios of decode
+rates are queries over its rows (stats.section), a spread a stats.Spread.
 
-A spread is stats.Spread: {median, min, max, mean, std, n}. The table's rows (table.row) carry each run's lane by its
-label and fields, its section, its setting (the section's pass: "", or GENAI_DEFAULTS) and its times; a section's
-lanes, their times, speedups and ratios of decode rates are queries over its rows (stats.section).
-
-Every section has seconds and load_average_end, and:
-    paper         k, k_label, k_policy (its rule), genai_compile (target / draft: GenAI's compile properties; differs:
-                  where they are not ours), genai_target, genai_draft (the precision GenAI's model ran at where ours ran
-                  specdemo's kernels, else null), time_shares {kind: {component: share}} (our lanes at the longest N)
-    transformers  k, max_new_tokens, dtype (its lanes, their times and ratios: the table's rows); or skipped
-    fidelity      examples, candidates [results.fidelity.Fidelity's fields]; or skipped
-    nodes         tokens_per_call [1, K + 1], gguf_read_bytes (per token, or null without a GGUF), targets
-                  [nodes.TargetNodes: its fields, a group a NodeGroup's and its gb_per_s]
-    llamacpp      k, k_label, max_new_tokens, threads, version, system_info (llama.cpp's CPU features), kernels_isa
-                  (our kernels' path where a lane ran gguf-native, else null), weights {role: precision}, text_agreement
-                  [{instruction, same_tokens, of}] (its lanes, llama-bench's and llama-speculative-simple's rows too: the
-                  table); or skipped (a sentence: llama_cpp not installed, or models that are no GGUF)
-    k, vocab, lookup, precision, kv
-                  max_new_tokens, rows (precision, kv: k, k_label; lookup: k): a row per speculative lane, its label
-                  and what the table does not hold of it: k (stats.counterfactual_figures), vocab (head_tokens,
-                  rows_kept, draft_step_costed_s), precision (target, draft, draft_bytes), kv (kv_cache_precision).
-                  Each lane's figures are the table's (stats.sweep_rows)
-    watching      instruction, max_new_tokens, repeats, idle_s, browser_cpu [{idle_s, run_s, run_wall_s}] (its runs: the
-                  table's, their setting the mode that ran them: "CLI", "page API", "page in Chromium")
-    gating        max_new_tokens, curves {name: CostModel}, rows [gating.Row's fields] (opt-in)
-    humaneval     humaneval.HumanEval's fields (each lane by its label and fields: HumanEval.to_json); or skipped
-    memory        max_new_tokens, autoregressive and speculative: memory.Peaks's fields (bytes, and tokens)
-
-A target: id, target (a sentence), where, goal, sense ("≤" | "≥"), unit ("ratio" | "share"), measured, met, gap.
+Every section's figures are a Figures, written as their fields: the dataclasses below, and memory.Memory,
+watching.Watching, kernels.Kernels, gating.Gating, humaneval.HumanEval; Skipped where the section could not run. A
+target is a targets.Target.
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
 
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 
@@ -59,3 +33,138 @@ GENAI_SPEC = ("genai", SPECULATIVE)
 HF_SPEC = ("transformers", SPECULATIVE)
 GENAI_DEFAULTS = "GenAI's defaults"  # Run.setting of the paper's pass with GenAI on its own compile defaults
 
+
+@dataclass(frozen=True, kw_only=True)
+class Figures:
+    """What a section keeps of its run that the table does not hold (each section's own fields), and its timing."""
+
+    seconds: float = math.nan  # the section's own time, stamped by bench.run
+    load_average_end: list[float] | None = None  # the 1, 5, 15 minute load after it, stamped by bench.run
+
+
+@dataclass(frozen=True)
+class Skipped(Figures):
+    """A section that could not run here."""
+
+    skipped: str  # why, in a sentence: "llama.cpp: skipped (pip install -r requirements-llamacpp.txt)"
+
+
+@dataclass(frozen=True)
+class GenAICompile:
+    """What GenAI's peers were compiled with."""
+
+    target: dict  # the target's compile properties (ours, fitted to what GenAI accepts), CACHE_DIR left out
+    draft: dict  # the draft's, likewise
+    differs: str  # in words, where they differ from ours ("" where they do not)
+
+
+@dataclass(frozen=True)
+class Paper(Figures):
+    """The paper's experiment; its lanes' times, speedups and ratios are the table's."""
+
+    k: int  # the K of fixed-K lanes and GenAI's (Context.k)
+    k_label: str  # how our lanes chose K (Context.k_label)
+    k_policy: str  # its rule: "fixed", "adaptive" or "auto"
+    genai_compile: GenAICompile
+    genai_target: str | None  # the precision GenAI's target ran at where ours ran specdemo's kernels, else None
+    genai_draft: str | None  # likewise for the draft
+    # kind -> stats.COMPONENTS -> share of wall time, our lanes at the longest N
+    time_shares: dict[str, dict[str, float]]
+
+
+@dataclass(frozen=True)
+class Transformers(Figures):
+    """transformers beside ours; its lanes, their times and ratios are the table's."""
+
+    k: int  # assistant tokens per round
+    max_new_tokens: int
+    dtype: str  # "float32"
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """How far our greedy text follows llama.cpp's on one instruction (the first pass)."""
+
+    instruction: int
+    same_tokens: int  # tokens both wrote before they part
+    of: int  # the shorter answer's tokens: same_tokens equals it where they never part
+
+
+@dataclass(frozen=True)
+class LlamaCpp(Figures):
+    """llama.cpp on the GGUF files; its lanes, llama-bench's and llama-speculative-simple's rows are the table's."""
+
+    k: int
+    k_label: str
+    max_new_tokens: int
+    threads: int  # llama.cpp's
+    version: str  # llama-cpp-python's
+    system_info: str  # llama.cpp's CPU features
+    kernels_isa: str | None  # our kernels' path where a lane ran gguf-native, else None
+    weights: dict[str, str]  # our lanes' precision by role: "target", "draft"
+    text_agreement: list[Agreement]
+
+
+@dataclass(frozen=True)
+class FidelitySection(Figures):
+    """Each target precision against the GGUF it came from."""
+
+    examples: int  # built-in answers teacher forced
+    candidates: list  # results.fidelity.Fidelity, one per precision
+
+
+@dataclass(frozen=True)
+class Nodes(Figures):
+    """Where a target call's time goes (nodes.py)."""
+
+    tokens_per_call: list[int]  # [1, K + 1]: a decode step and a verify call
+    gguf_read_bytes: int | None  # weights the GGUF's matmuls read per token; None without a GGUF
+    targets: list  # nodes.TargetNodes, one per target precision
+
+
+@dataclass(frozen=True)
+class Row:
+    """What a sweep keeps of one of its speculative lanes that the table does not hold: its label (the lanes' own
+    figures are the table's: stats.sweep_rows)."""
+
+    label: str
+
+
+@dataclass(frozen=True)
+class Head(Row):
+    """A draft LM head of the vocab sweep."""
+
+    head_tokens: int  # asked (0: the full head)
+    rows_kept: int  # rows the trimmed head holds
+    draft_step_costed_s: float  # the draft step its warm-up measured (nan: not measured)
+
+
+@dataclass(frozen=True)
+class Pair(Row):
+    """A (target, draft) pair of the precision sweep."""
+
+    target: str  # precision
+    draft: str
+    draft_bytes: int  # the draft's size on disk
+
+
+@dataclass(frozen=True)
+class KvCache(Row):
+    """A KV cache precision of the kv sweep."""
+
+    kv_cache_precision: str  # as the target's runtime reports it, "(default)" where none was asked
+
+
+@dataclass(frozen=True)
+class Sweep(Figures):
+    """A sweep section (k, vocab, lookup, precision, kv)."""
+
+    max_new_tokens: int
+    rows: list[Row]  # one per speculative lane the sweep reports (k: stats.Counterfactual)
+    k: int | None = None  # the fixed K of its lanes, where it has one (precision, kv, lookup)
+    k_label: str = ""  # how its lanes chose K (precision, kv); "": say "K = k"
+    counterfactuals: list[dict] = field(default_factory=list)  # k: each answer's walk (Counterfactual.to_dict)
+
+    def facts(self) -> dict[str, Row]:
+        """Its rows by their lanes' labels."""
+        return {row.label: row for row in self.rows}

@@ -1,20 +1,22 @@
 """The sections that put us beside others: the paper's experiment (with OpenVINO GenAI in the same
-loop), transformers and llama.cpp; the GGUF's fidelity, where a target call's time goes, what watching costs. The
-sweeps are in sweeps.py, the memory probe in memory.py, HumanEval in humaneval.py; settings.REGISTRY names each
-section's runner. Each returns the dict the report reads (keys: schema.py)."""
+loop), transformers and llama.cpp; the GGUF's fidelity, where a target call's time goes. The sweeps are in sweeps.py,
+the memory probe in memory.py, what watching costs in watching.py, HumanEval in humaneval.py; settings.REGISTRY names
+each section's runner. Each returns the figures the report reads (schema.Figures)."""
 
 from __future__ import annotations
 
 from specdemo.bench import stats
-from specdemo.bench.harness import Context, Lane, Run, genai_compile, log_progress, measure, our_lane, peer_lane
-from specdemo.bench.schema import GENAI_DEFAULTS
+from specdemo.bench.harness import Context, genai_compile, log_progress, measure, our_lane, peer_lane
+from specdemo.bench.schema import GENAI_DEFAULTS, Agreement, FidelitySection, LlamaCpp, Nodes, Paper, Skipped
+from specdemo.bench.schema import Transformers
+from specdemo.bench.table import Lane, Run
 from specdemo.decoding.drafters import with_counterpart
 from specdemo.models import kernels, sources
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results.parting import first_difference
 
 
-def run_paper(ctx: Context) -> dict:
+def run_paper(ctx: Context) -> Paper:
     """Autoregressive vs speculative at the paper's N, with GenAI's pipelines in the same loop (their times, speedups and
     ratios: the table's rows, the report's queries); where our loops' time goes at the longest N, from their rounds,
     which the table does not keep.
@@ -30,14 +32,13 @@ def run_paper(ctx: Context) -> dict:
     for n in sorted(ctx.bench.paper_tokens):  # the longest last: its runs' rounds give the time shares
         ctx.log(f"paper: N={n}, K={k}, {len(lanes)} lanes")
         runs = ctx.keep(measure(lanes, instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log))
-    peers = {"target": (ctx.genai_target().settings, ctx.engine.target.settings),
-             "draft": (ctx.genai_draft().settings, ctx.engine.draft.settings)}  # (GenAI's, ours)
-    figures = {"k": k, "k_label": ctx.k_label(peers=True), "k_policy": generation.k_policy.rule,
-               "genai_compile": genai_compile(ctx.genai_target(), ctx.genai_draft()),
-               # GenAI's model where it is not ours (ours on specdemo's kernels), else None
-               **{f"genai_{role}": None if theirs.precision == mine.precision else theirs.precision
-                  for role, (theirs, mine) in peers.items()},
-               "time_shares": {lane.kind: stats.time_shares(stats.lane_runs(runs, lane)) for lane in ours}}
+    peers = [(ctx.genai_target().settings, ctx.engine.target.settings),
+             (ctx.genai_draft().settings, ctx.engine.draft.settings)]  # (GenAI's, ours): the target, the draft
+    # GenAI's model where it is not ours (ours on specdemo's kernels), else None
+    theirs = [None if genai.precision == mine.precision else genai.precision for genai, mine in peers]
+    shares = {lane.kind: stats.time_shares(stats.lane_runs(runs, lane)) for lane in ours}
+    figures = Paper(k, ctx.k_label(peers=True), generation.k_policy.rule,
+                    genai_compile(ctx.genai_target(), ctx.genai_draft()), *theirs, shares)
     if ctx.bench.genai_defaults_instructions:
         n = max(ctx.bench.paper_tokens)
         # Let the pipelines above go before two more copies of the target load: the runs hold their lanes, the lanes
@@ -52,7 +53,7 @@ def run_paper(ctx: Context) -> dict:
     return figures
 
 
-def run_transformers(ctx: Context) -> dict:
+def run_transformers(ctx: Context) -> Transformers | Skipped:
     """transformers generate() and assisted generation beside ours, same prompts, same K."""
     from specdemo.bench import peers
     from specdemo.learning.disk import size
@@ -65,7 +66,7 @@ def run_transformers(ctx: Context) -> dict:
     target_hf = peers.hf_weights(ctx.settings.target.source, log_progress(ctx.log, "dequantizing target"))
     draft_hf = peers.hf_weights(ctx.settings.draft.source, log_progress(ctx.log, "dequantizing draft"))
     if target_hf is None or draft_hf is None:
-        return {"skipped": "transformers needs the Hugging Face weights: use preset models or local Hugging Face folders"}
+        return Skipped("transformers needs the Hugging Face weights: use preset models or local Hugging Face folders")
     ctx.log(f"loading transformers models (float32) from {target_hf.parent}, in a process of their own")
     pair = peers.PeerProcess(peers.TransformersPair, target_hf, draft_hf)
     generation, k, n = ctx.generation, ctx.k, min(ctx.bench.transformers_tokens, ctx.generation.max_new_tokens)
@@ -80,10 +81,10 @@ def run_transformers(ctx: Context) -> dict:
     ctx.log(f"transformers: N={n}, K={k}, {len(instructions)} instructions")
     ctx.keep(measure(lanes, instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log))  # the report reads the table
     pair.close()
-    return {"k": k, "max_new_tokens": n, "dtype": "float32"}
+    return Transformers(k, n, "float32")
 
 
-def run_llamacpp(ctx: Context) -> dict:
+def run_llamacpp(ctx: Context) -> LlamaCpp | Skipped:
     """llama.cpp (llama-cpp-python) on the GGUF files our IRs are converted from: autoregressive, prompt lookup and
     draft model at the same K, beside our autoregressive and speculative loops; skipped in one line without it."""
     from specdemo.bench import llamacpp, peers
@@ -91,10 +92,10 @@ def run_llamacpp(ctx: Context) -> dict:
     skipped = llamacpp.missing()
     if skipped:
         ctx.log(skipped)
-        return {"skipped": skipped}
+        return Skipped(skipped)
     target = llamacpp.gguf_path(ctx.settings.target.source, log_progress(ctx.log, "target GGUF"))
     if target is None:
-        return {"skipped": "llama.cpp: skipped (it runs GGUF files: use a preset target or a local .gguf file)"}
+        return Skipped("llama.cpp: skipped (it runs GGUF files: use a preset target or a local .gguf file)")
     draft = llamacpp.gguf_path(ctx.settings.draft.source, log_progress(ctx.log, "draft GGUF"))
     peer = peers.PeerProcess(llamacpp.LlamaCppPeer, target, draft, about=("threads", "version", "system_info"))
     generation, k, eos_ids = ctx.generation, ctx.k, ctx.engine.eos_ids
@@ -121,9 +122,8 @@ def run_llamacpp(ctx: Context) -> dict:
     weights = {"target": ctx.engine.target.settings.precision, "draft": ctx.engine.draft.settings.precision}
     # which of our kernels' paths ran (SPECDEMO_KERNEL_ISA may hold one below the CPU's widest), beside llama.cpp's
     ours_isa = kernels.isa() if kernels.NATIVE in weights.values() and kernels.unavailable() is None else None
-    return {"k": k, "k_label": ctx.k_label(), "max_new_tokens": n, "threads": peer.threads, "version": peer.version,
-            "system_info": peer.system_info, "kernels_isa": ours_isa, "weights": weights,
-            "text_agreement": text_agreement(runs, ours_ar, cpp_ar)}  # the lanes' figures: the report's, from the table
+    return LlamaCpp(k, ctx.k_label(), n, peer.threads, peer.version, peer.system_info, ours_isa, weights,
+                    text_agreement(runs, ours_ar, cpp_ar))  # the lanes' figures: the report's, from the table
 
 
 def tool_runs(ctx: Context, target, draft, prompts: list[list[int]], n: int, threads: int, cpp_ar: Lane) -> list[Run]:
@@ -154,18 +154,16 @@ def tool_runs(ctx: Context, target, draft, prompts: list[list[int]], n: int, thr
     return runs
 
 
-def text_agreement(runs: list[Run], ours: Lane, theirs: Lane) -> list[dict]:
+def text_agreement(runs: list[Run], ours: Lane, theirs: Lane) -> list[Agreement]:
     """Per instruction (first pass), how far our greedy text follows llama.cpp's: the tokens both wrote before they
     part, of how many (equal when they never part)."""
-    out = []
-    mine, peer = ({r.instruction: r for r in stats.lane_runs(runs, lane) if r.repeat == 0} for lane in (ours, theirs))
-    for i in sorted(mine.keys() & peer.keys()):
-        a, b = mine[i].ids, peer[i].ids
-        out.append({"instruction": i, "same_tokens": first_difference(a, b), "of": min(len(a), len(b))})
-    return out
+    mine, peer = ({r.instruction: r.ids for r in stats.lane_runs(runs, lane) if r.repeat == 0}
+                  for lane in (ours, theirs))
+    return [Agreement(i, first_difference(mine[i], peer[i]), min(len(mine[i]), len(peer[i])))
+            for i in sorted(mine.keys() & peer.keys())]
 
 
-def run_fidelity(ctx: Context) -> dict:
+def run_fidelity(ctx: Context) -> FidelitySection | Skipped:
     """Each target precision, under the compile settings it runs with here, against the GGUF it came from
     (specdemo/results/fidelity.py): top-1 agreement and mean |logit error| on the built-in answers."""
     import gc
@@ -180,7 +178,7 @@ def run_fidelity(ctx: Context) -> dict:
     from specdemo.learning.race import PIECE
 
     if llamacpp.gguf_path(ctx.settings.target.source) is None:
-        return {"skipped": "fidelity: skipped (its reference is the target's GGUF: use a preset or a local .gguf file)"}
+        return Skipped("fidelity: skipped (its reference is the target's GGUF: use a preset or a local .gguf file)")
     examples = [encode_example(ctx.engine.tokenizer, e) for e in builtin.code_answers()]
     ctx.log("fidelity: the reference (the GGUF's own blocks, f32, no dynamic quantization)")
     reference = tune.compile_model(fidelity.reference_settings(ctx.settings.target))
@@ -199,10 +197,10 @@ def run_fidelity(ctx: Context) -> dict:
         gc.collect()
         rows.append(fidelity.Fidelity(settings.precision, describe_compile(settings), positions, agreement, error))
         ctx.log(f"fidelity: {settings.precision}: {agreement:.1%} of the GGUF's greedy choices, mean |logit error| {error:.3f}")
-    return {"examples": len(examples), "candidates": rows}
+    return FidelitySection(len(examples), rows)
 
 
-def run_nodes(ctx: Context) -> dict:
+def run_nodes(ctx: Context) -> Nodes:
     """Where a target call's time goes (nodes.py): each target precision compiled as it runs here, with the plugin's
     per-node counters, one token a call and K + 1 (a verify call), against the bytes of weights each group reads."""
     from specdemo.bench import llamacpp, nodes
@@ -214,15 +212,4 @@ def run_nodes(ctx: Context) -> dict:
         ctx.log(f"nodes: the target at {settings.precision}")
         targets.append(nodes.profile_target(settings, prompt, tokens, ctx.log))
     path = llamacpp.gguf_path(ctx.settings.target.source)
-    return {"tokens_per_call": list(tokens), "gguf_read_bytes": nodes.gguf_read_bytes(path) if path else None,
-            "targets": targets}
-
-
-def run_watching(ctx: Context) -> dict:
-    """What a browser watching the page costs the lanes: the same instruction by the CLI, the page's API and the page in
-    Chromium on this machine, back to back (watching.py)."""
-    from specdemo.bench import watching
-
-    return watching.run_watching(ctx.code_instructions(3)[2], ctx.sweep_tokens, ctx.bench.watching_repeats, ctx.log,
-                                 ctx.keep)
-
+    return Nodes(list(tokens), nodes.gguf_read_bytes(path) if path else None, targets)

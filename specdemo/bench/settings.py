@@ -61,7 +61,7 @@ class Section:
     plots call it. So a new section is one module holding the three, and one line here."""
 
     name: str  # for --only and as its key in benchmarks.json
-    run: str  # its runner: Context -> the dict the report and the plots read (keys: schema.py)
+    run: str  # its runner: Context -> the figures the report and the plots read (schema.Figures)
     # Its parts of the report: (the § they go in, (sections, plots, the table's runs) -> markdown, "" when there is
     # nothing to say), the parts of one § in the order their sections run. A part may read other sections (§2 sets ours
     # beside the peers).
@@ -98,7 +98,7 @@ REGISTRY = (  # in the order they run
     # both models at two other KV precisions, all interleaved; measured 4.0 GiB beside the pair, where this asks 4.2
     Section("kv", ".sweeps:run_kv", ((3, ".report_tables:kv_section"),), copies=(2, 2)),
     Section("memory", ".memory:run_memory", ((5, ".report_tables:memory_section"),), copies=(1, 1)),
-    Section("watching", ".sections:run_watching", ((8, ".report_tables:watching_section"),)),
+    Section("watching", ".watching:run_watching", ((8, ".watching:watching_section"),)),
     Section("humaneval", ".humaneval:run_section", ((9, ".report_humaneval:humaneval_section"),),
             (".plots:draw_humaneval",), copies=(2, 1), opt_in=True),
     # gated rounds priced on synthetic compute-bound curves: the pair alone, no timing worth comparing across sections

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from specdemo.bench.harness import Lane, Run, find
+from specdemo.bench.schema import Row
+from specdemo.bench.table import Lane, Run
 from specdemo.names import SPECULATIVE
 from specdemo.results import metrics
 
@@ -61,7 +62,8 @@ class Pass:
     lanes: list[Lane]
 
     def lane(self, which: tuple[str, str]) -> Lane:
-        return find(self.lanes, *which)
+        """The first of its lanes of `which`: (framework, kind) (a section has one autoregressive lane per framework)."""
+        return next(lane for lane in self.lanes if (lane.framework, lane.kind) == which)
 
     def speedup(self, which: tuple[str, str]) -> Spread:
         return speedup(self.runs, self.lane(which))
@@ -240,7 +242,23 @@ def same_k(runs: list[Run], lane: Lane, framework: str = "genai") -> Lane | None
                 None)
 
 
-def counterfactual_figures(runs: list[Run], lane: Lane, would: dict) -> dict:
+@dataclass(frozen=True)
+class Counterfactual(Row):
+    """What the counterfactual said of a lane of the K sweep (counterfactual_figures): a fixed-K lane's first five
+    fields, any other lane's last four."""
+
+    counterfactual_speedup: Spread = Spread()  # its speedup at the lane's K, on the answers the lane wrote the same
+    counterfactual_error: Spread = Spread()  # (counterfactual − measured) / measured speedup
+    counterfactual_calls_off: int = 0  # the largest gap between the target calls it said and the run made
+    counterfactual_calls: list[int] = field(default_factory=list)  # that gap per answer
+    answers_differ: int = 0  # answers the lane wrote otherwise than its baseline, where the walk says nothing
+    oracle_speedup: Spread = Spread()  # the best K for every round
+    best_fixed_k: list[int] = field(default_factory=list)  # the best fixed K per answer
+    best_fixed_counterfactual: Spread = Spread()  # its speedup
+    over_best_fixed: Spread = Spread()  # the lane's measured speedup over the measured fixed-K lane at that K
+
+
+def counterfactual_figures(runs: list[Run], lane: Lane, would: dict) -> Counterfactual:
     """What the counterfactual (by (instruction, repeat), on the baseline's greedy answer) said of `lane`, beside what
     the lane measured on the same instructions.
 
@@ -274,11 +292,10 @@ def counterfactual_figures(runs: list[Run], lane: Lane, would: dict) -> dict:
         if partner is not None and partner.tokens:
             over_best.append(measured / (base.per_token_s / partner.per_token_s))
     if lane.k_policy == "fixed":
-        return {"counterfactual_speedup": spread(said), "counterfactual_error": spread(errors),
-                "counterfactual_calls_off": max((abs(c) for c in calls), default=0), "counterfactual_calls": calls,
-                "answers_differ": differ}
-    return {"oracle_speedup": spread(oracle), "best_fixed_k": best_k, "best_fixed_counterfactual": spread(best),
-            "over_best_fixed": spread(over_best)}
+        return Counterfactual(lane.label, spread(said), spread(errors), max((abs(c) for c in calls), default=0), calls,
+                              differ)
+    return Counterfactual(lane.label, oracle_speedup=spread(oracle), best_fixed_k=best_k,
+                          best_fixed_counterfactual=spread(best), over_best_fixed=spread(over_best))
 
 
 def _pad(row: list[int], n: int) -> list[int]:
@@ -291,8 +308,9 @@ def step_seconds(runs: list[Run]) -> float:
     return statistics.median(steps) if steps else math.nan
 
 
+PYTHON = "our Python"  # the share of wall time outside model calls and rollbacks (time_shares)
 # Where a speculative run's wall time goes, in the order the report lists it.
-COMPONENTS = (*metrics.TIME_PARTS, "our Python")
+COMPONENTS = (*metrics.TIME_PARTS, PYTHON)
 
 
 def time_shares(runs: list[Run]) -> dict[str, float]:
@@ -304,5 +322,5 @@ def time_shares(runs: list[Run]) -> dict[str, float]:
     for r in runs:
         for part, value in metrics.time_split(r.rounds).items():
             seconds[part] += value
-    seconds["our Python"] = wall - sum(seconds.values())
+    seconds[PYTHON] = wall - sum(seconds.values())
     return {name: value / wall if wall else 0.0 for name, value in seconds.items()}

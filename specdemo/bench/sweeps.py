@@ -1,6 +1,6 @@
 """The sweeps: one setting varied at a time (K, the draft's LM head, weight precision, KV cache
 precision, the drafter), each measured by `sweep` into the table, where each speculative lane is a row of the report's
-(stats.sweep_rows); a section keeps what the table does not hold of its lanes (its rows: label and the setting's facts)."""
+(stats.sweep_rows); a section keeps what the table does not hold of its lanes (its rows: schema.Row)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ from dataclasses import replace
 from typing import Callable
 
 from specdemo.bench import stats
-from specdemo.bench.harness import Context, Lane, Run, log_progress, measure, our_lane
+from specdemo.bench.harness import Context, log_progress, measure, our_lane
+from specdemo.bench.schema import Head, KvCache, Pair, Row, Sweep
 from specdemo.bench.settings import EDIT_INSTRUCTIONS
+from specdemo.bench.table import Lane, Run
 from specdemo.decoding.drafters import with_counterpart
 from specdemo.models.loading import load_model
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
@@ -19,26 +21,26 @@ from specdemo.run.engine import Engine
 from specdemo.settings import K_MAX, KPolicy
 
 
-def sweep(ctx: Context, what: str, lanes: list[Lane], extra: Callable[[Lane, list[Run]], dict] | None = None,
-          rows: list[Lane] | None = None, instructions: list[str] | None = None) -> dict:
+def sweep(ctx: Context, what: str, lanes: list[Lane], extra: Callable[[Lane, list[Run]], Row] | None = None,
+          rows: list[Lane] | None = None, instructions: list[str] | None = None) -> Sweep:
     """A sweep section: its N and sweep_rows' rows."""
-    return {"max_new_tokens": ctx.sweep_tokens, "rows": sweep_rows(ctx, what, lanes, extra, rows, instructions)}
+    return Sweep(ctx.sweep_tokens, sweep_rows(ctx, what, lanes, extra, rows, instructions))
 
 
-def sweep_rows(ctx: Context, what: str, lanes: list[Lane], extra: Callable[[Lane, list[Run]], dict] | None = None,
-               rows: list[Lane] | None = None, instructions: list[str] | None = None) -> list[dict]:
+def sweep_rows(ctx: Context, what: str, lanes: list[Lane], extra: Callable[[Lane, list[Run]], Row] | None = None,
+               rows: list[Lane] | None = None, instructions: list[str] | None = None) -> list[Row]:
     """Measure `lanes` at the sweep's N on `instructions` (default: the code instructions) into the table, then one row
-    per lane of `rows` (default: every speculative lane): its label and what `extra(lane, runs)` says of it that the
-    table does not hold."""
+    per lane of `rows` (default: every speculative lane): `extra(lane, runs)`, what it says of the lane that the table
+    does not hold, or the lane's label alone."""
     n = ctx.sweep_tokens
     instructions = instructions or ctx.code_instructions()
     ctx.log(f"{what}: N={n}, {len(lanes)} lanes, {len(instructions)} instructions")
     runs = ctx.keep(measure(lanes, instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log))
     rows = rows if rows is not None else [lane for lane in lanes if lane.kind == SPECULATIVE]
-    return [{"label": lane.label, **(extra(lane, runs) if extra else {})} for lane in rows]
+    return [extra(lane, runs) if extra else Row(lane.label) for lane in rows]
 
 
-def run_k(ctx: Context) -> dict:
+def run_k(ctx: Context) -> Sweep:
     """Fixed K = 1..8, adaptive and auto K against one autoregressive baseline; GenAI at a few K; and on every answer,
     what each K would have given (the counterfactual, greedy), beside what each lane measured."""
     generation = ctx.generation
@@ -59,15 +61,15 @@ def run_k(ctx: Context) -> dict:
 
     would: dict = {}  # (instruction, repeat) -> the counterfactual on the autoregressive lane's answer
 
-    def extra(lane: Lane, runs: list[Run]) -> dict:
+    def extra(lane: Lane, runs: list[Run]) -> stats.Counterfactual:
         """What the counterfactual said for this lane (it reads the runs' token ids, which the table does not keep)."""
         if not would:
             would.update(counterfactuals(ctx, runs, ar, observer=auto_lane))  # corrected by what auto K observed
         return stats.counterfactual_figures(runs, lane, would)
 
     section = sweep(ctx, f"K sweep, K in {list(ctx.bench.k_values)}, adaptive and auto", [ar, *ours, *genai], extra, rows=ours)
-    section["counterfactuals"] = [{"instruction": i, "repeat": r, **w.to_dict()} for (i, r), w in sorted(would.items())]
-    return section
+    return replace(section, counterfactuals=[{"instruction": i, "repeat": r, **w.to_dict()}
+                                             for (i, r), w in sorted(would.items())])
 
 
 def counterfactuals(ctx: Context, runs: list[Run], ar: Lane, observer: Lane | None = None) -> dict:
@@ -90,7 +92,7 @@ def counterfactuals(ctx: Context, runs: list[Run], ar: Lane, observer: Lane | No
     return out
 
 
-def run_vocab(ctx: Context) -> dict:
+def run_vocab(ctx: Context) -> Sweep:
     """The draft's LM head trimmed to its N most frequent tokens: draft step, α̂ and speedup for each N."""
     generation = replace(ctx.generation, k_policy=KPolicy.auto(K_MAX))
     ar = our_lane(AUTOREGRESSIVE, ctx.engine, AUTOREGRESSIVE, generation)
@@ -103,13 +105,13 @@ def run_vocab(ctx: Context) -> dict:
             engine = Engine(ctx.engine.target, load_model(replace(ctx.engine.draft.settings, head_tokens=n_head)))
             engine.warm_up(K_MAX, log=lambda m: ctx.log(f"  {label}: {m}"))
         lane = our_lane(label, engine, SPECULATIVE, generation, baseline=ar)
-        heads[lane] = {"head_tokens": n_head, "rows_kept": engine.draft.runtime.head_tokens,
-                       "draft_step_costed_s": engine.costs.d(1) if engine.costs else math.nan}
+        step_s = engine.costs.d(1) if engine.costs else math.nan
+        heads[lane] = Head(label, n_head, engine.draft.runtime.head_tokens, step_s)
         lanes.append(lane)
     return sweep(ctx, f"draft head sweep, auto K, heads {[lane.label for lane in heads]}", lanes, lambda lane, runs: heads[lane])
 
 
-def run_precision(ctx: Context) -> dict:
+def run_precision(ctx: Context) -> Sweep:
     """Every draft precision with every target precision; each speedup is over the same target alone, measured back to
     back with it. One target is held at a time beside the bench's pair, the drafts throughout: all four targets and
     three drafts held at once took 14 GiB of anonymous memory (2-core AMX Xeon), where the bench keeps within 8."""
@@ -118,11 +120,10 @@ def run_precision(ctx: Context) -> dict:
     for tp in ctx.bench.target_precisions:
         rows += _sweep_target(ctx, tp, drafts)  # its compile is let go on return, before the next one's
         gc.collect()
-    return {"max_new_tokens": ctx.sweep_tokens, "rows": rows, "k": ctx.generation.k_policy.k,
-            "k_label": ctx.k_label()}
+    return Sweep(ctx.sweep_tokens, rows, ctx.generation.k_policy.k, ctx.k_label())
 
 
-def _sweep_target(ctx: Context, precision: str, drafts: dict) -> list[dict]:
+def _sweep_target(ctx: Context, precision: str, drafts: dict) -> list[Pair]:
     """One target precision alone, then with each draft in `drafts` ({precision: LoadedModel}): sweep_rows'."""
     generation, target = ctx.generation, _target_at(ctx, precision)
     ar = our_lane(f"target {precision} autoregressive", Engine(target, None), AUTOREGRESSIVE, generation)
@@ -130,7 +131,7 @@ def _sweep_target(ctx: Context, precision: str, drafts: dict) -> list[dict]:
     for dp, draft in drafts.items():
         lane = our_lane(f"target {precision} + draft {dp}", Engine(target, draft), SPECULATIVE, generation, baseline=ar,
                         reference=ar)
-        pairs[lane] = {"target": precision, "draft": dp, "draft_bytes": draft.describe()["size_on_disk_bytes"]}
+        pairs[lane] = Pair(lane.label, precision, dp, draft.describe()["size_on_disk_bytes"])
         lanes.append(lane)
     return sweep_rows(ctx, f"precision sweep, target {precision}, {generation.k_policy.describe()}, {len(pairs)} pairs",
                  lanes, lambda lane, runs: pairs[lane])
@@ -154,7 +155,7 @@ def _drafts_by_precision(ctx: Context) -> dict:
     return {precision: drafts[precision] for precision in ctx.bench.draft_precisions}
 
 
-def run_kv(ctx: Context) -> dict:
+def run_kv(ctx: Context) -> Sweep:
     """KV cache precision of both models: time, acceptance and cache bytes."""
     generation = ctx.generation
     target, draft = ctx.engine.target.settings, ctx.engine.draft.settings  # as loaded: precisions and tune resolved
@@ -170,13 +171,13 @@ def run_kv(ctx: Context) -> dict:
         ar = our_lane(f"KV {label} autoregressive", engine, AUTOREGRESSIVE, generation)
         spec = our_lane(f"KV {label} speculative", engine, SPECULATIVE, generation, baseline=ar, reference=ar)
         lanes += [ar, spec]
-        precisions[spec] = {"kv_cache_precision": label}
+        precisions[spec] = KvCache(spec.label, label)
     figures = sweep(ctx, f"KV cache precision sweep, {generation.k_policy.describe()}, {len(precisions)} precisions",
                     lanes, lambda lane, runs: precisions[lane])
-    return {**figures, "k": generation.k_policy.k, "k_label": ctx.k_label()}
+    return replace(figures, k=generation.k_policy.k, k_label=ctx.k_label())
 
 
-def run_lookup(ctx: Context) -> dict:
+def run_lookup(ctx: Context) -> Sweep:
     """Prompt lookup vs the draft model on edits that repeat their input; GenAI's prompt lookup beside."""
     generation = ctx.generation
     ar = our_lane("ours autoregressive", ctx.engine, AUTOREGRESSIVE, generation)
@@ -193,4 +194,4 @@ def run_lookup(ctx: Context) -> dict:
     ]
     instructions = EDIT_INSTRUCTIONS[: ctx.bench.lookup_instructions]
     what = f"prompt lookup vs draft model, K={ctx.k}, edit instructions"
-    return {**sweep(ctx, what, lanes, instructions=instructions), "k": ctx.k}
+    return replace(sweep(ctx, what, lanes, instructions=instructions), k=ctx.k)

@@ -1,5 +1,10 @@
-"""The run's one table: every run of every section (harness.Run), written to benchmarks.json as "table" under
-"schema" SCHEMA and read back into the same types. The one place the bench reads its results by key: JSON's boundary.
+"""The run's one table: every run of every section a Run, its lane a Lane, written to benchmarks.json as "table"
+under "schema" SCHEMA and read back into the same types. The one place the bench reads its results by key: JSON's
+boundary.
+
+A lane's label is for people only. What a lane is (framework, autoregressive or speculative, which lane its speedup is
+over, K) lives in fields, and the statistics, the report and the plots pair lanes by those fields, so renaming a label
+changes a table's text and nothing else.
 
 Files before schema 2 kept each section's runs inside it (sections.<name>.runs, the paper's by_tokens.<N>.runs and
 genai_defaults.runs): `load` converts those, their prefill left unmeasured (nan), as they did not time it. Rows before
@@ -10,13 +15,119 @@ schema 2 ran the paper).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, fields
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Callable, Literal, get_args
 
-from specdemo.bench.harness import Lane, Run
 from specdemo.bench.schema import GENAI_DEFAULTS
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results.metrics import Summary
 from specdemo.results.parting import Parting
+
+Framework = Literal["specdemo", "genai", "transformers", "llamacpp"]
+Kind = Literal[AUTOREGRESSIVE, SPECULATIVE]
+KMode = Literal["fixed", "adaptive", "auto"]
+
+
+@dataclass
+class Output:
+    """What a lane's one generation gives back: ours, or a peer's from its own process (peers.py)."""
+
+    ids: list[int]  # new token ids (the stop token included)
+    wall_s: float  # seconds of the whole call, prompt ids in hand to last token
+    # seconds from the prompt ids in hand to the first new token (prefill and its sampling; a peer's as its own metrics
+    # time it)
+    first_s: float
+    summary: Summary | None = None  # ours; None for a peer
+    proposed: int = 0  # draft tokens offered for verification (ours: from the summary; a peer: its own count)
+    accepted: int = 0  # of them, kept by the target
+    rounds: list = field(default_factory=list)  # our loops' round records (events.Round); [] for a peer
+    tokens: list = field(default_factory=list)  # our loops' TokenEvents (their margins judge a parting); [] for a peer
+    noise: object = None  # the target compile's fidelity.BatchingNoise, where measured (ours)
+
+
+@dataclass(frozen=True)
+class Lane:
+    """One way of generating in a section, and what it is compared with."""
+
+    label: str  # for people only: "ours speculative", "K=3", "GenAI K=4", "head 16k"
+    framework: Framework
+    kind: Kind
+    baseline: Lane | None = None  # the autoregressive lane a speculative lane's speedup is over
+    reference: Lane | None = None  # the lane whose token ids this one should reproduce; None = the section's first
+    k: int | None = None  # draft tokens per round (fixed K; adaptive K's start); None when autoregressive or auto
+    k_policy: KMode | None = None  # how a speculative lane picks K; None when autoregressive
+    drafter: str | None = None  # the strategy drafting (a peer's: its counterpart's, Strategy.counterpart); None: AR
+    models: str = ""  # what it runs, with precisions: "qwen2.5-coder-1.5b int8 + qwen2.5-coder-0.5b int4"
+    # (instruction, prompt ids, max new tokens) -> Output; None in runs built by hand (tests)
+    generate: Callable[[str, list[int], int], Output] | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self):
+        if self.framework not in get_args(Framework) or self.kind not in get_args(Kind):
+            raise ValueError(f"lane {self.label!r}: unknown framework {self.framework!r} or kind {self.kind!r}")
+        if self.kind == SPECULATIVE and self.baseline is None:
+            raise ValueError(f"speculative lane {self.label!r} needs the autoregressive baseline its speedup is over")
+
+    def fields(self) -> dict:
+        """The typed fields as JSON: lanes are named there by their labels."""
+        return {
+            "framework": self.framework,
+            "kind": self.kind,
+            "baseline": self.baseline.label if self.baseline else None,
+            "reference": self.reference.label if self.reference else None,
+            "k": self.k,
+            "k_policy": self.k_policy,
+            "drafter": self.drafter,
+            "models": self.models,
+        }
+
+    def bare(self) -> Lane:
+        """This lane without its generate (nor its baseline's and reference's): what the table keeps, so a kept run
+        holds no pipeline alive after its section."""
+        strip = lambda lane: lane.bare() if lane is not None else None  # noqa: E731
+        return replace(self, baseline=strip(self.baseline), reference=strip(self.reference), generate=None)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One generation in one lane of the benchmark: a row of the run's one table (table.py writes and reads it).
+
+    Its time is split as a peer's own tools split it: the prefill (prompt ids in hand to the first new token) and the
+    decoding of the tokens after the first, whose rate (decode_rate) is what the report's ratios compare."""
+
+    lane: Lane
+    instruction: int  # index into the section's instructions
+    repeat: int  # pass over the instructions, from 0
+    max_new_tokens: int
+    wall_s: float  # seconds of the whole call, prompt ids in hand to last token
+    tokens: int  # new tokens produced
+    prefill_s: float = math.nan  # seconds to the first new token (nan: not measured, as in files before schema 2)
+    same_as_reference: bool = True  # token ids equal to the lane's reference (by default the section's first lane)
+    summary: Summary | None = None  # ours; None for a peer
+    proposed: int = 0  # draft tokens offered for verification (ours and the peers that count them)
+    accepted: int = 0  # of them, kept by the target
+    parting: Parting | None = None  # where ours parted from its reference, judged, if both are ours
+    section: str = ""  # the bench section that ran it (stamped by Context.keep)
+    machine: str = ""  # the CPU it ran on (stamped by Context.keep)
+    # the pass of its section it ran in, where a section runs its lanes again under another setting (schema.GENAI_DEFAULTS:
+    # the paper's GenAI on its own compile defaults); "" for the section's own (stamped by Context.keep)
+    setting: str = ""
+    ids: list[int] = field(default_factory=list, repr=False, compare=False)  # new token ids (not written to JSON)
+    rounds: list = field(default_factory=list, repr=False, compare=False)  # our events.Round records (not in JSON)
+
+    @property
+    def per_token_s(self) -> float:
+        return self.wall_s / self.tokens if self.tokens else math.nan
+
+    @property
+    def decode_s(self) -> float:
+        """Seconds of the tokens after the first."""
+        return self.wall_s - self.prefill_s
+
+    @property
+    def decode_rate(self) -> float:
+        """Tokens after the first per second of their time: llama-bench's tg, GenAI's 1 / TPOT."""
+        return (self.tokens - 1) / self.decode_s if self.tokens > 1 and self.decode_s > 0 else math.nan
+
 
 # 2: the table, with each run's prefill (time to the first token) apart from its decoding; 3: each run's setting
 SCHEMA = 3

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specdemo.bench import stats
-from specdemo.bench.harness import Run
 from specdemo.bench.schema import GENAI_SPEC, HF_SPEC, OURS_SPEC
 from specdemo.names import SPECULATIVE
 from specdemo.bench.settings import (
@@ -43,7 +42,7 @@ def judge_targets(sections: dict, runs: list[Run]) -> list[Target]:
                                at.ratio(OURS_SPEC, GENAI_SPEC).median, TARGET_GENAI_RATIO, "≤"))
         targets.append(_target("speedup", "speculative speedup over autoregressive (code)", where,
                                at.speedup(OURS_SPEC).median, TARGET_SPEEDUP, "≥"))
-        overhead = sections["paper"]["time_shares"][SPECULATIVE]["our Python"]
+        overhead = sections["paper"].time_shares[SPECULATIVE][stats.PYTHON]
         targets.append(_target("overhead", "our loop's share of wall time outside model calls", where, overhead,
                                TARGET_OVERHEAD, "≤", "share"))
     k_rows = stats.sweep_rows(runs, "k", "specdemo")

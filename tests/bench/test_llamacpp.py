@@ -11,8 +11,10 @@ from conftest import USER_HOME
 
 from specdemo import strict_json
 from specdemo.bench import FULL, QUICK, llamacpp, table
-from specdemo.bench.harness import Context, Lane, Run
+from specdemo.bench.harness import Context
+from specdemo.bench.table import Lane, Run
 from specdemo.bench.report_gguf import llamacpp_section
+from specdemo.bench.schema import LlamaCpp, Skipped
 from specdemo.bench.sections import run_llamacpp, tool_runs
 from specdemo.models import export
 from specdemo.settings import RunSettings
@@ -34,7 +36,7 @@ def test_the_section_is_skipped_with_that_line_and_the_report_shows_it(no_llama_
 
     section = run_llamacpp(ctx)
 
-    assert section == {"skipped": llamacpp.SKIPPED}
+    assert section == Skipped(llamacpp.SKIPPED)
     assert lines == [llamacpp.SKIPPED]
     assert llamacpp_section({"llamacpp": section}, {}, []).endswith("\n\n" + llamacpp.SKIPPED)
 
@@ -92,7 +94,7 @@ def _lanes() -> list[Lane]:
     ]
 
 
-SECTION = {"k": 4, "k_label": "K = 4", "max_new_tokens": 100, "threads": 2, "version": "0.0", "system_info": "AVX2 = 1"}
+SECTION = LlamaCpp(4, "K = 4", 100, 2, "0.0", "AVX2 = 1", None, {}, [])
 
 
 def _report(runs: list[Run]) -> str:

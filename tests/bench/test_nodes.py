@@ -10,7 +10,8 @@ import pytest
 
 from specdemo import bench, strict_json
 from specdemo.bench import nodes, report_gguf
-from specdemo.bench.harness import Lane, Run
+from specdemo.bench.schema import Nodes
+from specdemo.bench.table import Lane, Run
 from specdemo.models.runtime import OVModel
 from tests.conftest import exact
 
@@ -55,7 +56,7 @@ def test_the_report_shows_each_group_with_its_rate_and_the_gguf_at_llamacpps_tim
     target = nodes.TargetNodes("gguf", "group 16, f32, KV f32", 1_100_000_000, {
         1: [group("LM head", 10.0, 262.0), group("attention (SDPA with the KV cache)", 2.0, 0)],
         5: [group("LM head", 31.0, 262.0), group("attention (SDPA with the KV cache)", 5.0, 0)]}, {1: 0.052, 5: 0.080})
-    section = {"tokens_per_call": [1, 5], "gguf_read_bytes": 830_000_000, "targets": [target]}
+    section = Nodes([1, 5], 830_000_000, [target])
     cpp = [Run(Lane("llama.cpp autoregressive", "llamacpp", "autoregressive"), 0, 0, 100, 3.65, 100, section="llamacpp")]
     text = report_gguf.nodes_section({"nodes": section}, {}, cpp)
     assert "| LM head | 262 MB | 10.0 ms | 26.2 GB/s | 31.0 ms | 8.5 GB/s |" in text

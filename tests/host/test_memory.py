@@ -142,7 +142,7 @@ def test_the_papers_second_pass_loads_genais_defaults_only_after_the_first_passs
     """GenAI's pipelines each hold a copy of the target: four alive at once took the section to 9.2 GiB."""
     import weakref
 
-    from specdemo.bench import harness, peers, sections
+    from specdemo.bench import harness, peers, sections, table
     from specdemo.settings import RunSettings
 
     alive = weakref.WeakSet()
@@ -161,12 +161,12 @@ def test_the_papers_second_pass_loads_genais_defaults_only_after_the_first_passs
 
         gc.collect()
         most.append(len(alive))
-        return [harness.Run(lane, 0, 0, n, 1.0, n) for lane in lanes]
+        return [table.Run(lane, 0, 0, n, 1.0, n) for lane in lanes]
 
-    monkeypatch.setattr(peers, "GenAIPipeline", Pipeline)
+    monkeypatch.setattr(peers, "PeerProcess", Pipeline)
     monkeypatch.setattr(sections, "measure", measure)
     monkeypatch.setattr(sections, "genai_compile", lambda target, draft: {})
-    monkeypatch.setattr(sections, "our_lane", lambda label, engine, mode, generation, baseline=None: harness.Lane(
+    monkeypatch.setattr(sections, "our_lane", lambda label, engine, mode, generation, baseline=None: table.Lane(
         label, "specdemo", mode, baseline))
     monkeypatch.setattr(harness, "genai_properties", lambda target, draft, defaults=False: ({}, {}))
 

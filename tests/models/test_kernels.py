@@ -193,7 +193,7 @@ def test_a_native_model_on_a_machine_without_the_kernels_is_refused_in_a_sentenc
 
 
 def test_the_bench_measures_a_layer_on_every_isa_beside_the_plugin_and_reports_it(tmp_path):
-    from specdemo.bench.kernels import kernels_section, measure_layer
+    from specdemo.bench.kernels import Kernels, kernels_section, measure_layer
 
     gguf = tiny_gguf.write(tmp_path / "tiny.gguf", "qwen2")
     layer = measure_layer(gguf, "ffn_up", rows_per_call=(1, 3), repeats=2, log=lambda line: None)
@@ -202,7 +202,7 @@ def test_the_bench_measures_a_layer_on_every_isa_beside_the_plugin_and_reports_i
     assert "blocks/avx512/dots" in layer.ways or "avx512" not in simd  # the gemm beside the dot products
     assert layer.layers == tiny_gguf.LAYERS and layer.bandwidth_gbs > 0
     assert all(r[m].ms > 0 and r[m].bytes > 0 for r in layer.ways.values() for m in (1, 3))
-    report = kernels_section({"kernels": {"cpu_isas": kernels.supported_isas(), "layers": [layer]}}, {})
+    report = kernels_section({"kernels": Kernels(kernels.supported_isas(), [layer])}, {})
     assert "| blocks/scalar |" in report and "M = 3" in report
 
 

@@ -4,7 +4,8 @@ known logits and known texts."""
 import numpy as np
 import pytest
 
-from specdemo.bench.harness import Lane, Run
+from specdemo.bench.schema import Agreement
+from specdemo.bench.table import Lane, Run
 from specdemo.bench.sections import text_agreement
 from specdemo.results import fidelity
 
@@ -49,8 +50,7 @@ def test_text_agreement_counts_the_tokens_written_before_the_texts_part():
     ours, theirs = Lane("ours", "specdemo", "autoregressive"), Lane("llama.cpp", "llamacpp", "autoregressive")
     runs = [run(ours, 0, [1, 2, 3, 4]), run(theirs, 0, [1, 2, 9, 4]),
             run(ours, 1, [5, 6, 7]), run(theirs, 1, [5, 6, 7, 8])]  # 1: equal until ours stopped
-    assert text_agreement(runs, ours, theirs) == [{"instruction": 0, "same_tokens": 2, "of": 4},
-                                                  {"instruction": 1, "same_tokens": 3, "of": 3}]
+    assert text_agreement(runs, ours, theirs) == [Agreement(0, same_tokens=2, of=4), Agreement(1, same_tokens=3, of=3)]
 
 
 class Batching:
