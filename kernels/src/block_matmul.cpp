@@ -104,10 +104,13 @@ std::shared_ptr<const PackedWeights> packed_for(PackCache& cache, const Gemms& g
 
 // A call's quantized activations, taken from its thread's spares and given back when the call ends: a call its thread
 // runs while it waits takes another, so no two calls share one. (Allocated a call, they cost ~1 % of the 0.5B draft's
-// step on the Zen 3, in malloc's slow path: ~110 calls a step, of a few KiB each.) A spare keeps its largest size, a
-// 512-token piece's (≤ 5 MiB).
+// step on the Zen 3, in malloc's slow path: ~110 calls a step, of a few KiB each.) Only a call of at most KEPT_ROWS rows
+// (a step's, a verification's) gives its buffers back, so that a thread keeps at most ~0.5 MiB (16 rows of 8,960
+// columns, both forms' capacity): the app's many threads do not each hold a prompt piece's 12 MiB.
 class Activations {
 public:
+    static constexpr int KEPT_ROWS = 16;
+
     Activations() {
         auto& spares = thread_spares();
         if (spares.empty()) {
@@ -117,7 +120,9 @@ public:
             spares.pop_back();
         }
     }
-    ~Activations() { thread_spares().push_back(std::move(rows_)); }
+    ~Activations() {
+        if (rows_->rows <= KEPT_ROWS) thread_spares().push_back(std::move(rows_));
+    }
     Activations(const Activations&) = delete;
     Activations& operator=(const Activations&) = delete;
     ManyRows& rows() { return *rows_; }
