@@ -7,6 +7,7 @@ import gc
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Callable
 
 from specdemo.bench.schema import GenAICompile
@@ -219,9 +220,11 @@ class Context:
             draft = self.genai_draft() if drafting and drafting.needs_model else None
             properties, draft_properties = genai_properties(target, draft, defaults=name.endswith("(defaults)"))
             self.log(f"loading OpenVINO GenAI pipeline: {name}")
-            self.genai[name] = PeerProcess(GenAIPeer, target.folder, target.settings.device, properties,
-                                           draft.folder if draft else None, draft.settings.device if draft else "",
-                                           drafting is not None and not drafting.needs_model, draft_properties)
+            make = partial(GenAIPeer, draft=draft.folder if draft else None,
+                           draft_device=draft.settings.device if draft else "",
+                           prompt_lookup=drafting is not None and not drafting.needs_model,
+                           draft_properties=draft_properties)
+            self.genai[name] = PeerProcess(make, target.folder, target.settings.device, properties)
         return self.genai[name]
 
     def drop_genai(self) -> None:
