@@ -28,6 +28,7 @@ from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results import metrics
 from specdemo.results.parting import first_difference
 
+GENAI = "genai"  # the key of GenAI's speculative lane (HumanEval.lanes); ours are AUTOREGRESSIVE and SPECULATIVE
 SKIPPED = "humaneval: skipped (pip install -r requirements-humaneval.txt)"
 EXECUTING = ("humaneval: executing the code each lane generated, one sandbox per program (an unprivileged user in "
              "its own namespaces and private root; time, memory and file limits; process and memory bounds over the "
@@ -188,7 +189,7 @@ def run_section(ctx) -> HumanEval | Skipped:
     ours_spec = our_lane("ours speculative", ctx.engine, SPECULATIVE, generation, baseline=ours_ar)
     genai_ar = ctx.genai_lane("GenAI autoregressive", "plain")
     genai_spec = ctx.genai_lane("GenAI speculative", SPECULATIVE, baseline=genai_ar)
-    lanes = {AUTOREGRESSIVE: ours_ar, SPECULATIVE: ours_spec, "genai_autoregressive": genai_ar, "genai": genai_spec}
+    lanes = {AUTOREGRESSIVE: ours_ar, SPECULATIVE: ours_spec, "genai_autoregressive": genai_ar, GENAI: genai_spec}
     cpp_line = llamacpp.missing()
     target_gguf = None if cpp_line else llamacpp.gguf_path(ctx.settings.target.source, log_progress(ctx.log, "target GGUF"))
     if target_gguf is not None:
@@ -239,7 +240,7 @@ def summarize(rows: list[ProblemRow], runs: list, lanes: dict, k_max: int, max_n
         spread = stats.speedup(runs, lane)
         return Speedups(spread.mean, stats.ratio_of_sums(runs, lane.baseline, lane), spread)
 
-    spec, genai = lanes[SPECULATIVE], lanes["genai"]
+    spec, genai = lanes[SPECULATIVE], lanes[GENAI]
     rounds = [r for run in stats.lane_runs(runs, spec) for r in run.rounds]
     after_prefill = [r for run in stats.lane_runs(runs, spec) for r in run.rounds[1:]]
     return HumanEval(

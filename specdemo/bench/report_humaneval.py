@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from specdemo.bench.humaneval import HumanEval
+from specdemo.bench.humaneval import GENAI, HumanEval
 from specdemo.bench.report_tables import image, percent, table, times
+from specdemo.bench.schema import Sections
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 
 
-def humaneval_section(sections: dict, plots: dict, runs=()) -> str:
-    if not (section := sections.get("humaneval")):
+def humaneval_section(sections: Sections, plots: dict, runs=()) -> str:
+    if not (section := sections.humaneval):
         return ""
     title = "## 9. HumanEval, the notebook's workload\n\n"
     if not isinstance(section, HumanEval):
@@ -18,7 +19,7 @@ def humaneval_section(sections: dict, plots: dict, runs=()) -> str:
         [f"OpenVINO's notebook ({notebook.framework})", f"{notebook.target} / {notebook.draft}", str(notebook.problems),
          f"{notebook.speedup:.2f}×", "–", "–"],
         ["GenAI's pipelines, here", "the default pair", str(s.problems), f"{genai.mean:.2f}×", f"{genai.of_sums:.2f}×",
-         percent(s.pass_at_1["genai"], 0)],
+         percent(s.pass_at_1[GENAI], 0)],
         ["ours, here", "the default pair", str(s.problems), f"{ours.mean:.2f}×", f"{ours.of_sums:.2f}×",
          percent(s.pass_at_1[SPECULATIVE], 0)],
     ]

@@ -58,7 +58,8 @@ class Section:
     """One section of a bench run, registered in REGISTRY: what it loads, and where its runner, its report parts and its
     plots are. Those are named as "module:function" (".sweeps" is specdemo.bench.sweeps), not imported: they load the
     models, and this module stays light for the CLI's flags; bench.found() imports one when the run, the report or the
-    plots call it. So a new section is one module holding the three, and one line here."""
+    plots call it. So a new section is one module holding the three, one line here and its field in
+    schema.Sections."""
 
     name: str  # for --only and as its key in benchmarks.json
     run: str  # its runner: Context -> the figures the report and the plots read (schema.Figures)

@@ -13,8 +13,7 @@ from conftest import ROOT
 from specdemo import strict_json
 from specdemo.bench import table
 from specdemo.bench.harness import Context
-from specdemo.bench.table import Lane, Run
-from specdemo.bench.schema import GENAI_DEFAULTS
+from specdemo.bench.table import GENAI_DEFAULTS, Lane, Run
 from specdemo.bench.settings import FULL
 from specdemo.results.metrics import Summary
 from specdemo.results.parting import Parting
