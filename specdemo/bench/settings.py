@@ -100,7 +100,7 @@ REGISTRY = (  # in the order they run
     Section("kv", ".sweeps:run_kv", ((3, ".report_tables:kv_section"),), copies=(2, 2)),
     Section("memory", ".memory:run_memory", ((5, ".report_tables:memory_section"),), copies=(1, 1)),
     Section("watching", ".watching:run_watching", ((8, ".watching:watching_section"),)),
-    Section("humaneval", ".humaneval:run_section", ((9, ".report_humaneval:humaneval_section"),),
+    Section("humaneval", ".humaneval:run_section", ((9, ".humaneval:humaneval_section"),),
             (".plots:draw_humaneval",), copies=(2, 1), opt_in=True),
     # gated rounds priced on synthetic compute-bound curves: the pair alone, no timing worth comparing across sections
     Section("gating", ".gating:run_gating", ((3, ".gating:gating_section"),), opt_in=True),
