@@ -87,6 +87,8 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
     # Always measured afresh: the report's cost curve and plan must come from this run's machine state.
     engine.warm_up(settings.generation.k_max, fresh=True, log=lambda m: log(f"warm-up: {m}"))
     log(f"warm-up {engine.warm_up_s:.1f} s. {engine.costs.sentence()}")
+    models = {"target": engine.target.describe(), "draft": engine.draft.describe()}
+    tune = machine_profile().tune_record(settings.draft)  # the compile settings and draft they were loaded under
     costs = engine.costs  # CostModel: frozen, so the run's corrections leave it as measured
     plan = engine.plan(CODE_INSTRUCTIONS[0], settings.generation)
     log(plan.reason)
@@ -106,11 +108,10 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
         # GenAI's copies of the models go with their section: the next section's memory need counts only its own.
         ctx.drop_genai()
     ran = Sections(**sections)
-    results = Results(
-        command, begun, host, bench, settings, ran, {"target": engine.target.describe(), "draft": engine.draft.describe()},
-        # the compile settings and draft these models were loaded under
-        machine_profile().tune_record(settings.draft), costs, engine.warm_up_s, plan, sample, skipped,
-        engine.costs, ctx.runs, judge_targets(ran, ctx.runs), time.perf_counter() - started, machine.load_average())
+    results = Results(command, begun, host, bench, settings, ran, models=models, tune=tune, costs=costs,
+                      warm_up_s=engine.warm_up_s, plan=plan, sample_run=sample, skipped_for_memory=skipped,
+                      costs_end=engine.costs, runs=ctx.runs, targets=judge_targets(ran, ctx.runs),
+                      seconds=time.perf_counter() - started, load_average_end=machine.load_average())
     if out is not None:
         write(results, out, log)
     return {**plain(results), "sample_run": sample}
