@@ -128,15 +128,11 @@ def speedup(runs: list[Run], lane: Lane) -> Spread:
 
 def prediction_errors(runs: list[Run], lane: Lane) -> list[float]:
     """(predicted − measured) / measured speedup of `lane` over its baseline, per instruction and repeat."""
-    by_key = {(r.instruction, r.repeat): r for r in lane_runs(runs, lane.baseline)}
     errors = []
-    for run in lane_runs(runs, lane):
-        partner = by_key.get((run.instruction, run.repeat))
-        predicted = run.summary.predicted_speedup if run.summary else 0.0
-        if partner is None or not predicted or not run.per_token_s:
-            continue
-        measured = partner.per_token_s / run.per_token_s
-        errors.append((predicted - measured) / measured)
+    for run, baseline in paired_runs(runs, lane, lane.baseline):
+        if (predicted := run.summary.predicted_speedup if run.summary else 0.0) and run.per_token_s:
+            measured = baseline.per_token_s / run.per_token_s
+            errors.append((predicted - measured) / measured)
     return errors
 
 
