@@ -114,7 +114,7 @@ class Tuned:
     file: str  # the tune file's name
     trials: list[Trial]  # the last tune's, every model's candidates
     planned_at: str  # when the draft plan was made, ISO ("–" where it does not say)
-    options: list[tuple[DraftOption, float]]  # the draft plan's candidates, each with its acceptance (nan: not measured)
+    options: list[tuple[DraftOption, float]]  # the draft plan's candidates, each with its acceptance (nan: unmeasured)
 
 
 def tuned(record: dict) -> Tuned:

@@ -2,8 +2,8 @@
 lanes in them: by the lanes' typed fields, never by their labels.
 
 The table's rows (table.row) carry each run's lane by its label and fields (table.Lane), its section, its setting
-(the section's pass: "", or table.GENAI_DEFAULTS) and its times; a section's lanes, their times, speedups and ratios of decode
-rates are queries over its rows (stats.section), a spread a stats.Spread.
+(the section's pass: "", or table.GENAI_DEFAULTS) and its times; a section's lanes, their times, speedups and ratios
+of decode rates are queries over its rows (stats.section), a spread a stats.Spread.
 
 Every section's figures are a Figures, written as their fields: the dataclasses below, and memory.Memory,
 watching.Watching, kernels.Kernels, gating.Gating, humaneval.HumanEval; Skipped where the section could not run. A

@@ -54,9 +54,10 @@ def describe() -> Machine:
     import psutil
 
     packages = Packages(*(_version(f.name.replace("_", "-")) for f in fields(Packages)))
-    return Machine(cpu_name(), cpu_features(), os.cpu_count(), psutil.cpu_count(logical=False),
-                   psutil.virtual_memory().total, platform.platform(), platform.python_version(), packages,
-                   load_average())
+    return Machine(cpu=cpu_name(), cpu_features=cpu_features(), logical_cores=os.cpu_count(),
+                   physical_cores=psutil.cpu_count(logical=False), ram_bytes=psutil.virtual_memory().total,
+                   os=platform.platform(), python=platform.python_version(), packages=packages,
+                   load_average=load_average())
 
 
 def compile_facts() -> dict:

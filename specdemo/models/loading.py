@@ -86,11 +86,22 @@ class LoadedModel:
     def describe(self) -> Facts:
         """Facts for the model panel: name, parameters, precision, size on disk, device, KV cache."""
         s = self.settings
-        return Facts(self.name, s.source, _count_parameters(self.config), s.precision,
-                     WEIGHTS.get(s.precision, s.precision), "the draft plan" if self.planned_precision else "the settings",
-                     sum(f.stat().st_size for f in self.folder.glob("openvino_model.*")), s.device,
-                     self.runtime.kv_cache_precision, self.config.get("num_hidden_layers"), self.context_length,
-                     describe_compile(s), self.runtime.head_tokens, self.tuned)
+        return Facts(
+            name=self.name,
+            source=s.source,
+            parameters=_count_parameters(self.config),
+            precision=s.precision,
+            weights=WEIGHTS.get(s.precision, s.precision),
+            precision_from="the draft plan" if self.planned_precision else "the settings",
+            size_on_disk_bytes=sum(f.stat().st_size for f in self.folder.glob("openvino_model.*")),
+            device=s.device,
+            kv_cache_precision=self.runtime.kv_cache_precision,
+            layers=self.config.get("num_hidden_layers"),
+            context_length=self.context_length,
+            compile_settings=describe_compile(s),
+            lm_head_rows=self.runtime.head_tokens,
+            tuned=self.tuned,
+        )
 
 
 _IMPORTING = threading.Lock()
