@@ -19,17 +19,9 @@ Sections, in the order they run (BenchSettings.sections picks some):
 - humaneval:    (only when named) HumanEval's problems through every lane, speedup and pass@1 side by side
                 (optional: requirements-humaneval.txt).
 
-Method: every lane is warmed up first (compilation, first-call allocations); then for each
-instruction every lane of a section runs back to back, so the shared machine's noise hits them
-alike; ratios are taken per instruction and summarised as median with min-max. Output: a markdown
-report, a JSON file (schema.Results) and PNG plots.
-
-The modules: settings (what a run measures, and REGISTRY: each section's runner, report parts and plots, found by
-found()), table (the run's one table: lanes, runs, their JSON), schema (the results: each section's figures), harness
-(measuring, the shared Context), sections and sweeps (what most sections run), memory, peers (GenAI, transformers),
-stats, targets, report and report_tables, plots; the machine description is
-specdemo/host/machine.py. A new section is one module (its runner, its report part, any plot), one line in REGISTRY
-and its field in schema.Sections.
+The method is the report's last section (report_tables.method_section); the modules are in docs/modules.md. A new
+section is one module (its runner, its report part, any plot), one line in settings.REGISTRY and its field in
+schema.Sections.
 
 May import: the page (specdemo.ui: the watching section measures it) and what serves it (specdemo.serve), the run and
 everything below it; never the command line.

@@ -180,8 +180,7 @@ def run_section(ctx) -> HumanEval | Skipped:
     from specdemo.bench.peers import PeerProcess
 
     refusal = sandbox.missing()  # asked before minutes of generation, not at the first answer
-    skipped = missing() or (f"humaneval: skipped: {refusal}" if refusal else None)
-    if skipped:
+    if skipped := missing() or (f"humaneval: skipped: {refusal}" if refusal else None):
         ctx.log(skipped)
         return Skipped(skipped)
     problems = load_problems(ctx.bench.humaneval_problems)

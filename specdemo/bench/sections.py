@@ -1,7 +1,6 @@
 """The sections that put us beside others: the paper's experiment (with OpenVINO GenAI in the same
-loop), transformers and llama.cpp; the GGUF's fidelity, where a target call's time goes. The sweeps are in sweeps.py,
-the memory probe in memory.py, what watching costs in watching.py, HumanEval in humaneval.py; settings.REGISTRY names
-each section's runner. Each returns the figures the report reads (schema.Figures)."""
+loop), transformers and llama.cpp; the GGUF's fidelity, where a target call's time goes. Each returns the figures the
+report reads (schema.Figures); settings.REGISTRY names every section's runner."""
 
 from __future__ import annotations
 
@@ -89,8 +88,7 @@ def run_llamacpp(ctx: Context) -> LlamaCpp | Skipped:
     draft model at the same K, beside our autoregressive and speculative loops; skipped in one line without it."""
     from specdemo.bench import llamacpp, peers
 
-    skipped = llamacpp.missing()
-    if skipped:
+    if skipped := llamacpp.missing():
         ctx.log(skipped)
         return Skipped(skipped)
     target = llamacpp.gguf_path(ctx.settings.target.source, log_progress(ctx.log, "target GGUF"))
