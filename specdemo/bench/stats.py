@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
+from itertools import zip_longest
 
 from specdemo.bench.schema import Row
 from specdemo.bench.table import Lane, Run
@@ -192,9 +193,7 @@ def speculative_figures(runs: list[Run]) -> Drafting:
     alpha = accepted / (accepted + rejections) if accepted + rejections else 0.0
     mean_k = proposed / rounds if rounds else 0.0
     c = statistics.median([s.draft_cost for s in ours]) if ours else 0.0
-    histogram: list[int] = []
-    for s in ours:
-        histogram = [a + b for a, b in zip(_pad(histogram, len(s.accepted_histogram)), _pad(s.accepted_histogram, len(histogram)))]
+    histogram = [sum(kept) for kept in zip_longest(*(s.accepted_histogram for s in ours), fillvalue=0)]  # by drafts kept
     return Drafting(alpha, metrics.draft_acceptance_rate(accepted, proposed), c, mean_k,
                     metrics.leviathan_speedup(alpha, mean_k, c), spread([s.predicted_speedup for s in ours]),
                     spread([s.mean_acceptance_length for s in ours]), histogram,
@@ -292,10 +291,6 @@ def counterfactual_figures(runs: list[Run], lane: Lane, would: dict) -> Counterf
                               differ)
     return Counterfactual(lane.label, oracle_speedup=spread(oracle), best_fixed_k=best_k,
                           best_fixed_counterfactual=spread(best), over_best_fixed=spread(over_best))
-
-
-def _pad(row: list[int], n: int) -> list[int]:
-    return row + [0] * (n - len(row))
 
 
 def step_seconds(runs: list[Run]) -> float:
