@@ -60,13 +60,14 @@ def test_a_saved_run_is_strict_json_and_shows_again_with_what_was_not_recorded(t
 def test_a_benchmarks_results_are_strict_json(tmp_path, monkeypatch):
     from specdemo import bench
     from specdemo.bench import plots, report, stats
+    from specdemo.bench.schema import Results, Sections
 
     monkeypatch.setattr(plots, "draw", lambda results, out: {})
     monkeypatch.setattr(report, "render", lambda results, drawn: "")
-    results = {"sections": {"paper": {"speedup": stats.spread([])}}, "ratio": -math.inf}  # nothing measured
-    bench.write(results, tmp_path, log=lambda message: None)
+    nothing = Sections(paper={"speedup": stats.spread([])})  # nothing measured
+    bench.write(Results(sections=nothing, warm_up_s=-math.inf), tmp_path, log=lambda message: None)
     written = strict((tmp_path / "benchmarks.json").read_text())
-    assert written["sections"]["paper"]["speedup"]["median"] is None and written["ratio"] is None
+    assert written["sections"]["paper"]["speedup"]["median"] is None and written["warm_up_s"] is None
 
 
 def test_every_json_text_specdemo_writes_goes_through_strict_json():

@@ -19,16 +19,9 @@ Sections, in the order they run (BenchSettings.sections picks some):
 - humaneval:    (only when named) HumanEval's problems through every lane, speedup and pass@1 side by side
                 (optional: requirements-humaneval.txt).
 
-Method: every lane is warmed up first (compilation, first-call allocations); then for each
-instruction every lane of a section runs back to back, so the shared machine's noise hits them
-alike; ratios are taken per instruction and summarised as median with min-max. Output: a markdown
-report, a JSON file (keys: schema.py) and PNG plots.
-
-The modules: settings (what a run measures, and REGISTRY: each section's runner, report parts and plots, found by
-found()), table (the run's one table: lanes, runs, their JSON), schema (the results: each section's figures), harness
-(measuring, the shared Context), sections and sweeps (what most sections run), memory, peers (GenAI, transformers),
-stats, targets, report and report_tables, plots; the machine description is
-specdemo/host/machine.py. A new section is one module (its runner, its report part, any plot) and one line in REGISTRY.
+The method is the report's last section (report_tables.method_section); the modules are in docs/modules.md. A new
+section is one module (its runner, its report part, any plot), one line in settings.REGISTRY and its field in
+schema.Sections.
 
 May import: the page (specdemo.ui: the watching section measures it) and what serves it (specdemo.serve), the run and
 everything below it; never the command line.
@@ -67,10 +60,11 @@ def found(ref: str) -> Callable:
 def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Callable[[str], None], command: str = "") -> dict:
     """The whole benchmark: load and warm up the pair in `settings`, run `bench.sections`,
     judge the targets, and write the report, JSON and plots into `out` (None: write nothing).
-    `command` is recorded for the report's "reproduce" line. Returns the results (keys: schema.py). Raises ValueError for settings the benchmark cannot measure."""
+    `command` is recorded for the report's "reproduce" line. Returns the results as JSON holds them, with the sample
+    run (schema.Results). Raises ValueError for settings the benchmark cannot measure."""
     from specdemo.bench.harness import Context
     from specdemo.bench.memory import section_need
-    from specdemo.bench.table import SCHEMA, row
+    from specdemo.bench.schema import Results, Sections
     from specdemo.bench.targets import judge_targets
     from specdemo.host import memory  # here, not at the top: there `memory` would hide this package's memory section
     from specdemo.run.engine import Engine
@@ -78,51 +72,41 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
     check_generation(settings.generation)
     # A faithful target is measured at the layout this machine runs (the sections compare it with other precisions).
     settings = replace(settings, target=machine_profile().resolve_precision(settings.target))
-    started, host, sections = time.perf_counter(), machine.describe(), {}
-    results = {
-        "schema": SCHEMA,
-        "command": command,
-        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": host,
-        "bench": bench,
-        "run_settings": settings,
-        "sections": sections,
-    }
-    log(f"load average {host['load_average']} on {host['logical_cores']} cores")
+    started, host, sections, skipped = time.perf_counter(), machine.describe(), {}, []
+    begun = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    log(f"load average {host.load_average} on {host.logical_cores} cores")
     engine = Engine.load(settings)
     # Always measured afresh: the report's cost curve and plan must come from this run's machine state.
     engine.warm_up(settings.generation.k_max, fresh=True, log=lambda m: log(f"warm-up: {m}"))
     log(f"warm-up {engine.warm_up_s:.1f} s. {engine.costs.sentence()}")
-    results["models"] = {"target": engine.target.describe(), "draft": engine.draft.describe()}
-    results["tune"] = machine_profile().tune_record(settings.draft)  # the compile settings and draft these models were loaded under
-    results["costs"] = engine.costs  # CostModel: frozen, so the run's corrections leave it as measured
-    results["warm_up_s"] = engine.warm_up_s
+    models = {"target": engine.target.describe(), "draft": engine.draft.describe()}
+    tune = machine_profile().tune_record(settings.draft)  # the compile settings and draft they were loaded under
+    costs = engine.costs  # CostModel: frozen, so the run's corrections leave it as measured
     plan = engine.plan(CODE_INSTRUCTIONS[0], settings.generation)
-    results["plan"] = plan.to_dict()
     log(plan.reason)
     ctx = Context(engine, settings, bench, log, plan.first_k, machine=machine.cpu_name())
-    results["sample_run"] = sample_run(engine, settings, CODE_INSTRUCTIONS[0])
+    sample = sample_run(engine, settings, CODE_INSTRUCTIONS[0])
     log("a sample side-by-side run of the first code instruction, as `generate --json` writes it: run.json")
     weights = [sources.weights_bytes(model.settings) for model in (engine.target, engine.draft)]
     for name in bench.sections:
         section_start, ctx.section = time.perf_counter(), name
         log(f"== {name}")
         if not memory.wait_for(section_need(name, *weights, bench.genai_k_values), f"the {name} section", log):
-            results.setdefault("skipped_for_memory", []).append(name)  # the report leaves it out, as if not asked
+            skipped.append(name)  # the report leaves it out, as if not asked
             continue
         figures = found(BY_NAME[name].run)(ctx)  # schema.Figures
         sections[name] = replace(figures, seconds=time.perf_counter() - section_start,
                                  load_average_end=machine.load_average())
         # GenAI's copies of the models go with their section: the next section's memory need counts only its own.
         ctx.drop_genai()
-    results["costs_end"] = engine.costs  # as the sections' runs corrected it
-    results["table"] = [row(run) for run in ctx.runs]  # every section's runs, one typed row each (table.py)
-    results["targets"] = judge_targets(sections, ctx.runs)
-    results["seconds"] = time.perf_counter() - started
-    results["load_average_end"] = machine.load_average()
+    ran = Sections(**sections)
+    results = Results(command, begun, host, bench, settings, ran, models=models, tune=tune, costs=costs,
+                      warm_up_s=engine.warm_up_s, plan=plan, sample_run=sample, skipped_for_memory=skipped,
+                      costs_end=engine.costs, runs=ctx.runs, targets=judge_targets(ran, ctx.runs),
+                      seconds=time.perf_counter() - started, load_average_end=machine.load_average())
     if out is not None:
         write(results, out, log)
-    return plain(results)
+    return {**plain(results), "sample_run": sample}
 
 
 def sample_run(engine, settings: RunSettings, instruction: str) -> dict | None:
@@ -148,16 +132,15 @@ def plain(value):
     return [plain(item) for item in value] if isinstance(value, (list, tuple)) else value
 
 
-def write(results: dict, out: Path, log: Callable[[str], None]) -> None:
+def write(results, out: Path, log: Callable[[str], None]) -> None:
     """benchmarks.json, the sample run's run.json (`show` renders it), the PNG plots and benchmarks.md (which links
-    the plots) into `out`."""
+    the plots) into `out` (results: schema.Results)."""
     from specdemo.bench import plots, report
 
     out.mkdir(parents=True, exist_ok=True)
-    if results.get("sample_run") is not None:
-        (out / "run.json").write_text(strict_json.dumps(results["sample_run"], ensure_ascii=False))
-    tables = {key: value for key, value in results.items() if key != "sample_run"}
-    (out / "benchmarks.json").write_text(strict_json.dumps(plain(tables), indent=1, default=str))
+    if results.sample_run is not None:
+        (out / "run.json").write_text(strict_json.dumps(results.sample_run, ensure_ascii=False))
+    (out / "benchmarks.json").write_text(strict_json.dumps(plain(results), indent=1, default=str))
     drawn = plots.draw(results, out)
     (out / "benchmarks.md").write_text(report.render(results, drawn))
     log(f"wrote {out / 'benchmarks.md'}, {out / 'benchmarks.json'} and {len(drawn)} plots")

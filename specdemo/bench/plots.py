@@ -1,6 +1,6 @@
 """PNG plots of the benchmark results (matplotlib, no display needed).
 
-Each plot reads the results the run writes as JSON (keys: schema.py), finding lanes by their fields;
+Each plot reads the results the run writes as JSON (schema.Results), finding lanes by their fields;
 a section that did not run draws nothing (its painter returns None). Error bars span min to max over the
 instructions, around the median. The sections' painters are named by settings.REGISTRY; draw() draws them all.
 """
@@ -10,18 +10,18 @@ from __future__ import annotations
 from pathlib import Path
 
 from specdemo.bench import found, stats
-from specdemo.bench.schema import GENAI_DEFAULTS, GENAI_SPEC, OURS_SPEC
+from specdemo.bench.schema import GENAI_SPEC, OURS_SPEC, Results
 from specdemo.bench.report_tables import k_text
 from specdemo.bench.settings import PAPER, REGISTRY, paper_speedup
 from specdemo.bench.stats import COMPONENTS
-from specdemo.bench.table import Run, load
+from specdemo.bench.table import GENAI_DEFAULTS, Run
 from specdemo.decoding import pricing
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 
 _OURS, _GENAI, _PAPER, _HF = "#1f77b4", "#ff7f0e", "#7f7f7f", "#2ca02c"
 
 
-def draw(results: dict, out: Path) -> dict[str, str]:
+def draw(results: Results, out: Path) -> dict[str, str]:
     """Write every plot the results allow into `out`: this machine's cost curve and surface, then every registered
     section's (settings.REGISTRY), each given the results and the table's runs (read once); return {name: file name}."""
     import matplotlib
@@ -30,7 +30,7 @@ def draw(results: dict, out: Path) -> dict[str, str]:
     import matplotlib.pyplot as plt
 
     painters = [draw_costs, draw_surface] + [found(painter) for section in REGISTRY for painter in section.plots]
-    drawn, runs = {}, load(results)
+    drawn, runs = {}, results.runs
     for painter in painters:
         figure = painter(results, runs)
         if figure is not None:
@@ -41,13 +41,13 @@ def draw(results: dict, out: Path) -> dict[str, str]:
     return drawn
 
 
-def draw_surface(results: dict, runs: list[Run]):
+def draw_surface(results: Results, runs: list[Run]):
     """This machine's predicted speedup over K × α (its cost model as the run left it), the break-even line, and auto
     K's point (pooled α̂, mean K) when the K section ran."""
     import matplotlib.pyplot as plt
     import numpy as np
 
-    if not (costs := results.get("costs_end") or results.get("costs")):  # CostModel
+    if not (costs := results.costs_end or results.costs):  # CostModel
         return None
     ks, alphas = list(range(1, costs.n_max)), [0.5 + 0.0125 * i for i in range(41)]
     grid = np.array(pricing.cost_surface(costs, ks, alphas))
@@ -75,10 +75,10 @@ def _errors(spreads: list[dict]) -> list[list[float]]:
     return [[s.median - s.min for s in spreads], [s.max - s.median for s in spreads]]
 
 
-def draw_costs(results: dict, runs=()):
+def draw_costs(results: Results, runs=()):
     import matplotlib.pyplot as plt
 
-    if not (c := results.get("costs")):  # CostModel
+    if not (c := results.costs):  # CostModel
         return None
     ns = list(range(1, len(c.target_s) + 1))
     figure, ax = plt.subplots(figsize=(6, 3.6))
@@ -92,10 +92,10 @@ def draw_costs(results: dict, runs=()):
     return figure
 
 
-def draw_paper(results: dict, runs: list[Run]):
+def draw_paper(results: Results, runs: list[Run]):
     import matplotlib.pyplot as plt
 
-    if not (paper := results["sections"].get("paper")) or not (ns := stats.tokens(runs, "paper")):
+    if not (paper := results.sections.paper) or not (ns := stats.tokens(runs, "paper")):
         return None
     passes = [stats.section(runs, "paper", n=n) for n in ns]
     groups = [("ours", OURS_SPEC, _OURS), ("OpenVINO GenAI", GENAI_SPEC, _GENAI)]
@@ -116,7 +116,7 @@ def draw_paper(results: dict, runs: list[Run]):
     return figure
 
 
-def draw_peers(results: dict, runs: list[Run]):
+def draw_peers(results: Results, runs: list[Run]):
     """Milliseconds per token of every lane of the paper section and of the transformers section, whichever ran."""
     import matplotlib.pyplot as plt
 
@@ -142,10 +142,10 @@ def draw_peers(results: dict, runs: list[Run]):
     return figure
 
 
-def draw_k(results: dict, runs: list[Run]):
+def draw_k(results: Results, runs: list[Run]):
     import matplotlib.pyplot as plt
 
-    if not (k := results["sections"].get("k")):
+    if not (k := results.sections.k):
         return None
     rows, at = stats.sweep_rows(runs, "k", "specdemo"), stats.section(runs, "k")
     fixed = stats.with_k_policy(rows, "fixed")
@@ -174,10 +174,10 @@ def draw_k(results: dict, runs: list[Run]):
     return figure
 
 
-def draw_precision(results: dict, runs: list[Run]):
+def draw_precision(results: Results, runs: list[Run]):
     import matplotlib.pyplot as plt
 
-    if not (precision := results["sections"].get("precision")):
+    if not (precision := results.sections.precision):
         return None
     rows, pairs = stats.sweep_rows(runs, "precision"), precision.facts()
     labels = [f"{pairs[r.lane.label].target} / {pairs[r.lane.label].draft}" for r in rows]
@@ -194,10 +194,10 @@ def draw_precision(results: dict, runs: list[Run]):
     return figure
 
 
-def draw_breakdown(results: dict, runs=()):
+def draw_breakdown(results: Results, runs=()):
     import matplotlib.pyplot as plt
 
-    if not (paper := results["sections"].get("paper")):
+    if not (paper := results.sections.paper):
         return None
     shares = paper.time_shares
     lanes = [SPECULATIVE, AUTOREGRESSIVE]
@@ -218,13 +218,13 @@ def draw_breakdown(results: dict, runs=()):
     return figure
 
 
-def draw_humaneval(results: dict, runs=()):
+def draw_humaneval(results: Results, runs=()):
     """Per HumanEval problem: our speculative speedup against the mean acceptance length; failed answers hollow."""
     import matplotlib.pyplot as plt
 
     from specdemo.bench.humaneval import HumanEval
 
-    if not isinstance(section := results["sections"].get("humaneval"), HumanEval) or not section.rows:
+    if not isinstance(section := results.sections.humaneval, HumanEval) or not section.rows:
         return None
     figure, axis = plt.subplots(figsize=(6, 4))
     for passed, style in ((True, {"color": _OURS}), (False, {"facecolors": "none", "edgecolors": _OURS})):

@@ -1,5 +1,5 @@
-"""The benchmark's markdown report, rendered from the results the run also writes as JSON (keys:
-schema.py): the opening (machine, cost curve, headlines and targets, which read several sections), then each section's
+"""The benchmark's markdown report, rendered from the results the run also writes as JSON
+(schema.Results): the opening (machine, cost curve, headlines and targets, which read several sections), then each section's
 parts where settings.REGISTRY places them, then the method. Sections 1 and 2 are here; the cells, the tables and the
 later sections are in report_tables.py, the GGUF files' (llama.cpp, fidelity, nodes) in report_gguf.py.
 
@@ -12,11 +12,11 @@ from __future__ import annotations
 from specdemo.bench import found, report_tables as tables
 from specdemo.bench import stats
 from specdemo.bench.report_tables import image, k_text, ms, percent, seconds, table, times
-from specdemo.bench.schema import GENAI_AR, GENAI_DEFAULTS, GENAI_SPEC, HF_SPEC, OURS_AR, OURS_SPEC
-from specdemo.bench.schema import GenAICompile, Skipped, Transformers
+from specdemo.bench.schema import GENAI_AR, GENAI_SPEC, HF_SPEC, OURS_AR, OURS_SPEC
+from specdemo.bench.schema import GenAICompile, Results, Sections, Skipped, Transformers
 from specdemo.bench.settings import PAPER, REGISTRY, paper_speedup
 from specdemo.bench.stats import COMPONENTS, PYTHON
-from specdemo.bench.table import Run, load
+from specdemo.bench.table import GENAI_DEFAULTS, Run
 from specdemo.bench.targets import Target, fastest
 from specdemo.decoding.planner import surface_sentence
 from specdemo.learning.disk import size
@@ -24,89 +24,82 @@ from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results.metrics import speedup_from_calls
 
 
-def render(results: dict, plots: dict[str, str]) -> str:
+def render(results: Results, plots: dict[str, str]) -> str:
     """The whole report: its opening, every registered section's parts by their § (settings.REGISTRY), the method.
     `plots` maps a plot's name to its file name, relative to the report; the parts read the table's runs (table.py)."""
-    sections, runs = results["sections"], load(results)
-    opening = [_header(results), _machine(results), tables.tune_section(results.get("tune")), _costs(results, plots),
-               _headlines(sections, runs), _targets(results, runs)]
+    sections, runs = results.sections, results.runs
+    opening = [_header(results), _machine(results), tables.tune_section(results.tune), _costs(results, plots),
+               _headlines(sections, runs), _targets(results)]
     placed = sorted((part for section in REGISTRY for part in section.report), key=lambda part: part[0])  # stable: run order
     parts = [found(part)(sections, plots, runs) for _, part in placed]
     return "\n\n".join(part for part in [*opening, *parts, tables.method_section(results)] if part) + "\n"
 
 
-def _header(results: dict) -> str:
-    bench = results["bench"]  # BenchSettings
-    minutes = results["seconds"] / 60
+def _header(results: Results) -> str:
+    bench, minutes = results.bench, results.seconds / 60
     return (
         "# Benchmarks\n\n"
         "Autoregressive vs speculative decoding on OpenVINO, measured by `python -m specdemo bench` beside "
         "the paper's figures, OpenVINO GenAI's own pipelines and transformers, in one run on one machine. "
         "Every figure below comes from that run; ratios were measured back to back on the same instructions.\n\n"
-        f"* command: `{results['command']}` ({bench.mode} mode, {minutes:.1f} min, started {results['started']})\n"
-        f"* load average (1, 5, 15 min) at start {results['machine']['load_average']}, at end {results.get('load_average_end')}; "
+        f"* command: `{results.command}` ({bench.mode} mode, {minutes:.1f} min, started {results.started})\n"
+        f"* load average (1, 5, 15 min) at start {results.machine.load_average}, at end {results.load_average_end}; "
         "1-minute load after each section: "
-        + ", ".join(f"{name} {s.load_average_end[0]}" for name, s in results["sections"].items() if s.load_average_end)
+        + ", ".join(f"{name} {s.load_average_end[0]}" for name, s in results.sections.ran().items() if s.load_average_end)
         + "\n"
         "* reproduce: `python -m specdemo bench --out docs` (full, ~45 min on 2 cores, first run longer) or `python -m specdemo bench --quick` "
         "(~3 min); the raw runs are in `benchmarks.json`"
     )
 
 
-def _machine(results: dict) -> str:
-    m = results["machine"]
-    packages = m["packages"]
+def _machine(results: Results) -> str:
+    m, packages = results.machine, results.machine.packages
     rows = [
-        ["CPU", f"{m['cpu']} ({', '.join(m['cpu_features']) or 'no AVX-512'})"],
-        ["cores", f"{m['physical_cores']} physical, {m['logical_cores']} logical"],
-        ["RAM", size(m["ram_bytes"])],
-        ["OS / Python", f"{m['os']} / {m['python']}"],
-        ["OpenVINO", packages["openvino"]],
-        ["OpenVINO GenAI", packages["openvino-genai"]],
-        ["transformers / torch", f"{packages['transformers']} / {packages['torch']}"],
+        ["CPU", f"{m.cpu} ({', '.join(m.cpu_features) or 'no AVX-512'})"],
+        ["cores", f"{m.physical_cores} physical, {m.logical_cores} logical"],
+        ["RAM", size(m.ram_bytes)],
+        ["OS / Python", f"{m.os} / {m.python}"],
+        ["OpenVINO", packages.openvino],
+        ["OpenVINO GenAI", packages.openvino_genai],
+        ["transformers / torch", f"{packages.transformers} / {packages.torch}"],
     ]
-    models = results.get("models", {})
-    for role in ("target", "draft"):
-        if role in models:
-            d = models[role]
-            compiled = f", compiled: {d['compile_settings']}" if d.get("compile_settings") else ""
-            rows.append([role, f"{d['name']}, {d['precision']} weights ({size(d['size_on_disk_bytes'])}), KV cache "
-                               f"{d['kv_cache_precision']}, {d['device']}{compiled}"])
+    for role, d in results.models.items():  # target, then draft
+        compiled = f", compiled: {d.compile_settings}" if d.compile_settings else ""
+        rows.append([role, f"{d.name}, {d.precision} weights ({size(d.size_on_disk_bytes)}), KV cache "
+                           f"{d.kv_cache_precision}, {d.device}{compiled}"])
     return "## Machine and models\n\n" + table(["", ""], rows)
 
 
-def _costs(results: dict, plots: dict) -> str:
+def _costs(results: Results, plots: dict) -> str:
     """This machine's cost curve and the plan the planner made from it."""
-    c = results.get("costs")  # CostModel
-    if not c:
+    if not (c := results.costs):
         return ""
     rows = [[str(n), f"{s * 1e3:.1f} ms", f"{s / c.target_s[0]:.2f}"] for n, s in enumerate(c.target_s, start=1)]
     draft = ", ".join(f"{s * 1e3:.1f} ms" for s in c.draft_s)
-    plan = results.get("plan", {})
     text = (
         "## This machine's cost curve and the plan\n\n"
-        f"Measured at warm-up ({results.get('warm_up_s', 0):.1f} s, not part of any lane's time) on {c.cpu}, the way "
+        f"Measured at warm-up ({results.warm_up_s:.1f} s, not part of any lane's time) on {c.cpu}, the way "
         "the loop calls: single steps one after another, and rounds of draft steps then one target call scoring n tokens "
         "(n rows of logits), after a 160-token context, median of 5; in milliseconds and in single steps. Every lane's "
         "records then correct it (`costs.fold`); at the end of the run it stood: "
-        f"{end.standing() if (end := results.get('costs_end')) else 'not corrected'}. A draft step "
+        f"{end.standing() if (end := results.costs_end) else 'not corrected'}. A draft step "
         f"(1 and 2 tokens): {draft or '–'}; prefill {c.target_prefill_tps:.0f} tokens/s (target), "
         f"{c.draft_prefill_tps:.0f} tokens/s (draft); a KV-cache rollback {c.target_rollback_s * 1e3:.1f} ms "
         f"(target), {c.draft_rollback_s * 1e3:.1f} ms (draft).\n\n"
         + table(["n", "t(n)", "t(n) / t(1)"], rows)
     )
-    if plan:
-        text += f"\n\n**The plan** for the first code instruction: {plan['reason']}"
+    if results.plan:
+        text += f"\n\n**The plan** for the first code instruction: {results.plan.reason}"
     final = end or c
     text += f"\n\n**Where speculation pays here**, from the cost model as the run left it: {surface_sentence(final, final.n_max - 1)}"
     return (text + image(plots, "costs", "Cost of scoring n tokens in one target call, in single steps")
             + image(plots, "surface", "Predicted speedup over K and acceptance, with the break-even line"))
 
 
-def _headlines(sections: dict, runs: list[Run]) -> str:
+def _headlines(sections: Sections, runs: list[Run]) -> str:
     """The few figures a reader came for, each pointing at the section that has the detail."""
     lines = []
-    paper, at = sections.get("paper"), stats.section(runs, "paper")
+    paper, at = sections.paper, stats.section(runs, "paper")
     if paper and at:
         text = (f"Speculative decoding ({k_text(paper)}, N = {at.n}) is **{at.speedup(OURS_SPEC).median:.2f}×** faster "
                 f"than autoregressive (GenAI's C++ pipeline: {at.speedup(GENAI_SPEC).median:.2f}×")
@@ -131,23 +124,21 @@ def _headlines(sections: dict, runs: list[Run]) -> str:
         lines.append(text + " (§3).")
     if precision := stats.sweep_rows(runs, "precision"):
         best = fastest(precision)
-        pair = sections["precision"].facts()[best.lane.label]
+        pair = sections.precision.facts()[best.lane.label]
         lines.append(
             f"Best weight precisions: target {pair.target} + draft {pair.draft} at {best.measured_speedup.median:.2f}× over that target alone (§3)."
         )
     if lookup := stats.sweep_rows(runs, "lookup"):
         cells = [f"{r.lane.label} {tables.over_ours(runs, r).median:.2f}×" for r in lookup]
         lines.append("On edits that repeat their input, speedup over our autoregressive loop: " + ", ".join(cells) + " (§4).")
-    memory = sections.get("memory")
-    if memory:
+    if memory := sections.memory:
         extra = memory.speculative.peak_rss_generating_bytes - memory.autoregressive.peak_rss_generating_bytes
         lines.append(f"Speculative decoding needs {size(extra)} more peak RSS than autoregressive: the draft's weights and KV cache (§5).")
     return "## Headlines\n\n" + "\n".join(f"* {line}" for line in lines) if lines else ""
 
 
-def _targets(results: dict, runs: list[Run]) -> str:
-    targets = results.get("targets", [])
-    if not targets:
+def _targets(results: Results) -> str:
+    if not (targets := results.targets):
         return ""
     rows = []
     for t in targets:
@@ -157,18 +148,18 @@ def _targets(results: dict, runs: list[Run]) -> str:
         else:
             goal, measured = f"{t.sense} {t.goal:g}", f"{t.measured:.2f}"
         rows.append([t.target, t.where, goal, measured, verdict])
-    notes = [diagnose(t, results["sections"], runs) for t in targets if not t.met]
+    notes = [diagnose(t, results.sections, results.runs) for t in targets if not t.met]
     text = "## Targets\n\n" + table(["target", "where", "goal", "measured (median)", "verdict"], rows)
     if notes:
         text += "\n\n" + "\n\n".join(note for note in notes if note)
     return text
 
 
-def diagnose(target: Target, sections: dict, runs: list[Run]) -> str:
+def diagnose(target: Target, sections: Sections, runs: list[Run]) -> str:
     """For a missed target: what the time breakdown, the round costs and the sweeps point to."""
     if not (at := stats.section(runs, "paper")):
         return ""
-    shares = sections["paper"].time_shares[SPECULATIVE]
+    shares = sections.paper.time_shares[SPECULATIVE]
     where = ", ".join(f"{name} {percent(shares[name], 0)}" for name in COMPONENTS)
     if target.id in ("speedup", "speedup_best_k"):
         spec = stats.speculative_figures(stats.lane_runs(at.runs, at.lane(OURS_SPEC)))
@@ -184,7 +175,7 @@ def diagnose(target: Target, sections: dict, runs: list[Run]) -> str:
             f"Python: the gap is in the model calls, the same IR run through our stateful model vs GenAI's paged-attention one."
         )
         if kv := stats.sweep_rows(runs, "kv"):
-            kv_at, precisions = stats.section(runs, "kv"), sections["kv"].facts()
+            kv_at, precisions = stats.section(runs, "kv"), sections.kv.facts()
             steps = ", ".join(f"{precisions[r.lane.label].kv_cache_precision} "
                               f"{tables.kv_step_s(kv_at.runs, r.lane) * 1000:.1f} ms" for r in kv)
             text += f" The KV cache sweep (§3) points at one cause: our autoregressive step with each KV cache precision is {steps}."
@@ -214,9 +205,9 @@ def _round_costs(spec: stats.Drafting, step_s: float, target: Target) -> str:
     )
 
 
-def paper_section(sections: dict, plots: dict, runs: list[Run]) -> str:
+def paper_section(sections: Sections, plots: dict, runs: list[Run]) -> str:
     """§1: autoregressive vs speculative at the paper's N, ours and GenAI's, beside the paper's figures."""
-    if not (paper := sections.get("paper")):
+    if not (paper := sections.paper):
         return ""
     rows = []
     for n in stats.tokens(runs, "paper"):
@@ -236,9 +227,9 @@ def paper_section(sections: dict, plots: dict, runs: list[Run]) -> str:
     return text + image(plots, "paper", "Speedup over autoregressive: ours, GenAI, the paper")
 
 
-def peers_section(sections: dict, plots: dict, runs: list[Run]) -> str:
+def peers_section(sections: Sections, plots: dict, runs: list[Run]) -> str:
     """§2: GenAI's pipelines from the paper section and transformers from its own, beside our lanes."""
-    paper, hf = sections.get("paper"), sections.get("transformers")
+    paper, hf = sections.paper, sections.transformers
     if not paper and not hf:
         return ""
     text = "## 2. Peers in the same run\n\n"

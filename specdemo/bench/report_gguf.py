@@ -7,15 +7,15 @@ import math
 
 from specdemo.bench import stats
 from specdemo.bench.report_tables import cell, k_text, ms_value, number, percent, seconds, table, times
-from specdemo.bench.schema import OURS_AR, OURS_SPEC, Agreement, Skipped
+from specdemo.bench.schema import OURS_AR, OURS_SPEC, Agreement, Sections, Skipped
 from specdemo.bench.table import Lane, Run
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 
 
-def llamacpp_section(sections: dict, plots: dict, runs: list[Run]) -> str:
+def llamacpp_section(sections: Sections, plots: dict, runs: list[Run]) -> str:
     """llama.cpp on the same GGUF files, from the section's rows of the table: each lane's prefill and decode rate, our
     decode rate over each llama.cpp mode's, and whether llama.cpp's bindings decode as fast as its own llama-bench."""
-    if not (cpp := sections.get("llamacpp")):
+    if not (cpp := sections.llamacpp):
         return ""
     title = "## 7. llama.cpp on the same GGUF files\n\n"
     if isinstance(cpp, Skipped):
@@ -92,9 +92,9 @@ def _text_agreement(rows: list[Agreement]) -> str:
             f"they part: {cells}.")
 
 
-def fidelity_section(sections: dict, plots: dict, runs=()) -> str:
+def fidelity_section(sections: Sections, plots: dict, runs=()) -> str:
     """Each target precision against the GGUF it came from (specdemo/results/fidelity.py)."""
-    if not (section := sections.get("fidelity")):
+    if not (section := sections.fidelity):
         return ""
     title = "## Fidelity to the GGUF\n\n"
     if isinstance(section, Skipped):
@@ -108,10 +108,10 @@ def fidelity_section(sections: dict, plots: dict, runs=()) -> str:
             + table(["weights", "compile settings", "top-1 agreement", "mean |logit error|"], rows))
 
 
-def nodes_section(sections: dict, plots: dict, runs: list[Run]) -> str:
+def nodes_section(sections: Sections, plots: dict, runs: list[Run]) -> str:
     """Where a target call's time goes (specdemo/bench/nodes.py), per target precision, beside the GGUF's own bytes
     (and llama.cpp's rate reading them, when the llamacpp section ran)."""
-    if not (section := sections.get("nodes")) or not section.targets:
+    if not (section := sections.nodes) or not section.targets:
         return ""
     calls = section.tokens_per_call
     parts = ["## Where a target call's time goes\n\nOpenVINO's per-node counters (PERF_COUNT) over windows of 8 calls of "

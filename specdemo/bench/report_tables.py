@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import dataclass
 
 from specdemo.bench import stats
-from specdemo.bench.schema import OURS_AR, OURS_SPEC
+from specdemo.bench.schema import OURS_AR, OURS_SPEC, Results, Sections
 from specdemo.bench.stats import COMPONENTS, Spread, SweepRow
-from specdemo.bench.table import Run
+from specdemo.bench.table import Run, measured
 from specdemo.learning.disk import size
-from specdemo.learning.draft_choice import from_dict
+from specdemo.learning.draft_choice import DraftOption, from_dict
 from specdemo.learning.profile.choices import Setting
 from specdemo.learning.race import VERIFY_SIZES
+from specdemo.learning.tune import Trial
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results.figures import figure
 
@@ -105,22 +107,41 @@ def _error(spread: Spread | None) -> str:
     return f"{spread.median:+.0%} ({spread.min:+.0%} to {spread.max:+.0%})"
 
 
+@dataclass(frozen=True)
+class Tuned:
+    """The tune the run's models were loaded under, read back from Profile.tune_record() as benchmarks.json keeps it."""
+
+    file: str  # the tune file's name
+    trials: list[Trial]  # the last tune's, every model's candidates
+    planned_at: str  # when the draft plan was made, ISO ("–" where it does not say)
+    options: list[tuple[DraftOption, float]]  # the draft plan's candidates, each with its acceptance (nan: unmeasured)
+
+
+def tuned(record: dict) -> Tuned:
+    """The one reader of a tune record's keys."""
+    trials = [Trial(t["role"], Setting(**t["setting"]), *(measured(t.get(key)) for key in _TRIAL_FIGURES),
+                    faithful=bool(t.get("faithful")), chosen=bool(t.get("chosen"))) for t in record["trials"]]
+    plan = record.get("draft_plan") or {}
+    options = [(from_dict(o), measured(o.get("acceptance"))) for o in plan.get("options") or []]
+    return Tuned(record["file"], trials, str(plan.get("planned_at", "–")), options)
+
+
+_TRIAL_FIGURES = ("seconds", "relative", "agreement", "parting_rate")  # Trial's, in its order
+
+
 def tune_section(record: dict | None) -> str:
     """The compile settings and the draft this run's models were loaded under, as `python -m specdemo tune` chose them:
     every trial of the tune (settings × times) and the draft plan."""
     if not record:
         return ("## Tuned for this machine\n\nNot tuned: every model ran on the default compile settings "
                 "(`python -m specdemo tune` chooses them by measurement).") if record is not None else ""
-    rows = []
-    for t in record["trials"]:
-        faithful = t.get("faithful")
-        rows.append([t["role"], Setting(**t["setting"]).describe(), percent(t.get("agreement", math.nan)),
-                     ms_value(t["seconds"]) if faithful else "–",
-                     number(t.get("relative"), ".2f", "×") if faithful else "–", number(t.get("parting_rate"), ".1f"),
-                     "chosen" if t.get("chosen") else ("" if faithful else "not faithful")])
+    tune = tuned(record)
+    rows = [[t.role, t.setting.describe(), percent(t.agreement), ms_value(t.seconds) if t.faithful else "–",
+             number(t.relative, ".2f", "×") if t.faithful else "–", number(t.parting_rate, ".1f"),
+             "chosen" if t.chosen else ("" if t.faithful else "not faithful")] for t in tune.trials]
     text = ("## Tuned for this machine\n\n"
             f"Every lane of this run (ours and GenAI's) was compiled with the settings `python -m specdemo tune` chose on "
-            f"this machine (tune file `{record['file']}`). Each candidate: the share of the reference's (f32, no dynamic "
+            f"this machine (tune file `{tune.file}`). Each candidate: the share of the reference's (f32, no dynamic "
             f"quantization) decided greedy choices it keeps, its time as the loop calls (target: a single step plus "
             f"{' and '.join(map(str, VERIFY_SIZES))}-token verify calls; draft: a draft step inside a round) in the race it last ran in, and against the "
             "defaults, chained through the races; for a target that must keep the lanes identical, how often its verify "
@@ -128,14 +149,10 @@ def tune_section(record: dict | None) -> str:
             "answers; none may part more often than the defaults beyond the counting noise of theirs: one standard deviation "
             "of their count, at least one parting).\n\n"
             + table(["model", "setting", "greedy kept", "time", "vs default", "parting /1k", ""], rows))
-
-    plan = record.get("draft_plan") or {}
-    if plan.get("options"):
-        options = [[from_dict(o).describe(), f"{o.get('rows', 0):,}", ms_value(o.get("step_s", math.nan)),
-                    percent(o.get("acceptance", math.nan)), str(o.get("k", "–")),
-                    number(o.get("predicted_speedup"), ".2f", "×"), _plan_note(o)]
-                   for o in plan["options"]]
-        text += ("\n\n**The draft plan** (planned " + str(plan.get("planned_at", "–")).replace("T", " ")
+    if tune.options:
+        options = [[o.describe(), f"{o.rows:,}", ms_value(o.step_s), percent(acceptance), str(o.k),
+                    number(o.predicted_speedup, ".2f", "×"), _plan_note(o)] for o, acceptance in tune.options]
+        text += ("\n\n**The draft plan** (planned " + tune.planned_at.replace("T", " ")
                  + "): each candidate draft's step in a round, its acceptance on the built-in answers and the planner's "
                  "predicted speedup at its best K on this machine; the chosen one runs where the draft is left to the "
                  "plan.\n\n"
@@ -143,15 +160,15 @@ def tune_section(record: dict | None) -> str:
     return text
 
 
-def _plan_note(option: dict) -> str:
+def _plan_note(option: DraftOption) -> str:
     """The draft plan table's last cell: chosen, or not measured (it could not change the plan here)."""
-    if option.get("measured", True):
-        return "chosen" if option.get("chosen") else ""
-    return ("chosen, " if option.get("chosen") else "") + f"not measured: at best {number(option.get('best_case'), '.2f', '×')}"
+    if option.measured:
+        return "chosen" if option.chosen else ""
+    return ("chosen, " if option.chosen else "") + f"not measured: at best {number(option.best_case, '.2f', '×')}"
 
 
-def k_section(sections: dict, plots: dict, runs: list[Run]) -> str:
-    if not (k := sections.get("k")):
+def k_section(sections: Sections, plots: dict, runs: list[Run]) -> str:
+    if not (k := sections.k):
         return ""
     rows, at = stats.sweep_rows(runs, "k", "specdemo"), stats.section(runs, "k")
     cells = _sweep_rows(rows, [[r.lane.label] for r in rows])
@@ -208,8 +225,8 @@ def _counterfactual_table(rows: list[SweepRow], said: dict[str, stats.Counterfac
     return text
 
 
-def precision_section(sections: dict, plots: dict, runs: list[Run]) -> str:
-    if not (precision := sections.get("precision")):
+def precision_section(sections: Sections, plots: dict, runs: list[Run]) -> str:
+    if not (precision := sections.precision):
         return ""
     rows, pairs = stats.sweep_rows(runs, "precision"), precision.facts()
     cells = _sweep_rows(rows, [[pair.target, pair.draft, size(pair.draft_bytes), ms(r.reference_per_token_s)]
@@ -222,8 +239,8 @@ def precision_section(sections: dict, plots: dict, runs: list[Run]) -> str:
     return text + image(plots, "precision", "Measured and predicted speedup by weight precision")
 
 
-def kv_section(sections: dict, plots: dict, runs: list[Run]) -> str:
-    if not (kv := sections.get("kv")):
+def kv_section(sections: Sections, plots: dict, runs: list[Run]) -> str:
+    if not (kv := sections.kv):
         return ""
     rows, at, precisions = stats.sweep_rows(runs, "kv"), stats.section(runs, "kv"), kv.facts()
     # KV bytes: both models' caches at the end of a speculative run, the median run's
@@ -242,8 +259,8 @@ def kv_step_s(runs: list[Run], lane) -> float:
     return stats.step_seconds(stats.lane_runs(runs, lane.baseline))
 
 
-def lookup_section(sections: dict, plots: dict, runs: list[Run]) -> str:
-    if not (lookup := sections.get("lookup")):
+def lookup_section(sections: Sections, plots: dict, runs: list[Run]) -> str:
+    if not (lookup := sections.lookup):
         return ""
     rows = stats.sweep_rows(runs, "lookup")
     cells = _sweep_rows(rows, [[r.lane.label] for r in rows])
@@ -265,8 +282,8 @@ def over_ours(runs: list[Run], row: SweepRow) -> Spread:
     return stats.spread(stats.paired_ratios(at.runs, at.lane(OURS_AR), row.lane))
 
 
-def vocab_section(sections: dict, plots: dict, runs: list[Run]) -> str:
-    if not (vocab := sections.get("vocab")):
+def vocab_section(sections: Sections, plots: dict, runs: list[Run]) -> str:
+    if not (vocab := sections.vocab):
         return ""
     rows, heads = stats.sweep_rows(runs, "vocab"), vocab.facts()
     first = [[r.lane.label, f"{heads[r.lane.label].rows_kept:,}", ms_value(heads[r.lane.label].draft_step_costed_s)]
@@ -279,8 +296,8 @@ def vocab_section(sections: dict, plots: dict, runs: list[Run]) -> str:
     )
 
 
-def memory_section(sections: dict, plots: dict, runs=()) -> str:
-    if not (memory := sections.get("memory")):
+def memory_section(sections: Sections, plots: dict, runs=()) -> str:
+    if not (memory := sections.memory):
         return ""
     rows = []
     for mode, m in ((AUTOREGRESSIVE, memory.autoregressive), (SPECULATIVE, memory.speculative)):
@@ -297,9 +314,9 @@ def memory_section(sections: dict, plots: dict, runs=()) -> str:
     )
 
 
-def breakdown_section(sections: dict, plots: dict, runs: list[Run]) -> str:
+def breakdown_section(sections: Sections, plots: dict, runs: list[Run]) -> str:
     """§6: where the time of the paper section's longest runs goes."""
-    if not (paper := sections.get("paper")) or not (at := stats.section(runs, "paper")):
+    if not (paper := sections.paper) or not (at := stats.section(runs, "paper")):
         return ""
     shares = paper.time_shares
     rows = [[name, percent(shares[SPECULATIVE][name]), percent(shares[AUTOREGRESSIVE][name])] for name in COMPONENTS]
@@ -316,8 +333,8 @@ def breakdown_section(sections: dict, plots: dict, runs: list[Run]) -> str:
     )
 
 
-def method_section(results: dict) -> str:
-    b = results["bench"]  # BenchSettings
+def method_section(results: Results) -> str:
+    b = results.bench
     return (
         "## Method\n\n"
         f"* Instructions: the first {b.instructions} code instructions of `specdemo/bench/settings.py` (transformers: the "

@@ -1,17 +1,9 @@
-"""The results of a bench run (benchmarks.json), and how the report, the plots and the targets find
+"""The results of a bench run (benchmarks.json: Results.to_json), and how the report, the plots and the targets find
 lanes in them: by the lanes' typed fields, never by their labels.
 
-Top level:
-    schema (table.SCHEMA), table [every section's runs: table.row, read back by table.load], command, started (ISO time), seconds, machine (machine.describe()), load_average_end,
-    bench (BenchSettings), run_settings (RunSettings), models {target, draft: LoadedModel.describe()},
-    costs (CostModel.to_dict()), warm_up_s, plan (Plan), sections {name: section}, targets [target],
-    skipped_for_memory [section names the memory bound left no room for] (absent when none),
-    tune (Profile.tune_record(): file, trials [the last tune's Trial dicts], draft_plan {precision, head_tokens, options,
-    planned_at} or null; {} when the machine was not tuned).
-
 The table's rows (table.row) carry each run's lane by its label and fields (table.Lane), its section, its setting
-(the section's pass: "", or GENAI_DEFAULTS) and its times; a section's lanes, their times, speedups and ratios of decode
-rates are queries over its rows (stats.section), a spread a stats.Spread.
+(the section's pass: "", or table.GENAI_DEFAULTS) and its times; a section's lanes, their times, speedups and ratios
+of decode rates are queries over its rows (stats.section), a spread a stats.Spread.
 
 Every section's figures are a Figures, written as their fields: the dataclasses below, and memory.Memory,
 watching.Watching, kernels.Kernels, gating.Gating, humaneval.HumanEval; Skipped where the section could not run. A
@@ -21,9 +13,25 @@ target is a targets.Target.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
 
+from specdemo.bench.table import SCHEMA, Run, row
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
+
+if TYPE_CHECKING:  # the sections' own modules import this one
+    from specdemo.bench.gating import Gating
+    from specdemo.bench.humaneval import HumanEval
+    from specdemo.bench.kernels import Kernels
+    from specdemo.bench.memory import Memory
+    from specdemo.bench.settings import BenchSettings
+    from specdemo.bench.targets import Target
+    from specdemo.bench.watching import Watching
+    from specdemo.decoding.costs import CostModel
+    from specdemo.decoding.planner import Plan
+    from specdemo.host.machine import Machine
+    from specdemo.models.loading import Facts
+    from specdemo.settings import RunSettings
 
 # (framework, kind) of the lanes the report names.
 OURS_AR = ("specdemo", AUTOREGRESSIVE)
@@ -31,7 +39,6 @@ OURS_SPEC = ("specdemo", SPECULATIVE)
 GENAI_AR = ("genai", AUTOREGRESSIVE)
 GENAI_SPEC = ("genai", SPECULATIVE)
 HF_SPEC = ("transformers", SPECULATIVE)
-GENAI_DEFAULTS = "GenAI's defaults"  # Run.setting of the paper's pass with GenAI on its own compile defaults
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -168,3 +175,67 @@ class Sweep(Figures):
     def facts(self) -> dict[str, Row]:
         """Its rows by their lanes' labels."""
         return {row.label: row for row in self.rows}
+
+
+@dataclass(frozen=True)
+class Sections:
+    """Each section's figures as its runner made them, a field by its name in settings.REGISTRY and in its order (held
+    by a test); None where it did not run."""
+
+    paper: Paper | None = None
+    k: Sweep | None = None
+    vocab: Sweep | None = None
+    lookup: Sweep | None = None
+    transformers: Transformers | Skipped | None = None
+    llamacpp: LlamaCpp | Skipped | None = None
+    fidelity: FidelitySection | Skipped | None = None
+    nodes: Nodes | None = None
+    kernels: Kernels | Skipped | None = None
+    precision: Sweep | None = None
+    kv: Sweep | None = None
+    memory: Memory | None = None
+    watching: Watching | None = None
+    humaneval: HumanEval | Skipped | None = None
+    gating: Gating | None = None
+
+    def ran(self) -> dict[str, Figures]:
+        """The sections that ran, by name, in the order they ran: as benchmarks.json keeps them."""
+        return {f.name: figures for f in fields(self) if (figures := getattr(self, f.name)) is not None}
+
+    def to_json(self) -> dict[str, Figures]:
+        return self.ran()
+
+
+@dataclass(frozen=True)
+class Results:
+    """A bench run's results, as the report and the plots read them; to_json is benchmarks.json, in this order."""
+
+    command: str = ""  # for the report's "reproduce" line
+    started: str = ""  # ISO time, UTC
+    machine: Machine | None = None
+    bench: BenchSettings | None = None
+    run_settings: RunSettings | None = None
+    sections: Sections = Sections()
+    models: dict[str, Facts] = field(default_factory=dict)  # by role: "target", "draft"
+    # Profile.tune_record() as written ({} when the machine was not tuned): file, trials [Trial dicts], draft_plan
+    # {precision, head_tokens, options, planned_at} or null; report_tables.tuned reads it back
+    tune: dict | None = None
+    costs: CostModel | None = None  # measured at warm-up, frozen
+    warm_up_s: float = 0.0
+    plan: Plan | None = None  # the planner's for the first code instruction
+    sample_run: dict | None = None  # the run record `show` renders (run.json, not in benchmarks.json); None: unfinished
+    skipped_for_memory: list[str] = field(default_factory=list)  # sections the memory bound left no room for
+    costs_end: CostModel | None = None  # as the sections' runs corrected it
+    runs: list[Run] = field(default_factory=list)  # every section's runs: the table
+    targets: list[Target] = field(default_factory=list)
+    seconds: float = math.nan  # the whole run's
+    load_average_end: list[float] | None = None
+
+    def to_json(self) -> dict:
+        head = {"schema": SCHEMA, "command": self.command, "started": self.started, "machine": self.machine,
+                "bench": self.bench, "run_settings": self.run_settings, "sections": self.sections,
+                "models": self.models, "tune": self.tune, "costs": self.costs, "warm_up_s": self.warm_up_s,
+                "plan": self.plan.to_dict() if self.plan else None}
+        skipped = {"skipped_for_memory": self.skipped_for_memory} if self.skipped_for_memory else {}
+        return {**head, **skipped, "costs_end": self.costs_end, "table": [row(r) for r in self.runs],
+                "targets": self.targets, "seconds": self.seconds, "load_average_end": self.load_average_end}

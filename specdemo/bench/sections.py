@@ -1,15 +1,14 @@
 """The sections that put us beside others: the paper's experiment (with OpenVINO GenAI in the same
-loop), transformers and llama.cpp; the GGUF's fidelity, where a target call's time goes. The sweeps are in sweeps.py,
-the memory probe in memory.py, what watching costs in watching.py, HumanEval in humaneval.py; settings.REGISTRY names
-each section's runner. Each returns the figures the report reads (schema.Figures)."""
+loop), transformers and llama.cpp; the GGUF's fidelity, where a target call's time goes. Each returns the figures the
+report reads (schema.Figures); settings.REGISTRY names every section's runner."""
 
 from __future__ import annotations
 
 from specdemo.bench import stats
 from specdemo.bench.harness import Context, genai_compile, log_progress, measure, our_lane, peer_lane
-from specdemo.bench.schema import GENAI_DEFAULTS, Agreement, FidelitySection, LlamaCpp, Nodes, Paper, Skipped
+from specdemo.bench.schema import Agreement, FidelitySection, LlamaCpp, Nodes, Paper, Skipped
 from specdemo.bench.schema import Transformers
-from specdemo.bench.table import Lane, Run
+from specdemo.bench.table import GENAI_DEFAULTS, Lane, Run
 from specdemo.decoding.drafters import with_counterpart
 from specdemo.models import kernels, sources
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
@@ -60,7 +59,7 @@ def run_transformers(ctx: Context) -> Transformers | Skipped:
 
     missing = [m for m in (ctx.engine.target, ctx.engine.draft) if peers.hf_weights_missing(m.settings.source)]
     if missing:  # say what it costs on disk before writing it
-        need = sum(m.describe()["parameters"] * 4 for m in missing)
+        need = sum(m.describe().parameters * 4 for m in missing)
         ctx.log(f"transformers runs on float32 copies of the weights: about {size(need)} more under "
                 f"{sources.specdemo_home() / 'bench' / 'hf'} (python -m specdemo clean --remove bench frees it)")
     target_hf = peers.hf_weights(ctx.settings.target.source, log_progress(ctx.log, "dequantizing target"))
@@ -89,8 +88,7 @@ def run_llamacpp(ctx: Context) -> LlamaCpp | Skipped:
     draft model at the same K, beside our autoregressive and speculative loops; skipped in one line without it."""
     from specdemo.bench import llamacpp, peers
 
-    skipped = llamacpp.missing()
-    if skipped:
+    if skipped := llamacpp.missing():
         ctx.log(skipped)
         return Skipped(skipped)
     target = llamacpp.gguf_path(ctx.settings.target.source, log_progress(ctx.log, "target GGUF"))

@@ -58,7 +58,8 @@ class Section:
     """One section of a bench run, registered in REGISTRY: what it loads, and where its runner, its report parts and its
     plots are. Those are named as "module:function" (".sweeps" is specdemo.bench.sweeps), not imported: they load the
     models, and this module stays light for the CLI's flags; bench.found() imports one when the run, the report or the
-    plots call it. So a new section is one module holding the three, and one line here."""
+    plots call it. So a new section is one module holding the three, one line here and its field in
+    schema.Sections."""
 
     name: str  # for --only and as its key in benchmarks.json
     run: str  # its runner: Context -> the figures the report and the plots read (schema.Figures)
@@ -99,7 +100,7 @@ REGISTRY = (  # in the order they run
     Section("kv", ".sweeps:run_kv", ((3, ".report_tables:kv_section"),), copies=(2, 2)),
     Section("memory", ".memory:run_memory", ((5, ".report_tables:memory_section"),), copies=(1, 1)),
     Section("watching", ".watching:run_watching", ((8, ".watching:watching_section"),)),
-    Section("humaneval", ".humaneval:run_section", ((9, ".report_humaneval:humaneval_section"),),
+    Section("humaneval", ".humaneval:run_section", ((9, ".humaneval:humaneval_section"),),
             (".plots:draw_humaneval",), copies=(2, 1), opt_in=True),
     # gated rounds priced on synthetic compute-bound curves: the pair alone, no timing worth comparing across sections
     Section("gating", ".gating:run_gating", ((3, ".gating:gating_section"),), opt_in=True),

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
+from itertools import zip_longest
 
 from specdemo.bench.schema import Row
 from specdemo.bench.table import Lane, Run
@@ -128,15 +129,11 @@ def speedup(runs: list[Run], lane: Lane) -> Spread:
 
 def prediction_errors(runs: list[Run], lane: Lane) -> list[float]:
     """(predicted − measured) / measured speedup of `lane` over its baseline, per instruction and repeat."""
-    by_key = {(r.instruction, r.repeat): r for r in lane_runs(runs, lane.baseline)}
     errors = []
-    for run in lane_runs(runs, lane):
-        partner = by_key.get((run.instruction, run.repeat))
-        predicted = run.summary.predicted_speedup if run.summary else 0.0
-        if partner is None or not predicted or not run.per_token_s:
-            continue
-        measured = partner.per_token_s / run.per_token_s
-        errors.append((predicted - measured) / measured)
+    for run, baseline in paired_runs(runs, lane, lane.baseline):
+        if (predicted := run.summary.predicted_speedup if run.summary else 0.0) and run.per_token_s:
+            measured = baseline.per_token_s / run.per_token_s
+            errors.append((predicted - measured) / measured)
     return errors
 
 
@@ -196,9 +193,7 @@ def speculative_figures(runs: list[Run]) -> Drafting:
     alpha = accepted / (accepted + rejections) if accepted + rejections else 0.0
     mean_k = proposed / rounds if rounds else 0.0
     c = statistics.median([s.draft_cost for s in ours]) if ours else 0.0
-    histogram: list[int] = []
-    for s in ours:
-        histogram = [a + b for a, b in zip(_pad(histogram, len(s.accepted_histogram)), _pad(s.accepted_histogram, len(histogram)))]
+    histogram = [sum(kept) for kept in zip_longest(*(s.accepted_histogram for s in ours), fillvalue=0)]  # by drafts kept
     return Drafting(alpha, metrics.draft_acceptance_rate(accepted, proposed), c, mean_k,
                     metrics.leviathan_speedup(alpha, mean_k, c), spread([s.predicted_speedup for s in ours]),
                     spread([s.mean_acceptance_length for s in ours]), histogram,
@@ -296,10 +291,6 @@ def counterfactual_figures(runs: list[Run], lane: Lane, would: dict) -> Counterf
                               differ)
     return Counterfactual(lane.label, oracle_speedup=spread(oracle), best_fixed_k=best_k,
                           best_fixed_counterfactual=spread(best), over_best_fixed=spread(over_best))
-
-
-def _pad(row: list[int], n: int) -> list[int]:
-    return row + [0] * (n - len(row))
 
 
 def step_seconds(runs: list[Run]) -> float:

@@ -131,7 +131,7 @@ def _sweep_target(ctx: Context, precision: str, drafts: dict) -> list[Pair]:
     for dp, draft in drafts.items():
         lane = our_lane(f"target {precision} + draft {dp}", Engine(target, draft), SPECULATIVE, generation, baseline=ar,
                         reference=ar)
-        pairs[lane] = Pair(lane.label, precision, dp, draft.describe()["size_on_disk_bytes"])
+        pairs[lane] = Pair(lane.label, precision, dp, draft.describe().size_on_disk_bytes)
         lanes.append(lane)
     return sweep_rows(ctx, f"precision sweep, target {precision}, {generation.k_policy.describe()}, {len(pairs)} pairs",
                  lanes, lambda lane, runs: pairs[lane])

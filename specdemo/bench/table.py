@@ -18,7 +18,6 @@ import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Callable, Literal, get_args
 
-from specdemo.bench.schema import GENAI_DEFAULTS
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results.metrics import Summary
 from specdemo.results.parting import Parting
@@ -26,6 +25,7 @@ from specdemo.results.parting import Parting
 Framework = Literal["specdemo", "genai", "transformers", "llamacpp"]
 Kind = Literal[AUTOREGRESSIVE, SPECULATIVE]
 KMode = Literal["fixed", "adaptive", "auto"]
+GENAI_DEFAULTS = "GenAI's defaults"  # Run.setting of the paper's pass with GenAI on its own compile defaults
 
 
 @dataclass
@@ -203,7 +203,7 @@ def _runs(rows: list[dict]) -> list[Run]:
         return lanes[section, label]
 
     return [Run(lane(r["section"], r["lane"]), r["instruction"], r["repeat"], r["max_new_tokens"], r["wall_s"],
-                r["tokens"], _number(r.get("prefill_s")), r.get("same_as_reference", True), *_drafting(r),
+                r["tokens"], measured(r.get("prefill_s")), r.get("same_as_reference", True), *_drafting(r),
                 _parting(r.get("parting")), r["section"], r.get("machine", ""), r.get("setting", "")) for r in rows]
 
 
@@ -219,5 +219,6 @@ def _parting(d: dict | None) -> Parting | None:
     return Parting(**{f.name: d[f.name] for f in fields(Parting) if f.name in d}) if d else None
 
 
-def _number(value) -> float:
+def measured(value) -> float:
+    """A figure JSON holds: nan where it holds null (not measured)."""
     return math.nan if value is None else float(value)

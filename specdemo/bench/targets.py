@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specdemo.bench import stats
-from specdemo.bench.schema import GENAI_SPEC, HF_SPEC, OURS_SPEC
+from specdemo.bench.schema import GENAI_SPEC, HF_SPEC, OURS_SPEC, Sections
 from specdemo.names import SPECULATIVE
 from specdemo.bench.settings import (
     TARGET_AUTO_SPEEDUP,
@@ -32,7 +32,7 @@ class Target:
     gap: float  # measured / goal − 1: how far over or under the goal, as a fraction
 
 
-def judge_targets(sections: dict, runs: list[Run]) -> list[Target]:
+def judge_targets(sections: Sections, runs: list[Run]) -> list[Target]:
     """Each target, from the sections' figures and the table's `runs`: what it asks, what we measured, met or not, and
     by how much."""
     targets = []
@@ -42,7 +42,7 @@ def judge_targets(sections: dict, runs: list[Run]) -> list[Target]:
                                at.ratio(OURS_SPEC, GENAI_SPEC).median, TARGET_GENAI_RATIO, "≤"))
         targets.append(_target("speedup", "speculative speedup over autoregressive (code)", where,
                                at.speedup(OURS_SPEC).median, TARGET_SPEEDUP, "≥"))
-        overhead = sections["paper"].time_shares[SPECULATIVE][stats.PYTHON]
+        overhead = sections.paper.time_shares[SPECULATIVE][stats.PYTHON]
         targets.append(_target("overhead", "our loop's share of wall time outside model calls", where, overhead,
                                TARGET_OVERHEAD, "≤", "share"))
     k_rows = stats.sweep_rows(runs, "k", "specdemo")

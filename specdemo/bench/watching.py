@@ -22,7 +22,7 @@ from dataclasses import astuple, dataclass, field
 from pathlib import Path
 
 from specdemo.bench import stats
-from specdemo.bench.schema import OURS_AR, OURS_SPEC, Figures
+from specdemo.bench.schema import OURS_AR, OURS_SPEC, Figures, Sections
 from specdemo.bench.table import Lane, Run
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results.record import Record
@@ -214,10 +214,10 @@ def _median(seens: list[Seen]) -> Seen:
     return Seen(*map(statistics.median, zip(*map(astuple, seens))))
 
 
-def watching_section(sections: dict, plots: dict, runs: list[Run]) -> str:
+def watching_section(sections: Sections, plots: dict, runs: list[Run]) -> str:
     """The report's part: each mode's medians, and in brackets the median of each repeat's figure over the CLI's of the
     same repeat (a shared machine drifts between repeats)."""
-    if not (section := sections.get("watching")):
+    if not (section := sections.watching):
         return ""
     header = "| where | autoregressive step | verify call | drafting | speedup shown |\n| --- | ---: | ---: | ---: | ---: |"
     lines, cli = [], by_repeat(runs, "CLI")

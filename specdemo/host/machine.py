@@ -8,28 +8,56 @@ from __future__ import annotations
 import functools
 import os
 import platform
+from dataclasses import asdict, dataclass, fields
 from importlib import metadata
 
 # CPU features that decide which kernels OpenVINO and PyTorch pick for these models.
 _NOTABLE_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_bf16", "amx_int8")
-_PACKAGES = ("openvino", "openvino-genai", "openvino-tokenizers", "transformers", "torch", "optimum-intel", "nncf")
 
 
-def describe() -> dict:
+@dataclass(frozen=True)
+class Packages:
+    """The versions of what was measured ("not installed" where absent); as JSON, by their distribution names."""
+
+    openvino: str
+    openvino_genai: str
+    openvino_tokenizers: str
+    transformers: str
+    torch: str
+    optimum_intel: str
+    nncf: str
+
+    def to_json(self) -> dict[str, str]:
+        return {f.name.replace("_", "-"): getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What a run ran on: written into a bench's and a run's JSON as its fields (to_json)."""
+
+    cpu: str
+    cpu_features: list[str]  # the notable flags, e.g. ["avx2", "avx512f"]
+    logical_cores: int
+    physical_cores: int
+    ram_bytes: int
+    os: str  # platform.platform()
+    python: str
+    packages: Packages
+    load_average: list[float]  # 1, 5, 15 minutes, when described
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "packages": self.packages.to_json()}
+
+
+def describe() -> Machine:
     """CPU model and features, logical and physical cores, RAM (bytes), OS, package versions, load now."""
     import psutil
 
-    return {
-        "cpu": cpu_name(),
-        "cpu_features": cpu_features(),
-        "logical_cores": os.cpu_count(),
-        "physical_cores": psutil.cpu_count(logical=False),
-        "ram_bytes": psutil.virtual_memory().total,
-        "os": platform.platform(),
-        "python": platform.python_version(),
-        "packages": {name: _version(name) for name in _PACKAGES},
-        "load_average": load_average(),
-    }
+    packages = Packages(*(_version(f.name.replace("_", "-")) for f in fields(Packages)))
+    return Machine(cpu=cpu_name(), cpu_features=cpu_features(), logical_cores=os.cpu_count(),
+                   physical_cores=psutil.cpu_count(logical=False), ram_bytes=psutil.virtual_memory().total,
+                   os=platform.platform(), python=platform.python_version(), packages=packages,
+                   load_average=load_average())
 
 
 def compile_facts() -> dict:

@@ -12,13 +12,36 @@ import copy
 import hashlib
 import json
 import threading
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from specdemo.host import compat
 from specdemo.models import sources, vocab
 from specdemo.models.runtime import OVModel
 from specdemo.settings import WEIGHTS, ModelSettings
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the model panel, a run file and a bench report say of one loaded model (LoadedModel.describe)."""
+
+    name: str
+    source: str  # its preset's name or its path
+    parameters: int  # approximate, from its config
+    precision: str  # weights: "int8", "int4", "fp16", "gguf-native", ...
+    weights: str  # that precision in words
+    precision_from: str  # "the draft plan" or "the settings"
+    size_on_disk_bytes: int  # its IR's files
+    device: str
+    kv_cache_precision: str  # as its runtime reports it
+    layers: int | None
+    context_length: int  # tokens
+    compile_settings: str  # describe_compile's words
+    lm_head_rows: int  # fewer than the vocabulary when the head was trimmed
+    tuned: str  # what tune's choice bought (LoadedModel.tuned)
+
+    def to_json(self) -> dict:
+        return asdict(self)
 
 
 @dataclass
@@ -60,25 +83,25 @@ class LoadedModel:
             ids |= set(eos if isinstance(eos, list) else [eos]) - {None}
         return ids
 
-    def describe(self) -> dict:
+    def describe(self) -> Facts:
         """Facts for the model panel: name, parameters, precision, size on disk, device, KV cache."""
-        c = self.config
-        return {
-            "name": self.name,
-            "source": self.settings.source,
-            "parameters": _count_parameters(c),
-            "precision": self.settings.precision,
-            "weights": WEIGHTS.get(self.settings.precision, self.settings.precision),
-            "precision_from": "the draft plan" if self.planned_precision else "the settings",
-            "size_on_disk_bytes": sum(f.stat().st_size for f in self.folder.glob("openvino_model.*")),
-            "device": self.settings.device,
-            "kv_cache_precision": self.runtime.kv_cache_precision,
-            "layers": c.get("num_hidden_layers"),
-            "context_length": self.context_length,
-            "compile_settings": describe_compile(self.settings),
-            "lm_head_rows": self.runtime.head_tokens,  # fewer than the vocabulary when the head was trimmed
-            "tuned": self.tuned,
-        }
+        s = self.settings
+        return Facts(
+            name=self.name,
+            source=s.source,
+            parameters=_count_parameters(self.config),
+            precision=s.precision,
+            weights=WEIGHTS.get(s.precision, s.precision),
+            precision_from="the draft plan" if self.planned_precision else "the settings",
+            size_on_disk_bytes=sum(f.stat().st_size for f in self.folder.glob("openvino_model.*")),
+            device=s.device,
+            kv_cache_precision=self.runtime.kv_cache_precision,
+            layers=self.config.get("num_hidden_layers"),
+            context_length=self.context_length,
+            compile_settings=describe_compile(s),
+            lm_head_rows=self.runtime.head_tokens,
+            tuned=self.tuned,
+        )
 
 
 _IMPORTING = threading.Lock()

@@ -123,8 +123,8 @@ class SideBySide:
         special = set(getattr(tokenizer, "all_special_ids", []))
         record.failures = where_drafts_fail(record.speculative.tokens,
                                             lambda ids: tokenizer.decode(ids, skip_special_tokens=False), special)
-        record.machine = machine.describe()
-        record.models = {role: {**model.describe(), "compile_properties": compile_config(model.settings, None)}
+        record.machine = machine.describe().to_json()
+        record.models = {role: {**model.describe().to_json(), "compile_properties": compile_config(model.settings, None)}
                          for role, model in (("target", engine.target), ("draft", engine.draft)) if model is not None}
         record.batching_noise = getattr(engine, "noise", None)
         record.warm_up_s = engine.warm_up_s

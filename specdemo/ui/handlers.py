@@ -208,7 +208,7 @@ def final_view(lanes: dict[str, LaneRun], mode: str, record: Record, engine: Eng
 
 def describe_model(model, background: BackgroundWork | None = None) -> dict:
     """A model's facts for the panel; on a machine not tuned when it was compiled, where the `background` tune stands."""
-    described = model.describe()
+    described = model.describe().to_json()
     if not described.get("tuned") and background is not None and background.tunes:
         described["tuned"] = background.describe()
     return described

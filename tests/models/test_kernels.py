@@ -6,6 +6,7 @@ where they were not built still runs, and says why once."""
 import numpy as np
 import pytest
 
+from specdemo.bench.schema import Sections
 from specdemo.models import export, graph, kernels
 from specdemo.models.block_matmul import compiled
 from specdemo.models.gguf_file import GGUFFile
@@ -202,7 +203,7 @@ def test_the_bench_measures_a_layer_on_every_isa_beside_the_plugin_and_reports_i
     assert "blocks/avx512/dots" in layer.ways or "avx512" not in simd  # the gemm beside the dot products
     assert layer.layers == tiny_gguf.LAYERS and layer.bandwidth_gbs > 0
     assert all(r[m].ms > 0 and r[m].bytes > 0 for r in layer.ways.values() for m in (1, 3))
-    report = kernels_section({"kernels": Kernels(kernels.supported_isas(), [layer])}, {})
+    report = kernels_section(Sections(kernels=Kernels(kernels.supported_isas(), [layer])), {})
     assert "| blocks/scalar |" in report and "M = 3" in report
 
 

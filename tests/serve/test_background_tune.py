@@ -7,6 +7,7 @@ import subprocess
 from dataclasses import replace
 import sys
 import time
+from types import SimpleNamespace
 
 import psutil
 import pytest
@@ -257,8 +258,8 @@ class Described:
     def __init__(self, tuned: str):
         self.tuned = tuned
 
-    def describe(self) -> dict:
-        return {"name": "m", "tuned": self.tuned}
+    def describe(self) -> SimpleNamespace:  # as LoadedModel.describe's Facts, written as JSON
+        return SimpleNamespace(to_json=lambda: {"name": "m", "tuned": self.tuned})
 
 
 def test_the_model_panel_says_where_the_background_tune_stands(turned_on):
