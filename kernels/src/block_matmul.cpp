@@ -142,7 +142,7 @@ void multiply_packed(const Weights& w, const Gemms& gemms, const PackedWeights& 
     Activations held;
     ManyRows& a = held.rows();
     a.resize(w.kind, int(m_rows), w.columns, gemms.q8_k[int(w.kind)]);
-    tbb::parallel_for(size_t(0), m_rows, [&](size_t m) { quantize_slots(x + m * w.columns, int(m), a); });
+    tbb::parallel_for(size_t(0), m_rows, [&](size_t m) { gemms.quantize(x + m * w.columns, int(m), a); });
     const size_t panel = size_t(gemms.panel_rows), whole = w.rows / panel;
     const GemmFn gemm = gemms.gemm[int(w.kind)];
     // Tasks of about whole / TASKS_A_CALL panels, not one each: a panel of the 0.5B draft's Q5_0 layers is 10 KiB, ~1.5 µs
