@@ -11,7 +11,8 @@
 //     and k come rotated.
 // Why the rotary embedding here, and q, k and v as the projection lays them out (position-major, not head-major): in the
 // graph they are two RoPE nodes a layer, ~8 more a call computing the angles and, in a call of more than one position,
-// three Transposes a layer, run on one thread between the kernels while the other waits.
+// three Transposes a layer, run on one thread between the kernels while the other waits. Three instances of each
+// graph alternating in one process, 2-core Zen 3, quiet: the 0.5B draft's step 0.974× and 0.982×, the target's 1.00×.
 // A call writes its L keys and values at positions past .. past + L − 1 of the cache, over what was there: a caller rolls
 // back by calling at an earlier position, and empties the cache with past = 0. Query row l (position past + l) attends
 // to the positions ≤ past + l, each query head to its key-value head (heads / kv_heads queries share one).
