@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <mutex>
@@ -21,6 +22,8 @@ namespace specdemo {
 struct KVStore {
     std::mutex lock;  // one call at a time (a compiled model runs one infer request here; this makes sure)
     std::vector<float> k, v;
+    std::vector<float> q;  // a call's queries rotated (L, heads, d), where the op applies the rotary embedding
+    std::vector<float> turns;  // a call's (cos, sin) of each row's angles, (L, 2, d / 2)
     size_t room = 0;       // positions each head has space for
     size_t positions = 0;  // written and not rolled back past
 };
@@ -74,16 +77,57 @@ void make_room(KVStore& store, size_t total, size_t kept, size_t kv_heads, size_
     store.room = room;
 }
 
-// Copies the call's L rows of (1, kv_heads, L, d) into the cache at positions past .. past + L − 1: a copy a head.
+// Copies the call's L rows of (1, L, kv_heads, d) into the cache at positions past .. past + L − 1.
 void store_rows(const float* from, std::vector<float>& to, size_t room, size_t past, size_t rows, size_t kv_heads,
                 size_t d) {
-    for (size_t h = 0; h < kv_heads; ++h)
-        std::memcpy(to.data() + (h * room + past) * d, from + h * rows * d, rows * d * sizeof(float));
+    for (size_t l = 0; l < rows; ++l)
+        for (size_t h = 0; h < kv_heads; ++h)
+            std::memcpy(to.data() + (h * room + past + l) * d, from + (l * kv_heads + h) * d, d * sizeof(float));
+}
+
+// The (cos, sin) of rows positions past … past + L − 1 at each frequency, (L, 2, d / 2), in f32 as the graph's own
+// rotary embedding has them (gguf_graph._rotary: the position times the frequency, then cos and sin).
+void turn(const std::vector<float>& frequencies, size_t past, size_t rows, std::vector<float>& turns) {
+    const size_t half = frequencies.size();
+    turns.resize(rows * 2 * half);
+    for (size_t l = 0; l < rows; ++l)
+        for (size_t i = 0; i < half; ++i) {
+            const float angle = float(past + l) * frequencies[i];
+            turns[(2 * l) * half + i] = std::cos(angle), turns[(2 * l + 1) * half + i] = std::sin(angle);
+        }
+}
+
+// Rows of (L, heads, d) rotated by their row's turns, row l of head h to `to` + where(h, l)·d.
+template <typename Where>
+void rotate(const float* from, size_t heads, size_t rows, size_t d, const float* turns, float* to, Where where) {
+    const size_t half = d / 2;
+    for (size_t l = 0; l < rows; ++l)
+        for (size_t h = 0; h < heads; ++h) {
+            const float *x = from + (l * heads + h) * d, *cos = turns + 2 * l * half, *sin = cos + half;
+            float* y = to + where(h, l) * d;
+            for (size_t i = 0; i < half; ++i) {
+                y[i] = x[i] * cos[i] - x[i + half] * sin[i];
+                y[i + half] = x[i + half] * cos[i] + x[i] * sin[i];
+            }
+        }
+}
+
+// "f,f,…" as floats, each rounded once from its decimal (a float's shortest decimal gives back that float).
+std::vector<float> floats(const std::string& text) {
+    std::vector<float> values;
+    for (const char* at = text.c_str(); *at;) {
+        char* end = nullptr;
+        values.push_back(std::strtof(at, &end));
+        OPENVINO_ASSERT(end != at, "CachedAttention: frequencies \"", text, "\" are not numbers");
+        at = *end == ',' ? end + 1 : end;
+    }
+    return values;
 }
 
 }  // namespace
 
-CachedAttention::CachedAttention(const ov::OutputVector& inputs, float scale) : Op(inputs), m_scale(scale) {
+CachedAttention::CachedAttention(const ov::OutputVector& inputs, float scale, std::string frequencies)
+    : Op(inputs), m_scale(scale), m_rotary(std::move(frequencies)), m_frequencies(floats(m_rotary)) {
     constructor_validate_and_infer_types();
 }
 
@@ -100,13 +144,13 @@ void CachedAttention::validate_and_infer_types() {
                           "CachedAttention takes integer positions");
     const auto& q = get_input_partial_shape(0);
     ov::PartialShape y{ov::Dimension::dynamic(), ov::Dimension::dynamic(), ov::Dimension::dynamic()};
-    if (q.rank().is_static()) y = {q[0], q[2], q[1] * q[3]};
+    if (q.rank().is_static()) y = {q[0], q[1], q[2] * q[3]};
     set_output_type(0, ov::element::f32, y);
 }
 
 std::shared_ptr<ov::Node> CachedAttention::clone_with_new_inputs(const ov::OutputVector& inputs) const {
     check_new_args_count(this, inputs);
-    auto clone = std::make_shared<CachedAttention>(inputs, m_scale);
+    auto clone = std::make_shared<CachedAttention>(inputs, m_scale, m_rotary);
     clone->m_store = m_store;  // one cache for the op and its copies: the models one graph is compiled into (OVModel's
                                // step-sized variant beside the general one) read and write the same keys and values
     return clone;
@@ -114,18 +158,22 @@ std::shared_ptr<ov::Node> CachedAttention::clone_with_new_inputs(const ov::Outpu
 
 bool CachedAttention::visit_attributes(ov::AttributeVisitor& visitor) {
     visitor.on_attribute("scale", m_scale);
+    visitor.on_attribute("frequencies", m_rotary);
+    m_frequencies = floats(m_rotary);
     return true;
 }
 
 bool CachedAttention::evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const {
     const ov::Shape q_shape = inputs[0].get_shape(), k_shape = inputs[1].get_shape();
-    const size_t heads = q_shape[1], rows = q_shape[2], d = q_shape[3], kv_heads = k_shape[1];
+    const size_t rows = q_shape[1], heads = q_shape[2], d = q_shape[3], kv_heads = k_shape[2];
     OPENVINO_ASSERT(q_shape[0] == 1 && k_shape[0] == 1, "CachedAttention: a batch of one");
-    OPENVINO_ASSERT(k_shape[2] == rows && k_shape[3] == d && inputs[2].get_shape() == k_shape,
-                    "CachedAttention: k and v must be (1, kv_heads, L, head_dim) for q's L and head_dim");
+    OPENVINO_ASSERT(k_shape[1] == rows && k_shape[3] == d && inputs[2].get_shape() == k_shape,
+                    "CachedAttention: k and v must be (1, L, kv_heads, head_dim) for q's L and head_dim");
     OPENVINO_ASSERT(kv_heads > 0 && heads % kv_heads == 0, "CachedAttention: ", heads, " query heads over ", kv_heads,
                     " key-value heads");
     OPENVINO_ASSERT(inputs[3].get_shape() == ov::Shape({1, rows}), "CachedAttention: positions must be (1, L) for q's L");
+    OPENVINO_ASSERT(m_frequencies.empty() || 2 * m_frequencies.size() == d, "CachedAttention: ", m_frequencies.size(),
+                    " rotary frequencies for heads of ", d);
     const int64_t first = inputs[3].get_element_type() == ov::element::i64 ? inputs[3].data<const int64_t>()[0]
                                                                             : inputs[3].data<const int32_t>()[0];
     OPENVINO_ASSERT(first >= 0, "CachedAttention: a call at position ", first);
@@ -137,11 +185,21 @@ bool CachedAttention::evaluate(ov::TensorVector& outputs, const ov::TensorVector
     OPENVINO_ASSERT(past <= store.positions, "CachedAttention: the call follows ", past, " positions, the cache holds ",
                     store.positions);
     make_room(store, total, past, kv_heads, d);
-    store_rows(inputs[1].data<const float>(), store.k, store.room, past, rows, kv_heads, d);
+    const float* q = inputs[0].data<const float>();
+    if (m_frequencies.empty()) {
+        store_rows(inputs[1].data<const float>(), store.k, store.room, past, rows, kv_heads, d);
+    } else {
+        turn(m_frequencies, past, rows, store.turns);
+        const size_t room = store.room;
+        rotate(inputs[1].data<const float>(), kv_heads, rows, d, store.turns.data(), store.k.data(),
+               [&](size_t h, size_t l) { return h * room + past + l; });
+        store.q.resize(rows * heads * d);
+        rotate(q, heads, rows, d, store.turns.data(), store.q.data(), [&](size_t h, size_t l) { return l * heads + h; });
+        q = store.q.data();
+    }
     store_rows(inputs[2].data<const float>(), store.v, store.room, past, rows, kv_heads, d);
     store.positions = total;
 
-    const float* q = inputs[0].data<const float>();
     float* y = outputs[0].data<float>();
     const AttendFn attend = attend_for(d);
     // A task per key-value head and block of its query rows (its query heads' rows, (head, l) in order): the head's
@@ -156,7 +214,7 @@ bool CachedAttention::evaluate(ov::TensorVector& outputs, const ov::TensorVector
         size_t positions[ROWS_A_TASK];
         for (size_t i = 0; i < count; ++i) {
             const size_t head = h * group + (first + i) / rows, l = (first + i) % rows;
-            queries[i] = q + (head * rows + l) * d, outs[i] = y + (l * heads + head) * d, positions[i] = past + l + 1;
+            queries[i] = q + (l * heads + head) * d, outs[i] = y + (l * heads + head) * d, positions[i] = past + l + 1;
         }
         const size_t width = (total + 3) / 4 * 4;
         if (scores.size() < count * (width + 1)) scores.resize(count * (width + 1));

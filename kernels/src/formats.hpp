@@ -256,8 +256,9 @@ struct ManyRows {
     void resize(Kind kind, int m_rows, int m_columns, bool q8_k);
 };
 
-// Row m of x (`a.columns` f32) quantized into `a` (resized for the call): by slot, or as Q8_K where `a.k` is sized.
-void quantize_slots(const float* x, int m, ManyRows& a);
+// Row m of x (`a.columns` f32) quantized into `a` (resized for the call): by slot, or as Q8_K where `a.k` is sized, as
+// quantize.cpp's quantize_row does (quantize_avx2.cpp: the gemms run on AVX2 or wider only).
+void quantize_slots_avx2(const float* x, int m, ManyRows& a);
 
 // A tensor's blocks repacked for the gemm (panel.hpp): its whole panels, made once, kept for the model's life.
 struct FreeBytes {
@@ -285,6 +286,7 @@ struct Gemms {
     bool q8_k[4];                  // the activations as Q8_K blocks (ManyRows::k), not by slot
     int panel_rows;
     int from_rows;                 // the fewest activation rows a call runs the gemm for (fewer: the dot products)
+    void (*quantize)(const float* x, int m, ManyRows& a);  // the activations, by slot or as Q8_K
 };
 const Gemms* avx2_gemms();
 const Gemms* avx512_gemms();

@@ -179,7 +179,8 @@ const Gemms* avx512_gemms() {
                              {GEMM<Kind::Q4_K>, GEMM<Kind::Q6_K>, GEMM<Kind::Q8_0>, GEMM<Kind::Q5_0>},
                              {Packed<Kind::Q4_K, ROWS>::BYTES, Packed<Kind::Q6_K, ROWS>::BYTES,
                               Packed<Kind::Q8_0, ROWS>::BYTES, Packed<Kind::Q5_0, ROWS>::BYTES},
-                             {false, false, false, false}, ROWS, FROM_ROWS};
+                             {false, false, false, false}, ROWS, FROM_ROWS,
+                             quantize_slots_avx2};
     return &gemms;
 }
 

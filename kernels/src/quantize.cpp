@@ -104,30 +104,6 @@ void ManyRows::resize(Kind kind, int m_rows, int m_columns, bool q8_k) {
     k.resize(q8_k ? size_t(rows) * (columns / 256) : 0);
 }
 
-void quantize_slots(const float* x, int m, ManyRows& a) {
-    if (!a.k.empty()) return quantize_q8_k(x, a.columns, a.k.data() + size_t(m) * (a.columns / 256));
-    int8_t* q = a.q.data() + size_t(m) * a.columns;
-    for (int j = 0; j < a.slots(); ++j, x += a.slot, q += a.slot) {
-        float amax = 0;
-        for (int i = 0; i < a.slot; ++i) amax = larger_magnitude(amax, x[i]);
-        const float inverse = amax > 0 ? 127.f / amax : 0.f;
-        int sum = 0;
-        for (int i = 0; i < a.slot; ++i) {
-            const int value = nearest(x[i] * inverse);
-            q[i] = int8_t(value > 127 ? 127 : value < -127 ? -127 : value);
-            sum += q[i];
-        }
-        const size_t at = size_t(m) * a.slots() + j;
-        const float d = amax / 127.f;
-        a.scale[at] = d, a.start[at] = -a.offset * sum, a.scaled_sum[at] = d * float(sum);
-        if (!a.lane_start.empty()) {  // values 4k + 0, 1 (the even lane) and 4k + 2, 3 (the odd) of each quad k
-            int lane[2] = {0, 0};
-            for (int i = 0; i < a.slot; ++i) lane[(i / 2) % 2] += q[i];
-            a.lane_start[at] = int32_t(uint32_t(uint16_t(-a.offset * lane[0])) | uint32_t(uint16_t(-a.offset * lane[1])) << 16);
-        }
-    }
-}
-
 void quantize_row(Kind kind, const float* x, int columns, void* out) {
     if (kind == Kind::Q4_K || kind == Kind::Q6_K) {
         quantize_q8_k(x, columns, static_cast<BlockQ8K*>(out));

@@ -18,74 +18,93 @@ TYPE = "CachedAttention"
 
 
 class CachedAttention(ov.Op):
-    """The stand-in the small IR is written with: q (1, heads, L, d), k and v (1, kv_heads, L, d), positions (1, L) i64
-    → (1, L, heads·d)."""
+    """The stand-in the small IR is written with: q (1, L, heads, d), k and v (1, L, kv_heads, d), positions (1, L) i64
+    → (1, L, heads·d); frequencies: the rotary embedding's, d/2 f32 as "f,f,…" where the op applies it ("": q and k come
+    rotated)."""
 
     class_type_info = ov.DiscreteTypeInfo(TYPE, "specdemo")
 
-    def __init__(self, inputs=None, scale: float = 1.0):
+    def __init__(self, inputs=None, scale: float = 1.0, frequencies: str = ""):
         super().__init__(self, inputs)
         self._scale = scale
+        self._frequencies = frequencies
 
     def validate_and_infer_types(self):
-        q = self.get_input_partial_shape(0)  # (1, heads, L, d), heads and d static
-        self.set_output_type(0, ov.Type.f32, ov.PartialShape([q[0], q[2], q[1].get_length() * q[3].get_length()]))
+        q = self.get_input_partial_shape(0)  # (1, L, heads, d), heads and d static
+        self.set_output_type(0, ov.Type.f32, ov.PartialShape([q[0], q[1], q[2].get_length() * q[3].get_length()]))
 
     def clone_with_new_inputs(self, new_inputs):
-        return CachedAttention(new_inputs, self._scale)
+        return CachedAttention(new_inputs, self._scale, self._frequencies)
 
     def visit_attributes(self, visitor):
-        visitor.on_attributes({"scale": self._scale})
+        visitor.on_attributes({"scale": self._scale, "frequencies": self._frequencies})
         return True
 
     def get_type_info(self):
         return CachedAttention.class_type_info
 
 
-def _small_ir(core: ov.Core, count: int, heads: int, kv_heads: int, head_dim: int, scale: float) -> ov.Model:
+def _small_ir(core: ov.Core, count: int, heads: int, kv_heads: int, head_dim: int, scale: float,
+              frequencies: np.ndarray | None) -> ov.Model:
     """A model of `count` CachedAttention ops of the extension (the Core must have it added), each on parameters of its
-    own (q, k, v, positions) and read by a result of its own."""
+    own (q, k, v, positions) and read by a result of its own; `frequencies`: the rotary embedding's, which they apply."""
+    # each f32 as its shortest decimal, which gives it back (the IR writes a list of floats to 6 digits)
+    rotary = "" if frequencies is None else ",".join(str(f) for f in np.asarray(frequencies, dtype=np.float32))
     outputs, parameters = [], []
     for _ in range(count):
-        q = ops.parameter([1, heads, -1, head_dim], ov.Type.f32)
-        k, v = (ops.parameter([1, kv_heads, -1, head_dim], ov.Type.f32) for _ in range(2))
+        q = ops.parameter([1, -1, heads, head_dim], ov.Type.f32)
+        k, v = (ops.parameter([1, -1, kv_heads, head_dim], ov.Type.f32) for _ in range(2))
         positions = ops.parameter([1, -1], ov.Type.i64)
-        outputs.append(ops.result(CachedAttention([q.output(0), k.output(0), v.output(0), positions.output(0)], scale)))
+        outputs.append(ops.result(CachedAttention([q.output(0), k.output(0), v.output(0), positions.output(0)], scale, rotary)))
         parameters += [q, k, v, positions]
     with tempfile.TemporaryDirectory(prefix="specdemo-attention-") as folder:
         ov.save_model(ov.Model(outputs, parameters), Path(folder) / "attention.xml")
         return core.read_model(Path(folder) / "attention.xml")
 
 
-def _made_by(core: ov.Core, count: int, heads: int, kv_heads: int, head_dim: int, scale: float) -> list[ov.Node]:
+def _made_by(core: ov.Core, count: int, heads: int, kv_heads: int, head_dim: int, scale: float,
+             frequencies: np.ndarray | None) -> list[ov.Node]:
     """`count` CachedAttention ops of the extension, their inputs the small IR's parameters until the caller connects
     them."""
-    model = _small_ir(core, count, heads, kv_heads, head_dim, scale)
+    model = _small_ir(core, count, heads, kv_heads, head_dim, scale, frequencies)
     return [result.input_value(0).get_node() for result in model.get_results()]
 
 
-def compiled(core: ov.Core, heads: int, kv_heads: int, head_dim: int, threads: int = 2) -> ov.CompiledModel:
-    """One CachedAttention alone on the CPU plugin, its inputs the model's (q, k, v, positions) and its scale 1/√head_dim:
-    what the tests and the check at load call it through. Its cache lives as long as the compiled model."""
-    model = _small_ir(core, 1, heads, kv_heads, head_dim, 1 / head_dim ** 0.5)
+def compiled(core: ov.Core, heads: int, kv_heads: int, head_dim: int, threads: int = 2,
+             frequencies: np.ndarray | None = None) -> ov.CompiledModel:
+    """One CachedAttention alone on the CPU plugin, its inputs the model's (q, k, v, positions) and its scale 1/√head_dim
+    (`frequencies`: the rotary embedding's, applied by the op): what the tests and the check at load call it through.
+    Its cache lives as long as the compiled model."""
+    model = _small_ir(core, 1, heads, kv_heads, head_dim, 1 / head_dim ** 0.5, frequencies)
     return core.compile_model(model, "CPU", {"INFERENCE_NUM_THREADS": threads})
 
 
 def own_attention(model: ov.Model, core: ov.Core) -> int:
     """Replace every attention of the graph gguf_graph builds (SDPA over Concat(Gather(ReadValue), new), the key-value
     heads repeated, its output transposed and reshaped to (1, L, heads·d), the Concat stored by an Assign) by a
-    CachedAttention of the extension (`core` has it) over the new q, k, v and their positions, and drop the states.
+    CachedAttention of the extension (`core` has it) over the new q, k, v before their Transposes (and before the
+    rotary embedding, which it then applies) and their positions, and drop the states.
     All or nothing: returns the layers replaced, 0 where any attention is not that pattern (the model is untouched)."""
     found = [_attention_parts(op) for op in model.get_ordered_ops() if op.get_type_name() == "ScaledDotProductAttention"]
     positions = next((p.output(0) for p in model.get_parameters() if "position_ids" in p.output(0).get_names()), None)
     if not found or None in found or positions is None:
         return 0
     q_shape, k_shape = found[0]["q"].get_partial_shape(), found[0]["k"].get_partial_shape()
-    made = _made_by(core, len(found), q_shape[1].get_length(), k_shape[1].get_length(),
-                                    q_shape[3].get_length(), found[0]["scale"])
+    # the rotary embedding into the op where every layer's q and k are gguf_graph's rotate-half at the same angles
+    unrotated = [(_unrotated(parts["q"]), _unrotated(parts["k"])) for parts in found]
+    frequencies = unrotated[0][0][1] if unrotated[0][0] else None
+    rotary = all(q and k and np.array_equal(q[1], frequencies) and np.array_equal(k[1], frequencies)
+                 for q, k in unrotated)
+    # the op reads q, k and v as the projections lay them out, (1, L, heads, d): the inputs of their Transposes
+    sources = [[_untransposed(q[0] if rotary else parts["q"]), _untransposed(k[0] if rotary else parts["k"]),
+                _untransposed(parts["v"])] for parts, (q, k) in zip(found, unrotated)]
+    if any(None in inputs for inputs in sources):
+        return 0
+    made = _made_by(core, len(found), q_shape[1].get_length(), k_shape[1].get_length(), q_shape[3].get_length(),
+                    found[0]["scale"], frequencies if rotary else None)
     stored = {}  # the Assigns of the caches: node name → variable id
-    for parts, op in zip(found, made):
-        for i, source in enumerate((parts["q"], parts["k"], parts["v"], positions)):
+    for parts, op, inputs in zip(found, made, sources):
+        for i, source in enumerate(inputs + [positions]):
             op.input(i).replace_source_output(source)
         name = parts["sdpa"].get_friendly_name()
         op.set_friendly_name(name.replace("ScaledDotProductAttention", TYPE))
@@ -129,6 +148,69 @@ def _attention_parts(sdpa) -> dict | None:
             "assigns": assigns}
 
 
+def _unrotated(output: ov.Output) -> tuple[ov.Output, np.ndarray] | None:
+    """(x, the angles' frequencies (d/2) f32) where `output` is gguf_graph._rotate(x, cos, sin) of its _rotary angles:
+    x·cos + concat(−x₂, x₁)·sin, cos and sin of concat(a, a), a = the frequencies (1, d/2, 1) times the positions by a
+    MatMul; None where it is not."""
+    add = output.get_node()
+    if add.get_type_name() != "Add":
+        return None
+    straight, turned = (add.input_value(i).get_node() for i in (0, 1))
+    if straight.get_type_name() != "Multiply" or turned.get_type_name() != "Multiply":
+        return None
+    x, cos = straight.input_value(0), straight.input_value(1).get_node()
+    halves = turned.input_value(0).get_node()
+    if halves.get_type_name() != "Concat" or halves.get_input_size() != 2 or cos.get_type_name() != "Unsqueeze":
+        return None
+    negated, first = (halves.input_value(i).get_node() for i in (0, 1))
+    if negated.get_type_name() != "Multiply" or _sliced(negated) != x or _sliced(first) != x:
+        return None
+    node = cos.input_value(0).get_node()  # Cos(Concat(a, a)), a = Transpose(MatMul(frequencies, positions))
+    for kind in ("Cos", "Concat", "Transpose"):
+        if node.get_type_name() != kind:
+            return None
+        node = node.input_value(0).get_node()
+    if node.get_type_name() != "MatMul":
+        return None
+    matmul = node
+    constant = through_converts(matmul.input_value(0).get_node())
+    if constant.get_type_name() != "Constant":
+        return None
+    frequencies = constant.get_data().astype(np.float32).reshape(-1)
+    return (x, frequencies) if 2 * frequencies.size == x.get_partial_shape()[3].get_length() else None
+
+
+def _untransposed(output: ov.Output) -> ov.Output | None:
+    """The (1, L, heads, d) whose Transpose to (1, heads, L, d) `output` is; None where it is not one."""
+    node = output.get_node()
+    if node.get_type_name() != "Transpose":
+        return None
+    order = through_converts(node.input_value(1).get_node())
+    if order.get_type_name() != "Constant" or order.get_data().tolist() != [0, 2, 1, 3]:
+        return None
+    return node.input_value(0)
+
+
+def _sliced(node) -> ov.Output | None:
+    """What the Slice `node` (or the Slice a Multiply of it by a constant multiplies) slices."""
+    node = node.input_value(0).get_node() if node.get_type_name() == "Multiply" else node
+    return node.input_value(0) if node.get_type_name() == "Slice" else None
+
+
+def by_position(x: np.ndarray) -> np.ndarray:
+    """x (heads, L, d) as the op takes it, (1, L, heads, d)."""
+    return np.ascontiguousarray(x.transpose(1, 0, 2))[None]
+
+
+def rotated(x: np.ndarray, past: int, frequencies: np.ndarray) -> np.ndarray:
+    """x (heads, L, d) at positions past … past + L − 1 with the rotary embedding applied as the graph applies it
+    (gguf_graph._rotate, its angles in f32), in f32."""
+    angles = np.arange(past, past + x.shape[1], dtype=np.float32)[:, None] * frequencies.astype(np.float32)  # (L, d/2)
+    cos, sin = np.cos(angles), np.sin(angles)
+    first, second = np.split(x, 2, axis=-1)
+    return np.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
+
+
 def _unrepeated(node):
     """The node whose key-value heads gguf_graph's Unsqueeze, Broadcast, Reshape repeats (`node` where none does)."""
     if node.get_type_name() != "Reshape":
@@ -160,9 +242,11 @@ TOLERANCE = 2e-5  # of f32 sums in another order, on values of about 1
 
 def misfit(core: ov.Core) -> str | None:
     """How the running ISA's CachedAttention is not `reference`, as kernels.check's phrase; None where it is: the
-    draft's heads (14 over 2 of 64), CHECKED_CALLS rows in turn over the cache they fill, within TOLERANCE."""
+    draft's heads (14 over 2 of 64) and rotary embedding, CHECKED_CALLS rows in turn over the cache they fill, within
+    TOLERANCE."""
     heads, kv_heads, d = 14, 2, 64
-    op = compiled(core, heads, kv_heads, d)
+    frequencies = (1.0 / 1e6 ** (np.arange(0, d, 2) / d)).astype(np.float32)
+    op = compiled(core, heads, kv_heads, d, frequencies=frequencies)
     rng = np.random.default_rng(59)
     total = sum(CHECKED_CALLS)
     q = rng.standard_normal((heads, total, d), dtype=np.float32) * 2
@@ -171,8 +255,9 @@ def misfit(core: ov.Core) -> str | None:
     for rows in CHECKED_CALLS:
         start, end = end, end + rows
         positions = np.arange(start, end, dtype=np.int64)[None]
-        got = op([q[None, :, start:end], k[None, :, start:end], v[None, :, start:end], positions])[0]
-        off = float(np.abs(got[0] - reference(q[:, start:end], k[:, :end], v[:, :end])).max())
+        got = op([by_position(x[:, start:end]) for x in (q, k, v)] + [positions])[0]
+        want = reference(rotated(q[:, start:end], start, frequencies), rotated(k[:, :end], 0, frequencies), v[:, :end])
+        off = float(np.abs(got[0] - want).max())
         if not off <= TOLERANCE:
             return f"for attention ({rows} query row{'s' * (rows > 1)}: off by {off:.3g})"
     return None

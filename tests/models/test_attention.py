@@ -19,7 +19,7 @@ def feed(op, q, k, v, past):
     """One call of `op` (a compiled CachedAttention): q (heads, L, d), k and v (kv_heads, L, d) at positions past ..
     past + L − 1."""
     positions = np.arange(past, past + q.shape[1], dtype=np.int64)[None]
-    return op([q[None], k[None], v[None], positions])[0][0]
+    return op([cached_attention.by_position(x) for x in (q, k, v)] + [positions])[0][0]
 
 
 @pytest.mark.parametrize("heads, kv_heads, d", [(12, 2, 128), (14, 2, 64), (4, 2, 40), (6, 3, 12)])
@@ -40,6 +40,27 @@ def test_it_is_grouped_causal_attention_over_what_earlier_calls_stored_on_every_
             want = cached_attention.reference(q[:, start:end], k[:, :end], v[:, :end])
             np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5, err_msg=f"{isa}, rows {start}..{end}")
             start = end
+
+
+def test_given_the_rotary_frequencies_it_rotates_q_and_k_at_their_positions_as_the_graph_did(each_isa):
+    """The op applies the rotary embedding itself (own_attention folds gguf_graph's into it): the same attention as over
+    q and k rotated beforehand, at the positions of each call, and still each row's bits alone or beside others."""
+    rng = np.random.default_rng(3)
+    heads, kv_heads, d, total = 14, 2, 64, 40
+    frequencies = (1.0 / 1e6 ** (np.arange(0, d, 2) / d)).astype(np.float32)
+    q = rng.standard_normal((heads, total, d), dtype=np.float32) * 2
+    k, v = (rng.standard_normal((kv_heads, total, d), dtype=np.float32) for _ in range(2))
+    rotate = cached_attention.rotated
+    for isa in each_isa:
+        kernels.use(isa)
+        op = cached_attention.compiled(kernels.new_core(), heads, kv_heads, d, frequencies=frequencies)
+        for start, end in ((0, 30), (30, 31), (31, 36)):
+            got = feed(op, q[:, start:end], k[:, start:end], v[:, start:end], start)
+            want = cached_attention.reference(rotate(q[:, start:end], start, frequencies), rotate(k[:, :end], 0, frequencies),
+                                              v[:, :end])
+            np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5, err_msg=f"{isa}, rows {start}..{end}")
+        alone = [feed(op, q[:, i:i + 1], k[:, i:i + 1], v[:, i:i + 1], i)[0] for i in range(31, 36)]
+        assert np.array_equal(got, np.array(alone)), isa
 
 
 def test_a_row_s_result_is_the_same_bits_whatever_the_rows_beside_it_on_every_isa(each_isa):
@@ -98,10 +119,12 @@ def test_the_own_attention_reads_positions_so_the_attention_mask_feeds_no_node(t
 
 
 def test_a_native_model_attends_with_its_own_op_in_every_layer_and_scores_as_the_plugin_s_sdpa(tmp_path, monkeypatch):
+    """The op takes q, k and v as the projections lay them out and applies the rotary embedding: no Transpose, RoPE, Cos
+    or Sin is left to the plugin."""
     own, plugin = native_pair(tmp_path, monkeypatch)
     assert own.own_attention == tiny_gguf.LAYERS and plugin.own_attention == 0
     runtime = own.compiled.get_runtime_model()
-    assert not {"ReadValue", "Assign", "ScaledDotProductAttentionWithKVCache"} & {
+    assert not {"ReadValue", "Assign", "ScaledDotProductAttentionWithKVCache", "RoPE", "Transpose", "Math"} & {
         op.get_rt_info()["layerType"].astype(str) for op in runtime.get_ordered_ops()}
     assert not own.request.query_state()
     prompt, steps = list(range(40, 60)), [7, 8, 9, 10, 11]
@@ -161,8 +184,10 @@ def test_a_native_model_whose_long_call_was_stopped_part_way_starts_over_from_an
     """Some layers' ops wrote the stopped call's keys and values, others not: the emptied cache (a mask of 0 positions
     before the next call) is the same for all of them."""
     own, _ = native_pair(tmp_path, monkeypatch)
-    monkeypatch.setattr(runtime, "POLL_MS", 0)  # asked as soon as it starts: a tiny model's call is over in 10 ms
-    prompt = list(range(40, 80))
+    # asked as soon as it starts, in a call long enough to be running then on a loaded host: 40 tokens of a tiny model
+    # were sometimes over before the first question
+    monkeypatch.setattr(runtime, "POLL_MS", 0)
+    prompt = list(range(40, 240))
     expected = own.forward(prompt[:12])
     own.forward(prompt)
     with own.interruptible(lambda: True), pytest.raises(runtime.Interrupted):
