@@ -258,7 +258,8 @@ struct ManyRows {
 
 // Row m of x (`a.columns` f32) quantized into `a` (resized for the call): by slot, or as Q8_K where `a.k` is sized, as
 // quantize.cpp's quantize_row does (quantize_avx2.cpp: the gemms run on AVX2 or wider only).
-void quantize_slots_avx2(const float* x, int m, ManyRows& a);
+using QuantizeFn = void (*)(const float* x, int m, ManyRows& a);
+QuantizeFn avx2_quantizer();
 
 // A tensor's blocks repacked for the gemm (panel.hpp): its whole panels, made once, kept for the model's life.
 struct FreeBytes {
@@ -286,7 +287,7 @@ struct Gemms {
     bool q8_k[4];                  // the activations as Q8_K blocks (ManyRows::k), not by slot
     int panel_rows;
     int from_rows;                 // the fewest activation rows a call runs the gemm for (fewer: the dot products)
-    void (*quantize)(const float* x, int m, ManyRows& a);  // the activations, by slot or as Q8_K
+    QuantizeFn quantize;           // the activations, by slot or as Q8_K
 };
 const Gemms* avx2_gemms();
 const Gemms* avx512_gemms();

@@ -326,7 +326,7 @@ const Gemms* avx2_gemms() {  // no Q8_0: its unsigned values (q + 128) would sat
                              {GEMM<Kind::Q4_K>, GEMM<Kind::Q6_K>, nullptr, GEMM<Kind::Q5_0>},
                              {Panel<Kind::Q4_K>::BYTES, Panel<Kind::Q6_K>::BYTES, 0, Panel<Kind::Q5_0>::BYTES},
                              {true, false, false, false}, ROWS, FROM_ROWS,
-                             quantize_slots_avx2};
+                             avx2_quantizer()};
     return &gemms;
 }
 

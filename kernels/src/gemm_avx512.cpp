@@ -180,7 +180,7 @@ const Gemms* avx512_gemms() {
                              {Packed<Kind::Q4_K, ROWS>::BYTES, Packed<Kind::Q6_K, ROWS>::BYTES,
                               Packed<Kind::Q8_0, ROWS>::BYTES, Packed<Kind::Q5_0, ROWS>::BYTES},
                              {false, false, false, false}, ROWS, FROM_ROWS,
-                             quantize_slots_avx2};
+                             avx2_quantizer()};
     return &gemms;
 }
 

@@ -105,11 +105,15 @@ void quantize_q8_k(const float* x, int columns, BlockQ8K* out) {
     }
 }
 
-}  // namespace
-
-void quantize_slots_avx2(const float* x, int m, ManyRows& a) {
+void quantize_rows(const float* x, int m, ManyRows& a) {
     if (!a.k.empty()) return quantize_q8_k(x, a.columns, a.k.data() + size_t(m) * (a.columns / 256));
     quantize_by_slot(x, m, a);
 }
+
+}  // namespace
+
+// A pointer, not the function: only code of this file's own holds its AVX2 instructions (tests/models/
+// test_kernels_isa_leak.py), and only the gemms of AVX2 and AVX-512 take it.
+QuantizeFn avx2_quantizer() { return quantize_rows; }
 
 }  // namespace specdemo
