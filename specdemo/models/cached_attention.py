@@ -90,18 +90,20 @@ def own_attention(model: ov.Model, core: ov.Core) -> int:
     if not found or None in found or positions is None:
         return 0
     q_shape, k_shape = found[0]["q"].get_partial_shape(), found[0]["k"].get_partial_shape()
-    # the rotary embedding into the op where every layer's q and k are gguf_graph's rotate-half at the same angles
+    # every layer's q and k are gguf_graph's rotate-half at the same angles, which the op applies itself
     unrotated = [(_unrotated(parts["q"]), _unrotated(parts["k"])) for parts in found]
-    frequencies = unrotated[0][0][1] if unrotated[0][0] else None
-    rotary = all(q and k and np.array_equal(q[1], frequencies) and np.array_equal(k[1], frequencies)
-                 for q, k in unrotated)
+    if not all(q and k for q, k in unrotated):
+        return 0
+    frequencies = unrotated[0][0][1]
+    if not all(np.array_equal(q[1], frequencies) and np.array_equal(k[1], frequencies) for q, k in unrotated):
+        return 0
     # the op reads q, k and v as the projections lay them out, (1, L, heads, d): the inputs of their Transposes
-    sources = [[_untransposed(q[0] if rotary else parts["q"]), _untransposed(k[0] if rotary else parts["k"]),
-                _untransposed(parts["v"])] for parts, (q, k) in zip(found, unrotated)]
+    sources = [[_untransposed(q[0]), _untransposed(k[0]), _untransposed(parts["v"])]
+               for parts, (q, k) in zip(found, unrotated)]
     if any(None in inputs for inputs in sources):
         return 0
     made = _made_by(core, len(found), q_shape[1].get_length(), k_shape[1].get_length(), q_shape[3].get_length(),
-                    found[0]["scale"], frequencies if rotary else None)
+                    found[0]["scale"], frequencies)
     stored = {}  # the Assigns of the caches: node name → variable id
     for parts, op, inputs in zip(found, made, sources):
         for i, source in enumerate(inputs + [positions]):
@@ -172,8 +174,7 @@ def _unrotated(output: ov.Output) -> tuple[ov.Output, np.ndarray] | None:
         node = node.input_value(0).get_node()
     if node.get_type_name() != "MatMul":
         return None
-    matmul = node
-    constant = through_converts(matmul.input_value(0).get_node())
+    constant = through_converts(node.input_value(0).get_node())
     if constant.get_type_name() != "Constant":
         return None
     frequencies = constant.get_data().astype(np.float32).reshape(-1)
