@@ -14,7 +14,16 @@ namespace specdemo {
 namespace {
 
 constexpr int NR = 2, ROWS = 16 * NR;  // zmm of weight rows a tile holds; the panel's rows
-constexpr int MR = 4;                  // activation rows a tile holds: 2·4 sums and 2·4 accumulators in registers
+// Activation rows a tile holds: 2·6 sums and 2·6 accumulators in registers, with the two zmm of weights, a broadcast
+// and the nibbles' mask 28 of the 32. On the 2-core Zen 4 (EPYC family 25 model 17), 28 layers a call from memory, 2
+// threads, median of 3 (a C++ loop over the gemm alone), a call's time ÷ one row's, 6 rows a tile against 4 (both
+// prefetching into L2): Q4_K ffn_up 5 rows 1.01 against 1.21, 9 rows 1.55 against 1.70; Q6_K ffn_down 0.92 against
+// 1.23, 1.24 against 1.69.
+constexpr int MR = 6;
+// The panel's next blocks asked for into L2, not L1: on that Zen 4 (as above, 4 rows a tile) a Q4_K layer of 1, 5 and
+// 9 rows took 0.86×, 0.97× and 0.89× the time, Q6_K 0.84×, 0.90×, 0.94×. AVX2's gemm keeps L1: held to it, the same
+// Zen 4's Q4_K calls took 1.3-2× as long with L2.
+constexpr Into PREFETCH_INTO = Into::L2;
 // From a single step on: on the 2-core Xeon (AVX-512 VNNI) the whole 1.5B target's step took 0.92–0.94× the dot
 // products' time, a call of 5 rows 0.70–0.73× (9 rows: 0.56–0.57× llama.cpp's time, the dot products' ~1.5×); and one
 // way for every call, so a row's logits do not depend on how many rows its call holds (gemm_avx2.cpp).
@@ -106,7 +115,7 @@ void tile(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int first
         __m512 d[NR];
         for (int n = 0; n < NR; ++n) d[n] = halves(block + P::D + 32 * n);
         for (int j = 0; j < SLOTS; ++j) {
-            if (STREAMED<P> && m0 == 0) prefetch_slot_of_next(block, j, SLOTS, P::BYTES);
+            if (STREAMED<P> && m0 == 0) prefetch_slot_of_next<PREFETCH_INTO>(block, j, SLOTS, P::BYTES);
             const int slot = (first_block + b) * SLOTS + j;
             const size_t at = size_t(m0) * a_slots + slot;  // activation row m0's slot
             const int8_t* q = a.q.data() + size_t(m0) * a.columns + slot * P::SLOT;
@@ -159,7 +168,7 @@ void decode6<ROWS>(const uint8_t* packed, int blocks, uint8_t* out) {
     for (int b = 0; b < blocks; ++b, packed += P::BYTES, out += D6::BYTES) {
         std::memcpy(out, packed, D6::V);  // d and sc
         for (int j = 0; j < 16; ++j) {
-            prefetch_slot_of_next(packed, j, 16, P::BYTES);
+            prefetch_slot_of_next<PREFETCH_INTO>(packed, j, 16, P::BYTES);
             for (int q = 0; q < 4; ++q)
                 for (int n = 0; n < NR; ++n)
                     _mm512_storeu_si512(out + D6::V + (4 * j + q) * D6::QUAD + 64 * n, values<Kind::Q6_K, P>(packed, j, q, n));

@@ -193,12 +193,17 @@ struct PackedQ5Nibbles {
 // block ahead, and 4–8 KiB no better; a K-quant block (2.3–3.4 KiB) is lead enough, and 4–8 KiB ahead were not faster.
 constexpr size_t PREFETCH_BYTES = 2048;
 
+// Where a prefetch puts its lines: __builtin_prefetch's locality, 3 into L1 (prefetcht0), 2 into L2 (prefetcht1).
+enum class Into { L1 = 3, L2 = 2 };
+
 // The first tile of a chunk reads the panel from memory, the others from cache: while it multiplies slot j of `block`,
 // it asks for the j-th of `slots` parts of the block PREFETCH_BYTES or more ahead (its lines in order, so the
-// hardware's streamer follows on).
+// hardware's streamer follows on), into L1 or L2 as the ISA's gemm measured best.
+template <Into To = Into::L1>
 inline void prefetch_slot_of_next(const uint8_t* block, int j, int slots, size_t bytes) {
     const size_t part = (bytes + slots - 1) / slots, ahead = (PREFETCH_BYTES + bytes - 1) / bytes * bytes;
-    for (size_t line = j * part; line < (j + 1) * part; line += 64) __builtin_prefetch(block + ahead + line, 0, 3);
+    for (size_t line = j * part; line < (j + 1) * part; line += 64)
+        __builtin_prefetch(block + ahead + line, 0, static_cast<int>(To));
 }
 
 // Columns of a panel multiplied with every activation row before the next ones: 32 rows of 1024 columns are 38 KiB of
