@@ -1,11 +1,12 @@
-// Many activation rows with AVX-512 VNNI: a packed panel of 32 weight rows (two zmm of 16 rows × 4 values) times 4
+// Many activation rows with AVX-512 VNNI: a packed panel of 32 weight rows (two zmm of 16 rows × 4 values) times 6
 // activation rows at a time, each activation's 4 values broadcast, one vpdpbusd per 64 products (u8 weights × i8
 // activations, summed in i32 without saturation). Per slot: the i32 sums to f32, times s·d_a, and Q4_K's mins
-// (panel.hpp).
+// (panel.hpp). Q5_0's panel is at the file's bytes (PackedQ5Nibbles), as on AVX2.
 // Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512vnni; chosen only where the CPU has them (dispatch.cpp).
 #include <immintrin.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "panel.hpp"
 
@@ -84,6 +85,12 @@ inline __m512i values(const uint8_t* block, int j, int q, int n) {
         const __m512i high = q == 0 ? _mm512_slli_epi16(highs, 4) : q == 1 ? _mm512_slli_epi16(highs, 2)
                            : q == 2 ? highs : _mm512_srli_epi16(highs, 2);
         return _mm512_or_si512(low, _mm512_and_si512(high, _mm512_set1_epi8(0x30)));
+    } else if constexpr (NIBBLES_AND_FIFTHS<P>) {  // the pair's nibbles, and bit q of the fifths moved to bit 4
+        const __m512i nibbles = _mm512_loadu_si512(block + P::V + (q % 4) * P::QUAD + 64 * n);
+        const __m512i fifths = _mm512_loadu_si512(block + P::FIFTHS + 64 * n);
+        const __m512i low = _mm512_and_si512(q < 4 ? nibbles : _mm512_srli_epi16(nibbles, 4), _mm512_set1_epi8(0x0F));
+        const __m512i fifth = q < 4 ? _mm512_slli_epi16(fifths, 4 - q) : _mm512_srli_epi16(fifths, q - 4);
+        return _mm512_or_si512(low, _mm512_and_si512(fifth, _mm512_set1_epi8(0x10)));
     } else {
         return _mm512_loadu_si512(block + P::V + (j * (P::SLOT / 4) + q) * P::QUAD + 64 * n);
     }
@@ -176,18 +183,22 @@ void decode6<ROWS>(const uint8_t* packed, int blocks, uint8_t* out) {
     }
 }
 
+// Each kind's panel: Q5_0's at the file's 22 bytes a block (PackedQ5Nibbles), not Packed's 34, as on AVX2: the 0.5B
+// draft's Q5_0 layers are most of its step's bytes.
 template <Kind K>
-constexpr GemmFn GEMM = gemm_panels<K, ROWS, MR, DECODED_FROM_ROWS>;
+using Panel = std::conditional_t<K == Kind::Q5_0, PackedQ5Nibbles<ROWS>, Packed<K, ROWS>>;
 template <Kind K>
-constexpr PackFn PACK = pack_panel<K, ROWS, Interleave>;
+constexpr GemmFn GEMM = gemm_panels<K, ROWS, MR, DECODED_FROM_ROWS, Panel<K>>;
+template <Kind K>
+constexpr PackFn PACK = pack_panel<K, ROWS, Interleave, Panel<K>>;
 
 }  // namespace
 
 const Gemms* avx512_gemms() {
     static const Gemms gemms{{PACK<Kind::Q4_K>, PACK<Kind::Q6_K>, PACK<Kind::Q8_0>, PACK<Kind::Q5_0>},
                              {GEMM<Kind::Q4_K>, GEMM<Kind::Q6_K>, GEMM<Kind::Q8_0>, GEMM<Kind::Q5_0>},
-                             {Packed<Kind::Q4_K, ROWS>::BYTES, Packed<Kind::Q6_K, ROWS>::BYTES,
-                              Packed<Kind::Q8_0, ROWS>::BYTES, Packed<Kind::Q5_0, ROWS>::BYTES},
+                             {Panel<Kind::Q4_K>::BYTES, Panel<Kind::Q6_K>::BYTES, Panel<Kind::Q8_0>::BYTES,
+                              Panel<Kind::Q5_0>::BYTES},
                              {false, false, false, false}, ROWS, FROM_ROWS,
                              avx2_quantizer()};
     return &gemms;

@@ -19,7 +19,7 @@
 //   Q8_0  d [ROWS] f16, values [8 quads][ROWS][4] u8 (q + 128)                     s = d, c = 128
 //   Q5_0  d [ROWS] f16, values [8 quads][ROWS][4] u8 (0…31)                        s = d, c = 16
 // The same bytes as the file's blocks give or take a few (Q4_K 148 a row's block against 144, Q6_K and Q8_0 the same 210 and 34, Q5_0 34 against 22;
-// AVX2's Q5_0 its 22 in PackedQ5Nibbles, below),
+// Q5_0 its 22 in PackedQ5Nibbles, below, on both gemms),
 // kept beside them (the dot products of a single step read the file's own) for the model's life.
 // Included by each gemm_*.cpp, compiled with its own ISA flags (internal linkage: see formats.hpp).
 #pragma once
@@ -158,7 +158,7 @@ struct Packed<Kind::Q8_0, ROWS> : Packed32<Kind::Q8_0, ROWS> {};
 template <int ROWS>
 struct Packed<Kind::Q5_0, ROWS> : Packed32<Kind::Q5_0, ROWS> {};
 
-// Q5_0 at the file's 22 bytes a row's block (AVX2's panel; Packed's 34 stream 1.55× the bytes, and a draft of Q5_0
+// Q5_0 at the file's 22 bytes a row's block (both gemms' panel; Packed's 34 stream 1.55× the bytes, and a draft of Q5_0
 // layers steps at its bytes): d [ROWS] f16, then fifths [ROWS][4]: byte b of a row holds the fifth bits of its weights
 // 4q + b as bit q (q < 8), then nibbles [4][ROWS][4]: byte b of pair p holds weight 4p + b (quad p) in its low nibble
 // and weight 16 + 4p + b (quad p + 4) in its high one. Quad q's values are a pair's nibbles and bit q of the fifths
