@@ -24,7 +24,7 @@ def test_this_cpu_runs_the_scalar_path_and_its_widest_by_default():
 
 # The tails the kernels have (kernels/src): weight rows past the last whole panel (16 on AVX2, 32 on AVX-512) and fewer
 # rows than a panel; columns past the last whole chunk of 1024 a gemm multiplies at once (panel.hpp), and a single
-# K-quant block; activation rows 1…70: each remainder of every tile (on AVX2 6 rows for Q4_K, 5 for Q6_K and Q5_0; 4 on
+# K-quant block; activation rows 1…70: each remainder of every tile (on AVX2 6 rows for Q4_K, 5 for Q6_K and Q5_0; 6 on
 # AVX-512) and of the 4 rows a dot product decodes a block once for, and past the 64 a pass of the dot products holds
 # (block_matmul.cpp).
 SHAPES = {"past whole panels and chunks": (37, 1280), "less than a panel, one K-quant block": (5, 256)}
