@@ -31,6 +31,8 @@ constexpr Into PREFETCH_INTO = Into::L2;
 constexpr int FROM_ROWS = 1;
 // Q6_K decoded a chunk at a time from 16 rows a call on (panel.hpp: Decoded6). On the 2-core Xeon, 14 ffn_down, 2
 // threads, decoded ÷ decoded in each tile: 5 rows 1.17×, 9 rows 1.05×, 13 rows 1.00×, 17 0.97×, 33 0.89×, 64 0.82×.
+// With 6 rows a tile, on the 2-core Zen 4 (a C++ loop over the gemm, 28 ffn_down from memory), decoding from 7 rows
+// made 8-13 rows 1.2-1.4x slower, and 16 rows the same: 16 kept.
 constexpr int DECODED_FROM_ROWS = 16;
 
 inline __m512i broadcast4(const int8_t* p) {
