@@ -10,7 +10,6 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <type_traits>
 
 #include "panel.hpp"
 
@@ -311,20 +310,17 @@ void tile(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int first
         tile_q5<P, M>(panel, blocks, a, m0, first_block, y, y_stride, first);
 }
 
-// Each kind's panel: Q5_0's at the file's bytes (PackedQ5Nibbles), the others' as panel.hpp packs them.
 template <Kind K>
-using Panel = std::conditional_t<K == Kind::Q5_0, PackedQ5Nibbles<ROWS>, Packed<K, ROWS>>;
+constexpr GemmFn GEMM = gemm_panels<K, ROWS, K == Kind::Q4_K ? MR_Q8_K : K == Kind::Q6_K ? MR_Q6 : MR_Q5, NEVER_DECODED>;
 template <Kind K>
-constexpr GemmFn GEMM = gemm_panels<K, ROWS, K == Kind::Q4_K ? MR_Q8_K : K == Kind::Q6_K ? MR_Q6 : MR_Q5, NEVER_DECODED, Panel<K>>;
-template <Kind K>
-constexpr PackFn PACK = pack_panel<K, ROWS, Interleave, Panel<K>>;
+constexpr PackFn PACK = pack_panel<K, ROWS, Interleave>;
 
 }  // namespace
 
 const Gemms* avx2_gemms() {  // no Q8_0: its unsigned values (q + 128) would saturate maddubs
     static const Gemms gemms{{PACK<Kind::Q4_K>, PACK<Kind::Q6_K>, nullptr, PACK<Kind::Q5_0>},
                              {GEMM<Kind::Q4_K>, GEMM<Kind::Q6_K>, nullptr, GEMM<Kind::Q5_0>},
-                             {Panel<Kind::Q4_K>::BYTES, Panel<Kind::Q6_K>::BYTES, 0, Panel<Kind::Q5_0>::BYTES},
+                             {Panel<Kind::Q4_K, ROWS>::BYTES, Panel<Kind::Q6_K, ROWS>::BYTES, 0, Panel<Kind::Q5_0, ROWS>::BYTES},
                              {true, false, false, false}, ROWS, FROM_ROWS,
                              avx2_quantizer()};
     return &gemms;

@@ -6,7 +6,6 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <type_traits>
 
 #include "panel.hpp"
 
@@ -185,22 +184,18 @@ void decode6<ROWS>(const uint8_t* packed, int blocks, uint8_t* out) {
     }
 }
 
-// Each kind's panel: Q5_0's at the file's 22 bytes a block (PackedQ5Nibbles), not Packed's 34, as on AVX2: the 0.5B
-// draft's Q5_0 layers are most of its step's bytes.
 template <Kind K>
-using Panel = std::conditional_t<K == Kind::Q5_0, PackedQ5Nibbles<ROWS>, Packed<K, ROWS>>;
+constexpr GemmFn GEMM = gemm_panels<K, ROWS, MR, DECODED_FROM_ROWS>;
 template <Kind K>
-constexpr GemmFn GEMM = gemm_panels<K, ROWS, MR, DECODED_FROM_ROWS, Panel<K>>;
-template <Kind K>
-constexpr PackFn PACK = pack_panel<K, ROWS, Interleave, Panel<K>>;
+constexpr PackFn PACK = pack_panel<K, ROWS, Interleave>;
 
 }  // namespace
 
 const Gemms* avx512_gemms() {
     static const Gemms gemms{{PACK<Kind::Q4_K>, PACK<Kind::Q6_K>, PACK<Kind::Q8_0>, PACK<Kind::Q5_0>},
                              {GEMM<Kind::Q4_K>, GEMM<Kind::Q6_K>, GEMM<Kind::Q8_0>, GEMM<Kind::Q5_0>},
-                             {Panel<Kind::Q4_K>::BYTES, Panel<Kind::Q6_K>::BYTES, Panel<Kind::Q8_0>::BYTES,
-                              Panel<Kind::Q5_0>::BYTES},
+                             {Panel<Kind::Q4_K, ROWS>::BYTES, Panel<Kind::Q6_K, ROWS>::BYTES,
+                              Panel<Kind::Q8_0, ROWS>::BYTES, Panel<Kind::Q5_0, ROWS>::BYTES},
                              {false, false, false, false}, ROWS, FROM_ROWS,
                              avx2_quantizer()};
     return &gemms;

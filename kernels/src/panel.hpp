@@ -27,6 +27,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "formats.hpp"
 
@@ -187,6 +188,10 @@ struct PackedQ5Nibbles {
     }
 };
 
+// Each kind's panel as both gemms pack it: Q5_0's at the file's bytes (PackedQ5Nibbles), the others' as Packed.
+template <Kind K, int ROWS>
+using Panel = std::conditional_t<K == Kind::Q5_0, PackedQ5Nibbles<ROWS>, Packed<K, ROWS>>;
+
 // How far ahead of the tile a stream asks for the panel: at least this many bytes, whole blocks. One Q5_0 block of a
 // panel (352 bytes) is ~40 cycles of work, too short a lead for memory's latency: on the 2-core Zen 3 (EPYC family 25
 // model 1), one core, 65,536 rows streamed at M = 1, 2 KiB ahead took 45–50 cycles per 256 weights against 62–68 one
@@ -212,7 +217,7 @@ constexpr int CHUNK_VALUES = 1024;
 
 // A panel of ROWS rows (from `rows`, row_bytes apart) packed into panel `panel` of `out`: block b at
 // (panel·blocks + b)·BYTES.
-template <Kind K, int ROWS, typename Interleave, typename P = Packed<K, ROWS>>
+template <Kind K, int ROWS, typename Interleave, typename P = Panel<K, ROWS>>
 void pack_panel(const uint8_t* rows, size_t row_bytes, size_t panel, int blocks, PackedWeights& out) {
     for (int b = 0; b < blocks; ++b)
         P::template pack<Interleave>(rows + b * P::RAW, row_bytes, out.bytes.get() + (panel * blocks + b) * P::BYTES);
@@ -235,7 +240,7 @@ constexpr int NEVER_DECODED = 0;
 // times every activation row, MR rows a tile, then what is left. Q6_K's chunk is decoded once first in a call of at
 // least DECODED_FROM rows, where the ISA does so (its crossover; the bytes are the same either way, so a row's result
 // does not depend on how many rows its call holds).
-template <Kind K, int ROWS, int MR, int DECODED_FROM, typename P = Packed<K, ROWS>>
+template <Kind K, int ROWS, int MR, int DECODED_FROM, typename P = Panel<K, ROWS>>
 void gemm_panels(const PackedWeights& w, const ManyRows& a, float* y, size_t y_stride, size_t first_panel,
                  size_t last_panel) {
     constexpr int CHUNK = CHUNK_VALUES / P::VALUES > 1 ? CHUNK_VALUES / P::VALUES : 1;
