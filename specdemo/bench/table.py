@@ -68,17 +68,9 @@ class Lane:
             raise ValueError(f"speculative lane {self.label!r} needs the autoregressive baseline its speedup is over")
 
     def fields(self) -> dict:
-        """The typed fields as JSON: lanes are named there by their labels."""
-        return {
-            "framework": self.framework,
-            "kind": self.kind,
-            "baseline": self.baseline.label if self.baseline else None,
-            "reference": self.reference.label if self.reference else None,
-            "k": self.k,
-            "k_policy": self.k_policy,
-            "drafter": self.drafter,
-            "models": self.models,
-        }
+        """The typed fields as JSON (not the label nor generate): lanes are named there by their labels."""
+        return {f.name: value.label if isinstance(value, Lane) else value for f in fields(self)
+                if f.name not in ("label", "generate") for value in [getattr(self, f.name)]}
 
     def bare(self) -> Lane:
         """This lane without its generate (nor its baseline's and reference's): what the table keeps, so a kept run
@@ -132,7 +124,7 @@ class Run:
 # 2: the table, with each run's prefill (time to the first token) apart from its decoding; 3: each run's setting
 SCHEMA = 3
 
-_LANE_KEYS = ("framework", "kind", "k", "k_policy", "drafter", "models")
+_LANE_FIELDS = {"framework": None, "kind": None, "k": None, "k_policy": None, "drafter": None, "models": ""}  # JSON's null
 
 
 def row(run: Run) -> dict:
@@ -197,9 +189,8 @@ def _runs(rows: list[dict]) -> list[Run]:
             return None
         if (section, label) not in lanes:
             d = described[section, label]
-            lanes[section, label] = Lane(label, baseline=lane(section, d["baseline"]),
-                                         reference=lane(section, d["reference"]), **{k: d.get(k) or (
-                                             "" if k == "models" else None) for k in _LANE_KEYS})
+            lanes[section, label] = Lane(label, **{k: d.get(k) or default for k, default in _LANE_FIELDS.items()},
+                                         baseline=lane(section, d["baseline"]), reference=lane(section, d["reference"]))
         return lanes[section, label]
 
     return [Run(lane(r["section"], r["lane"]), r["instruction"], r["repeat"], r["max_new_tokens"], r["wall_s"],
