@@ -16,7 +16,7 @@ from specdemo.bench.table import Kind, Lane, Output, Run
 from specdemo.decoding import drafters
 from specdemo.decoding.drafters import Strategy, with_counterpart
 from specdemo.learning.profile import machine_profile
-from specdemo.models import kernels
+from specdemo.models import kernels, sources
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results.lane import drain
 from specdemo.results.parting import parting
@@ -191,8 +191,6 @@ class Context:
             if ours.settings.precision != kernels.NATIVE:
                 self._genai_models[role] = PeerModel(ours.settings, ours.folder)
             else:
-                from specdemo.models import sources
-
                 profile = machine_profile()
                 settings = profile.resolve(profile.for_plugin(replace(ours.settings, precision=left_open)))
                 self.log(f"OpenVINO GenAI's pipelines run the {role} at {settings.precision}: they cannot load "

@@ -21,10 +21,13 @@ import math
 import re
 from dataclasses import asdict, dataclass, fields, replace
 
-from specdemo.bench import llamacpp, sandbox
+from specdemo.bench import llamacpp, sandbox, stats
+from specdemo.bench.harness import log_progress, measure, our_lane, peer_lane
+from specdemo.bench.peers import PeerProcess
 from specdemo.bench.report_tables import image, percent, table, times
 from specdemo.bench.schema import Figures, Sections, Skipped
 from specdemo.bench.stats import Spread
+from specdemo.bench.table import Lane
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results import metrics
 from specdemo.results.parting import first_difference
@@ -175,10 +178,6 @@ def run_section(ctx) -> HumanEval | Skipped:
     """The section: every problem through our autoregressive and speculative lanes (the run's K policy, auto by
     default), GenAI's plain and speculative pipelines and, where installed, llama.cpp's plain decoding; then every
     answer run against its tests. Opt-in: only `--only humaneval` runs it."""
-    from specdemo.bench.harness import log_progress, measure, our_lane, peer_lane
-    from specdemo.bench.table import Lane
-    from specdemo.bench.peers import PeerProcess
-
     refusal = sandbox.missing()  # asked before minutes of generation, not at the first answer
     if skipped := missing() or (f"humaneval: skipped: {refusal}" if refusal else None):
         ctx.log(skipped)
@@ -234,8 +233,6 @@ def summarize(rows: list[ProblemRow], runs: list, lanes: dict, k_max: int, max_n
               k_label: str) -> HumanEval:
     """The section's figures: speedups as the mean of per-problem ratios and as the ratio of summed times (Spec-Bench
     reports both), pass@1 per lane, pooled acceptance, and the problems where the lanes' texts or verdicts part."""
-    from specdemo.bench import stats
-
     def speedups(lane) -> Speedups:
         spread = stats.speedup(runs, lane)
         return Speedups(spread.mean, stats.ratio_of_sums(runs, lane.baseline, lane), spread)

@@ -26,6 +26,8 @@ import numpy as np
 import openvino as ov
 from openvino import opset13 as ops
 
+from specdemo.bench import llamacpp
+from specdemo.bench.report_tables import table
 from specdemo.bench.schema import Figures, Sections, Skipped
 from specdemo.models import kernels
 from specdemo.models.block_matmul import block_matmul
@@ -166,8 +168,6 @@ def measure_layer(path: Path, layer: str = "ffn_up", rows_per_call=(1, 2, 5, 9, 
 def run_kernels(ctx) -> Kernels | Skipped:
     """The table for the target's Q4_K layers (ffn_up: 1536 → 8960 on the default target) and its Q6_K ones (ffn_down,
     those of that type), on the M of a step, of verifications and of a prefill's piece."""
-    from specdemo.bench import llamacpp
-
     path = llamacpp.gguf_path(ctx.settings.target.source)
     if path is None or kernels.unavailable():
         return Skipped(kernels.unavailable() or f"{ctx.settings.target.source} has no GGUF file to read blocks from")
@@ -178,8 +178,6 @@ def run_kernels(ctx) -> Kernels | Skipped:
 
 def kernels_section(sections: Sections, plots: dict, runs=()) -> str:
     """The report's part: each layer's table, a row per way, a column per M, GB/s and the share of the bandwidth."""
-    from specdemo.bench.report_tables import table
-
     section = sections.kernels
     if not section:
         return ""

@@ -9,9 +9,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+
 from specdemo.bench import found, stats
-from specdemo.bench.schema import GENAI_SPEC, OURS_SPEC, Results
+from specdemo.bench.humaneval import HumanEval
 from specdemo.bench.report_tables import k_text
+from specdemo.bench.schema import GENAI_SPEC, OURS_SPEC, Results
 from specdemo.bench.settings import PAPER, REGISTRY, paper_speedup
 from specdemo.bench.stats import COMPONENTS
 from specdemo.bench.table import GENAI_DEFAULTS, Run
@@ -24,11 +29,7 @@ _OURS, _GENAI, _PAPER, _HF = "#1f77b4", "#ff7f0e", "#7f7f7f", "#2ca02c"
 def draw(results: Results, out: Path) -> dict[str, str]:
     """Write every plot the results allow into `out`: this machine's cost curve and surface, then every registered
     section's (settings.REGISTRY), each given the results and the table's runs (read once); return {name: file name}."""
-    import matplotlib
-
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     painters = [draw_costs, draw_surface] + [found(painter) for section in REGISTRY for painter in section.plots]
     drawn, runs = {}, results.runs
     for painter in painters:
@@ -44,9 +45,6 @@ def draw(results: Results, out: Path) -> dict[str, str]:
 def draw_surface(results: Results, runs: list[Run]):
     """This machine's predicted speedup over K × α (its cost model as the run left it), the break-even line, and auto
     K's point (pooled α̂, mean K) when the K section ran."""
-    import matplotlib.pyplot as plt
-    import numpy as np
-
     if not (costs := results.costs_end or results.costs):  # CostModel
         return None
     ks, alphas = list(range(1, costs.n_max)), [0.5 + 0.0125 * i for i in range(41)]
@@ -76,8 +74,6 @@ def _errors(spreads: list[dict]) -> list[list[float]]:
 
 
 def draw_costs(results: Results, runs=()):
-    import matplotlib.pyplot as plt
-
     if not (c := results.costs):  # CostModel
         return None
     ns = list(range(1, len(c.target_s) + 1))
@@ -93,8 +89,6 @@ def draw_costs(results: Results, runs=()):
 
 
 def draw_paper(results: Results, runs: list[Run]):
-    import matplotlib.pyplot as plt
-
     if not (paper := results.sections.paper) or not (ns := stats.tokens(runs, "paper")):
         return None
     passes = [stats.section(runs, "paper", n=n) for n in ns]
@@ -118,8 +112,6 @@ def draw_paper(results: Results, runs: list[Run]):
 
 def draw_peers(results: Results, runs: list[Run]):
     """Milliseconds per token of every lane of the paper section and of the transformers section, whichever ran."""
-    import matplotlib.pyplot as plt
-
     every = {"specdemo": _OURS, "genai": _GENAI, "transformers": _HF}
     bars = []  # (label, spread of seconds per token, colour)
     # of GenAI's defaults pass, GenAI's lanes only: ours ran in the paper's own pass too
@@ -143,8 +135,6 @@ def draw_peers(results: Results, runs: list[Run]):
 
 
 def draw_k(results: Results, runs: list[Run]):
-    import matplotlib.pyplot as plt
-
     if not (k := results.sections.k):
         return None
     rows, at = stats.sweep_rows(runs, "k", "specdemo"), stats.section(runs, "k")
@@ -175,8 +165,6 @@ def draw_k(results: Results, runs: list[Run]):
 
 
 def draw_precision(results: Results, runs: list[Run]):
-    import matplotlib.pyplot as plt
-
     if not (precision := results.sections.precision):
         return None
     rows, pairs = stats.sweep_rows(runs, "precision"), precision.facts()
@@ -195,8 +183,6 @@ def draw_precision(results: Results, runs: list[Run]):
 
 
 def draw_breakdown(results: Results, runs=()):
-    import matplotlib.pyplot as plt
-
     if not (paper := results.sections.paper):
         return None
     shares = paper.time_shares
@@ -220,10 +206,6 @@ def draw_breakdown(results: Results, runs=()):
 
 def draw_humaneval(results: Results, runs=()):
     """Per HumanEval problem: our speculative speedup against the mean acceptance length; failed answers hollow."""
-    import matplotlib.pyplot as plt
-
-    from specdemo.bench.humaneval import HumanEval
-
     if not isinstance(section := results.sections.humaneval, HumanEval) or not section.rows:
         return None
     figure, axis = plt.subplots(figsize=(6, 4))

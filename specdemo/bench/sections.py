@@ -4,14 +4,22 @@ report reads (schema.Figures); settings.REGISTRY names every section's runner.""
 
 from __future__ import annotations
 
-from specdemo.bench import stats
+import gc
+
+from specdemo.bench import llamacpp, nodes, peers, stats
 from specdemo.bench.harness import Context, genai_compile, log_progress, measure, our_lane, peer_lane
-from specdemo.bench.schema import Agreement, FidelitySection, LlamaCpp, Nodes, Paper, Skipped
-from specdemo.bench.schema import Transformers
+from specdemo.bench.schema import Agreement, FidelitySection, LlamaCpp, Nodes, Paper, Skipped, Transformers
 from specdemo.bench.table import GENAI_DEFAULTS, Lane, Run
 from specdemo.decoding.drafters import with_counterpart
+from specdemo.host import memory
+from specdemo.learning import builtin, tune
+from specdemo.learning.disk import size
+from specdemo.learning.race import PIECE
 from specdemo.models import kernels, sources
+from specdemo.models.chat import encode_example
+from specdemo.models.loading import describe_compile
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
+from specdemo.results import fidelity
 from specdemo.results.parting import first_difference
 
 
@@ -54,9 +62,6 @@ def run_paper(ctx: Context) -> Paper:
 
 def run_transformers(ctx: Context) -> Transformers | Skipped:
     """transformers generate() and assisted generation beside ours, same prompts, same K."""
-    from specdemo.bench import peers
-    from specdemo.learning.disk import size
-
     missing = [m for m in (ctx.engine.target, ctx.engine.draft) if peers.hf_weights_missing(m.settings.source)]
     if missing:  # say what it costs on disk before writing it
         need = sum(m.describe().parameters * 4 for m in missing)
@@ -86,8 +91,6 @@ def run_transformers(ctx: Context) -> Transformers | Skipped:
 def run_llamacpp(ctx: Context) -> LlamaCpp | Skipped:
     """llama.cpp (llama-cpp-python) on the GGUF files our IRs are converted from: autoregressive, prompt lookup and
     draft model at the same K, beside our autoregressive and speculative loops; skipped in one line without it."""
-    from specdemo.bench import llamacpp, peers
-
     if skipped := llamacpp.missing():
         ctx.log(skipped)
         return Skipped(skipped)
@@ -128,8 +131,6 @@ def tool_runs(ctx: Context, target, draft, prompts: list[list[int]], n: int, thr
     """llama.cpp's own tools where they are built (llamacpp.tool), each in its own process: llama-bench once (pp at the
     prompts' median length, then tg n: one row, its prefill pp's, its decoding n tokens at tg's rate), and
     llama-speculative-simple on each instruction's prompt text (after one short warm-up run)."""
-    from specdemo.bench import llamacpp
-
     runs = []
     if llamacpp.tool("llama-bench"):
         p = sorted(map(len, prompts))[len(prompts) // 2]
@@ -164,17 +165,6 @@ def text_agreement(runs: list[Run], ours: Lane, theirs: Lane) -> list[Agreement]
 def run_fidelity(ctx: Context) -> FidelitySection | Skipped:
     """Each target precision, under the compile settings it runs with here, against the GGUF it came from
     (specdemo/results/fidelity.py): top-1 agreement and mean |logit error| on the built-in answers."""
-    import gc
-
-    from specdemo.learning import builtin, tune
-    from specdemo.results import fidelity
-    from specdemo.models import sources
-    from specdemo.host import memory
-    from specdemo.bench import llamacpp
-    from specdemo.models.chat import encode_example
-    from specdemo.models.loading import describe_compile
-    from specdemo.learning.race import PIECE
-
     if llamacpp.gguf_path(ctx.settings.target.source) is None:
         return Skipped("fidelity: skipped (its reference is the target's GGUF: use a preset or a local .gguf file)")
     examples = [encode_example(ctx.engine.tokenizer, e) for e in builtin.code_answers()]
@@ -201,8 +191,6 @@ def run_fidelity(ctx: Context) -> FidelitySection | Skipped:
 def run_nodes(ctx: Context) -> Nodes:
     """Where a target call's time goes (nodes.py): each target precision compiled as it runs here, with the plugin's
     per-node counters, one token a call and K + 1 (a verify call), against the bytes of weights each group reads."""
-    from specdemo.bench import llamacpp, nodes
-
     prompt = ctx.prompts(ctx.code_instructions(1))[0]
     tokens = (1, ctx.k + 1)
     targets = []
