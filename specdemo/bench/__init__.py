@@ -1,25 +1,7 @@
 """`python -m specdemo bench`: one run that measures speedup over autoregressive decoding beside its peers.
 
-Sections, in the order they run (BenchSettings.sections picks some):
-- paper:        autoregressive vs speculative at N = 40 and 100 new tokens, beside the paper's figures
-                (Dolly v2 12B target / 3B draft), with OpenVINO GenAI's own pipelines in the same loop,
-                and where our speculative loop's wall time goes;
-- k:            K = 1..8 fixed, adaptive and auto: acceptance alpha, cost ratio c, Leviathan's prediction
-                (1 - alpha^(K+1)) / ((1 - alpha)(cK + 1)), ours and the measured speedup; GenAI at some K;
-- vocab:        the draft's LM head trimmed to its most frequent tokens;
-- lookup:       prompt lookup vs the draft model on edits, where the output repeats the input;
-- transformers: transformers generate() and assisted generation on the same weights, same prompts;
-- llamacpp:     llama.cpp (optional: requirements-llamacpp.txt) on the very GGUF files, autoregressive, prompt
-                lookup and draft model, beside our lanes;
-- watching:     what a browser watching the page costs the lanes: the CLI, the page's API and the page in
-                Chromium on the same instruction, back to back;
-- precision:    draft int4 / int8 / fp16 x target int8 / int4;
-- kv:           KV cache precision;
-- memory:       peak RSS and KV cache bytes, autoregressive vs speculative, each in its own process;
-- humaneval:    (only when named) HumanEval's problems through every lane, speedup and pass@1 side by side
-                (optional: requirements-humaneval.txt).
-
-The method is the report's last section (report_tables.method_section); the modules are in docs/modules.md. A new
+Its sections, in the order they run, are settings.REGISTRY (BenchSettings.sections picks some); what each measures
+is its runner's docstring (for users: docs/benchmarks-guide.md). The method is the report's last section (report_tables.method_section); the modules are in docs/modules.md. A new
 section is one module (its runner, its report part, any plot), one line in settings.REGISTRY and its field in
 schema.Sections.
 

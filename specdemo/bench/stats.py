@@ -41,7 +41,6 @@ class Spread:
 
 
 def spread(values: list[float]) -> Spread:
-    """The Spread of `values`."""
     values = [v for v in values if not math.isnan(v)]
     if not values:
         return Spread()
@@ -90,19 +89,13 @@ def tokens(runs: list[Run], name: str) -> list[int]:
 def paired_runs(runs: list[Run], numerator: Lane, denominator: Lane) -> list[tuple[Run, Run]]:
     """(numerator's run, denominator's run) per (repeat, instruction), where both produced tokens."""
     by_key = {(r.repeat, r.instruction): r for r in lane_runs(runs, denominator)}
-    pairs = []
-    for run in lane_runs(runs, numerator):
-        other = by_key.get((run.repeat, run.instruction))
-        if other is not None and other.tokens and run.tokens:
-            pairs.append((run, other))
-    return pairs
+    pairs = [(run, by_key.get((run.repeat, run.instruction))) for run in lane_runs(runs, numerator) if run.tokens]
+    return [(run, other) for run, other in pairs if other is not None and other.tokens]
 
 
 def paired_ratios(runs: list[Run], numerator: Lane, denominator: Lane) -> list[float]:
-    """Per (repeat, instruction): numerator lane's seconds per token / denominator lane's.
-
-    With numerator = autoregressive and denominator = speculative this is the speedup.
-    """
+    """Per (repeat, instruction): numerator lane's seconds per token / denominator lane's (autoregressive over
+    speculative: the speedup)."""
     return [a.per_token_s / b.per_token_s for a, b in paired_runs(runs, numerator, denominator)]
 
 
@@ -161,7 +154,6 @@ class Times:
 
 
 def lane_figures(runs: list[Run], lane: Lane) -> Times:
-    """The Times of `lane`'s runs among `runs`."""
     mine = lane_runs(runs, lane)
     return Times(*(spread([how(r) for r in mine]) for how in (lambda r: r.wall_s, lambda r: r.per_token_s,
                  lambda r: r.prefill_s, lambda r: r.decode_rate, lambda r: float(r.tokens))), same_as_reference(mine))
