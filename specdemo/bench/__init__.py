@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib
 import time
-from dataclasses import asdict, is_dataclass, replace
+from dataclasses import fields, is_dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
@@ -103,12 +103,12 @@ def sample_run(engine, settings: RunSettings, instruction: str) -> dict | None:
 
 
 def plain(value):
-    """`value` with each dataclass in it (stats.Spread) as its dict, or its to_json's where it has one: the results as
-    JSON holds them."""
+    """`value` with each dataclass in it (stats.Spread) as its dict of fields, or its to_json's where it has one, at any
+    depth: the results as JSON holds them."""
     if hasattr(value, "to_json"):
         return plain(value.to_json())
     if is_dataclass(value) and not isinstance(value, type):
-        return asdict(value)
+        return {f.name: plain(getattr(value, f.name)) for f in fields(value)}
     if isinstance(value, dict):
         return {key: plain(item) for key, item in value.items()}
     return [plain(item) for item in value] if isinstance(value, (list, tuple)) else value

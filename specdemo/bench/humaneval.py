@@ -19,7 +19,7 @@ import gzip
 import json
 import math
 import re
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields
 
 from specdemo.bench import llamacpp, sandbox, stats
 from specdemo.bench.harness import log_progress, measure, our_lane, peer_lane
@@ -116,11 +116,6 @@ class HumanEval(Figures):
     acceptance_by_position: list[float]  # pooled likewise, per draft position
     genai_acceptance: float | None  # GenAI's drafts kept / offered; None where it offered none
     rows: list[ProblemRow]
-
-    def to_json(self) -> dict:
-        """As benchmarks.json keeps it: its fields, each lane by its label and fields (table.Lane.fields)."""
-        return {**asdict(replace(self, lanes={})),
-                "lanes": {key: {"label": lane.label, **lane.fields()} for key, lane in self.lanes.items()}}
 
 
 def missing() -> str | None:

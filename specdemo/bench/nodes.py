@@ -50,6 +50,10 @@ class NodeGroup:
     def gb_per_s(self) -> float:
         return self.weight_bytes / (self.ms_per_call * 1e6) if self.ms_per_call > 0 and self.weight_bytes else float("nan")
 
+    def to_json(self) -> dict:
+        """As benchmarks.json keeps it: with its rate."""
+        return {**asdict(self), "gb_per_s": self.gb_per_s}
+
 
 @dataclass(frozen=True)
 class TargetNodes:
@@ -60,11 +64,6 @@ class TargetNodes:
     weight_bytes: int  # of all its weights: what a call reads
     by_tokens: dict[int, list[NodeGroup]]  # the groups, in GROUPS' order (OTHER last), those with nodes
     wall_s: dict[int, float]  # seconds of a whole call, median
-
-    def to_json(self) -> dict:
-        """As benchmarks.json keeps it: each group with its rate (NodeGroup.gb_per_s)."""
-        return {**asdict(self), "by_tokens": {tokens: [{**asdict(g), "gb_per_s": g.gb_per_s} for g in groups]
-                                              for tokens, groups in self.by_tokens.items()}}
 
 
 def as_compiled(folder: Path):

@@ -72,6 +72,9 @@ class Lane:
         return {f.name: value.label if isinstance(value, Lane) else value for f in fields(self)
                 if f.name not in ("label", "generate") for value in [getattr(self, f.name)]}
 
+    def to_json(self) -> dict:
+        return {"label": self.label, **self.fields()}
+
     def bare(self) -> Lane:
         """This lane without its generate (nor its baseline's and reference's): what the table keeps, so a kept run
         holds no pipeline alive after its section."""
