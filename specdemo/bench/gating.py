@@ -124,8 +124,6 @@ def _planned(plan) -> str:
 
 @dataclass(frozen=True)
 class Gating(Figures):
-    """The section."""
-
     max_new_tokens: int
     curves: dict[str, dict]  # CURVES, each CostModel.to_dict()
     rows: list[Row]

@@ -154,7 +154,6 @@ class Context:
         return f"ours {ours}, GenAI K = {self.k}" if peers and auto else ours
 
     def fixed(self, k: int) -> GenerationSettings:
-        """The run's generation settings with a fixed K."""
         return replace(self.generation, k_policy=KPolicy.fixed(k))
 
     @property
@@ -175,11 +174,9 @@ class Context:
         return [self.engine.prompt_ids(text, self.generation) for text in instructions]
 
     def genai_target(self) -> PeerModel:
-        """The target GenAI's pipelines load (genai_model)."""
         return self.genai_model("target", self.engine.target, FAITHFUL)
 
     def genai_draft(self) -> PeerModel:
-        """The draft GenAI's speculative pipeline loads (genai_model)."""
         return self.genai_model("draft", self.engine.draft, AUTO)
 
     def genai_model(self, role: str, ours, left_open: str) -> PeerModel:

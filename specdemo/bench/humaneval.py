@@ -99,8 +99,6 @@ class ProblemRow:
 
 @dataclass(frozen=True)
 class HumanEval(Figures):
-    """The section's figures."""
-
     problems: int
     max_new_tokens: int
     k: int | None

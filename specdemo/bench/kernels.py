@@ -61,8 +61,6 @@ class Layer:
 
 @dataclass(frozen=True)
 class Kernels(Figures):
-    """The section: the CPU's ISA paths and a Layer per layer name."""
-
     cpu_isas: list[str]  # kernels.supported_isas()
     layers: list[Layer]
 

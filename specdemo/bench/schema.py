@@ -1,13 +1,6 @@
 """The results of a bench run (benchmarks.json: Results.to_json), and how the report, the plots and the targets find
-lanes in them: by the lanes' typed fields, never by their labels.
-
-The table's rows (table.row) carry each run's lane by its label and fields (table.Lane), its section, its setting
-(the section's pass: "", or table.GENAI_DEFAULTS) and its times; a section's lanes, their times, speedups and ratios
-of decode rates are queries over its rows (stats.section), a spread a stats.Spread.
-
-Every section's figures are a Figures, written as their fields: the dataclasses below, and memory.Memory,
-watching.Watching, kernels.Kernels, gating.Gating, humaneval.HumanEval; Skipped where the section could not run. A
-target is a targets.Target.
+lanes in them: by the lanes' typed fields (OURS_AR, ...), never by their labels. Its runs are the table (table.py);
+each section's figures are a Figures (Sections gives each section's type), Skipped where the section could not run.
 """
 
 from __future__ import annotations
@@ -173,7 +166,6 @@ class Sweep(Figures):
     counterfactuals: list[dict] = field(default_factory=list)  # k: each answer's walk (Counterfactual.to_dict)
 
     def facts(self) -> dict[str, Row]:
-        """Its rows by their lanes' labels."""
         return {row.label: row for row in self.rows}
 
 

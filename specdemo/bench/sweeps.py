@@ -23,7 +23,6 @@ from specdemo.settings import K_MAX, KPolicy
 
 def sweep(ctx: Context, what: str, lanes: list[Lane], extra: Callable[[Lane, list[Run]], Row] | None = None,
           rows: list[Lane] | None = None, instructions: list[str] | None = None) -> Sweep:
-    """A sweep section: its N and sweep_rows' rows."""
     return Sweep(ctx.sweep_tokens, sweep_rows(ctx, what, lanes, extra, rows, instructions))
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from specdemo.bench import stats
 from specdemo.bench.schema import GENAI_SPEC, HF_SPEC, OURS_SPEC, Sections
+from specdemo.bench.table import Run
 from specdemo.names import SPECULATIVE
 from specdemo.bench.settings import (
     TARGET_AUTO_SPEEDUP,
@@ -65,7 +66,6 @@ def judge_targets(sections: Sections, runs: list[Run]) -> list[Target]:
 
 
 def fastest(rows: list[stats.SweepRow]) -> stats.SweepRow:
-    """The sweep row with the highest median measured speedup."""
     return max(rows, key=lambda row: row.measured_speedup.median)
 
 

@@ -205,7 +205,6 @@ def run_watching(ctx) -> Watching:
 
 
 def _new(readings: list[BrowserCpu]) -> BrowserCpu:
-    """A fresh BrowserCpu appended to `readings`, for one run to fill."""
     readings.append(BrowserCpu())
     return readings[-1]
 
