@@ -158,13 +158,10 @@ def program(problem: Problem, answer: str) -> str:
 def check(problem: Problem, answer: str, runs: dict[str, sandbox.Verdict] | None = None) -> sandbox.Verdict:
     """Run an answer against its problem's tests. `runs` caches verdicts by program text: lanes that wrote the same
     code share one run."""
-    source = program(problem, answer)
-    if runs is not None and source in runs:
-        return runs[source]
-    verdict = sandbox.run_program(source)
-    if runs is not None:
-        runs[source] = verdict
-    return verdict
+    runs, source = {} if runs is None else runs, program(problem, answer)
+    if source not in runs:
+        runs[source] = sandbox.run_program(source)
+    return runs[source]
 
 
 def run_section(ctx) -> HumanEval | Skipped:
