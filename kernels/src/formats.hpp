@@ -233,18 +233,17 @@ using DotFn = void (*)(const uint8_t* weights, int blocks, const uint8_t* activa
                        float* out, size_t out_stride);
 
 // M activation rows as the gemm (panel.hpp) reads them: by slot (the run of weights that share a scale: 32, or 16 for
-// Q6_K), each slot quantized to 8 bits with a scale of its own (finer than llama.cpp's one per 256 for the K-quants:
-// the gemm pays nothing for it), d_a = max|x| / 127, q = x · 127 / max|x| rounded to nearest, ties to even; with −c·Σq
-// (c: the weights' integer offset) and d_a·Σq.
+// Q6_K), each slot quantized to 8 bits with a scale of its own, d_a = max|x| / 127, q = x · 127 / max|x| rounded to
+// nearest, ties to even; with −c·Σq (c: the weights' integer offset).
 //
-// Or, for a gemm that takes them (Gemms::q8_k), as Q8_K blocks: a scale per 256, as the dot products take them, so that
-// a block's sub-block scales apply inside the integer sums and its f32 arithmetic runs once per 256 weights.
+// Or, for a gemm that takes them (Gemms::q8_k: the K-quants' on AVX-512, Q4_K's on AVX2), as Q8_K blocks: a scale per
+// 256, as the dot products take them, so that a block's sub-block scales apply inside the integer sums and its f32
+// arithmetic runs once per 256 weights.
 struct ManyRows {
     int rows = 0, columns = 0, slot = 0, offset = 0;
     std::vector<int8_t> q;            // (rows, columns)
     std::vector<float> scale;         // (rows, slots) d_a
     std::vector<int32_t> start;       // (rows, slots) −c·Σq: where the slot's integer sum starts
-    std::vector<float> scaled_sum;    // (rows, slots) d_a·Σq, for Q4_K's mins
     // (rows, slots), Q6_K's and Q5_0's only: −c·Σq over the values maddubs pairs into each quad's even i16 lane (a
     // quad's values 0 and 1) in the low half, over its odd lane (values 2 and 3) in the high half; |c·slot/2·127| < 2^15
     // (Q6_K 32·8·127, Q5_0 16·16·127). AVX2's gemm starts a slot's i16 sums there, so that they hold Σ(v − c)·q

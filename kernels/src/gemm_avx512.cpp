@@ -1,7 +1,8 @@
 // Many activation rows with AVX-512 VNNI: a packed panel of 32 weight rows (two zmm of 16 rows × 4 values) times 6
 // activation rows at a time, each activation's 4 values broadcast, one vpdpbusd per 64 products (u8 weights × i8
-// activations, summed in i32 without saturation). Per slot: the i32 sums to f32, times s·d_a, and Q4_K's mins
-// (panel.hpp). Q5_0's panel is at the file's bytes (PackedQ5Nibbles), as on AVX2.
+// activations, summed in i32 without saturation). Q4_K and Q6_K take Q8_K activations (tile_q8_k: the sub-block scales
+// applied in i32, f32 once per 256 weights); Q8_0 and Q5_0 a scale per block of 32 (tile_by_slot). Q5_0's panel is at
+// the file's bytes (PackedQ5Nibbles), as on AVX2.
 // Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512vnni; chosen only where the CPU has them (dispatch.cpp).
 #include <immintrin.h>
 
@@ -14,8 +15,8 @@ namespace specdemo {
 namespace {
 
 constexpr int NR = 2, ROWS = 16 * NR;  // zmm of weight rows a tile holds; the panel's rows
-// Activation rows a tile holds: 2·6 sums and 2·6 accumulators in registers, with the two zmm of weights, a broadcast
-// and the nibbles' mask 28 of the 32. On the 2-core Zen 4 (EPYC family 25 model 17), 28 layers a call from memory, 2
+// Activation rows a tile holds: 2·6 sums and 2·6 accumulators in registers (f32, or a block's i32 sums for the
+// K-quants), with the two zmm of weights, a broadcast and the nibbles' mask 28 of the 32. On the 2-core Zen 4 (EPYC family 25 model 17), 28 layers a call from memory, 2
 // threads, median of 3 (a C++ loop over the gemm alone), a call's time ÷ one row's, 6 rows a tile against 4 (both
 // prefetching into L2): Q4_K ffn_up 5 rows 1.01 against 1.21, 9 rows 1.55 against 1.70; Q6_K ffn_down 0.92 against
 // 1.23, 1.24 against 1.69.
@@ -97,22 +98,16 @@ inline __m512i values(const uint8_t* block, int j, int q, int n) {
     }
 }
 
-// 16 bytes of a packed block's per-slot bytes (sc, m) as f32: unsigned for Q4_K, signed for Q6_K's scales.
-template <bool Signed>
-inline __m512 bytes_as_floats(const uint8_t* p) {
-    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    return _mm512_cvtepi32_ps(Signed ? _mm512_cvtepi8_epi32(bytes) : _mm512_cvtepu8_epi32(bytes));
-}
-
 // 16 f16 of a packed block's (d, dmin) as f32.
 inline __m512 halves(const uint8_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
+// Q8_0 and Q5_0, with the activations by slot (ManyRows: a scale per 32): per block, the i32 sums started at −c·Σa,
+// to f32 times d·d_a.
 template <Kind K, typename P, int M>
-void tile(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int first_block, float* y, size_t y_stride,
-          bool first) {
-    constexpr int SLOTS = P::VALUES / P::SLOT, QUADS = P::SLOT / 4;
+void tile_by_slot(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int first_block, float* y,
+                  size_t y_stride, bool first) {
     const int a_slots = a.slots();
     __m512 acc[M][NR];
     for (int m = 0; m < M; ++m)
@@ -120,52 +115,120 @@ void tile(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int first
             acc[m][n] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(y + (m0 + m) * y_stride + 16 * n);
     for (int b = 0; b < blocks; ++b) {
         const uint8_t* block = panel + b * P::BYTES;
+        if (m0 == 0) prefetch_slot_of_next<PREFETCH_INTO>(block, 0, 1, P::BYTES);
+        const int slot = first_block + b;
+        const size_t at = size_t(m0) * a_slots + slot;  // activation row m0's slot
+        const int8_t* q = a.q.data() + size_t(m0) * a.columns + slot * P::SLOT;
+        __m512i sum[M][NR];
+        for (int m = 0; m < M; ++m) {
+            const __m512i start = _mm512_set1_epi32(a.start[at + m * a_slots]);
+            for (int n = 0; n < NR; ++n) sum[m][n] = start;
+        }
+        for (int quad = 0; quad < 8; ++quad) {
+            __m512i w[NR];
+            for (int n = 0; n < NR; ++n) w[n] = values<K, P>(block, 0, quad, n);
+            for (int m = 0; m < M; ++m) {
+                const __m512i x = broadcast4(q + m * a.columns + 4 * quad);
+                for (int n = 0; n < NR; ++n) sum[m][n] = _mm512_dpbusd_epi32(sum[m][n], w[n], x);
+            }
+        }
         __m512 d[NR];
         for (int n = 0; n < NR; ++n) d[n] = halves(block + P::D + 32 * n);
+        for (int m = 0; m < M; ++m) {
+            const __m512 da = _mm512_set1_ps(a.scale[at + m * a_slots]);
+            for (int n = 0; n < NR; ++n)
+                acc[m][n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[m][n]), _mm512_mul_ps(d[n], da), acc[m][n]);
+        }
+    }
+    for (int m = 0; m < M; ++m)
+        for (int n = 0; n < NR; ++n) _mm512_storeu_ps(y + (m0 + m) * y_stride + 16 * n, acc[m][n]);
+}
+
+// The 16 weight rows' i16 pairs (lo[r], hi[r]) of two slots' bytes (one a weight row), for vpdpwssd.
+inline __m512i two_slots(const uint8_t* lo, const uint8_t* hi) {
+    const __m512i low = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lo)));
+    const __m512i high = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hi)));
+    return _mm512_or_si512(low, _mm512_slli_epi32(high, 16));
+}
+
+// Q4_K and Q6_K with Q8_K activations (ManyRows::k: a scale per 256), llama.cpp's arithmetic on a panel, as AVX2's
+// tile_q8_k: per 256 weights and activation row, isum = Σ_j sc_j · Σ_i (v_i − c)·a_i exactly in i32 (a slot's sums
+// started at −c·Σa, from the block's bsums; then one vpmulld by the slot's scale), Q4_K's msum = Σ_j m_j · Σa over slot
+// j (vpdpwssd on the pairs of slots), then y += d·d_a·isum − dmin·d_a·msum in f32, kept in y between blocks. Why:
+// vpdpbusd, vpmulld and the f32 multiplies share two pipes (a zmm each a cycle on the Zen 4), and by slot each slot
+// and row took three f32 multiplies beside its vpdpbusd (8 for Q4_K's 32 weights, 4 for Q6_K's 16), here one vpmulld.
+// |isum| < 2^31: Q4_K 8·63·32·15·127, Q6_K 16·128·16·32·127. The same instructions for every M: a row's result does
+// not depend on the rows beside it.
+template <Kind K, typename P, int M>
+void tile_q8_k(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int first_block, float* y,
+               size_t y_stride, bool first) {
+    constexpr int SLOTS = P::VALUES / P::SLOT, QUADS = P::SLOT / 4;
+    const BlockQ8K* rows[M];
+    for (int m = 0; m < M; ++m) rows[m] = a.k_row(m0 + m) + first_block;
+    for (int b = 0; b < blocks; ++b) {
+        const uint8_t* block = panel + b * P::BYTES;
+        __m512i isum[M][NR];
         for (int j = 0; j < SLOTS; ++j) {
             if (STREAMED<P> && m0 == 0) prefetch_slot_of_next<PREFETCH_INTO>(block, j, SLOTS, P::BYTES);
-            const int slot = (first_block + b) * SLOTS + j;
-            const size_t at = size_t(m0) * a_slots + slot;  // activation row m0's slot
-            const int8_t* q = a.q.data() + size_t(m0) * a.columns + slot * P::SLOT;
             __m512i sum[M][NR];
             for (int m = 0; m < M; ++m) {
-                const __m512i start = _mm512_set1_epi32(a.start[at + m * a_slots]);
+                const __m512i start = K == Kind::Q6_K ? _mm512_set1_epi32(-32 * rows[m][b].bsums[j])
+                                                      : _mm512_setzero_si512();
                 for (int n = 0; n < NR; ++n) sum[m][n] = start;
             }
             for (int quad = 0; quad < QUADS; ++quad) {
                 __m512i w[NR];
                 for (int n = 0; n < NR; ++n) w[n] = values<K, P>(block, j, quad, n);
                 for (int m = 0; m < M; ++m) {
-                    const __m512i x = broadcast4(q + m * a.columns + 4 * quad);
+                    const __m512i x = broadcast4(rows[m][b].q + j * P::SLOT + 4 * quad);
                     for (int n = 0; n < NR; ++n) sum[m][n] = _mm512_dpbusd_epi32(sum[m][n], w[n], x);
                 }
             }
-            __m512 s[NR];
             for (int n = 0; n < NR; ++n) {
-                if constexpr (K == Kind::Q4_K || K == Kind::Q6_K)
-                    s[n] = _mm512_mul_ps(d[n], bytes_as_floats<K == Kind::Q6_K>(block + P::SC + j * ROWS + 16 * n));
-                else
-                    s[n] = d[n];
-            }
-            for (int m = 0; m < M; ++m) {
-                const __m512 da = _mm512_set1_ps(a.scale[at + m * a_slots]);
-                for (int n = 0; n < NR; ++n)
-                    acc[m][n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[m][n]), _mm512_mul_ps(s[n], da), acc[m][n]);
-            }
-            if constexpr (K == Kind::Q4_K) {  // − dmin·m · d_a·Σa
-                __m512 o[NR];
-                for (int n = 0; n < NR; ++n)
-                    o[n] = _mm512_mul_ps(halves(block + P::DMIN + 32 * n),
-                                         bytes_as_floats<false>(block + P::M + j * ROWS + 16 * n));
+                const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + P::SC + j * ROWS + 16 * n));
+                const __m512i sc = K == Kind::Q6_K ? _mm512_cvtepi8_epi32(bytes) : _mm512_cvtepu8_epi32(bytes);
                 for (int m = 0; m < M; ++m) {
-                    const __m512 d_sum = _mm512_set1_ps(a.scaled_sum[at + m * a_slots]);
-                    for (int n = 0; n < NR; ++n) acc[m][n] = _mm512_fnmadd_ps(o[n], d_sum, acc[m][n]);
+                    const __m512i product = _mm512_mullo_epi32(sum[m][n], sc);
+                    isum[m][n] = j ? _mm512_add_epi32(isum[m][n], product) : product;
                 }
             }
         }
+        for (int n = 0; n < NR; ++n) {
+            const __m512 d = halves(block + P::D + 32 * n);
+            __m512i mins[4];  // Q4_K: m_j of slots 2k and 2k + 1 for each weight row, as i16 pairs
+            __m512 dmin;
+            if constexpr (K == Kind::Q4_K) {
+                dmin = halves(block + P::DMIN + 32 * n);
+                for (int k = 0; k < 4; ++k)
+                    mins[k] = two_slots(block + P::M + 2 * k * ROWS + 16 * n, block + P::M + (2 * k + 1) * ROWS + 16 * n);
+            }
+            for (int m = 0; m < M; ++m) {
+                float* out = y + (m0 + m) * y_stride + 16 * n;
+                const __m512 da = _mm512_set1_ps(rows[m][b].d);
+                const __m512 before = first && b == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(out);
+                __m512 sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[m][n]), _mm512_mul_ps(d, da), before);
+                if constexpr (K == Kind::Q4_K) {
+                    __m512i msum = _mm512_setzero_si512();
+                    for (int k = 0; k < 4; ++k) {
+                        int32_t sums;  // Σa over slots 2k and 2k + 1, as an i16 pair
+                        std::memcpy(&sums, rows[m][b].sums32 + 2 * k, 4);
+                        msum = _mm512_dpwssd_epi32(msum, mins[k], _mm512_set1_epi32(sums));
+                    }
+                    sum = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dmin, da), sum);
+                }
+                _mm512_storeu_ps(out, sum);
+            }
+        }
     }
-    for (int m = 0; m < M; ++m)
-        for (int n = 0; n < NR; ++n) _mm512_storeu_ps(y + (m0 + m) * y_stride + 16 * n, acc[m][n]);
+}
+
+template <Kind K, typename P, int M>
+void tile(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int first_block, float* y, size_t y_stride,
+          bool first) {
+    if constexpr (K == Kind::Q4_K || K == Kind::Q6_K)
+        tile_q8_k<K, P, M>(panel, blocks, a, m0, first_block, y, y_stride, first);
+    else
+        tile_by_slot<K, P, M>(panel, blocks, a, m0, first_block, y, y_stride, first);
 }
 
 // A chunk's Q6_K blocks decoded for the tiles of a call of many rows, the next blocks asked for meanwhile.
@@ -196,7 +259,7 @@ const Gemms* avx512_gemms() {
                              {GEMM<Kind::Q4_K>, GEMM<Kind::Q6_K>, GEMM<Kind::Q8_0>, GEMM<Kind::Q5_0>},
                              {Panel<Kind::Q4_K, ROWS>::BYTES, Panel<Kind::Q6_K, ROWS>::BYTES,
                               Panel<Kind::Q8_0, ROWS>::BYTES, Panel<Kind::Q5_0, ROWS>::BYTES},
-                             {false, false, false, false}, ROWS, FROM_ROWS,
+                             {true, true, false, false}, ROWS, FROM_ROWS,
                              avx2_quantizer()};
     return &gemms;
 }

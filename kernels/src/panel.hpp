@@ -7,7 +7,8 @@
 //
 // with v the weights as unsigned bytes, s_j their scale, c an integer offset (Q6_K 32, Q8_0 128, Q5_0 16) and o_j a
 // float one (Q4_K's dmin·m_j). The panel keeps v and what s and o are made of; the activations' side (ManyRows) keeps
-// a, d_a, −c·Σa and d_a·Σa by slot, so the inner loop is integer sums started at −c·Σa, then two FMAs a slot.
+// a, d_a and −c·Σa by slot (or as Q8_K blocks, d_a per 256: the sub-block scales then apply in i32), so the inner loop
+// is integer sums started at −c·Σa.
 //
 // A panel is the ROWS rows' blocks one after another; a block of a panel, as the SIMD loop reads it, in address order
 // (a "quad" is 4 consecutive weights of a row, ROWS of them make a vector row of the panel):

@@ -61,7 +61,7 @@ void quantize_by_slot(const float* x, int m, ManyRows& a) {
         const int sum = even + odd;
         const size_t at = size_t(m) * a.slots() + j;
         const float d = largest / 127.f;
-        a.scale[at] = d, a.start[at] = -a.offset * sum, a.scaled_sum[at] = d * float(sum);
+        a.scale[at] = d, a.start[at] = -a.offset * sum;
         if (!a.lane_start.empty())  // a quad's values 0 and 1 (the even i16 lane of maddubs) and 2 and 3 (the odd)
             a.lane_start[at] = int32_t(uint32_t(uint16_t(-a.offset * even)) | uint32_t(uint16_t(-a.offset * odd)) << 16);
     }
