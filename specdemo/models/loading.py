@@ -144,9 +144,10 @@ def load_tokenizer(folder: Path):
 
 
 def load_model(settings: ModelSettings, progress: sources.Progress | None = None, tuned: str = "",
-               planned: bool = False) -> LoadedModel:
+               planned: bool = False, fixed_calls: tuple[int, ...] = ()) -> LoadedModel:
     """Prepare (convert once) and compile one model as `settings` say: resolved already (Profile.resolve), so nothing
-    is left open but what the plugin decides. `tuned` and `planned` are for display (LoadedModel)."""
+    is left open but what the plugin decides. `tuned` and `planned` are for display (LoadedModel); `fixed_calls`, the
+    token counts whose calls get a compile of their own (OVModel)."""
     fresh = not sources.is_prepared(settings)
     folder = sources.prepare(settings, progress)  # first: a conversion (its own process) need not wait for the import
     if progress is not None:
@@ -160,7 +161,7 @@ def load_model(settings: ModelSettings, progress: sources.Progress | None = None
     # weights file-backed rather than anonymous: 0.4 GiB less of the budget). A model with our own attention is never
     # imported (OVModel compiles its graph twice, and the two must share its ops' caches).
     cache = None if fresh else sources.specdemo_home() / "ov_cache"
-    runtime = OVModel(folder, settings, cache_dir=cache, head_ids=head)
+    runtime = OVModel(folder, settings, cache_dir=cache, head_ids=head, fixed_calls=fixed_calls)
     return LoadedModel(settings, folder, runtime, tokenizer, config, tuned, planned)
 
 

@@ -14,8 +14,9 @@ every attention) until they exceed COMPACT_AFTER, when the cache is compacted by
 
 A model on specdemo's kernels keeps its cache in its own attention op instead (cached_attention.own_attention):
 each call writes its keys and values at the positions it is given (position_ids), so rolling back is the next call's
-earlier position, and nothing is forgotten or copied. Such a model is compiled twice: once as it is, and once with a single token's shapes
-fixed (`_compile_step`), which a decoding step runs.
+earlier position, and nothing is forgotten or copied. Such a model is compiled more than once: as it is, and with a single
+token's shapes fixed, which a decoding step runs, and with those of each of the calls a loader asks for (`fixed_calls`: a
+target's verifications, a draft's two tokens after a round it drafted whole) (`_compile_fixed`).
 """
 
 from __future__ import annotations
@@ -54,9 +55,11 @@ class OVModel:
     """A stateful causal LM compiled on one device. `length` is the number of tokens in its KV cache."""
 
     def __init__(self, folder: Path, settings: ModelSettings, core: ov.Core | None = None, cache_dir: Path | None = None,
-                 head_ids: np.ndarray | None = None, profiled: bool = False):
+                 head_ids: np.ndarray | None = None, profiled: bool = False, fixed_calls: tuple[int, ...] = ()):
         """head_ids: keep only these rows of the LM head (sorted token ids); logits then score just them. profiled:
-        compile with the plugin's per-node counters on (bench/nodes.py reads them; they cost a little per node)."""
+        compile with the plugin's per-node counters on (bench/nodes.py reads them; they cost a little per node).
+        fixed_calls: token counts above one whose calls run a compile of their own with every shape fixed, where a
+        single token's does (a model with our own attention; _compile_fixed says what it costs and buys)."""
         self.folder = Path(folder)
         self.settings = settings
         if settings.precision == "gguf-native" and kernels.unavailable():
@@ -74,16 +77,19 @@ class OVModel:
         # an earlier position): on its kernels' models, with the cache at f32 (a u8 or f16 cache asked for is the plugin's).
         self.own_attention = cached_attention.own_attention(model, core) if (
             settings.precision == kernels.NATIVE and settings.kv_cache_precision in ("", "f32")) else 0
-        # Compiled twice (_compile_step), but profiled: bench/nodes.py reads the general compile's counters. Its ops'
-        # copies share the op's cache, and a model imported from OpenVINO's cache has ops of its own: both compiles are
-        # of this graph.
+        # Compiled more than once (_compile_fixed), but profiled: bench/nodes.py reads the general compile's counters.
+        # Its ops' copies share the op's cache, and a model imported from OpenVINO's cache has ops of its own: every
+        # compile is of this graph.
         twice = bool(self.own_attention) and not profiled
         config = compile_config(settings, None if twice else cache_dir)
         if profiled:
             config["PERF_COUNT"] = True
         self.compiled = core.compile_model(model, settings.device, config)
         self.request = self.compiled.create_infer_request()
-        self._step = self._compile_step(model, core, config) if twice else self.request  # what a one-token call runs
+        # the requests of calls of a fixed number of tokens (1: a decoding step), of this graph's clones (compiled
+        # first: the step's compile fixes the graph itself to one token); any other call runs the general compile
+        self._fixed = {n: self._compile_fixed(model.clone(), core, config, n) for n in fixed_calls if n > 1} if twice else {}
+        self._fixed[1] = self._compile_fixed(model, core, config, 1) if twice else self.request
         self._last = self.request  # the request whose logits the latest call wrote
         self._kv_type = ov.Type.f32 if self.own_attention else _kv_cache_type(self.compiled)
         self._mask = np.zeros(0, dtype=np.int64)  # per position in the plugin's cache: 1 kept, 0 forgotten
@@ -99,15 +105,18 @@ class OVModel:
         if settings.precision == kernels.NATIVE:
             self._pack()
 
-    def _compile_step(self, model: ov.Model, core: ov.Core, config: dict) -> ov.InferRequest:
-        """The graph compiled for one token a call: every shape its nodes see fixed (the attention mask, an input no
-        CachedAttention reads, keeps its length free). A model of dynamic shapes costs the plugin its shape work at each
-        of its ~400 nodes a call: on the 2-core Zen 3 (EPYC family 25 model 1), 300 positions, the 0.5B draft's step took
-        0.88× the time of the dynamic graph's, the 1.5B target's 0.95× (both 2.5-3 ms less), and 0.93× and 0.98× again
-        when the CachedAttentions read positions, not the mask, and so were static too; a call of 5 tokens 0.99×, so the
-        other calls keep the general compile. Its ops' copies share their caches and packed weights with the other's.
-        It adds 1.3-1.6 s to a load (the draft, the target; the same Zen 3, a busy host)."""
-        fixed = {"input_ids": [1, 1], "position_ids": [1, 1]}
+    def _compile_fixed(self, model: ov.Model, core: ov.Core, config: dict, tokens: int) -> ov.InferRequest:
+        """The graph compiled for calls of `tokens` tokens: every shape its nodes see fixed (the attention mask, an input
+        no CachedAttention reads, keeps its length free). A model of dynamic shapes costs the plugin its shape work at
+        each of its ~400 nodes a call, and at each of our ops (which it does not know) a copy of the op made and checked
+        every call: on the 2-core Zen 3 (EPYC family 25 model 1), 300 positions, the 0.5B draft's step took 0.88× the
+        time of the dynamic graph's, the 1.5B target's 0.95× (both 2.5-3 ms less), and 0.93× and 0.98× again when the
+        CachedAttentions read positions, not the mask, and so were static too. On the 2-core Zen 4 (EPYC family 25
+        model 17), calls alternating in one process, the target's calls of 2, 5 and 9 tokens took 0.94×, 0.93× and
+        0.95× their time (2.5-3 ms less each), the logits bit for bit the same. A compile's ops share their caches and
+        packed weights with the others'. Each adds ~0.3 s to a load and 45 MiB (the target; 31 MiB the draft) on that
+        Zen 4, whatever its tokens (the step's, 1.3-1.6 s on the busy Zen 3)."""
+        fixed = {"input_ids": [1, tokens], "position_ids": [1, tokens]}
         model.reshape({port: fixed.get(port.get_any_name(), port.get_partial_shape()) for port in model.inputs})
         return core.compile_model(model, self.settings.device, config).create_infer_request()
 
@@ -158,7 +167,7 @@ class OVModel:
             self._last = self.request
             self._infer_unless_interrupted(inputs)
         else:
-            self._last = self._step if n == 1 else self.request
+            self._last = self._fixed.get(n, self.request)
             self._last.infer(inputs, share_inputs=True)
         self.requests += 1
         self._mask = mask

@@ -107,7 +107,7 @@ def native_pair(tmp_path, monkeypatch, **change):
 
 
 def test_the_own_attention_reads_positions_so_the_attention_mask_feeds_no_node(tmp_path):
-    """A one-token call's compile then has every node's shapes fixed, the attention's too (runtime._compile_step)."""
+    """A one-token call's compile then has every node's shapes fixed, the attention's too (runtime._compile_fixed)."""
     gguf = tiny_gguf.write(tmp_path / "tiny.gguf", "qwen2")
     export.from_gguf(GGUFFile(gguf), "gguf-native", tmp_path / "ir", lambda *_: None)
     core = kernels.new_core()
@@ -150,11 +150,11 @@ def test_a_rolled_back_native_model_scores_as_one_that_never_saw_the_forgotten_t
 
 
 def test_one_token_calls_run_their_own_compile_with_the_same_cache_and_the_same_bits(tmp_path, monkeypatch):
-    """A native model's decoding steps run a compile whose shapes are fixed (OVModel._compile_step) beside the general
+    """A native model's decoding steps run a compile whose shapes are fixed (OVModel._compile_fixed) beside the general
     one: both read and write the same keys and values (the ops' copies share them), the weights are packed once, and a
     step scores a position as a verification of several rows does, bit for bit."""
     own, _ = native_pair(tmp_path, monkeypatch)
-    step_inputs = {port.get_any_name(): port.get_partial_shape() for port in own._step.get_compiled_model().inputs}
+    step_inputs = {port.get_any_name(): port.get_partial_shape() for port in own._fixed[1].get_compiled_model().inputs}
     assert str(step_inputs["input_ids"]) == "[1,1]" and step_inputs["attention_mask"].is_dynamic
     packed = kernels.packings()
     prompt, steps = list(range(40, 60)), [7, 8, 9, 10]
@@ -166,9 +166,29 @@ def test_one_token_calls_run_their_own_compile_with_the_same_cache_and_the_same_
     assert kernels.packings() == packed  # the general compile's first many-row call found the step's packing
 
 
+def test_calls_of_a_fixed_token_count_run_their_own_compile_and_score_as_the_general_one_bit_for_bit(tmp_path):
+    """A loader's fixed_calls (a target's verifications) each get a compile with every shape fixed, which such a call
+    runs: its logits are the general compile's, and its keys and values are the same cache's."""
+    gguf = tiny_gguf.write(tmp_path / "tiny.gguf", "qwen2")
+    export.from_gguf(GGUFFile(gguf), "gguf-native", tmp_path / "ir", lambda *_: None)
+    settings = ModelSettings(str(gguf), precision="gguf-native")
+    fixed, general = OVModel(tmp_path / "ir", settings, fixed_calls=(3,)), OVModel(tmp_path / "ir", settings)
+    inputs = {port.get_any_name(): port.get_partial_shape() for port in fixed._fixed[3].get_compiled_model().inputs}
+    assert str(inputs["input_ids"]) == "[1,3]" and sorted(general._fixed) == [1]
+    prompt, drafts = list(range(40, 60)), [7, 8, 9]
+    for model in (fixed, general):
+        model.forward(prompt)
+    scored = fixed.forward(drafts, logits_to_keep=3)
+    assert fixed._last is fixed._fixed[3]
+    assert np.array_equal(scored, general.forward(drafts, logits_to_keep=3))
+    for model in (fixed, general):  # a step then reads the keys and values the fixed compile wrote
+        model.rollback(len(prompt) + 1)
+    assert np.array_equal(fixed.forward([8]), general.forward([8]))
+
+
 def test_a_kv_cache_precision_asked_for_keeps_the_plugin_s_attention(tmp_path, monkeypatch):
     own, _ = native_pair(tmp_path, monkeypatch, kv_cache_precision="u8")
-    assert own.own_attention == 0 and own.kv_cache_precision == "u8" and own._step is own.request
+    assert own.own_attention == 0 and own.kv_cache_precision == "u8" and own._fixed[1] is own.request
 
 
 def test_the_check_at_load_finds_the_attention_right_on_every_isa_and_says_where_it_is_not(each_isa, monkeypatch):
