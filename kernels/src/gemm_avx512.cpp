@@ -16,10 +16,10 @@ namespace {
 
 constexpr int NR = 2, ROWS = 16 * NR;  // zmm of weight rows a tile holds; the panel's rows
 // Activation rows a tile holds: 2·6 sums and 2·6 accumulators in registers (f32, or a block's i32 sums for the
-// K-quants), with the two zmm of weights, a broadcast and the nibbles' mask 28 of the 32. On the 2-core Zen 4 (EPYC family 25 model 17), 28 layers a call from memory, 2
-// threads, median of 3 (a C++ loop over the gemm alone), a call's time ÷ one row's, 6 rows a tile against 4 (both
-// prefetching into L2): Q4_K ffn_up 5 rows 1.01 against 1.21, 9 rows 1.55 against 1.70; Q6_K ffn_down 0.92 against
-// 1.23, 1.24 against 1.69.
+// K-quants), with the two zmm of weights, a broadcast and the nibbles' mask 28 of the 32. On the 2-core Zen 4 (EPYC
+// family 25 model 17), 28 layers a call from memory, 2 threads, median of 3 (a C++ loop over the gemm alone), a call's
+// time ÷ one row's, 6 rows a tile against 4 (both prefetching into L2, activations by slot): Q4_K ffn_up 5 rows 1.01
+// against 1.21, 9 rows 1.55 against 1.70; Q6_K ffn_down 0.92 against 1.23, 1.24 against 1.69.
 constexpr int MR = 6;
 // The panel's next blocks asked for into L2, not L1: on that Zen 4 (as above, 4 rows a tile) a Q4_K layer of 1, 5 and
 // 9 rows took 0.86×, 0.97× and 0.89× the time, Q6_K 0.84×, 0.90×, 0.94×. AVX2's gemm keeps L1: held to it, the same
@@ -185,7 +185,8 @@ void tile_q8_k(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int 
                 }
             }
             for (int n = 0; n < NR; ++n) {
-                const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + P::SC + j * ROWS + 16 * n));
+                const uint8_t* scales = block + P::SC + j * ROWS + 16 * n;
+                const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales));
                 const __m512i sc = K == Kind::Q6_K ? _mm512_cvtepi8_epi32(bytes) : _mm512_cvtepu8_epi32(bytes);
                 for (int m = 0; m < M; ++m) {
                     const __m512i product = _mm512_mullo_epi32(sum[m][n], sc);
@@ -200,7 +201,8 @@ void tile_q8_k(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int 
             if constexpr (K == Kind::Q4_K) {
                 dmin = halves(block + P::DMIN + 32 * n);
                 for (int k = 0; k < 4; ++k)
-                    mins[k] = two_slots(block + P::M + 2 * k * ROWS + 16 * n, block + P::M + (2 * k + 1) * ROWS + 16 * n);
+                    mins[k] = two_slots(block + P::M + 2 * k * ROWS + 16 * n,
+                                        block + P::M + (2 * k + 1) * ROWS + 16 * n);
             }
             for (int m = 0; m < M; ++m) {
                 float* out = y + (m0 + m) * y_stride + 16 * n;

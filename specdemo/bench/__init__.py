@@ -1,9 +1,9 @@
 """`python -m specdemo bench`: one run that measures speedup over autoregressive decoding beside its peers.
 
 Its sections, in the order they run, are settings.REGISTRY (BenchSettings.sections picks some); what each measures
-is its runner's docstring (for users: docs/benchmarks-guide.md). The method is the report's last section (report_tables.method_section); the modules are in docs/modules.md. A new
-section is one module (its runner, its report part, any plot), one line in settings.REGISTRY and its field in
-schema.Sections.
+is its runner's docstring (for users: docs/benchmarks-guide.md). The method is the report's last section
+(report_tables.method_section); the modules are in docs/modules.md. A new section is one module (its runner, its report
+part, any plot), one line in settings.REGISTRY and its field in schema.Sections.
 
 May import: the page (specdemo.ui: the watching section measures it) and what serves it (specdemo.serve), the run and
 everything below it; never the command line.

@@ -14,9 +14,10 @@ every attention) until they exceed COMPACT_AFTER, when the cache is compacted by
 
 A model on specdemo's kernels keeps its cache in its own attention op instead (cached_attention.own_attention):
 each call writes its keys and values at the positions it is given (position_ids), so rolling back is the next call's
-earlier position, and nothing is forgotten or copied. Such a model is compiled more than once: as it is, and with a single
-token's shapes fixed, which a decoding step runs, and with those of each of the calls a loader asks for (`fixed_calls`: a
-target's verifications, a draft's two tokens after a round it drafted whole) (`_compile_fixed`).
+earlier position, and nothing is forgotten or copied. Such a model is compiled more than once
+(`_compile_fixed`): as it is, with a single token's shapes fixed, which a decoding step runs, and with those of each
+call size its loader asks for (`fixed_calls`: a target's verifications, a draft's two tokens after a round it drafted
+whole).
 """
 
 from __future__ import annotations
@@ -88,7 +89,8 @@ class OVModel:
         self.request = self.compiled.create_infer_request()
         # the requests of calls of a fixed number of tokens (1: a decoding step), of this graph's clones (compiled
         # first: the step's compile fixes the graph itself to one token); any other call runs the general compile
-        self._fixed = {n: self._compile_fixed(model.clone(), core, config, n) for n in fixed_calls if n > 1} if twice else {}
+        self._fixed = {n: self._compile_fixed(model.clone(), core, config, n)
+                       for n in fixed_calls if n > 1} if twice else {}
         self._fixed[1] = self._compile_fixed(model, core, config, 1) if twice else self.request
         self._last = self.request  # the request whose logits the latest call wrote
         self._kv_type = ov.Type.f32 if self.own_attention else _kv_cache_type(self.compiled)
@@ -106,8 +108,8 @@ class OVModel:
             self._pack()
 
     def _compile_fixed(self, model: ov.Model, core: ov.Core, config: dict, tokens: int) -> ov.InferRequest:
-        """The graph compiled for calls of `tokens` tokens: every shape its nodes see fixed (the attention mask, an input
-        no CachedAttention reads, keeps its length free). A model of dynamic shapes costs the plugin its shape work at
+        """The graph compiled for calls of `tokens` tokens: every shape its nodes see fixed (the attention mask, an
+        input no CachedAttention reads, keeps its length free). A model of dynamic shapes costs the plugin its shape work at
         each of its ~400 nodes a call, and at each of our ops (which it does not know) a copy of the op made and checked
         every call: on the 2-core Zen 3 (EPYC family 25 model 1), 300 positions, the 0.5B draft's step took 0.88× the
         time of the dynamic graph's, the 1.5B target's 0.95× (both 2.5-3 ms less), and 0.93× and 0.98× again when the
