@@ -311,7 +311,8 @@ void tile(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int first
 }
 
 template <Kind K>
-constexpr GemmFn GEMM = gemm_panels<K, ROWS, K == Kind::Q4_K ? MR_Q8_K : K == Kind::Q6_K ? MR_Q6 : MR_Q5, NEVER_DECODED>;
+constexpr GemmFn GEMM =
+    gemm_panels<K, ROWS, K == Kind::Q4_K ? MR_Q8_K : K == Kind::Q6_K ? MR_Q6 : MR_Q5, NEVER_DECODED>;
 template <Kind K>
 constexpr PackFn PACK = pack_panel<K, ROWS, Interleave>;
 
@@ -320,7 +321,8 @@ constexpr PackFn PACK = pack_panel<K, ROWS, Interleave>;
 const Gemms* avx2_gemms() {  // no Q8_0: its unsigned values (q + 128) would saturate maddubs
     static const Gemms gemms{{PACK<Kind::Q4_K>, PACK<Kind::Q6_K>, nullptr, PACK<Kind::Q5_0>},
                              {GEMM<Kind::Q4_K>, GEMM<Kind::Q6_K>, nullptr, GEMM<Kind::Q5_0>},
-                             {Panel<Kind::Q4_K, ROWS>::BYTES, Panel<Kind::Q6_K, ROWS>::BYTES, 0, Panel<Kind::Q5_0, ROWS>::BYTES},
+                             {Panel<Kind::Q4_K, ROWS>::BYTES, Panel<Kind::Q6_K, ROWS>::BYTES, 0,
+                              Panel<Kind::Q5_0, ROWS>::BYTES},
                              {true, false, false, false}, ROWS, FROM_ROWS,
                              avx2_quantizer()};
     return &gemms;

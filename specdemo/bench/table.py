@@ -69,8 +69,8 @@ class Lane:
 
     def fields(self) -> dict:
         """The typed fields as JSON (not the label nor generate): lanes are named there by their labels."""
-        return {f.name: value.label if isinstance(value, Lane) else value for f in fields(self)
-                if f.name not in ("label", "generate") for value in [getattr(self, f.name)]}
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("label", "generate")}
+        return {name: value.label if isinstance(value, Lane) else value for name, value in values.items()}
 
     def to_json(self) -> dict:
         return {"label": self.label, **self.fields()}
@@ -127,7 +127,8 @@ class Run:
 # 2: the table, with each run's prefill (time to the first token) apart from its decoding; 3: each run's setting
 SCHEMA = 3
 
-_LANE_FIELDS = {"framework": None, "kind": None, "k": None, "k_policy": None, "drafter": None, "models": ""}  # JSON's null
+# what a lane's field is where JSON holds null
+_LANE_FIELDS = {"framework": None, "kind": None, "k": None, "k_policy": None, "drafter": None, "models": ""}
 
 
 def row(run: Run) -> dict:

@@ -87,11 +87,11 @@ class OVModel:
             config["PERF_COUNT"] = True
         self.compiled = core.compile_model(model, settings.device, config)
         self.request = self.compiled.create_infer_request()
-        # the requests of calls of a fixed number of tokens (1: a decoding step), of this graph's clones (compiled
-        # first: the step's compile fixes the graph itself to one token); any other call runs the general compile
-        self._fixed = {n: self._compile_fixed(model.clone(), core, config, n)
-                       for n in fixed_calls if n > 1} if twice else {}
-        self._fixed[1] = self._compile_fixed(model, core, config, 1) if twice else self.request
+        # what a call of a fixed number of tokens runs (1: a decoding step); any other call, the general compile
+        self._fixed = {1: self.request}
+        if twice:  # the clones first: the step's compile fixes the graph itself to one token
+            self._fixed = {n: self._compile_fixed(model.clone(), core, config, n) for n in fixed_calls if n > 1}
+            self._fixed[1] = self._compile_fixed(model, core, config, 1)
         self._last = self.request  # the request whose logits the latest call wrote
         self._kv_type = ov.Type.f32 if self.own_attention else _kv_cache_type(self.compiled)
         self._mask = np.zeros(0, dtype=np.int64)  # per position in the plugin's cache: 1 kept, 0 forgotten
@@ -109,12 +109,12 @@ class OVModel:
 
     def _compile_fixed(self, model: ov.Model, core: ov.Core, config: dict, tokens: int) -> ov.InferRequest:
         """The graph compiled for calls of `tokens` tokens: every shape its nodes see fixed (the attention mask, an
-        input no CachedAttention reads, keeps its length free). A model of dynamic shapes costs the plugin its shape work at
-        each of its ~400 nodes a call, and at each of our ops (which it does not know) a copy of the op made and checked
-        every call: on the 2-core Zen 3 (EPYC family 25 model 1), 300 positions, the 0.5B draft's step took 0.88× the
-        time of the dynamic graph's, the 1.5B target's 0.95× (both 2.5-3 ms less), and 0.93× and 0.98× again when the
-        CachedAttentions read positions, not the mask, and so were static too. On the 2-core Zen 4 (EPYC family 25
-        model 17), calls alternating in one process, the target's calls of 2, 5 and 9 tokens took 0.94×, 0.93× and
+        input no CachedAttention reads, keeps its length free). A model of dynamic shapes costs the plugin its shape
+        work at each of its ~400 nodes a call, and at each of our ops (which it does not know) a copy of the op made and
+        checked every call: on the 2-core Zen 3 (EPYC family 25 model 1), 300 positions, the 0.5B draft's step took
+        0.88× the time of the dynamic graph's, the 1.5B target's 0.95× (both 2.5-3 ms less), and 0.93× and 0.98× again
+        when the CachedAttentions read positions, not the mask, and so were static too. On the 2-core Zen 4 (EPYC family
+        25 model 17), calls alternating in one process, the target's calls of 2, 5 and 9 tokens took 0.94×, 0.93× and
         0.95× their time (2.5-3 ms less each), the logits bit for bit the same. A compile's ops share their caches and
         packed weights with the others'. Each adds ~0.3 s to a load and 45 MiB (the target; 31 MiB the draft) on that
         Zen 4, whatever its tokens (the step's, 1.3-1.6 s on the busy Zen 3)."""
