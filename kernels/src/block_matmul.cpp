@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -135,14 +136,57 @@ private:
     std::unique_ptr<ManyRows> rows_;
 };
 
+// What a call does to x before quantizing it: nothing, or the rms prologue's x / sqrt(mean(x²) + eps) · g.
+struct Prologue {
+    const float* g = nullptr;  // (columns) f32; nullptr: x as it is
+    float eps = 0.f;
+};
+
+// Row m of x as the call quantizes it: x's own row, or (rms) that row normalized into `buffer`. As the graph's
+// decomposition computes it (gguf_graph._rms_norm): g · (x · 1 / sqrt(mean(x²) + eps)), the sum of squares in double
+// (as llama.cpp sums it).
+const float* prepared_row(const float* x, size_t columns, const Prologue& prologue, std::vector<float>& buffer) {
+    if (!prologue.g) return x;
+    double lanes[8] = {};  // 8 sums, not 1: a step's ~60 norms are on its critical path, and one sum is latency-bound
+    size_t i = 0;
+    for (; i + 8 <= columns; i += 8)
+        for (int l = 0; l < 8; ++l) lanes[l] += double(x[i + l]) * x[i + l];
+    for (; i < columns; ++i) lanes[0] += double(x[i]) * x[i];
+    double squares = 0;
+    for (double lane : lanes) squares += lane;
+    const float inverse = 1.f / std::sqrt(float(squares / double(columns)) + prologue.eps);
+    buffer.resize(columns);
+    for (size_t i = 0; i < columns; ++i) buffer[i] = prologue.g[i] * (x[i] * inverse);
+    return buffer.data();
+}
+
+// What a call adds to its products as it writes them: nothing, a bias b (rows) or a residual r (M, rows).
+struct Addend {
+    const float* values = nullptr;
+    bool per_row_of_x = false;  // r: a value for every (m, row); b: one for every row
+};
+
+// y[m, first … last) += the addend's, for every activation row m: a task's own output rows, while they are in cache.
+// The same f32 sum as the plugin's Add (y + b, r + y): the logits are the same bits as with the Add.
+void add_to(const Addend& addend, float* y, size_t m_rows, size_t rows, size_t first, size_t last) {
+    if (!addend.values) return;
+    for (size_t m = 0; m < m_rows; ++m) {
+        const float* add = addend.values + (addend.per_row_of_x ? m * rows : 0);
+        for (size_t r = first; r < last; ++r) y[m * rows + r] += add[r];
+    }
+}
+
 // y (M, rows) = x (M, columns) · Wᵀ on the packed panels: the activations quantized a slot at a time (formats.hpp:
 // ManyRows), then a few panels a task; the last panel, when rows end inside it, into a buffer of its own first.
 void multiply_packed(const Weights& w, const Gemms& gemms, const PackedWeights& packed, const float* x, size_t m_rows,
-                     float* y) {
+                     const Prologue& prologue, const Addend& addend, float* y) {
     Activations held;
     ManyRows& a = held.rows();
     a.resize(w.kind, int(m_rows), w.columns, gemms.q8_k[int(w.kind)]);
-    tbb::parallel_for(size_t(0), m_rows, [&](size_t m) { gemms.quantize(x + m * w.columns, int(m), a); });
+    tbb::parallel_for(size_t(0), m_rows, [&](size_t m) {
+        thread_local std::vector<float> normed;
+        gemms.quantize(prepared_row(x + m * w.columns, size_t(w.columns), prologue, normed), int(m), a);
+    });
     const size_t panel = size_t(gemms.panel_rows), whole = w.rows / panel;
     const GemmFn gemm = gemms.gemm[int(w.kind)];
     // Tasks of about whole / TASKS_A_CALL panels, not one each: a panel of the 0.5B draft's Q5_0 layers is 10 KiB, ~1.5 µs
@@ -152,25 +196,30 @@ void multiply_packed(const Weights& w, const Gemms& gemms, const PackedWeights& 
     const size_t grain = std::max<size_t>(1, whole / TASKS_A_CALL);
     tbb::parallel_for(tbb::blocked_range<size_t>(0, whole, grain), [&](const tbb::blocked_range<size_t>& range) {
         gemm(packed, a, y + range.begin() * panel, w.rows, range.begin(), range.end());
+        add_to(addend, y, m_rows, w.rows, range.begin() * panel, range.end() * panel);
     }, tbb::simple_partitioner());
     if (whole < packed.panels) {
         std::vector<float> last(m_rows * panel);
         gemm(packed, a, last.data(), panel, whole, whole + 1);
         for (size_t m = 0; m < m_rows; ++m)
             std::memcpy(y + m * w.rows + whole * panel, last.data() + m * panel, (w.rows - whole * panel) * 4);
+        add_to(addend, y, m_rows, w.rows, whole * panel, w.rows);
     }
 }
 
 // y (M, rows) = x (M, columns) · Wᵀ by dot products of each weight row with the M rows quantized as llama.cpp does
 // (formats.hpp): a step's way where the ISA has no gemm for it.
-void dot_rows(const Weights& w, const Kernels& kernels, const float* x, size_t m_rows, float* y) {
+void dot_rows(const Weights& w, const Kernels& kernels, const float* x, size_t m_rows, const Prologue& prologue,
+              const Addend& addend, float* y) {
     const size_t q_bytes = quantized_row_bytes(w.kind, w.columns);
     std::vector<uint8_t> quantized(m_rows * q_bytes);  // this call's own (a thread_local would be shared with any call
                                                        // its thread runs while it waits)
     uint8_t* q = quantized.data();
     const ArrangeFn arrange = kernels.arrange[int(w.kind)];
     tbb::parallel_for(size_t(0), m_rows, [&](size_t m) {
-        quantize_row(w.kind, x + m * w.columns, w.columns, q + m * q_bytes);
+        thread_local std::vector<float> normed;
+        quantize_row(w.kind, prepared_row(x + m * w.columns, size_t(w.columns), prologue, normed), w.columns,
+                     q + m * q_bytes);
         if (arrange) arrange(q + m * q_bytes, w.columns);
     });
     const DotFn dot = kernels.dot[int(w.kind)];
@@ -185,6 +234,7 @@ void dot_rows(const Weights& w, const Kernels& kernels, const float* x, size_t m
                     dot(w.bytes + n * w.row_bytes, w.blocks, q + first * q_bytes, q_bytes, int(last - first),
                         y + first * w.rows + n, w.rows);
             }
+            add_to(addend, y, m_rows, w.rows, range.begin(), range.end());
         },
         tbb::simple_partitioner());
 }
@@ -200,9 +250,9 @@ void apply_glu(GluFn glu, const float* both, size_t m_rows, size_t half, float* 
 
 }  // namespace
 
-BlockMatMul::BlockMatMul(const ov::Output<ov::Node>& x, const ov::Output<ov::Node>& weights, const std::string& kind,
-                         int64_t columns, const std::string& epilogue)
-    : Op({x, weights}), m_kind(kind), m_columns(columns), m_epilogue(epilogue) {
+BlockMatMul::BlockMatMul(const ov::OutputVector& inputs, const std::string& kind, int64_t columns,
+                         const std::string& epilogue, const std::string& prologue, float eps)
+    : Op(inputs), m_kind(kind), m_columns(columns), m_epilogue(epilogue), m_prologue(prologue), m_eps(eps) {
     constructor_validate_and_infer_types();
 }
 
@@ -220,22 +270,40 @@ void BlockMatMul::validate_and_infer_types() {
                               "BlockMatMul: a row of ", w[1].get_length(), " bytes is not ", m_columns, " ", m_kind,
                               " weights");
     }
-    const bool glu = m_epilogue == "swiglu";
-    NODE_VALIDATION_CHECK(this, glu || m_epilogue.empty(), "BlockMatMul: epilogue ", m_epilogue, " is not swiglu");
+    const bool glu = m_epilogue == "swiglu", bias = m_epilogue == "bias", residual = m_epilogue == "residual";
+    NODE_VALIDATION_CHECK(this, glu || bias || residual || m_epilogue.empty(), "BlockMatMul: epilogue ", m_epilogue,
+                          " is not swiglu, bias or residual");
     NODE_VALIDATION_CHECK(this, !glu || w[0].is_dynamic() || w[0].get_length() % 2 == 0,
                           "BlockMatMul: swiglu needs the gate's rows and as many of up's");
+    const bool rms = m_prologue == "rms";
+    NODE_VALIDATION_CHECK(this, rms || m_prologue.empty(), "BlockMatMul: prologue ", m_prologue, " is not rms");
+    const size_t extra = size_t(rms) + size_t(bias || residual);
+    NODE_VALIDATION_CHECK(this, get_input_size() == 2 + extra, "BlockMatMul: ", get_input_size(), " inputs, not ",
+                          2 + extra, " for the prologue '", m_prologue, "' and the epilogue '", m_epilogue, "'");
+    for (size_t i = 2; i < get_input_size(); ++i)
+        NODE_VALIDATION_CHECK(this, get_input_element_type(i) == ov::element::f32, "BlockMatMul: input ", i,
+                              " must be f32");
+    if (rms && get_input_partial_shape(2).is_static())
+        NODE_VALIDATION_CHECK(this, ov::shape_size(get_input_shape(2)) == size_t(m_columns),
+                              "BlockMatMul: the rms prologue's weights must be ", m_columns, " values");
+    if (bias && get_input_partial_shape(2 + rms).is_static() && w[0].is_static())
+        NODE_VALIDATION_CHECK(this, ov::shape_size(get_input_shape(2 + rms)) == size_t(w[0].get_length()),
+                              "BlockMatMul: the bias must be ", w[0].get_length(), " values");
     ov::PartialShape y = x;
     if (x.rank().is_static()) {
         NODE_VALIDATION_CHECK(this, x.rank().get_length() >= 1 && x[x.rank().get_length() - 1].compatible(m_columns),
                               "BlockMatMul: activations' last dimension must be ", m_columns);
         y[y.rank().get_length() - 1] = glu && w[0].is_static() ? ov::Dimension(w[0].get_length() / 2) : w[0];
     }
+    if (residual)
+        NODE_VALIDATION_CHECK(this, get_input_partial_shape(2 + rms).compatible(y), "BlockMatMul: the residual's "
+                              "shape ", get_input_partial_shape(2 + rms), " is not the output's ", y);
     set_output_type(0, ov::element::f32, y);
 }
 
 std::shared_ptr<ov::Node> BlockMatMul::clone_with_new_inputs(const ov::OutputVector& inputs) const {
     check_new_args_count(this, inputs);
-    auto clone = std::make_shared<BlockMatMul>(inputs[0], inputs[1], m_kind, m_columns, m_epilogue);
+    auto clone = std::make_shared<BlockMatMul>(inputs, m_kind, m_columns, m_epilogue, m_prologue, m_eps);
     clone->m_cache = m_cache;  // one packing for the op and its copies: a model compiled twice (OVModel's step-sized
                                // variant) packs each tensor once; the cache holds the tensor's address and repacks for
                                // another
@@ -246,6 +314,8 @@ bool BlockMatMul::visit_attributes(ov::AttributeVisitor& visitor) {
     visitor.on_attribute("kind", m_kind);
     visitor.on_attribute("columns", m_columns);
     visitor.on_attribute("epilogue", m_epilogue);
+    visitor.on_attribute("prologue", m_prologue);
+    visitor.on_attribute("eps", m_eps);
     return true;
 }
 
@@ -267,14 +337,18 @@ bool BlockMatMul::evaluate(ov::TensorVector& outputs, const ov::TensorVector& in
     float* y = glu ? both.get() : outputs[0].data<float>();
     const Weights weights{kind, w, rows, row_bytes, int(columns), int(columns / block_values(kind))};
     const Kernels& kernels = chosen_kernels();
+    const bool rms = m_prologue == "rms";
+    const Prologue prologue{rms ? inputs[2].data<const float>() : nullptr, m_eps};
+    const bool added = m_epilogue == "bias" || m_epilogue == "residual";
+    const Addend addend{added ? inputs[2 + rms].data<const float>() : nullptr, m_epilogue == "residual"};
     const Gemms* gemms = kernels.gemms;
     // Packed at the op's first call whatever its rows, which OVModel makes while the model loads (runtime.py: _pack),
     // so that no prompt pays for it; kept for the rest.
     const auto packed = gemms && gemms->gemm[int(kind)] ? packed_for(*m_cache, *gemms, weights) : nullptr;
     if (packed && m_rows >= size_t(gemm_from(*gemms))) {
-        multiply_packed(weights, *gemms, *packed, x, m_rows, y);
+        multiply_packed(weights, *gemms, *packed, x, m_rows, prologue, addend, y);
     } else {
-        dot_rows(weights, kernels, x, m_rows, y);
+        dot_rows(weights, kernels, x, m_rows, prologue, addend, y);
     }
     if (glu) apply_glu(kernels.glu, both.get(), m_rows, rows / 2, outputs[0].data<float>());
     return true;

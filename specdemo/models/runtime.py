@@ -33,7 +33,7 @@ import numpy as np
 import openvino as ov
 
 from specdemo.host.compat import compile_config
-from specdemo.models import cached_attention, graph, kernels
+from specdemo.models import cached_attention, graph, kernels, matmul_fusion
 from specdemo.settings import ModelSettings
 
 
@@ -72,6 +72,7 @@ class OVModel:
         self.sliced_logits = graph.keep_only_last_logits(model)
         self.fused = graph.fuse_projections(model)  # MatMuls fused (q, k, v into one; gate and up into one)
         self.glu_fused = graph.fuse_glu(model)  # BlockMatMuls of gate and up that apply silu(gate)·up themselves
+        self.taken_in = matmul_fusion.fuse_into_matmuls(model)  # bias Adds, residual Adds and norms BlockMatMuls do
         self._seq_axis = _sequence_axis(model)
         self._position_elements = _position_elements(model)  # keys and values of one position, all layers
         # Layers whose attention is specdemo's CachedAttention, which keeps the cache itself (rolled back by calling at
