@@ -186,6 +186,30 @@ def test_calls_of_a_fixed_token_count_run_their_own_compile_and_score_as_the_gen
     assert np.array_equal(fixed.forward([8]), general.forward([8]))
 
 
+def test_fixed_calls_read_inputs_set_once_and_score_each_call_as_the_general_compile_does(tmp_path):
+    """A fixed compile's inputs are arrays set once, which each call writes its ids, positions and rows to keep into
+    (OVModel._preset_inputs): calls of every fixed size, keeping fewer rows or all, after rollbacks, score as the
+    general compile scores them, bit for bit."""
+    gguf = tiny_gguf.write(tmp_path / "tiny.gguf", "qwen2")
+    export.from_gguf(GGUFFile(gguf), "gguf-native", tmp_path / "ir", lambda *_: None)
+    settings = ModelSettings(str(gguf), precision="gguf-native")
+    fixed = OVModel(tmp_path / "ir", settings, fixed_calls=(2, 3))
+    general = OVModel(tmp_path / "ir", settings, profiled=True)  # profiled: every call on the general compile
+    assert sorted(fixed._preset) == [1, 2, 3] and general._preset == {} and general._fixed == {1: general.request}
+    read = fixed._fixed[2].get_tensor("input_ids").data
+    assert np.shares_memory(read, fixed._preset[2]["input_ids"])
+    prompt = list(range(40, 60))
+    calls = [([5], 1, None), ([6, 7], 1, None), ([6, 7], 2, 21), ([1, 2, 3], 3, None), ([9], 1, 22), ([4, 8], 2, None)]
+    for model in (fixed, general):
+        model.forward(prompt)
+    for ids, keep, back_to in calls:
+        for model in (fixed, general):
+            if back_to is not None:
+                model.rollback(back_to)
+        assert np.array_equal(fixed.forward(ids, logits_to_keep=keep), general.forward(ids, logits_to_keep=keep)), ids
+        assert fixed._last is fixed._fixed[len(ids)]
+
+
 def test_a_kv_cache_precision_asked_for_keeps_the_plugin_s_attention(tmp_path, monkeypatch):
     own, _ = native_pair(tmp_path, monkeypatch, kv_cache_precision="u8")
     assert own.own_attention == 0 and own.kv_cache_precision == "u8" and own._fixed[1] is own.request
