@@ -56,7 +56,9 @@ def _take_addend(op) -> int:
         epilogue = "residual"
     else:
         return 0
-    _rewire(op, add, [*op.input_values(), other], epilogue=epilogue)
+    _remake(op, [*op.input_values(), other], epilogue=epilogue)
+    for reader in list(add.output(0).get_target_inputs()):
+        reader.replace_source_output(op.output(0))
     return 1
 
 
@@ -70,21 +72,16 @@ def _take_norm(op) -> int:
         return 0
     x, weights, eps = norm
     values = op.input_values()
-    op.set_arguments([x, values[1], weights, *values[2:]])
-    op.set_attribute("prologue", "rms")
-    op.set_attribute("eps", eps)
-    op.validate_and_infer_types()
+    _remake(op, [x, values[1], weights, *values[2:]], prologue="rms", eps=eps)
     return 1
 
 
-def _rewire(op, add, inputs: list, **attributes) -> None:
-    """`op` given `inputs` and `attributes`, and every reader of `add` made to read op instead."""
+def _remake(op, inputs: list, **attributes) -> None:
+    """`op` given `inputs` and `attributes` (block_matmul.hpp: the inputs its prologue and epilogue read)."""
     op.set_arguments(inputs)
     for name, value in attributes.items():
         op.set_attribute(name, value)
     op.validate_and_infer_types()
-    for reader in list(add.output(0).get_target_inputs()):
-        reader.replace_source_output(op.output(0))
 
 
 def _rms_norm(node):
