@@ -20,9 +20,9 @@ namespace specdemo {
 namespace {
 
 Kind parse_kind(const std::string& kind) {
-    for (int k = 0; k < 4; ++k)
+    for (int k = 0; k < KINDS; ++k)
         if (kind == KIND_NAMES[k]) return Kind(k);
-    OPENVINO_THROW("BlockMatMul: block type ", kind, " is not one of Q4_K, Q6_K, Q8_0, Q5_0");
+    OPENVINO_THROW("BlockMatMul: block type ", kind, " is not one of Q4_K, Q6_K, Q8_0, Q5_0, Q4_0");
 }
 
 constexpr size_t TASKS_A_CALL = 32;  // output rows split into this many tasks (measured against a static halving: the

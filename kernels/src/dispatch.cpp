@@ -58,7 +58,7 @@ void read_corruption(Corruption& c) {  // in place: c.kernels points into c
     const char* asked = std::getenv("SPECDEMO_KERNELS_CORRUPT");
     const char* colon = asked ? std::strchr(asked, ':') : nullptr;
     const Kernels* own = colon ? own_kernels_for(std::string(asked, colon).c_str()) : nullptr;
-    for (int k = 0; own && k < 4; ++k) {
+    for (int k = 0; own && k < KINDS; ++k) {
         if (std::strcmp(colon + 1, KIND_NAMES[k]) != 0) continue;
         c.of = own, c.kernels = *own, c.name = asked;
         true_dot = own->dot[k], c.kernels.dot[k] = corrupt_dot;

@@ -153,14 +153,21 @@ inline __m256i q5_0_values(const uint8_t* w) {
 
 inline __m256i q8_0_values(const uint8_t* w) { return load(w + 2); }
 
+// Q4_0's 32 weights as signed bytes, q − 8: weight i in the low nibbles, 16 + i in the high.
+inline __m256i q4_0_values(const uint8_t* w) {
+    const __m128i nibbles = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 2));
+    const __m256i low = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(nibbles, 4), nibbles), _mm256_set1_epi8(0x0F));
+    return _mm256_sub_epi8(low, _mm256_set1_epi8(8));
+}
+
 template <size_t Bytes, __m256i (*Values)(const uint8_t*)>
-struct Blocks32 {  // Q8_0 and Q5_0: a scale a block of 32, signed values
+struct Blocks32 {  // Q8_0, Q5_0 and Q4_0: a scale a block of 32, signed values
     template <int R>
     static void rows(const uint8_t* w, int blocks, const BlockQ8_0* const* a, float* const* out) {
         __m256 acc[R];
         for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
         for (int b = 0; b < blocks; ++b, w += Bytes) {
-            prefetch_ahead(w, 1);  // a line a block: blocks of 22 or 34 bytes share lines
+            prefetch_ahead(w, 1);  // a line a block: blocks of 18, 22 or 34 bytes share lines
             const __m256i q = Values(w);
             const float d = half(w);
             for (int r = 0; r < R; ++r) {
@@ -177,12 +184,14 @@ template <int R> struct Q4K { static void run(const uint8_t* w, int n, const Blo
 template <int R> struct Q6K { static void run(const uint8_t* w, int n, const BlockQ8K* const* a, float* const* o) { q6_k_rows<R>(w, n, a, o); } };
 template <int R> struct Q80 { static void run(const uint8_t* w, int n, const BlockQ8_0* const* a, float* const* o) { Blocks32<Q8_0_BYTES, q8_0_values>::rows<R>(w, n, a, o); } };
 template <int R> struct Q50 { static void run(const uint8_t* w, int n, const BlockQ8_0* const* a, float* const* o) { Blocks32<Q5_0_BYTES, q5_0_values>::rows<R>(w, n, a, o); } };
+template <int R> struct Q40 { static void run(const uint8_t* w, int n, const BlockQ8_0* const* a, float* const* o) { Blocks32<Q4_0_BYTES, q4_0_values>::rows<R>(w, n, a, o); } };
 
 }  // namespace
 
 const Kernels* avx2_kernels() {
     static const Kernels kernels{"avx2", {shared_rows<BlockQ8K, Q4K, SHARED>, shared_rows<BlockQ8K, Q6K, SHARED>,
-                                          shared_rows<BlockQ8_0, Q80, SHARED>, shared_rows<BlockQ8_0, Q50, SHARED>}, {},
+                                          shared_rows<BlockQ8_0, Q80, SHARED>, shared_rows<BlockQ8_0, Q50, SHARED>,
+                                          shared_rows<BlockQ8_0, Q40, SHARED>}, {},
                                  avx2_gemms(), silu_times_ymm};
     return &kernels;
 }

@@ -50,7 +50,8 @@ void silu_times_scalar(const float* gate, const float* up, float* out, size_t n)
 
 const Kernels& scalar_kernels() {
     static const Kernels kernels{"scalar",
-                                 {each_row<Kind::Q4_K>, each_row<Kind::Q6_K>, each_row<Kind::Q8_0>, each_row<Kind::Q5_0>},
+                                 {each_row<Kind::Q4_K>, each_row<Kind::Q6_K>, each_row<Kind::Q8_0>,
+                                  each_row<Kind::Q5_0>, each_row<Kind::Q4_0>},
                                  {}, nullptr, silu_times_scalar};
     return kernels;
 }

@@ -38,7 +38,7 @@ const char* gemm_kinds(bool q8_k) {
     thread_local std::string kinds;
     kinds.clear();
     if (const specdemo::Gemms* gemms = specdemo::chosen_kernels().gemms) {
-        for (int k = 0; k < 4; ++k)
+        for (int k = 0; k < specdemo::KINDS; ++k)
             if (gemms->gemm[k] && (!q8_k || gemms->q8_k[k])) kinds.append(kinds.empty() ? "" : ",").append(specdemo::KIND_NAMES[k]);
     }
     return kinds.c_str();

@@ -8,10 +8,11 @@
 //         w = d·sc·(q − 32), a scale per 16 weights
 //   Q8_0   32 weights,  34 bytes: d (f16), 32 × q (i8)                     w = d·q
 //   Q5_0   32 weights,  22 bytes: d (f16), 32 fifth bits, 16 bytes of nibbles  w = d·(q − 16)
+//   Q4_0   32 weights,  18 bytes: d (f16), 16 bytes of nibbles (weight i low, 16 + i high)  w = d·(q − 8)
 //
 // Activations are quantized once per call, a row at a time, the way llama.cpp pairs them with each format:
 //   Q8_K (for Q4_K, Q6_K): 256 values, one f32 scale, i8 q, and the sums of q per 16 (for the mins and offsets)
-//   Q8_0 (for Q8_0, Q5_0):  32 values, one f16 scale (rounded as stored), i8 q
+//   Q8_0 (for Q8_0, Q5_0, Q4_0):  32 values, one f16 scale (rounded as stored), i8 q
 // so that a block's dot product is integer arithmetic times the two scales.
 #pragma once
 
@@ -24,8 +25,10 @@
 
 namespace specdemo {
 
-enum class Kind { Q4_K, Q6_K, Q8_0, Q5_0 };
-constexpr const char* KIND_NAMES[4] = {"Q4_K", "Q6_K", "Q8_0", "Q5_0"};  // by Kind, as the op's attribute says them
+enum class Kind { Q4_K, Q6_K, Q8_0, Q5_0, Q4_0 };
+constexpr int KINDS = 5;
+// By Kind, as the op's attribute says them.
+constexpr const char* KIND_NAMES[KINDS] = {"Q4_K", "Q6_K", "Q8_0", "Q5_0", "Q4_0"};
 
 struct BlockQ8K {
     float d;              // the activations' scale: x ≈ d·q
@@ -39,7 +42,7 @@ struct BlockQ8_0 {
     int8_t q[32];
 };
 
-constexpr size_t Q4_K_BYTES = 144, Q6_K_BYTES = 210, Q8_0_BYTES = 34, Q5_0_BYTES = 22;
+constexpr size_t Q4_K_BYTES = 144, Q6_K_BYTES = 210, Q8_0_BYTES = 34, Q5_0_BYTES = 22, Q4_0_BYTES = 18;
 
 float fp16_round(float x);  // x rounded to the nearest half (ties to even), as a float
 
@@ -53,6 +56,7 @@ constexpr size_t block_bytes(Kind kind) {
     case Kind::Q4_K: return Q4_K_BYTES;
     case Kind::Q6_K: return Q6_K_BYTES;
     case Kind::Q8_0: return Q8_0_BYTES;
+    case Kind::Q4_0: return Q4_0_BYTES;
     default: return Q5_0_BYTES;
     }
 }
@@ -62,7 +66,7 @@ constexpr int block_values(Kind kind) { return kind == Kind::Q4_K || kind == Kin
 // The gemm's slot (the weights that share a scale: panel.hpp) and the weights' integer offset c there (w = s·(v − c)).
 constexpr int slot_values(Kind kind) { return kind == Kind::Q6_K ? 16 : 32; }
 constexpr int weight_offset(Kind kind) {
-    return kind == Kind::Q6_K ? 32 : kind == Kind::Q8_0 ? 128 : kind == Kind::Q5_0 ? 16 : 0;
+    return kind == Kind::Q6_K ? 32 : kind == Kind::Q8_0 ? 128 : kind == Kind::Q5_0 ? 16 : kind == Kind::Q4_0 ? 8 : 0;
 }
 
 // Half to single precision, exactly (the scales are the only halves, read once per block).
@@ -104,16 +108,16 @@ inline void unpack_q4_k_scales(const uint8_t* s, uint64_t& sc, uint64_t& m) {
 //
 //     w_i = d·sc_g·q_i − dmin·m_g      weight i of group g = i / G (G = slot_values: 32, Q6_K's 16)
 //
-// with sc = 1 and m = 0 where a format has no groups of its own (Q8_0, Q5_0; dmin 0 but for Q4_K), q as the formula
-// takes it: Q4_K 0…15, Q6_K −32…31, Q8_0 −128…127, Q5_0 −16…15 (q + weight_offset ≥ 0). The scalar dot products
-// (dot_scalar.cpp), the unpacking (unpack.cpp) and the gemm's packing at load (panel.hpp) read blocks through these;
-// every SIMD path is tested against them on every block type, tail and row count (tests/models/test_kernels.py), and
-// Python's decoder (specdemo/models/blocks.py) against gguf-py's.
+// with sc = 1 and m = 0 where a format has no groups of its own (Q8_0, Q5_0, Q4_0; dmin 0 but for Q4_K), q as the
+// formula takes it: Q4_K 0…15, Q6_K −32…31, Q8_0 −128…127, Q5_0 −16…15, Q4_0 −8…7 (q + weight_offset ≥ 0). The
+// scalar dot products (dot_scalar.cpp), the unpacking (unpack.cpp) and the gemm's packing at load (panel.hpp) read
+// blocks through these; every SIMD path is tested against them on every block type, tail and row count
+// (tests/models/test_kernels.py), and Python's decoder (specdemo/models/blocks.py) against gguf-py's.
 template <Kind K>
 struct Decoded {
     static constexpr int VALUES = block_values(K), G = slot_values(K), GROUPS = VALUES / G;
     uint16_t d = 0, dmin = 0;                 // f16 bits, as stored
-    int8_t sc[GROUPS] = {}, m[GROUPS] = {};   // Q4_K's 6-bit (0…63), Q6_K's signed 8-bit; 1 and 0 for Q8_0, Q5_0
+    int8_t sc[GROUPS] = {}, m[GROUPS] = {};   // Q4_K's 6-bit (0…63), Q6_K's signed 8-bit; 1 and 0 for the others
     int8_t q[VALUES];
 };
 
@@ -177,6 +181,17 @@ inline Decoded<Kind::Q5_0> decode<Kind::Q5_0>(const uint8_t* block) {  // d, 32 
     return out;
 }
 
+template <>
+inline Decoded<Kind::Q4_0> decode<Kind::Q4_0>(const uint8_t* block) {  // d, 16 bytes of nibbles
+    Decoded<Kind::Q4_0> out;
+    out.d = read_bits(block), out.sc[0] = 1;
+    for (int i = 0; i < 16; ++i) {  // weight i in the low nibbles, 16 + i in the high
+        out.q[i] = int8_t((block[2 + i] & 0x0F) - 8);
+        out.q[16 + i] = int8_t((block[2 + i] >> 4) - 8);
+    }
+    return out;
+}
+
 // A call reads its weights once, straight from memory: while a block is decoded, ask for the bytes PREFETCH_AHEAD
 // further on (a line at a time), so a core has more lines in flight than its own loads would ask for (measured on the
 // 2-core Xeon: a Q4_K layer from 12 to 17-20 GB/s; 1, 4, 8 and 16 KiB ahead tried, 4 KiB and more alike).
@@ -222,7 +237,7 @@ void shared_rows(const uint8_t* w, int blocks, const uint8_t* activations, size_
 }  // namespace
 
 // Activations of one row (`columns` f32) in the form `kind`'s dot product takes; `out` holds columns/256 BlockQ8K
-// (Q4_K, Q6_K) or columns/32 BlockQ8_0 (Q8_0, Q5_0).
+// (Q4_K, Q6_K) or columns/32 BlockQ8_0 (Q8_0, Q5_0, Q4_0).
 void quantize_row(Kind kind, const float* x, int columns, void* out);
 size_t quantized_row_bytes(Kind kind, int columns);
 
@@ -244,10 +259,10 @@ struct ManyRows {
     std::vector<int8_t> q;            // (rows, columns)
     std::vector<float> scale;         // (rows, slots) d_a
     std::vector<int32_t> start;       // (rows, slots) −c·Σq: where the slot's integer sum starts
-    // (rows, slots), Q6_K's and Q5_0's only: −c·Σq over the values maddubs pairs into each quad's even i16 lane (a
-    // quad's values 0 and 1) in the low half, over its odd lane (values 2 and 3) in the high half; |c·slot/2·127| < 2^15
-    // (Q6_K 32·8·127, Q5_0 16·16·127). AVX2's gemm starts a slot's i16 sums there, so that they hold Σ(v − c)·q
-    // (gemm_avx2.cpp, tile_q6 and tile_q5).
+    // (rows, slots), Q6_K's, Q5_0's and Q4_0's only: −c·Σq over the values maddubs pairs into each quad's even i16 lane
+    // (a quad's values 0 and 1) in the low half, over its odd lane (values 2 and 3) in the high half; |c·slot/2·127| <
+    // 2^15 (Q6_K 32·8·127, Q5_0 16·16·127, Q4_0 8·16·127). AVX2's gemm starts a slot's i16 sums there, so that they
+    // hold Σ(v − c)·q (gemm_avx2.cpp, tile_q6 and tile_q5).
     std::vector<int32_t> lane_start;
     std::vector<BlockQ8K> k;          // (rows, columns / 256) instead of the above, where the gemm takes Q8_K
     int slots() const { return columns / slot; }
@@ -280,10 +295,10 @@ using GemmFn = void (*)(const PackedWeights& w, const ManyRows& a, float* y, siz
 
 // The gemm of an ISA (gemm_avx2.cpp, gemm_avx512.cpp), by Kind (nullptr: that kind's many rows take the dot products).
 struct Gemms {
-    PackFn pack[4];
-    GemmFn gemm[4];
-    size_t packed_block_bytes[4];  // a block of a panel, packed
-    bool q8_k[4];                  // the activations as Q8_K blocks (ManyRows::k), not by slot
+    PackFn pack[KINDS];
+    GemmFn gemm[KINDS];
+    size_t packed_block_bytes[KINDS];  // a block of a panel, packed
+    bool q8_k[KINDS];                  // the activations as Q8_K blocks (ManyRows::k), not by slot
     int panel_rows;
     int from_rows;                 // the fewest activation rows a call runs the gemm for (fewer: the dot products)
     QuantizeFn quantize;           // the activations, by slot or as Q8_K
@@ -301,8 +316,8 @@ void silu_times_scalar(const float* gate, const float* up, float* out, size_t n)
 
 struct Kernels {
     const char* isa;       // "scalar", "avx2", "avx512"
-    DotFn dot[4];          // by Kind
-    ArrangeFn arrange[4];  // by Kind; nullptr: the values in order
+    DotFn dot[KINDS];          // by Kind
+    ArrangeFn arrange[KINDS];  // by Kind; nullptr: the values in order
     const Gemms* gemms;    // for many activation rows; nullptr: the dot products for any M
     GluFn glu;             // the swiglu epilogue (AVX-512's on 8 lanes too: a few thousand values a row, beside its weights)
 };

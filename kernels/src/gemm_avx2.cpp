@@ -4,8 +4,8 @@
 // tile); Q6_K a scale per slot of 16 (tile_q6: a slot's 4 quads summed in i16 from lane_start, one madd by its scale,
 // f32 once per slot, up to 5 rows a tile); Q5_0 a scale per block of 32 (tile_q5: Q6_K's way, f32 once per block, up
 // to 5 rows a tile), its panel at the file's 22 bytes a block (PackedQ5Nibbles: a step of a Q5_0 draft streams its
-// bytes). Q8_0 has none here: its unsigned values (q + 128) would saturate maddubs, so its many rows take the dot
-// products.
+// bytes); Q4_0 as Q5_0, without the fifths (PackedQ4Nibbles, 18 bytes a block). Q8_0 has none here: its unsigned
+// values (q + 128) would saturate maddubs, so its many rows take the dot products.
 // Compiled with -mavx2 -mfma -mf16c; chosen only where the CPU has them (dispatch.cpp).
 #include <immintrin.h>
 
@@ -24,7 +24,7 @@ constexpr int NR = 2, ROWS = 8 * NR;  // ymm of weight rows a tile holds; the pa
 // bytes first), cycles per 256 weights and row: 5 rows 14.2 against 23.8, 9 rows 15.7 against 18.3, 1 row 32.1
 // against 33.3, 2 rows 21.1 against 19.6; held in L2, 5 rows 13.0 against 15.5.
 constexpr int MR_Q6 = 5;
-// Q5_0 (tile_q5): activation rows a tile holds, as Q6_K's.
+// Q5_0 and Q4_0 (tile_q5): activation rows a tile holds, as Q6_K's.
 constexpr int MR_Q5 = 5;
 // Q4_K (tile_q8_k): activation rows a tile holds, each decoded quad shared by all of them. Measured on the 2-core Zen 3
 // (EPYC family 25 model 1), one core, a tile held in L2, cycles per 256 weights and row, the best of 3–6 runs
@@ -89,8 +89,13 @@ inline __m256i values(const uint8_t* block, int j, int q, int n) {
         const __m256i low = _mm256_and_si256(q < 4 ? nibbles : _mm256_srli_epi16(nibbles, 4), _mm256_set1_epi8(0x0F));
         const __m256i fifth = q < 4 ? _mm256_slli_epi16(fifths, 4 - q) : _mm256_srli_epi16(fifths, q - 4);
         return _mm256_or_si256(low, _mm256_and_si256(fifth, _mm256_set1_epi8(0x10)));
+    } else if constexpr (NIBBLE_PAIRS<P>) {  // the pair's low or high nibbles
+        const uint8_t* pair = block + P::V + (q % 4) * P::QUAD + 32 * n;
+        const __m256i nibbles = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pair));
+        return _mm256_and_si256(q < 4 ? nibbles : _mm256_srli_epi16(nibbles, 4), _mm256_set1_epi8(0x0F));
     } else {
-        static_assert(NIBBLES_AND_FIFTHS<P>, "AVX2's panels hold Q6_K as nibbles and highs, Q5_0 as nibbles and fifths");
+        static_assert(NIBBLES_AND_FIFTHS<P>, "AVX2's panels: Q6_K as nibbles and highs, Q5_0 nibbles and fifths, Q4_0 "
+                                             "nibbles");
     }
 }
 
@@ -201,8 +206,9 @@ __attribute__((noinline)) void tile_q8_k(const uint8_t* panel, int blocks, const
 
 // p[n][m] = Σ over slot j's QUADS quads of maddubs(the quad's values for weight rows 8n…8n + 7, activation row m's 4
 // values from q, rows `columns` apart), in i16 lanes started at row m's lane_start (`start`: row 0's, rows a_slots
-// apart), so that each lane holds Σ(v − c)·q over its products: Q6_K's and Q5_0's way (tile_q6 and tile_q5 say why it
-// cannot overflow). Each quad is decoded once for the tile's M rows; both halves of the panel share each broadcast.
+// apart), so that each lane holds Σ(v − c)·q over its products: Q6_K's, Q5_0's and Q4_0's way (tile_q6 and tile_q5
+// say why it cannot overflow). Each quad is decoded once for the tile's M rows; both halves of the panel share each
+// broadcast.
 template <Kind K, typename P, int M, int QUADS>
 __attribute__((always_inline)) inline void lane_sums(const uint8_t* block, int j, const int8_t* q, int columns,
                                                      const int32_t* start, int a_slots, __m256i (*p)[M]) {
@@ -222,12 +228,12 @@ __attribute__((always_inline)) inline void lane_sums(const uint8_t* block, int j
     }
 }
 
-// Q5_0 with a scale per block of 32 (ManyRows by slot): a block's 8 quads' maddubs summed in i16 from the activations'
-// lane_start, so that each lane holds Σ(v − 16)·q over 16 products (|·| ≤ 16·16·127 < 2^15: the adds may wrap on the
-// way, the sum is exact), one madd by ones to i32, to f32 (exact) times d·d_a. Both halves of the panel share each
-// activation's broadcast and each quad is decoded once for the tile's M ≤ MR_Q5 rows: the same instructions for every
-// M, so a row's result does not depend on the rows beside it.
-template <typename P, int M>
+// Q5_0 and Q4_0 (K) with a scale per block of 32 (ManyRows by slot): a block's 8 quads' maddubs summed in i16 from the
+// activations' lane_start, so that each lane holds Σ(v − c)·q over 16 products (|·| ≤ 16·16·127 < 2^15, Q4_0's
+// 8·16·127: the adds may wrap on the way, the sum is exact), one madd by ones to i32, to f32 (exact) times d·d_a.
+// Both halves of the panel share each activation's broadcast and each quad is decoded once for the tile's M ≤ MR_Q5
+// rows: the same instructions for every M, so a row's result does not depend on the rows beside it.
+template <Kind K, typename P, int M>
 __attribute__((noinline)) void tile_q5(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int first_block,
                                        float* y, size_t y_stride, bool first) {
     const int a_slots = a.slots();
@@ -242,7 +248,7 @@ __attribute__((noinline)) void tile_q5(const uint8_t* panel, int blocks, const M
         const size_t at = size_t(m0) * a_slots + first_block + b;
         const int8_t* q = a.q.data() + size_t(m0) * a.columns + (first_block + b) * 32;
         __m256i p[NR][M];
-        lane_sums<Kind::Q5_0, P, M, 8>(block, 0, q, a.columns, a.lane_start.data() + at, a_slots, p);
+        lane_sums<K, P, M, 8>(block, 0, q, a.columns, a.lane_start.data() + at, a_slots, p);
         for (int n = 0; n < NR; ++n) {
             const __m256 d = halves(block + P::D + 16 * n);
 #pragma GCC unroll 8
@@ -307,7 +313,7 @@ void tile(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int first
     else if constexpr (K == Kind::Q6_K)
         tile_q6<P, M>(panel, blocks, a, m0, first_block, y, y_stride, first);
     else
-        tile_q5<P, M>(panel, blocks, a, m0, first_block, y, y_stride, first);
+        tile_q5<K, P, M>(panel, blocks, a, m0, first_block, y, y_stride, first);
 }
 
 template <Kind K>
@@ -319,11 +325,11 @@ constexpr PackFn PACK = pack_panel<K, ROWS, Interleave>;
 }  // namespace
 
 const Gemms* avx2_gemms() {  // no Q8_0: its unsigned values (q + 128) would saturate maddubs
-    static const Gemms gemms{{PACK<Kind::Q4_K>, PACK<Kind::Q6_K>, nullptr, PACK<Kind::Q5_0>},
-                             {GEMM<Kind::Q4_K>, GEMM<Kind::Q6_K>, nullptr, GEMM<Kind::Q5_0>},
+    static const Gemms gemms{{PACK<Kind::Q4_K>, PACK<Kind::Q6_K>, nullptr, PACK<Kind::Q5_0>, PACK<Kind::Q4_0>},
+                             {GEMM<Kind::Q4_K>, GEMM<Kind::Q6_K>, nullptr, GEMM<Kind::Q5_0>, GEMM<Kind::Q4_0>},
                              {Panel<Kind::Q4_K, ROWS>::BYTES, Panel<Kind::Q6_K, ROWS>::BYTES, 0,
-                              Panel<Kind::Q5_0, ROWS>::BYTES},
-                             {true, false, false, false}, ROWS, FROM_ROWS,
+                              Panel<Kind::Q5_0, ROWS>::BYTES, Panel<Kind::Q4_0, ROWS>::BYTES},
+                             {true, false, false, false, false}, ROWS, FROM_ROWS,
                              avx2_quantizer()};
     return &gemms;
 }

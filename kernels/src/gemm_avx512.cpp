@@ -1,8 +1,8 @@
 // Many activation rows with AVX-512 VNNI: a packed panel of 32 weight rows (two zmm of 16 rows × 4 values) times 6
 // activation rows at a time, each activation's 4 values broadcast, one vpdpbusd per 64 products (u8 weights × i8
 // activations, summed in i32 without saturation). Q4_K and Q6_K take Q8_K activations (tile_q8_k: the sub-block scales
-// applied in i32, f32 once per 256 weights); Q8_0 and Q5_0 a scale per block of 32 (tile_by_slot). Q5_0's panel is at
-// the file's bytes (PackedQ5Nibbles), as on AVX2.
+// applied in i32, f32 once per 256 weights); Q8_0, Q5_0 and Q4_0 a scale per block of 32 (tile_by_slot). Q5_0's and
+// Q4_0's panels are at the file's bytes (PackedQ5Nibbles, PackedQ4Nibbles), as on AVX2.
 // Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512vnni; chosen only where the CPU has them (dispatch.cpp).
 #include <immintrin.h>
 
@@ -93,6 +93,9 @@ inline __m512i values(const uint8_t* block, int j, int q, int n) {
         const __m512i low = _mm512_and_si512(q < 4 ? nibbles : _mm512_srli_epi16(nibbles, 4), _mm512_set1_epi8(0x0F));
         const __m512i fifth = q < 4 ? _mm512_slli_epi16(fifths, 4 - q) : _mm512_srli_epi16(fifths, q - 4);
         return _mm512_or_si512(low, _mm512_and_si512(fifth, _mm512_set1_epi8(0x10)));
+    } else if constexpr (NIBBLE_PAIRS<P>) {  // the pair's low or high nibbles
+        const __m512i nibbles = _mm512_loadu_si512(block + P::V + (q % 4) * P::QUAD + 64 * n);
+        return _mm512_and_si512(q < 4 ? nibbles : _mm512_srli_epi16(nibbles, 4), _mm512_set1_epi8(0x0F));
     } else {
         return _mm512_loadu_si512(block + P::V + (j * (P::SLOT / 4) + q) * P::QUAD + 64 * n);
     }
@@ -103,8 +106,8 @@ inline __m512 halves(const uint8_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
-// Q8_0 and Q5_0, with the activations by slot (ManyRows: a scale per 32): per block, the i32 sums started at −c·Σa,
-// to f32 times d·d_a.
+// Q8_0, Q5_0 and Q4_0, with the activations by slot (ManyRows: a scale per 32): per block, the i32 sums started at
+// −c·Σa, to f32 times d·d_a.
 template <Kind K, typename P, int M>
 void tile_by_slot(const uint8_t* panel, int blocks, const ManyRows& a, int m0, int first_block, float* y,
                   size_t y_stride, bool first) {
@@ -257,12 +260,13 @@ constexpr PackFn PACK = pack_panel<K, ROWS, Interleave>;
 }  // namespace
 
 const Gemms* avx512_gemms() {
-    static const Gemms gemms{{PACK<Kind::Q4_K>, PACK<Kind::Q6_K>, PACK<Kind::Q8_0>, PACK<Kind::Q5_0>},
-                             {GEMM<Kind::Q4_K>, GEMM<Kind::Q6_K>, GEMM<Kind::Q8_0>, GEMM<Kind::Q5_0>},
-                             {Panel<Kind::Q4_K, ROWS>::BYTES, Panel<Kind::Q6_K, ROWS>::BYTES,
-                              Panel<Kind::Q8_0, ROWS>::BYTES, Panel<Kind::Q5_0, ROWS>::BYTES},
-                             {true, true, false, false}, ROWS, FROM_ROWS,
-                             avx2_quantizer()};
+    static const Gemms gemms{
+        {PACK<Kind::Q4_K>, PACK<Kind::Q6_K>, PACK<Kind::Q8_0>, PACK<Kind::Q5_0>, PACK<Kind::Q4_0>},
+        {GEMM<Kind::Q4_K>, GEMM<Kind::Q6_K>, GEMM<Kind::Q8_0>, GEMM<Kind::Q5_0>, GEMM<Kind::Q4_0>},
+        {Panel<Kind::Q4_K, ROWS>::BYTES, Panel<Kind::Q6_K, ROWS>::BYTES, Panel<Kind::Q8_0, ROWS>::BYTES,
+         Panel<Kind::Q5_0, ROWS>::BYTES, Panel<Kind::Q4_0, ROWS>::BYTES},
+        {true, true, false, false, false}, ROWS, FROM_ROWS,
+        avx2_quantizer()};
     return &gemms;
 }
 

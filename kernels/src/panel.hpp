@@ -130,6 +130,14 @@ constexpr bool NIBBLES_AND_FIFTHS = false;
 template <int ROWS>
 constexpr bool NIBBLES_AND_FIFTHS<PackedQ5Nibbles<ROWS>> = true;
 
+// Whether a layout holds Q4_0's values as nibble pairs alone (PackedQ4Nibbles, below), not bytes.
+template <int ROWS>
+struct PackedQ4Nibbles;
+template <typename P>
+constexpr bool NIBBLE_PAIRS = false;
+template <int ROWS>
+constexpr bool NIBBLE_PAIRS<PackedQ4Nibbles<ROWS>> = true;
+
 // Whether a tile reads its layout from memory (a panel: it asks for the next block) or from cache (Decoded6).
 template <typename P>
 constexpr bool STREAMED = true;
@@ -189,9 +197,32 @@ struct PackedQ5Nibbles {
     }
 };
 
-// Each kind's panel as both gemms pack it: Q5_0's at the file's bytes (PackedQ5Nibbles), the others' as Packed.
+// Q4_0 at the file's 18 bytes a row's block, PackedQ5Nibbles without the fifths: d [ROWS] f16, then nibbles
+// [4][ROWS][4]: byte b of pair p holds weight 4p + b (quad p) in its low nibble and weight 16 + 4p + b (quad p + 4) in
+// its high one.
+template <int ROWS>
+struct PackedQ4Nibbles {
+    static constexpr int SLOT = 32, VALUES = 32;
+    static constexpr size_t RAW = Q4_0_BYTES, QUAD = ROWS * 4, D = 0, V = 2 * ROWS, BYTES = V + 4 * QUAD;
+
+    template <typename Interleave>
+    static void pack(const uint8_t* raw, size_t row_bytes, uint8_t* out) {
+        alignas(64) uint8_t row[ROWS][32] = {}, quads[8 * QUAD];  // a row: its 16 bytes of nibbles, 16 unused
+        auto* d = reinterpret_cast<uint16_t*>(out + D);
+        for (int r = 0; r < ROWS; ++r) {
+            d[r] = read_bits(raw + r * row_bytes);
+            std::memcpy(row[r], raw + r * row_bytes + 2, 16);  // the file's own order: weight i low, 16 + i high
+        }
+        Interleave::run(&row[0][0], 32, quads, QUAD);  // quads 0…3 the nibble pairs
+        std::memcpy(out + V, quads, 4 * QUAD);
+    }
+};
+
+// Each kind's panel as both gemms pack it: Q5_0's and Q4_0's at the file's bytes (PackedQ5Nibbles, PackedQ4Nibbles),
+// the others' as Packed.
 template <Kind K, int ROWS>
-using Panel = std::conditional_t<K == Kind::Q5_0, PackedQ5Nibbles<ROWS>, Packed<K, ROWS>>;
+using Panel = std::conditional_t<K == Kind::Q5_0, PackedQ5Nibbles<ROWS>,
+                                 std::conditional_t<K == Kind::Q4_0, PackedQ4Nibbles<ROWS>, Packed<K, ROWS>>>;
 
 // How far ahead of the tile a stream asks for the panel: at least this many bytes, whole blocks. One Q5_0 block of a
 // panel (352 bytes) is ~40 cycles of work, too short a lead for memory's latency: on the 2-core Zen 3 (EPYC family 25

@@ -99,7 +99,7 @@ void ManyRows::resize(Kind kind, int m_rows, int m_columns, bool q8_k) {
     q.resize(by_slot * columns);
     scale.resize(by_slot * slots());
     start.resize(by_slot * slots());
-    lane_start.resize(kind == Kind::Q6_K || kind == Kind::Q5_0 ? by_slot * slots() : 0);
+    lane_start.resize(kind == Kind::Q6_K || kind == Kind::Q5_0 || kind == Kind::Q4_0 ? by_slot * slots() : 0);
     k.resize(q8_k ? size_t(rows) * (columns / 256) : 0);
 }
 

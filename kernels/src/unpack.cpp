@@ -69,20 +69,21 @@ void unpack_blocks(const uint8_t* raw, int64_t blocks, int8_t* q, uint16_t* scal
 }
 
 using UnpackFn = void (*)(const uint8_t*, int64_t, int8_t*, uint16_t*, uint16_t*);
-constexpr UnpackFn UNPACK[4] = {unpack_blocks<Kind::Q4_K>, unpack_blocks<Kind::Q6_K>,
-                                unpack_blocks<Kind::Q8_0>, unpack_blocks<Kind::Q5_0>};  // by Kind
+constexpr UnpackFn UNPACK[KINDS] = {unpack_blocks<Kind::Q4_K>, unpack_blocks<Kind::Q6_K>, unpack_blocks<Kind::Q8_0>,
+                                    unpack_blocks<Kind::Q5_0>, unpack_blocks<Kind::Q4_0>};  // by Kind
 
 }  // namespace
 
 }  // namespace specdemo
 
-// raw (rows, row_bytes) of blocks of `kind` ("Q4_K", "Q6_K", "Q8_0", "Q5_0") into q (rows · row_bytes / block bytes ·
-// block values) i8, scale (one per group) and, for Q4_K, offset (one per group) as f16 bits; 0 for another kind.
+// raw (rows, row_bytes) of blocks of `kind` ("Q4_K", "Q6_K", "Q8_0", "Q5_0", "Q4_0") into q (rows · row_bytes / block
+// bytes · block values) i8, scale (one per group) and, for Q4_K, offset (one per group) as f16 bits; 0 for another
+// kind.
 extern "C" __attribute__((visibility("default"))) int specdemo_kernels_unpack(const char* kind, const uint8_t* raw,
                                                                               int64_t rows, int64_t row_bytes, int8_t* q,
                                                                               uint16_t* scale, uint16_t* offset) {
     using namespace specdemo;
-    for (int k = 0; k < 4; ++k) {
+    for (int k = 0; k < KINDS; ++k) {
         if (std::strcmp(kind, KIND_NAMES[k]) != 0) continue;
         UNPACK[k](raw, rows * row_bytes / int64_t(block_bytes(Kind(k))), q, scale, offset);
         return 1;

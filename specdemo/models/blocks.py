@@ -6,9 +6,9 @@ Each decoder reads a tensor's blocks as formats.hpp's `decode` does (ggml's nota
 
     w[r, g, i] = d·sc[r, g]·q[r, g, i] − dmin·m[r, g]      groups of G = 32 weights (Q6_K 16)
 
-with sc = 1 and m = 0 where a format has no groups of its own (Q8_0, Q5_0), dmin 0 but for Q4_K, and q as the formula
-takes it: Q4_K 0…15, Q6_K −32…31, Q8_0 −128…127, Q5_0 −16…15. `Decoded.dequantize` is gguf-py's dequantization bit for
-bit (tests/models/test_blocks.py).
+with sc = 1 and m = 0 where a format has no groups of its own (Q8_0, Q5_0, Q4_0), dmin 0 but for Q4_K, and q as the
+formula takes it: Q4_K 0…15, Q6_K −32…31, Q8_0 −128…127, Q5_0 −16…15, Q4_0 −8…7. `Decoded.dequantize` is gguf-py's
+dequantization bit for bit (tests/models/test_blocks.py).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 
 TYPE = "BlockMatMul"
-KINDS = {"Q4_K": (256, 144), "Q6_K": (256, 210), "Q8_0": (32, 34), "Q5_0": (32, 22)}  # values, bytes a block
-GROUP = {"Q4_K": 32, "Q6_K": 16, "Q8_0": 32, "Q5_0": 32}  # weights that share a scale (formats.hpp: slot_values)
+KINDS = {"Q4_K": (256, 144), "Q6_K": (256, 210), "Q8_0": (32, 34), "Q5_0": (32, 22), "Q4_0": (32, 18)}  # values, bytes
+GROUP = {"Q4_K": 32, "Q6_K": 16, "Q8_0": 32, "Q5_0": 32, "Q4_0": 32}  # sharing a scale (formats.hpp: slot_values)
 
 
 @dataclass(frozen=True)
@@ -108,4 +108,12 @@ def _decode_q5_0(b: np.ndarray):
     return (low | fifth << 4).astype(np.int8) - 16, d, _none(b, 1), np.zeros_like(d), _none(b, 0)
 
 
-_DECODERS = {"Q4_K": _decode_q4_k, "Q6_K": _decode_q6_k, "Q8_0": _decode_q8_0, "Q5_0": _decode_q5_0}
+def _decode_q4_0(b: np.ndarray):
+    """d (f16), 16 bytes of nibbles (weight i low, 16 + i high); q = the nibble − 8."""
+    q = np.concatenate([b[..., 2:18] & 0x0F, b[..., 2:18] >> 4], axis=-1).astype(np.int8) - 8
+    d = _half(b[..., 0:2])
+    return q, d, _none(b, 1), np.zeros_like(d), _none(b, 0)
+
+
+_DECODERS = {"Q4_K": _decode_q4_k, "Q6_K": _decode_q6_k, "Q8_0": _decode_q8_0, "Q5_0": _decode_q5_0,
+             "Q4_0": _decode_q4_0}

@@ -8,8 +8,8 @@ two scales, streamed from the file's own bytes (4.5 bits a Q4_K weight, 6.56 a Q
 the gemm on packed panels (kernels/src/panel.hpp): its activations take a scale per slot (the 32 weights that share a
 scale, 16 for Q6_K), except AVX2's Q4_K gemm, which takes llama.cpp's Q8_K (a scale per 256; gemm_q8_k_kinds). The dot
 products (the scalar path, AVX2's Q8_0, and either ISA where `gemm_from` holds them) are llama.cpp's arithmetic: Q8_K for
-Q4_K and Q6_K, Q8_0 for Q8_0 and Q5_0. Each is written per ISA (scalar reference, AVX2 with FMA, AVX-512 with VNNI)
-and chosen once by the CPU's flags (kernels/src/dispatch.cpp); `use` holds another for a test or a bench.
+Q4_K and Q6_K, Q8_0 for Q8_0, Q5_0 and Q4_0. Each is written per ISA (scalar reference, AVX2 with FMA, AVX-512 with
+VNNI) and chosen once by the CPU's flags (kernels/src/dispatch.cpp); `use` holds another for a test or a bench.
 
 Graphs are built in Python with a stand-in op of the same type and attributes (block_matmul.py); the IR saved from
 them holds `BlockMatMul` of version `specdemo`, which a Core with the extension added reads and the CPU plugin runs
@@ -35,6 +35,7 @@ import numpy as np
 from specdemo.models.blocks import KINDS, decode
 
 NATIVE = "gguf-native"  # the precision whose every MatMul is a BlockMatMul (gguf_import.BlockWeights, layout "native")
+ON_KERNELS = (NATIVE, "gguf-q4")  # the precisions that run on these kernels only (gguf-q4: the blocks in 4 bits)
 ISAS = ("scalar", "avx2", "avx512")  # narrowest first
 
 
@@ -105,10 +106,11 @@ def say_once_if_unavailable(stream=sys.stderr) -> None:
 
 
 def runnable(precisions: tuple[str, ...]) -> tuple[str, ...]:
-    """`precisions` without gguf-native where the kernels were not built here, or were found not to run (the others
-    need nothing of them). Loads no OpenVINO, for `clean` and the CLI's help: a library that was built but cannot load
-    or fails its check is found by unavailable, which the app and the CLI ask before they choose a precision."""
-    return tuple(p for p in precisions if p != NATIVE or (_built() is not None and not _found_unavailable()))
+    """`precisions` without those on these kernels (ON_KERNELS) where they were not built here, or were found not to
+    run (the others need nothing of them). Loads no OpenVINO, for `clean` and the CLI's help: a library that was built
+    but cannot load or fails its check is found by unavailable, which the app and the CLI ask before they choose a
+    precision."""
+    return tuple(p for p in precisions if p not in ON_KERNELS or (_built() is not None and not _found_unavailable()))
 
 
 def plugin_unit_beyond_ours(flags) -> bool:
@@ -319,7 +321,7 @@ def distance(got: np.ndarray, expected: np.ndarray, allowed: np.ndarray) -> floa
     return float(np.max(np.abs(got - expected) / (allowed + 1e-30)))
 
 
-HALVES = {"Q4_K": (0, 2), "Q6_K": (208,), "Q8_0": (0,), "Q5_0": (0,)}  # where each block holds its f16 scales
+HALVES = {"Q4_K": (0, 2), "Q6_K": (208,), "Q8_0": (0,), "Q5_0": (0,), "Q4_0": (0,)}  # where a block's f16 scales are
 
 
 def random_blocks(kind: str, rows: int, columns: int, rng: np.random.Generator) -> np.ndarray:

@@ -8,7 +8,7 @@ import pytest
 
 from specdemo.models import blocks, kernels
 
-RANGES = {"Q4_K": (0, 15), "Q6_K": (-32, 31), "Q8_0": (-128, 127), "Q5_0": (-16, 15)}  # q as the formula takes it
+RANGES = {"Q4_K": (0, 15), "Q6_K": (-32, 31), "Q8_0": (-128, 127), "Q5_0": (-16, 15), "Q4_0": (-8, 7)}  # q as taken
 
 
 @pytest.mark.parametrize("kind", list(blocks.KINDS))
@@ -25,7 +25,7 @@ def test_each_format_s_values_span_the_range_its_formula_takes_in_groups_of_its_
     group = 16 if kind == "Q6_K" else 32
     assert decoded.q.shape == (8, 512 // group, group) and decoded.sc.shape == decoded.d.shape == (8, 512 // group)
     assert (decoded.q.min(), decoded.q.max()) == RANGES[kind]
-    if kind in ("Q8_0", "Q5_0"):  # no groups of their own: w = d·q
+    if kind in ("Q8_0", "Q5_0", "Q4_0"):  # no groups of their own: w = d·q
         assert (decoded.sc == 1).all() and (decoded.m == 0).all() and (decoded.dmin == 0).all()
 
 

@@ -24,9 +24,9 @@ def test_this_cpu_runs_the_scalar_path_and_its_widest_by_default():
 
 # The tails the kernels have (kernels/src): weight rows past the last whole panel (16 on AVX2, 32 on AVX-512) and fewer
 # rows than a panel; columns past the last whole chunk of 1024 a gemm multiplies at once (panel.hpp), and a single
-# K-quant block; activation rows 1…70: each remainder of every tile (on AVX2 6 rows for Q4_K, 5 for Q6_K and Q5_0; 6 on
-# AVX-512) and of the 4 rows a dot product decodes a block once for, and past the 64 a pass of the dot products holds
-# (block_matmul.cpp).
+# K-quant block; activation rows 1…70: each remainder of every tile (on AVX2 6 rows for Q4_K, 5 for Q6_K, Q5_0 and
+# Q4_0; 6 on AVX-512) and of the 4 rows a dot product decodes a block once for, and past the 64 a pass of the dot
+# products holds (block_matmul.cpp).
 SHAPES = {"past whole panels and chunks": (37, 1280), "less than a panel, one K-quant block": (5, 256)}
 ROW_COUNTS = range(1, 71)
 
@@ -57,7 +57,7 @@ def test_every_path_is_the_reference_on_every_block_type_tail_and_row_count_on_e
                     assert kernels.distance(got[i], want[:m], allowed[:m]) <= 1, (kind, isa, ran[kind], m)
 
 
-@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q5_0"])
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q5_0", "Q4_0"])
 def test_a_row_s_result_is_the_same_bits_whatever_the_rows_beside_it_in_its_call(kind, each_isa, tmp_path):
     """A verification of K drafts scores each exactly as a single step would: the gemm quantizes and sums a row alike in
     a call of 1 row, of 9 or of 20 (from 16 rows on AVX-512, 5 on AVX2, Q6_K's values are decoded once a call)."""
@@ -214,5 +214,5 @@ def test_genai_s_lane_on_a_native_model_is_refused_in_a_sentence(tmp_path):
     gguf = tiny_gguf.write(tmp_path / "tiny.gguf", "qwen2")
     export.from_gguf(GGUFFile(gguf), "gguf-native", tmp_path / "ir", lambda *_: None)
     with pytest.raises(errors.GenAIError, match=r"^OpenVINO GenAI cannot run ir: its weights are laid out for specdemo's "
-                                                 r"own kernels \(gguf-native\)"):
+                                                 r"own kernels \(gguf-native or gguf-q4\)"):
         genai.make_pipeline(tmp_path / "ir", "CPU", {})

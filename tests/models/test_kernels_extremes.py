@@ -1,8 +1,8 @@
 """The kernels' integer sums at the edges of what the formats hold: every weight at its format's smallest or largest
 value, the largest scales, times activations that all quantize to ±127, on every ISA path this CPU runs, by the dot
 products and by the gemm. The AVX2 gemm sums a block's products in 16-bit lanes (Q4_K: a slot's 16 products a lane;
-Q6_K: 8 from −32·Σq; Q5_0: 16 from −16·Σq) on bounds that hold only because the activations stop at ±127: random
-blocks never come near them, these do."""
+Q6_K: 8 from −32·Σq; Q5_0: 16 from −16·Σq; Q4_0: 16 from −8·Σq) on bounds that hold only because the activations
+stop at ±127: random blocks never come near them, these do."""
 
 import itertools
 
@@ -16,8 +16,8 @@ pytestmark = pytest.mark.skipif(kernels.unavailable() is not None, reason=str(ke
 
 # Per block type: byte ranges set to the fill (the weights' values), and byte ranges of sub-block scales with the
 # value that makes them largest in magnitude; the f16 scales stay random_blocks' own.
-VALUES = {"Q4_K": [(16, 144)], "Q6_K": [(0, 192)], "Q5_0": [(2, 22)], "Q8_0": [(2, 34)]}
-SCALES = {"Q4_K": [(4, 16, 0xFF)], "Q6_K": [(192, 208, 0x80)], "Q5_0": [], "Q8_0": []}
+VALUES = {"Q4_K": [(16, 144)], "Q6_K": [(0, 192)], "Q5_0": [(2, 22)], "Q8_0": [(2, 34)], "Q4_0": [(2, 18)]}
+SCALES = {"Q4_K": [(4, 16, 0xFF)], "Q6_K": [(192, 208, 0x80)], "Q5_0": [], "Q8_0": [], "Q4_0": []}
 
 
 def extreme_blocks(kind: str, fill: int, rows: int, columns: int) -> np.ndarray:
