@@ -18,8 +18,9 @@ DRAFTER = "model"  # the default drafting strategy: the draft model (specdemo/de
 
 # gguf: a GGUF source's own quantized blocks, exactly; gguf-mixed: its Q4_K exactly, the rest per channel in 8 bits
 # (specdemo/models/gguf_weights.py)
-PRECISIONS = ("fp16", "int8", "int4", "gguf", "gguf-mixed", "gguf-native")
-GGUF_LAYOUTS = {"gguf": "exact", "gguf-mixed": "mixed", "gguf-native": "native"}  # the GGUF precisions, by their layout of the file's blocks
+PRECISIONS = ("fp16", "int8", "int4", "gguf", "gguf-mixed", "gguf-native", "gguf-q4")
+# the GGUF precisions, by their layout of the file's blocks
+GGUF_LAYOUTS = {"gguf": "exact", "gguf-mixed": "mixed", "gguf-native": "native", "gguf-q4": "native-q4"}
 WEIGHTS = {  # what each precision's weights are, for the model panel and the run's JSON
     "fp16": "FP16 (dequantized)",
     "int8": "INT8 (re-quantized by NNCF, per channel)",
@@ -27,6 +28,7 @@ WEIGHTS = {  # what each precision's weights are, for the model panel and the ru
     "gguf": "the GGUF's own blocks (Q4_K, Q6_K, …)",
     "gguf-mixed": "the GGUF's own Q4_K blocks, its Q6_K, head and embedding per channel in 8 bits",
     "gguf-native": "the GGUF's own blocks as the file holds them, on specdemo's kernels (llama.cpp's arithmetic)",
+    "gguf-q4": "the GGUF's blocks re-quantized to 4 bits (Q4_0, Q4_K) on specdemo's kernels: a cheaper draft",
 }
 AUTO = "auto"  # a draft's precision left to `python -m specdemo tune`'s draft plan for this machine (draft_choice.py)
 DRAFT_PRECISION = "int4"  # what an auto draft runs when its plan's choice is not prepared, and before a plan where the plugin has an 8-bit unit specdemo's kernels lack (choices.unplanned_draft), once prepared

@@ -34,9 +34,10 @@ def permute_like_llama_cpp(w: np.ndarray, heads: int) -> np.ndarray:
 
 
 def write(path: Path, architecture: str = "qwen2", seed: int = 0, tied: bool | None = None,
-          up: str = "Q5_0") -> Path:
+          up: str = "Q5_0", recode=None) -> Path:
     """A tiny GGUF at `path`: Qwen2 (q/k/v biases, the LM head tied to the embedding unless `tied` is False) or Llama
-    (no biases, an LM head of its own unless `tied`); ffn_up of block type `up` (Q8_0: the gate's, so the two fuse)."""
+    (no biases, an LM head of its own unless `tied`); ffn_up of block type `up` (Q8_0: the gate's, so the two fuse);
+    given `recode` ((raw blocks, type name) → (raw, type name)), every matrix but the embedding written as it says."""
     rng = np.random.default_rng(seed)
     tokens, types = vocabulary()
     tied = architecture == "qwen2" if tied is None else tied
@@ -62,7 +63,11 @@ def write(path: Path, architecture: str = "qwen2", seed: int = 0, tied: bool | N
         w = rng.normal(scale=0.3, size=(rows, columns)).astype(np.float32)
         if permute_heads:
             w = permute_like_llama_cpp(w, permute_heads)
-        writer.add_tensor(name, gguf.quants.quantize(w, kind), raw_dtype=kind)
+        raw = gguf.quants.quantize(w, kind)
+        if recode is not None and name != "token_embd.weight":
+            raw, recoded = recode(raw, kind.name)
+            kind = T[recoded]
+        writer.add_tensor(name, raw, raw_dtype=kind)
 
     def vector(name: str, size: int, mean: float = 0.0):
         writer.add_tensor(name, (mean + rng.normal(scale=0.1, size=size)).astype(np.float32))

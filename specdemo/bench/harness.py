@@ -181,17 +181,17 @@ class Context:
 
     def genai_model(self, role: str, ours, left_open: str) -> PeerModel:
         """The engine's model `ours` as GenAI's pipelines load it: itself, or where it runs specdemo's kernels
-        (gguf-native, which GenAI's pipelines cannot load) what Profile.for_plugin gives the same model with its
+        (kernels.ON_KERNELS, which GenAI's pipelines cannot load) what Profile.for_plugin gives the same model with its
         precision left open (`left_open`: a target's faithful layout, a draft's auto), prepared once (converted from
         the GGUF, with its progress, where it is not yet) and said in the log."""
         if role not in self._genai_models:
-            if ours.settings.precision != kernels.NATIVE:
+            if ours.settings.precision not in kernels.ON_KERNELS:
                 self._genai_models[role] = PeerModel(ours.settings, ours.folder)
             else:
                 profile = machine_profile()
                 settings = profile.resolve(profile.for_plugin(replace(ours.settings, precision=left_open)))
                 self.log(f"OpenVINO GenAI's pipelines run the {role} at {settings.precision}: they cannot load "
-                         f"specdemo's kernels, which our lanes run ({kernels.NATIVE})")
+                         f"specdemo's kernels, which our lanes run ({ours.settings.precision})")
                 self._genai_models[role] = PeerModel(settings, sources.prepare(settings))
         return self._genai_models[role]
 

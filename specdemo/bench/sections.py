@@ -122,7 +122,8 @@ def run_llamacpp(ctx: Context) -> LlamaCpp | Skipped:
     ctx.keep(tool_runs(ctx, target, draft, prompts, n, peer.threads, cpp_ar))
     weights = {"target": ctx.engine.target.settings.precision, "draft": ctx.engine.draft.settings.precision}
     # which of our kernels' paths ran (SPECDEMO_KERNEL_ISA may hold one below the CPU's widest), beside llama.cpp's
-    ours_isa = kernels.isa() if kernels.NATIVE in weights.values() and kernels.unavailable() is None else None
+    ours = set(kernels.ON_KERNELS) & set(weights.values())
+    ours_isa = kernels.isa() if ours and kernels.unavailable() is None else None
     return LlamaCpp(k, ctx.k_label(), n, peer.threads, peer.version, peer.system_info, ours_isa, weights,
                     text_agreement(runs, ours_ar, cpp_ar))  # the lanes' figures: the report's, from the table
 

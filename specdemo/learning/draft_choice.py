@@ -40,10 +40,10 @@ from specdemo.decoding.drafters import MASKED_STRATEGY
 from specdemo.decoding.pricing import Acceptance
 from specdemo.host import memory
 from specdemo.models import kernels, sources
-from specdemo.settings import AUTO, DRAFT_PRECISION, K_MAX, ModelSettings
+from specdemo.settings import AUTO, DRAFT_PRECISION, FIRST_DRAFT_PRECISIONS, K_MAX, ModelSettings
 
 HEADS = (0, 32_000, 16_000, 8_000)  # LM-head sizes tried (0: the full vocabulary)
-PRECISIONS = ("int4", "int8")  # draft weight precisions priced when prepared
+PRECISIONS = ("int4", "int8")  # the plugin's draft weight precisions priced when prepared (ours: to_price)
 MARGIN = 0.03  # another draft replaces the configured one only if predicted at least this much faster
 # The acceptance a candidate is priced at before it is measured, at every draft position: above any draft of the default
 # pair measured so far (92.2 % of tested drafts for the INT4 full head, 94.0 % for INT8, 83-89 % for trimmed heads on
@@ -55,7 +55,7 @@ CEILING = 0.97
 # Bits per weight of the precisions a draft may take (others: taken as 16). The GGUF layouts (a first start's draft,
 # settings.FIRST_DRAFT_PRECISIONS) at most Q8_0's 8.5 (gguf-mixed's per-channel INT8 8, a Q4_K file fewer): a challenger's
 # step floor beside them errs low, so it is measured rather than wrongly left out.
-BITS = {"fp16": 16, "int8": 8, "int4": 4, **dict.fromkeys(("gguf", "gguf-mixed", "gguf-native"), 8.5)}
+BITS = {"fp16": 16, "int8": 8, "int4": 4, **dict.fromkeys(("gguf", "gguf-mixed", "gguf-native"), 8.5), "gguf-q4": 4.5}
 # ON_OTHER_KERNELS: a draft on specdemo's kernels (gguf-native) beside one on the plugin's, or the other way round, is
 # never priced by its bits: the kernels differ more than the bytes. The 0.5B draft's INT4 (4 bits) stepped at 0.95-1.0
 # of the 1.5B target's step on the 2-core Zen 3 (EPYC family 25 model 1: the plugin's INT4 on AVX2 without VNNI), its
@@ -99,18 +99,34 @@ class DraftOption:
                 "on this machine's curve")
 
 
+def to_price(draft: ModelSettings) -> tuple[str, ...]:
+    """The weight precisions the plan prices for an auto `draft`, each where prepared: the plugin's (PRECISIONS), and
+    for a GGUF where specdemo's kernels run, the file's blocks on them as the file holds them (gguf-native) and in 4
+    bits (gguf-q4)."""
+    return PRECISIONS + (kernels.runnable(kernels.ON_KERNELS) if sources.is_gguf(draft.source) else ())
+
+
+def to_prepare(draft: ModelSettings) -> tuple[str, ...]:
+    """What the page's background prepares for the plan to price (to_price) but a first start does not
+    (settings.FIRST_DRAFT_PRECISIONS): the incumbent's precision (DRAFT_PRECISION) first, then ours (gguf-q4: a
+    conversion without NNCF, and where our kernels run the likeliest choice), then the plugin's others."""
+    ours = tuple(p for p in to_price(draft) if p in kernels.ON_KERNELS and p not in FIRST_DRAFT_PRECISIONS)
+    return (DRAFT_PRECISION, *ours, *(p for p in PRECISIONS if p != DRAFT_PRECISION))
+
+
 def candidates(draft: ModelSettings, prepared) -> list[ModelSettings]:
     """The configured draft (an auto precision: DRAFT_PRECISION) with the full head first (the incumbent), then trimmed
-    heads; for an auto draft of a GGUF where specdemo's kernels run, the file's own blocks on them (gguf-native) with
-    each head; then the other precisions. Each only where `prepared(settings)` says its IR is ready (converting one
-    would take minutes of a user's first day; a first start prepares gguf-native, settings.FIRST_DRAFT_PRECISIONS)."""
+    heads; for an auto draft of a GGUF where specdemo's kernels run, the file's blocks on them (gguf-native, gguf-q4)
+    with each head; then the plugin's other precisions. Each only where `prepared(settings)` says its IR is ready
+    (converting one would take minutes of a user's first day; a first start prepares gguf-native,
+    settings.FIRST_DRAFT_PRECISIONS)."""
     auto = draft.precision == AUTO
     if auto:
         draft = replace(draft, precision=DRAFT_PRECISION)
     out = [replace(draft, head_tokens=h) for h in HEADS]
-    native = replace(draft, precision=kernels.NATIVE, head_tokens=0)
-    if auto and sources.is_gguf(draft.source) and kernels.runnable((kernels.NATIVE,)) and prepared(native):
-        out += [replace(native, head_tokens=h) for h in HEADS]
+    if auto:
+        ours = [replace(draft, precision=p, head_tokens=0) for p in to_price(draft) if p in kernels.ON_KERNELS]
+        out += [replace(settings, head_tokens=h) for settings in ours if prepared(settings) for h in HEADS]
     out += [replace(draft, precision=p, head_tokens=0) for p in PRECISIONS if p != draft.precision
             and prepared(replace(draft, precision=p, head_tokens=0))]
     return out
@@ -137,7 +153,7 @@ def step_floor(settings: ModelSettings, incumbent: ModelSettings, rows: int, sha
     bits per weight at most their part of the bytes, more bits nothing (INT8 reads twice INT4's bytes and multiplies as
     many weights: its step was 1.5× INT4's on a Zen 5); 0 (unknown: measured) beside a draft on other kernels
     (ON_OTHER_KERNELS)."""
-    if (settings.precision == kernels.NATIVE) != (incumbent.precision == kernels.NATIVE):
+    if (settings.precision in kernels.ON_KERNELS) != (incumbent.precision in kernels.ON_KERNELS):
         return 0.0  # other kernels: bits say nothing of the step (ON_OTHER_KERNELS), so it is measured
     ratio = min(1.0, BITS.get(settings.precision, 16) / BITS.get(incumbent.precision, 16))
     if settings.head_tokens:

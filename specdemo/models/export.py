@@ -62,13 +62,13 @@ def from_gguf(file, precision: str, out: Path, progress: Progress, source: str =
     weights, config and tokenizer, no torch. `source` names it in the progress messages."""
     import openvino as ov
 
-    from specdemo.models import gguf_graph, gguf_import, graph
+    from specdemo.models import gguf_graph, gguf_import, graph, kernels
 
     source = source or file.path.name
     written = Path(tempfile.mkdtemp(prefix=".metadata-", dir=out.parent))
     # A GGUF layout's graph is built well within memory.conversion_need, with room for the metadata's process beside it;
     # NNCF's compression peaks at that bound, so there the metadata comes after (those run in the background anyway).
-    for_genai = precision != "gguf-native"  # GenAI's pipelines never load specdemo's kernels' layout (Profile.for_plugin)
+    for_genai = precision not in kernels.ON_KERNELS  # GenAI never loads our kernels' layouts (Profile.for_plugin)
     metadata = _write_metadata_beside(file, written, for_genai) if precision in GGUF_LAYOUTS else None
     try:
         if precision in GGUF_LAYOUTS:
@@ -87,7 +87,7 @@ def from_gguf(file, precision: str, out: Path, progress: Progress, source: str =
         if isinstance(error, gguf_import.GGUFMismatchError):
             raise ModelSourceError(str(error)) from error
         raise
-    if precision == "gguf-native":  # GenAI never loads it: fused here once, not at each load (graph.fuse_projections)
+    if precision in kernels.ON_KERNELS:  # GenAI never loads it: fused once, not at each load (graph.fuse_projections)
         graph.fuse_projections(model)
     progress(0.8, f"{source}: saving the IR")
     out.mkdir(parents=True)

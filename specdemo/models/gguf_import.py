@@ -2,7 +2,8 @@
 precision:
 
 - BlockWeights (precision gguf-native): each MatMul a BlockMatMul over the file's own bytes (specdemo/models/kernels.py),
-  the embedding's Gather on the exact layout below.
+  the embedding's Gather on the exact layout below; gguf-q4 the same over the file's blocks re-quantized to 4 bits
+  (specdemo/models/requantize.py: a draft's cheaper step).
 - BlockWeights (precisions gguf, gguf-mixed): the file's own blocks (specdemo/models/gguf_weights.py) as the
   pattern the CPU plugin fuses into its compressed FullyConnected (or Gather): a signed low-bit Constant, Convert,
   Multiply by an f16 scale per group, Reshape, Convert to f32; exact Q4_K's offset added after the MatMul as a group
@@ -30,7 +31,7 @@ import numpy as np
 import openvino as ov
 from openvino import opset13 as ops
 
-from specdemo.models import kernels
+from specdemo.models import kernels, requantize
 from specdemo.models.block_matmul import block_matmul
 from specdemo.models.gguf_file import GGUFFile
 from specdemo.models.gguf_weights import SUPPORTED, Blocks, hf_row_order, lay_out, unpack, weight_node
@@ -42,6 +43,7 @@ ROWS_BYTES = 16 << 20  # f32 output of one dequantization call (its temporaries:
 BATCH_BYTES = 1 << 28  # f32 weights handed to NNCF in one call (a larger tensor in parts of rows): NNCF's temporaries
 #                       are ~1.3 times a call's weights, so this bounds the conversion's peak beside the weights made
 PART_ROWS = 64  # a part's rows are a multiple of this
+BLOCK_MATMUL_LAYOUTS = ("native", "native-q4")  # every MatMul a BlockMatMul (GGUF_LAYOUTS: gguf-native, gguf-q4)
 
 
 class GGUFMismatchError(ValueError):
@@ -106,8 +108,12 @@ class BlockWeights(_FileWeights):
         """x · Wᵀ for tensor `name` (rows, columns): the MatMul named `node_name` [+ x's group sums · offsetᵀ]; in
         the native layout the BlockMatMul of its raw blocks."""
         x = _output(x)
-        if self.layout == "native" and self.file.tensors[name].kind in kernels.KINDS:
-            return block_matmul(x, self._raw(name), self.file.tensors[name].kind, node_name).output(0)
+        kind = self.file.tensors[name].kind
+        if self.layout in BLOCK_MATMUL_LAYOUTS and kind in kernels.KINDS:
+            raw = self._raw(name)
+            if self.layout == "native-q4":
+                raw, kind = requantize.to_4_bits(raw, kind)
+            return block_matmul(x, raw, kind, node_name).output(0)
         blocks = self._blocks(name)
         if blocks is None:
             return _matmul(x, _f16_weight(self.values(name)), node_name)
@@ -159,7 +165,7 @@ class BlockWeights(_FileWeights):
             blocks = blocks.take_rows(order)
         sample = _sample(blocks.q.shape[0])
         self.check(name, blocks.take_rows(sample).dequantize(), sample)
-        return lay_out(blocks, tensor.kind, name, "exact" if self.layout == "native" else self.layout)
+        return lay_out(blocks, tensor.kind, name, "exact" if self.layout in BLOCK_MATMUL_LAYOUTS else self.layout)
 
 
 class DequantizedWeights(_FileWeights):

@@ -63,8 +63,9 @@ class OVModel:
         single token's does (a model with our own attention; _compile_fixed says what it costs and buys)."""
         self.folder = Path(folder)
         self.settings = settings
-        if settings.precision == "gguf-native" and kernels.unavailable():
-            raise RuntimeError(f"{settings.source} at gguf-native runs on specdemo's kernels: {kernels.unavailable()}")
+        if settings.precision in kernels.ON_KERNELS and kernels.unavailable():
+            raise RuntimeError(f"{settings.source} at {settings.precision} runs on specdemo's kernels: "
+                               f"{kernels.unavailable()}")
         core = core or kernels.new_core()
         model = core.read_model(self.folder / "openvino_model.xml")
         self.vocab_size = model.output("logits").get_partial_shape()[-1].get_length()  # V of the full head
@@ -78,7 +79,7 @@ class OVModel:
         # Layers whose attention is specdemo's CachedAttention, which keeps the cache itself (rolled back by calling at
         # an earlier position): on its kernels' models, with the cache at f32 (a u8 or f16 cache asked for is the plugin's).
         self.own_attention = cached_attention.own_attention(model, core) if (
-            settings.precision == kernels.NATIVE and settings.kv_cache_precision in ("", "f32")) else 0
+            settings.precision in kernels.ON_KERNELS and settings.kv_cache_precision in ("", "f32")) else 0
         self._beam = np.zeros(1, dtype=np.int32)
         # Compiled more than once (_compile_fixed), but profiled: bench/nodes.py reads the general compile's counters.
         # Its ops' copies share the op's cache, and a model imported from OpenVINO's cache has ops of its own: every
@@ -109,7 +110,7 @@ class OVModel:
         # For an input longer than PREFILL_CHUNK: called as on_piece(tokens fed, of n) before the first piece
         # (0) and after each piece, so a long prefill can show its progress; None: silent.
         self.on_piece: Callable[[int, int], None] | None = None
-        if settings.precision == kernels.NATIVE:
+        if settings.precision in kernels.ON_KERNELS:
             self._pack()
 
     def _compile_fixed(self, model: ov.Model, core: ov.Core, config: dict, tokens: int) -> ov.InferRequest:

@@ -43,8 +43,8 @@ def make_pipeline(target: Path, device: str, properties: dict, draft: Path | Non
     for folder in (target, draft):
         if folder is not None and _on_specdemo_kernels(Path(folder)):
             raise errors.GenAIError(f"OpenVINO GenAI cannot run {Path(folder).name}: its weights are laid out for "
-                                    "specdemo's own kernels (gguf-native), which GenAI's pipelines do not load; run "
-                                    "GenAI's lane on a gguf-mixed or int8 model")
+                                    "specdemo's own kernels (gguf-native or gguf-q4), which GenAI's pipelines do not "
+                                    "load; run GenAI's lane on a gguf-mixed or int8 model")
     kwargs = dict(properties)
     # Prefix caching (on by default) keeps a prompt's KV blocks for the next request with the same prompt,
     # so repeating a prompt would time GenAI without a prefill. Off; no limit on tokens per batch.

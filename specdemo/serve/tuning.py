@@ -225,14 +225,15 @@ def background_steps(settings: RunSettings, model_bytes: int, log: Callable[[str
     `log`."""
     from specdemo.learning import target_choice
     from specdemo.learning.candidates import CPU
-    from specdemo.learning.draft_choice import PRECISIONS as DRAFT_PRECISIONS
+    from specdemo.learning.draft_choice import to_prepare
 
     profile = machine_profile()
     unraced = settings.target.precision == FAITHFUL and profile.faithful_choice(settings.target) is None
     steps = []
     if settings.draft.precision == AUTO:
         steps += [(f"preparing the draft at {p}, for the draft plan", cannot_pay(settings, costs, p) or
-                   [sys.executable, "-m", "specdemo", "prepare", "--draft-precision", p]) for p in DRAFT_PRECISIONS
+                   [sys.executable, "-m", "specdemo", "prepare", "--draft-precision", p])
+                  for p in to_prepare(settings.draft)
                   if not sources.is_prepared(replace(settings.draft, precision=p))]
     cpu = CPU.here()
     plugin_may_win = target_choice.plugin_may_win(profile.resolve_precision(settings.target).precision, cpu)

@@ -349,6 +349,20 @@ def test_a_draft_step_is_priced_no_cheaper_than_its_bytes_allow():
     assert draft_choice.step_floor(replace(int4, head_tokens=8_000), int4, ROWS, 0.28) == pytest.approx(1 - 0.28 * (1 - 8_000 / ROWS))
 
 
+def test_the_file_s_blocks_in_4_bits_are_priced_with_every_head_where_prepared_by_their_bytes_beside_ours(monkeypatch):
+    """gguf-q4 (requantize.py) runs on our kernels as gguf-native does: its heads are candidates once prepared, and
+    beside the file's own blocks its step is floored by its bits (4.5 of Q8_0's 8.5), as INT4's is beside INT8's."""
+    monkeypatch.setattr(kernels, "runnable", lambda precisions: tuple(precisions))
+    assert draft_choice.to_prepare(DEFAULT_DRAFT) == ("int4", "gguf-q4", "int8")  # gguf-native: the first start's
+    pool = [(s.precision, s.head_tokens) for s in candidates(DEFAULT_DRAFT, lambda s: True)]
+    assert [c for c in pool if c[0] == "gguf-q4"] == [("gguf-q4", h) for h in draft_choice.HEADS]
+    assert "gguf-q4" not in {s.precision for s in candidates(DEFAULT_DRAFT, lambda s: s.precision != "gguf-q4")}
+    native = replace(DEFAULT_DRAFT, precision=kernels.NATIVE, head_tokens=0)
+    assert draft_choice.step_floor(replace(native, precision="gguf-q4"), native, ROWS, 0.28) == pytest.approx(4.5 / 8.5)
+    monkeypatch.setattr(kernels, "runnable", lambda ps: tuple(p for p in ps if p not in kernels.ON_KERNELS))
+    assert draft_choice.to_prepare(DEFAULT_DRAFT) == ("int4", "int8")  # where our kernels do not run
+
+
 def test_a_draft_on_our_kernels_is_measured_beside_the_plugin_s_int4_never_priced_by_its_bits(monkeypatch):
     """On the Zen 3 the plugin's INT4 draft stepped at 0.95-1.0 of the target's step and the file's own blocks on our
     kernels at 0.44-0.54: where no INT4 head could pay, the gguf-native draft and its heads are still measured."""
@@ -369,7 +383,8 @@ def test_a_draft_on_our_kernels_is_measured_beside_the_plugin_s_int4_never_price
 
     options, _ = planned_on(COMPUTE_BOUND, compile, lambda a, b, t: race.verdict([0.02] * 4, [0.009] * 4),
                             lambda e: (e["prompt"], e["answer"]), prepared=lambda s: True)
-    assert compiled == [(kernels.NATIVE, h) for h in draft_choice.HEADS]  # INT4's heads and INT8 could not pay
+    # INT4's heads and INT8 could not pay; the file's blocks on our kernels, as they are and in 4 bits, are measured
+    assert compiled == [(p, h) for p in kernels.ON_KERNELS for h in draft_choice.HEADS]
     best = price(options, COMPUTE_BOUND)
     assert best.precision == kernels.NATIVE and best.predicted_speedup > 1
 

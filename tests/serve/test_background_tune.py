@@ -85,28 +85,32 @@ def test_a_new_machine_needs_the_drafts_nncf_precisions_then_the_tune_then_the_o
     assert machine_profile().resolve_precision(DEFAULT_DRAFT).precision == "gguf-native"  # the draft on the file's blocks
     steps = tuning.background_steps(RunSettings(), model_bytes=1)
     assert [label for label, _ in steps] == ["preparing the draft at int4, for the draft plan",
+                                             "preparing the draft at gguf-q4, for the draft plan",
                                              "preparing the draft at int8, for the draft plan, and the target at "
                                              "gguf-mixed, for the faithful race", tuning.TUNING,
                                              "preparing the fastest configuration's models",
                                              "tuning the fastest configuration's target"]
     # NNCF's INT4 draft, left out of the first start, is the draft plan's incumbent: prepared in the background first
     assert steps[0][1][-2:] == ["--draft-precision", "int4"]
+    # then the file's blocks in 4 bits on our kernels (they run here), which the plan prices beside the first start's
+    assert steps[1][1][-2:] == ["--draft-precision", "gguf-q4"]
     # before the tune, whose draft plan then prices the draft and whose race needs the plugin's faithful layouts (the first
     # start ran the file's own blocks on our kernels): the quicker of them beside the draft, INT8 in the race itself
-    assert steps[1][1][-4:] == ["--draft-precision", "int8", "--target-precision", "gguf-mixed"]
-    assert steps[2][1][-3:] == ["-m", "specdemo", "tune"] and steps[3][1][-2:] == ["--configuration", "fastest"]
+    assert steps[2][1][-4:] == ["--draft-precision", "int8", "--target-precision", "gguf-mixed"]
+    assert steps[3][1][-3:] == ["-m", "specdemo", "tune"] and steps[4][1][-2:] == ["--configuration", "fastest"]
     # its INT4 target, once prepared, searched beside the draft as the tune before it chose
-    assert steps[4][1][-4:] == ["tune", "--configuration", "fastest", "--target-only"]
+    assert steps[5][1][-4:] == ["tune", "--configuration", "fastest", "--target-only"]
 
 
 def test_a_machine_tuned_before_its_draft_plan_covered_precisions_plans_the_draft_alone(turned_on):
     tuned_here()  # compile settings chosen, no draft plan in the file
     prepared(*CONFIGURATIONS["faithful"], *CONFIGURATIONS["fastest"], replace(DEFAULT_DRAFT, precision="int4"))
     steps = tuning.background_steps(RunSettings(), 1)
-    assert [label for label, _ in steps] == ["preparing the draft at int8, for the draft plan", tuning.PLANNING,
-                                             "tuning the fastest configuration's target"]
-    assert steps[1][1][-2:] == ["tune", "--draft-plan"]
-    prepared(replace(DEFAULT_DRAFT, precision="int8"))
+    assert [label for label, _ in steps] == ["preparing the draft at gguf-q4, for the draft plan",
+                                             "preparing the draft at int8, for the draft plan",
+                                             tuning.PLANNING, "tuning the fastest configuration's target"]
+    assert steps[2][1][-2:] == ["tune", "--draft-plan"]
+    prepared(replace(DEFAULT_DRAFT, precision="int8"), replace(DEFAULT_DRAFT, precision="gguf-q4"))
     assert [label for label, _ in tuning.background_steps(RunSettings(), 1)][0] == tuning.PLANNING  # still no plan
 
 
@@ -119,11 +123,12 @@ def test_where_the_plugin_cannot_beat_our_kernels_its_race_and_the_fastest_confi
     said = []
     steps = tuning.background_steps(RunSettings(), model_bytes=1, log=said.append)
     assert [label for label, _ in steps] == ["preparing the draft at int4, for the draft plan",
+                                             "preparing the draft at gguf-q4, for the draft plan",
                                              "preparing the draft at int8, for the draft plan, and the target at "
                                              "gguf-mixed, for GenAI's lane", tuning.TUNING,
                                              "preparing the fastest configuration's models"]
-    assert not tuning.runs(steps[3]) and "no faster than the faithful target on specdemo's kernels" in steps[3][1]
-    assert said == [tuning.skip_line(*steps[3])]  # said once, in the terminal and the work's log; its tune not listed
+    assert not tuning.runs(steps[4]) and "no faster than the faithful target on specdemo's kernels" in steps[4][1]
+    assert said == [tuning.skip_line(*steps[4])]  # said once, in the terminal and the work's log; its tune not listed
 
 
 def test_a_draft_with_its_own_precision_needs_no_other(turned_on):
@@ -133,8 +138,8 @@ def test_a_draft_with_its_own_precision_needs_no_other(turned_on):
 
 
 def test_a_machine_tuned_and_prepared_needs_nothing_and_starts_nothing(turned_on):
-    tuned_here("int4", "int8", targets=(DEFAULT_TARGET, CONFIGURATIONS["fastest"][0]))
-    prepared(*CONFIGURATIONS["faithful"], replace(DEFAULT_DRAFT, precision="int8"))
+    tuned_here("int4", "gguf-q4", "int8", targets=(DEFAULT_TARGET, CONFIGURATIONS["fastest"][0]))
+    prepared(*CONFIGURATIONS["faithful"], *(replace(DEFAULT_DRAFT, precision=p) for p in ("int8", "gguf-q4")))
     assert [label for label, _ in tuning.background_steps(RunSettings(), 1)] == ["preparing the fastest configuration's models"]
     assert not tuning.tunes_the_pair(turned_on.needed_steps(model_bytes=1))  # the page learns all of its pair itself
     prepared(*CONFIGURATIONS["fastest"])
@@ -143,8 +148,9 @@ def test_a_machine_tuned_and_prepared_needs_nothing_and_starts_nothing(turned_on
 
 
 def test_the_fastest_configurations_target_is_tuned_too_once_the_default_one_is(turned_on):
-    tuned_here("int4", "int8")  # the default target tuned and the draft planned; the INT4 target not yet
-    prepared(*CONFIGURATIONS["faithful"], *CONFIGURATIONS["fastest"], replace(DEFAULT_DRAFT, precision="int8"))
+    tuned_here("int4", "gguf-q4", "int8")  # the default target tuned and the draft planned; the INT4 target not yet
+    prepared(*CONFIGURATIONS["faithful"], *CONFIGURATIONS["fastest"],
+             *(replace(DEFAULT_DRAFT, precision=p) for p in ("int8", "gguf-q4")))
     steps = tuning.background_steps(RunSettings(), 1)
     assert [label for label, _ in steps] == ["tuning the fastest configuration's target"]
 
@@ -321,7 +327,9 @@ def test_where_no_draft_can_pay_on_the_quick_curve_the_drafts_int8_is_not_prepar
     prepared(*CONFIGURATIONS["faithful"], replace(DEFAULT_DRAFT, precision="int4"))  # the curve's draft: INT4
     said = []
     steps = tuning.background_steps(RunSettings(), 1, said.append, costs=COMPUTE_BOUND)
-    int8, *rest = steps
+    q4, int8, *rest = steps
+    # a draft on our kernels is never priced by its bits beside INT4 (draft_choice: ON_OTHER_KERNELS): prepared
+    assert q4[0] == "preparing the draft at gguf-q4, for the draft plan" and tuning.runs(q4)
     assert int8[0] == "preparing the draft at int8, for the draft plan" and not tuning.runs(int8)
     assert [label for label, _ in rest][0] == tuning.TUNING  # the faithful race's layout is converted by the tune
     assert said == [tuning.skip_line(*int8)] and "at best 0.9" in said[0] and "any acceptance it could reach" in said[0]
@@ -332,7 +340,8 @@ def test_where_a_draft_could_pay_on_the_quick_curve_the_drafts_int8_is_prepared(
 
     prepared(*CONFIGURATIONS["faithful"], replace(DEFAULT_DRAFT, precision="int4"))  # the curve's draft: INT4
     steps = tuning.background_steps(RunSettings(), 1, costs=MEMORY_BOUND)
-    assert steps[0][0].startswith("preparing the draft at int8, for the draft plan") and all(map(tuning.runs, steps))
+    assert steps[0][0] == "preparing the draft at gguf-q4, for the draft plan"
+    assert steps[1][0].startswith("preparing the draft at int8, for the draft plan") and all(map(tuning.runs, steps))
 
 
 def test_a_tuned_machine_does_not_plan_its_draft_where_no_draft_could_pay(turned_on, monkeypatch):
@@ -344,7 +353,7 @@ def test_a_tuned_machine_does_not_plan_its_draft_where_no_draft_could_pay(turned
 
     for ours in (False, True):  # a machine where specdemo's kernels did not build, and one where they run
         monkeypatch.setattr(kernels, "runnable", lambda precisions: tuple(p for p in precisions
-                                                                          if ours or p != kernels.NATIVE))
+                                                                          if ours or p not in kernels.ON_KERNELS))
         tuned_here()  # no draft plan yet
         prepared(*CONFIGURATIONS["faithful"], *CONFIGURATIONS["fastest"], replace(DEFAULT_DRAFT, precision="int4"))
         draft = machine_profile().resolve(DEFAULT_DRAFT)

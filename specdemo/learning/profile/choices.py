@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 
 from specdemo.host import machine
-from specdemo.learning.draft_choice import PRECISIONS, choose, from_dict
+from specdemo.learning.draft_choice import choose, from_dict, to_prepare
 from specdemo.models import kernels, sources
 from specdemo.settings import AUTO, DRAFT_PRECISION, FAITHFUL, FAITHFUL_PRECISIONS, FIRST_DRAFT_PRECISIONS, ModelSettings
 
@@ -102,11 +102,11 @@ def resolve_faithful(settings: ModelSettings, tune: dict) -> ModelSettings:
 
 def for_plugin(settings: ModelSettings, tune: dict) -> ModelSettings:
     """`settings` as OpenVINO's own pipelines (GenAI's lane) can load them, where they would run specdemo's kernels
-    (gguf-native, which GenAI does not load): a faithful target gets the plugin's faithful layout whose step the race
-    timed fastest, else the first of them that is prepared, else the first; an auto draft that runs gguf-native here
+    (kernels.ON_KERNELS, which GenAI does not load): a faithful target gets the plugin's faithful layout whose step the
+    race timed fastest, else the first of them that is prepared, else the first; an auto draft that runs on them here
     (unplanned_draft, or the plan's choice) gets DRAFT_PRECISION, what it runs once the background has prepared it. Anything
     else is unchanged (an explicit gguf-native stays: GenAI says it cannot load it)."""
-    if settings.precision == AUTO and resolve_draft(settings, tune, heads=False).precision == kernels.NATIVE:
+    if settings.precision == AUTO and resolve_draft(settings, tune, heads=False).precision in kernels.ON_KERNELS:
         return replace(settings, precision=DRAFT_PRECISION)
     if settings.precision != FAITHFUL or resolve_faithful(settings, tune).precision != kernels.NATIVE:
         return settings
@@ -283,6 +283,6 @@ def needs_plan(draft: ModelSettings, tune: dict) -> bool:
     if draft.precision != AUTO and draft.head_tokens != -1:
         return False
     priced = {o.precision for o in planned_options(draft, tune)}
-    precisions = PRECISIONS if draft.precision == AUTO else (draft.precision,)
+    precisions = to_prepare(draft) if draft.precision == AUTO else (draft.precision,)
     return not priced or provisional_plan(draft, tune) or \
         any(p not in priced and sources.is_prepared(replace(draft, precision=p)) for p in precisions)
