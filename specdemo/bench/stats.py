@@ -35,8 +35,7 @@ class Spread:
     std: float = math.nan  # sample standard deviation, 0 for one value
     n: int = 0  # how many numbers (0: nothing measured, the rest NaN)
 
-    def scaled(self, factor: float) -> Spread:
-        """The same spread in another unit (its median, extremes, mean and std times `factor`)."""
+    def scaled(self, factor: float) -> Spread:  # the same spread in another unit
         return Spread(*(v * factor for v in (self.median, self.min, self.max, self.mean, self.std)), self.n)
 
 
@@ -122,12 +121,8 @@ def speedup(runs: list[Run], lane: Lane) -> Spread:
 
 def prediction_errors(runs: list[Run], lane: Lane) -> list[float]:
     """(predicted − measured) / measured speedup of `lane` over its baseline, per instruction and repeat."""
-    errors = []
-    for run, baseline in paired_runs(runs, lane, lane.baseline):
-        if (predicted := run.summary.predicted_speedup if run.summary else 0.0) and run.per_token_s:
-            measured = baseline.per_token_s / run.per_token_s
-            errors.append((predicted - measured) / measured)
-    return errors
+    return [(run.summary.predicted_speedup - measured) / measured for run, b in paired_runs(runs, lane, lane.baseline)
+            if run.summary and run.summary.predicted_speedup and (measured := b.per_token_s / run.per_token_s)]
 
 
 def acceptance(runs: list[Run]) -> float | None:
@@ -216,8 +211,7 @@ def sweep_rows(runs: list[Run], name: str, framework: str | None = None) -> list
             for mine in [lane_runs(at.runs, lane)]]
 
 
-def with_k_policy(rows: list[SweepRow], policy: str) -> list[SweepRow]:
-    """The rows whose lane picks K by `policy`: "fixed", "adaptive" or "auto"."""
+def with_k_policy(rows: list[SweepRow], policy: str) -> list[SweepRow]:  # policy: "fixed", "adaptive" or "auto"
     return [row for row in rows if row.lane.k_policy == policy]
 
 

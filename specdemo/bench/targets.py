@@ -7,15 +7,9 @@ from dataclasses import dataclass
 from specdemo.bench import stats
 from specdemo.bench.schema import GENAI_SPEC, HF_SPEC, OURS_SPEC, Sections
 from specdemo.bench.table import Run
+from specdemo.bench.settings import (TARGET_AUTO_SPEEDUP, TARGET_GENAI_RATIO, TARGET_OVERHEAD, TARGET_PREDICTION_ERROR,
+                                     TARGET_SPEEDUP, TARGET_TRANSFORMERS)
 from specdemo.names import SPECULATIVE
-from specdemo.bench.settings import (
-    TARGET_AUTO_SPEEDUP,
-    TARGET_GENAI_RATIO,
-    TARGET_OVERHEAD,
-    TARGET_PREDICTION_ERROR,
-    TARGET_SPEEDUP,
-    TARGET_TRANSFORMERS,
-)
 
 
 @dataclass(frozen=True)
