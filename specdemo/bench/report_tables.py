@@ -79,21 +79,12 @@ def image(plots: dict, name: str, alt: str) -> str:
 
 
 def _sweep_rows(rows: list[SweepRow], first: list[list[str]]) -> list[list[str]]:
-    return [
-        [
-            *first_cells,
-            figure("alpha_hat").format(None if math.isnan(r.alpha_hat) or not r.mean_k else r.alpha_hat),
-            figure("draft_cost").format(r.draft_cost or None),
-            figure("mean_k").format(r.mean_k or None),
-            figure("leviathan_speedup").format(r.leviathan_speedup if r.draft_cost else None),
-            times(r.predicted_speedup) if r.predicted_speedup.n else "–",
-            times(r.measured_speedup),
-            _error(r.prediction_error),
-            ms(r.per_token_s),
-            r.same_as_reference,
-        ]
-        for first_cells, r in zip(first, rows)
-    ]
+    """Each row's `first` cells, then its figures under _SWEEP_HEADER."""
+    return [[*cells, figure("alpha_hat").format(None if math.isnan(r.alpha_hat) or not r.mean_k else r.alpha_hat),
+             figure("draft_cost").format(r.draft_cost or None), figure("mean_k").format(r.mean_k or None),
+             figure("leviathan_speedup").format(r.leviathan_speedup if r.draft_cost else None),
+             times(r.predicted_speedup) if r.predicted_speedup.n else "–", times(r.measured_speedup),
+             _error(r.prediction_error), ms(r.per_token_s), r.same_as_reference] for cells, r in zip(first, rows)]
 
 
 _SWEEP_HEADER = [*(figure(key).label for key in ("alpha_hat", "draft_cost", "mean_k", "leviathan_speedup",
