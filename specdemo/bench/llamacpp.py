@@ -1,6 +1,6 @@
 """llama.cpp as a peer: llama-cpp-python's `Llama` on the very GGUF files specdemo ships, fed our prompt token ids, in a
-process of its own (peers.PeerProcess: no OpenVINO thread pool beside it), timed as llama.cpp times itself (the prompt to
-the first token apart from the decoding after it); where llama.cpp's own tools are built (LLAMACPP_BIN, else PATH),
+process of its own (peers.PeerProcess: no OpenVINO thread pool beside it), timed as llama.cpp times itself (the prompt
+to the first token apart from the decoding after it); where llama.cpp's own tools are built (LLAMACPP_BIN, else PATH),
 `llama-bench` and `llama-speculative-simple` too, each in its own process. Greedy, three ways: autoregressive (one
 llama_decode a token); prompt lookup (the bindings' `LlamaPromptLookupDecoding` as `draft_model`, up to K a round); the
 0.5B GGUF proposing K a round (the bindings ship only the `draft_model` interface, ids so far -> draft ids: DraftLlama
@@ -46,7 +46,7 @@ def missing() -> str | None:
 
 def gguf_path(source: str, progress: sources.Progress | None = None) -> Path | None:
     """The GGUF file of model `source`, or None if it has none (an IR folder, a Hugging Face model): a local .gguf as it
-    is; a preset's assembled once into SPECDEMO_HOME/bench/gguf/<preset>.gguf (sha256-checked, renamed in when whole)."""
+    is; a preset's assembled once into SPECDEMO_HOME/bench/gguf/<preset>.gguf (sha256-checked, renamed in whole)."""
     if source not in sources.PRESETS:
         path = Path(source).expanduser()
         return path if path.is_file() and path.suffix == ".gguf" else None
@@ -84,9 +84,9 @@ class DraftLlama:
 
 
 class Tally:
-    """A drafter that counts what the target kept of its drafts: `Llama.generate` calls it after every round with the ids
-    so far, which end with the drafts kept and the target's own token, so a round kept the ids a call brings beyond the
-    previous call's, less one. A run's last round is left uncounted."""
+    """A drafter that counts what the target kept of its drafts: `Llama.generate` calls it after every round with the
+    ids so far, which end with the drafts kept and the target's own token, so a round kept the ids a call brings beyond
+    the previous call's, less one. A run's last round is left uncounted."""
 
     def __init__(self, drafter):
         self.drafter, self.proposed, self.accepted = drafter, 0, 0
@@ -103,9 +103,9 @@ class Tally:
 
 
 class LlamaCppPeer:
-    """llama.cpp on a target GGUF, and optionally a draft GGUF, each model loaded on first use. Two copies of the target:
-    a step needs the last position's logits only, verifying needs every position's (`logits_all`, which costs a prefill
-    a logits row per prompt token), so each mode runs the way it is fastest."""
+    """llama.cpp on a target GGUF, and optionally a draft GGUF, each model loaded on first use. Two copies of the
+    target: a step needs the last position's logits only, verifying needs every position's (`logits_all`, which costs a
+    prefill a logits row per prompt token), so each mode runs the way it is fastest."""
 
     def __init__(self, target: Path, draft: Path | None = None, threads: int | None = None, n_ctx: int = N_CTX):
         import llama_cpp
