@@ -14,9 +14,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from specdemo.bench import found, stats
+from specdemo.bench import humaneval
 from specdemo.bench.humaneval import HumanEval
 from specdemo.bench.report_tables import k_text
-from specdemo.bench.schema import GENAI_SPEC, OURS_SPEC, Results
+from specdemo.bench.schema import GENAI_SPEC, OURS_AR, OURS_SPEC, Results
 from specdemo.bench.settings import PAPER, REGISTRY, paper_speedup
 from specdemo.bench.stats import COMPONENTS
 from specdemo.bench.table import GENAI_DEFAULTS, Run
@@ -204,14 +205,16 @@ def draw_breakdown(results: Results, runs=()):
     return figure
 
 
-def draw_humaneval(results: Results, runs=()):
+def draw_humaneval(results: Results, runs: list[Run]):
     """Per HumanEval problem: our speculative speedup against the mean acceptance length; failed answers hollow."""
     if not isinstance(section := results.sections.humaneval, HumanEval) or not section.rows:
         return None
+    problems = list(zip(section.rows, humaneval.first_pass(runs, OURS_AR), humaneval.first_pass(runs, OURS_SPEC)))
     figure, axis = plt.subplots(figsize=(6, 4))
     for passed, style in ((True, {"color": _OURS}), (False, {"facecolors": "none", "edgecolors": _OURS})):
-        mine = [r for r in section.rows if r.passed[SPECULATIVE] == passed]
-        axis.scatter([r.mean_acceptance_length for r in mine], [r.speedup for r in mine], s=22,
+        mine = [(ar, spec) for row, ar, spec in problems if row.passed[SPECULATIVE] == passed]
+        axis.scatter([spec.summary.mean_acceptance_length for _, spec in mine],
+                     [humaneval.speedup(ar, spec) for ar, spec in mine], s=22,
                      label="speculative answer passes" if passed else "fails its tests", **style)
     axis.axhline(1.0, color=_PAPER, linewidth=0.8)
     axis.set_xlabel("mean acceptance length (tokens per target call)")
