@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specdemo.bench.report_tables import table
 from specdemo.bench.schema import Figures, Sections
 from specdemo.decoding.costs import CostModel
 from specdemo.decoding.drafters import MASKED_STRATEGY
@@ -135,27 +136,19 @@ def run_gating(ctx) -> Gating:
     return Gating(ctx.sweep_tokens, {name: c.to_dict() for name, c in CURVES.items()}, rows)
 
 
-def gating_table(rows: list[Row]) -> str:
-    """The rows as a markdown table, one line per instruction and curve."""
-    head = ["curve", "instruction", "tokens", "prior α", "oracle", "best fixed K", "planned", "lane", "gated",
-            "gated (walk)", "gated: drafted of rounds", "same text"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        gated = f"{r.gated:.2f}×{' (stopped)' if r.stopped else ''}" if r.gated else "–"
-        cells = [r.curve, r.instruction[:48], str(r.tokens), f"{r.alpha:.2f}", f"{r.oracle:.2f}×",
-                 f"{r.best_fixed:.2f}× (K = {r.best_k})", r.planned, f"{r.lane:.2f}×", gated,
-                 f"{r.gated_walk:.2f}×" if r.gated else "–", f"{r.drafted} of {r.drafted + r.turned_back}" if r.gated else "–",
-                 "yes" if r.same_text else "NO"]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
 def gating_section(sections: Sections, plots: dict, runs=()) -> str:
+    """One line per instruction and curve."""
     if not (gating := sections.gating):
         return ""
+    rows = [[r.curve, r.instruction[:48], str(r.tokens), f"{r.alpha:.2f}", f"{r.oracle:.2f}×",
+             f"{r.best_fixed:.2f}× (K = {r.best_k})", r.planned, f"{r.lane:.2f}×",
+             *([f"{r.gated:.2f}×{' (stopped)' if r.stopped else ''}", f"{r.gated_walk:.2f}×",
+                f"{r.drafted} of {r.drafted + r.turned_back}"] if r.gated else ["–"] * 3),
+             "yes" if r.same_text else "NO"] for r in gating.rows]
     return ("### Gated rounds on compute-bound curves\n\nN = " + str(gating.max_new_tokens) + ". Each lane's calls "
             "priced on a synthetic curve (not timed): speedup = autoregressive seconds ÷ the lane's. Oracle and best "
             "fixed K: teacher forced on the autoregressive answer. Planned: the planner at the acceptance the other "
             "answers teach. Gated: the gated lane, run (a round's first draft verified only when the draft's "
             "confidence clears the curve's break-even; it stops gating once that has cost 2 target steps).\n\n"
-            + gating_table(gating.rows) + "\n")
+            + table(["curve", "instruction", "tokens", "prior α", "oracle", "best fixed K", "planned", "lane", "gated",
+                     "gated (walk)", "gated: drafted of rounds", "same text"], rows) + "\n")
