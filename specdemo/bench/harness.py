@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Callable
 
+from specdemo.bench.peers import GenAIPeer, PeerProcess
 from specdemo.bench.schema import GenAICompile
 from specdemo.bench.settings import CODE_INSTRUCTIONS, BenchSettings
 from specdemo.bench.table import Kind, Lane, Output, Run
@@ -98,13 +99,7 @@ def measure(lanes: list[Lane], instructions: list[str], prompts: list[list[int]]
 def log_progress(log, what: str):
     """A sources.Progress that logs each new message once."""
     seen = set()
-
-    def report(fraction: float, message: str) -> None:
-        if message not in seen:
-            seen.add(message)
-            log(f"  {what}: {message}")
-
-    return report
+    return lambda fraction, message: None if message in seen else seen.add(message) or log(f"  {what}: {message}")
 
 
 GENAI_PIPELINES = 2  # GenAI pipelines kept loaded at once
@@ -204,8 +199,6 @@ class Context:
         if name in self.genai:
             self.genai.move_to_end(name)
         else:
-            from specdemo.bench.peers import GenAIPeer, PeerProcess
-
             while len(self.genai) >= GENAI_PIPELINES:
                 self.genai.popitem(last=False)
                 gc.collect()
