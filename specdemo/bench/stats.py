@@ -235,9 +235,9 @@ class Counterfactual(Row):
 
 def counterfactual_figures(runs: list[Run], lane: Lane, would: dict) -> Counterfactual:
     """What the counterfactual (`would` by (instruction, repeat), on the baseline's greedy answer) said of `lane`,
-    beside what the lane measured. A fixed-K lane: the speedup at its K, its error and the target calls it was off by, on
-    the answers the lane wrote as the baseline did, and how many it wrote otherwise. Any other lane: the per-round
-    oracle, the best fixed K, and the lane's speedup over the measured fixed-K lane at that K (where the sweep ran it)."""
+    beside what the lane measured. A fixed-K lane: the speedup at its K, its error and the target calls it was off by,
+    on the answers the lane wrote as the baseline did, and how many it wrote otherwise. Any other lane: the per-round
+    oracle, the best fixed K, and the lane's speedup over the measured fixed-K lane at that K (if the sweep ran it)."""
     baseline = {(r.instruction, r.repeat): r for r in lane_runs(runs, lane.baseline)}
     fixed = {(r.lane.k, r.instruction, r.repeat): r for r in runs if r.lane.k_policy == "fixed" and r.lane.framework == "specdemo"}
     said, errors, calls, oracle, best_k, best, over_best, differ = [], [], [], [], [], [], [], 0
