@@ -1,10 +1,7 @@
-"""The memory section: peak RSS of autoregressive vs speculative decoding, each in a fresh process; and what each
-section loads beside the bench's own pair, so that the bench waits for room or skips a section rather than go past the
-memory bound (specdemo/host/memory.py).
-
-A fresh process per mode: RSS never shrinks back, and one process holding both models would charge
-the draft to autoregressive decoding too.
-"""
+"""The memory section: peak RSS of autoregressive vs speculative decoding, each in a fresh process (RSS never shrinks
+back, and one process holding both models would charge the draft to autoregressive decoding too); and what each section
+loads beside the bench's pair, so that the bench waits for room or skips a section rather than pass the memory bound
+(specdemo/host/memory.py)."""
 
 from __future__ import annotations
 
@@ -91,10 +88,7 @@ def child() -> None:
 
 def measure_memory(settings: RunSettings, mode: str, instruction: str, n: int) -> Peaks:
     """In this process: load, warm up, generate `n` tokens, sampling RSS and anonymous memory every 5 ms throughout
-    (bytes).
-
-    Sampled rather than read from getrusage: on Linux a child inherits its parent's peak RSS.
-    """
+    (bytes); sampled, not read from getrusage: on Linux a child inherits its parent's peak RSS."""
     import threading
 
     import psutil
