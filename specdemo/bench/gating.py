@@ -1,11 +1,10 @@
 """Gated rounds on curves we do not have (issue 48, item 3): where no fixed K pays, does a lane that verifies a round
 only when the draft is confident enough take part of what the per-round oracle says?
 
-Every lane runs on this machine, greedy, and each lane's calls as it made them are priced on a synthetic
-compute-bound curve (pricing.priced_round), never timed: this machine's own curve may be memory-bound, where gating
-is never planned. The gated lane is planned on that curve too (its gate, its confidence stop, GatedK's account), at
-the acceptance the other instructions' answers teach (leave one out: what earlier runs on such a machine would have
-taught), and must write the autoregressive lane's text token for token. Beside it, from one teacher-forced draft pass
+Every lane runs here, greedy, its calls priced on a synthetic compute-bound curve (pricing.priced_round), never timed:
+this machine's own curve may be memory-bound, where gating is never planned. The gated lane is planned on that curve
+too, at the acceptance the other instructions' answers teach (leave one out: what earlier runs on such a machine would
+have taught), and must write the autoregressive text token for token. Beside it, from one teacher-forced draft pass
 over the autoregressive answer (results/counterfactual.py): the per-round oracle, the best fixed K and the gated walk.
 """
 

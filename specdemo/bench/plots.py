@@ -1,8 +1,6 @@
-"""PNG plots of the benchmark results (matplotlib, no display needed).
-
-Each plot reads the results the run writes as JSON (schema.Results), finding lanes by their fields;
-a section that did not run draws nothing (its painter returns None). Error bars span min to max over the
-instructions, around the median. The sections' painters are named by settings.REGISTRY; draw() draws them all.
+"""PNG plots of the benchmark results (schema.Results; matplotlib, no display needed), lanes found by their fields.
+A section that did not run draws nothing (its painter returns None); error bars span min to max over the instructions,
+around the median. The sections' painters are named by settings.REGISTRY; draw() draws them all.
 """
 
 from __future__ import annotations

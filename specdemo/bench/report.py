@@ -1,10 +1,7 @@
-"""The benchmark's markdown report, rendered from the results the run also writes as JSON
-(schema.Results): the opening (machine, cost curve, headlines and targets, which read several sections), then each section's
-parts where settings.REGISTRY places them, then the method. Sections 1 and 2 are here; the cells, the tables and the
-later sections are in report_tables.py, the GGUF files' (llama.cpp, fidelity, nodes) in report_gguf.py.
-
-Pure formatting: no measuring, no models. Lanes are found by their fields (stats.Pass.lane), so the
-report does not depend on how lanes are labelled.
+"""The benchmark's markdown report from the results the run writes as JSON (schema.Results), pure formatting: the
+opening (machine, cost curve, headlines and targets, which read several sections), each section's parts where
+settings.REGISTRY places them, the method. §1 and §2 are here; the cells, tables and later sections in report_tables.py,
+the GGUF files' (llama.cpp, fidelity, nodes) in report_gguf.py. Lanes are found by their fields, never their labels.
 """
 
 from __future__ import annotations

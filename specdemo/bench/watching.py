@@ -1,9 +1,8 @@
-"""What watching costs: the same instruction run by the CLI, by the page through its API (no browser), and by the page
-in Chromium on the same machine, back to back, each saved run's two lanes read back (runfile.py: the CLI's
-`generate --json` and the page's download share the schema) into the table, their setting the mode that ran them.
-
-A local demo shares the machine with the browser that watches it: every live update the page sends is work for the
-server and for the browser's renderer, taken from the lanes. This section says how much, as ratios to the CLI.
+"""What watching costs: a local demo shares the machine with the browser watching it, and every live update is work
+for the server and the browser's renderer, taken from the lanes. The same instruction run by the CLI, by the page
+through its API (no browser) and by the page in Chromium, back to back, each saved run's two lanes read back into the
+table (runfile.py: `generate --json` and the page's download share the schema), their setting the mode that ran them;
+the report gives ratios to the CLI.
 """
 
 from __future__ import annotations
