@@ -70,11 +70,8 @@ def peer_lane(lane: Lane, generate: Callable, **options) -> Lane:
 
 def measure(lanes: list[Lane], instructions: list[str], prompts: list[list[int]], n: int, bench: BenchSettings,
             log) -> list[Run]:
-    """Warm every lane up, then run all lanes back to back on each instruction, `bench.repeats` times.
-
-    A lane's reference must come before it in `lanes`: its output is checked against the reference's
-    on the same instruction.
-    """
+    """Warm every lane up, then run all lanes back to back on each instruction, `bench.repeats` times. A lane's
+    reference must come before it in `lanes`: its output is checked against the reference's on the same instruction."""
     for lane in lanes:
         lane.generate(instructions[0], prompts[0], min(n, bench.warmup_tokens))
     runs = []
@@ -191,11 +188,8 @@ class Context:
         return self._genai_models[role]
 
     def genai_pipeline(self, name: str):
-        """GenAI pipelines on our IR folders: "plain", "speculative", "lookup", and "... (defaults)".
-
-        Each holds its own copy of the target (~3 GiB RSS here), so at most GENAI_PIPELINES stay
-        loaded; loading another drops the least recently used one.
-        """
+        """GenAI pipelines on our IR folders: "plain", "speculative", "lookup", and "... (defaults)". Each holds its own
+        copy of the target (~3 GiB RSS here): at most GENAI_PIPELINES stay loaded, another drops the least recent."""
         if name in self.genai:
             self.genai.move_to_end(name)
         else:

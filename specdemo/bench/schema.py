@@ -1,7 +1,6 @@
-"""The results of a bench run (benchmarks.json: Results.to_json), and how the report, the plots and the targets find
-lanes in them: by the lanes' typed fields (OURS_AR, ...), never by their labels. Its runs are the table (table.py);
-each section's figures are a Figures (Sections gives each section's type), Skipped where the section could not run.
-"""
+"""The results of a bench run (benchmarks.json: Results.to_json): its runs are the table (table.py), found by their
+lanes' typed fields (OURS_AR, ...), never by labels; each section's figures a Figures (Sections gives each section's
+type), Skipped where the section could not run."""
 
 from __future__ import annotations
 
@@ -194,8 +193,7 @@ class Sections:
         """The sections that ran, by name, in the order they ran: as benchmarks.json keeps them."""
         return {f.name: figures for f in fields(self) if (figures := getattr(self, f.name)) is not None}
 
-    def to_json(self) -> dict[str, Figures]:
-        return self.ran()
+    to_json = ran
 
 
 @dataclass(frozen=True)

@@ -25,11 +25,8 @@ from specdemo.results.parting import first_difference
 
 def run_paper(ctx: Context) -> Paper:
     """Autoregressive vs speculative at the paper's N, with GenAI's pipelines in the same loop (their times, speedups and
-    ratios: the table's rows, the report's queries); where our loops' time goes at the longest N, from their rounds,
-    which the table does not keep.
-
-    Then, if asked, a shorter pass with GenAI on its own compile defaults instead of ours (setting GENAI_DEFAULTS).
-    """
+    ratios: the table's); where our loops' time goes at the longest N, from their rounds, which the table does not keep.
+    Then, if asked, a shorter pass with GenAI on its own compile defaults instead of ours (setting GENAI_DEFAULTS)."""
     generation, k = ctx.generation, ctx.k
     ours_ar = our_lane("ours autoregressive", ctx.engine, AUTOREGRESSIVE, generation)
     ours = [ours_ar, our_lane("ours speculative", ctx.engine, SPECULATIVE, generation, baseline=ours_ar)]
