@@ -17,6 +17,7 @@ import tempfile
 import time
 import weakref
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable
 
 import numpy as np
@@ -147,27 +148,15 @@ class TransformersPair:
             assistant.assistant_confidence_threshold = 0.0
             kwargs["assistant_model"] = self.draft
         ids = torch.tensor([prompt_ids], dtype=torch.long)
-        streamer = Clock()
+        stamps = []  # when each of generate()'s puts came: the prompt, then each step's new tokens
+        streamer = SimpleNamespace(put=lambda value: stamps.append(time.perf_counter()), end=lambda: None)
         with torch.inference_mode():
             start = time.perf_counter()
             out = self.target.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config,
                                        streamer=streamer, **kwargs)
             wall = time.perf_counter() - start
-        first = streamer.stamps[1] - start if len(streamer.stamps) > 1 else wall
+        first = stamps[1] - start if len(stamps) > 1 else wall
         return Output(ids=out[0, len(prompt_ids) :].tolist(), wall_s=wall, first_s=first)
-
-
-class Clock:
-    """A transformers streamer that notes when each put comes: generate() puts the prompt, then each step's new tokens."""
-
-    def __init__(self):
-        self.stamps: list[float] = []
-
-    def put(self, value) -> None:
-        self.stamps.append(time.perf_counter())
-
-    def end(self) -> None:
-        pass
 
 
 def hf_weights(source: str, progress: sources.Progress | None = None) -> Path | None:
