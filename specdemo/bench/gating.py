@@ -103,8 +103,9 @@ def gating_rows(engine, instructions: list[str], max_new_tokens: int = 200, k_ma
             plan = with_confidence_stop(make_plan(costs, MASKED_STRATEGY, prior, generation.k_policy), None)
             lane = priced_speedup(costs, ar, drain(engine.speculative_ids(ids, generation, plan))) if plan.k else 1.0
             gated = gated_plan(costs, MASKED_STRATEGY, prior, generation.k_policy)
+            planned = f"{'gated ' if plan.gate else ''}K = {plan.k}"
             row = Row(name, instruction, len(ar.ids), prior.rate(1), walk_oracle(mask, k_max, *args).speedup,
-                      best.speedup, best.k, _planned(plan), lane, 0.0, 0.0, 0, 0, False, True)
+                      best.speedup, best.k, planned, lane, 0.0, 0.0, 0, 0, False, True)
             if gated is not None:
                 gated = with_confidence_stop(gated, None)
                 run = drain(engine.speculative_ids(ids, generation, gated))
@@ -116,10 +117,6 @@ def gating_rows(engine, instructions: list[str], max_new_tokens: int = 200, k_ma
             log(f"gating: {name}: {instruction[:40]}: oracle {row.oracle:.2f}×, best fixed {row.best_fixed:.2f}×, "
                 f"planned {row.planned} {row.lane:.2f}×, gated {row.gated:.2f}×")
     return rows
-
-
-def _planned(plan) -> str:
-    return f"gated K = {plan.k}" if plan.gate else f"K = {plan.k}"
 
 
 @dataclass(frozen=True)

@@ -258,7 +258,7 @@ def humaneval_section(sections: Sections, plots: dict, runs: list[Run]) -> str:
         "the program to reach its end):\n\n"
         + table(["lane", "pass@1", "passed"], passes)
         + f"\n\nOur speculative text equals our autoregressive text on {same} of {problems} "
-        f"problems; pass/fail differs on {_listed(differ)}. Per-problem speedup "
+        f"problems; pass/fail differs on {', '.join(differ) or 'no problem'}. Per-problem speedup "
         f"{times(ours.spread)}; mean acceptance length {s.mean_acceptance_length:.2f} tokens per target "
         f"call; acceptance by draft position {', '.join(percent(a, 0) for a in s.acceptance_by_position if a)}"
         + (f"; GenAI's draft acceptance rate {percent(genai_acceptance, 0)}" if genai_acceptance else "")
@@ -267,10 +267,6 @@ def humaneval_section(sections: Sections, plots: dict, runs: list[Run]) -> str:
         + _rows(s, lanes, runs)
     )
     return text
-
-
-def _listed(task_ids: list[str]) -> str:
-    return "no problem" if not task_ids else ", ".join(task_ids)
 
 
 def speedup(ar: Run, spec: Run) -> float:
