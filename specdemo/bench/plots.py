@@ -60,9 +60,8 @@ def draw_surface(results: Results, runs: list[Run]):
     ax.set_ylim(alphas[0] - 0.00625, alphas[-1] + 0.00625)  # the break-even line below α = 0.5 is off the map
     colorbar = figure.colorbar(image, ax=ax, ticks=[-1, 0, 1])
     colorbar.ax.set_yticklabels(["½×", "1×", "2×"])
-    ax.set_xlabel("K, drafts per round")
-    ax.set_ylabel("acceptance α")
-    ax.set_title("Where speculation pays on this machine (predicted speedup)")
+    ax.set(xlabel="K, drafts per round", ylabel="acceptance α",
+           title="Where speculation pays on this machine (predicted speedup)")
     ax.legend(loc="lower right", fontsize=8)
     return figure
 
@@ -80,8 +79,7 @@ def draw_costs(results: Results, runs=()):
     ax.plot(ns, [s / c.target_s[0] for s in c.target_s], marker="o", color=_OURS, label="this machine")
     ax.plot(ns, ns, "--", color=_GENAI, label="n steps (no gain from batching)")
     ax.plot(ns, [1] * len(ns), ":", color=_HF, label="1 step (free verification)")
-    ax.set_xlabel("tokens scored in one target call")
-    ax.set_ylabel("cost in single steps")
+    ax.set(xlabel="tokens scored in one target call", ylabel="cost in single steps")
     ax.set_title(f"Cost of scoring n tokens ({c.cpu})", fontsize=9)
     ax.legend(fontsize=8)
     return figure
@@ -102,8 +100,8 @@ def draw_paper(results: Results, runs: list[Run]):
     ax.bar([j + len(groups) * width for j in range(len(ns))], papers, width, label="paper (Dolly v2 12B / 3B)", color=_PAPER)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([j + width * len(groups) / 2 for j in range(len(ns))], [f"N = {n}" for n in ns])
-    ax.set_ylabel("speedup over autoregressive (×)")
-    ax.set_ylim(0, 1.3 * max([at.speedup(OURS_SPEC).max for at in passes] + papers))
+    ax.set(ylabel="speedup over autoregressive (×)",
+           ylim=(0, 1.3 * max([at.speedup(OURS_SPEC).max for at in passes] + papers)))
     ax.set_title(f"Speculative vs autoregressive, {k_text(paper)}", fontsize=9)
     ax.legend(fontsize=8, ncol=3, loc="upper left")
     return figure
@@ -128,8 +126,8 @@ def draw_peers(results: Results, runs: list[Run]):
     ax.barh(ys, [s.median for s in scaled], xerr=_errors(scaled), capsize=3, color=[c for _, _, c in bars])
     ax.set_yticks(ys, [label for label, _, _ in bars], fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("milliseconds per new token (lower is faster)")
-    ax.set_title("Ours, OpenVINO GenAI and transformers on the same prompts")
+    ax.set(xlabel="milliseconds per new token (lower is faster)",
+           title="Ours, OpenVINO GenAI and transformers on the same prompts")
     return figure
 
 
@@ -150,8 +148,7 @@ def draw_k(results: Results, runs: list[Run]):
     if adaptive := stats.with_k_policy(rows, "adaptive"):
         ax.axhline(adaptive[0].measured_speedup.median, color=_OURS, linestyle=":", label=f"ours, adaptive K (mean {adaptive[0].mean_k:.1f})")
     ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xlabel("draft tokens per round K")
-    ax.set_ylabel("speedup over autoregressive (×)")
+    ax.set(xlabel="draft tokens per round K", ylabel="speedup over autoregressive (×)")
     twin = ax.twinx()
     twin.plot(ks, [r.alpha_hat for r in fixed], color=_PAPER, marker=".", linewidth=0.8, label="acceptance α")
     twin.set_ylim(0, 1.05)
@@ -175,8 +172,7 @@ def draw_precision(results: Results, runs: list[Run]):
     ax.bar([x + 0.2 for x in xs], [r.leviathan_speedup for r in rows], 0.4, color=_OURS, alpha=0.4, label="Leviathan's prediction")
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(list(xs), labels, fontsize=8)
-    ax.set_xlabel("target / draft weight precision")
-    ax.set_ylabel("speedup over the same target alone (×)")
+    ax.set(xlabel="target / draft weight precision", ylabel="speedup over the same target alone (×)")
     ax.legend(fontsize=8)
     return figure
 
@@ -197,8 +193,7 @@ def draw_breakdown(results: Results, runs=()):
                 ax.text(left + width / 2, lane_index, f"{width:.0f}%", ha="center", va="center", fontsize=7)
             left += width
     ax.set_yticks(range(len(lanes)), lanes)
-    ax.set_xlim(0, 100)
-    ax.set_xlabel("share of wall time (%)")
+    ax.set(xlim=(0, 100), xlabel="share of wall time (%)")
     ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.35))
     return figure
 
@@ -215,8 +210,7 @@ def draw_humaneval(results: Results, runs: list[Run]):
                      [humaneval.speedup(ar, spec) for ar, spec in mine], s=22,
                      label="speculative answer passes" if passed else "fails its tests", **style)
     axis.axhline(1.0, color=_PAPER, linewidth=0.8)
-    axis.set_xlabel("mean acceptance length (tokens per target call)")
-    axis.set_ylabel("speedup over autoregressive")
-    axis.set_title("HumanEval: speedup per problem")
+    axis.set(xlabel="mean acceptance length (tokens per target call)", ylabel="speedup over autoregressive",
+             title="HumanEval: speedup per problem")
     axis.legend(fontsize=8)
     return figure
