@@ -72,15 +72,6 @@ class Paper(Figures):
 
 
 @dataclass(frozen=True)
-class Transformers(Figures):
-    """transformers beside ours; its lanes, their times and ratios are the table's."""
-
-    k: int  # assistant tokens per round
-    max_new_tokens: int
-    dtype: str  # "float32"
-
-
-@dataclass(frozen=True)
 class Agreement:
     """How far our greedy text follows llama.cpp's on one instruction (the first pass)."""
 
@@ -177,7 +168,7 @@ class Sections:
     k: Sweep | None = None
     vocab: Sweep | None = None
     lookup: Sweep | None = None
-    transformers: Transformers | Skipped | None = None
+    transformers: Figures | Skipped | None = None  # its lanes, their K and N: the table's
     llamacpp: LlamaCpp | Skipped | None = None
     fidelity: FidelitySection | Skipped | None = None
     nodes: Nodes | None = None

@@ -8,7 +8,7 @@ import gc
 
 from specdemo.bench import llamacpp, nodes, peers, stats
 from specdemo.bench.harness import Context, genai_compile, log_progress, measure, our_lane, peer_lane
-from specdemo.bench.schema import Agreement, FidelitySection, LlamaCpp, Nodes, Paper, Skipped, Transformers
+from specdemo.bench.schema import Agreement, FidelitySection, Figures, LlamaCpp, Nodes, Paper, Skipped
 from specdemo.bench.table import GENAI_DEFAULTS, Lane, Run
 from specdemo.decoding.drafters import with_counterpart
 from specdemo.host import memory
@@ -57,7 +57,7 @@ def run_paper(ctx: Context) -> Paper:
     return figures
 
 
-def run_transformers(ctx: Context) -> Transformers | Skipped:
+def run_transformers(ctx: Context) -> Figures | Skipped:
     """transformers generate() and assisted generation beside ours, same prompts, same K."""
     missing = [m for m in (ctx.engine.target, ctx.engine.draft) if peers.hf_weights_missing(m.settings.source)]
     if missing:  # say what it costs on disk before writing it
@@ -82,7 +82,7 @@ def run_transformers(ctx: Context) -> Transformers | Skipped:
     ctx.log(f"transformers: N={n}, K={k}, {len(instructions)} instructions")
     ctx.keep(measure(lanes, instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log))  # the report reads the table
     pair.close()
-    return Transformers(k, n, "float32")
+    return Figures()  # its lanes, their K and N: the table's
 
 
 def run_llamacpp(ctx: Context) -> LlamaCpp | Skipped:

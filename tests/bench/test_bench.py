@@ -13,8 +13,7 @@ from specdemo import strict_json
 from specdemo.bench import report, report_tables, stats, table
 from specdemo.bench.harness import Context, measure
 from specdemo.bench.table import GENAI_DEFAULTS, Lane, Output, Run
-from specdemo.bench.schema import (Figures, Head, KvCache, Pair, Paper, Results, Sections, Sweep,
-                                   Transformers)
+from specdemo.bench.schema import Figures, Head, KvCache, Pair, Paper, Results, Sections, Sweep
 from specdemo.bench.settings import REGISTRY, SECTIONS
 from specdemo.bench.stats import (
     COMPONENTS,
@@ -461,7 +460,7 @@ def test_the_transformers_lanes_beside_ours_are_read_from_the_table_as_written()
     for i in range(2):  # decode time per token: ours 9 ms spec / 19 ms AR; transformers 36 ms / 57 ms
         runs += [replace(_run(lane, i, wall_s, tokens=101, prefill_s=0.1), section="transformers")
                  for lane, wall_s in ((ours_ar, 2.0), (ours, 1.0), (hf_ar, 5.8), (assisted, 3.7))]
-    sections = Sections(transformers=Transformers(4, 100, "float32"))
+    sections = Sections(transformers=Figures())
     written = table.load(json.loads(strict_json.dumps({"schema": table.SCHEMA, "table": [table.row(r) for r in runs]})))
 
     text = report.peers_section(sections, {}, written)
