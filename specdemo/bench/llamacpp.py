@@ -136,9 +136,7 @@ class LlamaCppPeer:
                              f"{max_new_tokens:,} new tokens do not fit")
         drafts = self._drafter(drafter, k, ngram) if drafter else None
         llm = self._model("plain" if drafts is None else "verifier")
-        tally = None if drafts is None else Tally(drafts)
-        if tally is not None:
-            llm.draft_model = tally
+        llm.draft_model = tally = None if drafts is None else Tally(drafts)  # the plain copy never drafts
         ids: list[int] = []
         start = time.perf_counter()
         if isinstance(drafts, DraftLlama):
@@ -151,10 +149,8 @@ class LlamaCppPeer:
             if token in eos_ids or len(ids) == max_new_tokens:
                 break
         wall = time.perf_counter() - start
-        run = Output(ids=ids, wall_s=wall, first_s=first or wall)
-        if tally is not None:
-            run.proposed, run.accepted = tally.proposed, tally.accepted
-        return run
+        return Output(ids, wall, first or wall, proposed=tally.proposed if tally else 0,
+                      accepted=tally.accepted if tally else 0)
 
     def _drafter(self, drafter: str, k: int, ngram: int):
         if not STRATEGIES[drafter].needs_model:

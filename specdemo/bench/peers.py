@@ -109,8 +109,7 @@ class GenAIPeer:
         run = Output(ids=[int(t) for t in result.tokens[0]], wall_s=wall, first_s=first)
         metrics = result.extended_perf_metrics
         if self.speculative and hasattr(metrics, "get_num_draft_tokens"):
-            run.proposed = metrics.get_num_draft_tokens()
-            run.accepted = metrics.get_num_accepted_tokens()
+            run.proposed, run.accepted = metrics.get_num_draft_tokens(), metrics.get_num_accepted_tokens()
         return run
 
 
