@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Callable
 
-from specdemo.bench.peers import GenAIPeer, PeerProcess
+from specdemo.bench import peers
 from specdemo.bench.schema import GenAICompile
 from specdemo.bench.settings import CODE_INSTRUCTIONS, BenchSettings
 from specdemo.bench.table import Kind, Lane, Output, Run
@@ -202,11 +202,11 @@ class Context:
             draft = self.genai_draft() if drafting and drafting.needs_model else None
             properties, draft_properties = genai_properties(target, draft, defaults=name.endswith("(defaults)"))
             self.log(f"loading OpenVINO GenAI pipeline: {name}")
-            make = partial(GenAIPeer, draft=draft.folder if draft else None,
+            make = partial(peers.GenAIPeer, draft=draft.folder if draft else None,
                            draft_device=draft.settings.device if draft else "",
                            prompt_lookup=drafting is not None and not drafting.needs_model,
                            draft_properties=draft_properties)
-            self.genai[name] = PeerProcess(make, target.folder, target.settings.device, properties)
+            self.genai[name] = peers.PeerProcess(make, target.folder, target.settings.device, properties)
         return self.genai[name]
 
     def drop_genai(self) -> None:
