@@ -173,8 +173,7 @@ def run_kernels(ctx) -> Kernels | Skipped:
 
 def kernels_section(sections: Sections, plots: dict, runs=()) -> str:
     """The report's part: each layer's table, a row per way, a column per M, GB/s and the share of the bandwidth."""
-    section = sections.kernels
-    if not section:
+    if not (section := sections.kernels):
         return ""
     if isinstance(section, Skipped):
         return f"## specdemo's kernels, one layer\n\nNot measured: {section.skipped}."

@@ -10,6 +10,7 @@ import os
 import pickle
 import subprocess
 import sys
+import threading
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -89,8 +90,6 @@ def child() -> None:
 def measure_memory(settings: RunSettings, mode: str, instruction: str, n: int) -> Peaks:
     """In this process: load, warm up, generate `n` tokens, sampling RSS and anonymous memory every 5 ms throughout
     (bytes); sampled, not read from getrusage: on Linux a child inherits its parent's peak RSS."""
-    import threading
-
     import psutil
 
     process = psutil.Process()
