@@ -82,8 +82,7 @@ def weight_bytes(model) -> dict[str, int]:
     for node in model.get_ordered_ops():
         if node.get_type_name() not in ("MatMul", graph.BLOCK_MATMUL):
             continue  # a Gather (the embedding) reads one row per token, not its table
-        size = _constant_bytes(node.input_value(1).get_node())
-        if size:
+        if size := _constant_bytes(node.input_value(1).get_node()):
             sizes[node.get_friendly_name()] = size
     return sizes
 

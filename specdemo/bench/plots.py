@@ -51,8 +51,7 @@ def draw_surface(results: Results, runs: list[Run]):
     figure, ax = plt.subplots(figsize=(6, 3.8))
     image = ax.imshow(np.log2(grid), origin="lower", aspect="auto", cmap="PuOr", vmin=-1, vmax=1,
                       extent=(ks[0] - 0.5, ks[-1] + 0.5, alphas[0] - 0.00625, alphas[-1] + 0.00625))
-    line = [(k, a) for k in ks if (a := pricing.break_even_alpha(costs, k)) is not None]
-    if line:
+    if line := [(k, a) for k in ks if (a := pricing.break_even_alpha(costs, k)) is not None]:
         ax.plot(*zip(*line), color="black", linewidth=1.5, label="break-even (1×)")
     if auto := stats.with_k_policy(stats.sweep_rows(runs, "k", "specdemo"), "auto"):
         ax.plot(auto[0].mean_k, auto[0].alpha_hat, "o", color="#CC79A7", markeredgecolor="white", markersize=9,
@@ -141,8 +140,7 @@ def draw_k(results: Results, runs: list[Run]):
     measured = [r.measured_speedup for r in fixed]
     ax.errorbar(ks, [s.median for s in measured], yerr=_errors(measured), marker="o", capsize=3, color=_OURS, label="ours, measured")
     ax.plot(ks, [r.leviathan_speedup for r in fixed], "--", marker="x", color=_OURS, alpha=0.6, label="ours, Leviathan's prediction")
-    genai = [(r.lane.k, stats.speedup(at.runs, g)) for r in fixed if (g := stats.same_k(at.runs, r.lane))]
-    if genai:
+    if genai := [(r.lane.k, stats.speedup(at.runs, g)) for r in fixed if (g := stats.same_k(at.runs, r.lane))]:
         spreads = [s for _, s in genai]
         ax.errorbar([k for k, _ in genai], [s.median for s in spreads], yerr=_errors(spreads), marker="s", capsize=3, color=_GENAI, label="GenAI, measured")
     if adaptive := stats.with_k_policy(rows, "adaptive"):

@@ -84,8 +84,7 @@ class Verdict:
 def run_program(source: str, time_limit_s: float = TIME_LIMIT_S, memory_bytes: int = MEMORY_LIMIT_BYTES) -> Verdict:
     """Run `source` in a sandbox under the limits above; passed when it runs to its last line and exits with status 0.
     Raises SandboxUnavailable, having run nothing, where this machine cannot contain it."""
-    refusal = missing()
-    if refusal:
+    if refusal := missing():
         raise SandboxUnavailable(refusal)
     return _contain(source, time_limit_s, memory_bytes)
 
@@ -96,8 +95,7 @@ def missing() -> str | None:
     otherwise one sentence saying why not and how to allow it."""
     if sys.platform != "linux":
         return "generated code runs only in a sandbox made of Linux namespaces: run the bench on Linux"
-    absent = [tool for tool in ("unshare", "setpriv") if _tool(tool) is None]
-    if absent:
+    if absent := [tool for tool in ("unshare", "setpriv") if _tool(tool) is None]:
         return (f"generated code runs only in a sandbox made with util-linux's unshare and setpriv, and this machine "
                 f"lacks {', '.join(absent)}: install util-linux (apt-get install util-linux)")
     try:

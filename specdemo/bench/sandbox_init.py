@@ -199,8 +199,7 @@ def run(plan: Plan, cgroup: dict | None, finished: int) -> str:
     program = subprocess.Popen([*plan.command, "-c", RUNNER], cwd="/tmp", env=plan.env, stdin=mark_out,
                                stdout=subprocess.DEVNULL, pass_fds=(finished,), preexec_fn=confine)
     os.close(mark_out)
-    stopped = watch(program, plan, cgroup)
-    if stopped:
+    if stopped := watch(program, plan, cgroup):
         return stopped
     status = program.returncode
     if status == 0 and mark in os.pread(finished, plan.limits["RLIMIT_FSIZE"], 0):
@@ -214,8 +213,7 @@ def watch(program: subprocess.Popen, plan: Plan, cgroup: dict | None) -> str | N
     deadline = time.monotonic() + plan.time_limit_s
     while True:
         ended = program.poll() is not None
-        bound = bound_hit(plan, cgroup)  # after the poll: a bound hit as the program ended still counts
-        if bound:
+        if bound := bound_hit(plan, cgroup):  # after the poll: a bound hit as the program ended still counts
             return f"limit {bound}"
         if ended:
             return None

@@ -141,8 +141,7 @@ class BenchSettings:
     sections: tuple[str, ...] = tuple(s for s in SECTIONS if s not in OPT_IN)
 
     def __post_init__(self):
-        unknown = set(self.sections) - set(SECTIONS)
-        if unknown:
+        if unknown := set(self.sections) - set(SECTIONS):
             raise ValueError(f"unknown bench section {', '.join(sorted(unknown))}; choose from {', '.join(SECTIONS)}")
         if not 1 <= self.instructions <= len(CODE_INSTRUCTIONS):
             raise ValueError(f"instructions must be between 1 and {len(CODE_INSTRUCTIONS)}, got {self.instructions}")

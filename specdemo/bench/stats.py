@@ -37,8 +37,7 @@ class Spread:
 
 
 def spread(values: list[float]) -> Spread:
-    values = [v for v in values if not math.isnan(v)]
-    if not values:
+    if not (values := [v for v in values if not math.isnan(v)]):
         return Spread()
     return Spread(statistics.median(values), min(values), max(values), statistics.fmean(values),
                   statistics.stdev(values) if len(values) > 1 else 0.0, len(values))
@@ -97,8 +96,7 @@ def paired_ratios(runs: list[Run], numerator: Lane, denominator: Lane) -> list[f
 def ratio_of_sums(runs: list[Run], numerator: Lane, denominator: Lane) -> float:
     """Numerator lane's summed seconds per summed token over the denominator lane's, on the pairs paired_ratios uses
     (Spec-Bench's other speedup: long answers weigh more)."""
-    pairs = paired_runs(runs, numerator, denominator)
-    if not pairs:
+    if not (pairs := paired_runs(runs, numerator, denominator)):
         return math.nan
     return (sum(a.wall_s for a, _ in pairs) / sum(a.tokens for a, _ in pairs)) / \
         (sum(b.wall_s for _, b in pairs) / sum(b.tokens for _, b in pairs))

@@ -40,8 +40,7 @@ def judge_targets(sections: Sections, runs: list[Run]) -> list[Target]:
         overhead = sections.paper.time_shares[SPECULATIVE][stats.PYTHON]
         targets.append(_target("overhead", "our loop's share of wall time outside model calls", where, overhead,
                                TARGET_OVERHEAD, "≤", "share"))
-    k_rows = stats.sweep_rows(runs, "k", "specdemo")
-    if k_rows:
+    if k_rows := stats.sweep_rows(runs, "k", "specdemo"):
         best = fastest(k_rows)
         targets.append(_target("speedup_best_k", "speculative speedup over autoregressive (code), best K", best.lane.label,
                                best.measured_speedup.median, TARGET_SPEEDUP, "≥"))

@@ -232,8 +232,7 @@ def watching_section(sections: Sections, plots: dict, runs: list[Run]) -> str:
 
 def _browser_cpu(section: Watching) -> str:
     """Chromium's own CPU time: the loaded page left idle, and over a run."""
-    readings = [r for r in section.browser_cpu if not math.isnan(r.run_s)]
-    if not readings:
+    if not (readings := [r for r in section.browser_cpu if not math.isnan(r.run_s)]):
         return ""
     idle, run, wall = (statistics.median(r.idle_s for r in readings), statistics.median(r.run_s for r in readings),
                        statistics.median(r.run_wall_s for r in readings))
