@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import time
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -71,12 +72,8 @@ class DraftLlama:
         self.llm, self.k = llm, k
 
     def __call__(self, input_ids: np.ndarray, /, **kwargs) -> np.ndarray:
-        drafts = []
-        for token in self.llm.generate(input_ids.tolist(), temp=0.0, repeat_penalty=1.0):
-            drafts.append(token)
-            if len(drafts) == self.k:
-                break
-        return np.array(drafts, dtype=np.intc)
+        drafts = islice(self.llm.generate(input_ids.tolist(), temp=0.0, repeat_penalty=1.0), self.k)
+        return np.array(list(drafts), dtype=np.intc)
 
     def reset(self) -> None:
         """Forget the cached text, so the next run prefills the draft from its prompt again."""

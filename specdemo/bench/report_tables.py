@@ -290,11 +290,10 @@ def vocab_section(sections: Sections, plots: dict, runs: list[Run]) -> str:
 def memory_section(sections: Sections, plots: dict, runs=()) -> str:
     if not (memory := sections.memory):
         return ""
-    rows = []
-    for mode, m in ((AUTOREGRESSIVE, memory.autoregressive), (SPECULATIVE, memory.speculative)):
-        kv = ", ".join(f"{model} {size(b)}" for model, b in m.kv_cache_bytes.items())
-        rows.append([mode, size(m.rss_loaded_bytes), size(m.peak_rss_generating_bytes), size(m.peak_rss_process_bytes),
-                     size(m.peak_anon_process_bytes), size(m.private_bytes), kv])
+    rows = [[mode, *map(size, (m.rss_loaded_bytes, m.peak_rss_generating_bytes, m.peak_rss_process_bytes,
+                               m.peak_anon_process_bytes, m.private_bytes)),
+             ", ".join(f"{model} {size(b)}" for model, b in m.kv_cache_bytes.items())]
+            for mode, m in ((AUTOREGRESSIVE, memory.autoregressive), (SPECULATIVE, memory.speculative))]
     return (
         f"## 5. Memory\n\nEach mode in a fresh process (the autoregressive one loads no draft), {memory.max_new_tokens} "
         "new tokens. Peak while generating is sampled every 5 ms; the process peak includes loading and compiling. "
