@@ -227,8 +227,8 @@ def humaneval_section(sections: Sections, plots: dict, runs: list[Run]) -> str:
     title = "## 9. HumanEval, the notebook's workload\n\n"
     if not isinstance(section, HumanEval):
         return title + section.skipped
-    s, notebook, at, pass_at_1, problems = section, section.notebook, stats.section(runs, "humaneval"), \
-        section.pass_at_1(), len(section.rows)
+    s, notebook, at = section, section.notebook, stats.section(runs, "humaneval")
+    pass_at_1, problems = s.pass_at_1(), len(s.rows)
     lanes = {key: at.lane(LANES[key]) for key in pass_at_1}
     ours, genai = speedups(at.runs, lanes[SPECULATIVE]), speedups(at.runs, lanes[GENAI])
     genai_acceptance = stats.acceptance(stats.lane_runs(at.runs, lanes[GENAI]))
