@@ -269,7 +269,7 @@ def humaneval_section(sections: Sections, plots: dict, runs: list[Run]) -> str:
     return text
 
 
-def speedup(ar: Run, spec: Run) -> float:
+def problem_speedup(ar: Run, spec: Run) -> float:
     """One problem's speedup: ours AR's time per token over our speculative one's (nan: no speculative token)."""
     return ar.per_token_s / spec.per_token_s if spec.tokens else math.nan
 
@@ -279,7 +279,7 @@ def _rows(section: HumanEval, lanes: dict[str, Lane], runs: list[Run]) -> str:
     rows = []
     for row, ar, spec in zip(section.rows, first_pass(runs, OURS_AR), first_pass(runs, OURS_SPEC)):
         same = "" if row.parted_at is None else f" (texts part at token {row.parted_at})"
-        rows.append([row.task_id + same, str(ar.tokens), f"{speedup(ar, spec):.2f}×",
+        rows.append([row.task_id + same, str(ar.tokens), f"{problem_speedup(ar, spec):.2f}×",
                      f"{spec.summary.mean_acceptance_length:.2f}",
                      *("pass" if row.passed.get(k) else f"fail: {row.reason.get(k, '')[:60]}" for k in lanes)])
     return "\n\n<details><summary>Every problem</summary>\n\n" + table(header, rows) + "\n\n</details>"

@@ -205,7 +205,7 @@ def draw_humaneval(results: Results, runs: list[Run]):
     for passed, style in ((True, {"color": _OURS}), (False, {"facecolors": "none", "edgecolors": _OURS})):
         mine = [(ar, spec) for row, ar, spec in problems if row.passed[SPECULATIVE] == passed]
         axis.scatter([spec.summary.mean_acceptance_length for _, spec in mine],
-                     [humaneval.speedup(ar, spec) for ar, spec in mine], s=22,
+                     [humaneval.problem_speedup(ar, spec) for ar, spec in mine], s=22,
                      label="speculative answer passes" if passed else "fails its tests", **style)
     axis.axhline(1.0, color=_PAPER, linewidth=0.8)
     axis.set(xlabel="mean acceptance length (tokens per target call)", ylabel="speedup over autoregressive",

@@ -157,7 +157,7 @@ def test_speedups_are_the_mean_of_ratios_and_the_ratio_of_sums_and_pass_at_1_cou
     assert figures.pass_at_1() == {"autoregressive": 1.0, "speculative": 1.0, "genai_autoregressive": 0.5, "genai": 0.0}
     assert [r.parted_at for r in rows] == [None, None]
     pairs = zip(humaneval.first_pass(runs, OURS_AR), humaneval.first_pass(runs, OURS_SPEC))
-    assert [humaneval.speedup(ar, spec) for ar, spec in pairs] == [pytest.approx(2.0), pytest.approx(1.0)]
+    assert [humaneval.problem_speedup(ar, spec) for ar, spec in pairs] == [pytest.approx(2.0), pytest.approx(1.0)]
     # rounds after the prefill emitted 4 and 2 tokens: 3 per target call; position 1 kept twice, 2 and 3 once
     assert figures.mean_acceptance_length == pytest.approx(3.0)
     assert figures.acceptance_by_position == [1.0, 0.5, 0.5, 0.0]
