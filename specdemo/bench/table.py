@@ -66,9 +66,6 @@ class Lane:
         values = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("label", "generate")}
         return {name: value.label if isinstance(value, Lane) else value for name, value in values.items()}
 
-    def to_json(self) -> dict:
-        return {"label": self.label, **self.fields()}
-
     def bare(self) -> Lane:
         """This lane without its generate (nor its baseline's and reference's): what the table keeps, so a kept run
         holds no pipeline alive after its section."""
