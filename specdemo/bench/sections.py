@@ -36,10 +36,9 @@ def run_paper(ctx: Context) -> Paper:
     for n in sorted(ctx.bench.paper_tokens):  # the longest last: its runs' rounds give the time shares
         ctx.log(f"paper: N={n}, K={k}, {len(lanes)} lanes")
         runs = ctx.keep(measure(lanes, instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log))
-    peers = [(ctx.genai_target().settings, ctx.engine.target.settings),
-             (ctx.genai_draft().settings, ctx.engine.draft.settings)]  # (GenAI's, ours): the target, the draft
-    # GenAI's model where it is not ours (ours on specdemo's kernels), else None
-    theirs = [None if genai.precision == mine.precision else genai.precision for genai, mine in peers]
+    # GenAI's precision of the target, then the draft, where it is not ours (ours on specdemo's kernels), else None
+    theirs = [None if peer.settings.precision == mine.settings.precision else peer.settings.precision
+              for peer, mine in ((ctx.genai_target(), ctx.engine.target), (ctx.genai_draft(), ctx.engine.draft))]
     shares = {lane.kind: stats.time_shares(stats.lane_runs(runs, lane)) for lane in ours}
     figures = Paper(k, ctx.k_label(peers=True), generation.k_policy.rule,
                     genai_compile(ctx.genai_target(), ctx.genai_draft()), *theirs, shares)
