@@ -116,7 +116,7 @@ class Run:
 
 # 2: the table, with each run's prefill (time to the first token) apart from its decoding; 3: each run's setting;
 # 4: the sections keep no figure the table holds (humaneval: its lanes, speedups and pass@1 went, its verdicts stay;
-# transformers: its K, N and dtype went)
+# transformers: its K, N and dtype; lookup: its rows of bare labels)
 SCHEMA = 4
 
 # what a lane's field is where JSON holds null
