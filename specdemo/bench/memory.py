@@ -67,14 +67,12 @@ def run_memory(ctx: Context) -> Memory:
     n = ctx.sweep_tokens
     peaks = []
     root = str(Path(__file__).resolve().parents[2])  # the folder holding specdemo/, for the child's imports
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     for mode in (AUTOREGRESSIVE, SPECULATIVE):
         ctx.log(f"memory: {mode} in a fresh process")
-        child = subprocess.run(
-            [sys.executable, "-c", "from specdemo.bench import memory; memory.child()"],
-            input=pickle.dumps((ctx.settings, mode, CODE_INSTRUCTIONS[0], n)),  # ours to ours: the settings as they are
-            capture_output=True,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))},
-        )
+        child = subprocess.run([sys.executable, "-c", "from specdemo.bench import memory; memory.child()"],
+                               input=pickle.dumps((ctx.settings, mode, CODE_INSTRUCTIONS[0], n)),  # ours to ours, as is
+                               capture_output=True, env=env)
         if child.returncode != 0:
             raise RuntimeError(f"the {mode} memory probe failed:\n{child.stderr.decode(errors='replace')[-2000:]}")
         peaks.append(Peaks(**json.loads(child.stdout.decode().strip().splitlines()[-1])))
