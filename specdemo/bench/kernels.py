@@ -1,17 +1,14 @@
 """One layer's MatMul, several ways, against this machine's read bandwidth (issue 47's first step): specdemo's
 BlockMatMul over the file's own blocks on each ISA path this CPU runs, its own way (the gemm on packed panels, where it
 has one) and its dot products of each row (llama.cpp's arithmetic, "…/dots"), and the CPU plugin's MatMul on the same
-weights as `gguf-mixed` lays them (Q4_K as i4 in groups of 32 plus the offsets' MatMul; Q6_K per channel in i8). The
-rate is of the file's bytes for BlockMatMul either way (the packed panels are 1.06× them for Q4_K, 1.01× for Q6_K).
+weights as `gguf-mixed` lays them (Q4_K as i4 in groups of 32 plus the offsets' MatMul; Q6_K per channel in i8).
 
 For M activation rows a call (1: a step; K + 1: a verification; more: a prefill's piece), each path's median time a
-layer and the GB/s it streams the tensor's bytes at (the file's bytes for BlockMatMul, the IR's for the plugin), beside
-the read bandwidth measured in the same run: a pass over a buffer larger than the caches by as many threads as the
-compiles use, so "streams at x % of the bandwidth" compares like with like.
-
-A call runs the layer of every block of the model side by side (the same shape, e.g. each ffn_up of 28 blocks), so
-that its weights come from memory as a step's do (a single 7.7 MB layer stays in a large L3 between calls: 260 MiB on
-the Xeon this was written on) and the threads stay as busy as in a step (a lone node pays their wake-up).
+layer and the GB/s it streams the tensor's bytes at (the file's for BlockMatMul, though its packed panels are 1.06×
+them for Q4_K, 1.01× for Q6_K; the IR's for the plugin), beside the read bandwidth measured in the same run by as many
+threads as the compiles use. A call runs the layer of every block side by side (e.g. each ffn_up of 28 blocks), so its
+weights come from memory as a step's do (one 7.7 MB layer stays in a 260 MiB L3 between calls) and the threads stay as
+busy as in a step (a lone node pays their wake-up).
 """
 
 from __future__ import annotations
@@ -176,8 +173,7 @@ def run_kernels(ctx) -> Kernels | Skipped:
 
 def kernels_section(sections: Sections, plots: dict, runs=()) -> str:
     """The report's part: each layer's table, a row per way, a column per M, GB/s and the share of the bandwidth."""
-    section = sections.kernels
-    if not section:
+    if not (section := sections.kernels):
         return ""
     if isinstance(section, Skipped):
         return f"## specdemo's kernels, one layer\n\nNot measured: {section.skipped}."

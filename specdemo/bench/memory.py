@@ -1,10 +1,7 @@
-"""The memory section: peak RSS of autoregressive vs speculative decoding, each in a fresh process; and what each
-section loads beside the bench's own pair, so that the bench waits for room or skips a section rather than go past the
-memory bound (specdemo/host/memory.py).
-
-A fresh process per mode: RSS never shrinks back, and one process holding both models would charge
-the draft to autoregressive decoding too.
-"""
+"""The memory section: peak RSS of autoregressive vs speculative decoding, each in a fresh process (RSS never shrinks
+back, and one process holding both models would charge the draft to autoregressive decoding too); and what each section
+loads beside the bench's pair, so that the bench waits for room or skips a section rather than pass the memory bound
+(specdemo/host/memory.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +10,7 @@ import os
 import pickle
 import subprocess
 import sys
+import threading
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -69,14 +67,12 @@ def run_memory(ctx: Context) -> Memory:
     n = ctx.sweep_tokens
     peaks = []
     root = str(Path(__file__).resolve().parents[2])  # the folder holding specdemo/, for the child's imports
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     for mode in (AUTOREGRESSIVE, SPECULATIVE):
         ctx.log(f"memory: {mode} in a fresh process")
-        child = subprocess.run(
-            [sys.executable, "-c", "from specdemo.bench import memory; memory.child()"],
-            input=pickle.dumps((ctx.settings, mode, CODE_INSTRUCTIONS[0], n)),  # ours to ours: the settings as they are
-            capture_output=True,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))},
-        )
+        child = subprocess.run([sys.executable, "-c", "from specdemo.bench import memory; memory.child()"],
+                               input=pickle.dumps((ctx.settings, mode, CODE_INSTRUCTIONS[0], n)),  # ours to ours, as is
+                               capture_output=True, env=env)
         if child.returncode != 0:
             raise RuntimeError(f"the {mode} memory probe failed:\n{child.stderr.decode(errors='replace')[-2000:]}")
         peaks.append(Peaks(**json.loads(child.stdout.decode().strip().splitlines()[-1])))
@@ -91,12 +87,7 @@ def child() -> None:
 
 def measure_memory(settings: RunSettings, mode: str, instruction: str, n: int) -> Peaks:
     """In this process: load, warm up, generate `n` tokens, sampling RSS and anonymous memory every 5 ms throughout
-    (bytes).
-
-    Sampled rather than read from getrusage: on Linux a child inherits its parent's peak RSS.
-    """
-    import threading
-
+    (bytes); sampled, not read from getrusage: on Linux a child inherits its parent's peak RSS."""
     import psutil
 
     process = psutil.Process()

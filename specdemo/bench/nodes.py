@@ -82,8 +82,7 @@ def weight_bytes(model) -> dict[str, int]:
     for node in model.get_ordered_ops():
         if node.get_type_name() not in ("MatMul", graph.BLOCK_MATMUL):
             continue  # a Gather (the embedding) reads one row per token, not its table
-        size = _constant_bytes(node.input_value(1).get_node())
-        if size:
+        if size := _constant_bytes(node.input_value(1).get_node()):
             sizes[node.get_friendly_name()] = size
     return sizes
 
@@ -103,18 +102,14 @@ def bias_names(model, sizes: dict[str, int]) -> dict[str, str]:
 
 def _constant_bytes(node) -> int | None:
     """Bytes of the Constants `node` is computed from; None if it depends on anything else (an input, a state)."""
-    kind = node.get_type_name()
-    if kind == "Constant":
+    if node.get_type_name() == "Constant":
         return int(node.get_byte_size())
-    if node.get_input_size() == 0:
-        return None  # a Parameter or a ReadValue: an activation, not a weight
     total = 0
     for value in node.input_values():
-        size = _constant_bytes(value.get_node())
-        if size is None:
+        if (size := _constant_bytes(value.get_node())) is None:
             return None
         total += size
-    return total
+    return total if node.get_input_size() else None  # no input: a Parameter or a ReadValue, an activation
 
 
 def node_seconds(request) -> dict[str, tuple[str, float]]:
@@ -183,16 +178,9 @@ def gguf_read_bytes(path: Path) -> int:
     row per token), which counts whole when there is no output.weight (the LM head shares it)."""
     import gguf
 
-    reader = gguf.GGUFReader(str(path))
-    names = {t.name for t in reader.tensors}
-    total = 0
-    for tensor in reader.tensors:
-        if len(tensor.shape) < 2:
-            continue
-        if tensor.name == "token_embd.weight" and "output.weight" in names:
-            continue
-        total += int(tensor.n_bytes)
-    return total
+    tensors = gguf.GGUFReader(str(path)).tensors
+    embedding = "token_embd.weight" if any(t.name == "output.weight" for t in tensors) else None  # not the LM head
+    return sum(int(t.n_bytes) for t in tensors if len(t.shape) >= 2 and t.name != embedding)
 
 
 def profile_target(settings, prompt: list[int], tokens_per_call: tuple[int, ...], log) -> TargetNodes:
@@ -208,9 +196,8 @@ def profile_target(settings, prompt: list[int], tokens_per_call: tuple[int, ...]
     by_tokens, wall = {}, {}
     for tokens, taken in windows.items():
         per_node = {name: (kind, statistics.median(w[0][name][1] for w in taken)) for name, (kind, _) in taken[0][0].items()}
-        wall_s = statistics.median(w[1] for w in taken)
-        groups = by_tokens[tokens] = group_nodes(per_node, exec_names, sizes)
-        wall[tokens] = wall_s
-        total = sum(g.ms_per_call for g in groups)
-        log(f"nodes: {settings.precision}, {tokens} token(s) a call: {total:.1f} ms in the nodes of {wall_s * 1e3:.1f} ms a call")
+        wall[tokens] = wall_s = statistics.median(w[1] for w in taken)
+        by_tokens[tokens] = group_nodes(per_node, exec_names, sizes)
+        log(f"nodes: {settings.precision}, {tokens} token(s) a call: "
+            f"{sum(g.ms_per_call for g in by_tokens[tokens]):.1f} ms in the nodes of {wall_s * 1e3:.1f} ms a call")
     return TargetNodes(settings.precision, describe_compile(settings), sum(sizes.values()), by_tokens, wall)

@@ -1,14 +1,11 @@
-"""The peers the benchmark measures us against, on the same prompts (token ids) and the same K, each in a process of its
-own (PeerProcess), timed there as its own tools time it.
-
-- OpenVINO GenAI: `openvino_genai.LLMPipeline` on the very IR folders specdemo converted, plain
-  (autoregressive), with `draft_model=` (its C++ speculative decoding) or with `prompt_lookup=True`.
-- transformers on PyTorch CPU: `generate()` plain and with `assistant_model=` (assisted generation),
-  on the weights our IRs were converted from (the GGUF dequantized to float32), before NNCF
-  compression; so its text may differ from ours where int8 rounding flips a near-tie.
-
-Every runner takes prompt token ids, so no side applies a chat template of its own, and returns the
-new token ids with the wall time of the whole generate call and the time to its first token.
+"""The peers the benchmark measures us against, on the same prompt token ids (so no side applies a chat template of its
+own) and the same K, each in a process of its own (PeerProcess), timed there as its own tools time it: the new token
+ids, the wall time of the whole generate call and the time to its first token.
+- OpenVINO GenAI: `openvino_genai.LLMPipeline` on the very IR folders specdemo converted, plain, with `draft_model=`
+  (its C++ speculative decoding) or with `prompt_lookup=True`.
+- transformers on PyTorch CPU: `generate()` plain and with `assistant_model=`, on the weights our IRs were converted
+  from (the GGUF dequantized to float32), before NNCF compression: its text may differ where int8 rounding flips a
+  near-tie.
 """
 
 from __future__ import annotations
@@ -20,6 +17,7 @@ import tempfile
 import time
 import weakref
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable
 
 import numpy as np
@@ -32,10 +30,10 @@ from specdemo.settings import GenerationSettings
 
 
 class PeerProcess:
-    """A peer, `make(*args)`, in a child process of its own (spawned: none of this process's threads nor memory in it),
-    its generate() called over a pipe: the peer alone on the cores while our lanes wait, as its users run it, and timed
-    in its process. `about` names the peer's attributes read once it is up (llama.cpp's threads and version). The child
-    ends at close(), or when this object is collected (the bench lets GenAI's pipelines go by dropping them)."""
+    """A peer, `make(*args)`, in a spawned child process (none of this process's threads nor memory), its generate()
+    called over a pipe: alone on the cores while our lanes wait, as its users run it, and timed there. `about` names
+    attributes read once it is up (llama.cpp's threads and version). The child ends at close(), or when this object is
+    collected (the bench lets GenAI's pipelines go by dropping them)."""
 
     def __init__(self, make: Callable, *args, about: tuple[str, ...] = ()):
         context = multiprocessing.get_context("spawn")
@@ -86,13 +84,9 @@ def _stop(pipe, process) -> None:
 
 class GenAIPeer:
     """openvino_genai.LLMPipeline on specdemo's IR folders (specdemo/run/genai.py): plain, with a draft model, or
-    prompt lookup, all on GenAI's continuous-batching (paged attention) backend, its default on CPU.
-
-    `properties` (the target's) and `draft_properties` (the draft's; None: the target's) are OpenVINO compile
-    properties; genai.compile_properties() gives ours, so both sides run the same kernels (each model its own tuned
-    group size: a target's group of 256 on an INT4 draft would put GenAI's draft on the slow path). An empty dict keeps
-    GenAI's defaults.
-    """
+    prompt lookup, on GenAI's continuous-batching backend (its default on CPU). `properties` (the target's) and
+    `draft_properties` (None: the target's) are compile properties, {} for GenAI's defaults: ours, so both sides run the
+    same kernels, each model its own tuned group size (a target's 256 would put an INT4 draft on the slow path)."""
 
     def __init__(self, target: Path, target_device: str, properties: dict, draft: Path | None = None,
                  draft_device: str = "", prompt_lookup: bool = False, draft_properties: dict | None = None):
@@ -115,8 +109,7 @@ class GenAIPeer:
         run = Output(ids=[int(t) for t in result.tokens[0]], wall_s=wall, first_s=first)
         metrics = result.extended_perf_metrics
         if self.speculative and hasattr(metrics, "get_num_draft_tokens"):
-            run.proposed = metrics.get_num_draft_tokens()
-            run.accepted = metrics.get_num_accepted_tokens()
+            run.proposed, run.accepted = metrics.get_num_draft_tokens(), metrics.get_num_accepted_tokens()
         return run
 
 
@@ -154,41 +147,26 @@ class TransformersPair:
             assistant.assistant_confidence_threshold = 0.0
             kwargs["assistant_model"] = self.draft
         ids = torch.tensor([prompt_ids], dtype=torch.long)
-        streamer = Clock()
+        stamps = []  # when each of generate()'s puts came: the prompt, then each step's new tokens
+        streamer = SimpleNamespace(put=lambda value: stamps.append(time.perf_counter()), end=lambda: None)
         with torch.inference_mode():
             start = time.perf_counter()
             out = self.target.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config,
                                        streamer=streamer, **kwargs)
             wall = time.perf_counter() - start
-        first = streamer.stamps[1] - start if len(streamer.stamps) > 1 else wall
+        first = stamps[1] - start if len(stamps) > 1 else wall
         return Output(ids=out[0, len(prompt_ids) :].tolist(), wall_s=wall, first_s=first)
 
 
-class Clock:
-    """A transformers streamer that notes when each put comes: generate() puts the prompt, then each step's new tokens."""
-
-    def __init__(self):
-        self.stamps: list[float] = []
-
-    def put(self, value) -> None:
-        self.stamps.append(time.perf_counter())
-
-    def end(self) -> None:
-        pass
-
-
 def hf_weights(source: str, progress: sources.Progress | None = None) -> Path | None:
-    """A Hugging Face folder holding the weights `source` is converted from, or None if there is none.
-
-    Presets: the GGUF dequantized once into SPECDEMO_HOME/bench/hf/<preset> (a bench-only artifact,
-    float32 safetensors: ~6 GB for the 1.5B, ~2 GB for the 0.5B; ~1 min on first use). A local
-    Hugging Face folder is used as it is.
-    """
-    path = Path(source).expanduser()
+    """A Hugging Face folder holding the weights `source` is converted from, or None if there is none: a local one as it
+    is; a preset's GGUF dequantized once into SPECDEMO_HOME/bench/hf/<preset> (float32 safetensors, for the bench only:
+    ~6 GB for the 1.5B, ~2 GB for the 0.5B; ~1 min on first use)."""
     if source not in sources.PRESETS:
+        path = Path(source).expanduser()
         return path if (path / "config.json").is_file() else None
     folder = sources.specdemo_home() / "bench" / "hf" / source
-    if not (folder / "config.json").is_file():
+    if hf_weights_missing(source):
         _dequantize_preset(source, folder, progress or (lambda fraction, message: None))
     return folder
 

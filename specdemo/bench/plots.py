@@ -1,8 +1,6 @@
-"""PNG plots of the benchmark results (matplotlib, no display needed).
-
-Each plot reads the results the run writes as JSON (schema.Results), finding lanes by their fields;
-a section that did not run draws nothing (its painter returns None). Error bars span min to max over the
-instructions, around the median. The sections' painters are named by settings.REGISTRY; draw() draws them all.
+"""PNG plots of the benchmark results (schema.Results; matplotlib, no display needed), lanes found by their fields.
+A section that did not run draws nothing (its painter returns None); error bars span min to max over the instructions,
+around the median. The sections' painters are named by settings.REGISTRY; draw() draws them all.
 """
 
 from __future__ import annotations
@@ -14,9 +12,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from specdemo.bench import found, stats
+from specdemo.bench import humaneval
 from specdemo.bench.humaneval import HumanEval
 from specdemo.bench.report_tables import k_text
-from specdemo.bench.schema import GENAI_SPEC, OURS_SPEC, Results
+from specdemo.bench.schema import GENAI_SPEC, OURS_AR, OURS_SPEC, Results
 from specdemo.bench.settings import PAPER, REGISTRY, paper_speedup
 from specdemo.bench.stats import COMPONENTS
 from specdemo.bench.table import GENAI_DEFAULTS, Run
@@ -52,8 +51,7 @@ def draw_surface(results: Results, runs: list[Run]):
     figure, ax = plt.subplots(figsize=(6, 3.8))
     image = ax.imshow(np.log2(grid), origin="lower", aspect="auto", cmap="PuOr", vmin=-1, vmax=1,
                       extent=(ks[0] - 0.5, ks[-1] + 0.5, alphas[0] - 0.00625, alphas[-1] + 0.00625))
-    line = [(k, a) for k in ks if (a := pricing.break_even_alpha(costs, k)) is not None]
-    if line:
+    if line := [(k, a) for k in ks if (a := pricing.break_even_alpha(costs, k)) is not None]:
         ax.plot(*zip(*line), color="black", linewidth=1.5, label="break-even (1×)")
     if auto := stats.with_k_policy(stats.sweep_rows(runs, "k", "specdemo"), "auto"):
         ax.plot(auto[0].mean_k, auto[0].alpha_hat, "o", color="#CC79A7", markeredgecolor="white", markersize=9,
@@ -61,9 +59,8 @@ def draw_surface(results: Results, runs: list[Run]):
     ax.set_ylim(alphas[0] - 0.00625, alphas[-1] + 0.00625)  # the break-even line below α = 0.5 is off the map
     colorbar = figure.colorbar(image, ax=ax, ticks=[-1, 0, 1])
     colorbar.ax.set_yticklabels(["½×", "1×", "2×"])
-    ax.set_xlabel("K, drafts per round")
-    ax.set_ylabel("acceptance α")
-    ax.set_title("Where speculation pays on this machine (predicted speedup)")
+    ax.set(xlabel="K, drafts per round", ylabel="acceptance α",
+           title="Where speculation pays on this machine (predicted speedup)")
     ax.legend(loc="lower right", fontsize=8)
     return figure
 
@@ -81,8 +78,7 @@ def draw_costs(results: Results, runs=()):
     ax.plot(ns, [s / c.target_s[0] for s in c.target_s], marker="o", color=_OURS, label="this machine")
     ax.plot(ns, ns, "--", color=_GENAI, label="n steps (no gain from batching)")
     ax.plot(ns, [1] * len(ns), ":", color=_HF, label="1 step (free verification)")
-    ax.set_xlabel("tokens scored in one target call")
-    ax.set_ylabel("cost in single steps")
+    ax.set(xlabel="tokens scored in one target call", ylabel="cost in single steps")
     ax.set_title(f"Cost of scoring n tokens ({c.cpu})", fontsize=9)
     ax.legend(fontsize=8)
     return figure
@@ -103,8 +99,8 @@ def draw_paper(results: Results, runs: list[Run]):
     ax.bar([j + len(groups) * width for j in range(len(ns))], papers, width, label="paper (Dolly v2 12B / 3B)", color=_PAPER)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([j + width * len(groups) / 2 for j in range(len(ns))], [f"N = {n}" for n in ns])
-    ax.set_ylabel("speedup over autoregressive (×)")
-    ax.set_ylim(0, 1.3 * max([at.speedup(OURS_SPEC).max for at in passes] + papers))
+    ax.set(ylabel="speedup over autoregressive (×)",
+           ylim=(0, 1.3 * max([at.speedup(OURS_SPEC).max for at in passes] + papers)))
     ax.set_title(f"Speculative vs autoregressive, {k_text(paper)}", fontsize=9)
     ax.legend(fontsize=8, ncol=3, loc="upper left")
     return figure
@@ -129,8 +125,8 @@ def draw_peers(results: Results, runs: list[Run]):
     ax.barh(ys, [s.median for s in scaled], xerr=_errors(scaled), capsize=3, color=[c for _, _, c in bars])
     ax.set_yticks(ys, [label for label, _, _ in bars], fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("milliseconds per new token (lower is faster)")
-    ax.set_title("Ours, OpenVINO GenAI and transformers on the same prompts")
+    ax.set(xlabel="milliseconds per new token (lower is faster)",
+           title="Ours, OpenVINO GenAI and transformers on the same prompts")
     return figure
 
 
@@ -144,15 +140,13 @@ def draw_k(results: Results, runs: list[Run]):
     measured = [r.measured_speedup for r in fixed]
     ax.errorbar(ks, [s.median for s in measured], yerr=_errors(measured), marker="o", capsize=3, color=_OURS, label="ours, measured")
     ax.plot(ks, [r.leviathan_speedup for r in fixed], "--", marker="x", color=_OURS, alpha=0.6, label="ours, Leviathan's prediction")
-    genai = [(r.lane.k, stats.speedup(at.runs, g)) for r in fixed if (g := stats.same_k(at.runs, r.lane))]
-    if genai:
+    if genai := [(r.lane.k, stats.speedup(at.runs, g)) for r in fixed if (g := stats.same_k(at.runs, r.lane))]:
         spreads = [s for _, s in genai]
         ax.errorbar([k for k, _ in genai], [s.median for s in spreads], yerr=_errors(spreads), marker="s", capsize=3, color=_GENAI, label="GenAI, measured")
     if adaptive := stats.with_k_policy(rows, "adaptive"):
         ax.axhline(adaptive[0].measured_speedup.median, color=_OURS, linestyle=":", label=f"ours, adaptive K (mean {adaptive[0].mean_k:.1f})")
     ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xlabel("draft tokens per round K")
-    ax.set_ylabel("speedup over autoregressive (×)")
+    ax.set(xlabel="draft tokens per round K", ylabel="speedup over autoregressive (×)")
     twin = ax.twinx()
     twin.plot(ks, [r.alpha_hat for r in fixed], color=_PAPER, marker=".", linewidth=0.8, label="acceptance α")
     twin.set_ylim(0, 1.05)
@@ -176,8 +170,7 @@ def draw_precision(results: Results, runs: list[Run]):
     ax.bar([x + 0.2 for x in xs], [r.leviathan_speedup for r in rows], 0.4, color=_OURS, alpha=0.4, label="Leviathan's prediction")
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(list(xs), labels, fontsize=8)
-    ax.set_xlabel("target / draft weight precision")
-    ax.set_ylabel("speedup over the same target alone (×)")
+    ax.set(xlabel="target / draft weight precision", ylabel="speedup over the same target alone (×)")
     ax.legend(fontsize=8)
     return figure
 
@@ -198,24 +191,24 @@ def draw_breakdown(results: Results, runs=()):
                 ax.text(left + width / 2, lane_index, f"{width:.0f}%", ha="center", va="center", fontsize=7)
             left += width
     ax.set_yticks(range(len(lanes)), lanes)
-    ax.set_xlim(0, 100)
-    ax.set_xlabel("share of wall time (%)")
+    ax.set(xlim=(0, 100), xlabel="share of wall time (%)")
     ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.35))
     return figure
 
 
-def draw_humaneval(results: Results, runs=()):
+def draw_humaneval(results: Results, runs: list[Run]):
     """Per HumanEval problem: our speculative speedup against the mean acceptance length; failed answers hollow."""
     if not isinstance(section := results.sections.humaneval, HumanEval) or not section.rows:
         return None
+    problems = list(zip(section.rows, humaneval.first_pass(runs, OURS_AR), humaneval.first_pass(runs, OURS_SPEC)))
     figure, axis = plt.subplots(figsize=(6, 4))
     for passed, style in ((True, {"color": _OURS}), (False, {"facecolors": "none", "edgecolors": _OURS})):
-        mine = [r for r in section.rows if r.passed[SPECULATIVE] == passed]
-        axis.scatter([r.mean_acceptance_length for r in mine], [r.speedup for r in mine], s=22,
+        mine = [(ar, spec) for row, ar, spec in problems if row.passed[SPECULATIVE] == passed]
+        axis.scatter([spec.summary.mean_acceptance_length for _, spec in mine],
+                     [humaneval.problem_speedup(ar, spec) for ar, spec in mine], s=22,
                      label="speculative answer passes" if passed else "fails its tests", **style)
     axis.axhline(1.0, color=_PAPER, linewidth=0.8)
-    axis.set_xlabel("mean acceptance length (tokens per target call)")
-    axis.set_ylabel("speedup over autoregressive")
-    axis.set_title("HumanEval: speedup per problem")
+    axis.set(xlabel="mean acceptance length (tokens per target call)", ylabel="speedup over autoregressive",
+             title="HumanEval: speedup per problem")
     axis.legend(fontsize=8)
     return figure

@@ -1,10 +1,7 @@
-"""The benchmark's markdown report, rendered from the results the run also writes as JSON
-(schema.Results): the opening (machine, cost curve, headlines and targets, which read several sections), then each section's
-parts where settings.REGISTRY places them, then the method. Sections 1 and 2 are here; the cells, the tables and the
-later sections are in report_tables.py, the GGUF files' (llama.cpp, fidelity, nodes) in report_gguf.py.
-
-Pure formatting: no measuring, no models. Lanes are found by their fields (stats.Pass.lane), so the
-report does not depend on how lanes are labelled.
+"""The benchmark's markdown report from the results the run writes as JSON (schema.Results), pure formatting: the
+opening (machine, cost curve, headlines and targets, which read several sections), each section's parts where
+settings.REGISTRY places them, the method. §1 and §2 are here; the cells, tables and later sections in report_tables.py,
+the GGUF files' (llama.cpp, fidelity, nodes) in report_gguf.py. Lanes are found by their fields, never their labels.
 """
 
 from __future__ import annotations
@@ -13,7 +10,7 @@ from specdemo.bench import found, report_tables as tables
 from specdemo.bench import stats
 from specdemo.bench.report_tables import image, k_text, ms, percent, seconds, table, times
 from specdemo.bench.schema import GENAI_AR, GENAI_SPEC, HF_SPEC, OURS_AR, OURS_SPEC
-from specdemo.bench.schema import GenAICompile, Results, Sections, Skipped, Transformers
+from specdemo.bench.schema import Figures, GenAICompile, Results, Sections, Skipped
 from specdemo.bench.settings import PAPER, REGISTRY, paper_speedup
 from specdemo.bench.stats import COMPONENTS, PYTHON
 from specdemo.bench.table import GENAI_DEFAULTS, Run
@@ -278,7 +275,7 @@ def _genai_compile(compile: GenAICompile | None) -> str:
     return f" ({described}){', except ' + compile.differs if compile.differs else ''}"
 
 
-def _transformers(hf: Transformers | Skipped, at: stats.Pass) -> str:
+def _transformers(hf: Figures | Skipped, at: stats.Pass) -> str:
     """transformers' lanes beside ours from the section's runs: times, decode ratios and each framework's speedup."""
     if isinstance(hf, Skipped):
         return f"transformers: skipped ({hf.skipped})."
@@ -288,10 +285,11 @@ def _transformers(hf: Transformers | Skipped, at: stats.Pass) -> str:
     ratio_rows += [[f"{'ours' if lane.framework == 'specdemo' else lane.framework} speedup (AR / speculative)",
                     times(stats.speedup(at.runs, lane))] for lane in at.lanes if lane.kind == SPECULATIVE]
     return (
-        f"transformers {hf.dtype} on PyTorch CPU, the weights our IRs were converted from (GGUF dequantized, before "
-        f"NNCF compression), `generate()` and `assistant_model=` with exactly K = {hf.k} assistant tokens per round, "
-        f"N = {hf.max_new_tokens}. Its tokens can differ from ours where int8 rounding flips a near-tie, so ratios divide "
-        "decoding time per token (its prefill apart); speedups, wall time per token. \"same tokens\" compares transformers assisted with transformers AR, the others with ours AR.\n\n"
+        "transformers float32 on PyTorch CPU, the weights our IRs were converted from (GGUF dequantized, before "
+        f"NNCF compression), `generate()` and `assistant_model=` with exactly K = {at.lane(HF_SPEC).k} assistant "
+        f"tokens per round, N = {at.n}. Its tokens can differ from ours where int8 rounding flips a near-tie, so "
+        "ratios divide decoding time per token (its prefill apart); speedups, wall time per token. \"same tokens\" "
+        "compares transformers assisted with transformers AR, the others with ours AR.\n\n"
         + table(["lane", "wall time", "per token", "tokens", "same tokens as reference"], rows)
         + "\n\n"
         + table(["ratio (per token)", "median (min–max)"], ratio_rows)

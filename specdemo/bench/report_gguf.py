@@ -136,15 +136,8 @@ def nodes_section(sections: Sections, plots: dict, runs: list[Run]) -> str:
         parts.append(f"**{_weights({'target': target.precision})}** ({target.compile_settings}):\n\n" + table(header, rows))
     if gguf := section.gguf_read_bytes:
         line = f"The GGUF file's matmuls read {gguf / 1e9:.2f} GB of weights per token"
-        plain = _llamacpp_plain(runs)
-        if plain:
+        cpp = stats.section(runs, "llamacpp")  # llama.cpp's median time per token, plain decoding, where it ran
+        if cpp and (plain := stats.lane_figures(cpp.runs, cpp.lane(("llamacpp", AUTOREGRESSIVE))).per_token_s.median):
             line += f"; at llama.cpp's {plain * 1e3:.1f} ms per token in this run that is {gguf / plain / 1e9:.1f} GB/s"
         parts.append(line + ".")
     return "\n\n".join(parts)
-
-
-def _llamacpp_plain(runs: list[Run]) -> float | None:
-    """llama.cpp's median time per token, plain decoding, from the llamacpp section's rows (None if it did not run)."""
-    if not (at := stats.section(runs, "llamacpp")):
-        return None
-    return stats.lane_figures(at.runs, at.lane(("llamacpp", AUTOREGRESSIVE))).per_token_s.median

@@ -79,21 +79,12 @@ def image(plots: dict, name: str, alt: str) -> str:
 
 
 def _sweep_rows(rows: list[SweepRow], first: list[list[str]]) -> list[list[str]]:
-    return [
-        [
-            *first_cells,
-            figure("alpha_hat").format(None if math.isnan(r.alpha_hat) or not r.mean_k else r.alpha_hat),
-            figure("draft_cost").format(r.draft_cost or None),
-            figure("mean_k").format(r.mean_k or None),
-            figure("leviathan_speedup").format(r.leviathan_speedup if r.draft_cost else None),
-            times(r.predicted_speedup) if r.predicted_speedup.n else "–",
-            times(r.measured_speedup),
-            _error(r.prediction_error),
-            ms(r.per_token_s),
-            r.same_as_reference,
-        ]
-        for first_cells, r in zip(first, rows)
-    ]
+    """Each row's `first` cells, then its figures under _SWEEP_HEADER."""
+    return [[*cells, figure("alpha_hat").format(None if math.isnan(r.alpha_hat) or not r.mean_k else r.alpha_hat),
+             figure("draft_cost").format(r.draft_cost or None), figure("mean_k").format(r.mean_k or None),
+             figure("leviathan_speedup").format(r.leviathan_speedup if r.draft_cost else None),
+             times(r.predicted_speedup) if r.predicted_speedup.n else "–", times(r.measured_speedup),
+             _error(r.prediction_error), ms(r.per_token_s), r.same_as_reference] for cells, r in zip(first, rows)]
 
 
 _SWEEP_HEADER = [*(figure(key).label for key in ("alpha_hat", "draft_cost", "mean_k", "leviathan_speedup",
@@ -299,11 +290,10 @@ def vocab_section(sections: Sections, plots: dict, runs: list[Run]) -> str:
 def memory_section(sections: Sections, plots: dict, runs=()) -> str:
     if not (memory := sections.memory):
         return ""
-    rows = []
-    for mode, m in ((AUTOREGRESSIVE, memory.autoregressive), (SPECULATIVE, memory.speculative)):
-        kv = ", ".join(f"{model} {size(b)}" for model, b in m.kv_cache_bytes.items())
-        rows.append([mode, size(m.rss_loaded_bytes), size(m.peak_rss_generating_bytes), size(m.peak_rss_process_bytes),
-                     size(m.peak_anon_process_bytes), size(m.private_bytes), kv])
+    rows = [[mode, *map(size, (m.rss_loaded_bytes, m.peak_rss_generating_bytes, m.peak_rss_process_bytes,
+                               m.peak_anon_process_bytes, m.private_bytes)),
+             ", ".join(f"{model} {size(b)}" for model, b in m.kv_cache_bytes.items())]
+            for mode, m in ((AUTOREGRESSIVE, memory.autoregressive), (SPECULATIVE, memory.speculative))]
     return (
         f"## 5. Memory\n\nEach mode in a fresh process (the autoregressive one loads no draft), {memory.max_new_tokens} "
         "new tokens. Peak while generating is sampled every 5 ms; the process peak includes loading and compiling. "

@@ -1,37 +1,30 @@
-"""Running code a model wrote, contained by the kernel: each program in a sandbox of its own, with time, memory, process
-and file limits, no network, no view of the machine's files or processes, and nothing that outlives its run; it passes
-only if it ran to its last line.
-
-How (util-linux's `unshare` and `setpriv`; sandbox_init.py is the first process inside):
-- new mount, PID, network, IPC and UTS namespaces and a new session: the program sees only its own processes, cannot
-  signal the bench or read its /proc, and has no network at all (its loopback is its own, and down);
-- a private root: /usr, /etc and this interpreter's installation bound read-only (no setuid, no devices), /dev's null,
-  zero, full, random and urandom, its own /proc, and /tmp (its working directory and HOME), a small tmpfs that is the
-  only place it can write and that vanishes with it. Nothing else of the machine is there to read, write or delete;
-- an unprivileged identity with no capabilities and no way to gain any (empty bounding set, no_new_privs): user 65534
-  when the bench runs as root; otherwise root of a user namespace that maps only the caller, stripped by securebits;
-- hard resource limits on each process: address space, CPU seconds, the size of any file it writes, and core files;
-- bounds on the program as a whole, all its processes together: PROCESS_LIMIT processes and threads, `memory_bytes` of
-  memory. As root, with cgroups mounted writable, by a cgroup of the run's own under the bench's (v1's memory and pids;
-  v2's where the bench's cgroup delegates both), which the kernel enforces and whose counters of refused forks and OOM
-  kills say a bound was hit. Elsewhere by a weaker fallback: RLIMIT_NPROC on the program's user (it counts all of that
-  user's processes; as root, user 65534's across the machine) and the first process adding up the tree's memory
-  (Pss) every POLL_S, which misses what a tree allocates between two looks and memory no process maps (memfd and pipe
-  buffers, the kernel's own). A tree that hits a bound is ended at once: "process limit", "memory limit";
-- a wall-clock limit kept by the namespace's first process, which the program cannot signal; when that process exits
-  (the program ended, its time ran out or its tree hit a bound), the kernel kills everything left in the PID namespace,
-  setsid and double-forked descendants included, before the run returns (when the bench kills a sandbox, it waits for
-  that too); then the run's cgroup is removed, and any a killed bench left. stderr goes to a file, stdout nowhere;
-- an end mark: a pass needs exit status 0 and a random mark written only once the program's last line has run
-  (sandbox_init.py says how, and what it does not guarantee): sys.exit(0), os._exit(0), exec or a signal before the end
-  is a failure.
-The program runs under this interpreter's base installation (a virtual environment's folder may be closed to user
-65534), `-I`, with the standard library. Not bubblewrap: it is not installed by default, and run as root it would map
-the program's user onto root outside, the owner of every root-only file it shows (such as /etc's); util-linux is on
-every Debian, and setpriv switches to a real unprivileged user.
-
-Where the machine cannot offer this (not Linux, no util-linux, neither root nor unprivileged user namespaces),
-`run_program` raises SandboxUnavailable instead of running the code unconfined; `missing()` gives the one sentence.
+"""Running code a model wrote, contained by the kernel: each program in a sandbox of its own (time, memory, process and
+file limits, no network, no view of the machine's files or processes, nothing outliving its run); it passes only if it
+ran to its last line. Built with util-linux's `unshare` and `setpriv`; sandbox_init.py is the first process inside.
+- New mount, PID, network, IPC and UTS namespaces and a new session: the program sees only its own processes, cannot
+  signal the bench or read its /proc, and has no network (its loopback is its own, and down).
+- A private root: /usr, /etc and this interpreter's installation read-only (no setuid, no devices), /dev's null, zero,
+  full, random and urandom, its own /proc, and /tmp (its cwd and HOME), a small tmpfs, the only place it can write,
+  gone with it.
+- No capabilities and no way to gain any (empty bounding set, no_new_privs): user 65534 when the bench runs as root,
+  else root of a user namespace mapping only the caller, stripped by securebits.
+- Hard limits per process (address space, CPU seconds, file size, no core), and bounds over the whole program:
+  PROCESS_LIMIT tasks and `memory_bytes`. As root with writable cgroups, a cgroup of the run's own under the bench's
+  (v1's memory and pids, or v2's where the bench's cgroup delegates both), kernel-enforced, whose counters of refused
+  forks and OOM kills say a bound was hit. Elsewhere a weaker fallback: RLIMIT_NPROC on the program's user (all its
+  processes; as root, user 65534's across the machine) and the first process summing the tree's Pss every POLL_S,
+  which misses what is allocated between two looks and memory no process maps (memfd, pipe buffers, the kernel's).
+  A tree over a bound is ended at once: "process limit", "memory limit".
+- A wall clock kept by the namespace's first process, which the program cannot signal; when it exits the kernel kills
+  everything left in the PID namespace (setsid and double-forked descendants too) before the run returns, then the
+  run's cgroup is removed, and any a killed bench left. stderr goes to a file, stdout nowhere.
+- An end mark: a pass needs exit status 0 and a random mark written only once the program's last line has run
+  (sandbox_init.py); sys.exit(0), os._exit(0), exec or a signal before the end fails.
+The program runs under this interpreter's base installation (a venv's folder may be closed to user 65534), `-I`, with
+the standard library. Not bubblewrap: not installed by default, and as root it maps the program's user onto root
+outside, the owner of every root-only file it shows; util-linux is on every Debian, and setpriv switches to a real
+unprivileged user. Where none of this is possible (not Linux, no util-linux, neither root nor unprivileged user
+namespaces), `run_program` raises SandboxUnavailable rather than run the code unconfined; `missing()` says why.
 """
 
 from __future__ import annotations
@@ -91,8 +84,7 @@ class Verdict:
 def run_program(source: str, time_limit_s: float = TIME_LIMIT_S, memory_bytes: int = MEMORY_LIMIT_BYTES) -> Verdict:
     """Run `source` in a sandbox under the limits above; passed when it runs to its last line and exits with status 0.
     Raises SandboxUnavailable, having run nothing, where this machine cannot contain it."""
-    refusal = missing()
-    if refusal:
+    if refusal := missing():
         raise SandboxUnavailable(refusal)
     return _contain(source, time_limit_s, memory_bytes)
 
@@ -103,8 +95,7 @@ def missing() -> str | None:
     otherwise one sentence saying why not and how to allow it."""
     if sys.platform != "linux":
         return "generated code runs only in a sandbox made of Linux namespaces: run the bench on Linux"
-    absent = [tool for tool in ("unshare", "setpriv") if _tool(tool) is None]
-    if absent:
+    if absent := [tool for tool in ("unshare", "setpriv") if _tool(tool) is None]:
         return (f"generated code runs only in a sandbox made with util-linux's unshare and setpriv, and this machine "
                 f"lacks {', '.join(absent)}: install util-linux (apt-get install util-linux)")
     try:

@@ -1,25 +1,21 @@
-"""The first process inside a sandbox (bench/sandbox.py starts it through util-linux's `unshare`): it builds the
-program's private root, runs the program there under its identity, limits and wall clock, watches the bounds over the
-program's whole tree of processes, and writes how it ended.
+"""The first process inside a sandbox (bench/sandbox.py starts it through `unshare`): it builds the program's private
+root, runs the program there under its identity, limits and wall clock, watches the bounds over the program's whole
+tree, and writes how it ended. Run as `python -I -S sandbox_init.py <Plan as JSON>`; its one line on stdout is
+"finished" (exit status 0 after the last line), "exit <status>", "signal <number>", "timeout", "limit process" or
+"limit memory"; a root it could not build is a traceback on stderr and nothing on stdout.
 
-It is root of the new namespaces and PID 1 of the new PID namespace, so when it exits, whether the program ended, its
-time ran out or its tree hit a bound, the kernel kills every process left in the namespace before `unshare` (and so the
-bench) sees it go. The program cannot signal it: it is another user, or, inside a user namespace, the namespace's init,
-which the kernel shields from every signal it keeps no handler for. It is single-threaded, so the limits are set (and
-the cgroup joined) between fork and exec. It stays out of the program's cgroup, where an OOM kill could take the judge.
+As PID 1 of the new PID namespace, when it exits (the program ended, its time ran out or its tree hit a bound) the
+kernel kills every process left in the namespace before `unshare`, and so the bench, sees it go. The program cannot
+signal it: it is another user or, inside a user namespace, the namespace's init, which the kernel shields from every
+signal it keeps no handler for. Single-threaded, so limits are set (and the cgroup joined) between fork and exec; it
+stays out of the program's cgroup, where an OOM kill could take the judge.
 
-The end mark. The program runs under RUNNER, not as a script: RUNNER reads a random mark from its standard input (a
-pipe this process filled and closed, drained before any of the program runs), runs program.py as __main__ and, only if
-its last line returns, writes the mark to FINISHED_FD, an anonymous file of this process's. So leaving early in any way
-(sys.exit, os._exit, exec, a signal) leaves no mark. The mark is in no file, argument or environment variable the
-program can read, and this process's memory and descriptors are closed to it; but code written to dig the mark out of
-its own interpreter (RUNNER's frame) could forge it, as such code could rewrite the tests it runs. The mark tells an
+The end mark: the program runs under RUNNER, which reads a random mark from stdin (a pipe this process filled and
+closed, drained before any of the program runs), runs program.py as __main__ and, only if its last line returns, writes
+the mark to FINISHED_FD, an anonymous file of this process's; leaving early in any way (sys.exit, os._exit, exec, a
+signal) leaves no mark. No file, argument or variable the program can read holds the mark, but code written to dig it
+out of its own interpreter (RUNNER's frame) could forge it, as such code could rewrite its tests: the mark tells an
 early exit from a finished run; it does not make hostile code grade itself honestly.
-
-Run as `python -I -S sandbox_init.py <plan>`, the plan being a Plan as JSON (filled in by sandbox.py). Writes one
-line to its standard output: "finished" (exit status 0 after the last line), "exit <status>", "signal <number>",
-"timeout", "limit process" or "limit memory". A failure to build the root is a traceback on its standard error and
-nothing on its standard output.
 """
 
 import ctypes
@@ -42,7 +38,6 @@ RUNNER = ("import os, runpy\n"
           "    runpy.run_path('/tmp/program.py', run_name='__main__')\n"
           f"    os.write({FINISHED_FD}, mark)\n"
           "finish(os.read(0, 64))\n")
-
 
 
 @dataclass(frozen=True)
@@ -204,8 +199,7 @@ def run(plan: Plan, cgroup: dict | None, finished: int) -> str:
     program = subprocess.Popen([*plan.command, "-c", RUNNER], cwd="/tmp", env=plan.env, stdin=mark_out,
                                stdout=subprocess.DEVNULL, pass_fds=(finished,), preexec_fn=confine)
     os.close(mark_out)
-    stopped = watch(program, plan, cgroup)
-    if stopped:
+    if stopped := watch(program, plan, cgroup):
         return stopped
     status = program.returncode
     if status == 0 and mark in os.pread(finished, plan.limits["RLIMIT_FSIZE"], 0):
@@ -219,8 +213,7 @@ def watch(program: subprocess.Popen, plan: Plan, cgroup: dict | None) -> str | N
     deadline = time.monotonic() + plan.time_limit_s
     while True:
         ended = program.poll() is not None
-        bound = bound_hit(plan, cgroup)  # after the poll: a bound hit as the program ended still counts
-        if bound:
+        if bound := bound_hit(plan, cgroup):  # after the poll: a bound hit as the program ended still counts
             return f"limit {bound}"
         if ended:
             return None

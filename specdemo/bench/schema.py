@@ -1,7 +1,6 @@
-"""The results of a bench run (benchmarks.json: Results.to_json), and how the report, the plots and the targets find
-lanes in them: by the lanes' typed fields (OURS_AR, ...), never by their labels. Its runs are the table (table.py);
-each section's figures are a Figures (Sections gives each section's type), Skipped where the section could not run.
-"""
+"""The results of a bench run (benchmarks.json: Results.to_json): its runs are the table (table.py), found by their
+lanes' typed fields (OURS_AR, ...), never by labels; each section's figures a Figures (Sections gives each section's
+type), Skipped where the section could not run."""
 
 from __future__ import annotations
 
@@ -70,15 +69,6 @@ class Paper(Figures):
     genai_draft: str | None  # likewise for the draft
     # kind -> stats.COMPONENTS -> share of wall time, our lanes at the longest N
     time_shares: dict[str, dict[str, float]]
-
-
-@dataclass(frozen=True)
-class Transformers(Figures):
-    """transformers beside ours; its lanes, their times and ratios are the table's."""
-
-    k: int  # assistant tokens per round
-    max_new_tokens: int
-    dtype: str  # "float32"
 
 
 @dataclass(frozen=True)
@@ -178,7 +168,7 @@ class Sections:
     k: Sweep | None = None
     vocab: Sweep | None = None
     lookup: Sweep | None = None
-    transformers: Transformers | Skipped | None = None
+    transformers: Figures | Skipped | None = None  # its lanes, their K and N: the table's
     llamacpp: LlamaCpp | Skipped | None = None
     fidelity: FidelitySection | Skipped | None = None
     nodes: Nodes | None = None
@@ -194,8 +184,7 @@ class Sections:
         """The sections that ran, by name, in the order they ran: as benchmarks.json keeps them."""
         return {f.name: figures for f in fields(self) if (figures := getattr(self, f.name)) is not None}
 
-    def to_json(self) -> dict[str, Figures]:
-        return self.ran()
+    to_json = ran
 
 
 @dataclass(frozen=True)

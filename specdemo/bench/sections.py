@@ -8,7 +8,7 @@ import gc
 
 from specdemo.bench import llamacpp, nodes, peers, stats
 from specdemo.bench.harness import Context, genai_compile, log_progress, measure, our_lane, peer_lane
-from specdemo.bench.schema import Agreement, FidelitySection, LlamaCpp, Nodes, Paper, Skipped, Transformers
+from specdemo.bench.schema import Agreement, FidelitySection, Figures, LlamaCpp, Nodes, Paper, Skipped
 from specdemo.bench.table import GENAI_DEFAULTS, Lane, Run
 from specdemo.decoding.drafters import with_counterpart
 from specdemo.host import memory
@@ -25,11 +25,8 @@ from specdemo.results.parting import first_difference
 
 def run_paper(ctx: Context) -> Paper:
     """Autoregressive vs speculative at the paper's N, with GenAI's pipelines in the same loop (their times, speedups and
-    ratios: the table's rows, the report's queries); where our loops' time goes at the longest N, from their rounds,
-    which the table does not keep.
-
-    Then, if asked, a shorter pass with GenAI on its own compile defaults instead of ours (setting GENAI_DEFAULTS).
-    """
+    ratios: the table's); where our loops' time goes at the longest N, from their rounds, which the table does not keep.
+    Then, if asked, a shorter pass with GenAI on its own compile defaults instead of ours (setting GENAI_DEFAULTS)."""
     generation, k = ctx.generation, ctx.k
     ours_ar = our_lane("ours autoregressive", ctx.engine, AUTOREGRESSIVE, generation)
     ours = [ours_ar, our_lane("ours speculative", ctx.engine, SPECULATIVE, generation, baseline=ours_ar)]
@@ -39,10 +36,9 @@ def run_paper(ctx: Context) -> Paper:
     for n in sorted(ctx.bench.paper_tokens):  # the longest last: its runs' rounds give the time shares
         ctx.log(f"paper: N={n}, K={k}, {len(lanes)} lanes")
         runs = ctx.keep(measure(lanes, instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log))
-    peers = [(ctx.genai_target().settings, ctx.engine.target.settings),
-             (ctx.genai_draft().settings, ctx.engine.draft.settings)]  # (GenAI's, ours): the target, the draft
-    # GenAI's model where it is not ours (ours on specdemo's kernels), else None
-    theirs = [None if genai.precision == mine.precision else genai.precision for genai, mine in peers]
+    # GenAI's precision of the target, then the draft, where it is not ours (ours on specdemo's kernels), else None
+    theirs = [None if peer.settings.precision == mine.settings.precision else peer.settings.precision
+              for peer, mine in ((ctx.genai_target(), ctx.engine.target), (ctx.genai_draft(), ctx.engine.draft))]
     shares = {lane.kind: stats.time_shares(stats.lane_runs(runs, lane)) for lane in ours}
     figures = Paper(k, ctx.k_label(peers=True), generation.k_policy.rule,
                     genai_compile(ctx.genai_target(), ctx.genai_draft()), *theirs, shares)
@@ -60,7 +56,7 @@ def run_paper(ctx: Context) -> Paper:
     return figures
 
 
-def run_transformers(ctx: Context) -> Transformers | Skipped:
+def run_transformers(ctx: Context) -> Figures | Skipped:
     """transformers generate() and assisted generation beside ours, same prompts, same K."""
     missing = [m for m in (ctx.engine.target, ctx.engine.draft) if peers.hf_weights_missing(m.settings.source)]
     if missing:  # say what it costs on disk before writing it
@@ -85,7 +81,7 @@ def run_transformers(ctx: Context) -> Transformers | Skipped:
     ctx.log(f"transformers: N={n}, K={k}, {len(instructions)} instructions")
     ctx.keep(measure(lanes, instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log))  # the report reads the table
     pair.close()
-    return Transformers(k, n, "float32")
+    return Figures()  # its lanes, their K and N: the table's
 
 
 def run_llamacpp(ctx: Context) -> LlamaCpp | Skipped:

@@ -52,14 +52,12 @@ def paper_speedup(n: int) -> float:
     return autoregressive_s / speculative_s
 
 
-
 @dataclass(frozen=True)
 class Section:
-    """One section of a bench run, registered in REGISTRY: what it loads, and where its runner, its report parts and its
-    plots are. Those are named as "module:function" (".sweeps" is specdemo.bench.sweeps), not imported: they load the
-    models, and this module stays light for the CLI's flags; bench.found() imports one when the run, the report or the
-    plots call it. So a new section is one module holding the three, one line here and its field in
-    schema.Sections."""
+    """One section of a bench run, registered in REGISTRY: what it loads, and its runner, report parts and plots, named
+    as "module:function" (".sweeps" is specdemo.bench.sweeps) and imported by bench.found() when called, so that this
+    module stays light for the CLI's flags. A new section is one module holding the three, one line here and its field
+    in schema.Sections."""
 
     name: str  # for --only and as its key in benchmarks.json
     run: str  # its runner: Context -> the figures the report and the plots read (schema.Figures)
@@ -68,10 +66,9 @@ class Section:
     # beside the peers).
     report: tuple[tuple[int, str], ...]
     plots: tuple[str, ...] = ()  # its painters: results -> a figure, or None; draw_x writes benchmarks-x.png
-    # Copies of (target, draft) compiles it loads beside the bench's pair at its peak: estimates from what it loads
-    # (GenAI's pipelines, the precision and KV sweeps' models, the fidelity section's precisions), not measured one by
-    # one. GenAI's two pipelines (plain, speculative: K is a per-call setting) hold two targets and a draft; every
-    # section drops its pipelines when it ends (bench.run), so none is counted twice. memory.section_need prices them.
+    # Copies of (target, draft) compiles it loads beside the bench's pair at its peak, estimated from what it loads
+    # (memory.section_need prices them). GenAI's two pipelines (plain, speculative: K is a per-call setting) hold two
+    # targets and a draft; every section drops its pipelines when it ends (bench.run), so none is counted twice.
     copies: tuple[int, int] = (0, 0)
     quick: bool = False  # QUICK runs it
     opt_in: bool = False  # only --only runs it: humaneval executes the code the models write (and takes most of an hour)
@@ -144,8 +141,7 @@ class BenchSettings:
     sections: tuple[str, ...] = tuple(s for s in SECTIONS if s not in OPT_IN)
 
     def __post_init__(self):
-        unknown = set(self.sections) - set(SECTIONS)
-        if unknown:
+        if unknown := set(self.sections) - set(SECTIONS):
             raise ValueError(f"unknown bench section {', '.join(sorted(unknown))}; choose from {', '.join(SECTIONS)}")
         if not 1 <= self.instructions <= len(CODE_INSTRUCTIONS):
             raise ValueError(f"instructions must be between 1 and {len(CODE_INSTRUCTIONS)}, got {self.instructions}")
@@ -157,23 +153,10 @@ class BenchSettings:
 
 FULL = BenchSettings()
 # A couple of minutes: the default pair only (no conversions), two instructions, short outputs.
-QUICK = BenchSettings(
-    mode="quick",
-    instructions=2,
-    paper_tokens=(40,),
-    sweep_tokens=40,
-    k_values=(1, 2, 4, 8),
-    head_tokens=(16000, 0),
-    genai_k_values=(),
-    genai_defaults_instructions=0,
-    target_precisions=(),
-    draft_precisions=(),
-    kv_cache_precisions=(),
-    transformers_instructions=1,
-    transformers_tokens=16,
-    lookup_instructions=1,
-    sections=tuple(s.name for s in REGISTRY if s.quick),
-)
+QUICK = BenchSettings(mode="quick", instructions=2, paper_tokens=(40,), sweep_tokens=40, k_values=(1, 2, 4, 8),
+                      head_tokens=(16000, 0), genai_k_values=(), genai_defaults_instructions=0, target_precisions=(),
+                      draft_precisions=(), kv_cache_precisions=(), transformers_instructions=1, transformers_tokens=16,
+                      lookup_instructions=1, sections=tuple(s.name for s in REGISTRY if s.quick))
 
 
 def check_generation(generation: GenerationSettings) -> None:

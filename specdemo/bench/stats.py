@@ -1,10 +1,7 @@
-"""Statistics of benchmark runs: spreads, paired ratios, pooled speculative figures, time shares.
-
-Pure functions over `Run` records, so they can be tested without a model. Conventions:
+"""Statistics of benchmark runs, pure functions over `Run` records (tested without a model). Conventions:
 - a *spread* is the median with min, max, mean, std and n of a list of numbers;
-- ratios are *paired*: computed per (repeat, instruction) between two lanes that ran back to back,
-  so a slow moment of the shared machine hits both sides, and only then summarised;
-- lanes are Lane objects, paired by their fields (a speculative lane's `baseline`), never by label;
+- ratios are *paired*: per (repeat, instruction) between two lanes that ran back to back, so a slow moment of the
+  shared machine hits both sides, and only then summarised; lanes are paired by their fields, never by label;
 - a speedup (a speculative lane over its own framework's autoregressive one) divides seconds per new token, prefill
   included, as the paper does, because two lanes may stop at different lengths;
 - a ratio across frameworks divides decode rates (tokens after the first per second of their time), as each
@@ -35,14 +32,12 @@ class Spread:
     std: float = math.nan  # sample standard deviation, 0 for one value
     n: int = 0  # how many numbers (0: nothing measured, the rest NaN)
 
-    def scaled(self, factor: float) -> Spread:
-        """The same spread in another unit (its median, extremes, mean and std times `factor`)."""
+    def scaled(self, factor: float) -> Spread:  # the same spread in another unit
         return Spread(*(v * factor for v in (self.median, self.min, self.max, self.mean, self.std)), self.n)
 
 
 def spread(values: list[float]) -> Spread:
-    values = [v for v in values if not math.isnan(v)]
-    if not values:
+    if not (values := [v for v in values if not math.isnan(v)]):
         return Spread()
     return Spread(statistics.median(values), min(values), max(values), statistics.fmean(values),
                   statistics.stdev(values) if len(values) > 1 else 0.0, len(values))
@@ -54,15 +49,14 @@ def lane_runs(runs: list[Run], lane: Lane) -> list[Run]:
 
 @dataclass(frozen=True)
 class Pass:
-    """A section's runs at one N under one setting (Run.setting), and their lanes in the order they first ran; a lane is
-    found by its (framework, kind), as schema.OURS_SPEC names them."""
+    """A section's runs at one N under one setting (Run.setting), and their lanes in the order they first ran."""
 
     n: int  # new tokens asked of each run (max_new_tokens)
     runs: list[Run]
     lanes: list[Lane]
 
     def lane(self, which: tuple[str, str]) -> Lane:
-        """The first of its lanes of `which`: (framework, kind) (a section has one autoregressive lane per framework)."""
+        """Its first lane of `which`, (framework, kind) as schema.OURS_SPEC (one autoregressive lane per framework)."""
         return next(lane for lane in self.lanes if (lane.framework, lane.kind) == which)
 
     def speedup(self, which: tuple[str, str]) -> Spread:
@@ -102,8 +96,7 @@ def paired_ratios(runs: list[Run], numerator: Lane, denominator: Lane) -> list[f
 def ratio_of_sums(runs: list[Run], numerator: Lane, denominator: Lane) -> float:
     """Numerator lane's summed seconds per summed token over the denominator lane's, on the pairs paired_ratios uses
     (Spec-Bench's other speedup: long answers weigh more)."""
-    pairs = paired_runs(runs, numerator, denominator)
-    if not pairs:
+    if not (pairs := paired_runs(runs, numerator, denominator)):
         return math.nan
     return (sum(a.wall_s for a, _ in pairs) / sum(a.tokens for a, _ in pairs)) / \
         (sum(b.wall_s for _, b in pairs) / sum(b.tokens for _, b in pairs))
@@ -122,12 +115,8 @@ def speedup(runs: list[Run], lane: Lane) -> Spread:
 
 def prediction_errors(runs: list[Run], lane: Lane) -> list[float]:
     """(predicted − measured) / measured speedup of `lane` over its baseline, per instruction and repeat."""
-    errors = []
-    for run, baseline in paired_runs(runs, lane, lane.baseline):
-        if (predicted := run.summary.predicted_speedup if run.summary else 0.0) and run.per_token_s:
-            measured = baseline.per_token_s / run.per_token_s
-            errors.append((predicted - measured) / measured)
-    return errors
+    return [(run.summary.predicted_speedup - measured) / measured for run, b in paired_runs(runs, lane, lane.baseline)
+            if run.summary and run.summary.predicted_speedup and (measured := b.per_token_s / run.per_token_s)]
 
 
 def acceptance(runs: list[Run]) -> float | None:
@@ -161,8 +150,7 @@ def lane_figures(runs: list[Run], lane: Lane) -> Times:
 
 @dataclass(frozen=True)
 class Drafting:
-    """How a speculative lane's runs drafted, pooled (speculative_figures), by metrics.py's names. Long runs weigh more
-    than short ones."""
+    """How a speculative lane's runs drafted, pooled (long runs weigh more), by metrics.py's names."""
 
     alpha_hat: float  # α̂: accepted / (accepted + rounds that ended in a rejection), over every round
     draft_acceptance_rate: float  # accepted / proposed
@@ -216,8 +204,7 @@ def sweep_rows(runs: list[Run], name: str, framework: str | None = None) -> list
             for mine in [lane_runs(at.runs, lane)]]
 
 
-def with_k_policy(rows: list[SweepRow], policy: str) -> list[SweepRow]:
-    """The rows whose lane picks K by `policy`: "fixed", "adaptive" or "auto"."""
+def with_k_policy(rows: list[SweepRow], policy: str) -> list[SweepRow]:  # policy: "fixed", "adaptive" or "auto"
     return [row for row in rows if row.lane.k_policy == policy]
 
 
@@ -231,8 +218,7 @@ def same_k(runs: list[Run], lane: Lane, framework: str = "genai") -> Lane | None
 
 @dataclass(frozen=True)
 class Counterfactual(Row):
-    """What the counterfactual said of a lane of the K sweep (counterfactual_figures): a fixed-K lane's first five
-    fields, any other lane's last four."""
+    """What the counterfactual said of a K sweep lane: a fixed-K lane's first five fields, any other's last four."""
 
     counterfactual_speedup: Spread = Spread()  # its speedup at the lane's K, on the answers the lane wrote the same
     counterfactual_error: Spread = Spread()  # (counterfactual − measured) / measured speedup
@@ -246,13 +232,10 @@ class Counterfactual(Row):
 
 
 def counterfactual_figures(runs: list[Run], lane: Lane, would: dict) -> Counterfactual:
-    """What the counterfactual (by (instruction, repeat), on the baseline's greedy answer) said of `lane`, beside what
-    the lane measured on the same instructions.
-
-    A fixed-K lane: the counterfactual's speedup at its K, its error against the measured speedup, and how many target
-    calls it was off by, on the answers it wrote the same as the baseline; how many it wrote differently. Any other lane: the per-round oracle, the best fixed K the counterfactual finds, and the lane's
-    measured speedup over the measured speedup of the fixed-K lane at that K (when the sweep ran it).
-    """
+    """What the counterfactual (`would` by (instruction, repeat), on the baseline's greedy answer) said of `lane`,
+    beside what the lane measured. A fixed-K lane: the speedup at its K, its error and the target calls it was off by,
+    on the answers the lane wrote as the baseline did, and how many it wrote otherwise. Any other lane: the per-round
+    oracle, the best fixed K, and the lane's speedup over the measured fixed-K lane at that K (if the sweep ran it)."""
     baseline = {(r.instruction, r.repeat): r for r in lane_runs(runs, lane.baseline)}
     fixed = {(r.lane.k, r.instruction, r.repeat): r for r in runs if r.lane.k_policy == "fixed" and r.lane.framework == "specdemo"}
     said, errors, calls, oracle, best_k, best, over_best, differ = [], [], [], [], [], [], [], 0
@@ -297,9 +280,8 @@ COMPONENTS = (*metrics.TIME_PARTS, PYTHON)
 
 
 def time_shares(runs: list[Run]) -> dict[str, float]:
-    """Fractions of the summed wall time of `runs` spent in each of COMPONENTS (they sum to 1), from the runs'
-    round records (metrics.time_split). "our Python" is everything outside model calls and rollbacks: the loop,
-    acceptance, logits copies, detokenizing."""
+    """Fractions of the summed wall time of `runs` in each of COMPONENTS (they sum to 1), from the runs' round records
+    (metrics.time_split); PYTHON is the rest: the loop, acceptance, logits copies, detokenizing."""
     wall = sum(r.wall_s for r in runs)
     seconds = dict.fromkeys(COMPONENTS, 0.0)
     for r in runs:

@@ -1,17 +1,16 @@
-"""The sweeps: one setting varied at a time (K, the draft's LM head, weight precision, KV cache
-precision, the drafter), each measured by `sweep` into the table, where each speculative lane is a row of the report's
-(stats.sweep_rows); a section keeps what the table does not hold of its lanes (its rows: schema.Row)."""
+"""The sweeps: one setting varied at a time (K, the draft's LM head, weight precision, KV cache precision, the drafter),
+each measured by `sweep` into the table, where each speculative lane is a row of the report's (stats.sweep_rows); a
+section keeps what the table does not hold of its lanes (its rows: schema.Row)."""
 
 from __future__ import annotations
 
 import gc
 import math
 from dataclasses import replace
-from typing import Callable
 
 from specdemo.bench import stats
 from specdemo.bench.harness import Context, log_progress, measure, our_lane
-from specdemo.bench.schema import Head, KvCache, Pair, Row, Sweep
+from specdemo.bench.schema import Head, KvCache, Pair, Sweep
 from specdemo.bench.settings import EDIT_INSTRUCTIONS
 from specdemo.bench.table import Lane, Run
 from specdemo.decoding.drafters import with_counterpart
@@ -21,22 +20,12 @@ from specdemo.run.engine import Engine
 from specdemo.settings import K_MAX, KPolicy
 
 
-def sweep(ctx: Context, what: str, lanes: list[Lane], extra: Callable[[Lane, list[Run]], Row] | None = None,
-          rows: list[Lane] | None = None, instructions: list[str] | None = None) -> Sweep:
-    return Sweep(ctx.sweep_tokens, sweep_rows(ctx, what, lanes, extra, rows, instructions))
-
-
-def sweep_rows(ctx: Context, what: str, lanes: list[Lane], extra: Callable[[Lane, list[Run]], Row] | None = None,
-               rows: list[Lane] | None = None, instructions: list[str] | None = None) -> list[Row]:
-    """Measure `lanes` at the sweep's N on `instructions` (default: the code instructions) into the table, then one row
-    per lane of `rows` (default: every speculative lane): `extra(lane, runs)`, what it says of the lane that the table
-    does not hold, or the lane's label alone."""
-    n = ctx.sweep_tokens
-    instructions = instructions or ctx.code_instructions()
+def sweep(ctx: Context, what: str, lanes: list[Lane], instructions: list[str] | None = None) -> list[Run]:
+    """Measure `lanes` at the sweep's N on `instructions` (default: the code instructions) into the table; returns
+    their runs with the token ids and rounds the table does not keep."""
+    n, instructions = ctx.sweep_tokens, instructions or ctx.code_instructions()
     ctx.log(f"{what}: N={n}, {len(lanes)} lanes, {len(instructions)} instructions")
-    runs = ctx.keep(measure(lanes, instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log))
-    rows = rows if rows is not None else [lane for lane in lanes if lane.kind == SPECULATIVE]
-    return [extra(lane, runs) if extra else Row(lane.label) for lane in rows]
+    return ctx.keep(measure(lanes, instructions, ctx.prompts(instructions), n, ctx.bench, ctx.log))
 
 
 def run_k(ctx: Context) -> Sweep:
@@ -57,18 +46,10 @@ def run_k(ctx: Context) -> Sweep:
     if ctx.bench.genai_k_values:
         genai_ar = ctx.genai_lane("GenAI autoregressive", "plain")
         genai = [genai_ar] + [ctx.genai_lane(f"GenAI K={k}", SPECULATIVE, baseline=genai_ar, k=k) for k in ctx.bench.genai_k_values]
-
-    would: dict = {}  # (instruction, repeat) -> the counterfactual on the autoregressive lane's answer
-
-    def extra(lane: Lane, runs: list[Run]) -> stats.Counterfactual:
-        """What the counterfactual said for this lane (it reads the runs' token ids, which the table does not keep)."""
-        if not would:
-            would.update(counterfactuals(ctx, runs, ar, observer=auto_lane))  # corrected by what auto K observed
-        return stats.counterfactual_figures(runs, lane, would)
-
-    section = sweep(ctx, f"K sweep, K in {list(ctx.bench.k_values)}, adaptive and auto", [ar, *ours, *genai], extra, rows=ours)
-    return replace(section, counterfactuals=[{"instruction": i, "repeat": r, **w.to_dict()}
-                                             for (i, r), w in sorted(would.items())])
+    runs = sweep(ctx, f"K sweep, K in {list(ctx.bench.k_values)}, adaptive and auto", [ar, *ours, *genai])
+    would = counterfactuals(ctx, runs, ar, observer=auto_lane)  # corrected by what auto K observed
+    return Sweep(ctx.sweep_tokens, [stats.counterfactual_figures(runs, lane, would) for lane in ours],
+                 counterfactuals=[dict(instruction=i, repeat=r, **w.to_dict()) for (i, r), w in sorted(would.items())])
 
 
 def counterfactuals(ctx: Context, runs: list[Run], ar: Lane, observer: Lane | None = None) -> dict:
@@ -95,7 +76,7 @@ def run_vocab(ctx: Context) -> Sweep:
     """The draft's LM head trimmed to its N most frequent tokens: draft step, α̂ and speedup for each N."""
     generation = replace(ctx.generation, k_policy=KPolicy.auto(K_MAX))
     ar = our_lane(AUTOREGRESSIVE, ctx.engine, AUTOREGRESSIVE, generation)
-    lanes, heads = [ar], {}
+    lanes, heads = [ar], []
     for n_head in ctx.bench.head_tokens:
         label = f"head {n_head // 1000}k" if n_head else "full head"
         if n_head == ctx.engine.draft.settings.head_tokens:
@@ -105,9 +86,10 @@ def run_vocab(ctx: Context) -> Sweep:
             engine.warm_up(K_MAX, log=lambda m: ctx.log(f"  {label}: {m}"))
         lane = our_lane(label, engine, SPECULATIVE, generation, baseline=ar)
         step_s = engine.costs.d(1) if engine.costs else math.nan
-        heads[lane] = Head(label, n_head, engine.draft.runtime.head_tokens, step_s)
+        heads.append(Head(label, n_head, engine.draft.runtime.head_tokens, step_s))
         lanes.append(lane)
-    return sweep(ctx, f"draft head sweep, auto K, heads {[lane.label for lane in heads]}", lanes, lambda lane, runs: heads[lane])
+    sweep(ctx, f"draft head sweep, auto K, heads {[head.label for head in heads]}", lanes)
+    return Sweep(ctx.sweep_tokens, heads)
 
 
 def run_precision(ctx: Context) -> Sweep:
@@ -123,17 +105,16 @@ def run_precision(ctx: Context) -> Sweep:
 
 
 def _sweep_target(ctx: Context, precision: str, drafts: dict) -> list[Pair]:
-    """One target precision alone, then with each draft in `drafts` ({precision: LoadedModel}): sweep_rows'."""
+    """One target precision alone, then with each draft in `drafts` ({precision: LoadedModel}): the sweep's rows."""
     generation, target = ctx.generation, _target_at(ctx, precision)
     ar = our_lane(f"target {precision} autoregressive", Engine(target, None), AUTOREGRESSIVE, generation)
-    lanes, pairs = [ar], {}
+    lanes, pairs = [ar], []
     for dp, draft in drafts.items():
-        lane = our_lane(f"target {precision} + draft {dp}", Engine(target, draft), SPECULATIVE, generation, baseline=ar,
-                        reference=ar)
-        pairs[lane] = Pair(lane.label, precision, dp, draft.describe().size_on_disk_bytes)
-        lanes.append(lane)
-    return sweep_rows(ctx, f"precision sweep, target {precision}, {generation.k_policy.describe()}, {len(pairs)} pairs",
-                 lanes, lambda lane, runs: pairs[lane])
+        lanes.append(our_lane(f"target {precision} + draft {dp}", Engine(target, draft), SPECULATIVE, generation,
+                              baseline=ar, reference=ar))
+        pairs.append(Pair(lanes[-1].label, precision, dp, draft.describe().size_on_disk_bytes))
+    sweep(ctx, f"precision sweep, target {precision}, {generation.k_policy.describe()}, {len(pairs)} pairs", lanes)
+    return pairs
 
 
 def _target_at(ctx: Context, precision: str):
@@ -158,7 +139,7 @@ def run_kv(ctx: Context) -> Sweep:
     """KV cache precision of both models: time, acceptance and cache bytes."""
     generation = ctx.generation
     target, draft = ctx.engine.target.settings, ctx.engine.draft.settings  # as loaded: precisions and tune resolved
-    lanes, precisions = [], {}
+    lanes, precisions = [], []
     for kv in ctx.bench.kv_cache_precisions:
         if kv == target.kv_cache_precision:
             engine = ctx.engine
@@ -170,10 +151,9 @@ def run_kv(ctx: Context) -> Sweep:
         ar = our_lane(f"KV {label} autoregressive", engine, AUTOREGRESSIVE, generation)
         spec = our_lane(f"KV {label} speculative", engine, SPECULATIVE, generation, baseline=ar, reference=ar)
         lanes += [ar, spec]
-        precisions[spec] = KvCache(spec.label, label)
-    figures = sweep(ctx, f"KV cache precision sweep, {generation.k_policy.describe()}, {len(precisions)} precisions",
-                    lanes, lambda lane, runs: precisions[lane])
-    return replace(figures, k=generation.k_policy.k, k_label=ctx.k_label())
+        precisions.append(KvCache(spec.label, label))
+    sweep(ctx, f"KV cache precision sweep, {generation.k_policy.describe()}, {len(precisions)} precisions", lanes)
+    return Sweep(ctx.sweep_tokens, precisions, generation.k_policy.k, ctx.k_label())
 
 
 def run_lookup(ctx: Context) -> Sweep:
@@ -183,14 +163,10 @@ def run_lookup(ctx: Context) -> Sweep:
     lookup = replace(ctx.fixed(ctx.k), drafter=with_counterpart("lookup").name)
     planner = replace(generation, k_policy=KPolicy.auto(generation.k_max))
     genai_ar = ctx.genai_lane("GenAI autoregressive", "plain")
-    lanes = [
-        ar,
-        our_lane("ours draft model", ctx.engine, SPECULATIVE, ctx.fixed(ctx.k), baseline=ar),
-        our_lane("ours prompt lookup", ctx.engine, SPECULATIVE, lookup, baseline=ar),
-        our_lane("ours planner (auto)", ctx.engine, SPECULATIVE, planner, baseline=ar),
-        genai_ar,
-        ctx.genai_lane("GenAI prompt lookup", "lookup", baseline=genai_ar),
-    ]
-    instructions = EDIT_INSTRUCTIONS[: ctx.bench.lookup_instructions]
-    what = f"prompt lookup vs draft model, K={ctx.k}, edit instructions"
-    return replace(sweep(ctx, what, lanes, instructions=instructions), k=ctx.k)
+    lanes = [ar, our_lane("ours draft model", ctx.engine, SPECULATIVE, ctx.fixed(ctx.k), baseline=ar),
+             our_lane("ours prompt lookup", ctx.engine, SPECULATIVE, lookup, baseline=ar),
+             our_lane("ours planner (auto)", ctx.engine, SPECULATIVE, planner, baseline=ar),
+             genai_ar, ctx.genai_lane("GenAI prompt lookup", "lookup", baseline=genai_ar)]
+    sweep(ctx, f"prompt lookup vs draft model, K={ctx.k}, edit instructions", lanes,
+          EDIT_INSTRUCTIONS[: ctx.bench.lookup_instructions])
+    return Sweep(ctx.sweep_tokens, [], k=ctx.k)  # its lanes are all the table's

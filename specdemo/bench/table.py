@@ -1,15 +1,11 @@
 """The run's one table: every run of every section a Run, its lane a Lane, written to benchmarks.json as "table"
-under "schema" SCHEMA and read back into the same types. The one place the bench reads its results by key: JSON's
-boundary.
-
-A lane's label is for people only. What a lane is (framework, autoregressive or speculative, which lane its speedup is
-over, K) lives in fields, and the statistics, the report and the plots pair lanes by those fields, so renaming a label
-changes a table's text and nothing else.
+under "schema" SCHEMA and read back into the same types; the one place the bench reads its results by key. A lane's
+label is for people only: what a lane is (framework, kind, the lane its speedup is over, K) lives in fields, by which
+the statistics, the report and the plots pair lanes, so renaming a label changes a table's text and nothing else.
 
 Files before schema 2 kept each section's runs inside it (sections.<name>.runs, the paper's by_tokens.<N>.runs and
-genai_defaults.runs): `load` converts those, their prefill left unmeasured (nan), as they did not time it. Rows before
-schema 3 carry no setting: the paper's GenAI-defaults pass is told apart in files before schema 2 only (no file of
-schema 2 ran the paper).
+genai_defaults.runs): `load` converts those, their prefill unmeasured (nan). Rows before schema 3 carry no setting:
+the paper's GenAI-defaults pass is told apart in files before schema 2 only (no file of schema 2 ran the paper).
 """
 
 from __future__ import annotations
@@ -34,9 +30,7 @@ class Output:
 
     ids: list[int]  # new token ids (the stop token included)
     wall_s: float  # seconds of the whole call, prompt ids in hand to last token
-    # seconds from the prompt ids in hand to the first new token (prefill and its sampling; a peer's as its own metrics
-    # time it)
-    first_s: float
+    first_s: float  # seconds from the prompt ids in hand to the first new token (a peer's as its own metrics time it)
     summary: Summary | None = None  # ours; None for a peer
     proposed: int = 0  # draft tokens offered for verification (ours: from the summary; a peer: its own count)
     accepted: int = 0  # of them, kept by the target
@@ -72,9 +66,6 @@ class Lane:
         values = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("label", "generate")}
         return {name: value.label if isinstance(value, Lane) else value for name, value in values.items()}
 
-    def to_json(self) -> dict:
-        return {"label": self.label, **self.fields()}
-
     def bare(self) -> Lane:
         """This lane without its generate (nor its baseline's and reference's): what the table keeps, so a kept run
         holds no pipeline alive after its section."""
@@ -84,10 +75,9 @@ class Lane:
 
 @dataclass(frozen=True)
 class Run:
-    """One generation in one lane of the benchmark: a row of the run's one table (table.py writes and reads it).
-
-    Its time is split as a peer's own tools split it: the prefill (prompt ids in hand to the first new token) and the
-    decoding of the tokens after the first, whose rate (decode_rate) is what the report's ratios compare."""
+    """One generation in one lane: a row of the table. Its time is split as a peer's own tools split it: the prefill
+    (prompt ids in hand to the first new token), and the decoding of the tokens after it, whose rate (decode_rate) is
+    what the report's ratios compare."""
 
     lane: Lane
     instruction: int  # index into the section's instructions
@@ -124,8 +114,10 @@ class Run:
         return (self.tokens - 1) / self.decode_s if self.tokens > 1 and self.decode_s > 0 else math.nan
 
 
-# 2: the table, with each run's prefill (time to the first token) apart from its decoding; 3: each run's setting
-SCHEMA = 3
+# 2: the table, with each run's prefill (time to the first token) apart from its decoding; 3: each run's setting;
+# 4: the sections keep no figure the table holds (humaneval: its lanes, speedups and pass@1 went, its verdicts stay;
+# transformers: its K, N and dtype; lookup: its rows of bare labels)
+SCHEMA = 4
 
 # what a lane's field is where JSON holds null
 _LANE_FIELDS = {"framework": None, "kind": None, "k": None, "k_policy": None, "drafter": None, "models": ""}

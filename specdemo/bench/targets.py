@@ -7,15 +7,9 @@ from dataclasses import dataclass
 from specdemo.bench import stats
 from specdemo.bench.schema import GENAI_SPEC, HF_SPEC, OURS_SPEC, Sections
 from specdemo.bench.table import Run
+from specdemo.bench.settings import (TARGET_AUTO_SPEEDUP, TARGET_GENAI_RATIO, TARGET_OVERHEAD, TARGET_PREDICTION_ERROR,
+                                     TARGET_SPEEDUP, TARGET_TRANSFORMERS)
 from specdemo.names import SPECULATIVE
-from specdemo.bench.settings import (
-    TARGET_AUTO_SPEEDUP,
-    TARGET_GENAI_RATIO,
-    TARGET_OVERHEAD,
-    TARGET_PREDICTION_ERROR,
-    TARGET_SPEEDUP,
-    TARGET_TRANSFORMERS,
-)
 
 
 @dataclass(frozen=True)
@@ -46,8 +40,7 @@ def judge_targets(sections: Sections, runs: list[Run]) -> list[Target]:
         overhead = sections.paper.time_shares[SPECULATIVE][stats.PYTHON]
         targets.append(_target("overhead", "our loop's share of wall time outside model calls", where, overhead,
                                TARGET_OVERHEAD, "≤", "share"))
-    k_rows = stats.sweep_rows(runs, "k", "specdemo")
-    if k_rows:
+    if k_rows := stats.sweep_rows(runs, "k", "specdemo"):
         best = fastest(k_rows)
         targets.append(_target("speedup_best_k", "speculative speedup over autoregressive (code), best K", best.lane.label,
                                best.measured_speedup.median, TARGET_SPEEDUP, "≥"))

@@ -1,9 +1,8 @@
-"""What watching costs: the same instruction run by the CLI, by the page through its API (no browser), and by the page
-in Chromium on the same machine, back to back, each saved run's two lanes read back (runfile.py: the CLI's
-`generate --json` and the page's download share the schema) into the table, their setting the mode that ran them.
-
-A local demo shares the machine with the browser that watches it: every live update the page sends is work for the
-server and for the browser's renderer, taken from the lanes. This section says how much, as ratios to the CLI.
+"""What watching costs: a local demo shares the machine with the browser watching it, and every live update is work
+for the server and the browser's renderer, taken from the lanes. The same instruction run by the CLI, by the page
+through its API (no browser) and by the page in Chromium, back to back, each saved run's two lanes read back into the
+table (runfile.py: `generate --json` and the page's download share the schema), their setting the mode that ran them;
+the report gives ratios to the CLI.
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ from dataclasses import astuple, dataclass, field
 from pathlib import Path
 
 from specdemo.bench import stats
+from specdemo.bench.report_tables import table
 from specdemo.bench.schema import OURS_AR, OURS_SPEC, Figures, Sections
 from specdemo.bench.table import Lane, Run
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
@@ -193,8 +193,10 @@ def run_watching(ctx) -> Watching:
     try:
         page.by_api(instruction, 8)  # the page warms up once, as a visitor's first run would not
         for r in range(repeats):
+            if CHROMIUM.exists():
+                browser_cpu.append(BrowserCpu())
             for mode, run in (("CLI", lambda: by_cli(instruction, n)), ("page API", lambda: page.by_api(instruction, n)),
-                              ("page in Chromium", lambda: page.by_browser(instruction, n, _new(browser_cpu)))):
+                              ("page in Chromium", lambda: page.by_browser(instruction, n, browser_cpu[-1]))):
                 if mode == "page in Chromium" and not CHROMIUM.exists():
                     continue
                 ar, spec = ctx.keep(rows(run(), r, n), mode)
@@ -202,11 +204,6 @@ def run_watching(ctx) -> Watching:
     finally:
         page.close()
     return Watching(instruction, n, repeats, IDLE_S, browser_cpu)
-
-
-def _new(readings: list[BrowserCpu]) -> BrowserCpu:
-    readings.append(BrowserCpu())
-    return readings[-1]
 
 
 def _median(seens: list[Seen]) -> Seen:
@@ -218,26 +215,24 @@ def watching_section(sections: Sections, plots: dict, runs: list[Run]) -> str:
     same repeat (a shared machine drifts between repeats)."""
     if not (section := sections.watching):
         return ""
-    header = "| where | autoregressive step | verify call | drafting | speedup shown |\n| --- | ---: | ---: | ---: | ---: |"
     lines, cli = [], by_repeat(runs, "CLI")
     for mode in MODES:
-        if not (mine := by_repeat(runs, mode)):
-            continue
-        m = _median(list(mine.values()))
-        r = _median([Seen(*(a / b for a, b in zip(astuple(v), astuple(cli[i])))) for i, v in mine.items()])
-        lines.append(f"| {mode} | {m.step_s * 1e3:.1f} ms ({r.step_s:.2f}×) | "
-                     f"{m.verify_s * 1e3:.1f} ms ({r.verify_s:.2f}×) | {m.drafting_s:.2f} s ({r.drafting_s:.2f}×) | "
-                     f"{m.speedup:.2f}× ({r.speedup:.2f}×) |")
+        if mine := by_repeat(runs, mode):
+            m = _median(list(mine.values()))
+            r = _median([Seen(*(a / b for a, b in zip(astuple(v), astuple(cli[i])))) for i, v in mine.items()])
+            lines.append([mode, f"{m.step_s * 1e3:.1f} ms ({r.step_s:.2f}×)", f"{m.verify_s * 1e3:.1f} ms "
+                          f"({r.verify_s:.2f}×)", f"{m.drafting_s:.2f} s ({r.drafting_s:.2f}×)",
+                          f"{m.speedup:.2f}× ({r.speedup:.2f}×)"])
     return (f"## 8. What watching costs\n\nThe same instruction (N = {section.max_new_tokens}, auto K), {section.repeats} "
             "times each way, back to back: the CLI, the page through its API with no browser, and the page in Chromium on "
             "this machine. Medians, and in brackets the median of each run over the CLI's run of the same repeat.\n\n"
-            + header + "\n" + "\n".join(lines) + _browser_cpu(section))
+            + table(["where", "autoregressive step", "verify call", "drafting", "speedup shown"], lines)
+            + _browser_cpu(section))
 
 
 def _browser_cpu(section: Watching) -> str:
     """Chromium's own CPU time: the loaded page left idle, and over a run."""
-    readings = [r for r in section.browser_cpu if not math.isnan(r.run_s)]
-    if not readings:
+    if not (readings := [r for r in section.browser_cpu if not math.isnan(r.run_s)]):
         return ""
     idle, run, wall = (statistics.median(r.idle_s for r in readings), statistics.median(r.run_s for r in readings),
                        statistics.median(r.run_wall_s for r in readings))

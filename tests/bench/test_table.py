@@ -63,8 +63,8 @@ def test_every_row_of_the_json_carries_time_to_first_token_and_decode_rate():
 
 
 def test_a_file_of_a_newer_schema_is_refused_in_one_sentence():
-    with pytest.raises(ValueError, match="schema 4: this specdemo reads up to 3"):
-        table.load({"schema": 4, "table": []})
+    with pytest.raises(ValueError, match="schema 5: this specdemo reads up to 4"):
+        table.load({"schema": 5, "table": []})
 
 
 def test_a_run_keeps_the_pass_of_its_section_it_ran_in_and_older_files_passes_are_told_apart():
