@@ -38,10 +38,11 @@ for precision in sys.argv[2:]:
     sources.prepare(ModelSettings(sys.argv[1], precision=precision), lambda fraction, message: None)
 """
 WEIGHT_TYPES = {"fp16": {"f16"}, "int8": {"u8"}, "int4": {"u4"}, "gguf": {"i8"}, "gguf-mixed": {"i8"},
-                "gguf-native": {"u8"}}  # the file's raw blocks
+                "gguf-native": {"u8"}, "gguf-q4": {"u8"}}  # the file's raw blocks, or them in 4 bits
+REQUANTIZED = ("gguf-q4",)  # a draft's precision: the file's blocks in 4 bits, scored as that file in tests/models
 
 
-@pytest.mark.slow  # NNCF and transformers' tokenizer conversion imported in a fresh child for each of six precisions
+@pytest.mark.slow  # NNCF and transformers' tokenizer conversion imported in a fresh child for each of seven precisions
 def test_every_precision_of_a_gguf_converts_in_processes_without_torch(home, tmp_path):
     from transformers import AutoTokenizer
 
@@ -65,8 +66,10 @@ def test_every_precision_of_a_gguf_converts_in_processes_without_torch(home, tmp
                    if op.get_type_name() == "Constant" and len(op.get_output_shape(0)) >= 2}
         assert WEIGHT_TYPES[precision] <= weights, (precision, weights)
         assert AutoTokenizer.from_pretrained(folder).encode(TEXT) == ids
+        if precision in REQUANTIZED:
+            continue  # random weights in 4 bits: its choice is the re-quantized file's (tests/models/test_requantize.py)
         logits = exact(folder).forward(ids)
-        assert logits.argmax() == reference.argmax(), precision  # the tiny model's choice survives every precision
+        assert logits.argmax() == reference.argmax(), precision  # the tiny model's choice survives every other one
 
 
 @pytest.mark.real_models
