@@ -67,7 +67,7 @@ def test_every_precision_of_a_gguf_converts_in_processes_without_torch(home, tmp
         assert WEIGHT_TYPES[precision] <= weights, (precision, weights)
         assert AutoTokenizer.from_pretrained(folder).encode(TEXT) == ids
         if precision in REQUANTIZED:
-            continue  # random weights in 4 bits: its choice is the re-quantized file's (tests/models/test_requantize.py)
+            continue  # random weights in 4 bits: its choice is the re-quantized file's (models/test_requantize.py)
         logits = exact(folder).forward(ids)
         assert logits.argmax() == reference.argmax(), precision  # the tiny model's choice survives every other one
 
