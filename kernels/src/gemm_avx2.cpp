@@ -82,17 +82,17 @@ inline __m256i values(const uint8_t* block, int j, int q, int n) {
         const __m256i high = q == 0 ? _mm256_slli_epi16(highs, 4) : q == 1 ? _mm256_slli_epi16(highs, 2)
                            : q == 2 ? highs : _mm256_srli_epi16(highs, 2);
         return _mm256_or_si256(low, _mm256_and_si256(high, _mm256_set1_epi8(0x30)));
-    } else if constexpr (NIBBLES_AND_FIFTHS<P>) {  // the pair's nibbles, and bit q of the fifths moved to bit 4
+    } else if constexpr (NIBBLES_AND_FIFTHS<P> || NIBBLE_PAIRS<P>) {  // the pair's nibbles, Q5_0's fifth bit q at 4
         const uint8_t* pair = block + P::V + (q % 4) * P::QUAD + 32 * n;
         const __m256i nibbles = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pair));
-        const __m256i fifths = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + P::FIFTHS + 32 * n));
         const __m256i low = _mm256_and_si256(q < 4 ? nibbles : _mm256_srli_epi16(nibbles, 4), _mm256_set1_epi8(0x0F));
-        const __m256i fifth = q < 4 ? _mm256_slli_epi16(fifths, 4 - q) : _mm256_srli_epi16(fifths, q - 4);
-        return _mm256_or_si256(low, _mm256_and_si256(fifth, _mm256_set1_epi8(0x10)));
-    } else if constexpr (NIBBLE_PAIRS<P>) {  // the pair's low or high nibbles
-        const uint8_t* pair = block + P::V + (q % 4) * P::QUAD + 32 * n;
-        const __m256i nibbles = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pair));
-        return _mm256_and_si256(q < 4 ? nibbles : _mm256_srli_epi16(nibbles, 4), _mm256_set1_epi8(0x0F));
+        if constexpr (NIBBLE_PAIRS<P>) {
+            return low;
+        } else {  // the fifths are P's own member
+            const __m256i fifths = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + P::FIFTHS + 32 * n));
+            const __m256i fifth = q < 4 ? _mm256_slli_epi16(fifths, 4 - q) : _mm256_srli_epi16(fifths, q - 4);
+            return _mm256_or_si256(low, _mm256_and_si256(fifth, _mm256_set1_epi8(0x10)));
+        }
     } else {
         static_assert(NIBBLES_AND_FIFTHS<P>, "AVX2's panels: Q6_K as nibbles and highs, Q5_0 nibbles and fifths, Q4_0 "
                                              "nibbles");

@@ -87,15 +87,16 @@ inline __m512i values(const uint8_t* block, int j, int q, int n) {
         const __m512i high = q == 0 ? _mm512_slli_epi16(highs, 4) : q == 1 ? _mm512_slli_epi16(highs, 2)
                            : q == 2 ? highs : _mm512_srli_epi16(highs, 2);
         return _mm512_or_si512(low, _mm512_and_si512(high, _mm512_set1_epi8(0x30)));
-    } else if constexpr (NIBBLES_AND_FIFTHS<P>) {  // the pair's nibbles, and bit q of the fifths moved to bit 4
+    } else if constexpr (NIBBLES_AND_FIFTHS<P> || NIBBLE_PAIRS<P>) {  // the pair's nibbles, Q5_0's fifth bit q at 4
         const __m512i nibbles = _mm512_loadu_si512(block + P::V + (q % 4) * P::QUAD + 64 * n);
-        const __m512i fifths = _mm512_loadu_si512(block + P::FIFTHS + 64 * n);
         const __m512i low = _mm512_and_si512(q < 4 ? nibbles : _mm512_srli_epi16(nibbles, 4), _mm512_set1_epi8(0x0F));
-        const __m512i fifth = q < 4 ? _mm512_slli_epi16(fifths, 4 - q) : _mm512_srli_epi16(fifths, q - 4);
-        return _mm512_or_si512(low, _mm512_and_si512(fifth, _mm512_set1_epi8(0x10)));
-    } else if constexpr (NIBBLE_PAIRS<P>) {  // the pair's low or high nibbles
-        const __m512i nibbles = _mm512_loadu_si512(block + P::V + (q % 4) * P::QUAD + 64 * n);
-        return _mm512_and_si512(q < 4 ? nibbles : _mm512_srli_epi16(nibbles, 4), _mm512_set1_epi8(0x0F));
+        if constexpr (NIBBLE_PAIRS<P>) {
+            return low;
+        } else {  // the fifths are P's own member
+            const __m512i fifths = _mm512_loadu_si512(block + P::FIFTHS + 64 * n);
+            const __m512i fifth = q < 4 ? _mm512_slli_epi16(fifths, 4 - q) : _mm512_srli_epi16(fifths, q - 4);
+            return _mm512_or_si512(low, _mm512_and_si512(fifth, _mm512_set1_epi8(0x10)));
+        }
     } else {
         return _mm512_loadu_si512(block + P::V + (j * (P::SLOT / 4) + q) * P::QUAD + 64 * n);
     }

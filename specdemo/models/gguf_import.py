@@ -1,9 +1,8 @@
 """A GGUF file's weights as nodes of the graph built from it (specdemo/models/gguf_graph.py), laid out for the chosen
 precision:
 
-- BlockWeights (precision gguf-native): each MatMul a BlockMatMul over the file's own bytes (specdemo/models/kernels.py),
-  the embedding's Gather on the exact layout below; gguf-q4 the same over the file's blocks re-quantized to 4 bits
-  (specdemo/models/requantize.py: a draft's cheaper step).
+- BlockWeights (gguf-native; gguf-q4, the blocks in 4 bits: requantize.py): each MatMul a BlockMatMul over the file's
+  bytes (specdemo/models/kernels.py), the embedding's Gather on the exact layout below.
 - BlockWeights (precisions gguf, gguf-mixed): the file's own blocks (specdemo/models/gguf_weights.py) as the
   pattern the CPU plugin fuses into its compressed FullyConnected (or Gather): a signed low-bit Constant, Convert,
   Multiply by an f16 scale per group, Reshape, Convert to f32; exact Q4_K's offset added after the MatMul as a group
@@ -108,12 +107,8 @@ class BlockWeights(_FileWeights):
         """x · Wᵀ for tensor `name` (rows, columns): the MatMul named `node_name` [+ x's group sums · offsetᵀ]; in
         the native layout the BlockMatMul of its raw blocks."""
         x = _output(x)
-        kind = self.file.tensors[name].kind
-        if self.layout in BLOCK_MATMUL_LAYOUTS and kind in kernels.KINDS:
-            raw = self._raw(name)
-            if self.layout == "native-q4":
-                raw, kind = requantize.to_4_bits(raw, kind)
-            return block_matmul(x, raw, kind, node_name).output(0)
+        if self.layout in BLOCK_MATMUL_LAYOUTS and self.file.tensors[name].kind in kernels.KINDS:
+            return block_matmul(x, *self._raw(name), node_name).output(0)
         blocks = self._blocks(name)
         if blocks is None:
             return _matmul(x, _f16_weight(self.values(name)), node_name)
@@ -141,10 +136,10 @@ class BlockWeights(_FileWeights):
         spread = ops.add(grouped, ops.unsqueeze(offsets, ops.constant(np.array([-1], dtype=np.int64))))
         return ops.reshape(spread, ops.constant(np.array([0, 0, groups * size], dtype=np.int64)), True).output(0)
 
-    def _raw(self, name: str) -> np.ndarray:
-        """(rows, bytes per row) u8: the file's blocks of `name` in the graph's row order; rows put in another order
-        than the file's checked on a sample (rows in the file's order are its own bytes: a check would compare them with
-        themselves, 1 s of a first start's target)."""
+    def _raw(self, name: str) -> tuple[np.ndarray, str]:
+        """(rows, bytes per row) u8 and their type: the file's blocks of `name` in the graph's row order (in 4 bits in
+        the native-q4 layout); rows put in another order than the file's checked on a sample (rows in the file's order
+        are its own bytes: a check would compare them with themselves, 1 s of a first start's target)."""
         tensor = self.file.tensors[name]
         raw = np.asarray(tensor.data)
         order = self._order(name, raw.shape[0])
@@ -152,7 +147,7 @@ class BlockWeights(_FileWeights):
             raw = raw[order]
             sample = _sample(raw.shape[0])
             self.check(name, dequantized(raw[sample], tensor.kind), sample)
-        return raw
+        return requantize.to_4_bits(raw, tensor.kind) if self.layout == "native-q4" else (raw, tensor.kind)
 
     def _blocks(self, name: str) -> Blocks | None:
         """The exact blocks of `name` in the graph's row order, checked, then laid out; None for a type not unpacked."""

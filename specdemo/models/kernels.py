@@ -106,10 +106,9 @@ def say_once_if_unavailable(stream=sys.stderr) -> None:
 
 
 def runnable(precisions: tuple[str, ...]) -> tuple[str, ...]:
-    """`precisions` without those on these kernels (ON_KERNELS) where they were not built here, or were found not to
-    run (the others need nothing of them). Loads no OpenVINO, for `clean` and the CLI's help: a library that was built
-    but cannot load or fails its check is found by unavailable, which the app and the CLI ask before they choose a
-    precision."""
+    """`precisions` without ON_KERNELS where the kernels were not built here, or were found not to run (the others
+    need nothing of them). Loads no OpenVINO, for `clean` and the CLI's help: a library that was built but cannot load
+    or fails its check is found by unavailable, which the app and the CLI ask before they choose a precision."""
     return tuple(p for p in precisions if p not in ON_KERNELS or (_built() is not None and not _found_unavailable()))
 
 
