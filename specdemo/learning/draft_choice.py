@@ -8,8 +8,9 @@ draft here, with the tuned target loaded:
 
 * its draft step, as a round makes it (race.sample_draft), raced against the incumbent draft (race.race: until the
   ratio of their steps is clear of MARGIN, or a cap), two drafts at a time;
-* its acceptance by draft position, exactly, on the built-in answers (assets/calibration.json): where its greedy token
-  equals the target's, teacher forced (counterfactual.greedy_choices; the target's choices computed once);
+* its acceptance by draft position, exactly, on the built-in answers of every kind the page offers (code, prose, French,
+  Chinese, Russian: builtin.DRAFT_PLAN_ANSWERS, where it says why): where its greedy token equals the target's, teacher
+  forced (counterfactual.greedy_choices; the target's choices computed once);
 
 and prices each with the planner (the target's measured cost curve, the draft's calls scaled by the candidate's step
 time): the predicted speedup at its best K. The configured draft (its precision, the full head) stays unless another

@@ -282,7 +282,7 @@ def tune(target: ModelSettings, draft: ModelSettings, log=print, again: bool = T
     # The draft plan measures against the tuned target, its incumbent the draft as tuned.
     target_model = kept.pop("target", None) or admitted(tune_choice(trials, "target", target), "the tuned target, for "
                                                                                                 "the draft plan", log)
-    return trials, plan_draft(tune_choice(trials, "draft"), target_model, draft, tokenizer, examples, log,
+    return trials, plan_draft(tune_choice(trials, "draft"), target_model, draft, tokenizer, log,
                               incumbent=kept.pop("draft", None))
 
 
@@ -295,8 +295,7 @@ def wait_for_peak(target: ModelSettings, draft: ModelSettings, log) -> None:
                            "specdemo tune` tries again")
 
 
-def plan_draft(setting: Setting, target, draft: ModelSettings, tokenizer, examples: list[dict], log,
-               incumbent=None) -> list:
+def plan_draft(setting: Setting, target, draft: ModelSettings, tokenizer, log, incumbent=None) -> list:
     """The draft plan under the draft's compile `setting`: the target's cost curve with the incumbent draft first
     (quick, or as this machine's profile knows it), then each candidate draft that could change the plan measured
     against `target` (the tuned target's runtime) and priced by the planner on that curve (draft_choice);
@@ -321,7 +320,8 @@ def plan_draft(setting: Setting, target, draft: ModelSettings, tokenizer, exampl
     config = incumbent.folder / "config.json"
     share = draft_choice.head_share(json.loads(config.read_text()) if config.is_file() else {})
     options, incumbent = draft_choice.measure(
-        target, draft, examples, lambda example: encode_example(tokenizer, example), sources.is_prepared, compile,
+        target, draft, builtin.draft_plan_answers(), lambda example: encode_example(tokenizer, example),
+        sources.is_prepared, compile,
         lambda a, b, other: race(a, b, other, sample_draft, measuring=True),
         lambda model, other: alone(model, other, sample_draft), log, incumbent, curve, share)
     best = draft_choice.price(options, curve, draft.precision)
@@ -336,12 +336,11 @@ def replan_draft(target: ModelSettings, draft: ModelSettings, log=print) -> list
     whose other precision was prepared after the tune, or a tune file from before the plan covered precisions."""
     from transformers import AutoTokenizer
 
-    examples = builtin.code_answers()
     tokenizer = AutoTokenizer.from_pretrained(sources.prepare(target))
     profile = machine_profile()
     wait_for_peak(target, DEFAULT.apply(searched(draft)), log)
     tuned_target = admitted(profile.resolve(target), "the tuned target, for the draft plan", log)
-    return plan_draft(profile.chosen(searched(draft)) or DEFAULT, tuned_target, draft, tokenizer, examples, log)
+    return plan_draft(profile.chosen(searched(draft)) or DEFAULT, tuned_target, draft, tokenizer, log)
 
 
 def tune_choice(trials: list[Trial], role: str, base: ModelSettings | None = None):

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from specdemo.learning import draft_choice, race, tune
+from specdemo.learning import builtin, draft_choice, race, tune
 from specdemo.learning.draft_choice import DraftOption, candidates, price
 from specdemo.learning.profile import Profile, choices
 from specdemo.models import kernels, sources
@@ -218,6 +218,28 @@ def test_a_plan_that_did_not_price_a_prepared_precision_is_made_again(home, tmp_
     assert profile.needs_plan(DEFAULT_DRAFT)  # an auto draft could run int8 now
     assert not profile.needs_plan(replace(DEFAULT_DRAFT, precision="int4"))  # its own precision was priced
     assert not profile.needs_plan(replace(DEFAULT_DRAFT, precision="int4", head_tokens=0))  # nothing left open
+
+
+def test_a_plan_measured_on_other_built_in_answers_is_made_again(home, tmp_path):
+    profile = Profile(tmp_path / "machine")
+    planned(profile, option(0, 0.94, 0.050), option(16_000, 0.90, 0.0375))
+    assert not profile.needs_plan(DEFAULT_DRAFT)
+    entry = profile.tune()["drafts"][choices.draft_key(DEFAULT_DRAFT)]
+    assert entry["answers"] == list(builtin.DRAFT_PLAN_ANSWERS)
+    del entry["answers"]  # a plan from before the languages: its trimmed heads were priced on code alone
+    profile.store.update("tune", lambda tune: {**tune, "drafts": {choices.draft_key(DEFAULT_DRAFT): entry}})
+    assert profile.needs_plan(DEFAULT_DRAFT)
+    assert not profile.needs_plan(replace(DEFAULT_DRAFT, precision="int4", head_tokens=0))  # nothing left open
+
+
+def test_the_draft_plan_measures_acceptance_beyond_english_code():
+    answers = builtin.draft_plan_answers()
+    assert builtin.code_answers()[0] in answers and builtin.prose_answers()[0] in answers
+    text = "".join(a["instruction"] + a["answer"] for a in answers)
+    # Latin with accents, Han, Cyrillic: scripts a head trimmed on Python's standard library mostly lacks
+    assert any("\u00c0" <= c <= "\u00ff" for c in text) and any("\u4e00" <= c <= "\u9fff" for c in text) \
+        and any("\u0400" <= c <= "\u04ff" for c in text)
+    assert all(a["instruction"].strip() and len(a["answer"]) > 100 for a in answers)
 
 
 def busy(option: DraftOption) -> DraftOption:

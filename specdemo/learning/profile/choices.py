@@ -5,7 +5,7 @@ applies it where the settings leave the choice open; `python -m specdemo tune` (
 the draft plan write it through `with_tune`.
 
     {"models": {model_key: {setting, seconds, relative, tuned_at[, from]}},
-     "drafts": {draft_key: {precision, head_tokens, options, planned_at, busy_plans}},
+     "drafts": {draft_key: {precision, head_tokens, options, planned_at, busy_plans, answers}},
      "faithful": {target source: {precision, seconds: {precision: step s}, chosen_at}},
      "trials": [the last tune's trials], "changed_ns": when a choice last changed}
 """
@@ -16,6 +16,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 
 from specdemo.host import machine
+from specdemo.learning.builtin import DRAFT_PLAN_ANSWERS
 from specdemo.learning.draft_choice import choose, from_dict, to_prepare
 from specdemo.models import kernels, sources
 from specdemo.settings import AUTO, DRAFT_PRECISION, FAITHFUL, FAITHFUL_PRECISIONS, FIRST_DRAFT_PRECISIONS, ModelSettings
@@ -258,7 +259,7 @@ def with_tune(tune: dict, trials: list, settings: dict[str, ModelSettings], draf
         busy_plans = before.get("busy_plans", 0) + 1 if best.provisional else 0
         tune["drafts"] = {**tune.get("drafts", {}), draft_key(settings["draft"]): {
             "precision": best.precision, "head_tokens": best.head_tokens, "options": [to_dict(o) for o in drafts],
-            "planned_at": now, "busy_plans": busy_plans}}
+            "planned_at": now, "busy_plans": busy_plans, "answers": list(DRAFT_PLAN_ANSWERS)}}
         measured_under = models.get(model_key(settings["draft"]))
         for option in drafts:
             key = model_key(replace(settings["draft"], precision=option.precision))
@@ -279,10 +280,12 @@ def provisional_plan(draft: ModelSettings, tune: dict) -> bool:
 
 def needs_plan(draft: ModelSettings, tune: dict) -> bool:
     """Whether the draft plan is missing something a draft left to it could run: no plan yet, a prepared precision
-    it did not price, or a plan priced on a busy host (provisional) fewer than BUSY_PLANS times in a row."""
+    it did not price, a plan priced on a busy host (provisional) fewer than BUSY_PLANS times in a row, or one whose
+    acceptance was measured on other built-in answers (builtin.DRAFT_PLAN_ANSWERS: before 2026-11-30, code alone)."""
     if draft.precision != AUTO and draft.head_tokens != -1:
         return False
     priced = {o.precision for o in planned_options(draft, tune)}
     precisions = to_prepare(draft) if draft.precision == AUTO else (draft.precision,)
-    return not priced or provisional_plan(draft, tune) or \
+    answers = (_entry("drafts", draft_key(draft), tune) or {}).get("answers")
+    return not priced or provisional_plan(draft, tune) or answers != list(DRAFT_PLAN_ANSWERS) or \
         any(p not in priced and sources.is_prepared(replace(draft, precision=p)) for p in precisions)
