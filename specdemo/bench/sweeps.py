@@ -118,7 +118,7 @@ def _sweep_target(ctx: Context, precision: str, drafts: dict) -> list[Pair]:
 
 
 def _loaded(ctx: Context, role: str, precision: str):
-    """The engine's `role` model ("target", "draft") at `precision`: its own, or loaded (converted once on first use)."""
+    """The engine's `role` model ("target", "draft") at `precision`: its own, or loaded (converted on first use)."""
     if precision == (ours := getattr(ctx.engine, role)).settings.precision:
         return ours
     ctx.log(f"loading the {role} at {precision} (converted once on first use, ~2 min)")
