@@ -66,12 +66,8 @@ class Row:
 
 def leave_one_out(masks: list[list[int]], i: int, k_max: int) -> Acceptance:
     """The acceptance the other answers' match masks teach (the profile's pooling: acceptance.py), for answer i."""
-    tested, accepted = [0] * k_max, [0] * k_max
-    for j, mask in enumerate(masks):
-        if j != i:
-            t, a = mask_counts(mask, k_max)
-            tested = [x + y for x, y in zip(tested, t)]
-            accepted = [x + y for x, y in zip(accepted, a)]
+    others = [mask_counts(mask, k_max) for j, mask in enumerate(masks) if j != i] or [([0] * k_max, [0] * k_max)]
+    tested, accepted = ([sum(column) for column in zip(*counts)] for counts in zip(*others))  # position by position
     return Acceptance.from_counts(tested, accepted, Acceptance.geometric(MASKED_STRATEGY.planning.default_alpha),
                                   weight=PRIOR_WEIGHT)
 

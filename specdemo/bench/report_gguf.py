@@ -7,7 +7,7 @@ import math
 
 from specdemo.bench import stats
 from specdemo.bench.report_tables import cell, k_text, ms_value, number, percent, seconds, table, times
-from specdemo.bench.schema import OURS_AR, OURS_SPEC, Agreement, Sections, Skipped
+from specdemo.bench.schema import OURS_AR, OURS_SPEC, Sections, Skipped
 from specdemo.bench.table import Lane, Run
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 
@@ -49,7 +49,9 @@ def llamacpp_section(sections: Sections, plots: dict, runs: list[Run]) -> str:
         + _against_llama_bench(*over_bench)
         + "\n\nOur decode rate over llama.cpp's, per instruction then median (above 1 means ours decodes faster):\n\n"
         + table(["ratio", "median (min–max)"], ratio_rows)
-        + _text_agreement(cpp.text_agreement)
+        + (f"\n\nOur autoregressive greedy text against llama.cpp's, per instruction: the tokens both wrote before "
+           f"they part: {', '.join(f'{r.same_tokens} of {r.of}' for r in cpp.text_agreement)}."
+           if cpp.text_agreement else "")
     )
 
 
@@ -82,14 +84,6 @@ def _weights(weights: dict | None) -> str:
     if not weights:
         return "converted weights"
     return " / ".join(f"{'its own blocks' if p == 'gguf' else p.upper()} {role}" for role, p in weights.items())
-
-
-def _text_agreement(rows: list[Agreement]) -> str:
-    if not rows:
-        return ""
-    cells = ", ".join(f"{r.same_tokens} of {r.of}" for r in rows)
-    return (f"\n\nOur autoregressive greedy text against llama.cpp's, per instruction: the tokens both wrote before "
-            f"they part: {cells}.")
 
 
 def fidelity_section(sections: Sections, plots: dict, runs=()) -> str:

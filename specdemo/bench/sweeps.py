@@ -96,7 +96,7 @@ def run_precision(ctx: Context) -> Sweep:
     """Every draft precision with every target precision; each speedup is over the same target alone, measured back to
     back with it. One target is held at a time beside the bench's pair, the drafts throughout: all four targets and
     three drafts held at once took 14 GiB of anonymous memory (2-core AMX Xeon), where the bench keeps within 8."""
-    drafts = _drafts_by_precision(ctx)
+    drafts = {precision: _loaded(ctx, "draft", precision) for precision in ctx.bench.draft_precisions}
     rows = []
     for tp in ctx.bench.target_precisions:
         rows += _sweep_target(ctx, tp, drafts)  # its compile is let go on return, before the next one's
@@ -106,7 +106,7 @@ def run_precision(ctx: Context) -> Sweep:
 
 def _sweep_target(ctx: Context, precision: str, drafts: dict) -> list[Pair]:
     """One target precision alone, then with each draft in `drafts` ({precision: LoadedModel}): the sweep's rows."""
-    generation, target = ctx.generation, _target_at(ctx, precision)
+    generation, target = ctx.generation, _loaded(ctx, "target", precision)
     ar = our_lane(f"target {precision} autoregressive", Engine(target, None), AUTOREGRESSIVE, generation)
     lanes, pairs = [ar], []
     for dp, draft in drafts.items():
@@ -117,22 +117,12 @@ def _sweep_target(ctx: Context, precision: str, drafts: dict) -> list[Pair]:
     return pairs
 
 
-def _target_at(ctx: Context, precision: str):
-    """The target at `precision`: the engine's own, or loaded (converted once on first use)."""
-    if precision == ctx.engine.target.settings.precision:
-        return ctx.engine.target
-    ctx.log(f"loading the target at {precision} (converted once on first use, ~2 min)")
-    return load_model(replace(ctx.settings.target, precision=precision), log_progress(ctx.log, "target"))
-
-
-def _drafts_by_precision(ctx: Context) -> dict:
-    """precision -> LoadedModel of the draft, reusing the engine's own and converting on first use."""
-    drafts = {ctx.engine.draft.settings.precision: ctx.engine.draft}
-    for precision in ctx.bench.draft_precisions:
-        if precision not in drafts:
-            ctx.log(f"loading the draft at {precision} (converted once on first use, ~2 min)")
-            drafts[precision] = load_model(replace(ctx.settings.draft, precision=precision), log_progress(ctx.log, "draft"))
-    return {precision: drafts[precision] for precision in ctx.bench.draft_precisions}
+def _loaded(ctx: Context, role: str, precision: str):
+    """The engine's `role` model ("target", "draft") at `precision`: its own, or loaded (converted on first use)."""
+    if precision == (ours := getattr(ctx.engine, role)).settings.precision:
+        return ours
+    ctx.log(f"loading the {role} at {precision} (converted once on first use, ~2 min)")
+    return load_model(replace(getattr(ctx.settings, role), precision=precision), log_progress(ctx.log, role))
 
 
 def run_kv(ctx: Context) -> Sweep:

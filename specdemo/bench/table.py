@@ -17,6 +17,7 @@ from typing import Callable, Literal, get_args
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results.metrics import Summary
 from specdemo.results.parting import Parting
+from specdemo.results.record import known
 
 Framework = Literal["specdemo", "genai", "transformers", "llamacpp"]
 Kind = Literal[AUTOREGRESSIVE, SPECULATIVE]
@@ -191,19 +192,15 @@ def _runs(rows: list[dict]) -> list[Run]:
 
     return [Run(lane(r["section"], r["lane"]), r["instruction"], r["repeat"], r["max_new_tokens"], r["wall_s"],
                 r["tokens"], measured(r.get("prefill_s")), r.get("same_as_reference", True), *_drafting(r),
-                _parting(r.get("parting")), r["section"], r.get("machine", ""), r.get("setting", "")) for r in rows]
+                known(Parting, r["parting"]) if r.get("parting") else None, r["section"], r.get("machine", ""),
+                r.get("setting", "")) for r in rows]
 
 
 def _drafting(r: dict) -> tuple[Summary | None, int, int]:
     """(our Summary or None, drafts proposed, accepted) of a row; before schema 2 a peer's counts were its summary."""
     summary = r.get("summary") or {}
-    ours = Summary(**{f.name: summary[f.name] for f in fields(Summary) if f.name in summary}) if "mode" in summary else None
     source = r if "proposed" in r else summary
-    return ours, source.get("proposed", 0), source.get("accepted", 0)
-
-
-def _parting(d: dict | None) -> Parting | None:
-    return Parting(**{f.name: d[f.name] for f in fields(Parting) if f.name in d}) if d else None
+    return known(Summary, summary) if "mode" in summary else None, source.get("proposed", 0), source.get("accepted", 0)
 
 
 def measured(value) -> float:

@@ -122,10 +122,10 @@ def _token_json(event: TokenEvent) -> dict:
 
 def _lane(data: dict) -> Result:
     return Result([TokenEvent(**{k: v for k, v in t.items() if k in TOKEN_KEYS}) for t in data.get("tokens", [])],
-                  _known(Summary, data["summary"]), [_known(Round, r) for r in data.get("rounds", [])])
+                  known(Summary, data["summary"]), [known(Round, r) for r in data.get("rounds", [])])
 
 
-def _known(kind, data: dict):
+def known(kind, data: dict):
     """A dataclass from a dict a file kept: keys it no longer has left out, fields it has since gained at their defaults."""
     names = {f.name for f in fields(kind)}
     return kind(**{key: value for key, value in data.items() if key in names})
