@@ -129,7 +129,7 @@ class BenchSettings:
     genai_k_values: tuple[int, ...] = (2, 4, 6, 8)  # K at which GenAI's speculative pipeline joins the sweep
     genai_defaults_instructions: int = 3  # a pass with GenAI on its own compile defaults (0 = none)
     target_precisions: tuple[str, ...] = ("int8", "gguf-mixed", "gguf-native", "gguf", "int4")  # native: where it runs
-    draft_precisions: tuple[str, ...] = ("int4", "int8", "fp16")
+    draft_precisions: tuple[str, ...] = ("int4", "int8", "fp16", "gguf-native", "gguf-q4")  # ours: where they run
     kv_cache_precisions: tuple[str, ...] = ("u8", "f16", "")  # "" = our default (f32 on CPU)
     transformers_instructions: int = 3  # transformers is slow on CPU: fewer instructions
     transformers_tokens: int = 40

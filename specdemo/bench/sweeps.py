@@ -14,6 +14,7 @@ from specdemo.bench.schema import Head, KvCache, Pair, Sweep
 from specdemo.bench.settings import EDIT_INSTRUCTIONS
 from specdemo.bench.table import Lane, Run
 from specdemo.decoding.drafters import with_counterpart
+from specdemo.models import kernels
 from specdemo.models.loading import load_model
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.run.engine import Engine
@@ -96,9 +97,9 @@ def run_precision(ctx: Context) -> Sweep:
     """Every draft precision with every target precision; each speedup is over the same target alone, measured back to
     back with it. One target is held at a time beside the bench's pair, the drafts throughout: all four targets and
     three drafts held at once took 14 GiB of anonymous memory (2-core AMX Xeon), where the bench keeps within 8."""
-    drafts = {precision: _loaded(ctx, "draft", precision) for precision in ctx.bench.draft_precisions}
+    drafts = {precision: _loaded(ctx, "draft", precision) for precision in kernels.runnable(ctx.bench.draft_precisions)}
     rows = []
-    for tp in ctx.bench.target_precisions:
+    for tp in kernels.runnable(ctx.bench.target_precisions):
         rows += _sweep_target(ctx, tp, drafts)  # its compile is let go on return, before the next one's
         gc.collect()
     return Sweep(ctx.sweep_tokens, rows, ctx.generation.k_policy.k, ctx.k_label())

@@ -3,6 +3,7 @@
 import json
 import math
 from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -631,6 +632,23 @@ def test_the_precision_sweep_holds_one_target_at_a_time_beside_the_pair(monkeypa
     assert held == [0, 1, 1, 1]  # the pair's own target first, then each other precision alone
     assert [(r.target, r.draft) for r in figures.rows] == [
         (t, d) for t in ("int8", "gguf-mixed", "gguf", "int4") for d in ("int4", "int8", "fp16")]
+
+
+@pytest.mark.parametrize("kernels_run", [True, False])
+def test_the_precision_sweep_takes_our_kernels_layouts_only_where_they_run(monkeypatch, kernels_run):
+    """Drafts and targets on specdemo's kernels (gguf-native, gguf-q4) join the sweep where the kernels run here."""
+    from specdemo.bench import sweeps
+    from specdemo.models import kernels
+
+    monkeypatch.setattr(kernels, "_built", lambda: Path("libspecdemo_kernels.so") if kernels_run else None)
+    monkeypatch.setattr(kernels, "_found_unavailable", lambda: False)
+    monkeypatch.setattr(sweeps, "_loaded", lambda ctx, role, precision: precision)
+    monkeypatch.setattr(sweeps, "_sweep_target", lambda ctx, target, drafts: [(target, d) for d in drafts])
+    ctx = SimpleNamespace(bench=replace(bench.FULL, target_precisions=("int8", "gguf-native"),
+                                        draft_precisions=("int4", "gguf-native", "gguf-q4")),
+                          generation=GenerationSettings(), sweep_tokens=8, k_label=lambda: "K = 4")
+    ours = ("gguf-native", "gguf-q4") if kernels_run else ()
+    assert sweeps.run_precision(ctx).rows == [(t, d) for t in ("int8", *ours[:1]) for d in ("int4", *ours)]
 
 
 def test_the_kv_sweep_compiles_the_pair_as_it_was_loaded_not_its_open_settings(monkeypatch):
