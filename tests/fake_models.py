@@ -54,6 +54,10 @@ class FakeModel:
         n, keep = len(self.cache), min(logits_to_keep, len(ids))
         return np.stack([self.logits(tuple(self.cache[: j + 1])) for j in range(n - keep, n)])
 
+    def greedy_ids(self, logits: np.ndarray) -> np.ndarray:
+        """The argmax of each row, as OVModel.greedy_ids with the whole head."""
+        return logits.argmax(axis=-1)
+
     def rollback(self, length: int) -> None:
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot roll back a {self.length}-token cache to {length} tokens")

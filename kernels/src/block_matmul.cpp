@@ -43,13 +43,26 @@ struct Weights {
     int columns, blocks;
 };
 
-// The weights packed for the gemm, for the tensor at `from` and the ISA of `gemms`: packed again if either changes
-// (a test holds another ISA; a compiled model's constant stays where it is).
+// The weights packed for the gemm, each for the tensor at `from` (its rows) and the ISA of `gemms`: packed again if
+// either changes (a test holds another ISA; a compiled model's constant stays where it is). A few at once: an op's
+// copies may hold other rows (a trimmed LM head's copy over the rows it left out, graph.head_over_rows), and with one
+// entry the two called in turn repacked at every call (15 ms a call for the 0.5B draft's 119,933 other rows).
 struct PackCache {
+    struct Entry {
+        std::shared_ptr<const PackedWeights> packed;
+        const void* from;
+        size_t rows;
+        const Gemms* gemms;
+    };
+    static constexpr size_t KEPT = 4;  // the latest packings kept, the oldest let go first
     std::mutex lock;
-    std::shared_ptr<const PackedWeights> packed;
-    const void* from = nullptr;
-    const Gemms* gemms = nullptr;
+    std::vector<Entry> entries;
+
+    std::shared_ptr<const PackedWeights> find(const void* from, size_t rows, const Gemms* gemms) const {
+        for (const Entry& e : entries)
+            if (e.from == from && e.rows == rows && e.gemms == gemms) return e.packed;
+        return nullptr;
+    }
 };
 
 std::shared_ptr<PackCache> BlockMatMul::make_cache() { return std::make_shared<PackCache>(); }
@@ -84,7 +97,7 @@ std::atomic<uint64_t> packings{0};  // tensors packed by this process (specdemo_
 std::shared_ptr<const PackedWeights> packed_for(PackCache& cache, const Gemms& gemms, const Weights& w) {
     {
         std::lock_guard<std::mutex> hold(cache.lock);
-        if (cache.packed && cache.from == w.bytes && cache.gemms == &gemms) return cache.packed;
+        if (auto found = cache.find(w.bytes, w.rows, &gemms)) return found;
     }
     const size_t panel = size_t(gemms.panel_rows), whole = w.rows / panel;
     auto packed = std::make_shared<PackedWeights>();
@@ -98,8 +111,9 @@ std::shared_ptr<const PackedWeights> packed_for(PackCache& cache, const Gemms& g
     if (whole < packed->panels) pack(last_panel_rows(w, panel).data(), w.row_bytes, whole, w.blocks, *packed);
     packings.fetch_add(1, std::memory_order_relaxed);
     std::lock_guard<std::mutex> hold(cache.lock);
-    if (cache.packed && cache.from == w.bytes && cache.gemms == &gemms) return cache.packed;
-    cache.packed = packed, cache.from = w.bytes, cache.gemms = &gemms;
+    if (auto found = cache.find(w.bytes, w.rows, &gemms)) return found;
+    if (cache.entries.size() == PackCache::KEPT) cache.entries.erase(cache.entries.begin());
+    cache.entries.push_back({packed, w.bytes, w.rows, &gemms});
     return packed;
 }
 
@@ -305,8 +319,7 @@ std::shared_ptr<ov::Node> BlockMatMul::clone_with_new_inputs(const ov::OutputVec
     check_new_args_count(this, inputs);
     auto clone = std::make_shared<BlockMatMul>(inputs, m_kind, m_columns, m_epilogue, m_prologue, m_eps);
     clone->m_cache = m_cache;  // one packing for the op and its copies: a model compiled twice (OVModel's step-sized
-                               // variant) packs each tensor once; the cache holds the tensor's address and repacks for
-                               // another
+                               // variant) packs each tensor once; the cache keys a packing by the tensor's address
     return clone;
 }
 

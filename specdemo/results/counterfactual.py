@@ -39,8 +39,8 @@ import numpy as np
 from specdemo.decoding.costs import CostModel
 from specdemo.decoding.drafters import MASKED, MASKED_STRATEGY, STRATEGIES, Strategy, strategy
 from specdemo.decoding.drafters.base import stop_threshold
-from specdemo.decoding.drafters.model import top_probability
 from specdemo.decoding.pricing import confidence_stops, gate_threshold, gated_out_cost, round_cost
+from specdemo.models.logits import top_probability
 from specdemo.models.runtime import OVModel
 from specdemo.results.would import Counterfactual, Walk
 
@@ -54,13 +54,11 @@ def greedy_choices(model: OVModel, prompt_ids: list[int], text_ids: list[int],
     the LM head's rows, as the loop's drafter sees it). Leaves the model's cache empty."""
     model.reset()
     model.forward(prompt_ids)
-    head = model.head_ids  # (V',) token ids of a trimmed LM head's rows, else None
     choices, confidences = [], []
     for start in range(0, len(text_ids) - 1, PIECE):
         piece = text_ids[start : min(start + PIECE, len(text_ids) - 1)]  # the last token predicts nothing we need
         logits = model.forward(piece, logits_to_keep=len(piece))  # (len(piece), V'): row r for text[start + r + 1]
-        best = logits.argmax(axis=-1)
-        choices.append(best if head is None else head[best])
+        choices.append(model.greedy_ids(logits))  # as the loop's drafter chooses (a trimmed head's other rows too)
         if with_confidence:
             confidences.append(top_probability(logits))
     model.reset()

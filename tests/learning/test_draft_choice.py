@@ -101,6 +101,21 @@ def test_acceptance_is_measured_exactly_against_the_target_on_the_examples():
     assert all(o.acceptance_rate() < 0.5 for o in others)
 
 
+def test_a_trimmed_head_s_step_counts_its_other_rows_at_what_the_full_head_costs_more():
+    """A head of blocks trimmed to 32k takes its other rows where unsure (runtime.greedy_ids): a quarter of its steps
+    pay what the full head of that precision steps slower, and the plan prices the step with them."""
+    full = replace(option(0, 0.95, 0.010, precision="gguf-q4"), step_s=0.0093)
+    trimmed = replace(option(32_000, 0.95, 0.010, precision="gguf-q4"), step_s=0.0071, rest_share=0.25)
+    plugin = replace(option(32_000, 0.90, 0.010), step_s=0.0120)  # no other rows: as raced
+    draft_choice.with_rest([full, trimmed, plugin])
+    assert trimmed.step_s == pytest.approx(0.0071 + 0.25 * 0.0022) and full.step_s == 0.0093 and plugin.step_s == 0.0120
+    alone = replace(option(16_000, 0.95, 0.010, precision="gguf-native"), step_s=0.008, rest_share=0.5)
+    draft_choice.with_rest([alone])  # its full head not measured: the other rows at its own step again
+    assert alone.step_s == pytest.approx(0.012)
+    kept = draft_choice.from_dict(draft_choice.to_dict(trimmed))
+    assert kept.rest_share == 0.25
+
+
 def planned(profile: Profile, *options: DraftOption) -> None:
     """A draft plan over `options` for the default draft in `profile`, as tune leaves it."""
     price(list(options), AVX2, AUTO)

@@ -185,6 +185,56 @@ def test_a_trimmed_native_head_scores_the_kept_tokens_as_the_whole_head_does(tmp
     assert np.allclose(trimmed.forward([40, 41, 42]), whole[:, kept], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])  # an LM head of its own; the embedding's, tied
+def test_a_trimmed_native_head_takes_its_other_rows_where_unsure_and_chooses_as_the_whole_head(tmp_path, monkeypatch,
+                                                                                                arch):
+    from specdemo.models import runtime
+    from specdemo.results.counterfactual import greedy_choices
+
+    gguf = tiny_gguf.write(tmp_path / "tiny.gguf", arch)
+    settings = ModelSettings(str(gguf), precision="gguf-native")
+    export.from_gguf(GGUFFile(gguf), "gguf-native", tmp_path / "ir", lambda *_: None)
+    prompt, text = [5, 6, 7], list(range(40, 80))
+    whole = OVModel(tmp_path / "ir", settings)
+    expected = greedy_choices(whole, prompt, text)
+    kept = np.arange(0, whole.vocab_size, 3)  # a third of the rows: many of the whole head's choices fall outside
+    trimmed = OVModel(tmp_path / "ir", settings, head_ids=kept)
+    assert list(trimmed.rest_ids) == sorted(set(range(whole.vocab_size)) - set(kept.tolist()))
+    monkeypatch.setattr(runtime, "REST_BELOW", 0.0)  # never unsure: the kept rows alone
+    alone = greedy_choices(trimmed, prompt, text)
+    assert set(alone.tolist()) <= set(kept.tolist()) and (alone != expected).any()
+    monkeypatch.setattr(runtime, "REST_BELOW", 1.01)  # always unsure: every row, the other rows' logits the head's
+    rows_before = trimmed.rest_rows
+    assert (greedy_choices(trimmed, prompt, text) == expected).all()
+    assert trimmed.rest_rows - rows_before == len(text) - 1
+    trimmed.forward(prompt, logits_to_keep=2)
+    others = whole.forward(prompt, logits_to_keep=2)[:, trimmed.rest_ids]  # the whole head's logits on the other rows
+    assert np.allclose(trimmed._rest_logits(np.array([2, 1])), others, rtol=1e-5, atol=1e-5)
+
+
+def test_a_draft_with_a_trimmed_native_head_drafts_the_whole_head_s_choice_where_unsure(tmp_path, monkeypatch):
+    from specdemo.decoding.drafters.model import ModelDrafter
+    from specdemo.models import runtime
+    from specdemo.settings import GenerationSettings
+
+    gguf = tiny_gguf.write(tmp_path / "tiny.gguf", "llama")
+    settings = ModelSettings(str(gguf), precision="gguf-native")
+    export.from_gguf(GGUFFile(gguf), "gguf-native", tmp_path / "ir", lambda *_: None)
+    whole = OVModel(tmp_path / "ir", settings)
+    trimmed = OVModel(tmp_path / "ir", settings, head_ids=np.arange(0, whole.vocab_size, 3))
+    def draft(model):  # 8 greedy drafts after [5, 6, 7]
+        return ModelDrafter(model, GenerationSettings(), np.random.default_rng(0)).propose([5, 6, 7], 8)
+
+    expected = draft(whole).tokens
+    monkeypatch.setattr(runtime, "REST_BELOW", 1.01)  # unsure everywhere: the other rows at every step
+    proposal = draft(trimmed)
+    assert proposal.tokens == expected and any(t % 3 for t in expected)  # choices off the kept rows among them
+    assert all(seconds > 0 for _, seconds in proposal.calls)  # each step's seconds count its other rows' call
+    trimmed.reset()
+    monkeypatch.setattr(runtime, "REST_BELOW", 0.0)
+    assert all(t % 3 == 0 for t in draft(trimmed).tokens)  # never unsure: the kept rows alone
+
+
 def test_a_native_model_on_a_machine_without_the_kernels_is_refused_in_a_sentence(tmp_path, monkeypatch):
     gguf = tiny_gguf.write(tmp_path / "tiny.gguf", "qwen2")
     export.from_gguf(GGUFFile(gguf), "gguf-native", tmp_path / "ir", lambda *_: None)

@@ -9,6 +9,7 @@ import numpy as np
 
 from specdemo.decoding.drafters.base import Planning, Proposal, Strategy, Walking, stop_threshold
 from specdemo.decoding.verification import process_logits, sample
+from specdemo.models.logits import top_probability
 
 if TYPE_CHECKING:
     from specdemo.models.runtime import OVModel
@@ -63,15 +64,15 @@ class ModelDrafter:
             if confidence < stop_threshold(self.stops, drafted):
                 break  # the confidence stop: the next draft would likely be rejected, and its step costs
             logits = self.model.forward(feed)  # (1, V or V'): scores for the token after `feed`
-            calls.append((len(feed), self.model.last_call_s))
             if self.settings.greedy:
-                best = int(logits[0].argmax())
-                token = best if head is None else int(head[best])
+                token = int(self.model.greedy_ids(logits)[0])  # a trimmed head's other rows too, where unsure
+                calls.append((len(feed), self.model.last_call_s))
                 if self.stops or self.gate:
                     confidence *= top_probability(logits[0])
                 if not drafted and confidence < self.gate:
                     break  # gated out: a plain target step this round
             else:
+                calls.append((len(feed), self.model.last_call_s))
                 q = process_logits(logits, self.settings)[0]
                 if not drafted and float(q.max()) < self.gate:
                     break  # gated out, by the distribution before the draw (see the class's docstring)
@@ -89,13 +90,6 @@ class ModelDrafter:
 
     def keep(self, length: int) -> None:
         self.model.rollback(min(length, self.model.length))
-
-
-def top_probability(logits: np.ndarray) -> float:
-    """The softmax probability of the largest of `logits` along the last axis ((V,) -> a float, (n, V) -> (n,)): the
-    draft's confidence in its greedy token."""
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    return 1.0 / np.exp(shifted, dtype=np.float64).sum(axis=-1)
 
 
 def make(draft_model, settings, rng, price=None, stops: tuple[float, ...] = (), gate: float = 0.0) -> ModelDrafter:
