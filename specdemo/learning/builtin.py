@@ -21,8 +21,9 @@ PROSE = ASSETS / "prose.json"
 LANGUAGES = ASSETS / "languages.json"
 # What the draft plan measures a draft's acceptance on: the kinds of instruction the page offers (code, prose, other
 # languages). A trimmed LM head keeps the tokens most frequent in Python's standard library (models/vocab.py), so code
-# alone hid what it loses elsewhere: on the 2-core Zen 4, the 0.5B draft's 32k head agreed with the target on 90 % of the code answers' tokens
-# (full head 94 %) but on 31 % of a Chinese answer's (85 %), where speculation then gave 1.0× against 1.3-1.4×.
+# alone hid what it loses elsewhere: on the 2-core Zen 4, the 0.5B draft's 32k head agreed with the target on 90 % of
+# the code answers' tokens (full head 94 %) but on 31 % of a Chinese answer's (85 %), where speculation then gave 1.0×
+# against 1.3-1.4×.
 DRAFT_PLAN_ANSWERS = (CALIBRATION.name, PROSE.name, LANGUAGES.name)
 
 
