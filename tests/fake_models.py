@@ -18,6 +18,7 @@ class FakeModel:
     """A causal LM over `vocab_size` tokens whose next-token logits are a hash of the prefix and `salt`."""
 
     head_ids = None  # the whole vocabulary in the LM head, as OVModel without a trimmed head
+    greedy_rows = rest_rows = 0  # as OVModel's counters: a whole head never asks for other rows
 
     def __init__(self, vocab_size: int, salt: str, scale: float = 1.0, seconds=None):
         """seconds(n): what a call on n tokens is reported to take (last_call_s); None: 0."""

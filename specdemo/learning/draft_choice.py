@@ -262,13 +262,13 @@ def measure(target, draft: ModelSettings, examples: list[dict], encode, prepared
                              applies=draft.precision in (AUTO, settings.precision),
                              best_case=best.best_case if best else math.nan)
         option.tested, option.accepted = [0] * K_MAX, [0] * K_MAX
-        chosen, unsure = getattr(model, "greedy_rows", 0), getattr(model, "rest_rows", 0)  # counted since its load
+        chosen, unsure = model.greedy_rows, model.rest_rows  # counted since its load
         for (prompt, text), target_choices in zip(texts, theirs):
             mask = [1] + [int(x) for x in greedy_choices(model, prompt, text) == target_choices]
             tested, accepted = mask_counts(mask, K_MAX)
             option.tested = [a + b for a, b in zip(option.tested, tested)]
             option.accepted = [a + b for a, b in zip(option.accepted, accepted)]
-        if getattr(model, "greedy_rows", 0) > chosen:
+        if model.greedy_rows > chosen:
             option.rest_share = (model.rest_rows - unsure) / (model.greedy_rows - chosen)
         rest = f" (its other rows for {option.rest_share:.0%} of its choices)" if option.rest_share else ""
         log(f"  draft {option.describe()} ({option.rows:,} rows): agrees with the target on "
