@@ -8,8 +8,8 @@ draft here, with the tuned target loaded:
 
 * its draft step, as a round makes it (race.sample_draft), raced against the incumbent draft (race.race: until the
   ratio of their steps is clear of MARGIN, or a cap), two drafts at a time; a trimmed head on our kernels, which takes
-  its other rows where unsure (runtime.OVModel.greedy_ids), with them for the share of its choices that took them
-  (with_rest);
+  its other rows where the kept rows may not hold its choice (split_head), with them for the share of its choices that
+  took them (with_rest);
 * its acceptance by draft position, exactly, on the built-in answers of every kind the page offers (code, prose, French,
   Chinese, Russian: builtin.DRAFT_PLAN_ANSWERS, where it says why): where its greedy token equals the target's, teacher
   forced (counterfactual.greedy_choices; the target's choices computed once);
@@ -81,8 +81,8 @@ class DraftOption:
     chosen: bool = False
     measured: bool = True  # False: left out, its best case could not change the plan (best_case says what it was)
     best_case: float = math.nan  # its predicted speedup at the best K, at acceptance CEILING and its step_floor
-    # Of its greedy choices on the built-in answers, the share that took a trimmed head's other rows too (unsure:
-    # runtime.REST_BELOW); its step_s counts them at what the full head's step costs more (with_rest)
+    # Of its greedy choices on the built-in answers, the share that took a trimmed head's other rows too (unsure or
+    # foreign: split_head); its step_s counts them at what the full head's step costs more (with_rest)
     rest_share: float = 0.0
     # Why its price may not be the quiet host's, in one sentence (race.Verdict.busy of its race, or the cost curve's
     # CostModel.busy); "" when measured clean

@@ -81,7 +81,7 @@ def lm_head_rows(model: ov.Model) -> np.ndarray | None:
 def head_over_rows(model: ov.Model, rows: np.ndarray) -> ov.Model:
     """The BlockMatMul LM head of `model` alone over `rows` (from lm_head_rows), reading one position's input (1, 1,
     hidden) from a parameter "hidden": the rows a trimmed head left out, run only when they are wanted
-    (runtime.OVModel.greedy_ids). Made from a copy of `model` as it will be compiled, so that it computes what the head
+    (split_head.OtherRows). Made from a copy of `model` as it will be compiled, so that it computes what the head
     computes (a norm taken into the head by matmul_fusion included). One position a call, as the drafter asks, its
     shapes fixed so that the plugin has no shape work on our op per call (runtime.OVModel._compile_fixed)."""
     copy = model.clone()

@@ -34,7 +34,7 @@ import openvino as ov
 
 from specdemo.host.compat import compile_config
 from specdemo.models import cached_attention, graph, kernels, matmul_fusion
-from specdemo.models.logits import top_probability
+from specdemo.models.split_head import OtherRows
 from specdemo.settings import ModelSettings
 
 
@@ -46,13 +46,6 @@ COMPACT_AFTER = 64  # forgotten positions kept in the plugin's cache before it i
 # the page's learning makes, takes 3-7 s on a 2-core AVX2 CPU, and a visitor who came during one waited for all of it.
 LONG_CALL = 32
 POLL_MS = 10  # how often such a call asks whether to stop
-# A trimmed LM head of blocks keeps the other rows as a compile of their own, run for a greedy choice only where the
-# draft's top probability over the kept rows is below this (greedy_ids). A head trimmed to Python's frequent tokens
-# loses other scripts: the 0.5B draft's 32k head agreed with the target on 31 % of a Chinese answer's tokens (full
-# head 85 %). At 0.9, teacher forced on the target's answers (2-core Zen 4): code 0.948 (the full head's) with the other
-# rows in 24 % of steps, Chinese 0.808 in 72 %; those rows' call took 2.4 ms, the full head's step 2.3 ms more than
-# the 32k head's.
-REST_BELOW = 0.9
 
 
 class Interrupted(Exception):
@@ -97,13 +90,12 @@ class OVModel:
         config = compile_config(settings, None if twice else cache_dir)
         if profiled:
             config["PERF_COUNT"] = True
-        # A trimmed head of blocks: the token ids of the rows it left out (sorted), and their compile (REST_BELOW)
-        self.rest_ids, self._rest = None, None
+        # A trimmed head of blocks: the rows it left out, in a compile of their own (split_head)
+        self.other_rows = None
         if every_row is not None and self.head_ids is not None:
-            self.rest_ids = np.setdiff1d(np.arange(self.vocab_size), self.head_ids)
-            rest = graph.head_over_rows(model, every_row[self.rest_ids])
-            self._rest = core.compile_model(rest, settings.device, config).create_infer_request()
-            graph.expose_head_input(model)
+            self.other_rows = OtherRows(model, every_row, self.head_ids, self.vocab_size,
+                                        lambda rows: core.compile_model(rows, settings.device, config)
+                                        .create_infer_request())
         self.greedy_rows = self.rest_rows = 0  # rows greedy_ids chose, and of them those it took the other rows for
         self.compiled = core.compile_model(model, settings.device, config)
         self.request = self.compiled.create_infer_request()
@@ -164,8 +156,8 @@ class OVModel:
         prompt, a visitor's first above all, pays for it (2.9 s of the 1.5B target's first call, a later one 0.2 s, on
         the shared 2-core Zen 3)."""
         self.forward([0])
-        if self._rest is not None:
-            self._rest_logits(np.ones(1, dtype=np.int64))  # packs its blocks, as the step's call did
+        if self.other_rows is not None:
+            self.other_rows.logits(np.ones(1, dtype=np.int64), self._hidden())  # packs its blocks, as the step did
         self.reset()
 
     # ---- decoding
@@ -194,34 +186,22 @@ class OVModel:
 
     def greedy_ids(self, logits: np.ndarray) -> np.ndarray:
         """The greedy token id (n,) int64 of each row of `logits` (n, V'), rows the latest call returned: the argmax,
-        through a trimmed head's ids. With the head's other rows at hand (rest_ids), a row whose top probability over
-        the kept rows is below REST_BELOW takes the argmax over every row, the others' logits from their own compile
-        (its seconds added to last_call_s)."""
+        through a trimmed head's ids; with the head's other rows at hand, over them too where split_head's rules say
+        the kept rows may not hold it (their seconds added to last_call_s)."""
         best = logits.argmax(axis=-1)
         if self.head_ids is None:
             return best
-        ids = self.head_ids[best]
-        if self._rest is None:
-            return ids
-        unsure = np.flatnonzero(top_probability(logits) < REST_BELOW)
-        self.greedy_rows, self.rest_rows = self.greedy_rows + len(logits), self.rest_rows + len(unsure)
-        if len(unsure):
-            start = time.perf_counter()
-            rest = self._rest_logits(len(logits) - unsure)  # (unsure, other rows)
-            wins = rest.max(axis=-1) > logits[unsure, best[unsure]]
-            ids[unsure[wins]] = self.rest_ids[rest[wins].argmax(axis=-1)]
-            self.last_call_s += time.perf_counter() - start
+        if self.other_rows is None:
+            return self.head_ids[best]
+        start = time.perf_counter()
+        ids, taken = self.other_rows.choose(logits, self._hidden())
+        self.greedy_rows, self.rest_rows = self.greedy_rows + len(logits), self.rest_rows + taken
+        self.last_call_s += time.perf_counter() - start
         return ids
 
-    def _rest_logits(self, back: np.ndarray) -> np.ndarray:
-        """(len(back), other rows) f32: the head's other rows on the hidden states of the latest call's kept positions
-        `back` from its last (1: the last), a call each (their compile takes one position: graph.head_over_rows)."""
-        hidden = self._last.get_tensor("hidden").data[0]  # (kept positions, hidden)
-        rows = []
-        for position in len(hidden) - back:
-            self._rest.infer({0: np.ascontiguousarray(hidden[position][None, None])})
-            rows.append(np.array(self._rest.get_output_tensor(0).data[0, 0]))
-        return np.stack(rows)
+    def _hidden(self) -> np.ndarray:
+        """(kept positions, width): what the LM head read in the latest call (a view into plugin memory)."""
+        return self._last.get_tensor("hidden").data[0]
 
     def _infer(self, ids: list[int], keep: int) -> None:
         n = len(ids)
@@ -253,6 +233,8 @@ class OVModel:
         self.requests += 1
         self._mask = mask
         self.length += n
+        if self.other_rows is not None:
+            self.other_rows.fed(ids)
 
     @contextmanager
     def interruptible(self, interrupted: Callable[[], bool]) -> Iterator[OVModel]:
@@ -287,6 +269,8 @@ class OVModel:
         if length == 0:
             self.reset_cache()
             return
+        if self.other_rows is not None:
+            self.other_rows.keep(length)
         if self.own_attention:  # the next call writes its keys and values at `length`, over the forgotten ones
             self._mask, self.length = np.ones(length, dtype=np.int64), length
             return
@@ -314,6 +298,8 @@ class OVModel:
         self.request.reset_state()
         self._mask = np.zeros(0, dtype=np.int64)
         self.length = 0
+        if self.other_rows is not None:
+            self.other_rows.keep(0)
 
     def reset(self) -> None:
         """Empty the cache and the counters, ready for a new prompt."""

@@ -9,7 +9,7 @@ import pytest
 from specdemo.learning import builtin, draft_choice, race, tune
 from specdemo.learning.draft_choice import DraftOption, candidates, price
 from specdemo.learning.profile import Profile, choices
-from specdemo.models import kernels, sources
+from specdemo.models import kernels, sources, split_head
 from specdemo.settings import AUTO, DEFAULT_DRAFT, DRAFT_PRECISION, FIRST_DRAFT_PRECISIONS, ModelSettings
 from tests.fake_models import FakeModel
 from tests.decoding.test_planner import machine
@@ -235,13 +235,15 @@ def test_a_plan_that_did_not_price_a_prepared_precision_is_made_again(home, tmp_
     assert not profile.needs_plan(replace(DEFAULT_DRAFT, precision="int4", head_tokens=0))  # nothing left open
 
 
-def test_a_plan_measured_on_other_built_in_answers_is_made_again(home, tmp_path):
+@pytest.mark.parametrize("before", ["answers", "head_rule"])  # code alone; a split head's other rows where unsure only
+def test_a_plan_measured_on_other_built_in_answers_or_under_another_split_head_rule_is_made_again(home, tmp_path,
+                                                                                                   before):
     profile = Profile(tmp_path / "machine")
     planned(profile, option(0, 0.94, 0.050), option(16_000, 0.90, 0.0375))
     assert not profile.needs_plan(DEFAULT_DRAFT)
     entry = profile.tune()["drafts"][choices.draft_key(DEFAULT_DRAFT)]
-    assert entry["answers"] == list(builtin.DRAFT_PLAN_ANSWERS)
-    del entry["answers"]  # a plan from before the languages: its trimmed heads were priced on code alone
+    assert entry["answers"] == list(builtin.DRAFT_PLAN_ANSWERS) and entry["head_rule"] == list(split_head.RULE)
+    del entry[before]  # a plan from before
     profile.store.update("tune", lambda tune: {**tune, "drafts": {choices.draft_key(DEFAULT_DRAFT): entry}})
     assert profile.needs_plan(DEFAULT_DRAFT)
     assert not profile.needs_plan(replace(DEFAULT_DRAFT, precision="int4", head_tokens=0))  # nothing left open

@@ -188,7 +188,7 @@ def test_a_trimmed_native_head_scores_the_kept_tokens_as_the_whole_head_does(tmp
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])  # an LM head of its own; the embedding's, tied
 def test_a_trimmed_native_head_takes_its_other_rows_where_unsure_and_chooses_as_the_whole_head(tmp_path, monkeypatch,
                                                                                                 arch):
-    from specdemo.models import runtime
+    from specdemo.models import split_head
     from specdemo.results.counterfactual import greedy_choices
 
     gguf = tiny_gguf.write(tmp_path / "tiny.gguf", arch)
@@ -199,22 +199,48 @@ def test_a_trimmed_native_head_takes_its_other_rows_where_unsure_and_chooses_as_
     expected = greedy_choices(whole, prompt, text)
     kept = np.arange(0, whole.vocab_size, 3)  # a third of the rows: many of the whole head's choices fall outside
     trimmed = OVModel(tmp_path / "ir", settings, head_ids=kept)
-    assert list(trimmed.rest_ids) == sorted(set(range(whole.vocab_size)) - set(kept.tolist()))
-    monkeypatch.setattr(runtime, "REST_BELOW", 0.0)  # never unsure: the kept rows alone
+    assert list(trimmed.other_rows.ids) == sorted(set(range(whole.vocab_size)) - set(kept.tolist()))
+    monkeypatch.setattr(split_head, "REST_BELOW", 0.0)  # never unsure, never foreign: the kept rows alone
+    monkeypatch.setattr(split_head, "FOREIGN_SHARE", 1.01)
     alone = greedy_choices(trimmed, prompt, text)
     assert set(alone.tolist()) <= set(kept.tolist()) and (alone != expected).any()
-    monkeypatch.setattr(runtime, "REST_BELOW", 1.01)  # always unsure: every row, the other rows' logits the head's
+    monkeypatch.setattr(split_head, "REST_BELOW", 1.01)  # always unsure: every row, the other rows' logits the head's
     rows_before = trimmed.rest_rows
     assert (greedy_choices(trimmed, prompt, text) == expected).all()
     assert trimmed.rest_rows - rows_before == len(text) - 1
     trimmed.forward(prompt, logits_to_keep=2)
-    others = whole.forward(prompt, logits_to_keep=2)[:, trimmed.rest_ids]  # the whole head's logits on the other rows
-    assert np.allclose(trimmed._rest_logits(np.array([2, 1])), others, rtol=1e-5, atol=1e-5)
+    others = whole.forward(prompt, logits_to_keep=2)[:, trimmed.other_rows.ids]  # the whole head's, on the other rows
+    assert np.allclose(trimmed.other_rows.logits(np.array([2, 1]), trimmed._hidden()), others, rtol=1e-5, atol=1e-5)
+
+
+def test_a_trimmed_native_head_takes_its_other_rows_wherever_the_recent_text_is_off_its_kept_rows(tmp_path, monkeypatch):
+    from specdemo.models import split_head
+    from specdemo.results.counterfactual import greedy_choices
+
+    gguf = tiny_gguf.write(tmp_path / "tiny.gguf", "llama")
+    settings = ModelSettings(str(gguf), precision="gguf-native")
+    export.from_gguf(GGUFFile(gguf), "gguf-native", tmp_path / "ir", lambda *_: None)
+    whole = OVModel(tmp_path / "ir", settings)
+    kept = np.arange(0, whole.vocab_size, 3)
+    trimmed = OVModel(tmp_path / "ir", settings, head_ids=kept)
+    monkeypatch.setattr(split_head, "REST_BELOW", 0.0)  # never unsure: only the text decides
+    foreign = [1, 2, 4, 5, 7, 8, 10, 11, 13, 14] * 3  # no token of it on the kept rows
+    native = list(range(0, 90, 3))  # every token on them
+    assert (greedy_choices(trimmed, [3], foreign) == greedy_choices(whole, [3], foreign)).all()
+    assert trimmed.rest_rows == len(foreign) - 1  # each choice took the other rows
+    assert set(greedy_choices(trimmed, [3], native).tolist()) <= set(kept.tolist())
+    assert trimmed.rest_rows == len(foreign) - 1  # none did
+    # Over the last FOREIGN_WINDOW tokens of the cache, as it stands after a rollback
+    trimmed.forward(native + foreign[:split_head.FOREIGN_WINDOW])
+    trimmed.rollback(len(native))
+    before = trimmed.rest_rows
+    trimmed.greedy_ids(trimmed.forward([0]))
+    assert trimmed.rest_rows == before  # the foreign tokens rolled back count no more
 
 
 def test_a_draft_with_a_trimmed_native_head_drafts_the_whole_head_s_choice_where_unsure(tmp_path, monkeypatch):
     from specdemo.decoding.drafters.model import ModelDrafter
-    from specdemo.models import runtime
+    from specdemo.models import split_head
     from specdemo.settings import GenerationSettings
 
     gguf = tiny_gguf.write(tmp_path / "tiny.gguf", "llama")
@@ -226,13 +252,14 @@ def test_a_draft_with_a_trimmed_native_head_drafts_the_whole_head_s_choice_where
         return ModelDrafter(model, GenerationSettings(), np.random.default_rng(0)).propose([5, 6, 7], 8)
 
     expected = draft(whole).tokens
-    monkeypatch.setattr(runtime, "REST_BELOW", 1.01)  # unsure everywhere: the other rows at every step
+    monkeypatch.setattr(split_head, "REST_BELOW", 1.01)  # unsure everywhere: the other rows at every step
     proposal = draft(trimmed)
     assert proposal.tokens == expected and any(t % 3 for t in expected)  # choices off the kept rows among them
     assert all(seconds > 0 for _, seconds in proposal.calls)  # each step's seconds count its other rows' call
     trimmed.reset()
-    monkeypatch.setattr(runtime, "REST_BELOW", 0.0)
-    assert all(t % 3 == 0 for t in draft(trimmed).tokens)  # never unsure: the kept rows alone
+    monkeypatch.setattr(split_head, "REST_BELOW", 0.0)
+    monkeypatch.setattr(split_head, "FOREIGN_SHARE", 1.01)
+    assert all(t % 3 == 0 for t in draft(trimmed).tokens)  # never unsure, never foreign: the kept rows alone
 
 
 def test_a_native_model_on_a_machine_without_the_kernels_is_refused_in_a_sentence(tmp_path, monkeypatch):

@@ -13,7 +13,6 @@ import psutil
 import pytest
 
 from specdemo.host import load, machine
-from specdemo.learning.builtin import DRAFT_PLAN_ANSWERS
 from specdemo.learning.candidates import CPU
 from specdemo.learning.profile import choices, machine_profile
 from specdemo.models import sources
@@ -69,7 +68,7 @@ def tuned_here(*precisions: str, targets=(DEFAULT_TARGET,)) -> None:
             "faithful": {t.source: {"precision": r.precision} for t, r in zip(targets, resolved) if t != r}}
     if precisions:
         options = [{"precision": p, "head_tokens": 0, "predicted_speedup": 1.5} for p in precisions]
-        data["drafts"] = {choices.draft_key(DEFAULT_DRAFT): {"options": options, "answers": list(DRAFT_PLAN_ANSWERS)}}
+        data["drafts"] = {choices.draft_key(DEFAULT_DRAFT): {"options": options, **choices.MEASURED_UNDER}}
     machine_profile().store.update("tune", lambda tune: data)
 
 

@@ -5,7 +5,7 @@ applies it where the settings leave the choice open; `python -m specdemo tune` (
 the draft plan write it through `with_tune`.
 
     {"models": {model_key: {setting, seconds, relative, tuned_at[, from]}},
-     "drafts": {draft_key: {precision, head_tokens, options, planned_at, busy_plans, answers}},
+     "drafts": {draft_key: {precision, head_tokens, options, planned_at, busy_plans, answers, head_rule}},
      "faithful": {target source: {precision, seconds: {precision: step s}, chosen_at}},
      "trials": [the last tune's trials], "changed_ns": when a choice last changed}
 """
@@ -19,6 +19,7 @@ from specdemo.host import machine
 from specdemo.learning.builtin import DRAFT_PLAN_ANSWERS
 from specdemo.learning.draft_choice import choose, from_dict, to_prepare
 from specdemo.models import kernels, sources
+from specdemo.models.split_head import RULE
 from specdemo.settings import AUTO, DRAFT_PRECISION, FAITHFUL, FAITHFUL_PRECISIONS, FIRST_DRAFT_PRECISIONS, ModelSettings
 
 FROM_PLAN = "the draft plan"  # marks a compile setting a precision got from the draft plan, not from its own search
@@ -26,6 +27,9 @@ FROM_PLAN = "the draft plan"  # marks a compile setting a precision got from the
 # work (needs_plan), until one is clean or this many were busy in a row: two empty homes on one machine, one of them
 # loaded, chose int4 with the full head (1.36x at K = 2) and int4 with a 16k head (1.51x at K = 5), both provisional.
 BUSY_PLANS = 3
+# What a plan's acceptance was measured on and under: the built-in answers, and the rule by which a split head takes
+# its other rows (split_head.RULE). A plan measured otherwise is made again (needs_plan).
+MEASURED_UNDER = {"answers": list(DRAFT_PLAN_ANSWERS), "head_rule": list(RULE)}
 
 
 @dataclass(frozen=True)
@@ -259,7 +263,7 @@ def with_tune(tune: dict, trials: list, settings: dict[str, ModelSettings], draf
         busy_plans = before.get("busy_plans", 0) + 1 if best.provisional else 0
         tune["drafts"] = {**tune.get("drafts", {}), draft_key(settings["draft"]): {
             "precision": best.precision, "head_tokens": best.head_tokens, "options": [to_dict(o) for o in drafts],
-            "planned_at": now, "busy_plans": busy_plans, "answers": list(DRAFT_PLAN_ANSWERS)}}
+            "planned_at": now, "busy_plans": busy_plans, **MEASURED_UNDER}}
         measured_under = models.get(model_key(settings["draft"]))
         for option in drafts:
             key = model_key(replace(settings["draft"], precision=option.precision))
@@ -281,11 +285,12 @@ def provisional_plan(draft: ModelSettings, tune: dict) -> bool:
 def needs_plan(draft: ModelSettings, tune: dict) -> bool:
     """Whether the draft plan is missing something a draft left to it could run: no plan yet, a prepared precision
     it did not price, a plan priced on a busy host (provisional) fewer than BUSY_PLANS times in a row, or one whose
-    acceptance was measured on other built-in answers (builtin.DRAFT_PLAN_ANSWERS: before 2026-11-30, code alone)."""
+    acceptance was measured otherwise (MEASURED_UNDER: before 2026-11-30, code alone and a split head's other rows
+    where unsure only)."""
     if draft.precision != AUTO and draft.head_tokens != -1:
         return False
     priced = {o.precision for o in planned_options(draft, tune)}
     precisions = to_prepare(draft) if draft.precision == AUTO else (draft.precision,)
-    answers = (_entry("drafts", draft_key(draft), tune) or {}).get("answers")
-    return not priced or provisional_plan(draft, tune) or answers != list(DRAFT_PLAN_ANSWERS) or \
+    entry = _entry("drafts", draft_key(draft), tune) or {}
+    return not priced or provisional_plan(draft, tune) or any(entry.get(k) != v for k, v in MEASURED_UNDER.items()) or \
         any(p not in priced and sources.is_prepared(replace(draft, precision=p)) for p in precisions)
