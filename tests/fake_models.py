@@ -59,6 +59,10 @@ class FakeModel:
         """The argmax of each row, as OVModel.greedy_ids with the whole head."""
         return logits.argmax(axis=-1)
 
+    def sampling_logits(self, logits: np.ndarray) -> tuple[np.ndarray, None]:
+        """The logits as they are, over every token: OVModel.sampling_logits with the whole head."""
+        return logits, None
+
     def rollback(self, length: int) -> None:
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot roll back a {self.length}-token cache to {length} tokens")

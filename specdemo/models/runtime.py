@@ -199,6 +199,17 @@ class OVModel:
         self.last_call_s += time.perf_counter() - start
         return ids
 
+    def sampling_logits(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """What a sampled draft draws from, given `logits` (1, V') the latest call returned: those logits and their
+        columns' token ids (None: every token, in order); with a trimmed head's other rows at hand, the logits of every
+        row where split_head's rules want them (their seconds added to last_call_s)."""
+        if self.other_rows is None:
+            return logits, self.head_ids
+        start = time.perf_counter()
+        every = self.other_rows.whole(logits, self._hidden())
+        self.last_call_s += time.perf_counter() - start
+        return (logits, self.head_ids) if every is None else (every, None)
+
     def _hidden(self) -> np.ndarray:
         """(kept positions, width): what the LM head read in the latest call (a view into plugin memory)."""
         return self._last.get_tensor("hidden").data[0]

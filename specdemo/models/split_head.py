@@ -1,5 +1,5 @@
 """A trimmed LM head of blocks in two parts: the kept rows in the model's own compile, every other row in a compile of
-its own (graph.head_over_rows), run for a greedy choice only where the kept rows may not hold it (OtherRows.choose).
+its own (graph.head_over_rows), run only where the kept rows may not hold the draft's choice (OtherRows.wanted).
 
 Why: a head trimmed to Python's frequent tokens (specdemo/models/vocab.py) makes the draft's step cheap on code and
 loses every other script. The 0.5B draft's 32k head agreed with the 1.5B target on 31 % of a Chinese answer's tokens,
@@ -10,13 +10,14 @@ scripts get the full head's choices.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
-import openvino as ov
 
-from specdemo.models import graph
 from specdemo.models.logits import top_probability
+
+if TYPE_CHECKING:  # the machine profile reads RULE, and `show` reads the profile without loading OpenVINO
+    import openvino as ov
 
 # A row whose top probability over the kept rows is below this takes the argmax over every row. At 0.9, teacher forced
 # on the target's answers (2-core Zen 4): code agreed with the target as with the full head (0.948) with the other
@@ -42,6 +43,8 @@ class OtherRows:
                  compile: Callable[[ov.Model], ov.InferRequest]):
         """model: as it will be compiled, its head trimmed to head_ids (sorted); every_row: the head's rows before
         the trim (graph.lm_head_rows). Adds the output "hidden" to `model` (graph.expose_head_input)."""
+        from specdemo.models import graph  # OpenVINO's: see the imports
+
         self.head_ids = head_ids
         self.ids = np.setdiff1d(np.arange(vocab_size), head_ids)  # the other rows' token ids, sorted
         self.request = compile(graph.head_over_rows(model, every_row[self.ids]))
@@ -61,12 +64,27 @@ class OtherRows:
         how many took the other rows; hidden: (≥ n, width) the head's input at the latest call's kept positions."""
         best = logits.argmax(axis=-1)
         ids = self.head_ids[best]
-        unsure = np.flatnonzero((top_probability(logits) < REST_BELOW) | self._foreign(len(logits)))
+        unsure = np.flatnonzero(self.wanted(logits))
         if len(unsure):
             rest = self.logits(len(logits) - unsure, hidden)  # (unsure, other rows)
             wins = rest.max(axis=-1) > logits[unsure, best[unsure]]
             ids[unsure[wins]] = self.ids[rest[wins].argmax(axis=-1)]
         return ids, len(unsure)
+
+    def whole(self, logits: np.ndarray, hidden: np.ndarray) -> np.ndarray | None:
+        """(1, vocabulary) the logits of every row for the last of `logits` (n, kept rows) where the rules want the
+        other rows there, else None: what a sampled draft draws from. Exact either way: the rules read the logits and
+        the cache, both known before the draw, so the draft's q is the distribution its token came from."""
+        if not self.wanted(logits[-1:])[0]:
+            return None
+        every = np.empty((1, len(self._kept)), dtype=logits.dtype)
+        every[0, self.head_ids] = logits[-1]
+        every[0, self.ids] = self.logits(np.ones(1, dtype=np.int64), hidden)[0]
+        return every
+
+    def wanted(self, logits: np.ndarray) -> np.ndarray:
+        """(n,) bool for `logits` (n, kept rows), the cache's last n positions: unsure (REST_BELOW) or foreign."""
+        return (top_probability(logits) < REST_BELOW) | self._foreign(len(logits))
 
     def _foreign(self, n: int) -> np.ndarray:
         """(n,) bool: for each of the cache's last n positions, whether FOREIGN_SHARE of the FOREIGN_WINDOW tokens up

@@ -213,7 +213,8 @@ def test_a_trimmed_native_head_takes_its_other_rows_where_unsure_and_chooses_as_
     assert np.allclose(trimmed.other_rows.logits(np.array([2, 1]), trimmed._hidden()), others, rtol=1e-5, atol=1e-5)
 
 
-def test_a_trimmed_native_head_takes_its_other_rows_wherever_the_recent_text_is_off_its_kept_rows(tmp_path, monkeypatch):
+def test_a_trimmed_native_head_takes_its_other_rows_wherever_the_recent_text_is_off_its_kept_rows(tmp_path,
+                                                                                                   monkeypatch):
     from specdemo.models import split_head
     from specdemo.results.counterfactual import greedy_choices
 
@@ -260,6 +261,34 @@ def test_a_draft_with_a_trimmed_native_head_drafts_the_whole_head_s_choice_where
     monkeypatch.setattr(split_head, "REST_BELOW", 0.0)
     monkeypatch.setattr(split_head, "FOREIGN_SHARE", 1.01)
     assert all(t % 3 == 0 for t in draft(trimmed).tokens)  # never unsure, never foreign: the kept rows alone
+
+
+def test_a_sampled_draft_with_a_trimmed_native_head_draws_from_the_whole_head_where_its_other_rows_are_wanted(
+        tmp_path, monkeypatch):
+    from specdemo.decoding.drafters.model import ModelDrafter
+    from specdemo.models import split_head
+    from specdemo.settings import GenerationSettings
+
+    gguf = tiny_gguf.write(tmp_path / "tiny.gguf", "llama")
+    settings = ModelSettings(str(gguf), precision="gguf-native")
+    export.from_gguf(GGUFFile(gguf), "gguf-native", tmp_path / "ir", lambda *_: None)
+    whole = OVModel(tmp_path / "ir", settings)
+    kept = np.arange(0, whole.vocab_size, 3)
+    trimmed = OVModel(tmp_path / "ir", settings, head_ids=kept)
+    def draft(model):  # 8 sampled drafts after [3, 6, 9], the same draws
+        sampled = GenerationSettings(temperature=1.5, top_k=0, top_p=1.0)
+        return ModelDrafter(model, sampled, np.random.default_rng(0)).propose([3, 6, 9], 8)
+
+    expected = draft(whole)
+    monkeypatch.setattr(split_head, "REST_BELOW", 1.01)  # wanted everywhere: q over every row, the whole head's
+    proposal = draft(trimmed)
+    assert proposal.tokens == expected.tokens and any(t % 3 for t in expected.tokens)
+    assert np.allclose(proposal.q, expected.q, atol=1e-5)
+    trimmed.reset()
+    monkeypatch.setattr(split_head, "REST_BELOW", 0.0)
+    monkeypatch.setattr(split_head, "FOREIGN_SHARE", 1.01)
+    rows = draft(trimmed).q  # never wanted: q over the kept rows alone, zero off them
+    assert np.allclose(rows.sum(axis=1), 1.0) and not rows[:, np.setdiff1d(np.arange(whole.vocab_size), kept)].any()
 
 
 def test_a_native_model_on_a_machine_without_the_kernels_is_refused_in_a_sentence(tmp_path, monkeypatch):

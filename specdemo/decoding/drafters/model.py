@@ -58,22 +58,22 @@ class ModelDrafter:
         rows: list[np.ndarray] = []
         calls: list[tuple[int, float]] = []
         feed = seq[self.model.length :]
-        head = self.model.head_ids  # (V',) token ids of the LM head's rows when it was trimmed, else None
         confidence = 1.0  # the product of the draft's probabilities for this round's drafts so far
         for drafted in range(k):
             if confidence < stop_threshold(self.stops, drafted):
                 break  # the confidence stop: the next draft would likely be rejected, and its step costs
             logits = self.model.forward(feed)  # (1, V or V'): scores for the token after `feed`
             if self.settings.greedy:
-                token = int(self.model.greedy_ids(logits)[0])  # a trimmed head's other rows too, where unsure
+                token = int(self.model.greedy_ids(logits)[0])  # a trimmed head's other rows too, where wanted
                 calls.append((len(feed), self.model.last_call_s))
                 if self.stops or self.gate:
                     confidence *= top_probability(logits[0])
                 if not drafted and confidence < self.gate:
                     break  # gated out: a plain target step this round
             else:
+                scores, head = self.model.sampling_logits(logits)  # a trimmed head's other rows too, where wanted
                 calls.append((len(feed), self.model.last_call_s))
-                q = process_logits(logits, self.settings)[0]
+                q = process_logits(scores, self.settings)[0]
                 if not drafted and float(q.max()) < self.gate:
                     break  # gated out, by the distribution before the draw (see the class's docstring)
                 if head is not None:  # a proper distribution over the whole vocabulary, zero off the head
