@@ -79,10 +79,8 @@ def _against_llama_bench(ratio: float | None, ours: float | None = None) -> str:
             "here do not stand for llama.cpp as its own tool measures it; compare ours with llama-bench's row too." + beside)
 
 
-def _weights(weights: dict | None) -> str:
+def _weights(weights: dict[str, str]) -> str:
     """"gguf target / int4 draft": which weights our lanes ran (gguf: the GGUF's own blocks)."""
-    if not weights:
-        return "converted weights"
     return " / ".join(f"{'its own blocks' if p == 'gguf' else p.upper()} {role}" for role, p in weights.items())
 
 
