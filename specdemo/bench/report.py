@@ -6,11 +6,10 @@ the GGUF files' (llama.cpp, fidelity, nodes) in report_gguf.py. Lanes are found 
 
 from __future__ import annotations
 
-from specdemo.bench import found, report_tables as tables
-from specdemo.bench import stats
+from specdemo.bench import found, report_tables as tables, stats
 from specdemo.bench.report_tables import image, k_text, ms, percent, seconds, table, times
-from specdemo.bench.schema import GENAI_AR, GENAI_SPEC, HF_SPEC, OURS_AR, OURS_SPEC
-from specdemo.bench.schema import Figures, GenAICompile, Results, Sections, Skipped
+from specdemo.bench.schema import (GENAI_AR, GENAI_SPEC, HF_SPEC, OURS_AR, OURS_SPEC, Figures, GenAICompile, Results,
+                                   Sections, Skipped)
 from specdemo.bench.settings import PAPER, REGISTRY, paper_speedup
 from specdemo.bench.stats import COMPONENTS, PYTHON
 from specdemo.bench.table import GENAI_DEFAULTS, Run
