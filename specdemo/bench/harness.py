@@ -196,7 +196,6 @@ class Context:
             while len(self.genai) >= GENAI_PIPELINES:
                 self.genai.popitem(last=False)
                 gc.collect()
-
             drafting = peer_strategy(name)
             target = self.genai_target()
             draft = self.genai_draft() if drafting and drafting.needs_model else None

@@ -11,8 +11,7 @@ import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
 
-from specdemo.bench import found, stats
-from specdemo.bench import humaneval
+from specdemo.bench import found, humaneval, stats
 from specdemo.bench.humaneval import HumanEval
 from specdemo.bench.report_tables import k_text
 from specdemo.bench.schema import GENAI_SPEC, OURS_AR, OURS_SPEC, Results

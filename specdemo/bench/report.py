@@ -6,11 +6,10 @@ the GGUF files' (llama.cpp, fidelity, nodes) in report_gguf.py. Lanes are found 
 
 from __future__ import annotations
 
-from specdemo.bench import found, report_tables as tables
-from specdemo.bench import stats
+from specdemo.bench import found, report_tables as tables, stats
 from specdemo.bench.report_tables import image, k_text, ms, percent, seconds, table, times
-from specdemo.bench.schema import GENAI_AR, GENAI_SPEC, HF_SPEC, OURS_AR, OURS_SPEC
-from specdemo.bench.schema import Figures, GenAICompile, Results, Sections, Skipped
+from specdemo.bench.schema import (GENAI_AR, GENAI_SPEC, HF_SPEC, OURS_AR, OURS_SPEC, Figures, GenAICompile, Results,
+                                   Sections, Skipped)
 from specdemo.bench.settings import PAPER, REGISTRY, paper_speedup
 from specdemo.bench.stats import COMPONENTS, PYTHON
 from specdemo.bench.table import GENAI_DEFAULTS, Run
@@ -102,12 +101,9 @@ def _headlines(sections: Sections, runs: list[Run]) -> str:
                 f"than autoregressive (GenAI's C++ pipeline: {at.speedup(GENAI_SPEC).median:.2f}×")
         text += f"; the paper: {paper_speedup(at.n):.2f}×)" if at.n in PAPER else ")"
         lines.append(text + " (§1).")
-        lines.append(
-            f"Our speculative loop takes **{at.ratio(OURS_SPEC, GENAI_SPEC).median:.2f}×** the decoding time of "
-            "GenAI's "
-            f"speculative pipeline; our autoregressive loop {at.ratio(OURS_AR, GENAI_AR).median:.2f}× "
-            "that of GenAI's plain pipeline (§2)."
-        )
+        lines.append(f"Our speculative loop takes **{at.ratio(OURS_SPEC, GENAI_SPEC).median:.2f}×** the decoding time "
+                     f"of GenAI's speculative pipeline; our autoregressive loop {at.ratio(OURS_AR, GENAI_AR).median:.2f}× "
+                     "that of GenAI's plain pipeline (§2).")
         lines.append(f"Outside model calls our loop spends {percent(paper.time_shares[SPECULATIVE][PYTHON])} of "
                      "wall time (§6).")
     if hf := stats.section(runs, "transformers"):
@@ -122,9 +118,8 @@ def _headlines(sections: Sections, runs: list[Run]) -> str:
     if precision := stats.sweep_rows(runs, "precision"):
         best = fastest(precision)
         pair = sections.precision.facts()[best.lane.label]
-        lines.append(
-            f"Best weight precisions: target {pair.target} + draft {pair.draft} at {best.measured_speedup.median:.2f}× over that target alone (§3)."
-        )
+        lines.append(f"Best weight precisions: target {pair.target} + draft {pair.draft} at "
+                     f"{best.measured_speedup.median:.2f}× over that target alone (§3).")
     if lookup := stats.sweep_rows(runs, "lookup"):
         cells = [f"{r.lane.label} {tables.over_ours(runs, r).median:.2f}×" for r in lookup]
         lines.append("On edits that repeat their input, speedup over our autoregressive loop: " + ", ".join(cells) + " (§4).")

@@ -66,12 +66,12 @@ def _lane_row(runs: list[Run], lane: Lane) -> list[str]:
             f"{times_of.tokens.median:.0f}", percent(acceptance, 0), speedup, times_of.same_as_reference]
 
 
-def _against_llama_bench(ratio: float | None, ours: float | None = None) -> str:
+def _against_llama_bench(ratio: float | None, ours: float | None) -> str:
     """Whether the bindings' decode rate is within 10 % of llama-bench's tg (the same library, its own timing), in bold
     where it is not (then the bindings' lanes under- or over-state llama.cpp), and ours over llama-bench's tg."""
     if ratio is None or math.isnan(ratio):
         return ""
-    beside = f" Our autoregressive lane decodes at {ours:.2f}× llama-bench's tg." if ours else ""
+    beside = f" Our autoregressive lane decodes at {ours:.2f}× llama-bench's tg."
     if abs(ratio - 1) <= 0.10:
         return (f"\n\nThe bindings decode at {ratio:.2f}× llama-bench's tg rate: within 10 %, so they stand for llama.cpp."
                 + beside)
@@ -79,10 +79,8 @@ def _against_llama_bench(ratio: float | None, ours: float | None = None) -> str:
             "here do not stand for llama.cpp as its own tool measures it; compare ours with llama-bench's row too." + beside)
 
 
-def _weights(weights: dict | None) -> str:
+def _weights(weights: dict[str, str]) -> str:
     """"gguf target / int4 draft": which weights our lanes ran (gguf: the GGUF's own blocks)."""
-    if not weights:
-        return "converted weights"
     return " / ".join(f"{'its own blocks' if p == 'gguf' else p.upper()} {role}" for role, p in weights.items())
 
 

@@ -92,8 +92,8 @@ _SWEEP_HEADER = [*(figure(key).label for key in ("alpha_hat", "draft_cost", "mea
                  "prediction error", "per token", "same tokens as AR"]
 
 
-def _error(spread: Spread | None) -> str:
-    if not spread or not spread.n:
+def _error(spread: Spread) -> str:
+    if not spread.n:
         return "–"
     return f"{spread.median:+.0%} ({spread.min:+.0%} to {spread.max:+.0%})"
 

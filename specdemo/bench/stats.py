@@ -153,7 +153,6 @@ class Drafting:
     """How a speculative lane's runs drafted, pooled (long runs weigh more), by metrics.py's names."""
 
     alpha_hat: float  # α̂: accepted / (accepted + rounds that ended in a rejection), over every round
-    draft_acceptance_rate: float  # accepted / proposed
     draft_cost: float  # c: the median of the runs' draft step in single target steps
     mean_k: float  # drafts per round that drafted
     leviathan_speedup: float  # Leviathan's eq. 1 from α̂, mean K and c
@@ -174,10 +173,9 @@ def speculative_figures(runs: list[Run]) -> Drafting:
     mean_k = proposed / rounds if rounds else 0.0
     c = statistics.median([s.draft_cost for s in ours]) if ours else 0.0
     histogram = [sum(kept) for kept in zip_longest(*(s.accepted_histogram for s in ours), fillvalue=0)]  # by drafts kept
-    return Drafting(alpha, metrics.draft_acceptance_rate(accepted, proposed), c, mean_k,
-                    metrics.leviathan_speedup(alpha, mean_k, c), spread([s.predicted_speedup for s in ours]),
-                    spread([s.mean_acceptance_length for s in ours]), histogram,
-                    spread([s.verify_call_s for s in ours]), spread([s.draft_step_s for s in ours]))
+    return Drafting(alpha, c, mean_k, metrics.leviathan_speedup(alpha, mean_k, c),
+                    spread([s.predicted_speedup for s in ours]), spread([s.mean_acceptance_length for s in ours]),
+                    histogram, spread([s.verify_call_s for s in ours]), spread([s.draft_step_s for s in ours]))
 
 
 @dataclass(frozen=True)
@@ -208,11 +206,11 @@ def with_k_policy(rows: list[SweepRow], policy: str) -> list[SweepRow]:  # polic
     return [row for row in rows if row.lane.k_policy == policy]
 
 
-def same_k(runs: list[Run], lane: Lane, framework: str = "genai") -> Lane | None:
-    """`framework`'s speculative lane at fixed-K `lane`'s K among `runs` (GenAI's beside ours in the K sweep), or None."""
+def same_k(runs: list[Run], lane: Lane) -> Lane | None:
+    """GenAI's speculative lane at fixed-K `lane`'s K among `runs` (beside ours in the K sweep), or None."""
     if lane.k_policy != "fixed":
         return None
-    return next((r.lane for r in runs if (r.lane.framework, r.lane.kind, r.lane.k) == (framework, SPECULATIVE, lane.k)),
+    return next((r.lane for r in runs if (r.lane.framework, r.lane.kind, r.lane.k) == ("genai", SPECULATIVE, lane.k)),
                 None)
 
 

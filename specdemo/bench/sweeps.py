@@ -53,14 +53,14 @@ def run_k(ctx: Context) -> Sweep:
                  counterfactuals=[dict(instruction=i, repeat=r, **w.to_dict()) for (i, r), w in sorted(would.items())])
 
 
-def counterfactuals(ctx: Context, runs: list[Run], ar: Lane, observer: Lane | None = None) -> dict:
+def counterfactuals(ctx: Context, runs: list[Run], ar: Lane, observer: Lane) -> dict:
     """What each K would have given on each autoregressive answer, by (instruction, repeat): greedy, with the cost
     model as it stands after the section's runs corrected it. Where the `observer` lane (auto K) wrote the same answer,
     its own drafting corrects the teacher-forced mask (counterfactual.observed_matches); the fixed-K lanes it is
     checked against stay out of it."""
     instructions = ctx.code_instructions()
     settings = replace(ctx.fixed(1), max_new_tokens=ctx.sweep_tokens)  # a fixed K of 1 spans K = 1..K_MAX (KPolicy)
-    seen = {(r.instruction, r.repeat): r for r in stats.lane_runs(runs, observer)} if observer else {}
+    seen = {(r.instruction, r.repeat): r for r in stats.lane_runs(runs, observer)}
     out = {}
     for run in stats.lane_runs(runs, ar):
         key = (run.instruction, run.repeat)
