@@ -13,6 +13,8 @@ import hashlib
 
 import numpy as np
 
+from specdemo.models.logits import top_probability
+
 
 class FakeModel:
     """A causal LM over `vocab_size` tokens whose next-token logits are a hash of the prefix and `salt`."""
@@ -55,9 +57,10 @@ class FakeModel:
         n, keep = len(self.cache), min(logits_to_keep, len(ids))
         return np.stack([self.logits(tuple(self.cache[: j + 1])) for j in range(n - keep, n)])
 
-    def greedy_ids(self, logits: np.ndarray) -> np.ndarray:
-        """The argmax of each row, as OVModel.greedy_ids with the whole head."""
-        return logits.argmax(axis=-1)
+    def greedy_ids(self, logits: np.ndarray, confidence: bool = False):
+        """The argmax of each row (and its softmax probability), as OVModel.greedy_ids with the whole head."""
+        ids = logits.argmax(axis=-1)
+        return (ids, top_probability(logits)) if confidence else ids
 
     def sampling_logits(self, logits: np.ndarray) -> tuple[np.ndarray, None]:
         """The logits as they are, over every token: OVModel.sampling_logits with the whole head."""

@@ -34,6 +34,7 @@ import openvino as ov
 
 from specdemo.host.compat import compile_config
 from specdemo.models import cached_attention, graph, kernels, matmul_fusion
+from specdemo.models.logits import top_probability
 from specdemo.models.split_head import OtherRows
 from specdemo.settings import ModelSettings
 
@@ -184,20 +185,20 @@ class OVModel:
         logits = self._last.get_tensor("logits").data[0]  # (kept or n, V), a view into plugin memory
         return np.array(logits[-keep:], dtype=np.float32)  # copy: the next call overwrites it
 
-    def greedy_ids(self, logits: np.ndarray) -> np.ndarray:
+    def greedy_ids(self, logits: np.ndarray, confidence: bool = False):
         """The greedy token id (n,) int64 of each row of `logits` (n, V'), rows the latest call returned: the argmax,
         through a trimmed head's ids; with the head's other rows at hand, over them too where split_head's rules say
-        the kept rows may not hold it (their seconds added to last_call_s)."""
+        the kept rows may not hold it (their seconds added to last_call_s). With `confidence`, also each one's softmax
+        probability (n,), over every row where the other rows were taken."""
         best = logits.argmax(axis=-1)
-        if self.head_ids is None:
-            return best
         if self.other_rows is None:
-            return self.head_ids[best]
+            ids = best if self.head_ids is None else self.head_ids[best]
+            return (ids, top_probability(logits)) if confidence else ids
         start = time.perf_counter()
-        ids, taken = self.other_rows.choose(logits, self._hidden())
+        ids, top, taken = self.other_rows.choose(logits, self._hidden())
         self.greedy_rows, self.rest_rows = self.greedy_rows + len(logits), self.rest_rows + taken
         self.last_call_s += time.perf_counter() - start
-        return ids
+        return (ids, top) if confidence else ids
 
     def sampling_logits(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """What a sampled draft draws from, given `logits` (1, V') the latest call returned: those logits and their

@@ -1,5 +1,5 @@
 """A trimmed LM head of blocks in two parts: the kept rows in the model's own compile, every other row in a compile of
-its own (graph.head_over_rows), run only where the kept rows may not hold the draft's choice (OtherRows.wanted).
+its own (graph.head_over_rows), run only where the kept rows may not hold the draft's choice (OtherRows._wanted).
 
 Why: a head trimmed to Python's frequent tokens (specdemo/models/vocab.py) makes the draft's step cheap on code and
 loses every other script. The 0.5B draft's 32k head agreed with the 1.5B target on 31 % of a Chinese answer's tokens,
@@ -59,32 +59,37 @@ class OtherRows:
     def keep(self, length: int) -> None:
         self._off = self._off[:length]
 
-    def choose(self, logits: np.ndarray, hidden: np.ndarray) -> tuple[np.ndarray, int]:
-        """The greedy token ids (n,) int64 for `logits` (n, kept rows), the rows of the cache's last n positions, and
-        how many took the other rows; hidden: (≥ n, width) the head's input at the latest call's kept positions."""
+    def choose(self, logits: np.ndarray, hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+        """For `logits` (n, kept rows), the rows of the cache's last n positions: the greedy token ids (n,) int64, each
+        one's softmax probability (n,) over the rows it was chosen from (the kept rows, or every row), and how many
+        took the other rows. hidden: (≥ n, width) the head's input at the latest call's kept positions."""
         best = logits.argmax(axis=-1)
-        ids = self.head_ids[best]
-        unsure = np.flatnonzero(self.wanted(logits))
+        ids, top = self.head_ids[best], top_probability(logits)
+        unsure = np.flatnonzero(self._wanted(top))
         if len(unsure):
             rest = self.logits(len(logits) - unsure, hidden)  # (unsure, other rows)
             wins = rest.max(axis=-1) > logits[unsure, best[unsure]]
             ids[unsure[wins]] = self.ids[rest[wins].argmax(axis=-1)]
-        return ids, len(unsure)
+            # Over every row: the kept rows' top probability says little where their choice was not sure to be theirs
+            # (text in another script: the confidence stop ended the page's Chinese example's rounds at 2 drafts)
+            top[unsure] = top_probability(np.concatenate([logits[unsure], rest], axis=1))
+        return ids, top, len(unsure)
 
     def whole(self, logits: np.ndarray, hidden: np.ndarray) -> np.ndarray | None:
         """(1, vocabulary) the logits of every row for the last of `logits` (n, kept rows) where the rules want the
         other rows there, else None: what a sampled draft draws from. Exact either way: the rules read the logits and
         the cache, both known before the draw, so the draft's q is the distribution its token came from."""
-        if not self.wanted(logits[-1:])[0]:
+        if not self._wanted(top_probability(logits[-1:]))[0]:
             return None
         every = np.empty((1, len(self._kept)), dtype=logits.dtype)
         every[0, self.head_ids] = logits[-1]
         every[0, self.ids] = self.logits(np.ones(1, dtype=np.int64), hidden)[0]
         return every
 
-    def wanted(self, logits: np.ndarray) -> np.ndarray:
-        """(n,) bool for `logits` (n, kept rows), the cache's last n positions: unsure (REST_BELOW) or foreign."""
-        return (top_probability(logits) < REST_BELOW) | self._foreign(len(logits))
+    def _wanted(self, top: np.ndarray) -> np.ndarray:
+        """(n,) bool for the kept rows' top probabilities `top` (n,) at the cache's last n positions: unsure
+        (REST_BELOW) or foreign."""
+        return (top < REST_BELOW) | self._foreign(len(top))
 
     def _foreign(self, n: int) -> np.ndarray:
         """(n,) bool: for each of the cache's last n positions, whether FOREIGN_SHARE of the FOREIGN_WINDOW tokens up

@@ -40,7 +40,6 @@ from specdemo.decoding.costs import CostModel
 from specdemo.decoding.drafters import MASKED, MASKED_STRATEGY, STRATEGIES, Strategy, strategy
 from specdemo.decoding.drafters.base import stop_threshold
 from specdemo.decoding.pricing import confidence_stops, gate_threshold, gated_out_cost, round_cost
-from specdemo.models.logits import top_probability
 from specdemo.models.runtime import OVModel
 from specdemo.results.would import Counterfactual, Walk
 
@@ -50,17 +49,20 @@ PIECE = 64  # answer tokens per teacher-forced call: 64 rows of logits (~39 MB f
 def greedy_choices(model: OVModel, prompt_ids: list[int], text_ids: list[int],
                    with_confidence: bool = False):
     """The model's greedy token after prompt + text[:j] for j = 1 … len(text) - 1 (what it would choose in place of
-    text[j]), by teacher forcing in pieces of PIECE tokens; with `with_confidence`, also its softmax probability (over
-    the LM head's rows, as the loop's drafter sees it). Leaves the model's cache empty."""
+    text[j]), by teacher forcing in pieces of PIECE tokens; with `with_confidence`, also its softmax probability (as the
+    loop's drafter weighs it: OVModel.greedy_ids). Leaves the model's cache empty."""
     model.reset()
     model.forward(prompt_ids)
     choices, confidences = [], []
     for start in range(0, len(text_ids) - 1, PIECE):
         piece = text_ids[start : min(start + PIECE, len(text_ids) - 1)]  # the last token predicts nothing we need
         logits = model.forward(piece, logits_to_keep=len(piece))  # (len(piece), V'): row r for text[start + r + 1]
-        choices.append(model.greedy_ids(logits))  # as the loop's drafter chooses (a trimmed head's other rows too)
-        if with_confidence:
-            confidences.append(top_probability(logits))
+        if with_confidence:  # as the loop's drafter chooses and weighs (a trimmed head's other rows too)
+            ids, top = model.greedy_ids(logits, confidence=True)
+            confidences.append(top)
+        else:
+            ids = model.greedy_ids(logits)
+        choices.append(ids)
     model.reset()
     chosen = np.concatenate(choices) if choices else np.zeros(0, dtype=np.int64)
     if not with_confidence:

@@ -208,6 +208,8 @@ def test_a_trimmed_native_head_takes_its_other_rows_where_unsure_and_chooses_as_
     rows_before = trimmed.rest_rows
     assert (greedy_choices(trimmed, prompt, text) == expected).all()
     assert trimmed.rest_rows - rows_before == len(text) - 1
+    confidence = greedy_choices(trimmed, prompt, text, with_confidence=True)[1]  # over every row, as the whole head's
+    assert np.allclose(confidence, greedy_choices(whole, prompt, text, with_confidence=True)[1], atol=1e-5)
     trimmed.forward(prompt, logits_to_keep=2)
     others = whole.forward(prompt, logits_to_keep=2)[:, trimmed.other_rows.ids]  # the whole head's, on the other rows
     assert np.allclose(trimmed.other_rows.logits(np.array([2, 1]), trimmed._hidden()), others, rtol=1e-5, atol=1e-5)

@@ -9,7 +9,6 @@ import numpy as np
 
 from specdemo.decoding.drafters.base import Planning, Proposal, Strategy, Walking, stop_threshold
 from specdemo.decoding.verification import process_logits, sample
-from specdemo.models.logits import top_probability
 
 if TYPE_CHECKING:
     from specdemo.models.runtime import OVModel
@@ -64,10 +63,13 @@ class ModelDrafter:
                 break  # the confidence stop: the next draft would likely be rejected, and its step costs
             logits = self.model.forward(feed)  # (1, V or V'): scores for the token after `feed`
             if self.settings.greedy:
-                token = int(self.model.greedy_ids(logits)[0])  # a trimmed head's other rows too, where wanted
+                if self.stops or self.gate:  # a trimmed head's other rows too, where wanted
+                    ids, top = self.model.greedy_ids(logits, confidence=True)
+                    confidence *= float(top[0])
+                else:
+                    ids = self.model.greedy_ids(logits)
+                token = int(ids[0])
                 calls.append((len(feed), self.model.last_call_s))
-                if self.stops or self.gate:
-                    confidence *= top_probability(logits[0])
                 if not drafted and confidence < self.gate:
                     break  # gated out: a plain target step this round
             else:
