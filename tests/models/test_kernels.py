@@ -185,20 +185,25 @@ def test_a_trimmed_native_head_scores_the_kept_tokens_as_the_whole_head_does(tmp
     assert np.allclose(trimmed.forward([40, 41, 42]), whole[:, kept], rtol=1e-5, atol=1e-5)
 
 
+def whole_and_a_third(tmp_path, arch: str = "llama") -> tuple[OVModel, OVModel]:
+    """A tiny GGUF's model on our kernels, with its whole LM head and with a head of every third row (many of the whole
+    head's choices fall outside it)."""
+    gguf = tiny_gguf.write(tmp_path / "tiny.gguf", arch)
+    settings = ModelSettings(str(gguf), precision="gguf-native")
+    export.from_gguf(GGUFFile(gguf), "gguf-native", tmp_path / "ir", lambda *_: None)
+    whole = OVModel(tmp_path / "ir", settings)
+    return whole, OVModel(tmp_path / "ir", settings, head_ids=np.arange(0, whole.vocab_size, 3))
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])  # an LM head of its own; the embedding's, tied
 def test_a_trimmed_native_head_takes_its_other_rows_where_unsure_and_chooses_as_the_whole_head(tmp_path, monkeypatch,
                                                                                                 arch):
     from specdemo.models import split_head
     from specdemo.results.counterfactual import greedy_choices
 
-    gguf = tiny_gguf.write(tmp_path / "tiny.gguf", arch)
-    settings = ModelSettings(str(gguf), precision="gguf-native")
-    export.from_gguf(GGUFFile(gguf), "gguf-native", tmp_path / "ir", lambda *_: None)
-    prompt, text = [5, 6, 7], list(range(40, 80))
-    whole = OVModel(tmp_path / "ir", settings)
+    whole, trimmed = whole_and_a_third(tmp_path, arch)
+    kept, prompt, text = trimmed.head_ids, [5, 6, 7], list(range(40, 80))
     expected = greedy_choices(whole, prompt, text)
-    kept = np.arange(0, whole.vocab_size, 3)  # a third of the rows: many of the whole head's choices fall outside
-    trimmed = OVModel(tmp_path / "ir", settings, head_ids=kept)
     assert list(trimmed.other_rows.ids) == sorted(set(range(whole.vocab_size)) - set(kept.tolist()))
     monkeypatch.setattr(split_head, "REST_BELOW", 0.0)  # never unsure, never foreign: the kept rows alone
     monkeypatch.setattr(split_head, "FOREIGN_SHARE", 1.01)
@@ -220,12 +225,8 @@ def test_a_trimmed_native_head_takes_its_other_rows_wherever_the_recent_text_is_
     from specdemo.models import split_head
     from specdemo.results.counterfactual import greedy_choices
 
-    gguf = tiny_gguf.write(tmp_path / "tiny.gguf", "llama")
-    settings = ModelSettings(str(gguf), precision="gguf-native")
-    export.from_gguf(GGUFFile(gguf), "gguf-native", tmp_path / "ir", lambda *_: None)
-    whole = OVModel(tmp_path / "ir", settings)
-    kept = np.arange(0, whole.vocab_size, 3)
-    trimmed = OVModel(tmp_path / "ir", settings, head_ids=kept)
+    whole, trimmed = whole_and_a_third(tmp_path)
+    kept = trimmed.head_ids
     monkeypatch.setattr(split_head, "REST_BELOW", 0.0)  # never unsure: only the text decides
     foreign = [1, 2, 4, 5, 7, 8, 10, 11, 13, 14] * 3  # no token of it on the kept rows
     native = list(range(0, 90, 3))  # every token on them
@@ -246,11 +247,7 @@ def test_a_draft_with_a_trimmed_native_head_drafts_the_whole_head_s_choice_where
     from specdemo.models import split_head
     from specdemo.settings import GenerationSettings
 
-    gguf = tiny_gguf.write(tmp_path / "tiny.gguf", "llama")
-    settings = ModelSettings(str(gguf), precision="gguf-native")
-    export.from_gguf(GGUFFile(gguf), "gguf-native", tmp_path / "ir", lambda *_: None)
-    whole = OVModel(tmp_path / "ir", settings)
-    trimmed = OVModel(tmp_path / "ir", settings, head_ids=np.arange(0, whole.vocab_size, 3))
+    whole, trimmed = whole_and_a_third(tmp_path)
     def draft(model):  # 8 greedy drafts after [5, 6, 7]
         return ModelDrafter(model, GenerationSettings(), np.random.default_rng(0)).propose([5, 6, 7], 8)
 
@@ -271,12 +268,7 @@ def test_a_sampled_draft_with_a_trimmed_native_head_draws_from_the_whole_head_wh
     from specdemo.models import split_head
     from specdemo.settings import GenerationSettings
 
-    gguf = tiny_gguf.write(tmp_path / "tiny.gguf", "llama")
-    settings = ModelSettings(str(gguf), precision="gguf-native")
-    export.from_gguf(GGUFFile(gguf), "gguf-native", tmp_path / "ir", lambda *_: None)
-    whole = OVModel(tmp_path / "ir", settings)
-    kept = np.arange(0, whole.vocab_size, 3)
-    trimmed = OVModel(tmp_path / "ir", settings, head_ids=kept)
+    whole, trimmed = whole_and_a_third(tmp_path)
     def draft(model):  # 8 sampled drafts after [3, 6, 9], the same draws
         sampled = GenerationSettings(temperature=1.5, top_k=0, top_p=1.0)
         return ModelDrafter(model, sampled, np.random.default_rng(0)).propose([3, 6, 9], 8)
@@ -290,7 +282,7 @@ def test_a_sampled_draft_with_a_trimmed_native_head_draws_from_the_whole_head_wh
     monkeypatch.setattr(split_head, "REST_BELOW", 0.0)
     monkeypatch.setattr(split_head, "FOREIGN_SHARE", 1.01)
     rows = draft(trimmed).q  # never wanted: q over the kept rows alone, zero off them
-    assert np.allclose(rows.sum(axis=1), 1.0) and not rows[:, np.setdiff1d(np.arange(whole.vocab_size), kept)].any()
+    assert np.allclose(rows.sum(axis=1), 1.0) and not rows[:, trimmed.other_rows.ids].any()
 
 
 def test_a_native_model_on_a_machine_without_the_kernels_is_refused_in_a_sentence(tmp_path, monkeypatch):
