@@ -102,8 +102,8 @@ def _headlines(sections: Sections, runs: list[Run]) -> str:
         text += f"; the paper: {paper_speedup(at.n):.2f}×)" if at.n in PAPER else ")"
         lines.append(text + " (§1).")
         lines.append(f"Our speculative loop takes **{at.ratio(OURS_SPEC, GENAI_SPEC).median:.2f}×** the decoding time "
-                     f"of GenAI's speculative pipeline; our autoregressive loop {at.ratio(OURS_AR, GENAI_AR).median:.2f}× "
-                     "that of GenAI's plain pipeline (§2).")
+                     "of GenAI's speculative pipeline; our autoregressive loop "
+                     f"{at.ratio(OURS_AR, GENAI_AR).median:.2f}× that of GenAI's plain pipeline (§2).")
         lines.append(f"Outside model calls our loop spends {percent(paper.time_shares[SPECULATIVE][PYTHON])} of "
                      "wall time (§6).")
     if hf := stats.section(runs, "transformers"):
