@@ -93,9 +93,10 @@ class OtherRows:
 
     def _foreign(self, n: int) -> np.ndarray:
         """(n,) bool: for each of the cache's last n positions, whether FOREIGN_SHARE of the FOREIGN_WINDOW tokens up
-        to it are off the kept rows."""
-        counts = np.concatenate([[0], np.cumsum(self._off)])
-        ends = np.arange(len(self._off) - n, len(self._off)) + 1
+        to it are off the kept rows. Sums the last n + FOREIGN_WINDOW - 1 flags only, not the whole cache's."""
+        off = self._off[-(n + FOREIGN_WINDOW - 1):]
+        counts = np.concatenate([[0], np.cumsum(off)])
+        ends = np.arange(len(off) - n, len(off)) + 1
         starts = np.maximum(ends - FOREIGN_WINDOW, 0)
         return counts[ends] - counts[starts] >= FOREIGN_SHARE * (ends - starts)
 
