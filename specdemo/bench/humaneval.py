@@ -17,13 +17,14 @@ import math
 import re
 from dataclasses import dataclass, fields
 
-from specdemo.bench import llamacpp, sandbox, stats
+from specdemo.bench import llamacpp, stats
 from specdemo.bench.harness import log_progress, measure, our_lane, peer_lane
 from specdemo.bench.peers import PeerProcess
 from specdemo.bench.report_tables import image, percent, table, times
 from specdemo.bench.schema import GENAI_AR, GENAI_SPEC, OURS_AR, OURS_SPEC, Figures, Sections, Skipped
 from specdemo.bench.stats import Spread
 from specdemo.bench.table import Lane, Run
+from specdemo.host import sandbox
 from specdemo.names import AUTOREGRESSIVE, SPECULATIVE
 from specdemo.results import metrics
 from specdemo.results.parting import first_difference
@@ -35,7 +36,7 @@ LANES = {AUTOREGRESSIVE: OURS_AR, SPECULATIVE: OURS_SPEC, "genai_autoregressive"
 SKIPPED = "humaneval: skipped (pip install -r requirements-humaneval.txt)"
 EXECUTING = ("humaneval: executing the code each lane generated, one sandbox per program (an unprivileged user in "
              "its own namespaces and private root; time, memory and file limits; process and memory bounds over the "
-             "whole program; no network; a pass only at the program's end; bench/sandbox.py)")
+             "whole program; no network; a pass only at the program's end; host/sandbox.py)")
 FRAMING = "chat instruction: complete the function, code only; the answer's first code block is run"
 
 
@@ -250,7 +251,7 @@ def humaneval_section(sections: Sections, plots: dict, runs: list[Run]) -> str:
         "speculative over GenAI plain, wall time, on its own model pair and machine.\n\n"
         + table(["", "target / draft", "problems", "speedup (mean of ratios)", "speedup (ratio of sums)",
                  "pass@1 speculative"], headline)
-        + "\n\nEach lane's answers run against the problem's tests (`specdemo/bench/sandbox.py`: a sandbox per program, "
+        + "\n\nEach lane's answers run against the problem's tests (`specdemo/host/sandbox.py`: a sandbox per program, "
         "time limits, process and memory bounds over the whole program, no network, a throwaway directory; a pass needs "
         "the program to reach its end):\n\n"
         + table(["lane", "pass@1", "passed"], passes)

@@ -8,11 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from specdemo.bench import humaneval, sandbox
+from specdemo.bench import humaneval
 from specdemo.bench.schema import OURS_AR, OURS_SPEC, Sections, Skipped
 from specdemo.bench.table import Lane, Run
 from specdemo.cli.commands import benchmark_settings, build_parser
 from specdemo.decoding.events import Round
+from specdemo.host import sandbox
 from specdemo.results.metrics import Summary
 
 PROBLEMS = humaneval.load_problems(164)

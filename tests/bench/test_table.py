@@ -156,9 +156,6 @@ LOADERS = {
     "memory.py": {"run_memory"},  # the child's PYTHONPATH
     "nodes.py": {"original_names"},  # OpenVINO's runtime info of a node
     "watching.py": {"Page.by_api"},  # gradio's answer to the page's API
-    # the sandbox's plan: cgroup files by name, hard limits by their resource.RLIMIT_* names
-    "sandbox.py": {"_cgroup_parents"},
-    "sandbox_init.py": {"open_cgroup", "bound_hit", "run"},
 }
 
 

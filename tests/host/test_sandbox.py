@@ -1,4 +1,4 @@
-"""The sandbox generated code runs in (bench/sandbox.py): its limits, on each process and on the whole program (by a
+"""The sandbox generated code runs in (host/sandbox.py): its limits, on each process and on the whole program (by a
 cgroup and by the fallback), a pass only for a program that ran to its end, and each way out of it that a program could
 try, shut; where the machine cannot build it, a refusal instead of running the code unconfined."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from specdemo.bench import sandbox
+from specdemo.host import sandbox
 
 MARGIN_S = 5.0  # for building and tearing down a sandbox on a loaded 2-core machine
 CGROUP_PARENTS = sandbox._cgroup_parents()  # where runs make their cgroups here, even while a test hides them

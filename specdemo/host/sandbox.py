@@ -2,22 +2,22 @@
 file limits, no network, no view of the machine's files or processes, nothing outliving its run); it passes only if it
 ran to its last line. Built with util-linux's `unshare` and `setpriv`; sandbox_init.py is the first process inside.
 - New mount, PID, network, IPC and UTS namespaces and a new session: the program sees only its own processes, cannot
-  signal the bench or read its /proc, and has no network (its loopback is its own, and down).
+  signal the caller or read its /proc, and has no network (its loopback is its own, and down).
 - A private root: /usr, /etc and this interpreter's installation read-only (no setuid, no devices), /dev's null, zero,
   full, random and urandom, its own /proc, and /tmp (its cwd and HOME), a small tmpfs, the only place it can write,
   gone with it.
-- No capabilities and no way to gain any (empty bounding set, no_new_privs): user 65534 when the bench runs as root,
+- No capabilities and no way to gain any (empty bounding set, no_new_privs): user 65534 when the caller runs as root,
   else root of a user namespace mapping only the caller, stripped by securebits.
 - Hard limits per process (address space, CPU seconds, file size, no core), and bounds over the whole program:
-  PROCESS_LIMIT tasks and `memory_bytes`. As root with writable cgroups, a cgroup of the run's own under the bench's
-  (v1's memory and pids, or v2's where the bench's cgroup delegates both), kernel-enforced, whose counters of refused
+  PROCESS_LIMIT tasks and `memory_bytes`. As root with writable cgroups, a cgroup of the run's own under the caller's
+  (v1's memory and pids, or v2's where the caller's cgroup delegates both), kernel-enforced, whose counters of refused
   forks and OOM kills say a bound was hit. Elsewhere a weaker fallback: RLIMIT_NPROC on the program's user (all its
   processes; as root, user 65534's across the machine) and the first process summing the tree's Pss every POLL_S,
   which misses what is allocated between two looks and memory no process maps (memfd, pipe buffers, the kernel's).
   A tree over a bound is ended at once: "process limit", "memory limit".
 - A wall clock kept by the namespace's first process, which the program cannot signal; when it exits the kernel kills
   everything left in the PID namespace (setsid and double-forked descendants too) before the run returns, then the
-  run's cgroup is removed, and any a killed bench left. stderr goes to a file, stdout nowhere.
+  run's cgroup is removed, and any a killed caller left. stderr goes to a file, stdout nowhere.
 - An end mark: a pass needs exit status 0 and a random mark written only once the program's last line has run
   (sandbox_init.py); sys.exit(0), os._exit(0), exec or a signal before the end fails.
 The program runs under this interpreter's base installation (a venv's folder may be closed to user 65534), `-I`, with
@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from specdemo import strict_json
-from specdemo.bench.sandbox_init import Plan
+from specdemo.host.sandbox_init import Plan
 
 TIME_LIMIT_S = 10.0  # wall clock per program; HumanEval's own harness allows 3 s, tests here include slow reference code
 MEMORY_LIMIT_BYTES = 1 << 30  # address space of each process, and memory of the whole program
@@ -53,15 +53,15 @@ PROCESS_LIMIT = 64  # processes and threads of the whole program
 FILE_LIMIT_BYTES = 1 << 20  # largest file the program may write
 SCRATCH_BYTES = 16 << 20  # its /tmp: everything it writes, together
 SCRATCH_FILES = 1024  # and how many files and folders
-NOBODY = 65534  # the user and group the program runs as when the bench runs as root
+NOBODY = 65534  # the user and group the program runs as when the caller runs as root
 
-_SETUP_S = 5.0  # allowance beyond the time limit for building and tearing down a sandbox, before the bench kills it
+_SETUP_S = 5.0  # allowance beyond the time limit for building and tearing down a sandbox, before the caller kills it
 _REAP_S = 5.0  # how long a run's cgroup may take to empty once its sandbox is gone
 _SHOWN = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib64")  # of the host, read-only, when present
 _INIT = str(Path(__file__).with_name("sandbox_init.py"))
 _ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
 _TAIL_BYTES = 8192  # of the program's stderr, for the reason
-_CGROUP_PREFIX = "specdemo-sandbox-"  # then the bench's process id: a cgroup whose bench is gone is swept
+_CGROUP_PREFIX = "specdemo-sandbox-"  # then the caller's process id: a cgroup whose caller is gone is swept
 # Per cgroup hierarchy (v1's "memory" and "pids", v2's single one as ""), the counter that says a bound was hit.
 _COUNTERS = {"memory": {"memory": ("memory.oom_control", "oom_kill")}, "pids": {"process": ("pids.events", "max")},
              "": {"memory": ("memory.events", "oom_kill"), "process": ("pids.events", "max")}}
@@ -135,7 +135,7 @@ def _contain(source: str, time_limit_s: float, memory_bytes: int) -> Verdict:
 
 
 def _sandbox(plan: Plan, time_limit_s: float) -> tuple[list[str], str, float]:
-    """Run the namespace's first process on `plan`: the words of its ending line (["timeout"] when the bench had to
+    """Run the namespace's first process on `plan`: the words of its ending line (["timeout"] when the caller had to
     kill it), the tail of the program's stderr, and the seconds it all took."""
     outer = plan.outer
     with open(os.path.join(outer, "ending"), "w+b") as ending, open(os.path.join(outer, "stderr"), "w+b") as stderr:
@@ -160,7 +160,7 @@ def _sandbox(plan: Plan, time_limit_s: float) -> tuple[list[str], str, float]:
 
 
 def _stop(unshare: subprocess.Popen) -> None:
-    """Kill a sandbox the bench gave up on, and wait until nothing of it is left: unshare's --kill-child passes the
+    """Kill a sandbox the caller gave up on, and wait until nothing of it is left: unshare's --kill-child passes the
     kill on to its one child, the namespace's init, which the kernel lets exit only once it has killed all the rest."""
     try:
         init = os.pidfd_open(int(Path(f"/proc/{unshare.pid}/task/{unshare.pid}/children").read_text().split()[0]))
@@ -204,7 +204,7 @@ def _cgroup_plan(cgroup: dict[str, str]) -> dict | None:
 
 
 def _make_cgroup(memory_bytes: int) -> dict[str, str]:
-    """A cgroup for one run under the bench's own, in each hierarchy that bounds memory or processes, with the run's
+    """A cgroup for one run under the caller's own, in each hierarchy that bounds memory or processes, with the run's
     bounds written: {hierarchy: its folder}; empty where the machine gives none (the fallback then bounds the tree)."""
     made = {}
     try:
@@ -251,18 +251,18 @@ def _remove_cgroup(cgroup: dict[str, str]) -> None:
 
 
 def _sweep(parent: str) -> None:
-    """Remove the cgroups a bench left behind when it was killed mid-run (their names hold its process id), once they
-    are empty: their sandboxes end on their own clocks, and their processes are none of this bench's to kill."""
+    """Remove the cgroups a caller left behind when it was killed mid-run (their names hold its process id), once they
+    are empty: their sandboxes end on their own clocks, and their processes are none of this caller's to kill."""
     for name in os.listdir(parent):
-        bench = name[len(_CGROUP_PREFIX):].split("-")[0]
-        if name.startswith(_CGROUP_PREFIX) and bench.isdigit() and not os.path.exists(f"/proc/{bench}"):
-            with contextlib.suppress(OSError):  # still busy, or another bench swept it first
+        owner = name[len(_CGROUP_PREFIX):].split("-")[0]
+        if name.startswith(_CGROUP_PREFIX) and owner.isdigit() and not os.path.exists(f"/proc/{owner}"):
+            with contextlib.suppress(OSError):  # still busy, or another caller swept it first
                 os.rmdir(os.path.join(parent, name))
 
 
 def _cgroup_parents() -> dict[str, str]:
-    """The bench's own cgroups that can bound a tree's memory and processes, by hierarchy ("memory" and "pids" on
-    cgroup v1, "" for v2's single one); empty where the bench cannot make cgroups under them: not root, controllers
+    """The caller's own cgroups that can bound a tree's memory and processes, by hierarchy ("memory" and "pids" on
+    cgroup v1, "" for v2's single one); empty where the caller cannot make cgroups under them: not root, controllers
     absent, cgroups mounted read-only, or a v2 cgroup that does not delegate memory and pids to its children."""
     if os.geteuid() != 0:
         return {}

@@ -1,11 +1,11 @@
-"""The first process inside a sandbox (bench/sandbox.py starts it through `unshare`): it builds the program's private
+"""The first process inside a sandbox (host/sandbox.py starts it through `unshare`): it builds the program's private
 root, runs the program there under its identity, limits and wall clock, watches the bounds over the program's whole
 tree, and writes how it ended. Run as `python -I -S sandbox_init.py <Plan as JSON>`; its one line on stdout is
 "finished" (exit status 0 after the last line), "exit <status>", "signal <number>", "timeout", "limit process" or
 "limit memory"; a root it could not build is a traceback on stderr and nothing on stdout.
 
 As PID 1 of the new PID namespace, when it exits (the program ended, its time ran out or its tree hit a bound) the
-kernel kills every process left in the namespace before `unshare`, and so the bench, sees it go. The program cannot
+kernel kills every process left in the namespace before `unshare`, and so the caller, sees it go. The program cannot
 signal it: it is another user or, inside a user namespace, the namespace's init, which the kernel shields from every
 signal it keeps no handler for. Single-threaded, so limits are set (and the cgroup joined) between fork and exec; it
 stays out of the program's cgroup, where an OOM kill could take the judge.
@@ -44,7 +44,7 @@ RUNNER = ("import os, runpy\n"
 class Plan:
     """What to build and run, and the bounds to watch."""
 
-    outer: str  # the bench's folder for this program: program.py, and the empty folder the root is mounted on
+    outer: str  # the caller's folder for this program: program.py, and the empty folder the root is mounted on
     show: list[str]  # host folders shown read-only at the same place (show)
     owner: int  # the user and group owning the scratch /tmp
     scratch_bytes: int  # the scratch /tmp's size
@@ -89,7 +89,7 @@ def show(root: str, path: str) -> None:
 def build_root(plan: Plan) -> None:
     """A tmpfs root holding the shown host folders read-only, a few devices, this namespace's /proc and a writable
     scratch /tmp with the program in it; then this process moves into it (chroot, cwd /tmp)."""
-    root = os.path.join(plan.outer, "root")  # an empty folder of the bench's; the mounts exist only in here
+    root = os.path.join(plan.outer, "root")  # an empty folder of the caller's; the mounts exist only in here
     mount("specdemo-root", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
     for path in plan.show:
         show(root, path)
