@@ -85,7 +85,8 @@ def measure(lanes: list[Lane], instructions: list[str], prompts: list[list[int]]
                 reference = outputs[lane.reference or lanes[0]]
                 same = out.ids == reference.ids
                 parted = None if same or not (out.tokens and reference.tokens) else parting(reference.tokens, out.tokens, out.noise)
-                runs.append(Run(lane, i, r, n, out.wall_s, len(out.ids), out.first_s, same, out.summary, out.proposed,
+                produced = len(out.ids) if out.produced is None else out.produced
+                runs.append(Run(lane, i, r, n, out.wall_s, produced, out.first_s, same, out.summary, out.proposed,
                                 out.accepted, parted, ids=out.ids, rounds=out.rounds))
                 line.append(f"{lane.label} {out.wall_s:.2f}s" + (f" (parted at token {parted.index + 1}: {parted.verdict})"
                                                                   if parted else ""))

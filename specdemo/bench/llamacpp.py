@@ -177,6 +177,15 @@ def llama_bench(model: Path, prompt_tokens: int, new_tokens: int, threads: int, 
     return bench_rates(out)
 
 
+def bench_output(prompt_ids: list[int], max_new_tokens: int, model: Path, threads: int) -> Output:
+    """llama-bench as one lane's generation, run beside the other lanes on each instruction (the host's speed drifts
+    over minutes): pp at this prompt's length, then tg `max_new_tokens`, one repetition after its own warm-up. Its row
+    holds the prefill at pp's rate and the decoding at tg's; its tokens are its own and unseen (it prints none)."""
+    p = len(prompt_ids)
+    pp, tg = llama_bench(model, p, max_new_tokens, threads, repetitions=1)
+    return Output([], p / pp + max_new_tokens / tg, p / pp, produced=max_new_tokens + 1)
+
+
 def bench_rates(output: str) -> tuple[float, float]:
     """(pp, tg) tokens/s from llama-bench's `-o json` output: a list of tests, a pp one (n_gen 0) and a tg one."""
     tests = json.loads(output)

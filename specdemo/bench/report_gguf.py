@@ -71,7 +71,8 @@ def _against_llama_bench(ratio: float | None, ours: float | None) -> str:
     where it is not (then the bindings' lanes under- or over-state llama.cpp), and ours over llama-bench's tg."""
     if ratio is None or math.isnan(ratio):
         return ""
-    beside = f" Our autoregressive lane decodes at {ours:.2f}× llama-bench's tg."
+    beside = (f" Our autoregressive lane decodes at {ours:.2f}× llama-bench's tg. (llama-bench ran back to back "
+              "with the lanes on each instruction: pp at its prompt's length, then tg N.)")
     if abs(ratio - 1) <= 0.10:
         return (f"\n\nThe bindings decode at {ratio:.2f}× llama-bench's tg rate: within 10 %, so they stand for llama.cpp."
                 + beside)

@@ -102,6 +102,9 @@ def run_llamacpp(ctx: Context) -> LlamaCpp | Skipped:
     cpp_ar = peer_lane(Lane("llama.cpp autoregressive", "llamacpp", AUTOREGRESSIVE, models=target.name), peer.generate,
                        eos_ids=eos_ids)
     lanes.append(cpp_ar)
+    if llamacpp.tool("llama-bench"):  # llama.cpp as its own tool times it, beside its bindings on each instruction
+        lanes.append(peer_lane(Lane("llama-bench (pp, tg)", "llamacpp", AUTOREGRESSIVE, models=target.name),
+                               llamacpp.bench_output, model=target, threads=peer.threads))
     for kind, label in (("lookup", "llama.cpp prompt lookup"), ("draft", "llama.cpp draft model")):
         drafting = with_counterpart(kind)
         if drafting.needs_model and draft is None:
@@ -115,7 +118,7 @@ def run_llamacpp(ctx: Context) -> LlamaCpp | Skipped:
     prompts = ctx.prompts(instructions)
     runs = ctx.keep(measure(lanes, instructions, prompts, n, ctx.bench, ctx.log))
     peer.close()
-    ctx.keep(tool_runs(ctx, target, draft, prompts, n, peer.threads, cpp_ar))
+    ctx.keep(speculative_simple_runs(ctx, target, draft, prompts, n, peer.threads, cpp_ar))
     weights = {"target": ctx.engine.target.settings.precision, "draft": ctx.engine.draft.settings.precision}
     # which of our kernels' paths ran (SPECDEMO_KERNEL_ISA may hold one below the CPU's widest), beside llama.cpp's
     ours = set(kernels.ON_KERNELS) & set(weights.values())
@@ -124,18 +127,11 @@ def run_llamacpp(ctx: Context) -> LlamaCpp | Skipped:
                     text_agreement(runs, ours_ar, cpp_ar))  # the lanes' figures: the report's, from the table
 
 
-def tool_runs(ctx: Context, target, draft, prompts: list[list[int]], n: int, threads: int, cpp_ar: Lane) -> list[Run]:
-    """llama.cpp's own tools where they are built (llamacpp.tool), each in its own process: llama-bench once (pp at the
-    prompts' median length, then tg n: one row, its prefill pp's, its decoding n tokens at tg's rate), and
-    llama-speculative-simple on each instruction's prompt text (after one short warm-up run)."""
+def speculative_simple_runs(ctx: Context, target, draft, prompts: list[list[int]], n: int, threads: int,
+                            cpp_ar: Lane) -> list[Run]:
+    """llama-speculative-simple, where it is built (llamacpp.tool), in its own process on each instruction's prompt
+    text (after one short warm-up run). (llama-bench runs as a lane of the section, beside the bindings.)"""
     runs = []
-    if llamacpp.tool("llama-bench"):
-        p = sorted(map(len, prompts))[len(prompts) // 2]
-        ctx.log(f"llama-bench: pp {p}, tg {n}, {threads} threads")
-        pp, tg = llamacpp.llama_bench(target, p, n, threads)
-        lane = Lane("llama-bench (pp, tg)", "llamacpp", AUTOREGRESSIVE, models=target.name)
-        # instruction -1: its own synthetic tokens, so none is compared with any lane's (same_as_reference False)
-        runs.append(Run(lane, -1, 0, n, p / pp + n / tg, n + 1, p / pp, False))
     if draft is not None and llamacpp.tool("llama-speculative-simple"):
         lane = Lane("llama-speculative-simple", "llamacpp", SPECULATIVE, baseline=cpp_ar, k=ctx.k, k_policy="fixed",
                     drafter=with_counterpart("draft").name, models=f"{target.name} + {draft.name}")

@@ -38,6 +38,7 @@ class Output:
     rounds: list = field(default_factory=list)  # our loops' round records (events.Round); [] for a peer
     tokens: list = field(default_factory=list)  # our loops' TokenEvents (their margins judge a parting); [] for a peer
     noise: object = None  # the target compile's fidelity.BatchingNoise, where measured (ours)
+    produced: int | None = None  # new tokens where a tool counts them and shows none (llama-bench); else len(ids)
 
 
 @dataclass(frozen=True)

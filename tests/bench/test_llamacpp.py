@@ -12,11 +12,11 @@ from conftest import USER_HOME
 from specdemo.bench.schema import Sections
 from specdemo import strict_json
 from specdemo.bench import FULL, QUICK, llamacpp, table
-from specdemo.bench.harness import Context
-from specdemo.bench.table import Lane, Run
+from specdemo.bench.harness import Context, measure, peer_lane
+from specdemo.bench.table import Lane, Output, Run
 from specdemo.bench.report_gguf import llamacpp_section
 from specdemo.bench.schema import LlamaCpp, Skipped
-from specdemo.bench.sections import run_llamacpp, tool_runs
+from specdemo.bench.sections import run_llamacpp, speculative_simple_runs
 from specdemo.models import export
 from specdemo.settings import RunSettings
 
@@ -176,7 +176,7 @@ def test_without_llama_cpps_tools_the_section_adds_no_rows(tmp_path, monkeypatch
     monkeypatch.setenv("LLAMACPP_BIN", str(tmp_path))  # an empty folder: nothing built
     ctx = Context(engine=None, settings=RunSettings(), bench=FULL, log=print)
 
-    assert tool_runs(ctx, tmp_path / "t.gguf", tmp_path / "d.gguf", [[1, 2]], 8, 2, _lanes()[2]) == []
+    assert speculative_simple_runs(ctx, tmp_path / "t.gguf", tmp_path / "d.gguf", [[1, 2]], 8, 2, _lanes()[2]) == []
 
 
 def test_the_report_says_so_where_the_bindings_decode_more_than_10_percent_off_llama_bench():
@@ -202,16 +202,23 @@ def test_llama_bench_runs_on_the_draft_gguf_and_its_output_parses():
     assert pp > 0 and tg > 0
 
 
-def test_llama_bench_gives_one_row_its_prefill_pps_and_its_decoding_tgs(tmp_path, monkeypatch):
-    program = tmp_path / "llama-bench"  # a stand-in that prints the recorded sample
+def test_llama_bench_runs_beside_the_bindings_on_each_instruction_its_prefill_at_pps_rate_its_decoding_at_tgs(
+        tmp_path, monkeypatch):
+    program = tmp_path / "llama-bench"  # a stand-in that notes its arguments and prints the recorded sample
     (tmp_path / "sample.json").write_text(LLAMA_BENCH_JSON)
-    program.write_text(f"#!/bin/sh\ncat {tmp_path / 'sample.json'}\n")
+    program.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'calls'}\ncat {tmp_path / 'sample.json'}\n")
     program.chmod(0o755)
     monkeypatch.setenv("LLAMACPP_BIN", str(tmp_path))
-    ctx = Context(engine=None, settings=RunSettings(), bench=FULL, log=lambda message: None)
+    bindings = Lane("cpp AR", "llamacpp", "autoregressive", generate=lambda i, ids, n: Output([7] * n, 2.0, 0.5))
+    bench = peer_lane(Lane("llama-bench (pp, tg)", "llamacpp", "autoregressive"), llamacpp.bench_output,
+                      model=tmp_path / "t.gguf", threads=2)
 
-    (row,) = tool_runs(ctx, tmp_path / "t.gguf", None, [[1] * 42, [1] * 44, [1] * 43], 16, 2, _lanes()[2])
+    runs = measure([bindings, bench], ["a", "b"], [[1] * 42, [1] * 44], 16, FULL, log=lambda message: None)
 
-    assert row.instruction == -1 and row.tokens == 17 and not row.same_as_reference  # its own tokens: none compared
-    assert row.prefill_s == pytest.approx(43 / 10.849518)  # the prompts' median length at pp's rate
-    assert row.decode_rate == pytest.approx(0.899741)  # tg's rate
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert [c.split()[3] for c in calls] == ["42", "42", "44"]  # warm-up, then each instruction's prompt in turn
+    rows = [r for r in runs if r.lane.label == "llama-bench (pp, tg)"]
+    assert [r.instruction for r in rows] == [0, 1] and [r.lane.label for r in runs[:2]] == ["cpp AR", rows[0].lane.label]
+    assert all(r.tokens == 17 and not r.same_as_reference for r in rows)  # its own tokens: none compared
+    assert rows[1].prefill_s == pytest.approx(44 / 10.849518)  # this prompt's length at pp's rate
+    assert rows[1].decode_rate == pytest.approx(0.899741)  # tg's rate
