@@ -189,6 +189,8 @@ def test_the_report_says_so_where_the_bindings_decode_more_than_10_percent_off_l
 
     assert "at 0.93× llama-bench's tg rate: within 10 %" in within
     assert "**The bindings decode at 0.75× llama-bench's tg rate**, more than 10 % off" in off
+    # a file from before llama-bench ran beside the lanes (once, as instruction -1) is not said to have
+    assert "ran back to back" not in within and "ran back to back" in _report(runs + [replace(near, instruction=0)])
 
 
 DRAFT_GGUF = USER_HOME / "bench" / "gguf" / "qwen2.5-coder-0.5b.gguf"  # assembled by an earlier bench run, read only
