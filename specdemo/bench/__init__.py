@@ -45,10 +45,9 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
     `command` is recorded for the report's "reproduce" line. Returns the results as JSON holds them, with the sample
     run (schema.Results). Raises ValueError for settings the benchmark cannot measure."""
     from specdemo.bench.harness import Context
-    from specdemo.bench.memory import section_need
+    from specdemo.bench.memory import room_for, section_need
     from specdemo.bench.schema import Results, Sections
     from specdemo.bench.targets import judge_targets
-    from specdemo.host import memory  # here, not at the top: there `memory` would hide this package's memory section
     from specdemo.run.engine import Engine
 
     check_generation(settings.generation)
@@ -73,7 +72,7 @@ def run(settings: RunSettings, bench: BenchSettings, out: Path | None, log: Call
     for name in bench.sections:
         section_start, ctx.section = time.perf_counter(), name
         log(f"== {name}")
-        if not memory.wait_for(section_need(name, *weights, bench.genai_k_values), f"the {name} section", log):
+        if not room_for(section_need(name, *weights, bench.genai_k_values), f"the {name} section", log):
             skipped.append(name)  # the report leaves it out, as if not asked
             continue
         figures = found(BY_NAME[name].run)(ctx)  # schema.Figures

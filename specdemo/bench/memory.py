@@ -62,6 +62,18 @@ def section_need(name: str, target_bytes: int, draft_bytes: int, genai_k_values:
     return targets * memory.compile_need(target_bytes) + drafts * memory.compile_need(draft_bytes) + 2**28
 
 
+def room_for(need: int, what: str, log, holding=lambda: memory.tree_anonymous(os.getpid())) -> bool:
+    """Whether `need` bytes fit beside the bench, waiting for room where other processes may free it (memory.wait_for).
+    Between sections nothing of the bench's own tree is freed, so a need beyond the bound less what the tree holds (its
+    pair) is skipped at once, not after wait_for's ten minutes."""
+    bound, held = memory.budget(), holding()
+    if need > bound - held:
+        log(f"memory: skipping {what}: it needs about {memory.gib(need)} and the {memory.gib(bound)} bound leaves "
+            f"{memory.gib(bound - held)} beside what the bench holds (SPECDEMO_MEMORY_BUDGET sets the bound)")
+        return False
+    return memory.wait_for(need, what, log)
+
+
 def run_memory(ctx: Context) -> Memory:
     """Peak RSS of a process that only decodes autoregressively vs one that decodes speculatively."""
     n = ctx.sweep_tokens

@@ -138,6 +138,19 @@ def test_the_bench_asks_more_room_for_a_section_that_loads_more_beside_its_pair(
     assert section_need("k", target, draft, (2, 4, 6, 8)) == with_genai == genai  # one speculative pipeline, K per call
 
 
+def test_the_bench_skips_at_once_a_section_that_the_bound_cannot_give_beside_its_pair(monkeypatch):
+    from specdemo.bench.memory import room_for
+
+    monkeypatch.setenv(memory.BUDGET_VARIABLE, "8G")
+    monkeypatch.setattr(memory, "wait_for", lambda *args, **kwargs: pytest.fail("no wait can make room under the bound"))
+    said = []
+    assert not room_for(6 * GIB, "the transformers section", said.append, holding=lambda: 3 * GIB)
+    assert said == ["memory: skipping the transformers section: it needs about 6.0 GiB and the 8.0 GiB bound leaves "
+                    "5.0 GiB beside what the bench holds (SPECDEMO_MEMORY_BUDGET sets the bound)"]
+    monkeypatch.setattr(memory, "wait_for", lambda need, what, log: True)  # within the bound: the machine decides
+    assert room_for(4 * GIB, "the paper section", said.append, holding=lambda: 3 * GIB) and len(said) == 1
+
+
 def test_the_papers_second_pass_loads_genais_defaults_only_after_the_first_passs_pipelines_are_gone(monkeypatch):
     """GenAI's pipelines each hold a copy of the target: four alive at once took the section to 9.2 GiB."""
     import weakref
