@@ -7,9 +7,11 @@ the report gives ratios to the CLI.
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import os
+import re
 import socket
 import statistics
 import subprocess
@@ -97,6 +99,15 @@ def by_cli(instruction: str, n: int) -> dict:
     return json.loads(out.stdout)
 
 
+def held_run(button: str) -> str:
+    """The run's JSON that the page's download button holds (ui/render.render_download: a link whose href is a base64
+    data: URL), as a browser would save it; ValueError where the button holds no run."""
+    found = re.search(r'href="data:application/json;base64,([^"]+)"', button)
+    if found is None:
+        raise ValueError("the page's download button holds no run")
+    return base64.b64decode(found.group(1)).decode("utf-8")
+
+
 class Page:
     """`python app.py` on a free port, for the API and the browser runs."""
 
@@ -126,11 +137,11 @@ class Page:
         from specdemo.ui.page import INPUTS
 
         values = {**vars(PageValues()), "instruction": instruction, "max_new_tokens": n}
-        # gradio's answer as its client gives it, where it comes in: the page's outputs by name, the file by its path
+        # gradio's answer as its client gives it, where it comes in: the page's outputs by name
         outputs = dict(zip(OUTPUTS, Client(self.url, verbose=False).predict(*[values[k] for k in INPUTS],
                                                                            api_name="/generate")))
-        download = outputs["download"]
-        return json.loads(Path(download if isinstance(download, str) else download["value"]).read_text())
+        return json.loads(held_run(outputs["download"]))
+
 
     def by_browser(self, instruction: str, n: int, cpu: BrowserCpu | None = None) -> dict:
         """One run pressed in Chromium on this machine, the page streaming to it; its download read back, and `cpu`

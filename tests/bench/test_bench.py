@@ -497,6 +497,17 @@ def test_the_report_shows_the_tune_the_models_ran_under_settings_by_times_and_th
     assert "Not tuned" in report_tables.tune_section({})
 
 
+def test_the_watching_section_reads_the_run_a_pages_download_button_holds():
+    from specdemo.bench import watching
+    from specdemo.serve.downloads import Download
+    from specdemo.ui.render import render_download
+
+    text = '{"schema": 1, "instruction": "café ✓"}'
+    assert watching.held_run(render_download(Download("specdemo-run-x.json", text))) == text
+    with pytest.raises(ValueError, match="holds no run"):
+        watching.held_run(render_download(None))  # greyed out: no run finished yet
+
+
 def test_what_watching_costs_is_reported_as_ratios_to_the_cli():
     """Each mode's saved runs are rows of the table (their setting the mode); the report gives each figure's median over
     the repeats and, in brackets, the median of each repeat's figure over the CLI's of the same repeat."""
