@@ -142,7 +142,6 @@ class Page:
                                                                            api_name="/generate")))
         return json.loads(held_run(outputs["download"]))
 
-
     def by_browser(self, instruction: str, n: int, cpu: BrowserCpu | None = None) -> dict:
         """One run pressed in Chromium on this machine, the page streaming to it; its download read back, and `cpu`
         filled in."""
