@@ -142,7 +142,8 @@ def test_the_bench_skips_at_once_a_section_that_the_bound_cannot_give_beside_its
     from specdemo.bench.memory import room_for
 
     monkeypatch.setenv(memory.BUDGET_VARIABLE, "8G")
-    monkeypatch.setattr(memory, "wait_for", lambda *args, **kwargs: pytest.fail("no wait can make room under the bound"))
+    no_wait = lambda *args, **kwargs: pytest.fail("no wait can make room under the bound")  # noqa: E731
+    monkeypatch.setattr(memory, "wait_for", no_wait)
     said = []
     assert not room_for(6 * GIB, "the transformers section", said.append, holding=lambda: 3 * GIB)
     assert said == ["memory: skipping the transformers section: it needs about 6.0 GiB and the 8.0 GiB bound leaves "
